@@ -1,0 +1,930 @@
+//! Single-shard benchmarks: xtc beside a raw floor, tokio, glommio and monoio, in one run.
+//!
+//! | benchmark | what each runtime does | reported |
+//! |---|---|---|
+//! | `spawn` | spawn 1,000,000 trivial local tasks, then await every handle | M tasks/s |
+//! | `yield` | 1,000 tasks each `yield_now` 1,000 times | M yield switches/s |
+//! | `sleep` | 2,000 sequential `sleep(1ms)`, overshoot past 1 ms | p50 and p99 in µs |
+//! | `idle`  | an idle two-thread runtime for 3 s | process CPU, % of one CPU |
+//!
+//! Each runtime runs on a fresh thread (pinned to one CPU for the single-shard benchmarks), so
+//! one runtime's thread-locals and failures never reach the next. The runtimes:
+//!
+//! - **xtc**: `LocalExecutor` + `spawn_local` + `yield_now` + `time::sleep`; for `idle`, a 2-shard
+//!   `Executor` in service mode with nothing to do;
+//! - **raw**: the floor. For `spawn`/`yield`, the least an executor can do: tasks (one `Rc`
+//!   allocation each) in a `VecDeque`, a task re-queued whenever it returns `Pending`, no wakers
+//!   at all. For `sleep`, `std::thread::sleep`. For `idle`, two threads in `std::thread::sleep`;
+//! - **tokio**: `current_thread` runtime + `LocalSet` + `spawn_local` + `tokio::task::yield_now`;
+//!   for `idle`, a `multi_thread` runtime with 2 workers;
+//! - **glommio**: `LocalExecutor` + `glommio::spawn_local` + `executor().yield_now()` (an
+//!   unconditional re-schedule; `yield_if_needed` would not yield at all here); for `idle`, two
+//!   `LocalExecutor`s each awaiting a sleep;
+//! - **monoio**: `FusionDriver` runtime with the timer + `monoio::spawn` + a self-waking yield
+//!   future; for `idle`, two runtimes each sleeping.
+//!
+//! The table gives absolute numbers and `xtc/peer` ratios; only the ratios mean much on a shared
+//! machine. An SVG bar chart of the same numbers goes to `target/bench-local.svg`.
+//!
+//! ```text
+//! local [--only spawn|yield|sleep|idle] [--quick] [--svg PATH] [--cpu N]
+//! ```
+
+use std::{
+    future::Future,
+    path::PathBuf,
+    pin::Pin,
+    process::ExitCode,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use xtc_bench::{
+    allowed_cpus, isolated,
+    svg::{Chart, Panel},
+    Better, CpuUsage, LatencySummary, Row, Table,
+};
+
+/// The runtimes, in column order. xtc first: its ratios are printed.
+const RUNTIMES: [&str; 5] = ["xtc", "raw", "tokio", "glommio", "monoio"];
+/// Column indices of `RUNTIMES` that xtc is divided by, in print order.
+const RATIOS_VS: [usize; 4] = [4, 2, 3, 1];
+/// The benchmarks, in run order.
+const BENCHES: [&str; 4] = ["spawn", "yield", "sleep", "idle"];
+/// How long one asked sleep lasts.
+const SLEEP: Duration = Duration::from_millis(1);
+/// Extra time idle runtimes stay alive past the measured window, so that their start and
+/// teardown fall outside it.
+const IDLE_MARGIN: Duration = Duration::from_millis(300);
+
+/// Sizes of one run.
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    spawn_tasks: usize,
+    yield_tasks: usize,
+    yields_per_task: usize,
+    sleeps: usize,
+    idle: Duration,
+    /// Hang guard: a run with no result by then is abandoned and reported as hung.
+    deadline: Duration,
+}
+
+impl Params {
+    fn full() -> Self {
+        Params {
+            spawn_tasks: 1_000_000,
+            yield_tasks: 1_000,
+            yields_per_task: 1_000,
+            sleeps: 2_000,
+            idle: Duration::from_secs(3),
+            deadline: Duration::from_secs(60),
+        }
+    }
+
+    /// Ten times fewer iterations (and a ten times shorter idle window): a smoke run.
+    fn quick() -> Self {
+        Params {
+            spawn_tasks: 100_000,
+            yield_tasks: 1_000,
+            yields_per_task: 100,
+            sleeps: 200,
+            idle: Duration::from_millis(300),
+            deadline: Duration::from_secs(15),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Args {
+    only: Option<&'static str>,
+    quick: bool,
+    svg: PathBuf,
+    cpu: Option<usize>,
+}
+
+fn usage() -> &'static str {
+    "usage: local [--only spawn|yield|sleep|idle] [--quick] [--svg PATH] [--cpu N]\n\
+     \n  --only B     run one benchmark\
+     \n  --quick      ten times fewer iterations (smoke run)\
+     \n  --svg PATH   where to write the bar chart (default: <workspace>/target/bench-local.svg)\
+     \n  --cpu N      CPU to pin the single-shard runs to (default: the first allowed one)"
+}
+
+fn default_svg() -> PathBuf {
+    // bench/ is one level under the workspace root.
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("bench-local.svg")
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        only: None,
+        quick: false,
+        svg: default_svg(),
+        cpu: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--only" => {
+                let v = it.next().ok_or("--only needs a benchmark name")?;
+                let b = BENCHES
+                    .iter()
+                    .find(|b| **b == v)
+                    .ok_or_else(|| format!("--only {v}: not one of {}", BENCHES.join("|")))?;
+                args.only = Some(b);
+            }
+            "--quick" => args.quick = true,
+            "--svg" => args.svg = it.next().ok_or("--svg needs a path")?.into(),
+            "--cpu" => {
+                let v = it.next().ok_or("--cpu needs a CPU number")?;
+                args.cpu = Some(v.parse().map_err(|e| format!("--cpu {v}: {e}"))?);
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+/// A future that wakes itself and returns `Pending` exactly once: an unconditional yield to the
+/// scheduler, for runtimes without one of their own.
+#[derive(Debug, Default)]
+struct YieldNow {
+    yielded: bool,
+}
+
+impl Future for YieldNow {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.yielded {
+            Poll::Ready(())
+        } else {
+            self.yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+fn yield_now() -> YieldNow {
+    YieldNow::default()
+}
+
+/// Records the overshoot of one `sleep(SLEEP)` that took `took`.
+fn record_overshoot(h: &mut Histogram<u64>, took: Duration) {
+    xtc_bench::record(h, took.saturating_sub(SLEEP));
+}
+
+/// Runs two idle "shards" (threads), each running `body(ready, hold)` which must signal `ready`
+/// once its runtime is up and then stay idle for `hold`; measures process CPU over `window`
+/// once both are ready.
+fn idle_pair<F>(window: Duration, body: F) -> Result<CpuUsage, String>
+where
+    F: Fn(std::sync::Arc<std::sync::Barrier>, Duration) -> Result<(), String>
+        + Send
+        + Sync
+        + 'static,
+{
+    use std::sync::{Arc, Barrier};
+    let ready = Arc::new(Barrier::new(3));
+    let body = Arc::new(body);
+    let hold = window + IDLE_MARGIN;
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let ready = Arc::clone(&ready);
+            let body = Arc::clone(&body);
+            std::thread::spawn(move || body(ready, hold))
+        })
+        .collect();
+    ready.wait();
+    let meter = xtc_bench::CpuMeter::start();
+    std::thread::sleep(window);
+    let usage = meter.stop();
+    for t in threads {
+        t.join().map_err(|p| xtc_bench::panic_message(&*p))??;
+    }
+    Ok(usage)
+}
+
+/// The floor: the least a single-threaded executor can do.
+mod raw {
+    use std::{
+        cell::RefCell,
+        collections::VecDeque,
+        future::Future,
+        pin::Pin,
+        rc::Rc,
+        sync::Arc,
+        task::{Context, Poll, Wake, Waker},
+        time::{Duration, Instant},
+    };
+
+    use hdrhistogram::Histogram;
+
+    use super::{idle_pair, record_overshoot, yield_now, Params, SLEEP};
+    use xtc_bench::CpuUsage;
+
+    /// What the run queue holds: a type-erased task.
+    type Task = Rc<dyn Run>;
+
+    /// A task's one allocation: its future until it completes, then its output until joined.
+    enum Stage<F: Future> {
+        Running(F),
+        Done(F::Output),
+        Joined,
+    }
+
+    /// The type-erased face of a `RefCell<Stage<F>>` that the run queue polls.
+    trait Run {
+        /// Polls the future once; `Ready` once it has completed.
+        fn run(&self, cx: &mut Context<'_>) -> Poll<()>;
+    }
+
+    impl<F: Future> Run for RefCell<Stage<F>> {
+        fn run(&self, cx: &mut Context<'_>) -> Poll<()> {
+            let mut stage = self.borrow_mut();
+            let Stage::Running(fut) = &mut *stage else {
+                return Poll::Ready(());
+            };
+            // SAFETY: the future lives inside the task's `Rc` allocation and is never moved out
+            // of it: the stage is only overwritten below, which drops the future in place, after
+            // it returned `Ready`. So it stays at this address until it is dropped.
+            let fut = unsafe { Pin::new_unchecked(fut) };
+            match fut.poll(cx) {
+                Poll::Ready(v) => {
+                    *stage = Stage::Done(v);
+                    Poll::Ready(())
+                }
+                Poll::Pending => Poll::Pending,
+            }
+        }
+    }
+
+    thread_local! {
+        /// Run queue of the executor on this thread.
+        static QUEUE: RefCell<VecDeque<Task>> = const { RefCell::new(VecDeque::new()) };
+    }
+
+    /// A waker that does nothing: the executor re-polls every pending task anyway.
+    struct Noop;
+
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    /// The joining end of a spawned task: ready once the task has run to completion.
+    struct JoinHandle<F: Future>(Rc<RefCell<Stage<F>>>);
+
+    impl<F: Future> JoinHandle<F> {
+        fn take(&self) -> Option<F::Output> {
+            let mut stage = self.0.borrow_mut();
+            match std::mem::replace(&mut *stage, Stage::Joined) {
+                Stage::Done(v) => Some(v),
+                other => {
+                    *stage = other;
+                    None
+                }
+            }
+        }
+    }
+
+    impl<F: Future> Future for JoinHandle<F> {
+        type Output = F::Output;
+
+        fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<F::Output> {
+            match self.take() {
+                Some(v) => Poll::Ready(v),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    /// One allocation per task, shared by the run queue and the handle.
+    fn spawn<F: Future + 'static>(fut: F) -> JoinHandle<F> {
+        let task = Rc::new(RefCell::new(Stage::Running(fut)));
+        let run: Task = task.clone();
+        QUEUE.with(|q| q.borrow_mut().push_back(run));
+        JoinHandle(task)
+    }
+
+    /// Polls the queue round-robin until `main` is done; a `Pending` task goes to the back.
+    fn block_on<F: Future + 'static>(main: F) -> F::Output {
+        let waker = Waker::from(Arc::new(Noop));
+        let mut cx = Context::from_waker(&waker);
+        let main = spawn(main);
+        loop {
+            if let Some(v) = main.take() {
+                QUEUE.with(|q| q.borrow_mut().clear());
+                return v;
+            }
+            let Some(task) = QUEUE.with(|q| q.borrow_mut().pop_front()) else {
+                unreachable!("the main task is queued until it completes");
+            };
+            if task.run(&mut cx).is_pending() {
+                QUEUE.with(|q| q.borrow_mut().push_back(task));
+            }
+        }
+    }
+
+    pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
+        let n = p.spawn_tasks;
+        Ok(block_on(async move {
+            let mut handles = Vec::with_capacity(n);
+            let t0 = Instant::now();
+            for _ in 0..n {
+                handles.push(spawn(async {}));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        }))
+    }
+
+    pub(super) fn yields(p: Params) -> Result<Duration, String> {
+        Ok(block_on(async move {
+            let mut handles = Vec::with_capacity(p.yield_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.yield_tasks {
+                handles.push(spawn(async move {
+                    for _ in 0..p.yields_per_task {
+                        yield_now().await;
+                    }
+                }));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        }))
+    }
+
+    /// `std::thread::sleep`: the operating system's own overshoot, under every runtime's.
+    pub(super) fn sleeps(p: Params) -> Result<Histogram<u64>, String> {
+        let mut h = xtc_bench::latency_histogram();
+        for _ in 0..p.sleeps {
+            let t0 = Instant::now();
+            std::thread::sleep(SLEEP);
+            record_overshoot(&mut h, t0.elapsed());
+        }
+        Ok(h)
+    }
+
+    pub(super) fn idle(window: Duration) -> Result<CpuUsage, String> {
+        idle_pair(window, |ready, hold| {
+            ready.wait();
+            std::thread::sleep(hold);
+            Ok(())
+        })
+    }
+}
+
+mod tokio_rt {
+    use std::time::{Duration, Instant};
+
+    use hdrhistogram::Histogram;
+    use tokio::{runtime::Builder, task::LocalSet};
+
+    use super::{record_overshoot, Params, SLEEP};
+    use xtc_bench::CpuUsage;
+
+    fn local<T>(fut: impl std::future::Future<Output = T>) -> Result<T, String> {
+        let rt = Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(LocalSet::new().block_on(&rt, fut))
+    }
+
+    pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
+        local(async move {
+            let mut handles = Vec::with_capacity(p.spawn_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.spawn_tasks {
+                handles.push(tokio::task::spawn_local(async {}));
+            }
+            for h in handles {
+                h.await.map_err(|e| e.to_string())?;
+            }
+            Ok(t0.elapsed())
+        })?
+    }
+
+    pub(super) fn yields(p: Params) -> Result<Duration, String> {
+        local(async move {
+            let mut handles = Vec::with_capacity(p.yield_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.yield_tasks {
+                handles.push(tokio::task::spawn_local(async move {
+                    for _ in 0..p.yields_per_task {
+                        tokio::task::yield_now().await;
+                    }
+                }));
+            }
+            for h in handles {
+                h.await.map_err(|e| e.to_string())?;
+            }
+            Ok(t0.elapsed())
+        })?
+    }
+
+    pub(super) fn sleeps(p: Params) -> Result<Histogram<u64>, String> {
+        local(async move {
+            let mut h = xtc_bench::latency_histogram();
+            for _ in 0..p.sleeps {
+                let t0 = Instant::now();
+                tokio::time::sleep(SLEEP).await;
+                record_overshoot(&mut h, t0.elapsed());
+            }
+            h
+        })
+    }
+
+    /// A `multi_thread` runtime with 2 workers and nothing to do.
+    pub(super) fn idle(window: Duration) -> Result<CpuUsage, String> {
+        let rt = Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .map_err(|e| e.to_string())?;
+        // Let the workers start and park before measuring.
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+        let meter = xtc_bench::CpuMeter::start();
+        std::thread::sleep(window);
+        let usage = meter.stop();
+        drop(rt);
+        Ok(usage)
+    }
+}
+
+mod glommio_rt {
+    use std::time::{Duration, Instant};
+
+    use glommio::{LocalExecutor, LocalExecutorBuilder, Placement};
+    use hdrhistogram::Histogram;
+
+    use super::{idle_pair, record_overshoot, Params, SLEEP};
+    use xtc_bench::CpuUsage;
+
+    fn executor() -> Result<LocalExecutor, String> {
+        // Unbound: the benchmark thread is already pinned by the harness, like every runtime's.
+        LocalExecutorBuilder::new(Placement::Unbound)
+            .make()
+            .map_err(|e| e.to_string())
+    }
+
+    pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
+        Ok(executor()?.run(async move {
+            let mut handles = Vec::with_capacity(p.spawn_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.spawn_tasks {
+                handles.push(glommio::spawn_local(async {}));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        }))
+    }
+
+    pub(super) fn yields(p: Params) -> Result<Duration, String> {
+        Ok(executor()?.run(async move {
+            let mut handles = Vec::with_capacity(p.yield_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.yield_tasks {
+                handles.push(glommio::spawn_local(async move {
+                    for _ in 0..p.yields_per_task {
+                        // Unconditional: `yield_if_needed` only yields when the task queue's
+                        // time slice is used up.
+                        glommio::executor().yield_now().await;
+                    }
+                }));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        }))
+    }
+
+    pub(super) fn sleeps(p: Params) -> Result<Histogram<u64>, String> {
+        Ok(executor()?.run(async move {
+            let mut h = xtc_bench::latency_histogram();
+            for _ in 0..p.sleeps {
+                let t0 = Instant::now();
+                glommio::timer::sleep(SLEEP).await;
+                record_overshoot(&mut h, t0.elapsed());
+            }
+            h
+        }))
+    }
+
+    /// Two `LocalExecutor`s, each awaiting one long sleep.
+    pub(super) fn idle(window: Duration) -> Result<CpuUsage, String> {
+        idle_pair(window, |ready, hold| {
+            let ex = executor()?;
+            ex.run(async move {
+                ready.wait();
+                glommio::timer::sleep(hold).await;
+            });
+            Ok(())
+        })
+    }
+}
+
+mod monoio_rt {
+    use std::time::{Duration, Instant};
+
+    use hdrhistogram::Histogram;
+
+    use super::{idle_pair, record_overshoot, yield_now, Params, SLEEP};
+    use xtc_bench::CpuUsage;
+
+    fn block_on<T>(fut: impl std::future::Future<Output = T>) -> Result<T, String> {
+        let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(rt.block_on(fut))
+    }
+
+    pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
+        block_on(async move {
+            let mut handles = Vec::with_capacity(p.spawn_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.spawn_tasks {
+                handles.push(monoio::spawn(async {}));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        })
+    }
+
+    pub(super) fn yields(p: Params) -> Result<Duration, String> {
+        block_on(async move {
+            let mut handles = Vec::with_capacity(p.yield_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.yield_tasks {
+                handles.push(monoio::spawn(async move {
+                    for _ in 0..p.yields_per_task {
+                        yield_now().await;
+                    }
+                }));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        })
+    }
+
+    pub(super) fn sleeps(p: Params) -> Result<Histogram<u64>, String> {
+        block_on(async move {
+            let mut h = xtc_bench::latency_histogram();
+            for _ in 0..p.sleeps {
+                let t0 = Instant::now();
+                monoio::time::sleep(SLEEP).await;
+                record_overshoot(&mut h, t0.elapsed());
+            }
+            h
+        })
+    }
+
+    /// Two runtimes on two threads, each sleeping.
+    pub(super) fn idle(window: Duration) -> Result<CpuUsage, String> {
+        idle_pair(window, |ready, hold| {
+            block_on(async move {
+                ready.wait();
+                monoio::time::sleep(hold).await;
+            })
+        })
+    }
+}
+
+/// The xtc column, against the `xtc` facade crate.
+#[cfg(feature = "xtc")]
+mod xtc_rt {
+    use std::time::{Duration, Instant};
+
+    use hdrhistogram::Histogram;
+
+    use super::{record_overshoot, Params, SLEEP};
+    use xtc_bench::CpuUsage;
+
+    fn block_on<T: 'static>(
+        fut: impl std::future::Future<Output = T> + 'static,
+    ) -> Result<T, String> {
+        let ex = xtc::LocalExecutor::new().map_err(|e| e.to_string())?;
+        Ok(ex.block_on(fut))
+    }
+
+    pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
+        block_on(async move {
+            let mut handles = Vec::with_capacity(p.spawn_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.spawn_tasks {
+                handles.push(xtc::spawn_local(async {}));
+            }
+            for h in handles {
+                h.await.map_err(|e| e.to_string())?;
+            }
+            Ok(t0.elapsed())
+        })?
+    }
+
+    pub(super) fn yields(p: Params) -> Result<Duration, String> {
+        block_on(async move {
+            let mut handles = Vec::with_capacity(p.yield_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.yield_tasks {
+                handles.push(xtc::spawn_local(async move {
+                    for _ in 0..p.yields_per_task {
+                        xtc::yield_now().await;
+                    }
+                }));
+            }
+            for h in handles {
+                h.await.map_err(|e| e.to_string())?;
+            }
+            Ok(t0.elapsed())
+        })?
+    }
+
+    pub(super) fn sleeps(p: Params) -> Result<Histogram<u64>, String> {
+        block_on(async move {
+            let mut h = xtc_bench::latency_histogram();
+            for _ in 0..p.sleeps {
+                let t0 = Instant::now();
+                xtc::time::sleep(SLEEP).await;
+                record_overshoot(&mut h, t0.elapsed());
+            }
+            h
+        })
+    }
+
+    /// A 2-shard `Executor` in service mode with nothing to do, stopped from another thread.
+    pub(super) fn idle(window: Duration) -> Result<CpuUsage, String> {
+        let exec = xtc::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .map_err(|e| e.to_string())?;
+        exec.set_service_mode(true);
+        let handle = exec.handle();
+        let stopper = std::thread::spawn(move || {
+            // Let the shards start and park before measuring.
+            std::thread::sleep(super::IDLE_MARGIN);
+            let meter = xtc_bench::CpuMeter::start();
+            std::thread::sleep(window);
+            let usage = meter.stop();
+            handle.stop();
+            usage
+        });
+        let ran = exec.run().map_err(|e| e.to_string());
+        let usage = stopper.join().map_err(|p| xtc_bench::panic_message(&*p))?;
+        ran.map(|()| usage)
+    }
+}
+
+/// Stand-in for the xtc column when the bench is built without its `xtc` feature.
+#[cfg(not(feature = "xtc"))]
+mod xtc_rt {
+    use std::time::Duration;
+
+    use hdrhistogram::Histogram;
+
+    use super::Params;
+    use xtc_bench::CpuUsage;
+
+    const NOT_BUILT: &str = "xtc-bench built without its `xtc` feature";
+
+    pub(super) fn spawn_join(_: Params) -> Result<Duration, String> {
+        Err(NOT_BUILT.into())
+    }
+
+    pub(super) fn yields(_: Params) -> Result<Duration, String> {
+        Err(NOT_BUILT.into())
+    }
+
+    pub(super) fn sleeps(_: Params) -> Result<Histogram<u64>, String> {
+        Err(NOT_BUILT.into())
+    }
+
+    pub(super) fn idle(_: Duration) -> Result<CpuUsage, String> {
+        Err(NOT_BUILT.into())
+    }
+}
+
+/// Runs benchmark `bench` on runtime column `rt`; returns the table rows' values for it.
+fn run_one(bench: &str, rt: usize, p: Params, cpu: Option<usize>) -> Vec<Result<f64, String>> {
+    let per_sec = |n: usize| move |d: Duration| n as f64 / d.as_secs_f64() / 1e6;
+    match bench {
+        "spawn" => {
+            let f = [
+                xtc_rt::spawn_join,
+                raw::spawn_join,
+                tokio_rt::spawn_join,
+                glommio_rt::spawn_join,
+                monoio_rt::spawn_join,
+            ][rt];
+            vec![isolated(cpu, p.deadline, move || f(p)).map(per_sec(p.spawn_tasks))]
+        }
+        "yield" => {
+            let f = [
+                xtc_rt::yields,
+                raw::yields,
+                tokio_rt::yields,
+                glommio_rt::yields,
+                monoio_rt::yields,
+            ][rt];
+            vec![isolated(cpu, p.deadline, move || f(p))
+                .map(per_sec(p.yield_tasks * p.yields_per_task))]
+        }
+        "sleep" => {
+            let f = [
+                xtc_rt::sleeps,
+                raw::sleeps,
+                tokio_rt::sleeps,
+                glommio_rt::sleeps,
+                monoio_rt::sleeps,
+            ][rt];
+            let s = isolated(cpu, p.deadline, move || {
+                f(p).map(|h| LatencySummary::from_histogram(&h))
+            });
+            let us = |ns: u64| ns as f64 / 1e3;
+            vec![s.clone().map(|s| us(s.p50_ns)), s.map(|s| us(s.p99_ns))]
+        }
+        "idle" => {
+            let f = [
+                xtc_rt::idle,
+                raw::idle,
+                tokio_rt::idle,
+                glommio_rt::idle,
+                monoio_rt::idle,
+            ][rt];
+            // Not pinned: the runtime's two threads must be free to sit on two CPUs.
+            vec![isolated(None, p.deadline, move || f(p.idle)).map(|u| u.percent_of_one_cpu())]
+        }
+        _ => unreachable!("benchmark names are checked when parsing"),
+    }
+}
+
+/// The table rows (name, unit, better) that benchmark `bench` fills, in order.
+fn rows_of(bench: &str, p: Params) -> Vec<(String, &'static str, Better)> {
+    match bench {
+        "spawn" => vec![(
+            format!("spawn+join {}", p.spawn_tasks),
+            "M tasks/s",
+            Better::Higher,
+        )],
+        "yield" => vec![(
+            format!("yield {}x{}", p.yield_tasks, p.yields_per_task),
+            "M switches/s",
+            Better::Higher,
+        )],
+        "sleep" => vec![
+            (
+                format!("sleep(1ms) x{} overshoot p50", p.sleeps),
+                "us",
+                Better::Lower,
+            ),
+            (
+                format!("sleep(1ms) x{} overshoot p99", p.sleeps),
+                "us",
+                Better::Lower,
+            ),
+        ],
+        "idle" => vec![(
+            format!("idle 2 threads {:.1}s", p.idle.as_secs_f64()),
+            "% of 1 CPU",
+            Better::Lower,
+        )],
+        _ => unreachable!("benchmark names are checked when parsing"),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("local: {e}");
+            }
+            eprintln!("{}", usage());
+            return if e.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    let p = if args.quick {
+        Params::quick()
+    } else {
+        Params::full()
+    };
+    let benches: Vec<&str> = match args.only {
+        Some(b) => vec![b],
+        None => BENCHES.to_vec(),
+    };
+    let allowed = allowed_cpus();
+    let cpu = args.cpu.or_else(|| allowed.first().copied());
+
+    println!("local: single-shard benchmarks, xtc beside a raw floor, tokio, glommio and monoio");
+    println!(
+        "  mode: {}   single-shard runs pinned to cpu {}   allowed cpus: {allowed:?}",
+        if args.quick {
+            "quick (10x fewer iterations)"
+        } else {
+            "full"
+        },
+        cpu.map_or("none".to_string(), |c| c.to_string()),
+    );
+    println!(
+        "  raw = the floor: spawn/yield on a VecDeque of tasks (one Rc each) re-polled on Pending (no \
+         wakers); sleep = std::thread::sleep; idle = 2 threads in std::thread::sleep"
+    );
+    if !cfg!(feature = "xtc") {
+        println!("  NOTE: built without the `xtc` feature: the xtc column is empty");
+    }
+
+    let bar = ProgressBar::new((benches.len() * RUNTIMES.len()) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .expect("static progress template is valid"),
+    );
+    let mut table = Table::new(
+        RUNTIMES.iter().map(|s| s.to_string()).collect(),
+        0,
+        RATIOS_VS.to_vec(),
+    );
+    for bench in &benches {
+        let specs = rows_of(bench, p);
+        let mut values: Vec<Vec<Result<f64, String>>> = vec![Vec::new(); specs.len()];
+        for (rt, name) in RUNTIMES.iter().enumerate() {
+            bar.set_message(format!("{bench} / {name}"));
+            for (i, v) in run_one(bench, rt, p, cpu).into_iter().enumerate() {
+                values[i].push(v);
+            }
+            bar.inc(1);
+        }
+        for ((name, unit, better), values) in specs.into_iter().zip(values) {
+            table.push(Row {
+                name,
+                unit: unit.to_string(),
+                better,
+                values,
+            });
+        }
+    }
+    bar.finish_and_clear();
+
+    println!();
+    print!("{}", table.render());
+    println!(
+        "  ratios are xtc/peer of the values: above 1 is better for xtc where `better` is higher, \
+         below 1 where it is lower"
+    );
+
+    let chart = Chart {
+        title: "xtc local benchmarks".into(),
+        subtitle: format!(
+            "{} run, one shard pinned to cpu {}; raw = floor",
+            if args.quick { "quick" } else { "full" },
+            cpu.map_or("none".to_string(), |c| c.to_string())
+        ),
+        panels: table
+            .rows
+            .iter()
+            .map(|row| Panel {
+                title: row.name.clone(),
+                unit: row.unit.clone(),
+                better: row.better,
+                bars: RUNTIMES
+                    .iter()
+                    .zip(&row.values)
+                    .map(|(n, v)| (n.to_string(), v.as_ref().ok().copied()))
+                    .collect(),
+            })
+            .collect(),
+    };
+    match chart.write(&args.svg) {
+        Ok(()) => {
+            let shown = std::fs::canonicalize(&args.svg).unwrap_or(args.svg.clone());
+            println!("  chart written to {}", shown.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("local: could not write {}: {e}", args.svg.display());
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! Shared helpers of the xtc benchmarks.
+//!
+//! The binaries in `src/bin/` put xtc beside tokio, glommio, monoio and a raw floor in one run and
+//! print **ratios**: absolute numbers on a shared machine are noise, ratios taken in the same run
+//! are the figures that count (see "What is measured" in DESIGN.md). No benchmark asserts on
+//! time; they only report.
+//!
+//! This crate holds what the binaries share:
+//!
+//! - [`LatencySummary`]: median, p99 and p99.9 of an [`hdrhistogram::Histogram`], formatted;
+//! - [`cpu_time`] and [`CpuMeter`]: process CPU time (user + system) from `getrusage`;
+//! - [`Table`]: an aligned table of results with `xtc/peer` ratio columns;
+//! - [`svg`]: a dependency-free SVG bar-chart writer;
+//! - [`isolated`] and [`pin_current_thread`]: run each runtime on a fresh, optionally pinned,
+//!   thread so thread-locals and panics of one runtime cannot leak into the next.
+
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
+
+use hdrhistogram::Histogram;
+
+pub mod svg;
+
+/// Percentiles of a latency histogram recorded in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencySummary {
+    /// Number of samples.
+    pub count: u64,
+    /// Smallest sample, ns.
+    pub min_ns: u64,
+    /// Median, ns.
+    pub p50_ns: u64,
+    /// 99th percentile, ns.
+    pub p99_ns: u64,
+    /// 99.9th percentile, ns.
+    pub p999_ns: u64,
+    /// Largest sample, ns.
+    pub max_ns: u64,
+    /// Arithmetic mean, ns.
+    pub mean_ns: f64,
+}
+
+impl LatencySummary {
+    /// Summarizes a histogram whose samples are nanoseconds.
+    pub fn from_histogram(h: &Histogram<u64>) -> Self {
+        LatencySummary {
+            count: h.len(),
+            min_ns: h.min(),
+            p50_ns: h.value_at_quantile(0.50),
+            p99_ns: h.value_at_quantile(0.99),
+            p999_ns: h.value_at_quantile(0.999),
+            max_ns: h.max(),
+            mean_ns: h.mean(),
+        }
+    }
+
+    /// One line: `n=.. min=.. p50=.. p99=.. p99.9=.. max=..`, in nanoseconds.
+    pub fn line_ns(&self) -> String {
+        format!(
+            "n={} min={} ns p50={} ns p99={} ns p99.9={} ns max={} ns mean={:.1} ns",
+            self.count,
+            self.min_ns,
+            self.p50_ns,
+            self.p99_ns,
+            self.p999_ns,
+            self.max_ns,
+            self.mean_ns
+        )
+    }
+
+    /// One line like [`LatencySummary::line_ns`], in microseconds.
+    pub fn line_us(&self) -> String {
+        let us = |ns: u64| ns as f64 / 1_000.0;
+        format!(
+            "n={} min={:.1} us p50={:.1} us p99={:.1} us p99.9={:.1} us max={:.1} us",
+            self.count,
+            us(self.min_ns),
+            us(self.p50_ns),
+            us(self.p99_ns),
+            us(self.p999_ns),
+            us(self.max_ns)
+        )
+    }
+}
+
+/// A histogram for nanosecond latencies from 1 ns to 100 s with 3 significant digits.
+pub fn latency_histogram() -> Histogram<u64> {
+    // 3 significant digits keeps the error under 0.1 %, at about 200 KiB per histogram.
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static histogram bounds are valid")
+}
+
+/// Records `d` in `h` as nanoseconds, clamping into the histogram's range.
+pub fn record(h: &mut Histogram<u64>, d: Duration) {
+    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    h.saturating_record(ns.max(1));
+}
+
+/// CPU time (user + system) consumed so far by every thread of this process, including threads
+/// that have already exited.
+pub fn cpu_time() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` points to writable memory the size of a `rusage`; `getrusage` only writes
+    // into it, and RUSAGE_SELF is a valid `who`.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    assert_eq!(
+        rc,
+        0,
+        "getrusage(RUSAGE_SELF) failed: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: `getrusage` returned 0, so it filled the whole struct (and it was zeroed before).
+    let usage = unsafe { usage.assume_init() };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Measures the process CPU time spent over a wall-clock window.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuMeter {
+    cpu0: Duration,
+    wall0: Instant,
+}
+
+/// What a [`CpuMeter`] saw.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuUsage {
+    /// CPU time (user + system) of the whole process over the window.
+    pub cpu: Duration,
+    /// Wall-clock length of the window.
+    pub wall: Duration,
+}
+
+impl CpuUsage {
+    /// CPU time as a percentage of one CPU over the window (200 % = two CPUs busy).
+    pub fn percent_of_one_cpu(&self) -> f64 {
+        if self.wall.is_zero() {
+            return 0.0;
+        }
+        100.0 * self.cpu.as_secs_f64() / self.wall.as_secs_f64()
+    }
+}
+
+impl CpuMeter {
+    /// Starts the window now.
+    pub fn start() -> Self {
+        CpuMeter {
+            cpu0: cpu_time(),
+            wall0: Instant::now(),
+        }
+    }
+
+    /// Ends the window now and returns the CPU and wall time it covered.
+    pub fn stop(&self) -> CpuUsage {
+        let cpu = cpu_time().saturating_sub(self.cpu0);
+        CpuUsage {
+            cpu,
+            wall: self.wall0.elapsed(),
+        }
+    }
+}
+
+/// Pins the calling thread to `cpu` (a logical CPU id). Returns false if the CPU is not in this
+/// process's allowed set or pinning failed.
+pub fn pin_current_thread(cpu: usize) -> bool {
+    core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
+}
+
+/// The logical CPUs this process may run on, in increasing order (empty if they can't be read).
+pub fn allowed_cpus() -> Vec<usize> {
+    let mut ids: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Runs `f` on a fresh thread, optionally pinned to `cpu`, and returns its result; a panic comes
+/// back as `Err` with the panic message, and so does a run still going after `deadline`.
+///
+/// Each runtime gets its own thread so that its thread-locals (current runtime, scoped TLS of the
+/// executor, I/O rings) are created and destroyed with it, and one runtime's failure does not end
+/// the whole comparison. The deadline is a hang guard, not a measurement: a run past it is
+/// abandoned (its thread is left behind, detached) and reported as hung, so that one runtime that
+/// never wakes up cannot stop the others from being measured.
+pub fn isolated<T, F>(cpu: Option<usize>, deadline: Duration, f: F) -> Result<T, String>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, String> + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("xtc-bench-run".into())
+        .spawn(move || {
+            if let Some(cpu) = cpu {
+                // Not pinned is still a valid (noisier) run; the caller reports the CPU asked.
+                let _ = pin_current_thread(cpu);
+            }
+            // The receiver is gone only if the run was abandoned: nobody wants the result.
+            let _ = tx.send(f());
+        })
+        .map_err(|e| format!("could not spawn the benchmark thread: {e}"))?;
+    match rx.recv_timeout(deadline) {
+        Ok(r) => {
+            let _ = handle.join();
+            r
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(format!(
+            "hung: no result after {:.0} s, run abandoned",
+            deadline.as_secs_f64()
+        )),
+        // The sender was dropped without sending: `f` panicked.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
+            Ok(()) => Err("the benchmark thread ended without a result".to_string()),
+            Err(panic) => Err(panic_message(&*panic)),
+        },
+    }
+}
+
+/// The message of a panic payload, as a string.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        format!("panicked: {s}")
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        format!("panicked: {s}")
+    } else {
+        "panicked".to_string()
+    }
+}
+
+/// Formats a number with about four significant figures and no exponent.
+pub fn fmt_num(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Which direction of a metric is the good one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Better {
+    /// Throughput-like: more is better.
+    Higher,
+    /// Latency- or cost-like: less is better.
+    Lower,
+}
+
+impl Better {
+    /// `"higher"` or `"lower"`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Better::Higher => "higher",
+            Better::Lower => "lower",
+        }
+    }
+}
+
+/// One metric measured on every runtime.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// What was measured, e.g. `spawn+join`.
+    pub name: String,
+    /// Unit of the values, e.g. `M tasks/s`.
+    pub unit: String,
+    /// Which direction is good.
+    pub better: Better,
+    /// One result per column of the table: the value, or why there is none.
+    pub values: Vec<Result<f64, String>>,
+}
+
+/// A results table: one row per metric, one column per runtime, then ratio columns
+/// `base/peer` (for example `xtc/monoio`).
+///
+/// A ratio above 1 means the base has the larger value; whether that is good is in the `better`
+/// column (higher for throughput, lower for latency and CPU).
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// Column names (runtimes), in order.
+    pub columns: Vec<String>,
+    /// Index into `columns` of the runtime whose ratios are printed.
+    pub base: usize,
+    /// Indices into `columns` of the runtimes the base is divided by, in print order.
+    pub ratios_vs: Vec<usize>,
+    /// The rows, in print order.
+    pub rows: Vec<Row>,
+}
+
+impl Table {
+    /// An empty table with the given runtime columns; ratios are `columns[base] / columns[i]`
+    /// for each `i` in `ratios_vs`.
+    pub fn new(columns: Vec<String>, base: usize, ratios_vs: Vec<usize>) -> Self {
+        Table {
+            columns,
+            base,
+            ratios_vs,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; `values` must have one entry per column.
+    pub fn push(&mut self, row: Row) {
+        assert_eq!(row.values.len(), self.columns.len(), "one value per column");
+        self.rows.push(row);
+    }
+
+    /// `base / vs` for `row`, if both values exist and `vs` is not zero.
+    pub fn ratio(&self, row: &Row, vs: usize) -> Option<f64> {
+        let b = row.values[self.base].as_ref().ok()?;
+        let v = row.values[vs].as_ref().ok()?;
+        (*v != 0.0).then(|| b / v)
+    }
+
+    /// Renders the table as aligned text, followed by a note for each missing value.
+    pub fn render(&self) -> String {
+        let mut header = vec![
+            "benchmark".to_string(),
+            "unit".to_string(),
+            "better".to_string(),
+        ];
+        header.extend(self.columns.iter().cloned());
+        for &i in &self.ratios_vs {
+            header.push(format!("{}/{}", self.columns[self.base], self.columns[i]));
+        }
+        let mut lines = vec![header];
+        let mut notes = Vec::new();
+        for row in &self.rows {
+            let mut cells = vec![
+                row.name.clone(),
+                row.unit.clone(),
+                row.better.word().to_string(),
+            ];
+            for (col, v) in row.values.iter().enumerate() {
+                cells.push(match v {
+                    Ok(v) => fmt_num(*v),
+                    Err(why) => {
+                        notes.push(format!("{} / {}: {}", row.name, self.columns[col], why));
+                        "n/a".to_string()
+                    }
+                });
+            }
+            for &i in &self.ratios_vs {
+                cells.push(match self.ratio(row, i) {
+                    Some(r) => format!("{r:.2}x"),
+                    None => "-".to_string(),
+                });
+            }
+            lines.push(cells);
+        }
+        let ncol = lines[0].len();
+        let widths: Vec<usize> = (0..ncol)
+            .map(|c| {
+                lines
+                    .iter()
+                    .map(|l| l[c].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for (n, line) in lines.iter().enumerate() {
+            for (c, cell) in line.iter().enumerate() {
+                if c > 0 {
+                    out.push_str(" | ");
+                }
+                // Names left-aligned, numbers right-aligned.
+                if c < 3 {
+                    let _ = write!(out, "{cell:<w$}", w = widths[c]);
+                } else {
+                    let _ = write!(out, "{cell:>w$}", w = widths[c]);
+                }
+            }
+            out.truncate(out.trim_end().len());
+            out.push('\n');
+            if n == 0 {
+                let total = widths.iter().sum::<usize>() + 3 * (ncol - 1);
+                out.push_str(&"-".repeat(total));
+                out.push('\n');
+            }
+        }
+        notes.dedup();
+        for note in notes {
+            let _ = writeln!(out, "  n/a: {note}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_of_known_samples() {
+        let mut h = latency_histogram();
+        for v in 1..=1000u64 {
+            h.record(v).unwrap();
+        }
+        let s = LatencySummary::from_histogram(&h);
+        assert_eq!(s.count, 1000);
+        assert_eq!(s.p50_ns, 500);
+        assert_eq!(s.p99_ns, 990);
+        assert!(s.line_ns().contains("p50=500 ns"));
+    }
+
+    #[test]
+    fn table_ratios_and_missing_values() {
+        let mut t = Table::new(
+            vec!["xtc".into(), "raw".into(), "tokio".into()],
+            0,
+            vec![1, 2],
+        );
+        t.push(Row {
+            name: "spawn".into(),
+            unit: "M/s".into(),
+            better: Better::Higher,
+            values: vec![Ok(4.0), Ok(8.0), Err("not built".into())],
+        });
+        let text = t.render();
+        assert!(text.contains("xtc/raw"), "{text}");
+        assert!(text.contains("0.50x"), "{text}");
+        assert!(text.contains("n/a: spawn / tokio: not built"), "{text}");
+    }
+
+    #[test]
+    fn isolated_reports_panics() {
+        let long = Duration::from_secs(600);
+        let r: Result<(), String> = isolated(None, long, || panic!("boom"));
+        assert_eq!(r.unwrap_err(), "panicked: boom");
+        assert_eq!(isolated(None, long, || Ok(7)).unwrap(), 7);
+    }
+
+    #[test]
+    fn isolated_abandons_a_hung_run() {
+        let (_keep, park) = std::sync::mpsc::channel::<()>();
+        let r: Result<(), String> = isolated(None, Duration::from_millis(10), move || {
+            let _ = park.recv();
+            Ok(())
+        });
+        assert!(r.unwrap_err().starts_with("hung"));
+    }
+
+    #[test]
+    fn cpu_time_moves_forward() {
+        let m = CpuMeter::start();
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = x.wrapping_add(std::hint::black_box(i));
+        }
+        std::hint::black_box(x);
+        let u = m.stop();
+        assert!(u.wall > Duration::ZERO);
+        assert!(u.percent_of_one_cpu() >= 0.0);
+    }
+}

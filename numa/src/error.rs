@@ -1,0 +1,129 @@
+//! Errors of `xtc-numa`: values whose message says what to do.
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong in `xtc-numa`.
+///
+/// Every message names the value at fault and says how to fix the request. The enum is
+/// `#[non_exhaustive]`: match with a `_` arm.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// hwloc refused an operation (topology discovery, parsing a description, export...).
+    #[error("hwloc failed to {what}: {detail}; {hint}")]
+    Hwloc {
+        /// What was being done, e.g. `"load the synthetic topology \"core:4\""`.
+        what: String,
+        /// hwloc's own error text.
+        detail: String,
+        /// What to do about it.
+        hint: &'static str,
+    },
+
+    /// An XML topology file could not be read.
+    #[error("cannot read the XML topology {}: {source}; check the path (make one with `lstopo file.xml`)", path.display())]
+    XmlFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why it could not be read.
+        source: std::io::Error,
+    },
+
+    /// More shards were asked than there are allowed CPUs, and oversubscription is off.
+    #[error("{asked} shards asked but only {allowed} CPUs allowed; lower shards() or allow oversubscription")]
+    TooManyShards {
+        /// Shards asked for.
+        asked: usize,
+        /// Allowed PUs (hardware threads) in this process's CPU set.
+        allowed: usize,
+    },
+
+    /// The process may not run on any CPU of the topology (empty allowed set).
+    #[error("no CPU of the topology is allowed to this process; widen the affinity mask or cpuset (taskset, cgroups)")]
+    NoAllowedCpus,
+
+    /// A CPU was named that the process may not run on, or that the topology does not have.
+    #[error("CPU {cpu} is not allowed to this process (or does not exist); pick one of the allowed CPUs {allowed:?}")]
+    CpuNotAllowed {
+        /// OS index of the CPU asked for.
+        cpu: usize,
+        /// The allowed CPUs (OS indices), for the message.
+        allowed: Vec<usize>,
+    },
+
+    /// A CPU appears twice in an explicit CPU list without oversubscription.
+    #[error("CPU {cpu} is listed twice; list each CPU once or allow oversubscription")]
+    DuplicateCpu {
+        /// OS index of the repeated CPU.
+        cpu: usize,
+    },
+
+    /// An explicit CPU list does not have one CPU per shard.
+    #[error("{listed} CPUs listed for {shards} shards; list exactly one CPU per shard, or ask for 0 shards to take the list's length")]
+    CpuListLength {
+        /// Length of the CPU list.
+        listed: usize,
+        /// Shards asked for.
+        shards: usize,
+    },
+
+    /// A placement policy string could not be parsed.
+    #[error("bad placement policy {0:?}; use \"compact\", \"spread\" or \"cpus:0,2,4\" (a comma-separated list of CPU numbers)")]
+    BadPolicy(String),
+
+    /// A NUMA sensitivity outside 0..=2 was given.
+    #[error("NUMA sensitivity {given} is out of range; use 0 (steal across nodes), 1 (first shard of each node steals across nodes, the default) or 2 (never across nodes)")]
+    BadSensitivity {
+        /// The value given.
+        given: u8,
+    },
+
+    /// Binding a thread to a CPU failed in the operating system.
+    #[error("pinning the current thread to CPU {cpu} failed (errno {errno}); check the CPU is online and in this process's cpuset")]
+    PinFailed {
+        /// OS index of the CPU.
+        cpu: usize,
+        /// The OS error number (0 when none was reported).
+        errno: i32,
+    },
+
+    /// Pinning was asked on a synthetic or XML topology, which does not describe this machine.
+    #[error("cannot pin a thread using a synthetic or XML topology (it is not this machine); use Topology::detect() to pin")]
+    SyntheticBind,
+
+    /// A shard index outside the placement was given.
+    #[error("shard {shard} does not exist; the placement has {shards} shards (0..{shards})")]
+    InvalidShard {
+        /// The index given.
+        shard: usize,
+        /// Number of shards in the placement.
+        shards: usize,
+    },
+
+    /// A NUMA distance matrix does not fit the topology.
+    #[error("a NUMA distance matrix needs {expected} values ({nodes} nodes squared) but {given} were given; give one row per NUMA node, sender-major")]
+    BadDistanceMatrix {
+        /// NUMA nodes in the topology.
+        nodes: usize,
+        /// Values expected (`nodes * nodes`).
+        expected: usize,
+        /// Values given.
+        given: usize,
+    },
+}
+
+impl Error {
+    /// Build an [`Error::Hwloc`] from any hwloc error.
+    pub(crate) fn hwloc(
+        what: impl Into<String>,
+        err: impl std::fmt::Display,
+        hint: &'static str,
+    ) -> Self {
+        Error::Hwloc {
+            what: what.into(),
+            detail: err.to_string(),
+            hint,
+        }
+    }
+}

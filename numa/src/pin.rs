@@ -1,0 +1,49 @@
+//! Pinning the calling thread to one CPU.
+
+use hwlocality::cpu::binding::{CpuBindingError, CpuBindingFlags};
+use hwlocality::cpu::cpuset::CpuSet;
+use hwlocality::errors::HybridError;
+
+use crate::error::{Error, Result};
+use crate::topology::Topology;
+
+/// Bind the calling thread to the CPU with OS index `cpu`, for good.
+///
+/// Uses hwloc's `set_cpubind` with the `THREAD` flag (`sched_setaffinity` on Linux), so it
+/// affects this thread only. The topology must be the running machine, from
+/// [`Topology::detect`]: on a synthetic or XML topology hwloc would silently do nothing.
+///
+/// Cost: one system call; the scheduler may migrate the thread right away.
+///
+/// # Errors
+///
+/// - [`Error::SyntheticBind`] if `topo.is_synthetic()`;
+/// - [`Error::CpuNotAllowed`] if `cpu` is not in [`Topology::allowed_pus`];
+/// - [`Error::PinFailed`] with the OS error number if the system refuses.
+pub fn pin_current_thread(topo: &Topology, cpu: usize) -> Result<()> {
+    if topo.is_synthetic() {
+        return Err(Error::SyntheticBind);
+    }
+    if !topo.is_allowed(cpu) {
+        return Err(Error::CpuNotAllowed {
+            cpu,
+            allowed: topo.allowed_pus(),
+        });
+    }
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    topo.hw()
+        .bind_cpu(&set, CpuBindingFlags::THREAD)
+        .map_err(|e| {
+            let errno = match &e {
+                HybridError::Hwloc(raw) => raw.errno.map_or(0, |n| n.0),
+                HybridError::Rust(CpuBindingError::BadCpuSet(_)) => libc::EINVAL,
+                HybridError::Rust(CpuBindingError::BadObject(_)) => libc::ENOSYS,
+                HybridError::Rust(_) => 0,
+            };
+            tracing::warn!(cpu, errno, error = %e, "pinning the current thread failed");
+            Error::PinFailed { cpu, errno }
+        })?;
+    tracing::debug!(cpu, "current thread pinned");
+    Ok(())
+}

@@ -1,0 +1,619 @@
+//! The machine as hwloc sees it, reduced to what placement and stealing need.
+//!
+//! A [`Topology`] wraps a [`hwlocality::Topology`] and, once at construction, extracts a
+//! per-PU table (core, L2, L3, NUMA node, package) and the NUMA latency matrix if hwloc
+//! has one. Every query after construction reads that table: no hwloc call, no allocation
+//! beyond the returned `Vec`s.
+
+use std::fmt::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+use hwlocality::cpu::binding::CpuBindingFlags;
+use hwlocality::object::distance::{AddDistancesFlags, DistancesKind};
+use hwlocality::object::types::ObjectType;
+use hwlocality::object::TopologyObject;
+use hwlocality::topology::export::xml::XMLExportFlags;
+
+use crate::error::{Error, Result};
+
+/// Added to a NUMA latency matrix value to get the distance between two PUs of different
+/// NUMA nodes, so that every cross-node distance is larger than every intra-node level
+/// ([`Level::NumaNode`] = 4) and larger than the fallback levels 5 and 6 too.
+pub const MATRIX_BASE: u64 = 16;
+
+/// How close two PUs are: the deepest level of the machine they share.
+///
+/// The discriminant is the value [`Topology::distance`] returns when the topology has no
+/// NUMA latency matrix. Levels increase strictly with distance: `Pu` (0) < `Core` (1) <
+/// `L2` (2) < `L3` (3) < `NumaNode` (4) < `Package` (5) < `Machine` (6).
+///
+/// Two PUs in different NUMA nodes are never closer than `Package`, even if hwloc reports a
+/// cache that spans both nodes: memory locality wins over cache sharing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// The same PU (hardware thread).
+    Pu = 0,
+    /// SMT siblings: two PUs of one physical core.
+    Core = 1,
+    /// Different cores sharing an L2 cache.
+    L2 = 2,
+    /// Different L2s sharing an L3 cache.
+    L3 = 3,
+    /// Same NUMA node, no shared cache hwloc knows of.
+    NumaNode = 4,
+    /// Same package (socket), different NUMA nodes.
+    Package = 5,
+    /// Only the machine in common: different packages (or one NUMA node spanning
+    /// packages, which hwloc can report).
+    Machine = 6,
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Level::Pu => "same PU",
+            Level::Core => "same core",
+            Level::L2 => "shared L2",
+            Level::L3 => "shared L3",
+            Level::NumaNode => "same NUMA node",
+            Level::Package => "same package",
+            Level::Machine => "machine",
+        })
+    }
+}
+
+/// Where a topology came from.
+#[derive(Debug, Clone)]
+enum Source {
+    Detected,
+    Synthetic(String),
+    Xml(PathBuf),
+}
+
+/// What we keep of one PU (hardware thread). Indices are hwloc logical indices.
+#[derive(Debug, Clone, Copy)]
+struct PuInfo {
+    os: usize,
+    core: Option<usize>,
+    l2: Option<usize>,
+    l3: Option<usize>,
+    numa: Option<usize>,
+    package: Option<usize>,
+}
+
+/// A machine topology: packages, NUMA nodes, caches, cores and PUs (hardware threads).
+///
+/// Build it from the real machine ([`Topology::detect`]), from an hwloc synthetic
+/// description ([`Topology::synthetic`], for tests) or from an hwloc XML export
+/// ([`Topology::from_xml`]). CPUs are always named by their OS index (the number
+/// `taskset` and `/proc/cpuinfo` use); cores and NUMA nodes by their hwloc logical index.
+///
+/// `Topology` is `Send + Sync`; queries take `&self` and read tables built once by the
+/// constructor.
+pub struct Topology {
+    hw: hwlocality::Topology,
+    source: Source,
+    /// Sorted by OS index.
+    pus: Vec<PuInfo>,
+    /// Allowed PUs, OS indices, sorted.
+    allowed: Vec<usize>,
+    packages: usize,
+    numa_nodes: usize,
+    cores: usize,
+    /// `numa_nodes * numa_nodes` latencies (sender-major, by logical index), if hwloc has
+    /// a complete NUMA latency matrix.
+    matrix: Option<Vec<u64>>,
+}
+
+impl fmt::Debug for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Topology")
+            .field("source", &self.source)
+            .field("packages", &self.packages)
+            .field("numa_nodes", &self.numa_nodes)
+            .field("cores", &self.cores)
+            .field("pus", &self.pus.len())
+            .field("allowed_pus", &self.allowed)
+            .field("numa_matrix", &self.matrix)
+            .finish()
+    }
+}
+
+/// Run an hwlocality call that may panic on errno values it does not expect (it treats
+/// them as unreachable), turning such a panic into [`Error::Hwloc`]: user input must not
+/// panic.
+fn guarded<T>(
+    what: &str,
+    hint: &'static str,
+    f: impl FnOnce() -> Result<T> + std::panic::UnwindSafe,
+) -> Result<T> {
+    std::panic::catch_unwind(f).unwrap_or_else(|panic| {
+        let detail = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "hwlocality panicked".to_owned());
+        Err(Error::hwloc(what, detail, hint))
+    })
+}
+
+fn same<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
+    matches!((a, b), (Some(x), Some(y)) if x == y)
+}
+
+impl Topology {
+    /// Discover the machine this process runs on.
+    ///
+    /// The allowed PUs are hwloc's allowed cpuset (cgroups) intersected with the calling
+    /// thread's affinity mask (`sched_getaffinity`), read now: call this before pinning
+    /// the calling thread, or its pin will be taken for the process's limit.
+    ///
+    /// Cost: one full hwloc discovery (reads sysfs; about a millisecond to tens of
+    /// milliseconds on big machines). Build it once and share it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Hwloc`] if hwloc cannot discover the machine.
+    pub fn detect() -> Result<Topology> {
+        let hw = hwlocality::Topology::new().map_err(|e| {
+            Error::hwloc(
+                "discover this machine",
+                e,
+                "check that libhwloc 2.8 or later is installed and /sys is readable",
+            )
+        })?;
+        Self::build(hw, Source::Detected)
+    }
+
+    /// Build a topology from an hwloc synthetic description, for tests and what-if runs.
+    ///
+    /// The description lists levels from the top, each `type:count`, e.g.
+    /// `"pack:2 numa:2 l3:1 core:4 pu:2"` (2 packages, each with 2 NUMA nodes, each with
+    /// one L3 over 4 cores of 2 PUs: 32 PUs). PU OS indices are 0.. in tree order. Every PU
+    /// is allowed. Threads cannot be pinned with it ([`Topology::is_synthetic`]).
+    ///
+    /// Cost: builds the tree in memory, microseconds per object.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Hwloc`] if hwloc rejects the description.
+    pub fn synthetic(desc: &str) -> Result<Topology> {
+        let what = format!("load the synthetic topology {desc:?}");
+        let hint =
+            "write levels from the top as type:count, e.g. \"pack:2 numa:2 l3:1 core:4 pu:2\"";
+        let hw = guarded(&what, hint, || {
+            hwlocality::Topology::builder()
+                .from_synthetic(desc)
+                .map_err(|e| Error::hwloc(&what, e, hint))?
+                .build()
+                .map_err(|e| Error::hwloc(&what, e, hint))
+        })?;
+        Self::build(hw, Source::Synthetic(desc.to_owned()))
+    }
+
+    /// Load a topology exported by hwloc as XML (`lstopo file.xml`, or
+    /// [`Topology::export_xml`]).
+    ///
+    /// Such a topology describes some machine, not necessarily this one, so it is treated
+    /// like a synthetic one: every PU it marks allowed is allowed, and pinning is refused.
+    ///
+    /// Cost: reads and parses the file.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::XmlFile`] if the file cannot be read; [`Error::Hwloc`] if hwloc cannot
+    /// parse it.
+    pub fn from_xml(path: impl AsRef<Path>) -> Result<Topology> {
+        let path = path.as_ref();
+        let xml = std::fs::read_to_string(path).map_err(|source| Error::XmlFile {
+            path: path.to_owned(),
+            source,
+        })?;
+        let what = format!("load the XML topology {}", path.display());
+        let hint = "give a file written by `lstopo file.xml` or Topology::export_xml";
+        let hw = guarded(&what, hint, || {
+            hwlocality::Topology::builder()
+                .from_xml(&xml)
+                .map_err(|e| Error::hwloc(&what, e, hint))?
+                .build()
+                .map_err(|e| Error::hwloc(&what, e, hint))
+        })?;
+        Self::build(hw, Source::Xml(path.to_owned()))
+    }
+
+    /// Extract the PU table, counts, allowed set and NUMA matrix.
+    fn build(hw: hwlocality::Topology, source: Source) -> Result<Topology> {
+        let numa_objs: Vec<&TopologyObject> = hw.objects_with_type(ObjectType::NUMANode).collect();
+        let mut pus: Vec<PuInfo> = hw
+            .objects_with_type(ObjectType::PU)
+            .filter_map(|pu| {
+                let os = pu.os_index()?;
+                let logical = |ty| pu.first_ancestor_with_type(ty).map(|o| o.logical_index());
+                let numa = numa_objs
+                    .iter()
+                    .find(|n| n.cpuset().is_some_and(|set| set.is_set(os)))
+                    .map(|n| n.logical_index());
+                Some(PuInfo {
+                    os,
+                    core: logical(ObjectType::Core),
+                    l2: logical(ObjectType::L2Cache),
+                    l3: logical(ObjectType::L3Cache),
+                    numa,
+                    package: logical(ObjectType::Package),
+                })
+            })
+            .collect();
+        pus.sort_by_key(|p| p.os);
+
+        let hw_allowed = hw.allowed_cpuset();
+        let mut allowed: Vec<usize> = pus
+            .iter()
+            .map(|p| p.os)
+            .filter(|&os| hw_allowed.is_set(os))
+            .collect();
+        if matches!(source, Source::Detected) {
+            match hw.cpu_binding(CpuBindingFlags::THREAD) {
+                Ok(mask) => allowed.retain(|&os| mask.is_set(os)),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "cannot read this thread's CPU affinity; using hwloc's allowed cpuset alone"
+                ),
+            }
+        }
+
+        let numa_nodes = numa_objs.len();
+        let matrix = Self::numa_matrix(&hw, numa_nodes);
+        let packages = hw.objects_with_type(ObjectType::Package).len();
+        let cores = hw.objects_with_type(ObjectType::Core).len();
+        let topo = Topology {
+            packages,
+            numa_nodes,
+            cores,
+            pus,
+            allowed,
+            matrix,
+            source,
+            hw,
+        };
+        tracing::debug!(topology = ?topo, "topology built");
+        Ok(topo)
+    }
+
+    /// The first complete NUMA latency matrix hwloc has (bandwidth matrices are skipped:
+    /// there a larger value means nearer).
+    fn numa_matrix(hw: &hwlocality::Topology, nodes: usize) -> Option<Vec<u64>> {
+        if nodes < 2 {
+            return None;
+        }
+        let all = match hw.distances(None) {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read hwloc distance matrices; using levels");
+                return None;
+            }
+        };
+        for d in &all {
+            if d.kind().contains(DistancesKind::MEANS_BANDWIDTH) {
+                continue;
+            }
+            let objs: Vec<Option<&TopologyObject>> = d.objects().collect();
+            let all_numa = objs
+                .iter()
+                .all(|o| o.is_some_and(|o| o.object_type() == ObjectType::NUMANode));
+            if !all_numa || objs.len() != nodes {
+                continue;
+            }
+            let k = objs.len();
+            let values = d.distances();
+            let mut matrix = vec![0; nodes * nodes];
+            for (i, oi) in objs.iter().flatten().enumerate() {
+                for (j, oj) in objs.iter().flatten().enumerate() {
+                    matrix[oi.logical_index() * nodes + oj.logical_index()] = values[i * k + j];
+                }
+            }
+            return Some(matrix);
+        }
+        None
+    }
+
+    /// Attach a NUMA latency matrix to this topology, as firmware (ACPI SLIT) would.
+    ///
+    /// `matrix` has `numa_nodes()²` values in sender-major order by NUMA logical index:
+    /// `matrix[i * n + j]` is the latency from node `i` to node `j` (e.g. 10 on the
+    /// diagonal, 20 or 30 elsewhere). Useful to test [`Topology::distance`] and to write
+    /// XML fixtures with [`Topology::export_xml`].
+    ///
+    /// Cost: one hwloc topology edit and a rebuild of the PU table.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadDistanceMatrix`] if the size is wrong or the topology has fewer than 2
+    /// NUMA nodes; [`Error::Hwloc`] if hwloc refuses the matrix.
+    pub fn with_numa_distances(mut self, matrix: &[u64]) -> Result<Topology> {
+        let n = self.numa_nodes;
+        if n < 2 || matrix.len() != n * n {
+            return Err(Error::BadDistanceMatrix {
+                nodes: n,
+                expected: n * n,
+                given: matrix.len(),
+            });
+        }
+        let values = matrix.to_vec();
+        let res = self.hw.edit(move |editor| {
+            // The name is `None`: hwlocality 1.0.0-alpha.13 stores a dangling name
+            // otherwise, which breaks XML export.
+            editor.add_distances(
+                None,
+                DistancesKind::FROM_USER | DistancesKind::MEANS_LATENCY,
+                AddDistancesFlags::empty(),
+                move |topo| {
+                    let nodes = topo
+                        .objects_with_type(ObjectType::NUMANode)
+                        .map(Some)
+                        .collect();
+                    (nodes, values)
+                },
+            )
+        });
+        res.map_err(|e| {
+            Error::hwloc(
+                "add a NUMA distance matrix",
+                e,
+                "give positive latencies, one row per NUMA node",
+            )
+        })?;
+        let Topology { hw, source, .. } = self;
+        Self::build(hw, source)
+    }
+
+    /// Write this topology as hwloc XML, loadable with [`Topology::from_xml`] or `lstopo -i`.
+    ///
+    /// Cost: serializes the whole tree and writes one file.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Hwloc`] if the path is not valid UTF-8 or cannot be written.
+    pub fn export_xml(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        self.hw
+            .export_xml_file(Some(path), XMLExportFlags::empty())
+            .map_err(|e| {
+                Error::hwloc(
+                    format!("export XML to {}", path.display()),
+                    e,
+                    "check that the path is UTF-8 and its folder is writable",
+                )
+            })
+    }
+
+    /// True when this topology is not the running machine: synthetic or loaded from XML.
+    ///
+    /// Threads cannot be pinned with such a topology ([`crate::pin_current_thread`]
+    /// returns [`Error::SyntheticBind`]). Cost: none.
+    pub fn is_synthetic(&self) -> bool {
+        !matches!(self.source, Source::Detected)
+    }
+
+    /// Number of packages (sockets). Cost: none.
+    pub fn packages(&self) -> usize {
+        self.packages
+    }
+
+    /// Number of NUMA nodes (at least 1 on any real machine). Cost: none.
+    pub fn numa_nodes(&self) -> usize {
+        self.numa_nodes
+    }
+
+    /// Number of physical cores, allowed or not. Cost: none.
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
+    /// OS indices of all PUs (hardware threads), sorted. Cost: one `Vec` allocation.
+    pub fn pus(&self) -> Vec<usize> {
+        self.pus.iter().map(|p| p.os).collect()
+    }
+
+    /// OS indices of the PUs this process may run on, sorted.
+    ///
+    /// On the real machine: hwloc's allowed cpuset intersected with the affinity mask read
+    /// by [`Topology::detect`], so `taskset -c 1` restricts it. Synthetic and XML
+    /// topologies: every PU hwloc marks allowed (all, for synthetic ones).
+    /// Cost: one `Vec` allocation.
+    pub fn allowed_pus(&self) -> Vec<usize> {
+        self.allowed.clone()
+    }
+
+    /// Whether this process may run on the PU with this OS index. Cost: a binary search.
+    pub fn is_allowed(&self, pu: usize) -> bool {
+        self.allowed.binary_search(&pu).is_ok()
+    }
+
+    /// Number of physical cores with at least one allowed PU.
+    ///
+    /// A PU that hwloc places under no core counts as a core of its own.
+    /// Cost: one pass over the allowed PUs and a small allocation.
+    pub fn allowed_cores(&self) -> usize {
+        let mut keys: Vec<(bool, usize)> = self
+            .allowed
+            .iter()
+            .filter_map(|&os| self.info(os))
+            .map(|p| p.core.map_or((false, p.os), |c| (true, c)))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.len()
+    }
+
+    /// Logical index of the NUMA node holding this PU (OS index), or `None` for an unknown
+    /// PU. Cost: a binary search.
+    pub fn numa_node_of(&self, pu: usize) -> Option<usize> {
+        self.info(pu)?.numa
+    }
+
+    /// Logical index of the physical core holding this PU (OS index), or `None` for an
+    /// unknown PU or one hwloc places under no core. Cost: a binary search.
+    pub fn core_of(&self, pu: usize) -> Option<usize> {
+        self.info(pu)?.core
+    }
+
+    /// Logical index of the package holding this PU (OS index), or `None`. Cost: a binary
+    /// search.
+    pub fn package_of(&self, pu: usize) -> Option<usize> {
+        self.info(pu)?.package
+    }
+
+    /// Whether this topology carries a NUMA latency matrix that [`Topology::distance`]
+    /// uses across nodes. Cost: none.
+    pub fn has_numa_matrix(&self) -> bool {
+        self.matrix.is_some()
+    }
+
+    /// The deepest level of the machine two PUs (OS indices) share, or `None` if either is
+    /// unknown. Cost: two binary searches.
+    pub fn level(&self, a: usize, b: usize) -> Option<Level> {
+        let (pa, pb) = (self.info(a)?, self.info(b)?);
+        // Packages count as shared when hwloc has no package level (both `None`).
+        let same_package = pa.package == pb.package;
+        let level = if a == b {
+            Level::Pu
+        } else if pa.numa != pb.numa {
+            // Memory locality wins over any cache hwloc reports across nodes.
+            if same_package {
+                Level::Package
+            } else {
+                Level::Machine
+            }
+        } else if same(pa.core, pb.core) {
+            Level::Core
+        } else if same(pa.l2, pb.l2) {
+            Level::L2
+        } else if same(pa.l3, pb.l3) {
+            Level::L3
+        } else if same_package {
+            Level::NumaNode
+        } else {
+            // One NUMA node over several packages: only the machine is common.
+            Level::Machine
+        };
+        Some(level)
+    }
+
+    /// How far apart two PUs (OS indices) are; smaller is nearer, `distance(a, a) == 0`.
+    ///
+    /// - Without a NUMA latency matrix: the [`Level`] they share, as a number: 0 same PU,
+    ///   1 SMT siblings, 2 shared L2, 3 shared L3, 4 same NUMA node, 5 same package,
+    ///   6 different packages.
+    /// - With one ([`Topology::has_numa_matrix`]): within a NUMA node the same levels 0..=4;
+    ///   across nodes [`MATRIX_BASE`] (16) plus the matrix latency from `a`'s node to `b`'s,
+    ///   so every cross-node distance is above every intra-node one and the matrix order
+    ///   is kept.
+    /// - `u64::MAX` if either PU is not in the topology.
+    ///
+    /// Cost: two binary searches and a matrix lookup; no allocation.
+    pub fn distance(&self, a: usize, b: usize) -> u64 {
+        let Some(level) = self.level(a, b) else {
+            return u64::MAX;
+        };
+        if level > Level::NumaNode {
+            if let (Some(m), Some(na), Some(nb)) =
+                (&self.matrix, self.numa_node_of(a), self.numa_node_of(b))
+            {
+                if na == nb {
+                    return level as u64;
+                }
+                if let Some(&v) = m.get(na * self.numa_nodes + nb) {
+                    return MATRIX_BASE.saturating_add(v);
+                }
+            }
+        }
+        level as u64
+    }
+
+    fn info(&self, pu: usize) -> Option<&PuInfo> {
+        self.pus
+            .binary_search_by_key(&pu, |p| p.os)
+            .ok()
+            .map(|i| &self.pus[i])
+    }
+
+    /// An `lstopo`-like text tree: Machine, Package, Group, NUMANode, L3, L2, Core, PU,
+    /// with logical (`L#`) and OS (`P#`) indices; PUs this process may not use are marked.
+    /// The NUMA latency matrix, if any, follows the tree.
+    ///
+    /// Cost: walks the hwloc tree once; allocates the string. For humans and logs.
+    pub fn render_tree(&self) -> String {
+        let mut out = String::new();
+        let source = match &self.source {
+            Source::Detected => "this machine".to_owned(),
+            Source::Synthetic(d) => format!("synthetic {d:?}"),
+            Source::Xml(p) => format!("XML {}", p.display()),
+        };
+        let _ = writeln!(
+            out,
+            "Machine ({source}): {} packages, {} NUMA nodes, {} cores, {} PUs, {} allowed",
+            self.packages,
+            self.numa_nodes,
+            self.cores,
+            self.pus.len(),
+            self.allowed.len()
+        );
+        let root = self.hw.root_object();
+        for child in root.memory_children().chain(root.normal_children()) {
+            self.render_object(child, 1, &mut out);
+        }
+        if let Some(m) = &self.matrix {
+            let n = self.numa_nodes;
+            let _ = writeln!(out, "NUMA latency matrix (from row node to column node):");
+            let _ = write!(out, "      ");
+            for j in 0..n {
+                let _ = write!(out, " {:>5}", format!("N{j}"));
+            }
+            out.push('\n');
+            for i in 0..n {
+                let _ = write!(out, "  {:>4}", format!("N{i}"));
+                for j in 0..n {
+                    let _ = write!(out, " {:>5}", m[i * n + j]);
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    fn render_object(&self, obj: &TopologyObject, depth: usize, out: &mut String) {
+        let indent = "  ".repeat(depth);
+        let li = obj.logical_index();
+        let os = obj
+            .os_index()
+            .map(|p| format!(" P#{p}"))
+            .unwrap_or_default();
+        let label = match obj.object_type() {
+            ObjectType::Package => format!("Package L#{li}{os}"),
+            ObjectType::NUMANode => format!("NUMANode L#{li}{os}"),
+            ObjectType::L3Cache => format!("L3 L#{li}"),
+            ObjectType::L2Cache => format!("L2 L#{li}"),
+            ObjectType::L1Cache => format!("L1d L#{li}"),
+            ObjectType::Core => format!("Core L#{li}{os}"),
+            ObjectType::PU => {
+                let note = match obj.os_index() {
+                    Some(p) if !self.is_allowed(p) => " (not allowed)",
+                    _ => "",
+                };
+                format!("PU L#{li}{os}{note}")
+            }
+            other => format!("{other} L#{li}{os}"),
+        };
+        let _ = writeln!(out, "{indent}{label}");
+        for child in obj.memory_children().chain(obj.normal_children()) {
+            self.render_object(child, depth + 1, out);
+        }
+    }
+}
+
+impl Topology {
+    /// The wrapped hwloc topology, for binding.
+    pub(crate) fn hw(&self) -> &hwlocality::Topology {
+        &self.hw
+    }
+}

@@ -1,0 +1,186 @@
+//! Topology queries and distances on synthetic and XML topologies.
+
+use xtc_numa::{Error, Level, Topology, MATRIX_BASE};
+
+/// A unique temporary file path for this test process.
+fn temp_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("xtc-numa-{}-{name}", std::process::id()))
+}
+
+/// The 4-node machine with a NUMA latency matrix where node 0's nearest other node is
+/// node 2, in the *other* package: the matrix must win over the levels.
+const FOUR_NODES: &str = "pack:2 numa:2 l3:1 core:4 pu:2";
+const MATRIX: [u64; 16] = [
+    10, 21, 15, 30, //
+    21, 10, 30, 15, //
+    15, 30, 10, 21, //
+    30, 15, 21, 10, //
+];
+
+#[test]
+fn one_node_no_smt() {
+    let t = Topology::synthetic("core:4 pu:1").unwrap();
+    assert!(t.is_synthetic());
+    assert_eq!(t.numa_nodes(), 1);
+    assert_eq!(t.cores(), 4);
+    assert_eq!(t.pus(), vec![0, 1, 2, 3]);
+    assert_eq!(t.allowed_pus(), vec![0, 1, 2, 3]);
+    assert_eq!(t.allowed_cores(), 4);
+    assert_eq!(t.numa_node_of(3), Some(0));
+    assert_eq!(t.core_of(2), Some(2));
+    assert_eq!(t.numa_node_of(4), None);
+    assert_eq!(t.distance(1, 1), 0);
+    assert_eq!(t.distance(0, 3), Level::NumaNode as u64);
+    assert!(!t.has_numa_matrix());
+}
+
+#[test]
+fn one_node_smt() {
+    let t = Topology::synthetic("pack:1 core:4 pu:2").unwrap();
+    assert_eq!((t.packages(), t.numa_nodes(), t.cores()), (1, 1, 4));
+    assert_eq!(t.pus(), (0..8).collect::<Vec<_>>());
+    assert_eq!(t.allowed_cores(), 4);
+    assert_eq!(t.core_of(5), Some(2));
+    assert_eq!(t.level(4, 5), Some(Level::Core));
+    assert_eq!(t.distance(4, 5), 1);
+    assert_eq!(t.distance(0, 2), 4);
+    assert_eq!(t.distance(0, 100), u64::MAX);
+}
+
+#[test]
+fn no_core_level_one_node_over_packages() {
+    // hwloc puts one NUMA node over both packages and no Core objects: each PU is a core.
+    let t = Topology::synthetic("pack:2 pu:2").unwrap();
+    assert_eq!((t.packages(), t.numa_nodes(), t.cores()), (2, 1, 0));
+    assert_eq!(t.allowed_cores(), 4);
+    assert_eq!(t.core_of(0), None);
+    assert_eq!(t.distance(0, 1), Level::NumaNode as u64);
+    assert_eq!(t.distance(0, 2), Level::Machine as u64);
+}
+
+#[test]
+fn caches_order_distances() {
+    // 2 L2s of 2 cores of 2 PUs under one L3.
+    let t = Topology::synthetic("pack:1 l3:1 l2:2 core:2 pu:2").unwrap();
+    assert_eq!(t.distance(0, 0), 0);
+    assert_eq!(t.distance(0, 1), 1);
+    assert_eq!(t.distance(0, 2), 2);
+    assert_eq!(t.distance(0, 4), 3);
+    assert_eq!(t.level(0, 4), Some(Level::L3));
+}
+
+#[test]
+fn two_packages_two_nodes() {
+    let t = Topology::synthetic("pack:2 numa:1 core:2 pu:2").unwrap();
+    assert_eq!((t.packages(), t.numa_nodes(), t.cores()), (2, 2, 4));
+    assert_eq!(t.numa_node_of(3), Some(0));
+    assert_eq!(t.numa_node_of(4), Some(1));
+    assert_eq!(t.package_of(7), Some(1));
+    assert_eq!(t.distance(0, 1), 1);
+    assert_eq!(t.distance(0, 2), 4);
+    assert_eq!(t.distance(0, 4), 6);
+    assert_eq!(t.level(0, 4), Some(Level::Machine));
+}
+
+#[test]
+fn four_nodes_levels() {
+    let t = Topology::synthetic(FOUR_NODES).unwrap();
+    assert_eq!((t.packages(), t.numa_nodes(), t.cores()), (2, 4, 16));
+    assert_eq!(t.pus().len(), 32);
+    assert_eq!(t.allowed_cores(), 16);
+    assert_eq!(
+        (0..32)
+            .step_by(8)
+            .map(|p| t.numa_node_of(p))
+            .collect::<Vec<_>>(),
+        vec![Some(0), Some(1), Some(2), Some(3)]
+    );
+    assert_eq!(t.distance(0, 1), 1); // SMT sibling
+    assert_eq!(t.distance(0, 2), 3); // shared L3
+    assert_eq!(t.distance(0, 8), 5); // other node, same package
+    assert_eq!(t.distance(0, 16), 6); // other package
+                                      // Strictly increasing levels.
+    let ds = [0, 1, 2, 8, 16].map(|b| t.distance(0, b));
+    assert!(ds.windows(2).all(|w| w[0] < w[1]), "{ds:?}");
+}
+
+#[test]
+fn render_tree_shows_the_machine() {
+    let t = Topology::synthetic(FOUR_NODES).unwrap();
+    let tree = t.render_tree();
+    assert!(tree.starts_with("Machine"), "{tree}");
+    assert!(
+        tree.contains("2 packages, 4 NUMA nodes, 16 cores, 32 PUs"),
+        "{tree}"
+    );
+    assert_eq!(tree.matches("Package ").count(), 2, "{tree}");
+    assert_eq!(tree.matches("NUMANode ").count(), 4, "{tree}");
+    assert_eq!(tree.matches("L3 ").count(), 4, "{tree}");
+    assert_eq!(tree.matches("Core ").count(), 16, "{tree}");
+    assert_eq!(tree.matches("PU ").count(), 32, "{tree}");
+    assert!(tree.contains("PU L#31 P#31"), "{tree}");
+}
+
+#[test]
+fn matrix_distances_survive_xml() {
+    let t = Topology::synthetic(FOUR_NODES)
+        .unwrap()
+        .with_numa_distances(&MATRIX)
+        .unwrap();
+    assert!(t.has_numa_matrix());
+    let path = temp_path("matrix.xml");
+    t.export_xml(&path).unwrap();
+    let x = Topology::from_xml(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    for topo in [&t, &x] {
+        assert!(topo.is_synthetic());
+        assert!(topo.has_numa_matrix());
+        assert_eq!(topo.allowed_pus().len(), 32);
+        assert_eq!(topo.numa_nodes(), 4);
+        // Intra-node: levels.
+        assert_eq!(topo.distance(0, 0), 0);
+        assert_eq!(topo.distance(0, 1), 1);
+        assert_eq!(topo.distance(0, 2), 3);
+        // Cross-node: MATRIX_BASE + matrix; node 2 (other package) nearer than node 1.
+        assert_eq!(topo.distance(0, 16), MATRIX_BASE + 15);
+        assert_eq!(topo.distance(0, 8), MATRIX_BASE + 21);
+        assert_eq!(topo.distance(0, 24), MATRIX_BASE + 30);
+        assert_eq!(topo.distance(8, 24), MATRIX_BASE + 15);
+        assert!(topo.distance(0, 16) > Level::Machine as u64);
+    }
+    assert!(x.render_tree().contains("NUMA latency matrix"));
+}
+
+#[test]
+fn bad_matrix_and_inputs_are_errors() {
+    let t = Topology::synthetic(FOUR_NODES).unwrap();
+    let e = t.with_numa_distances(&[10, 20]).unwrap_err();
+    assert!(matches!(
+        e,
+        Error::BadDistanceMatrix {
+            nodes: 4,
+            expected: 16,
+            given: 2
+        }
+    ));
+    let e = Topology::synthetic("pack:2 bogus:3").unwrap_err();
+    assert!(matches!(e, Error::Hwloc { .. }), "{e}");
+    assert!(e.to_string().contains("bogus"), "{e}");
+    let e = Topology::from_xml(temp_path("does-not-exist.xml")).unwrap_err();
+    assert!(matches!(e, Error::XmlFile { .. }), "{e}");
+    let garbage = temp_path("garbage.xml");
+    std::fs::write(&garbage, "this is not <xml").unwrap();
+    let e = Topology::from_xml(&garbage).unwrap_err();
+    let _ = std::fs::remove_file(&garbage);
+    assert!(matches!(e, Error::Hwloc { .. }), "{e}");
+}
+
+#[test]
+fn topology_is_send_sync_debug() {
+    fn check<T: Send + Sync + std::fmt::Debug>() {}
+    check::<Topology>();
+    check::<xtc_numa::Placement>();
+    check::<xtc_numa::VictimOrder>();
+    let t = Topology::synthetic("core:2 pu:1").unwrap();
+    assert!(format!("{t:?}").contains("Topology"));
+}

@@ -1,0 +1,139 @@
+//! The thread-local pointer to the loop running on this thread, and everything that reaches
+//! the loop through it (local run queue, task registry, timers).
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::VecDeque,
+    ptr,
+    sync::Arc,
+    task::Waker,
+};
+
+use slab::Slab;
+
+use crate::{
+    event_loop::LoopShared,
+    executor::ExecShared,
+    task::{Runnable, TaskInfo},
+    timer::Timers,
+};
+
+/// A parked-or-running task the loop owns (task protocol rule 3).
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) waker: Waker,
+    pub(crate) info: TaskInfo,
+}
+
+/// The loop-local half of a loop: touched only by its own thread. `!Send`, `!Sync`.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) shared: Arc<LoopShared>,
+    pub(crate) exec: Arc<ExecShared>,
+    pub(crate) queue: RefCell<VecDeque<Runnable>>,
+    pub(crate) timers: RefCell<Timers>,
+    pub(crate) registry: RefCell<Slab<Entry>>,
+    pub(crate) tasks_done: Cell<u64>,
+}
+
+impl Core {
+    pub(crate) fn new(shared: Arc<LoopShared>, exec: Arc<ExecShared>) -> Core {
+        Core {
+            shared,
+            exec,
+            queue: RefCell::new(VecDeque::with_capacity(1024)),
+            timers: RefCell::new(Timers::new()),
+            registry: RefCell::new(Slab::with_capacity(1024)),
+            tasks_done: Cell::new(0),
+        }
+    }
+
+    pub(crate) fn index(&self) -> usize {
+        self.shared.index
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<*const Core> = const { Cell::new(ptr::null()) };
+}
+
+/// Makes `core` the current loop of this thread until the guard drops.
+pub(crate) struct Enter<'a> {
+    prev: *const Core,
+    _core: std::marker::PhantomData<&'a Core>,
+}
+
+impl Drop for Enter<'_> {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.prev));
+    }
+}
+
+/// Enters `core`. Returns `None` if this thread already runs a loop.
+pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
+    CURRENT.with(|c| {
+        if !c.get().is_null() {
+            return None;
+        }
+        c.set(core as *const Core);
+        Some(Enter {
+            prev: ptr::null(),
+            _core: std::marker::PhantomData,
+        })
+    })
+}
+
+/// Runs `f` with this thread's current loop, if any.
+pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
+    CURRENT.with(|c| {
+        let p = c.get();
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: a non-null pointer was stored by `enter` from a `&Core` that the `Enter`
+            // guard borrows; the guard resets it before that borrow ends, and only this thread
+            // reads it. So the `Core` is alive and, being `!Sync`, used by this thread alone.
+            Some(f(unsafe { &*p }))
+        }
+    })
+}
+
+/// The executor of the current loop.
+pub(crate) fn exec() -> Option<Arc<ExecShared>> {
+    with_core(|c| c.exec.clone())
+}
+
+/// Task protocol rule 1: queue `runnable` locally if this thread is `owner`'s loop, else hand it
+/// back to the caller for the inbox.
+pub(crate) fn push_local(owner: &Arc<LoopShared>, runnable: Runnable) -> Option<Runnable> {
+    CURRENT.with(|c| {
+        let p = c.get();
+        // SAFETY: as in `with_core`.
+        if !p.is_null() && ptr::eq(Arc::as_ptr(&unsafe { &*p }.shared), Arc::as_ptr(owner)) {
+            // SAFETY: as in `with_core`.
+            unsafe { &*p }.queue.borrow_mut().push_back(runnable);
+            None
+        } else {
+            Some(runnable)
+        }
+    })
+}
+
+/// Task protocol rule 3: registers the task being polled (always on its owner's loop).
+pub(crate) fn register_task(waker: &Waker, info: &TaskInfo) -> Option<usize> {
+    with_core(|core| {
+        core.registry.borrow_mut().insert(Entry {
+            waker: waker.clone(),
+            info: info.clone(),
+        })
+    })
+}
+
+/// Task protocol rule 3: the task's future was dropped.
+pub(crate) fn unregister_task(key: usize) {
+    with_core(|core| {
+        let entry = core.registry.borrow_mut().try_remove(key);
+        core.tasks_done.set(core.tasks_done.get() + 1);
+        drop(entry);
+    });
+}

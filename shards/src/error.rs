@@ -1,0 +1,136 @@
+//! Errors: values whose message says what to do (DESIGN.md invariant 9).
+
+use std::{any::Any, fmt};
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong in xtc's public API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Topology, placement or pinning failed (see the inner error for what to change).
+    #[error(transparent)]
+    Numa(#[from] xtc_numa::Error),
+    /// A shard index outside `0..count`.
+    #[error("shard {shard} does not exist: this executor has {count} shards (valid: 0..{count})")]
+    InvalidShard {
+        /// The index asked for.
+        shard: usize,
+        /// How many shards exist.
+        count: usize,
+    },
+    /// An environment variable holds a value xtc cannot use.
+    #[error("environment variable {var}={value:?} is invalid: expected {expected}")]
+    Env {
+        /// The variable's name, e.g. `XTC_SHARDS`.
+        var: &'static str,
+        /// What it held.
+        value: String,
+        /// What would be accepted.
+        expected: &'static str,
+    },
+    /// A builder or knob argument is out of range.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// `run()` or `block_on()` was called while the executor is already running.
+    #[error("the executor is already running: call run()/block_on() from one thread at a time")]
+    AlreadyRunning,
+    /// The executor stopped (or was stopped) before the operation could complete.
+    #[error("the executor stopped before this completed")]
+    Stopped,
+    /// Every loop went idle while tasks stayed parked with nothing that could wake them.
+    #[error("deadlock: every loop is idle but {} task(s) are parked with no timer, I/O or message that could wake them:\n  {}\n(raise XTC_DEADLOCK_GRACE or Builder::deadlock_grace if they wait on a foreign thread)", tasks.len(), tasks.join("\n  "))]
+    Deadlock {
+        /// One line per parked task: name (if any), spawn location, shard.
+        tasks: Vec<String>,
+    },
+    /// The main future of `block_on` panicked or was cancelled.
+    #[error("the main future failed: {0}")]
+    Join(#[from] JoinError),
+    /// An operating-system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What xtc was doing.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why awaiting a [`JoinHandle`](crate::JoinHandle) gave no value.
+pub struct JoinError {
+    repr: JoinRepr,
+}
+
+enum JoinRepr {
+    Cancelled,
+    Panic(Box<dyn Any + Send + 'static>),
+}
+
+impl JoinError {
+    pub(crate) fn cancelled() -> Self {
+        JoinError {
+            repr: JoinRepr::Cancelled,
+        }
+    }
+
+    pub(crate) fn panic(payload: Box<dyn Any + Send + 'static>) -> Self {
+        JoinError {
+            repr: JoinRepr::Panic(payload),
+        }
+    }
+
+    /// The task was aborted, or dropped when its executor stopped.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self.repr, JoinRepr::Cancelled)
+    }
+
+    /// The task panicked; the panic was caught and its loop went on.
+    pub fn is_panic(&self) -> bool {
+        matches!(self.repr, JoinRepr::Panic(_))
+    }
+
+    /// The panic payload, to re-raise it with `std::panic::resume_unwind`.
+    pub fn into_panic(self) -> Option<Box<dyn Any + Send + 'static>> {
+        match self.repr {
+            JoinRepr::Panic(p) => Some(p),
+            JoinRepr::Cancelled => None,
+        }
+    }
+
+    /// The panic message when the payload is a string, as `panic!("..")` makes it.
+    pub fn panic_message(&self) -> Option<&str> {
+        match &self.repr {
+            JoinRepr::Panic(p) => p
+                .downcast_ref::<&'static str>()
+                .copied()
+                .or_else(|| p.downcast_ref::<String>().map(String::as_str)),
+            JoinRepr::Cancelled => None,
+        }
+    }
+}
+
+impl fmt::Debug for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            JoinRepr::Cancelled => f.write_str("JoinError::Cancelled"),
+            JoinRepr::Panic(_) => write!(f, "JoinError::Panic({:?})", self.panic_message()),
+        }
+    }
+}
+
+impl fmt::Display for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            JoinRepr::Cancelled => f.write_str("task was cancelled"),
+            JoinRepr::Panic(_) => match self.panic_message() {
+                Some(m) => write!(f, "task panicked: {m}"),
+                None => f.write_str("task panicked"),
+            },
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}

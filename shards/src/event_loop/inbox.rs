@@ -1,0 +1,80 @@
+//! The MPSC inbox of a loop: how threads other than the loop's own hand it work (spawns from
+//! outside, wakes of its pinned tasks fired elsewhere).
+//!
+//! A mutex-protected `Vec` swapped out whole by the consumer: one lock per loop turn that finds
+//! work, no allocation in steady state (the loop hands back its drained, empty vector), and a
+//! `pending` flag so an empty inbox costs the loop one atomic load and no lock. Cross-shard traffic
+//! between workers will go through the SPSC ring mesh; the inbox carries the rarer foreign traffic,
+//! where a lock-free queue would buy little.
+
+use crate::sync::{lock, AtomicBool, AtomicU64, Mutex, Ordering::SeqCst};
+
+/// Multi-producer, single-consumer queue with the counters quiescence detection needs.
+#[derive(Debug)]
+pub(crate) struct Inbox<T> {
+    queue: Mutex<Vec<T>>,
+    /// Set by a read-modify-write after every push, cleared under the lock by the consumer.
+    /// Rules 1 and 2 of `park.rs` touch it only by read-modify-write.
+    pending: AtomicBool,
+    /// Messages ever pushed. Incremented before the push, so an in-flight message is counted.
+    pushed: AtomicU64,
+    /// Messages ever taken by the consumer (written only by it).
+    popped: AtomicU64,
+}
+
+impl<T> Inbox<T> {
+    pub(crate) fn new() -> Self {
+        Inbox {
+            queue: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
+            pushed: AtomicU64::new(0),
+            popped: AtomicU64::new(0),
+        }
+    }
+
+    /// Appends `value`. Callable from any thread.
+    pub(crate) fn push(&self, value: T) {
+        self.pushed.fetch_add(1, SeqCst);
+        let mut q = lock(&self.queue);
+        q.push(value);
+        // Rule 2 of park.rs: an RMW, so the loop's RMW recheck is ordered against it.
+        self.pending.swap(true, SeqCst);
+    }
+
+    /// Whether a push has happened since the last drain: a plain load, for the busy path.
+    pub(crate) fn is_pending(&self) -> bool {
+        self.pending.load(SeqCst)
+    }
+
+    /// The same question as a read-modify-write, for the recheck of rule 1 of `park.rs`.
+    pub(crate) fn recheck(&self) -> bool {
+        self.pending.fetch_or(false, SeqCst)
+    }
+
+    /// Moves everything queued into `out` (which must be empty) and returns how many.
+    /// Only the owning loop calls this.
+    pub(crate) fn drain_into(&self, out: &mut Vec<T>) -> usize {
+        debug_assert!(out.is_empty());
+        if !self.pending.load(SeqCst) {
+            return 0;
+        }
+        {
+            let mut q = lock(&self.queue);
+            std::mem::swap(&mut *q, out);
+            self.pending.store(false, SeqCst);
+        }
+        let n = out.len() as u64;
+        // Single writer: a plain load + store, published SeqCst for the quiescence check.
+        self.popped.store(self.popped.load(SeqCst) + n, SeqCst);
+        n as usize
+    }
+
+    /// (pushed, popped), for the quiescence double collect.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        // popped first: a message popped after this read was pushed before the pushed read, so
+        // the pair can show pushed > popped (not quiescent) but never a false balance.
+        let popped = self.popped.load(SeqCst);
+        let pushed = self.pushed.load(SeqCst);
+        (pushed, popped)
+    }
+}

@@ -1,0 +1,234 @@
+//! The event loop: one pinned OS thread running one shard.
+//!
+//! # The loop step
+//!
+//! Each turn of [`run`]:
+//! 1. stop check (one relaxed load of the executor's stop flag);
+//! 2. drain the inbox (one SeqCst load when empty; one lock and a vector swap otherwise);
+//! 3. fire due timers (only when the loop has any: one clock read);
+//! 4. run up to [`BATCH`] runnable tasks, FIFO;
+//! 5. if nothing is runnable and the inbox is empty: publish the loop's status for quiescence
+//!    detection (`executor/quiesce.rs`), then park until the next timer deadline or a wake ping,
+//!    by the announce → recheck → sleep protocol of [`park`](self::park).
+//!
+//! A loop that stops (stop request, quiescence, deadlock, end of `block_on`) runs [`shutdown`]:
+//! it wakes every registered task and drops the `Runnable` instead of running it, until its
+//! registry is empty, so every future is dropped on its own thread (task protocol rule 3).
+
+pub(crate) mod inbox;
+pub(crate) mod park;
+
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+pub(crate) use inbox::Inbox;
+pub(crate) use park::Parker;
+
+use crate::{
+    context::Core,
+    stats::{bump, StatsCell},
+    sync::{AtomicU64, Ordering::SeqCst},
+    task::Runnable,
+    timer,
+};
+
+/// Tasks run per turn before the loop looks at its inbox and timers again. A trade between
+/// throughput (fewer checks) and how promptly a busy loop answers its peers; 128 keeps a turn of
+/// trivial tasks under ~10 µs. (No source: chosen by the spawn and yield benchmarks.)
+pub(crate) const BATCH: usize = 128;
+
+/// Loop status kinds, the low two bits of [`LoopShared::status`].
+pub(crate) mod status {
+    /// Working, or about to.
+    pub(crate) const BUSY: u64 = 0;
+    /// Idle with no live task and no timer.
+    pub(crate) const EMPTY: u64 = 1;
+    /// Idle with live tasks, all parked, and no timer.
+    pub(crate) const PARKED: u64 = 2;
+    /// Idle until a timer.
+    pub(crate) const WAITING: u64 = 3;
+
+    pub(crate) fn kind(s: u64) -> u64 {
+        s & 3
+    }
+}
+
+/// The half of a loop other threads may touch. Fields written by different parties sit on
+/// separate cache lines.
+#[derive(Debug)]
+pub(crate) struct LoopShared {
+    pub(crate) index: usize,
+    /// Written by every sender.
+    pub(crate) inbox: CachePadded<Inbox<Runnable>>,
+    /// Written by the loop (announce) and by senders (notify).
+    pub(crate) parker: CachePadded<Parker>,
+    /// `epoch << 2 | kind`, written by the loop, read by the coordinator.
+    pub(crate) status: CachePadded<AtomicU64>,
+    /// Written by the loop only.
+    pub(crate) stats: StatsCell,
+}
+
+impl LoopShared {
+    pub(crate) fn new(index: usize, base: Instant) -> std::io::Result<LoopShared> {
+        Ok(LoopShared {
+            index,
+            inbox: CachePadded::new(Inbox::new()),
+            parker: CachePadded::new(Parker::new()?),
+            status: CachePadded::new(AtomicU64::new(status::BUSY)),
+            stats: StatsCell::new(base),
+        })
+    }
+}
+
+/// Why a loop's `run` returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// The executor asked it to stop.
+    Stopped,
+    /// `done()` became true.
+    Done,
+}
+
+/// Runs `core` on this thread (which must have entered it) until the executor's stop flag is set
+/// or `done()` returns true.
+pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exit {
+    let shared = &*core.shared;
+    let exec = &*core.exec;
+    let mut spare: Vec<Runnable> = Vec::new();
+    let mut wakers = Vec::new();
+    let mut epoch: u64 = 1;
+    let mut published: u64 = u64::MAX;
+    shared.stats.started(Instant::now());
+    let exit = loop {
+        // Step 1.
+        if stop_aware && exec.stop_requested() {
+            break Exit::Stopped;
+        }
+        if done() {
+            break Exit::Done;
+        }
+        // Step 2.
+        if shared.inbox.drain_into(&mut spare) > 0 {
+            bump(&shared.stats.inbox_received, spare.len() as u64);
+            core.queue.borrow_mut().extend(spare.drain(..));
+        }
+        // Step 3.
+        if !core.timers.borrow().is_empty() {
+            core.timers.borrow_mut().expire(Instant::now(), &mut wakers);
+            bump(&shared.stats.timers_fired, wakers.len() as u64);
+            for w in wakers.drain(..) {
+                w.wake();
+            }
+        }
+        // Step 4.
+        let mut ran = 0;
+        while ran < BATCH {
+            let Some(r) = core.queue.borrow_mut().pop_front() else {
+                break;
+            };
+            r.run();
+            ran += 1;
+        }
+        publish_counts(core, ran as u64);
+        if ran == BATCH || !core.queue.borrow().is_empty() || shared.inbox.is_pending() || done() {
+            continue;
+        }
+        // Step 5.
+        let kind = {
+            if !core.timers.borrow().is_empty() {
+                status::WAITING
+            } else if core.registry.borrow().is_empty() {
+                status::EMPTY
+            } else {
+                status::PARKED
+            }
+        };
+        let st = epoch << 2 | kind;
+        shared.status.store(st, SeqCst);
+        if st != published && kind == status::EMPTY && stop_aware {
+            exec.loop_went_empty(shared.index);
+        }
+        published = st;
+        let now = Instant::now();
+        let next = core.timers.borrow_mut().next_deadline();
+        let timeout = timer::park_timeout(next, now);
+        if timeout != Some(Duration::ZERO) {
+            shared.parker.announce();
+            // Rule 1 of park.rs: recheck every source after announcing.
+            if shared.inbox.recheck() || (stop_aware && exec.stop_requested()) {
+                shared.parker.cancel();
+            } else {
+                shared.stats.park_begin(now);
+                shared.parker.sleep(timeout);
+                shared.stats.park_end(Instant::now());
+            }
+        }
+        epoch += 1;
+        shared.status.store(epoch << 2 | status::BUSY, SeqCst);
+    };
+    shared.stats.stopped(Instant::now());
+    exit
+}
+
+fn publish_counts(core: &Core, polls: u64) {
+    let stats = &core.shared.stats;
+    bump(&stats.polls, polls);
+    stats
+        .tasks_run
+        .store(core.tasks_done.get(), crate::sync::Ordering::Relaxed);
+    stats.live_tasks.store(
+        core.registry.borrow().len() as u64,
+        crate::sync::Ordering::Relaxed,
+    );
+}
+
+/// Drops every task this loop owns, on this thread (task protocol rule 3). With `keep_inbox`,
+/// messages still in the inbox that are not needed to finish that (fresh spawns, which own only
+/// their `Send` closure) are left for a later `run()`.
+pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
+    let shared = &*core.shared;
+    let wakers: Vec<_> = core
+        .registry
+        .borrow()
+        .iter()
+        .map(|(_, e)| e.waker.clone())
+        .collect();
+    for w in wakers {
+        w.wake();
+    }
+    let timer_wakers = core.timers.borrow_mut().clear();
+    drop(timer_wakers);
+    let mut spare = Vec::new();
+    loop {
+        let mut dropped = 0;
+        loop {
+            let next = core.queue.borrow_mut().pop_front();
+            match next {
+                Some(r) => {
+                    drop(r);
+                    dropped += 1;
+                }
+                None => break,
+            }
+        }
+        let live = core.registry.borrow().len();
+        if live == 0 && (keep_inbox || !shared.inbox.is_pending()) {
+            break;
+        }
+        if shared.inbox.drain_into(&mut spare) > 0 {
+            core.queue.borrow_mut().extend(spare.drain(..));
+            continue;
+        }
+        if dropped == 0 {
+            // A wake fired on another thread is on its way to the inbox (its task is already
+            // scheduled, so our wake above was a no-op): wait for it.
+            shared.parker.announce();
+            if shared.inbox.recheck() {
+                shared.parker.cancel();
+            } else {
+                shared.parker.sleep(Some(Duration::from_millis(1)));
+            }
+        }
+    }
+    publish_counts(core, 0);
+}

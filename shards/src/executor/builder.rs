@@ -1,0 +1,174 @@
+//! [`Builder`]: the initial configuration of an [`Executor`], from code or the environment.
+
+use std::time::Duration;
+
+use xtc_numa::{Policy, Topology};
+
+use super::Executor;
+use crate::{Error, Result};
+
+/// Default grace period before an all-parked executor is reported as deadlocked.
+/// Long enough that a task waiting a moment on a foreign thread is no false alarm.
+pub const DEFAULT_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
+
+/// Configures and builds an [`Executor`].
+///
+/// ```no_run
+/// # use xtc_shards as xtc;
+/// let exec = xtc::Executor::builder().shards(4).oversubscribe(true).build()?;
+/// # Ok::<(), xtc::Error>(())
+/// ```
+/// # use xtc_shards as xtc;
+#[derive(Debug, Clone)]
+#[must_use = "the builder must be built to be useful"]
+pub struct Builder {
+    pub(crate) shards: usize,
+    pub(crate) oversubscribe: bool,
+    pub(crate) placement: Policy,
+    pub(crate) service_mode: bool,
+    pub(crate) deadlock_grace: Option<Duration>,
+    pub(crate) topology: Option<std::sync::Arc<Topology>>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            shards: 0,
+            oversubscribe: false,
+            placement: Policy::Compact,
+            service_mode: false,
+            deadlock_grace: Some(DEFAULT_DEADLOCK_GRACE),
+            topology: None,
+        }
+    }
+}
+
+impl Builder {
+    /// A builder with the defaults: one shard per allowed physical core, compact placement, no
+    /// oversubscription, service mode off, deadlock grace 5 s.
+    pub fn new() -> Builder {
+        Builder::default()
+    }
+
+    /// The defaults overridden by the `XTC_*` environment variables (see the crate docs'
+    /// table). A variable holding a bad value is an `Err` naming it.
+    pub fn from_env() -> Result<Builder> {
+        Builder::new().env()
+    }
+
+    /// Applies the `XTC_*` environment variables that are set on top of this builder.
+    pub fn env(mut self) -> Result<Builder> {
+        if let Some(v) = var("XTC_SHARDS") {
+            self.shards = v.trim().parse().map_err(|_| Error::Env {
+                var: "XTC_SHARDS",
+                value: v.clone(),
+                expected: "a shard count (0 = one per allowed physical core)",
+            })?;
+        }
+        if let Some(v) = var("XTC_PLACEMENT") {
+            self.placement = v.trim().parse().map_err(|_| Error::Env {
+                var: "XTC_PLACEMENT",
+                value: v.clone(),
+                expected: "compact, spread, or cpus:0,2,4",
+            })?;
+        }
+        if let Some(v) = var("XTC_OVERSUBSCRIBE") {
+            self.oversubscribe = parse_bool("XTC_OVERSUBSCRIBE", &v)?;
+        }
+        if let Some(v) = var("XTC_SERVICE_MODE") {
+            self.service_mode = parse_bool("XTC_SERVICE_MODE", &v)?;
+        }
+        if let Some(v) = var("XTC_DEADLOCK_GRACE") {
+            self.deadlock_grace = parse_grace("XTC_DEADLOCK_GRACE", &v)?;
+        }
+        Ok(self)
+    }
+
+    /// Number of shards (loops); 0 means one per allowed physical core.
+    pub fn shards(mut self, n: usize) -> Builder {
+        self.shards = n;
+        self
+    }
+
+    /// Allows more shards than allowed CPUs; they then share CPUs evenly. Needed for 3+ shards
+    /// on a 2-CPU machine. Cost: shards on one CPU time-slice through the OS scheduler.
+    pub fn oversubscribe(mut self, yes: bool) -> Builder {
+        self.oversubscribe = yes;
+        self
+    }
+
+    /// How shards are placed on CPUs (default [`Policy::Compact`]).
+    pub fn placement(mut self, policy: Policy) -> Builder {
+        self.placement = policy;
+        self
+    }
+
+    /// Starts in service mode: `run()` ignores quiescence and returns only after `stop()`.
+    pub fn service_mode(mut self, on: bool) -> Builder {
+        self.service_mode = on;
+        self
+    }
+
+    /// Grace period before an all-parked executor is reported as deadlocked; `None` disables the
+    /// report (an all-parked executor then waits forever, like tokio). Default 5 s.
+    pub fn deadlock_grace(mut self, grace: Option<Duration>) -> Builder {
+        self.deadlock_grace = grace;
+        self
+    }
+
+    /// Places shards on this topology instead of the detected machine. With a synthetic or XML
+    /// topology (a machine that is not this one) loops are **not pinned**: use it to exercise
+    /// placement and victim orders of bigger machines, with oversubscription.
+    pub fn topology(mut self, topology: Topology) -> Builder {
+        self.topology = Some(std::sync::Arc::new(topology));
+        self
+    }
+
+    /// Detects the topology (unless one was given), places the shards and creates the loops.
+    /// No thread starts until `run()`. Cost: one hwloc topology load (a few milliseconds).
+    pub fn build(self) -> Result<Executor> {
+        Executor::from_builder(self)
+    }
+}
+
+fn var(name: &'static str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn parse_bool(name: &'static str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" => Ok(false),
+        _ => Err(Error::Env {
+            var: name,
+            value: v.to_string(),
+            expected: "1/0, true/false, on/off or yes/no",
+        }),
+    }
+}
+
+/// Parses `off`, or a duration such as `500ms`, `5s`, `250us`; a bare number is milliseconds.
+fn parse_duration(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    match unit.trim() {
+        "" | "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "us" | "µs" => Some(Duration::from_micros(n)),
+        "ns" => Some(Duration::from_nanos(n)),
+        _ => None,
+    }
+}
+
+fn parse_grace(name: &'static str, v: &str) -> Result<Option<Duration>> {
+    if v.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    parse_duration(v).map(Some).ok_or_else(|| Error::Env {
+        var: name,
+        value: v.to_string(),
+        expected: "off, or a duration such as 500ms, 5s (a bare number is milliseconds)",
+    })
+}

@@ -1,0 +1,504 @@
+//! The executor: its loops, the threads that run them, and the handle that reaches them.
+
+mod builder;
+pub(crate) mod quiesce;
+
+use std::{
+    future::Future,
+    sync::Arc,
+    thread,
+    time::{Duration, Instant},
+};
+
+pub use builder::{Builder, DEFAULT_DEADLOCK_GRACE};
+use xtc_numa::{Placement, Topology};
+
+use crate::{
+    context::{self, Core},
+    event_loop::{self, LoopShared},
+    sync::{lock, AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, Ordering::*},
+    task::{self, JoinHandle, TaskInfo},
+    Error, LoopStats, Result,
+};
+
+/// Why the executor stopped (first reason wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum StopReason {
+    None = 0,
+    Requested = 1,
+    Quiescent = 2,
+    Deadlock = 3,
+    MainDone = 4,
+}
+
+const GRACE_OFF: u64 = u64::MAX;
+
+/// State shared by the loops, the coordinator and every [`Handle`].
+#[derive(Debug)]
+pub(crate) struct ExecShared {
+    pub(crate) loops: Vec<Arc<LoopShared>>,
+    stop: AtomicBool,
+    stop_reason: AtomicU32,
+    service_mode: AtomicBool,
+    deadlock_grace_ns: AtomicU64,
+    running: AtomicBool,
+    pub(crate) coord_dirty: Mutex<bool>,
+    pub(crate) coord_cv: Condvar,
+    deadlock_tasks: Mutex<Vec<String>>,
+}
+
+impl ExecShared {
+    pub(crate) fn new(n: usize, service_mode: bool, grace: Option<Duration>) -> Result<Self> {
+        let base = Instant::now();
+        let loops = (0..n)
+            .map(|i| {
+                LoopShared::new(i, base)
+                    .map(Arc::new)
+                    .map_err(|source| Error::Io {
+                        what: "creating a loop's wake eventfd",
+                        source,
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ExecShared {
+            loops,
+            stop: AtomicBool::new(false),
+            stop_reason: AtomicU32::new(StopReason::None as u32),
+            service_mode: AtomicBool::new(service_mode),
+            deadlock_grace_ns: AtomicU64::new(grace_to_ns(grace)),
+            running: AtomicBool::new(false),
+            coord_dirty: Mutex::new(false),
+            coord_cv: Condvar::new(),
+            deadlock_tasks: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.load(Relaxed)
+    }
+
+    pub(crate) fn request_stop(&self, reason: StopReason) {
+        let _ = self.stop_reason.compare_exchange(
+            StopReason::None as u32,
+            reason as u32,
+            SeqCst,
+            SeqCst,
+        );
+        self.stop.store(true, SeqCst);
+        for l in &self.loops {
+            l.parker.force_unpark();
+        }
+        self.poke();
+    }
+
+    fn stop_reason(&self) -> u32 {
+        self.stop_reason.load(SeqCst)
+    }
+
+    pub(crate) fn poke(&self) {
+        *lock(&self.coord_dirty) = true;
+        self.coord_cv.notify_one();
+    }
+
+    /// A loop published `EMPTY`: poke the coordinator if every other loop looks idle too
+    /// (`quiesce.rs`).
+    pub(crate) fn loop_went_empty(&self, me: usize) {
+        let others_idle = self.loops.iter().enumerate().all(|(i, l)| {
+            i == me || {
+                let k = event_loop::status::kind(l.status.load(SeqCst));
+                k == event_loop::status::EMPTY || k == event_loop::status::PARKED
+            }
+        });
+        if others_idle {
+            self.poke();
+        }
+    }
+
+    pub(crate) fn service_mode(&self) -> bool {
+        self.service_mode.load(Relaxed)
+    }
+
+    pub(crate) fn deadlock_grace(&self) -> Option<Duration> {
+        match self.deadlock_grace_ns.load(Relaxed) {
+            GRACE_OFF => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
+    pub(crate) fn shard(&self, shard: usize) -> Result<&Arc<LoopShared>> {
+        self.loops.get(shard).ok_or(Error::InvalidShard {
+            shard,
+            count: self.loops.len(),
+        })
+    }
+
+    pub(crate) fn spawn_on<F, Fut>(
+        &self,
+        shard: usize,
+        make: F,
+        info: TaskInfo,
+    ) -> Result<JoinHandle<Fut::Output>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let owner = self.shard(shard)?.clone();
+        Ok(task::spawn_raw(owner, make, info))
+    }
+}
+
+fn grace_to_ns(g: Option<Duration>) -> u64 {
+    g.map_or(GRACE_OFF, |d| (d.as_nanos() as u64).min(GRACE_OFF - 1))
+}
+
+/// A thread-per-core executor: one event loop per shard, each on its own pinned OS thread.
+///
+/// Build it with [`Executor::builder`] (or [`Executor::from_env`]), queue work with
+/// [`spawn_on`](Self::spawn_on), then [`run`](Self::run) it, or run one main future with
+/// [`block_on`](Self::block_on).
+///
+/// ```no_run
+/// # use xtc_shards as xtc;
+/// let exec = xtc::Executor::builder().shards(2).build()?;
+/// for i in 0..2 {
+///     exec.spawn_on(i, move || async move {
+///         assert_eq!(xtc::shard::id(), i);
+///     })?;
+/// }
+/// exec.run()?; // returns when both tasks are done
+/// # Ok::<(), xtc::Error>(())
+/// ```
+/// # use xtc_shards as xtc;
+#[derive(Debug)]
+pub struct Executor {
+    handle: Handle,
+    placement: Placement,
+    topology: Arc<Topology>,
+}
+
+impl Executor {
+    /// A [`Builder`] with the defaults.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    /// An executor configured by the `XTC_*` environment variables (see the crate docs).
+    pub fn from_env() -> Result<Executor> {
+        Builder::from_env()?.build()
+    }
+
+    fn from_builder(b: Builder) -> Result<Executor> {
+        let topology = match b.topology {
+            Some(t) => t,
+            None => Arc::new(Topology::detect()?),
+        };
+        let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)?;
+        let shared = ExecShared::new(placement.len(), b.service_mode, b.deadlock_grace)?;
+        tracing::debug!(shards = placement.len(), "xtc executor built");
+        Ok(Executor {
+            handle: Handle {
+                shared: Arc::new(shared),
+            },
+            placement,
+            topology,
+        })
+    }
+
+    /// A handle for other threads and tasks: spawn, stop, knobs and stats. Cost: an `Arc` clone.
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    /// Number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.handle.shard_count()
+    }
+
+    /// Where each shard runs.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The topology shards were placed on.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// See [`Handle::spawn_on`].
+    #[track_caller]
+    pub fn spawn_on<F, Fut>(&self, shard: usize, make: F) -> Result<JoinHandle<Fut::Output>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        self.handle.spawn_on(shard, make)
+    }
+
+    /// See [`Handle::stop`].
+    pub fn stop(&self) {
+        self.handle.stop()
+    }
+
+    /// See [`Handle::set_service_mode`].
+    pub fn set_service_mode(&self, on: bool) {
+        self.handle.set_service_mode(on)
+    }
+
+    /// See [`Handle::service_mode`].
+    pub fn service_mode(&self) -> bool {
+        self.handle.service_mode()
+    }
+
+    /// See [`Handle::set_deadlock_grace`].
+    pub fn set_deadlock_grace(&self, grace: Option<Duration>) {
+        self.handle.set_deadlock_grace(grace)
+    }
+
+    /// See [`Handle::deadlock_grace`].
+    pub fn deadlock_grace(&self) -> Option<Duration> {
+        self.handle.deadlock_grace()
+    }
+
+    /// See [`Handle::loop_stats`].
+    pub fn loop_stats(&self, shard: usize) -> Result<LoopStats> {
+        self.handle.loop_stats(shard)
+    }
+
+    /// Starts one OS thread per shard, each pinned to its CPU, and blocks until the executor is
+    /// quiescent (every task done, every timer fired or cancelled, every inbox drained) or
+    /// [`stop`](Self::stop) is called. In service mode it returns only after `stop`.
+    ///
+    /// Returns `Err(Deadlock)` when every loop idles with tasks parked that nothing can wake
+    /// (after the deadlock grace period); those tasks are dropped. Work spawned before `run` is
+    /// processed when the loops start; the executor can be run again after `run` returns.
+    /// Cost: one thread spawn and pin per shard; the calling thread sleeps meanwhile.
+    pub fn run(&self) -> Result<()> {
+        let shared = &self.handle.shared;
+        if shared.running.swap(true, SeqCst) {
+            return Err(Error::AlreadyRunning);
+        }
+        let result = self.run_inner();
+        // Ready for another run.
+        shared.stop.store(false, SeqCst);
+        shared.stop_reason.store(StopReason::None as u32, SeqCst);
+        shared.running.store(false, SeqCst);
+        result
+    }
+
+    fn run_inner(&self) -> Result<()> {
+        let shared = &self.handle.shared;
+        lock(&shared.deadlock_tasks).clear();
+        let (tx, rx) = std::sync::mpsc::channel::<xtc_numa::Result<()>>();
+        let mut threads = Vec::with_capacity(shared.loops.len());
+        let mut failure: Option<Error> = None;
+        for (i, ls) in shared.loops.iter().enumerate() {
+            let ls = ls.clone();
+            let exec = shared.clone();
+            let cpu = if self.topology.is_synthetic() {
+                None
+            } else {
+                self.placement.cpu(i)
+            };
+            let topo = self.topology.clone();
+            let tx = tx.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("xtc-shard-{i}"))
+                .spawn(move || worker(ls, exec, topo, cpu, tx));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(source) => {
+                    failure = Some(Error::Io {
+                        what: "spawning a shard thread",
+                        source,
+                    });
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        for _ in 0..threads.len() {
+            match rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    failure.get_or_insert(Error::Numa(e));
+                }
+                Err(_) => break,
+            }
+        }
+        if failure.is_some() {
+            shared.request_stop(StopReason::Requested);
+        } else {
+            quiesce::coordinate(shared);
+        }
+        for t in threads {
+            if t.join().is_err() {
+                failure.get_or_insert(Error::InvalidArgument(
+                    "a shard thread panicked outside any task (a bug in xtc)".into(),
+                ));
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if shared.stop_reason() == StopReason::Deadlock as u32 {
+            let tasks = std::mem::take(&mut *lock(&shared.deadlock_tasks));
+            return Err(Error::Deadlock { tasks });
+        }
+        Ok(())
+    }
+
+    /// Runs `make()`'s future on shard 0 as the main task, runs the executor, and returns the
+    /// future's output. When it completes the executor stops and the remaining tasks are
+    /// dropped. `Err(Join)` if the main future panicked, `Err(Stopped)` if the executor stopped
+    /// before it completed, `Err(Deadlock)` as for [`run`](Self::run).
+    pub fn block_on<F, Fut>(&self, make: F) -> Result<Fut::Output>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        struct StopOnDrop(Arc<ExecShared>);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                self.0.request_stop(StopReason::MainDone);
+            }
+        }
+        let guard = StopOnDrop(self.handle.shared.clone());
+        let main = self.handle.shared.spawn_on(
+            0,
+            move || async move {
+                let _guard = guard;
+                make().await
+            },
+            TaskInfo::here(Some(Arc::from("main"))),
+        )?;
+        self.run()?;
+        if !main.is_finished() {
+            return Err(Error::Stopped);
+        }
+        match futures_lite::future::block_on(main) {
+            Ok(v) => Ok(v),
+            Err(e) if e.is_cancelled() => Err(Error::Stopped),
+            Err(e) => Err(Error::Join(e)),
+        }
+    }
+}
+
+fn worker(
+    ls: Arc<LoopShared>,
+    exec: Arc<ExecShared>,
+    topo: Arc<Topology>,
+    cpu: Option<usize>,
+    tx: std::sync::mpsc::Sender<xtc_numa::Result<()>>,
+) {
+    let pinned = match cpu {
+        Some(cpu) => xtc_numa::pin_current_thread(&topo, cpu),
+        None => Ok(()),
+    };
+    let ok = pinned.is_ok();
+    let _ = tx.send(pinned);
+    drop(tx);
+    if !ok {
+        return;
+    }
+    crate::sys::set_timer_slack_ns(1_000);
+    let core = Core::new(ls, exec.clone());
+    let Some(_enter) = context::enter(&core) else {
+        return;
+    };
+    tracing::trace!(shard = core.index(), ?cpu, "shard loop started");
+    event_loop::run(&core, true, &|| false);
+    let reason = exec.stop_reason();
+    if reason == StopReason::Deadlock as u32 {
+        let lines: Vec<String> = core
+            .registry
+            .borrow()
+            .iter()
+            .map(|(_, e)| {
+                let name = e.info.name.as_deref().unwrap_or("<unnamed>");
+                format!(
+                    "task '{name}' spawned at {} on shard {}",
+                    e.info.location,
+                    core.index()
+                )
+            })
+            .collect();
+        lock(&exec.deadlock_tasks).extend(lines);
+    }
+    event_loop::shutdown(&core, reason == StopReason::Quiescent as u32);
+    tracing::trace!(shard = core.index(), "shard loop stopped");
+}
+
+/// A cheap, cloneable reference to an [`Executor`], usable from any thread (`Send + Sync`):
+/// spawn, stop, knobs and stats.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    pub(crate) shared: Arc<ExecShared>,
+}
+
+impl Handle {
+    /// Number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.shared.loops.len()
+    }
+
+    /// Spawns a task pinned to `shard`. `make` is `Send` and is called on that shard, so the
+    /// future it returns may be `!Send`; the task never leaves the shard. Works from any thread,
+    /// before `run()` (the task starts when the loops do) and while it runs.
+    ///
+    /// `Err(InvalidShard)` for an out-of-range shard. Cost: one allocation; from the shard
+    /// itself a thread-local push, from elsewhere an inbox push (a short lock) plus a wake ping
+    /// (an eventfd write) if the shard sleeps.
+    #[track_caller]
+    pub fn spawn_on<F, Fut>(&self, shard: usize, make: F) -> Result<JoinHandle<Fut::Output>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        self.shared.spawn_on(shard, make, TaskInfo::here(None))
+    }
+
+    /// Asks the executor to stop: `run()` returns once every loop has dropped its tasks.
+    /// Safe from any thread; idempotent. Cost: one wake ping per loop.
+    pub fn stop(&self) {
+        self.shared.request_stop(StopReason::Requested)
+    }
+
+    /// Service mode on: `run()` ignores quiescence (and deadlock) and returns only after
+    /// `stop()`. Use it for a long-running server whose loops may all idle at times.
+    /// Default: off (or `XTC_SERVICE_MODE`). Takes effect at once, from any thread; cost: none.
+    pub fn set_service_mode(&self, on: bool) {
+        self.shared.service_mode.store(on, SeqCst);
+        self.shared.poke();
+    }
+
+    /// Whether service mode is on.
+    pub fn service_mode(&self) -> bool {
+        self.shared.service_mode()
+    }
+
+    /// Sets the deadlock grace period (`None`: never report). Default 5 s (or
+    /// `XTC_DEADLOCK_GRACE`). Cost: while all loops idle with parked tasks the coordinator wakes
+    /// every `min(grace / 2, 1 s)` to recheck.
+    pub fn set_deadlock_grace(&self, grace: Option<Duration>) {
+        self.shared
+            .deadlock_grace_ns
+            .store(grace_to_ns(grace), SeqCst);
+        self.shared.poke();
+    }
+
+    /// The deadlock grace period.
+    pub fn deadlock_grace(&self) -> Option<Duration> {
+        self.shared.deadlock_grace()
+    }
+
+    /// A lock-free snapshot of loop `shard`'s counters, readable while running and after
+    /// `run()` returns. `Err(InvalidShard)` out of range.
+    pub fn loop_stats(&self, shard: usize) -> Result<LoopStats> {
+        Ok(self.shared.shard(shard)?.stats.snapshot())
+    }
+}

@@ -1,0 +1,148 @@
+//! Exact quiescence and the deadlock report (DESIGN.md invariant 8), without a shared counter on
+//! the spawn path.
+//!
+//! # Termination detection
+//!
+//! Each loop publishes `status = epoch << 2 | kind` (SeqCst) before it parks, and
+//! `epoch + 1 | BUSY` as soon as it wakes, before it drains its inbox. `kind` is `EMPTY` (no live
+//! task, no timer), `PARKED` (live tasks, none runnable, no timer) or `WAITING` (a timer is
+//! pending). Each inbox counts messages pushed (before the push) and popped.
+//!
+//! The coordinator (the thread in `run()`) takes a snapshot of every loop's status and inbox
+//! counts, then a second one. The executor is **quiescent** when both snapshots are equal, every
+//! loop is `EMPTY`, and every inbox has popped all it was pushed. Why that is exact: a loop that
+//! did anything between the two reads of its status has a new epoch, so equal snapshots mean no
+//! loop ran in between; a message pushed before the first read shows up as pushed > popped; one
+//! pushed after it is a fresh spawn from a foreign thread racing with the end of `run()`, which
+//! stays in the inbox for the next `run()` (it is not lost). Work moves between loops only through
+//! inboxes (and, later, rings with the same counters), so no task can be in flight unseen.
+//!
+//! A loop that publishes `EMPTY` pokes the coordinator only if every other loop already looks
+//! idle (a Dekker pair over the status words, so the last loop to go idle always pokes).
+//!
+//! # Deadlock
+//!
+//! If two equal snapshots show every loop `EMPTY` or `PARKED`, at least one `PARKED`, and balanced
+//! inboxes, nothing inside the executor can wake the parked tasks. The coordinator checks again
+//! after the grace period (a task may wait on a foreign thread); if no epoch moved it stops the
+//! executor and `run()` returns [`Error::Deadlock`](crate::Error::Deadlock) naming each task.
+//! The coordinator polls for this every `min(grace / 2, 1 s)`: deadlocks need no prompt answer.
+
+use std::time::{Duration, Instant};
+
+use super::ExecShared;
+use crate::{
+    event_loop::status,
+    sync::{lock, Ordering::SeqCst},
+};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    loops: Vec<(u64, u64, u64)>,
+}
+
+impl Snapshot {
+    pub(crate) fn take(exec: &ExecShared) -> Snapshot {
+        Snapshot {
+            loops: exec
+                .loops
+                .iter()
+                .map(|l| {
+                    let st = l.status.load(SeqCst);
+                    let (pushed, popped) = l.inbox.counts();
+                    (st, pushed, popped)
+                })
+                .collect(),
+        }
+    }
+
+    fn balanced(&self) -> bool {
+        self.loops
+            .iter()
+            .all(|&(_, pushed, popped)| pushed == popped)
+    }
+
+    fn all(&self, ok: impl Fn(u64) -> bool) -> bool {
+        self.loops.iter().all(|&(st, _, _)| ok(status::kind(st)))
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Busy,
+    Quiescent,
+    MaybeDeadlocked(Snapshot),
+}
+
+pub(crate) fn check(exec: &ExecShared) -> Verdict {
+    let a = Snapshot::take(exec);
+    if !a.balanced() || !a.all(|k| k == status::EMPTY || k == status::PARKED) {
+        return Verdict::Busy;
+    }
+    let b = Snapshot::take(exec);
+    if a != b {
+        return Verdict::Busy;
+    }
+    if a.all(|k| k == status::EMPTY) {
+        Verdict::Quiescent
+    } else {
+        Verdict::MaybeDeadlocked(a)
+    }
+}
+
+/// The coordinator: runs on the thread that called `run()` until the executor stops.
+pub(crate) fn coordinate(exec: &ExecShared) {
+    let mut suspect: Option<(Snapshot, Instant)> = None;
+    loop {
+        let grace = exec.deadlock_grace();
+        let period = grace.map(|g| (g / 2).clamp(Duration::from_millis(1), Duration::from_secs(1)));
+        {
+            let mut dirty = lock(&exec.coord_dirty);
+            while !*dirty && !exec.stop_requested() {
+                match period {
+                    None => dirty = exec.coord_cv.wait(dirty).unwrap_or_else(|p| p.into_inner()),
+                    Some(p) => {
+                        let (d, res) = exec
+                            .coord_cv
+                            .wait_timeout(dirty, p)
+                            .unwrap_or_else(|p| p.into_inner());
+                        dirty = d;
+                        if res.timed_out() {
+                            break;
+                        }
+                    }
+                }
+            }
+            *dirty = false;
+        }
+        if exec.stop_requested() {
+            return;
+        }
+        if exec.service_mode() {
+            suspect = None;
+            continue;
+        }
+        match check(exec) {
+            Verdict::Busy => suspect = None,
+            Verdict::Quiescent => {
+                exec.request_stop(super::StopReason::Quiescent);
+                return;
+            }
+            Verdict::MaybeDeadlocked(snap) => {
+                let Some(grace) = grace else {
+                    suspect = None;
+                    continue;
+                };
+                match &suspect {
+                    Some((s, since)) if *s == snap => {
+                        if since.elapsed() >= grace {
+                            exec.request_stop(super::StopReason::Deadlock);
+                            return;
+                        }
+                    }
+                    _ => suspect = Some((snap, Instant::now())),
+                }
+            }
+        }
+    }
+}

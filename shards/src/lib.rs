@@ -1,0 +1,81 @@
+//! The xtc engine: pinned event loops, tasks, timers and the per-shard API. Users depend on the
+//! `xtc` facade, which re-exports this crate.
+//!
+//! # The picture
+//!
+//! ```text
+//!    Executor (Arc-shared handle; knobs are atomics)
+//!   ┌──────────────┬──────────────┬──────────────┐
+//!   │ loop 0       │ loop 1       │ loop N-1     │  one OS thread each, pinned to a CPU (xtc-numa)
+//!   │ run queue    │ run queue    │              │  pinned tasks, FIFO, !Send allowed
+//!   │ timers       │ timers       │              │  binary heap (timer module)
+//!   │ inbox (MPSC) │ inbox (MPSC) │              │  from other threads: spawns, wakes
+//!   └──────────────┴──────────────┴──────────────┘
+//! ```
+//!
+//! Where each concern lives:
+//! - [`Executor`] / [`Handle`] (`executor/`): build, run, stop, knobs, stats; the coordinator
+//!   that detects quiescence and deadlock (`executor/quiesce.rs`).
+//! - the loop step and shutdown (`event_loop/mod.rs`), the sleep protocol (`event_loop/park.rs`),
+//!   the inbox (`event_loop/inbox.rs`).
+//! - tasks and their protocol (`task/mod.rs`), on `async-task`.
+//! - [`shard`]: `id()`, `count()`, `spawn_local`, `stop`; [`Sharded`]: per-shard state;
+//!   [`time`]: `sleep`, `timeout`, `interval`; [`LocalExecutor`]: one loop on this thread.
+//!
+//! # Invariants (DESIGN.md)
+//!
+//! 1. Shared-nothing by default: a task spawned with [`spawn_local`] or [`Executor::spawn_on`]
+//!    never leaves its loop and may be `!Send` (task protocol rule 1).
+//! 4. A sleeping loop is woken exactly when needed (`event_loop/park.rs`, loom-checked).
+//! 5. Wakes are idempotent: async-task collapses concurrent wakes into one schedule.
+//! 8. Quiescence is exact and a deadlock is reported (`executor/quiesce.rs`).
+//! 9. Errors are values ([`Error`]); a panicking task is contained ([`JoinError`]).
+//!
+//! # Environment variables
+//!
+//! Read by [`Builder::from_env`] / [`Executor::from_env`] (and [`Builder::env`]). A variable that
+//! is set but holds a bad value is an [`Error::Env`] naming it, never a silent default; an
+//! empty or unset variable leaves the builder's value.
+//!
+//! | variable | values | default | effect |
+//! | --- | --- | --- | --- |
+//! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core |
+//! | `XTC_PLACEMENT` | `compact`, `spread`, `cpus:0,2,4` | `compact` | how shards map to CPUs (see `xtc_numa::Policy`) |
+//! | `XTC_OVERSUBSCRIBE` | `1`/`0`, `true`/`false`, `on`/`off` | off | allow more shards than allowed CPUs |
+//! | `XTC_SERVICE_MODE` | as above | off | `run()` returns only after `stop()` |
+//! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (bare number = ms) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod context;
+mod error;
+mod event_loop;
+mod executor;
+mod local;
+pub mod shard;
+mod sharded;
+mod stats;
+mod sync;
+mod sys;
+pub mod task;
+mod timer;
+
+pub use error::{Error, JoinError, Result};
+pub use executor::{Builder, Executor, Handle, DEFAULT_DEADLOCK_GRACE};
+pub use local::LocalExecutor;
+pub use shard::{spawn_local, stop};
+pub use sharded::Sharded;
+pub use stats::LoopStats;
+pub use task::{yield_now, JoinHandle};
+
+/// Timers: [`sleep`](time::sleep), [`sleep_until`](time::sleep_until),
+/// [`timeout`](time::timeout), [`interval`](time::interval). Each timer lives on the loop that
+/// polls it; a loop parks until its earliest deadline.
+pub mod time {
+    pub use crate::timer::{
+        interval, interval_at, sleep, sleep_until, timeout, Elapsed, Interval, Sleep, Timeout,
+    };
+}
+
+#[cfg(all(test, loom))]
+mod loom_park;

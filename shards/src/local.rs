@@ -1,0 +1,67 @@
+//! [`LocalExecutor`]: one loop on the calling thread.
+
+use std::{future::Future, panic::resume_unwind, sync::Arc};
+
+use crate::{
+    context::{self, Core},
+    event_loop,
+    executor::ExecShared,
+    task::{self, TaskInfo},
+    Result,
+};
+
+/// A standalone single loop that runs on the thread calling [`block_on`](Self::block_on).
+/// Inside it the shard API answers shard 0 of 1, so shared-nothing code runs unchanged.
+/// The thread is not pinned.
+///
+/// ```
+/// # use xtc_shards as xtc;
+/// let v = xtc::LocalExecutor::new()?.block_on(async {
+///     let h = xtc::spawn_local(async { xtc::shard::id() + 41 });
+///     h.await.unwrap() + xtc::shard::count()
+/// });
+/// assert_eq!(v, 42);
+/// # Ok::<(), xtc::Error>(())
+/// ```
+/// # use xtc_shards as xtc;
+#[derive(Debug)]
+pub struct LocalExecutor {
+    shared: Arc<ExecShared>,
+}
+
+impl LocalExecutor {
+    /// A new loop. `Err` only if the OS refuses an eventfd.
+    pub fn new() -> Result<LocalExecutor> {
+        Ok(LocalExecutor {
+            shared: Arc::new(ExecShared::new(1, false, None)?),
+        })
+    }
+
+    /// Runs `fut` (and the tasks it spawns) until `fut` completes, then drops the tasks still
+    /// alive and returns its output. A panic in `fut` is re-raised here; panics in spawned tasks
+    /// go to their `JoinHandle`s.
+    ///
+    /// # Panics
+    /// If called on a thread that already runs an xtc loop (inside a task): blocking there
+    /// would stall every task of that loop.
+    pub fn block_on<F>(&self, fut: F) -> F::Output
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        let core = Core::new(self.shared.loops[0].clone(), self.shared.clone());
+        let enter = context::enter(&core)
+            .expect("LocalExecutor::block_on called inside an xtc loop: spawn the future instead");
+        let main = task::spawn_raw(core.shared.clone(), move || fut, TaskInfo::here(None));
+        event_loop::run(&core, false, &|| main.is_finished());
+        event_loop::shutdown(&core, false);
+        drop(enter);
+        match futures_lite::future::block_on(main) {
+            Ok(v) => v,
+            Err(e) => match e.into_panic() {
+                Some(p) => resume_unwind(p),
+                None => unreachable!("the main task is only cancelled by shutdown, after it ended"),
+            },
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! [`Sharded<T>`]: one value per shard, reached without locks.
+
+use std::{cell::UnsafeCell, fmt, ptr};
+
+use crossbeam_utils::CachePadded;
+
+use crate::{
+    context::with_core,
+    sync::{AtomicU64, Ordering::Relaxed},
+};
+
+struct Slot<T> {
+    /// Identity of the loop that owns this slot: the address of its `LoopShared` (which is
+    /// unique while it lives, and only one thread runs a loop at a time), 0 while unclaimed.
+    owner: AtomicU64,
+    value: UnsafeCell<T>,
+}
+
+/// Per-shard state: slot `i` belongs to shard `i`, and only code running on that shard's loop
+/// can reach it. `get()` costs a thread-local read and one atomic load of a line that only this
+/// shard uses; no lock, no read-modify-write after the first access. Slots are cache-line padded
+/// so shards do not false-share.
+///
+/// ```no_run
+/// # use xtc_shards as xtc;
+/// use std::{cell::Cell, sync::Arc};
+/// let exec = xtc::Executor::builder().shards(2).build()?;
+/// let hits = Arc::new(xtc::Sharded::new(2, |_| Cell::new(0u64)));
+/// for i in 0..2 {
+///     let hits = hits.clone();
+///     exec.spawn_on(i, move || async move { hits.get().set(hits.get().get() + 1) })?;
+/// }
+/// exec.run()?;
+/// let counts: Vec<u64> = Arc::try_unwrap(hits).ok().unwrap().into_inner().into_iter().map(Cell::into_inner).collect();
+/// assert_eq!(counts, vec![1, 1]);
+/// # Ok::<(), xtc::Error>(())
+/// ```
+/// # use xtc_shards as xtc;
+pub struct Sharded<T> {
+    slots: Box<[CachePadded<Slot<T>>]>,
+}
+
+// SAFETY: a `&Sharded<T>` on several threads gives each at most the slot of the loop it runs:
+// `try_get` hands out `&T` for slot `i` only on the thread currently running the loop that
+// claimed slot `i` (first access wins, checked on every call), and a loop runs on one thread
+// at a time. So each `T` is only ever accessed from one thread at a time, which needs `T: Send`
+// (the value may have been created on another thread and is reached from the loop's). The
+// returned `&T` is bound to `&self` and, for a `!Sync` `T`, is itself `!Send`, so it cannot be
+// carried to another thread: a future holding it is `!Send` and stays pinned to its loop.
+unsafe impl<T: Send> Sync for Sharded<T> {}
+
+impl<T> Sharded<T> {
+    /// One value per shard, `init(shard)` for shards `0..count`.
+    pub fn new(count: usize, mut init: impl FnMut(usize) -> T) -> Sharded<T> {
+        Sharded {
+            slots: (0..count)
+                .map(|i| {
+                    CachePadded::new(Slot {
+                        owner: AtomicU64::new(0),
+                        value: UnsafeCell::new(init(i)),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Number of slots.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether there are no slots.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The current shard's value, or `None` off any loop, for a shard index beyond
+    /// [`len`](Self::len), or when another executor's loop with the same index claimed the slot
+    /// first.
+    pub fn try_get(&self) -> Option<&T> {
+        let (index, me) = with_core(|c| (c.index(), ptr::from_ref(&*c.shared) as usize as u64))?;
+        let slot = self.slots.get(index)?;
+        let owner = slot.owner.load(Relaxed);
+        if owner != me
+            && (owner != 0
+                || slot
+                    .owner
+                    .compare_exchange(0, me, Relaxed, Relaxed)
+                    .is_err())
+        {
+            return None;
+        }
+        // SAFETY: this thread runs the loop that owns the slot (checked above), so no other
+        // thread can be inside this slot now (see the `Sync` impl).
+        Some(unsafe { &*slot.value.get() })
+    }
+
+    /// The current shard's value.
+    ///
+    /// # Panics
+    /// Where [`try_get`](Self::try_get) gives `None`: off any loop, or on a shard the value
+    /// was not made for.
+    pub fn get(&self) -> &T {
+        self.try_get().expect(
+            "Sharded::get: no slot for this thread: call it inside a task of the executor it was \
+             sized for (Sharded::new(shard::count(), ..))",
+        )
+    }
+
+    /// Every slot, mutably: exclusive access makes the ownership check unnecessary.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.slots.iter_mut().map(|s| s.value.get_mut())
+    }
+
+    /// The values, in shard order.
+    pub fn into_inner(self) -> Vec<T> {
+        self.slots
+            .into_vec()
+            .into_iter()
+            .map(|s| CachePadded::into_inner(s).value.into_inner())
+            .collect()
+    }
+}
+
+impl<T> fmt::Debug for Sharded<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sharded")
+            .field("len", &self.slots.len())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,63 @@
+use std::{future::Future, sync::Arc};
+
+use super::{JoinHandle, TaskInfo};
+use crate::Result;
+
+/// Spawns tasks with options: for now a name, shown in deadlock reports (and later in stall
+/// reports and traces).
+///
+/// ```no_run
+/// # use xtc_shards as xtc;
+/// # xtc::LocalExecutor::new().unwrap().block_on(async {
+/// let h = xtc::task::Builder::new().name("flusher").spawn_local(async { 1 });
+/// assert_eq!(h.await.unwrap(), 1);
+/// # });
+/// ```
+/// # use xtc_shards as xtc;
+#[derive(Debug, Default, Clone)]
+#[must_use = "the builder must be used to spawn"]
+pub struct Builder {
+    name: Option<Arc<str>>,
+}
+
+impl Builder {
+    /// A builder with no options set.
+    pub fn new() -> Builder {
+        Builder::default()
+    }
+
+    /// Names the task. Cost: one `Arc<str>` allocation per builder, shared by its spawns.
+    pub fn name(mut self, name: &str) -> Builder {
+        self.name = Some(Arc::from(name));
+        self
+    }
+
+    /// Like [`crate::spawn_local`], with this builder's options.
+    ///
+    /// # Panics
+    /// Off any xtc loop, like [`crate::spawn_local`].
+    #[track_caller]
+    pub fn spawn_local<F>(self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        crate::shard::spawn_local_with(fut, TaskInfo::here(self.name))
+    }
+
+    /// Like [`crate::Handle::spawn_on`] on the current executor, with this builder's options.
+    /// `Err` off any loop, or for an out-of-range shard.
+    #[track_caller]
+    pub fn spawn_on<F, Fut>(self, shard: usize, make: F) -> Result<JoinHandle<Fut::Output>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let info = TaskInfo::here(self.name);
+        let exec = crate::context::exec().ok_or(crate::Error::InvalidArgument(
+            "task::Builder::spawn_on outside an xtc loop: use Handle::spawn_on".into(),
+        ))?;
+        exec.spawn_on(shard, make, info)
+    }
+}

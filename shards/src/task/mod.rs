@@ -1,0 +1,187 @@
+//! Tasks: allocation, reference counting and wakers come from `async-task`; this module adds
+//! what a thread-per-core runtime needs around it.
+//!
+//! # Task protocol
+//!
+//! 1. **Owner.** Every task has exactly one owning loop, fixed at spawn. Its `schedule` function
+//!    (see [`schedule_on`]) puts the `Runnable` on the owner's local run queue when called on the
+//!    owner's thread, and otherwise pushes it into the owner's inbox and unparks the owner
+//!    (`event_loop/park.rs`, rule 2). A `Runnable` is therefore only ever run **or dropped** on its
+//!    owner's thread; this is what makes `spawn_unchecked` with a `!Send` future sound.
+//! 2. **Lazy construction.** `spawn_on(i, f)` spawns a [`TaskFuture`] holding the `Send` closure;
+//!    the closure is called on its first poll, on loop `i`, so the future it builds may be `!Send`.
+//!    Until that poll the task owns only the closure, which may be dropped on any thread.
+//! 3. **Registry.** On its first poll a task registers itself in its owner's registry (a slab of
+//!    waker + name + spawn location) and removes itself when its future is dropped, which rule 1
+//!    puts on the owner's thread. The registry is the owner's live-task count (quiescence), the
+//!    list the deadlock report prints, and how a stopping loop reaches parked tasks: it wakes each
+//!    one and drops the `Runnable` instead of running it, so every future is dropped on its own
+//!    thread and no task leaks.
+//! 4. **Panics.** The poll of the user's future runs under `catch_unwind`; a panic completes the
+//!    task with the payload, which the [`JoinHandle`] turns into a [`JoinError`].
+//! 5. **Handles.** Dropping a `JoinHandle` detaches the task; [`JoinHandle::abort`] drops the
+//!    `async-task` handle, which cancels the task: its future is dropped the next time the owner
+//!    would poll it (at once if it is parked: async-task schedules it once more for that).
+//!
+//! Cost on the local path: one allocation per task, the async-task state updates, one waker clone
+//! and one slab insert per spawn (rule 3); a local wake is a thread-local push, no shared atomic.
+
+mod builder;
+mod join;
+mod yield_now;
+
+pub use builder::Builder;
+pub use join::JoinHandle;
+pub use yield_now::{yield_now, YieldNow};
+
+use std::{
+    future::Future,
+    panic::{catch_unwind, AssertUnwindSafe, Location},
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use crate::event_loop::LoopShared;
+
+/// What a task's output slot holds: the value, or the panic that ended it.
+pub(crate) type Outcome<T> = Result<T, Box<dyn std::any::Any + Send + 'static>>;
+
+/// The `async-task` runnable type used everywhere in xtc.
+pub(crate) type Runnable = async_task::Runnable<()>;
+
+/// Name and spawn site, carried by the future itself (read only on the owner's thread).
+#[derive(Clone, Debug)]
+pub(crate) struct TaskInfo {
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) location: &'static Location<'static>,
+}
+
+impl TaskInfo {
+    #[track_caller]
+    pub(crate) fn here(name: Option<Arc<str>>) -> TaskInfo {
+        TaskInfo {
+            name,
+            location: Location::caller(),
+        }
+    }
+}
+
+enum Stage<F, Fut> {
+    Init(F),
+    Running(Fut),
+    Done,
+}
+
+/// The future async-task runs: lazy construction, registry membership and panic capture
+/// (rules 2–4 above) around the user's future.
+pub(crate) struct TaskFuture<F, Fut> {
+    stage: Stage<F, Fut>,
+    info: TaskInfo,
+    key: Option<usize>,
+}
+
+impl<F, Fut> TaskFuture<F, Fut>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    pub(crate) fn new(make: F, info: TaskInfo) -> Self {
+        TaskFuture {
+            stage: Stage::Init(make),
+            info,
+            key: None,
+        }
+    }
+}
+
+impl<F, Fut> Future for TaskFuture<F, Fut>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    type Output = Outcome<Fut::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `stage` is structurally pinned: the `Running` future is never moved out; it is
+        // only polled through a re-pinned reference and dropped in place (by assignment below).
+        // The other fields are plain data that we move freely.
+        let this = unsafe { self.get_unchecked_mut() };
+        if this.key.is_none() {
+            this.key = crate::context::register_task(cx.waker(), &this.info);
+        }
+        if matches!(this.stage, Stage::Init(_)) {
+            let Stage::Init(make) = std::mem::replace(&mut this.stage, Stage::Done) else {
+                unreachable!("checked just above");
+            };
+            match catch_unwind(AssertUnwindSafe(make)) {
+                Ok(fut) => this.stage = Stage::Running(fut),
+                Err(payload) => return Poll::Ready(Err(payload)),
+            }
+        }
+        let Stage::Running(fut) = &mut this.stage else {
+            // async-task never polls a completed future again.
+            return Poll::Pending;
+        };
+        // SAFETY: see above: `fut` lives inside the pinned `TaskFuture` and is not moved.
+        let fut = unsafe { Pin::new_unchecked(fut) };
+        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => {
+                // Drop the user's future now, on the owner, rather than when the task is freed.
+                this.stage = Stage::Done;
+                Poll::Ready(Ok(v))
+            }
+            Err(payload) => {
+                this.stage = Stage::Done;
+                Poll::Ready(Err(payload))
+            }
+        }
+    }
+}
+
+impl<F, Fut> Drop for TaskFuture<F, Fut> {
+    fn drop(&mut self) {
+        // Drop the user's future before leaving the registry, so wakes it fires while dropping
+        // still find a live loop (rule 3).
+        self.stage = Stage::Done;
+        if let Some(key) = self.key.take() {
+            crate::context::unregister_task(key);
+        }
+    }
+}
+
+/// The schedule function of a task owned by `owner` (rule 1).
+pub(crate) fn schedule_on(owner: Arc<LoopShared>) -> impl Fn(Runnable) + Send + Sync + 'static {
+    move |runnable| {
+        if let Some(runnable) = crate::context::push_local(&owner, runnable) {
+            owner.inbox.push(runnable);
+            owner.parker.unpark();
+        }
+    }
+}
+
+/// Creates a task owned by `owner` whose future is built by `make` on its first poll, and
+/// schedules it. The caller guarantees `make` may run on `owner`'s thread.
+pub(crate) fn spawn_raw<F, Fut>(
+    owner: Arc<LoopShared>,
+    make: F,
+    info: TaskInfo,
+) -> JoinHandle<Fut::Output>
+where
+    F: FnOnce() -> Fut + 'static,
+    Fut: Future + 'static,
+    Fut::Output: 'static,
+{
+    let fut = TaskFuture::new(make, info);
+    // SAFETY: async-task's conditions for `spawn_unchecked`:
+    // - The future is `'static`.
+    // - It may be `!Send`: by rule 1 its `Runnable` is run and dropped only on the owner's
+    //   thread, which is the thread `make` and the future it builds were meant for. Before the
+    //   first poll the future holds only `make`; callers on other threads pass a `Send` `make`.
+    // - The schedule function is `Send + Sync + 'static`, so wakers may go anywhere.
+    let (runnable, task) =
+        unsafe { async_task::Builder::new().spawn_unchecked(move |_| fut, schedule_on(owner)) };
+    runnable.schedule();
+    JoinHandle::new(task)
+}

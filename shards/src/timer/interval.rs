@@ -1,0 +1,75 @@
+use std::{
+    future::poll_fn,
+    pin::Pin,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use super::{sleep_until, Sleep};
+
+/// Ticks every `period`, the first tick at once. See [`Interval`].
+///
+/// # Panics
+/// If `period` is zero (a zero period would spin the loop).
+pub fn interval(period: Duration) -> Interval {
+    interval_at(Instant::now(), period)
+}
+
+/// Ticks every `period`, the first tick at `start`.
+///
+/// # Panics
+/// If `period` is zero.
+pub fn interval_at(start: Instant, period: Duration) -> Interval {
+    assert!(
+        !period.is_zero(),
+        "xtc::time::interval: the period must be non-zero"
+    );
+    Interval {
+        next: start,
+        period,
+        sleep: sleep_until(start),
+    }
+}
+
+/// A periodic timer: `tick().await` completes at `start`, `start + period`, `start + 2·period`…
+///
+/// Missed ticks (a loop busy for longer than a period) are skipped: the next tick is the first
+/// multiple of the period after now, so a slow consumer does not get a burst. This is tokio's
+/// `MissedTickBehavior::Skip`. Cost: one timer, as [`sleep`](super::sleep).
+#[derive(Debug)]
+pub struct Interval {
+    next: Instant,
+    period: Duration,
+    sleep: Sleep,
+}
+
+impl Interval {
+    /// Waits for the next tick and returns its scheduled instant.
+    pub async fn tick(&mut self) -> Instant {
+        poll_fn(|cx| self.poll_tick(cx)).await
+    }
+
+    /// Polls for the next tick.
+    pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
+        if Pin::new(&mut self.sleep).poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let fired = self.next;
+        let now = Instant::now();
+        let mut next = fired + self.period;
+        if next <= now {
+            let behind = now.duration_since(fired).as_nanos() / self.period.as_nanos();
+            next = fired + self.period * (behind as u32 + 1);
+        }
+        self.next = next;
+        self.sleep.reset(next);
+        Poll::Ready(fired)
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+}
+
+use std::future::Future;

@@ -1,0 +1,163 @@
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use super::TimerKey;
+use crate::context::with_core;
+
+/// Completes after `duration`. See [`sleep_until`].
+pub fn sleep(duration: Duration) -> Sleep {
+    sleep_until(Instant::now() + duration)
+}
+
+/// Completes at `deadline` (at once if it has passed).
+///
+/// The timer lives on the loop that first polls the future, which parks until the earliest
+/// deadline, so a sleep costs no CPU while it waits. Cost: one heap insert (O(log n)) on first
+/// poll, one removal when it fires or is dropped. Dropping the future cancels the timer.
+///
+/// # Panics
+/// When polled off any xtc loop.
+pub fn sleep_until(deadline: Instant) -> Sleep {
+    Sleep {
+        deadline,
+        key: None,
+    }
+}
+
+/// Future of [`sleep`] and [`sleep_until`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct Sleep {
+    deadline: Instant,
+    key: Option<TimerKey>,
+}
+
+impl Sleep {
+    /// The instant this sleep completes at.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Moves the deadline (the timer is re-registered on the next poll).
+    pub fn reset(&mut self, deadline: Instant) {
+        self.cancel();
+        self.deadline = deadline;
+    }
+
+    fn cancel(&mut self) {
+        if let Some(k) = self.key.take() {
+            let waker = with_core(|core| core.timers.borrow_mut().cancel(k));
+            drop(waker);
+        }
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let deadline = self.deadline;
+        let key = self.key;
+        let registered = with_core(|core| {
+            let mut timers = core.timers.borrow_mut();
+            match key {
+                Some(k) => {
+                    // A live timer still pending: keep the newest waker. Fired: done.
+                    timers.update(k, cx.waker()).then_some(k)
+                }
+                None => {
+                    if Instant::now() >= deadline {
+                        None
+                    } else {
+                        Some(timers.insert(deadline, cx.waker().clone()))
+                    }
+                }
+            }
+        });
+        match registered {
+            None => panic!("xtc::time::sleep polled outside an xtc loop: await it inside a task"),
+            Some(None) => {
+                self.key = None;
+                Poll::Ready(())
+            }
+            Some(Some(k)) => {
+                self.key = Some(k);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+impl fmt::Debug for Sleep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sleep")
+            .field("deadline", &self.deadline)
+            .field("registered", &self.key.is_some())
+            .finish()
+    }
+}
+
+/// Runs `fut` for at most `duration`: `Err(Elapsed)` if the time runs out first (the future is
+/// then dropped). Cost: one timer, as [`sleep`].
+pub fn timeout<F: Future>(duration: Duration, fut: F) -> Timeout<F> {
+    Timeout {
+        fut,
+        sleep: sleep(duration),
+    }
+}
+
+/// Future of [`timeout`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct Timeout<F> {
+    fut: F,
+    sleep: Sleep,
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `fut` is structurally pinned (never moved out, dropped in place with `self`);
+        // `sleep` is `Unpin`, so taking `&mut` to it moves nothing that is pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        // SAFETY: see above.
+        let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
+        if let Poll::Ready(v) = fut.poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        match Pin::new(&mut this.sleep).poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed(()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<F> fmt::Debug for Timeout<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Timeout")
+            .field("deadline", &self.sleep.deadline)
+            .finish()
+    }
+}
+
+/// The error of a [`timeout`] that ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed(());
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("deadline has elapsed")
+    }
+}
+
+impl std::error::Error for Elapsed {}

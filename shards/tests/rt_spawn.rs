@@ -1,0 +1,282 @@
+//! spawn_on, run, block_on, shard::id/count, stop, service mode.
+
+use std::{
+    cell::Cell,
+    rc::Rc,
+    sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use xtc_shards::{shard, spawn_local, Error, Executor};
+
+fn exec(n: usize) -> Executor {
+    Executor::builder()
+        .shards(n)
+        .oversubscribe(true)
+        .build()
+        .expect("build executor")
+}
+
+#[test]
+fn spawn_on_before_run_runs_on_that_shard() {
+    let ex = exec(2);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..2 {
+        let seen = seen.clone();
+        ex.spawn_on(i, move || async move {
+            seen.lock().unwrap().push((i, shard::id(), shard::count()));
+        })
+        .unwrap();
+    }
+    ex.run().unwrap();
+    let mut v = seen.lock().unwrap().clone();
+    v.sort();
+    assert_eq!(v, vec![(0, 0, 2), (1, 1, 2)]);
+}
+
+#[test]
+fn shard_id_on_four_oversubscribed_shards() {
+    let ex = exec(4);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..4 {
+        let seen = seen.clone();
+        ex.spawn_on(i, move || async move {
+            let before = shard::id();
+            for _ in 0..100 {
+                xtc_shards::yield_now().await;
+            }
+            seen.lock()
+                .unwrap()
+                .push((i, before, shard::id(), shard::count()));
+        })
+        .unwrap();
+    }
+    ex.run().unwrap();
+    let mut v = seen.lock().unwrap().clone();
+    v.sort();
+    assert_eq!(v, (0..4).map(|i| (i, i, i, 4)).collect::<Vec<_>>());
+}
+
+#[test]
+fn out_of_range_shard_is_an_error() {
+    let ex = exec(2);
+    match ex.spawn_on(2, || async {}) {
+        Err(Error::InvalidShard { shard: 2, count: 2 }) => {}
+        other => panic!("expected InvalidShard, got {other:?}"),
+    }
+    assert!(matches!(ex.loop_stats(5), Err(Error::InvalidShard { .. })));
+}
+
+#[test]
+fn shard_api_off_loop() {
+    assert_eq!(shard::try_id(), None);
+    assert_eq!(shard::count(), 0);
+    let r = std::panic::catch_unwind(shard::id);
+    let msg = r.unwrap_err();
+    let msg = msg
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| msg.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(msg.contains("off any xtc loop"), "{msg}");
+}
+
+#[test]
+fn not_send_future_and_local_tasks() {
+    let ex = exec(2);
+    let total = Arc::new(AtomicUsize::new(0));
+    let t = total.clone();
+    ex.spawn_on(1, move || async move {
+        // Rc is !Send: fine, the future is built and stays on shard 1.
+        let counter = Rc::new(Cell::new(0));
+        let mut hs = Vec::new();
+        for _ in 0..100 {
+            let c = counter.clone();
+            hs.push(spawn_local(async move {
+                xtc_shards::yield_now().await;
+                c.set(c.get() + 1);
+                shard::id()
+            }));
+        }
+        for h in hs {
+            assert_eq!(h.await.unwrap(), 1);
+        }
+        t.store(counter.get(), SeqCst);
+    })
+    .unwrap();
+    ex.run().unwrap();
+    assert_eq!(total.load(SeqCst), 100);
+    let st = ex.loop_stats(1).unwrap();
+    assert_eq!(st.tasks_run, 101);
+    assert!(st.polls >= 201, "{st:?}");
+    assert_eq!(st.live_tasks, 0);
+}
+
+#[test]
+fn block_on_returns_main_output_and_drops_the_rest() {
+    let ex = exec(2);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    struct Canary(Arc<AtomicUsize>);
+    impl Drop for Canary {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    let d = dropped.clone();
+    let v = ex
+        .block_on(move || async move {
+            // A task on the other shard that would run forever.
+            let h = shard::handle().unwrap();
+            h.spawn_on(1, move || async move {
+                let _c = Canary(d);
+                std::future::pending::<()>().await;
+            })
+            .unwrap();
+            xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            7 * 6
+        })
+        .unwrap();
+    assert_eq!(v, 42);
+    assert_eq!(dropped.load(SeqCst), 1, "the parked task was dropped");
+}
+
+#[test]
+fn run_waits_for_pending_timers() {
+    let ex = exec(2);
+    let start = Instant::now();
+    ex.spawn_on(0, || async {
+        xtc_shards::time::sleep(Duration::from_millis(60)).await;
+    })
+    .unwrap();
+    ex.run().unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(60));
+    assert_eq!(ex.loop_stats(0).unwrap().timers_fired, 1);
+}
+
+#[test]
+fn service_mode_runs_until_stop_from_another_thread() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .service_mode(true)
+        .build()
+        .unwrap();
+    assert!(ex.service_mode());
+    let h = ex.handle();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        // Still running: work spawned now runs.
+        let r2 = r.clone();
+        let j = h
+            .spawn_on(1, move || async move {
+                r2.fetch_add(1, SeqCst);
+            })
+            .unwrap();
+        futures::executor::block_on(j).unwrap();
+        h.stop();
+    });
+    let start = Instant::now();
+    ex.run().unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    assert_eq!(ran.load(SeqCst), 1);
+    stopper.join().unwrap();
+}
+
+#[test]
+fn service_mode_can_be_switched_off_while_running() {
+    let ex = exec(2);
+    ex.set_service_mode(true);
+    let h = ex.handle();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        h.set_service_mode(false);
+    });
+    ex.run().unwrap();
+    assert!(!ex.service_mode());
+    t.join().unwrap();
+}
+
+#[test]
+fn stop_inside_a_task_drops_the_rest() {
+    let ex = exec(2);
+    let h = ex
+        .spawn_on(1, || async {
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+    ex.spawn_on(0, || async {
+        xtc_shards::time::sleep(Duration::from_millis(10)).await;
+        xtc_shards::stop();
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let e = futures::executor::block_on(h).unwrap_err();
+    assert!(e.is_cancelled());
+}
+
+#[test]
+fn executor_runs_again_after_run_returns() {
+    let ex = exec(2);
+    for round in 0..3 {
+        let j = ex
+            .spawn_on(round % 2, move || async move { round * 2 })
+            .unwrap();
+        ex.run().unwrap();
+        assert_eq!(futures::executor::block_on(j).unwrap(), round * 2);
+    }
+}
+
+#[test]
+fn concurrent_run_is_refused() {
+    let ex = Arc::new(exec(1));
+    ex.set_service_mode(true);
+    let e2 = ex.clone();
+    let t = std::thread::spawn(move || e2.run());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(matches!(ex.run(), Err(Error::AlreadyRunning)));
+    ex.stop();
+    t.join().unwrap().unwrap();
+}
+
+#[test]
+fn spawn_on_from_a_task_to_another_shard() {
+    let ex = exec(3);
+    let out = ex
+        .block_on(|| async {
+            let h = shard::handle().unwrap();
+            let mut hs = Vec::new();
+            for i in 0..3 {
+                hs.push(
+                    h.spawn_on(i, move || async move { shard::id() * 10 })
+                        .unwrap(),
+                );
+            }
+            let mut v = Vec::new();
+            for h in hs {
+                v.push(h.await.unwrap());
+            }
+            v
+        })
+        .unwrap();
+    assert_eq!(out, vec![0, 10, 20]);
+}
+
+#[test]
+fn idle_loops_report_idle_time() {
+    let ex = exec(2);
+    ex.spawn_on(0, || async {
+        xtc_shards::time::sleep(Duration::from_millis(100)).await;
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let s1 = ex.loop_stats(1).unwrap();
+    let s0 = ex.loop_stats(0).unwrap();
+    assert!(s0.idle >= Duration::from_millis(50), "{s0:?}");
+    assert!(s1.idle_rate() > 0.5, "{s1:?}");
+    assert!(s0.parks >= 1);
+}

@@ -1,0 +1,275 @@
+//! JoinHandle: panics, abort, detach; wakes from plain threads; task names.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
+        Arc, Mutex,
+    },
+    task::Waker,
+    time::Duration,
+};
+
+use xtc_shards::{spawn_local, task, Error, Executor, LocalExecutor};
+
+fn exec(n: usize) -> Executor {
+    Executor::builder()
+        .shards(n)
+        .oversubscribe(true)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn panic_is_contained_and_the_loop_goes_on() {
+    let out = LocalExecutor::new().unwrap().block_on(async {
+        let bad = spawn_local(async {
+            panic!("boom in a task");
+        });
+        let good = spawn_local(async { 5 });
+        let e = bad.await.unwrap_err();
+        assert!(e.is_panic());
+        assert_eq!(e.panic_message(), Some("boom in a task"));
+        good.await.unwrap()
+    });
+    assert_eq!(out, 5);
+}
+
+#[test]
+fn panic_in_spawn_on_closure_is_contained() {
+    let ex = exec(2);
+    let h = ex
+        .spawn_on(1, || -> std::future::Ready<u32> { panic!("in make") })
+        .unwrap();
+    let ok = ex.spawn_on(1, || async { 1u32 }).unwrap();
+    ex.run().unwrap();
+    let e = futures::executor::block_on(h).unwrap_err();
+    assert!(e.is_panic());
+    assert_eq!(futures::executor::block_on(ok).unwrap(), 1);
+}
+
+#[test]
+fn abort_drops_the_future_at_its_next_suspension() {
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+        }
+    }
+    let dropped = Arc::new(AtomicBool::new(false));
+    let d = dropped.clone();
+    LocalExecutor::new().unwrap().block_on(async move {
+        let h = spawn_local(async move {
+            let _f = Flag(d);
+            std::future::pending::<()>().await;
+        });
+        xtc_shards::yield_now().await; // let it start and park
+        h.abort();
+        xtc_shards::yield_now().await;
+        let e = h.await.unwrap_err();
+        assert!(e.is_cancelled());
+    });
+    assert!(dropped.load(SeqCst));
+}
+
+#[test]
+fn abort_before_first_poll() {
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    LocalExecutor::new().unwrap().block_on(async move {
+        let h = spawn_local(async move { r.store(true, SeqCst) });
+        h.abort();
+        assert!(h.await.unwrap_err().is_cancelled());
+    });
+    assert!(!ran.load(SeqCst));
+}
+
+#[test]
+fn dropping_the_handle_detaches() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let n2 = n.clone();
+    LocalExecutor::new().unwrap().block_on(async move {
+        let n3 = n2.clone();
+        drop(spawn_local(async move {
+            xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            n3.fetch_add(1, SeqCst);
+        }));
+        xtc_shards::time::sleep(Duration::from_millis(30)).await;
+    });
+    assert_eq!(n.load(SeqCst), 1);
+}
+
+/// A pinned task parked on a waker that a plain std::thread fires.
+#[test]
+fn pinned_task_woken_from_a_plain_thread() {
+    let ex = exec(2);
+    let slot: Arc<Mutex<(bool, Option<Waker>)>> = Arc::new(Mutex::new((false, None)));
+    let s = slot.clone();
+    let h = ex
+        .spawn_on(1, move || async move {
+            std::future::poll_fn(|cx| {
+                let mut g = s.lock().unwrap();
+                if g.0 {
+                    std::task::Poll::Ready(xtc_shards::shard::id())
+                } else {
+                    g.1 = Some(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            })
+            .await
+        })
+        .unwrap();
+    let s = slot.clone();
+    let waker_thread = std::thread::spawn(move || {
+        // Wait until the task parked, then fire its waker from this foreign thread.
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let mut g = s.lock().unwrap();
+            if let Some(w) = g.1.take() {
+                g.0 = true;
+                drop(g);
+                w.wake();
+                break;
+            }
+        }
+    });
+    ex.run().unwrap();
+    waker_thread.join().unwrap();
+    assert_eq!(futures::executor::block_on(h).unwrap(), 1);
+    assert!(
+        ex.loop_stats(1).unwrap().inbox_received >= 2,
+        "spawn + remote wake"
+    );
+}
+
+#[test]
+fn many_concurrent_wakes_collapse_to_one_poll() {
+    let ex = exec(2);
+    let polls = Arc::new(AtomicUsize::new(0));
+    let slot: Arc<Mutex<Option<Waker>>> = Arc::new(Mutex::new(None));
+    let (p, s) = (polls.clone(), slot.clone());
+    ex.spawn_on(0, move || async move {
+        let mut first = true;
+        std::future::poll_fn(|cx| {
+            p.fetch_add(1, SeqCst);
+            if first {
+                first = false;
+                *s.lock().unwrap() = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(())
+            }
+        })
+        .await
+    })
+    .unwrap();
+    let s = slot.clone();
+    let t = std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_millis(10));
+        let w = s.lock().unwrap().take();
+        if let Some(w) = w {
+            let ts: Vec<_> = (0..8)
+                .map(|_| {
+                    let w = w.clone();
+                    std::thread::spawn(move || w.wake())
+                })
+                .collect();
+            ts.into_iter().for_each(|t| t.join().unwrap());
+            break;
+        }
+    });
+    ex.run().unwrap();
+    t.join().unwrap();
+    assert_eq!(polls.load(SeqCst), 2, "8 wakes, one re-poll");
+}
+
+#[test]
+fn deadlock_report_names_the_stuck_task() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .deadlock_grace(Some(Duration::from_millis(200)))
+        .build()
+        .unwrap();
+    ex.spawn_on(1, || async {
+        task::Builder::new()
+            .name("stuck-forever")
+            .spawn_local(std::future::pending::<()>())
+            .await
+            .ok();
+    })
+    .unwrap();
+    match ex.run() {
+        Err(Error::Deadlock { tasks }) => {
+            let all = tasks.join("\n");
+            assert!(all.contains("stuck-forever"), "{all}");
+            assert!(all.contains("rt_task.rs"), "spawn location: {all}");
+            assert!(all.contains("shard 1"), "{all}");
+            assert_eq!(
+                tasks.len(),
+                2,
+                "the stuck task and its waiting parent: {all}"
+            );
+        }
+        other => panic!("expected a deadlock report, got {other:?}"),
+    }
+    let msg = format!(
+        "{}",
+        Error::Deadlock {
+            tasks: vec!["x".into()]
+        }
+    );
+    assert!(msg.contains("XTC_DEADLOCK_GRACE"));
+}
+
+#[test]
+fn no_deadlock_report_within_the_grace_for_a_foreign_waker() {
+    let ex = Executor::builder()
+        .shards(1)
+        .deadlock_grace(Some(Duration::from_millis(2_000)))
+        .build()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Waker>();
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    ex.spawn_on(0, move || async move {
+        let mut sent = false;
+        std::future::poll_fn(|cx| {
+            if d.load(SeqCst) {
+                return std::task::Poll::Ready(());
+            }
+            if !sent {
+                sent = true;
+                tx.send(cx.waker().clone()).unwrap();
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    })
+    .unwrap();
+    let t = std::thread::spawn(move || {
+        let w = rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        done.store(true, SeqCst);
+        w.wake();
+    });
+    ex.run().unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn deadlock_report_can_be_disabled() {
+    let ex = Executor::builder()
+        .shards(1)
+        .deadlock_grace(None)
+        .build()
+        .unwrap();
+    assert_eq!(ex.deadlock_grace(), None);
+    ex.spawn_on(0, std::future::pending::<()>).unwrap();
+    let h = ex.handle();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        h.stop();
+    });
+    ex.run().unwrap(); // ended by stop(), not by a report
+    t.join().unwrap();
+}

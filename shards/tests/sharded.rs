@@ -1,0 +1,77 @@
+//! Sharded<T>: per-shard state without locks.
+
+use std::{cell::Cell, sync::Arc};
+
+use xtc_shards::{shard, Executor, LocalExecutor, Sharded};
+
+#[test]
+fn each_shard_sees_its_own_slot() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let state = Arc::new(Sharded::new(2, |i| Cell::new(i as u64 * 1000)));
+    for i in 0..2 {
+        for _ in 0..10 {
+            let st = state.clone();
+            ex.spawn_on(i, move || async move {
+                let c = st.get();
+                c.set(c.get() + 1);
+                xtc_shards::yield_now().await;
+                assert_eq!(shard::id(), i);
+            })
+            .unwrap();
+        }
+    }
+    ex.run().unwrap();
+    let vals: Vec<u64> = Arc::try_unwrap(state)
+        .unwrap()
+        .into_inner()
+        .into_iter()
+        .map(Cell::into_inner)
+        .collect();
+    assert_eq!(vals, vec![10, 1010]);
+}
+
+#[test]
+fn off_loop_and_out_of_range_give_none() {
+    let s = Sharded::new(1, |_| 0u8);
+    assert!(s.try_get().is_none());
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let s = Arc::new(Sharded::new(1, |_| 0u8));
+    let s2 = s.clone();
+    let h = ex
+        .spawn_on(1, move || async move { s2.try_get().is_none() })
+        .unwrap();
+    ex.run().unwrap();
+    assert!(futures::executor::block_on(h).unwrap());
+}
+
+#[test]
+fn a_slot_belongs_to_one_loop_only() {
+    // Two standalone loops on two threads are both "shard 0": only the first claims slot 0.
+    let s = Arc::new(Sharded::new(1, |_| Cell::new(0)));
+    let s1 = s.clone();
+    let first = std::thread::spawn(move || {
+        LocalExecutor::new()
+            .unwrap()
+            .block_on(async move { s1.try_get().is_some() })
+    })
+    .join()
+    .unwrap();
+    let s2 = s.clone();
+    let second = std::thread::spawn(move || {
+        LocalExecutor::new()
+            .unwrap()
+            .block_on(async move { s2.try_get().is_some() })
+    })
+    .join()
+    .unwrap();
+    assert!(first);
+    assert!(!second, "another loop must not reach a claimed slot");
+}

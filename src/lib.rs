@@ -1,0 +1,38 @@
+//! # xtc
+//!
+//! A thread-per-core, shared-nothing async runtime in the family of Seastar and Glommio: one
+//! event loop per CPU, pinned by the hwloc topology; per-core state indexed by
+//! [`shard::id()`] and sized by [`shard::count()`].
+//!
+//! ```
+//! use std::{cell::Cell, sync::Arc};
+//!
+//! let exec = xtc::Executor::builder().shards(2).oversubscribe(true).build()?;
+//! let hits = Arc::new(xtc::Sharded::new(exec.shard_count(), |_| Cell::new(0u32)));
+//! for shard in 0..exec.shard_count() {
+//!     let hits = hits.clone();
+//!     exec.spawn_on(shard, move || async move {
+//!         // `make` ran on `shard`; this future may be !Send.
+//!         let local = xtc::spawn_local(async { xtc::shard::id() });
+//!         assert_eq!(local.await.unwrap(), shard);
+//!         xtc::time::sleep(std::time::Duration::from_millis(1)).await;
+//!         hits.get().set(hits.get().get() + 1);
+//!     })?;
+//! }
+//! exec.run()?; // returns at quiescence: every task done, every timer fired
+//! # Ok::<(), xtc::Error>(())
+//! ```
+//!
+//! The engine lives in `xtc-shards` (re-exported here at the root) and the topology, placement
+//! and victim orders in `xtc-numa` (re-exported as [`numa`]). See the `xtc-shards` crate docs for
+//! the environment variables, and ARCHITECTURE.md for the loop step and the wake protocol.
+
+pub use xtc_numa as numa;
+pub use xtc_shards::*;
+
+/// The names most programs use.
+pub mod prelude {
+    pub use xtc_shards::{
+        shard, spawn_local, time, yield_now, Executor, JoinHandle, LocalExecutor, Sharded,
+    };
+}
