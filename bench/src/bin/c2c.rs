@@ -187,15 +187,13 @@ fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("c2c: {e}");
+            if e.is_empty() {
+                println!("{}", usage());
+                return ExitCode::SUCCESS;
             }
+            eprintln!("c2c: {e}");
             eprintln!("{}", usage());
-            return if e.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(2)
-            };
+            return ExitCode::from(2);
         }
     };
     let allowed = allowed_cpus();

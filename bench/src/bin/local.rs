@@ -815,15 +815,13 @@ fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("local: {e}");
+            if e.is_empty() {
+                println!("{}", usage());
+                return ExitCode::SUCCESS;
             }
+            eprintln!("local: {e}");
             eprintln!("{}", usage());
-            return if e.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(2)
-            };
+            return ExitCode::from(2);
         }
     };
     let p = if args.quick {
@@ -837,6 +835,10 @@ fn main() -> ExitCode {
     };
     let allowed = allowed_cpus();
     let cpu = args.cpu.or_else(|| allowed.first().copied());
+    if let Some(c) = cpu.filter(|c| !allowed.is_empty() && !allowed.contains(c)) {
+        eprintln!("local: --cpu {c} is not in the allowed set {allowed:?}");
+        return ExitCode::from(2);
+    }
 
     println!("local: single-shard benchmarks, xtc beside a raw floor, tokio, glommio and monoio");
     println!(
