@@ -19,10 +19,31 @@ use crate::{
 };
 
 /// A parked-or-running task the loop owns (task protocol rule 3).
+///
+/// The waker is an owned reference: it keeps the task allocated while it is registered. It
+/// must be: async-task frees a pending task that has no waker and no handle left *without*
+/// dropping its future (its `run`, `Poll::Pending` arm, then `drop_ref` → `destroy`), which would
+/// leak the future and leave this entry dangling. Holding it costs one reference-count
+/// increment and decrement per task.
 #[derive(Debug)]
 pub(crate) struct Entry {
-    pub(crate) waker: Waker,
-    pub(crate) info: TaskInfo,
+    waker: Waker,
+    /// Points into the pinned `TaskFuture`, kept alive by `waker`.
+    info: *const TaskInfo,
+}
+
+impl Entry {
+    /// Schedules the task (shutdown).
+    pub(crate) fn wake(&self) {
+        self.waker.wake_by_ref();
+    }
+
+    /// Name and spawn site.
+    pub(crate) fn info(&self) -> &TaskInfo {
+        // SAFETY: `info` points into the pinned future of a registered task, which our waker
+        // keeps allocated; the entry is removed in that future's `Drop`.
+        unsafe { &*self.info }
+    }
 }
 
 /// The loop-local half of a loop: touched only by its own thread. `!Send`, `!Sync`.
@@ -120,11 +141,15 @@ pub(crate) fn push_local(owner: &Arc<LoopShared>, runnable: Runnable) -> Option<
 }
 
 /// Task protocol rule 3: registers the task being polled (always on its owner's loop).
-pub(crate) fn register_task(waker: &Waker, info: &TaskInfo) -> Option<usize> {
+///
+/// # Safety
+/// `waker` must be the waker of the task being polled, and `info` must point into that task's
+/// pinned future, which must call [`unregister_task`] when it is dropped.
+pub(crate) unsafe fn register_task(waker: &Waker, info: *const TaskInfo) -> Option<usize> {
     with_core(|core| {
         core.registry.borrow_mut().insert(Entry {
             waker: waker.clone(),
-            info: info.clone(),
+            info,
         })
     })
 }

@@ -187,15 +187,11 @@ fn publish_counts(core: &Core, polls: u64) {
 /// their `Send` closure) are left for a later `run()`.
 pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     let shared = &*core.shared;
-    let wakers: Vec<_> = core
-        .registry
-        .borrow()
-        .iter()
-        .map(|(_, e)| e.waker.clone())
-        .collect();
-    for w in wakers {
-        w.wake();
+    // Waking schedules onto our own queue (task protocol rule 1) and never touches the registry.
+    for (_, e) in core.registry.borrow().iter() {
+        e.wake();
     }
+    // Entries leave the registry as the `Runnable`s below are dropped.
     let timer_wakers = core.timers.borrow_mut().clear();
     drop(timer_wakers);
     let mut spare = Vec::new();

@@ -418,10 +418,11 @@ fn worker(
             .borrow()
             .iter()
             .map(|(_, e)| {
-                let name = e.info.name.as_deref().unwrap_or("<unnamed>");
+                let info = e.info();
+                let name = info.name.as_deref().unwrap_or("<unnamed>");
                 format!(
                     "task '{name}' spawned at {} on shard {}",
-                    e.info.location,
+                    info.location,
                     core.index()
                 )
             })

@@ -78,8 +78,11 @@ enum Stage<F, Fut> {
 pub(crate) struct TaskFuture<F, Fut> {
     stage: Stage<F, Fut>,
     info: TaskInfo,
-    key: Option<usize>,
+    /// Registry key; `NOT_REGISTERED` until the first poll.
+    key: usize,
 }
+
+const NOT_REGISTERED: usize = usize::MAX;
 
 impl<F, Fut> TaskFuture<F, Fut>
 where
@@ -90,7 +93,7 @@ where
         TaskFuture {
             stage: Stage::Init(make),
             info,
-            key: None,
+            key: NOT_REGISTERED,
         }
     }
 }
@@ -107,8 +110,11 @@ where
         // only polled through a re-pinned reference and dropped in place (by assignment below).
         // The other fields are plain data that we move freely.
         let this = unsafe { self.get_unchecked_mut() };
-        if this.key.is_none() {
-            this.key = crate::context::register_task(cx.waker(), &this.info);
+        if this.key == NOT_REGISTERED {
+            // SAFETY: `cx.waker()` is the waker async-task polls this task with; `info` lives in
+            // this pinned future, whose `Drop` unregisters.
+            this.key = unsafe { crate::context::register_task(cx.waker(), &this.info) }
+                .unwrap_or(NOT_REGISTERED);
         }
         if matches!(this.stage, Stage::Init(_)) {
             let Stage::Init(make) = std::mem::replace(&mut this.stage, Stage::Done) else {
@@ -145,8 +151,8 @@ impl<F, Fut> Drop for TaskFuture<F, Fut> {
         // Drop the user's future before leaving the registry, so wakes it fires while dropping
         // still find a live loop (rule 3).
         self.stage = Stage::Done;
-        if let Some(key) = self.key.take() {
-            crate::context::unregister_task(key);
+        if self.key != NOT_REGISTERED {
+            crate::context::unregister_task(self.key);
         }
     }
 }
