@@ -14,6 +14,7 @@ use slab::Slab;
 use crate::{
     event_loop::LoopShared,
     executor::ExecShared,
+    ring::LocalMesh,
     task::{Runnable, TaskInfo},
     timer::Timers,
 };
@@ -54,12 +55,15 @@ pub(crate) struct Core {
     pub(crate) queue: RefCell<VecDeque<Runnable>>,
     pub(crate) timers: RefCell<Timers>,
     pub(crate) registry: RefCell<Slab<Entry>>,
+    pub(crate) mesh: RefCell<LocalMesh>,
     pub(crate) tasks_done: Cell<u64>,
 }
 
 impl Core {
     pub(crate) fn new(shared: Arc<LoopShared>, exec: Arc<ExecShared>) -> Core {
+        let mesh = exec.mesh.take(shared.index);
         Core {
+            mesh: RefCell::new(mesh),
             shared,
             exec,
             queue: RefCell::new(VecDeque::with_capacity(1024)),
@@ -71,6 +75,14 @@ impl Core {
 
     pub(crate) fn index(&self) -> usize {
         self.shared.index
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // Ring protocol rule 1: give the ring ends back for the next run.
+        let mesh = self.mesh.replace(LocalMesh::none(self.shared.index));
+        self.exec.mesh.give_back(mesh);
     }
 }
 
@@ -124,15 +136,22 @@ pub(crate) fn exec() -> Option<Arc<ExecShared>> {
     with_core(|c| c.exec.clone())
 }
 
-/// Task protocol rule 1: queue `runnable` locally if this thread is `owner`'s loop, else hand it
-/// back to the caller for the inbox.
-pub(crate) fn push_local(owner: &Arc<LoopShared>, runnable: Runnable) -> Option<Runnable> {
+/// Task protocol rule 1: queue `runnable` locally if this thread is `owner`'s loop, on the ring
+/// to `owner` if it is another loop of the same executor, else hand it back to the caller for
+/// the owner's inbox.
+pub(crate) fn route(owner: &Arc<LoopShared>, runnable: Runnable) -> Option<Runnable> {
     CURRENT.with(|c| {
         let p = c.get();
+        if p.is_null() {
+            return Some(runnable);
+        }
         // SAFETY: as in `with_core`.
-        if !p.is_null() && ptr::eq(Arc::as_ptr(&unsafe { &*p }.shared), Arc::as_ptr(owner)) {
-            // SAFETY: as in `with_core`.
-            unsafe { &*p }.queue.borrow_mut().push_back(runnable);
+        let core = unsafe { &*p };
+        if ptr::eq(Arc::as_ptr(&core.shared), Arc::as_ptr(owner)) {
+            core.queue.borrow_mut().push_back(runnable);
+            None
+        } else if core.shared.exec_id == owner.exec_id {
+            core.mesh.borrow_mut().push(owner.index, runnable);
             None
         } else {
             Some(runnable)

@@ -19,13 +19,16 @@
 //! - the loop step and shutdown (`event_loop/mod.rs`), the sleep protocol (`event_loop/park.rs`),
 //!   the inbox (`event_loop/inbox.rs`).
 //! - tasks and their protocol (`task/mod.rs`), on `async-task`.
-//! - [`shard`]: `id()`, `count()`, `spawn_local`, `stop`; [`Sharded`]: per-shard state;
+//! - the SPSC ring mesh between loops and its protocol (`ring/mod.rs`); [`shard::submit_to`].
+//! - [`shard`]: `id()`, `count()`, `spawn_local`, `submit_to`, `stop`; [`Sharded`]: per-shard state;
 //!   [`time`]: `sleep`, `timeout`, `interval`; [`LocalExecutor`]: one loop on this thread.
 //!
 //! # Invariants (DESIGN.md)
 //!
 //! 1. Shared-nothing by default: a task spawned with [`spawn_local`] or [`Executor::spawn_on`]
 //!    never leaves its loop and may be `!Send` (task protocol rule 1).
+//! 3. Cross-shard traffic goes through the SPSC mesh; a full ring applies backpressure, nothing
+//!    is dropped or reordered (`ring/mod.rs`).
 //! 4. A sleeping loop is woken exactly when needed (`event_loop/park.rs`, loom-checked).
 //! 5. Wakes are idempotent: async-task collapses concurrent wakes into one schedule.
 //! 8. Quiescence is exact and a deadlock is reported (`executor/quiesce.rs`).
@@ -44,6 +47,8 @@
 //! | `XTC_OVERSUBSCRIBE` | `1`/`0`, `true`/`false`, `on`/`off` | off | allow more shards than allowed CPUs |
 //! | `XTC_SERVICE_MODE` | as above | off | `run()` returns only after `stop()` |
 //! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (bare number = ms) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
+//! | `XTC_RING_CAPACITY` | integer ≥ 1 | `1024` | messages per ring of the cross-shard mesh |
+//! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`) | `0` | how long an idle loop polls before parking: lower cross-shard latency for a full CPU while it spins |
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -52,6 +57,7 @@ mod error;
 mod event_loop;
 mod executor;
 mod local;
+mod ring;
 pub mod shard;
 mod sharded;
 mod stats;
@@ -63,7 +69,8 @@ mod timer;
 pub use error::{Error, JoinError, Result};
 pub use executor::{Builder, Executor, Handle, DEFAULT_DEADLOCK_GRACE};
 pub use local::LocalExecutor;
-pub use shard::{spawn_local, stop};
+pub use ring::DEFAULT_RING_CAPACITY;
+pub use shard::{spawn_local, stop, submit_to, submit_to_all};
 pub use sharded::Sharded;
 pub use stats::LoopStats;
 pub use task::{yield_now, JoinHandle};

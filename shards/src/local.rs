@@ -5,7 +5,7 @@ use std::{future::Future, panic::resume_unwind, sync::Arc};
 use crate::{
     context::{self, Core},
     event_loop,
-    executor::ExecShared,
+    executor::{Config, ExecShared},
     task::{self, TaskInfo},
     Result,
 };
@@ -33,7 +33,7 @@ impl LocalExecutor {
     /// A new loop. `Err` only if the OS refuses an eventfd.
     pub fn new() -> Result<LocalExecutor> {
         Ok(LocalExecutor {
-            shared: Arc::new(ExecShared::new(1, false, None)?),
+            shared: Arc::new(ExecShared::new(1, &Config::default())?),
         })
     }
 

@@ -8,8 +8,103 @@ use std::future::Future;
 use crate::{
     context::{self, with_core},
     executor::{Handle, StopReason},
+    ring,
     task::{self, JoinHandle, TaskInfo},
+    Error, JoinError, Result,
 };
+
+/// Maps a cross-shard task's outcome to the `submit_to` result.
+pub(crate) fn join_result<T>(r: std::result::Result<T, JoinError>) -> Result<T> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_cancelled() => Err(Error::Stopped),
+        Err(e) => Err(Error::Join(e)),
+    }
+}
+
+/// Runs `make()`'s future on shard `shard` and resolves to its output (Seastar's
+/// `submit_to`). The closure is `Send` and is called on `shard`, so the future it returns may be
+/// `!Send`; the output travels back with the wake of the awaiting task, over the reverse ring.
+///
+/// On the caller's own shard it runs as a local task, without a ring. If the ring to `shard`
+/// is full the caller waits for space first (backpressure). `Err(InvalidShard)` for an
+/// out-of-range shard, `Err(Join)` if the closure or its future panicked (the target loop goes
+/// on), `Err(Stopped)` if the executor stopped before it completed, `Err(OffLoop)` off any loop
+/// (use [`Handle::submit_to`] there).
+///
+/// Cost: one task allocation, one ring message each way and one local wake; no lock and no
+/// shared atomic beyond the rings' own indices, plus a wake ping only if the target sleeps.
+#[track_caller]
+pub fn submit_to<F, Fut>(shard: usize, make: F) -> impl Future<Output = Result<Fut::Output>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let info = TaskInfo::here(None);
+    async move {
+        let (exec, me) = with_core(|c| (c.exec.clone(), c.index()))
+            .ok_or(Error::OffLoop("xtc::shard::submit_to"))?;
+        let owner = exec.shard(shard)?.clone();
+        if shard != me {
+            ring::reserve(shard).await;
+        }
+        join_result(task::spawn_raw(owner, make, info).await)
+    }
+}
+
+/// Runs `make` on every shard (the closure is cloned once per shard) and collects the outputs
+/// in shard order (Seastar's `invoke_on_all`). The calls run concurrently. Off any loop the
+/// result is a single `Err(OffLoop)`.
+#[track_caller]
+pub fn submit_to_all<F, Fut>(make: F) -> impl Future<Output = Vec<Result<Fut::Output>>>
+where
+    F: FnOnce() -> Fut + Clone + Send + 'static,
+    Fut: Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let info = TaskInfo::here(None);
+    async move {
+        let Some((exec, me)) = with_core(|c| (c.exec.clone(), c.index())) else {
+            return vec![Err(Error::OffLoop("xtc::shard::submit_to_all"))];
+        };
+        let mut handles = Vec::with_capacity(exec.loops.len());
+        for (i, owner) in exec.loops.iter().enumerate() {
+            if i != me {
+                ring::reserve(i).await;
+            }
+            handles.push(task::spawn_raw(owner.clone(), make.clone(), info.clone()));
+        }
+        let mut out = Vec::with_capacity(handles.len());
+        for h in handles {
+            out.push(join_result(h.await));
+        }
+        out
+    }
+}
+
+/// Fire-and-forget: sends `make` to run on `shard` and resolves once the message is enqueued
+/// (after waiting for ring space if the ring is full), not when it has run. Errors as
+/// [`submit_to`]; a panic on the target is caught there and not reported.
+#[track_caller]
+pub fn send_to<F, Fut>(shard: usize, make: F) -> impl Future<Output = Result<()>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let info = TaskInfo::here(None);
+    async move {
+        let (exec, me) = with_core(|c| (c.exec.clone(), c.index()))
+            .ok_or(Error::OffLoop("xtc::shard::send_to"))?;
+        let owner = exec.shard(shard)?.clone();
+        if shard != me {
+            ring::reserve(shard).await;
+        }
+        drop(task::spawn_raw(owner, make, info));
+        Ok(())
+    }
+}
 
 /// The 0-based index of the shard the caller runs on. Cost: one thread-local read.
 ///

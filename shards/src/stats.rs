@@ -28,6 +28,14 @@ pub struct LoopStats {
     pub inbox_received: u64,
     /// Tasks currently registered (live) on the loop.
     pub live_tasks: u64,
+    /// Messages this loop sent to other shards over the ring mesh (spawns, `submit_to`, wakes).
+    pub messages_sent: u64,
+    /// Messages this loop received from other shards over the ring mesh.
+    pub messages_received: u64,
+    /// Times a task of this loop waited for space on a full ring.
+    pub ring_full_waits: u64,
+    /// Wake pings this loop sent to sleeping peers.
+    pub notifications_sent: u64,
 }
 
 impl LoopStats {
@@ -52,6 +60,10 @@ pub(crate) struct StatsCell {
     pub(crate) parks: AtomicU64,
     pub(crate) inbox_received: AtomicU64,
     pub(crate) live_tasks: AtomicU64,
+    pub(crate) messages_sent: AtomicU64,
+    pub(crate) messages_received: AtomicU64,
+    pub(crate) ring_full_waits: AtomicU64,
+    pub(crate) notifications_sent: AtomicU64,
     /// Accumulated run time of finished runs, ns.
     run_ns: AtomicU64,
     /// Accumulated idle time, ns.
@@ -79,6 +91,10 @@ impl StatsCell {
             parks: AtomicU64::new(0),
             inbox_received: AtomicU64::new(0),
             live_tasks: AtomicU64::new(0),
+            messages_sent: AtomicU64::new(0),
+            messages_received: AtomicU64::new(0),
+            ring_full_waits: AtomicU64::new(0),
+            notifications_sent: AtomicU64::new(0),
             run_ns: AtomicU64::new(0),
             idle_ns: AtomicU64::new(0),
             running_since: AtomicU64::new(0),
@@ -133,6 +149,10 @@ impl StatsCell {
             parks: self.parks.load(Relaxed),
             inbox_received: self.inbox_received.load(Relaxed),
             live_tasks: self.live_tasks.load(Relaxed),
+            messages_sent: self.messages_sent.load(Relaxed),
+            messages_received: self.messages_received.load(Relaxed),
+            ring_full_waits: self.ring_full_waits.load(Relaxed),
+            notifications_sent: self.notifications_sent.load(Relaxed),
         }
     }
 }

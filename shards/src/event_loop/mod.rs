@@ -26,6 +26,7 @@ pub(crate) use park::Parker;
 
 use crate::{
     context::Core,
+    ring,
     stats::{bump, StatsCell},
     sync::{AtomicU64, Ordering::SeqCst},
     task::Runnable,
@@ -58,6 +59,8 @@ pub(crate) mod status {
 #[derive(Debug)]
 pub(crate) struct LoopShared {
     pub(crate) index: usize,
+    /// Which executor this loop belongs to (task routing, `context::route`).
+    pub(crate) exec_id: u64,
     /// Written by every sender.
     pub(crate) inbox: CachePadded<Inbox<Runnable>>,
     /// Written by the loop (announce) and by senders (notify).
@@ -69,9 +72,10 @@ pub(crate) struct LoopShared {
 }
 
 impl LoopShared {
-    pub(crate) fn new(index: usize, base: Instant) -> std::io::Result<LoopShared> {
+    pub(crate) fn new(index: usize, exec_id: u64, base: Instant) -> std::io::Result<LoopShared> {
         Ok(LoopShared {
             index,
+            exec_id,
             inbox: CachePadded::new(Inbox::new()),
             parker: CachePadded::new(Parker::new()?),
             status: CachePadded::new(AtomicU64::new(status::BUSY)),
@@ -112,6 +116,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             bump(&shared.stats.inbox_received, spare.len() as u64);
             core.queue.borrow_mut().extend(spare.drain(..));
         }
+        ring::drain(core);
         // Step 3.
         if !core.timers.borrow().is_empty() {
             core.timers.borrow_mut().expire(Instant::now(), &mut wakers);
@@ -129,13 +134,21 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             r.run();
             ran += 1;
         }
+        ring::flush(core);
         publish_counts(core, ran as u64);
         if ran == BATCH || !core.queue.borrow().is_empty() || shared.inbox.is_pending() || done() {
             continue;
         }
         // Step 5.
+        if core.mesh.borrow().incoming_pending() {
+            continue;
+        }
+        let spin = exec.spin_before_park();
+        if !spin.is_zero() && spin_for_work(core, spin) {
+            continue;
+        }
         let kind = {
-            if !core.timers.borrow().is_empty() {
+            if !core.timers.borrow().is_empty() || core.mesh.borrow().backlogged() > 0 {
                 status::WAITING
             } else if core.registry.borrow().is_empty() {
                 status::EMPTY
@@ -154,8 +167,13 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let timeout = timer::park_timeout(next, now);
         if timeout != Some(Duration::ZERO) {
             shared.parker.announce();
-            // Rule 1 of park.rs: recheck every source after announcing.
-            if shared.inbox.recheck() || (stop_aware && exec.stop_requested()) {
+            // Rule 1 of park.rs: recheck every source after announcing (rings: ring/mod.rs
+            // rules 3 and 5).
+            if shared.inbox.recheck()
+                || core.mesh.borrow().incoming_pending()
+                || ring::prepare_park(core)
+                || (stop_aware && exec.stop_requested())
+            {
                 shared.parker.cancel();
             } else {
                 shared.stats.park_begin(now);
@@ -170,9 +188,37 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     exit
 }
 
+/// Spin-before-park: polls the loop's sources for up to `spin` before it parks. Returns whether
+/// work arrived. Costs a full CPU for the spin time of every idle period.
+fn spin_for_work(core: &Core, spin: Duration) -> bool {
+    let deadline = Instant::now() + spin;
+    let next_timer = core.timers.borrow_mut().next_deadline();
+    loop {
+        for _ in 0..64 {
+            if core.shared.inbox.is_pending() || core.mesh.borrow().incoming_pending() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        let now = Instant::now();
+        if now >= deadline || next_timer.is_some_and(|t| now >= t) || core.exec.stop_requested() {
+            return next_timer.is_some_and(|t| now >= t);
+        }
+    }
+}
+
 fn publish_counts(core: &Core, polls: u64) {
     let stats = &core.shared.stats;
     bump(&stats.polls, polls);
+    {
+        let m = core.mesh.borrow();
+        stats
+            .messages_sent
+            .store(m.sent, crate::sync::Ordering::Relaxed);
+        stats
+            .messages_received
+            .store(m.received, crate::sync::Ordering::Relaxed);
+    }
     stats
         .tasks_run
         .store(core.tasks_done.get(), crate::sync::Ordering::Relaxed);
@@ -194,6 +240,8 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     // Entries leave the registry as the `Runnable`s below are dropped.
     let timer_wakers = core.timers.borrow_mut().clear();
     drop(timer_wakers);
+    // Runnables of other loops' tasks go home; ours in the rings come in.
+    ring::evacuate(core);
     let mut spare = Vec::new();
     loop {
         let mut dropped = 0;
@@ -215,11 +263,16 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             core.queue.borrow_mut().extend(spare.drain(..));
             continue;
         }
+        if ring::drain(core) > 0 {
+            continue;
+        }
+        // Dropping futures may have sent wakes to other loops: deliver them.
+        ring::evacuate(core);
         if dropped == 0 {
             // A wake fired on another thread is on its way to the inbox (its task is already
             // scheduled, so our wake above was a no-op): wait for it.
             shared.parker.announce();
-            if shared.inbox.recheck() {
+            if shared.inbox.recheck() || core.mesh.borrow().incoming_pending() {
                 shared.parker.cancel();
             } else {
                 shared.parker.sleep(Some(Duration::from_millis(1)));

@@ -28,6 +28,8 @@ pub struct Builder {
     pub(crate) service_mode: bool,
     pub(crate) deadlock_grace: Option<Duration>,
     pub(crate) topology: Option<std::sync::Arc<Topology>>,
+    pub(crate) ring_capacity: usize,
+    pub(crate) spin_before_park: Duration,
 }
 
 impl Default for Builder {
@@ -39,6 +41,8 @@ impl Default for Builder {
             service_mode: false,
             deadlock_grace: Some(DEFAULT_DEADLOCK_GRACE),
             topology: None,
+            ring_capacity: crate::ring::DEFAULT_RING_CAPACITY,
+            spin_before_park: Duration::ZERO,
         }
     }
 }
@@ -81,6 +85,25 @@ impl Builder {
         if let Some(v) = var("XTC_DEADLOCK_GRACE") {
             self.deadlock_grace = parse_grace("XTC_DEADLOCK_GRACE", &v)?;
         }
+        if let Some(v) = var("XTC_RING_CAPACITY") {
+            self.ring_capacity = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&n: &usize| n > 0)
+                .ok_or_else(|| Error::Env {
+                    var: "XTC_RING_CAPACITY",
+                    value: v.clone(),
+                    expected: "a positive number of messages per ring",
+                })?;
+        }
+        if let Some(v) = var("XTC_SPIN_BEFORE_PARK") {
+            self.spin_before_park = parse_duration(&v).ok_or_else(|| Error::Env {
+                var: "XTC_SPIN_BEFORE_PARK",
+                value: v.clone(),
+                expected: "a duration such as 0, 50us, 1ms (a bare number is milliseconds)",
+            })?;
+        }
         Ok(self)
     }
 
@@ -113,6 +136,20 @@ impl Builder {
     /// report (an all-parked executor then waits forever, like tokio). Default 5 s.
     pub fn deadlock_grace(mut self, grace: Option<Duration>) -> Builder {
         self.deadlock_grace = grace;
+        self
+    }
+
+    /// Capacity of each ring of the cross-shard mesh, in messages (default 1024; must be
+    /// at least 1, else `build()` fails). Cost: `N·(N−1)` rings of this many pointer-sized
+    /// slots. A full ring makes `submit_to` wait (backpressure).
+    pub fn ring_capacity(mut self, messages: usize) -> Builder {
+        self.ring_capacity = messages;
+        self
+    }
+
+    /// Initial spin-before-park time (see `Handle::set_spin_before_park`; default 0).
+    pub fn spin_before_park(mut self, spin: Duration) -> Builder {
+        self.spin_before_park = spin;
         self
     }
 

@@ -38,28 +38,36 @@ use crate::{
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Snapshot {
+    /// Per loop: status, inbox pushed, inbox popped.
     loops: Vec<(u64, u64, u64)>,
+    /// Ring messages sent and received, summed over loops.
+    ring: (u64, u64),
 }
 
 impl Snapshot {
     pub(crate) fn take(exec: &ExecShared) -> Snapshot {
-        Snapshot {
-            loops: exec
-                .loops
-                .iter()
-                .map(|l| {
-                    let st = l.status.load(SeqCst);
-                    let (pushed, popped) = l.inbox.counts();
-                    (st, pushed, popped)
-                })
-                .collect(),
-        }
+        let mut ring = (0, 0);
+        let loops = exec
+            .loops
+            .iter()
+            .map(|l| {
+                // Status first: counts published before it are visible after it (SeqCst).
+                let st = l.status.load(SeqCst);
+                let (pushed, popped) = l.inbox.counts();
+                ring.1 += l.stats.messages_received.load(SeqCst);
+                ring.0 += l.stats.messages_sent.load(SeqCst);
+                (st, pushed, popped)
+            })
+            .collect();
+        Snapshot { loops, ring }
     }
 
     fn balanced(&self) -> bool {
-        self.loops
-            .iter()
-            .all(|&(_, pushed, popped)| pushed == popped)
+        self.ring.0 == self.ring.1
+            && self
+                .loops
+                .iter()
+                .all(|&(_, pushed, popped)| pushed == popped)
     }
 
     fn all(&self, ok: impl Fn(u64) -> bool) -> bool {

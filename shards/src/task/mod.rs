@@ -5,8 +5,9 @@
 //!
 //! 1. **Owner.** Every task has exactly one owning loop, fixed at spawn. Its `schedule` function
 //!    (see [`schedule_on`]) puts the `Runnable` on the owner's local run queue when called on the
-//!    owner's thread, and otherwise pushes it into the owner's inbox and unparks the owner
-//!    (`event_loop/park.rs`, rule 2). A `Runnable` is therefore only ever run **or dropped** on its
+//!    owner's thread, on the SPSC ring to the owner when called on another loop of the same
+//!    executor (`ring/mod.rs`), and otherwise pushes it into the owner's inbox and unparks the
+//!    owner (`event_loop/park.rs`, rule 2). A `Runnable` is therefore only ever run **or dropped** on its
 //!    owner's thread; this is what makes `spawn_unchecked` with a `!Send` future sound.
 //! 2. **Lazy construction.** `spawn_on(i, f)` spawns a [`TaskFuture`] holding the `Send` closure;
 //!    the closure is called on its first poll, on loop `i`, so the future it builds may be `!Send`.
@@ -160,7 +161,7 @@ impl<F, Fut> Drop for TaskFuture<F, Fut> {
 /// The schedule function of a task owned by `owner` (rule 1).
 pub(crate) fn schedule_on(owner: Arc<LoopShared>) -> impl Fn(Runnable) + Send + Sync + 'static {
     move |runnable| {
-        if let Some(runnable) = crate::context::push_local(&owner, runnable) {
+        if let Some(runnable) = crate::context::route(&owner, runnable) {
             owner.inbox.push(runnable);
             owner.parker.unpark();
         }

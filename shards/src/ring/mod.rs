@@ -1,0 +1,421 @@
+//! The SPSC ring mesh: one rtrb ring per ordered pair of shards (N·(N−1) rings), carrying task
+//! `Runnable`s between worker loops (DESIGN.md invariant 3).
+//!
+//! Everything crossing from worker `i` to worker `j` travels on ring `i→j`: spawns
+//! (`spawn_on`, `submit_to`), and wakes of `j`'s pinned tasks fired on `i` — including the wake
+//! that returns a `submit_to` result, whose value sits in the async-task slot the caller already
+//! holds. A cross-shard call is therefore one ring message each way and one local wake.
+//!
+//! # Ring protocol
+//!
+//! 1. **Ownership.** Ring `i→j`'s producer is owned by loop `i`'s `Core`, its consumer by loop
+//!    `j`'s, both taken from the executor when the loop starts and given back when it stops.
+//!    Only the owning thread touches an end, so pushes and pops need no lock.
+//! 2. **Never drop, never reorder.** A `Runnable` for `j` is pushed on `i→j` unless that ring is
+//!    full or `i`'s backlog for `j` is non-empty; then it is appended to the backlog, a
+//!    loop-local FIFO that `i` moves into the ring, in order, as space frees. Wakes cannot wait,
+//!    so the backlog absorbs them (it holds at most one `Runnable` per task).
+//! 3. **Backpressure for senders that can wait.** `submit_to`/`send_to` first wait for ring space
+//!    ([`reserve`]): if the ring is full (or backlogged) the task parks on `i`'s waiter list for
+//!    `j`, sets `want_space[i→j]` by `swap`, and rechecks the ring. The consumer `j`, after
+//!    popping from `i→j`, does `want_space[i→j].swap(false)`; if it was set it unparks loop `i`,
+//!    which on its next turn wakes the waiters whose ring has space. Both sides use a
+//!    read-modify-write on the flag, so whichever comes second in its modification order sees the
+//!    other's ring update (the same argument as `event_loop/park.rs`). A loop with waiters or a
+//!    backlog rechecks ring space after announcing sleep.
+//! 4. **Fair draining.** Each turn a loop pops at most [`DRAIN_PER_RING`] messages from each
+//!    incoming ring, starting one ring further on each turn, so no peer can starve another.
+//!    Draining never depends on ring space, so two loops that fill each other's rings still make
+//!    progress: each drains its inbound rings, which frees the other's outbound space.
+//! 5. **Batched notification.** A push marks the target dirty; at the end of the turn (and before
+//!    parking) the loop unparks each dirty target once (`park.rs` rule 2: a ping only if it
+//!    announced sleep).
+//! 6. **Counting.** Each loop publishes how many messages it has sent (ring or backlog) and
+//!    received, for the quiescence check (`executor/quiesce.rs`).
+
+use std::{
+    collections::VecDeque,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll, Waker},
+};
+
+use crossbeam_utils::CachePadded;
+use rtrb::{Consumer, Producer, RingBuffer};
+
+use crate::{
+    context::{with_core, Core},
+    stats::bump,
+    sync::{lock, AtomicBool, Mutex, Ordering::SeqCst},
+    task::Runnable,
+};
+
+/// Messages popped from one incoming ring per loop turn (protocol rule 4). Bounded so one busy
+/// peer cannot monopolise a turn; large enough that a stream rarely waits for the next turn.
+pub(crate) const DRAIN_PER_RING: usize = 256;
+
+/// Default ring capacity (messages per ordered pair). Seastar uses 128-entry queues with
+/// batching; 1024 gives bursts of submits room before backpressure.
+pub const DEFAULT_RING_CAPACITY: usize = 1024;
+
+/// The executor's side of the mesh: ring ends parked between runs, and the space flags.
+#[derive(Debug)]
+pub(crate) struct Mesh {
+    n: usize,
+    capacity: usize,
+    producers: Vec<Mutex<Option<Producer<Runnable>>>>,
+    consumers: Vec<Mutex<Option<Consumer<Runnable>>>>,
+    /// `want_space[from * n + to]`: protocol rule 3.
+    want_space: Vec<CachePadded<AtomicBool>>,
+}
+
+impl Mesh {
+    pub(crate) fn new(n: usize, capacity: usize) -> Mesh {
+        let mut producers = Vec::with_capacity(n * n);
+        let mut consumers = Vec::with_capacity(n * n);
+        for from in 0..n {
+            for to in 0..n {
+                if from == to {
+                    producers.push(Mutex::new(None));
+                    consumers.push(Mutex::new(None));
+                } else {
+                    let (p, c) = RingBuffer::new(capacity);
+                    producers.push(Mutex::new(Some(p)));
+                    consumers.push(Mutex::new(Some(c)));
+                }
+            }
+        }
+        Mesh {
+            n,
+            capacity,
+            producers,
+            consumers,
+            want_space: (0..n * n)
+                .map(|_| CachePadded::new(AtomicBool::new(false)))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Rule 1: loop `me` takes its ring ends.
+    pub(crate) fn take(&self, me: usize) -> LocalMesh {
+        let n = self.n;
+        LocalMesh {
+            me,
+            out: (0..n)
+                .map(|to| lock(&self.producers[me * n + to]).take())
+                .collect(),
+            inc: (0..n)
+                .map(|from| lock(&self.consumers[from * n + me]).take())
+                .collect(),
+            backlog: (0..n).map(|_| VecDeque::new()).collect(),
+            backlogged: 0,
+            waiters: (0..n).map(|_| Vec::new()).collect(),
+            waiting: 0,
+            dirty: Vec::with_capacity(n),
+            is_dirty: vec![false; n],
+            sent: 0,
+            received: 0,
+            rr: 0,
+        }
+    }
+
+    /// Rule 1: loop `me` gives its ring ends back. The backlog must be empty.
+    pub(crate) fn give_back(&self, local: LocalMesh) {
+        debug_assert_eq!(local.backlogged, 0);
+        let n = self.n;
+        let me = local.me;
+        for (to, p) in local.out.into_iter().enumerate() {
+            if p.is_some() {
+                *lock(&self.producers[me * n + to]) = p;
+            }
+        }
+        for (from, c) in local.inc.into_iter().enumerate() {
+            if c.is_some() {
+                *lock(&self.consumers[from * n + me]) = c;
+            }
+        }
+    }
+
+    fn want_space(&self, from: usize, to: usize) -> &AtomicBool {
+        &self.want_space[from * self.n + to]
+    }
+}
+
+/// One loop's ring ends and the loop-local state around them.
+#[derive(Debug)]
+pub(crate) struct LocalMesh {
+    me: usize,
+    out: Vec<Option<Producer<Runnable>>>,
+    inc: Vec<Option<Consumer<Runnable>>>,
+    backlog: Vec<VecDeque<Runnable>>,
+    /// Total backlogged messages.
+    backlogged: usize,
+    /// Tasks waiting for space on `out[to]` (rule 3).
+    waiters: Vec<Vec<Waker>>,
+    /// Total waiters.
+    waiting: usize,
+    dirty: Vec<usize>,
+    is_dirty: Vec<bool>,
+    pub(crate) sent: u64,
+    pub(crate) received: u64,
+    rr: usize,
+}
+
+impl LocalMesh {
+    /// An empty mesh for a lone loop (no rings).
+    pub(crate) fn none(me: usize) -> LocalMesh {
+        LocalMesh {
+            me,
+            out: Vec::new(),
+            inc: Vec::new(),
+            backlog: Vec::new(),
+            backlogged: 0,
+            waiters: Vec::new(),
+            waiting: 0,
+            dirty: Vec::new(),
+            is_dirty: Vec::new(),
+            sent: 0,
+            received: 0,
+            rr: 0,
+        }
+    }
+
+    /// Rule 2: sends `r` to loop `to`. Never fails, never blocks.
+    pub(crate) fn push(&mut self, to: usize, r: Runnable) {
+        self.sent += 1;
+        if !self.is_dirty[to] {
+            self.is_dirty[to] = true;
+            self.dirty.push(to);
+        }
+        if self.backlog[to].is_empty() {
+            if let Some(p) = self.out[to].as_mut() {
+                match p.push(r) {
+                    Ok(()) => return,
+                    Err(rtrb::PushError::Full(r)) => {
+                        self.backlogged += 1;
+                        self.backlog[to].push_back(r);
+                        return;
+                    }
+                }
+            }
+        }
+        self.backlogged += 1;
+        self.backlog[to].push_back(r);
+    }
+
+    /// Whether a [`reserve`] for `to` would succeed now.
+    fn has_space(&self, to: usize) -> bool {
+        self.backlog[to].is_empty() && self.out[to].as_ref().is_some_and(|p| !p.is_full())
+    }
+
+    /// Whether any incoming ring holds a message.
+    pub(crate) fn incoming_pending(&self) -> bool {
+        self.inc
+            .iter()
+            .any(|c| c.as_ref().is_some_and(|c| !c.is_empty()))
+    }
+
+    /// Whether the loop has backlog or waiters that a consumer's progress would unblock.
+    pub(crate) fn blocked_on_space(&self) -> bool {
+        self.backlogged > 0 || self.waiting > 0
+    }
+
+    pub(crate) fn backlogged(&self) -> usize {
+        self.backlogged
+    }
+}
+
+/// Loop step 2 for rings: drains incoming rings into the run queue (rule 4) and signals
+/// producers waiting for space (rule 3). Returns how many messages it took.
+pub(crate) fn drain(core: &Core) -> usize {
+    let exec = &*core.exec;
+    let mut m = core.mesh.borrow_mut();
+    let n = m.inc.len();
+    if n == 0 {
+        return 0;
+    }
+    let me = m.me;
+    let start = m.rr;
+    m.rr = (m.rr + 1) % n;
+    let mut total = 0;
+    let mut unpark = Vec::new();
+    {
+        let mut q = core.queue.borrow_mut();
+        for k in 0..n {
+            let from = (start + k) % n;
+            let Some(c) = m.inc[from].as_mut() else {
+                continue;
+            };
+            let mut got = 0;
+            while got < DRAIN_PER_RING {
+                match c.pop() {
+                    Ok(r) => {
+                        q.push_back(r);
+                        got += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            if got > 0 {
+                total += got;
+                // Rule 3, consumer side.
+                if exec.mesh.want_space(from, me).swap(false, SeqCst) {
+                    unpark.push(from);
+                }
+            }
+        }
+    }
+    m.received += total as u64;
+    drop(m);
+    for from in unpark {
+        notify(core, from);
+    }
+    total
+}
+
+fn notify(core: &Core, to: usize) {
+    if core.exec.loops[to].parker.unpark() {
+        bump(&core.shared.stats.notifications_sent, 1);
+    }
+}
+
+/// Loop steps 4→5 for rings: moves backlogs into rings, wakes tasks waiting for space, and
+/// sends the batched notifications (rules 2, 3, 5).
+pub(crate) fn flush(core: &Core) {
+    let mut wake = Vec::new();
+    let dirty;
+    {
+        let mut m = core.mesh.borrow_mut();
+        if m.inc.is_empty() {
+            return;
+        }
+        if m.backlogged > 0 {
+            for to in 0..m.backlog.len() {
+                while let Some(r) = m.backlog[to].pop_front() {
+                    let Some(p) = m.out[to].as_mut() else {
+                        break;
+                    };
+                    match p.push(r) {
+                        Ok(()) => m.backlogged -= 1,
+                        Err(rtrb::PushError::Full(r)) => {
+                            m.backlog[to].push_front(r);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if m.waiting > 0 {
+            for to in 0..m.waiters.len() {
+                if !m.waiters[to].is_empty() && m.has_space(to) {
+                    m.waiting -= m.waiters[to].len();
+                    wake.append(&mut m.waiters[to]);
+                }
+            }
+        }
+        dirty = std::mem::take(&mut m.dirty);
+        for &to in &dirty {
+            m.is_dirty[to] = false;
+        }
+    }
+    for to in &dirty {
+        notify(core, *to);
+    }
+    let mut m = core.mesh.borrow_mut();
+    if m.dirty.is_empty() {
+        // Give the vector's capacity back for the next turn.
+        m.dirty = dirty;
+        m.dirty.clear();
+    }
+    drop(m);
+    for w in wake {
+        w.wake();
+    }
+}
+
+/// Before parking with a backlog or waiters: rule 3's producer side for every blocked ring.
+/// Returns `true` if a ring has space again (do not park).
+pub(crate) fn prepare_park(core: &Core) -> bool {
+    let m = core.mesh.borrow();
+    if !m.blocked_on_space() {
+        return false;
+    }
+    let me = m.me;
+    for to in 0..m.out.len() {
+        if !m.backlog[to].is_empty() || !m.waiters[to].is_empty() {
+            core.exec.mesh.want_space(me, to).swap(true, SeqCst);
+            if m.out[to].as_ref().is_some_and(|p| !p.is_full()) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Shutdown: moves backlogged `Runnable`s to their owners' inboxes (they must be dropped on
+/// their own loops) and drains incoming rings into the run queue.
+pub(crate) fn evacuate(core: &Core) {
+    flush(core);
+    let mut m = core.mesh.borrow_mut();
+    for to in 0..m.backlog.len() {
+        let owner = &core.exec.loops[to];
+        let mut moved = false;
+        while let Some(r) = m.backlog[to].pop_front() {
+            m.backlogged -= 1;
+            owner.inbox.push(r);
+            moved = true;
+        }
+        if moved {
+            owner.parker.unpark();
+        }
+    }
+    let wakers: Vec<Waker> = m.waiters.iter_mut().flat_map(std::mem::take).collect();
+    m.waiting = 0;
+    drop(m);
+    drop(wakers);
+    drain(core);
+}
+
+/// Waits until loop `to` can take a message from this loop without backlog (rule 3).
+pub(crate) fn reserve(to: usize) -> Reserve {
+    Reserve { to }
+}
+
+/// Future of [`reserve`].
+#[derive(Debug)]
+pub(crate) struct Reserve {
+    to: usize,
+}
+
+impl Future for Reserve {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let to = self.to;
+        let ready = with_core(|core| {
+            let mut m = core.mesh.borrow_mut();
+            if to == m.me || to >= m.out.len() || m.has_space(to) {
+                return true;
+            }
+            m.waiters[to].push(cx.waker().clone());
+            m.waiting += 1;
+            let me = m.me;
+            drop(m);
+            bump(&core.shared.stats.ring_full_waits, 1);
+            // Rule 3: announce, then recheck.
+            core.exec.mesh.want_space(me, to).swap(true, SeqCst);
+            core.mesh.borrow().has_space(to)
+        })
+        .unwrap_or(true);
+        if ready {
+            // A waker left on the list by the recheck path only costs a spurious wake.
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The ring mesh: submit_to / submit_to_all / send_to, backpressure, ordering, stress.
+
+use std::{
+    cell::{Cell, RefCell},
+    sync::{
+        atomic::{AtomicU64, Ordering::SeqCst},
+        Arc,
+    },
+    time::Duration,
+};
+
+use xtc_shards::{shard, Error, Executor, Sharded};
+
+fn exec(n: usize) -> Executor {
+    Executor::builder()
+        .shards(n)
+        .oversubscribe(true)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn submit_to_self_each_other_shard_and_out_of_range() {
+    let ex = exec(3);
+    let out = ex
+        .block_on(|| async {
+            let mut v = Vec::new();
+            for n in 0..3 {
+                // The future built on the target may be !Send (an Rc here).
+                v.push(
+                    shard::submit_to(n, move || async move {
+                        let rc = std::rc::Rc::new(shard::id());
+                        xtc_shards::yield_now().await;
+                        *rc * 100
+                    })
+                    .await
+                    .unwrap(),
+                );
+            }
+            let bad = shard::submit_to(3, || async {}).await;
+            (v, bad)
+        })
+        .unwrap();
+    assert_eq!(out.0, vec![0, 100, 200]);
+    assert!(matches!(
+        out.1,
+        Err(Error::InvalidShard { shard: 3, count: 3 })
+    ));
+    // Cross-shard traffic went over the rings, not the inboxes.
+    let s0 = ex.loop_stats(0).unwrap();
+    assert!(s0.messages_sent >= 2 && s0.messages_received >= 2, "{s0:?}");
+}
+
+#[test]
+fn submit_to_with_a_panicking_closure_keeps_the_target_alive() {
+    let ex = exec(2);
+    let (first, second) = ex
+        .block_on(|| async {
+            let first = shard::submit_to(1, || async {
+                panic!("remote boom");
+            })
+            .await;
+            let second = shard::submit_to(1, || async { shard::id() }).await;
+            (first, second)
+        })
+        .unwrap();
+    match first {
+        Err(Error::Join(e)) => assert_eq!(e.panic_message(), Some("remote boom")),
+        other => panic!("expected a panic error, got {other:?}"),
+    }
+    assert_eq!(second.unwrap(), 1);
+}
+
+#[test]
+fn submit_to_off_loop_is_an_error() {
+    let r = futures::executor::block_on(shard::submit_to(0, || async {}));
+    assert!(matches!(r, Err(Error::OffLoop(_))), "{r:?}");
+}
+
+#[test]
+fn submit_to_from_a_plain_thread_through_the_handle() {
+    let ex = exec(2);
+    ex.set_service_mode(true);
+    let h = ex.handle();
+    let t = std::thread::spawn(move || {
+        let v: Vec<usize> = (0..2)
+            .map(|n| {
+                futures::executor::block_on(h.submit_to(n, || async { shard::id() + 1 })).unwrap()
+            })
+            .collect();
+        let bad = futures::executor::block_on(h.submit_to(9, || async {}));
+        h.stop();
+        (v, bad)
+    });
+    ex.run().unwrap();
+    let (v, bad) = t.join().unwrap();
+    assert_eq!(v, vec![1, 2]);
+    assert!(matches!(bad, Err(Error::InvalidShard { .. })));
+    assert!(ex.loop_stats(1).unwrap().inbox_received >= 1);
+}
+
+#[test]
+fn submit_to_all_runs_once_per_shard_in_order() {
+    let ex = exec(4);
+    let calls = Arc::new(AtomicU64::new(0));
+    let c = calls.clone();
+    let out = ex
+        .block_on(move || async move {
+            shard::submit_to_all(move || async move {
+                c.fetch_add(1, SeqCst);
+                shard::id() * 2
+            })
+            .await
+        })
+        .unwrap();
+    let out: Vec<usize> = out.into_iter().map(Result::unwrap).collect();
+    assert_eq!(out, vec![0, 2, 4, 6]);
+    assert_eq!(calls.load(SeqCst), 4);
+}
+
+#[test]
+fn send_to_resolves_when_queued_and_runs_later() {
+    let ex = exec(2);
+    let hits = Arc::new(AtomicU64::new(0));
+    let h2 = hits.clone();
+    ex.spawn_on(0, move || async move {
+        for _ in 0..100 {
+            let h = h2.clone();
+            shard::send_to(1, move || async move {
+                assert_eq!(shard::id(), 1);
+                h.fetch_add(1, SeqCst);
+            })
+            .await
+            .unwrap();
+        }
+    })
+    .unwrap();
+    ex.run().unwrap();
+    assert_eq!(hits.load(SeqCst), 100);
+}
+
+/// Every shard sends `per_pair` numbered messages to every other shard; each receiver checks
+/// per-sender order and sums a checksum. Nothing lost, nothing duplicated, order kept.
+fn stress(shards: usize, per_pair: u64, capacity: usize) {
+    let ex = Executor::builder()
+        .shards(shards)
+        .oversubscribe(true)
+        .ring_capacity(capacity)
+        .build()
+        .unwrap();
+    // next expected sequence number from each sender, and a checksum, per receiving shard
+    let seen = Arc::new(Sharded::new(shards, |_| {
+        (RefCell::new(vec![0u64; shards]), Cell::new(0u64))
+    }));
+    for from in 0..shards {
+        let seen = seen.clone();
+        ex.spawn_on(from, move || async move {
+            for seq in 0..per_pair {
+                for to in (0..shards).filter(|&t| t != from) {
+                    let seen = seen.clone();
+                    shard::send_to(to, move || async move {
+                        let (next, sum) = seen.get();
+                        let mut next = next.borrow_mut();
+                        assert_eq!(next[from], seq, "order from {from} to {}", shard::id());
+                        next[from] += 1;
+                        sum.set(sum.get().wrapping_add(seq * 31 + from as u64));
+                    })
+                    .await
+                    .unwrap();
+                }
+            }
+        })
+        .unwrap();
+    }
+    ex.run().unwrap();
+    let seen = Arc::try_unwrap(seen).ok().unwrap().into_inner();
+    for (to, (next, sum)) in seen.into_iter().enumerate() {
+        let next = next.into_inner();
+        let mut want = 0u64;
+        for (from, &n) in next.iter().enumerate() {
+            if from != to {
+                assert_eq!(n, per_pair, "messages from {from} to {to}");
+                want = want.wrapping_add((0..per_pair).map(|s| s * 31 + from as u64).sum());
+            }
+        }
+        assert_eq!(sum.into_inner(), want, "checksum at {to}");
+    }
+    let total: u64 = (0..shards)
+        .map(|i| ex.loop_stats(i).unwrap().messages_received)
+        .sum();
+    assert!(total >= per_pair * (shards * (shards - 1)) as u64);
+}
+
+#[test]
+fn stress_two_shards() {
+    // 2 · 2,500,000 = 5,000,000 messages each way... 10,000,000 in all, through small rings.
+    stress(2, 2_500_000, 256);
+}
+
+#[test]
+fn stress_four_oversubscribed_shards() {
+    // 4 · 3 ordered pairs · 833,334 ≈ 10,000,000 messages.
+    stress(4, 833_334, 64);
+}
+
+/// Two shards whose tasks fill each other's rings (capacity 2), every remote call making a
+/// nested call back: each loop must keep draining its inbound rings while its own tasks wait.
+#[test]
+fn mutual_ring_saturation_does_not_deadlock() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(2)
+        .deadlock_grace(Some(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    for me in 0..2usize {
+        for _ in 0..200 {
+            let done = done.clone();
+            ex.spawn_on(me, move || async move {
+                let other = 1 - me;
+                let v = shard::submit_to(other, move || async move {
+                    // Back to the origin while its ring towards us may be full.
+                    shard::submit_to(me, || async { shard::id() })
+                        .await
+                        .unwrap()
+                })
+                .await
+                .unwrap();
+                assert_eq!(v, me);
+                done.fetch_add(1, SeqCst);
+            })
+            .unwrap();
+        }
+    }
+    ex.run().unwrap();
+    assert_eq!(done.load(SeqCst), 400);
+    let waits: u64 = (0..2)
+        .map(|i| ex.loop_stats(i).unwrap().ring_full_waits)
+        .sum();
+    assert!(waits > 0, "the rings really were full");
+}
+
+#[test]
+fn ring_capacity_zero_is_an_error() {
+    let e = Executor::builder()
+        .shards(1)
+        .ring_capacity(0)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("ring_capacity"), "{e}");
+}
+
+#[test]
+fn spin_before_park_knob() {
+    let ex = exec(2);
+    assert_eq!(ex.spin_before_park(), Duration::ZERO);
+    ex.set_spin_before_park(Duration::from_micros(200));
+    assert_eq!(ex.handle().spin_before_park(), Duration::from_micros(200));
+    let v = ex
+        .block_on(|| async {
+            let mut s = 0;
+            for _ in 0..100 {
+                s += shard::submit_to(1, || async { 1 }).await.unwrap();
+            }
+            s
+        })
+        .unwrap();
+    assert_eq!(v, 100);
+}
