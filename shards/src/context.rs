@@ -57,6 +57,56 @@ pub(crate) struct Core {
     pub(crate) registry: RefCell<Slab<Entry>>,
     pub(crate) mesh: RefCell<LocalMesh>,
     pub(crate) tasks_done: Cell<u64>,
+    /// Loop turns so far; with the loop's identity it keys [`schedule_flush`].
+    pub(crate) turn: Cell<u64>,
+    /// End-of-turn signals registered this turn.
+    pub(crate) flushes: RefCell<Vec<Arc<dyn Flush>>>,
+}
+
+/// Something to do once at the end of the loop turn in which it was registered: the batched
+/// wake of a channel's other side.
+pub(crate) trait Flush: Send + Sync + std::fmt::Debug {
+    fn flush(&self);
+}
+
+/// Which loop turn a [`Flush`] was last registered for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlushKey {
+    loop_id: usize,
+    turn: u64,
+}
+
+/// Registers `f` to run at the end of the current loop turn, once per turn per key holder; off
+/// any loop it runs at once.
+pub(crate) fn schedule_flush<F: Flush + 'static>(key: &mut Option<FlushKey>, f: &Arc<F>) {
+    let done = with_core(|core| {
+        let k = FlushKey {
+            loop_id: Arc::as_ptr(&core.shared) as usize,
+            turn: core.turn.get(),
+        };
+        if *key != Some(k) {
+            *key = Some(k);
+            core.flushes.borrow_mut().push(f.clone());
+        }
+    });
+    if done.is_none() {
+        f.flush();
+    }
+}
+
+impl Core {
+    /// Runs and clears the end-of-turn flushes, then starts a new turn.
+    pub(crate) fn run_flushes(&self) {
+        self.turn.set(self.turn.get() + 1);
+        let mut list = std::mem::take(&mut *self.flushes.borrow_mut());
+        for f in list.drain(..) {
+            f.flush();
+        }
+        let mut cur = self.flushes.borrow_mut();
+        if cur.is_empty() {
+            *cur = list;
+        }
+    }
 }
 
 impl Core {
@@ -70,6 +120,8 @@ impl Core {
             timers: RefCell::new(Timers::new()),
             registry: RefCell::new(Slab::with_capacity(1024)),
             tasks_done: Cell::new(0),
+            turn: Cell::new(0),
+            flushes: RefCell::new(Vec::new()),
         }
     }
 

@@ -52,6 +52,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod channel;
 mod context;
 mod error;
 mod event_loop;

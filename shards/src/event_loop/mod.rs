@@ -134,6 +134,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             r.run();
             ran += 1;
         }
+        core.run_flushes();
         ring::flush(core);
         publish_counts(core, ran as u64);
         if ran == BATCH || !core.queue.borrow().is_empty() || shared.inbox.is_pending() || done() {
@@ -241,6 +242,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     let timer_wakers = core.timers.borrow_mut().clear();
     drop(timer_wakers);
     // Runnables of other loops' tasks go home; ours in the rings come in.
+    core.run_flushes();
     ring::evacuate(core);
     let mut spare = Vec::new();
     loop {
@@ -267,6 +269,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             continue;
         }
         // Dropping futures may have sent wakes to other loops: deliver them.
+        core.run_flushes();
         ring::evacuate(core);
         if dropped == 0 {
             // A wake fired on another thread is on its way to the inbox (its task is already

@@ -1,0 +1,67 @@
+//! Channels: [`shared`] between shards (its ends are `Send`), [`local`] within one shard (`!Send`,
+//! no atomics).
+//!
+//! Both are bounded: a full channel makes `send` wait (backpressure), and both report closing:
+//! `recv` gives `None` once every sender is gone and the channel is empty, `send` gives the value
+//! back in a [`SendError`] once the receiver is gone.
+
+pub mod local;
+pub mod shared;
+
+use std::fmt;
+
+/// The receiver is gone; the value comes back.
+#[derive(PartialEq, Eq, Clone, Copy)]
+pub struct SendError<T>(pub T);
+
+impl<T> fmt::Debug for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SendError(..)")
+    }
+}
+
+impl<T> fmt::Display for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("sending on a channel whose receiver was dropped")
+    }
+}
+
+impl<T> std::error::Error for SendError<T> {}
+
+/// Why [`try_send`](shared::Sender::try_send) did not send; the value comes back.
+#[derive(PartialEq, Eq, Clone, Copy)]
+pub enum TrySendError<T> {
+    /// The channel is full (retrying later is not an error).
+    Full(T),
+    /// The receiver is gone.
+    Closed(T),
+}
+
+impl<T> fmt::Debug for TrySendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrySendError::Full(_) => f.write_str("Full(..)"),
+            TrySendError::Closed(_) => f.write_str("Closed(..)"),
+        }
+    }
+}
+
+/// Why [`try_recv`](shared::Receiver::try_recv) gave nothing.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum TryRecvError {
+    /// Nothing queued now.
+    Empty,
+    /// Nothing queued and every sender is gone.
+    Closed,
+}
+
+/// Checks a capacity argument: at least 1.
+fn check_capacity(capacity: usize) -> crate::Result<usize> {
+    if capacity == 0 {
+        Err(crate::Error::InvalidArgument(
+            "a channel's capacity must be at least 1".into(),
+        ))
+    } else {
+        Ok(capacity)
+    }
+}

@@ -1,0 +1,316 @@
+//! A bounded single-producer, single-consumer channel between shards (like Glommio's
+//! `shared_channel`), on an rtrb ring. For fan-in, give each producer its own channel.
+//!
+//! # Wake protocol
+//!
+//! Each side has a waker slot (a mutex, touched only when that side is about to wait) and a
+//! `waiting` flag.
+//!
+//! 1. A receiver that finds the ring empty stores its waker, swaps `rx_waiting` to `true`, then
+//!    rechecks the ring (and the closed flag) before returning `Pending`.
+//! 2. A sender pushes without any read-modify-write. Once per loop turn (at the end of the turn
+//!    in which it pushed; at once off any loop) it swaps `rx_waiting` to `false` and, if it was
+//!    `true`, wakes the stored waker.
+//! 3. The sender side mirrors it for a full ring (`tx_waiting`, signalled by the receiver once per
+//!    turn in which it popped).
+//!
+//! Both sides touch the flag by read-modify-write, so of the two swaps the later one in the flag's
+//! modification order either sees `true` (and wakes) or synchronizes with the earlier one, whose
+//! side's ring update (push or pop) it then sees on the recheck. No wake-up is lost, and a stream
+//! costs one RMW per side per loop turn rather than per message. Closing (dropping an end) sets a
+//! flag and wakes the other side at once.
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, Waker},
+};
+
+use rtrb::{Consumer, Producer, RingBuffer};
+
+use super::{check_capacity, SendError, TryRecvError, TrySendError};
+use crate::{
+    context::{self, Flush},
+    sync::{lock, AtomicBool, Mutex, Ordering::SeqCst},
+};
+
+#[derive(Debug)]
+struct Side {
+    waker: Mutex<Option<Waker>>,
+    waiting: AtomicBool,
+    closed: AtomicBool,
+}
+
+impl Side {
+    fn new() -> Side {
+        Side {
+            waker: Mutex::new(None),
+            waiting: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Rules 1 and 3, first half: park this side's waker and announce.
+    fn wait(&self, waker: &Waker) {
+        {
+            let mut slot = lock(&self.waker);
+            match slot.as_ref() {
+                Some(w) if w.will_wake(waker) => {}
+                _ => *slot = Some(waker.clone()),
+            }
+        }
+        self.waiting.swap(true, SeqCst);
+    }
+
+    /// Rule 2: wake this side if it announced it waits.
+    fn signal(&self) {
+        if self.waiting.swap(false, SeqCst) {
+            let w = lock(&self.waker).take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, SeqCst);
+    }
+
+    /// Wakes unconditionally (closing).
+    fn wake_now(&self) {
+        self.waiting.swap(false, SeqCst);
+        let w = lock(&self.waker).take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Chan {
+    /// The receiver's side: woken by the sender.
+    rx: Side,
+    /// The sender's side: woken by the receiver.
+    tx: Side,
+}
+
+/// End-of-turn signal for whichever side pushed or popped this turn (rules 2 and 3).
+#[derive(Debug)]
+struct SignalRx(Arc<Chan>);
+impl Flush for SignalRx {
+    fn flush(&self) {
+        self.0.rx.signal();
+    }
+}
+
+#[derive(Debug)]
+struct SignalTx(Arc<Chan>);
+impl Flush for SignalTx {
+    fn flush(&self) {
+        self.0.tx.signal();
+    }
+}
+
+/// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0.
+/// Cost: one allocation of `capacity` slots.
+pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
+    let (p, c) = RingBuffer::new(check_capacity(capacity)?);
+    let chan = Arc::new(Chan {
+        rx: Side::new(),
+        tx: Side::new(),
+    });
+    Ok((
+        Sender {
+            ring: p,
+            signal: Arc::new(SignalRx(chan.clone())),
+            chan: chan.clone(),
+            flush_key: None,
+        },
+        Receiver {
+            ring: c,
+            signal: Arc::new(SignalTx(chan.clone())),
+            chan,
+            flush_key: None,
+        },
+    ))
+}
+
+/// The sending end. `Send`, not `Clone`: exactly one producer.
+pub struct Sender<T> {
+    ring: Producer<T>,
+    chan: Arc<Chan>,
+    signal: Arc<SignalRx>,
+    flush_key: Option<context::FlushKey>,
+}
+
+/// The receiving end. `Send`, not `Clone`: exactly one consumer.
+pub struct Receiver<T> {
+    ring: Consumer<T>,
+    chan: Arc<Chan>,
+    signal: Arc<SignalTx>,
+    flush_key: Option<context::FlushKey>,
+}
+
+impl<T> Sender<T> {
+    /// Sends `value`, waiting while the channel is full. `Err` gives the value back if the
+    /// receiver is gone. Cost: a ring push; no atomic read-modify-write per message (rule 2).
+    pub fn send(&mut self, value: T) -> SendFut<'_, T> {
+        SendFut {
+            tx: self,
+            value: Some(value),
+        }
+    }
+
+    /// Sends without waiting.
+    pub fn try_send(&mut self, value: T) -> Result<(), TrySendError<T>> {
+        if self.chan.rx.closed.load(SeqCst) {
+            return Err(TrySendError::Closed(value));
+        }
+        match self.ring.push(value) {
+            Ok(()) => {
+                context::schedule_flush(&mut self.flush_key, &self.signal);
+                Ok(())
+            }
+            Err(rtrb::PushError::Full(v)) => Err(TrySendError::Full(v)),
+        }
+    }
+
+    /// Whether the receiver is gone.
+    pub fn is_closed(&self) -> bool {
+        self.chan.rx.closed.load(SeqCst)
+    }
+}
+
+/// Future of [`Sender::send`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct SendFut<'a, T> {
+    tx: &'a mut Sender<T>,
+    value: Option<T>,
+}
+
+impl<T> Unpin for SendFut<'_, T> {}
+
+impl<T> Future for SendFut<'_, T> {
+    type Output = Result<(), SendError<T>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let Some(value) = this.value.take() else {
+            return Poll::Ready(Ok(()));
+        };
+        let value = match this.tx.try_send(value) {
+            Ok(()) => return Poll::Ready(Ok(())),
+            Err(TrySendError::Closed(v)) => return Poll::Ready(Err(SendError(v))),
+            Err(TrySendError::Full(v)) => v,
+        };
+        // Rule 3: announce, then recheck.
+        this.tx.chan.tx.wait(cx.waker());
+        match this.tx.try_send(value) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(TrySendError::Closed(v)) => Poll::Ready(Err(SendError(v))),
+            Err(TrySendError::Full(v)) => {
+                this.value = Some(v);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<T> Receiver<T> {
+    /// Receives the next value, waiting while the channel is empty; `None` once the sender is
+    /// gone and everything it sent was received. Cost: a ring pop.
+    pub fn recv(&mut self) -> RecvFut<'_, T> {
+        RecvFut { rx: self }
+    }
+
+    /// Receives without waiting.
+    pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
+        match self.ring.pop() {
+            Ok(v) => {
+                context::schedule_flush(&mut self.flush_key, &self.signal);
+                Ok(v)
+            }
+            Err(_) => {
+                if self.chan.tx.closed.load(SeqCst) {
+                    // Everything pushed before the close is visible now.
+                    match self.ring.pop() {
+                        Ok(v) => Ok(v),
+                        Err(_) => Err(TryRecvError::Closed),
+                    }
+                } else {
+                    Err(TryRecvError::Empty)
+                }
+            }
+        }
+    }
+}
+
+/// Future of [`Receiver::recv`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct RecvFut<'a, T> {
+    rx: &'a mut Receiver<T>,
+}
+
+impl<T> Future for RecvFut<'_, T> {
+    type Output = Option<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let rx = &mut *self.rx;
+        match rx.try_recv() {
+            Ok(v) => return Poll::Ready(Some(v)),
+            Err(TryRecvError::Closed) => return Poll::Ready(None),
+            Err(TryRecvError::Empty) => {}
+        }
+        // Rule 1: announce, then recheck.
+        rx.chan.rx.wait(cx.waker());
+        match rx.try_recv() {
+            Ok(v) => Poll::Ready(Some(v)),
+            Err(TryRecvError::Closed) => Poll::Ready(None),
+            Err(TryRecvError::Empty) => Poll::Pending,
+        }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        self.chan.tx.close();
+        self.chan.rx.wake_now();
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        self.chan.rx.close();
+        self.chan.tx.wake_now();
+    }
+}
+
+impl<T> fmt::Debug for Sender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("shared::Sender")
+            .field("free", &self.ring.slots())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Debug for Receiver<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("shared::Receiver")
+            .field("queued", &self.ring.slots())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Debug for SendFut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SendFut")
+    }
+}
+
+impl<T> fmt::Debug for RecvFut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RecvFut")
+    }
+}

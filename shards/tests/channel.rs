@@ -1,0 +1,181 @@
+//! channel::shared between shards and channel::local within one.
+
+use std::time::Duration;
+
+use xtc_shards::{
+    channel::{local, shared, SendError, TryRecvError, TrySendError},
+    shard, Executor, LocalExecutor,
+};
+
+fn exec(n: usize) -> Executor {
+    Executor::builder()
+        .shards(n)
+        .oversubscribe(true)
+        .build()
+        .unwrap()
+}
+
+/// A three-stage pipeline 0 → 1 → 2 with tiny channels: every value arrives, in order.
+#[test]
+fn shared_pipeline_across_three_shards() {
+    let ex = exec(3);
+    let (mut a_tx, mut a_rx) = shared::bounded::<u64>(2).unwrap();
+    let (mut b_tx, mut b_rx) = shared::bounded::<u64>(3).unwrap();
+    const N: u64 = 20_000;
+    ex.spawn_on(0, move || async move {
+        for i in 0..N {
+            a_tx.send(i).await.unwrap();
+        }
+    })
+    .unwrap();
+    ex.spawn_on(1, move || async move {
+        while let Some(v) = a_rx.recv().await {
+            assert_eq!(shard::id(), 1);
+            b_tx.send(v * 2).await.unwrap();
+        }
+    })
+    .unwrap();
+    let sink = ex
+        .spawn_on(2, move || async move {
+            let mut expect = 0;
+            let mut sum = 0u64;
+            while let Some(v) = b_rx.recv().await {
+                assert_eq!(v, expect * 2, "order kept");
+                expect += 1;
+                sum += v;
+            }
+            (expect, sum)
+        })
+        .unwrap();
+    ex.run().unwrap();
+    let (n, sum) = futures::executor::block_on(sink).unwrap();
+    assert_eq!(n, N);
+    assert_eq!(sum, N * (N - 1));
+}
+
+#[test]
+fn shared_send_after_receiver_dropped_gives_the_value_back() {
+    let (mut tx, rx) = shared::bounded::<String>(4).unwrap();
+    drop(rx);
+    assert!(tx.is_closed());
+    let e = futures::executor::block_on(tx.send("x".into())).unwrap_err();
+    assert_eq!(e, SendError("x".to_string()));
+    assert!(matches!(
+        tx.try_send("y".into()),
+        Err(TrySendError::Closed(_))
+    ));
+}
+
+#[test]
+fn shared_try_apis_and_close() {
+    let (mut tx, mut rx) = shared::bounded::<u32>(1).unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    tx.try_send(1).unwrap();
+    assert!(matches!(tx.try_send(2), Err(TrySendError::Full(2))));
+    assert_eq!(rx.try_recv(), Ok(1));
+    tx.try_send(3).unwrap();
+    drop(tx);
+    assert_eq!(
+        rx.try_recv(),
+        Ok(3),
+        "values sent before the close still arrive"
+    );
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Closed));
+    assert!(shared::bounded::<u8>(0).is_err());
+}
+
+/// A receiver parked on an empty channel is woken by a sender on another shard, and a sender
+/// parked on a full one by the receiver; dropping the sender ends the receiver's loop.
+#[test]
+fn shared_wakes_cross_shards_both_ways() {
+    let ex = exec(2);
+    let (mut tx, mut rx) = shared::bounded::<u32>(1).unwrap();
+    ex.spawn_on(0, move || async move {
+        for i in 0..50 {
+            xtc_shards::time::sleep(Duration::from_micros(200)).await;
+            tx.send(i).await.unwrap();
+        }
+    })
+    .unwrap();
+    let h = ex
+        .spawn_on(1, move || async move {
+            let mut got = Vec::new();
+            while let Some(v) = rx.recv().await {
+                got.push(v);
+                if v % 10 == 0 {
+                    // Let the sender fill the channel and wait for space.
+                    xtc_shards::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            got
+        })
+        .unwrap();
+    ex.run().unwrap();
+    assert_eq!(
+        futures::executor::block_on(h).unwrap(),
+        (0..50).collect::<Vec<_>>()
+    );
+}
+
+/// A plain thread feeding a shard through a shared channel (the sender is off any loop).
+#[test]
+fn shared_from_a_plain_thread() {
+    let ex = exec(1);
+    let (mut tx, mut rx) = shared::bounded::<u64>(8).unwrap();
+    let h = ex
+        .spawn_on(0, move || async move {
+            let mut n = 0;
+            while rx.recv().await.is_some() {
+                n += 1;
+            }
+            n
+        })
+        .unwrap();
+    let t = std::thread::spawn(move || {
+        futures::executor::block_on(async {
+            for i in 0..10_000 {
+                tx.send(i).await.unwrap();
+            }
+        })
+    });
+    ex.run().unwrap();
+    t.join().unwrap();
+    assert_eq!(futures::executor::block_on(h).unwrap(), 10_000);
+}
+
+#[test]
+fn local_channel_backpressure_and_close() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let (tx, mut rx) = local::bounded::<u32>(2).unwrap();
+        let tx2 = tx.clone();
+        let p1 = xtc_shards::spawn_local(async move {
+            for i in 0..100 {
+                tx.send(i).await.unwrap();
+            }
+        });
+        let p2 = xtc_shards::spawn_local(async move {
+            for i in 100..200 {
+                tx2.send(i).await.unwrap();
+            }
+        });
+        let mut got = Vec::new();
+        while let Some(v) = rx.recv().await {
+            got.push(v);
+        }
+        p1.await.unwrap();
+        p2.await.unwrap();
+        got.sort_unstable();
+        assert_eq!(got, (0..200).collect::<Vec<_>>());
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Closed));
+    });
+}
+
+#[test]
+fn local_send_to_dropped_receiver() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let (tx, rx) = local::bounded::<u8>(1).unwrap();
+        drop(rx);
+        assert_eq!(tx.send(5).await, Err(SendError(5)));
+        assert!(local::bounded::<u8>(0).is_err());
+    });
+}
