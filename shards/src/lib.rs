@@ -87,3 +87,5 @@ pub mod time {
 
 #[cfg(all(test, loom))]
 mod loom_park;
+#[cfg(all(test, loom))]
+mod loom_ring;
