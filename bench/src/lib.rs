@@ -12,7 +12,8 @@
 //! - [`Table`]: an aligned table of results with `xtc/peer` ratio columns;
 //! - [`svg`]: a dependency-free SVG bar-chart writer;
 //! - [`isolated`] and [`pin_current_thread`]: run each runtime on a fresh, optionally pinned,
-//!   thread so thread-locals and panics of one runtime cannot leak into the next.
+//!   thread so thread-locals and panics of one runtime cannot leak into the next;
+//! - [`allowed_cpus`] and [`parse_cpu_pair`]: which CPUs to run on.
 
 use std::{
     fmt::Write as _,
@@ -178,6 +179,19 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect();
     ids.sort_unstable();
     ids
+}
+
+/// Parses a pair of logical CPU ids written `A,B` (spaces allowed), as in `--cpus 0,1`.
+pub fn parse_cpu_pair(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: wants two CPUs written A,B"))?;
+    let cpu = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|e| format!("{s:?}: {v:?} is not a CPU number: {e}"))
+    };
+    Ok((cpu(a)?, cpu(b)?))
 }
 
 /// Runs `f` on a fresh thread, optionally pinned to `cpu`, and returns its result; a panic comes
@@ -430,6 +444,14 @@ mod tests {
         assert!(text.contains("xtc/raw"), "{text}");
         assert!(text.contains("0.50x"), "{text}");
         assert!(text.contains("n/a: spawn / tokio: not built"), "{text}");
+    }
+
+    #[test]
+    fn cpu_pairs() {
+        assert_eq!(parse_cpu_pair("0,1"), Ok((0, 1)));
+        assert_eq!(parse_cpu_pair(" 3 , 2 "), Ok((3, 2)));
+        assert!(parse_cpu_pair("0").is_err());
+        assert!(parse_cpu_pair("0,x").is_err());
     }
 
     #[test]

@@ -1,0 +1,1046 @@
+//! Cross-shard messaging: xtc beside a raw ring floor, tokio, glommio and monoio, in one run.
+//!
+//! Two CPUs, one "shard" on each. Two benchmarks:
+//!
+//! | benchmark | what each runtime does | reported |
+//! |---|---|---|
+//! | `rtt` | 20,000 timed round trips (after 1,000 warm-up) from CPU A to CPU B and back | p50 and p99 in ns |
+//! | `stream` | 10,000,000 `u64` messages one way, producer on CPU A, consumer on CPU B | M msgs/s |
+//!
+//! The runtimes:
+//!
+//! - **xtc**: a 2-shard `Executor` placed on the two CPUs. `rtt`: the main task on shard 0 awaits
+//!   `xtc::shard::submit_to(1, ..)` in a loop, once with the default `spin_before_park` (0: the
+//!   idle target loop parks and is woken by a ping) and once with 50 ms (both loops spin between
+//!   round trips instead of parking). `stream`: `xtc::channel::shared::bounded`, the sender task
+//!   spawned on shard 0 and the receiver on shard 1. The loops' ring and wake counters are printed
+//!   under the table: they explain the figures;
+//! - **raw**: the floor. Two pinned threads busy-polling `rtrb` rings (as `c2c` does): a ring
+//!   pair for `rtt`, single `push`/`pop` for `stream` (plus chunked `write_chunk_uninit` /
+//!   `read_chunk`, printed under the table). It always spins, so it stands in both `rtt` rows;
+//! - **tokio**: two `current_thread` runtimes on two pinned threads, `tokio::sync::mpsc`
+//!   channels. No spin knob: it has no value in the spinning rows;
+//! - **glommio**: two `LocalExecutor`s with `Placement::Fixed(cpu)`, `shared_channel` channels;
+//!   `rtt` once by default and once with `spin_before_park(50 ms)`;
+//! - **monoio**: two `FusionDriver` runtimes on two pinned threads, `flume` channels (async and
+//!   cross-thread, usable from any runtime). No spin knob.
+//!
+//! Every channel of `stream` holds 1,024 messages; `rtt` channels hold one. The stream rate is
+//! measured on the consumer from its first message to its last, so runtime start-up is not in
+//! it. The table gives absolute numbers and `xtc/peer` ratios; only the ratios mean much on a
+//! shared machine. An SVG bar chart of the same numbers goes to `target/bench-mesh.svg`.
+//!
+//! ```text
+//! mesh [--only rtt|stream] [--quick] [--svg PATH] [--cpus A,B]
+//! ```
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use xtc_bench::{
+    allowed_cpus, isolated, parse_cpu_pair,
+    svg::{Chart, Panel},
+    Better, LatencySummary, Row, Table,
+};
+
+/// The runtimes, in column order. xtc first: its ratios are printed.
+const RUNTIMES: [&str; 5] = ["xtc", "raw", "tokio", "glommio", "monoio"];
+/// Column indices of `RUNTIMES` that xtc is divided by, in print order.
+const RATIOS_VS: [usize; 4] = [4, 2, 3, 1];
+/// Column index of each runtime.
+const XTC: usize = 0;
+const RAW: usize = 1;
+const TOKIO: usize = 2;
+const GLOMMIO: usize = 3;
+const MONOIO: usize = 4;
+/// The benchmarks, in run order.
+const BENCHES: [&str; 2] = ["rtt", "stream"];
+/// Spin-before-park of the spinning round-trip runs (xtc and glommio).
+const SPIN: Duration = Duration::from_millis(50);
+/// Capacity of every channel in the stream benchmark: xtc's default ring capacity, and small
+/// enough to stay in L2 for a `u64` payload.
+const STREAM_CAP: usize = 1024;
+
+/// The two CPUs: the sender (pinger, producer) runs on `.0`, the echo / consumer on `.1`.
+type Cpus = (usize, usize);
+
+/// Sizes of one run.
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    rtt_warmup: u64,
+    rtt_iters: u64,
+    stream_msgs: u64,
+    /// Hang guard: a run with no result by then is abandoned and reported as hung.
+    deadline: Duration,
+}
+
+impl Params {
+    fn full() -> Self {
+        Params {
+            rtt_warmup: 1_000,
+            rtt_iters: 20_000,
+            stream_msgs: 10_000_000,
+            deadline: Duration::from_secs(60),
+        }
+    }
+
+    /// Ten times fewer iterations: a smoke run.
+    fn quick() -> Self {
+        Params {
+            rtt_warmup: 100,
+            rtt_iters: 2_000,
+            stream_msgs: 1_000_000,
+            deadline: Duration::from_secs(20),
+        }
+    }
+
+    /// Round trips made in all, warm-up included.
+    fn rtt_total(&self) -> u64 {
+        self.rtt_warmup + self.rtt_iters
+    }
+}
+
+/// A measured value, plus lines that explain it (printed under the table).
+#[derive(Debug)]
+struct Measured<T> {
+    value: T,
+    notes: Vec<String>,
+}
+
+impl<T> Measured<T> {
+    fn plain(value: T) -> Self {
+        Measured {
+            value,
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// What one stream run gives: the time from the consumer's first message to its last.
+type StreamOut = Result<Measured<Duration>, String>;
+/// What one round-trip run gives: the histogram of the timed round trips, in ns.
+type RttOut = Result<Measured<Histogram<u64>>, String>;
+
+/// Records round trip `i` (of `p.rtt_total()`) unless it is a warm-up one.
+fn record_rtt(h: &mut Histogram<u64>, p: Params, i: u64, took: Duration) {
+    if i >= p.rtt_warmup {
+        xtc_bench::record(h, took);
+    }
+}
+
+/// Checks the echo of round trip `i`.
+fn check_echo(i: u64, v: u64) -> Result<(), String> {
+    if v == i {
+        Ok(())
+    } else {
+        Err(format!("round trip {i}: echo returned {v}"))
+    }
+}
+
+/// Checks that message `v` arrived where `next` was expected.
+fn check_order(next: u64, v: u64) -> Result<(), String> {
+    if v == next {
+        Ok(())
+    } else {
+        Err(format!(
+            "stream: message {v} arrived where {next} was expected"
+        ))
+    }
+}
+
+/// Consumer-side stream clock: started at the first message, read at the last.
+#[derive(Debug, Default)]
+struct StreamClock {
+    t0: Option<std::time::Instant>,
+}
+
+impl StreamClock {
+    /// Called on every message received.
+    #[inline]
+    fn tick(&mut self) {
+        if self.t0.is_none() {
+            self.t0 = Some(std::time::Instant::now());
+        }
+    }
+
+    /// Time since the first message; an error if none came.
+    fn took(&self) -> Result<Duration, String> {
+        self.t0
+            .map(|t| t.elapsed())
+            .ok_or_else(|| "stream: no message arrived".to_string())
+    }
+}
+
+/// Runs `side` on a fresh thread pinned to `cpu`; for the second side of a two-thread run.
+fn spawn_pinned<T, F>(
+    name: &str,
+    cpu: usize,
+    side: F,
+) -> Result<std::thread::JoinHandle<Result<T, String>>, String>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, String> + Send + 'static,
+{
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if !xtc_bench::pin_current_thread(cpu) {
+                return Err(format!("could not pin a benchmark thread to cpu {cpu}"));
+            }
+            side()
+        })
+        .map_err(|e| format!("could not spawn a thread: {e}"))
+}
+
+/// Joins a thread from [`spawn_pinned`], turning a panic into `Err`.
+fn join<T>(t: std::thread::JoinHandle<Result<T, String>>) -> Result<T, String> {
+    t.join().map_err(|p| xtc_bench::panic_message(&*p))?
+}
+
+/// The floor: two pinned threads busy-polling rtrb rings.
+mod raw {
+    use std::{hint::spin_loop, time::Instant};
+
+    use rtrb::RingBuffer;
+
+    use super::{
+        check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured, Params, RttOut,
+        StreamClock, StreamOut, STREAM_CAP,
+    };
+
+    /// A ring pair of one slot each; the caller's thread (pinned to `cpus.0`) pings.
+    pub(super) fn rtt(cpus: Cpus, p: Params) -> RttOut {
+        let (mut ping_tx, mut ping_rx) = RingBuffer::<u64>::new(1);
+        let (mut pong_tx, mut pong_rx) = RingBuffer::<u64>::new(1);
+        let total = p.rtt_total();
+        let echo = spawn_pinned("mesh-raw-echo", cpus.1, move || {
+            for _ in 0..total {
+                let v = loop {
+                    match ping_rx.pop() {
+                        Ok(v) => break v,
+                        Err(_) if ping_rx.is_abandoned() => return Err("pinger gone".into()),
+                        Err(_) => spin_loop(),
+                    }
+                };
+                while pong_tx.push(v).is_err() {
+                    spin_loop();
+                }
+            }
+            Ok(())
+        })?;
+        let mut h = xtc_bench::latency_histogram();
+        for i in 0..total {
+            let t0 = Instant::now();
+            while ping_tx.push(i).is_err() {
+                spin_loop();
+            }
+            let v = loop {
+                match pong_rx.pop() {
+                    Ok(v) => break v,
+                    Err(_) if pong_rx.is_abandoned() => return Err("echo thread gone".into()),
+                    Err(_) => spin_loop(),
+                }
+            };
+            record_rtt(&mut h, p, i, t0.elapsed());
+            check_echo(i, v)?;
+        }
+        join(echo)?;
+        Ok(Measured::plain(h))
+    }
+
+    /// Single pushes on `cpus.0`, single pops on the caller's thread (pinned to `cpus.1`).
+    pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
+        let (mut tx, mut rx) = RingBuffer::<u64>::new(STREAM_CAP);
+        let msgs = p.stream_msgs;
+        let producer = spawn_pinned("mesh-raw-producer", cpus.0, move || {
+            for i in 0..msgs {
+                while tx.push(i).is_err() {
+                    spin_loop();
+                }
+            }
+            Ok(())
+        })?;
+        let mut clock = StreamClock::default();
+        let mut next = 0;
+        while next < msgs {
+            match rx.pop() {
+                Ok(v) => {
+                    clock.tick();
+                    check_order(next, v)?;
+                    next += 1;
+                }
+                Err(_) if rx.is_abandoned() && rx.is_empty() => {
+                    return Err("producer gone early".into())
+                }
+                Err(_) => spin_loop(),
+            }
+        }
+        let took = clock.took()?;
+        join(producer)?;
+        Ok(Measured::plain(took))
+    }
+
+    /// Like [`stream`], but each side moves as many messages as the ring allows at once
+    /// (`write_chunk_uninit` / `read_chunk`): the ring's indices are touched once per chunk.
+    pub(super) fn stream_chunked(cpus: Cpus, p: Params) -> StreamOut {
+        let (mut tx, mut rx) = RingBuffer::<u64>::new(STREAM_CAP);
+        let msgs = p.stream_msgs;
+        let producer = spawn_pinned("mesh-raw-producer", cpus.0, move || {
+            let mut next = 0;
+            while next < msgs {
+                let n = tx.slots().min((msgs - next) as usize);
+                if n == 0 {
+                    spin_loop();
+                    continue;
+                }
+                let chunk = tx
+                    .write_chunk_uninit(n)
+                    .map_err(|e| format!("write_chunk_uninit({n}): {e}"))?;
+                next += chunk.fill_from_iter(next..) as u64;
+            }
+            Ok(())
+        })?;
+        let mut clock = StreamClock::default();
+        let mut next = 0;
+        while next < msgs {
+            let n = rx.slots();
+            if n == 0 {
+                if rx.is_abandoned() && rx.is_empty() {
+                    return Err("producer gone early".into());
+                }
+                spin_loop();
+                continue;
+            }
+            clock.tick();
+            let chunk = rx
+                .read_chunk(n)
+                .map_err(|e| format!("read_chunk({n}): {e}"))?;
+            let (a, b) = chunk.as_slices();
+            for &v in a.iter().chain(b) {
+                check_order(next, v)?;
+                next += 1;
+            }
+            chunk.commit_all();
+        }
+        let took = clock.took()?;
+        join(producer)?;
+        Ok(Measured::plain(took))
+    }
+}
+
+/// Two `current_thread` runtimes on two pinned threads, `tokio::sync::mpsc` channels.
+mod tokio_rt {
+    use std::{future::Future, time::Instant};
+
+    use tokio::sync::mpsc;
+
+    use super::{
+        check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured, Params, RttOut,
+        StreamClock, StreamOut, STREAM_CAP,
+    };
+
+    fn block_on<T>(fut: impl Future<Output = T>) -> Result<T, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(rt.block_on(fut))
+    }
+
+    /// The caller's thread (pinned to `cpus.0`) pings.
+    pub(super) fn rtt(cpus: Cpus, p: Params) -> RttOut {
+        let (ping_tx, mut ping_rx) = mpsc::channel::<u64>(1);
+        let (pong_tx, mut pong_rx) = mpsc::channel::<u64>(1);
+        let echo = spawn_pinned("mesh-tokio-echo", cpus.1, move || {
+            block_on(async move {
+                while let Some(v) = ping_rx.recv().await {
+                    if pong_tx.send(v).await.is_err() {
+                        break;
+                    }
+                }
+            })
+        })?;
+        let h = block_on(async move {
+            let mut h = xtc_bench::latency_histogram();
+            for i in 0..p.rtt_total() {
+                let t0 = Instant::now();
+                ping_tx.send(i).await.map_err(|_| "echo side closed")?;
+                let v = pong_rx.recv().await.ok_or("echo side closed")?;
+                record_rtt(&mut h, p, i, t0.elapsed());
+                check_echo(i, v)?;
+            }
+            Ok::<_, String>(h)
+        })??;
+        join(echo)?;
+        Ok(Measured::plain(h))
+    }
+
+    /// Producer on `cpus.0`, consumer on the caller's thread (pinned to `cpus.1`).
+    pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
+        let (tx, mut rx) = mpsc::channel::<u64>(STREAM_CAP);
+        let msgs = p.stream_msgs;
+        let producer = spawn_pinned("mesh-tokio-producer", cpus.0, move || {
+            block_on(async move {
+                for i in 0..msgs {
+                    tx.send(i).await.map_err(|_| "consumer gone")?;
+                }
+                Ok::<_, String>(())
+            })?
+        })?;
+        let took = block_on(async move {
+            let mut clock = StreamClock::default();
+            let mut next = 0;
+            while let Some(v) = rx.recv().await {
+                clock.tick();
+                check_order(next, v)?;
+                next += 1;
+            }
+            if next != msgs {
+                return Err(format!("stream: {next} of {msgs} messages arrived"));
+            }
+            clock.took()
+        })??;
+        join(producer)?;
+        Ok(Measured::plain(took))
+    }
+}
+
+/// Two `LocalExecutor`s pinned with `Placement::Fixed`, `shared_channel` channels.
+mod glommio_rt {
+    use std::time::{Duration, Instant};
+
+    use glommio::{channels::shared_channel, LocalExecutorBuilder, Placement};
+
+    use super::{
+        check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut, StreamClock,
+        StreamOut, STREAM_CAP,
+    };
+
+    fn builder(name: &str, cpu: usize, spin: Duration) -> LocalExecutorBuilder {
+        let b = LocalExecutorBuilder::new(Placement::Fixed(cpu)).name(name);
+        if spin.is_zero() {
+            b
+        } else {
+            b.spin_before_park(spin)
+        }
+    }
+
+    pub(super) fn rtt(cpus: Cpus, p: Params, spin: Duration) -> RttOut {
+        let (ping_tx, ping_rx) = shared_channel::new_bounded::<u64>(1);
+        let (pong_tx, pong_rx) = shared_channel::new_bounded::<u64>(1);
+        let echo = builder("mesh-glommio-echo", cpus.1, spin)
+            .spawn(move || async move {
+                let rx = ping_rx.connect().await;
+                let tx = pong_tx.connect().await;
+                while let Some(v) = rx.recv().await {
+                    if tx.send(v).await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        let pinger = builder("mesh-glommio-ping", cpus.0, spin)
+            .spawn(move || async move {
+                let tx = ping_tx.connect().await;
+                let rx = pong_rx.connect().await;
+                let mut h = xtc_bench::latency_histogram();
+                for i in 0..p.rtt_total() {
+                    let t0 = Instant::now();
+                    tx.send(i).await.map_err(|_| "echo side closed")?;
+                    let v = rx.recv().await.ok_or("echo side closed")?;
+                    record_rtt(&mut h, p, i, t0.elapsed());
+                    check_echo(i, v)?;
+                }
+                Ok::<_, String>(h)
+            })
+            .map_err(|e| e.to_string())?;
+        let h = pinger.join().map_err(|e| e.to_string())??;
+        echo.join().map_err(|e| e.to_string())?;
+        Ok(Measured::plain(h))
+    }
+
+    pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
+        let (tx, rx) = shared_channel::new_bounded::<u64>(STREAM_CAP);
+        let msgs = p.stream_msgs;
+        let producer = builder("mesh-glommio-producer", cpus.0, Duration::ZERO)
+            .spawn(move || async move {
+                let tx = tx.connect().await;
+                for i in 0..msgs {
+                    tx.send(i).await.map_err(|_| "consumer gone")?;
+                }
+                Ok::<_, String>(())
+            })
+            .map_err(|e| e.to_string())?;
+        let consumer = builder("mesh-glommio-consumer", cpus.1, Duration::ZERO)
+            .spawn(move || async move {
+                let rx = rx.connect().await;
+                let mut clock = StreamClock::default();
+                let mut next = 0;
+                while let Some(v) = rx.recv().await {
+                    clock.tick();
+                    check_order(next, v)?;
+                    next += 1;
+                }
+                if next != msgs {
+                    return Err(format!("stream: {next} of {msgs} messages arrived"));
+                }
+                clock.took()
+            })
+            .map_err(|e| e.to_string())?;
+        let took = consumer.join().map_err(|e| e.to_string())??;
+        producer.join().map_err(|e| e.to_string())??;
+        Ok(Measured::plain(took))
+    }
+}
+
+/// Two `FusionDriver` runtimes on two pinned threads, `flume` channels.
+mod monoio_rt {
+    use std::{future::Future, time::Instant};
+
+    use super::{
+        check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured, Params, RttOut,
+        StreamClock, StreamOut, STREAM_CAP,
+    };
+
+    fn block_on<T>(fut: impl Future<Output = T>) -> Result<T, String> {
+        let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(rt.block_on(fut))
+    }
+
+    /// The caller's thread (pinned to `cpus.0`) pings.
+    pub(super) fn rtt(cpus: Cpus, p: Params) -> RttOut {
+        let (ping_tx, ping_rx) = flume::bounded::<u64>(1);
+        let (pong_tx, pong_rx) = flume::bounded::<u64>(1);
+        let echo = spawn_pinned("mesh-monoio-echo", cpus.1, move || {
+            block_on(async move {
+                while let Ok(v) = ping_rx.recv_async().await {
+                    if pong_tx.send_async(v).await.is_err() {
+                        break;
+                    }
+                }
+            })
+        })?;
+        let h = block_on(async move {
+            let mut h = xtc_bench::latency_histogram();
+            for i in 0..p.rtt_total() {
+                let t0 = Instant::now();
+                ping_tx
+                    .send_async(i)
+                    .await
+                    .map_err(|_| "echo side closed")?;
+                let v = pong_rx.recv_async().await.map_err(|_| "echo side closed")?;
+                record_rtt(&mut h, p, i, t0.elapsed());
+                check_echo(i, v)?;
+            }
+            Ok::<_, String>(h)
+        })??;
+        join(echo)?;
+        Ok(Measured::plain(h))
+    }
+
+    /// Producer on `cpus.0`, consumer on the caller's thread (pinned to `cpus.1`).
+    pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
+        let (tx, rx) = flume::bounded::<u64>(STREAM_CAP);
+        let msgs = p.stream_msgs;
+        let producer = spawn_pinned("mesh-monoio-producer", cpus.0, move || {
+            block_on(async move {
+                for i in 0..msgs {
+                    tx.send_async(i).await.map_err(|_| "consumer gone")?;
+                }
+                Ok::<_, String>(())
+            })?
+        })?;
+        let took = block_on(async move {
+            let mut clock = StreamClock::default();
+            let mut next = 0;
+            while let Ok(v) = rx.recv_async().await {
+                clock.tick();
+                check_order(next, v)?;
+                next += 1;
+            }
+            if next != msgs {
+                return Err(format!("stream: {next} of {msgs} messages arrived"));
+            }
+            clock.took()
+        })??;
+        join(producer)?;
+        Ok(Measured::plain(took))
+    }
+}
+
+/// The xtc column, against the `xtc` facade crate.
+#[cfg(feature = "xtc")]
+mod xtc_rt {
+    use std::time::{Duration, Instant};
+
+    use super::{
+        check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut, StreamClock,
+        StreamOut, STREAM_CAP,
+    };
+
+    /// A 2-shard executor on the two CPUs, shard 0 on `cpus.0`.
+    fn executor(cpus: Cpus, spin: Duration) -> Result<xtc::Executor, String> {
+        xtc::Executor::builder()
+            .shards(2)
+            .placement(xtc::numa::Policy::Cpus(vec![cpus.0, cpus.1]))
+            .spin_before_park(spin)
+            .build()
+            .map_err(|e| e.to_string())
+    }
+
+    /// The ring and wake counters of both loops, per `per` operations (round trips, messages).
+    fn counters(exec: &xtc::Executor, what: &str, per: u64) -> Result<String, String> {
+        let mut line = format!("xtc {what}:");
+        for shard in 0..2 {
+            let s = exec.loop_stats(shard).map_err(|e| e.to_string())?;
+            let per_op = |n: u64| n as f64 / per.max(1) as f64;
+            line.push_str(&format!(
+                " shard {shard}: {} ring msgs sent ({:.3}/op), {} wake pings ({:.3}/op), \
+                 {} ring-full waits, {} parks;",
+                s.messages_sent,
+                per_op(s.messages_sent),
+                s.notifications_sent,
+                per_op(s.notifications_sent),
+                s.ring_full_waits,
+                s.parks,
+            ));
+        }
+        line.pop();
+        Ok(line)
+    }
+
+    /// The main task on shard 0 awaits `submit_to(1, ..)` in a loop.
+    pub(super) fn rtt(cpus: Cpus, p: Params, spin: Duration) -> RttOut {
+        let exec = executor(cpus, spin)?;
+        let h = exec
+            .block_on(move || async move {
+                let mut h = xtc_bench::latency_histogram();
+                for i in 0..p.rtt_total() {
+                    let t0 = Instant::now();
+                    let v = xtc::shard::submit_to(1, move || async move { i })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    record_rtt(&mut h, p, i, t0.elapsed());
+                    check_echo(i, v)?;
+                }
+                Ok::<_, String>(h)
+            })
+            .map_err(|e| e.to_string())??;
+        let what = if spin.is_zero() {
+            "rtt, target parks".to_string()
+        } else {
+            format!("rtt, spin {} ms", spin.as_millis())
+        };
+        Ok(Measured {
+            value: h,
+            notes: vec![counters(&exec, &what, p.rtt_total())?],
+        })
+    }
+
+    /// `xtc::channel::shared::bounded`: sender task on shard 0, receiver task on shard 1.
+    pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
+        let exec = executor(cpus, Duration::ZERO)?;
+        let (mut tx, mut rx) =
+            xtc::channel::shared::bounded::<u64>(STREAM_CAP).map_err(|e| e.to_string())?;
+        let msgs = p.stream_msgs;
+        let producer = exec
+            .spawn_on(0, move || async move {
+                for i in 0..msgs {
+                    tx.send(i).await.map_err(|_| "consumer gone")?;
+                }
+                Ok::<_, String>(())
+            })
+            .map_err(|e| e.to_string())?;
+        let consumer = exec
+            .spawn_on(1, move || async move {
+                let mut clock = StreamClock::default();
+                let mut next = 0;
+                while let Some(v) = rx.recv().await {
+                    clock.tick();
+                    check_order(next, v)?;
+                    next += 1;
+                }
+                if next != msgs {
+                    return Err(format!("stream: {next} of {msgs} messages arrived"));
+                }
+                clock.took()
+            })
+            .map_err(|e| e.to_string())?;
+        exec.run().map_err(|e| e.to_string())?;
+        // `run` returned at quiescence, so both tasks are done and their handles ready.
+        let took = futures::executor::block_on(consumer).map_err(|e| e.to_string())??;
+        futures::executor::block_on(producer).map_err(|e| e.to_string())??;
+        Ok(Measured {
+            value: took,
+            notes: vec![counters(&exec, "stream", msgs)?],
+        })
+    }
+}
+
+/// Stand-in for the xtc column when the bench is built without its `xtc` feature.
+#[cfg(not(feature = "xtc"))]
+mod xtc_rt {
+    use std::time::Duration;
+
+    use super::{Cpus, Params, RttOut, StreamOut};
+
+    const NOT_BUILT: &str = "xtc-bench built without its `xtc` feature";
+
+    pub(super) fn rtt(_: Cpus, _: Params, _: Duration) -> RttOut {
+        Err(NOT_BUILT.into())
+    }
+
+    pub(super) fn stream(_: Cpus, _: Params) -> StreamOut {
+        Err(NOT_BUILT.into())
+    }
+}
+
+#[derive(Debug)]
+struct Args {
+    only: Option<&'static str>,
+    quick: bool,
+    svg: PathBuf,
+    cpus: Option<Cpus>,
+}
+
+fn usage() -> &'static str {
+    "usage: mesh [--only rtt|stream] [--quick] [--svg PATH] [--cpus A,B]\n\
+     \n  --only B     run one benchmark\
+     \n  --quick      ten times fewer iterations (smoke run)\
+     \n  --svg PATH   where to write the bar chart (default: <workspace>/target/bench-mesh.svg)\
+     \n  --cpus A,B   the two CPUs: sender on A, receiver on B (default: the first two allowed)"
+}
+
+fn default_svg() -> PathBuf {
+    // bench/ is one level under the workspace root.
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("bench-mesh.svg")
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        only: None,
+        quick: false,
+        svg: default_svg(),
+        cpus: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--only" => {
+                let v = it.next().ok_or("--only needs a benchmark name")?;
+                let b = BENCHES
+                    .iter()
+                    .find(|b| **b == v)
+                    .ok_or_else(|| format!("--only {v}: not one of {}", BENCHES.join("|")))?;
+                args.only = Some(b);
+            }
+            "--quick" => args.quick = true,
+            "--svg" => args.svg = it.next().ok_or("--svg needs a path")?.into(),
+            "--cpus" => {
+                let v = it.next().ok_or("--cpus needs a value like 0,1")?;
+                args.cpus = Some(parse_cpu_pair(&v).map_err(|e| format!("--cpus {v}: {e}"))?);
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+/// The table rows of one benchmark, and the notes its runs left.
+struct Filled {
+    rows: Vec<Row>,
+    notes: Vec<String>,
+}
+
+/// Keeps the notes of a run and passes its value on.
+fn keep<T>(notes: &mut Vec<String>, r: Result<Measured<T>, String>) -> Result<T, String> {
+    r.map(|m| {
+        notes.extend(m.notes);
+        m.value
+    })
+}
+
+/// Runs every runtime's round trips: a parked row pair (p50, p99) and a spinning one.
+fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
+    let mut notes = Vec::new();
+    // `pin`: the harness thread's CPU, for runtimes whose pinger runs on it; the others pin
+    // their own threads.
+    let mut run = |label: &str, pin: Option<usize>, f: Box<dyn FnOnce() -> RttOut + Send>| {
+        bar.set_message(format!("rtt / {label}"));
+        let r = isolated(pin, p.deadline, f);
+        bar.inc(1);
+        keep(&mut notes, r).map(|h| LatencySummary::from_histogram(&h))
+    };
+    let xtc_park = run(
+        "xtc",
+        None,
+        Box::new(move || xtc_rt::rtt(cpus, p, Duration::ZERO)),
+    );
+    let xtc_spin = run(
+        "xtc spin",
+        None,
+        Box::new(move || xtc_rt::rtt(cpus, p, SPIN)),
+    );
+    let raw = run("raw", Some(cpus.0), Box::new(move || raw::rtt(cpus, p)));
+    let tokio = run(
+        "tokio",
+        Some(cpus.0),
+        Box::new(move || tokio_rt::rtt(cpus, p)),
+    );
+    let glommio_park = run(
+        "glommio",
+        None,
+        Box::new(move || glommio_rt::rtt(cpus, p, Duration::ZERO)),
+    );
+    let glommio_spin = run(
+        "glommio spin",
+        None,
+        Box::new(move || glommio_rt::rtt(cpus, p, SPIN)),
+    );
+    let monoio = run(
+        "monoio",
+        Some(cpus.0),
+        Box::new(move || monoio_rt::rtt(cpus, p)),
+    );
+
+    let no_knob: Result<LatencySummary, String> =
+        Err("no spin-before-park knob (it is in the parked row only)".into());
+    let parked = [xtc_park, raw.clone(), tokio, glommio_park, monoio];
+    let spinning = [xtc_spin, raw, no_knob.clone(), glommio_spin, no_knob];
+    let mut rows = Vec::new();
+    for (label, set) in [("idle loops park", &parked), ("spin 50ms", &spinning)] {
+        for (q, pick) in [
+            (
+                "p50",
+                (|s: &LatencySummary| s.p50_ns) as fn(&LatencySummary) -> u64,
+            ),
+            ("p99", |s: &LatencySummary| s.p99_ns),
+        ] {
+            rows.push(Row {
+                name: format!("rtt x{} {q}, {label}", p.rtt_iters),
+                unit: "ns".into(),
+                better: Better::Lower,
+                values: set
+                    .iter()
+                    .map(|s| s.clone().map(|s| pick(&s) as f64))
+                    .collect(),
+            });
+        }
+    }
+    Filled { rows, notes }
+}
+
+/// Runs every runtime's one-way stream; the chunked raw run goes to the notes.
+fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
+    let mut notes = Vec::new();
+    let guard = p.deadline;
+    let rate = |d: Duration| p.stream_msgs.saturating_sub(1) as f64 / d.as_secs_f64() / 1e6;
+    let mut values: Vec<Result<f64, String>> = Vec::with_capacity(RUNTIMES.len());
+    for (rt, name) in RUNTIMES.iter().enumerate() {
+        bar.set_message(format!("stream / {name}"));
+        // Each side pins itself, or runs on the harness thread pinned to the consumer's CPU.
+        let r = match rt {
+            XTC => isolated(None, guard, move || xtc_rt::stream(cpus, p)),
+            RAW => isolated(Some(cpus.1), guard, move || raw::stream(cpus, p)),
+            TOKIO => isolated(Some(cpus.1), guard, move || tokio_rt::stream(cpus, p)),
+            GLOMMIO => isolated(None, guard, move || glommio_rt::stream(cpus, p)),
+            MONOIO => isolated(Some(cpus.1), guard, move || monoio_rt::stream(cpus, p)),
+            _ => unreachable!("one arm per runtime"),
+        };
+        values.push(keep(&mut notes, r).map(rate));
+        bar.inc(1);
+    }
+    bar.set_message("stream / raw chunked");
+    let chunked = isolated(Some(cpus.1), guard, move || raw::stream_chunked(cpus, p));
+    bar.inc(1);
+    let chunked = keep(&mut notes, chunked).map(rate);
+    notes.push(match chunked {
+        Ok(r) => format!(
+            "raw chunked (rtrb write_chunk_uninit/read_chunk, up to {STREAM_CAP} a chunk): \
+             {} M msgs/s; xtc/raw chunked {}",
+            xtc_bench::fmt_num(r),
+            match &values[XTC] {
+                Ok(x) => format!("{:.2}x", x / r),
+                Err(_) => "-".into(),
+            }
+        ),
+        Err(e) => format!("raw chunked: n/a: {e}"),
+    });
+    Filled {
+        rows: vec![Row {
+            name: format!("stream {} u64, cap {STREAM_CAP}", p.stream_msgs),
+            unit: "M msgs/s".into(),
+            better: Better::Higher,
+            values,
+        }],
+        notes,
+    }
+}
+
+/// Progress-bar steps of a benchmark.
+fn steps_of(bench: &str) -> u64 {
+    match bench {
+        "rtt" => 7,
+        "stream" => RUNTIMES.len() as u64 + 1,
+        _ => unreachable!("benchmark names are checked when parsing"),
+    }
+}
+
+/// The two CPUs to use, or why there are none.
+fn pick_cpus(asked: Option<Cpus>, allowed: &[usize]) -> Result<Cpus, String> {
+    let cpus = match (asked, allowed) {
+        (Some(c), _) => c,
+        (None, [a, b, ..]) => (*a, *b),
+        (None, _) => {
+            return Err(format!(
+                "needs two CPUs, one per shard, but the allowed set is {allowed:?}: \
+                 run it where two CPUs are allowed"
+            ))
+        }
+    };
+    if cpus.0 == cpus.1 {
+        return Err(format!(
+            "--cpus {},{}: the two CPUs must differ (this measures crossing between CPUs)",
+            cpus.0, cpus.1
+        ));
+    }
+    let not_allowed = |c: usize| !allowed.is_empty() && !allowed.contains(&c);
+    if not_allowed(cpus.0) || not_allowed(cpus.1) {
+        return Err(format!(
+            "CPUs {},{} are not both in the allowed set {allowed:?}",
+            cpus.0, cpus.1
+        ));
+    }
+    Ok(cpus)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            if e.is_empty() {
+                println!("{}", usage());
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("mesh: {e}");
+            eprintln!("{}", usage());
+            return ExitCode::from(2);
+        }
+    };
+    let p = if args.quick {
+        Params::quick()
+    } else {
+        Params::full()
+    };
+    let benches: Vec<&str> = match args.only {
+        Some(b) => vec![b],
+        None => BENCHES.to_vec(),
+    };
+    let allowed = allowed_cpus();
+    let cpus = match pick_cpus(args.cpus, &allowed) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mesh: {e}");
+            return ExitCode::from(2);
+        }
+    };
+
+    println!("mesh: cross-shard messaging, xtc beside a raw floor, tokio, glommio and monoio");
+    println!(
+        "  mode: {}   sender on cpu {}, receiver on cpu {}   allowed cpus: {allowed:?}",
+        if args.quick {
+            "quick (10x fewer iterations)"
+        } else {
+            "full"
+        },
+        cpus.0,
+        cpus.1,
+    );
+    println!(
+        "  rtt: {} timed round trips after {} warm-up; stream: {} u64 one way, channels of {STREAM_CAP}",
+        p.rtt_iters, p.rtt_warmup, p.stream_msgs
+    );
+    println!(
+        "  xtc = submit_to (rtt) and channel::shared (stream) on a 2-shard Executor; raw = the floor: \
+         rtrb rings between two busy-polling threads (always spinning); tokio = mpsc, glommio = \
+         shared_channel, monoio = flume"
+    );
+    if !cfg!(feature = "xtc") {
+        println!("  NOTE: built without the `xtc` feature: the xtc column is empty");
+    }
+
+    let bar = ProgressBar::new(benches.iter().map(|b| steps_of(b)).sum());
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .expect("static progress template is valid"),
+    );
+    let mut table = Table::new(
+        RUNTIMES.iter().map(|s| s.to_string()).collect(),
+        XTC,
+        RATIOS_VS.to_vec(),
+    );
+    let mut notes = Vec::new();
+    for bench in &benches {
+        let filled = match *bench {
+            "rtt" => run_rtt(cpus, p, &bar),
+            "stream" => run_stream(cpus, p, &bar),
+            _ => unreachable!("benchmark names are checked when parsing"),
+        };
+        for row in filled.rows {
+            table.push(row);
+        }
+        notes.extend(filled.notes);
+    }
+    bar.finish_and_clear();
+
+    println!();
+    print!("{}", table.render());
+    println!(
+        "  ratios are xtc/peer of the values: above 1 is better for xtc where `better` is higher, \
+         below 1 where it is lower"
+    );
+    for note in &notes {
+        println!("  {note}");
+    }
+
+    let chart = Chart {
+        title: "xtc cross-shard messaging".into(),
+        subtitle: format!(
+            "{} run, cpu {} -> cpu {}; raw = rtrb floor",
+            if args.quick { "quick" } else { "full" },
+            cpus.0,
+            cpus.1
+        ),
+        panels: table
+            .rows
+            .iter()
+            .map(|row| Panel {
+                title: row.name.clone(),
+                unit: row.unit.clone(),
+                better: row.better,
+                bars: RUNTIMES
+                    .iter()
+                    .zip(&row.values)
+                    .map(|(n, v)| (n.to_string(), v.as_ref().ok().copied()))
+                    .collect(),
+            })
+            .collect(),
+    };
+    match chart.write(&args.svg) {
+        Ok(()) => {
+            let shown = std::fs::canonicalize(&args.svg).unwrap_or(args.svg.clone());
+            println!("  chart written to {}", shown.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mesh: could not write {}: {e}", args.svg.display());
+            ExitCode::FAILURE
+        }
+    }
+}
