@@ -813,22 +813,21 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         Err("no spin-before-park knob (it is in the parked row only)".into());
     let parked = [xtc_park, raw.clone(), tokio, glommio_park, monoio];
     let spinning = [xtc_spin, raw, no_knob.clone(), glommio_spin, no_knob];
+    let spin_label = format!("spin {}ms", SPIN.as_millis());
     let mut rows = Vec::new();
-    for (label, set) in [("idle loops park", &parked), ("spin 50ms", &spinning)] {
-        for (q, pick) in [
-            (
-                "p50",
-                (|s: &LatencySummary| s.p50_ns) as fn(&LatencySummary) -> u64,
-            ),
-            ("p99", |s: &LatencySummary| s.p99_ns),
-        ] {
+    for (label, set) in [
+        ("idle loops park", &parked),
+        (spin_label.as_str(), &spinning),
+    ] {
+        for q in ["p50", "p99"] {
+            let pick = |s: &LatencySummary| if q == "p50" { s.p50_ns } else { s.p99_ns };
             rows.push(Row {
                 name: format!("rtt x{} {q}, {label}", p.rtt_iters),
                 unit: "ns".into(),
                 better: Better::Lower,
                 values: set
                     .iter()
-                    .map(|s| s.clone().map(|s| pick(&s) as f64))
+                    .map(|s| s.as_ref().map(|s| pick(s) as f64).map_err(Clone::clone))
                     .collect(),
             });
         }
