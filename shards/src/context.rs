@@ -9,12 +9,14 @@ use std::{
     task::Waker,
 };
 
+use crossbeam_deque::Worker;
 use slab::Slab;
 
 use crate::{
     event_loop::LoopShared,
     executor::ExecShared,
     ring::LocalMesh,
+    steal::MRunnable,
     task::{Runnable, TaskInfo},
     timer::Timers,
 };
@@ -61,6 +63,16 @@ pub(crate) struct Core {
     pub(crate) turn: Cell<u64>,
     /// End-of-turn signals registered this turn.
     pub(crate) flushes: RefCell<Vec<Arc<dyn Flush>>>,
+    /// This loop's deque of migratable tasks (steal/mod.rs); `None` in a lone loop.
+    pub(crate) deque: RefCell<Option<Worker<MRunnable>>>,
+    /// A migratable task was queued this turn with eager rebalance on: ping an idle peer.
+    pub(crate) nudge: Cell<bool>,
+    /// The loop was woken by a ping: its next steal ignores the minimum (steal rule 3).
+    pub(crate) fresh_wake: Cell<bool>,
+    /// Consecutive short looks per victim (steal rule 3).
+    pub(crate) short_looks: RefCell<Vec<u32>>,
+    /// Consecutive idle ticks that found nothing (steal backoff).
+    pub(crate) empty_ticks: Cell<u32>,
 }
 
 /// Something to do once at the end of the loop turn in which it was registered: the batched
@@ -111,7 +123,17 @@ impl Core {
 
 impl Core {
     pub(crate) fn new(shared: Arc<LoopShared>, exec: Arc<ExecShared>) -> Core {
-        let mesh = exec.mesh.take(shared.index);
+        let deque = exec.migratable.take_worker(shared.index);
+        let mut mesh = exec.mesh.take(shared.index);
+        // Ring counts continue across runs (quiescence compares totals).
+        mesh.sent = shared
+            .stats
+            .messages_sent
+            .load(std::sync::atomic::Ordering::Relaxed);
+        mesh.received = shared
+            .stats
+            .messages_received
+            .load(std::sync::atomic::Ordering::Relaxed);
         Core {
             mesh: RefCell::new(mesh),
             shared,
@@ -122,6 +144,11 @@ impl Core {
             tasks_done: Cell::new(0),
             turn: Cell::new(0),
             flushes: RefCell::new(Vec::new()),
+            deque: RefCell::new(deque),
+            nudge: Cell::new(false),
+            fresh_wake: Cell::new(false),
+            short_looks: RefCell::new(Vec::new()),
+            empty_ticks: Cell::new(0),
         }
     }
 
@@ -135,6 +162,9 @@ impl Drop for Core {
         // Ring protocol rule 1: give the ring ends back for the next run.
         let mesh = self.mesh.replace(LocalMesh::none(self.shared.index));
         self.exec.mesh.give_back(mesh);
+        if let Some(w) = self.deque.borrow_mut().take() {
+            self.exec.migratable.give_back_worker(self.shared.index, w);
+        }
     }
 }
 

@@ -48,6 +48,11 @@
 //! | `XTC_SERVICE_MODE` | as above | off | `run()` returns only after `stop()` |
 //! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (bare number = ms) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
 //! | `XTC_RING_CAPACITY` | integer ≥ 1 | `1024` | messages per ring of the cross-shard mesh |
+//! | `XTC_STEALING` | bool | on | idle loops steal migratable tasks |
+//! | `XTC_EAGER_REBALANCE` | bool | off | steal even with parked tasks; ping an idle peer on enqueue |
+//! | `XTC_STEAL_BACKOFF` | bool | off | grow the idle tick from 1 ms to 32 ms while nothing is found |
+//! | `XTC_NUMA_SENSITIVITY` | `0`, `1`, `2` | `1` | HPX levels: who may steal across NUMA nodes |
+//! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |
 //! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`) | `0` | how long an idle loop polls before parking: lower cross-shard latency for a full CPU while it spins |
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -62,6 +67,7 @@ mod ring;
 pub mod shard;
 mod sharded;
 mod stats;
+mod steal;
 mod sync;
 mod sys;
 pub mod task;
@@ -71,7 +77,7 @@ pub use error::{Error, JoinError, Result};
 pub use executor::{Builder, Executor, Handle, DEFAULT_DEADLOCK_GRACE};
 pub use local::LocalExecutor;
 pub use ring::DEFAULT_RING_CAPACITY;
-pub use shard::{spawn_local, stop, submit_to, submit_to_all};
+pub use shard::{spawn, spawn_local, stop, submit_to, submit_to_all};
 pub use sharded::Sharded;
 pub use stats::LoopStats;
 pub use task::{yield_now, JoinHandle};

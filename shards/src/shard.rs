@@ -158,6 +158,31 @@ where
     task::spawn_raw(owner, move || fut, info)
 }
 
+/// Spawns a **migratable** task on the current loop (for locality); idle loops may steal it.
+/// The future must be `Send`. Re-read [`id()`] after an `.await` to notice a move. Cost: see
+/// [`Handle::spawn`].
+///
+/// # Panics
+/// Off any xtc loop (use [`Handle::spawn`] there).
+#[track_caller]
+pub fn spawn<F>(fut: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    spawn_with(fut, TaskInfo::here(None))
+}
+
+pub(crate) fn spawn_with<F>(fut: F, info: TaskInfo) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (exec, me) = with_core(|c| (c.exec.clone(), c.index()))
+        .expect("xtc::spawn called off any xtc loop: call it inside a task, or use Handle::spawn");
+    crate::steal::spawn(&exec, me, fut, info)
+}
+
 /// Stops the caller's executor, as [`Handle::stop`]: `run()` returns once every loop has dropped
 /// its tasks. Off any loop, and inside a [`LocalExecutor`](crate::LocalExecutor) (whose
 /// `block_on` ends when its future does), it does nothing.

@@ -36,6 +36,12 @@ pub struct LoopStats {
     pub ring_full_waits: u64,
     /// Wake pings this loop sent to sleeping peers.
     pub notifications_sent: u64,
+    /// Migratable tasks this loop stole from peers.
+    pub steals: u64,
+    /// Migratable tasks peers stole from this loop.
+    pub stolen_from: u64,
+    /// Steal attempts on a victim that looked non-empty but yielded nothing.
+    pub steal_attempts_failed: u64,
 }
 
 impl LoopStats {
@@ -64,6 +70,8 @@ pub(crate) struct StatsCell {
     pub(crate) messages_received: AtomicU64,
     pub(crate) ring_full_waits: AtomicU64,
     pub(crate) notifications_sent: AtomicU64,
+    pub(crate) steals: AtomicU64,
+    pub(crate) steal_attempts_failed: AtomicU64,
     /// Accumulated run time of finished runs, ns.
     run_ns: AtomicU64,
     /// Accumulated idle time, ns.
@@ -95,6 +103,8 @@ impl StatsCell {
             messages_received: AtomicU64::new(0),
             ring_full_waits: AtomicU64::new(0),
             notifications_sent: AtomicU64::new(0),
+            steals: AtomicU64::new(0),
+            steal_attempts_failed: AtomicU64::new(0),
             run_ns: AtomicU64::new(0),
             idle_ns: AtomicU64::new(0),
             running_since: AtomicU64::new(0),
@@ -128,7 +138,7 @@ impl StatsCell {
         bump(&self.idle_ns, self.ns(now).saturating_sub(since));
     }
 
-    pub(crate) fn snapshot(&self) -> LoopStats {
+    pub(crate) fn snapshot(&self, stolen_from: u64) -> LoopStats {
         let now = self.ns(Instant::now());
         let mut idle = self.idle_ns.load(Relaxed);
         let parked = self.parked_since.load(Relaxed);
@@ -153,6 +163,9 @@ impl StatsCell {
             messages_received: self.messages_received.load(Relaxed),
             ring_full_waits: self.ring_full_waits.load(Relaxed),
             notifications_sent: self.notifications_sent.load(Relaxed),
+            steals: self.steals.load(Relaxed),
+            stolen_from,
+            steal_attempts_failed: self.steal_attempts_failed.load(Relaxed),
         }
     }
 }

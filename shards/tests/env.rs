@@ -14,6 +14,13 @@ fn env_variables() {
             "XTC_OVERSUBSCRIBE",
             "XTC_SERVICE_MODE",
             "XTC_DEADLOCK_GRACE",
+            "XTC_RING_CAPACITY",
+            "XTC_SPIN_BEFORE_PARK",
+            "XTC_STEALING",
+            "XTC_EAGER_REBALANCE",
+            "XTC_STEAL_BACKOFF",
+            "XTC_NUMA_SENSITIVITY",
+            "XTC_MIN_TASKS_TO_STEAL",
         ] {
             std::env::remove_var(v);
         }
@@ -24,8 +31,20 @@ fn env_variables() {
     std::env::set_var("XTC_SERVICE_MODE", "on");
     std::env::set_var("XTC_DEADLOCK_GRACE", "250ms");
     std::env::set_var("XTC_PLACEMENT", "spread");
+    std::env::set_var("XTC_RING_CAPACITY", "64");
+    std::env::set_var("XTC_SPIN_BEFORE_PARK", "50us");
+    std::env::set_var("XTC_STEALING", "off");
+    std::env::set_var("XTC_EAGER_REBALANCE", "on");
+    std::env::set_var("XTC_STEAL_BACKOFF", "true");
+    std::env::set_var("XTC_NUMA_SENSITIVITY", "2");
+    std::env::set_var("XTC_MIN_TASKS_TO_STEAL", "8");
     let ex = Builder::from_env().unwrap().build().unwrap();
     assert_eq!(ex.shard_count(), 3);
+    assert_eq!(ex.ring_capacity(), 64);
+    assert_eq!(ex.spin_before_park(), Duration::from_micros(50));
+    assert!(!ex.stealing() && ex.eager_rebalance() && ex.steal_backoff());
+    assert_eq!(ex.numa_sensitivity(), 2);
+    assert_eq!(ex.min_tasks_to_steal(), 8);
     assert!(ex.service_mode());
     assert_eq!(ex.deadlock_grace(), Some(Duration::from_millis(250)));
 
@@ -45,6 +64,11 @@ fn env_variables() {
         ("XTC_SERVICE_MODE", "maybe"),
         ("XTC_OVERSUBSCRIBE", "2"),
         ("XTC_DEADLOCK_GRACE", "5 parsecs"),
+        ("XTC_RING_CAPACITY", "0"),
+        ("XTC_SPIN_BEFORE_PARK", "soon"),
+        ("XTC_STEALING", "sometimes"),
+        ("XTC_NUMA_SENSITIVITY", "3"),
+        ("XTC_MIN_TASKS_TO_STEAL", "-1"),
     ] {
         let old = std::env::var(var).ok();
         std::env::set_var(var, bad);

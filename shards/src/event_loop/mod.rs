@@ -28,7 +28,11 @@ use crate::{
     context::Core,
     ring,
     stats::{bump, StatsCell},
-    sync::{AtomicU64, Ordering::SeqCst},
+    steal::{self, StealShared},
+    sync::{
+        AtomicU64,
+        Ordering::{Relaxed, SeqCst},
+    },
     task::Runnable,
     timer,
 };
@@ -69,11 +73,19 @@ pub(crate) struct LoopShared {
     pub(crate) status: CachePadded<AtomicU64>,
     /// Written by the loop only.
     pub(crate) stats: StatsCell,
+    /// Deque stealer and injector of migratable tasks (steal/mod.rs).
+    pub(crate) steal: StealShared,
 }
 
 impl LoopShared {
-    pub(crate) fn new(index: usize, exec_id: u64, base: Instant) -> std::io::Result<LoopShared> {
+    pub(crate) fn new(
+        index: usize,
+        exec_id: u64,
+        base: Instant,
+        steal: StealShared,
+    ) -> std::io::Result<LoopShared> {
         Ok(LoopShared {
+            steal,
             index,
             exec_id,
             inbox: CachePadded::new(Inbox::new()),
@@ -102,6 +114,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     let mut wakers = Vec::new();
     let mut epoch: u64 = 1;
     let mut published: u64 = u64::MAX;
+    // Whether the published status is still an idle kind (only after an idle tick).
+    let mut idle_status = false;
     shared.stats.started(Instant::now());
     let exit = loop {
         // Step 1.
@@ -111,7 +125,13 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         if done() {
             break Exit::Done;
         }
-        // Step 2.
+        // Step 2. After an idle tick that kept the idle status, announce BUSY before taking
+        // anything (executor/quiesce.rs: the status must change before the counts do).
+        if idle_status && (shared.inbox.is_pending() || core.mesh.borrow().incoming_pending()) {
+            idle_status = false;
+            epoch += 1;
+            shared.status.store(epoch << 2 | status::BUSY, SeqCst);
+        }
         if shared.inbox.drain_into(&mut spare) > 0 {
             bump(&shared.stats.inbox_received, spare.len() as u64);
             core.queue.borrow_mut().extend(spare.drain(..));
@@ -126,22 +146,45 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             }
         }
         // Step 4.
+        // Pinned tasks first, then migratable ones (deque, then own injector).
         let mut ran = 0;
         while ran < BATCH {
-            let Some(r) = core.queue.borrow_mut().pop_front() else {
+            let next = core.queue.borrow_mut().pop_front();
+            if let Some(r) = next {
+                r.run();
+            } else if let Some(m) = steal::next_local(core) {
+                m.metadata().last.store(shared.index, Relaxed);
+                m.run();
+            } else {
                 break;
-            };
-            r.run();
+            }
             ran += 1;
+        }
+        if ran > 0 {
+            core.empty_ticks.set(0);
         }
         core.run_flushes();
         ring::flush(core);
+        steal::nudge_idle_peer(core);
         publish_counts(core, ran as u64);
-        if ran == BATCH || !core.queue.borrow().is_empty() || shared.inbox.is_pending() || done() {
+        if ran == BATCH
+            || !core.queue.borrow().is_empty()
+            || shared.inbox.is_pending()
+            || steal::has_local(core)
+            || done()
+        {
             continue;
         }
         // Step 5.
         if core.mesh.borrow().incoming_pending() {
+            continue;
+        }
+        let fully_idle = core.registry.borrow().is_empty() && core.timers.borrow().is_empty();
+        if (fully_idle || exec.eager_rebalance()) && steal::try_steal(core) {
+            core.empty_ticks.set(0);
+            idle_status = false;
+            epoch += 1;
+            shared.status.store(epoch << 2 | status::BUSY, SeqCst);
             continue;
         }
         let spin = exec.spin_before_park();
@@ -165,25 +208,48 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         published = st;
         let now = Instant::now();
         let next = core.timers.borrow_mut().next_deadline();
-        let timeout = timer::park_timeout(next, now);
+        let mut timeout = timer::park_timeout(next, now);
+        let mut tick_driven = false;
+        if let Some(tick) = steal::idle_tick(core) {
+            tick_driven = timeout.is_none_or(|t| t > tick);
+            timeout = Some(timeout.map_or(tick, |t| t.min(tick)));
+        }
+        let mut idle_tick_only = false;
         if timeout != Some(Duration::ZERO) {
             shared.parker.announce();
             // Rule 1 of park.rs: recheck every source after announcing (rings: ring/mod.rs
             // rules 3 and 5).
             if shared.inbox.recheck()
                 || core.mesh.borrow().incoming_pending()
+                || steal::has_local(core)
                 || ring::prepare_park(core)
                 || (stop_aware && exec.stop_requested())
             {
                 shared.parker.cancel();
             } else {
                 shared.stats.park_begin(now);
-                shared.parker.sleep(timeout);
+                let pinged = shared.parker.sleep(timeout);
                 shared.stats.park_end(Instant::now());
+                // Steal rules 3 and 4: woken by work, or an idle tick that found nothing yet.
+                core.fresh_wake.set(pinged);
+                if !pinged {
+                    core.empty_ticks
+                        .set(core.empty_ticks.get().saturating_add(1));
+                    // An idle tick with nothing new in sight is not activity: keep the status,
+                    // so the quiescence and deadlock checks see a stable loop (a steal that
+                    // then succeeds publishes BUSY itself, above).
+                    idle_tick_only = tick_driven
+                        && !shared.inbox.is_pending()
+                        && !core.mesh.borrow().incoming_pending()
+                        && !steal::has_local(core);
+                }
             }
         }
-        epoch += 1;
-        shared.status.store(epoch << 2 | status::BUSY, SeqCst);
+        idle_status = idle_tick_only;
+        if !idle_tick_only {
+            epoch += 1;
+            shared.status.store(epoch << 2 | status::BUSY, SeqCst);
+        }
     };
     shared.stats.stopped(Instant::now());
     exit
@@ -257,6 +323,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
                 None => break,
             }
         }
+        steal::drop_local(core);
         let live = core.registry.borrow().len();
         if live == 0 && (keep_inbox || !shared.inbox.is_pending()) {
             break;

@@ -102,14 +102,15 @@ impl Parker {
         self.state.store(RUNNING, SeqCst);
     }
 
-    /// Rule 3: block until pinged or `timeout` passes.
-    pub(crate) fn sleep(&self, timeout: Option<Duration>) {
+    /// Rule 3: block until pinged or `timeout` passes. Returns whether it was pinged.
+    pub(crate) fn sleep(&self, timeout: Option<Duration>) -> bool {
         let pinged = self.ping.wait(timeout);
         self.state.store(RUNNING, SeqCst);
         // A ping written after `wait` returned stays counted and costs one spurious turn later.
         if pinged {
             self.ping.drain();
         }
+        pinged
     }
 
     /// Rule 2: called by a sender after it published work. Returns whether it wrote the ping.

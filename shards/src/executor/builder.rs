@@ -30,6 +30,11 @@ pub struct Builder {
     pub(crate) topology: Option<std::sync::Arc<Topology>>,
     pub(crate) ring_capacity: usize,
     pub(crate) spin_before_park: Duration,
+    pub(crate) stealing: bool,
+    pub(crate) eager_rebalance: bool,
+    pub(crate) steal_backoff: bool,
+    pub(crate) numa_sensitivity: u8,
+    pub(crate) min_tasks_to_steal: usize,
 }
 
 impl Default for Builder {
@@ -43,6 +48,11 @@ impl Default for Builder {
             topology: None,
             ring_capacity: crate::ring::DEFAULT_RING_CAPACITY,
             spin_before_park: Duration::ZERO,
+            stealing: true,
+            eager_rebalance: false,
+            steal_backoff: false,
+            numa_sensitivity: xtc_numa::DEFAULT_NUMA_SENSITIVITY,
+            min_tasks_to_steal: 0,
         }
     }
 }
@@ -97,6 +107,34 @@ impl Builder {
                     expected: "a positive number of messages per ring",
                 })?;
         }
+        if let Some(v) = var("XTC_STEALING") {
+            self.stealing = parse_bool("XTC_STEALING", &v)?;
+        }
+        if let Some(v) = var("XTC_EAGER_REBALANCE") {
+            self.eager_rebalance = parse_bool("XTC_EAGER_REBALANCE", &v)?;
+        }
+        if let Some(v) = var("XTC_STEAL_BACKOFF") {
+            self.steal_backoff = parse_bool("XTC_STEAL_BACKOFF", &v)?;
+        }
+        if let Some(v) = var("XTC_NUMA_SENSITIVITY") {
+            self.numa_sensitivity =
+                v.trim()
+                    .parse()
+                    .ok()
+                    .filter(|&l: &u8| l <= 2)
+                    .ok_or_else(|| Error::Env {
+                        var: "XTC_NUMA_SENSITIVITY",
+                        value: v.clone(),
+                        expected: "0, 1 or 2",
+                    })?;
+        }
+        if let Some(v) = var("XTC_MIN_TASKS_TO_STEAL") {
+            self.min_tasks_to_steal = v.trim().parse().map_err(|_| Error::Env {
+                var: "XTC_MIN_TASKS_TO_STEAL",
+                value: v.clone(),
+                expected: "a task count",
+            })?;
+        }
         if let Some(v) = var("XTC_SPIN_BEFORE_PARK") {
             self.spin_before_park = parse_duration(&v).ok_or_else(|| Error::Env {
                 var: "XTC_SPIN_BEFORE_PARK",
@@ -144,6 +182,37 @@ impl Builder {
     /// slots. A full ring makes `submit_to` wait (backpressure).
     pub fn ring_capacity(mut self, messages: usize) -> Builder {
         self.ring_capacity = messages;
+        self
+    }
+
+    /// Initial stealing setting (see `Handle::set_stealing`; default on).
+    pub fn stealing(mut self, on: bool) -> Builder {
+        self.stealing = on;
+        self
+    }
+
+    /// Initial eager rebalance (see `Handle::set_eager_rebalance`; default off).
+    pub fn eager_rebalance(mut self, on: bool) -> Builder {
+        self.eager_rebalance = on;
+        self
+    }
+
+    /// Initial steal backoff (see `Handle::set_steal_backoff`; default off).
+    pub fn steal_backoff(mut self, on: bool) -> Builder {
+        self.steal_backoff = on;
+        self
+    }
+
+    /// Initial NUMA sensitivity, 0, 1 or 2 (see `Handle::set_numa_sensitivity`; default 1;
+    /// above 2 `build()` fails).
+    pub fn numa_sensitivity(mut self, level: u8) -> Builder {
+        self.numa_sensitivity = level;
+        self
+    }
+
+    /// Initial steal threshold (see `Handle::set_min_tasks_to_steal`; default 0).
+    pub fn min_tasks_to_steal(mut self, n: usize) -> Builder {
+        self.min_tasks_to_steal = n;
         self
     }
 

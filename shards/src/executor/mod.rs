@@ -19,6 +19,12 @@ pub(crate) struct Config {
     pub(crate) deadlock_grace: Option<Duration>,
     pub(crate) ring_capacity: usize,
     pub(crate) spin_before_park: Duration,
+    pub(crate) victims: [Vec<Vec<usize>>; 3],
+    pub(crate) stealing: bool,
+    pub(crate) eager_rebalance: bool,
+    pub(crate) steal_backoff: bool,
+    pub(crate) numa_sensitivity: u8,
+    pub(crate) min_tasks_to_steal: usize,
 }
 
 impl Default for Config {
@@ -28,15 +34,22 @@ impl Default for Config {
             deadlock_grace: None,
             ring_capacity: crate::ring::DEFAULT_RING_CAPACITY,
             spin_before_park: Duration::ZERO,
+            victims: Default::default(),
+            stealing: true,
+            eager_rebalance: false,
+            steal_backoff: false,
+            numa_sensitivity: xtc_numa::DEFAULT_NUMA_SENSITIVITY,
+            min_tasks_to_steal: 0,
         }
     }
 }
-use xtc_numa::{Placement, Topology};
+use xtc_numa::{Placement, Topology, VictimOrder};
 
 use crate::{
     context::{self, Core},
     event_loop::{self, LoopShared},
     ring::Mesh,
+    steal::Migratable,
     sync::{lock, AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, Ordering::*},
     task::{self, JoinHandle, TaskInfo},
     Error, LoopStats, Result,
@@ -69,6 +82,14 @@ pub(crate) struct ExecShared {
     pub(crate) coord_dirty: Mutex<bool>,
     pub(crate) coord_cv: Condvar,
     deadlock_tasks: Mutex<Vec<String>>,
+    pub(crate) migratable: Migratable,
+    /// Victim orders for NUMA sensitivity 0, 1 and 2 (xtc-numa), indexed `[level][shard]`.
+    victims: [Vec<Vec<usize>>; 3],
+    stealing: AtomicBool,
+    eager_rebalance: AtomicBool,
+    steal_backoff: AtomicBool,
+    numa_sensitivity: AtomicU32,
+    min_tasks_to_steal: AtomicU64,
 }
 
 impl ExecShared {
@@ -76,9 +97,12 @@ impl ExecShared {
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let base = Instant::now();
-        let loops = (0..n)
-            .map(|i| {
-                LoopShared::new(i, id, base)
+        let (migratable, steal_shared) = Migratable::new(n);
+        let loops = steal_shared
+            .into_iter()
+            .enumerate()
+            .map(|(i, steal)| {
+                LoopShared::new(i, id, base, steal)
                     .map(Arc::new)
                     .map_err(|source| Error::Io {
                         what: "creating a loop's wake eventfd",
@@ -98,6 +122,13 @@ impl ExecShared {
             coord_dirty: Mutex::new(false),
             coord_cv: Condvar::new(),
             deadlock_tasks: Mutex::new(Vec::new()),
+            migratable,
+            victims: config.victims.clone(),
+            stealing: AtomicBool::new(config.stealing),
+            eager_rebalance: AtomicBool::new(config.eager_rebalance),
+            steal_backoff: AtomicBool::new(config.steal_backoff),
+            numa_sensitivity: AtomicU32::new(config.numa_sensitivity as u32),
+            min_tasks_to_steal: AtomicU64::new(config.min_tasks_to_steal as u64),
         })
     }
 
@@ -121,6 +152,12 @@ impl ExecShared {
 
     fn stop_reason(&self) -> u32 {
         self.stop_reason.load(SeqCst)
+    }
+
+    pub(crate) fn unpark_all(&self) {
+        for l in &self.loops {
+            l.parker.unpark();
+        }
     }
 
     pub(crate) fn poke(&self) {
@@ -148,6 +185,28 @@ impl ExecShared {
 
     pub(crate) fn spin_before_park(&self) -> Duration {
         Duration::from_nanos(self.spin_before_park_ns.load(Relaxed))
+    }
+
+    pub(crate) fn stealing(&self) -> bool {
+        self.stealing.load(Relaxed)
+    }
+
+    pub(crate) fn eager_rebalance(&self) -> bool {
+        self.eager_rebalance.load(Relaxed)
+    }
+
+    pub(crate) fn steal_backoff(&self) -> bool {
+        self.steal_backoff.load(Relaxed)
+    }
+
+    pub(crate) fn min_tasks_to_steal(&self) -> usize {
+        self.min_tasks_to_steal.load(Relaxed) as usize
+    }
+
+    /// Shard `me`'s victims, nearest first, at the current NUMA sensitivity.
+    pub(crate) fn victims(&self, me: usize) -> &[usize] {
+        let level = (self.numa_sensitivity.load(Relaxed) as usize).min(2);
+        self.victims[level].get(me).map_or(&[], Vec::as_slice)
     }
 
     pub(crate) fn deadlock_grace(&self) -> Option<Duration> {
@@ -231,6 +290,19 @@ impl Executor {
             ));
         }
         let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)?;
+        if b.numa_sensitivity > 2 {
+            return Err(Error::InvalidArgument(format!(
+                "numa_sensitivity {} is not 0, 1 or 2 (HPX levels; default 1)",
+                b.numa_sensitivity
+            )));
+        }
+        let mut victims: [Vec<Vec<usize>>; 3] = Default::default();
+        for (level, v) in victims.iter_mut().enumerate() {
+            let order = VictimOrder::new(&topology, &placement, level as u8)?;
+            *v = (0..placement.len())
+                .map(|s| order.victims(s).to_vec())
+                .collect();
+        }
         let shared = ExecShared::new(
             placement.len(),
             &Config {
@@ -238,6 +310,12 @@ impl Executor {
                 deadlock_grace: b.deadlock_grace,
                 ring_capacity: b.ring_capacity,
                 spin_before_park: b.spin_before_park,
+                victims,
+                stealing: b.stealing,
+                eager_rebalance: b.eager_rebalance,
+                steal_backoff: b.steal_backoff,
+                numa_sensitivity: b.numa_sensitivity,
+                min_tasks_to_steal: b.min_tasks_to_steal,
             },
         )?;
         tracing::debug!(shards = placement.len(), "xtc executor built");
@@ -255,11 +333,6 @@ impl Executor {
         self.handle.clone()
     }
 
-    /// Number of shards.
-    pub fn shard_count(&self) -> usize {
-        self.handle.shard_count()
-    }
-
     /// Where each shard runs.
     pub fn placement(&self) -> &Placement {
         &self.placement
@@ -268,62 +341,6 @@ impl Executor {
     /// The topology shards were placed on.
     pub fn topology(&self) -> &Topology {
         &self.topology
-    }
-
-    /// See [`Handle::spawn_on`].
-    #[track_caller]
-    pub fn spawn_on<F, Fut>(&self, shard: usize, make: F) -> Result<JoinHandle<Fut::Output>>
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future + 'static,
-        Fut::Output: Send + 'static,
-    {
-        self.handle.spawn_on(shard, make)
-    }
-
-    /// See [`Handle::stop`].
-    pub fn stop(&self) {
-        self.handle.stop()
-    }
-
-    /// See [`Handle::set_service_mode`].
-    pub fn set_service_mode(&self, on: bool) {
-        self.handle.set_service_mode(on)
-    }
-
-    /// See [`Handle::service_mode`].
-    pub fn service_mode(&self) -> bool {
-        self.handle.service_mode()
-    }
-
-    /// See [`Handle::set_deadlock_grace`].
-    pub fn set_deadlock_grace(&self, grace: Option<Duration>) {
-        self.handle.set_deadlock_grace(grace)
-    }
-
-    /// See [`Handle::deadlock_grace`].
-    pub fn deadlock_grace(&self) -> Option<Duration> {
-        self.handle.deadlock_grace()
-    }
-
-    /// See [`Handle::loop_stats`].
-    pub fn loop_stats(&self, shard: usize) -> Result<LoopStats> {
-        self.handle.loop_stats(shard)
-    }
-
-    /// See [`Handle::set_spin_before_park`].
-    pub fn set_spin_before_park(&self, spin: Duration) {
-        self.handle.set_spin_before_park(spin)
-    }
-
-    /// See [`Handle::spin_before_park`].
-    pub fn spin_before_park(&self) -> Duration {
-        self.handle.spin_before_park()
-    }
-
-    /// Capacity of each ring of the mesh (messages per ordered pair of shards).
-    pub fn ring_capacity(&self) -> usize {
-        self.handle.shared.mesh.capacity()
     }
 
     /// Starts one OS thread per shard, each pinned to its CPU, and blocks until the executor is
@@ -399,10 +416,16 @@ impl Executor {
                 ));
             }
         }
+        let deadlock = shared.stop_reason() == StopReason::Deadlock as u32;
+        if deadlock {
+            let described = shared.migratable.describe();
+            lock(&shared.deadlock_tasks).extend(described);
+        }
+        drop_migratable(shared);
         if let Some(e) = failure {
             return Err(e);
         }
-        if shared.stop_reason() == StopReason::Deadlock as u32 {
+        if deadlock {
             let tasks = std::mem::take(&mut *lock(&shared.deadlock_tasks));
             return Err(Error::Deadlock { tasks });
         }
@@ -444,6 +467,29 @@ impl Executor {
             Err(e) => Err(Error::Join(e)),
         }
     }
+}
+
+/// After the loops stopped: drops every migratable task still alive (their futures are `Send`,
+/// so this thread may), so none leaks. At quiescence there are none.
+fn drop_migratable(shared: &ExecShared) {
+    for _ in 0..10_000 {
+        if !shared.migratable.any_registered() {
+            return;
+        }
+        shared.migratable.wake_all();
+        for l in &shared.loops {
+            loop {
+                match l.steal.injector.steal() {
+                    crossbeam_deque::Steal::Success(r) => drop(r),
+                    crossbeam_deque::Steal::Retry => continue,
+                    crossbeam_deque::Steal::Empty => break,
+                }
+            }
+        }
+        shared.migratable.drop_parked_queues();
+        thread::yield_now();
+    }
+    tracing::warn!("some migratable tasks could not be dropped at stop (a bug in xtc)");
 }
 
 fn worker(
@@ -492,6 +538,15 @@ fn worker(
     tracing::trace!(shard = core.index(), "shard loop stopped");
 }
 
+/// Every [`Handle`] method (spawning, stop, knobs, stats) is callable on the executor itself.
+impl std::ops::Deref for Executor {
+    type Target = Handle;
+
+    fn deref(&self) -> &Handle {
+        &self.handle
+    }
+}
+
 /// A cheap, cloneable reference to an [`Executor`], usable from any thread (`Send + Sync`):
 /// spawn, stop, knobs and stats.
 #[derive(Debug, Clone)]
@@ -500,6 +555,11 @@ pub struct Handle {
 }
 
 impl Handle {
+    /// Capacity of each ring of the mesh (messages per ordered pair of shards).
+    pub fn ring_capacity(&self) -> usize {
+        self.shared.mesh.capacity()
+    }
+
     /// Number of shards.
     pub fn shard_count(&self) -> usize {
         self.shared.loops.len()
@@ -572,6 +632,101 @@ impl Handle {
         self.shared.spin_before_park()
     }
 
+    /// Spawns a **migratable** task: a `Send` future placed round-robin over the loops, which
+    /// idle loops may steal (nearest first). Works from any thread, before and during `run()`.
+    /// Re-read [`shard::id()`](crate::shard::id) after an `.await` to notice a move. Cost: one
+    /// allocation, a registry insert under a per-shard lock, a deque or injector push, and a
+    /// shared live-task counter update (migratable tasks pay the cross-core atomics that pinned
+    /// tasks avoid).
+    #[track_caller]
+    pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let n = self.shared.loops.len();
+        let home = self.shared.migratable.next.fetch_add(1, Relaxed) % n;
+        crate::steal::spawn(&self.shared, home, fut, TaskInfo::here(None))
+    }
+
+    /// Work stealing on or off. Off, migratable tasks stay where they were queued, like pinned
+    /// ones. Default on (`XTC_STEALING`). Cost when on: idle loops scan victims before parking and,
+    /// while migratable tasks exist, wake on the idle tick. Takes effect at once, from any thread.
+    pub fn set_stealing(&self, on: bool) {
+        self.shared.stealing.store(on, SeqCst);
+        // Idle loops re-read the policy now, not at their next wake.
+        self.shared.unpark_all();
+    }
+
+    /// Whether stealing is on.
+    pub fn stealing(&self) -> bool {
+        self.shared.stealing()
+    }
+
+    /// Eager rebalance: a loop whose run queue is empty steals before it blocks even if it owns
+    /// parked tasks or timers, and queuing a migratable task pings one idle peer. Trades
+    /// cross-loop migration (cache and NUMA cost) and wake-ups for using idle capacity under
+    /// partial load. Default off (`XTC_EAGER_REBALANCE`).
+    pub fn set_eager_rebalance(&self, on: bool) {
+        self.shared.eager_rebalance.store(on, SeqCst);
+        // Idle loops re-read the policy now, not at their next wake.
+        self.shared.unpark_all();
+    }
+
+    /// Whether eager rebalance is on.
+    pub fn eager_rebalance(&self) -> bool {
+        self.shared.eager_rebalance()
+    }
+
+    /// Steal backoff: an idle loop that found nothing for several ticks grows its idle poll
+    /// from 1 ms toward 32 ms; any work resets it. Cuts idle-scan CPU of a mostly idle executor
+    /// for up to 32 ms more latency before a deeply idle loop notices stealable work. Default off
+    /// (`XTC_STEAL_BACKOFF`).
+    pub fn set_steal_backoff(&self, on: bool) {
+        self.shared.steal_backoff.store(on, SeqCst);
+        // Idle loops re-read the policy now, not at their next wake.
+        self.shared.unpark_all();
+    }
+
+    /// Whether steal backoff is on.
+    pub fn steal_backoff(&self) -> bool {
+        self.shared.steal_backoff()
+    }
+
+    /// NUMA sensitivity, HPX's levels: 0 every loop may steal across NUMA nodes (nearest node
+    /// first); 1 only the first loop of each node does; 2 never across nodes. Default 1
+    /// (`XTC_NUMA_SENSITIVITY`). `Err` above 2. Cost: none (victim orders are precomputed).
+    pub fn set_numa_sensitivity(&self, level: u8) -> Result<()> {
+        if level > 2 {
+            return Err(Error::InvalidArgument(format!(
+                "numa_sensitivity {level} is not 0, 1 or 2"
+            )));
+        }
+        self.shared.numa_sensitivity.store(level as u32, SeqCst);
+        // Idle loops re-read the policy now, not at their next wake.
+        self.shared.unpark_all();
+        Ok(())
+    }
+
+    /// The NUMA sensitivity level.
+    pub fn numa_sensitivity(&self) -> u8 {
+        self.shared.numa_sensitivity.load(Relaxed) as u8
+    }
+
+    /// A victim must have at least this many queued tasks to be stolen from (HPX's
+    /// `min_tasks_to_steal`), except after 16 short looks in a row or on a thief's first steal
+    /// after a wake. Default 0 (`XTC_MIN_TASKS_TO_STEAL`). Higher keeps small bursts local.
+    pub fn set_min_tasks_to_steal(&self, n: usize) {
+        self.shared.min_tasks_to_steal.store(n as u64, SeqCst);
+        // Idle loops re-read the policy now, not at their next wake.
+        self.shared.unpark_all();
+    }
+
+    /// The steal threshold.
+    pub fn min_tasks_to_steal(&self) -> usize {
+        self.shared.min_tasks_to_steal()
+    }
+
     /// Sends `make` to `shard`, runs the future it returns there, and resolves to its output.
     /// Callable from any thread: off the executor's loops the message goes through the target's
     /// inbox (from a loop, prefer [`crate::shard::submit_to`], which uses the ring mesh and its
@@ -607,6 +762,7 @@ impl Handle {
     /// A lock-free snapshot of loop `shard`'s counters, readable while running and after
     /// `run()` returns. `Err(InvalidShard)` out of range.
     pub fn loop_stats(&self, shard: usize) -> Result<LoopStats> {
-        Ok(self.shared.shard(shard)?.stats.snapshot())
+        let l = self.shared.shard(shard)?;
+        Ok(l.stats.snapshot(l.steal.stolen_from.load(Relaxed)))
     }
 }

@@ -42,6 +42,8 @@ pub(crate) struct Snapshot {
     loops: Vec<(u64, u64, u64)>,
     /// Ring messages sent and received, summed over loops.
     ring: (u64, u64),
+    /// Live migratable tasks (steal/mod.rs rule 5).
+    migratable: u64,
 }
 
 impl Snapshot {
@@ -59,7 +61,12 @@ impl Snapshot {
                 (st, pushed, popped)
             })
             .collect();
-        Snapshot { loops, ring }
+        let migratable = exec.migratable.live.load(SeqCst);
+        Snapshot {
+            loops,
+            ring,
+            migratable,
+        }
     }
 
     fn balanced(&self) -> bool {
@@ -91,7 +98,7 @@ pub(crate) fn check(exec: &ExecShared) -> Verdict {
     if a != b {
         return Verdict::Busy;
     }
-    if a.all(|k| k == status::EMPTY) {
+    if a.migratable == 0 && a.all(|k| k == status::EMPTY) {
         Verdict::Quiescent
     } else {
         Verdict::MaybeDeadlocked(a)

@@ -45,6 +45,19 @@ impl Builder {
         crate::shard::spawn_local_with(fut, TaskInfo::here(self.name))
     }
 
+    /// Like [`crate::spawn`] (a migratable task on the current loop), with this builder's options.
+    ///
+    /// # Panics
+    /// Off any xtc loop.
+    #[track_caller]
+    pub fn spawn<F>(self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        crate::shard::spawn_with(fut, TaskInfo::here(self.name))
+    }
+
     /// Like [`crate::Handle::spawn_on`] on the current executor, with this builder's options.
     /// `Err` off any loop, or for an out-of-range shard.
     #[track_caller]

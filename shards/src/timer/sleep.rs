@@ -33,7 +33,12 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sleep {
     deadline: Instant,
-    key: Option<TimerKey>,
+    /// The loop holding the timer (its `LoopShared` address) and the key there.
+    key: Option<(usize, TimerKey)>,
+}
+
+fn loop_id(core: &crate::context::Core) -> usize {
+    std::sync::Arc::as_ptr(&core.shared) as usize
 }
 
 impl Sleep {
@@ -49,8 +54,12 @@ impl Sleep {
     }
 
     fn cancel(&mut self) {
-        if let Some(k) = self.key.take() {
-            let waker = with_core(|core| core.timers.borrow_mut().cancel(k));
+        if let Some((owner, k)) = self.key.take() {
+            // Only the loop that holds the timer can remove it. A migratable task that moved
+            // leaves its old timer to fire as a harmless spurious wake.
+            let waker = with_core(|core| {
+                (loop_id(core) == owner).then(|| core.timers.borrow_mut().cancel(k))
+            });
             drop(waker);
         }
     }
@@ -63,17 +72,19 @@ impl Future for Sleep {
         let deadline = self.deadline;
         let key = self.key;
         let registered = with_core(|core| {
+            let me = loop_id(core);
             let mut timers = core.timers.borrow_mut();
             match key {
-                Some(k) => {
+                Some((owner, k)) if owner == me => {
                     // A live timer still pending: keep the newest waker. Fired: done.
-                    timers.update(k, cx.waker()).then_some(k)
+                    timers.update(k, cx.waker()).then_some((me, k))
                 }
-                None => {
+                _ => {
+                    // First poll, or the task migrated to this loop: register here.
                     if Instant::now() >= deadline {
                         None
                     } else {
-                        Some(timers.insert(deadline, cx.waker().clone()))
+                        Some((me, timers.insert(deadline, cx.waker().clone())))
                     }
                 }
             }

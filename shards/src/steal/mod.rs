@@ -1,0 +1,413 @@
+//! Migratable tasks and work stealing (DESIGN.md invariant 2).
+//!
+//! Eligibility is fixed at spawn: only tasks spawned with [`spawn`](crate::spawn) /
+//! [`Executor::spawn`](crate::Executor::spawn) (`Send` futures) are ever moved. They live on
+//! their loop's crossbeam-deque `Worker` (FIFO); other loops hold its `Stealer`. Policy is the
+//! executor's knobs (`executor/knobs`): stealing on/off, eager rebalance, steal backoff,
+//! thresholds and NUMA sensitivity, all atomics read at each decision.
+//!
+//! # Protocol
+//!
+//! 1. **Where a migratable `Runnable` goes.** Scheduled on a worker loop of its executor: that
+//!    loop's deque (so a task woken from a worker moves to it, for locality). Scheduled anywhere
+//!    else: the injector (an MPMC queue) of the loop it last ran on, plus a wake ping by the
+//!    protocol of `event_loop/park.rs`. A loop drains its own injector into its deque.
+//! 2. **When a loop steals.** In its idle path, before it parks: always when fully idle (no
+//!    runnable task, no parked pinned task, no timer), and with eager rebalance also when it only
+//!    has parked tasks or timers. Victims are tried nearest first in the victim order of the
+//!    current NUMA sensitivity (xtc-numa), taking about half of a victim's deque
+//!    (`steal_batch_and_pop`), then the victim's injector.
+//! 3. **Thresholds (HPX).** A victim is stolen from only if it has at least `min_tasks_to_steal`
+//!    queued, unless this thief found it short but non-empty [`STARVATION_LOOKS`] times in a row,
+//!    or this is the thief's first steal after being woken by new work.
+//! 4. **Finding work while parked.** While any migratable task is alive, an idle loop parks with
+//!    a 1 ms timeout (the idle tick) and retries; with steal backoff on, consecutive empty ticks
+//!    grow it to 32 ms, and any work resets it. When no migratable task exists an idle loop parks
+//!    without timeout; the spawn that makes the count leave zero pings every loop. With eager
+//!    rebalance on, a loop that queues a migratable task also pings one idle peer at the end of
+//!    its turn.
+//! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
+//!    when the future is dropped) keeps quiescence exact with tasks in flight between loops; a
+//!    sharded registry (waker, name, spawn site) serves the deadlock report and lets `run()` drop
+//!    every parked migratable task when the executor stops.
+//!
+//! Migration idiom: a task that keeps per-shard state re-reads [`shard::id()`](crate::shard::id)
+//! after each `.await`; a different value means it was stolen in between.
+
+mod policy;
+
+use std::{
+    future::Future,
+    panic::{catch_unwind, AssertUnwindSafe},
+    pin::Pin,
+    sync::{Arc, Weak},
+    task::{Context, Poll, Waker},
+};
+
+use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+use crossbeam_utils::CachePadded;
+pub(crate) use policy::should_steal;
+use slab::Slab;
+
+use crate::{
+    context::{with_core, Core},
+    executor::ExecShared,
+    stats::bump,
+    sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering::*},
+    task::{JoinHandle, Outcome, TaskInfo},
+};
+
+/// Metadata of a migratable task: the loop it last ran on (protocol rule 1).
+#[derive(Debug)]
+pub(crate) struct MigrMeta {
+    pub(crate) last: AtomicUsize,
+}
+
+/// A migratable task's runnable.
+pub(crate) type MRunnable = async_task::Runnable<MigrMeta>;
+
+/// Per-loop stealing state other threads touch.
+#[derive(Debug)]
+pub(crate) struct StealShared {
+    pub(crate) stealer: Stealer<MRunnable>,
+    pub(crate) injector: Injector<MRunnable>,
+    /// Tasks thieves took from this loop (written by thieves: an RMW per steal).
+    pub(crate) stolen_from: AtomicU64,
+}
+
+#[derive(Debug)]
+struct MEntry {
+    waker: Waker,
+    info: TaskInfo,
+}
+
+/// Executor-wide migratable-task state.
+#[derive(Debug)]
+pub(crate) struct Migratable {
+    /// Live migratable tasks (rule 5).
+    pub(crate) live: CachePadded<AtomicU64>,
+    /// Registry shards, by spawning loop (or round-robin slot), to spread the locks.
+    registry: Vec<CachePadded<Mutex<Slab<MEntry>>>>,
+    /// Loop deques, parked between runs (taken by the loop when it starts).
+    workers: Vec<Mutex<Option<Worker<MRunnable>>>>,
+    /// Round-robin placement counter for `Executor::spawn`.
+    pub(crate) next: AtomicUsize,
+}
+
+impl Migratable {
+    pub(crate) fn new(n: usize) -> (Migratable, Vec<StealShared>) {
+        let mut workers = Vec::with_capacity(n);
+        let mut shared = Vec::with_capacity(n);
+        for _ in 0..n {
+            let w = Worker::new_fifo();
+            shared.push(StealShared {
+                stealer: w.stealer(),
+                injector: Injector::new(),
+                stolen_from: AtomicU64::new(0),
+            });
+            workers.push(Mutex::new(Some(w)));
+        }
+        (
+            Migratable {
+                live: CachePadded::new(AtomicU64::new(0)),
+                registry: (0..n.max(1))
+                    .map(|_| CachePadded::new(Mutex::new(Slab::new())))
+                    .collect(),
+                workers,
+                next: AtomicUsize::new(0),
+            },
+            shared,
+        )
+    }
+
+    pub(crate) fn take_worker(&self, me: usize) -> Option<Worker<MRunnable>> {
+        self.workers.get(me).and_then(|w| lock(w).take())
+    }
+
+    pub(crate) fn give_back_worker(&self, me: usize, w: Worker<MRunnable>) {
+        if let Some(slot) = self.workers.get(me) {
+            *lock(slot) = Some(w);
+        }
+    }
+
+    /// One line per registered migratable task, for the deadlock report.
+    pub(crate) fn describe(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in &self.registry {
+            for (_, e) in lock(r).iter() {
+                let name = e.info.name.as_deref().unwrap_or("<unnamed>");
+                out.push(format!(
+                    "migratable task '{name}' spawned at {}",
+                    e.info.location
+                ));
+            }
+        }
+        out
+    }
+
+    /// Whether any migratable task is registered.
+    pub(crate) fn any_registered(&self) -> bool {
+        self.registry.iter().any(|r| !lock(r).is_empty())
+    }
+
+    /// Wakes every registered task (executor stop), so its `Runnable` surfaces to be dropped.
+    pub(crate) fn wake_all(&self) {
+        let wakers: Vec<Waker> = self
+            .registry
+            .iter()
+            .flat_map(|r| {
+                lock(r)
+                    .iter()
+                    .map(|(_, e)| e.waker.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Drops every queued migratable `Runnable` held by the executor (deques parked between runs).
+    pub(crate) fn drop_parked_queues(&self) {
+        for w in &self.workers {
+            let taken = lock(w).take();
+            if let Some(worker) = taken {
+                while let Some(r) = worker.pop() {
+                    drop(r);
+                }
+                *lock(w) = Some(worker);
+            }
+        }
+    }
+}
+
+/// The future of a migratable task: the user's future, panic capture, and registry membership.
+struct MigrFuture<F> {
+    fut: F,
+    exec: Weak<ExecShared>,
+    key: (usize, usize),
+}
+
+impl<F: Future> Future for MigrFuture<F> {
+    type Output = Outcome<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `fut` is structurally pinned: never moved out, dropped in place with `self`.
+        let fut = unsafe { self.map_unchecked_mut(|s| &mut s.fut) };
+        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(p) => Poll::Ready(Err(p)),
+        }
+    }
+}
+
+impl<F> Drop for MigrFuture<F> {
+    fn drop(&mut self) {
+        if let Some(exec) = self.exec.upgrade() {
+            let entry = lock(&exec.migratable.registry[self.key.0]).try_remove(self.key.1);
+            exec.migratable.live.fetch_sub(1, SeqCst);
+            drop(entry);
+        }
+    }
+}
+
+/// Spawns a migratable task whose first loop is `home` (protocol rule 1).
+pub(crate) fn spawn<F>(
+    exec: &Arc<ExecShared>,
+    home: usize,
+    fut: F,
+    info: TaskInfo,
+) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    if exec.migratable.live.fetch_add(1, SeqCst) == 0 {
+        // Rule 4: idle loops parked without a tick must start looking.
+        exec.unpark_all();
+    }
+    let shard = home % exec.migratable.registry.len();
+    let weak = Arc::downgrade(exec);
+    let mut reg = lock(&exec.migratable.registry[shard]);
+    let key = reg.vacant_key();
+    let fut = MigrFuture {
+        fut,
+        exec: weak.clone(),
+        key: (shard, key),
+    };
+    let (runnable, task) = async_task::Builder::new()
+        .metadata(MigrMeta {
+            last: AtomicUsize::new(home),
+        })
+        .spawn(move |_| fut, schedule(weak));
+    reg.insert(MEntry {
+        waker: runnable.waker(),
+        info,
+    });
+    drop(reg);
+    runnable.schedule();
+    JoinHandle::new_migratable(task)
+}
+
+/// The schedule function of migratable tasks (rule 1).
+fn schedule(exec: Weak<ExecShared>) -> impl Fn(MRunnable) + Send + Sync + 'static {
+    move |r: MRunnable| {
+        let Some(r) = push_on_worker(&exec, r) else {
+            return;
+        };
+        match exec.upgrade() {
+            Some(e) => {
+                let last = r.metadata().last.load(Relaxed).min(e.loops.len() - 1);
+                let l = &e.loops[last];
+                l.steal.injector.push(r);
+                l.parker.unpark();
+            }
+            // The executor is gone: the future is `Send`, dropping it here is fine.
+            None => drop(r),
+        }
+    }
+}
+
+/// Rule 1: on a worker of `exec`, queue `r` on its deque.
+fn push_on_worker(exec: &Weak<ExecShared>, r: MRunnable) -> Option<MRunnable> {
+    let mut r = Some(r);
+    with_core(|core| {
+        if !std::ptr::eq(Arc::as_ptr(&core.exec), exec.as_ptr()) {
+            return;
+        }
+        if let Some(w) = core.deque.borrow().as_ref() {
+            w.push(r.take().expect("present"));
+            if core.exec.eager_rebalance() {
+                core.nudge.set(true);
+            }
+        }
+    });
+    r
+}
+
+/// The next migratable task of this loop: its deque, then its own injector.
+pub(crate) fn next_local(core: &Core) -> Option<MRunnable> {
+    let d = core.deque.borrow();
+    let w = d.as_ref()?;
+    if let Some(r) = w.pop() {
+        return Some(r);
+    }
+    let inj = &core.shared.steal.injector;
+    if inj.is_empty() {
+        return None;
+    }
+    loop {
+        match inj.steal_batch_and_pop(w) {
+            Steal::Success(r) => return Some(r),
+            Steal::Empty => return None,
+            Steal::Retry => continue,
+        }
+    }
+}
+
+/// Whether this loop's deque or injector holds work.
+pub(crate) fn has_local(core: &Core) -> bool {
+    core.deque.borrow().as_ref().is_some_and(|w| !w.is_empty())
+        || !core.shared.steal.injector.is_empty()
+}
+
+/// Rule 2 and 3: tries the victims nearest first. Returns whether it got a task (queued on
+/// this loop's deque, ready for the next turn).
+pub(crate) fn try_steal(core: &Core) -> bool {
+    let exec = &*core.exec;
+    if !exec.stealing() || exec.migratable.live.load(Relaxed) == 0 {
+        return false;
+    }
+    let me = core.index();
+    let victims = exec.victims(me);
+    if victims.is_empty() {
+        return false;
+    }
+    let d = core.deque.borrow();
+    let Some(w) = d.as_ref() else {
+        return false;
+    };
+    let min = exec.min_tasks_to_steal();
+    let fresh = core.fresh_wake.replace(false);
+    let mut looks = core.short_looks.borrow_mut();
+    looks.resize(exec.loops.len(), 0);
+    let stats = &core.shared.stats;
+    for &v in victims {
+        let vs = &exec.loops[v].steal;
+        let queued = vs.stealer.len() + vs.injector.len();
+        if queued == 0 {
+            looks[v] = 0;
+            continue;
+        }
+        if !should_steal(queued, min, looks[v], fresh) {
+            looks[v] += 1;
+            continue;
+        }
+        looks[v] = 0;
+        let before = w.len();
+        let got = loop {
+            let s = match vs.stealer.steal_batch_and_pop(w) {
+                Steal::Empty => vs.injector.steal_batch_and_pop(w),
+                other => other,
+            };
+            match s {
+                Steal::Retry => continue,
+                other => break other,
+            }
+        };
+        match got {
+            Steal::Success(r) => {
+                let n = 1 + (w.len() - before) as u64;
+                bump(&stats.steals, n);
+                vs.stolen_from.fetch_add(n, Relaxed);
+                // Run it first: push it back at the front by running it next turn.
+                w.push(r);
+                return true;
+            }
+            _ => bump(&stats.steal_attempts_failed, 1),
+        }
+    }
+    false
+}
+
+/// Rule 4: the idle tick while migratable tasks exist: 1 ms, or with backoff 1 ms doubling after
+/// three empty ticks up to 32 ms. `None`: park until pinged.
+pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
+    const TICK: std::time::Duration = std::time::Duration::from_millis(1); // xtc_exec(3)
+    const MAX_SHIFT: u32 = 5; // 1 ms << 5 = 32 ms, xtc_exec(3)'s cap
+    let exec = &*core.exec;
+    if !exec.stealing()
+        || exec.migratable.live.load(Relaxed) == 0
+        || exec.victims(core.index()).is_empty()
+    {
+        return None;
+    }
+    if !exec.steal_backoff() {
+        return Some(TICK);
+    }
+    let shift = core.empty_ticks.get().saturating_sub(3).min(MAX_SHIFT);
+    Some(TICK * (1 << shift))
+}
+
+/// End of turn with eager rebalance (rule 4): ping one idle peer.
+pub(crate) fn nudge_idle_peer(core: &Core) {
+    if !core.nudge.replace(false) {
+        return;
+    }
+    let me = core.index();
+    for &v in core.exec.victims(me) {
+        let st = core.exec.loops[v].status.load(Relaxed);
+        if crate::event_loop::status::kind(st) != crate::event_loop::status::BUSY {
+            core.exec.loops[v].parker.unpark();
+            return;
+        }
+    }
+}
+
+/// Drops every migratable task queued on this loop (stop).
+pub(crate) fn drop_local(core: &Core) {
+    while let Some(r) = next_local(core) {
+        drop(r);
+    }
+}

@@ -1,0 +1,327 @@
+//! Work stealing of migratable tasks: placement, NUMA sensitivity, eager rebalance, knobs.
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use xtc_numa::Topology;
+use xtc_shards::{channel::shared, shard, task, Error, Executor};
+
+fn burn(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// Spawns `n` CPU-bound migratable tasks from a pinned task on shard 0; returns where each ran.
+fn run_unbalanced(ex: &Executor, n: usize, each: Duration) -> Vec<usize> {
+    let ran_on = Arc::new(Mutex::new(Vec::new()));
+    let r = ran_on.clone();
+    ex.spawn_on(0, move || async move {
+        let mut hs = Vec::new();
+        for _ in 0..n {
+            let r = r.clone();
+            hs.push(xtc_shards::spawn(async move {
+                burn(each);
+                r.lock().unwrap().push(shard::id());
+            }));
+        }
+        for h in hs {
+            h.await.unwrap();
+        }
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let v = ran_on.lock().unwrap().clone();
+    assert_eq!(v.len(), n);
+    v
+}
+
+#[test]
+fn idle_loop_steals_migratable_work() {
+    let ex = Executor::builder().shards(2).build().unwrap();
+    let on = run_unbalanced(&ex, 200, Duration::from_micros(500));
+    let moved = on.iter().filter(|&&s| s == 1).count();
+    assert!(moved > 0, "shard 1 stole nothing: {on:?}");
+    let s1 = ex.loop_stats(1).unwrap();
+    let s0 = ex.loop_stats(0).unwrap();
+    assert!(
+        s1.steals > 0 && s0.stolen_from == s1.steals,
+        "{s0:?} {s1:?}"
+    );
+}
+
+#[test]
+fn stealing_off_keeps_work_where_it_was_spawned() {
+    let ex = Executor::builder()
+        .shards(2)
+        .stealing(false)
+        .build()
+        .unwrap();
+    assert!(!ex.stealing());
+    let on = run_unbalanced(&ex, 100, Duration::from_micros(200));
+    assert!(on.iter().all(|&s| s == 0), "{on:?}");
+    assert_eq!(ex.loop_stats(1).unwrap().steals, 0);
+}
+
+#[test]
+fn sensitivity_two_never_steals_across_numa_nodes() {
+    // Two NUMA nodes of two cores: shards 0,1 on node 0 and 2,3 on node 1 (not pinned: synthetic).
+    let topo = Topology::synthetic("pack:1 numa:2 core:2 pu:1").unwrap();
+    let ex = Executor::builder()
+        .topology(topo)
+        .shards(4)
+        .numa_sensitivity(2)
+        .build()
+        .unwrap();
+    let on = run_unbalanced(&ex, 200, Duration::from_micros(500));
+    assert!(
+        on.iter().all(|&s| s < 2),
+        "a task crossed to node 1: {on:?}"
+    );
+    assert!(on.contains(&1), "the same-node peer stole: {on:?}");
+    for s in [2, 3] {
+        assert_eq!(ex.loop_stats(s).unwrap().steals, 0);
+    }
+}
+
+#[test]
+fn sensitivity_zero_lets_every_node_help() {
+    let topo = Topology::synthetic("pack:1 numa:2 core:2 pu:1").unwrap();
+    let ex = Executor::builder()
+        .topology(topo)
+        .shards(4)
+        .numa_sensitivity(0)
+        .build()
+        .unwrap();
+    let on = run_unbalanced(&ex, 300, Duration::from_millis(1));
+    assert!(on.iter().any(|&s| s >= 2), "node 1 never helped: {on:?}");
+}
+
+#[test]
+fn bad_sensitivity_is_an_error() {
+    assert!(Executor::builder()
+        .shards(1)
+        .numa_sensitivity(3)
+        .build()
+        .is_err());
+    let ex = Executor::builder().shards(1).build().unwrap();
+    assert_eq!(ex.numa_sensitivity(), 1);
+    assert!(matches!(
+        ex.set_numa_sensitivity(3),
+        Err(Error::InvalidArgument(_))
+    ));
+    ex.set_numa_sensitivity(2).unwrap();
+    assert_eq!(ex.numa_sensitivity(), 2);
+}
+
+/// The manual's scenario: every loop owns a parked task, one has runnable migratable work.
+/// Eager off: no loop is fully idle, so nothing is stolen. Eager on: the other loop takes some.
+fn eager_scenario(eager: bool) -> Vec<usize> {
+    let ex = Executor::builder()
+        .shards(2)
+        .eager_rebalance(eager)
+        .build()
+        .unwrap();
+    assert_eq!(ex.eager_rebalance(), eager);
+    let (mut tx, mut rx) = shared::bounded::<()>(1).unwrap();
+    // Shard 1's parked task: waits for the end signal.
+    ex.spawn_on(1, move || async move {
+        rx.recv().await;
+    })
+    .unwrap();
+    let ran_on = Arc::new(Mutex::new(Vec::new()));
+    let r = ran_on.clone();
+    // Shard 0's parked task (it awaits the handles) plus the migratable work.
+    ex.spawn_on(0, move || async move {
+        let hs: Vec<_> = (0..60)
+            .map(|_| {
+                let r = r.clone();
+                xtc_shards::spawn(async move {
+                    burn(Duration::from_micros(500));
+                    r.lock().unwrap().push(shard::id());
+                })
+            })
+            .collect();
+        for h in hs {
+            h.await.unwrap();
+        }
+        tx.send(()).await.unwrap();
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let v = ran_on.lock().unwrap().clone();
+    v
+}
+
+#[test]
+fn eager_rebalance_off_leaves_work_on_a_loop_with_parked_peers() {
+    let on = eager_scenario(false);
+    assert!(on.iter().all(|&s| s == 0), "{on:?}");
+}
+
+#[test]
+fn eager_rebalance_on_takes_it() {
+    let on = eager_scenario(true);
+    assert!(on.contains(&1), "{on:?}");
+}
+
+#[test]
+fn pinned_tasks_never_move() {
+    let ex = Executor::builder()
+        .shards(2)
+        .eager_rebalance(true)
+        .build()
+        .unwrap();
+    let moved = Arc::new(AtomicUsize::new(0));
+    for i in 0..2 {
+        for _ in 0..20 {
+            let m = moved.clone();
+            ex.spawn_on(i, move || async move {
+                let before = shard::id();
+                for _ in 0..200 {
+                    xtc_shards::yield_now().await;
+                    if shard::id() != before {
+                        m.fetch_add(1, SeqCst);
+                    }
+                }
+            })
+            .unwrap();
+        }
+    }
+    // Migratable load so the thieves are busy.
+    for _ in 0..100 {
+        ex.spawn(async {
+            burn(Duration::from_micros(100));
+            xtc_shards::yield_now().await;
+        });
+    }
+    ex.run().unwrap();
+    assert_eq!(moved.load(SeqCst), 0);
+}
+
+#[test]
+fn spawn_from_outside_before_run_round_robins() {
+    let ex = Executor::builder()
+        .shards(2)
+        .stealing(false)
+        .build()
+        .unwrap();
+    let hs: Vec<_> = (0..10).map(|_| ex.spawn(async { shard::id() })).collect();
+    ex.run().unwrap();
+    let on: Vec<usize> = hs
+        .into_iter()
+        .map(|h| futures::executor::block_on(h).unwrap())
+        .collect();
+    assert_eq!(on, (0..10).map(|i| i % 2).collect::<Vec<_>>());
+}
+
+#[test]
+fn migration_is_visible_through_shard_id() {
+    // A migratable task can notice a move by re-reading shard::id() after an await.
+    let ex = Executor::builder().shards(2).build().unwrap();
+    let moves = Arc::new(AtomicUsize::new(0));
+    let m = moves.clone();
+    ex.spawn_on(0, move || async move {
+        let mut hs = Vec::new();
+        for _ in 0..100 {
+            let m = m.clone();
+            hs.push(xtc_shards::spawn(async move {
+                let before = shard::id();
+                burn(Duration::from_micros(200));
+                xtc_shards::yield_now().await;
+                if shard::id() != before {
+                    m.fetch_add(1, SeqCst);
+                }
+            }));
+        }
+        for h in hs {
+            h.await.unwrap();
+        }
+    })
+    .unwrap();
+    ex.run().unwrap();
+    // Whether any moved depends on timing; the count is consistent with the stats.
+    let steals: u64 = (0..2).map(|i| ex.loop_stats(i).unwrap().steals).sum();
+    assert!(moves.load(SeqCst) as u64 <= steals + 100);
+}
+
+#[test]
+fn stealing_switched_on_while_running_takes_effect() {
+    let ex = Executor::builder()
+        .shards(2)
+        .stealing(false)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let ran_on = Arc::new(Mutex::new(Vec::new()));
+    let r = ran_on.clone();
+    ex.spawn_on(0, move || async move {
+        let hs: Vec<_> = (0..150)
+            .map(|i| {
+                let r = r.clone();
+                let h = h.clone();
+                xtc_shards::spawn(async move {
+                    if i == 30 {
+                        h.set_stealing(true);
+                    }
+                    burn(Duration::from_micros(500));
+                    r.lock().unwrap().push((i, shard::id()));
+                })
+            })
+            .collect();
+        for h in hs {
+            h.await.unwrap();
+        }
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let v = ran_on.lock().unwrap().clone();
+    assert!(
+        v.iter().filter(|(i, _)| *i < 30).all(|&(_, s)| s == 0),
+        "{v:?}"
+    );
+    assert!(
+        v.iter().any(|&(_, s)| s == 1),
+        "stealing never started: {v:?}"
+    );
+}
+
+#[test]
+fn steal_backoff_knob_and_idle_executor_with_migratable_parked() {
+    let ex = Executor::builder()
+        .shards(2)
+        .steal_backoff(true)
+        .deadlock_grace(Some(Duration::from_millis(300)))
+        .build()
+        .unwrap();
+    assert!(ex.steal_backoff());
+    ex.set_min_tasks_to_steal(4);
+    assert_eq!(ex.min_tasks_to_steal(), 4);
+    // A parked migratable task that nothing can wake: reported as a deadlock, named.
+    ex.spawn_on(0, || async {
+        task::Builder::new()
+            .name("lost-migrant")
+            .spawn(std::future::pending::<()>())
+            .await
+            .ok();
+    })
+    .unwrap();
+    match ex.run() {
+        Err(Error::Deadlock { tasks }) => {
+            assert!(
+                tasks.iter().any(|t| t.contains("lost-migrant")),
+                "{tasks:?}"
+            );
+        }
+        other => panic!("expected a deadlock report, got {other:?}"),
+    }
+    // Everything was dropped: the executor runs again and quiesces.
+    ex.spawn(async {});
+    ex.run().unwrap();
+}
