@@ -8,11 +8,12 @@
 //!
 //! 1. A receiver that finds the ring empty stores its waker, swaps `rx_waiting` to `true`, then
 //!    rechecks the ring (and the closed flag) before returning `Pending`.
-//! 2. A sender pushes without any read-modify-write. Once per loop turn (at the end of the turn
-//!    in which it pushed; at once off any loop) it swaps `rx_waiting` to `false` and, if it was
-//!    `true`, wakes the stored waker.
-//! 3. The sender side mirrors it for a full ring (`tx_waiting`, signalled by the receiver once per
-//!    turn in which it popped).
+//! 2. A sender pushes without any read-modify-write. At the end of each loop turn in which it
+//!    pushed (at once off any loop), and after every `capacity / 8` pushes so a long burst
+//!    overlaps with the receiver instead of alternating with it, it swaps `rx_waiting` to
+//!    `false` and, if it was `true`, wakes the stored waker.
+//! 3. The sender side mirrors it for a full ring (`tx_waiting`, signalled by the receiver at the
+//!    end of each turn in which it popped and after every `capacity / 8` pops).
 //!
 //! Both sides touch the flag by read-modify-write, so of the two swaps the later one in the flag's
 //! modification order either sees `true` (and wakes) or synchronizes with the earlier one, whose
@@ -127,14 +128,24 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
             signal: Arc::new(SignalRx(chan.clone())),
             chan: chan.clone(),
             flush_key: None,
+            since_signal: 0,
+            signal_every: signal_every(capacity),
         },
         Receiver {
             ring: c,
             signal: Arc::new(SignalTx(chan.clone())),
             chan,
             flush_key: None,
+            since_signal: 0,
+            signal_every: signal_every(capacity),
         },
     ))
+}
+
+/// Pushes (or pops) between early signals within one turn (rules 2 and 3): an eighth of the
+/// ring, so the other side is woken while seven eighths of slack remain.
+fn signal_every(capacity: usize) -> u32 {
+    (capacity / 8).clamp(1, u32::MAX as usize) as u32
 }
 
 /// The sending end. `Send`, not `Clone`: exactly one producer.
@@ -143,6 +154,8 @@ pub struct Sender<T> {
     chan: Arc<Chan>,
     signal: Arc<SignalRx>,
     flush_key: Option<context::FlushKey>,
+    since_signal: u32,
+    signal_every: u32,
 }
 
 /// The receiving end. `Send`, not `Clone`: exactly one consumer.
@@ -151,6 +164,8 @@ pub struct Receiver<T> {
     chan: Arc<Chan>,
     signal: Arc<SignalTx>,
     flush_key: Option<context::FlushKey>,
+    since_signal: u32,
+    signal_every: u32,
 }
 
 impl<T> Sender<T> {
@@ -170,7 +185,13 @@ impl<T> Sender<T> {
         }
         match self.ring.push(value) {
             Ok(()) => {
-                context::schedule_flush(&mut self.flush_key, &self.signal);
+                self.since_signal += 1;
+                if self.since_signal >= self.signal_every {
+                    self.since_signal = 0;
+                    self.chan.rx.signal();
+                } else {
+                    context::schedule_flush(&mut self.flush_key, &self.signal);
+                }
                 Ok(())
             }
             Err(rtrb::PushError::Full(v)) => Err(TrySendError::Full(v)),
@@ -229,7 +250,13 @@ impl<T> Receiver<T> {
     pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
         match self.ring.pop() {
             Ok(v) => {
-                context::schedule_flush(&mut self.flush_key, &self.signal);
+                self.since_signal += 1;
+                if self.since_signal >= self.signal_every {
+                    self.since_signal = 0;
+                    self.chan.tx.signal();
+                } else {
+                    context::schedule_flush(&mut self.flush_key, &self.signal);
+                }
                 Ok(v)
             }
             Err(_) => {
