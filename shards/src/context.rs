@@ -16,8 +16,7 @@ use crate::{
     event_loop::LoopShared,
     executor::ExecShared,
     ring::LocalMesh,
-    steal::MRunnable,
-    task::{Runnable, TaskInfo},
+    task::{Runnable, TaskInfo, TaskMeta},
     timer::Timers,
 };
 
@@ -31,8 +30,8 @@ use crate::{
 #[derive(Debug)]
 pub(crate) struct Entry {
     waker: Waker,
-    /// Points into the pinned `TaskFuture`, kept alive by `waker`.
-    info: *const TaskInfo,
+    /// The task's metadata in its async-task header, kept alive by `waker`.
+    meta: *const TaskMeta,
 }
 
 impl Entry {
@@ -43,9 +42,9 @@ impl Entry {
 
     /// Name and spawn site.
     pub(crate) fn info(&self) -> &TaskInfo {
-        // SAFETY: `info` points into the pinned future of a registered task, which our waker
-        // keeps allocated; the entry is removed in that future's `Drop`.
-        unsafe { &*self.info }
+        // SAFETY: `meta` points into the header of a registered task, which our waker keeps
+        // allocated; the entry is removed in that task's future's `Drop`.
+        unsafe { &(*self.meta).info }
     }
 }
 
@@ -64,7 +63,7 @@ pub(crate) struct Core {
     /// End-of-turn signals registered this turn.
     pub(crate) flushes: RefCell<Vec<Arc<dyn Flush>>>,
     /// This loop's deque of migratable tasks (steal/mod.rs); `None` in a lone loop.
-    pub(crate) deque: RefCell<Option<Worker<MRunnable>>>,
+    pub(crate) deque: RefCell<Option<Worker<Runnable>>>,
     /// A migratable task was queued this turn with eager rebalance on: ping an idle peer.
     pub(crate) nudge: Cell<bool>,
     /// The loop was woken by a ping: its next steal ignores the minimum (steal rule 3).
@@ -73,6 +72,15 @@ pub(crate) struct Core {
     pub(crate) short_looks: RefCell<Vec<u32>>,
     /// Consecutive idle ticks that found nothing (steal backoff).
     pub(crate) empty_ticks: Cell<u32>,
+    /// Whether this loop has scheduling classes (class.rs): the one branch of the FIFO path.
+    pub(crate) classes_active: Cell<bool>,
+    /// Classes picked up so far (vs `LoopShared::class_count`).
+    pub(crate) classes_seen: Cell<usize>,
+    pub(crate) lanes: RefCell<crate::class::Lanes>,
+    /// When the current task poll started, while classes or the watchdog need it.
+    pub(crate) poll_started: Cell<Option<std::time::Instant>>,
+    /// Metadata of the task being polled (null between polls).
+    pub(crate) current: Cell<*const TaskMeta>,
 }
 
 /// Something to do once at the end of the loop turn in which it was registered: the batched
@@ -149,11 +157,26 @@ impl Core {
             fresh_wake: Cell::new(false),
             short_looks: RefCell::new(Vec::new()),
             empty_ticks: Cell::new(0),
+            classes_active: Cell::new(false),
+            classes_seen: Cell::new(0),
+            lanes: RefCell::new(crate::class::Lanes::new()),
+            poll_started: Cell::new(None),
+            current: Cell::new(ptr::null()),
         }
     }
 
     pub(crate) fn index(&self) -> usize {
         self.shared.index
+    }
+
+    /// Queues a runnable pinned task of this loop: the plain FIFO, or its class lane once the
+    /// loop has classes (one branch).
+    pub(crate) fn enqueue(&self, r: Runnable) {
+        if self.classes_active.get() {
+            crate::class::enqueue(self, r);
+        } else {
+            self.queue.borrow_mut().push_back(r);
+        }
     }
 }
 
@@ -230,7 +253,7 @@ pub(crate) fn route(owner: &Arc<LoopShared>, runnable: Runnable) -> Option<Runna
         // SAFETY: as in `with_core`.
         let core = unsafe { &*p };
         if ptr::eq(Arc::as_ptr(&core.shared), Arc::as_ptr(owner)) {
-            core.queue.borrow_mut().push_back(runnable);
+            core.enqueue(runnable);
             None
         } else if core.shared.exec_id == owner.exec_id {
             core.mesh.borrow_mut().push(owner.index, runnable);
@@ -244,13 +267,13 @@ pub(crate) fn route(owner: &Arc<LoopShared>, runnable: Runnable) -> Option<Runna
 /// Task protocol rule 3: registers the task being polled (always on its owner's loop).
 ///
 /// # Safety
-/// `waker` must be the waker of the task being polled, and `info` must point into that task's
-/// pinned future, which must call [`unregister_task`] when it is dropped.
-pub(crate) unsafe fn register_task(waker: &Waker, info: *const TaskInfo) -> Option<usize> {
+/// `waker` must be the waker of the task being polled, and `meta` must point to that task's
+/// metadata; its future must call [`unregister_task`] when it is dropped.
+pub(crate) unsafe fn register_task(waker: &Waker, meta: *const TaskMeta) -> Option<usize> {
     with_core(|core| {
         core.registry.borrow_mut().insert(Entry {
             waker: waker.clone(),
-            info,
+            meta,
         })
     })
 }

@@ -36,6 +36,9 @@ pub enum Error {
     /// A call that needs the current shard was made on a thread that runs no xtc loop.
     #[error("{0} called off any xtc loop: call it inside a task, or use the Handle method")]
     OffLoop(&'static str),
+    /// The platform lacks a feature this call needs.
+    #[error("not supported on this platform: {0}")]
+    Unsupported(&'static str),
     /// `run()` or `block_on()` was called while the executor is already running.
     #[error("the executor is already running: call run()/block_on() from one thread at a time")]
     AlreadyRunning,

@@ -25,7 +25,7 @@
 //!
 //! # Invariants (DESIGN.md)
 //!
-//! 1. Shared-nothing by default: a task spawned with [`spawn_local`] or [`Executor::spawn_on`]
+//! 1. Shared-nothing by default: a task spawned with [`spawn_local`] or [`Handle::spawn_on`]
 //!    never leaves its loop and may be `!Send` (task protocol rule 1).
 //! 3. Cross-shard traffic goes through the SPSC mesh; a full ring applies backpressure, nothing
 //!    is dropped or reordered (`ring/mod.rs`).
@@ -53,19 +53,24 @@
 //! | `XTC_STEAL_BACKOFF` | bool | off | grow the idle tick from 1 ms to 32 ms while nothing is found |
 //! | `XTC_NUMA_SENSITIVITY` | `0`, `1`, `2` | `1` | HPX levels: who may steal across NUMA nodes |
 //! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |
+//! | `XTC_PREEMPT` | duration (`0`, `1ms`) | `0` | CPU-time preemption tick for `yield_if_due` |
+//! | `XTC_STALL_BUDGET` | duration (`0`, `10ms`) | `0` | stall watchdog budget of every loop |
 //! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`) | `0` | how long an idle loop polls before parking: lower cross-shard latency for a full CPU while it spins |
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod channel;
+mod class;
 mod context;
 mod error;
 mod event_loop;
 mod executor;
 mod local;
+mod preempt;
 mod ring;
 pub mod shard;
 mod sharded;
+mod stall;
 mod stats;
 mod steal;
 mod sync;
@@ -73,12 +78,15 @@ mod sys;
 pub mod task;
 mod timer;
 
+pub use class::{Class, DEFAULT_SHARES};
 pub use error::{Error, JoinError, Result};
 pub use executor::{Builder, Executor, Handle, DEFAULT_DEADLOCK_GRACE};
 pub use local::LocalExecutor;
+pub use preempt::{yield_if_due, YieldIfDue};
 pub use ring::DEFAULT_RING_CAPACITY;
 pub use shard::{spawn, spawn_local, stop, submit_to, submit_to_all};
 pub use sharded::Sharded;
+pub use stall::StallReport;
 pub use stats::LoopStats;
 pub use task::{yield_now, JoinHandle};
 

@@ -183,6 +183,42 @@ where
     crate::steal::spawn(&exec, me, fut, info)
 }
 
+/// Creates a scheduling class on the current loop: `shares` 1..=1000 (a class with 3× the
+/// shares of another gets about 3× the CPU when both are always runnable), and an optional
+/// latency bound that makes [`yield_if_due`](crate::yield_if_due) give way to it. `Err` for
+/// shares out of range, a zero bound, or off any loop. Cost: one small allocation for the life
+/// of the process; once a loop has a class, each of its task polls costs one clock read.
+pub fn create_class(shares: u32, latency: Option<std::time::Duration>) -> Result<crate::Class> {
+    crate::class::create_here(shares, latency)
+}
+
+/// Moves the calling task into class `class` (it takes effect from the task's next wake).
+/// `Err` off any loop or for a class of another loop.
+pub fn set_class(class: crate::Class) -> Result<()> {
+    with_core(|c| {
+        if class.shard != c.index() || class.exec_id != c.shared.exec_id {
+            return Err(Error::InvalidArgument(format!(
+                "set_class: the class belongs to shard {}, this task runs on shard {}",
+                class.shard,
+                c.index()
+            )));
+        }
+        let meta = c.current.get();
+        if meta.is_null() {
+            return Err(Error::OffLoop(
+                "xtc::shard::set_class (outside a task poll)",
+            ));
+        }
+        // SAFETY: `current` points to the metadata of the task being polled on this thread,
+        // set by the loop right before its poll and cleared right after.
+        unsafe { &*meta }
+            .class
+            .store(class.id, crate::sync::Ordering::Relaxed);
+        Ok(())
+    })
+    .unwrap_or(Err(Error::OffLoop("xtc::shard::set_class")))
+}
+
 /// Stops the caller's executor, as [`Handle::stop`]: `run()` returns once every loop has dropped
 /// its tasks. Off any loop, and inside a [`LocalExecutor`](crate::LocalExecutor) (whose
 /// `block_on` ends when its future does), it does nothing.

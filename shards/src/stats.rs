@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{AtomicU64, Ordering::Relaxed};
 
-/// A snapshot of one loop's counters, from [`Executor::loop_stats`](crate::Executor::loop_stats).
+/// A snapshot of one loop's counters, from [`Handle::loop_stats`](crate::Handle::loop_stats).
 ///
 /// Fields are read one by one without a lock, so a snapshot taken while the loop runs may mix
 /// values from adjacent loop turns. Cost of taking one: a dozen atomic loads and a clock read.

@@ -75,6 +75,12 @@ pub(crate) struct LoopShared {
     pub(crate) stats: StatsCell,
     /// Deque stealer and injector of migratable tasks (steal/mod.rs).
     pub(crate) steal: StealShared,
+    /// Scheduling classes created on this loop, append-only (class.rs).
+    pub(crate) classes: crate::sync::Mutex<Vec<&'static crate::class::ClassStats>>,
+    /// How many classes `classes` holds, read once per turn.
+    pub(crate) class_count: crate::sync::AtomicUsize,
+    /// Stall watchdog settings and count (stall.rs).
+    pub(crate) stall: crate::stall::StallShared,
 }
 
 impl LoopShared {
@@ -86,6 +92,9 @@ impl LoopShared {
     ) -> std::io::Result<LoopShared> {
         Ok(LoopShared {
             steal,
+            classes: crate::sync::Mutex::new(Vec::new()),
+            class_count: crate::sync::AtomicUsize::new(0),
+            stall: crate::stall::StallShared::new(),
             index,
             exec_id,
             inbox: CachePadded::new(Inbox::new()),
@@ -134,9 +143,18 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         }
         if shared.inbox.drain_into(&mut spare) > 0 {
             bump(&shared.stats.inbox_received, spare.len() as u64);
-            core.queue.borrow_mut().extend(spare.drain(..));
+            for r in spare.drain(..) {
+                core.enqueue(r);
+            }
         }
         ring::drain(core);
+        // Classes created since the last turn (possibly from another thread).
+        let created = shared.class_count.load(Relaxed);
+        if created != core.classes_seen.get() {
+            core.classes_seen.set(created);
+            let active = core.lanes.borrow_mut().sync(shared);
+            core.classes_active.set(active);
+        }
         // Step 3.
         if !core.timers.borrow().is_empty() {
             core.timers.borrow_mut().expire(Instant::now(), &mut wakers);
@@ -145,19 +163,58 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 w.wake();
             }
         }
-        // Step 4.
-        // Pinned tasks first, then migratable ones (deque, then own injector).
+        // Step 4. Pinned tasks first (FIFO, or by class once the loop has classes), then
+        // migratable ones (deque, then own injector). The stall watchdog and class accounting
+        // need a clock read per poll; with neither armed the path is the plain FIFO.
+        let budget = shared.stall.budget_ns.load(Relaxed);
+        let classes = core.classes_active.get();
+        let timed = budget != 0 || classes;
+        let mut t0 = if timed { Some(Instant::now()) } else { None };
         let mut ran = 0;
         while ran < BATCH {
-            let next = core.queue.borrow_mut().pop_front();
-            if let Some(r) = next {
-                r.run();
-            } else if let Some(m) = steal::next_local(core) {
-                m.metadata().last.store(shared.index, Relaxed);
-                m.run();
+            let (r, lane) = if classes {
+                match crate::class::pick(core) {
+                    Some((r, lane)) => (r, lane),
+                    None => match steal::next_local(core) {
+                        Some(m) => (m, 0),
+                        None => break,
+                    },
+                }
             } else {
-                break;
+                let next = core.queue.borrow_mut().pop_front();
+                match next {
+                    Some(r) => (r, 0),
+                    None => match steal::next_local(core) {
+                        Some(m) => (m, 0),
+                        None => break,
+                    },
+                }
+            };
+            r.metadata().last.store(shared.index, Relaxed);
+            let meta: *const crate::task::TaskMeta = r.metadata();
+            core.current.set(meta);
+            core.poll_started.set(t0);
+            if let Some(start) = t0 {
+                // The metadata is needed after `run`, when the task may be gone: keep a copy
+                // of the info only while the watchdog is armed.
+                let info = (budget != 0).then(|| r.metadata().info.clone());
+                r.run();
+                let now = Instant::now();
+                let cost = now.saturating_duration_since(start);
+                t0 = Some(now);
+                if classes {
+                    crate::class::account(core, lane, cost);
+                }
+                if let Some(info) = info {
+                    let budget = Duration::from_nanos(budget);
+                    if cost > budget {
+                        crate::stall::report(shared, &info, budget, cost);
+                    }
+                }
+            } else {
+                r.run();
             }
+            core.current.set(std::ptr::null());
             ran += 1;
         }
         if ran > 0 {
@@ -169,6 +226,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         publish_counts(core, ran as u64);
         if ran == BATCH
             || !core.queue.borrow().is_empty()
+            || (classes && crate::class::any_queued(core))
             || shared.inbox.is_pending()
             || steal::has_local(core)
             || done()
@@ -324,6 +382,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             }
         }
         steal::drop_local(core);
+        drop(crate::class::drain(core));
         let live = core.registry.borrow().len();
         if live == 0 && (keep_inbox || !shared.inbox.is_pending()) {
             break;

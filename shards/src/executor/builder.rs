@@ -35,6 +35,8 @@ pub struct Builder {
     pub(crate) steal_backoff: bool,
     pub(crate) numa_sensitivity: u8,
     pub(crate) min_tasks_to_steal: usize,
+    pub(crate) preempt: Duration,
+    pub(crate) stall_budget: Duration,
 }
 
 impl Default for Builder {
@@ -53,6 +55,8 @@ impl Default for Builder {
             steal_backoff: false,
             numa_sensitivity: xtc_numa::DEFAULT_NUMA_SENSITIVITY,
             min_tasks_to_steal: 0,
+            preempt: Duration::ZERO,
+            stall_budget: Duration::ZERO,
         }
     }
 }
@@ -135,6 +139,20 @@ impl Builder {
                 expected: "a task count",
             })?;
         }
+        if let Some(v) = var("XTC_PREEMPT") {
+            self.preempt = parse_duration(&v).ok_or_else(|| Error::Env {
+                var: "XTC_PREEMPT",
+                value: v.clone(),
+                expected: "a duration such as 0 (off), 1ms, 500us",
+            })?;
+        }
+        if let Some(v) = var("XTC_STALL_BUDGET") {
+            self.stall_budget = parse_duration(&v).ok_or_else(|| Error::Env {
+                var: "XTC_STALL_BUDGET",
+                value: v.clone(),
+                expected: "a duration such as 0 (off), 10ms",
+            })?;
+        }
         if let Some(v) = var("XTC_SPIN_BEFORE_PARK") {
             self.spin_before_park = parse_duration(&v).ok_or_else(|| Error::Env {
                 var: "XTC_SPIN_BEFORE_PARK",
@@ -213,6 +231,18 @@ impl Builder {
     /// Initial steal threshold (see `Handle::set_min_tasks_to_steal`; default 0).
     pub fn min_tasks_to_steal(mut self, n: usize) -> Builder {
         self.min_tasks_to_steal = n;
+        self
+    }
+
+    /// Initial preemption interval (see `Handle::set_preempt`; default 0, off).
+    pub fn preempt(mut self, interval: Duration) -> Builder {
+        self.preempt = interval;
+        self
+    }
+
+    /// Initial stall budget of every loop (see `Handle::set_stall_budget`; default 0, off).
+    pub fn stall_budget(mut self, budget: Duration) -> Builder {
+        self.stall_budget = budget;
         self
     }
 

@@ -25,6 +25,8 @@ pub(crate) struct Config {
     pub(crate) steal_backoff: bool,
     pub(crate) numa_sensitivity: u8,
     pub(crate) min_tasks_to_steal: usize,
+    pub(crate) preempt: Duration,
+    pub(crate) stall_budget: Duration,
 }
 
 impl Default for Config {
@@ -40,6 +42,8 @@ impl Default for Config {
             steal_backoff: false,
             numa_sensitivity: xtc_numa::DEFAULT_NUMA_SENSITIVITY,
             min_tasks_to_steal: 0,
+            preempt: Duration::ZERO,
+            stall_budget: Duration::ZERO,
         }
     }
 }
@@ -90,6 +94,7 @@ pub(crate) struct ExecShared {
     steal_backoff: AtomicBool,
     numa_sensitivity: AtomicU32,
     min_tasks_to_steal: AtomicU64,
+    preempt_ns: AtomicU64,
 }
 
 impl ExecShared {
@@ -110,6 +115,11 @@ impl ExecShared {
                     })
             })
             .collect::<Result<Vec<_>>>()?;
+        for l in &loops {
+            l.stall
+                .budget_ns
+                .store(duration_ns(config.stall_budget), SeqCst);
+        }
         Ok(ExecShared {
             loops,
             mesh: Mesh::new(n, config.ring_capacity),
@@ -129,6 +139,7 @@ impl ExecShared {
             steal_backoff: AtomicBool::new(config.steal_backoff),
             numa_sensitivity: AtomicU32::new(config.numa_sensitivity as u32),
             min_tasks_to_steal: AtomicU64::new(config.min_tasks_to_steal as u64),
+            preempt_ns: AtomicU64::new(duration_ns(config.preempt)),
         })
     }
 
@@ -239,6 +250,10 @@ impl ExecShared {
     }
 }
 
+fn duration_ns(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
 fn grace_to_ns(g: Option<Duration>) -> u64 {
     g.map_or(GRACE_OFF, |d| (d.as_nanos() as u64).min(GRACE_OFF - 1))
 }
@@ -246,7 +261,7 @@ fn grace_to_ns(g: Option<Duration>) -> u64 {
 /// A thread-per-core executor: one event loop per shard, each on its own pinned OS thread.
 ///
 /// Build it with [`Executor::builder`] (or [`Executor::from_env`]), queue work with
-/// [`spawn_on`](Self::spawn_on), then [`run`](Self::run) it, or run one main future with
+/// [`spawn_on`](Handle::spawn_on), then [`run`](Self::run) it, or run one main future with
 /// [`block_on`](Self::block_on).
 ///
 /// ```no_run
@@ -316,6 +331,8 @@ impl Executor {
                 steal_backoff: b.steal_backoff,
                 numa_sensitivity: b.numa_sensitivity,
                 min_tasks_to_steal: b.min_tasks_to_steal,
+                preempt: b.preempt,
+                stall_budget: b.stall_budget,
             },
         )?;
         tracing::debug!(shards = placement.len(), "xtc executor built");
@@ -345,7 +362,7 @@ impl Executor {
 
     /// Starts one OS thread per shard, each pinned to its CPU, and blocks until the executor is
     /// quiescent (every task done, every timer fired or cancelled, every inbox drained) or
-    /// [`stop`](Self::stop) is called. In service mode it returns only after `stop`.
+    /// [`stop`](Handle::stop) is called. In service mode it returns only after `stop`.
     ///
     /// Returns `Err(Deadlock)` when every loop idles with tasks parked that nothing can wake
     /// (after the deadlock grace period); those tasks are dropped. Work spawned before `run` is
@@ -510,6 +527,18 @@ fn worker(
         return;
     }
     crate::sys::set_timer_slack_ns(1_000);
+    let preempt = Duration::from_nanos(exec.preempt_ns.load(Relaxed));
+    let _preempt_timer = if preempt.is_zero() {
+        None
+    } else {
+        match crate::sys::cputimer::CpuTimer::arm(preempt) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!("xtc: could not arm the preemption timer: {e}");
+                None
+            }
+        }
+    };
     let core = Core::new(ls, exec.clone());
     let Some(_enter) = context::enter(&core) else {
         return;
@@ -649,6 +678,84 @@ impl Handle {
         crate::steal::spawn(&self.shared, home, fut, TaskInfo::here(None))
     }
 
+    /// Creates a scheduling class on loop `shard` (see [`crate::shard::create_class`]).
+    /// `Err(InvalidShard)` out of range, `Err(InvalidArgument)` for bad shares or bound.
+    pub fn create_class(
+        &self,
+        shard: usize,
+        shares: u32,
+        latency: Option<Duration>,
+    ) -> Result<crate::Class> {
+        let l = self.shared.shard(shard)?;
+        let c = crate::class::create(l, shares, latency)?;
+        l.parker.unpark();
+        Ok(c)
+    }
+
+    /// CPU-time preemption: each worker arms a timer on its own thread's CPU time at this
+    /// interval, and a tick makes [`crate::yield_if_due`] yield. Zero disables (the default, or
+    /// `XTC_PREEMPT`). Workers read the setting when `run()` starts them. Cost when on: one
+    /// signal per interval of CPU time per busy worker (idle workers use no CPU time, so their
+    /// timers do not fire); code that never calls `yield_if_due` is unaffected.
+    /// `Err(Unsupported)` where the platform lacks per-thread CPU-time timers (the setting is
+    /// stored anyway).
+    pub fn set_preempt(&self, interval: Duration) -> Result<()> {
+        self.shared
+            .preempt_ns
+            .store(interval.as_nanos().min(u64::MAX as u128) as u64, SeqCst);
+        if cfg!(target_os = "linux") {
+            Ok(())
+        } else {
+            Err(Error::Unsupported(
+                "per-thread CPU-time timers (timer_create with CLOCK_THREAD_CPUTIME_ID)",
+            ))
+        }
+    }
+
+    /// The preemption interval (zero: off).
+    pub fn preempt(&self) -> Duration {
+        Duration::from_nanos(self.shared.preempt_ns.load(Relaxed))
+    }
+
+    /// Arms the stall watchdog on every loop (zero disarms): a task poll that keeps its loop
+    /// longer than `budget` is reported. Cost when armed: one clock read per task poll; when
+    /// not, one branch per poll on a value read once per turn. Takes effect at the next turn.
+    pub fn set_stall_budget(&self, budget: Duration) {
+        for l in &self.shared.loops {
+            l.stall.budget_ns.store(duration_ns(budget), SeqCst);
+        }
+    }
+
+    /// Arms the stall watchdog on loop `shard` only. `Err(InvalidShard)` out of range.
+    pub fn set_loop_stall_budget(&self, shard: usize, budget: Duration) -> Result<()> {
+        self.shared
+            .shard(shard)?
+            .stall
+            .budget_ns
+            .store(duration_ns(budget), SeqCst);
+        Ok(())
+    }
+
+    /// Installs the stall report sink of loop `shard`, called on that loop after the stalling
+    /// poll. Without one, reports go to `tracing::warn!` with a backtrace of the loop.
+    /// `Err(InvalidShard)` out of range.
+    pub fn set_stall_callback<F>(&self, shard: usize, f: F) -> Result<()>
+    where
+        F: Fn(&crate::StallReport) + Send + Sync + 'static,
+    {
+        *lock(&self.shared.shard(shard)?.stall.callback) = Some(Arc::new(f));
+        Ok(())
+    }
+
+    /// Stalls reported on loop `shard` so far (also after `run()` returns); 0 for a shard that
+    /// does not exist.
+    pub fn stall_count(&self, shard: usize) -> u64 {
+        self.shared
+            .loops
+            .get(shard)
+            .map_or(0, |l| l.stall.count.load(Relaxed))
+    }
+
     /// Work stealing on or off. Off, migratable tasks stay where they were queued, like pinned
     /// ones. Default on (`XTC_STEALING`). Cost when on: idle loops scan victims before parking and,
     /// while migratable tasks exist, wake on the idle tick. Takes effect at once, from any thread.
@@ -731,7 +838,7 @@ impl Handle {
     /// Callable from any thread: off the executor's loops the message goes through the target's
     /// inbox (from a loop, prefer [`crate::shard::submit_to`], which uses the ring mesh and its
     /// backpressure). `Err(InvalidShard)` out of range, `Err(Join)` if it panicked there,
-    /// `Err(Stopped)` if the executor stopped first. Cost: as [`spawn_on`](Self::spawn_on)
+    /// `Err(Stopped)` if the executor stopped first. Cost: as [`spawn_on`](Handle::spawn_on)
     /// plus one wake of the awaiting task.
     #[track_caller]
     pub fn submit_to<F, Fut>(

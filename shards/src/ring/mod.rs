@@ -243,6 +243,10 @@ pub(crate) fn drain(core: &Core) -> usize {
     m.rr = (m.rr + 1) % n;
     let mut total = 0;
     let mut unpark = Vec::new();
+    // With classes, tasks go to their lanes after the mesh borrow ends; without, straight to
+    // the FIFO (no allocation on the common path).
+    let classes = core.classes_active.get();
+    let mut got_all = Vec::new();
     {
         let mut q = core.queue.borrow_mut();
         for k in 0..n {
@@ -254,7 +258,11 @@ pub(crate) fn drain(core: &Core) -> usize {
             while got < DRAIN_PER_RING {
                 match c.pop() {
                     Ok(r) => {
-                        q.push_back(r);
+                        if classes {
+                            got_all.push(r);
+                        } else {
+                            q.push_back(r);
+                        }
                         got += 1;
                     }
                     Err(_) => break,
@@ -271,6 +279,9 @@ pub(crate) fn drain(core: &Core) -> usize {
     }
     m.received += total as u64;
     drop(m);
+    for r in got_all {
+        core.enqueue(r);
+    }
     for from in unpark {
         notify(core, from);
     }

@@ -54,23 +54,14 @@ use crate::{
     executor::ExecShared,
     stats::bump,
     sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering::*},
-    task::{JoinHandle, Outcome, TaskInfo},
+    task::{JoinHandle, Outcome, Runnable, TaskInfo, TaskMeta},
 };
-
-/// Metadata of a migratable task: the loop it last ran on (protocol rule 1).
-#[derive(Debug)]
-pub(crate) struct MigrMeta {
-    pub(crate) last: AtomicUsize,
-}
-
-/// A migratable task's runnable.
-pub(crate) type MRunnable = async_task::Runnable<MigrMeta>;
 
 /// Per-loop stealing state other threads touch.
 #[derive(Debug)]
 pub(crate) struct StealShared {
-    pub(crate) stealer: Stealer<MRunnable>,
-    pub(crate) injector: Injector<MRunnable>,
+    pub(crate) stealer: Stealer<Runnable>,
+    pub(crate) injector: Injector<Runnable>,
     /// Tasks thieves took from this loop (written by thieves: an RMW per steal).
     pub(crate) stolen_from: AtomicU64,
 }
@@ -89,7 +80,7 @@ pub(crate) struct Migratable {
     /// Registry shards, by spawning loop (or round-robin slot), to spread the locks.
     registry: Vec<CachePadded<Mutex<Slab<MEntry>>>>,
     /// Loop deques, parked between runs (taken by the loop when it starts).
-    workers: Vec<Mutex<Option<Worker<MRunnable>>>>,
+    workers: Vec<Mutex<Option<Worker<Runnable>>>>,
     /// Round-robin placement counter for `Executor::spawn`.
     pub(crate) next: AtomicUsize,
 }
@@ -120,11 +111,11 @@ impl Migratable {
         )
     }
 
-    pub(crate) fn take_worker(&self, me: usize) -> Option<Worker<MRunnable>> {
+    pub(crate) fn take_worker(&self, me: usize) -> Option<Worker<Runnable>> {
         self.workers.get(me).and_then(|w| lock(w).take())
     }
 
-    pub(crate) fn give_back_worker(&self, me: usize, w: Worker<MRunnable>) {
+    pub(crate) fn give_back_worker(&self, me: usize, w: Worker<Runnable>) {
         if let Some(slot) = self.workers.get(me) {
             *lock(slot) = Some(w);
         }
@@ -237,9 +228,7 @@ where
         key: (shard, key),
     };
     let (runnable, task) = async_task::Builder::new()
-        .metadata(MigrMeta {
-            last: AtomicUsize::new(home),
-        })
+        .metadata(TaskMeta::new(info.clone(), 0, home))
         .spawn(move |_| fut, schedule(weak));
     reg.insert(MEntry {
         waker: runnable.waker(),
@@ -247,12 +236,12 @@ where
     });
     drop(reg);
     runnable.schedule();
-    JoinHandle::new_migratable(task)
+    JoinHandle::new(task)
 }
 
 /// The schedule function of migratable tasks (rule 1).
-fn schedule(exec: Weak<ExecShared>) -> impl Fn(MRunnable) + Send + Sync + 'static {
-    move |r: MRunnable| {
+fn schedule(exec: Weak<ExecShared>) -> impl Fn(Runnable) + Send + Sync + 'static {
+    move |r: Runnable| {
         let Some(r) = push_on_worker(&exec, r) else {
             return;
         };
@@ -270,7 +259,7 @@ fn schedule(exec: Weak<ExecShared>) -> impl Fn(MRunnable) + Send + Sync + 'stati
 }
 
 /// Rule 1: on a worker of `exec`, queue `r` on its deque.
-fn push_on_worker(exec: &Weak<ExecShared>, r: MRunnable) -> Option<MRunnable> {
+fn push_on_worker(exec: &Weak<ExecShared>, r: Runnable) -> Option<Runnable> {
     let mut r = Some(r);
     with_core(|core| {
         if !std::ptr::eq(Arc::as_ptr(&core.exec), exec.as_ptr()) {
@@ -287,7 +276,7 @@ fn push_on_worker(exec: &Weak<ExecShared>, r: MRunnable) -> Option<MRunnable> {
 }
 
 /// The next migratable task of this loop: its deque, then its own injector.
-pub(crate) fn next_local(core: &Core) -> Option<MRunnable> {
+pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
     let d = core.deque.borrow();
     let w = d.as_ref()?;
     if let Some(r) = w.pop() {

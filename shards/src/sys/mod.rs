@@ -1,5 +1,6 @@
 //! Raw system calls, each behind a small safe type.
 
+pub(crate) mod cputimer;
 mod eventfd;
 pub(crate) use eventfd::EventFd;
 

@@ -18,6 +18,7 @@ use crate::Result;
 #[must_use = "the builder must be used to spawn"]
 pub struct Builder {
     name: Option<Arc<str>>,
+    class: Option<crate::Class>,
 }
 
 impl Builder {
@@ -32,6 +33,32 @@ impl Builder {
         self
     }
 
+    /// Spawns into scheduling class `class` (pinned tasks of that class's shard; elsewhere the
+    /// task runs in the default lane). Cost: none beyond the class's own.
+    pub fn class(mut self, class: crate::Class) -> Builder {
+        self.class = Some(class);
+        self
+    }
+
+    fn info(self, here: TaskInfo) -> TaskInfo {
+        let mut info = here;
+        info.name = self.name;
+        if let Some(c) = self.class {
+            let ok = crate::context::with_core(|core| {
+                core.index() == c.shard && core.shared.exec_id == c.exec_id
+            });
+            if ok == Some(true) {
+                info.class = c.id;
+            } else {
+                tracing::warn!(
+                    "task::Builder::class: class of shard {} used elsewhere; spawning in the default lane",
+                    c.shard
+                );
+            }
+        }
+        info
+    }
+
     /// Like [`crate::spawn_local`], with this builder's options.
     ///
     /// # Panics
@@ -42,7 +69,8 @@ impl Builder {
         F: Future + 'static,
         F::Output: 'static,
     {
-        crate::shard::spawn_local_with(fut, TaskInfo::here(self.name))
+        let info = self.info(TaskInfo::here(None));
+        crate::shard::spawn_local_with(fut, info)
     }
 
     /// Like [`crate::spawn`] (a migratable task on the current loop), with this builder's options.

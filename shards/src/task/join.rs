@@ -7,7 +7,8 @@ use std::{
 };
 
 use super::Outcome;
-use crate::{steal::MigrMeta, JoinError};
+use super::TaskMeta;
+use crate::JoinError;
 
 /// Handle to a spawned task: `.await` it for the output.
 ///
@@ -19,48 +20,13 @@ use crate::{steal::MigrMeta, JoinError};
 /// thread, but it is not `Sync`: [`abort`](Self::abort) takes `&self` without a lock.
 /// Cost: awaiting is one poll of the async-task handle; completion wakes the awaiter once.
 pub struct JoinHandle<T> {
-    task: Cell<Option<Inner<T>>>,
-}
-
-/// Pinned and migratable tasks differ in their async-task metadata.
-enum Inner<T> {
-    Pinned(async_task::FallibleTask<Outcome<T>>),
-    Migratable(async_task::FallibleTask<Outcome<T>, MigrMeta>),
-}
-
-impl<T> Inner<T> {
-    fn is_finished(&self) -> bool {
-        match self {
-            Inner::Pinned(t) => t.is_finished(),
-            Inner::Migratable(t) => t.is_finished(),
-        }
-    }
-
-    fn detach(self) {
-        match self {
-            Inner::Pinned(t) => t.detach(),
-            Inner::Migratable(t) => t.detach(),
-        }
-    }
-
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Outcome<T>>> {
-        match self {
-            Inner::Pinned(t) => Pin::new(t).poll(cx),
-            Inner::Migratable(t) => Pin::new(t).poll(cx),
-        }
-    }
+    task: Cell<Option<async_task::FallibleTask<Outcome<T>, TaskMeta>>>,
 }
 
 impl<T> JoinHandle<T> {
-    pub(crate) fn new(task: async_task::Task<Outcome<T>>) -> Self {
+    pub(crate) fn new(task: async_task::Task<Outcome<T>, TaskMeta>) -> Self {
         JoinHandle {
-            task: Cell::new(Some(Inner::Pinned(task.fallible()))),
-        }
-    }
-
-    pub(crate) fn new_migratable(task: async_task::Task<Outcome<T>, MigrMeta>) -> Self {
-        JoinHandle {
-            task: Cell::new(Some(Inner::Migratable(task.fallible()))),
+            task: Cell::new(Some(task.fallible())),
         }
     }
 
@@ -89,7 +55,7 @@ impl<T> Future for JoinHandle<T> {
         let Some(mut task) = self.task.take() else {
             return Poll::Ready(Err(JoinError::cancelled()));
         };
-        match task.poll(cx) {
+        match Pin::new(&mut task).poll(cx) {
             Poll::Pending => {
                 self.task.set(Some(task));
                 Poll::Pending

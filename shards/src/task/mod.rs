@@ -4,12 +4,12 @@
 //! # Task protocol
 //!
 //! 1. **Owner.** Every task has exactly one owning loop, fixed at spawn. Its `schedule` function
-//!    (see [`schedule_on`]) puts the `Runnable` on the owner's local run queue when called on the
+//!    (see `schedule_on`) puts the `Runnable` on the owner's local run queue when called on the
 //!    owner's thread, on the SPSC ring to the owner when called on another loop of the same
 //!    executor (`ring/mod.rs`), and otherwise pushes it into the owner's inbox and unparks the
 //!    owner (`event_loop/park.rs`, rule 2). A `Runnable` is therefore only ever run **or dropped** on its
 //!    owner's thread; this is what makes `spawn_unchecked` with a `!Send` future sound.
-//! 2. **Lazy construction.** `spawn_on(i, f)` spawns a [`TaskFuture`] holding the `Send` closure;
+//! 2. **Lazy construction.** `spawn_on(i, f)` spawns a `TaskFuture` holding the `Send` closure;
 //!    the closure is called on its first poll, on loop `i`, so the future it builds may be `!Send`.
 //!    Until that poll the task owns only the closure, which may be dropped on any thread.
 //! 3. **Registry.** On its first poll a task registers itself in its owner's registry (a slab of
@@ -19,7 +19,7 @@
 //!    one and drops the `Runnable` instead of running it, so every future is dropped on its own
 //!    thread and no task leaks.
 //! 4. **Panics.** The poll of the user's future runs under `catch_unwind`; a panic completes the
-//!    task with the payload, which the [`JoinHandle`] turns into a [`JoinError`].
+//!    task with the payload, which the [`JoinHandle`] turns into a [`JoinError`](crate::JoinError).
 //! 5. **Handles.** Dropping a `JoinHandle` detaches the task; [`JoinHandle::abort`] drops the
 //!    `async-task` handle, which cancels the task: its future is dropped the next time the owner
 //!    would poll it (at once if it is parked: async-task schedules it once more for that).
@@ -43,19 +43,46 @@ use std::{
     task::{Context, Poll},
 };
 
-use crate::event_loop::LoopShared;
+use crate::{
+    event_loop::LoopShared,
+    sync::{AtomicU32, AtomicUsize},
+};
 
 /// What a task's output slot holds: the value, or the panic that ended it.
 pub(crate) type Outcome<T> = Result<T, Box<dyn std::any::Any + Send + 'static>>;
 
 /// The `async-task` runnable type used everywhere in xtc.
-pub(crate) type Runnable = async_task::Runnable<()>;
+pub(crate) type Runnable = async_task::Runnable<TaskMeta>;
+
+/// Per-task metadata, in the async-task header (stable address for the task's life): what the
+/// loop needs to know about a `Runnable` before running it.
+#[derive(Debug)]
+pub(crate) struct TaskMeta {
+    /// Name and spawn site (deadlock and stall reports).
+    pub(crate) info: TaskInfo,
+    /// Scheduling class on the owning loop (`class.rs`); 0 = the default lane.
+    pub(crate) class: AtomicU32,
+    /// Migratable tasks: the loop it last ran on (steal/mod.rs rule 1).
+    pub(crate) last: AtomicUsize,
+}
+
+impl TaskMeta {
+    pub(crate) fn new(info: TaskInfo, class: u32, last: usize) -> TaskMeta {
+        TaskMeta {
+            info,
+            class: AtomicU32::new(class),
+            last: AtomicUsize::new(last),
+        }
+    }
+}
 
 /// Name and spawn site, carried by the future itself (read only on the owner's thread).
 #[derive(Clone, Debug)]
 pub(crate) struct TaskInfo {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) location: &'static Location<'static>,
+    /// Scheduling class lane on the owning loop (0: default).
+    pub(crate) class: u32,
 }
 
 impl TaskInfo {
@@ -64,6 +91,7 @@ impl TaskInfo {
         TaskInfo {
             name,
             location: Location::caller(),
+            class: 0,
         }
     }
 }
@@ -78,7 +106,8 @@ enum Stage<F, Fut> {
 /// (rules 2–4 above) around the user's future.
 pub(crate) struct TaskFuture<F, Fut> {
     stage: Stage<F, Fut>,
-    info: TaskInfo,
+    /// This task's metadata, in its async-task header (set right after the spawn).
+    meta: *const TaskMeta,
     /// Registry key; `NOT_REGISTERED` until the first poll.
     key: usize,
 }
@@ -90,10 +119,10 @@ where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    pub(crate) fn new(make: F, info: TaskInfo) -> Self {
+    pub(crate) fn new(make: F) -> Self {
         TaskFuture {
             stage: Stage::Init(make),
-            info,
+            meta: std::ptr::null(),
             key: NOT_REGISTERED,
         }
     }
@@ -112,9 +141,9 @@ where
         // The other fields are plain data that we move freely.
         let this = unsafe { self.get_unchecked_mut() };
         if this.key == NOT_REGISTERED {
-            // SAFETY: `cx.waker()` is the waker async-task polls this task with; `info` lives in
-            // this pinned future, whose `Drop` unregisters.
-            this.key = unsafe { crate::context::register_task(cx.waker(), &this.info) }
+            // SAFETY: `cx.waker()` is the waker async-task polls this task with; `meta` lives in
+            // its header, and this future's `Drop` unregisters.
+            this.key = unsafe { crate::context::register_task(cx.waker(), this.meta) }
                 .unwrap_or(NOT_REGISTERED);
         }
         if matches!(this.stage, Stage::Init(_)) {
@@ -180,15 +209,27 @@ where
     Fut: Future + 'static,
     Fut::Output: 'static,
 {
-    let fut = TaskFuture::new(make, info);
+    let class = info.class;
+    let fut = TaskFuture::new(make);
+    let index = owner.index;
     // SAFETY: async-task's conditions for `spawn_unchecked`:
     // - The future is `'static`.
     // - It may be `!Send`: by rule 1 its `Runnable` is run and dropped only on the owner's
     //   thread, which is the thread `make` and the future it builds were meant for. Before the
     //   first poll the future holds only `make`; callers on other threads pass a `Send` `make`.
     // - The schedule function is `Send + Sync + 'static`, so wakers may go anywhere.
-    let (runnable, task) =
-        unsafe { async_task::Builder::new().spawn_unchecked(move |_| fut, schedule_on(owner)) };
+    let (runnable, task) = unsafe {
+        async_task::Builder::new()
+            .metadata(TaskMeta::new(info, class, index))
+            .spawn_unchecked(
+                move |meta: &TaskMeta| {
+                    let mut fut = fut;
+                    fut.meta = meta;
+                    fut
+                },
+                schedule_on(owner),
+            )
+    };
     runnable.schedule();
     JoinHandle::new(task)
 }

@@ -1,0 +1,302 @@
+//! Scheduling classes: weighted-fair shares and latency bounds per loop (Glommio's task
+//! queues, `xtc_exec(3)`'s classes).
+//!
+//! With no class created a loop runs its plain FIFO exactly as before: the only cost is one
+//! branch on a loop-local flag where a task is queued and where the next one is picked. Once a
+//! class exists on a loop:
+//!
+//! 1. Every runnable task sits in a lane: its class's, or the implicit default lane (untagged
+//!    tasks, [`DEFAULT_SHARES`]), so background work is never starved by always-ready classes.
+//! 2. Each dispatch picks the non-empty lane with the least virtual runtime; after each poll its
+//!    lane accrues `vruntime += (cost_ns * reciprocal) >> 12` with `reciprocal = (1 << 22) /
+//!    shares` (Glommio's formula), so a class with 3× the shares gets about 3× the CPU.
+//! 3. A lane that becomes runnable after idling starts at no less than the least virtual runtime
+//!    among runnable lanes at the last pick (CFS's `min_vruntime`), so it cannot bank credit
+//!    while idle and then monopolise the loop. (A task re-queued by its own running lane is not
+//!    an idle lane waking up.)
+//! 4. A class with a latency bound makes [`yield_if_due`](crate::yield_if_due) yield once the
+//!    running task has run longer than the smallest bound among runnable latency lanes.
+
+use std::{
+    collections::VecDeque,
+    fmt,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    context::{with_core, Core},
+    event_loop::LoopShared,
+    sync::{lock, AtomicU64, Ordering::Relaxed},
+    task::Runnable,
+    Error, Result,
+};
+
+/// Shares of the implicit default lane (untagged tasks).
+pub const DEFAULT_SHARES: u32 = 100;
+
+/// Telemetry and parameters of one class, shared with its [`Class`] handles.
+#[derive(Debug)]
+pub(crate) struct ClassStats {
+    shares: u32,
+    latency: Option<Duration>,
+    runs: AtomicU64,
+    vruntime: AtomicU64,
+}
+
+/// A scheduling class on one loop: a `Copy` handle for spawning into it and reading its
+/// telemetry from any thread.
+///
+/// A class lives as long as the process (about 64 bytes): create classes once, at start-up,
+/// as Glommio task queues are.
+#[derive(Clone, Copy)]
+pub struct Class {
+    stats: &'static ClassStats,
+    pub(crate) shard: usize,
+    pub(crate) exec_id: u64,
+    /// Lane index on its loop (1-based; 0 is the default lane).
+    pub(crate) id: u32,
+}
+
+impl Class {
+    /// The class's shares (1..=1000).
+    pub fn shares(&self) -> u32 {
+        self.stats.shares
+    }
+
+    /// The class's latency bound, if any.
+    pub fn latency(&self) -> Option<Duration> {
+        self.stats.latency
+    }
+
+    /// Task polls run in this class so far.
+    pub fn runs(&self) -> u64 {
+        self.stats.runs.load(Relaxed)
+    }
+
+    /// Accumulated virtual runtime (scaled nanoseconds, rule 2).
+    pub fn vruntime(&self) -> u64 {
+        self.stats.vruntime.load(Relaxed)
+    }
+
+    /// The shard this class belongs to.
+    pub fn shard(&self) -> usize {
+        self.shard
+    }
+}
+
+impl fmt::Debug for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Class")
+            .field("shard", &self.shard)
+            .field("id", &self.id)
+            .field("shares", &self.shares())
+            .field("latency", &self.latency())
+            .field("runs", &self.runs())
+            .field("vruntime", &self.vruntime())
+            .finish()
+    }
+}
+
+/// Creates a class on `owner` (from any thread).
+pub(crate) fn create(owner: &LoopShared, shares: u32, latency: Option<Duration>) -> Result<Class> {
+    if !(1..=1000).contains(&shares) {
+        return Err(Error::InvalidArgument(format!(
+            "class shares must be 1..=1000, got {shares}"
+        )));
+    }
+    if latency.is_some_and(|l| l.is_zero()) {
+        return Err(Error::InvalidArgument(
+            "a class latency bound must be positive (or None)".into(),
+        ));
+    }
+    let stats: &'static ClassStats = Box::leak(Box::new(ClassStats {
+        shares,
+        latency,
+        runs: AtomicU64::new(0),
+        vruntime: AtomicU64::new(0),
+    }));
+    let mut list = lock(&owner.classes);
+    list.push(stats);
+    owner.class_count.store(list.len(), Relaxed);
+    Ok(Class {
+        stats,
+        shard: owner.index,
+        exec_id: owner.exec_id,
+        id: list.len() as u32,
+    })
+}
+
+struct Lane {
+    queue: VecDeque<Runnable>,
+    vruntime: u64,
+    reciprocal: u64,
+    stats: Option<&'static ClassStats>,
+}
+
+impl Lane {
+    fn new(shares: u32, stats: Option<&'static ClassStats>) -> Lane {
+        Lane {
+            queue: VecDeque::new(),
+            vruntime: 0,
+            reciprocal: (1u64 << 22) / shares as u64,
+            stats,
+        }
+    }
+}
+
+/// The loop-local lanes. Lane 0 is the default lane; its queue is the loop's plain FIFO
+/// (`Core::queue`), so nothing moves when the first class appears.
+pub(crate) struct Lanes {
+    lanes: Vec<Lane>,
+    /// The least virtual runtime among runnable lanes at the last pick (rule 3).
+    clock: u64,
+    /// The lane whose task is being polled: its own re-queue is not an idle lane waking up.
+    running: usize,
+}
+
+impl fmt::Debug for Lanes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lanes")
+            .field("classes", &(self.lanes.len().saturating_sub(1)))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lanes {
+    pub(crate) fn new() -> Lanes {
+        Lanes {
+            lanes: vec![Lane::new(DEFAULT_SHARES, None)],
+            clock: 0,
+            running: usize::MAX,
+        }
+    }
+
+    /// Picks up classes created since the last call (from any thread).
+    pub(crate) fn sync(&mut self, owner: &LoopShared) -> bool {
+        let list = lock(&owner.classes);
+        while self.lanes.len() <= list.len() {
+            let s = list[self.lanes.len() - 1];
+            self.lanes.push(Lane::new(s.shares, Some(s)));
+        }
+        self.lanes.len() > 1
+    }
+}
+
+/// Queues `r` in its lane (rule 1). Only called when the loop has classes.
+pub(crate) fn enqueue(core: &Core, r: Runnable) {
+    let class = r.metadata().class.load(Relaxed) as usize;
+    let mut lanes = core.lanes.borrow_mut();
+    let clock = lanes.clock;
+    let running = lanes.running;
+    let lane = match class {
+        0 => None,
+        c if c < lanes.lanes.len() => Some(c),
+        _ => None,
+    };
+    match lane {
+        None => {
+            drop(lanes);
+            let mut q = core.queue.borrow_mut();
+            if q.is_empty() && running != 0 {
+                let mut lanes = core.lanes.borrow_mut();
+                let l = &mut lanes.lanes[0];
+                l.vruntime = l.vruntime.max(clock);
+            }
+            q.push_back(r);
+        }
+        Some(c) => {
+            let l = &mut lanes.lanes[c];
+            if l.queue.is_empty() && running != c {
+                l.vruntime = l.vruntime.max(clock);
+            }
+            l.queue.push_back(r);
+        }
+    }
+}
+
+/// Rule 2: the next task, from the least-vruntime non-empty lane, and that lane's index.
+pub(crate) fn pick(core: &Core) -> Option<(Runnable, usize)> {
+    let mut lanes = core.lanes.borrow_mut();
+    let default_ready = !core.queue.borrow().is_empty();
+    let mut best: Option<(u64, usize)> = default_ready.then(|| (lanes.lanes[0].vruntime, 0));
+    for (i, l) in lanes.lanes.iter().enumerate().skip(1) {
+        if !l.queue.is_empty() && best.is_none_or(|(v, _)| l.vruntime < v) {
+            best = Some((l.vruntime, i));
+        }
+    }
+    let (v, i) = best?;
+    lanes.clock = v;
+    lanes.running = i;
+    let r = if i == 0 {
+        drop(lanes);
+        core.queue.borrow_mut().pop_front()?
+    } else {
+        lanes.lanes[i].queue.pop_front()?
+    };
+    Some((r, i))
+}
+
+/// Rule 2: charges `cost` to lane `i`.
+pub(crate) fn account(core: &Core, i: usize, cost: Duration) {
+    let mut lanes = core.lanes.borrow_mut();
+    let Some(l) = lanes.lanes.get_mut(i) else {
+        return;
+    };
+    let cost_ns = cost.as_nanos().min(u64::MAX as u128) as u64;
+    l.vruntime = l
+        .vruntime
+        .saturating_add(((cost_ns as u128 * l.reciprocal as u128) >> 12) as u64);
+    let v = l.vruntime;
+    if let Some(s) = l.stats {
+        s.runs.store(s.runs.load(Relaxed) + 1, Relaxed);
+        s.vruntime.store(v, Relaxed);
+    }
+    lanes.running = usize::MAX;
+}
+
+/// Whether any task waits in a class lane (for the continue-or-park decision).
+pub(crate) fn any_queued(core: &Core) -> bool {
+    core.lanes
+        .borrow()
+        .lanes
+        .iter()
+        .skip(1)
+        .any(|l| !l.queue.is_empty())
+}
+
+/// Drops every task queued in class lanes (shutdown), on this thread.
+pub(crate) fn drain(core: &Core) -> Vec<Runnable> {
+    let mut lanes = core.lanes.borrow_mut();
+    lanes
+        .lanes
+        .iter_mut()
+        .skip(1)
+        .flat_map(|l| l.queue.drain(..))
+        .collect()
+}
+
+/// Rule 4: should the running task yield for a waiting latency class?
+pub(crate) fn latency_due(core: &Core) -> bool {
+    if !core.classes_active.get() {
+        return false;
+    }
+    let lanes = core.lanes.borrow();
+    let bound = lanes
+        .lanes
+        .iter()
+        .skip(1)
+        .filter(|l| !l.queue.is_empty())
+        .filter_map(|l| l.stats.and_then(|s| s.latency))
+        .min();
+    match (bound, core.poll_started.get()) {
+        (Some(b), Some(t)) => Instant::now().duration_since(t) >= b,
+        _ => false,
+    }
+}
+
+/// Creates a class on the current loop (see [`crate::shard::create_class`]).
+pub(crate) fn create_here(shares: u32, latency: Option<Duration>) -> Result<Class> {
+    let owner =
+        with_core(|c| c.shared.clone()).ok_or(Error::OffLoop("xtc::shard::create_class"))?;
+    create(&owner, shares, latency)
+}

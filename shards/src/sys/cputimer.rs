@@ -1,0 +1,92 @@
+//! A per-thread CPU-time interval timer (`timer_create(CLOCK_THREAD_CPUTIME_ID)`) that delivers a
+//! signal to its own thread, whose handler only sets a thread-local flag (`preempt.rs`).
+
+use std::{io, sync::Once, time::Duration};
+
+/// The signal the timers use: the second real-time signal glibc leaves to applications.
+fn signal() -> libc::c_int {
+    libc::SIGRTMIN() + 1
+}
+
+thread_local! {
+    /// Set by the signal handler when this thread's CPU-time tick fires.
+    pub(crate) static DUE: std::sync::atomic::AtomicBool =
+        const { std::sync::atomic::AtomicBool::new(false) };
+}
+
+extern "C" fn on_tick(_sig: libc::c_int) {
+    // Async-signal-safe: a const-initialised thread-local without destructor is a plain TLS
+    // access, and a relaxed store is one instruction.
+    DUE.with(|d| d.store(true, std::sync::atomic::Ordering::Relaxed));
+}
+
+fn install_handler() -> io::Result<()> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction is valid (empty mask, no flags); we set the handler to an
+        // `extern "C" fn(c_int)` that is async-signal-safe, with SA_RESTART so interrupted
+        // syscalls of unrelated code restart.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_tick as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(signal(), &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            result = Err(io::Error::last_os_error());
+        }
+    });
+    result
+}
+
+/// An armed CPU-time timer of the calling thread; disarmed and deleted on drop.
+#[derive(Debug)]
+pub(crate) struct CpuTimer {
+    id: libc::timer_t,
+}
+
+impl CpuTimer {
+    /// Arms a timer that fires every `interval` of this thread's CPU time.
+    pub(crate) fn arm(interval: Duration) -> io::Result<CpuTimer> {
+        install_handler()?;
+        // SAFETY: a zeroed sigevent is a valid starting point; we fill the fields Linux reads for
+        // SIGEV_THREAD_ID (signal number, target thread).
+        let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
+        sev.sigev_notify = libc::SIGEV_THREAD_ID;
+        sev.sigev_signo = signal();
+        // SAFETY: gettid has no preconditions.
+        sev.sigev_notify_thread_id = unsafe { libc::gettid() };
+        let mut id: libc::timer_t = std::ptr::null_mut();
+        // SAFETY: `sev` and `id` are live locals; on success the kernel writes the timer id.
+        let rc = unsafe { libc::timer_create(libc::CLOCK_THREAD_CPUTIME_ID, &mut sev, &mut id) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let ts = libc::timespec {
+            tv_sec: interval.as_secs() as libc::time_t,
+            tv_nsec: interval.subsec_nanos() as libc::c_long,
+        };
+        let spec = libc::itimerspec {
+            it_interval: ts,
+            it_value: ts,
+        };
+        // SAFETY: `id` is the timer just created; `spec` is a live local.
+        let rc = unsafe { libc::timer_settime(id, 0, &spec, std::ptr::null_mut()) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: deleting the timer we created.
+            unsafe { libc::timer_delete(id) };
+            return Err(e);
+        }
+        Ok(CpuTimer { id })
+    }
+}
+
+impl Drop for CpuTimer {
+    fn drop(&mut self) {
+        // SAFETY: the timer was created by `arm` and is deleted exactly once.
+        unsafe { libc::timer_delete(self.id) };
+    }
+}

@@ -1,0 +1,273 @@
+//! Scheduling classes, CPU-time preemption and the stall watchdog.
+
+use std::{
+    cell::Cell,
+    rc::Rc,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use xtc_shards::{shard, task, yield_if_due, Error, Executor, LocalExecutor};
+
+fn burn(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// Two always-runnable classes, 300 and 100 shares, equal cost per poll: polls split ~3:1.
+#[test]
+fn shares_split_the_cpu_in_proportion() {
+    let (a, b) = LocalExecutor::new().unwrap().block_on(async {
+        let hi = shard::create_class(300, None).unwrap();
+        let lo = shard::create_class(100, None).unwrap();
+        let stop = Rc::new(Cell::new(false));
+        let spawn_in = |c, stop: Rc<Cell<bool>>| {
+            task::Builder::new().class(c).spawn_local(async move {
+                while !stop.get() {
+                    burn(Duration::from_micros(20));
+                    xtc_shards::yield_now().await;
+                }
+            })
+        };
+        let h1 = spawn_in(hi, stop.clone());
+        let h2 = spawn_in(lo, stop.clone());
+        // Main is untagged (default lane); it checks progress in polls, not time.
+        while hi.runs() + lo.runs() < 4_000 {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
+        stop.set(true);
+        h1.await.unwrap();
+        h2.await.unwrap();
+        assert_eq!(hi.shares(), 300);
+        assert!(hi.vruntime() > 0 && lo.vruntime() > 0);
+        (hi.runs(), lo.runs())
+    });
+    let ratio = a as f64 / b as f64;
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "ratio {ratio:.2} ({a} vs {b})"
+    );
+}
+
+/// An always-runnable 1000-share class does not starve untagged tasks (default lane, 100).
+#[test]
+fn default_lane_is_not_starved() {
+    let (class_runs, default_runs) = LocalExecutor::new().unwrap().block_on(async {
+        let big = shard::create_class(1000, None).unwrap();
+        let stop = Rc::new(Cell::new(false));
+        let s = stop.clone();
+        let h = task::Builder::new().class(big).spawn_local(async move {
+            while !s.get() {
+                burn(Duration::from_micros(20));
+                xtc_shards::yield_now().await;
+            }
+        });
+        let untagged = Rc::new(Cell::new(0u64));
+        let (u, s) = (untagged.clone(), stop.clone());
+        let h2 = xtc_shards::spawn_local(async move {
+            while !s.get() {
+                burn(Duration::from_micros(20));
+                u.set(u.get() + 1);
+                xtc_shards::yield_now().await;
+            }
+        });
+        while big.runs() < 3_000 {
+            xtc_shards::yield_now().await;
+        }
+        stop.set(true);
+        h.await.unwrap();
+        h2.await.unwrap();
+        (big.runs(), untagged.get())
+    });
+    // 1000 : 100 shares, with the main task also in the default lane.
+    assert!(
+        default_runs * 20 >= class_runs,
+        "{default_runs} vs {class_runs}"
+    );
+}
+
+#[test]
+fn invalid_classes_are_rejected() {
+    LocalExecutor::new().unwrap().block_on(async {
+        assert!(matches!(
+            shard::create_class(0, None),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            shard::create_class(1001, None),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(shard::create_class(10, Some(Duration::ZERO)).is_err());
+        let c = shard::create_class(1000, Some(Duration::from_millis(1))).unwrap();
+        assert_eq!(c.latency(), Some(Duration::from_millis(1)));
+        assert_eq!(c.runs(), 0);
+    });
+    assert!(matches!(
+        shard::create_class(10, None),
+        Err(Error::OffLoop(_))
+    ));
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        ex.create_class(5, 10, None),
+        Err(Error::InvalidShard { .. })
+    ));
+    let c = ex.create_class(1, 500, None).unwrap();
+    assert_eq!((c.shard(), c.shares()), (1, 500));
+}
+
+#[test]
+fn set_class_moves_the_running_task() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let c = ex.create_class(1, 200, None).unwrap();
+    let wrong = ex.create_class(0, 200, None).unwrap();
+    ex.spawn_on(1, move || async move {
+        assert!(shard::set_class(wrong).is_err(), "a class of another shard");
+        shard::set_class(c).unwrap();
+        for _ in 0..10 {
+            xtc_shards::yield_now().await;
+        }
+    })
+    .unwrap();
+    ex.run().unwrap();
+    assert!(c.runs() >= 10, "{c:?}");
+    assert!(matches!(shard::set_class(c), Err(Error::OffLoop(_))));
+}
+
+fn yields_in_busy_loop(preempt: Duration) -> u64 {
+    let ex = Executor::builder().shards(1).build().unwrap();
+    ex.set_preempt(preempt).unwrap();
+    assert_eq!(ex.preempt(), preempt);
+    let h = ex
+        .spawn_on(0, || async {
+            let mut yields = 0;
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(80) {
+                burn(Duration::from_micros(50));
+                // Pending on the first poll means it really yielded.
+                let mut f = yield_if_due();
+                if futures::poll!(&mut f).is_pending() {
+                    yields += 1;
+                    f.await;
+                }
+            }
+            yields
+        })
+        .unwrap();
+    ex.run().unwrap();
+    futures::executor::block_on(h).unwrap()
+}
+
+#[test]
+fn preemption_makes_yield_if_due_yield_under_a_busy_loop() {
+    let off = yields_in_busy_loop(Duration::ZERO);
+    let on = yields_in_busy_loop(Duration::from_millis(1));
+    // On: CPU-time ticks (kernel tick granularity, ~4 ms here) make it yield.
+    assert_eq!(off, 0, "no preemption: no yields");
+    assert!(on >= 3, "preempt 1 ms over 80 ms of CPU: {on} yields");
+}
+
+#[test]
+fn yield_if_due_does_not_yield_when_idle() {
+    let ex = Executor::builder()
+        .shards(1)
+        .preempt(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let before = ex.loop_stats(0).unwrap().polls;
+    ex.spawn_on(0, || async {
+        for _ in 0..20 {
+            xtc_shards::time::sleep(Duration::from_millis(2)).await;
+            yield_if_due().await;
+        }
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let polls = ex.loop_stats(0).unwrap().polls - before;
+    // One poll per sleep plus the first; an extra poll would mean a yield. A 1 ms CPU-time
+    // timer cannot fire in the few µs of CPU this task uses.
+    assert!(polls <= 22, "{polls} polls");
+}
+
+#[test]
+fn stall_callback_names_the_task_and_counts() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .stall_budget(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let r = reports.clone();
+    ex.set_stall_callback(1, move |rep| r.lock().unwrap().push(rep.clone()))
+        .unwrap();
+    assert!(ex.set_stall_callback(9, |_| {}).is_err());
+    ex.spawn_on(1, || async {
+        task::Builder::new()
+            .name("blocker")
+            .spawn_local(async {
+                std::thread::sleep(Duration::from_millis(30)); // blocks the loop
+            })
+            .await
+            .unwrap();
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let reps = reports.lock().unwrap().clone();
+    assert_eq!(reps.len(), 1, "{reps:?}");
+    let rep = &reps[0];
+    assert_eq!(rep.shard, 1);
+    assert_eq!(rep.task_name.as_deref(), Some("blocker"));
+    assert!(rep.took >= Duration::from_millis(30) && rep.budget == Duration::from_millis(10));
+    let text = rep.to_string();
+    assert!(
+        text.contains("blocker") && text.contains("class_preempt_stall.rs"),
+        "{text}"
+    );
+    assert_eq!(ex.stall_count(1), 1);
+    assert_eq!(ex.stall_count(0), 0);
+    assert_eq!(ex.stall_count(99), 0);
+}
+
+#[test]
+fn stall_budget_changed_at_run_time_takes_effect() {
+    let ex = Executor::builder().shards(1).build().unwrap();
+    let h = ex.handle();
+    let seen = Arc::new(AtomicU64::new(0));
+    let s = seen.clone();
+    ex.set_stall_callback(0, move |_| {
+        s.fetch_add(1, SeqCst);
+    })
+    .unwrap();
+    let armed = Arc::new(AtomicBool::new(false));
+    let a = armed.clone();
+    ex.spawn_on(0, move || async move {
+        std::thread::sleep(Duration::from_millis(15)); // not armed yet: no report
+        h.set_stall_budget(Duration::from_millis(5));
+        a.store(true, SeqCst);
+        // The budget is read once per loop turn: a sleep ends this one.
+        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        std::thread::sleep(Duration::from_millis(15)); // armed: one report
+        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        h.set_loop_stall_budget(0, Duration::ZERO).unwrap();
+        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        std::thread::sleep(Duration::from_millis(15)); // disarmed again
+    })
+    .unwrap();
+    ex.run().unwrap();
+    assert!(armed.load(SeqCst));
+    assert_eq!(seen.load(SeqCst), 1);
+    assert_eq!(ex.stall_count(0), 1);
+}
