@@ -7,6 +7,7 @@ use std::future::Future;
 
 use crate::{
     context::{self, with_core},
+    event_loop::LoopShared,
     executor::{Handle, StopReason},
     ring,
     task::{self, JoinHandle, TaskInfo},
@@ -43,14 +44,20 @@ where
 {
     let info = TaskInfo::here(None);
     async move {
-        let (exec, me) = with_core(|c| (c.exec.clone(), c.index()))
-            .ok_or(Error::OffLoop("xtc::shard::submit_to"))?;
-        let owner = exec.shard(shard)?.clone();
-        if shard != me {
-            ring::reserve(shard).await;
-        }
+        let owner = reserve_on(shard, "xtc::shard::submit_to").await?;
         join_result(task::spawn_raw(owner, make, info).await)
     }
+}
+
+/// The target loop of a cross-shard call from the current loop, once its ring has space
+/// (ring protocol rule 3; no ring to the caller's own shard).
+async fn reserve_on(shard: usize, what: &'static str) -> Result<std::sync::Arc<LoopShared>> {
+    let (exec, me) = with_core(|c| (c.exec.clone(), c.index())).ok_or(Error::OffLoop(what))?;
+    let owner = exec.shard(shard)?.clone();
+    if shard != me {
+        ring::reserve(shard).await;
+    }
+    Ok(owner)
 }
 
 /// Runs `make` on every shard (the closure is cloned once per shard) and collects the outputs
@@ -95,12 +102,7 @@ where
 {
     let info = TaskInfo::here(None);
     async move {
-        let (exec, me) = with_core(|c| (c.exec.clone(), c.index()))
-            .ok_or(Error::OffLoop("xtc::shard::send_to"))?;
-        let owner = exec.shard(shard)?.clone();
-        if shard != me {
-            ring::reserve(shard).await;
-        }
+        let owner = reserve_on(shard, "xtc::shard::send_to").await?;
         drop(task::spawn_raw(owner, make, info));
         Ok(())
     }

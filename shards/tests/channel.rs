@@ -1,19 +1,14 @@
 //! channel::shared between shards and channel::local within one.
 
+mod common;
+use common::*;
+
 use std::time::Duration;
 
 use xtc_shards::{
     channel::{local, shared, SendError, TryRecvError, TrySendError},
-    shard, Executor, LocalExecutor,
+    shard, LocalExecutor,
 };
-
-fn exec(n: usize) -> Executor {
-    Executor::builder()
-        .shards(n)
-        .oversubscribe(true)
-        .build()
-        .unwrap()
-}
 
 /// A three-stage pipeline 0 → 1 → 2 with tiny channels: every value arrives, in order.
 #[test]

@@ -1,8 +1,9 @@
 //! Scheduling classes, CPU-time preemption and the stall watchdog.
 
+mod common;
+use common::*;
+
 use std::{
-    cell::Cell,
-    rc::Rc,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
         Arc, Mutex,
@@ -11,85 +12,6 @@ use std::{
 };
 
 use xtc_shards::{shard, task, yield_if_due, Error, Executor, LocalExecutor};
-
-fn burn(d: Duration) {
-    let t = Instant::now();
-    while t.elapsed() < d {
-        std::hint::spin_loop();
-    }
-}
-
-/// Two always-runnable classes, 300 and 100 shares, equal cost per poll: polls split ~3:1.
-#[test]
-fn shares_split_the_cpu_in_proportion() {
-    let (a, b) = LocalExecutor::new().unwrap().block_on(async {
-        let hi = shard::create_class(300, None).unwrap();
-        let lo = shard::create_class(100, None).unwrap();
-        let stop = Rc::new(Cell::new(false));
-        let spawn_in = |c, stop: Rc<Cell<bool>>| {
-            task::Builder::new().class(c).spawn_local(async move {
-                while !stop.get() {
-                    burn(Duration::from_micros(20));
-                    xtc_shards::yield_now().await;
-                }
-            })
-        };
-        let h1 = spawn_in(hi, stop.clone());
-        let h2 = spawn_in(lo, stop.clone());
-        // Main is untagged (default lane); it checks progress in polls, not time.
-        while hi.runs() + lo.runs() < 4_000 {
-            xtc_shards::time::sleep(Duration::from_millis(1)).await;
-        }
-        stop.set(true);
-        h1.await.unwrap();
-        h2.await.unwrap();
-        assert_eq!(hi.shares(), 300);
-        assert!(hi.vruntime() > 0 && lo.vruntime() > 0);
-        (hi.runs(), lo.runs())
-    });
-    let ratio = a as f64 / b as f64;
-    assert!(
-        (2.7..=3.3).contains(&ratio),
-        "ratio {ratio:.2} ({a} vs {b})"
-    );
-}
-
-/// An always-runnable 1000-share class does not starve untagged tasks (default lane, 100).
-#[test]
-fn default_lane_is_not_starved() {
-    let (class_runs, default_runs) = LocalExecutor::new().unwrap().block_on(async {
-        let big = shard::create_class(1000, None).unwrap();
-        let stop = Rc::new(Cell::new(false));
-        let s = stop.clone();
-        let h = task::Builder::new().class(big).spawn_local(async move {
-            while !s.get() {
-                burn(Duration::from_micros(20));
-                xtc_shards::yield_now().await;
-            }
-        });
-        let untagged = Rc::new(Cell::new(0u64));
-        let (u, s) = (untagged.clone(), stop.clone());
-        let h2 = xtc_shards::spawn_local(async move {
-            while !s.get() {
-                burn(Duration::from_micros(20));
-                u.set(u.get() + 1);
-                xtc_shards::yield_now().await;
-            }
-        });
-        while big.runs() < 3_000 {
-            xtc_shards::yield_now().await;
-        }
-        stop.set(true);
-        h.await.unwrap();
-        h2.await.unwrap();
-        (big.runs(), untagged.get())
-    });
-    // 1000 : 100 shares, with the main task also in the default lane.
-    assert!(
-        default_runs * 20 >= class_runs,
-        "{default_runs} vs {class_runs}"
-    );
-}
 
 #[test]
 fn invalid_classes_are_rejected() {

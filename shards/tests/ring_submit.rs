@@ -1,5 +1,8 @@
 //! The ring mesh: submit_to / submit_to_all / send_to, backpressure, ordering, stress.
 
+mod common;
+use common::*;
+
 use std::{
     cell::{Cell, RefCell},
     sync::{
@@ -10,14 +13,6 @@ use std::{
 };
 
 use xtc_shards::{shard, Error, Executor, Sharded};
-
-fn exec(n: usize) -> Executor {
-    Executor::builder()
-        .shards(n)
-        .oversubscribe(true)
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn submit_to_self_each_other_shard_and_out_of_range() {

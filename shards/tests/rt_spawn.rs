@@ -1,5 +1,8 @@
 //! spawn_on, run, block_on, shard::id/count, stop, service mode.
 
+mod common;
+use common::*;
+
 use std::{
     cell::Cell,
     rc::Rc,
@@ -11,14 +14,6 @@ use std::{
 };
 
 use xtc_shards::{shard, spawn_local, Error, Executor};
-
-fn exec(n: usize) -> Executor {
-    Executor::builder()
-        .shards(n)
-        .oversubscribe(true)
-        .build()
-        .expect("build executor")
-}
 
 #[test]
 fn spawn_on_before_run_runs_on_that_shard() {

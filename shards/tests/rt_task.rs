@@ -1,5 +1,8 @@
 //! JoinHandle: panics, abort, detach; wakes from plain threads; task names.
 
+mod common;
+use common::*;
+
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
@@ -10,14 +13,6 @@ use std::{
 };
 
 use xtc_shards::{spawn_local, task, Error, Executor, LocalExecutor};
-
-fn exec(n: usize) -> Executor {
-    Executor::builder()
-        .shards(n)
-        .oversubscribe(true)
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn panic_is_contained_and_the_loop_goes_on() {

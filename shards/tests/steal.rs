@@ -1,22 +1,18 @@
 //! Work stealing of migratable tasks: placement, NUMA sensitivity, eager rebalance, knobs.
 
+mod common;
+use common::*;
+
 use std::{
     sync::{
         atomic::{AtomicUsize, Ordering::SeqCst},
         Arc, Mutex,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use xtc_numa::Topology;
 use xtc_shards::{channel::shared, shard, task, Error, Executor};
-
-fn burn(d: Duration) {
-    let t = Instant::now();
-    while t.elapsed() < d {
-        std::hint::spin_loop();
-    }
-}
 
 /// Spawns `n` CPU-bound migratable tasks from a pinned task on shard 0; returns where each ran.
 fn run_unbalanced(ex: &Executor, n: usize, each: Duration) -> Vec<usize> {
