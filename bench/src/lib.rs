@@ -9,11 +9,13 @@
 //!
 //! - [`LatencySummary`]: median, p99 and p99.9 of an [`hdrhistogram::Histogram`], formatted;
 //! - [`cpu_time`] and [`CpuMeter`]: process CPU time (user + system) from `getrusage`;
+//! - [`thread_cpu_time`]: the calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`);
 //! - [`Table`]: an aligned table of results with `xtc/peer` ratio columns;
 //! - [`svg`]: a dependency-free SVG bar-chart writer;
 //! - [`isolated`] and [`pin_current_thread`]: run each runtime on a fresh, optionally pinned,
 //!   thread so thread-locals and panics of one runtime cannot leak into the next;
-//! - [`allowed_cpus`] and [`parse_cpu_pair`]: which CPUs to run on.
+//! - [`allowed_cpus`], [`parse_cpu_pair`] and [`pick_cpu_pair`]: which CPUs to run on;
+//! - [`median`]: the middle of repeated timings.
 
 use std::{
     fmt::Write as _,
@@ -119,6 +121,24 @@ pub fn cpu_time() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// CPU time consumed so far by the calling thread (`CLOCK_THREAD_CPUTIME_ID`), nanosecond
+/// resolution.
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live, writable `timespec`; CLOCK_THREAD_CPUTIME_ID is a valid clock id.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(
+        rc,
+        0,
+        "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed: {}",
+        std::io::Error::last_os_error()
+    );
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// Measures the process CPU time spent over a wall-clock window.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuMeter {
@@ -192,6 +212,46 @@ pub fn parse_cpu_pair(s: &str) -> Result<(usize, usize), String> {
             .map_err(|e| format!("{s:?}: {v:?} is not a CPU number: {e}"))
     };
     Ok((cpu(a)?, cpu(b)?))
+}
+
+/// The two distinct CPUs a two-shard benchmark runs on: `asked` (from `--cpus A,B`) if given,
+/// else the first two of `allowed`; an error that says what to do when there are not two, when
+/// they are the same CPU, or when one is outside a known `allowed` set (an empty set is unknown).
+pub fn pick_cpu_pair(
+    asked: Option<(usize, usize)>,
+    allowed: &[usize],
+) -> Result<(usize, usize), String> {
+    let cpus = match (asked, allowed) {
+        (Some(c), _) => c,
+        (None, [a, b, ..]) => (*a, *b),
+        (None, _) => {
+            return Err(format!(
+                "needs two CPUs, one per shard, but the allowed set is {allowed:?}: \
+                 run it where two CPUs are allowed"
+            ))
+        }
+    };
+    if cpus.0 == cpus.1 {
+        return Err(format!(
+            "--cpus {},{}: the two CPUs must differ",
+            cpus.0, cpus.1
+        ));
+    }
+    let not_allowed = |c: usize| !allowed.is_empty() && !allowed.contains(&c);
+    if not_allowed(cpus.0) || not_allowed(cpus.1) {
+        return Err(format!(
+            "CPUs {},{} are not both in the allowed set {allowed:?}",
+            cpus.0, cpus.1
+        ));
+    }
+    Ok(cpus)
+}
+
+/// The median of `samples` (the upper middle one for an even count); `None` when empty.
+pub fn median(samples: &[Duration]) -> Option<Duration> {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied()
 }
 
 /// Runs `f` on a fresh thread, optionally pinned to `cpu`, and returns its result; a panic comes
@@ -268,6 +328,8 @@ pub enum Better {
     Higher,
     /// Latency- or cost-like: less is better.
     Lower,
+    /// Goal-like: the nearer the reference value (a ratio of 1.00x), the better.
+    Closer,
 }
 
 impl Better {
@@ -276,6 +338,7 @@ impl Better {
         match self {
             Better::Higher => "higher",
             Better::Lower => "lower",
+            Better::Closer => "closer",
         }
     }
 }
@@ -452,6 +515,24 @@ mod tests {
         assert_eq!(parse_cpu_pair(" 3 , 2 "), Ok((3, 2)));
         assert!(parse_cpu_pair("0").is_err());
         assert!(parse_cpu_pair("0,x").is_err());
+    }
+
+    #[test]
+    fn cpu_pair_choice() {
+        assert_eq!(pick_cpu_pair(None, &[2, 5, 7]), Ok((2, 5)));
+        assert_eq!(pick_cpu_pair(Some((7, 2)), &[2, 5, 7]), Ok((7, 2)));
+        assert_eq!(pick_cpu_pair(Some((0, 1)), &[]), Ok((0, 1)));
+        assert!(pick_cpu_pair(None, &[3]).is_err());
+        assert!(pick_cpu_pair(Some((1, 1)), &[0, 1]).is_err());
+        assert!(pick_cpu_pair(Some((0, 9)), &[0, 1]).is_err());
+    }
+
+    #[test]
+    fn medians() {
+        let ms = Duration::from_millis;
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[ms(5), ms(1), ms(3)]), Some(ms(3)));
+        assert_eq!(median(&[ms(4), ms(1), ms(3), ms(2)]), Some(ms(3)));
     }
 
     #[test]

@@ -275,23 +275,43 @@ pub(crate) fn drain(core: &Core) -> Vec<Runnable> {
         .collect()
 }
 
-/// Rule 4: should the running task yield for a waiting latency class?
+/// Rule 4: should the running task yield for a latency class? Yes once it has run past the
+/// smallest bound among the loop's latency classes while a task of one is runnable, or while a
+/// timer is due (a sleeper of a latency class is still in the timer heap until the loop turns;
+/// which class the timer wakes is not known there, so any due timer counts).
 pub(crate) fn latency_due(core: &Core) -> bool {
     if !core.classes_active.get() {
         return false;
     }
+    let Some(started) = core.poll_started.get() else {
+        return false;
+    };
     let lanes = core.lanes.borrow();
-    let bound = lanes
-        .lanes
-        .iter()
-        .skip(1)
-        .filter(|l| !l.queue.is_empty())
-        .filter_map(|l| l.stats.and_then(|s| s.latency))
-        .min();
-    match (bound, core.poll_started.get()) {
-        (Some(b), Some(t)) => Instant::now().duration_since(t) >= b,
-        _ => false,
+    let mut runnable_bound = None;
+    let mut any_bound = None;
+    for l in lanes.lanes.iter().skip(1) {
+        if let Some(b) = l.stats.and_then(|s| s.latency) {
+            any_bound = Some(any_bound.map_or(b, |a: Duration| a.min(b)));
+            if !l.queue.is_empty() {
+                runnable_bound = Some(runnable_bound.map_or(b, |a: Duration| a.min(b)));
+            }
+        }
     }
+    drop(lanes);
+    let Some(any) = any_bound else {
+        return false;
+    };
+    let now = Instant::now();
+    let ran = now.duration_since(started);
+    if runnable_bound.is_some_and(|b| ran >= b) {
+        return true;
+    }
+    ran >= any
+        && core
+            .timers
+            .borrow_mut()
+            .next_deadline()
+            .is_some_and(|d| d <= now)
 }
 
 /// Creates a class on the current loop (see [`crate::shard::create_class`]).

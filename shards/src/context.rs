@@ -81,6 +81,10 @@ pub(crate) struct Core {
     pub(crate) poll_started: Cell<Option<std::time::Instant>>,
     /// Metadata of the task being polled (null between polls).
     pub(crate) current: Cell<*const TaskMeta>,
+    /// Migratable tasks spawned minus finished on this loop this turn (steal::flush_live).
+    pub(crate) migr_delta: Cell<i64>,
+    /// Set by `yield_if_due` when it yields: the batch ends after the current poll.
+    pub(crate) end_batch: Cell<bool>,
 }
 
 /// Something to do once at the end of the loop turn in which it was registered: the batched
@@ -162,6 +166,8 @@ impl Core {
             lanes: RefCell::new(crate::class::Lanes::new()),
             poll_started: Cell::new(None),
             current: Cell::new(ptr::null()),
+            migr_delta: Cell::new(0),
+            end_batch: Cell::new(false),
         }
     }
 
@@ -244,7 +250,11 @@ pub(crate) fn exec() -> Option<Arc<ExecShared>> {
 /// Task protocol rule 1: queue `runnable` locally if this thread is `owner`'s loop, on the ring
 /// to `owner` if it is another loop of the same executor, else hand it back to the caller for
 /// the owner's inbox.
-pub(crate) fn route(owner: &Arc<LoopShared>, runnable: Runnable) -> Option<Runnable> {
+///
+/// `owner` is read before `runnable` is handed on; on the loop paths the current loop's
+/// executor keeps the owner alive, on the foreign path the caller still holds `runnable`.
+pub(crate) fn route(owner: &LoopShared, runnable: Runnable) -> Option<Runnable> {
+    let (owner_ptr, exec_id, index) = (owner as *const LoopShared, owner.exec_id, owner.index);
     CURRENT.with(|c| {
         let p = c.get();
         if p.is_null() {
@@ -252,11 +262,11 @@ pub(crate) fn route(owner: &Arc<LoopShared>, runnable: Runnable) -> Option<Runna
         }
         // SAFETY: as in `with_core`.
         let core = unsafe { &*p };
-        if ptr::eq(Arc::as_ptr(&core.shared), Arc::as_ptr(owner)) {
+        if ptr::eq(Arc::as_ptr(&core.shared), owner_ptr) {
             core.enqueue(runnable);
             None
-        } else if core.shared.exec_id == owner.exec_id {
-            core.mesh.borrow_mut().push(owner.index, runnable);
+        } else if core.shared.exec_id == exec_id {
+            core.mesh.borrow_mut().push(index, runnable);
             None
         } else {
             Some(runnable)

@@ -216,12 +216,16 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             }
             core.current.set(std::ptr::null());
             ran += 1;
+            if core.end_batch.replace(false) {
+                break;
+            }
         }
         if ran > 0 {
             core.empty_ticks.set(0);
         }
         core.run_flushes();
         ring::flush(core);
+        steal::flush_live(core);
         steal::nudge_idle_peer(core);
         publish_counts(core, ran as u64);
         if ran == BATCH
@@ -382,6 +386,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             }
         }
         steal::drop_local(core);
+        steal::flush_live(core);
         drop(crate::class::drain(core));
         let live = core.registry.borrow().len();
         if live == 0 && (keep_inbox || !shared.inbox.is_pending()) {

@@ -43,7 +43,7 @@ pub(crate) struct Snapshot {
     /// Ring messages sent and received, summed over loops.
     ring: (u64, u64),
     /// Live migratable tasks (steal/mod.rs rule 5).
-    migratable: u64,
+    migratable: i64,
 }
 
 impl Snapshot {
@@ -98,7 +98,7 @@ pub(crate) fn check(exec: &ExecShared) -> Verdict {
     if a != b {
         return Verdict::Busy;
     }
-    if a.migratable == 0 && a.all(|k| k == status::EMPTY) {
+    if a.migratable <= 0 && a.all(|k| k == status::EMPTY) {
         Verdict::Quiescent
     } else {
         Verdict::MaybeDeadlocked(a)

@@ -27,7 +27,9 @@
 //!    rebalance on, a loop that queues a migratable task also pings one idle peer at the end of
 //!    its turn.
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
-//!    when the future is dropped) keeps quiescence exact with tasks in flight between loops; a
+//!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
+//!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
+//!    loops: when every loop is idle every delta is flushed and the count is exact. A
 //!    sharded registry (waker, name, spawn site) serves the deadlock report and lets `run()` drop
 //!    every parked migratable task when the executor stops.
 //!
@@ -53,8 +55,8 @@ use crate::{
     context::{with_core, Core},
     executor::ExecShared,
     stats::bump,
-    sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering::*},
-    task::{JoinHandle, Outcome, Runnable, TaskInfo, TaskMeta},
+    sync::{lock, AtomicI64, AtomicU64, AtomicUsize, Mutex, Ordering::*},
+    task::{Home, JoinHandle, Outcome, Runnable, TaskInfo, TaskMeta},
 };
 
 /// Per-loop stealing state other threads touch.
@@ -75,8 +77,9 @@ struct MEntry {
 /// Executor-wide migratable-task state.
 #[derive(Debug)]
 pub(crate) struct Migratable {
-    /// Live migratable tasks (rule 5).
-    pub(crate) live: CachePadded<AtomicU64>,
+    /// Live migratable tasks (rule 5), not counting the unflushed deltas of busy loops
+    /// (which is why it may dip below zero for a moment).
+    pub(crate) live: CachePadded<AtomicI64>,
     /// Registry shards, by spawning loop (or round-robin slot), to spread the locks.
     registry: Vec<CachePadded<Mutex<Slab<MEntry>>>>,
     /// Loop deques, parked between runs (taken by the loop when it starts).
@@ -100,7 +103,7 @@ impl Migratable {
         }
         (
             Migratable {
-                live: CachePadded::new(AtomicU64::new(0)),
+                live: CachePadded::new(AtomicI64::new(0)),
                 registry: (0..n.max(1))
                     .map(|_| CachePadded::new(Mutex::new(Slab::new())))
                     .collect(),
@@ -175,9 +178,15 @@ impl Migratable {
 /// The future of a migratable task: the user's future, panic capture, and registry membership.
 struct MigrFuture<F> {
     fut: F,
-    exec: Weak<ExecShared>,
+    /// This task's metadata in its async-task header (set right after the spawn); async-task
+    /// drops the future before the header, so it is valid in `drop`.
+    meta: *const TaskMeta,
     key: (usize, usize),
 }
+
+// SAFETY: `meta` points into the task's own header, which is `Sync` (`TaskMeta` holds atomics,
+// an `Arc` or `Weak`, and `TaskInfo`); the future moves between threads with its task.
+unsafe impl<F: Send> Send for MigrFuture<F> {}
 
 impl<F: Future> Future for MigrFuture<F> {
     type Output = Outcome<F::Output>;
@@ -195,10 +204,66 @@ impl<F: Future> Future for MigrFuture<F> {
 
 impl<F> Drop for MigrFuture<F> {
     fn drop(&mut self) {
-        if let Some(exec) = self.exec.upgrade() {
-            let entry = lock(&exec.migratable.registry[self.key.0]).try_remove(self.key.1);
-            exec.migratable.live.fetch_sub(1, SeqCst);
+        if self.meta.is_null() {
+            return;
+        }
+        // SAFETY: see the field: the header outlives the future.
+        let meta = unsafe { &*self.meta };
+        let Home::Migratable(weak) = &meta.home else {
+            return;
+        };
+        let key = self.key;
+        // On a loop of its executor (the usual case) no reference count is touched.
+        let done_here = with_core(|core| {
+            if !std::ptr::eq(Weak::as_ptr(weak), Arc::as_ptr(&core.exec)) {
+                return false;
+            }
+            let entry = lock(&core.exec.migratable.registry[key.0]).try_remove(key.1);
             drop(entry);
+            core.migr_delta.set(core.migr_delta.get() - 1);
+            core.tasks_done.set(core.tasks_done.get() + 1);
+            true
+        });
+        if done_here != Some(true) {
+            if let Some(exec) = weak.upgrade() {
+                let entry = lock(&exec.migratable.registry[key.0]).try_remove(key.1);
+                drop(entry);
+                exec.migratable.live.fetch_sub(1, SeqCst);
+            }
+        }
+    }
+}
+
+/// Counts a spawned (+1) or finished (−1) migratable task: batched per loop turn on a worker
+/// (one shared RMW per turn, in [`flush_live`]), directly elsewhere.
+fn live_add(exec: &Arc<ExecShared>, delta: i64) {
+    let local = with_core(|core| {
+        // The spawn that makes the count leave zero is published at once (rule 4), so idle
+        // loops start looking before this turn ends; the rest are batched.
+        let leaving_zero =
+            delta > 0 && exec.migratable.live.load(Relaxed) + core.migr_delta.get() <= 0;
+        if Arc::ptr_eq(&core.exec, exec) && !leaving_zero {
+            core.migr_delta.set(core.migr_delta.get() + delta);
+            true
+        } else {
+            false
+        }
+    });
+    if local != Some(true) && exec.migratable.live.fetch_add(delta, SeqCst) <= 0 && delta > 0 {
+        // Rule 4: idle loops parked without a tick must start looking.
+        exec.unpark_all();
+    }
+}
+
+/// End of a loop turn (before the loop publishes an idle status): publishes this loop's
+/// batched count of spawned minus finished migratable tasks (rule 5).
+pub(crate) fn flush_live(core: &Core) {
+    let delta = core.migr_delta.replace(0);
+    if delta != 0 {
+        let prev = core.exec.migratable.live.fetch_add(delta, SeqCst);
+        if prev <= 0 && prev + delta > 0 {
+            // Rule 4: the count left zero: wake loops parked without a tick.
+            core.exec.unpark_all();
         }
     }
 }
@@ -214,22 +279,26 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    if exec.migratable.live.fetch_add(1, SeqCst) == 0 {
-        // Rule 4: idle loops parked without a tick must start looking.
-        exec.unpark_all();
-    }
+    live_add(exec, 1);
     let shard = home % exec.migratable.registry.len();
     let weak = Arc::downgrade(exec);
     let mut reg = lock(&exec.migratable.registry[shard]);
     let key = reg.vacant_key();
     let fut = MigrFuture {
         fut,
-        exec: weak.clone(),
+        meta: std::ptr::null(),
         key: (shard, key),
     };
     let (runnable, task) = async_task::Builder::new()
-        .metadata(TaskMeta::new(info.clone(), 0, home))
-        .spawn(move |_| fut, schedule(weak));
+        .metadata(TaskMeta::new(info.clone(), 0, home, Home::Migratable(weak)))
+        .spawn(
+            move |meta: &TaskMeta| {
+                let mut fut = fut;
+                fut.meta = meta;
+                fut
+            },
+            crate::task::schedule,
+        );
     reg.insert(MEntry {
         waker: runnable.waker(),
         info,
@@ -240,8 +309,12 @@ where
 }
 
 /// The schedule function of migratable tasks (rule 1).
-fn schedule(exec: Weak<ExecShared>) -> impl Fn(Runnable) + Send + Sync + 'static {
-    move |r: Runnable| {
+pub(crate) fn schedule(r: Runnable) {
+    let Home::Migratable(exec) = &r.metadata().home else {
+        unreachable!("only migratable tasks are scheduled here");
+    };
+    let exec = exec.clone();
+    {
         let Some(r) = push_on_worker(&exec, r) else {
             return;
         };
@@ -305,7 +378,7 @@ pub(crate) fn has_local(core: &Core) -> bool {
 /// this loop's deque, ready for the next turn).
 pub(crate) fn try_steal(core: &Core) -> bool {
     let exec = &*core.exec;
-    if !exec.stealing() || exec.migratable.live.load(Relaxed) == 0 {
+    if !exec.stealing() || exec.migratable.live.load(Relaxed) <= 0 {
         return false;
     }
     let me = core.index();
@@ -367,7 +440,7 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     const MAX_SHIFT: u32 = 5; // 1 ms << 5 = 32 ms, xtc_exec(3)'s cap
     let exec = &*core.exec;
     if !exec.stealing()
-        || exec.migratable.live.load(Relaxed) == 0
+        || exec.migratable.live.load(Relaxed) <= 0
         || exec.victims(core.index()).is_empty()
     {
         return None;

@@ -4,7 +4,7 @@
 //! # Task protocol
 //!
 //! 1. **Owner.** Every task has exactly one owning loop, fixed at spawn. Its `schedule` function
-//!    (see `schedule_on`) puts the `Runnable` on the owner's local run queue when called on the
+//!    (see `schedule`) puts the `Runnable` on the owner's local run queue when called on the
 //!    owner's thread, on the SPSC ring to the owner when called on another loop of the same
 //!    executor (`ring/mod.rs`), and otherwise pushes it into the owner's inbox and unparks the
 //!    owner (`event_loop/park.rs`, rule 2). A `Runnable` is therefore only ever run **or dropped** on its
@@ -64,14 +64,29 @@ pub(crate) struct TaskMeta {
     pub(crate) class: AtomicU32,
     /// Migratable tasks: the loop it last ran on (steal/mod.rs rule 1).
     pub(crate) last: AtomicUsize,
+    /// Where the schedule function sends the task. Kept here rather than captured by the
+    /// schedule closure so that closure is zero-sized: async-task then skips the temporary
+    /// waker (a reference-count increment and decrement) it otherwise takes around every
+    /// schedule call.
+    pub(crate) home: Home,
+}
+
+/// A task's home (see [`schedule`]).
+#[derive(Debug)]
+pub(crate) enum Home {
+    /// Pinned: its owning loop.
+    Pinned(Arc<LoopShared>),
+    /// Migratable: its executor (weak, so parked tasks do not keep a dropped executor alive).
+    Migratable(std::sync::Weak<crate::executor::ExecShared>),
 }
 
 impl TaskMeta {
-    pub(crate) fn new(info: TaskInfo, class: u32, last: usize) -> TaskMeta {
+    pub(crate) fn new(info: TaskInfo, class: u32, last: usize, home: Home) -> TaskMeta {
         TaskMeta {
             info,
             class: AtomicU32::new(class),
             last: AtomicUsize::new(last),
+            home,
         }
     }
 }
@@ -188,12 +203,24 @@ impl<F, Fut> Drop for TaskFuture<F, Fut> {
 }
 
 /// The schedule function of a task owned by `owner` (rule 1).
-pub(crate) fn schedule_on(owner: Arc<LoopShared>) -> impl Fn(Runnable) + Send + Sync + 'static {
-    move |runnable| {
-        if let Some(runnable) = crate::context::route(&owner, runnable) {
-            owner.inbox.push(runnable);
-            owner.parker.unpark();
+pub(crate) fn schedule(runnable: Runnable) {
+    match &runnable.metadata().home {
+        Home::Pinned(owner) => {
+            // SAFETY: the pointer comes from the `Arc` in this task's metadata, alive while we
+            // hold `runnable`; `route` reads what it needs before it hands `runnable` on.
+            let owner_ref = unsafe { &*Arc::as_ptr(owner) };
+            if let Some(runnable) = crate::context::route(owner_ref, runnable) {
+                // Foreign thread: we hold the runnable again, so its metadata is alive; the
+                // clone keeps the loop alive past the push (its task may finish at once).
+                let Home::Pinned(owner) = &runnable.metadata().home else {
+                    unreachable!("a pinned task stays pinned");
+                };
+                let owner = owner.clone();
+                owner.inbox.push(runnable);
+                owner.parker.unpark();
+            }
         }
+        Home::Migratable(_) => crate::steal::schedule(runnable),
     }
 }
 
@@ -220,14 +247,14 @@ where
     // - The schedule function is `Send + Sync + 'static`, so wakers may go anywhere.
     let (runnable, task) = unsafe {
         async_task::Builder::new()
-            .metadata(TaskMeta::new(info, class, index))
+            .metadata(TaskMeta::new(info, class, index, Home::Pinned(owner)))
             .spawn_unchecked(
                 move |meta: &TaskMeta| {
                     let mut fut = fut;
                     fut.meta = meta;
                     fut
                 },
-                schedule_on(owner),
+                schedule,
             )
     };
     runnable.schedule();
