@@ -318,5 +318,16 @@ pub(crate) fn latency_due(core: &Core) -> bool {
 pub(crate) fn create_here(shares: u32, latency: Option<Duration>) -> Result<Class> {
     let owner =
         with_core(|c| c.shared.clone()).ok_or(Error::OffLoop("xtc::shard::create_class"))?;
-    create(&owner, shares, latency)
+    let class = create(&owner, shares, latency)?;
+    // Active at once on this loop, not from its next turn: the creating task may run long.
+    with_core(|c| {
+        c.classes_seen.set(owner.class_count.load(Relaxed));
+        let active = c.lanes.borrow_mut().sync(&owner);
+        c.classes_active.set(active);
+        if c.poll_started.get().is_none() {
+            // This poll began no later than now.
+            c.poll_started.set(Some(Instant::now()));
+        }
+    });
+    Ok(class)
 }
