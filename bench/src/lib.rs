@@ -201,6 +201,15 @@ pub fn allowed_cpus() -> Vec<usize> {
     ids
 }
 
+/// Where a benchmark writes its chart by default: `target/bench-NAME.svg` in the workspace.
+pub fn default_svg(name: &str) -> std::path::PathBuf {
+    // bench/ is one level under the workspace root.
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join(format!("bench-{name}.svg"))
+}
+
 /// Parses a pair of logical CPU ids written `A,B` (spaces allowed), as in `--cpus 0,1`.
 pub fn parse_cpu_pair(s: &str) -> Result<(usize, usize), String> {
     let (a, b) = s

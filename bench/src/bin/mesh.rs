@@ -714,11 +714,7 @@ fn usage() -> &'static str {
 }
 
 fn default_svg() -> PathBuf {
-    // bench/ is one level under the workspace root.
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("target")
-        .join("bench-mesh.svg")
+    xtc_bench::default_svg("mesh")
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -891,34 +887,6 @@ fn steps_of(bench: &str) -> u64 {
     }
 }
 
-/// The two CPUs to use, or why there are none.
-fn pick_cpus(asked: Option<Cpus>, allowed: &[usize]) -> Result<Cpus, String> {
-    let cpus = match (asked, allowed) {
-        (Some(c), _) => c,
-        (None, [a, b, ..]) => (*a, *b),
-        (None, _) => {
-            return Err(format!(
-                "needs two CPUs, one per shard, but the allowed set is {allowed:?}: \
-                 run it where two CPUs are allowed"
-            ))
-        }
-    };
-    if cpus.0 == cpus.1 {
-        return Err(format!(
-            "--cpus {},{}: the two CPUs must differ (this measures crossing between CPUs)",
-            cpus.0, cpus.1
-        ));
-    }
-    let not_allowed = |c: usize| !allowed.is_empty() && !allowed.contains(&c);
-    if not_allowed(cpus.0) || not_allowed(cpus.1) {
-        return Err(format!(
-            "CPUs {},{} are not both in the allowed set {allowed:?}",
-            cpus.0, cpus.1
-        ));
-    }
-    Ok(cpus)
-}
-
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -942,7 +910,7 @@ fn main() -> ExitCode {
         None => BENCHES.to_vec(),
     };
     let allowed = allowed_cpus();
-    let cpus = match pick_cpus(args.cpus, &allowed) {
+    let cpus = match xtc_bench::pick_cpu_pair(args.cpus, &allowed) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mesh: {e}");

@@ -602,11 +602,7 @@ fn usage() -> &'static str {
 }
 
 fn default_svg() -> PathBuf {
-    // bench/ is one level under the workspace root.
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("target")
-        .join("bench-steal.svg")
+    xtc_bench::default_svg("steal")
 }
 
 fn parse_args() -> Result<Args, String> {
