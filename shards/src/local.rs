@@ -56,6 +56,8 @@ impl LocalExecutor {
         event_loop::run(&core, false, &|| main.is_finished());
         event_loop::shutdown(&core, false);
         drop(enter);
+        // Migratable tasks spawned here (`xtc::spawn`) that are still parked: dropped too.
+        crate::executor::drop_migratable(&self.shared);
         match futures_lite::future::block_on(main) {
             Ok(v) => v,
             Err(e) => match e.into_panic() {

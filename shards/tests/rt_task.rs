@@ -268,3 +268,23 @@ fn deadlock_report_can_be_disabled() {
     ex.run().unwrap(); // ended by stop(), not by a report
     t.join().unwrap();
 }
+
+#[test]
+fn local_executor_drops_parked_migratable_tasks() {
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+        }
+    }
+    let dropped = Arc::new(AtomicBool::new(false));
+    let d = dropped.clone();
+    LocalExecutor::new().unwrap().block_on(async move {
+        let _h = xtc_shards::spawn(async move {
+            let _f = Flag(d);
+            std::future::pending::<()>().await;
+        });
+        xtc_shards::yield_now().await;
+    });
+    assert!(dropped.load(SeqCst), "the parked migratable task leaked");
+}

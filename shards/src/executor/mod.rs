@@ -488,7 +488,7 @@ impl Executor {
 
 /// After the loops stopped: drops every migratable task still alive (their futures are `Send`,
 /// so this thread may), so none leaks. At quiescence there are none.
-fn drop_migratable(shared: &ExecShared) {
+pub(crate) fn drop_migratable(shared: &ExecShared) {
     for _ in 0..10_000 {
         if !shared.migratable.any_registered() {
             return;
