@@ -1,5 +1,5 @@
-//! The xtc engine: pinned event loops, tasks, timers and the per-shard API. Users depend on the
-//! `xtc` facade, which re-exports this crate.
+//! The xtc engine: pinned event loops, tasks, timers, the ring mesh, work stealing, scheduling
+//! classes and the per-shard API. Users depend on the `xtc` facade, which re-exports this crate.
 //!
 //! # The picture
 //!
@@ -7,10 +7,12 @@
 //!    Executor (Arc-shared handle; knobs are atomics)
 //!   ┌──────────────┬──────────────┬──────────────┐
 //!   │ loop 0       │ loop 1       │ loop N-1     │  one OS thread each, pinned to a CPU (xtc-numa)
-//!   │ run queue    │ run queue    │              │  pinned tasks, FIFO, !Send allowed
+//!   │ run queue    │ run queue    │              │  pinned tasks, FIFO (or class lanes), !Send allowed
+//!   │ steal deque  │ steal deque  │              │  migratable tasks: crossbeam-deque + injector
 //!   │ timers       │ timers       │              │  binary heap (timer module)
 //!   │ inbox (MPSC) │ inbox (MPSC) │              │  from other threads: spawns, wakes
-//!   └──────────────┴──────────────┴──────────────┘
+//!   └──────┬───────┴──────┬───────┴──────────────┘
+//!          └── SPSC ring mesh: one rtrb ring per ordered pair, N·(N−1) rings ──┘
 //! ```
 //!
 //! Where each concern lives:
@@ -20,6 +22,10 @@
 //!   the inbox (`event_loop/inbox.rs`).
 //! - tasks and their protocol (`task/mod.rs`), on `async-task`.
 //! - the SPSC ring mesh between loops and its protocol (`ring/mod.rs`); [`shard::submit_to`].
+//! - migratable tasks and stealing (`steal/`): [`spawn`], [`Handle::spawn`] and the stealing
+//!   knobs; scheduling classes (`class.rs`): [`shard::create_class`]; preemption
+//!   (`preempt.rs`): [`yield_if_due`]; the stall watchdog (`stall.rs`): [`StallReport`].
+//! - [`channel`]: `shared` (between shards) and `local`.
 //! - [`shard`]: `id()`, `count()`, `spawn_local`, `submit_to`, `stop`; [`Sharded`]: per-shard state;
 //!   [`time`]: `sleep`, `timeout`, `interval`; [`LocalExecutor`]: one loop on this thread.
 //!
@@ -27,10 +33,15 @@
 //!
 //! 1. Shared-nothing by default: a task spawned with [`spawn_local`] or [`Handle::spawn_on`]
 //!    never leaves its loop and may be `!Send` (task protocol rule 1).
+//! 2. Migratable is a type and a choice: only `Send` futures spawned with [`spawn`] /
+//!    [`Handle::spawn`] sit on a steal deque; policy lives in the executor's knobs.
 //! 3. Cross-shard traffic goes through the SPSC mesh; a full ring applies backpressure, nothing
 //!    is dropped or reordered (`ring/mod.rs`).
 //! 4. A sleeping loop is woken exactly when needed (`event_loop/park.rs`, loom-checked).
 //! 5. Wakes are idempotent: async-task collapses concurrent wakes into one schedule.
+//! 6. Knobs are atomics: `set_x` / `x()` on [`Handle`] (and so on [`Executor`]), effective at
+//!    once, each documented with its effect, cost and default.
+//! 7. Off means one branch: with no class and no stall budget the loop's FIFO path is unchanged.
 //! 8. Quiescence is exact and a deadlock is reported (`executor/quiesce.rs`).
 //! 9. Errors are values ([`Error`]); a panicking task is contained ([`JoinError`]).
 //!
