@@ -489,11 +489,16 @@ impl Executor {
 /// After the loops stopped: drops every migratable task still alive (their futures are `Send`,
 /// so this thread may), so none leaks. At quiescence there are none.
 pub(crate) fn drop_migratable(shared: &ExecShared) {
-    for _ in 0..10_000 {
-        if !shared.migratable.any_registered() {
+    if !shared.migratable.any_registered() {
+        return;
+    }
+    // One wake per task is enough: each `Runnable` then surfaces in an injector (this thread
+    // is no worker) or is already in a queue drained below.
+    shared.migratable.wake_all();
+    for round in 0..2_000 {
+        if round > 0 && !shared.migratable.any_registered() {
             return;
         }
-        shared.migratable.wake_all();
         for l in &shared.loops {
             loop {
                 match l.steal.injector.steal() {
@@ -504,7 +509,11 @@ pub(crate) fn drop_migratable(shared: &ExecShared) {
             }
         }
         shared.migratable.drop_parked_queues();
-        thread::yield_now();
+        if round < 10 {
+            thread::yield_now();
+        } else {
+            thread::sleep(Duration::from_millis(1));
+        }
     }
     tracing::warn!("some migratable tasks could not be dropped at stop (a bug in xtc)");
 }
