@@ -71,6 +71,10 @@ impl Side {
             let w = lock(&self.waker).take();
             if let Some(w) = w {
                 w.wake();
+                // The wake of a task on another loop rides the ring mesh, whose pings go out
+                // at the end of the turn; a channel mid-burst wants the peer now, so it can
+                // drain while this side goes on filling.
+                context::with_core(crate::ring::flush);
             }
         }
     }
