@@ -66,7 +66,7 @@
 //! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |
 //! | `XTC_PREEMPT` | duration (`0`, `1ms`) | `0` | CPU-time preemption tick for `yield_if_due` |
 //! | `XTC_STALL_BUDGET` | duration (`0`, `10ms`) | `0` | stall watchdog budget of every loop |
-//! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`) | `0` | how long an idle loop polls before parking: lower cross-shard latency for a full CPU while it spins |
+//! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`) | `20us` | how long a loop that just did work polls before parking: lower cross-shard latency for a full CPU while it spins |
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -91,7 +91,7 @@ mod timer;
 
 pub use class::{Class, DEFAULT_SHARES};
 pub use error::{Error, JoinError, Result};
-pub use executor::{Builder, Executor, Handle, DEFAULT_DEADLOCK_GRACE};
+pub use executor::{Builder, Executor, Handle, DEFAULT_DEADLOCK_GRACE, DEFAULT_SPIN_BEFORE_PARK};
 pub use local::LocalExecutor;
 pub use preempt::{yield_if_due, YieldIfDue};
 pub use ring::DEFAULT_RING_CAPACITY;

@@ -250,7 +250,7 @@ fn ring_capacity_zero_is_an_error() {
 #[test]
 fn spin_before_park_knob() {
     let ex = exec(2);
-    assert_eq!(ex.spin_before_park(), Duration::ZERO);
+    assert_eq!(ex.spin_before_park(), xtc_shards::DEFAULT_SPIN_BEFORE_PARK);
     ex.set_spin_before_park(Duration::from_micros(200));
     assert_eq!(ex.handle().spin_before_park(), Duration::from_micros(200));
     let v = ex

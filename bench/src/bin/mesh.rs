@@ -10,9 +10,10 @@
 //! The runtimes:
 //!
 //! - **xtc**: a 2-shard `Executor` placed on the two CPUs. `rtt`: the main task on shard 0 awaits
-//!   `xtc::shard::submit_to(1, ..)` in a loop, once with the default `spin_before_park` (0: the
-//!   idle target loop parks and is woken by a ping) and once with 50 ms (both loops spin between
-//!   round trips instead of parking). `stream`: `xtc::channel::shared::bounded`, the sender task
+//!   `xtc::shard::submit_to(1, ..)` in a loop, once with `spin_before_park` 0 (the idle target
+//!   loop parks and is woken by a ping) and once with 50 ms (both loops spin between round trips
+//!   instead of parking). `stream`: `xtc::channel::shared::bounded` with the executor's default
+//!   spin-before-park (`xtc::DEFAULT_SPIN_BEFORE_PARK`, 20 µs after a busy turn), the sender task
 //!   spawned on shard 0 and the receiver on shard 1. The loops' ring and wake counters are printed
 //!   under the table: they explain the figures;
 //! - **raw**: the floor. Two pinned threads busy-polling `rtrb` rings (as `c2c` does): a ring
@@ -641,7 +642,7 @@ mod xtc_rt {
 
     /// `xtc::channel::shared::bounded`: sender task on shard 0, receiver task on shard 1.
     pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
-        let exec = executor(cpus, Duration::ZERO)?;
+        let exec = executor(cpus, xtc::DEFAULT_SPIN_BEFORE_PARK)?;
         let (mut tx, mut rx) =
             xtc::channel::shared::bounded::<u64>(STREAM_CAP).map_err(|e| e.to_string())?;
         let msgs = p.stream_msgs;

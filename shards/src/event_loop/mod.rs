@@ -220,7 +220,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 break;
             }
         }
-        if ran > 0 {
+        let worked = ran > 0;
+        if worked {
             core.empty_ticks.set(0);
         }
         core.run_flushes();
@@ -249,8 +250,11 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             shared.status.store(epoch << 2 | status::BUSY, SeqCst);
             continue;
         }
+        // Spin only after a turn that did work: a loop in a conversation with a peer gets the
+        // answer without a wake-up, an idle loop (woken by a tick that found nothing) parks at
+        // once.
         let spin = exec.spin_before_park();
-        if !spin.is_zero() && spin_for_work(core, spin) {
+        if !spin.is_zero() && worked && spin_for_work(core, spin) {
             continue;
         }
         let kind = {

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use builder::{Builder, DEFAULT_DEADLOCK_GRACE};
+pub use builder::{Builder, DEFAULT_DEADLOCK_GRACE, DEFAULT_SPIN_BEFORE_PARK};
 
 /// The resolved settings an `ExecShared` starts from (the public `Builder` stays separate).
 #[derive(Debug, Clone)]
@@ -654,11 +654,12 @@ impl Handle {
         self.shared.deadlock_grace()
     }
 
-    /// How long an idle loop polls its inbox and rings before it parks. A parked loop costs its
-    /// waker a wake-up (about 20–25 µs in a VM, a few µs on bare metal) while a spinning one
-    /// answers in well under a microsecond; the price is a full CPU for `spin` after every
-    /// burst of work, so an executor that idles often burns that much more CPU. Default 0 (park
-    /// at once; or `XTC_SPIN_BEFORE_PARK`). Takes effect at the next idle period, from any thread.
+    /// How long a loop that just did work polls its inbox and rings before it parks. A parked
+    /// loop costs its waker a wake-up (about 20–25 µs in a VM, a few µs on bare metal) while a
+    /// spinning one answers in well under a microsecond; the price is a full CPU for `spin`
+    /// after every burst of work. A loop whose turn ran nothing (an idle tick) parks at once.
+    /// Default [`DEFAULT_SPIN_BEFORE_PARK`] (20 µs; or `XTC_SPIN_BEFORE_PARK`); 0 parks at once.
+    /// Takes effect at the next idle period, from any thread.
     pub fn set_spin_before_park(&self, spin: Duration) {
         self.shared
             .spin_before_park_ns
