@@ -201,6 +201,106 @@ pub fn allowed_cpus() -> Vec<usize> {
     ids
 }
 
+/// Which CPU option a benchmark binary takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuOption {
+    /// `--cpu N`: the CPU single-shard runs are pinned to.
+    One,
+    /// `--cpus A,B`: the two CPUs of a two-shard benchmark.
+    Pair,
+}
+
+/// The command line every benchmark binary shares: `--only B`, `--quick`, `--svg PATH`, and
+/// `--cpu N` or `--cpus A,B`.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    /// Run only this benchmark (one of the binary's names).
+    pub only: Option<&'static str>,
+    /// Ten times fewer iterations.
+    pub quick: bool,
+    /// Where the chart goes.
+    pub svg: std::path::PathBuf,
+    /// `--cpu N`, where taken.
+    pub cpu: Option<usize>,
+    /// `--cpus A,B`, where taken.
+    pub cpus: Option<(usize, usize)>,
+}
+
+impl BenchArgs {
+    /// Parses the process arguments of binary `name`, whose benchmarks are `benches`. On
+    /// `--help` prints `usage` and gives `Err(SUCCESS)`; on a bad argument says why on stderr
+    /// with `usage` and gives `Err(2)`: the caller returns that exit code.
+    pub fn parse(
+        name: &str,
+        benches: &'static [&'static str],
+        cpu_option: CpuOption,
+        usage: &str,
+    ) -> Result<BenchArgs, std::process::ExitCode> {
+        match Self::parse_from(std::env::args().skip(1), name, benches, cpu_option) {
+            Ok(a) => Ok(a),
+            Err(e) if e.is_empty() => {
+                println!("{usage}");
+                Err(std::process::ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                eprintln!("{usage}");
+                Err(std::process::ExitCode::from(2))
+            }
+        }
+    }
+
+    /// [`parse`](Self::parse) on given arguments; `Err("")` means `--help`.
+    pub fn parse_from(
+        args: impl IntoIterator<Item = String>,
+        name: &str,
+        benches: &'static [&'static str],
+        cpu_option: CpuOption,
+    ) -> Result<BenchArgs, String> {
+        let mut out = BenchArgs {
+            only: None,
+            quick: false,
+            svg: default_svg(name),
+            cpu: None,
+            cpus: None,
+        };
+        let mut it = args.into_iter();
+        while let Some(a) = it.next() {
+            match (a.as_str(), cpu_option) {
+                ("--only", _) => {
+                    let v = it.next().ok_or("--only needs a benchmark name")?;
+                    let b = benches
+                        .iter()
+                        .find(|b| **b == v)
+                        .ok_or_else(|| format!("--only {v}: not one of {}", benches.join("|")))?;
+                    out.only = Some(b);
+                }
+                ("--quick", _) => out.quick = true,
+                ("--svg", _) => out.svg = it.next().ok_or("--svg needs a path")?.into(),
+                ("--cpu", CpuOption::One) => {
+                    let v = it.next().ok_or("--cpu needs a CPU number")?;
+                    out.cpu = Some(v.parse().map_err(|e| format!("--cpu {v}: {e}"))?);
+                }
+                ("--cpus", CpuOption::Pair) => {
+                    let v = it.next().ok_or("--cpus needs a value like 0,1")?;
+                    out.cpus = Some(parse_cpu_pair(&v).map_err(|e| format!("--cpus {v}: {e}"))?);
+                }
+                ("-h" | "--help", _) => return Err(String::new()),
+                (other, _) => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The benchmarks to run: `--only`'s, or all of them.
+    pub fn selected(&self, benches: &'static [&'static str]) -> Vec<&'static str> {
+        match self.only {
+            Some(b) => vec![b],
+            None => benches.to_vec(),
+        }
+    }
+}
+
 /// Where a benchmark writes its chart by default: `target/bench-NAME.svg` in the workspace.
 pub fn default_svg(name: &str) -> std::path::PathBuf {
     // bench/ is one level under the workspace root.
@@ -573,5 +673,43 @@ mod tests {
         let u = m.stop();
         assert!(u.wall > Duration::ZERO);
         assert!(u.percent_of_one_cpu() >= 0.0);
+    }
+}
+
+#[cfg(test)]
+mod args_tests {
+    use super::*;
+
+    fn parse(args: &[&str], opt: CpuOption) -> Result<BenchArgs, String> {
+        BenchArgs::parse_from(args.iter().map(|s| s.to_string()), "t", &["a", "b"], opt)
+    }
+
+    #[test]
+    fn common_options() {
+        let a = parse(
+            &["--only", "b", "--quick", "--cpus", "0,1"],
+            CpuOption::Pair,
+        )
+        .unwrap();
+        assert_eq!(a.only, Some("b"));
+        assert!(a.quick);
+        assert_eq!(a.cpus, Some((0, 1)));
+        assert_eq!(a.selected(&["a", "b"]), vec!["b"]);
+        assert!(a.svg.ends_with("bench-t.svg"));
+        assert_eq!(
+            parse(&[], CpuOption::One).unwrap().selected(&["a", "b"]),
+            vec!["a", "b"]
+        );
+    }
+
+    #[test]
+    fn bad_options() {
+        assert!(parse(&["--only", "c"], CpuOption::One).is_err());
+        assert!(
+            parse(&["--cpus", "0,1"], CpuOption::One).is_err(),
+            "not taken here"
+        );
+        assert!(parse(&["--cpu", "x"], CpuOption::One).is_err());
+        assert_eq!(parse(&["--help"], CpuOption::One).unwrap_err(), "");
     }
 }

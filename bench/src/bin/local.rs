@@ -32,7 +32,6 @@
 
 use std::{
     future::Future,
-    path::PathBuf,
     pin::Pin,
     process::ExitCode,
     task::{Context, Poll},
@@ -96,55 +95,12 @@ impl Params {
     }
 }
 
-#[derive(Debug)]
-struct Args {
-    only: Option<&'static str>,
-    quick: bool,
-    svg: PathBuf,
-    cpu: Option<usize>,
-}
-
 fn usage() -> &'static str {
     "usage: local [--only spawn|yield|sleep|idle] [--quick] [--svg PATH] [--cpu N]\n\
      \n  --only B     run one benchmark\
      \n  --quick      ten times fewer iterations (smoke run)\
      \n  --svg PATH   where to write the bar chart (default: <workspace>/target/bench-local.svg)\
      \n  --cpu N      CPU to pin the single-shard runs to (default: the first allowed one)"
-}
-
-fn default_svg() -> PathBuf {
-    xtc_bench::default_svg("local")
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        only: None,
-        quick: false,
-        svg: default_svg(),
-        cpu: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--only" => {
-                let v = it.next().ok_or("--only needs a benchmark name")?;
-                let b = BENCHES
-                    .iter()
-                    .find(|b| **b == v)
-                    .ok_or_else(|| format!("--only {v}: not one of {}", BENCHES.join("|")))?;
-                args.only = Some(b);
-            }
-            "--quick" => args.quick = true,
-            "--svg" => args.svg = it.next().ok_or("--svg needs a path")?.into(),
-            "--cpu" => {
-                let v = it.next().ok_or("--cpu needs a CPU number")?;
-                args.cpu = Some(v.parse().map_err(|e| format!("--cpu {v}: {e}"))?);
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(args)
 }
 
 /// A future that wakes itself and returns `Pending` exactly once: an unconditional yield to the
@@ -808,27 +764,17 @@ fn rows_of(bench: &str, p: Params) -> Vec<(String, &'static str, Better)> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            if e.is_empty() {
-                println!("{}", usage());
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("local: {e}");
-            eprintln!("{}", usage());
-            return ExitCode::from(2);
-        }
-    };
+    let args =
+        match xtc_bench::BenchArgs::parse("local", &BENCHES, xtc_bench::CpuOption::One, usage()) {
+            Ok(a) => a,
+            Err(code) => return code,
+        };
     let p = if args.quick {
         Params::quick()
     } else {
         Params::full()
     };
-    let benches: Vec<&str> = match args.only {
-        Some(b) => vec![b],
-        None => BENCHES.to_vec(),
-    };
+    let benches = args.selected(&BENCHES);
     let allowed = allowed_cpus();
     let cpu = args.cpu.or_else(|| allowed.first().copied());
     if let Some(c) = cpu.filter(|c| !allowed.is_empty() && !allowed.contains(c)) {

@@ -35,12 +35,12 @@
 //! mesh [--only rtt|stream] [--quick] [--svg PATH] [--cpus A,B]
 //! ```
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{process::ExitCode, time::Duration};
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use xtc_bench::{
-    allowed_cpus, isolated, parse_cpu_pair,
+    allowed_cpus, isolated,
     svg::{Chart, Panel},
     Better, LatencySummary, Row, Table,
 };
@@ -698,55 +698,12 @@ mod xtc_rt {
     }
 }
 
-#[derive(Debug)]
-struct Args {
-    only: Option<&'static str>,
-    quick: bool,
-    svg: PathBuf,
-    cpus: Option<Cpus>,
-}
-
 fn usage() -> &'static str {
     "usage: mesh [--only rtt|stream] [--quick] [--svg PATH] [--cpus A,B]\n\
      \n  --only B     run one benchmark\
      \n  --quick      ten times fewer iterations (smoke run)\
      \n  --svg PATH   where to write the bar chart (default: <workspace>/target/bench-mesh.svg)\
      \n  --cpus A,B   the two CPUs: sender on A, receiver on B (default: the first two allowed)"
-}
-
-fn default_svg() -> PathBuf {
-    xtc_bench::default_svg("mesh")
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        only: None,
-        quick: false,
-        svg: default_svg(),
-        cpus: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--only" => {
-                let v = it.next().ok_or("--only needs a benchmark name")?;
-                let b = BENCHES
-                    .iter()
-                    .find(|b| **b == v)
-                    .ok_or_else(|| format!("--only {v}: not one of {}", BENCHES.join("|")))?;
-                args.only = Some(b);
-            }
-            "--quick" => args.quick = true,
-            "--svg" => args.svg = it.next().ok_or("--svg needs a path")?.into(),
-            "--cpus" => {
-                let v = it.next().ok_or("--cpus needs a value like 0,1")?;
-                args.cpus = Some(parse_cpu_pair(&v).map_err(|e| format!("--cpus {v}: {e}"))?);
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(args)
 }
 
 /// The table rows of one benchmark, and the notes its runs left.
@@ -889,27 +846,17 @@ fn steps_of(bench: &str) -> u64 {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            if e.is_empty() {
-                println!("{}", usage());
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("mesh: {e}");
-            eprintln!("{}", usage());
-            return ExitCode::from(2);
-        }
-    };
+    let args =
+        match xtc_bench::BenchArgs::parse("mesh", &BENCHES, xtc_bench::CpuOption::Pair, usage()) {
+            Ok(a) => a,
+            Err(code) => return code,
+        };
     let p = if args.quick {
         Params::quick()
     } else {
         Params::full()
     };
-    let benches: Vec<&str> = match args.only {
-        Some(b) => vec![b],
-        None => BENCHES.to_vec(),
-    };
+    let benches = args.selected(&BENCHES);
     let allowed = allowed_cpus();
     let cpus = match xtc_bench::pick_cpu_pair(args.cpus, &allowed) {
         Ok(c) => c,

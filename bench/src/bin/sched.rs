@@ -20,7 +20,6 @@
 //! ```
 
 use std::{
-    path::PathBuf,
     process::ExitCode,
     time::{Duration, Instant},
 };
@@ -95,55 +94,12 @@ impl Params {
     }
 }
 
-#[derive(Debug)]
-struct Args {
-    only: Option<&'static str>,
-    quick: bool,
-    svg: PathBuf,
-    cpu: Option<usize>,
-}
-
 fn usage() -> &'static str {
     "usage: sched [--only shares|preempt|overhead] [--quick] [--svg PATH] [--cpu N]\n\
      \n  --only B     run one benchmark\
      \n  --quick      shorter windows, ten times fewer iterations (smoke run)\
      \n  --svg PATH   where to write the bar chart (default: <workspace>/target/bench-sched.svg)\
      \n  --cpu N      CPU to pin the LocalExecutor runs to (default: the first allowed one)"
-}
-
-fn default_svg() -> PathBuf {
-    xtc_bench::default_svg("sched")
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        only: None,
-        quick: false,
-        svg: default_svg(),
-        cpu: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--only" => {
-                let v = it.next().ok_or("--only needs a benchmark name")?;
-                let b = BENCHES
-                    .iter()
-                    .find(|b| **b == v)
-                    .ok_or_else(|| format!("--only {v}: not one of {}", BENCHES.join("|")))?;
-                args.only = Some(b);
-            }
-            "--quick" => args.quick = true,
-            "--svg" => args.svg = it.next().ok_or("--svg needs a path")?.into(),
-            "--cpu" => {
-                let v = it.next().ok_or("--cpu needs a CPU number")?;
-                args.cpu = Some(v.parse().map_err(|e| format!("--cpu {v}: {e}"))?);
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(args)
 }
 
 /// Spins (CPU work, no syscall) for `d` of wall time.
@@ -955,27 +911,17 @@ fn run_overhead(p: Params, cpu: Option<usize>, r: &mut Report) {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            if e.is_empty() {
-                println!("{}", usage());
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("sched: {e}");
-            eprintln!("{}", usage());
-            return ExitCode::from(2);
-        }
-    };
+    let args =
+        match xtc_bench::BenchArgs::parse("sched", &BENCHES, xtc_bench::CpuOption::One, usage()) {
+            Ok(a) => a,
+            Err(code) => return code,
+        };
     let p = if args.quick {
         Params::quick()
     } else {
         Params::full()
     };
-    let benches: Vec<&str> = match args.only {
-        Some(b) => vec![b],
-        None => BENCHES.to_vec(),
-    };
+    let benches = args.selected(&BENCHES);
     let allowed = allowed_cpus();
     let cpu = args.cpu.or_else(|| allowed.first().copied());
     if let Some(c) = cpu.filter(|c| !allowed.is_empty() && !allowed.contains(c)) {
