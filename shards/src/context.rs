@@ -278,7 +278,7 @@ pub(crate) fn route(owner: &LoopShared, runnable: Runnable) -> Option<Runnable> 
 ///
 /// # Safety
 /// `waker` must be the waker of the task being polled, and `meta` must point to that task's
-/// metadata; its future must call [`unregister_task`] when it is dropped.
+/// metadata; its future must call [`task_dropped`] with the key when it is dropped.
 pub(crate) unsafe fn register_task(waker: &Waker, meta: *const TaskMeta) -> Option<usize> {
     with_core(|core| {
         core.registry.borrow_mut().insert(Entry {
@@ -288,10 +288,10 @@ pub(crate) unsafe fn register_task(waker: &Waker, meta: *const TaskMeta) -> Opti
     })
 }
 
-/// Task protocol rule 3: the task's future was dropped.
-pub(crate) fn unregister_task(key: usize) {
+/// Task protocol rule 3: the task's future was dropped (with its registry key, if it had one).
+pub(crate) fn task_dropped(key: Option<usize>) {
     with_core(|core| {
-        let entry = core.registry.borrow_mut().try_remove(key);
+        let entry = key.and_then(|k| core.registry.borrow_mut().try_remove(k));
         core.tasks_done.set(core.tasks_done.get() + 1);
         drop(entry);
     });

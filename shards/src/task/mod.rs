@@ -12,9 +12,11 @@
 //! 2. **Lazy construction.** `spawn_on(i, f)` spawns a `TaskFuture` holding the `Send` closure;
 //!    the closure is called on its first poll, on loop `i`, so the future it builds may be `!Send`.
 //!    Until that poll the task owns only the closure, which may be dropped on any thread.
-//! 3. **Registry.** On its first poll a task registers itself in its owner's registry (a slab of
-//!    waker + name + spawn location) and removes itself when its future is dropped, which rule 1
-//!    puts on the owner's thread. The registry is the owner's live-task count (quiescence), the
+//! 3. **Registry.** The first time a task's poll returns `Pending` it registers itself in its
+//!    owner's registry (a slab of waker + metadata pointer) and it removes itself when its future
+//!    is dropped, which rule 1 puts on the owner's thread. A task that is runnable or running is
+//!    in a queue or on the CPU, never unaccounted; one that finishes in its first poll never
+//!    touches the registry. The registry is the owner's live-task count (quiescence), the
 //!    list the deadlock report prints, and how a stopping loop reaches parked tasks: it wakes each
 //!    one and drops the `Runnable` instead of running it, so every future is dropped on its own
 //!    thread and no task leaks.
@@ -155,12 +157,6 @@ where
         // only polled through a re-pinned reference and dropped in place (by assignment below).
         // The other fields are plain data that we move freely.
         let this = unsafe { self.get_unchecked_mut() };
-        if this.key == NOT_REGISTERED {
-            // SAFETY: `cx.waker()` is the waker async-task polls this task with; `meta` lives in
-            // its header, and this future's `Drop` unregisters.
-            this.key = unsafe { crate::context::register_task(cx.waker(), this.meta) }
-                .unwrap_or(NOT_REGISTERED);
-        }
         if matches!(this.stage, Stage::Init(_)) {
             let Stage::Init(make) = std::mem::replace(&mut this.stage, Stage::Done) else {
                 unreachable!("checked just above");
@@ -177,7 +173,17 @@ where
         // SAFETY: see above: `fut` lives inside the pinned `TaskFuture` and is not moved.
         let fut = unsafe { Pin::new_unchecked(fut) };
         match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Pending) => {
+                // Rule 3: a task joins the registry the first time it parks; one that finishes
+                // in its first poll never touches it.
+                if this.key == NOT_REGISTERED {
+                    // SAFETY: `cx.waker()` is the waker async-task polls this task with;
+                    // `meta` lives in its header, and this future's `Drop` unregisters.
+                    this.key = unsafe { crate::context::register_task(cx.waker(), this.meta) }
+                        .unwrap_or(NOT_REGISTERED);
+                }
+                Poll::Pending
+            }
             Ok(Poll::Ready(v)) => {
                 // Drop the user's future now, on the owner, rather than when the task is freed.
                 this.stage = Stage::Done;
@@ -196,9 +202,7 @@ impl<F, Fut> Drop for TaskFuture<F, Fut> {
         // Drop the user's future before leaving the registry, so wakes it fires while dropping
         // still find a live loop (rule 3).
         self.stage = Stage::Done;
-        if self.key != NOT_REGISTERED {
-            crate::context::unregister_task(self.key);
-        }
+        crate::context::task_dropped((self.key != NOT_REGISTERED).then_some(self.key));
     }
 }
 
