@@ -172,25 +172,22 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let mut t0 = if timed { Some(Instant::now()) } else { None };
         let mut ran = 0;
         while ran < BATCH {
-            let (r, lane) = if classes {
-                match crate::class::pick(core) {
-                    Some((r, lane)) => (r, lane),
-                    None => match steal::next_local(core) {
-                        Some(m) => (m, 0),
-                        None => break,
-                    },
-                }
+            let pinned = if classes {
+                crate::class::pick(core)
             } else {
-                let next = core.queue.borrow_mut().pop_front();
-                match next {
-                    Some(r) => (r, 0),
-                    None => match steal::next_local(core) {
-                        Some(m) => (m, 0),
-                        None => break,
-                    },
-                }
+                core.queue.borrow_mut().pop_front().map(|r| (r, 0))
             };
-            r.metadata().last.store(shared.index, Relaxed);
+            let (r, lane) = match pinned {
+                Some(next) => next,
+                None => match steal::next_local(core) {
+                    Some(m) => {
+                        // Steal protocol rule 1: where a migratable task last ran.
+                        m.metadata().last.store(shared.index, Relaxed);
+                        (m, 0)
+                    }
+                    None => break,
+                },
+            };
             let meta: *const crate::task::TaskMeta = r.metadata();
             core.current.set(meta);
             core.poll_started.set(t0);
