@@ -483,6 +483,24 @@ pub struct Table {
 }
 
 impl Table {
+    /// One chart panel per row, a bar per column (runtime).
+    pub fn panels(&self) -> Vec<svg::Panel> {
+        self.rows
+            .iter()
+            .map(|row| svg::Panel {
+                title: row.name.clone(),
+                unit: row.unit.clone(),
+                better: row.better,
+                bars: self
+                    .columns
+                    .iter()
+                    .zip(&row.values)
+                    .map(|(n, v)| (n.clone(), v.as_ref().ok().copied()))
+                    .collect(),
+            })
+            .collect()
+    }
+
     /// An empty table with the given runtime columns; ratios are `columns[base] / columns[i]`
     /// for each `i` in `ratios_vs`.
     pub fn new(columns: Vec<String>, base: usize, ratios_vs: Vec<usize>) -> Self {

@@ -77,6 +77,22 @@ impl Chart {
         s
     }
 
+    /// Writes the chart to `path` and says where on stdout (or why not on stderr, as binary
+    /// `bin`); the exit code a benchmark binary ends with.
+    pub fn write_and_report(&self, bin: &str, path: &Path) -> std::process::ExitCode {
+        match self.write(path) {
+            Ok(()) => {
+                let shown = std::fs::canonicalize(path).unwrap_or(path.to_path_buf());
+                println!("  chart written to {}", shown.display());
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{bin}: could not write {}: {e}", path.display());
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+
     /// Writes [`Chart::render`] to `path`, creating its parent directory if needed.
     pub fn write(&self, path: &Path) -> io::Result<()> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -40,11 +40,7 @@ use std::{
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use xtc_bench::{
-    allowed_cpus, isolated,
-    svg::{Chart, Panel},
-    Better, CpuUsage, LatencySummary, Row, Table,
-};
+use xtc_bench::{allowed_cpus, isolated, svg::Chart, Better, CpuUsage, LatencySummary, Row, Table};
 
 /// The runtimes, in column order. xtc first: its ratios are printed.
 const RUNTIMES: [&str; 5] = ["xtc", "raw", "tokio", "glommio", "monoio"];
@@ -845,30 +841,7 @@ fn main() -> ExitCode {
             if args.quick { "quick" } else { "full" },
             cpu.map_or("none".to_string(), |c| c.to_string())
         ),
-        panels: table
-            .rows
-            .iter()
-            .map(|row| Panel {
-                title: row.name.clone(),
-                unit: row.unit.clone(),
-                better: row.better,
-                bars: RUNTIMES
-                    .iter()
-                    .zip(&row.values)
-                    .map(|(n, v)| (n.to_string(), v.as_ref().ok().copied()))
-                    .collect(),
-            })
-            .collect(),
+        panels: table.panels(),
     };
-    match chart.write(&args.svg) {
-        Ok(()) => {
-            let shown = std::fs::canonicalize(&args.svg).unwrap_or(args.svg.clone());
-            println!("  chart written to {}", shown.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("local: could not write {}: {e}", args.svg.display());
-            ExitCode::FAILURE
-        }
-    }
+    chart.write_and_report("local", &args.svg)
 }

@@ -39,11 +39,7 @@ use std::{process::ExitCode, time::Duration};
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use xtc_bench::{
-    allowed_cpus, isolated,
-    svg::{Chart, Panel},
-    Better, LatencySummary, Row, Table,
-};
+use xtc_bench::{allowed_cpus, isolated, svg::Chart, Better, LatencySummary, Row, Table};
 
 /// The runtimes, in column order. xtc first: its ratios are printed.
 const RUNTIMES: [&str; 5] = ["xtc", "raw", "tokio", "glommio", "monoio"];
@@ -932,30 +928,7 @@ fn main() -> ExitCode {
             cpus.0,
             cpus.1
         ),
-        panels: table
-            .rows
-            .iter()
-            .map(|row| Panel {
-                title: row.name.clone(),
-                unit: row.unit.clone(),
-                better: row.better,
-                bars: RUNTIMES
-                    .iter()
-                    .zip(&row.values)
-                    .map(|(n, v)| (n.to_string(), v.as_ref().ok().copied()))
-                    .collect(),
-            })
-            .collect(),
+        panels: table.panels(),
     };
-    match chart.write(&args.svg) {
-        Ok(()) => {
-            let shown = std::fs::canonicalize(&args.svg).unwrap_or(args.svg.clone());
-            println!("  chart written to {}", shown.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("mesh: could not write {}: {e}", args.svg.display());
-            ExitCode::FAILURE
-        }
-    }
+    chart.write_and_report("mesh", &args.svg)
 }

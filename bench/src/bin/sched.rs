@@ -997,15 +997,5 @@ fn main() -> ExitCode {
             })
             .collect(),
     };
-    match chart.write(&args.svg) {
-        Ok(()) => {
-            let shown = std::fs::canonicalize(&args.svg).unwrap_or(args.svg.clone());
-            println!("  chart written to {}", shown.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("sched: could not write {}: {e}", args.svg.display());
-            ExitCode::FAILURE
-        }
-    }
+    chart.write_and_report("sched", &args.svg)
 }

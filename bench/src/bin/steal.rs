@@ -41,11 +41,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use xtc_bench::{
-    allowed_cpus, isolated, pick_cpu_pair,
-    svg::{Chart, Panel},
-    Better, CpuUsage, Row, Table,
-};
+use xtc_bench::{allowed_cpus, isolated, pick_cpu_pair, svg::Chart, Better, CpuUsage, Row, Table};
 
 /// The benchmarks, in run order.
 const BENCHES: [&str; 3] = ["fib", "unbalanced", "idle-steal"];
@@ -875,33 +871,7 @@ fn main() -> ExitCode {
             cpus.0,
             cpus.1
         ),
-        panels: filled
-            .iter()
-            .flat_map(|f| {
-                f.table.rows.iter().map(|row| Panel {
-                    title: row.name.clone(),
-                    unit: row.unit.clone(),
-                    better: row.better,
-                    bars: f
-                        .table
-                        .columns
-                        .iter()
-                        .zip(&row.values)
-                        .map(|(n, v)| (n.clone(), v.as_ref().ok().copied()))
-                        .collect(),
-                })
-            })
-            .collect(),
+        panels: filled.iter().flat_map(|f| f.table.panels()).collect(),
     };
-    match chart.write(&args.svg) {
-        Ok(()) => {
-            let shown = std::fs::canonicalize(&args.svg).unwrap_or(args.svg.clone());
-            println!("  chart written to {}", shown.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("steal: could not write {}: {e}", args.svg.display());
-            ExitCode::FAILURE
-        }
-    }
+    chart.write_and_report("steal", &args.svg)
 }
