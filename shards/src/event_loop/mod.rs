@@ -105,6 +105,48 @@ impl LoopShared {
     }
 }
 
+/// The loop's side of its status word (`executor/quiesce.rs`): `epoch << 2 | kind`, SeqCst.
+struct Status<'a> {
+    word: &'a AtomicU64,
+    epoch: u64,
+    /// The last idle value published, to poke the coordinator only on a change.
+    published: u64,
+    /// Whether the word still shows an idle kind (set by `idle`, cleared by `busy`).
+    idle: bool,
+}
+
+impl<'a> Status<'a> {
+    fn new(word: &'a AtomicU64) -> Status<'a> {
+        Status {
+            word,
+            epoch: 1,
+            published: u64::MAX,
+            idle: false,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.idle
+    }
+
+    /// The loop is (about to be) working: a new epoch, so the coordinator's snapshots differ.
+    fn busy(&mut self) {
+        self.idle = false;
+        self.epoch += 1;
+        self.word.store(self.epoch << 2 | status::BUSY, SeqCst);
+    }
+
+    /// The loop is going idle with `kind`; returns whether that changed the published value.
+    fn idle(&mut self, kind: u64) -> bool {
+        let st = self.epoch << 2 | kind;
+        self.word.store(st, SeqCst);
+        self.idle = true;
+        let changed = st != self.published;
+        self.published = st;
+        changed
+    }
+}
+
 /// Why a loop's `run` returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Exit {
@@ -121,10 +163,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     let exec = &*core.exec;
     let mut spare: Vec<Runnable> = Vec::new();
     let mut wakers = Vec::new();
-    let mut epoch: u64 = 1;
-    let mut published: u64 = u64::MAX;
-    // Whether the published status is still an idle kind (only after an idle tick).
-    let mut idle_status = false;
+    let mut status = Status::new(&shared.status);
     shared.stats.started(Instant::now());
     let exit = loop {
         // Step 1.
@@ -136,10 +175,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         }
         // Step 2. After an idle tick that kept the idle status, announce BUSY before taking
         // anything (executor/quiesce.rs: the status must change before the counts do).
-        if idle_status && (shared.inbox.is_pending() || core.mesh.borrow().incoming_pending()) {
-            idle_status = false;
-            epoch += 1;
-            shared.status.store(epoch << 2 | status::BUSY, SeqCst);
+        if status.is_idle() && (shared.inbox.is_pending() || core.mesh.borrow().incoming_pending())
+        {
+            status.busy();
         }
         if shared.inbox.drain_into(&mut spare) > 0 {
             bump(&shared.stats.inbox_received, spare.len() as u64);
@@ -242,9 +280,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let fully_idle = core.registry.borrow().is_empty() && core.timers.borrow().is_empty();
         if (fully_idle || exec.eager_rebalance()) && steal::try_steal(core) {
             core.empty_ticks.set(0);
-            idle_status = false;
-            epoch += 1;
-            shared.status.store(epoch << 2 | status::BUSY, SeqCst);
+            status.busy();
             continue;
         }
         // Spin only after a turn that did work: a loop in a conversation with a peer gets the
@@ -263,12 +299,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 status::PARKED
             }
         };
-        let st = epoch << 2 | kind;
-        shared.status.store(st, SeqCst);
-        if st != published && kind == status::EMPTY && stop_aware {
+        if status.idle(kind) && kind == status::EMPTY && stop_aware {
             exec.loop_went_empty(shared.index);
         }
-        published = st;
         let now = Instant::now();
         let next = core.timers.borrow_mut().next_deadline();
         let mut timeout = timer::park_timeout(next, now);
@@ -308,10 +341,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 }
             }
         }
-        idle_status = idle_tick_only;
         if !idle_tick_only {
-            epoch += 1;
-            shared.status.store(epoch << 2 | status::BUSY, SeqCst);
+            status.busy();
         }
     };
     shared.stats.stopped(Instant::now());
