@@ -186,31 +186,24 @@ impl Lanes {
 pub(crate) fn enqueue(core: &Core, r: Runnable) {
     let class = r.metadata().class.load(Relaxed) as usize;
     let mut lanes = core.lanes.borrow_mut();
-    let clock = lanes.clock;
-    let running = lanes.running;
-    let lane = match class {
-        0 => None,
-        c if c < lanes.lanes.len() => Some(c),
-        _ => None,
+    // A class id from a lane this loop has not synced yet files under the default lane.
+    let c = if class < lanes.lanes.len() { class } else { 0 };
+    let was_empty = if c == 0 {
+        core.queue.borrow().is_empty()
+    } else {
+        lanes.lanes[c].queue.is_empty()
     };
-    match lane {
-        None => {
-            drop(lanes);
-            let mut q = core.queue.borrow_mut();
-            if q.is_empty() && running != 0 {
-                let mut lanes = core.lanes.borrow_mut();
-                let l = &mut lanes.lanes[0];
-                l.vruntime = l.vruntime.max(clock);
-            }
-            q.push_back(r);
-        }
-        Some(c) => {
-            let l = &mut lanes.lanes[c];
-            if l.queue.is_empty() && running != c {
-                l.vruntime = l.vruntime.max(clock);
-            }
-            l.queue.push_back(r);
-        }
+    if was_empty && lanes.running != c {
+        // Rule 3: an idle lane rejoins at the clock.
+        let clock = lanes.clock;
+        let l = &mut lanes.lanes[c];
+        l.vruntime = l.vruntime.max(clock);
+    }
+    if c == 0 {
+        drop(lanes);
+        core.queue.borrow_mut().push_back(r);
+    } else {
+        lanes.lanes[c].queue.push_back(r);
     }
 }
 
