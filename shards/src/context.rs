@@ -85,6 +85,9 @@ pub(crate) struct Core {
     pub(crate) migr_delta: Cell<i64>,
     /// Set by `yield_if_due` when it yields: the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
+    /// The loop's I/O driver, which is also its park (io/mod.rs). Declared last: dropped after
+    /// the tasks' state above, it cancels and waits out what is still in flight.
+    pub(crate) io: crate::io::Reactor,
 }
 
 /// Something to do once at the end of the loop turn in which it was registered: the batched
@@ -146,7 +149,17 @@ impl Core {
             .stats
             .messages_received
             .load(std::sync::atomic::Ordering::Relaxed);
+        let io = crate::io::Reactor::new(exec.io_driver, shared.parker.fd());
+        shared.stats.io_driver.store(
+            match io.kind() {
+                Some(crate::io::Driver::IoUring) => 1,
+                Some(crate::io::Driver::Epoll) => 2,
+                None => 0,
+            },
+            std::sync::atomic::Ordering::Relaxed,
+        );
         Core {
+            io,
             mesh: RefCell::new(mesh),
             shared,
             exec,

@@ -26,6 +26,9 @@
 //!   knobs; scheduling classes (`class.rs`): [`shard::create_class`]; preemption
 //!   (`preempt.rs`): [`yield_if_due`]; the stall watchdog (`stall.rs`): [`StallReport`].
 //! - [`channel`]: `shared` (between shards) and `local`.
+//! - I/O (`io/`): one driver per loop, io_uring or epoll, which is also the loop's park;
+//!   [`net`] (TCP, UDP, Unix sockets) and [`fs`] (files) on top, one file per operation in
+//!   `io/ops/` with both backends.
 //! - [`shard`]: `id()`, `count()`, `spawn_local`, `submit_to`, `stop`; [`Sharded`]: per-shard state;
 //!   [`time`]: `sleep`, `timeout`, `interval`; [`LocalExecutor`]: one loop on this thread.
 //!
@@ -66,6 +69,7 @@
 //! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |
 //! | `XTC_PREEMPT` | duration (`0`, `1ms`) | `0` | CPU-time preemption tick for `yield_if_due` |
 //! | `XTC_STALL_BUDGET` | duration (`0`, `10ms`) | `0` | stall watchdog budget of every loop |
+//! | `XTC_IO` | `auto`, `io_uring`, `epoll` | `auto` | I/O driver: auto probes io_uring once and falls back to epoll (see [`io`]); read by every builder unless `Builder::io_driver` is set |
 //! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`) | `20us` | how long a loop that just did work polls before parking: lower cross-shard latency for a full CPU while it spins |
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -76,7 +80,10 @@ mod context;
 mod error;
 mod event_loop;
 mod executor;
+pub mod fs;
+pub mod io;
 mod local;
+pub mod net;
 mod preempt;
 mod ring;
 pub mod shard;

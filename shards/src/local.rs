@@ -32,8 +32,12 @@ pub struct LocalExecutor {
 impl LocalExecutor {
     /// A new loop. `Err` only if the OS refuses an eventfd.
     pub fn new() -> Result<LocalExecutor> {
+        let config = Config {
+            io_driver: crate::executor::resolve_io(None)?,
+            ..Config::default()
+        };
         Ok(LocalExecutor {
-            shared: Arc::new(ExecShared::new(1, &Config::default())?),
+            shared: Arc::new(ExecShared::new(1, &config)?),
         })
     }
 

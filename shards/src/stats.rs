@@ -42,6 +42,12 @@ pub struct LoopStats {
     pub stolen_from: u64,
     /// Steal attempts on a victim that looked non-empty but yielded nothing.
     pub steal_attempts_failed: u64,
+    /// I/O operations submitted (io_uring) or readiness waits armed (epoll).
+    pub io_submitted: u64,
+    /// I/O completions reaped (io_uring) or readiness events dispatched (epoll).
+    pub io_completed: u64,
+    /// The loop's I/O driver (`None` before it first ran, or if the OS refused both).
+    pub io_driver: Option<crate::io::Driver>,
 }
 
 impl LoopStats {
@@ -72,6 +78,10 @@ pub(crate) struct StatsCell {
     pub(crate) notifications_sent: AtomicU64,
     pub(crate) steals: AtomicU64,
     pub(crate) steal_attempts_failed: AtomicU64,
+    pub(crate) io_submitted: AtomicU64,
+    pub(crate) io_completed: AtomicU64,
+    /// 0 unknown, 1 io_uring, 2 epoll.
+    pub(crate) io_driver: AtomicU64,
     /// Accumulated run time of finished runs, ns.
     run_ns: AtomicU64,
     /// Accumulated idle time, ns.
@@ -105,6 +115,9 @@ impl StatsCell {
             notifications_sent: AtomicU64::new(0),
             steals: AtomicU64::new(0),
             steal_attempts_failed: AtomicU64::new(0),
+            io_submitted: AtomicU64::new(0),
+            io_completed: AtomicU64::new(0),
+            io_driver: AtomicU64::new(0),
             run_ns: AtomicU64::new(0),
             idle_ns: AtomicU64::new(0),
             running_since: AtomicU64::new(0),
@@ -166,6 +179,13 @@ impl StatsCell {
             steals: self.steals.load(Relaxed),
             stolen_from,
             steal_attempts_failed: self.steal_attempts_failed.load(Relaxed),
+            io_submitted: self.io_submitted.load(Relaxed),
+            io_completed: self.io_completed.load(Relaxed),
+            io_driver: match self.io_driver.load(Relaxed) {
+                1 => Some(crate::io::Driver::IoUring),
+                2 => Some(crate::io::Driver::Epoll),
+                _ => None,
+            },
         }
     }
 }

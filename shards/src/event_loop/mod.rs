@@ -5,11 +5,15 @@
 //! Each turn of [`run`]:
 //! 1. stop check (one relaxed load of the executor's stop flag);
 //! 2. drain the inbox (one SeqCst load when empty; one lock and a vector swap otherwise);
-//! 3. fire due timers (only when the loop has any: one clock read);
-//! 4. run up to [`BATCH`] runnable tasks, FIFO;
+//! 3. reap the I/O driver (io/mod.rs: submit what the last turn queued, dispatch completions;
+//!    no system call on io_uring when nothing was queued, none on epoll while nothing waits),
+//!    then fire due timers (only when the loop has any: one clock read);
+//! 4. run up to [`BATCH`] runnable tasks, FIFO, reaping the driver again every
+//!    [`REAP_EVERY`](crate::io::REAP_EVERY) polls;
 //! 5. if nothing is runnable and the inbox is empty: publish the loop's status for quiescence
-//!    detection (`executor/quiesce.rs`), then park until the next timer deadline or a wake ping,
-//!    by the announce → recheck → sleep protocol of [`park`](self::park).
+//!    detection (`executor/quiesce.rs`), then park *in the I/O driver* until an I/O event, the
+//!    next timer deadline or a wake ping (the ping's eventfd is registered in the driver), by
+//!    the announce → recheck → sleep protocol of [`park`](self::park).
 //!
 //! A loop that stops (stop request, quiescence, deadlock, end of `block_on`) runs [`shutdown`]:
 //! it wakes every registered task and drops the `Runnable` instead of running it, until its
@@ -194,6 +198,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             core.classes_active.set(active);
         }
         // Step 3.
+        core.io.reap();
         if !core.timers.borrow().is_empty() {
             core.timers.borrow_mut().expire(Instant::now(), &mut wakers);
             bump(&shared.stats.timers_fired, wakers.len() as u64);
@@ -251,6 +256,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             }
             core.current.set(std::ptr::null());
             ran += 1;
+            if ran % crate::io::REAP_EVERY == 0 {
+                core.io.reap();
+            }
             if core.end_batch.replace(false) {
                 break;
             }
@@ -291,7 +299,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             continue;
         }
         let kind = {
-            if !core.timers.borrow().is_empty() || core.mesh.borrow().backlogged() > 0 {
+            if !core.timers.borrow().is_empty()
+                || core.mesh.borrow().backlogged() > 0
+                || core.io.in_flight() > 0
+            {
                 status::WAITING
             } else if core.registry.borrow().is_empty() {
                 status::EMPTY
@@ -324,7 +335,15 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 shared.parker.cancel();
             } else {
                 shared.stats.park_begin(now);
-                let pinged = shared.parker.sleep(timeout);
+                let mut events = 0;
+                let pinged = shared.parker.sleep_in(
+                    |t, ping| {
+                        let (pinged, drained, n) = core.io.park(t, ping);
+                        events = n;
+                        (pinged, drained)
+                    },
+                    timeout,
+                );
                 shared.stats.park_end(Instant::now());
                 // Steal rules 3 and 4: woken by work, or an idle tick that found nothing yet.
                 core.fresh_wake.set(pinged);
@@ -335,6 +354,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     // so the quiescence and deadlock checks see a stable loop (a steal that
                     // then succeeds publishes BUSY itself, above).
                     idle_tick_only = tick_driven
+                        && events == 0
                         && !shared.inbox.is_pending()
                         && !core.mesh.borrow().incoming_pending()
                         && !steal::has_local(core);
@@ -356,7 +376,10 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let next_timer = core.timers.borrow_mut().next_deadline();
     loop {
         for _ in 0..64 {
-            if core.shared.inbox.is_pending() || core.mesh.borrow().incoming_pending() {
+            if core.shared.inbox.is_pending()
+                || core.mesh.borrow().incoming_pending()
+                || core.io.has_completions()
+            {
                 return true;
             }
             std::hint::spin_loop();
@@ -387,6 +410,13 @@ fn publish_counts(core: &Core, polls: u64) {
         core.registry.borrow().len() as u64,
         crate::sync::Ordering::Relaxed,
     );
+    let (sub, done) = core.io.counts();
+    stats
+        .io_submitted
+        .store(sub, crate::sync::Ordering::Relaxed);
+    stats
+        .io_completed
+        .store(done, crate::sync::Ordering::Relaxed);
 }
 
 /// Drops every task this loop owns, on this thread (task protocol rule 3). With `keep_inbox`,

@@ -113,6 +113,29 @@ impl Parker {
         pinged
     }
 
+    /// Rule 3 with the loop's I/O driver as the blocking wait: `wait(timeout)` blocks in the
+    /// driver (where the ping's fd is registered) and returns `(pinged, drained)`; a ping the
+    /// driver did not consume is drained here.
+    #[cfg(not(loom))]
+    pub(crate) fn sleep_in(
+        &self,
+        wait: impl FnOnce(Option<Duration>, &Ping) -> (bool, bool),
+        timeout: Option<Duration>,
+    ) -> bool {
+        let (pinged, drained) = wait(timeout, &self.ping);
+        self.state.store(RUNNING, SeqCst);
+        if pinged && !drained {
+            self.ping.drain();
+        }
+        pinged
+    }
+
+    /// The ping's descriptor, for registration in the I/O driver.
+    #[cfg(not(loom))]
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.ping.fd()
+    }
+
     /// Rule 2: called by a sender after it published work. Returns whether it wrote the ping.
     pub(crate) fn unpark(&self) -> bool {
         let prev = self.state.fetch_or(NOTIFIED, SeqCst);

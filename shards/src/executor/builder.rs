@@ -45,6 +45,8 @@ pub struct Builder {
     pub(crate) min_tasks_to_steal: usize,
     pub(crate) preempt: Duration,
     pub(crate) stall_budget: Duration,
+    /// `None`: `XTC_IO` if set, else auto.
+    pub(crate) io_driver: Option<crate::io::DriverChoice>,
 }
 
 impl Default for Builder {
@@ -65,6 +67,7 @@ impl Default for Builder {
             min_tasks_to_steal: 0,
             preempt: Duration::ZERO,
             stall_budget: Duration::ZERO,
+            io_driver: None,
         }
     }
 }
@@ -160,6 +163,9 @@ impl Builder {
                 value: v.clone(),
                 expected: "a duration such as 0 (off), 10ms",
             })?;
+        }
+        if let Some(c) = io_choice_from_env()? {
+            self.io_driver = Some(c);
         }
         if let Some(v) = var("XTC_SPIN_BEFORE_PARK") {
             self.spin_before_park = parse_duration(&v).ok_or_else(|| Error::Env {
@@ -261,6 +267,16 @@ impl Builder {
         self
     }
 
+    /// The I/O driver (default: `XTC_IO` if set, else [`DriverChoice::Auto`]: io_uring where it
+    /// works, epoll otherwise). A forced io_uring that is unavailable makes `build()` fail with
+    /// the reason. See [`crate::io`].
+    ///
+    /// [`DriverChoice::Auto`]: crate::io::DriverChoice::Auto
+    pub fn io_driver(mut self, choice: crate::io::DriverChoice) -> Builder {
+        self.io_driver = Some(choice);
+        self
+    }
+
     /// Places shards on this topology instead of the detected machine. With a synthetic or XML
     /// topology (a machine that is not this one) loops are **not pinned**: use it to exercise
     /// placement and victim orders of bigger machines, with oversubscription.
@@ -274,6 +290,27 @@ impl Builder {
     pub fn build(self) -> Result<Executor> {
         Executor::from_builder(self)
     }
+}
+
+/// `XTC_IO`, if set: `auto`, `io_uring` or `epoll`.
+pub(crate) fn io_choice_from_env() -> Result<Option<crate::io::DriverChoice>> {
+    match var("XTC_IO") {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|()| Error::Env {
+            var: "XTC_IO",
+            value: v.clone(),
+            expected: "auto, io_uring or epoll",
+        }),
+    }
+}
+
+/// Resolves the builder's (or the environment's) driver choice.
+pub(crate) fn resolve_io(choice: Option<crate::io::DriverChoice>) -> Result<crate::io::Driver> {
+    let choice = match choice {
+        Some(c) => c,
+        None => io_choice_from_env()?.unwrap_or_default(),
+    };
+    crate::io::resolve(choice).map_err(Error::InvalidArgument)
 }
 
 fn var(name: &'static str) -> Option<String> {

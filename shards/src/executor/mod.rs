@@ -1,6 +1,7 @@
 //! The executor: its loops, the threads that run them, and the handle that reaches them.
 
 mod builder;
+pub(crate) use builder::resolve_io;
 pub(crate) mod quiesce;
 
 use std::{
@@ -27,6 +28,7 @@ pub(crate) struct Config {
     pub(crate) min_tasks_to_steal: usize,
     pub(crate) preempt: Duration,
     pub(crate) stall_budget: Duration,
+    pub(crate) io_driver: crate::io::Driver,
 }
 
 impl Default for Config {
@@ -40,6 +42,7 @@ impl Default for Config {
             stealing: true,
             eager_rebalance: false,
             steal_backoff: false,
+            io_driver: crate::io::Driver::Epoll,
             numa_sensitivity: xtc_numa::DEFAULT_NUMA_SENSITIVITY,
             min_tasks_to_steal: 0,
             preempt: Duration::ZERO,
@@ -95,6 +98,9 @@ pub(crate) struct ExecShared {
     numa_sensitivity: AtomicU32,
     min_tasks_to_steal: AtomicU64,
     preempt_ns: AtomicU64,
+    /// The driver every loop of this executor creates (a loop whose io_uring setup fails falls
+    /// back to epoll on its own, logged, and says so in its `LoopStats`).
+    pub(crate) io_driver: crate::io::Driver,
 }
 
 impl ExecShared {
@@ -140,6 +146,7 @@ impl ExecShared {
             numa_sensitivity: AtomicU32::new(config.numa_sensitivity as u32),
             min_tasks_to_steal: AtomicU64::new(config.min_tasks_to_steal as u64),
             preempt_ns: AtomicU64::new(duration_ns(config.preempt)),
+            io_driver: config.io_driver,
         })
     }
 
@@ -333,6 +340,7 @@ impl Executor {
                 min_tasks_to_steal: b.min_tasks_to_steal,
                 preempt: b.preempt,
                 stall_budget: b.stall_budget,
+                io_driver: builder::resolve_io(b.io_driver)?,
             },
         )?;
         tracing::debug!(shards = placement.len(), "xtc executor built");
@@ -596,6 +604,12 @@ impl Handle {
     /// Capacity of each ring of the mesh (messages per ordered pair of shards).
     pub fn ring_capacity(&self) -> usize {
         self.shared.mesh.capacity()
+    }
+
+    /// The I/O driver the loops use ([`crate::io`]): chosen at `build()` from
+    /// [`Builder::io_driver`], `XTC_IO` or the io_uring probe. Cost: a field read.
+    pub fn io_driver(&self) -> crate::io::Driver {
+        self.shared.io_driver
     }
 
     /// Number of shards.

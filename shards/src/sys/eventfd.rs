@@ -19,6 +19,10 @@ impl EventFd {
         Ok(EventFd { fd })
     }
 
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd
+    }
+
     /// Adds one to the counter, making the fd readable. Never blocks: the counter would have to
     /// reach 2^64 - 2 first.
     pub(crate) fn notify(&self) {

@@ -1,0 +1,311 @@
+//! Files on the current loop's I/O driver: [`File`], [`read`], [`write`], [`OpenOptions`].
+//!
+//! On io_uring every call is one submission; on epoll each runs on a small blocking thread
+//! pool (epoll cannot wait on regular files), with one copy through a pool buffer. Positional
+//! I/O only (`read_at`, `write_at`): there is no shared cursor, so concurrent operations on one
+//! file never race on it. `!Send`, like the other I/O types.
+
+use std::{
+    ffi::CString,
+    io,
+    os::{
+        fd::{AsRawFd, OwnedFd, RawFd},
+        unix::ffi::OsStrExt,
+    },
+    path::Path,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use crate::io::{
+    ops::file::{self, Stat},
+    BufResult, IoBuf, IoBufMut,
+};
+
+/// An open file. Dropping it closes the descriptor synchronously; [`close`](Self::close)
+/// reports the kernel's error.
+#[derive(Debug)]
+pub struct File {
+    // An Arc so a blocking-pool job (epoll path) keeps the descriptor open while it runs.
+    fd: Arc<OwnedFd>,
+    _local: std::marker::PhantomData<*const ()>,
+}
+
+/// Size, kind, permissions and modification time of a file ([`File::metadata`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Metadata {
+    stat: Stat,
+}
+
+impl Metadata {
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.stat.size
+    }
+
+    /// Whether the size is zero.
+    pub fn is_empty(&self) -> bool {
+        self.stat.size == 0
+    }
+
+    /// Whether it is a regular file.
+    pub fn is_file(&self) -> bool {
+        self.stat.mode & libc::S_IFMT == libc::S_IFREG
+    }
+
+    /// Whether it is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.stat.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    /// `st_mode`: type and permission bits.
+    pub fn mode(&self) -> u32 {
+        self.stat.mode
+    }
+
+    /// Last modification time.
+    pub fn modified(&self) -> SystemTime {
+        let d = Duration::new(self.stat.mtime_sec.unsigned_abs(), self.stat.mtime_nsec);
+        if self.stat.mtime_sec >= 0 {
+            SystemTime::UNIX_EPOCH + d
+        } else {
+            SystemTime::UNIX_EPOCH - d
+        }
+    }
+}
+
+/// How to open a file, as [`std::fs::OpenOptions`].
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    create: bool,
+    truncate: bool,
+    append: bool,
+    create_new: bool,
+    mode: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions::new()
+    }
+}
+
+impl OpenOptions {
+    /// Nothing set (open fails until read or write is); mode 0o666 (before the umask).
+    pub fn new() -> OpenOptions {
+        OpenOptions {
+            read: false,
+            write: false,
+            create: false,
+            truncate: false,
+            append: false,
+            create_new: false,
+            mode: 0o666,
+        }
+    }
+
+    /// Open for reading.
+    pub fn read(&mut self, on: bool) -> &mut Self {
+        self.read = on;
+        self
+    }
+
+    /// Open for writing.
+    pub fn write(&mut self, on: bool) -> &mut Self {
+        self.write = on;
+        self
+    }
+
+    /// Create if missing.
+    pub fn create(&mut self, on: bool) -> &mut Self {
+        self.create = on;
+        self
+    }
+
+    /// Create, failing if it exists.
+    pub fn create_new(&mut self, on: bool) -> &mut Self {
+        self.create_new = on;
+        self
+    }
+
+    /// Truncate to 0 on open.
+    pub fn truncate(&mut self, on: bool) -> &mut Self {
+        self.truncate = on;
+        self
+    }
+
+    /// `O_APPEND`.
+    pub fn append(&mut self, on: bool) -> &mut Self {
+        self.append = on;
+        self
+    }
+
+    /// Permission bits for a created file.
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+
+    fn flags(&self) -> io::Result<i32> {
+        let acc = match (self.read, self.write || self.append) {
+            (true, false) => libc::O_RDONLY,
+            (false, true) => libc::O_WRONLY,
+            (true, true) => libc::O_RDWR,
+            (false, false) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "OpenOptions: set read and/or write",
+                ))
+            }
+        };
+        let mut f = acc;
+        if self.create_new {
+            f |= libc::O_CREAT | libc::O_EXCL;
+        } else if self.create {
+            f |= libc::O_CREAT;
+        }
+        if self.truncate {
+            f |= libc::O_TRUNC;
+        }
+        if self.append {
+            f |= libc::O_APPEND;
+        }
+        Ok(f)
+    }
+
+    /// Opens `path`. Cost: one `OPENAT` submission, or a blocking-pool job on epoll.
+    pub async fn open(&self, path: impl AsRef<Path>) -> io::Result<File> {
+        let flags = self.flags()?;
+        let path = cstr(path.as_ref())?;
+        let fd = file::open(path, flags, self.mode).await?;
+        Ok(File::from_fd(fd))
+    }
+}
+
+fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+impl File {
+    fn from_fd(fd: OwnedFd) -> File {
+        File {
+            fd: Arc::new(fd),
+            _local: std::marker::PhantomData,
+        }
+    }
+
+    /// Opens an existing file for reading.
+    pub async fn open(path: impl AsRef<Path>) -> io::Result<File> {
+        OpenOptions::new().read(true).open(path).await
+    }
+
+    /// Creates (or truncates) a file for writing.
+    pub async fn create(path: impl AsRef<Path>) -> io::Result<File> {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .await
+    }
+
+    /// Reads into `buf` from its start at offset `pos`, up to its capacity; a `Vec`'s length
+    /// becomes the count read (0 at end of file). Cost: one `READ` (`READ_FIXED` for a
+    /// [`FixedBuf`](crate::io::FixedBuf)) submission, or a pool job plus a copy on epoll.
+    pub async fn read_at<B: IoBufMut>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
+        file::read_at(&self.fd, buf, pos).await
+    }
+
+    /// Writes `buf[..len]` at offset `pos` once; returns the count written.
+    pub async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
+        file::write_at(&self.fd, buf, pos).await
+    }
+
+    /// Writes all of `buf[..len]` starting at offset `pos`.
+    pub async fn write_all_at<B: IoBuf>(&self, mut buf: B, pos: u64) -> BufResult<(), B> {
+        let total = buf.bytes_init();
+        let mut done = 0usize;
+        while done < total {
+            // Remaining bytes through a slice copy only after a short write (rare on files).
+            if done == 0 {
+                let (r, b) = self.write_at(buf, pos).await;
+                buf = b;
+                match r {
+                    Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
+                    Ok(n) => done += n,
+                    Err(e) => return (Err(e), buf),
+                }
+            } else {
+                // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized.
+                let rest =
+                    unsafe { std::slice::from_raw_parts(buf.stable_ptr().add(done), total - done) }
+                        .to_vec();
+                let (r, _) = self.write_at(rest, pos + done as u64).await;
+                match r {
+                    Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
+                    Ok(n) => done += n,
+                    Err(e) => return (Err(e), buf),
+                }
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    /// Flushes data and metadata to the device (`fsync`).
+    pub async fn sync_all(&self) -> io::Result<()> {
+        file::fsync(&self.fd, false).await
+    }
+
+    /// Flushes data (`fdatasync`).
+    pub async fn sync_data(&self) -> io::Result<()> {
+        file::fsync(&self.fd, true).await
+    }
+
+    /// Size, kind, permissions, modification time (`statx` / `fstat`).
+    pub async fn metadata(&self) -> io::Result<Metadata> {
+        file::stat(&self.fd).await.map(|stat| Metadata { stat })
+    }
+
+    /// Closes the file and reports the kernel's error. If an operation of the epoll path is
+    /// still running on the pool, the descriptor closes when it ends.
+    pub async fn close(self) -> io::Result<()> {
+        match Arc::try_unwrap(self.fd) {
+            Ok(fd) => file::close(fd).await,
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl AsRawFd for File {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Reads a whole file. Cost: open, one `metadata`, reads of up to the file's size, close.
+pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+    let f = File::open(path).await?;
+    let size = f.metadata().await?.len() as usize;
+    let mut out = Vec::with_capacity(size);
+    loop {
+        let chunk = Vec::with_capacity((size + 1).saturating_sub(out.len()).max(64 * 1024));
+        let (r, chunk) = f.read_at(chunk, out.len() as u64).await;
+        match r? {
+            0 => break,
+            _ => out.extend_from_slice(&chunk),
+        }
+    }
+    f.close().await?;
+    Ok(out)
+}
+
+/// Creates or truncates `path` and writes `data` to it.
+pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Result<()> {
+    let f = File::create(path).await?;
+    let (r, _) = f.write_all_at(data.into(), 0).await;
+    r?;
+    f.close().await
+}

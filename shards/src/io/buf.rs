@@ -1,0 +1,313 @@
+//! Owned buffers for completion-based I/O: the operation owns the buffer while the kernel may
+//! touch it and gives it back with the result ([`BufResult`]).
+
+use std::{
+    cell::RefCell,
+    fmt, io,
+    ops::{Deref, DerefMut},
+    rc::Rc,
+};
+
+/// The result of an owned-buffer operation: the outcome and the buffer, returned in every case.
+pub type BufResult<T, B> = (io::Result<T>, B);
+
+/// A buffer an I/O operation can read from (`write`, `send`): its bytes `[0, bytes_init())`.
+///
+/// # Safety
+/// While the value is owned by an operation (between the call that takes it and the one that
+/// returns it), `stable_ptr()` must keep pointing at the same live memory of at least
+/// `bytes_total()` bytes, even when the value itself moves: the kernel reads through it
+/// asynchronously. Heap buffers (`Vec`, `Box<[u8]>`) and `'static` data qualify.
+pub unsafe trait IoBuf: 'static {
+    /// Start of the buffer.
+    fn stable_ptr(&self) -> *const u8;
+    /// Initialized bytes, the ones a write sends.
+    fn bytes_init(&self) -> usize;
+    /// Bytes the buffer can hold, the most a read fills.
+    fn bytes_total(&self) -> usize;
+    /// Registered-buffer identity `(driver id, index)` for io_uring's fixed operations.
+    #[doc(hidden)]
+    fn fixed_index(&self) -> Option<(u64, u16)> {
+        None
+    }
+}
+
+/// A buffer an I/O operation can fill (`read`, `recv`): from its start, up to `bytes_total()`.
+///
+/// # Safety
+/// As for [`IoBuf`], for `stable_mut_ptr()`, and the memory must be writable.
+pub unsafe trait IoBufMut: IoBuf {
+    /// Start of the buffer, writable.
+    fn stable_mut_ptr(&mut self) -> *mut u8;
+    /// Records that the first `n` bytes now hold data (a `Vec`'s length becomes `n`).
+    ///
+    /// # Safety
+    /// The first `n` bytes must be initialized and `n <= bytes_total()`.
+    unsafe fn set_init(&mut self, n: usize);
+}
+
+// SAFETY: a Vec's heap block does not move when the Vec value moves, and the operation owns the
+// Vec, so nobody can reallocate it while the kernel uses it.
+unsafe impl IoBuf for Vec<u8> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.capacity()
+    }
+}
+
+// SAFETY: as for IoBuf; `as_mut_ptr` points at `capacity()` writable bytes.
+unsafe impl IoBufMut for Vec<u8> {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller guarantees `n <= capacity()` and that `n` bytes are initialized.
+        unsafe { self.set_len(n) }
+    }
+}
+
+// SAFETY: a boxed slice's heap block does not move with the box.
+unsafe impl IoBuf for Box<[u8]> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: as for IoBuf; every byte of a boxed slice is initialized and writable.
+unsafe impl IoBufMut for Box<[u8]> {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, _n: usize) {}
+}
+
+// SAFETY: 'static data never moves or dies.
+unsafe impl IoBuf for &'static [u8] {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: 'static data never moves or dies.
+unsafe impl IoBuf for &'static str {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len()
+    }
+}
+
+struct PoolInner {
+    /// Free buffers by index; `None` while checked out.
+    slots: RefCell<Vec<Option<Vec<u8>>>>,
+    size: usize,
+    /// The io_uring driver the buffers are registered with (its id), if any.
+    registered: Option<u64>,
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        if let Some(id) = self.registered {
+            super::uring::unregister_buffers(id);
+        }
+    }
+}
+
+/// A set of equal-sized buffers registered with the current loop's io_uring
+/// (`io_uring_register_buffers`), so reads and writes through them skip the per-operation page
+/// pinning (`READ_FIXED` / `WRITE_FIXED`). On the epoll driver they are plain buffers.
+///
+/// One pool per loop (io_uring allows one registered set per ring); `!Send`, like the loop's
+/// other I/O objects. Cost: `count × size` bytes allocated and pinned once.
+#[derive(Clone)]
+pub struct FixedBufPool {
+    inner: Rc<PoolInner>,
+}
+
+impl fmt::Debug for FixedBufPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FixedBufPool")
+            .field("size", &self.inner.size)
+            .field("registered", &self.inner.registered.is_some())
+            .finish()
+    }
+}
+
+impl FixedBufPool {
+    /// Allocates `count` buffers of `size` bytes and registers them with this loop's driver.
+    /// `Err` off any loop, for `count` of 0 or above 16,384 or `size` of 0 or above 1 GiB, or
+    /// when this loop already has a registered pool (drop it first).
+    pub fn register(count: usize, size: usize) -> io::Result<FixedBufPool> {
+        if count == 0 || count > 16_384 || size == 0 || size > 1 << 30 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("FixedBufPool::register({count}, {size}): need 1..=16384 buffers of 1 byte..=1 GiB"),
+            ));
+        }
+        let bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
+        let registered = super::with_reactor(|r| match r {
+            super::Reactor::Uring(u) => u.register_buffers(&bufs).map(Some),
+            _ => Ok(None),
+        })?;
+        let slots = bufs
+            .into_iter()
+            .map(|mut b| {
+                b.clear();
+                Some(b)
+            })
+            .collect();
+        Ok(FixedBufPool {
+            inner: Rc::new(PoolInner {
+                slots: RefCell::new(slots),
+                size,
+                registered,
+            }),
+        })
+    }
+
+    /// A free buffer (empty, capacity `size`), or `None` if all are in use. Cost: a scan of
+    /// the free list.
+    pub fn take(&self) -> Option<FixedBuf> {
+        let mut slots = self.inner.slots.borrow_mut();
+        let (index, slot) = slots.iter_mut().enumerate().find(|(_, s)| s.is_some())?;
+        let buf = slot.take()?;
+        Some(FixedBuf {
+            buf: Some(buf),
+            index: index as u16,
+            pool: self.inner.clone(),
+        })
+    }
+
+    /// The size of each buffer.
+    pub fn buf_size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// Whether the buffers are registered with io_uring (false on epoll).
+    pub fn is_registered(&self) -> bool {
+        self.inner.registered.is_some()
+    }
+}
+
+/// A buffer of a [`FixedBufPool`]; goes back to the pool when dropped. Derefs to its
+/// initialized bytes.
+pub struct FixedBuf {
+    buf: Option<Vec<u8>>,
+    index: u16,
+    pool: Rc<PoolInner>,
+}
+
+impl fmt::Debug for FixedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FixedBuf")
+            .field("index", &self.index)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl FixedBuf {
+    fn vec(&self) -> &Vec<u8> {
+        self.buf
+            .as_ref()
+            .expect("FixedBuf holds its buffer until dropped")
+    }
+
+    fn vec_mut(&mut self) -> &mut Vec<u8> {
+        self.buf
+            .as_mut()
+            .expect("FixedBuf holds its buffer until dropped")
+    }
+
+    /// The buffer's size.
+    pub fn capacity(&self) -> usize {
+        self.pool.size
+    }
+
+    /// Forgets the data (length 0).
+    pub fn clear(&mut self) {
+        self.vec_mut().clear();
+    }
+
+    /// Appends as much of `data` as fits; returns how many bytes were copied.
+    pub fn put_slice(&mut self, data: &[u8]) -> usize {
+        let cap = self.pool.size;
+        let v = self.vec_mut();
+        let n = data.len().min(cap - v.len());
+        v.extend_from_slice(&data[..n]);
+        n
+    }
+}
+
+impl Deref for FixedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.vec()
+    }
+}
+
+impl DerefMut for FixedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.vec_mut()
+    }
+}
+
+impl Drop for FixedBuf {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            if let Some(slot) = self.pool.slots.borrow_mut().get_mut(self.index as usize) {
+                *slot = Some(b);
+            }
+        }
+    }
+}
+
+// SAFETY: the Vec's heap block (registered with the kernel) never moves or reallocates: its
+// capacity is the pool's size and `put_slice` never grows past it.
+unsafe impl IoBuf for FixedBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.vec().as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.vec().len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.pool.size
+    }
+    fn fixed_index(&self) -> Option<(u64, u16)> {
+        self.pool.registered.map(|id| (id, self.index))
+    }
+}
+
+// SAFETY: as for IoBuf; the block has `size` writable bytes.
+unsafe impl IoBufMut for FixedBuf {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.vec_mut().as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller guarantees `n <= size == capacity` and that `n` bytes are
+        // initialized.
+        unsafe { self.vec_mut().set_len(n) }
+    }
+}

@@ -1,0 +1,277 @@
+//! I/O: one driver per loop, io_uring by default, epoll where io_uring is unavailable or
+//! forced (DESIGN.md invariant 10).
+//!
+//! # How a loop does I/O
+//!
+//! Every loop owns a [`Reactor`]: an io_uring instance ([`uring`]), an epoll instance
+//! ([`epoll`]), or, if the OS refused both, none (I/O calls then fail with a clear error and the
+//! loop parks on its eventfd as before). The reactor *is* the loop's park (event_loop step 5):
+//! an idle loop waits in the reactor until a completion or readiness event, its wake eventfd
+//! (registered in the reactor) or its timeout, which is the next timer deadline or the idle
+//! tick — so timers are served by the driver (an io_uring wait timeout, or epoll_wait's).
+//! Completions are also reaped at the start of every loop turn and every [`REAP_EVERY`] task
+//! polls within a turn, so a busy loop still makes I/O progress.
+//!
+//! * **io_uring** (`uring.rs`): an operation is a submission whose buffers and addresses are
+//!   owned by the operation's future. Each in-flight operation has a slot whose state is
+//!   `Submitted | Waiting(waker) | Ignored(owned data) | Completed(result)`. Dropping the
+//!   future before completion moves its buffers into the slot (`Ignored`) and submits an
+//!   `AsyncCancel`: the kernel may still write into them until the completion arrives, which is
+//!   when they are freed. A reactor dropped at loop shutdown cancels and waits for every
+//!   in-flight operation first.
+//! * **epoll** (`epoll.rs`): readiness. An operation tries its non-blocking system call; on
+//!   `EAGAIN` it registers its waker for the direction and arms the fd (level-triggered,
+//!   `EPOLLONESHOT`: one `epoll_ctl` per wait, and no edge can be missed because arming after
+//!   `EAGAIN` reports data that is already there). Files go to a small blocking thread pool
+//!   (`blocking.rs`), as tokio does, because epoll cannot wait on regular files.
+//!
+//! Each operation lives in one file with both backends (`ops/`), so the two paths are read side
+//! by side.
+//!
+//! # Choice of driver
+//!
+//! [`Builder::io_driver`](crate::Builder::io_driver) or `XTC_IO=auto|io_uring|epoll`; auto
+//! probes io_uring once per process (ring setup and an opcode probe) and falls back to epoll
+//! when setup fails (`ENOSYS`, `EPERM` under Docker's default seccomp profile,
+//! `kernel.io_uring_disabled`) or an opcode xtc needs is missing. The choice is logged once and
+//! readable with [`Handle::io_driver`](crate::Handle::io_driver) and [`current_driver`].
+//!
+//! # Types are `!Send`
+//!
+//! I/O objects ([`net`](crate::net), [`fs`](crate::fs)) belong to the loop whose task uses them,
+//! like Glommio's and monoio's: their operations are in that loop's reactor. Use them in pinned
+//! tasks (`spawn_local`, `spawn_on`); to hand a connection to another shard, convert it with
+//! `into_std`, send it (`submit_to`), and rebuild it there with `from_std`.
+
+pub(crate) mod blocking;
+mod buf;
+pub(crate) mod epoll;
+pub(crate) mod ops;
+pub(crate) mod source;
+pub(crate) mod uring;
+
+use std::{fmt, io, str::FromStr, sync::OnceLock, time::Duration};
+
+pub use buf::{BufResult, FixedBuf, FixedBufPool, IoBuf, IoBufMut};
+
+use crate::context;
+
+/// A process-unique driver identity (operations and registrations name their driver by it).
+pub(crate) fn next_driver_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Task polls between two reaps of the reactor within one loop turn.
+pub(crate) const REAP_EVERY: usize = 32;
+
+/// Which I/O driver a loop uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Driver {
+    /// io_uring: completion-based, one submission per operation, batched per loop turn.
+    IoUring,
+    /// epoll: readiness-based, one `epoll_ctl` per wait; files on a blocking thread pool.
+    Epoll,
+}
+
+impl fmt::Display for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Driver::IoUring => "io_uring",
+            Driver::Epoll => "epoll",
+        })
+    }
+}
+
+/// What the builder asks for: a driver, or the best one available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DriverChoice {
+    /// io_uring if this process can set one up and it supports the opcodes xtc uses, else
+    /// epoll (logged once).
+    #[default]
+    Auto,
+    /// io_uring or an error from `build()` that says why it is unavailable.
+    IoUring,
+    /// epoll, even where io_uring works.
+    Epoll,
+}
+
+impl FromStr for DriverChoice {
+    type Err = ();
+
+    /// `auto`, `io_uring` (or `uring`, `iouring`), `epoll`; case-insensitive.
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DriverChoice::Auto),
+            "io_uring" | "uring" | "iouring" | "io-uring" => Ok(DriverChoice::IoUring),
+            "epoll" => Ok(DriverChoice::Epoll),
+            _ => Err(()),
+        }
+    }
+}
+
+/// The result of probing io_uring once per process: `Ok` or why it cannot be used.
+fn uring_probe() -> &'static Result<(), String> {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBE.get_or_init(uring::probe)
+}
+
+/// Resolves a choice to a driver. `Err` names why a forced io_uring is unavailable.
+pub(crate) fn resolve(choice: DriverChoice) -> Result<Driver, String> {
+    match choice {
+        DriverChoice::Epoll => Ok(Driver::Epoll),
+        DriverChoice::IoUring => match uring_probe() {
+            Ok(()) => Ok(Driver::IoUring),
+            Err(why) => Err(format!(
+                "io_uring was asked for (XTC_IO or Builder::io_driver) but is unavailable: {why}; \
+                 use XTC_IO=epoll or DriverChoice::Auto"
+            )),
+        },
+        DriverChoice::Auto => {
+            static LOGGED: std::sync::Once = std::sync::Once::new();
+            let d = match uring_probe() {
+                Ok(()) => Driver::IoUring,
+                Err(why) => {
+                    LOGGED.call_once(|| {
+                        tracing::info!("xtc: io_uring unavailable ({why}); using epoll");
+                    });
+                    Driver::Epoll
+                }
+            };
+            LOGGED.call_once(|| tracing::info!("xtc: I/O driver {d}"));
+            Ok(d)
+        }
+    }
+}
+
+/// One loop's I/O driver.
+#[derive(Debug)]
+pub(crate) enum Reactor {
+    Uring(uring::Uring),
+    Epoll(epoll::Epoll),
+    /// Neither could be created (the error says why); the loop parks on its eventfd.
+    None(String),
+}
+
+impl Reactor {
+    /// Creates the driver `kind` for a loop whose wake eventfd is `ping_fd`; falls back to
+    /// epoll, then to none, logging why.
+    pub(crate) fn new(kind: Driver, ping_fd: std::os::fd::RawFd) -> Reactor {
+        if kind == Driver::IoUring {
+            match uring::Uring::new(ping_fd) {
+                Ok(u) => return Reactor::Uring(u),
+                Err(e) => {
+                    tracing::warn!("xtc: io_uring setup failed for a loop ({e}); using epoll")
+                }
+            }
+        }
+        match epoll::Epoll::new(ping_fd) {
+            Ok(e) => Reactor::Epoll(e),
+            Err(e) => {
+                tracing::warn!(
+                    "xtc: epoll_create1 failed for a loop ({e}); this loop cannot do I/O"
+                );
+                Reactor::None(format!(
+                    "the loop has no I/O driver (epoll_create1 failed: {e})"
+                ))
+            }
+        }
+    }
+
+    pub(crate) fn kind(&self) -> Option<Driver> {
+        match self {
+            Reactor::Uring(_) => Some(Driver::IoUring),
+            Reactor::Epoll(_) => Some(Driver::Epoll),
+            Reactor::None(_) => None,
+        }
+    }
+
+    /// Submits what is queued and dispatches what completed, without blocking. Returns the
+    /// number of completions or events dispatched.
+    pub(crate) fn reap(&self) -> usize {
+        match self {
+            Reactor::Uring(u) => u.reap(),
+            Reactor::Epoll(e) => e.reap(),
+            Reactor::None(_) => 0,
+        }
+    }
+
+    /// Whether completions wait in shared memory (io_uring; a load, no system call).
+    pub(crate) fn has_completions(&self) -> bool {
+        match self {
+            Reactor::Uring(u) => u.has_completions(),
+            _ => false,
+        }
+    }
+
+    /// Operations (or readiness waits, or blocking-pool jobs) that will wake a task later:
+    /// while any exist the loop is not quiescent and not deadlocked.
+    pub(crate) fn in_flight(&self) -> usize {
+        let pool = blocking::in_flight();
+        pool + match self {
+            Reactor::Uring(u) => u.in_flight(),
+            Reactor::Epoll(e) => e.in_flight(),
+            Reactor::None(_) => 0,
+        }
+    }
+
+    /// Parks in the driver until an event, a wake ping or `timeout`. Returns whether the wake
+    /// ping fired, whether the driver already drained it, and how many I/O events it
+    /// dispatched.
+    pub(crate) fn park(
+        &self,
+        timeout: Option<Duration>,
+        fallback: &crate::sys::EventFd,
+    ) -> (bool, bool, usize) {
+        match self {
+            Reactor::Uring(u) => {
+                let (p, n) = u.park(timeout);
+                (p, true, n)
+            }
+            Reactor::Epoll(e) => {
+                let (p, n) = e.park(timeout);
+                (p, true, n)
+            }
+            Reactor::None(_) => (fallback.wait(timeout), false, 0),
+        }
+    }
+
+    /// Submissions and completions so far.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        match self {
+            Reactor::Uring(u) => u.counts(),
+            Reactor::Epoll(e) => e.counts(),
+            Reactor::None(_) => (0, 0),
+        }
+    }
+}
+
+/// The I/O driver of the loop running on this thread; `None` off any loop or if the loop has
+/// none. Cost: a thread-local read.
+pub fn current_driver() -> Option<Driver> {
+    context::with_core(|c| c.io.kind()).flatten()
+}
+
+/// The error of an I/O call made on a thread that runs no xtc loop.
+pub(crate) fn off_loop() -> io::Error {
+    io::Error::other(
+        "xtc I/O used off any xtc loop: create and use sockets and files inside a task \
+         (spawn_local / spawn_on)",
+    )
+}
+
+/// Runs `f` with the current loop's reactor, or returns the reason there is none.
+pub(crate) fn with_reactor<R>(f: impl FnOnce(&Reactor) -> io::Result<R>) -> io::Result<R> {
+    match context::with_core(|c| match &c.io {
+        Reactor::None(why) => Err(io::Error::other(why.clone())),
+        r => f(r),
+    }) {
+        Some(r) => r,
+        None => Err(off_loop()),
+    }
+}
+
+/// Which backend the current loop uses (for the `ops` dispatch).
+pub(crate) fn current_kind() -> io::Result<Driver> {
+    with_reactor(|r| Ok(r.kind().expect("with_reactor excludes None")))
+}

@@ -1,0 +1,267 @@
+//! Files: open, positional read and write, fsync, statx, close. io_uring does them in the
+//! kernel; on epoll they run on the blocking pool (`io/blocking.rs`), with a copy through a
+//! pool-owned buffer because the caller's buffer need not be `Send`.
+
+use std::{
+    ffi::CString,
+    io,
+    mem::MaybeUninit,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::Arc,
+};
+
+use io_uring::{opcode, types};
+
+use super::{backend, cvt, fixed_index, submit};
+use crate::io::{blocking, uring::result, BufResult, Driver, IoBuf, IoBufMut};
+
+/// Opens `path` with `open(2)` flags and mode (`O_CLOEXEC` is added).
+pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let flags = flags | libc::O_CLOEXEC;
+    match backend()? {
+        Driver::IoUring => {
+            let op = submit(path, |p| {
+                opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), p.as_ptr())
+                    .flags(flags)
+                    .mode(mode)
+                    .build()
+            })
+            .map_err(|(e, _)| e)?;
+            let (res, _) = op.await;
+            // SAFETY: the kernel returned a fresh descriptor that we now own.
+            result(res).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        }
+        Driver::Epoll => {
+            blocking::run(move || {
+                // SAFETY: `path` is a live NUL-terminated string.
+                let fd = cvt(unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) })?;
+                // SAFETY: open returned a fresh descriptor that we now own.
+                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            })
+            .await
+        }
+    }
+}
+
+/// Reads into `buf` from its start at file offset `pos`; its length becomes the count read.
+pub(crate) async fn read_at<B: IoBufMut>(
+    fd: &Arc<OwnedFd>,
+    mut buf: B,
+    pos: u64,
+) -> BufResult<usize, B> {
+    let kind = match backend() {
+        Ok(k) => k,
+        Err(e) => return (Err(e), buf),
+    };
+    let res = match kind {
+        Driver::IoUring => {
+            let raw = fd.as_raw_fd();
+            let fixed = fixed_index(&buf);
+            let op = submit(buf, |b| {
+                let (ptr, len) = (
+                    b.stable_mut_ptr(),
+                    b.bytes_total().min(u32::MAX as usize) as u32,
+                );
+                match fixed {
+                    Some(i) => opcode::ReadFixed::new(types::Fd(raw), ptr, len, i)
+                        .offset(pos)
+                        .build(),
+                    None => opcode::Read::new(types::Fd(raw), ptr, len)
+                        .offset(pos)
+                        .build(),
+                }
+            });
+            match op {
+                Ok(op) => {
+                    let (res, b) = op.await;
+                    buf = b;
+                    result(res).map(|n| n as usize)
+                }
+                Err((e, b)) => return (Err(e), b),
+            }
+        }
+        Driver::Epoll => {
+            let fd = fd.clone();
+            let len = buf.bytes_total();
+            let r = blocking::run(move || {
+                let mut tmp = vec![0u8; len];
+                // SAFETY: `tmp` has `len` writable bytes; the Arc keeps the fd open.
+                let n = cvt(unsafe {
+                    libc::pread(fd.as_raw_fd(), tmp.as_mut_ptr().cast(), len, pos as i64)
+                })?;
+                tmp.truncate(n as usize);
+                Ok(tmp)
+            })
+            .await;
+            r.map(|tmp| {
+                // SAFETY: `tmp.len() <= bytes_total()`, and the regions do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), buf.stable_mut_ptr(), tmp.len())
+                };
+                tmp.len()
+            })
+        }
+    };
+    if let Ok(n) = res {
+        // SAFETY: the first `n <= bytes_total()` bytes were just written.
+        unsafe { buf.set_init(n) };
+    }
+    (res, buf)
+}
+
+/// Writes `buf[..bytes_init()]` at file offset `pos` once; returns the count written.
+pub(crate) async fn write_at<B: IoBuf>(fd: &Arc<OwnedFd>, buf: B, pos: u64) -> BufResult<usize, B> {
+    let kind = match backend() {
+        Ok(k) => k,
+        Err(e) => return (Err(e), buf),
+    };
+    match kind {
+        Driver::IoUring => {
+            let raw = fd.as_raw_fd();
+            let fixed = fixed_index(&buf);
+            let op = submit(buf, |b| {
+                let (ptr, len) = (b.stable_ptr(), b.bytes_init().min(u32::MAX as usize) as u32);
+                match fixed {
+                    Some(i) => opcode::WriteFixed::new(types::Fd(raw), ptr, len, i)
+                        .offset(pos)
+                        .build(),
+                    None => opcode::Write::new(types::Fd(raw), ptr, len)
+                        .offset(pos)
+                        .build(),
+                }
+            });
+            match op {
+                Ok(op) => {
+                    let (res, b) = op.await;
+                    (result(res).map(|n| n as usize), b)
+                }
+                Err((e, b)) => (Err(e), b),
+            }
+        }
+        Driver::Epoll => {
+            let fd = fd.clone();
+            // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized.
+            let data =
+                unsafe { std::slice::from_raw_parts(buf.stable_ptr(), buf.bytes_init()) }.to_vec();
+            let r = blocking::run(move || {
+                // SAFETY: `data` is a live buffer of its length; the Arc keeps the fd open.
+                cvt(unsafe {
+                    libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), pos as i64)
+                })
+                .map(|n| n as usize)
+            })
+            .await;
+            (r, buf)
+        }
+    }
+}
+
+/// `fsync` (or `fdatasync`).
+pub(crate) async fn fsync(fd: &Arc<OwnedFd>, data_only: bool) -> io::Result<()> {
+    match backend()? {
+        Driver::IoUring => {
+            let raw = fd.as_raw_fd();
+            let flags = if data_only {
+                types::FsyncFlags::DATASYNC
+            } else {
+                types::FsyncFlags::empty()
+            };
+            let op = submit((), |_| {
+                opcode::Fsync::new(types::Fd(raw)).flags(flags).build()
+            })
+            .map_err(|(e, _)| e)?;
+            result(op.await.0).map(drop)
+        }
+        Driver::Epoll => {
+            let fd = fd.clone();
+            blocking::run(move || {
+                // SAFETY: plain syscall on an fd the Arc keeps open.
+                let rc = unsafe {
+                    if data_only {
+                        libc::fdatasync(fd.as_raw_fd())
+                    } else {
+                        libc::fsync(fd.as_raw_fd())
+                    }
+                };
+                cvt(rc).map(drop)
+            })
+            .await
+        }
+    }
+}
+
+/// The file's size, kind, permission bits and modification time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stat {
+    pub(crate) size: u64,
+    pub(crate) mode: u32,
+    pub(crate) mtime_sec: i64,
+    pub(crate) mtime_nsec: u32,
+}
+
+/// `statx` of an open file.
+pub(crate) async fn stat(fd: &Arc<OwnedFd>) -> io::Result<Stat> {
+    match backend()? {
+        Driver::IoUring => {
+            let raw = fd.as_raw_fd();
+            let data: Box<MaybeUninit<libc::statx>> = Box::new(MaybeUninit::zeroed());
+            let op = submit(data, |d| {
+                opcode::Statx::new(types::Fd(raw), c"".as_ptr(), d.as_mut_ptr().cast())
+                    .flags(libc::AT_EMPTY_PATH)
+                    .mask(libc::STATX_BASIC_STATS)
+                    .build()
+            })
+            .map_err(|(e, _)| e)?;
+            let (res, d) = op.await;
+            result(res)?;
+            // SAFETY: statx succeeded, so the kernel filled the struct (it started zeroed).
+            let s = unsafe { d.assume_init() };
+            Ok(Stat {
+                size: s.stx_size,
+                mode: s.stx_mode as u32,
+                mtime_sec: s.stx_mtime.tv_sec,
+                mtime_nsec: s.stx_mtime.tv_nsec,
+            })
+        }
+        Driver::Epoll => {
+            let fd = fd.clone();
+            blocking::run(move || {
+                let mut st = MaybeUninit::<libc::stat>::zeroed();
+                // SAFETY: `st` is a live local; the Arc keeps the fd open.
+                cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+                // SAFETY: fstat succeeded and filled it.
+                let st = unsafe { st.assume_init() };
+                Ok(Stat {
+                    size: st.st_size as u64,
+                    mode: st.st_mode,
+                    mtime_sec: st.st_mtime,
+                    mtime_nsec: st.st_mtime_nsec as u32,
+                })
+            })
+            .await
+        }
+    }
+}
+
+/// Closes `fd`, reporting the kernel's error (unlike a drop).
+pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
+    match backend()? {
+        Driver::IoUring => {
+            let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
+            let op = submit((), |_| opcode::Close::new(types::Fd(raw)).build());
+            match op {
+                Ok(op) => result(op.await.0).map(drop),
+                Err((e, _)) => {
+                    // SAFETY: we own `raw` (taken from the OwnedFd) and the op never ran.
+                    unsafe { libc::close(raw) };
+                    Err(e)
+                }
+            }
+        }
+        Driver::Epoll => {
+            let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
+            // SAFETY: we own `raw`; close on a regular file does not block for long.
+            cvt(unsafe { libc::close(raw) }).map(drop)
+        }
+    }
+}

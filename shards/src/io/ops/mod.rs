@@ -1,0 +1,59 @@
+//! The operations, one file per family, each with its io_uring and its epoll path side by side
+//! (io/mod.rs). Every function runs on the current loop's driver.
+
+pub(crate) mod accept;
+pub(crate) mod connect;
+pub(crate) mod file;
+pub(crate) mod msg;
+pub(crate) mod rw;
+
+use std::io;
+
+use super::{current_kind, uring::Op, Driver};
+
+/// Which path to take: `Err` off any loop or on a loop without a driver.
+pub(crate) fn backend() -> io::Result<Driver> {
+    current_kind()
+}
+
+/// Starts an io_uring operation on the current loop (the caller checked the backend); on
+/// failure the data comes back with the error.
+pub(crate) fn submit<T: 'static>(
+    data: T,
+    build: impl FnOnce(&mut T) -> io_uring::squeue::Entry,
+) -> Result<Op<T>, (io::Error, T)> {
+    let mut data = Some(data);
+    let r = crate::context::with_core(|c| match &c.io {
+        super::Reactor::Uring(u) => Some(u.submit(data.take().expect("taken once"), build)),
+        _ => None,
+    })
+    .flatten();
+    match r {
+        Some(r) => r,
+        None => Err((
+            io::Error::other(
+                "xtc: this loop has no io_uring (the driver changed under an operation)",
+            ),
+            data.take().expect("not taken"),
+        )),
+    }
+}
+
+/// The registered-buffer index of `buf` if it is registered with this loop's io_uring.
+pub(crate) fn fixed_index<B: super::IoBuf>(buf: &B) -> Option<u16> {
+    let (id, index) = buf.fixed_index()?;
+    crate::context::with_core(|c| match &c.io {
+        super::Reactor::Uring(u) if u.id() == id => Some(index),
+        _ => None,
+    })
+    .flatten()
+}
+
+/// `-1` → the thread's errno as `io::Error`.
+pub(crate) fn cvt<T: PartialOrd + Default>(rc: T) -> io::Result<T> {
+    if rc < T::default() {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}

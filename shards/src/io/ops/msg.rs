@@ -1,0 +1,151 @@
+//! Datagrams with addresses: `recv_from` (`RECVMSG` / `recvfrom`) and `send_to` (`SENDMSG` /
+//! `sendto`), owned buffers.
+
+use std::mem::MaybeUninit;
+
+use io_uring::{opcode, types};
+use socket2::SockAddr;
+
+use super::{backend, cvt, submit};
+use crate::io::{
+    epoll::Dir,
+    source::{ready, Source},
+    uring::result,
+    BufResult, Driver, IoBuf, IoBufMut,
+};
+
+/// The kernel-visible part of a message operation, boxed so its address is stable.
+struct MsgHdr {
+    hdr: libc::msghdr,
+    iov: libc::iovec,
+    addr: MaybeUninit<libc::sockaddr_storage>,
+}
+
+fn boxed_hdr(ptr: *mut u8, len: usize) -> Box<MsgHdr> {
+    let mut m = Box::new(MsgHdr {
+        // SAFETY: an all-zero msghdr is a valid empty header.
+        hdr: unsafe { std::mem::zeroed() },
+        iov: libc::iovec {
+            iov_base: ptr.cast(),
+            iov_len: len,
+        },
+        addr: MaybeUninit::zeroed(),
+    });
+    m.hdr.msg_iov = &mut m.iov;
+    m.hdr.msg_iovlen = 1;
+    m.hdr.msg_name = m.addr.as_mut_ptr().cast();
+    m.hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    m
+}
+
+/// Receives one datagram into `buf` from its start; its length becomes the datagram's (a
+/// longer datagram is truncated to the buffer).
+pub(crate) async fn recv_from<B: IoBufMut>(
+    src: &Source,
+    mut buf: B,
+) -> BufResult<(usize, SockAddr), B> {
+    let kind = match backend() {
+        Ok(k) => k,
+        Err(e) => return (Err(e), buf),
+    };
+    let res = match kind {
+        Driver::IoUring => {
+            let fd = src.fd();
+            let hdr = boxed_hdr(buf.stable_mut_ptr(), buf.bytes_total());
+            let op = submit((buf, hdr), |(_, h)| {
+                opcode::RecvMsg::new(types::Fd(fd), &mut h.hdr).build()
+            });
+            match op {
+                Ok(op) => {
+                    let (res, (b, h)) = op.await;
+                    buf = b;
+                    result(res).map(|n| {
+                        // SAFETY: the kernel wrote an address of `msg_namelen` bytes.
+                        let addr =
+                            unsafe { SockAddr::new(h.addr.assume_init(), h.hdr.msg_namelen) };
+                        (n as usize, addr)
+                    })
+                }
+                Err((e, (b, _))) => return (Err(e), b),
+            }
+        }
+        Driver::Epoll => {
+            let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
+            ready(src, Dir::Read, |fd| {
+                let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+                let mut alen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                // SAFETY: `ptr` points at `len` writable bytes of the owned buffer; `storage`
+                // and `alen` are live locals.
+                let n = cvt(unsafe {
+                    libc::recvfrom(
+                        fd,
+                        ptr.cast(),
+                        len,
+                        0,
+                        storage.as_mut_ptr().cast(),
+                        &mut alen,
+                    )
+                })?;
+                // SAFETY: recvfrom wrote an address of `alen` bytes.
+                Ok((n as usize, unsafe {
+                    SockAddr::new(storage.assume_init(), alen)
+                }))
+            })
+            .await
+        }
+    };
+    if let Ok((n, _)) = &res {
+        // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
+        unsafe { buf.set_init(*n) };
+    }
+    (res, buf)
+}
+
+/// Sends `buf[..bytes_init()]` as one datagram to `addr`.
+pub(crate) async fn send_to<B: IoBuf>(src: &Source, buf: B, addr: SockAddr) -> BufResult<usize, B> {
+    let kind = match backend() {
+        Ok(k) => k,
+        Err(e) => return (Err(e), buf),
+    };
+    match kind {
+        Driver::IoUring => {
+            let fd = src.fd();
+            let mut hdr = boxed_hdr(buf.stable_ptr() as *mut u8, buf.bytes_init());
+            let addr = Box::new(addr);
+            hdr.hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
+            hdr.hdr.msg_namelen = addr.len();
+            let op = submit((buf, hdr, addr), |(_, h, _)| {
+                opcode::SendMsg::new(types::Fd(fd), &h.hdr)
+                    .flags(libc::MSG_NOSIGNAL as u32)
+                    .build()
+            });
+            match op {
+                Ok(op) => {
+                    let (res, (b, _, _)) = op.await;
+                    (result(res).map(|n| n as usize), b)
+                }
+                Err((e, (b, _, _))) => (Err(e), b),
+            }
+        }
+        Driver::Epoll => {
+            let (ptr, len) = (buf.stable_ptr(), buf.bytes_init());
+            let res = ready(src, Dir::Write, |fd| {
+                // SAFETY: `ptr` points at `len` initialized bytes of the owned buffer; `addr`
+                // is a live address of `len()` bytes.
+                cvt(unsafe {
+                    libc::sendto(
+                        fd,
+                        ptr.cast(),
+                        len,
+                        libc::MSG_NOSIGNAL,
+                        addr.as_ptr().cast(),
+                        addr.len(),
+                    )
+                })
+                .map(|n| n as usize)
+            })
+            .await;
+            (res, buf)
+        }
+    }
+}

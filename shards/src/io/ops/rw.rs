@@ -1,0 +1,136 @@
+//! Stream reads and writes with owned buffers: `recv` into a buffer's start, `send` from an
+//! offset of a buffer. A registered buffer ([`FixedBuf`](crate::io::FixedBuf)) uses
+//! `READ_FIXED` / `WRITE_FIXED` on io_uring.
+
+use std::io;
+
+use io_uring::{opcode, types};
+
+use super::{backend, cvt, fixed_index, submit};
+use crate::io::{
+    epoll::Dir,
+    source::{ready, Source},
+    uring::result,
+    BufResult, Driver, IoBuf, IoBufMut,
+};
+
+fn clamp(n: usize) -> u32 {
+    n.min(u32::MAX as usize) as u32
+}
+
+/// Reads into `buf` from its start, up to its capacity; sets its initialized length to the
+/// count read (0 = end of stream).
+pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usize, B> {
+    let kind = match backend() {
+        Ok(k) => k,
+        Err(e) => return (Err(e), buf),
+    };
+    let res = match kind {
+        Driver::IoUring => {
+            let fd = src.fd();
+            let fixed = fixed_index(&buf);
+            let op = submit(buf, |b| {
+                let (ptr, len) = (b.stable_mut_ptr(), clamp(b.bytes_total()));
+                match fixed {
+                    Some(index) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, index)
+                        .offset(u64::MAX)
+                        .build(),
+                    None => opcode::Recv::new(types::Fd(fd), ptr, len).build(),
+                }
+            });
+            match op {
+                Ok(op) => {
+                    let (res, b) = op.await;
+                    buf = b;
+                    result(res).map(|n| n as usize)
+                }
+                Err((e, b)) => return (Err(e), b),
+            }
+        }
+        Driver::Epoll => {
+            let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
+            ready(src, Dir::Read, |fd| {
+                // SAFETY: `ptr` points at `len` writable bytes of `buf`, which we own and do not
+                // touch until this future ends.
+                cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) }).map(|n| n as usize)
+            })
+            .await
+        }
+    };
+    if let Ok(n) = res {
+        // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
+        unsafe { buf.set_init(n) };
+    }
+    (res, buf)
+}
+
+/// Writes `buf[from..bytes_init()]` once; returns how many bytes went out.
+pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B, from: usize) -> BufResult<usize, B> {
+    let kind = match backend() {
+        Ok(k) => k,
+        Err(e) => return (Err(e), buf),
+    };
+    let from = from.min(buf.bytes_init());
+    match kind {
+        Driver::IoUring => {
+            let fd = src.fd();
+            let fixed = fixed_index(&buf);
+            let op = submit(buf, |b| {
+                // SAFETY: `from <= bytes_init()`, so the pointer stays inside the buffer.
+                let ptr = unsafe { b.stable_ptr().add(from) };
+                let len = clamp(b.bytes_init() - from);
+                match fixed {
+                    Some(index) => opcode::WriteFixed::new(types::Fd(fd), ptr, len, index)
+                        .offset(u64::MAX)
+                        .build(),
+                    None => opcode::Send::new(types::Fd(fd), ptr, len)
+                        .flags(libc::MSG_NOSIGNAL)
+                        .build(),
+                }
+            });
+            match op {
+                Ok(op) => {
+                    let (res, b) = op.await;
+                    (result(res).map(|n| n as usize), b)
+                }
+                Err((e, b)) => (Err(e), b),
+            }
+        }
+        Driver::Epoll => {
+            // SAFETY: `from <= bytes_init()`.
+            let ptr = unsafe { buf.stable_ptr().add(from) };
+            let len = buf.bytes_init() - from;
+            let res = ready(src, Dir::Write, |fd| {
+                // SAFETY: `ptr` points at `len` initialized bytes of `buf`, which we own.
+                cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
+                    .map(|n| n as usize)
+            })
+            .await;
+            (res, buf)
+        }
+    }
+}
+
+/// Writes all of `buf[..bytes_init()]`, completing partial writes.
+pub(crate) async fn send_all<B: IoBuf>(src: &Source, mut buf: B) -> BufResult<(), B> {
+    let mut done = 0;
+    while done < buf.bytes_init() {
+        let (res, b) = send(src, buf, done).await;
+        buf = b;
+        match res {
+            Ok(0) => {
+                return (
+                    Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "the peer accepted no more bytes",
+                    )),
+                    buf,
+                )
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (Err(e), buf),
+        }
+    }
+    (Ok(()), buf)
+}

@@ -1,0 +1,165 @@
+//! [`Source`]: a descriptor owned by an I/O object, and its epoll registration; the readiness
+//! future of the epoll path (epoll.rs, rules 1–4).
+
+use std::{
+    cell::Cell,
+    future::Future,
+    io,
+    marker::PhantomData,
+    os::fd::{AsRawFd, OwnedFd, RawFd},
+    pin::Pin,
+    task::{Context, Poll, Waker},
+};
+
+use super::{
+    epoll::{Dir, Epoll},
+    Reactor,
+};
+use crate::context;
+
+/// A descriptor and, on epoll, its slot in the driver that last waited on it. `!Send`.
+#[derive(Debug)]
+pub(crate) struct Source {
+    fd: Option<OwnedFd>,
+    /// `(driver id, token)` of the epoll registration.
+    reg: Cell<Option<(u64, usize)>>,
+    _local: PhantomData<*const ()>,
+}
+
+impl Source {
+    pub(crate) fn new(fd: OwnedFd) -> Source {
+        Source {
+            fd: Some(fd),
+            reg: Cell::new(None),
+            _local: PhantomData,
+        }
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    /// The slot of this source in `e`, registering it there first if needed.
+    pub(crate) fn token(&self, e: &Epoll) -> usize {
+        match self.reg.get() {
+            Some((id, t)) if id == e.id() => t,
+            _ => {
+                let t = e.register(self.fd());
+                self.reg.set(Some((e.id(), t)));
+                t
+            }
+        }
+    }
+
+    fn deregister(&self) {
+        if let Some((id, t)) = self.reg.take() {
+            context::with_core(|c| {
+                if let Reactor::Epoll(e) = &c.io {
+                    if e.id() == id {
+                        e.deregister(t);
+                    }
+                }
+            });
+        }
+    }
+
+    /// Gives up the descriptor (deregistered).
+    pub(crate) fn into_fd(mut self) -> OwnedFd {
+        self.deregister();
+        self.fd.take().expect("a Source holds its fd until dropped")
+    }
+
+    /// Polls a non-blocking call `f` by the readiness protocol (epoll.rs rules 1–3). Only on
+    /// the epoll driver.
+    pub(crate) fn poll_ready<R>(
+        &self,
+        e: &Epoll,
+        dir: Dir,
+        cx: &mut Context<'_>,
+        f: &mut impl FnMut(RawFd) -> io::Result<R>,
+    ) -> Poll<io::Result<R>> {
+        loop {
+            match f(self.fd()) {
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    let token = self.token(e);
+                    return match e.add_waiter(token, dir, cx.waker()) {
+                        Ok(()) => Poll::Pending,
+                        Err(err) => Poll::Ready(Err(err)),
+                    };
+                }
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        self.deregister();
+    }
+}
+
+/// A future running `f` on `src` by the readiness protocol; removes its waker when dropped
+/// (epoll.rs rule 4).
+pub(crate) struct Ready<'a, F> {
+    src: &'a Source,
+    dir: Dir,
+    f: F,
+    waker: Option<Waker>,
+}
+
+impl<F> Unpin for Ready<'_, F> {}
+
+/// Runs the non-blocking call `f` on `src`, waiting for `dir` readiness whenever it would block.
+pub(crate) fn ready<R, F: FnMut(RawFd) -> io::Result<R>>(
+    src: &Source,
+    dir: Dir,
+    f: F,
+) -> Ready<'_, F> {
+    Ready {
+        src,
+        dir,
+        f,
+        waker: None,
+    }
+}
+
+impl<R, F: FnMut(RawFd) -> io::Result<R>> Future for Ready<'_, F> {
+    type Output = io::Result<R>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        let this = &mut *self;
+        let res = super::with_reactor(|r| match r {
+            Reactor::Epoll(e) => Ok(this.src.poll_ready(e, this.dir, cx, &mut this.f)),
+            _ => Ok(Poll::Ready((this.f)(this.src.fd()))),
+        });
+        match res {
+            Ok(Poll::Pending) => {
+                this.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            Ok(Poll::Ready(r)) => {
+                this.waker = None;
+                Poll::Ready(r)
+            }
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl<F> Drop for Ready<'_, F> {
+    fn drop(&mut self) {
+        if let Some(w) = self.waker.take() {
+            if let Some((id, t)) = self.src.reg.get() {
+                context::with_core(|c| {
+                    if let Reactor::Epoll(e) = &c.io {
+                        if e.id() == id {
+                            e.remove_waiter(t, self.dir, &w);
+                        }
+                    }
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! The io_uring driver: one ring per loop, operations as owned-data futures.
+//!
+//! # Operation protocol
+//!
+//! 1. **Submit.** An operation's data (buffers, addresses) moves into its [`Op`] future, the
+//!    submission entry points into that data's heap memory, and a slot `Submitted` is taken in
+//!    the driver's slab; the slot key is the entry's `user_data`. Entries queue in the
+//!    submission ring and reach the kernel at the end of the loop turn (one `io_uring_enter`
+//!    for the whole batch), or at once if the ring is full.
+//! 2. **Wait.** Polling the `Op` stores its waker: `Waiting(waker)`.
+//! 3. **Complete.** Reaping a completion turns the slot into `Completed(result)` and wakes the
+//!    waiter; the next poll removes the slot and returns the result with the data.
+//! 4. **Drop early.** An `Op` dropped before its completion moves its data into the slot,
+//!    `Ignored(data)`, and submits an `AsyncCancel` for it. The data lives until the
+//!    completion (of the operation or of its cancellation) is reaped, so the kernel never
+//!    writes into freed memory. No slot is freed while the kernel may still use it.
+//! 5. **Shutdown.** Dropping the driver cancels every operation still in flight (and the
+//!    wake-ping read) and waits up to one second for their completions; what is still
+//!    outstanding then is leaked (logged), never freed under the kernel.
+//!
+//! The loop's wake eventfd is read by a standing `READ` (token [`PING`]), re-armed at each
+//! park, so a cross-shard wake completes the driver's wait. Park timeouts use the
+//! `EXT_ARG` wait timeout (kernel 5.11+) or, before that, a `TIMEOUT` entry.
+
+use std::{
+    any::Any,
+    cell::{Cell, RefCell},
+    fmt,
+    future::Future,
+    io,
+    os::fd::RawFd,
+    pin::Pin,
+    task::{Context, Poll, Waker},
+    time::{Duration, Instant},
+};
+
+use io_uring::{opcode, squeue, types, IoUring, Probe};
+use slab::Slab;
+
+use crate::context;
+
+/// `user_data` of the wake-ping read.
+const PING: u64 = u64::MAX;
+/// `user_data` of a park timeout entry (kernels without `EXT_ARG`).
+const TIMEOUT: u64 = u64::MAX - 1;
+/// `user_data` of cancellations (their completions carry nothing we need).
+const CANCEL: u64 = u64::MAX - 2;
+
+/// Submission ring size. The completion ring is twice as large (kernel default), and the
+/// kernel buffers overflow beyond that (`IORING_FEAT_NODROP`), so this bounds only how many
+/// entries one turn queues before an early submit.
+const ENTRIES: u32 = 256;
+
+/// The opcodes xtc's operations use; a kernel lacking one gets the epoll driver.
+const REQUIRED: &[(u8, &str)] = &[
+    (opcode::Read::CODE, "READ"),
+    (opcode::Write::CODE, "WRITE"),
+    (opcode::ReadFixed::CODE, "READ_FIXED"),
+    (opcode::WriteFixed::CODE, "WRITE_FIXED"),
+    (opcode::Recv::CODE, "RECV"),
+    (opcode::Send::CODE, "SEND"),
+    (opcode::RecvMsg::CODE, "RECVMSG"),
+    (opcode::SendMsg::CODE, "SENDMSG"),
+    (opcode::Accept::CODE, "ACCEPT"),
+    (opcode::Connect::CODE, "CONNECT"),
+    (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
+    (opcode::Timeout::CODE, "TIMEOUT"),
+    (opcode::OpenAt::CODE, "OPENAT"),
+    (opcode::Statx::CODE, "STATX"),
+    (opcode::Fsync::CODE, "FSYNC"),
+    (opcode::Close::CODE, "CLOSE"),
+];
+
+/// Sets up a small ring and checks the opcodes xtc needs: `Ok` or why io_uring is unusable.
+pub(crate) fn probe() -> Result<(), String> {
+    let ring = IoUring::new(8).map_err(|e| {
+        let hint = match e.raw_os_error() {
+            Some(libc::ENOSYS) => " (kernel without io_uring)",
+            Some(libc::EPERM) => {
+                " (denied: a seccomp profile such as Docker's default, or kernel.io_uring_disabled=2)"
+            }
+            _ => "",
+        };
+        format!("io_uring_setup failed: {e}{hint}")
+    })?;
+    let mut probe = Probe::new();
+    ring.submitter()
+        .register_probe(&mut probe)
+        .map_err(|e| format!("IORING_REGISTER_PROBE failed: {e} (kernel older than 5.6)"))?;
+    for &(code, name) in REQUIRED {
+        if !probe.is_supported(code) {
+            return Err(format!("the kernel lacks IORING_OP_{name}"));
+        }
+    }
+    Ok(())
+}
+
+/// A slot of an operation in flight (module doc, rules 1–4).
+enum Lifecycle {
+    Submitted,
+    Waiting(Waker),
+    Ignored(#[allow(dead_code)] Box<dyn Any>),
+    Completed(i32),
+}
+
+/// One loop's io_uring.
+pub(crate) struct Uring {
+    id: u64,
+    ring: RefCell<IoUring>,
+    ops: RefCell<Slab<Lifecycle>>,
+    ping_fd: RawFd,
+    /// Target of the wake-ping read; boxed so its address is stable.
+    ping_buf: Box<Cell<u64>>,
+    ping_armed: Cell<bool>,
+    pinged: Cell<bool>,
+    ext_arg: bool,
+    /// Entries pushed since the last `io_uring_enter`.
+    unsubmitted: Cell<bool>,
+    scratch: RefCell<Vec<(u64, i32)>>,
+    submitted: Cell<u64>,
+    completed: Cell<u64>,
+}
+
+impl fmt::Debug for Uring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Uring")
+            .field("id", &self.id)
+            .field("in_flight", &self.ops.borrow().len())
+            .finish()
+    }
+}
+
+fn timespec(d: Duration) -> types::Timespec {
+    types::Timespec::new()
+        .sec(d.as_secs())
+        .nsec(d.subsec_nanos())
+}
+
+impl Uring {
+    pub(crate) fn new(ping_fd: RawFd) -> io::Result<Uring> {
+        let ring = IoUring::new(ENTRIES)?;
+        let ext_arg = ring.params().is_feature_ext_arg();
+        Ok(Uring {
+            id: super::next_driver_id(),
+            ring: RefCell::new(ring),
+            ops: RefCell::new(Slab::with_capacity(256)),
+            ping_fd,
+            ping_buf: Box::new(Cell::new(0)),
+            ping_armed: Cell::new(false),
+            pinged: Cell::new(false),
+            ext_arg,
+            unsubmitted: Cell::new(false),
+            scratch: RefCell::new(Vec::with_capacity(64)),
+            submitted: Cell::new(0),
+            completed: Cell::new(0),
+        })
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.ops.borrow().len()
+    }
+
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.submitted.get(), self.completed.get())
+    }
+
+    /// Queues `entry`; submits early if the submission ring is full.
+    ///
+    /// # Safety
+    /// Every pointer in `entry` must stay valid until its completion is reaped (rule 1/4).
+    unsafe fn push(&self, entry: &squeue::Entry) -> io::Result<()> {
+        loop {
+            let full = {
+                let mut ring = self.ring.borrow_mut();
+                // SAFETY: the caller guarantees the entry's pointers outlive the operation.
+                let r = unsafe { ring.submission().push(entry) };
+                r.is_err()
+            };
+            if !full {
+                self.unsubmitted.set(true);
+                return Ok(());
+            }
+            self.enter(0, None)?;
+        }
+    }
+
+    /// `io_uring_enter`: submits what is queued and waits for `want` completions or `timeout`.
+    /// `EBUSY` (completions backed up) reaps and retries; timeouts and signals are `Ok`.
+    fn enter(&self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
+        loop {
+            let res = {
+                let ring = self.ring.borrow();
+                let sub = ring.submitter();
+                match timeout {
+                    Some(t) if want > 0 && self.ext_arg => {
+                        let ts = timespec(t);
+                        sub.submit_with_args(want, &types::SubmitArgs::new().timespec(&ts))
+                    }
+                    _ => sub.submit_and_wait(want),
+                }
+            };
+            match res {
+                Ok(_) => {
+                    self.unsubmitted.set(false);
+                    return Ok(());
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::ETIME) | Some(libc::EINTR) => {
+                        self.unsubmitted.set(false);
+                        return Ok(());
+                    }
+                    Some(libc::EBUSY) | Some(libc::EAGAIN) => {
+                        let had = !self.ring.borrow_mut().completion().is_empty();
+                        self.dispatch();
+                        if !had {
+                            return Err(e);
+                        }
+                    }
+                    _ => return Err(e),
+                },
+            }
+        }
+    }
+
+    /// Starts an operation: `build` makes its entry from `data` (which the operation then owns).
+    /// On failure the data comes back with the error.
+    pub(crate) fn submit<T: 'static>(
+        &self,
+        mut data: T,
+        build: impl FnOnce(&mut T) -> squeue::Entry,
+    ) -> Result<Op<T>, (io::Error, T)> {
+        let entry = build(&mut data);
+        let key = self.ops.borrow_mut().insert(Lifecycle::Submitted);
+        let entry = entry.user_data(key as u64);
+        // SAFETY: the entry points into `data`'s heap memory (or the caller's 'static data),
+        // which the returned Op owns until the completion is reaped, or hands to the slot
+        // (rule 4). If the push fails the kernel never saw the entry.
+        if let Err(e) = unsafe { self.push(&entry) } {
+            self.ops.borrow_mut().remove(key);
+            return Err((e, data));
+        }
+        self.submitted.set(self.submitted.get() + 1);
+        Ok(Op {
+            key,
+            driver: self.id,
+            data: Some(data),
+            _local: std::marker::PhantomData,
+        })
+    }
+
+    /// Submits queued entries without waiting, then dispatches completions.
+    pub(crate) fn reap(&self) -> usize {
+        let pending = self.unsubmitted.get() || self.ring.borrow_mut().submission().taskrun();
+        if pending {
+            if let Err(e) = self.enter(0, None) {
+                tracing::warn!("xtc: io_uring submit failed: {e}");
+            }
+        }
+        self.dispatch()
+    }
+
+    pub(crate) fn has_completions(&self) -> bool {
+        !self.ring.borrow_mut().completion().is_empty()
+    }
+
+    /// Moves every available completion to its slot (rule 3). Returns how many there were.
+    fn dispatch(&self) -> usize {
+        let mut scratch = self.scratch.borrow_mut();
+        {
+            let mut ring = self.ring.borrow_mut();
+            scratch.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+        }
+        let mut n = 0;
+        for (ud, res) in scratch.drain(..) {
+            match ud {
+                PING => {
+                    self.ping_armed.set(false);
+                    self.pinged.set(true);
+                }
+                TIMEOUT | CANCEL => {}
+                key => {
+                    n += 1;
+                    self.completed.set(self.completed.get() + 1);
+                    let key = key as usize;
+                    let mut ops = self.ops.borrow_mut();
+                    let Some(slot) = ops.get_mut(key) else {
+                        continue;
+                    };
+                    match std::mem::replace(slot, Lifecycle::Completed(res)) {
+                        Lifecycle::Waiting(w) => {
+                            drop(ops);
+                            w.wake();
+                        }
+                        Lifecycle::Ignored(data) => {
+                            ops.remove(key);
+                            drop(ops);
+                            drop(data);
+                        }
+                        Lifecycle::Submitted | Lifecycle::Completed(_) => {}
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// Parks until a completion, the wake ping or `timeout`. Returns whether the ping fired.
+    pub(crate) fn park(&self, timeout: Option<Duration>) -> (bool, usize) {
+        self.pinged.set(false);
+        if !self.ping_armed.get() {
+            let entry =
+                opcode::Read::new(types::Fd(self.ping_fd), self.ping_buf.as_ptr().cast(), 8)
+                    .build()
+                    .user_data(PING);
+            // SAFETY: `ping_buf` is a boxed field of the driver, alive until the driver's Drop
+            // has reaped this read's completion (rule 5); the eventfd outlives the loop.
+            match unsafe { self.push(&entry) } {
+                Ok(()) => self.ping_armed.set(true),
+                Err(e) => tracing::warn!("xtc: could not arm the wake-ping read: {e}"),
+            }
+        }
+        let want = if self.has_completions() { 0 } else { 1 };
+        let res = match timeout {
+            Some(t) if !self.ext_arg && want > 0 && !t.is_zero() => {
+                let ts = Box::new(timespec(t));
+                let entry = opcode::Timeout::new(&*ts).build().user_data(TIMEOUT);
+                // SAFETY: the kernel copies the timespec while preparing the entry, during the
+                // enter below, and `ts` lives until after it.
+                let r = unsafe { self.push(&entry) }.and_then(|()| self.enter(want, None));
+                drop(ts);
+                r
+            }
+            Some(t) if t.is_zero() => self.enter(0, None),
+            t => self.enter(want, t),
+        };
+        if let Err(e) = res {
+            tracing::warn!("xtc: io_uring wait failed: {e}");
+        }
+        let n = self.dispatch();
+        (self.pinged.get(), n)
+    }
+
+    /// Registers the buffers of a `FixedBufPool`; returns this driver's id.
+    pub(crate) fn register_buffers(&self, bufs: &[Vec<u8>]) -> io::Result<u64> {
+        let iov: Vec<libc::iovec> = bufs
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.capacity(),
+            })
+            .collect();
+        // SAFETY: each iovec covers a live heap block of the pool, which keeps them (without
+        // reallocating) until it unregisters them in its Drop.
+        unsafe { self.ring.borrow().submitter().register_buffers(&iov) }.map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "this loop already has a registered FixedBufPool: drop it first",
+                )
+            } else {
+                e
+            }
+        })?;
+        Ok(self.id)
+    }
+
+    fn poll_op(&self, key: usize, cx: &mut Context<'_>) -> Poll<i32> {
+        let mut ops = self.ops.borrow_mut();
+        let slot = ops
+            .get_mut(key)
+            .expect("an Op's slot lives until the Op takes its result");
+        match slot {
+            Lifecycle::Completed(res) => {
+                let res = *res;
+                ops.remove(key);
+                Poll::Ready(res)
+            }
+            Lifecycle::Waiting(w) if w.will_wake(cx.waker()) => Poll::Pending,
+            _ => {
+                *slot = Lifecycle::Waiting(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Rule 4: the Op gave up.
+    fn abandon(&self, key: usize, data: Box<dyn Any>) {
+        let mut ops = self.ops.borrow_mut();
+        let Some(slot) = ops.get_mut(key) else {
+            return;
+        };
+        if let Lifecycle::Completed(_) = slot {
+            ops.remove(key);
+            drop(ops);
+            drop(data);
+            return;
+        }
+        *slot = Lifecycle::Ignored(data);
+        drop(ops);
+        let entry = opcode::AsyncCancel::new(key as u64)
+            .build()
+            .user_data(CANCEL);
+        // SAFETY: a cancellation carries no pointers.
+        if let Err(e) = unsafe { self.push(&entry) } {
+            tracing::warn!("xtc: could not submit AsyncCancel: {e}");
+        }
+    }
+}
+
+impl Drop for Uring {
+    fn drop(&mut self) {
+        // Rule 5.
+        let keys: Vec<u64> = self.ops.borrow().iter().map(|(k, _)| k as u64).collect();
+        let mut to_cancel = keys;
+        if self.ping_armed.get() {
+            to_cancel.push(PING);
+        }
+        for k in to_cancel {
+            let entry = opcode::AsyncCancel::new(k).build().user_data(CANCEL);
+            // SAFETY: a cancellation carries no pointers.
+            let _ = unsafe { self.push(&entry) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while (!self.ops.borrow().is_empty() || self.ping_armed.get()) && Instant::now() < deadline
+        {
+            let _ = self.enter(1, Some(Duration::from_millis(10)));
+            if !self.ext_arg {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.dispatch();
+        }
+        let left = self.ops.borrow().len();
+        if left > 0 || self.ping_armed.get() {
+            tracing::error!(
+                "xtc: {left} io_uring operation(s) did not complete within 1 s of shutdown; \
+                 their buffers are leaked rather than freed under the kernel"
+            );
+            for slot in self.ops.borrow_mut().drain() {
+                std::mem::forget(slot);
+            }
+            std::mem::forget(std::mem::replace(
+                &mut self.ping_buf,
+                Box::new(Cell::new(0)),
+            ));
+        }
+    }
+}
+
+/// Unregisters the fixed buffers of driver `id` if it is this thread's current loop's (a
+/// driver that is gone took its registration with it).
+pub(crate) fn unregister_buffers(id: u64) {
+    context::with_core(|c| {
+        if let super::Reactor::Uring(u) = &c.io {
+            if u.id == id {
+                if let Err(e) = u.ring.borrow().submitter().unregister_buffers() {
+                    tracing::warn!("xtc: unregistering fixed buffers failed: {e}");
+                }
+            }
+        }
+    });
+}
+
+/// An operation in flight; resolves to the kernel's result (`res`, negative errno) and the
+/// operation's data.
+pub(crate) struct Op<T: 'static> {
+    key: usize,
+    driver: u64,
+    data: Option<T>,
+    /// `!Send`: an operation must be polled and dropped on the loop that submitted it.
+    _local: std::marker::PhantomData<*const ()>,
+}
+
+impl<T> fmt::Debug for Op<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Op").field("key", &self.key).finish()
+    }
+}
+
+impl<T> Unpin for Op<T> {}
+
+fn with_uring<R>(id: u64, f: impl FnOnce(&Uring) -> R) -> Option<R> {
+    context::with_core(|c| match &c.io {
+        super::Reactor::Uring(u) if u.id == id => Some(f(u)),
+        _ => None,
+    })
+    .flatten()
+}
+
+impl<T: 'static> Future for Op<T> {
+    type Output = (i32, T);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(i32, T)> {
+        let (key, driver) = (self.key, self.driver);
+        match with_uring(driver, |u| u.poll_op(key, cx)) {
+            Some(Poll::Ready(res)) => {
+                Poll::Ready((res, self.data.take().expect("polled after completion")))
+            }
+            Some(Poll::Pending) => Poll::Pending,
+            // Polled off its loop, or its loop's driver is gone (which drained it, rule 5).
+            None => Poll::Ready((
+                -libc::ECANCELED,
+                self.data.take().expect("polled after completion"),
+            )),
+        }
+    }
+}
+
+impl<T: 'static> Drop for Op<T> {
+    fn drop(&mut self) {
+        if let Some(data) = self.data.take() {
+            let key = self.key;
+            // Off its driver the data is no longer in the kernel's hands (rule 5): drop it.
+            let _ = with_uring(self.driver, move |u| u.abandon(key, Box::new(data)));
+        }
+    }
+}
+
+/// Converts a completion result to `io::Result`.
+pub(crate) fn result(res: i32) -> io::Result<u32> {
+    if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else {
+        Ok(res as u32)
+    }
+}

@@ -1,0 +1,119 @@
+//! Networking on the current loop's I/O driver: [`TcpListener`], [`TcpStream`], [`UdpSocket`],
+//! [`UnixListener`], [`UnixStream`].
+//!
+//! Reads and writes take an owned buffer and give it back with the result
+//! ([`BufResult`](crate::io::BufResult)), because io_uring's kernel side uses the memory after
+//! the call returns; streams also implement `futures::io::{AsyncRead, AsyncWrite}` for codecs.
+//! Every type is `!Send` and belongs to the loop that uses it (see [`crate::io`]). Connection
+//! errors (`ECONNRESET`, `EPIPE`) come back as plain `io::Error`s; writes never raise `SIGPIPE`.
+//!
+//! ```no_run
+//! # use xtc_shards as xtc;
+//! # fn main() -> xtc::Result<()> {
+//! let exec = xtc::Executor::builder().shards(2).service_mode(true).build()?;
+//! for shard in 0..exec.shard_count() {
+//!     exec.spawn_on(shard, || async {
+//!         // One listener per shard; the kernel spreads connections over them.
+//!         let listener = xtc::net::TcpListener::bind_reuseport("127.0.0.1:7000").unwrap();
+//!         while let Ok((stream, _peer)) = listener.accept().await {
+//!             xtc::spawn_local(async move {
+//!                 let mut buf = Vec::with_capacity(4096);
+//!                 loop {
+//!                     let (n, b) = stream.read(buf).await;
+//!                     if !matches!(n, Ok(n) if n > 0) { break; }
+//!                     let (w, b) = stream.write_all(b).await;
+//!                     if w.is_err() { break; }
+//!                     buf = b;
+//!                 }
+//!             });
+//!         }
+//!     })?;
+//! }
+//! exec.run()
+//! # }
+//! ```
+
+mod stream;
+mod tcp;
+mod udp;
+mod unix;
+
+pub use tcp::{TcpListener, TcpStream};
+pub use udp::UdpSocket;
+pub use unix::{UnixListener, UnixStream};
+
+use std::{io, net::SocketAddr, time::Duration};
+
+use socket2::SockAddr;
+
+/// Converts a kernel socket address to an IP one.
+pub(crate) fn ip_addr(a: &SockAddr) -> io::Result<SocketAddr> {
+    a.as_socket()
+        .ok_or_else(|| io::Error::other("xtc: the kernel returned a non-IP socket address"))
+}
+
+/// Resolves `addr` (synchronously: literal addresses never block; host names use the system
+/// resolver) and tries `f` on each address until one succeeds.
+pub(crate) fn each_addr<T>(
+    addr: impl std::net::ToSocketAddrs,
+    mut f: impl FnMut(SocketAddr) -> io::Result<T>,
+) -> io::Result<T> {
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        match f(a) {
+            Ok(v) => return Ok(v),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the address resolved to nothing",
+        )
+    }))
+}
+
+/// Errors of `accept` that mean "out of descriptors or memory": back off and retry.
+pub(crate) fn is_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+    )
+}
+
+/// Errors of `accept` that concern only the connection being accepted: skip it.
+pub(crate) fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO)
+    )
+}
+
+/// The accept loop's back-off while out of descriptors: doubles from 1 ms to 100 ms.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    next: Duration,
+    warned: bool,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff {
+            next: Duration::from_millis(1),
+            warned: false,
+        }
+    }
+
+    /// Logs once per episode, then sleeps.
+    pub(crate) async fn wait(&mut self, e: &io::Error) {
+        if !self.warned {
+            self.warned = true;
+            tracing::warn!(
+                "xtc: accept failed: {e}; backing off (1 ms doubling to 100 ms) until descriptors \
+                 free up (raise RLIMIT_NOFILE / ulimit -n for more connections)"
+            );
+        }
+        crate::time::sleep(self.next).await;
+        self.next = (self.next * 2).min(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,287 @@
+//! The byte-stream half shared by [`TcpStream`](super::TcpStream) and
+//! [`UnixStream`](super::UnixStream): owned-buffer reads and writes, and the `futures::io`
+//! traits through an internal buffer.
+//!
+//! `AsyncRead` on io_uring reads into an internal 8 KiB buffer (the kernel needs memory that
+//! outlives the poll) and copies out; on epoll it reads straight into the caller's slice.
+//! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
+//! written at once (write-behind, like a `BufWriter` of one write); the next write, `flush` or
+//! `close` waits for it and reports its error. On epoll it writes straight from the slice.
+
+use std::{
+    future::Future,
+    io,
+    net::Shutdown,
+    os::fd::OwnedFd,
+    pin::Pin,
+    task::{ready, Context, Poll},
+};
+
+use io_uring::{opcode, types};
+
+use crate::io::{
+    epoll::Dir,
+    ops::{self, rw},
+    source::Source,
+    uring::{result, Op},
+    BufResult, IoBuf, IoBufMut, Reactor,
+};
+
+/// Internal read buffer of the `AsyncRead` path on io_uring.
+const READ_BUF: usize = 8 * 1024;
+/// Most bytes one `poll_write` takes on io_uring (bounds the internal copy).
+const WRITE_BUF: usize = 64 * 1024;
+
+#[derive(Debug, Default)]
+struct PollState {
+    reading: Option<Op<Vec<u8>>>,
+    rbuf: Vec<u8>,
+    rpos: usize,
+    writing: Option<Op<Vec<u8>>>,
+    wsent: usize,
+    wbuf: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(crate) struct StreamIo {
+    // Dropped before `src`: in-flight operations are cancelled before the fd closes.
+    poll: PollState,
+    pub(crate) src: Source,
+}
+
+enum Kind {
+    Uring,
+    Epoll,
+}
+
+fn kind() -> io::Result<Kind> {
+    crate::io::with_reactor(|r| {
+        Ok(match r {
+            Reactor::Uring(_) => Kind::Uring,
+            _ => Kind::Epoll,
+        })
+    })
+}
+
+fn start_send(fd: i32, buf: Vec<u8>, from: usize) -> io::Result<Op<Vec<u8>>> {
+    ops::submit(buf, |b| {
+        // SAFETY: `from < len`, so the pointer stays inside the buffer.
+        let ptr = unsafe { b.as_ptr().add(from) };
+        opcode::Send::new(types::Fd(fd), ptr, (b.len() - from) as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+    })
+    .map_err(|(e, _)| e)
+}
+
+impl StreamIo {
+    pub(crate) fn new(fd: OwnedFd) -> StreamIo {
+        StreamIo {
+            poll: PollState::default(),
+            src: Source::new(fd),
+        }
+    }
+
+    pub(crate) fn into_fd(self) -> OwnedFd {
+        let StreamIo { poll, src } = self;
+        drop(poll);
+        src.into_fd()
+    }
+
+    pub(crate) async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
+        rw::recv(&self.src, buf).await
+    }
+
+    pub(crate) async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
+        rw::send(&self.src, buf, 0).await
+    }
+
+    pub(crate) async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
+        rw::send_all(&self.src, buf).await
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let how = match how {
+            Shutdown::Read => libc::SHUT_RD,
+            Shutdown::Write => libc::SHUT_WR,
+            Shutdown::Both => libc::SHUT_RDWR,
+        };
+        // SAFETY: plain syscall on our open descriptor.
+        ops::cvt(unsafe { libc::shutdown(self.src.fd(), how) }).map(drop)
+    }
+
+    pub(crate) fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        match kind()? {
+            Kind::Epoll => {
+                let (ptr, len) = (out.as_mut_ptr(), out.len());
+                crate::io::with_reactor(|r| match r {
+                    Reactor::Epoll(e) => Ok(self.src.poll_ready(e, Dir::Read, cx, &mut |fd| {
+                        // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed
+                        // for this call.
+                        ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) }).map(|n| n as usize)
+                    })),
+                    _ => Err(io::Error::other("xtc: driver changed")),
+                })?
+            }
+            Kind::Uring => loop {
+                let st = &mut self.poll;
+                if st.rpos < st.rbuf.len() {
+                    let n = out.len().min(st.rbuf.len() - st.rpos);
+                    out[..n].copy_from_slice(&st.rbuf[st.rpos..st.rpos + n]);
+                    st.rpos += n;
+                    return Poll::Ready(Ok(n));
+                }
+                if let Some(op) = st.reading.as_mut() {
+                    let (res, mut buf) = ready!(Pin::new(op).poll(cx));
+                    st.reading = None;
+                    let r = result(res);
+                    if let Ok(n) = r {
+                        // SAFETY: the kernel initialized `n <= capacity` bytes.
+                        unsafe { buf.set_len(n as usize) };
+                    }
+                    st.rbuf = buf;
+                    st.rpos = 0;
+                    match r {
+                        Ok(0) => return Poll::Ready(Ok(0)),
+                        Ok(_) => continue,
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
+                if out.is_empty() {
+                    return Poll::Ready(Ok(0));
+                }
+                let mut buf = std::mem::take(&mut st.rbuf);
+                buf.clear();
+                buf.reserve(READ_BUF);
+                let fd = self.src.fd();
+                match ops::submit(buf, |b| {
+                    opcode::Recv::new(types::Fd(fd), b.as_mut_ptr(), b.capacity() as u32).build()
+                }) {
+                    Ok(op) => st.reading = Some(op),
+                    Err((e, buf)) => {
+                        st.rbuf = buf;
+                        return Poll::Ready(Err(e));
+                    }
+                }
+            },
+        }
+    }
+
+    /// Waits for the write in flight (io_uring), completing partial sends.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let fd = self.src.fd();
+        let st = &mut self.poll;
+        while let Some(op) = st.writing.as_mut() {
+            let (res, buf) = ready!(Pin::new(op).poll(cx));
+            st.writing = None;
+            match result(res) {
+                Ok(n) => {
+                    st.wsent += n as usize;
+                    if n > 0 && st.wsent < buf.len() {
+                        st.writing = Some(start_send(fd, buf, st.wsent)?);
+                        continue;
+                    }
+                    let short = st.wsent < buf.len();
+                    st.wbuf = buf;
+                    st.wbuf.clear();
+                    if short {
+                        return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                    }
+                }
+                Err(e) => {
+                    st.wbuf = buf;
+                    st.wbuf.clear();
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    pub(crate) fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match kind()? {
+            Kind::Epoll => {
+                let (ptr, len) = (data.as_ptr(), data.len());
+                crate::io::with_reactor(|r| match r {
+                    Reactor::Epoll(e) => Ok(self.src.poll_ready(e, Dir::Write, cx, &mut |fd| {
+                        // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this
+                        // call.
+                        ops::cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
+                            .map(|n| n as usize)
+                    })),
+                    _ => Err(io::Error::other("xtc: driver changed")),
+                })?
+            }
+            Kind::Uring => {
+                ready!(self.poll_drain(cx))?;
+                if data.is_empty() {
+                    return Poll::Ready(Ok(0));
+                }
+                let n = data.len().min(WRITE_BUF);
+                let mut buf = std::mem::take(&mut self.poll.wbuf);
+                buf.clear();
+                buf.extend_from_slice(&data[..n]);
+                self.poll.wsent = 0;
+                self.poll.writing = Some(start_send(self.src.fd(), buf, 0)?);
+                Poll::Ready(Ok(n))
+            }
+        }
+    }
+
+    pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_drain(cx)
+    }
+
+    pub(crate) fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_drain(cx))?;
+        Poll::Ready(self.shutdown(Shutdown::Write))
+    }
+}
+
+/// Implements the `futures::io` traits for a type with a `StreamIo` field named `io`.
+macro_rules! impl_async_io {
+    ($t:ty) => {
+        impl futures_io::AsyncRead for $t {
+            fn poll_read(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &mut [u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                self.get_mut().io.poll_read(cx, buf)
+            }
+        }
+
+        impl futures_io::AsyncWrite for $t {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                self.get_mut().io.poll_write(cx, buf)
+            }
+
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                self.get_mut().io.poll_flush(cx)
+            }
+
+            fn poll_close(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                self.get_mut().io.poll_close(cx)
+            }
+        }
+    };
+}
+pub(crate) use impl_async_io;

@@ -1,0 +1,209 @@
+//! TCP: [`TcpListener`] and [`TcpStream`].
+
+use std::{
+    io,
+    net::{Shutdown, SocketAddr},
+    os::fd::{AsRawFd, OwnedFd, RawFd},
+};
+
+use socket2::{Domain, SockRef, Socket, Type};
+
+use super::{each_addr, ip_addr, is_exhaustion, is_transient, stream::StreamIo, Backoff};
+use crate::io::{ops, source::Source, BufResult, IoBuf, IoBufMut};
+
+/// A listening TCP socket on the current loop's driver. `!Send`.
+#[derive(Debug)]
+pub struct TcpListener {
+    src: Source,
+}
+
+fn listener(addr: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
+    s.set_reuse_address(true)?;
+    if reuse_port {
+        s.set_reuse_port(true)?;
+    }
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s)
+}
+
+impl TcpListener {
+    /// Binds and listens (backlog 1024, `SO_REUSEADDR`). Synchronous, like `std` and Glommio:
+    /// it may be called off any loop, and the listener may then be used by a task of any one
+    /// loop. Host names are resolved synchronously.
+    pub fn bind(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
+        each_addr(addr, |a| listener(a, false)).map(|s| TcpListener {
+            src: Source::new(OwnedFd::from(s)),
+        })
+    }
+
+    /// As [`bind`](Self::bind) with `SO_REUSEPORT`: every shard binds its own listener to the
+    /// same address and the kernel spreads incoming connections over them, so each shard
+    /// accepts its own (the Seastar / Glommio server layout). Connections never move between
+    /// listeners afterwards.
+    pub fn bind_reuseport(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
+        each_addr(addr, |a| listener(a, true)).map(|s| TcpListener {
+            src: Source::new(OwnedFd::from(s)),
+        })
+    }
+
+    /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`) or memory it logs once and
+    /// backs off (1 ms doubling to 100 ms) instead of spinning or failing; connections aborted
+    /// before they were accepted are skipped. Other errors are returned. Cost: one `ACCEPT`
+    /// submission (io_uring) or one `accept4` plus, when none is pending, one `epoll_ctl`.
+    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        let mut backoff = Backoff::new();
+        loop {
+            match ops::accept::accept(&self.src).await {
+                Ok((fd, addr)) => return Ok((TcpStream::from_fd(fd), ip_addr(&addr)?)),
+                Err(e) if is_exhaustion(&e) => backoff.wait(&e).await,
+                Err(e) if is_transient(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The bound address (with the port the OS chose for port 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        ip_addr(&SockRef::from(&self.src_fd()).local_addr()?)
+    }
+
+    fn src_fd(&self) -> BorrowedRaw {
+        BorrowedRaw(self.src.fd())
+    }
+
+    /// Wraps a listener from `std` (switched to non-blocking mode).
+    pub fn from_std(l: std::net::TcpListener) -> io::Result<TcpListener> {
+        l.set_nonblocking(true)?;
+        Ok(TcpListener {
+            src: Source::new(OwnedFd::from(l)),
+        })
+    }
+
+    /// Unwraps into a `std` listener (left in non-blocking mode), e.g. to send it to another
+    /// shard.
+    pub fn into_std(self) -> std::net::TcpListener {
+        std::net::TcpListener::from(self.src.into_fd())
+    }
+}
+
+/// A raw fd viewed as `AsFd` for `SockRef` (socket2 only borrows it).
+pub(crate) struct BorrowedRaw(pub(crate) RawFd);
+
+impl std::os::fd::AsFd for BorrowedRaw {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the fd belongs to a live Source that outlives this short-lived view.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.0) }
+    }
+}
+
+/// A TCP connection on the current loop's driver. `!Send`.
+///
+/// Owned-buffer I/O: [`read`](Self::read), [`write`](Self::write),
+/// [`write_all`](Self::write_all); or the `futures::io` traits (internal buffer, see
+/// `net/stream.rs`). Several tasks of the loop may read and write through `&TcpStream` (e.g.
+/// an `Rc`) at once.
+#[derive(Debug)]
+pub struct TcpStream {
+    io: StreamIo,
+}
+
+impl TcpStream {
+    pub(crate) fn from_fd(fd: OwnedFd) -> TcpStream {
+        TcpStream {
+            io: StreamIo::new(fd),
+        }
+    }
+
+    /// Connects to `addr` (each resolved address in turn). Must run on a loop.
+    pub async fn connect(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpStream> {
+        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+        let mut last = None;
+        for a in addrs {
+            let s = Socket::new(Domain::for_address(a), Type::STREAM.nonblocking(), None)?;
+            let stream = TcpStream::from_fd(OwnedFd::from(s));
+            match ops::connect::connect(&stream.io.src, a.into()).await {
+                Ok(()) => return Ok(stream),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the address resolved to nothing",
+            )
+        }))
+    }
+
+    /// Reads into `buf` from its start, up to its capacity (`Vec::with_capacity(n)` reads up to
+    /// `n` bytes), and sets a `Vec`'s length to the count read. `Ok(0)` is the end of the
+    /// stream. Cost: one `RECV` (or `READ_FIXED` for a [`FixedBuf`](crate::io::FixedBuf))
+    /// submission, or one `recv` plus an `epoll_ctl` when no data is waiting.
+    pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
+        self.io.read(buf).await
+    }
+
+    /// Writes `buf[..len]` once; returns the count written (possibly less than all).
+    pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
+        self.io.write(buf).await
+    }
+
+    /// Writes all of `buf[..len]`, completing partial writes. `EPIPE` / `ECONNRESET` when the
+    /// peer went away.
+    pub async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
+        self.io.write_all(buf).await
+    }
+
+    /// Shuts down the read, write or both halves (never blocks).
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.io.shutdown(how)
+    }
+
+    /// Sets `TCP_NODELAY` (no Nagle batching of small writes).
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        SockRef::from(&BorrowedRaw(self.io.src.fd())).set_nodelay(on)
+    }
+
+    /// Whether `TCP_NODELAY` is set.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        SockRef::from(&BorrowedRaw(self.io.src.fd())).nodelay()
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        ip_addr(&SockRef::from(&BorrowedRaw(self.io.src.fd())).peer_addr()?)
+    }
+
+    /// This end's address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        ip_addr(&SockRef::from(&BorrowedRaw(self.io.src.fd())).local_addr()?)
+    }
+
+    /// Wraps a connected `std` stream (switched to non-blocking mode): the way to receive a
+    /// connection another shard accepted.
+    pub fn from_std(s: std::net::TcpStream) -> io::Result<TcpStream> {
+        s.set_nonblocking(true)?;
+        Ok(TcpStream::from_fd(OwnedFd::from(s)))
+    }
+
+    /// Unwraps into a `std` stream (left non-blocking), e.g. to hand it to another shard.
+    /// Buffered `AsyncWrite` bytes still in flight are cancelled: flush first.
+    pub fn into_std(self) -> std::net::TcpStream {
+        std::net::TcpStream::from(self.io.into_fd())
+    }
+}
+
+impl AsRawFd for TcpStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.io.src.fd()
+    }
+}
+
+impl AsRawFd for TcpListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.src.fd()
+    }
+}
+
+super::stream::impl_async_io!(TcpStream);

@@ -1,0 +1,128 @@
+//! Unix-domain streams: [`UnixListener`] and [`UnixStream`].
+
+use std::{
+    io,
+    net::Shutdown,
+    os::fd::{AsRawFd, OwnedFd, RawFd},
+    path::Path,
+};
+
+use socket2::{Domain, SockAddr, Socket, Type};
+
+use super::{is_exhaustion, is_transient, stream::StreamIo, Backoff};
+use crate::io::{ops, source::Source, BufResult, IoBuf, IoBufMut};
+
+/// A listening Unix-domain stream socket. `!Send`.
+#[derive(Debug)]
+pub struct UnixListener {
+    src: Source,
+}
+
+impl UnixListener {
+    /// Binds to `path` and listens (backlog 1024). Synchronous. The path must not exist.
+    pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
+        let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
+        s.bind(&SockAddr::unix(path)?)?;
+        s.listen(1024)?;
+        Ok(UnixListener {
+            src: Source::new(OwnedFd::from(s)),
+        })
+    }
+
+    /// Waits for a connection (peers of Unix sockets are usually unnamed, so no address is
+    /// returned). Descriptor exhaustion backs off as [`TcpListener::accept`](super::TcpListener::accept) does.
+    pub async fn accept(&self) -> io::Result<UnixStream> {
+        let mut backoff = Backoff::new();
+        loop {
+            match ops::accept::accept(&self.src).await {
+                Ok((fd, _)) => {
+                    return Ok(UnixStream {
+                        io: StreamIo::new(fd),
+                    })
+                }
+                Err(e) if is_exhaustion(&e) => backoff.wait(&e).await,
+                Err(e) if is_transient(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl AsRawFd for UnixListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.src.fd()
+    }
+}
+
+/// A Unix-domain stream connection. `!Send`. Same I/O as [`TcpStream`](super::TcpStream).
+#[derive(Debug)]
+pub struct UnixStream {
+    io: StreamIo,
+}
+
+impl UnixStream {
+    /// Connects to the listener at `path`. Must run on a loop.
+    pub async fn connect(path: impl AsRef<Path>) -> io::Result<UnixStream> {
+        let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
+        let addr = SockAddr::unix(path)?;
+        let stream = UnixStream {
+            io: StreamIo::new(OwnedFd::from(s)),
+        };
+        ops::connect::connect(&stream.io.src, addr).await?;
+        Ok(stream)
+    }
+
+    /// A connected pair (`socketpair`), e.g. for tests or to talk to a child process.
+    pub fn pair() -> io::Result<(UnixStream, UnixStream)> {
+        let (a, b) = Socket::pair(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
+        Ok((
+            UnixStream {
+                io: StreamIo::new(OwnedFd::from(a)),
+            },
+            UnixStream {
+                io: StreamIo::new(OwnedFd::from(b)),
+            },
+        ))
+    }
+
+    /// Reads into `buf` from its start, as [`TcpStream::read`](super::TcpStream::read).
+    pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
+        self.io.read(buf).await
+    }
+
+    /// Writes `buf[..len]` once.
+    pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
+        self.io.write(buf).await
+    }
+
+    /// Writes all of `buf[..len]`.
+    pub async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
+        self.io.write_all(buf).await
+    }
+
+    /// Shuts down a half or both.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.io.shutdown(how)
+    }
+
+    /// Wraps a `std` stream (switched to non-blocking mode).
+    pub fn from_std(s: std::os::unix::net::UnixStream) -> io::Result<UnixStream> {
+        s.set_nonblocking(true)?;
+        Ok(UnixStream {
+            io: StreamIo::new(OwnedFd::from(s)),
+        })
+    }
+
+    /// Unwraps into a `std` stream (left non-blocking).
+    pub fn into_std(self) -> std::os::unix::net::UnixStream {
+        std::os::unix::net::UnixStream::from(self.io.into_fd())
+    }
+}
+
+impl AsRawFd for UnixStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.io.src.fd()
+    }
+}
+
+super::stream::impl_async_io!(UnixStream);
