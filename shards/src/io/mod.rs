@@ -145,6 +145,9 @@ pub(crate) fn resolve(choice: DriverChoice) -> Result<Driver, String> {
 }
 
 /// One loop's I/O driver.
+// One per loop, built once inside the loop's Core and never moved: boxing would only add an
+// indirection on the hot path.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Reactor {
     Uring(uring::Uring),
