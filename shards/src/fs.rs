@@ -1,4 +1,4 @@
-//! Files on the current loop's I/O driver: [`File`], [`read`], [`write`], [`OpenOptions`].
+//! Files on the current loop's I/O driver: [`File`], [`read()`], [`write()`], [`OpenOptions`].
 //!
 //! On io_uring every call is one submission; on epoll each runs on a small blocking thread
 //! pool (epoll cannot wait on regular files), with one copy through a pool buffer. Positional

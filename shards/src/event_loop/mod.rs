@@ -9,7 +9,7 @@
 //!    no system call on io_uring when nothing was queued, none on epoll while nothing waits),
 //!    then fire due timers (only when the loop has any: one clock read);
 //! 4. run up to [`BATCH`] runnable tasks, FIFO, reaping the driver again every
-//!    [`REAP_EVERY`](crate::io::REAP_EVERY) polls;
+//!    `io::REAP_EVERY` polls;
 //! 5. if nothing is runnable and the inbox is empty: publish the loop's status for quiescence
 //!    detection (`executor/quiesce.rs`), then park *in the I/O driver* until an I/O event, the
 //!    next timer deadline or a wake ping (the ping's eventfd is registered in the driver), by

@@ -14,7 +14,10 @@
 //!    sees exactly `SLEEPING` (sleeping, nobody notified yet) writes the wake ping (eventfd).
 //!    Senders that see `RUNNING` or `NOTIFIED` do nothing more: the loop is awake or will be.
 //! 3. **Sleep.** After a recheck that found nothing the loop blocks on the ping with its timeout
-//!    (next timer), then stores `RUNNING` and drains the ping.
+//!    (next timer), then stores `RUNNING` and drains the ping. The block is the loop's I/O
+//!    driver ([`sleep_in`](Parker::sleep_in), io/mod.rs), where the ping's eventfd is
+//!    registered; an I/O event may end the block too, which is a plain spurious turn for this
+//!    protocol.
 //!
 //! Why no wake-up is lost: rules 1 and 2 are a Dekker pair, and both sides use read-modify-writes
 //! on both words. If the loop's recheck RMW on `pending` came before the sender's `swap` in
@@ -115,14 +118,14 @@ impl Parker {
 
     /// Rule 3 with the loop's I/O driver as the blocking wait: `wait(timeout)` blocks in the
     /// driver (where the ping's fd is registered) and returns `(pinged, drained)`; a ping the
-    /// driver did not consume is drained here.
-    #[cfg(not(loom))]
+    /// driver did not consume is drained here. `wait` gets the plain eventfd wait as a
+    /// fallback (a loop without a driver).
     pub(crate) fn sleep_in(
         &self,
-        wait: impl FnOnce(Option<Duration>, &Ping) -> (bool, bool),
+        wait: impl FnOnce(Option<Duration>, &dyn Fn(Option<Duration>) -> bool) -> (bool, bool),
         timeout: Option<Duration>,
     ) -> bool {
-        let (pinged, drained) = wait(timeout, &self.ping);
+        let (pinged, drained) = wait(timeout, &|t| self.ping.wait(t));
         self.state.store(RUNNING, SeqCst);
         if pinged && !drained {
             self.ping.drain();
@@ -134,6 +137,12 @@ impl Parker {
     #[cfg(not(loom))]
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         self.ping.fd()
+    }
+
+    /// Under loom there is no descriptor (the loop gets no I/O driver).
+    #[cfg(loom)]
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        -1
     }
 
     /// Rule 2: called by a sender after it published work. Returns whether it wrote the ping.

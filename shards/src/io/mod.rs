@@ -3,13 +3,13 @@
 //!
 //! # How a loop does I/O
 //!
-//! Every loop owns a [`Reactor`]: an io_uring instance ([`uring`]), an epoll instance
-//! ([`epoll`]), or, if the OS refused both, none (I/O calls then fail with a clear error and the
+//! Every loop owns a `Reactor`: an io_uring instance (`uring.rs`), an epoll instance
+//! (`epoll.rs`), or, if the OS refused both, none (I/O calls then fail with a clear error and the
 //! loop parks on its eventfd as before). The reactor *is* the loop's park (event_loop step 5):
 //! an idle loop waits in the reactor until a completion or readiness event, its wake eventfd
 //! (registered in the reactor) or its timeout, which is the next timer deadline or the idle
 //! tick — so timers are served by the driver (an io_uring wait timeout, or epoll_wait's).
-//! Completions are also reaped at the start of every loop turn and every [`REAP_EVERY`] task
+//! Completions are also reaped at the start of every loop turn and every `REAP_EVERY` (32) task
 //! polls within a turn, so a busy loop still makes I/O progress.
 //!
 //! * **io_uring** (`uring.rs`): an operation is a submission whose buffers and addresses are
@@ -160,6 +160,9 @@ impl Reactor {
     /// Creates the driver `kind` for a loop whose wake eventfd is `ping_fd`; falls back to
     /// epoll, then to none, logging why.
     pub(crate) fn new(kind: Driver, ping_fd: std::os::fd::RawFd) -> Reactor {
+        if cfg!(loom) {
+            return Reactor::None("loom models run without an I/O driver".into());
+        }
         if kind == Driver::IoUring {
             match uring::Uring::new(ping_fd) {
                 Ok(u) => return Reactor::Uring(u),
@@ -224,7 +227,7 @@ impl Reactor {
     pub(crate) fn park(
         &self,
         timeout: Option<Duration>,
-        fallback: &crate::sys::EventFd,
+        fallback: &dyn Fn(Option<Duration>) -> bool,
     ) -> (bool, bool, usize) {
         match self {
             Reactor::Uring(u) => {
@@ -235,7 +238,7 @@ impl Reactor {
                 let (p, n) = e.park(timeout);
                 (p, true, n)
             }
-            Reactor::None(_) => (fallback.wait(timeout), false, 0),
+            Reactor::None(_) => (fallback(timeout), false, 0),
         }
     }
 
