@@ -121,16 +121,22 @@ fn block_on_returns_main_output_and_drops_the_rest() {
         }
     }
     let d = dropped.clone();
+    let started = Arc::new(AtomicUsize::new(0));
     let v = ex
         .block_on(move || async move {
             // A task on the other shard that would run forever.
             let h = shard::handle().unwrap();
+            let s = started.clone();
             h.spawn_on(1, move || async move {
                 let _c = Canary(d);
+                s.store(1, SeqCst);
                 std::future::pending::<()>().await;
             })
             .unwrap();
-            xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            // Wait until it really runs (a spawn still in flight is dropped unbuilt).
+            while started.load(SeqCst) == 0 {
+                xtc_shards::time::sleep(Duration::from_millis(1)).await;
+            }
             7 * 6
         })
         .unwrap();
