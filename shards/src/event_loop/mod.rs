@@ -266,6 +266,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let worked = ran > 0;
         if worked {
             core.empty_ticks.set(0);
+            core.io.submit();
         }
         core.run_flushes();
         ring::flush(core);

@@ -202,6 +202,14 @@ impl Reactor {
         }
     }
 
+    /// Hands queued io_uring submissions to the kernel (one `io_uring_enter`), if any: at the
+    /// end of a loop turn, so an idle loop's spin-before-park does not sit on unsent requests.
+    pub(crate) fn submit(&self) {
+        if let Reactor::Uring(u) = self {
+            u.submit_pending();
+        }
+    }
+
     /// Whether completions wait in shared memory (io_uring; a load, no system call).
     pub(crate) fn has_completions(&self) -> bool {
         match self {
@@ -230,10 +238,7 @@ impl Reactor {
         fallback: &dyn Fn(Option<Duration>) -> bool,
     ) -> (bool, bool, usize) {
         match self {
-            Reactor::Uring(u) => {
-                let (p, n) = u.park(timeout);
-                (p, true, n)
-            }
+            Reactor::Uring(u) => u.park(timeout),
             Reactor::Epoll(e) => {
                 let (p, n) = e.park(timeout);
                 (p, true, n)

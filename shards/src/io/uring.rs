@@ -19,7 +19,10 @@
 //!    outstanding then is leaked (logged), never freed under the kernel.
 //!
 //! The loop's wake eventfd is read by a standing `READ` (token [`PING`]), re-armed at each
-//! park, so a cross-shard wake completes the driver's wait. Park timeouts use the
+//! park, so a cross-shard wake completes the driver's wait. (A kernel that answers that read
+//! with `EAGAIN`, honouring the eventfd's `O_NONBLOCK`, gets a `POLL_ADD` instead, and the
+//! parker drains the eventfd.) Entries queued during a turn are submitted at its end, before
+//! any spin-before-park, so a request never waits for the loop to go to sleep. Park timeouts use the
 //! `EXT_ARG` wait timeout (kernel 5.11+) or, before that, a `TIMEOUT` entry.
 
 use std::{
@@ -69,6 +72,7 @@ const REQUIRED: &[(u8, &str)] = &[
     (opcode::Statx::CODE, "STATX"),
     (opcode::Fsync::CODE, "FSYNC"),
     (opcode::Close::CODE, "CLOSE"),
+    (opcode::PollAdd::CODE, "POLL_ADD"),
 ];
 
 /// Sets up a small ring and checks the opcodes xtc needs: `Ok` or why io_uring is unusable.
@@ -113,6 +117,9 @@ pub(crate) struct Uring {
     ping_buf: Box<Cell<u64>>,
     ping_armed: Cell<bool>,
     pinged: Cell<bool>,
+    /// The kernel completed the ping read with `EAGAIN` (older kernels honour the eventfd's
+    /// `O_NONBLOCK` in io_uring reads): wait with `POLL_ADD` instead and let the parker drain.
+    ping_by_poll: Cell<bool>,
     ext_arg: bool,
     /// Entries pushed since the last `io_uring_enter`.
     unsubmitted: Cell<bool>,
@@ -148,6 +155,7 @@ impl Uring {
             ping_buf: Box::new(Cell::new(0)),
             ping_armed: Cell::new(false),
             pinged: Cell::new(false),
+            ping_by_poll: Cell::new(false),
             ext_arg,
             unsubmitted: Cell::new(false),
             scratch: RefCell::new(Vec::with_capacity(64)),
@@ -263,6 +271,15 @@ impl Uring {
         self.dispatch()
     }
 
+    /// Submits queued entries, if any, without waiting.
+    pub(crate) fn submit_pending(&self) {
+        if self.unsubmitted.get() {
+            if let Err(e) = self.enter(0, None) {
+                tracing::warn!("xtc: io_uring submit failed: {e}");
+            }
+        }
+    }
+
     pub(crate) fn has_completions(&self) -> bool {
         !self.ring.borrow_mut().completion().is_empty()
     }
@@ -279,7 +296,11 @@ impl Uring {
             match ud {
                 PING => {
                     self.ping_armed.set(false);
-                    self.pinged.set(true);
+                    if res == -libc::EAGAIN && !self.ping_by_poll.get() {
+                        self.ping_by_poll.set(true);
+                    } else {
+                        self.pinged.set(true);
+                    }
                 }
                 TIMEOUT | CANCEL => {}
                 key => {
@@ -308,14 +329,17 @@ impl Uring {
         n
     }
 
-    /// Parks until a completion, the wake ping or `timeout`. Returns whether the ping fired.
-    pub(crate) fn park(&self, timeout: Option<Duration>) -> (bool, usize) {
+    /// Parks until a completion, the wake ping or `timeout`. Returns whether the ping fired,
+    /// whether it was drained, and how many operations completed.
+    pub(crate) fn park(&self, timeout: Option<Duration>) -> (bool, bool, usize) {
         self.pinged.set(false);
         if !self.ping_armed.get() {
-            let entry =
-                opcode::Read::new(types::Fd(self.ping_fd), self.ping_buf.as_ptr().cast(), 8)
-                    .build()
-                    .user_data(PING);
+            let entry = if self.ping_by_poll.get() {
+                opcode::PollAdd::new(types::Fd(self.ping_fd), libc::POLLIN as u32).build()
+            } else {
+                opcode::Read::new(types::Fd(self.ping_fd), self.ping_buf.as_ptr().cast(), 8).build()
+            }
+            .user_data(PING);
             // SAFETY: `ping_buf` is a boxed field of the driver, alive until the driver's Drop
             // has reaped this read's completion (rule 5); the eventfd outlives the loop.
             match unsafe { self.push(&entry) } {
@@ -341,7 +365,7 @@ impl Uring {
             tracing::warn!("xtc: io_uring wait failed: {e}");
         }
         let n = self.dispatch();
-        (self.pinged.get(), n)
+        (self.pinged.get(), !self.ping_by_poll.get(), n)
     }
 
     /// Registers the buffers of a `FixedBufPool`; returns this driver's id.
