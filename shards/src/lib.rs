@@ -11,6 +11,7 @@
 //!   │ steal deque  │ steal deque  │              │  migratable tasks: crossbeam-deque + injector
 //!   │ timers       │ timers       │              │  binary heap (timer module)
 //!   │ inbox (MPSC) │ inbox (MPSC) │              │  from other threads: spawns, wakes
+//!   │ I/O driver   │ I/O driver   │              │  io_uring or epoll; the loop parks in it
 //!   └──────┬───────┴──────┬───────┴──────────────┘
 //!          └── SPSC ring mesh: one rtrb ring per ordered pair, N·(N−1) rings ──┘
 //! ```
@@ -47,6 +48,9 @@
 //! 7. Off means one branch: with no class and no stall budget the loop's FIFO path is unchanged.
 //! 8. Quiescence is exact and a deadlock is reported (`executor/quiesce.rs`).
 //! 9. Errors are values ([`Error`]); a panicking task is contained ([`JoinError`]).
+//! 10. I/O owns its buffers: an operation takes its buffer until the completion and gives it
+//!     back ([`io::BufResult`]); dropping the future cancels the operation and keeps the buffer
+//!     alive until the kernel is done with it (`io/uring.rs`, rules 1–5).
 //!
 //! # Environment variables
 //!

@@ -103,8 +103,20 @@ pub(crate) fn probe() -> Result<(), String> {
 enum Lifecycle {
     Submitted,
     Waiting(Waker),
-    Ignored(#[allow(dead_code)] Box<dyn Any>),
+    /// The Op was dropped: its data, kept until the completion, and whether a successful
+    /// result is a new descriptor that nobody will own (closed when it arrives).
+    Ignored(#[allow(dead_code)] Box<dyn Any>, bool),
     Completed(i32),
+}
+
+/// Closes the descriptor a dropped `accept` or `open` got from the kernel (`res >= 0`), which
+/// would otherwise leak, and with it, for `accept`, a connection nobody serves.
+fn close_orphan(res: i32, is_fd: bool) {
+    if is_fd && res >= 0 {
+        // SAFETY: the kernel returned a fresh descriptor for an operation whose future is gone;
+        // nothing else knows the number, so we are its only owner.
+        unsafe { libc::close(res) };
+    }
 }
 
 /// One loop's io_uring.
@@ -256,6 +268,7 @@ impl Uring {
             key,
             driver: self.id,
             data: Some(data),
+            result_is_fd: false,
             _local: std::marker::PhantomData,
         })
     }
@@ -316,9 +329,10 @@ impl Uring {
                             drop(ops);
                             w.wake();
                         }
-                        Lifecycle::Ignored(data) => {
+                        Lifecycle::Ignored(data, is_fd) => {
                             ops.remove(key);
                             drop(ops);
+                            close_orphan(res, is_fd);
                             drop(data);
                         }
                         Lifecycle::Submitted | Lifecycle::Completed(_) => {}
@@ -411,19 +425,20 @@ impl Uring {
         }
     }
 
-    /// Rule 4: the Op gave up.
-    fn abandon(&self, key: usize, data: Box<dyn Any>) {
+    /// Rule 4: the Op gave up. `is_fd`: a successful result is a descriptor to close.
+    fn abandon(&self, key: usize, data: Box<dyn Any>, is_fd: bool) {
         let mut ops = self.ops.borrow_mut();
         let Some(slot) = ops.get_mut(key) else {
             return;
         };
-        if let Lifecycle::Completed(_) = slot {
+        if let Lifecycle::Completed(res) = *slot {
             ops.remove(key);
             drop(ops);
+            close_orphan(res, is_fd);
             drop(data);
             return;
         }
-        *slot = Lifecycle::Ignored(data);
+        *slot = Lifecycle::Ignored(data, is_fd);
         drop(ops);
         let entry = opcode::AsyncCancel::new(key as u64)
             .build()
@@ -494,6 +509,9 @@ pub(crate) struct Op<T: 'static> {
     key: usize,
     driver: u64,
     data: Option<T>,
+    /// A successful result is a new descriptor (`accept`, `openat`): if the Op is dropped
+    /// before it takes the result, the driver closes it.
+    result_is_fd: bool,
     /// `!Send`: an operation must be polled and dropped on the loop that submitted it.
     _local: std::marker::PhantomData<*const ()>,
 }
@@ -505,6 +523,15 @@ impl<T> fmt::Debug for Op<T> {
 }
 
 impl<T> Unpin for Op<T> {}
+
+impl<T> Op<T> {
+    /// Marks a successful result as a new descriptor that the driver closes if this Op is
+    /// dropped before it takes the result.
+    pub(crate) fn result_is_fd(mut self) -> Op<T> {
+        self.result_is_fd = true;
+        self
+    }
+}
 
 fn with_uring<R>(id: u64, f: impl FnOnce(&Uring) -> R) -> Option<R> {
     context::with_core(|c| match &c.io {
@@ -536,9 +563,9 @@ impl<T: 'static> Future for Op<T> {
 impl<T: 'static> Drop for Op<T> {
     fn drop(&mut self) {
         if let Some(data) = self.data.take() {
-            let key = self.key;
+            let (key, is_fd) = (self.key, self.result_is_fd);
             // Off its driver the data is no longer in the kernel's hands (rule 5): drop it.
-            let _ = with_uring(self.driver, move |u| u.abandon(key, Box::new(data)));
+            let _ = with_uring(self.driver, move |u| u.abandon(key, Box::new(data), is_fd));
         }
     }
 }

@@ -33,6 +33,7 @@ pub(crate) async fn accept(src: &Source) -> io::Result<(OwnedFd, SockAddr)> {
                     .flags(FLAGS)
                     .build()
             })
+            .map(|op| op.result_is_fd())
             .map_err(|(e, _)| e)?;
             let (res, storage) = op.await;
             let fd = result(res)?;

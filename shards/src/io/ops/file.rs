@@ -26,6 +26,7 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
                     .mode(mode)
                     .build()
             })
+            .map(|op| op.result_is_fd())
             .map_err(|(e, _)| e)?;
             let (res, _) = op.await;
             // SAFETY: the kernel returned a fresh descriptor that we now own.
