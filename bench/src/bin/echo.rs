@@ -1,0 +1,1312 @@
+//! TCP echo on loopback: xtc beside tokio, monoio and glommio, and xtc again on its epoll driver.
+//!
+//! One benchmark, `echo`: request/response over TCP on `127.0.0.1`, 128-byte messages, not
+//! pipelined. Each connection writes 128 bytes, waits until all 128 have come back, checks them,
+//! and starts again. It runs once with 64 connections and once with 256 (`--conns`).
+//!
+//! Each server runs in a **child process** of this binary (the same executable, re-run with a
+//! hidden `--serve NAME --port P --shards N`), so that no runtime shares a process, an allocator
+//! arena or thread-locals with the load generator or another server. The child prints `ready`
+//! on stdout once every listener is bound; the parent waits for that line, runs the load, then
+//! kills the child. A fresh child serves each run. The servers, `N` threads each (one per allowed
+//! CPU unless `--shards` says otherwise):
+//!
+//! - **xtc**: an `Executor` of `N` shards in service mode, on the io_uring driver
+//!   (`XTC_IO=io_uring` in the child). Each shard binds its own `SO_REUSEPORT` listener
+//!   (`xtc::net::TcpListener::bind_reuseport`) and accepts its own connections; each connection
+//!   is a `spawn_local` task echoing with owned `Vec<u8>` buffers;
+//! - **tokio**: a `multi_thread` runtime of `N` workers, one listener, a task per connection;
+//! - **monoio**: `N` threads, each pinned to a CPU and running an `IoUringDriver` runtime with
+//!   its own `SO_REUSEPORT` listener (`bind_with_config`), a task per connection;
+//! - **glommio**: `N` `LocalExecutor`s with `Placement::Fixed(cpu)`, each with its own listener
+//!   (glommio's `TcpListener::bind` sets `SO_REUSEPORT`), a task per connection;
+//! - **xtc-epoll**: the xtc server again with `XTC_IO=epoll`.
+//!
+//! Every server echoes whatever one read gave it (a read may return fewer than 128 bytes; the
+//! client reads until it has them all), with `TCP_NODELAY` on both ends.
+//!
+//! The load generator is the same for every server: one thread of the bench process running a
+//! tokio `current_thread` runtime. It opens every connection first (the kernel's reuseport hash
+//! spreads them over the server's listeners), lets them run a warm-up (0.5 s; 0.2 s with
+//! `--quick`), then measures a window of `--secs` (3 s; 0.5 s with `--quick`). A round trip
+//! counts when it starts and ends inside the window; its latency goes to an hdrhistogram and the
+//! connection's message count goes up by one. Reported per server and connection count:
+//! messages/s, p50 and p99 round-trip latency, and the slowest connection's message count over
+//! the fastest's (1 = perfectly fair). Under the table: the goals of the issue as ratios (xtc
+//! over tokio, xtc-epoll over xtc), and the CPU the server and the client spent in the window
+//! (from `/proc/PID/stat` and `CLOCK_THREAD_CPUTIME_ID`). An SVG bar chart of the table goes to
+//! `target/bench-echo.svg`.
+//!
+//! Placement: by default the servers use every allowed CPU and the client thread floats among
+//! them, so on a small machine (2 CPUs) it takes CPU a server would otherwise use, and pinned
+//! thread-per-core servers (xtc, monoio, glommio) cannot move out of its way while tokio's
+//! workers can: the slowest connections are then those of the shard that shares its CPU with
+//! the client. With `--shards N` below the number of allowed CPUs, each server child is
+//! confined to the first `N` allowed CPUs (`sched_setaffinity` before its threads start; xtc's
+//! shards placed on them with `Policy::Cpus`) and the client is pinned to the next one. Only the
+//! ratios, taken in the same run under the same load, mean much. Nothing here asserts on time.
+//!
+//! ```text
+//! echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N]
+//!      [--servers xtc,tokio,monoio,glommio,xtc-epoll] [--svg PATH]
+//! ```
+
+use std::{
+    cell::{Cell, RefCell},
+    io::{BufRead as _, Write as _},
+    net::SocketAddr,
+    process::{ExitCode, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use xtc_bench::{allowed_cpus, isolated, svg::Chart, BenchArgs, Better, CpuOption, Row, Table};
+
+/// The servers, in column order. xtc first: its ratios are printed.
+const SERVERS: [&str; 5] = ["xtc", "tokio", "monoio", "glommio", "xtc-epoll"];
+/// Column index of each server.
+const XTC: usize = 0;
+const TOKIO: usize = 1;
+const MONOIO: usize = 2;
+const GLOMMIO: usize = 3;
+const XTC_EPOLL: usize = 4;
+/// Column indices xtc is divided by in the table, in print order. xtc-epoll over xtc is printed
+/// under the table, the way round the issue states its goal.
+const RATIOS_VS: [usize; 3] = [TOKIO, MONOIO, GLOMMIO];
+/// The benchmarks of this binary (one), for `--only`.
+const BENCHES: [&str; 1] = ["echo"];
+/// Bytes in every request and every echo.
+const MSG: usize = 128;
+/// Capacity of a server's read buffer: a read takes whatever has arrived, up to this.
+const SERVER_BUF: usize = 1024;
+/// How long the client waits past the window for connections still awaiting an echo before it
+/// calls the server stalled.
+const GRACE: Duration = Duration::from_secs(2);
+/// How long a child has to print `ready`.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// The hidden first argument of a server child.
+const SERVE: &str = "--serve";
+/// The goals the issue states, printed beside the measured ratios (reported, not asserted).
+const GOAL_XTC_OVER_TOKIO: f64 = 1.2;
+const GOAL_SLOWEST_OVER_FASTEST: f64 = 0.9;
+const GOAL_EPOLL_OVER_URING: f64 = 0.8;
+
+/// What one run of the load generator is asked to do.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    conns: usize,
+    warmup: Duration,
+    window: Duration,
+}
+
+/// The whole command line of the parent.
+#[derive(Debug)]
+struct EchoArgs {
+    common: BenchArgs,
+    conns: Vec<usize>,
+    secs: Option<f64>,
+    shards: Option<usize>,
+    servers: Vec<usize>,
+}
+
+fn usage() -> &'static str {
+    "usage: echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N]\n\
+     \x20           [--servers xtc,tokio,monoio,glommio,xtc-epoll] [--svg PATH]\n\
+     \n  --only echo      run the one benchmark (there is no other)\
+     \n  --quick          a smoke run: 0.5 s windows after 0.2 s of warm-up\
+     \n  --conns A,B,..   connection counts, one run of every server each (default 64,256)\
+     \n  --secs S         length of the measured window in seconds (default 3, 0.5 with --quick)\
+     \n  --shards N       threads (shards, workers) of every server (default: one per allowed CPU)\
+     \n  --servers LIST   which servers to run (default: all)\
+     \n  --svg PATH       where to write the bar chart (default: <workspace>/target/bench-echo.svg)"
+}
+
+/// Parses `A,B,..` of positive integers.
+fn parse_list(flag: &str, v: &str) -> Result<Vec<usize>, String> {
+    let list = v
+        .split(',')
+        .map(|s| match s.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{flag} {v}: {s:?} is not a positive integer")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if list.is_empty() {
+        return Err(format!("{flag} needs at least one value"));
+    }
+    Ok(list)
+}
+
+/// Parses a server child's `--cpus A,B,..` (CPU numbers, 0 allowed).
+fn parse_cpu_list(flag: &str, v: &str) -> Result<Vec<usize>, String> {
+    v.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<usize>()
+                .map_err(|e| format!("{flag} {v}: {s:?}: {e}"))
+        })
+        .collect()
+}
+
+/// Takes this binary's own options out of `args` and hands the rest to [`BenchArgs`]; `Err("")`
+/// means `--help`.
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<EchoArgs, String> {
+    let mut conns = vec![64, 256];
+    let mut secs = None;
+    let mut shards = None;
+    let mut servers: Vec<usize> = (0..SERVERS.len()).collect();
+    let mut rest = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--conns" => conns = parse_list("--conns", &value()?)?,
+            "--secs" => {
+                let v = value()?;
+                secs = Some(
+                    v.parse::<f64>()
+                        .ok()
+                        .filter(|s| s.is_finite() && *s > 0.0)
+                        .ok_or(format!("--secs {v}: wants a positive number of seconds"))?,
+                );
+            }
+            "--shards" => {
+                let v = value()?;
+                shards = Some(parse_list("--shards", &v)?[0]);
+            }
+            "--servers" => {
+                let v = value()?;
+                servers = v
+                    .split(',')
+                    .map(|s| {
+                        SERVERS.iter().position(|n| *n == s.trim()).ok_or(format!(
+                            "--servers {v}: {s:?} is not one of {}",
+                            SERVERS.join(",")
+                        ))
+                    })
+                    .collect::<Result<_, _>>()?;
+                servers.sort_unstable();
+                servers.dedup();
+            }
+            "--cpu" => {
+                return Err(
+                    "--cpu is not taken: every server runs one thread per allowed CPU \
+                     (see --shards)"
+                        .into(),
+                )
+            }
+            _ => rest.push(a),
+        }
+    }
+    let common = BenchArgs::parse_from(rest, "echo", &BENCHES, CpuOption::One)?;
+    Ok(EchoArgs {
+        common,
+        conns,
+        secs,
+        shards,
+        servers,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server side: what a `--serve` child runs.
+// ---------------------------------------------------------------------------------------------
+
+/// The server child: binds, says `ready` (or `error: why`) on stdout, serves until killed or
+/// until its stdin closes (the parent is gone).
+mod serve {
+    use std::{io::Read as _, net::SocketAddr, sync::mpsc, time::Duration};
+
+    use super::{SERVER_BUF, START_TIMEOUT};
+
+    /// What a server thread says once: bound (with a line of detail for the parent's notes),
+    /// or why it could not start.
+    pub(super) type Ready = mpsc::Sender<Result<String, String>>;
+
+    /// The CPU of server thread `i`, if the allowed set is known.
+    fn cpu_of(i: usize) -> Option<usize> {
+        let cpus = xtc_bench::allowed_cpus();
+        (!cpus.is_empty()).then(|| cpus[i % cpus.len()])
+    }
+
+    /// Runs the child: `args` are the ones after `--serve`.
+    pub(super) fn main(args: &[String]) -> std::process::ExitCode {
+        match run(args) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                println!("error: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+
+    fn run(args: &[String]) -> Result<(), String> {
+        let bad = || format!("bad server arguments {args:?}");
+        let (name, port, shards, cpus) = match args {
+            [name, p, port, s, shards] if p == "--port" && s == "--shards" => {
+                (name, port, shards, None)
+            }
+            [name, p, port, s, shards, c, cpus]
+                if p == "--port" && s == "--shards" && c == "--cpus" =>
+            {
+                (name, port, shards, Some(cpus))
+            }
+            _ => return Err(bad()),
+        };
+        if let Some(list) = cpus {
+            let list = super::parse_cpu_list("--cpus", list)?;
+            confine(&list)?;
+        }
+        let port: u16 = port.parse().map_err(|e| format!("--port {port}: {e}"))?;
+        let shards: usize = shards
+            .parse()
+            .map_err(|e| format!("--shards {shards}: {e}"))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+
+        let (tx, rx) = mpsc::channel();
+        let expected = match name.as_str() {
+            "xtc" => xtc_srv::start(addr, shards, tx)?,
+            "tokio" => tokio_srv::start(addr, shards, tx)?,
+            "monoio" => monoio_srv::start(addr, shards, tx)?,
+            "glommio" => glommio_srv::start(addr, shards, tx)?,
+            other => return Err(format!("no server named {other:?}")),
+        };
+        let mut details = Vec::new();
+        for _ in 0..expected {
+            match rx.recv_timeout(START_TIMEOUT) {
+                Ok(Ok(d)) => details.push(d),
+                Ok(Err(e)) => return Err(e),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!(
+                        "{} of {expected} listeners bound after {} s",
+                        details.len(),
+                        START_TIMEOUT.as_secs()
+                    ))
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err("a server thread ended before it was listening".into())
+                }
+            }
+        }
+        details.sort();
+        details.dedup();
+        println!("ready {}", details.join("; "));
+        use std::io::Write as _;
+        std::io::stdout()
+            .flush()
+            .map_err(|e| format!("stdout: {e}"))?;
+        // Serve until killed; a server thread that fails after this shows as a failed run in the
+        // client. The parent holds our stdin: when it goes, so do we.
+        std::thread::Builder::new()
+            .name("echo-stdin-watch".into())
+            .spawn(|| {
+                let mut sink = [0u8; 64];
+                while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
+                std::process::exit(0);
+            })
+            .map_err(|e| format!("could not spawn the stdin watcher: {e}"))?;
+        loop {
+            std::thread::park_timeout(Duration::from_secs(3600));
+        }
+    }
+
+    /// Confines this process to `cpus`: called before any thread starts, so every thread of the
+    /// server inherits the mask (and [`xtc_bench::allowed_cpus`] reads it back).
+    fn confine(cpus: &[usize]) -> Result<(), String> {
+        // SAFETY: an all-zero `cpu_set_t` is a valid, empty CPU set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &cpu in cpus {
+            if cpu >= libc::CPU_SETSIZE as usize {
+                return Err(format!("--cpus: cpu {cpu} is past CPU_SETSIZE"));
+            }
+            // SAFETY: `cpu` is below CPU_SETSIZE (checked above) and `set` is a live cpu_set_t.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        // SAFETY: `set` is a valid cpu_set_t and the size passed is its own; pid 0 is the
+        // calling thread, the only one of the process at this point.
+        let rc =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        if rc != 0 {
+            return Err(format!(
+                "sched_setaffinity({cpus:?}): {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Spawns a named thread running `f`, reporting a failed spawn on `ready`.
+    fn thread(name: String, ready: &Ready, f: impl FnOnce() + Send + 'static) {
+        if let Err(e) = std::thread::Builder::new().name(name).spawn(f) {
+            let _ = ready.send(Err(format!("could not spawn a server thread: {e}")));
+        }
+    }
+
+    /// xtc: one shard per thread, each with its own `SO_REUSEPORT` listener.
+    #[cfg(feature = "xtc")]
+    mod xtc_srv {
+        use std::net::SocketAddr;
+
+        use super::{thread, Ready, SERVER_BUF};
+
+        /// Echoes one connection until it closes.
+        async fn echo(stream: xtc::net::TcpStream) {
+            let _ = stream.set_nodelay(true);
+            let mut buf = Vec::with_capacity(SERVER_BUF);
+            loop {
+                let (r, b) = stream.read(buf).await;
+                buf = b;
+                match r {
+                    Ok(n) if n > 0 => {}
+                    _ => return,
+                }
+                let (r, b) = stream.write_all(buf).await;
+                buf = b;
+                if r.is_err() {
+                    return;
+                }
+                buf.clear();
+            }
+        }
+
+        /// Builds the executor on a thread of its own (`run` blocks it); every shard binds,
+        /// reports, and accepts.
+        pub(super) fn start(
+            addr: SocketAddr,
+            shards: usize,
+            ready: Ready,
+        ) -> Result<usize, String> {
+            let tx = ready.clone();
+            thread("echo-xtc".into(), &ready, move || {
+                // Shard i on the i-th allowed CPU, as the pinned peers; past one shard per CPU,
+                // the executor's own oversubscribed placement.
+                let cpus = xtc_bench::allowed_cpus();
+                let mut builder = xtc::Executor::builder().shards(shards).service_mode(true);
+                if !cpus.is_empty() && shards <= cpus.len() {
+                    builder = builder.placement(xtc::numa::Policy::Cpus(cpus[..shards].to_vec()));
+                } else {
+                    builder = builder.oversubscribe(true);
+                }
+                let exec = match builder.build() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("Executor::build: {e}")));
+                        return;
+                    }
+                };
+                let driver = exec.io_driver();
+                for shard in 0..shards {
+                    let shard_tx = tx.clone();
+                    let spawned = exec.spawn_on(shard, move || async move {
+                        let tx = shard_tx;
+                        let listener = match xtc::net::TcpListener::bind_reuseport(addr) {
+                            Ok(l) => l,
+                            Err(e) => {
+                                let _ = tx.send(Err(format!("shard {shard}: bind {addr}: {e}")));
+                                return;
+                            }
+                        };
+                        let _ = tx.send(Ok(format!("driver {driver}")));
+                        loop {
+                            match listener.accept().await {
+                                Ok((stream, _)) => drop(xtc::spawn_local(echo(stream))),
+                                Err(e) => {
+                                    eprintln!("xtc shard {shard}: accept: {e}");
+                                    return;
+                                }
+                            }
+                        }
+                    });
+                    if let Err(e) = spawned {
+                        let _ = tx.send(Err(format!("spawn_on({shard}): {e}")));
+                        return;
+                    }
+                }
+                if let Err(e) = exec.run() {
+                    let _ = tx.send(Err(format!("Executor::run: {e}")));
+                }
+            });
+            Ok(shards)
+        }
+    }
+
+    /// Stand-in when the bench is built without its `xtc` feature (the parent does not start
+    /// it then).
+    #[cfg(not(feature = "xtc"))]
+    mod xtc_srv {
+        use std::net::SocketAddr;
+
+        use super::Ready;
+
+        pub(super) fn start(_: SocketAddr, _: usize, _: Ready) -> Result<usize, String> {
+            Err("xtc-bench built without its `xtc` feature".into())
+        }
+    }
+
+    /// tokio: one `multi_thread` runtime, one listener, a task per connection.
+    mod tokio_srv {
+        use std::net::SocketAddr;
+
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        use super::{thread, Ready, SERVER_BUF};
+
+        async fn echo(mut stream: tokio::net::TcpStream) {
+            let _ = stream.set_nodelay(true);
+            let mut buf = vec![0u8; SERVER_BUF];
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(n) if n > 0 => {
+                        if stream.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                    _ => return,
+                }
+            }
+        }
+
+        pub(super) fn start(
+            addr: SocketAddr,
+            workers: usize,
+            ready: Ready,
+        ) -> Result<usize, String> {
+            let tx = ready.clone();
+            thread("echo-tokio".into(), &ready, move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(workers)
+                    .enable_io()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("runtime: {e}")));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let listener = match tokio::net::TcpListener::bind(addr).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = tx.send(Err(format!("bind {addr}: {e}")));
+                            return;
+                        }
+                    };
+                    let _ = tx.send(Ok(format!("{workers} workers, one listener")));
+                    loop {
+                        match listener.accept().await {
+                            Ok((stream, _)) => drop(tokio::spawn(echo(stream))),
+                            Err(e) => {
+                                eprintln!("tokio: accept: {e}");
+                                return;
+                            }
+                        }
+                    }
+                });
+            });
+            Ok(1)
+        }
+    }
+
+    /// monoio: a pinned `IoUringDriver` runtime per thread, each with its own listener.
+    mod monoio_srv {
+        use std::net::SocketAddr;
+
+        use monoio::io::{AsyncReadRent as _, AsyncWriteRentExt as _};
+
+        use super::{cpu_of, thread, Ready, SERVER_BUF};
+
+        async fn echo(mut stream: monoio::net::TcpStream) {
+            let _ = stream.set_nodelay(true);
+            let mut buf = Vec::with_capacity(SERVER_BUF);
+            loop {
+                let (r, b) = stream.read(buf).await;
+                buf = b;
+                match r {
+                    Ok(n) if n > 0 => {}
+                    _ => return,
+                }
+                let (r, b) = stream.write_all(buf).await;
+                buf = b;
+                if r.is_err() {
+                    return;
+                }
+                buf.clear();
+            }
+        }
+
+        pub(super) fn start(
+            addr: SocketAddr,
+            threads: usize,
+            ready: Ready,
+        ) -> Result<usize, String> {
+            for i in 0..threads {
+                let tx = ready.clone();
+                thread(format!("echo-monoio-{i}"), &ready, move || {
+                    let cpu = cpu_of(i);
+                    if let Some(cpu) = cpu {
+                        let _ = xtc_bench::pin_current_thread(cpu);
+                    }
+                    let mut rt =
+                        match monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build() {
+                            Ok(rt) => rt,
+                            Err(e) => {
+                                let _ = tx.send(Err(format!("IoUringDriver runtime: {e}")));
+                                return;
+                            }
+                        };
+                    rt.block_on(async move {
+                        let opts = monoio::net::ListenerOpts::new().reuse_port(true);
+                        let listener = match monoio::net::TcpListener::bind_with_config(addr, &opts)
+                        {
+                            Ok(l) => l,
+                            Err(e) => {
+                                let _ = tx.send(Err(format!("thread {i}: bind {addr}: {e}")));
+                                return;
+                            }
+                        };
+                        let _ = tx.send(Ok("driver io_uring, pinned".into()));
+                        loop {
+                            match listener.accept().await {
+                                Ok((stream, _)) => drop(monoio::spawn(echo(stream))),
+                                Err(e) => {
+                                    eprintln!("monoio thread {i}: accept: {e}");
+                                    return;
+                                }
+                            }
+                        }
+                    });
+                });
+            }
+            Ok(threads)
+        }
+    }
+
+    /// glommio: a `LocalExecutor` per CPU, each with its own (`SO_REUSEPORT`) listener.
+    mod glommio_srv {
+        use std::net::SocketAddr;
+
+        use futures::{AsyncReadExt as _, AsyncWriteExt as _};
+        use glommio::{LocalExecutorBuilder, Placement};
+
+        use super::{cpu_of, thread, Ready, SERVER_BUF};
+
+        async fn echo(mut stream: glommio::net::TcpStream) {
+            let _ = stream.set_nodelay(true);
+            let mut buf = vec![0u8; SERVER_BUF];
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(n) if n > 0 => {
+                        if stream.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                    _ => return,
+                }
+            }
+        }
+
+        pub(super) fn start(
+            addr: SocketAddr,
+            executors: usize,
+            ready: Ready,
+        ) -> Result<usize, String> {
+            for i in 0..executors {
+                let tx = ready.clone();
+                let placement = match cpu_of(i) {
+                    Some(cpu) => Placement::Fixed(cpu),
+                    None => Placement::Unbound,
+                };
+                let spawned = LocalExecutorBuilder::new(placement)
+                    .name(&format!("echo-glommio-{i}"))
+                    .spawn(move || async move {
+                        let listener = match glommio::net::TcpListener::bind(addr) {
+                            Ok(l) => l,
+                            Err(e) => {
+                                let _ = tx.send(Err(format!("executor {i}: bind {addr}: {e}")));
+                                return;
+                            }
+                        };
+                        let _ = tx.send(Ok("io_uring, pinned".into()));
+                        loop {
+                            match listener.accept().await {
+                                Ok(stream) => drop(glommio::spawn_local(echo(stream)).detach()),
+                                Err(e) => {
+                                    eprintln!("glommio executor {i}: accept: {e}");
+                                    return;
+                                }
+                            }
+                        }
+                    });
+                let handle = match spawned {
+                    Ok(h) => h,
+                    Err(e) => return Err(format!("LocalExecutorBuilder::spawn: {e}")),
+                };
+                // An executor that cannot start (no io_uring, too little locked memory) only
+                // says why through its join handle: wait on it and pass that on.
+                let tx = ready.clone();
+                thread(format!("echo-glommio-join-{i}"), &ready, move || {
+                    if let Err(e) = handle.join() {
+                        let _ = tx.send(Err(format!("executor {i}: {e}")));
+                    }
+                });
+            }
+            Ok(executors)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parent side: starting a server child, and the load generator.
+// ---------------------------------------------------------------------------------------------
+
+/// Where the servers and the client run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Placement {
+    /// The CPUs a server child is confined to; `None`: every allowed CPU.
+    server: Option<Vec<usize>>,
+    /// The CPU the client thread is pinned to; `None`: unpinned, sharing the servers' CPUs.
+    client: Option<usize>,
+}
+
+impl Placement {
+    /// With fewer shards than allowed CPUs the servers get the first `shards` CPUs and the
+    /// client the next one; else everything shares every allowed CPU.
+    fn new(shards: usize, allowed: &[usize]) -> Placement {
+        if shards < allowed.len() {
+            Placement {
+                server: Some(allowed[..shards].to_vec()),
+                client: Some(allowed[shards]),
+            }
+        } else {
+            Placement {
+                server: None,
+                client: None,
+            }
+        }
+    }
+}
+
+/// A running server child; killed (and reaped) on drop.
+struct Server {
+    child: std::process::Child,
+    port: u16,
+    /// What the child said after `ready`: its driver, threads.
+    detail: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port: bound, read and released (the child binds it again at once).
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
+    Ok(l.local_addr()
+        .map_err(|e| format!("local_addr: {e}"))?
+        .port())
+}
+
+/// Starts the child for column `server` and waits for its `ready`; `Err` says why it did not
+/// start (its `error:` line, or the end of its stderr).
+fn start_server(server: usize, shards: usize, place: &Placement) -> Result<Server, String> {
+    let (name, xtc_io) = match server {
+        XTC => ("xtc", Some("io_uring")),
+        XTC_EPOLL => ("xtc", Some("epoll")),
+        s => (SERVERS[s], None),
+    };
+    if name == "xtc" && !cfg!(feature = "xtc") {
+        return Err("xtc-bench built without its `xtc` feature".into());
+    }
+    let port = free_port()?;
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([SERVE, name, "--port", &port.to_string(), "--shards"])
+        .arg(shards.to_string())
+        .args(place.server.iter().flat_map(|cpus| {
+            let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
+            ["--cpus".to_string(), list.join(",")]
+        }))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match xtc_io {
+        Some(d) => cmd.env("XTC_IO", d),
+        None => cmd.env_remove("XTC_IO"),
+    };
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("could not start the server process: {e}"))?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    // Both pipes are drained by threads so that a chatty child never blocks on them.
+    let (line_tx, line_rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let err_text = Arc::new(Mutex::new(String::new()));
+    let err_sink = err_text.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let mut text = err_sink.lock().unwrap_or_else(|p| p.into_inner());
+            // Keep the last few lines: that is where a failure says why.
+            if text.len() > 4000 {
+                text.clear();
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+    let mut server = Server {
+        child,
+        port,
+        detail: String::new(),
+    };
+    // `why` and the last lines of the child's stderr (a panic message, a runtime's log).
+    let with_stderr = |server: &mut Server, why: &str| {
+        // The child is ending: give its stderr a moment to arrive.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline && matches!(server.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let text = err_text.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let last: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = last[last.len().saturating_sub(3)..].join(" / ");
+        if tail.is_empty() {
+            why.to_string()
+        } else {
+            format!("{why}; its stderr: {tail}")
+        }
+    };
+    let deadline = Instant::now() + START_TIMEOUT + Duration::from_secs(5);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match line_rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(detail) = line.strip_prefix("ready") {
+                    server.detail = detail.trim().to_string();
+                    return Ok(server);
+                }
+                if let Some(why) = line.strip_prefix("error: ") {
+                    return Err(with_stderr(&mut server, why));
+                }
+                // Anything else a runtime printed on stdout: skip it.
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                return Err(format!(
+                    "no `ready` from the server after {} s",
+                    (START_TIMEOUT + Duration::from_secs(5)).as_secs()
+                ))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(with_stderr(
+                    &mut server,
+                    "the server process ended before it was ready",
+                ))
+            }
+        }
+    }
+}
+
+/// CPU time (user + system) of process `pid` so far, from `/proc/PID/stat`.
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions; _SC_CLK_TCK is a valid name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
+}
+
+/// What one load run measured.
+#[derive(Debug)]
+struct Measured {
+    /// Round trips inside the window, all connections.
+    msgs: u64,
+    /// The window's actual length.
+    window: Duration,
+    /// Round-trip latencies inside the window, ns.
+    hist: Histogram<u64>,
+    /// Round trips inside the window, per connection.
+    per_conn: Vec<u64>,
+    /// CPU of the server process over the window (`None` if `/proc` could not be read).
+    server_cpu: Option<Duration>,
+    /// CPU of the client thread over the window.
+    client_cpu: Duration,
+}
+
+/// The shared state of the connection loops of one run (one thread: plain cells).
+struct Tally {
+    hist: RefCell<Histogram<u64>>,
+    per_conn: Vec<Cell<u64>>,
+    errors: RefCell<Vec<String>>,
+}
+
+/// One connection: request, wait for the whole echo, check it, again, until the window ends.
+async fn conn_loop(
+    i: usize,
+    mut stream: tokio::net::TcpStream,
+    start: Instant,
+    end: Instant,
+    tally: &Tally,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let mut msg = [0u8; MSG];
+    for (k, b) in msg.iter_mut().enumerate() {
+        *b = (k as u8).wrapping_mul(31) ^ (i as u8);
+    }
+    msg[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    let mut back = [0u8; MSG];
+    let mut seq = 0u64;
+    loop {
+        msg[8..16].copy_from_slice(&seq.to_le_bytes());
+        let t0 = Instant::now();
+        let r = match stream.write_all(&msg).await {
+            Ok(()) => stream.read_exact(&mut back).await.map(drop),
+            Err(e) => Err(e),
+        };
+        let t1 = Instant::now();
+        if let Err(e) = r {
+            tally
+                .errors
+                .borrow_mut()
+                .push(format!("connection {i}, round trip {seq}: {e}"));
+            return;
+        }
+        if back != msg {
+            tally
+                .errors
+                .borrow_mut()
+                .push(format!("connection {i}, round trip {seq}: wrong echo"));
+            return;
+        }
+        if t1 >= end {
+            return;
+        }
+        if t0 >= start {
+            xtc_bench::record(&mut tally.hist.borrow_mut(), t1 - t0);
+            tally.per_conn[i].set(tally.per_conn[i].get() + 1);
+        }
+        seq += 1;
+    }
+}
+
+/// The load generator: a `current_thread` runtime on the calling thread opens `load.conns`
+/// connections to `port`, then runs them through the warm-up and the window.
+fn run_load(port: u16, server_pid: u32, load: Load) -> Result<Measured, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("client runtime: {e}"))?;
+    rt.block_on(async move {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut streams = Vec::with_capacity(load.conns);
+        for i in 0..load.conns {
+            let s = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connection {i} of {}: connect: {e}", load.conns))?;
+            s.set_nodelay(true)
+                .map_err(|e| format!("connection {i}: TCP_NODELAY: {e}"))?;
+            streams.push(s);
+        }
+        let start = Instant::now() + load.warmup;
+        let end = start + load.window;
+        let tally = Tally {
+            hist: RefCell::new(xtc_bench::latency_histogram()),
+            per_conn: (0..load.conns).map(|_| Cell::new(0)).collect(),
+            errors: RefCell::new(Vec::new()),
+        };
+        // CPU of both sides, sampled at the window's edges.
+        let meter = async {
+            tokio::time::sleep_until(start.into()).await;
+            let t0 = Instant::now();
+            let s0 = process_cpu(server_pid);
+            let c0 = xtc_bench::thread_cpu_time();
+            tokio::time::sleep_until(end.into()).await;
+            let s1 = process_cpu(server_pid);
+            let c1 = xtc_bench::thread_cpu_time();
+            let server = s0.zip(s1).map(|(a, b)| b.saturating_sub(a));
+            (server, c1.saturating_sub(c0), t0.elapsed())
+        };
+        let loops = futures::future::join_all(
+            streams
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| conn_loop(i, s, start, end, &tally)),
+        );
+        // Unconstrained: tokio's cooperative budget would otherwise make the connections past
+        // the 128th I/O of a poll wait a turn, an unfairness of the client's own; the join polls
+        // every ready connection once a turn instead.
+        let all = tokio::task::unconstrained(futures::future::join(loops, meter));
+        let Ok((_, (server_cpu, client_cpu, _))) =
+            tokio::time::timeout_at((end + GRACE).into(), all).await
+        else {
+            let stalled = tally.per_conn.iter().filter(|c| c.get() == 0).count();
+            return Err(format!(
+                "server stalled: connections still awaiting an echo {} s after the window \
+                 ({stalled} of {} made no round trip in it)",
+                GRACE.as_secs(),
+                load.conns
+            ));
+        };
+        let errors = tally.errors.into_inner();
+        if let Some(first) = errors.first() {
+            return Err(format!(
+                "{} connection(s) failed; first: {first}",
+                errors.len()
+            ));
+        }
+        let per_conn: Vec<u64> = tally.per_conn.iter().map(Cell::get).collect();
+        Ok(Measured {
+            msgs: per_conn.iter().sum(),
+            window: load.window,
+            hist: tally.hist.into_inner(),
+            per_conn,
+            server_cpu,
+            client_cpu,
+        })
+    })
+}
+
+/// The figures of one run, as they go into the table.
+#[derive(Debug, Clone)]
+struct Figures {
+    k_msgs_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    slowest_over_fastest: f64,
+    note: String,
+}
+
+impl Figures {
+    fn of(m: &Measured, detail: &str) -> Result<Figures, String> {
+        if m.msgs == 0 {
+            return Err("no round trip completed inside the window".into());
+        }
+        let secs = m.window.as_secs_f64();
+        let slowest = m.per_conn.iter().copied().min().unwrap_or(0);
+        let fastest = m.per_conn.iter().copied().max().unwrap_or(0);
+        let pct = |d: Duration| 100.0 * d.as_secs_f64() / secs;
+        let server_cpu = match m.server_cpu {
+            Some(c) => format!("{:.0} %", pct(c)),
+            None => "?".into(),
+        };
+        Ok(Figures {
+            k_msgs_per_s: m.msgs as f64 / secs / 1e3,
+            p50_us: m.hist.value_at_quantile(0.50) as f64 / 1e3,
+            p99_us: m.hist.value_at_quantile(0.99) as f64 / 1e3,
+            slowest_over_fastest: slowest as f64 / fastest.max(1) as f64,
+            note: format!(
+                "{} round trips in {secs:.2} s (per connection {slowest}..{fastest}); cpu of one \
+                 cpu: server {server_cpu}, client {:.0} %; {detail}",
+                m.msgs,
+                pct(m.client_cpu)
+            ),
+        })
+    }
+}
+
+/// Starts `server`, drives it with `load`, stops it.
+fn measure(server: usize, shards: usize, place: &Placement, load: Load) -> Result<Figures, String> {
+    let srv = start_server(server, shards, place)?;
+    let (port, pid) = (srv.port, srv.child.id());
+    let guard = load.warmup + load.window + GRACE + Duration::from_secs(30);
+    let m = isolated(place.client, guard, move || run_load(port, pid, load));
+    let detail = srv.detail.clone();
+    drop(srv);
+    Figures::of(&m?, &detail)
+}
+
+/// `a / b` as `1.23x`, or `-` when either is missing.
+fn ratio(
+    a: &Result<Figures, String>,
+    b: &Result<Figures, String>,
+    f: fn(&Figures) -> f64,
+) -> String {
+    match (a, b) {
+        (Ok(a), Ok(b)) if f(b) != 0.0 => format!("{:.2}x", f(a) / f(b)),
+        _ => "-".into(),
+    }
+}
+
+/// Whether a measured `a / b` meets a goal, as a word.
+fn verdict(
+    a: &Result<Figures, String>,
+    b: &Result<Figures, String>,
+    f: fn(&Figures) -> f64,
+    ok: impl Fn(f64) -> bool,
+) -> &'static str {
+    match (a, b) {
+        (Ok(a), Ok(b)) if f(b) != 0.0 => {
+            if ok(f(a) / f(b)) {
+                "met"
+            } else {
+                "not met"
+            }
+        }
+        _ => "no figure",
+    }
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some(SERVE) {
+        return serve::main(&argv[1..]);
+    }
+    let args = match parse_args(argv) {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            println!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("echo: {e}");
+            eprintln!("{}", usage());
+            return ExitCode::from(2);
+        }
+    };
+    let quick = args.common.quick;
+    let allowed = allowed_cpus();
+    let shards = args.shards.unwrap_or(allowed.len().max(1));
+    let warmup = Duration::from_millis(if quick { 200 } else { 500 });
+    let window = Duration::from_secs_f64(args.secs.unwrap_or(if quick { 0.5 } else { 3.0 }));
+
+    println!("echo: TCP echo on loopback, xtc beside tokio, monoio and glommio, and xtc on epoll");
+    println!(
+        "  mode: {}   {MSG}-byte request/response (not pipelined), connections {:?}   \
+         allowed cpus: {allowed:?}",
+        if quick { "quick" } else { "full" },
+        args.conns,
+    );
+    println!(
+        "  every server: {shards} threads, in a child process; window {:.2} s after {:.1} s of \
+         warm-up; one client thread (tokio current_thread) drives all connections",
+        window.as_secs_f64(),
+        warmup.as_secs_f64()
+    );
+    println!(
+        "  xtc = a shard per thread, a SO_REUSEPORT listener each (io_uring; xtc-epoll: \
+         XTC_IO=epoll); tokio = multi_thread, one listener; monoio = a pinned io_uring runtime \
+         per thread, glommio = a pinned LocalExecutor per thread, a SO_REUSEPORT listener each"
+    );
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        let avg: Vec<&str> = load.split_whitespace().take(3).collect();
+        println!(
+            "  load average before the runs: {} (other work on the machine skews every column)",
+            avg.join(" ")
+        );
+    }
+    let place = Placement::new(shards, &allowed);
+    match (&place.server, place.client) {
+        (Some(server), Some(client)) => println!(
+            "  placement: every server confined to cpus {server:?}, the client pinned to cpu \
+             {client}"
+        ),
+        _ => println!(
+            "  placement: servers on every allowed cpu, the client thread unpinned among them"
+        ),
+    }
+    if place.client.is_none() && allowed.len() <= 4 {
+        println!(
+            "  NOTE: {} allowed cpus: the client takes CPU from the server (a large share on 2 \
+             cores); the pinned thread-per-core servers cannot move away from it, tokio's \
+             workers can. `--shards {}` gives the client a CPU of its own",
+            allowed.len(),
+            allowed.len().saturating_sub(1).max(1)
+        );
+    }
+    if !cfg!(feature = "xtc") {
+        println!("  NOTE: built without the `xtc` feature: the xtc columns are empty");
+    }
+    // The one benchmark; `--only echo` selects it.
+    debug_assert_eq!(args.common.selected(&BENCHES), vec!["echo"]);
+
+    let bar = ProgressBar::new((args.conns.len() * args.servers.len()) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .expect("static progress template is valid"),
+    );
+    // results[c][s]: connection count c, server column s.
+    let mut results: Vec<Vec<Result<Figures, String>>> = Vec::new();
+    for &conns in &args.conns {
+        let load = Load {
+            conns,
+            warmup,
+            window,
+        };
+        let mut row: Vec<Result<Figures, String>> = (0..SERVERS.len())
+            .map(|_| Err("not selected (--servers)".to_string()))
+            .collect();
+        for &s in &args.servers {
+            bar.set_message(format!("{} / {conns} conns", SERVERS[s]));
+            row[s] = measure(s, shards, &place, load);
+            bar.inc(1);
+        }
+        results.push(row);
+    }
+    bar.finish_and_clear();
+
+    // The table's columns are the servers run; xtc's ratios where it is one of them.
+    let cols = &args.servers;
+    let col_of = |s: usize| cols.iter().position(|c| *c == s);
+    let base = col_of(XTC).unwrap_or(0);
+    let mut table = Table::new(
+        cols.iter().map(|s| SERVERS[*s].to_string()).collect(),
+        base,
+        RATIOS_VS
+            .iter()
+            .filter_map(|s| col_of(*s))
+            .filter(|c| *c != base)
+            .collect(),
+    );
+    type Pick = fn(&Figures) -> f64;
+    let metrics: [(&str, &str, Better, Pick); 4] = [
+        ("msgs", "k msgs/s", Better::Higher, |f| f.k_msgs_per_s),
+        ("p50", "us", Better::Lower, |f| f.p50_us),
+        ("p99", "us", Better::Lower, |f| f.p99_us),
+        ("slowest/fastest conn", "ratio", Better::Higher, |f| {
+            f.slowest_over_fastest
+        }),
+    ];
+    for (c, &conns) in args.conns.iter().enumerate() {
+        for (m, (what, unit, better, pick)) in metrics.iter().enumerate() {
+            table.push(Row {
+                name: format!("{conns} conns {what}"),
+                unit: unit.to_string(),
+                better: *better,
+                values: cols
+                    .iter()
+                    .map(|s| match &results[c][*s] {
+                        Ok(f) => Ok(pick(f)),
+                        // The reason once, on the first row of the group.
+                        Err(e) if m == 0 => Err(e.clone()),
+                        Err(_) => Err("as above".into()),
+                    })
+                    .collect(),
+            });
+        }
+    }
+
+    println!();
+    let text = table.render();
+    // Drop the repeats of a reason already noted on the group's first row.
+    for line in text.lines().filter(|l| !l.ends_with(": as above")) {
+        println!("{line}");
+    }
+    println!(
+        "  ratios are {0}/peer of the values: above 1 is better for {0} where `better` is higher, \
+         below 1 where it is lower",
+        SERVERS[cols[base]]
+    );
+    println!("  goals of the issue (reported, not asserted):");
+    for (c, &conns) in args.conns.iter().enumerate() {
+        let r = &results[c];
+        let (x, t, e) = (&r[XTC], &r[TOKIO], &r[XTC_EPOLL]);
+        let msgs: Pick = |f| f.k_msgs_per_s;
+        let p99: Pick = |f| f.p99_us;
+        let fairness = match x {
+            Ok(f) => format!(
+                "{:.2} (goal >= {GOAL_SLOWEST_OVER_FASTEST:.2}: {})",
+                f.slowest_over_fastest,
+                if f.slowest_over_fastest >= GOAL_SLOWEST_OVER_FASTEST {
+                    "met"
+                } else {
+                    "not met"
+                }
+            ),
+            Err(_) => "- (no figure)".into(),
+        };
+        println!(
+            "    {conns} conns: xtc/tokio msgs/s {} (goal >= {GOAL_XTC_OVER_TOKIO:.2}x: {}); \
+             xtc/tokio p99 {} (goal <= 1.00x: {})",
+            ratio(x, t, msgs),
+            verdict(x, t, msgs, |v| v >= GOAL_XTC_OVER_TOKIO),
+            ratio(x, t, p99),
+            verdict(x, t, p99, |v| v <= 1.0),
+        );
+        println!(
+            "    {conns} conns: xtc slowest/fastest conn {fairness}; epoll/io_uring \
+             (xtc-epoll/xtc) msgs/s {} (goal >= {GOAL_EPOLL_OVER_URING:.2}x: {})",
+            ratio(e, x, msgs),
+            verdict(e, x, msgs, |v| v >= GOAL_EPOLL_OVER_URING),
+        );
+    }
+    println!("  runs:");
+    for (c, &conns) in args.conns.iter().enumerate() {
+        for &s in &args.servers {
+            if let Ok(f) = &results[c][s] {
+                println!("    {} / {conns} conns: {}", SERVERS[s], f.note);
+            }
+        }
+    }
+
+    let chart = Chart {
+        title: "xtc TCP echo, 128-byte request/response on loopback".into(),
+        subtitle: format!(
+            "{} run, {shards} server threads, window {:.1} s, connections {:?}",
+            if quick { "quick" } else { "full" },
+            window.as_secs_f64(),
+            args.conns
+        ),
+        panels: table.panels(),
+    };
+    // Flush before the chart line so that the order holds when stdout is a pipe.
+    let _ = std::io::stdout().flush();
+    chart.write_and_report("echo", &args.common.svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<EchoArgs, String> {
+        parse_args(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn options() {
+        let a = parse(&[
+            "--quick", "--conns", "8, 16", "--secs", "0.25", "--only", "echo",
+        ])
+        .unwrap();
+        assert!(a.common.quick);
+        assert_eq!(a.conns, vec![8, 16]);
+        assert_eq!(a.secs, Some(0.25));
+        assert_eq!(a.servers, (0..SERVERS.len()).collect::<Vec<_>>());
+        let a = parse(&["--servers", "tokio,xtc", "--shards", "3"]).unwrap();
+        assert_eq!(a.servers, vec![XTC, TOKIO]);
+        assert_eq!(a.shards, Some(3));
+        assert!(a.common.svg.ends_with("bench-echo.svg"));
+    }
+
+    #[test]
+    fn bad_options() {
+        assert!(parse(&["--conns", "0"]).is_err());
+        assert!(parse(&["--conns", "x"]).is_err());
+        assert!(parse(&["--secs", "-1"]).is_err());
+        assert!(parse(&["--servers", "nginx"]).is_err());
+        assert!(parse(&["--only", "rtt"]).is_err());
+        assert!(parse(&["--cpu", "0"]).is_err());
+        assert_eq!(parse(&["--help"]).unwrap_err(), "");
+    }
+
+    #[test]
+    fn own_cpu_time_is_readable() {
+        assert!(process_cpu(std::process::id()).is_some());
+    }
+}
