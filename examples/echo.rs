@@ -170,10 +170,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for shard in 0..shards {
         let s = exec.loop_stats(shard)?;
         println!(
-            "shard {shard}: {} tasks, {} I/O submitted, {} completed, idle {:.0}%",
+            "shard {shard}: {} tasks, {} I/O submitted, {} completed, {} polls, {} parks, idle {:.0}%",
             s.tasks_run,
             s.io_submitted,
             s.io_completed,
+            s.polls,
+            s.parks,
             100.0 * s.idle_rate()
         );
     }
