@@ -458,6 +458,14 @@ impl Uring {
         if let Err(e) = unsafe { self.push(&entry) } {
             tracing::warn!("xtc: could not submit AsyncCancel: {e}");
         }
+        // Submit now, not at the end of the turn: the caller may close the operation's
+        // descriptor next (a stream dropped with its read), and an entry still queued would
+        // then name whatever the number means by the time it is submitted (the next socket
+        // or file opened), reading its bytes or writing ours into it. Submitted, the operation
+        // holds its own reference to the file.
+        if let Err(e) = self.enter(0, None) {
+            tracing::warn!("xtc: io_uring submit of a cancellation failed: {e}");
+        }
     }
 }
 

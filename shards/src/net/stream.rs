@@ -2,8 +2,11 @@
 //! [`UnixStream`](super::UnixStream): owned-buffer reads and writes, and the `futures::io`
 //! traits through an internal buffer.
 //!
-//! `AsyncRead` on io_uring reads into an internal 8 KiB buffer (the kernel needs memory that
-//! outlives the poll) and copies out; on epoll it reads straight into the caller's slice.
+//! `AsyncRead` on io_uring reads into an internal buffer of up to 8 KiB (the kernel needs
+//! memory that outlives the poll), never more than the caller's slice asks for, and copies
+//! out; on epoll it reads straight into the caller's slice. So no bytes wait in the internal
+//! buffer after a read returns (`into_std` loses none), except those of a read whose future
+//! was dropped before its data arrived and whose next read asked for less.
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write, `flush` or
 //! `close` waits for it and reports its error. On epoll it writes straight from the slice.
@@ -101,6 +104,15 @@ impl StreamIo {
     }
 
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        if self.poll.writing.is_some() && how != Shutdown::Read {
+            // A write-behind send (AsyncWrite on io_uring) still queued would reach the kernel
+            // after the FIN and fail: submit it first. (One the socket buffer cannot take yet
+            // still loses the race: flush or close, which wait for it, before a shutdown.)
+            crate::io::with_reactor(|r| {
+                r.submit();
+                Ok(())
+            })?;
+        }
         let how = match how {
             Shutdown::Read => libc::SHUT_RD,
             Shutdown::Write => libc::SHUT_WR,
@@ -156,10 +168,13 @@ impl StreamIo {
                 }
                 let mut buf = std::mem::take(&mut st.rbuf);
                 buf.clear();
-                buf.reserve(READ_BUF);
+                // No read-ahead past what the caller asked for: bytes left in `rbuf` would be
+                // invisible to the next owner of the descriptor (`into_std`).
+                let want = out.len().min(READ_BUF);
+                buf.reserve(want);
                 let fd = self.src.fd();
                 match ops::submit(buf, |b| {
-                    opcode::Recv::new(types::Fd(fd), b.as_mut_ptr(), b.capacity() as u32).build()
+                    opcode::Recv::new(types::Fd(fd), b.as_mut_ptr(), want as u32).build()
                 }) {
                     Ok(op) => st.reading = Some(op),
                     Err((e, buf)) => {

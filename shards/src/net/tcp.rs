@@ -155,7 +155,9 @@ impl TcpStream {
         self.io.write_all(buf).await
     }
 
-    /// Shuts down the read, write or both halves (never blocks).
+    /// Shuts down the read, write or both halves (never blocks). On io_uring, bytes given to
+    /// `AsyncWrite` are sent behind the call (`net/stream.rs`): a shutdown submits them before
+    /// the FIN, but only `flush` or `close` waits until the kernel took them all.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         self.io.shutdown(how)
     }

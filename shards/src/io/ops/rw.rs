@@ -1,6 +1,8 @@
 //! Stream reads and writes with owned buffers: `recv` into a buffer's start, `send` from an
 //! offset of a buffer. A registered buffer ([`FixedBuf`](crate::io::FixedBuf)) uses
-//! `READ_FIXED` / `WRITE_FIXED` on io_uring.
+//! `READ_FIXED` for reads on io_uring; writes of one are a plain `SEND` with `MSG_NOSIGNAL`,
+//! because `WRITE_FIXED` on a socket is a `write(2)`, which raises `SIGPIPE` when the peer is
+//! gone.
 
 use std::io;
 
@@ -74,19 +76,15 @@ pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B, from: usize) -> BufResu
     match kind {
         Driver::IoUring => {
             let fd = src.fd();
-            let fixed = fixed_index(&buf);
+            // No WRITE_FIXED for a registered buffer: on a socket it is a write(2), which
+            // raises SIGPIPE at a closed peer (module doc).
             let op = submit(buf, |b| {
                 // SAFETY: `from <= bytes_init()`, so the pointer stays inside the buffer.
                 let ptr = unsafe { b.stable_ptr().add(from) };
                 let len = clamp(b.bytes_init() - from);
-                match fixed {
-                    Some(index) => opcode::WriteFixed::new(types::Fd(fd), ptr, len, index)
-                        .offset(u64::MAX)
-                        .build(),
-                    None => opcode::Send::new(types::Fd(fd), ptr, len)
-                        .flags(libc::MSG_NOSIGNAL)
-                        .build(),
-                }
+                opcode::Send::new(types::Fd(fd), ptr, len)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build()
             });
             match op {
                 Ok(op) => {

@@ -1,0 +1,444 @@
+//! I/O tests that change process-wide state, each run in a child process (this binary
+//! re-executed with `--exact <test>` and `XTC_TEST_CHILD=<role>`; the parent checks its exit
+//! status):
+//!
+//! * `accept` under `RLIMIT_NOFILE` = 64 backs off on `EMFILE` without crashing or spinning,
+//!   and accepts the pending connections once descriptors free up;
+//! * a seccomp filter that denies `io_uring_setup` (as Docker's default profile does) makes the
+//!   auto choice fall back to epoll, which serves connections, while a forced io_uring is an
+//!   error that names io_uring;
+//! * with `SIGPIPE` at its default action (which kills), writes to a peer that went away are
+//!   plain errors;
+//! * with epoll denied too, a loop has no I/O driver: I/O calls fail with an error that says
+//!   so, and timers and tasks still run.
+//!
+//! Each body runs on both drivers (except where io_uring is denied on purpose).
+
+mod io_common;
+use io_common::*;
+
+use std::{
+    cell::Cell,
+    io::{self, Read as _, Write as _},
+    net::Shutdown,
+    rc::Rc,
+    time::Duration,
+};
+
+use futures::io::AsyncWriteExt;
+use xtc_shards::{
+    io::{Driver, DriverChoice, FixedBufPool},
+    net::{TcpListener, TcpStream, UnixStream},
+    shard, spawn_local,
+    time::sleep,
+    Executor, LocalExecutor,
+};
+
+// ---------------------------------------------------------------------------------------------
+// accept under RLIMIT_NOFILE = 64
+
+#[test]
+fn child_accept_backs_off_at_the_descriptor_limit() {
+    const ROLE: &str = "rlimit";
+    if !is_child(ROLE) {
+        run_child("child_accept_backs_off_at_the_descriptor_limit", ROLE, &[]);
+        return;
+    }
+    lower_nofile(64);
+    each_driver(
+        "rlimit",
+        1,
+        |b| b,
+        |driver, exec| {
+            exec.block_on(move || async move {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = l.local_addr().unwrap();
+                // Fill the descriptor table with connections that wait in the backlog.
+                let mut clients = Vec::new();
+                loop {
+                    match std::net::TcpStream::connect(addr) {
+                        Ok(c) => clients.push(c),
+                        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
+                        Err(e) => panic!("connect: {e}"),
+                    }
+                    assert!(clients.len() < 64, "RLIMIT_NOFILE did not apply");
+                }
+                let n = clients.len();
+                println!("{driver}: {n} connections fill the table");
+                assert!(n >= 20, "too few descriptors left to test with: {n}");
+
+                let accepted = Rc::new(Cell::new(0usize));
+                let acc = accepted.clone();
+                let server = spawn_local(async move {
+                    loop {
+                        let (s, _) = l.accept().await.expect("accept gave up");
+                        acc.set(acc.get() + 1);
+                        // Closed at once: each accepted connection frees its descriptor again.
+                        drop(s);
+                    }
+                });
+
+                // accept fails with EMFILE: the server stays alive, backing off.
+                let stats = || shard::handle().unwrap().loop_stats(0).unwrap();
+                let before = stats();
+                sleep(Duration::from_millis(400)).await;
+                let after = stats();
+                assert_eq!(
+                    accepted.get(),
+                    0,
+                    "no descriptor was free, yet accept succeeded"
+                );
+                assert!(!server.is_finished(), "the accept loop ended at EMFILE");
+                // Back-off (1 ms doubling to 100 ms) polls the task about ten times in this
+                // window; a spinning accept loop would poll it without bound.
+                let polls = after.polls - before.polls;
+                println!("{driver}: {polls} polls while out of descriptors");
+                assert!(
+                    polls < 1000,
+                    "{driver}: accept spins at EMFILE ({polls} polls)"
+                );
+
+                // Ten clients go away: descriptors free up, and every pending connection
+                // (including the ten closed ones) gets accepted.
+                clients.truncate(n - 10);
+                guard("the pending connections", async {
+                    while accepted.get() < n {
+                        sleep(Duration::from_millis(5)).await;
+                    }
+                })
+                .await;
+                assert_eq!(accepted.get(), n);
+                // The server's side of each was closed: the remaining clients see EOF.
+                for mut c in clients {
+                    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let mut b = [0u8; 1];
+                    match c.read(&mut b) {
+                        Ok(0) => {}
+                        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+                        other => panic!("{driver}: the accepted connection stayed open: {other:?}"),
+                    }
+                }
+                server.abort();
+            })
+            .unwrap();
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// seccomp: io_uring_setup denied
+
+/// `AUDIT_ARCH_X86_64` (`EM_X86_64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE`).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+
+/// Installs a seccomp filter on this thread (inherited by the threads it starts) that makes
+/// `io_uring_setup` fail with `EPERM` and allows everything else; checks it is in force.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn deny_io_uring_setup() {
+    deny_syscalls(&[libc::SYS_io_uring_setup as u32]);
+    // SAFETY: io_uring_setup with a null params pointer fails before touching memory (EFAULT),
+    // or with EPERM from the filter, which is what we check.
+    let rc = unsafe { libc::syscall(libc::SYS_io_uring_setup, 8, std::ptr::null_mut::<u8>()) };
+    assert_eq!(rc, -1);
+    assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
+}
+
+/// Installs a seccomp filter on this thread (inherited by the threads it starts afterwards)
+/// that fails the x86_64 system calls `nrs` with `EPERM` and allows everything else.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn deny_syscalls(nrs: &[u32]) {
+    fn stmt(code: u32, k: u32) -> libc::sock_filter {
+        libc::sock_filter {
+            code: code as u16,
+            jt: 0,
+            jf: 0,
+            k,
+        }
+    }
+    fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+        libc::sock_filter {
+            code: code as u16,
+            jt,
+            jf,
+            k,
+        }
+    }
+    let arch = std::mem::offset_of!(libc::seccomp_data, arch) as u32;
+    let nr = std::mem::offset_of!(libc::seccomp_data, nr) as u32;
+    let ret_eperm = libc::SECCOMP_RET_ERRNO | (libc::EPERM as u32 & libc::SECCOMP_RET_DATA);
+    let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+    let mut prog = vec![
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, arch),
+        // Another ABI: allow (only x86_64 system call numbers are matched below).
+        jump(jeq, AUDIT_ARCH_X86_64, 1, 0),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, nr),
+    ];
+    for &n in nrs {
+        // Match: fall through to the EPERM return; else skip it.
+        prog.push(jump(jeq, n, 0, 1));
+        prog.push(stmt(libc::BPF_RET | libc::BPF_K, ret_eperm));
+    }
+    prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: plain prctl with integer arguments.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    assert_eq!(rc, 0, "PR_SET_NO_NEW_PRIVS: {}", io::Error::last_os_error());
+    // SAFETY: `fprog` points at `prog`, a live buffer of `len` instructions; the kernel copies
+    // the program during the call.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+            &fprog as *const libc::sock_fprog,
+            0,
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "PR_SET_SECCOMP: {}", io::Error::last_os_error());
+}
+
+/// An echo exchange over TCP on the current loop.
+async fn echo_once() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = spawn_local(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut buf = Vec::with_capacity(4096);
+        loop {
+            let (r, b) = s.read(buf).await;
+            if r.unwrap() == 0 {
+                break;
+            }
+            let (w, b) = s.write_all(b).await;
+            w.unwrap();
+            buf = b;
+        }
+    });
+    let c = TcpStream::connect(addr).await.unwrap();
+    let msg: Vec<u8> = (0..100_000).map(|i| (i % 249) as u8).collect();
+    let (w, _) = c.write_all(msg.clone()).await;
+    w.unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    let mut buf = Vec::with_capacity(65536);
+    loop {
+        let (r, b) = c.read(buf).await;
+        if r.unwrap() == 0 {
+            break;
+        }
+        got.extend_from_slice(&b);
+        buf = b;
+    }
+    assert!(got == msg, "echo differs");
+    guard("server", server).await.unwrap();
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn child_seccomp_denied_io_uring_falls_back_to_epoll() {
+    const ROLE: &str = "seccomp";
+    if !is_child(ROLE) {
+        run_child(
+            "child_seccomp_denied_io_uring_falls_back_to_epoll",
+            ROLE,
+            &[],
+        );
+        return;
+    }
+    deny_io_uring_setup();
+
+    // Auto, explicitly and as the default (the child runs without XTC_IO).
+    for exec in [
+        Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .io_driver(DriverChoice::Auto)
+            .build()
+            .unwrap(),
+        Executor::builder()
+            .shards(1)
+            .oversubscribe(true)
+            .build()
+            .unwrap(),
+    ] {
+        assert_eq!(exec.io_driver(), Driver::Epoll);
+        exec.block_on(|| async {
+            assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+            echo_once().await;
+        })
+        .unwrap();
+        assert_eq!(exec.loop_stats(0).unwrap().io_driver, Some(Driver::Epoll));
+    }
+    LocalExecutor::new().unwrap().block_on(async {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        echo_once().await;
+    });
+
+    // Forcing io_uring is an error that says why.
+    let e = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .io_driver(DriverChoice::IoUring)
+        .build()
+        .unwrap_err();
+    let msg = e.to_string();
+    println!("forced io_uring: {msg}");
+    assert!(msg.contains("io_uring"), "{msg}");
+    assert!(msg.contains("io_uring_setup"), "{msg}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGPIPE at its default action
+
+#[test]
+fn child_writes_to_a_gone_peer_raise_no_sigpipe() {
+    const ROLE: &str = "sigpipe";
+    if !is_child(ROLE) {
+        run_child("child_writes_to_a_gone_peer_raise_no_sigpipe", ROLE, &[]);
+        return;
+    }
+    // The Rust runtime ignores SIGPIPE; put back the default action, which kills the process.
+    // SAFETY: plain signal(2) call with a valid disposition.
+    let prev = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    assert_ne!(prev, libc::SIG_ERR);
+    each_driver(
+        "sigpipe",
+        1,
+        |b| b,
+        |driver, exec| {
+            exec.block_on(move || async move {
+                fn gone(e: &io::Error) -> bool {
+                    matches!(
+                        e.kind(),
+                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                    )
+                }
+                // TCP, owned buffers.
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+                let (s, _) = l.accept().await.unwrap();
+                drop(c);
+                let mut buf = vec![7u8; 65536];
+                let mut err = None;
+                for _ in 0..10_000 {
+                    let (r, b) = s.write_all(buf).await;
+                    buf = b;
+                    if let Err(e) = r {
+                        err = Some(e);
+                        break;
+                    }
+                }
+                let e = err.expect("writes to a closed peer kept succeeding");
+                assert!(gone(&e), "{driver}: {e}");
+
+                // Unix stream, owned buffers and futures::io.
+                for use_async in [false, true] {
+                    let (a, b) = UnixStream::pair().unwrap();
+                    drop(b);
+                    let e = if use_async {
+                        let mut a = a;
+                        let mut err = None;
+                        for _ in 0..100 {
+                            let r = match AsyncWriteExt::write_all(&mut a, &[1u8; 4096]).await {
+                                Ok(()) => AsyncWriteExt::flush(&mut a).await,
+                                Err(e) => Err(e),
+                            };
+                            if let Err(e) = r {
+                                err = Some(e);
+                                break;
+                            }
+                        }
+                        err.expect("AsyncWrite to a closed peer kept succeeding")
+                    } else {
+                        let (r, _) = a.write_all(vec![1u8; 4096]).await;
+                        r.expect_err("a write to a closed Unix peer succeeded")
+                    };
+                    assert!(gone(&e), "{driver}: {e}");
+                }
+                // TCP with a registered buffer (io_uring: a fixed buffer must not turn the send
+                // into a write(2), which raises SIGPIPE).
+                let pool = FixedBufPool::register(1, 65536).unwrap();
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+                let (s, _) = l.accept().await.unwrap();
+                drop(c);
+                let mut fb = pool.take().unwrap();
+                fb.put_slice(&[3u8; 65536]);
+                let mut err = None;
+                for _ in 0..10_000 {
+                    let (r, b) = s.write_all(fb).await;
+                    fb = b;
+                    if let Err(e) = r {
+                        err = Some(e);
+                        break;
+                    }
+                }
+                let e = err.expect("fixed-buffer writes to a closed peer kept succeeding");
+                assert!(gone(&e), "{driver}: {e}");
+
+                // Still alive: the loop keeps working.
+                let (x, y) = UnixStream::pair().unwrap();
+                let (w, _) = x.write_all(&b"alive"[..]).await;
+                w.unwrap();
+                let (r, b) = y.read(Vec::with_capacity(8)).await;
+                assert_eq!(r.unwrap(), 5);
+                assert_eq!(&b[..], b"alive");
+            })
+            .unwrap();
+        },
+    );
+    // A std write without MSG_NOSIGNAL would kill us here; only xtc's paths are under test.
+    let _ = std::io::stdout().flush();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Neither io_uring nor epoll
+
+/// Installs a filter that fails `io_uring_setup`, `epoll_create` and `epoll_create1` with
+/// `EPERM`.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn deny_io_uring_and_epoll() {
+    deny_syscalls(&[
+        libc::SYS_io_uring_setup as u32,
+        libc::SYS_epoll_create as u32,
+        libc::SYS_epoll_create1 as u32,
+    ]);
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn child_no_io_driver_at_all_fails_io_cleanly() {
+    const ROLE: &str = "no-driver";
+    if !is_child(ROLE) {
+        run_child("child_no_io_driver_at_all_fails_io_cleanly", ROLE, &[]);
+        return;
+    }
+    deny_io_uring_and_epoll();
+    let exec = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    exec.block_on(|| async {
+        assert_eq!(xtc_shards::io::current_driver(), None);
+        // Timers still work (the loop parks on its eventfd).
+        sleep(Duration::from_millis(5)).await;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no I/O driver"), "{e}");
+        let e = xtc_shards::fs::read("/proc/self/stat").await.unwrap_err();
+        assert!(e.to_string().contains("no I/O driver"), "{e}");
+        // A cross-shard-style wake through the inbox still reaches the parked loop.
+        let h = spawn_local(async { 7 });
+        assert_eq!(h.await.unwrap(), 7);
+    })
+    .unwrap();
+    assert_eq!(exec.loop_stats(0).unwrap().io_driver, None);
+}

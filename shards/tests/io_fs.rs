@@ -1,0 +1,316 @@
+//! Files on both I/O drivers (io_uring in the kernel, epoll through the blocking pool): write
+//! and read round trips, positional I/O at offsets, metadata, sync, close, `fs::read` /
+//! `fs::write` of 1 MiB, errors for missing files and bad options, and registered buffers on a
+//! file.
+//!
+//! Every test runs its body once per driver (see `io_common::cases`).
+
+mod io_common;
+use io_common::*;
+
+use std::{
+    io,
+    path::PathBuf,
+    sync::atomic::{AtomicUsize, Ordering::SeqCst},
+    time::{Duration, SystemTime},
+};
+
+use xtc_shards::{
+    fs::{self, File, OpenOptions},
+    io::{Driver, FixedBufPool},
+    spawn_local,
+};
+
+/// A fresh, unique path in the temp dir (removed by [`Cleanup`]).
+fn temp_path(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    std::env::temp_dir().join(format!(
+        "xtc-io-fs-{}-{tag}-{}",
+        std::process::id(),
+        N.fetch_add(1, SeqCst)
+    ))
+}
+
+/// Removes the file when dropped (also when the test fails).
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i.wrapping_mul(13)).wrapping_add(seed.wrapping_mul(5)) % 253) as u8)
+        .collect()
+}
+
+#[test]
+fn write_then_read_round_trip() {
+    on_each_driver("write_then_read_round_trip", 1, |_| async {
+        let path = temp_path("rt");
+        let _c = Cleanup(path.clone());
+        let f = File::create(&path).await.unwrap();
+        let (r, back) = f.write_at(pattern(1, 10_000), 0).await;
+        assert_eq!(r.unwrap(), 10_000);
+        assert_eq!(back.len(), 10_000, "the buffer comes back");
+        f.sync_all().await.unwrap();
+        f.close().await.unwrap();
+
+        let f = File::open(&path).await.unwrap();
+        let (r, buf) = f.read_at(Vec::with_capacity(20_000), 0).await;
+        assert_eq!(r.unwrap(), 10_000, "a read stops at end of file");
+        assert_eq!(buf, pattern(1, 10_000), "the Vec's length is the count");
+        // At and past end of file: 0.
+        let (r, buf) = f.read_at(Vec::with_capacity(10), 10_000).await;
+        assert_eq!(r.unwrap(), 0);
+        assert!(buf.is_empty());
+        let (r, _) = f.read_at(Vec::with_capacity(10), 1 << 30).await;
+        assert_eq!(r.unwrap(), 0);
+        // Opened read-only: writes fail.
+        let (r, _) = f.write_at(&b"nope"[..], 0).await;
+        assert!(r.is_err());
+        f.close().await.unwrap();
+
+        // std agrees.
+        assert_eq!(std::fs::read(&path).unwrap(), pattern(1, 10_000));
+    });
+}
+
+#[test]
+fn read_at_and_write_at_offsets() {
+    on_each_driver("read_at_and_write_at_offsets", 1, |_| async {
+        let path = temp_path("offsets");
+        let _c = Cleanup(path.clone());
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .unwrap();
+        // Writes out of order, with a hole.
+        let (r, _) = f.write_all_at(vec![b'b'; 100], 100).await;
+        r.unwrap();
+        let (r, _) = f.write_all_at(vec![b'a'; 100], 0).await;
+        r.unwrap();
+        let (r, _) = f.write_all_at(&b"tail"[..], 1000).await;
+        r.unwrap();
+        assert_eq!(f.metadata().await.unwrap().len(), 1004);
+
+        let (r, buf) = f.read_at(Vec::with_capacity(50), 75).await;
+        assert_eq!(r.unwrap(), 50);
+        let mut want = vec![b'a'; 25];
+        want.extend(vec![b'b'; 25]);
+        assert_eq!(buf, want);
+        // The hole reads as zeros.
+        let (r, buf) = f.read_at(Vec::with_capacity(10), 500).await;
+        assert_eq!(r.unwrap(), 10);
+        assert_eq!(buf, vec![0u8; 10]);
+        // A Box<[u8]> is filled from its start.
+        let (r, buf) = f.read_at(vec![9u8; 8].into_boxed_slice(), 998).await;
+        assert_eq!(r.unwrap(), 6);
+        assert_eq!(&buf[..6], b"\0\0tail");
+        // Overwrite in the middle; the rest is untouched.
+        let (r, _) = f.write_at(&b"XY"[..], 150).await;
+        assert_eq!(r.unwrap(), 2);
+        let (r, buf) = f.read_at(Vec::with_capacity(4), 149).await;
+        assert_eq!(r.unwrap(), 4);
+        assert_eq!(buf, b"bXYb");
+        f.sync_data().await.unwrap();
+        f.close().await.unwrap();
+
+        // Append mode ignores positions for writes.
+        let f = OpenOptions::new().append(true).open(&path).await.unwrap();
+        let (r, _) = f.write_all_at(&b"+more"[..], 0).await;
+        r.unwrap();
+        f.close().await.unwrap();
+        let all = std::fs::read(&path).unwrap();
+        assert_eq!(all.len(), 1009);
+        assert!(all.ends_with(b"tail+more"));
+    });
+}
+
+#[test]
+fn metadata_sync_and_close() {
+    on_each_driver("metadata_sync_and_close", 1, |_| async {
+        let before = SystemTime::now() - Duration::from_secs(5);
+        let path = temp_path("meta");
+        let _c = Cleanup(path.clone());
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o640)
+            .open(&path)
+            .await
+            .unwrap();
+        let m = f.metadata().await.unwrap();
+        assert!(m.is_file());
+        assert!(!m.is_dir());
+        assert!(m.is_empty());
+        assert_eq!(m.len(), 0);
+        // The umask may clear bits, never set them.
+        assert_eq!(m.mode() & 0o777 & !0o640, 0, "mode {:o}", m.mode());
+        let (r, _) = f.write_all_at(pattern(2, 12_345), 0).await;
+        r.unwrap();
+        f.sync_all().await.unwrap();
+        f.sync_data().await.unwrap();
+        let m = f.metadata().await.unwrap();
+        assert_eq!(m.len(), 12_345);
+        assert!(!m.is_empty());
+        assert!(m.modified() >= before, "{:?}", m.modified());
+        f.close().await.unwrap();
+
+        // create_new on an existing file fails.
+        let e = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        // Neither read nor write: an error before any system call.
+        let e = OpenOptions::new().open(&path).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+
+        // A directory.
+        let d = File::open(std::env::temp_dir()).await.unwrap();
+        let m = d.metadata().await.unwrap();
+        assert!(m.is_dir());
+        assert!(!m.is_file());
+        d.close().await.unwrap();
+
+        // Close with an operation's file still shared by another task: Ok, closes later.
+        let f = std::rc::Rc::new(File::open(&path).await.unwrap());
+        let f2 = f.clone();
+        let reader = spawn_local(async move {
+            let (r, b) = f2.read_at(Vec::with_capacity(100), 0).await;
+            r.unwrap();
+            b
+        });
+        assert_eq!(guard("read", reader).await.unwrap(), pattern(2, 100));
+        std::rc::Rc::try_unwrap(f).unwrap().close().await.unwrap();
+    });
+}
+
+#[test]
+fn fs_read_and_write_one_mib() {
+    on_each_driver("fs_read_and_write_one_mib", 1, |_| async {
+        let path = temp_path("mib");
+        let _c = Cleanup(path.clone());
+        let data = pattern(3, (1 << 20) + 17);
+        fs::write(&path, data.clone()).await.unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), data.len() as u64);
+        let back = fs::read(&path).await.unwrap();
+        assert!(back == data, "fs::read differs from what fs::write wrote");
+        // Overwrite with less: write truncates.
+        fs::write(&path, &b"short"[..]).await.unwrap();
+        assert_eq!(fs::read(&path).await.unwrap(), b"short");
+        // An empty file.
+        fs::write(&path, Vec::new()).await.unwrap();
+        assert!(fs::read(&path).await.unwrap().is_empty());
+    });
+}
+
+#[test]
+fn opening_a_missing_file_is_not_found() {
+    on_each_driver("opening_a_missing_file_is_not_found", 1, |_| async {
+        let path = temp_path("missing");
+        let e = File::open(&path).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        let e = fs::read(&path).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        let e = fs::write(path.join("sub"), &b"x"[..]).await.unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ),
+            "{e}"
+        );
+        let e = File::open("bad\0path").await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    });
+}
+
+#[test]
+fn fixed_buf_pool_on_a_file() {
+    on_each_driver("fixed_buf_pool_on_a_file", 1, |driver| async move {
+        let path = temp_path("fixed");
+        let _c = Cleanup(path.clone());
+        let pool = FixedBufPool::register(2, 8192).unwrap();
+        assert_eq!(pool.is_registered(), driver == Driver::IoUring);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .unwrap();
+        let mut wb = pool.take().unwrap();
+        assert_eq!(wb.put_slice(&pattern(4, 8192)), 8192);
+        let (r, wb) = f.write_at(wb, 4096).await;
+        assert_eq!(r.unwrap(), 8192);
+        assert_eq!(&wb[..], &pattern(4, 8192)[..], "the data is still there");
+        let rb = pool.take().unwrap();
+        let (r, rb) = f.read_at(rb, 4096 + 100).await;
+        assert_eq!(r.unwrap(), 8092);
+        assert_eq!(&rb[..], &pattern(4, 8192)[100..]);
+        // A second registration on one io_uring fails.
+        if driver == Driver::IoUring {
+            assert!(FixedBufPool::register(1, 64).is_err());
+        }
+        drop((wb, rb, pool));
+        f.close().await.unwrap();
+        let all = std::fs::read(&path).unwrap();
+        assert_eq!(all.len(), 4096 + 8192);
+        assert!(all[..4096].iter().all(|&b| b == 0));
+    });
+}
+
+#[test]
+fn many_concurrent_file_operations() {
+    on_each_driver("many_concurrent_file_operations", 1, |_| async {
+        let path = temp_path("conc");
+        let _c = Cleanup(path.clone());
+        let f = std::rc::Rc::new(File::create(&path).await.unwrap());
+        // 64 tasks write 64 disjoint blocks at once; the blocking pool (epoll) or the ring
+        // (io_uring) takes them all.
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let f = f.clone();
+                spawn_local(async move {
+                    let (r, _) = f.write_all_at(pattern(i, 4096), (i * 4096) as u64).await;
+                    r.unwrap();
+                })
+            })
+            .collect();
+        for t in tasks {
+            guard("a write", t).await.unwrap();
+        }
+        std::rc::Rc::try_unwrap(f).unwrap().close().await.unwrap();
+        let all = fs::read(&path).await.unwrap();
+        assert_eq!(all.len(), 64 * 4096);
+        for i in 0..64 {
+            assert_eq!(
+                all[i * 4096..(i + 1) * 4096],
+                pattern(i, 4096)[..],
+                "block {i}"
+            );
+        }
+    });
+}
+
+#[test]
+fn fs_read_of_a_file_that_reports_size_zero() {
+    on_each_driver("fs_read_of_a_file_that_reports_size_zero", 1, |_| async {
+        // procfs files stat as empty but have content: fs::read reads until end of file.
+        let got = fs::read("/proc/self/status").await.unwrap();
+        let text = String::from_utf8(got).unwrap();
+        assert!(text.contains("Name:"), "{text}");
+        assert!(text.ends_with('\n'));
+    });
+}

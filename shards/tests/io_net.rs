@@ -1,0 +1,1266 @@
+//! Networking on both I/O drivers (io_uring and epoll): TCP echo and socket options,
+//! `SO_REUSEPORT` across shards, `std` round trips, 1,000 concurrent connections, peers that go
+//! away mid-read or mid-write, dropped operations whose buffers the kernel may still fill,
+//! UDP, Unix sockets, the `futures::io` traits, registered buffers, and quiescence with I/O in
+//! flight.
+//!
+//! Every test runs its body once per driver (see `io_common::cases`); with `XTC_IO` set it also
+//! runs once on the builder's default choice.
+
+mod io_common;
+use io_common::*;
+
+use std::{
+    future::Future,
+    io::{self, Read as _, Write as _},
+    net::{Shutdown, SocketAddr},
+    os::fd::AsRawFd,
+    pin::pin,
+    rc::Rc,
+    sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc,
+    },
+    task::Poll,
+    thread,
+    time::Duration,
+};
+
+use futures::{
+    future::poll_fn,
+    io::{AsyncReadExt, AsyncWriteExt},
+};
+use xtc_shards::{
+    io::{BufResult, Driver, FixedBufPool, IoBuf, IoBufMut},
+    net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream},
+    shard, spawn_local, submit_to,
+    time::sleep,
+    Error, Executor, LocalExecutor,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// `len` bytes of a pattern that differs per `seed` (every byte checkable).
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i.wrapping_mul(31)).wrapping_add(seed.wrapping_mul(7)) % 251) as u8)
+        .collect()
+}
+
+/// The owned-buffer stream API shared by `TcpStream` and `UnixStream`.
+trait Stream {
+    fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>>;
+    fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>>;
+}
+
+impl Stream for TcpStream {
+    fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> {
+        TcpStream::read(self, buf)
+    }
+    fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> {
+        TcpStream::write_all(self, buf)
+    }
+}
+
+impl<T: Stream> Stream for &T {
+    fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> {
+        (**self).read(buf)
+    }
+    fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> {
+        (**self).write_all(buf)
+    }
+}
+
+impl Stream for UnixStream {
+    fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> {
+        UnixStream::read(self, buf)
+    }
+    fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> {
+        UnixStream::write_all(self, buf)
+    }
+}
+
+/// Reads exactly `n` bytes with owned buffers, never more (each read's buffer holds at most
+/// what is still missing); EOF before that fails the test.
+async fn read_n(s: &impl Stream, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let want = (n - out.len()).min(64 * 1024);
+        let (r, b) = s.read(Vec::with_capacity(want)).await;
+        let k = r.expect("read");
+        assert!(k > 0, "EOF after {} of {n} bytes", out.len());
+        assert!(k <= want, "a read filled past the buffer's capacity");
+        assert_eq!(b.len(), k, "a read sets the Vec's length to the count");
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+/// Reads until end of stream; returns everything read.
+async fn read_to_end(s: &impl Stream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = Vec::with_capacity(64 * 1024);
+    loop {
+        let (r, b) = s.read(buf).await;
+        match r.expect("read") {
+            0 => return out,
+            _ => out.extend_from_slice(&b),
+        }
+        buf = b;
+    }
+}
+
+/// Echoes until end of stream; returns the bytes echoed.
+async fn echo(s: impl Stream) -> usize {
+    let mut buf = Vec::with_capacity(16 * 1024);
+    let mut total = 0;
+    loop {
+        let (r, b) = s.read(buf).await;
+        let n = match r {
+            Ok(0) => return total,
+            Ok(n) => n,
+            Err(e) => panic!("echo read: {e}"),
+        };
+        let (w, b) = s.write_all(b).await;
+        w.expect("echo write");
+        total += n;
+        buf = b;
+    }
+}
+
+/// A connected TCP pair on this loop: (client, server).
+async fn tcp_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let accept = spawn_local(async move { l.accept().await.unwrap().0 });
+    let c = TcpStream::connect(addr).await.unwrap();
+    let s = guard("accept", accept).await.unwrap();
+    (c, s)
+}
+
+/// Waits for a std thread without blocking the loop.
+async fn join_thread<T>(h: thread::JoinHandle<T>) -> T {
+    guard("helper thread", async {
+        while !h.is_finished() {
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    h.join().expect("helper thread panicked")
+}
+
+/// A fresh socket path in the temp dir.
+fn sock_path(tag: &str) -> std::path::PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    std::env::temp_dir().join(format!(
+        "xtc-io-{}-{tag}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, SeqCst)
+    ))
+}
+
+/// A simple client/server exchange on the current loop: the server echoes, the client writes
+/// `msg`, half-closes and reads everything back.
+async fn echo_round_trip(msg: Vec<u8>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = spawn_local(async move {
+        let (s, _) = l.accept().await.unwrap();
+        echo(s).await
+    });
+    let c = TcpStream::connect(addr).await.unwrap();
+    let (w, _) = c.write_all(msg.clone()).await;
+    w.unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(read_to_end(&c).await, msg);
+    assert_eq!(guard("server", server).await.unwrap(), msg.len());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. TCP basics
+
+#[test]
+fn tcp_echo_on_the_default_driver() {
+    // No Builder::io_driver: the environment (XTC_IO) or the probe decides.
+    let exec = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .build()
+        .expect("build with the default driver");
+    let driver = exec.io_driver();
+    println!("default driver: {driver}");
+    if let Some(want) = env_driver() {
+        assert_eq!(driver, want, "XTC_IO picks the driver");
+    }
+    exec.block_on(move || async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(driver));
+        echo_round_trip(pattern(1, 100_000)).await;
+    })
+    .unwrap();
+    let st = exec.loop_stats(0).unwrap();
+    assert_eq!(st.io_driver, Some(driver));
+    assert!(st.io_submitted > 0, "{st:?}");
+
+    // A LocalExecutor follows the same default.
+    let local = LocalExecutor::new().unwrap();
+    local.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(driver));
+        echo_round_trip(pattern(2, 10_000)).await;
+    });
+}
+
+#[test]
+fn tcp_echo_addresses_options_and_shutdown() {
+    on_each_driver("tcp_echo_addresses_options_and_shutdown", 1, |_| async {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let laddr = l.local_addr().unwrap();
+        assert_eq!(laddr.ip(), std::net::Ipv4Addr::LOCALHOST);
+        assert_ne!(laddr.port(), 0, "local_addr reports the chosen port");
+
+        let server = spawn_local(async move {
+            let (s, peer) = l.accept().await.unwrap();
+            assert_eq!(s.peer_addr().unwrap(), peer);
+            assert_eq!(s.local_addr().unwrap(), laddr);
+            // A short read first: `write` of 5 bytes, then the rest by echo.
+            let (r, b) = s.read(Vec::with_capacity(5)).await;
+            assert_eq!(r.unwrap(), 5);
+            assert_eq!(&b[..], b"hello");
+            let (w, _) = s.write(b).await;
+            assert_eq!(w.unwrap(), 5);
+            let n = echo(&s).await;
+            // The client half-closed: answer with our own FIN.
+            s.shutdown(Shutdown::Write).unwrap();
+            (peer, n)
+        });
+
+        let c = TcpStream::connect(laddr).await.unwrap();
+        assert_eq!(c.peer_addr().unwrap(), laddr);
+        c.set_nodelay(true).unwrap();
+        assert!(c.nodelay().unwrap());
+        c.set_nodelay(false).unwrap();
+        assert!(!c.nodelay().unwrap());
+        c.set_nodelay(true).unwrap();
+
+        let (w, _) = c.write(&b"hello"[..]).await;
+        assert_eq!(w.unwrap(), 5);
+        assert_eq!(read_n(&c, 5).await, b"hello");
+
+        let big = pattern(3, 300_000);
+        let (w, back) = c.write_all(big).await;
+        w.unwrap();
+        assert_eq!(back.len(), 300_000, "write_all gives the buffer back");
+        assert_eq!(read_n(&c, 300_000).await, pattern(3, 300_000));
+        let (w, _) = c.write_all("a static str").await;
+        w.unwrap();
+        assert_eq!(read_n(&c, 12).await, b"a static str");
+        let boxed: Box<[u8]> = pattern(4, 1000).into_boxed_slice();
+        let (w, _) = c.write_all(boxed).await;
+        w.unwrap();
+        // Box<[u8]> as a read buffer: filled from its start.
+        let (r, b) = c.read(vec![0u8; 1000].into_boxed_slice()).await;
+        let n = r.unwrap();
+        assert!(n > 0);
+        assert_eq!(&b[..n], &pattern(4, 1000)[..n]);
+        assert_eq!(read_n(&c, 1000 - n).await, pattern(4, 1000)[n..]);
+
+        c.shutdown(Shutdown::Write).unwrap();
+        // After our FIN the server sees EOF, shuts down its side, and we see EOF too.
+        assert!(read_to_end(&c).await.is_empty());
+        let (peer, n) = guard("server", server).await.unwrap();
+        assert_eq!(peer, c.local_addr().unwrap());
+        assert_eq!(n, 300_000 + 12 + 1000);
+    });
+}
+
+/// Answers every connection with the id of the shard that accepted it.
+async fn serve_shard_id(l: TcpListener) {
+    loop {
+        let (s, _) = match l.accept().await {
+            Ok(v) => v,
+            Err(e) => panic!("accept: {e}"),
+        };
+        let (w, _) = s.write_all(vec![shard::id() as u8]).await;
+        w.unwrap();
+    }
+}
+
+#[test]
+fn tcp_bind_reuseport_on_two_shards_both_accept() {
+    each_driver(
+        "tcp_bind_reuseport_on_two_shards_both_accept",
+        2,
+        |b| b,
+        |_, exec| {
+            exec.block_on(|| async {
+                valgrind_ticks().await;
+                let l0 = TcpListener::bind_reuseport("127.0.0.1:0").unwrap();
+                let port = l0.local_addr().unwrap().port();
+                // A listener without SO_REUSEPORT cannot join.
+                assert!(TcpListener::bind(("127.0.0.1", port)).is_err());
+                submit_to(1, move || async move {
+                    let l1 = TcpListener::bind_reuseport(("127.0.0.1", port)).unwrap();
+                    assert_eq!(l1.local_addr().unwrap().port(), port);
+                    spawn_local(serve_shard_id(l1));
+                })
+                .await
+                .unwrap();
+                spawn_local(serve_shard_id(l0));
+                let mut seen = [0usize; 2];
+                for i in 0..1000 {
+                    let c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+                    let id = read_n(&c, 1).await[0] as usize;
+                    seen[id] += 1;
+                    if i >= 16 && seen.iter().all(|&n| n > 0) {
+                        break;
+                    }
+                }
+                assert!(
+                    seen.iter().all(|&n| n > 0),
+                    "both reuseport listeners must accept: {seen:?}"
+                );
+            })
+            .unwrap();
+        },
+    );
+}
+
+#[test]
+fn tcp_from_std_into_std_round_trip() {
+    on_each_driver("tcp_from_std_into_std_round_trip", 1, |_| async {
+        let std_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_l.local_addr().unwrap();
+        let l = TcpListener::from_std(std_l).unwrap();
+        assert_eq!(l.local_addr().unwrap(), addr);
+        // And back and forth again: the listener still works after the round trip.
+        let l = TcpListener::from_std(l.into_std()).unwrap();
+
+        // A std client, connected before the accept (it waits in the backlog).
+        let std_c = std::net::TcpStream::connect(addr).unwrap();
+        let (s, peer) = l.accept().await.unwrap();
+        assert_eq!(peer, std_c.local_addr().unwrap());
+        let c = TcpStream::from_std(std_c).unwrap();
+        let (w, _) = c.write_all(&b"ping"[..]).await;
+        w.unwrap();
+        assert_eq!(read_n(&s, 4).await, b"ping");
+
+        // Server stream out to std (non-blocking), then back.
+        let std_s = s.into_std();
+        assert_eq!(std_s.peer_addr().unwrap(), peer);
+        std_s.set_nonblocking(false).unwrap();
+        (&std_s).write_all(b"pong").unwrap();
+        assert_eq!(read_n(&c, 4).await, b"pong");
+        let s = TcpStream::from_std(std_s).unwrap();
+        let (w, _) = s.write_all(pattern(5, 70_000)).await;
+        w.unwrap();
+        assert_eq!(read_n(&c, 70_000).await, pattern(5, 70_000));
+
+        // The client out to std: a blocking read sees what the server sends.
+        let mut std_c = c.into_std();
+        std_c.set_nonblocking(false).unwrap();
+        let (w, _) = s.write_all(&b"bye"[..]).await;
+        w.unwrap();
+        let mut got = [0u8; 3];
+        std_c.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"bye");
+    });
+}
+
+#[test]
+fn io_off_any_loop_is_an_error() {
+    // Binding is synchronous and works anywhere; operations need a loop.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let err = futures::executor::block_on(TcpStream::connect(addr)).unwrap_err();
+    assert!(err.to_string().contains("off any xtc loop"), "{err}");
+    let err = futures::executor::block_on(l.accept()).unwrap_err();
+    assert!(err.to_string().contains("off any xtc loop"), "{err}");
+    assert_eq!(xtc_shards::io::current_driver(), None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. 1,000 concurrent connections
+
+#[test]
+fn tcp_echo_1000_concurrent_connections() {
+    const N: usize = 1000;
+    let need = (2 * N + 200) as libc::rlim_t;
+    let have = raise_nofile(need);
+    if have < need {
+        println!(
+            "tcp_echo_1000_concurrent_connections: skipped: RLIMIT_NOFILE is {have} (hard limit \
+             too low for {need} descriptors)"
+        );
+        return;
+    }
+    each_driver(
+        "tcp_echo_1000_concurrent_connections",
+        2,
+        |b| b,
+        |_, exec| {
+            let accepted = Arc::new(AtomicUsize::new(0));
+            let echoed = Arc::new(AtomicUsize::new(0));
+            let (acc, ech) = (accepted.clone(), echoed.clone());
+            let sent = exec
+                .block_on(move || async move {
+                    valgrind_ticks().await;
+                    fn serve(l: TcpListener, acc: Arc<AtomicUsize>, ech: Arc<AtomicUsize>) {
+                        spawn_local(async move {
+                            loop {
+                                let (s, _) = l.accept().await.unwrap();
+                                acc.fetch_add(1, SeqCst);
+                                let ech = ech.clone();
+                                spawn_local(async move {
+                                    let n = echo(s).await;
+                                    ech.fetch_add(n, SeqCst);
+                                });
+                            }
+                        });
+                    }
+                    let l0 = TcpListener::bind_reuseport("127.0.0.1:0").unwrap();
+                    let addr = l0.local_addr().unwrap();
+                    let (a1, e1) = (acc.clone(), ech.clone());
+                    submit_to(1, move || async move {
+                        serve(TcpListener::bind_reuseport(addr).unwrap(), a1, e1);
+                    })
+                    .await
+                    .unwrap();
+                    serve(l0, acc, ech);
+                    let clients: Vec<_> = (0..N)
+                        .map(|i| {
+                            spawn_local(async move {
+                                let c = TcpStream::connect(addr).await.unwrap();
+                                let msg = pattern(i, 1 + (i * 37) % 5000);
+                                let (w, msg) = c.write_all(msg).await;
+                                w.unwrap();
+                                let back = read_n(&c, msg.len()).await;
+                                assert_eq!(back, msg, "connection {i}: echo differs");
+                                c.shutdown(Shutdown::Write).unwrap();
+                                assert!(read_to_end(&c).await.is_empty());
+                                msg.len()
+                            })
+                        })
+                        .collect();
+                    let mut sent = 0;
+                    for c in clients {
+                        sent += guard("a client", c).await.unwrap();
+                    }
+                    sent
+                })
+                .unwrap();
+            assert_eq!(accepted.load(SeqCst), N);
+            // Every client read its echo back in full, so every byte was echoed (the servers'
+            // tasks count theirs when they see EOF, which may still be pending for a few).
+            assert!(echoed.load(SeqCst) <= sent);
+            assert_eq!(
+                sent,
+                (0..N).map(|i| 1 + (i * 37) % 5000).sum::<usize>(),
+                "bytes sent"
+            );
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Peers that go away
+
+#[test]
+fn peer_disconnects_mid_read() {
+    on_each_driver("peer_disconnects_mid_read", 1, |_| async {
+        for rst in [false, true] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            // The server expects 2,000 bytes; the client sends half and goes away.
+            let server = spawn_local(async move {
+                let (s, _) = l.accept().await.unwrap();
+                if rst {
+                    // Unread data at the client makes its close a reset.
+                    let (w, _) = s.write_all(pattern(9, 1000)).await;
+                    w.unwrap();
+                }
+                let mut got = Vec::new();
+                let mut buf = Vec::with_capacity(2000);
+                loop {
+                    let (r, b) = s.read(buf).await;
+                    match r {
+                        Ok(0) => return (got, None),
+                        Ok(_) => got.extend_from_slice(&b),
+                        Err(e) => return (got, Some(e)),
+                    }
+                    assert!(got.len() <= 1000);
+                    buf = b;
+                }
+            });
+            let c = TcpStream::connect(addr).await.unwrap();
+            if rst {
+                // Make sure the server's bytes arrived (unread) before we close.
+                sleep(Duration::from_millis(20)).await;
+            }
+            let (w, _) = c.write_all(pattern(8, 1000)).await;
+            w.unwrap();
+            drop(c);
+            let (got, err) = guard("the server's read", server).await.unwrap();
+            let half = pattern(8, 1000);
+            match err {
+                None => assert_eq!(got, half, "EOF after all the bytes that were sent"),
+                Some(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+                    assert_eq!(got[..], half[..got.len()], "a prefix, uncorrupted");
+                }
+            }
+        }
+    });
+}
+
+/// Writes to a stream whose peer closed until the write fails; returns the error.
+async fn write_until_error(s: &TcpStream) -> io::Error {
+    let mut buf = pattern(10, 64 * 1024);
+    for _ in 0..10_000 {
+        let (r, b) = s.write_all(buf).await;
+        buf = b;
+        if let Err(e) = r {
+            return e;
+        }
+    }
+    panic!("writes to a closed peer kept succeeding");
+}
+
+fn is_peer_gone(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+    )
+}
+
+#[test]
+fn write_to_a_closed_peer_is_a_plain_error() {
+    on_each_driver("write_to_a_closed_peer_is_a_plain_error", 1, |_| async {
+        // Owned-buffer writes.
+        let (c, s) = tcp_pair().await;
+        drop(c);
+        let e = guard("writes", write_until_error(&s)).await;
+        assert!(is_peer_gone(&e), "EPIPE or ECONNRESET, got {e}");
+
+        // The futures::io path.
+        let (c, mut s) = tcp_pair().await;
+        drop(c);
+        let data = pattern(11, 64 * 1024);
+        let e = guard("AsyncWrite", async {
+            for _ in 0..10_000 {
+                if let Err(e) = AsyncWriteExt::write_all(&mut s, &data).await {
+                    return e;
+                }
+                if let Err(e) = AsyncWriteExt::flush(&mut s).await {
+                    return e;
+                }
+            }
+            panic!("AsyncWrite to a closed peer kept succeeding");
+        })
+        .await;
+        assert!(is_peer_gone(&e), "EPIPE or ECONNRESET, got {e}");
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Dropped operations whose buffers the kernel may still fill
+
+/// Starts `fut`, polls it once with the task's waker (it must be pending), lets the loop submit
+/// it and park, then drops it.
+async fn poll_once_then_drop<F: Future>(fut: F) {
+    let mut fut = Box::pin(fut);
+    let pending = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await;
+    assert!(pending, "the operation had nothing to complete with yet");
+    // A park in the driver: io_uring submits the operation, epoll arms the fd.
+    sleep(Duration::from_millis(2)).await;
+    drop(fut);
+}
+
+/// What this test asserts: after a read future is dropped (its 1 MiB buffer either freed at
+/// once on epoll, or handed to the driver until the kernel's completion on io_uring), a peer's
+/// write arrives intact in a fresh read. On epoll, where a dropped read never touched the
+/// socket, every byte arrives; on io_uring the cancellation is submitted before the peer's
+/// write (same loop, same batch), so every byte arrives as well, but the test accepts that a
+/// cancelled read may have consumed a prefix: what arrives must then be an uncorrupted suffix.
+/// The connection keeps working, nothing crashes, and `run()` reaching quiescence proves the
+/// loop's in-flight count drained (a leaked operation would keep it waiting forever).
+#[test]
+fn dropped_read_future_then_the_peer_writes() {
+    each_driver(
+        "dropped_read_future_then_the_peer_writes",
+        1,
+        |b| b,
+        |driver, exec| {
+            exec.spawn_on(0, move || async move {
+                let (a, b) = tcp_pair().await;
+                let mut complete = 0;
+                for round in 0..50 {
+                    poll_once_then_drop(a.read(Vec::with_capacity(1 << 20))).await;
+                    let msg = pattern(round, 4096 + round);
+                    let (w, _) = b.write_all(msg.clone()).await;
+                    w.unwrap();
+                    // A fresh read (its own buffer) sees the data.
+                    let (r, got) = guard("fresh read", a.read(Vec::with_capacity(1 << 20))).await;
+                    let n = r.unwrap();
+                    assert!(n > 0);
+                    let mut got = got;
+                    if driver == Driver::Epoll || n == msg.len() {
+                        // Whatever is missing is still in the socket.
+                        if n < msg.len() {
+                            got.extend(read_n(&a, msg.len() - n).await);
+                        }
+                        assert_eq!(got, msg, "round {round}: data corrupted");
+                        complete += 1;
+                    } else {
+                        assert!(
+                            msg.ends_with(&got),
+                            "round {round}: not a suffix of what was sent"
+                        );
+                    }
+                    // The connection still works both ways.
+                    let (w, _) = a.write_all(pattern(round + 1000, 100)).await;
+                    w.unwrap();
+                    assert_eq!(read_n(&b, 100).await, pattern(round + 1000, 100));
+                }
+                println!("{driver}: {complete}/50 rounds delivered every byte to the fresh read");
+                if driver == Driver::Epoll {
+                    assert_eq!(complete, 50);
+                }
+
+                // The same with the futures::io read path (internal buffer on io_uring).
+                let (mut a, b) = tcp_pair().await;
+                let mut small = [0u8; 64];
+                poll_once_then_drop(AsyncReadExt::read(&mut a, &mut small)).await;
+                let msg = pattern(77, 50_000);
+                let (w, _) = b.write_all(msg.clone()).await;
+                w.unwrap();
+                let mut got = vec![0u8; msg.len()];
+                guard("read_exact", a.read_exact(&mut got)).await.unwrap();
+                // io_uring keeps the AsyncRead's read in flight across the dropped future, so
+                // nothing is lost on either driver.
+                assert_eq!(got, msg);
+            })
+            .unwrap();
+            run_until_quiescent(&exec, "dropped reads");
+            if driver == Driver::IoUring {
+                let st = exec.loop_stats(0).unwrap();
+                assert_eq!(
+                    st.io_submitted, st.io_completed,
+                    "every io_uring operation completed: {st:?}"
+                );
+            }
+        },
+    );
+}
+
+/// `run()` on a helper thread; fails the test if it does not return within the hang guard.
+fn run_until_quiescent(exec: &Executor, what: &str) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = exec.handle();
+    thread::scope(|s| {
+        s.spawn(|| {
+            let r = exec.run();
+            let _ = tx.send(());
+            r.unwrap_or_else(|e| panic!("{what}: run: {e}"));
+        });
+        if rx.recv_timeout(HANG).is_err() {
+            h.stop();
+            panic!("{what}: run() did not reach quiescence (I/O left in flight?)");
+        }
+    });
+}
+
+/// Reads started and dropped while another thread writes: on io_uring a cancelled read may
+/// consume bytes, so the test checks that every read returns a run of the writer's byte
+/// sequence (no foreign or stale bytes), in increasing order, and the stream ends cleanly.
+#[test]
+fn dropped_reads_racing_a_writer_thread() {
+    on_each_driver(
+        "dropped_reads_racing_a_writer_thread",
+        1,
+        |driver| async move {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            const TOTAL: usize = 4 << 20;
+            let writer = thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                let data: Vec<u8> = (0..TOTAL).map(|i| (i % 251) as u8).collect();
+                for chunk in data.chunks(7919) {
+                    s.write_all(chunk).unwrap();
+                }
+            });
+            let (s, _) = l.accept().await.unwrap();
+            // Position in the writer's sequence (mod 251) and bytes that reached completed reads.
+            let (mut pos, mut delivered) = (0usize, 0usize);
+            let mut check = |b: &[u8], round: usize| {
+                // A run of the sequence: consecutive values mod 251 from some start.
+                let start = b[0] as usize;
+                for (k, &v) in b.iter().enumerate() {
+                    assert_eq!(
+                        v as usize,
+                        (start + k) % 251,
+                        "round {round}: corrupted at {k}"
+                    );
+                }
+                if driver == Driver::Epoll {
+                    assert_eq!(start, pos % 251, "round {round}: epoll never loses bytes");
+                }
+                pos = start + b.len();
+                delivered += b.len();
+            };
+            let mut buf = Vec::with_capacity(64 * 1024);
+            let mut round = 0usize;
+            loop {
+                round += 1;
+                if round % 3 == 0 {
+                    // A read polled once and dropped if pending: it may take bytes with it
+                    // (io_uring). If it completes at once, its bytes count like any read's.
+                    let mut fut = pin!(s.read(Vec::with_capacity(32 * 1024)));
+                    let now = poll_fn(|cx| {
+                        Poll::Ready(match fut.as_mut().poll(cx) {
+                            Poll::Ready(v) => Some(v),
+                            Poll::Pending => None,
+                        })
+                    })
+                    .await;
+                    if let Some((r, b)) = now {
+                        if r.unwrap() == 0 {
+                            break;
+                        }
+                        check(&b, round);
+                    }
+                }
+                let (r, b) = guard("read", s.read(buf)).await;
+                if r.unwrap() == 0 {
+                    break;
+                }
+                check(&b, round);
+                buf = b;
+            }
+            join_thread(writer).await;
+            assert!(delivered <= TOTAL);
+            if driver == Driver::Epoll {
+                assert_eq!(delivered, TOTAL);
+            }
+            println!("{driver}: {delivered} of {TOTAL} bytes reached the non-cancelled reads");
+        },
+    );
+}
+
+/// A dropped `accept` whose connection the kernel had already accepted must close it: the
+/// client sees end of stream or a reset, never a connection nobody owns.
+#[test]
+fn dropped_accept_does_not_leak_the_connection() {
+    on_each_driver(
+        "dropped_accept_does_not_leak_the_connection",
+        1,
+        |_| async {
+            for wait_for_completion in [true, false] {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = l.local_addr().unwrap();
+                let mut fut = Box::pin(l.accept());
+                let pending = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await;
+                assert!(pending);
+                sleep(Duration::from_millis(2)).await;
+                let client = std::net::TcpStream::connect(addr).unwrap();
+                if wait_for_completion {
+                    // Let the loop reap the accept's completion before the future goes.
+                    sleep(Duration::from_millis(50)).await;
+                }
+                drop(fut);
+                drop(l);
+                let reader = thread::spawn(move || {
+                    client
+                        .set_read_timeout(Some(Duration::from_secs(10)))
+                        .unwrap();
+                    let mut b = [0u8; 1];
+                    (&client).read(&mut b)
+                });
+                // Keep the loop turning (completions of the cancelled accept) while the client reads.
+                match join_thread(reader).await {
+                    Ok(0) => {}
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+                    other => panic!(
+                        "the accepted-then-dropped connection stayed open (leaked fd): {other:?}"
+                    ),
+                }
+            }
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. UDP, Unix sockets, futures::io, registered buffers
+
+#[test]
+fn udp_send_to_recv_from() {
+    on_each_driver("udp_send_to_recv_from", 1, |_| async {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let (aa, ba) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        assert_ne!(aa, ba);
+
+        // A receive that has to wait for its datagram.
+        let b2 = b.clone();
+        let waiting = spawn_local(async move {
+            let (r, buf) = b2.recv_from(Vec::with_capacity(2048)).await;
+            let (n, from) = r.unwrap();
+            assert_eq!(buf.len(), n);
+            (buf, from)
+        });
+        sleep(Duration::from_millis(5)).await;
+        let (r, _) = a.send_to(pattern(12, 1200), ba).await;
+        assert_eq!(r.unwrap(), 1200);
+        let (got, from) = guard("recv_from", waiting).await.unwrap();
+        assert_eq!(from, aa);
+        assert_eq!(got, pattern(12, 1200));
+
+        // Replies and many datagrams, boundaries kept.
+        for i in 0..100 {
+            let (r, _) = b.send_to(pattern(i, 10 + i), aa).await;
+            assert_eq!(r.unwrap(), 10 + i);
+        }
+        for i in 0..100 {
+            let (r, buf) = guard("recv", a.recv_from(Vec::with_capacity(512))).await;
+            let (n, from) = r.unwrap();
+            assert_eq!(from, ba);
+            assert_eq!(n, 10 + i);
+            assert_eq!(buf, pattern(i, 10 + i));
+        }
+
+        // A datagram longer than the buffer is truncated to it.
+        let (r, _) = a.send_to(&b"0123456789"[..], ba).await;
+        r.unwrap();
+        let (r, buf) = b.recv_from(Vec::with_capacity(4)).await;
+        assert_eq!(r.unwrap().0, 4);
+        assert_eq!(&buf[..], b"0123");
+    });
+}
+
+#[test]
+fn unix_listener_stream_and_pair() {
+    on_each_driver("unix_listener_stream_and_pair", 1, |_| async {
+        let path = sock_path("unix");
+        let l = UnixListener::bind(&path).unwrap();
+        assert!(UnixListener::bind(&path).is_err(), "the path exists now");
+        let server = spawn_local(async move {
+            let s = l.accept().await.unwrap();
+            echo(s).await
+        });
+        let c = UnixStream::connect(&path).await.unwrap();
+        let msg = pattern(13, 200_000);
+        let (w, _) = c.write_all(msg.clone()).await;
+        w.unwrap();
+        c.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_end(&c).await, msg);
+        assert_eq!(guard("unix server", server).await.unwrap(), msg.len());
+        std::fs::remove_file(&path).unwrap();
+
+        // A connection to a path nobody listens on fails.
+        assert!(UnixStream::connect(&path).await.is_err());
+
+        let (a, b) = UnixStream::pair().unwrap();
+        let (w, _) = a.write(&b"left"[..]).await;
+        assert_eq!(w.unwrap(), 4);
+        assert_eq!(read_n(&b, 4).await, b"left");
+        let (w, _) = b.write_all(pattern(14, 100_000)).await;
+        w.unwrap();
+        assert_eq!(read_n(&a, 100_000).await, pattern(14, 100_000));
+
+        // std round trip.
+        let a = UnixStream::from_std(a.into_std()).unwrap();
+        let (w, _) = a.write_all(&b"again"[..]).await;
+        w.unwrap();
+        assert_eq!(read_n(&b, 5).await, b"again");
+        drop(a);
+        assert!(read_to_end(&b).await.is_empty());
+    });
+}
+
+/// 1 MiB through `futures::io::{AsyncWriteExt::write_all, AsyncReadExt::read_exact}` in both
+/// directions at once, on a TCP connection and a Unix pair.
+#[test]
+fn async_read_write_one_mib() {
+    on_each_driver("async_read_write_one_mib", 1, |_| async {
+        const LEN: usize = 1 << 20;
+        async fn both_ways<S>(mut a: S, mut b: S)
+        where
+            S: futures::io::AsyncRead + futures::io::AsyncWrite + Unpin + 'static,
+        {
+            let ab = pattern(15, LEN);
+            let writer = spawn_local(async move {
+                a.write_all(&pattern(15, LEN)).await.unwrap();
+                a.flush().await.unwrap();
+                // Then read what b sends back, in small pieces.
+                let mut got = Vec::with_capacity(LEN);
+                let mut piece = [0u8; 1000];
+                while got.len() < LEN {
+                    let n = a.read(&mut piece).await.unwrap();
+                    assert!(n > 0, "EOF after {}", got.len());
+                    got.extend_from_slice(&piece[..n]);
+                }
+                a.close().await.unwrap();
+                got
+            });
+            let mut got = vec![0u8; LEN];
+            b.read_exact(&mut got).await.unwrap();
+            assert!(got == ab, "a → b corrupted");
+            b.write_all(&pattern(16, LEN)).await.unwrap();
+            b.flush().await.unwrap();
+            let back = guard("writer", writer).await.unwrap();
+            assert!(back == pattern(16, LEN), "b → a corrupted");
+            // a closed its write half: b reads EOF.
+            let mut rest = Vec::new();
+            b.read_to_end(&mut rest).await.unwrap();
+            assert!(rest.is_empty());
+        }
+        let (c, s) = tcp_pair().await;
+        guard("tcp", both_ways(c, s)).await;
+        let (a, b) = UnixStream::pair().unwrap();
+        guard("unix", both_ways(a, b)).await;
+    });
+}
+
+#[test]
+fn fixed_buf_pool_on_a_socket() {
+    on_each_driver("fixed_buf_pool_on_a_socket", 1, |driver| async move {
+        let pool = FixedBufPool::register(4, 4096).unwrap();
+        assert_eq!(pool.is_registered(), driver == Driver::IoUring);
+        assert_eq!(pool.buf_size(), 4096);
+        // io_uring allows one registered set per ring.
+        match (driver, FixedBufPool::register(1, 64)) {
+            (Driver::IoUring, Err(e)) => {
+                assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}")
+            }
+            (Driver::IoUring, Ok(_)) => panic!("a second registration on one io_uring"),
+            (Driver::Epoll, r) => drop(r.expect("plain buffers on epoll")),
+        }
+        assert!(FixedBufPool::register(0, 64).is_err());
+
+        let (a, b) = UnixStream::pair().unwrap();
+        let (c, s) = tcp_pair().await;
+
+        // A fixed read that waits for its data, then a fixed write that provides it.
+        let b = Rc::new(b);
+        let b2 = b.clone();
+        let rpool = pool.clone();
+        let reader = spawn_local(async move {
+            let buf = rpool.take().unwrap();
+            assert_eq!(buf.capacity(), 4096);
+            let (r, buf) = b2.read(buf).await;
+            let n = r.unwrap();
+            assert_eq!(buf.len(), n);
+            buf.to_vec()
+        });
+        sleep(Duration::from_millis(5)).await;
+        let mut wb = pool.take().unwrap();
+        assert!(wb.is_empty());
+        assert_eq!(wb.put_slice(b"fixed hello"), 11);
+        let (w, wb) = a.write_all(wb).await;
+        w.unwrap();
+        assert_eq!(&wb[..], b"fixed hello");
+        assert_eq!(guard("fixed read", reader).await.unwrap(), b"fixed hello");
+
+        // A full buffer over TCP, checked byte by byte.
+        let mut wb = wb;
+        wb.clear();
+        let big = pattern(17, 10_000);
+        assert_eq!(wb.put_slice(&big), 4096, "put_slice copies what fits");
+        assert_eq!(wb.put_slice(&big), 0);
+        let (w, wb) = c.write_all(wb).await;
+        w.unwrap();
+        let mut got = Vec::new();
+        let mut rb = pool.take().unwrap();
+        while got.len() < 4096 {
+            let (r, b) = s.read(rb).await;
+            assert!(r.unwrap() > 0);
+            got.extend_from_slice(&b);
+            rb = b;
+        }
+        assert_eq!(got, big[..4096]);
+
+        // Four buffers: with two out (wb, rb) two more can be taken, then none.
+        let t1 = pool.take().unwrap();
+        let t2 = pool.take().unwrap();
+        assert!(pool.take().is_none());
+        drop(t1);
+        assert!(pool.take().is_some());
+        drop((t2, wb, rb));
+
+        // Dropping the pool (and its buffers) unregisters: a new pool can register.
+        drop(pool);
+        let again = FixedBufPool::register(2, 128).unwrap();
+        assert_eq!(again.is_registered(), driver == Driver::IoUring);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Quiescence with I/O in flight
+
+#[test]
+fn run_with_a_task_in_accept_is_not_a_deadlock() {
+    each_driver(
+        "run_with_a_task_in_accept_is_not_a_deadlock",
+        1,
+        |b| b.deadlock_grace(Some(Duration::from_millis(200))),
+        |driver, exec| {
+            exec.spawn_on(0, || async {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let r = l.accept().await;
+                panic!("nobody connects, yet accept returned {:?}", r.map(|v| v.1));
+            })
+            .unwrap();
+            let h = exec.handle();
+            let stopper = thread::spawn(move || {
+                thread::sleep(Duration::from_secs(1));
+                h.stop();
+            });
+            let r = exec.run();
+            stopper.join().unwrap();
+            assert!(
+                r.is_ok(),
+                "{driver}: a task blocked in accept is not deadlocked: {r:?}"
+            );
+
+            // Control: the same grace reports a task that nothing can wake.
+            exec.spawn_on(0, futures::future::pending::<()>).unwrap();
+            let h = exec.handle();
+            let stopper = thread::spawn(move || {
+                thread::sleep(HANG);
+                h.stop();
+            });
+            match exec.run() {
+                Err(Error::Deadlock { .. }) => {}
+                other => panic!("{driver}: expected a deadlock report, got {other:?}"),
+            }
+            drop(stopper);
+        },
+    );
+}
+
+#[test]
+fn run_ends_when_an_accepted_connection_finishes_the_task() {
+    each_driver(
+        "run_ends_when_an_accepted_connection_finishes_the_task",
+        2,
+        |b| b.deadlock_grace(Some(Duration::from_millis(200))),
+        |driver, exec| {
+            let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+            let got = Arc::new(AtomicUsize::new(0));
+            let got2 = got.clone();
+            exec.spawn_on(1, move || async move {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                tx.send(l.local_addr().unwrap()).unwrap();
+                let (s, _) = l.accept().await.unwrap();
+                got2.store(read_to_end(&s).await.len(), SeqCst);
+            })
+            .unwrap();
+            let client = thread::spawn(move || {
+                let addr = rx.recv().unwrap();
+                // Well past the deadlock grace: only the in-flight accept keeps run() going.
+                thread::sleep(Duration::from_millis(700));
+                let mut c = std::net::TcpStream::connect(addr).unwrap();
+                c.write_all(&pattern(18, 5000)).unwrap();
+            });
+            run_until_quiescent(&exec, "accept then read");
+            client.join().unwrap();
+            assert_eq!(got.load(SeqCst), 5000, "{driver}");
+        },
+    );
+}
+
+/// An operation dropped in the same loop turn as its socket, whose descriptor number the next
+/// socket reuses at once: its queued entry (and a write-behind `AsyncWrite` send) must not reach
+/// the new socket, stealing or injecting bytes. Each attempt checks the new pair's first bytes.
+#[test]
+fn a_closed_descriptor_number_reused_at_once_gets_no_stale_operation() {
+    on_each_driver(
+        "a_closed_descriptor_number_reused_at_once_gets_no_stale_operation",
+        1,
+        |driver| async move {
+            let mut reused = 0;
+            for attempt in 0..200 {
+                let (mut a, _keep) = UnixStream::pair().unwrap();
+                let old = a.as_raw_fd();
+                if attempt % 2 == 0 {
+                    // A read polled once and dropped in this turn.
+                    let mut fut = Box::pin(a.read(Vec::with_capacity(64)));
+                    let pending =
+                        poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await;
+                    assert!(pending);
+                } else {
+                    // A write-behind send (io_uring) reported done at once.
+                    let n = AsyncWriteExt::write(&mut a, b"STALE!").await.unwrap();
+                    assert_eq!(n, 6);
+                }
+                drop(a);
+                // The lowest free descriptors: most often `old` is one of them.
+                let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
+                if x.as_raw_fd() == old || y.as_raw_fd() == old {
+                    reused += 1;
+                }
+                (&x).write_all(b"MARK").unwrap();
+                (&y).write_all(b"MARK").unwrap();
+                let (x, y) = (
+                    UnixStream::from_std(x).unwrap(),
+                    UnixStream::from_std(y).unwrap(),
+                );
+                for s in [&x, &y] {
+                    let got = xtc_shards::time::timeout(Duration::from_secs(10), read_n(s, 4))
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!("{driver} attempt {attempt}: the new socket's bytes were taken")
+                        });
+                    assert_eq!(got, b"MARK", "{driver} attempt {attempt}: foreign bytes");
+                }
+            }
+            println!("{driver}: the descriptor number was reused at once in {reused}/200 attempts");
+        },
+    );
+}
+
+#[test]
+fn tcp_connect_to_a_closed_port_is_refused() {
+    on_each_driver("tcp_connect_to_a_closed_port_is_refused", 1, |_| async {
+        // A port that was just free: bind, note, close.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let e = guard("connect", TcpStream::connect(("127.0.0.1", port)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+        // And the loop carries on: a good connection right after.
+        echo_round_trip(pattern(19, 1000)).await;
+    });
+}
+
+/// One stream used by two tasks at once (an `Rc`): a reader and a writer, in both directions,
+/// with enough data that both directions wait for the peer at the same time (on epoll one
+/// registration armed for reading and writing together).
+#[test]
+fn tcp_full_duplex_from_two_tasks_per_stream() {
+    on_each_driver("tcp_full_duplex_from_two_tasks_per_stream", 1, |_| async {
+        const LEN: usize = 4 << 20;
+        let (c, s) = tcp_pair().await;
+        let (c, s) = (Rc::new(c), Rc::new(s));
+        let mut tasks = Vec::new();
+        for (me, peer, seed) in [(c.clone(), s.clone(), 20), (s.clone(), c.clone(), 21)] {
+            // `me` writes LEN bytes of `seed`; `peer` reads them.
+            tasks.push(spawn_local(async move {
+                let mut off = 0;
+                while off < LEN {
+                    let chunk = pattern(seed + off, 100_000.min(LEN - off));
+                    let n = chunk.len();
+                    let (w, _) = me.write_all(chunk).await;
+                    w.unwrap();
+                    off += n;
+                }
+                0usize
+            }));
+            tasks.push(spawn_local(async move {
+                let mut off = 0;
+                while off < LEN {
+                    let n = 100_000.min(LEN - off);
+                    assert_eq!(read_n(&*peer, n).await, pattern(seed + off, n));
+                    off += n;
+                }
+                off
+            }));
+        }
+        let mut read = 0;
+        for t in tasks {
+            read += guard("full duplex", t).await.unwrap();
+        }
+        assert_eq!(read, 2 * LEN);
+    });
+}
+
+/// A connection accepted on shard 0 and served on shard 1: `into_std`, send, `from_std`.
+#[test]
+fn tcp_stream_handed_to_another_shard() {
+    each_driver(
+        "tcp_stream_handed_to_another_shard",
+        2,
+        |b| b,
+        |_, exec| {
+            exec.block_on(|| async {
+                valgrind_ticks().await;
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = l.local_addr().unwrap();
+                let client = spawn_local(async move {
+                    let c = TcpStream::connect(addr).await.unwrap();
+                    let (w, _) = c.write_all(pattern(22, 50_000)).await;
+                    w.unwrap();
+                    c.shutdown(Shutdown::Write).unwrap();
+                    read_to_end(&c).await
+                });
+                let (s, _) = l.accept().await.unwrap();
+                // Used here first, so it has a registration on this loop (epoll).
+                let first = read_n(&s, 10).await;
+                let std_s = s.into_std();
+                let served = submit_to(1, move || async move {
+                    assert_eq!(shard::id(), 1);
+                    let s = TcpStream::from_std(std_s).unwrap();
+                    let (w, _) = s.write_all(first).await;
+                    w.unwrap();
+                    echo(s).await
+                })
+                .await
+                .unwrap();
+                assert_eq!(served, 50_000 - 10);
+                assert_eq!(guard("client", client).await.unwrap(), pattern(22, 50_000));
+            })
+            .unwrap();
+        },
+    );
+}
+
+/// Bytes the `futures::io` read path has taken from the kernel are not lost when the stream
+/// is unwrapped with `into_std` (say, to hand it to another shard after reading a header).
+#[test]
+fn async_read_then_into_std_loses_no_bytes() {
+    on_each_driver("async_read_then_into_std_loses_no_bytes", 1, |_| async {
+        for head_len in [1usize, 100, 5000] {
+            let (mut c, s) = tcp_pair().await;
+            let msg = pattern(23 + head_len, 20_000);
+            let (w, _) = s.write_all(msg.clone()).await;
+            w.unwrap();
+            let mut head = vec![0u8; head_len];
+            AsyncReadExt::read_exact(&mut c, &mut head).await.unwrap();
+            assert_eq!(head[..], msg[..head_len]);
+            let c = TcpStream::from_std(c.into_std()).unwrap();
+            let rest = xtc_shards::time::timeout(
+                Duration::from_secs(10),
+                read_n(&c, msg.len() - head_len),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("bytes after a {head_len}-byte head were lost"));
+            assert_eq!(rest, msg[head_len..]);
+        }
+    });
+}
+
+/// `AsyncWrite` followed by the inherent `shutdown(Write)` (no flush, as with std or tokio):
+/// the bytes precede the end of stream on both drivers (io_uring sends them behind the write
+/// call, so the shutdown has to submit them first).
+#[test]
+fn async_write_then_shutdown_delivers_the_bytes() {
+    on_each_driver(
+        "async_write_then_shutdown_delivers_the_bytes",
+        1,
+        |_| async {
+            let (mut a, b) = UnixStream::pair().unwrap();
+            AsyncWriteExt::write_all(&mut a, b"hello").await.unwrap();
+            a.shutdown(Shutdown::Write).unwrap();
+            assert_eq!(guard("read", read_to_end(&b)).await, b"hello");
+
+            let (mut c, s) = tcp_pair().await;
+            AsyncWriteExt::write_all(&mut c, &pattern(24, 30_000))
+                .await
+                .unwrap();
+            c.shutdown(Shutdown::Write).unwrap();
+            assert_eq!(guard("read", read_to_end(&s)).await, pattern(24, 30_000));
+        },
+    );
+}
