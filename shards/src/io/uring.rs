@@ -4,7 +4,9 @@
 //!
 //! 1. **Submit.** An operation's data (buffers, addresses) moves into its [`Op`] future, the
 //!    submission entry points into that data's heap memory, and a slot `Submitted` is taken in
-//!    the driver's slab; the slot key is the entry's `user_data`. Entries queue in the
+//!    the driver's slab; the slot key, with the slot's generation in the
+//!    high 32 bits, is the entry's `user_data` (so a cancellation names one operation even after
+//!    a slot is reused). Entries queue in the
 //!    submission ring and reach the kernel at the end of the loop turn (one `io_uring_enter`
 //!    for the whole batch), or at once if the ring is full.
 //! 2. **Wait.** Polling the `Op` stores its waker: `Waiting(waker)`.
@@ -135,6 +137,10 @@ pub(crate) struct Uring {
     id: u64,
     ring: RefCell<IoUring>,
     ops: RefCell<Slab<Lifecycle>>,
+    /// Generation of each slot (`user_data = generation << 32 | key`): a cancellation names
+    /// exactly one operation even after its slot was freed and reused.
+    gens: RefCell<Vec<u32>>,
+    next_gen: Cell<u32>,
     ping_fd: RawFd,
     /// Target of the wake-ping read; boxed so its address is stable.
     ping_buf: Box<Cell<u64>>,
@@ -174,6 +180,8 @@ impl Uring {
             id: super::next_driver_id(),
             ring: RefCell::new(ring),
             ops: RefCell::new(Slab::with_capacity(256)),
+            gens: RefCell::new(Vec::with_capacity(256)),
+            next_gen: Cell::new(0),
             ping_fd,
             ping_buf: Box::new(Cell::new(0)),
             ping_armed: Cell::new(false),
@@ -266,7 +274,16 @@ impl Uring {
     ) -> Result<Op<T>, (io::Error, T)> {
         let entry = build(&mut data);
         let key = self.ops.borrow_mut().insert(Lifecycle::Submitted);
-        let entry = entry.user_data(key as u64);
+        let gen = self.next_gen.get();
+        self.next_gen.set(gen.wrapping_add(1));
+        {
+            let mut gens = self.gens.borrow_mut();
+            if gens.len() <= key {
+                gens.resize(key + 1, 0);
+            }
+            gens[key] = gen;
+        }
+        let entry = entry.user_data(self.user_data(key));
         // SAFETY: the entry points into `data`'s heap memory (or the caller's 'static data),
         // which the returned Op owns until the completion is reaped, or hands to the slot
         // (rule 4). If the push fails the kernel never saw the entry.
@@ -282,6 +299,12 @@ impl Uring {
             result_is_fd: false,
             _local: std::marker::PhantomData,
         })
+    }
+
+    /// The `user_data` of the operation in slot `key`.
+    fn user_data(&self, key: usize) -> u64 {
+        let gen = self.gens.borrow().get(key).copied().unwrap_or(0);
+        (gen as u64) << 32 | key as u64
     }
 
     /// Submits queued entries without waiting, then dispatches completions.
@@ -327,10 +350,13 @@ impl Uring {
                     }
                 }
                 TIMEOUT | CANCEL => {}
-                key => {
+                ud => {
+                    let key = (ud & 0xFFFF_FFFF) as usize;
+                    if self.user_data(key) != ud {
+                        continue; // not the operation that holds the slot now
+                    }
                     n += 1;
                     self.completed.set(self.completed.get() + 1);
-                    let key = key as usize;
                     let mut ops = self.ops.borrow_mut();
                     let Some(slot) = ops.get_mut(key) else {
                         continue;
@@ -451,7 +477,7 @@ impl Uring {
         }
         *slot = Lifecycle::Ignored(data, is_fd);
         drop(ops);
-        let entry = opcode::AsyncCancel::new(key as u64)
+        let entry = opcode::AsyncCancel::new(self.user_data(key))
             .build()
             .user_data(CANCEL);
         // SAFETY: a cancellation carries no pointers.
@@ -472,7 +498,12 @@ impl Uring {
 impl Drop for Uring {
     fn drop(&mut self) {
         // Rule 5.
-        let keys: Vec<u64> = self.ops.borrow().iter().map(|(k, _)| k as u64).collect();
+        let keys: Vec<u64> = self
+            .ops
+            .borrow()
+            .iter()
+            .map(|(k, _)| self.user_data(k))
+            .collect();
         let mut to_cancel = keys;
         if self.ping_armed.get() {
             to_cancel.push(PING);
