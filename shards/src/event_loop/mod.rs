@@ -322,14 +322,6 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             tick_driven = timeout.is_none_or(|t| t > tick);
             timeout = Some(timeout.map_or(tick, |t| t.min(tick)));
         }
-        // Defence in depth for ring backpressure: a loop holding a backlog for a full ring
-        // parks at most 1 ms at a time. (A hang with both loops parked, a backlog and no ping
-        // pending was seen once under heavy CPU contention with the epoll driver and is not
-        // yet explained; see ARCHITECTURE.md. This bounds its cost to a 1 ms stall.)
-        if core.mesh.borrow().backlogged() > 0 {
-            let cap = Duration::from_millis(1);
-            timeout = Some(timeout.map_or(cap, |t| t.min(cap)));
-        }
         let mut idle_tick_only = false;
         if timeout != Some(Duration::ZERO) {
             shared.parker.announce();

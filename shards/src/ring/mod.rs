@@ -306,17 +306,29 @@ pub(crate) fn flush(core: &Core) {
         }
         if m.backlogged > 0 {
             for to in 0..m.backlog.len() {
+                let mut moved = false;
                 while let Some(r) = m.backlog[to].pop_front() {
                     let Some(p) = m.out[to].as_mut() else {
+                        m.backlog[to].push_front(r);
                         break;
                     };
                     match p.push(r) {
-                        Ok(()) => m.backlogged -= 1,
+                        Ok(()) => {
+                            m.backlogged -= 1;
+                            moved = true;
+                        }
                         Err(rtrb::PushError::Full(r)) => {
                             m.backlog[to].push_front(r);
                             break;
                         }
                     }
+                }
+                // Backlog that reached the ring is news for the consumer like a fresh push: it
+                // may have parked after its last look (rule 5). Without this a consumer slept
+                // on a non-empty ring while the producer only moved backlog.
+                if moved && !m.is_dirty[to] {
+                    m.is_dirty[to] = true;
+                    m.dirty.push(to);
                 }
             }
         }
