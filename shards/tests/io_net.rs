@@ -293,7 +293,6 @@ fn tcp_bind_reuseport_on_two_shards_both_accept() {
         |b| b,
         |_, exec| {
             exec.block_on(|| async {
-                valgrind_ticks().await;
                 let l0 = TcpListener::bind_reuseport("127.0.0.1:0").unwrap();
                 let port = l0.local_addr().unwrap().port();
                 // A listener without SO_REUSEPORT cannot join.
@@ -403,7 +402,6 @@ fn tcp_echo_1000_concurrent_connections() {
             let (acc, ech) = (accepted.clone(), echoed.clone());
             let sent = exec
                 .block_on(move || async move {
-                    valgrind_ticks().await;
                     fn serve(l: TcpListener, acc: Arc<AtomicUsize>, ech: Arc<AtomicUsize>) {
                         spawn_local(async move {
                             loop {
@@ -1202,7 +1200,6 @@ fn tcp_stream_handed_to_another_shard() {
         |b| b,
         |_, exec| {
             exec.block_on(|| async {
-                valgrind_ticks().await;
                 let l = TcpListener::bind("127.0.0.1:0").unwrap();
                 let addr = l.local_addr().unwrap();
                 let client = spawn_local(async move {

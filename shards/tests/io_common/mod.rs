@@ -112,6 +112,7 @@ pub fn each_driver(
             }
         }
         println!("{test}: running on {driver} [{}]", case.label);
+        start_tickers(&exec);
         body(driver, exec);
     }
 }
@@ -131,7 +132,6 @@ where
             let make = make.clone();
             exec.block_on(move || async move {
                 assert_eq!(xtc_shards::io::current_driver(), Some(driver));
-                valgrind_ticks().await;
                 make(driver).await
             })
             .unwrap_or_else(|e| panic!("{test} [{driver}]: {e}"));
@@ -142,20 +142,20 @@ where
 
 /// For `scripts/valgrind`'s io_uring pass (`XTC_TEST_TICK=1`): valgrind 3.19 runs a thread
 /// blocked in `io_uring_enter` without releasing its scheduler lock, so no other thread (a
-/// peer shard, a client thread, the coordinator) runs until that wait ends. A timer task on
-/// every shard bounds each wait to 1 ms. Does nothing without the variable. Use it in
-/// `block_on` bodies only: the timers keep a `run()` from ever going quiescent.
-pub async fn valgrind_ticks() {
+/// peer shard, a client thread, the coordinator) runs until that wait ends. With the variable
+/// set, [`each_driver`] spawns a 1 ms timer task on every shard before the body runs (before
+/// any loop can first park), so every wait ends soon. Such timers keep a `run()` from ever
+/// going quiescent: the script skips the `run()`-based tests (`run_*`).
+fn start_tickers(exec: &Executor) {
     if std::env::var_os("XTC_TEST_TICK").is_none() {
         return;
     }
-    for i in 0..xtc_shards::shard::count() {
-        xtc_shards::shard::send_to(i, || async {
+    for i in 0..exec.shard_count() {
+        exec.spawn_on(i, || async {
             loop {
                 xtc_shards::time::sleep(Duration::from_millis(1)).await;
             }
         })
-        .await
         .expect("start a ticker");
     }
 }
