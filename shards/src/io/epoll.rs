@@ -272,10 +272,7 @@ impl Epoll {
         timeout: Option<Duration>,
     ) -> libc::c_int {
         if self.pwait2.get() {
-            let ts = timeout.map(|d| libc::timespec {
-                tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-                tv_nsec: d.subsec_nanos() as libc::c_long,
-            });
+            let ts = timeout.map(crate::sys::timespec);
             let ts_ptr = ts
                 .as_ref()
                 .map_or(std::ptr::null(), |t| t as *const libc::timespec);

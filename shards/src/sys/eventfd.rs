@@ -42,10 +42,7 @@ impl EventFd {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ts = timeout.map(|d| libc::timespec {
-            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        });
+        let ts = timeout.map(super::timespec);
         let ts_ptr = ts
             .as_ref()
             .map_or(std::ptr::null(), |t| t as *const libc::timespec);

@@ -17,3 +17,12 @@ pub(crate) fn set_timer_slack_ns(ns: u64) {
         );
     }
 }
+
+/// A `Duration` as a kernel `timespec` (seconds saturate at `i64::MAX`), for the timed waits
+/// of the eventfd fallback and epoll.
+pub(crate) fn timespec(d: std::time::Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    }
+}
