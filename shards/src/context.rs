@@ -58,8 +58,8 @@ pub(crate) struct Core {
     pub(crate) registry: RefCell<Slab<Entry>>,
     pub(crate) mesh: RefCell<LocalMesh>,
     pub(crate) tasks_done: Cell<u64>,
-    /// Loop turns so far; with the loop's identity it keys [`schedule_flush`].
-    pub(crate) turn: Cell<u64>,
+    /// End (exclusive) of the block of turn stamps this loop reserved ([`TURN`]).
+    pub(crate) stamps_end: Cell<u64>,
     /// End-of-turn signals registered this turn.
     pub(crate) flushes: RefCell<Vec<Arc<dyn Flush>>>,
     /// This loop's deque of migratable tasks (steal/mod.rs); `None` in a lone loop.
@@ -96,27 +96,47 @@ pub(crate) trait Flush: Send + Sync + std::fmt::Debug {
     fn flush(&self);
 }
 
-/// Which loop turn a [`Flush`] was last registered for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FlushKey {
-    loop_id: usize,
-    turn: u64,
+thread_local! {
+    /// The stamp of the loop turn running on this thread, 0 off any loop. Stamps are unique in
+    /// the process for its whole life: a loop takes them in blocks of [`STAMP_BLOCK`] from
+    /// [`STAMPS`] (one atomic add per block), so a stamp a channel end remembers from an old
+    /// turn, of this loop or of a loop long gone, never matches a later turn.
+    static TURN: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Registers `f` to run at the end of the current loop turn, once per turn per key holder; off
-/// any loop it runs at once.
-pub(crate) fn schedule_flush<F: Flush + 'static>(key: &mut Option<FlushKey>, f: &Arc<F>) {
-    let done = with_core(|core| {
-        let k = FlushKey {
-            loop_id: Arc::as_ptr(&core.shared) as usize,
-            turn: core.turn.get(),
-        };
-        if *key != Some(k) {
-            *key = Some(k);
+/// Turn stamps handed out so far (the next free one); 0 is never handed out.
+static STAMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// Stamps a loop reserves at once: one atomic add per million turns. 2^64 stamps last centuries
+/// at a billion turns a second.
+const STAMP_BLOCK: u64 = 1 << 20;
+
+/// Reserves a fresh block of turn stamps; returns its first stamp and its end.
+fn reserve_stamps() -> (u64, u64) {
+    let first = STAMPS.fetch_add(STAMP_BLOCK, std::sync::atomic::Ordering::Relaxed);
+    (first, first + STAMP_BLOCK)
+}
+
+/// Registers `f` to run at the end of the current loop turn, once per turn per `key` (the stamp
+/// of the turn it was last registered in, 0 for never); off any loop it runs at once.
+///
+/// Cost: one thread-local read and a compare when `f` is already registered this turn (the
+/// per-message path of a channel), else a reference-count increment and a push. Deliberately
+/// not generic and not `#[inline]`: compiled here, the thread-local read is a direct
+/// `%fs`-relative load, whereas inlined into a caller's crate it goes through the key's
+/// accessor function.
+pub(crate) fn schedule_flush(key: &mut u64, f: &Arc<dyn Flush>) {
+    let stamp = TURN.with(Cell::get);
+    if stamp != 0 && stamp == *key {
+        return;
+    }
+    let scheduled = stamp != 0
+        && with_core(|core| {
             core.flushes.borrow_mut().push(f.clone());
-        }
-    });
-    if done.is_none() {
+        })
+        .is_some();
+    if scheduled {
+        *key = stamp;
+    } else {
         f.flush();
     }
 }
@@ -124,7 +144,7 @@ pub(crate) fn schedule_flush<F: Flush + 'static>(key: &mut Option<FlushKey>, f: 
 impl Core {
     /// Runs and clears the end-of-turn flushes, then starts a new turn.
     pub(crate) fn run_flushes(&self) {
-        self.turn.set(self.turn.get() + 1);
+        self.next_turn();
         let mut list = std::mem::take(&mut *self.flushes.borrow_mut());
         for f in list.drain(..) {
             f.flush();
@@ -137,6 +157,18 @@ impl Core {
 }
 
 impl Core {
+    /// Moves [`TURN`] to a fresh stamp: flushes registered from now on belong to a new turn.
+    fn next_turn(&self) {
+        let next = TURN.with(Cell::get) + 1;
+        if next >= self.stamps_end.get() {
+            let (first, end) = reserve_stamps();
+            self.stamps_end.set(end);
+            TURN.with(|t| t.set(first));
+        } else {
+            TURN.with(|t| t.set(next));
+        }
+    }
+
     pub(crate) fn new(shared: Arc<LoopShared>, exec: Arc<ExecShared>) -> Core {
         let deque = exec.migratable.take_worker(shared.index);
         let mut mesh = exec.mesh.take(shared.index);
@@ -167,7 +199,7 @@ impl Core {
             timers: RefCell::new(Timers::new()),
             registry: RefCell::new(Slab::with_capacity(1024)),
             tasks_done: Cell::new(0),
-            turn: Cell::new(0),
+            stamps_end: Cell::new(0),
             flushes: RefCell::new(Vec::new()),
             deque: RefCell::new(deque),
             nudge: Cell::new(false),
@@ -223,6 +255,7 @@ pub(crate) struct Enter<'a> {
 impl Drop for Enter<'_> {
     fn drop(&mut self) {
         CURRENT.with(|c| c.set(self.prev));
+        TURN.with(|t| t.set(0));
     }
 }
 
@@ -233,6 +266,9 @@ pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
             return None;
         }
         c.set(core as *const Core);
+        // A fresh turn: stamps of an earlier run of this core (or of any loop) never recur.
+        core.stamps_end.set(0);
+        core.next_turn();
         Some(Enter {
             prev: ptr::null(),
             _core: std::marker::PhantomData,

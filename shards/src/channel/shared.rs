@@ -37,19 +37,35 @@ use crate::{
     sync::{lock, AtomicBool, Mutex, Ordering::SeqCst},
 };
 
+/// Keeps what it holds on cache lines of its own (128 bytes: two lines, for the adjacent-line
+/// prefetcher), so that a flag one side writes does not evict what the other side reads on
+/// every message.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 #[derive(Debug)]
 struct Side {
-    waker: Mutex<Option<Waker>>,
+    /// Written when this side waits and when the other side signals (about once per turn).
+    waker: Padded<Mutex<Option<Waker>>>,
     waiting: AtomicBool,
-    closed: AtomicBool,
+    /// Read by the other side on every message; written once, when this side's end drops.
+    closed: Padded<AtomicBool>,
 }
 
 impl Side {
     fn new() -> Side {
         Side {
-            waker: Mutex::new(None),
+            waker: Padded(Mutex::new(None)),
             waiting: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
+            closed: Padded(AtomicBool::new(false)),
         }
     }
 
@@ -131,7 +147,7 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
             ring: p,
             signal: Arc::new(SignalRx(chan.clone())),
             chan: chan.clone(),
-            flush_key: None,
+            flush_key: 0,
             since_signal: 0,
             signal_every: signal_every(capacity),
         },
@@ -139,7 +155,7 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
             ring: c,
             signal: Arc::new(SignalTx(chan.clone())),
             chan,
-            flush_key: None,
+            flush_key: 0,
             since_signal: 0,
             signal_every: signal_every(capacity),
         },
@@ -156,8 +172,8 @@ fn signal_every(capacity: usize) -> u32 {
 pub struct Sender<T> {
     ring: Producer<T>,
     chan: Arc<Chan>,
-    signal: Arc<SignalRx>,
-    flush_key: Option<context::FlushKey>,
+    signal: Arc<dyn Flush>,
+    flush_key: u64,
     since_signal: u32,
     signal_every: u32,
 }
@@ -166,8 +182,8 @@ pub struct Sender<T> {
 pub struct Receiver<T> {
     ring: Consumer<T>,
     chan: Arc<Chan>,
-    signal: Arc<SignalTx>,
-    flush_key: Option<context::FlushKey>,
+    signal: Arc<dyn Flush>,
+    flush_key: u64,
     since_signal: u32,
     signal_every: u32,
 }
