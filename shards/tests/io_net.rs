@@ -1278,3 +1278,47 @@ fn async_write_then_shutdown_delivers_the_bytes() {
         },
     );
 }
+
+/// A shutdown that would overtake `AsyncWrite` bytes the kernel has not taken yet (io_uring
+/// write-behind into a full socket buffer) is refused with `WouldBlock`; after a flush it
+/// succeeds, and the reader gets every byte `AsyncWrite` reported written, then the end.
+#[test]
+fn shutdown_refused_while_async_write_bytes_are_in_flight() {
+    on_each_driver(
+        "shutdown_refused_while_async_write_bytes_are_in_flight",
+        1,
+        |driver| async move {
+            let (mut a, b) = UnixStream::pair().unwrap();
+            let chunk = pattern(25, 64 * 1024);
+            let mut written = Vec::new();
+            // Write until the socket buffer (the peer reads nothing yet) pushes back: a write
+            // that has not finished after 50 ms is given up (it took no bytes).
+            for _ in 0..10_000 {
+                let write = AsyncWriteExt::write(&mut a, &chunk);
+                match xtc_shards::time::timeout(Duration::from_millis(50), write).await {
+                    Ok(n) => written.extend_from_slice(&chunk[..n.unwrap()]),
+                    Err(_) => break,
+                }
+            }
+            assert!(!written.is_empty() && written.len() < 10_000 * chunk.len());
+            let shut = a.shutdown(Shutdown::Write);
+            if driver == Driver::IoUring {
+                // The last write's bytes sit behind the full buffer.
+                let e = shut.expect_err("a shutdown overtaking unsent AsyncWrite bytes");
+                assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+                let b = Rc::new(b);
+                let reader = spawn_local({
+                    let b = b.clone();
+                    async move { read_to_end(&*b).await }
+                });
+                guard("flush", AsyncWriteExt::flush(&mut a)).await.unwrap();
+                a.shutdown(Shutdown::Write).unwrap();
+                assert_eq!(guard("read", reader).await.unwrap(), written);
+            } else {
+                // epoll writes straight from the caller's slice: nothing is left behind.
+                shut.unwrap();
+                assert_eq!(guard("read", read_to_end(&b)).await, written);
+            }
+        },
+    );
+}

@@ -462,6 +462,14 @@ impl Uring {
         }
     }
 
+    /// The result of a reaped completion, without taking it.
+    fn peek_op(&self, key: usize) -> Option<i32> {
+        match self.ops.borrow().get(key) {
+            Some(Lifecycle::Completed(res)) => Some(*res),
+            _ => None,
+        }
+    }
+
     /// Rule 4: the Op gave up. `is_fd`: a successful result is a descriptor to close.
     fn abandon(&self, key: usize, data: Box<dyn Any>, is_fd: bool) {
         let mut ops = self.ops.borrow_mut();
@@ -580,6 +588,17 @@ impl<T> Op<T> {
     pub(crate) fn result_is_fd(mut self) -> Op<T> {
         self.result_is_fd = true;
         self
+    }
+
+    /// The kernel's result if its completion has been reaped, without taking it (the Op still
+    /// resolves to it). `None` while in flight, and off its loop. Cost: one slab lookup.
+    pub(crate) fn completed(&self) -> Option<i32> {
+        with_uring(self.driver, |u| u.peek_op(self.key)).flatten()
+    }
+
+    /// The data the operation holds (its buffer), until it resolves.
+    pub(crate) fn data(&self) -> Option<&T> {
+        self.data.as_ref()
     }
 }
 

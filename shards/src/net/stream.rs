@@ -9,7 +9,8 @@
 //! was dropped before its data arrived and whose next read asked for less.
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write, `flush` or
-//! `close` waits for it and reports its error. On epoll it writes straight from the slice.
+//! `close` waits for it and reports its error, and a `shutdown` of the write half that would
+//! overtake it is refused with `WouldBlock`. On epoll it writes straight from the slice.
 
 use std::{
     future::Future,
@@ -104,14 +105,8 @@ impl StreamIo {
     }
 
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        if self.poll.writing.is_some() && how != Shutdown::Read {
-            // A write-behind send (AsyncWrite on io_uring) still queued would reach the kernel
-            // after the FIN and fail: submit it first. (One the socket buffer cannot take yet
-            // still loses the race: flush or close, which wait for it, before a shutdown.)
-            crate::io::with_reactor(|r| {
-                r.submit();
-                Ok(())
-            })?;
+        if how != Shutdown::Read {
+            self.check_write_behind()?;
         }
         let how = match how {
             Shutdown::Read => libc::SHUT_RD,
@@ -120,6 +115,39 @@ impl StreamIo {
         };
         // SAFETY: plain syscall on our open descriptor.
         ops::cvt(unsafe { libc::shutdown(self.src.fd(), how) }).map(drop)
+    }
+
+    /// Before a FIN: bytes `AsyncWrite` reported written but the kernel has not taken yet
+    /// (io_uring write-behind) would be lost behind it, so they are submitted, the driver is
+    /// reaped, and if the send is still in flight or came back short, the shutdown is refused
+    /// with `WouldBlock` (nothing is sent, nothing is lost; `flush` or `close` waits for them).
+    fn check_write_behind(&self) -> io::Result<()> {
+        let Some(op) = self.poll.writing.as_ref() else {
+            return Ok(());
+        };
+        crate::io::with_reactor(|r| {
+            r.submit();
+            r.reap();
+            Ok(())
+        })?;
+        let sent_all = match op.completed() {
+            // A failed send is reported by the next flush, write or close; the shutdown itself
+            // loses nothing more.
+            Some(res) if res < 0 => true,
+            Some(n) => op
+                .data()
+                .is_some_and(|b| self.poll.wsent + n as usize >= b.len()),
+            None => false,
+        };
+        if sent_all {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "xtc: bytes written through AsyncWrite are still being sent; \
+                 await flush() (or use close(), which flushes and shuts down) before shutdown()",
+            ))
+        }
     }
 
     pub(crate) fn poll_read(

@@ -155,9 +155,11 @@ impl TcpStream {
         self.io.write_all(buf).await
     }
 
-    /// Shuts down the read, write or both halves (never blocks). On io_uring, bytes given to
-    /// `AsyncWrite` are sent behind the call (`net/stream.rs`): a shutdown submits them before
-    /// the FIN, but only `flush` or `close` waits until the kernel took them all.
+    /// Shuts down the read, write or both halves (never blocks; one system call, plus a submit
+    /// and a reap on io_uring when an `AsyncWrite` send is in flight). On io_uring, bytes given
+    /// to `AsyncWrite` are sent behind the call (`net/stream.rs`): a shutdown of the write half
+    /// submits them first, and if the kernel has not taken them all it is refused with
+    /// `WouldBlock` rather than lose them. `flush().await` (or `close().await`) waits for them.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         self.io.shutdown(how)
     }
