@@ -156,9 +156,18 @@ impl Epoll {
             return Ok(());
         }
         list.push(waker.clone());
+        if let Err(e) = self.arm(token, slot) {
+            // Not armed, so no event will take this waker: undo the push, or the loop would
+            // count a wait that can never end (and never go quiescent).
+            match dir {
+                Dir::Read => slot.readers.pop(),
+                Dir::Write => slot.writers.pop(),
+            };
+            return Err(e);
+        }
         self.waiting.set(self.waiting.get() + 1);
         self.waits.set(self.waits.get() + 1);
-        self.arm(token, slot)
+        Ok(())
     }
 
     fn arm(&self, token: usize, slot: &mut Slot) -> io::Result<()> {
