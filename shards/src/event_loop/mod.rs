@@ -370,8 +370,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     exit
 }
 
-/// Spin-before-park: polls the loop's sources for up to `spin` before it parks. Returns whether
-/// work arrived. Costs a full CPU for the spin time of every idle period.
+/// Spin-before-park: polls the loop's sources for up to `spin` before it parks, yielding the
+/// CPU (`sched_yield`) after every 64 polls. Returns whether work arrived. Costs a full CPU for
+/// the spin time of every idle period, unless another thread wants it.
 fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let deadline = Instant::now() + spin;
     let next_timer = core.timers.borrow_mut().next_deadline();
@@ -389,6 +390,12 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
         if now >= deadline || next_timer.is_some_and(|t| now >= t) || core.exec.stop_requested() {
             return next_timer.is_some_and(|t| now >= t);
         }
+        // Give the CPU to any thread that shares it (a client on the same core, another
+        // process), then go on spinning: a spin that keeps the CPU from the thread that would
+        // produce the awaited work only delays it. With nothing else runnable this costs a
+        // system call every ~64 polls (measured: echo with its client on the server's cores
+        // went from 0.57x to 0.78x tokio's rate, p99 from 9.2 ms to 4.1 ms; see README).
+        std::thread::yield_now();
     }
 }
 

@@ -12,7 +12,8 @@ use crate::{Error, Result};
 /// `channel::shared` goes from ~14 M to ~30 M messages/s because neither side parks between
 /// bursts, while an idle loop (a turn that ran nothing) never spins. Cost: up to 20 µs of CPU
 /// after each burst of work, so a loop handling one message per millisecond spends ~2 % of its
-/// CPU spinning. Set 0 to park at once.
+/// CPU spinning. The spin yields the CPU (`sched_yield`) every 64 polls, so a thread sharing
+/// the core (a client, another process) still runs. Set 0 to park at once.
 pub const DEFAULT_SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 
 /// Default grace period before an all-parked executor is reported as deadlocked.

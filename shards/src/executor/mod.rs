@@ -671,7 +671,8 @@ impl Handle {
     /// How long a loop that just did work polls its inbox and rings before it parks. A parked
     /// loop costs its waker a wake-up (about 20–25 µs in a VM, a few µs on bare metal) while a
     /// spinning one answers in well under a microsecond; the price is a full CPU for `spin`
-    /// after every burst of work. A loop whose turn ran nothing (an idle tick) parks at once.
+    /// after every burst of work, less what other threads on that CPU take (the spin calls
+    /// `sched_yield` every 64 polls). A loop whose turn ran nothing (an idle tick) parks at once.
     /// Default [`DEFAULT_SPIN_BEFORE_PARK`] (20 µs; or `XTC_SPIN_BEFORE_PARK`); 0 parks at once.
     /// Takes effect at the next idle period, from any thread.
     pub fn set_spin_before_park(&self, spin: Duration) {
