@@ -1,5 +1,7 @@
-//! A sharded TCP echo server: one listener per shard with `SO_REUSEPORT`, so each shard accepts
-//! and serves its own connections, with no lock and no cross-shard traffic. With `--clients N`
+//! A sharded TCP echo server: one listener per shard with `SO_REUSEPORT`, accepting through a
+//! shared `ConnBalancer`, so each connection is served on the shard with the fewest open ones
+//! (a shard that accepted more than its share hands the descriptor over once; after that a
+//! connection's I/O stays on one shard, with no lock and no cross-shard traffic). With `--clients N`
 //! it also runs N clients (pinned tasks spread over the shards) that each do `--rounds`
 //! request/response exchanges, checks every echo, prints per-shard I/O stats and exits.
 //!
@@ -16,7 +18,7 @@ use std::{
     time::Instant,
 };
 
-use xtc::net::{TcpListener, TcpStream};
+use xtc::net::{ConnBalancer, TcpListener, TcpStream};
 
 struct Args {
     addr: SocketAddr,
@@ -119,7 +121,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.addr
     };
+    let balancer = ConnBalancer::new(shards)?;
     for shard in 0..shards {
+        let balancer = balancer.clone();
         exec.spawn_on(shard, move || async move {
             let listener = match TcpListener::bind_reuseport(addr) {
                 Ok(l) => l,
@@ -129,11 +133,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     return;
                 }
             };
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => drop(xtc::spawn_local(serve(stream))),
-                    Err(e) => eprintln!("shard {shard}: accept: {e}"),
-                }
+            if let Err(e) = balancer.serve(listener, |stream, _| serve(stream)).await {
+                eprintln!("shard {shard}: accept: {e}");
+                xtc::stop();
             }
         })?;
     }

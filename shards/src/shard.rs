@@ -51,7 +51,10 @@ where
 
 /// The target loop of a cross-shard call from the current loop, once its ring has space
 /// (ring protocol rule 3; no ring to the caller's own shard).
-async fn reserve_on(shard: usize, what: &'static str) -> Result<std::sync::Arc<LoopShared>> {
+pub(crate) async fn reserve_on(
+    shard: usize,
+    what: &'static str,
+) -> Result<std::sync::Arc<LoopShared>> {
     let (exec, me) = with_core(|c| (c.exec.clone(), c.index())).ok_or(Error::OffLoop(what))?;
     let owner = exec.shard(shard)?.clone();
     if shard != me {

@@ -1322,3 +1322,71 @@ fn shutdown_refused_while_async_write_bytes_are_in_flight() {
         },
     );
 }
+
+/// `ConnBalancer`: 3 shards (oversubscribed here), each accepting on its own `SO_REUSEPORT`
+/// listener; 30 connections held open end up 10 per shard whatever the kernel's hash did, each
+/// served on the shard the balancer counted it on, and every count goes back to 0 when the
+/// clients hang up.
+#[test]
+fn conn_balancer_evens_out_open_connections() {
+    use xtc_shards::net::ConnBalancer;
+    assert!(ConnBalancer::new(0).is_err());
+    each_driver(
+        "conn_balancer_evens_out_open_connections",
+        3,
+        |b| b.oversubscribe(true),
+        |_, exec| {
+            let bal = ConnBalancer::new(3).unwrap();
+            let inner = bal.clone();
+            exec.block_on(move || async move {
+                let bal = inner;
+                let l0 = TcpListener::bind_reuseport("127.0.0.1:0").unwrap();
+                let port = l0.local_addr().unwrap().port();
+                // Each connection is told the shard that serves it, then echoes until EOF.
+                let handler = |s: TcpStream, _peer: SocketAddr| async move {
+                    let (w, _) = s.write_all(vec![shard::id() as u8]).await;
+                    w.unwrap();
+                    echo(s).await;
+                };
+                for shard_ix in 1..3 {
+                    let bal = bal.clone();
+                    submit_to(shard_ix, move || async move {
+                        let l = TcpListener::bind_reuseport(("127.0.0.1", port)).unwrap();
+                        spawn_local(async move { bal.serve(l, handler).await.unwrap() });
+                    })
+                    .await
+                    .unwrap();
+                }
+                {
+                    let bal = bal.clone();
+                    spawn_local(async move { bal.serve(l0, handler).await.unwrap() });
+                }
+                let mut conns = Vec::new();
+                let mut served = [0usize; 3];
+                for _ in 0..30 {
+                    let c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+                    let id = guard("shard id", read_n(&c, 1)).await[0] as usize;
+                    served[id] += 1;
+                    conns.push(c);
+                }
+                assert_eq!(served, [10, 10, 10], "connections per serving shard");
+                assert_eq!(bal.open_connections(), vec![10, 10, 10]);
+                // Every connection works on the shard it was handed to.
+                for (i, c) in conns.iter().enumerate() {
+                    let msg = pattern(i, 100);
+                    let (w, _) = c.write_all(msg.clone()).await;
+                    w.unwrap();
+                    assert_eq!(guard("echo", read_n(c, 100)).await, msg);
+                }
+                drop(conns);
+                guard("counts back to zero", async {
+                    while bal.open_connections() != vec![0, 0, 0] {
+                        sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await;
+            })
+            .unwrap();
+        },
+    );
+}

@@ -13,8 +13,11 @@
 //!
 //! - **xtc**: an `Executor` of `N` shards in service mode, on the io_uring driver
 //!   (`XTC_IO=io_uring` in the child). Each shard binds its own `SO_REUSEPORT` listener
-//!   (`xtc::net::TcpListener::bind_reuseport`) and accepts its own connections; each connection
-//!   is a `spawn_local` task echoing with owned `Vec<u8>` buffers;
+//!   (`xtc::net::TcpListener::bind_reuseport`) and accepts through one shared
+//!   `xtc::net::ConnBalancer`, which serves each connection on the shard with the fewest open
+//!   ones (a shard that accepted more than its share hands the descriptor over, once); each
+//!   connection is a task echoing with owned `Vec<u8>` buffers. With `XTC_ECHO_HASH=1` in the
+//!   environment the shards serve what they accepted (the kernel's hash alone);
 //! - **tokio**: a `multi_thread` runtime of `N` workers, one listener, a task per connection;
 //! - **monoio**: `N` threads, each pinned to a CPU and running an `IoUringDriver` runtime with
 //!   its own `SO_REUSEPORT` listener (`bind_with_config`), a task per connection;
@@ -88,6 +91,10 @@ const GRACE: Duration = Duration::from_secs(2);
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// The hidden first argument of a server child.
 const SERVE: &str = "--serve";
+/// Set (to anything) in the bench's environment, which the server children inherit: the xtc
+/// servers accept with `SO_REUSEPORT` alone, each shard serving what the kernel's hash gave it,
+/// instead of through `xtc::net::ConnBalancer`.
+const HASH_ENV: &str = "XTC_ECHO_HASH";
 /// The goals the issue states, printed beside the measured ratios (reported, not asserted).
 const GOAL_XTC_OVER_TOKIO: f64 = 1.2;
 const GOAL_SLOWEST_OVER_FASTEST: f64 = 0.9;
@@ -349,6 +356,7 @@ mod serve {
         use std::net::SocketAddr;
 
         use super::{thread, Ready, SERVER_BUF};
+        use crate::HASH_ENV;
 
         /// Echoes one connection until it closes.
         async fn echo(stream: xtc::net::TcpStream) {
@@ -396,8 +404,21 @@ mod serve {
                     }
                 };
                 let driver = exec.io_driver();
+                // Connections go to the shard with the fewest open ones (xtc::net::ConnBalancer)
+                // unless the parent asked for the kernel's reuseport hash alone (`--xtc-hash`).
+                let balancer = match std::env::var_os(HASH_ENV) {
+                    Some(_) => None,
+                    None => match xtc::net::ConnBalancer::new(shards) {
+                        Ok(b) => Some(b),
+                        Err(e) => {
+                            let _ = tx.send(Err(format!("ConnBalancer::new: {e}")));
+                            return;
+                        }
+                    },
+                };
                 for shard in 0..shards {
                     let shard_tx = tx.clone();
+                    let balancer = balancer.clone();
                     let spawned = exec.spawn_on(shard, move || async move {
                         let tx = shard_tx;
                         let listener = match xtc::net::TcpListener::bind_reuseport(addr) {
@@ -407,7 +428,18 @@ mod serve {
                                 return;
                             }
                         };
-                        let _ = tx.send(Ok(format!("driver {driver}")));
+                        let how = if balancer.is_some() {
+                            "balanced"
+                        } else {
+                            "hash only"
+                        };
+                        let _ = tx.send(Ok(format!("driver {driver}, connections {how}")));
+                        if let Some(b) = balancer {
+                            if let Err(e) = b.serve(listener, |s, _| echo(s)).await {
+                                eprintln!("xtc shard {shard}: accept: {e}");
+                            }
+                            return;
+                        }
                         loop {
                             match listener.accept().await {
                                 Ok((stream, _)) => drop(xtc::spawn_local(echo(stream))),
@@ -738,6 +770,7 @@ fn start_server(server: usize, shards: usize, place: &Placement) -> Result<Serve
         Some(d) => cmd.env("XTC_IO", d),
         None => cmd.env_remove("XTC_IO"),
     };
+
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("could not start the server process: {e}"))?;
@@ -1100,8 +1133,8 @@ fn main() -> ExitCode {
         warmup.as_secs_f64()
     );
     println!(
-        "  xtc = a shard per thread, a SO_REUSEPORT listener each (io_uring; xtc-epoll: \
-         XTC_IO=epoll); tokio = multi_thread, one listener; monoio = a pinned io_uring runtime \
+        "  xtc = a shard per thread, a SO_REUSEPORT listener each, connections balanced over the \
+         shards by ConnBalancer unless XTC_ECHO_HASH is set (io_uring; xtc-epoll: XTC_IO=epoll); tokio = multi_thread, one listener; monoio = a pinned io_uring runtime \
          per thread, glommio = a pinned LocalExecutor per thread, a SO_REUSEPORT listener each"
     );
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {

@@ -1,5 +1,6 @@
 //! Networking on the current loop's I/O driver: [`TcpListener`], [`TcpStream`], [`UdpSocket`],
-//! [`UnixListener`], [`UnixStream`].
+//! [`UnixListener`], [`UnixStream`], and [`ConnBalancer`], which serves each accepted
+//! connection on the shard with the fewest open ones.
 //!
 //! Reads and writes take an owned buffer and give it back with the result
 //! ([`BufResult`](crate::io::BufResult)), because io_uring's kernel side uses the memory after
@@ -33,11 +34,13 @@
 //! # }
 //! ```
 
+mod balance;
 mod stream;
 mod tcp;
 mod udp;
 mod unix;
 
+pub use balance::ConnBalancer;
 pub use tcp::{TcpListener, TcpStream};
 pub use udp::UdpSocket;
 pub use unix::{UnixListener, UnixStream};

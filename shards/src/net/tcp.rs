@@ -194,7 +194,12 @@ impl TcpStream {
     /// Unwraps into a `std` stream (left non-blocking), e.g. to hand it to another shard.
     /// Buffered `AsyncWrite` bytes still in flight are cancelled: flush first.
     pub fn into_std(self) -> std::net::TcpStream {
-        std::net::TcpStream::from(self.io.into_fd())
+        std::net::TcpStream::from(self.into_fd())
+    }
+
+    /// Unwraps into the descriptor (deregistered from this loop's driver).
+    pub(crate) fn into_fd(self) -> OwnedFd {
+        self.io.into_fd()
     }
 }
 

@@ -1,0 +1,240 @@
+//! [`ConnBalancer`]: serve every accepted connection on the shard with the fewest open ones.
+//!
+//! `SO_REUSEPORT` spreads connections over the shards' listeners by a hash of the 4-tuple, so
+//! with tens of connections one shard easily holds half again as many as another, and since a
+//! connection never moves, its clients get proportionally less service for as long as it lives
+//! (Seastar's `load_balancing_algorithm::connection_distribution` exists for the same reason).
+//! The balancer keeps one open-connection count per shard; a shard that accepts a connection
+//! while some other shard serves fewer hands it to the least-loaded one: its descriptor travels
+//! in a task over the ring mesh (one ring message, once per connection), and the connection's
+//! I/O then runs on that shard only. Counts are heuristics (relaxed atomics): two shards that
+//! decide at the same moment may both pick the same target, which the next accepts correct.
+//!
+//! Written by hand: no crate balances connections over thread-per-core loops.
+
+use std::{
+    fmt,
+    future::Future,
+    io,
+    net::SocketAddr,
+    os::fd::OwnedFd,
+    sync::{
+        atomic::{AtomicUsize, Ordering::Relaxed},
+        Arc,
+    },
+};
+
+use super::{TcpListener, TcpStream};
+use crate::task::TaskInfo;
+
+/// One shard's count on a cache line of its own (each acceptor writes only the counts of the
+/// shards it places connections on, and every connection's end writes its shard's).
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct Count(AtomicUsize);
+
+/// Shared open-connection counts, one per shard; cheap to clone (an `Arc`).
+///
+/// ```no_run
+/// # use xtc_shards as xtc;
+/// # fn main() -> xtc::Result<()> {
+/// let exec = xtc::Executor::builder().shards(2).service_mode(true).build()?;
+/// let balancer = xtc::net::ConnBalancer::new(exec.shard_count())?;
+/// for shard in 0..exec.shard_count() {
+///     let balancer = balancer.clone();
+///     exec.spawn_on(shard, move || async move {
+///         let listener = xtc::net::TcpListener::bind_reuseport("127.0.0.1:7000").unwrap();
+///         // Runs on whichever shard serves the connection.
+///         let served = balancer
+///             .serve(listener, |stream, _peer| async move {
+///                 let (_, _) = stream.write_all(b"hello\n".to_vec()).await;
+///             })
+///             .await;
+///         if let Err(e) = served {
+///             tracing::error!("accept failed: {e}");
+///         }
+///     })?;
+/// }
+/// exec.run()
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ConnBalancer {
+    open: Arc<[Count]>,
+}
+
+impl fmt::Debug for ConnBalancer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnBalancer")
+            .field("open", &self.open_connections())
+            .finish()
+    }
+}
+
+/// Where a connection accepted on `here` goes, given each shard's open count: the least-loaded
+/// shard (lowest index among equals) when it serves fewer than `here`, else `here`.
+fn pick(open: &[usize], here: usize) -> usize {
+    let (min_shard, &min) = open
+        .iter()
+        .enumerate()
+        .min_by_key(|&(_, n)| *n)
+        .expect("a balancer has at least one shard");
+    if open[here] > min {
+        min_shard
+    } else {
+        here
+    }
+}
+
+/// One open connection counted on `shard`; uncounted when dropped (the handler's future ended,
+/// or panicked, or was dropped at stop).
+struct Open {
+    open: Arc<[Count]>,
+    shard: usize,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.open[self.shard].0.fetch_sub(1, Relaxed);
+    }
+}
+
+impl ConnBalancer {
+    /// Counts for `shards` shards (the executor's `shard_count()`). `Err(InvalidArgument)` for
+    /// 0. Cost: one allocation of 128 bytes per shard.
+    pub fn new(shards: usize) -> crate::Result<ConnBalancer> {
+        if shards == 0 {
+            return Err(crate::Error::InvalidArgument(
+                "ConnBalancer::new(0): give the executor's shard_count()".into(),
+            ));
+        }
+        Ok(ConnBalancer {
+            open: (0..shards).map(|_| Count::default()).collect(),
+        })
+    }
+
+    /// The open connections each shard serves now, in shard order. Cost: one relaxed load per
+    /// shard.
+    pub fn open_connections(&self) -> Vec<usize> {
+        self.open.iter().map(|c| c.0.load(Relaxed)).collect()
+    }
+
+    /// Counts a new connection accepted on `here` on the shard that should serve it, and
+    /// returns that shard with the count's guard.
+    fn place(&self, here: usize) -> Open {
+        let counts = self.open_connections();
+        let shard = pick(&counts, here);
+        self.open[shard].0.fetch_add(1, Relaxed);
+        Open {
+            open: self.open.clone(),
+            shard,
+        }
+    }
+
+    /// Accepts connections on `listener` (bound on the current shard, typically with
+    /// [`TcpListener::bind_reuseport`]) until accepting fails, and runs `handler(stream, peer)`
+    /// for each as a task on the shard with the fewest open connections; the connection counts
+    /// there until the handler's future completes. Transient accept errors are skipped and
+    /// descriptor exhaustion backs off, as in [`TcpListener::accept`]; another error is
+    /// returned. If the chosen shard has stopped, the connection is served here.
+    ///
+    /// Cost per connection: the counts read (one load per shard) and one atomic add and
+    /// subtract; a handed-over connection adds one task allocation and one ring message.
+    /// `Err` at once off any xtc loop, or if `listener` belongs to none of the balancer's
+    /// shards (`shard::id()` out of range).
+    pub async fn serve<H, Fut>(&self, listener: TcpListener, handler: H) -> io::Result<()>
+    where
+        H: Fn(TcpStream, SocketAddr) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let here = crate::shard::try_id().ok_or_else(|| {
+            io::Error::other("xtc: ConnBalancer::serve called off any xtc loop: run it in a task")
+        })?;
+        if here >= self.open.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "xtc: ConnBalancer for {} shards used on shard {here}: \
+                     create it with the executor's shard_count()",
+                    self.open.len()
+                ),
+            ));
+        }
+        loop {
+            let (stream, peer) = listener.accept().await?;
+            let open = self.place(here);
+            if open.shard == here {
+                serve_here(stream, peer, open, &handler);
+                continue;
+            }
+            match crate::shard::reserve_on(open.shard, "xtc::net::ConnBalancer::serve").await {
+                Ok(owner) => {
+                    let fd: OwnedFd = stream.into_fd();
+                    let handler = handler.clone();
+                    // `make` captures only `Send` values (the descriptor, the address, the
+                    // handler and the count guard's `Arc`), as `spawn_raw` requires of a task
+                    // built on another loop; the stream is rebuilt there.
+                    let make = move || {
+                        let stream = TcpStream::from_fd(fd);
+                        async move {
+                            let _open = open;
+                            handler(stream, peer).await;
+                        }
+                    };
+                    assert_send(&make);
+                    drop(crate::task::spawn_raw(
+                        owner,
+                        make,
+                        TaskInfo::here(Some("xtc::net::ConnBalancer connection".into())),
+                    ));
+                }
+                Err(_) => {
+                    // The target is gone (stopping): count it here and serve it here.
+                    drop(open);
+                    self.open[here].0.fetch_add(1, Relaxed);
+                    let open = Open {
+                        open: self.open.clone(),
+                        shard: here,
+                    };
+                    serve_here(stream, peer, open, &handler);
+                }
+            }
+        }
+    }
+}
+
+/// Compile-time check that a closure handed to another loop is `Send`.
+fn assert_send<T: Send>(_: &T) {}
+
+/// Runs the handler for a connection that stays on this shard (a detached local task).
+fn serve_here<H, Fut>(stream: TcpStream, peer: SocketAddr, open: Open, handler: &H)
+where
+    H: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + 'static,
+{
+    let fut = handler(stream, peer);
+    drop(crate::shard::spawn_local(async move {
+        let _open = open;
+        fut.await;
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick;
+
+    #[test]
+    fn pick_keeps_ties_local_and_moves_to_the_least_loaded() {
+        assert_eq!(pick(&[0], 0), 0);
+        assert_eq!(pick(&[3, 3, 3], 1), 1, "a tie stays where it was accepted");
+        assert_eq!(
+            pick(&[4, 3, 3], 0),
+            1,
+            "lowest index among the least loaded"
+        );
+        assert_eq!(pick(&[4, 5, 2], 1), 2);
+        assert_eq!(pick(&[2, 5, 2], 2), 2, "here is among the least loaded");
+        assert_eq!(pick(&[1, 0], 0), 1);
+        assert_eq!(pick(&[0, 1], 0), 0);
+    }
+}
