@@ -1,20 +1,34 @@
-//! The epoll driver: readiness waits for sockets, level-triggered and one-shot.
+//! The epoll driver: readiness waits for sockets, edge-triggered, each fd added once.
 //!
 //! # Readiness protocol
 //!
-//! 1. An operation first tries its non-blocking system call. Only on `EAGAIN` does it wait.
-//! 2. **Register, then arm.** The waiting future adds its waker to the fd's reader or writer
-//!    list, then arms the fd with `EPOLL_CTL_MOD` (or `ADD` the first time) for the directions
-//!    that have waiters, with `EPOLLONESHOT`. Arming is level-triggered, so readiness that
-//!    arrived between the failed call and the arming is reported at once: no edge is lost.
-//! 3. **Fire.** An event takes the lists of the directions it reports (errors and hang-ups wake
-//!    both), re-arms the fd for the directions that still have waiters, and wakes the takers,
-//!    which retry their call (rule 1).
-//! 4. A waiting future that is dropped removes its waker; a closed source removes its slot.
+//! Each registered fd has a slot with a *ready* bit per direction (set when the slot is made)
+//! and a list of waiting wakers per direction. Everything below runs on the loop's thread, so
+//! no event is processed between an operation's system call and its update of the bit.
 //!
-//! Cost: one `epoll_ctl` per wait that blocks, one `epoll_wait` per loop turn while anything
-//! waits (none while nothing does). The loop's wake eventfd is registered level-triggered under
-//! the token [`PING`] and drained when it fires.
+//! 1. **Try only when ready.** An operation whose direction's bit is set tries its non-blocking
+//!    system call. On `EAGAIN`, or on a result that shows the fd drained (a stream read or
+//!    write shorter than asked), it clears the bit. An operation whose bit is clear makes no
+//!    system call: it waits.
+//! 2. **Wait.** The waiting future adds its waker to the fd's list for its direction. The first
+//!    wait on an fd adds it to the epoll set, once, for input, output and hang-up, with
+//!    `EPOLLET`. Adding reports readiness the fd already has, and edge-triggered epoll reports
+//!    every later arrival of data or buffer space, so a bit cleared by rule 1 is set again by
+//!    the next event: no readiness is lost between the failed call and the wait.
+//! 3. **Fire.** An event sets the bits of the directions it reports (errors and hang-ups set
+//!    both), takes their lists and wakes the takers, which retry (rule 1). Events for an fd
+//!    nobody waits on only set bits. A reported end of input (`EPOLLRDHUP`), error or hang-up
+//!    also sets a *sticky* bit that keeps the direction ready for good: one edge can report
+//!    the last data and the end together, and the end must not wait for an edge that never
+//!    comes after a short read cleared the ready bit.
+//! 4. A waiting future that is dropped removes its waker; a closed source removes its slot and
+//!    leaves the epoll set.
+//!
+//! Cost: per operation, its system call when the fd is ready, none when it is not; one
+//! `epoll_ctl` per fd for its life; one `epoll_wait` per loop turn while anything waits (none
+//! while nothing does). A stream that reads one short message per wake-up makes one `recv`
+//! per message. The loop's wake eventfd is registered level-triggered under the token
+//! [`PING`] and drained when it fires.
 
 use std::{
     cell::{Cell, RefCell},
@@ -36,11 +50,40 @@ pub(crate) enum Dir {
     Write,
 }
 
+/// The ready bit of [`Dir::Read`] in [`Slot::ready`].
+const READY_READ: u8 = 1;
+/// The ready bit of [`Dir::Write`].
+const READY_WRITE: u8 = 2;
+/// Sticky: the peer closed its write half (or the fd failed or hung up), so reads always try
+/// (rule 3). An edge-triggered event can report new data and the end of the stream at once;
+/// a short read that clears [`READY_READ`] must not hide the end, for which no edge follows.
+const CLOSED_READ: u8 = 4;
+/// Sticky: the fd failed or hung up, so writes always try (they fail at once).
+const CLOSED_WRITE: u8 = 8;
+
+fn bit(dir: Dir) -> u8 {
+    match dir {
+        Dir::Read => READY_READ,
+        Dir::Write => READY_WRITE,
+    }
+}
+
+/// The ready bit of `dir` and its sticky closed bit.
+fn bits_of(dir: Dir) -> u8 {
+    match dir {
+        Dir::Read => READY_READ | CLOSED_READ,
+        Dir::Write => READY_WRITE | CLOSED_WRITE,
+    }
+}
+
 #[derive(Debug)]
 struct Slot {
     fd: RawFd,
     readers: Vec<Waker>,
     writers: Vec<Waker>,
+    /// Rule 1's bits: `READY_READ | READY_WRITE`, plus the sticky `CLOSED_*` bits.
+    ready: u8,
+    /// In the epoll set (rule 2).
     added: bool,
 }
 
@@ -118,8 +161,24 @@ impl Epoll {
             fd,
             readers: Vec::new(),
             writers: Vec::new(),
+            ready: READY_READ | READY_WRITE,
             added: false,
         })
+    }
+
+    /// Rule 1: whether `dir` may be ready (a system call is worth trying).
+    pub(crate) fn is_ready(&self, token: usize, dir: Dir) -> bool {
+        self.slots
+            .borrow()
+            .get(token)
+            .is_none_or(|s| s.ready & bits_of(dir) != 0)
+    }
+
+    /// Rule 1: the last call found `dir` not ready (or drained it).
+    pub(crate) fn clear_ready(&self, token: usize, dir: Dir) {
+        if let Some(s) = self.slots.borrow_mut().get_mut(token) {
+            s.ready &= !bit(dir);
+        }
     }
 
     /// Rule 4: the source closes.
@@ -148,6 +207,18 @@ impl Epoll {
         let slot = slots
             .get_mut(token)
             .ok_or_else(|| io::Error::other("xtc: I/O source used after it was closed"))?;
+        if !slot.added {
+            let mut ev = libc::epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+                u64: token as u64,
+            };
+            // SAFETY: `ev` is a live local; the descriptors are open (the slot's fd is closed
+            // only after `deregister`).
+            cvt(unsafe {
+                libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, slot.fd, &mut ev)
+            })?;
+            slot.added = true;
+        }
         let list = match dir {
             Dir::Read => &mut slot.readers,
             Dir::Write => &mut slot.writers,
@@ -156,41 +227,8 @@ impl Epoll {
             return Ok(());
         }
         list.push(waker.clone());
-        if let Err(e) = self.arm(token, slot) {
-            // Not armed, so no event will take this waker: undo the push, or the loop would
-            // count a wait that can never end (and never go quiescent).
-            match dir {
-                Dir::Read => slot.readers.pop(),
-                Dir::Write => slot.writers.pop(),
-            };
-            return Err(e);
-        }
         self.waiting.set(self.waiting.get() + 1);
         self.waits.set(self.waits.get() + 1);
-        Ok(())
-    }
-
-    fn arm(&self, token: usize, slot: &mut Slot) -> io::Result<()> {
-        let mut events = libc::EPOLLONESHOT as u32;
-        if !slot.readers.is_empty() {
-            events |= (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
-        }
-        if !slot.writers.is_empty() {
-            events |= libc::EPOLLOUT as u32;
-        }
-        let mut ev = libc::epoll_event {
-            events,
-            u64: token as u64,
-        };
-        let op = if slot.added {
-            libc::EPOLL_CTL_MOD
-        } else {
-            libc::EPOLL_CTL_ADD
-        };
-        // SAFETY: `ev` is a live local; the descriptors are open (the slot's fd is closed only
-        // after `deregister`).
-        cvt(unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, slot.fd, &mut ev) })?;
-        slot.added = true;
         Ok(())
     }
 
@@ -251,21 +289,21 @@ impl Epoll {
             };
             let err = bits & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
             let before = wakers.len();
+            if err {
+                slot.ready |= CLOSED_READ | CLOSED_WRITE;
+            } else if bits & libc::EPOLLRDHUP as u32 != 0 {
+                slot.ready |= CLOSED_READ;
+            }
             if err || bits & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLPRI) as u32 != 0 {
+                slot.ready |= READY_READ;
                 wakers.append(&mut slot.readers);
             }
             if err || bits & libc::EPOLLOUT as u32 != 0 {
+                slot.ready |= READY_WRITE;
                 wakers.append(&mut slot.writers);
             }
             self.waiting
                 .set(self.waiting.get() - (wakers.len() - before));
-            if !slot.readers.is_empty() || !slot.writers.is_empty() {
-                if let Err(e) = self.arm(token as usize, slot) {
-                    tracing::warn!("xtc: epoll re-arm failed: {e}");
-                    wakers.append(&mut slot.readers);
-                    wakers.append(&mut slot.writers);
-                }
-            }
         }
         let n = wakers.len();
         for w in wakers {

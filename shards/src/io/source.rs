@@ -69,27 +69,36 @@ impl Source {
         self.fd.take().expect("a Source holds its fd until dropped")
     }
 
-    /// Polls a non-blocking call `f` by the readiness protocol (epoll.rs rules 1–3). Only on
-    /// the epoll driver.
+    /// Polls a non-blocking call `f` by the readiness protocol (epoll.rs rules 1–3); `drained`
+    /// says whether a successful result shows the fd drained for `dir` (a short stream read or
+    /// write). Only on the epoll driver.
     pub(crate) fn poll_ready<R>(
         &self,
         e: &Epoll,
         dir: Dir,
         cx: &mut Context<'_>,
         f: &mut impl FnMut(RawFd) -> io::Result<R>,
+        drained: impl Fn(&R) -> bool,
     ) -> Poll<io::Result<R>> {
-        loop {
+        let token = self.token(e);
+        while e.is_ready(token, dir) {
             match f(self.fd()) {
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                    let token = self.token(e);
-                    return match e.add_waiter(token, dir, cx.waker()) {
-                        Ok(()) => Poll::Pending,
-                        Err(err) => Poll::Ready(Err(err)),
-                    };
+                    e.clear_ready(token, dir);
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                r => return Poll::Ready(r),
+                Ok(r) => {
+                    if drained(&r) {
+                        e.clear_ready(token, dir);
+                    }
+                    return Poll::Ready(Ok(r));
+                }
+                Err(err) => return Poll::Ready(Err(err)),
             }
+        }
+        match e.add_waiter(token, dir, cx.waker()) {
+            Ok(()) => Poll::Pending,
+            Err(err) => Poll::Ready(Err(err)),
         }
     }
 }
@@ -102,36 +111,66 @@ impl Drop for Source {
 
 /// A future running `f` on `src` by the readiness protocol; removes its waker when dropped
 /// (epoll.rs rule 4).
-pub(crate) struct Ready<'a, F> {
+pub(crate) struct Ready<'a, F, D> {
     src: &'a Source,
     dir: Dir,
     f: F,
+    drained: Option<D>,
     waker: Option<Waker>,
 }
 
-impl<F> Unpin for Ready<'_, F> {}
+impl<F, D> Unpin for Ready<'_, F, D> {}
 
 /// Runs the non-blocking call `f` on `src`, waiting for `dir` readiness whenever it would block.
 pub(crate) fn ready<R, F: FnMut(RawFd) -> io::Result<R>>(
     src: &Source,
     dir: Dir,
     f: F,
-) -> Ready<'_, F> {
+) -> Ready<'_, F, fn(&R) -> bool> {
     Ready {
         src,
         dir,
         f,
+        drained: None,
         waker: None,
     }
 }
 
-impl<R, F: FnMut(RawFd) -> io::Result<R>> Future for Ready<'_, F> {
+/// [`ready`] for a stream read or write of `len` bytes: a result shorter than `len` shows the
+/// fd drained (epoll.rs rule 1), so the next call on it waits for an event first.
+pub(crate) fn ready_stream<F: FnMut(RawFd) -> io::Result<usize>>(
+    src: &Source,
+    dir: Dir,
+    len: usize,
+    f: F,
+) -> Ready<'_, F, impl Fn(&usize) -> bool> {
+    Ready {
+        src,
+        dir,
+        f,
+        drained: Some(move |n: &usize| short(*n, len)),
+        waker: None,
+    }
+}
+
+/// Whether a stream transfer of `n` of `len` bytes drained its fd: a read or write that moved
+/// some bytes but fewer than asked (0 is end of stream, or an empty request: not a hint).
+pub(crate) fn short(n: usize, len: usize) -> bool {
+    n > 0 && n < len
+}
+
+impl<R, F, D> Future for Ready<'_, F, D>
+where
+    F: FnMut(RawFd) -> io::Result<R>,
+    D: Fn(&R) -> bool,
+{
     type Output = io::Result<R>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
         let this = &mut *self;
+        let drained = |r: &R| this.drained.as_ref().is_some_and(|d| d(r));
         let res = super::with_reactor(|r| match r {
-            Reactor::Epoll(e) => Ok(this.src.poll_ready(e, this.dir, cx, &mut this.f)),
+            Reactor::Epoll(e) => Ok(this.src.poll_ready(e, this.dir, cx, &mut this.f, drained)),
             _ => Ok(Poll::Ready((this.f)(this.src.fd()))),
         });
         match res {
@@ -148,7 +187,7 @@ impl<R, F: FnMut(RawFd) -> io::Result<R>> Future for Ready<'_, F> {
     }
 }
 
-impl<F> Drop for Ready<'_, F> {
+impl<F, D> Drop for Ready<'_, F, D> {
     fn drop(&mut self) {
         if let Some(w) = self.waker.take() {
             if let Some((id, t)) = self.src.reg.get() {

@@ -26,7 +26,7 @@ use io_uring::{opcode, types};
 use crate::io::{
     epoll::Dir,
     ops::{self, rw},
-    source::Source,
+    source::{short, Source},
     uring::{result, Op},
     BufResult, IoBuf, IoBufMut, Reactor,
 };
@@ -159,11 +159,18 @@ impl StreamIo {
             Kind::Epoll => {
                 let (ptr, len) = (out.as_mut_ptr(), out.len());
                 crate::io::with_reactor(|r| match r {
-                    Reactor::Epoll(e) => Ok(self.src.poll_ready(e, Dir::Read, cx, &mut |fd| {
-                        // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed
-                        // for this call.
-                        ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) }).map(|n| n as usize)
-                    })),
+                    Reactor::Epoll(e) => Ok(self.src.poll_ready(
+                        e,
+                        Dir::Read,
+                        cx,
+                        &mut |fd| {
+                            // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed
+                            // for this call.
+                            ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) })
+                                .map(|n| n as usize)
+                        },
+                        |&n| short(n, len),
+                    )),
                     _ => Err(io::Error::other("xtc: driver changed")),
                 })?
             }
@@ -254,12 +261,18 @@ impl StreamIo {
             Kind::Epoll => {
                 let (ptr, len) = (data.as_ptr(), data.len());
                 crate::io::with_reactor(|r| match r {
-                    Reactor::Epoll(e) => Ok(self.src.poll_ready(e, Dir::Write, cx, &mut |fd| {
-                        // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this
-                        // call.
-                        ops::cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
-                            .map(|n| n as usize)
-                    })),
+                    Reactor::Epoll(e) => Ok(self.src.poll_ready(
+                        e,
+                        Dir::Write,
+                        cx,
+                        &mut |fd| {
+                            // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this
+                            // call.
+                            ops::cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
+                                .map(|n| n as usize)
+                        },
+                        |&n| short(n, len),
+                    )),
                     _ => Err(io::Error::other("xtc: driver changed")),
                 })?
             }

@@ -11,7 +11,7 @@ use io_uring::{opcode, types};
 use super::{backend, cvt, fixed_index, submit};
 use crate::io::{
     epoll::Dir,
-    source::{ready, Source},
+    source::{ready_stream, Source},
     uring::result,
     BufResult, Driver, IoBuf, IoBufMut,
 };
@@ -51,7 +51,7 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
         }
         Driver::Epoll => {
             let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
-            ready(src, Dir::Read, |fd| {
+            ready_stream(src, Dir::Read, len, |fd| {
                 // SAFETY: `ptr` points at `len` writable bytes of `buf`, which we own and do not
                 // touch until this future ends.
                 cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) }).map(|n| n as usize)
@@ -98,7 +98,7 @@ pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B, from: usize) -> BufResu
             // SAFETY: `from <= bytes_init()`.
             let ptr = unsafe { buf.stable_ptr().add(from) };
             let len = buf.bytes_init() - from;
-            let res = ready(src, Dir::Write, |fd| {
+            let res = ready_stream(src, Dir::Write, len, |fd| {
                 // SAFETY: `ptr` points at `len` initialized bytes of `buf`, which we own.
                 cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
                     .map(|n| n as usize)
