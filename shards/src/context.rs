@@ -70,6 +70,8 @@ pub(crate) struct Core {
     pub(crate) fresh_wake: Cell<bool>,
     /// Consecutive short looks per victim (steal rule 3).
     pub(crate) short_looks: RefCell<Vec<u32>>,
+    /// Migratable picks so far (steal/mod.rs rule 1: the periodic injector look).
+    pub(crate) local_picks: Cell<u32>,
     /// Consecutive idle ticks that found nothing (steal backoff).
     pub(crate) empty_ticks: Cell<u32>,
     /// Whether this loop has scheduling classes (class.rs): the one branch of the FIFO path.
@@ -205,6 +207,7 @@ impl Core {
             nudge: Cell::new(false),
             fresh_wake: Cell::new(false),
             short_looks: RefCell::new(Vec::new()),
+            local_picks: Cell::new(0),
             empty_ticks: Cell::new(0),
             classes_active: Cell::new(false),
             classes_seen: Cell::new(0),

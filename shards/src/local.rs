@@ -37,7 +37,7 @@ impl LocalExecutor {
             ..Config::default()
         };
         Ok(LocalExecutor {
-            shared: Arc::new(ExecShared::new(1, &config)?),
+            shared: ExecShared::new_arc(1, &config)?,
         })
     }
 

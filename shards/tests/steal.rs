@@ -255,19 +255,21 @@ fn stealing_switched_on_while_running_takes_effect() {
         .build()
         .unwrap();
     let h = ex.handle();
+    // (start order, shard): the 31st task to start switches stealing on.
     let ran_on = Arc::new(Mutex::new(Vec::new()));
+    let started = Arc::new(AtomicUsize::new(0));
     let r = ran_on.clone();
     ex.spawn_on(0, move || async move {
         let hs: Vec<_> = (0..150)
-            .map(|i| {
-                let r = r.clone();
-                let h = h.clone();
+            .map(|_| {
+                let (r, h, started) = (r.clone(), h.clone(), started.clone());
                 xtc_shards::spawn(async move {
-                    if i == 30 {
+                    let order = started.fetch_add(1, SeqCst);
+                    if order == 30 {
                         h.set_stealing(true);
                     }
                     burn(Duration::from_micros(500));
-                    r.lock().unwrap().push((i, shard::id()));
+                    r.lock().unwrap().push((order, shard::id()));
                 })
             })
             .collect();
@@ -278,9 +280,10 @@ fn stealing_switched_on_while_running_takes_effect() {
     .unwrap();
     ex.run().unwrap();
     let v = ran_on.lock().unwrap().clone();
+    assert_eq!(v.len(), 150);
     assert!(
-        v.iter().filter(|(i, _)| *i < 30).all(|&(_, s)| s == 0),
-        "{v:?}"
+        v.iter().filter(|(o, _)| *o < 30).all(|&(_, s)| s == 0),
+        "a task that started before stealing was on ran elsewhere: {v:?}"
     );
     assert!(
         v.iter().any(|&(_, s)| s == 1),
@@ -320,4 +323,50 @@ fn steal_backoff_knob_and_idle_executor_with_migratable_parked() {
     // Everything was dropped: the executor runs again and quiesces.
     ex.spawn(async {});
     ex.run().unwrap();
+}
+
+/// The deque is LIFO (fork-join runs depth-first), but a migratable task that wakes itself (a
+/// yield) goes behind the rest: one that yields until a sibling queued under it has run must not
+/// starve that sibling, and the sibling spawned last runs first.
+#[test]
+fn lifo_deque_a_yielding_task_does_not_starve_its_siblings() {
+    let ex = Executor::builder().shards(1).build().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let o = order.clone();
+    ex.spawn_on(0, move || async move {
+        let flag = Arc::new(AtomicUsize::new(0));
+        // Queued first: under the spinner in the LIFO deque.
+        let siblings: Vec<_> = (0..3)
+            .map(|i| {
+                let (f, o) = (flag.clone(), o.clone());
+                xtc_shards::spawn(async move {
+                    o.lock().unwrap().push(["first", "second", "third"][i]);
+                    f.fetch_add(1, SeqCst);
+                })
+            })
+            .collect();
+        // Queued last, so it runs first, and yields until a sibling has run.
+        let (f, o1) = (flag.clone(), o.clone());
+        let spinner = xtc_shards::spawn(async move {
+            o1.lock().unwrap().push("spinner starts");
+            let mut yields = 0u64;
+            while f.load(SeqCst) == 0 {
+                xtc_shards::yield_now().await;
+                yields += 1;
+                assert!(yields < 1_000_000, "the siblings never ran");
+            }
+            o1.lock().unwrap().push("spinner ends");
+        });
+        for s in siblings {
+            s.await.unwrap();
+        }
+        spinner.await.unwrap();
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order.len(), 5, "{order:?}");
+    assert_eq!(order[0], "spinner starts", "newest first (LIFO): {order:?}");
+    assert_eq!(order[1], "third", "then the newest sibling: {order:?}");
+    assert_eq!(order[4], "spinner ends", "{order:?}");
 }

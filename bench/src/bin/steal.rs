@@ -11,7 +11,10 @@
 //! The runtimes:
 //!
 //! - **xtc**: a 2-shard `Executor` placed on the two CPUs. `fib`: `block_on` on shard 0 and
-//!   `xtc::spawn` (a migratable task that the idle loop may steal) for every child.
+//!   `xtc::spawn` (a migratable task that the idle loop may steal) for every child, with eager
+//!   rebalance on (the fork-join setting: the `block_on` task parked on shard 0 would otherwise
+//!   keep that loop from stealing, as the manual says); the `xtc eager-off` column is the
+//!   default, where shard 1 does nearly all the work.
 //!   `unbalanced`: a task pinned to shard 0 (`spawn_on(0, ..)`) spawns every task with
 //!   `xtc::spawn`, once with `stealing(true)` (the default) and once with `stealing(false)`, so
 //!   the ratio of the two is what stealing buys. `idle-steal`: `service_mode(true)`, one
@@ -448,9 +451,11 @@ mod xtc_rt {
         line
     }
 
-    /// `block_on` on shard 0; every child an `xtc::spawn`ed migratable task.
-    pub(super) fn fib_runs(cpus: Cpus, p: Params) -> RunsOut {
-        let exec = build(builder(cpus))?;
+    /// `block_on` on shard 0; every child an `xtc::spawn`ed migratable task. `eager`: eager
+    /// rebalance, without which shard 0 never steals (the parked `block_on` task is a parked
+    /// pinned task, and by the manual only a fully idle loop steals).
+    pub(super) fn fib_runs(cpus: Cpus, p: Params, eager: bool) -> RunsOut {
+        let exec = build(builder(cpus).eager_rebalance(eager))?;
         let before = stats(&exec)?;
         let n = p.fib_n;
         let runs = exec
@@ -568,7 +573,7 @@ mod xtc_rt {
 
     const NOT_BUILT: &str = "xtc-bench built without its `xtc` feature";
 
-    pub(super) fn fib_runs(_: Cpus, _: Params) -> RunsOut {
+    pub(super) fn fib_runs(_: Cpus, _: Params, _: bool) -> RunsOut {
         Err(NOT_BUILT.into())
     }
 
@@ -631,14 +636,15 @@ fn goal_line(name: &str, value: Option<f64>, at_most: bool, target: f64) -> Stri
 
 /// `fib` on xtc, tokio, rayon and glommio.
 fn run_fib(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
-    let cols = ["xtc", "tokio", "rayon", "glommio"];
+    let cols = ["xtc", "tokio", "rayon", "glommio", "xtc eager-off"];
     let mut notes = Vec::new();
     let guard = p.deadline;
     let mut values = Vec::with_capacity(cols.len());
     for (i, name) in cols.iter().enumerate() {
         bar.set_message(format!("fib / {name}"));
         let r = match i {
-            0 => isolated(None, guard, move || xtc_rt::fib_runs(cpus, p)),
+            0 => isolated(None, guard, move || xtc_rt::fib_runs(cpus, p, true)),
+            4 => isolated(None, guard, move || xtc_rt::fib_runs(cpus, p, false)),
             1 => isolated(None, guard, move || tokio_rt::fib_runs(cpus, p)),
             2 => isolated(None, guard, move || floor::rayon_fib(cpus, p)),
             3 => isolated(Some(cpus.0), guard, move || glommio_rt::fib_runs(p)),
@@ -779,7 +785,8 @@ fn run_idle(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 /// Progress-bar steps of a benchmark.
 fn steps_of(bench: &str) -> u64 {
     match bench {
-        "fib" | "unbalanced" => 4,
+        "fib" => 5,
+        "unbalanced" => 4,
         "idle-steal" => 3,
         _ => unreachable!("benchmark names are checked when parsing"),
     }

@@ -2,16 +2,22 @@
 //!
 //! Eligibility is fixed at spawn: only tasks spawned with [`spawn`](crate::spawn) /
 //! [`Executor::spawn`](crate::Executor::spawn) (`Send` futures) are ever moved. They live on
-//! their loop's crossbeam-deque `Worker` (FIFO); other loops hold its `Stealer`. Policy is the
+//! their loop's crossbeam-deque `Worker`, LIFO: the owner runs the newest task first, so a
+//! fork-join tree is walked depth-first (a small working set; FIFO walks it breadth-first and
+//! keeps most of it alive, cold in cache), while thieves take the oldest. Other loops hold its
+//! `Stealer`. Policy is the
 //! executor's knobs (`executor/knobs`): stealing on/off, eager rebalance, steal backoff,
 //! thresholds and NUMA sensitivity, all atomics read at each decision.
 //!
 //! # Protocol
 //!
 //! 1. **Where a migratable `Runnable` goes.** Scheduled on a worker loop of its executor: that
-//!    loop's deque (so a task woken from a worker moves to it, for locality). Scheduled anywhere
-//!    else: the injector (an MPMC queue) of the loop it last ran on, plus a wake ping by the
-//!    protocol of `event_loop/park.rs`. A loop drains its own injector into its deque.
+//!    loop's deque (so a task woken from a worker moves to it, for locality), except a task
+//!    woken during its own poll (a yield), which goes to that loop's injector, behind the rest:
+//!    on top of a LIFO deque it would run again at once and starve its siblings. Scheduled
+//!    anywhere else: the injector (an MPMC queue) of the loop it last ran on, plus a wake ping
+//!    by the protocol of `event_loop/park.rs`. A loop takes from its injector when its deque is
+//!    empty, and first every [`INJECTOR_EVERY`] picks.
 //! 2. **When a loop steals.** In its idle path, before it parks: always when fully idle (no
 //!    runnable task, no parked pinned task, no timer), and with eager rebalance also when it only
 //!    has parked tasks or timers. Victims are tried nearest first in the victim order of the
@@ -93,7 +99,7 @@ impl Migratable {
         let mut workers = Vec::with_capacity(n);
         let mut shared = Vec::with_capacity(n);
         for _ in 0..n {
-            let w = Worker::new_fifo();
+            let w = Worker::new_lifo();
             shared.push(StealShared {
                 stealer: w.stealer(),
                 injector: Injector::new(),
@@ -209,9 +215,10 @@ impl<F> Drop for MigrFuture<F> {
         }
         // SAFETY: see the field: the header outlives the future.
         let meta = unsafe { &*self.meta };
-        let Home::Migratable(weak) = &meta.home else {
+        let Home::Migratable(anchor) = &meta.home else {
             return;
         };
+        let weak = &anchor.exec;
         let key = self.key;
         // On a loop of its executor (the usual case) no reference count is touched.
         let done_here = with_core(|core| {
@@ -281,7 +288,7 @@ where
 {
     live_add(exec, 1);
     let shard = home % exec.migratable.registry.len();
-    let weak = Arc::downgrade(exec);
+    let anchor = exec.anchor(home);
     let mut reg = lock(&exec.migratable.registry[shard]);
     let key = reg.vacant_key();
     let fut = MigrFuture {
@@ -290,7 +297,12 @@ where
         key: (shard, key),
     };
     let (runnable, task) = async_task::Builder::new()
-        .metadata(TaskMeta::new(info.clone(), 0, home, Home::Migratable(weak)))
+        .metadata(TaskMeta::new(
+            info.clone(),
+            0,
+            home,
+            Home::Migratable(anchor),
+        ))
         .spawn(
             move |meta: &TaskMeta| {
                 let mut fut = fut;
@@ -310,15 +322,19 @@ where
 
 /// The schedule function of migratable tasks (rule 1).
 pub(crate) fn schedule(r: Runnable) {
-    let Home::Migratable(exec) = &r.metadata().home else {
+    let Home::Migratable(anchor) = &r.metadata().home else {
         unreachable!("only migratable tasks are scheduled here");
     };
-    let exec = exec.clone();
+    // Compared by address only: no reference count is touched on the worker path.
+    let exec_ptr = anchor.exec.as_ptr();
     {
-        let Some(r) = push_on_worker(&exec, r) else {
+        let Some(r) = push_on_worker(exec_ptr, r) else {
             return;
         };
-        match exec.upgrade() {
+        let Home::Migratable(anchor) = &r.metadata().home else {
+            unreachable!("only migratable tasks are scheduled here");
+        };
+        match anchor.exec.upgrade() {
             Some(e) => {
                 let last = r.metadata().last.load(Relaxed).min(e.loops.len() - 1);
                 let l = &e.loops[last];
@@ -332,14 +348,21 @@ pub(crate) fn schedule(r: Runnable) {
 }
 
 /// Rule 1: on a worker of `exec`, queue `r` on its deque.
-fn push_on_worker(exec: &Weak<ExecShared>, r: Runnable) -> Option<Runnable> {
+fn push_on_worker(exec: *const ExecShared, r: Runnable) -> Option<Runnable> {
     let mut r = Some(r);
     with_core(|core| {
-        if !std::ptr::eq(Arc::as_ptr(&core.exec), exec.as_ptr()) {
+        if !std::ptr::eq(Arc::as_ptr(&core.exec), exec) {
             return;
         }
         if let Some(w) = core.deque.borrow().as_ref() {
-            w.push(r.take().expect("present"));
+            let r = r.take().expect("present");
+            if std::ptr::eq(r.metadata(), core.current.get()) {
+                // Woken during its own poll (a yield): behind everything else, so a task that
+                // keeps yielding cannot hold the top of the LIFO deque.
+                core.shared.steal.injector.push(r);
+            } else {
+                w.push(r);
+            }
             if core.exec.eager_rebalance() {
                 core.nudge.set(true);
             }
@@ -352,10 +375,19 @@ fn push_on_worker(exec: &Weak<ExecShared>, r: Runnable) -> Option<Runnable> {
 pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
     let d = core.deque.borrow();
     let w = d.as_ref()?;
+    let inj = &core.shared.steal.injector;
+    // Rule 1: the injector first every INJECTOR_EVERY picks, so what waits there (yielders,
+    // wakes from other threads) runs even while the deque never empties.
+    let picks = core.local_picks.get().wrapping_add(1);
+    core.local_picks.set(picks);
+    if picks % INJECTOR_EVERY == 0 {
+        if let Steal::Success(r) = inj.steal() {
+            return Some(r);
+        }
+    }
     if let Some(r) = w.pop() {
         return Some(r);
     }
-    let inj = &core.shared.steal.injector;
     if inj.is_empty() {
         return None;
     }
@@ -367,6 +399,10 @@ pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
         }
     }
 }
+
+/// Local picks between two looks at the loop's own injector before its deque (rule 1); tokio
+/// looks at its global queue every 61 ticks, for the same reason.
+const INJECTOR_EVERY: u32 = 61;
 
 /// Whether this loop's deque or injector holds work.
 pub(crate) fn has_local(core: &Core) -> bool {

@@ -78,8 +78,9 @@ pub(crate) struct TaskMeta {
 pub(crate) enum Home {
     /// Pinned: its owning loop.
     Pinned(Arc<LoopShared>),
-    /// Migratable: its executor (weak, so parked tasks do not keep a dropped executor alive).
-    Migratable(std::sync::Weak<crate::executor::ExecShared>),
+    /// Migratable: its executor (weakly, through its spawn loop's anchor, so parked tasks do
+    /// not keep a dropped executor alive).
+    Migratable(Arc<crate::executor::ExecAnchor>),
 }
 
 impl TaskMeta {
