@@ -726,9 +726,9 @@ impl Handle {
     /// Spawns a **migratable** task: a `Send` future placed round-robin over the loops, which
     /// idle loops may steal (nearest first). Works from any thread, before and during `run()`.
     /// Re-read [`shard::id()`](crate::shard::id) after an `.await` to notice a move. Cost: one
-    /// allocation, a registry insert under a per-shard lock, a deque or injector push, and a
-    /// shared live-task counter update (migratable tasks pay the cross-core atomics that pinned
-    /// tasks avoid).
+    /// allocation, a deque or injector push, a shared live-task counter update (migratable
+    /// tasks pay the cross-core atomics that pinned tasks avoid), and, the first time the task
+    /// parks, a registry insert under a per-shard lock.
     #[track_caller]
     pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
     where

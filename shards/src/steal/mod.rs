@@ -35,9 +35,12 @@
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
-//!    loops: when every loop is idle every delta is flushed and the count is exact. A
-//!    sharded registry (waker, name, spawn site) serves the deadlock report and lets `run()` drop
-//!    every parked migratable task when the executor stops.
+//!    loops: when every loop is idle every delta is flushed and the count is exact. A task
+//!    joins a sharded registry (waker, name, spawn site; the shard of the loop it parks on) the
+//!    first time it parks: the registry serves the deadlock report and lets `run()` drop every
+//!    parked migratable task when the executor stops (one never parked is in a queue, dropped
+//!    with it), and its waker keeps a parked task's future from being freed undropped. A task
+//!    that finishes in its first poll never takes the registry's lock.
 //!
 //! Migration idiom: a task that keeps per-shard state re-reads [`shard::id()`](crate::shard::id)
 //! after each `.await`; a different value means it was stolen in between.
@@ -187,7 +190,8 @@ struct MigrFuture<F> {
     /// This task's metadata in its async-task header (set right after the spawn); async-task
     /// drops the future before the header, so it is valid in `drop`.
     meta: *const TaskMeta,
-    key: (usize, usize),
+    /// `(registry shard, key)` once the task has parked (rule 5).
+    key: Option<(usize, usize)>,
 }
 
 // SAFETY: `meta` points into the task's own header, which is `Sync` (`TaskMeta` holds atomics,
@@ -198,14 +202,40 @@ impl<F: Future> Future for MigrFuture<F> {
     type Output = Outcome<F::Output>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: `fut` is structurally pinned: never moved out, dropped in place with `self`.
-        let fut = unsafe { self.map_unchecked_mut(|s| &mut s.fut) };
+        // SAFETY: `fut` is structurally pinned: never moved out, dropped in place with `self`;
+        // `meta` and `key` are plain data, moved freely.
+        let this = unsafe { self.get_unchecked_mut() };
+        // SAFETY: see above.
+        let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
         match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Pending) => {
+                // Rule 5: a task joins the registry the first time it parks; one that finishes
+                // in its first poll (a fork-join leaf) never touches the registry's lock.
+                if this.key.is_none() {
+                    this.key = register_parked(this.meta, cx.waker());
+                }
+                Poll::Pending
+            }
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
             Err(p) => Poll::Ready(Err(p)),
         }
     }
+}
+
+/// Rule 5: registers the parking task whose metadata is `meta` in the registry shard of the
+/// loop it runs on; `None` off any loop (not reached: migratable tasks run on workers).
+fn register_parked(meta: *const TaskMeta, waker: &Waker) -> Option<(usize, usize)> {
+    with_core(|core| {
+        let reg = &core.exec.migratable.registry;
+        let shard = core.index() % reg.len();
+        // SAFETY: `meta` points into the header of the task being polled (set at spawn).
+        let info = unsafe { &*meta }.info.clone();
+        let key = lock(&reg[shard]).insert(MEntry {
+            waker: waker.clone(),
+            info,
+        });
+        (shard, key)
+    })
 }
 
 impl<F> Drop for MigrFuture<F> {
@@ -220,21 +250,24 @@ impl<F> Drop for MigrFuture<F> {
         };
         let weak = &anchor.exec;
         let key = self.key;
+        let unregister = |exec: &ExecShared| {
+            if let Some((shard, k)) = key {
+                drop(lock(&exec.migratable.registry[shard]).try_remove(k));
+            }
+        };
         // On a loop of its executor (the usual case) no reference count is touched.
         let done_here = with_core(|core| {
             if !std::ptr::eq(Weak::as_ptr(weak), Arc::as_ptr(&core.exec)) {
                 return false;
             }
-            let entry = lock(&core.exec.migratable.registry[key.0]).try_remove(key.1);
-            drop(entry);
+            unregister(&core.exec);
             core.migr_delta.set(core.migr_delta.get() - 1);
             core.tasks_done.set(core.tasks_done.get() + 1);
             true
         });
         if done_here != Some(true) {
             if let Some(exec) = weak.upgrade() {
-                let entry = lock(&exec.migratable.registry[key.0]).try_remove(key.1);
-                drop(entry);
+                unregister(&exec);
                 exec.migratable.live.fetch_sub(1, SeqCst);
             }
         }
@@ -287,22 +320,14 @@ where
     F::Output: Send + 'static,
 {
     live_add(exec, 1);
-    let shard = home % exec.migratable.registry.len();
     let anchor = exec.anchor(home);
-    let mut reg = lock(&exec.migratable.registry[shard]);
-    let key = reg.vacant_key();
     let fut = MigrFuture {
         fut,
         meta: std::ptr::null(),
-        key: (shard, key),
+        key: None,
     };
     let (runnable, task) = async_task::Builder::new()
-        .metadata(TaskMeta::new(
-            info.clone(),
-            0,
-            home,
-            Home::Migratable(anchor),
-        ))
+        .metadata(TaskMeta::new(info, 0, home, Home::Migratable(anchor)))
         .spawn(
             move |meta: &TaskMeta| {
                 let mut fut = fut;
@@ -311,11 +336,6 @@ where
             },
             crate::task::schedule,
         );
-    reg.insert(MEntry {
-        waker: runnable.waker(),
-        info,
-    });
-    drop(reg);
     runnable.schedule();
     JoinHandle::new(task)
 }
