@@ -9,11 +9,11 @@
 //! 1. A receiver that finds the ring empty stores its waker, swaps `rx_waiting` to `true`, then
 //!    rechecks the ring (and the closed flag) before returning `Pending`.
 //! 2. A sender pushes without any read-modify-write. At the end of each loop turn in which it
-//!    pushed (at once off any loop), and after every `capacity / 8` pushes so a long burst
+//!    pushed (at once off any loop), and after every `capacity / 4` pushes so a long burst
 //!    overlaps with the receiver instead of alternating with it, it swaps `rx_waiting` to
 //!    `false` and, if it was `true`, wakes the stored waker.
 //! 3. The sender side mirrors it for a full ring (`tx_waiting`, signalled by the receiver at the
-//!    end of each turn in which it popped and after every `capacity / 8` pops).
+//!    end of each turn in which it popped and after every `capacity / 4` pops).
 //!
 //! Both sides touch the flag by read-modify-write, so of the two swaps the later one in the flag's
 //! modification order either sees `true` (and wakes) or synchronizes with the earlier one, whose
@@ -162,10 +162,12 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
     ))
 }
 
-/// Pushes (or pops) between early signals within one turn (rules 2 and 3): an eighth of the
-/// ring, so the other side is woken while seven eighths of slack remain.
+/// Pushes (or pops) between early signals within one turn (rules 2 and 3): a quarter of the
+/// ring, so the other side is woken while three quarters of slack remain. Measured on the
+/// 1,024-slot stream (`mesh --only stream`, 5 runs each): an eighth ~75 M msgs/s, a quarter
+/// ~95, a half ~92; a smaller step wakes a waiting side for shorter bursts.
 fn signal_every(capacity: usize) -> u32 {
-    (capacity / 8).clamp(1, u32::MAX as usize) as u32
+    (capacity / 4).clamp(1, u32::MAX as usize) as u32
 }
 
 /// The sending end. `Send`, not `Clone`: exactly one producer.
