@@ -193,3 +193,38 @@ fn stall_budget_changed_at_run_time_takes_effect() {
     assert_eq!(seen.load(SeqCst), 1);
     assert_eq!(ex.stall_count(0), 1);
 }
+
+/// A class created during a turn switches the loop to its lanes mid-turn: a task spawned into it
+/// in that same poll, which then yields, must keep running while the spawner waits for it with
+/// no timer in sight (it used to hang: the loop's end-of-turn check read the lanes flag from the
+/// start of the turn and parked with no timeout).
+#[test]
+fn class_created_mid_turn_runs_its_tasks_without_a_timer() {
+    let (v, runs) = LocalExecutor::new().unwrap().block_on(async {
+        let c = shard::create_class(100, None).unwrap();
+        let h = task::Builder::new().class(c).spawn_local(async {
+            for _ in 0..1000 {
+                xtc_shards::yield_now().await;
+            }
+            7
+        });
+        (h.await.unwrap(), c.runs())
+    });
+    assert_eq!(v, 7);
+    assert_eq!(runs, 1001);
+
+    let ex = Executor::builder().shards(1).build().unwrap();
+    let v = ex
+        .block_on(|| async {
+            let c = shard::create_class(300, None).unwrap();
+            let h = task::Builder::new().class(c).spawn_local(async {
+                for _ in 0..1000 {
+                    xtc_shards::yield_now().await;
+                }
+                8
+            });
+            h.await.unwrap()
+        })
+        .unwrap();
+    assert_eq!(v, 8);
+}

@@ -1348,6 +1348,13 @@ fn conn_balancer_evens_out_open_connections() {
                     w.unwrap();
                     echo(s).await;
                 };
+                // A balancer made for another shard count is refused at once.
+                let wrong = ConnBalancer::new(5).unwrap();
+                let e = wrong
+                    .serve(TcpListener::bind("127.0.0.1:0").unwrap(), handler)
+                    .await
+                    .unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
                 for shard_ix in 1..3 {
                     let bal = bal.clone();
                     submit_to(shard_ix, move || async move {

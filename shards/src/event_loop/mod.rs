@@ -275,7 +275,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         publish_counts(core, ran as u64);
         if ran == BATCH
             || !core.queue.borrow().is_empty()
-            || (classes && crate::class::any_queued(core))
+            // Re-read: a class created during this turn turns the lanes on mid-turn, and a
+            // task queued in one must not be left behind by a park (no timer would end it).
+            || (core.classes_active.get() && crate::class::any_queued(core))
             || shared.inbox.is_pending()
             || steal::has_local(core)
             || done()

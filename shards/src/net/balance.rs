@@ -136,12 +136,13 @@ impl ConnBalancer {
     /// for each as a task on the shard with the fewest open connections; the connection counts
     /// there until the handler's future completes. Transient accept errors are skipped and
     /// descriptor exhaustion backs off, as in [`TcpListener::accept`]; another error is
-    /// returned. If the chosen shard has stopped, the connection is served here.
+    /// returned. A full ring to the chosen shard makes the acceptor wait (backpressure); a
+    /// connection handed over while the executor stops is closed with the other tasks.
     ///
     /// Cost per connection: the counts read (one load per shard) and one atomic add and
     /// subtract; a handed-over connection adds one task allocation and one ring message.
-    /// `Err` at once off any xtc loop, or if `listener` belongs to none of the balancer's
-    /// shards (`shard::id()` out of range).
+    /// `Err` at once off any xtc loop, or if the balancer was made for another number of shards
+    /// than the executor has.
     pub async fn serve<H, Fut>(&self, listener: TcpListener, handler: H) -> io::Result<()>
     where
         H: Fn(TcpStream, SocketAddr) -> Fut + Clone + Send + 'static,
@@ -150,11 +151,12 @@ impl ConnBalancer {
         let here = crate::shard::try_id().ok_or_else(|| {
             io::Error::other("xtc: ConnBalancer::serve called off any xtc loop: run it in a task")
         })?;
-        if here >= self.open.len() {
+        let shards = crate::shard::count();
+        if shards != self.open.len() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "xtc: ConnBalancer for {} shards used on shard {here}: \
+                    "xtc: ConnBalancer for {} shards used on an executor of {shards}: \
                      create it with the executor's shard_count()",
                     self.open.len()
                 ),
@@ -189,7 +191,8 @@ impl ConnBalancer {
                     ));
                 }
                 Err(_) => {
-                    // The target is gone (stopping): count it here and serve it here.
+                    // Not reached (the shard count was checked above); if it ever is, the
+                    // connection is served here rather than dropped.
                     drop(open);
                     self.open[here].0.fetch_add(1, Relaxed);
                     let open = Open {
