@@ -55,8 +55,10 @@ pub(crate) async fn reserve_on(
     shard: usize,
     what: &'static str,
 ) -> Result<std::sync::Arc<LoopShared>> {
-    let (exec, me) = with_core(|c| (c.exec.clone(), c.index())).ok_or(Error::OffLoop(what))?;
-    let owner = exec.shard(shard)?.clone();
+    // The target loop is looked up under the borrow: cloning the executor's `Arc` here would
+    // be a read-modify-write on a count every loop writes, once per message.
+    let (owner, me) = with_core(|c| c.exec.shard(shard).map(|o| (o.clone(), c.index())))
+        .ok_or(Error::OffLoop(what))??;
     if shard != me {
         ring::reserve(shard).await;
     }
@@ -183,9 +185,14 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let (exec, me) = with_core(|c| (c.exec.clone(), c.index()))
-        .expect("xtc::spawn called off any xtc loop: call it inside a task, or use Handle::spawn");
-    crate::steal::spawn(&exec, me, fut, info)
+    // Spawned under the borrow of the current loop: cloning the executor's `Arc` would be a
+    // read-modify-write on a count every loop writes, once per spawn.
+    let mut job = Some((fut, info));
+    with_core(|c| {
+        let (fut, info) = job.take().expect("taken once");
+        crate::steal::spawn(&c.exec, c.index(), fut, info)
+    })
+    .expect("xtc::spawn called off any xtc loop: call it inside a task, or use Handle::spawn")
 }
 
 /// Creates a scheduling class on the current loop: `shares` 1..=1000 (a class with 3× the

@@ -278,15 +278,22 @@ impl<F> Drop for MigrFuture<F> {
 /// (one shared RMW per turn, in [`flush_live`]), directly elsewhere.
 fn live_add(exec: &Arc<ExecShared>, delta: i64) {
     let local = with_core(|core| {
+        if !Arc::ptr_eq(&core.exec, exec) {
+            return false;
+        }
         // The spawn that makes the count leave zero is published at once (rule 4), so idle
-        // loops start looking before this turn ends; the rest are batched.
+        // loops start looking before this turn ends; the rest are batched. Only the first
+        // spawn of a turn reads the shared count (a line every loop writes): once this turn
+        // holds unpublished spawns, the next ones batch too, and the end-of-turn flush wakes
+        // the idle loops if the count left zero meanwhile.
+        let pending = core.migr_delta.get();
         let leaving_zero =
-            delta > 0 && exec.migratable.live.load(Relaxed) + core.migr_delta.get() <= 0;
-        if Arc::ptr_eq(&core.exec, exec) && !leaving_zero {
-            core.migr_delta.set(core.migr_delta.get() + delta);
-            true
-        } else {
+            delta > 0 && pending <= 0 && exec.migratable.live.load(Relaxed) + pending <= 0;
+        if leaving_zero {
             false
+        } else {
+            core.migr_delta.set(pending + delta);
+            true
         }
     });
     if local != Some(true) && exec.migratable.live.fetch_add(delta, SeqCst) <= 0 && delta > 0 {
