@@ -1,4 +1,4 @@
-//! Loom models of the ring-mesh and shared-channel protocols (`ring/mod.rs` rules 3 and 5,
+//! Loom models of the ring-mesh and shared-channel protocols (`ring/mod.rs` rules 2, 3 and 5,
 //! `channel/shared.rs` rules 1–3).
 //!
 //! rtrb is not loom-instrumented, so the rings here are a minimal SPSC stand-in with rtrb's
@@ -180,6 +180,74 @@ fn loom_channel_receiver_never_misses_a_send() {
             rx_parker.sleep(None);
         }
         sender.join().unwrap();
+        assert_eq!(got, vec![1, 2]);
+    });
+}
+
+/// Ring rules 2, 3 and 5 together: a wake that finds the ring full goes to the producer's
+/// backlog. The producer parks by rule 3 (announce, set `want_space`, recheck), the consumer's
+/// pop unparks it, and its next turn moves the backlog into the ring and, having pushed, pings
+/// the consumer (rule 5), which may have parked meanwhile. Loom finds the consumer asleep on a
+/// non-empty ring without that last ping (the bug fixed in `ring::flush`), and also when the
+/// parker went back to `RUNNING` by a plain store (the ping for the move coalesces into the
+/// one for the first push, and the store cut the consumer off from the producer's `fetch_or`:
+/// `event_loop/park.rs` rule 3).
+#[test]
+fn loom_ring_backlog_moved_into_the_ring_wakes_the_consumer() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let ring = Arc::new(Ring::new(1));
+        let want = Arc::new(AtomicBool::new(false));
+        let producer_parker = Arc::new(Parker::new().unwrap());
+        let consumer_parker = Arc::new(Parker::new().unwrap());
+        let (r2, w2, pp2, cp2) = (
+            ring.clone(),
+            want.clone(),
+            producer_parker.clone(),
+            consumer_parker.clone(),
+        );
+        let producer = thread::spawn(move || {
+            // Turn 1: the first message fits, the second goes to the backlog.
+            assert!(r2.push(1));
+            let mut backlog = vec![2u32];
+            // End of turn 1: the ring got a push, so the consumer is pinged.
+            cp2.unpark();
+            while !backlog.is_empty() {
+                // A later turn's flush: move the backlog into the ring as space allows.
+                if r2.push(backlog[0]) {
+                    backlog.remove(0);
+                    // Rule 5: the moved message is news for the consumer.
+                    cp2.unpark();
+                    continue;
+                }
+                // Park with a backlog (rule 3): announce, want space, recheck.
+                pp2.announce();
+                w2.swap(true, SeqCst);
+                if !r2.is_full() {
+                    pp2.cancel();
+                    continue;
+                }
+                pp2.sleep(None);
+            }
+        });
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            if let Some(v) = ring.pop() {
+                got.push(v);
+                if want.swap(false, SeqCst) {
+                    producer_parker.unpark();
+                }
+                continue;
+            }
+            consumer_parker.announce();
+            if !ring.is_empty() {
+                consumer_parker.cancel();
+                continue;
+            }
+            consumer_parker.sleep(None);
+        }
+        producer.join().unwrap();
         assert_eq!(got, vec![1, 2]);
     });
 }

@@ -14,7 +14,14 @@
 //!    sees exactly `SLEEPING` (sleeping, nobody notified yet) writes the wake ping (eventfd).
 //!    Senders that see `RUNNING` or `NOTIFIED` do nothing more: the loop is awake or will be.
 //! 3. **Sleep.** After a recheck that found nothing the loop blocks on the ping with its timeout
-//!    (next timer), then stores `RUNNING` and drains the ping. The block is the loop's I/O
+//!    (next timer), then swaps the state back to `RUNNING` and drains the ping. Going back to
+//!    `RUNNING` (here and in rule 1's cancel) is a read-modify-write too: a plain store would
+//!    end the release sequence of the `fetch_or` of a sender whose ping was coalesced into an
+//!    earlier one (it saw `SLEEPING | NOTIFIED` and wrote none), so the loop's next announce
+//!    would read its own store, not synchronize with that sender, and a recheck that reads a
+//!    plain atomic (a ring's tail, `ring/mod.rs`) could miss the sender's message and sleep on
+//!    it. Found by `loom_ring::loom_ring_backlog_moved_into_the_ring_wakes_the_consumer`; on
+//!    x86 a SeqCst store is an `xchg` already, so the swap costs nothing there. The block is the loop's I/O
 //!    driver ([`sleep_in`](Parker::sleep_in), io/mod.rs), where the ping's eventfd is
 //!    registered; an I/O event may end the block too, which is a plain spurious turn for this
 //!    protocol.
@@ -100,15 +107,15 @@ impl Parker {
         self.state.swap(SLEEPING, SeqCst);
     }
 
-    /// Rule 1, second half: the recheck found work.
+    /// Rule 1, second half: the recheck found work. A swap, not a store (rule 3).
     pub(crate) fn cancel(&self) {
-        self.state.store(RUNNING, SeqCst);
+        self.state.swap(RUNNING, SeqCst);
     }
 
     /// Rule 3: block until pinged or `timeout` passes. Returns whether it was pinged.
     pub(crate) fn sleep(&self, timeout: Option<Duration>) -> bool {
         let pinged = self.ping.wait(timeout);
-        self.state.store(RUNNING, SeqCst);
+        self.state.swap(RUNNING, SeqCst);
         // A ping written after `wait` returned stays counted and costs one spurious turn later.
         if pinged {
             self.ping.drain();
@@ -126,7 +133,7 @@ impl Parker {
         timeout: Option<Duration>,
     ) -> bool {
         let (pinged, drained) = wait(timeout, &|t| self.ping.wait(t));
-        self.state.store(RUNNING, SeqCst);
+        self.state.swap(RUNNING, SeqCst);
         if pinged && !drained {
             self.ping.drain();
         }
