@@ -68,6 +68,26 @@ impl Ring {
     }
 }
 
+/// The consumer loop of ring rule 5 and park.rs rule 1: pops until `n` messages arrived
+/// (calling `popped` after each), and when the ring is empty announces, rechecks and sleeps.
+fn consume(ring: &Ring, parker: &Parker, n: usize, mut popped: impl FnMut(u32)) -> Vec<u32> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        if let Some(v) = ring.pop() {
+            got.push(v);
+            popped(v);
+            continue;
+        }
+        parker.announce();
+        if !ring.is_empty() {
+            parker.cancel();
+            continue;
+        }
+        parker.sleep(None);
+    }
+    got
+}
+
 /// Ring rule 5 + park.rs: a producer loop pushes then unparks; the consumer loop announces,
 /// rechecks its incoming ring, sleeps. Every message is received.
 #[test]
@@ -83,19 +103,7 @@ fn loom_ring_push_wakes_parked_consumer() {
             // Batched: one notification after both pushes.
             p2.unpark();
         });
-        let mut got = Vec::new();
-        while got.len() < 2 {
-            if let Some(v) = ring.pop() {
-                got.push(v);
-                continue;
-            }
-            parker.announce();
-            if !ring.is_empty() {
-                parker.cancel();
-                continue;
-            }
-            parker.sleep(None);
-        }
+        let got = consume(&ring, &parker, 2, |_| {});
         producer.join().unwrap();
         assert_eq!(got, vec![0, 1]);
     });
@@ -231,22 +239,12 @@ fn loom_ring_backlog_moved_into_the_ring_wakes_the_consumer() {
                 pp2.sleep(None);
             }
         });
-        let mut got = Vec::new();
-        while got.len() < 2 {
-            if let Some(v) = ring.pop() {
-                got.push(v);
-                if want.swap(false, SeqCst) {
-                    producer_parker.unpark();
-                }
-                continue;
+        let got = consume(&ring, &consumer_parker, 2, |_| {
+            // Rule 3: a pop frees space; wake the producer if it waits for some.
+            if want.swap(false, SeqCst) {
+                producer_parker.unpark();
             }
-            consumer_parker.announce();
-            if !ring.is_empty() {
-                consumer_parker.cancel();
-                continue;
-            }
-            consumer_parker.sleep(None);
-        }
+        });
         producer.join().unwrap();
         assert_eq!(got, vec![1, 2]);
     });
