@@ -88,6 +88,18 @@ fn consume(ring: &Ring, parker: &Parker, n: usize, mut popped: impl FnMut(u32)) 
     got
 }
 
+/// The producer's park of ring rule 3 on a full ring: announce, set `want_space` by swap,
+/// recheck; back to work (cancel) if space appeared, else sleep until the consumer's unpark.
+fn wait_for_space(ring: &Ring, want: &AtomicBool, parker: &Parker) {
+    parker.announce();
+    want.swap(true, SeqCst);
+    if !ring.is_full() {
+        parker.cancel();
+        return;
+    }
+    parker.sleep(None);
+}
+
 /// Ring rule 5 + park.rs: a producer loop pushes then unparks; the consumer loop announces,
 /// rechecks its incoming ring, sleeps. Every message is received.
 #[test]
@@ -139,13 +151,7 @@ fn loom_ring_backpressure_wakes_waiting_producer() {
                 sent += 1;
                 continue;
             }
-            producer_parker.announce();
-            want.swap(true, SeqCst);
-            if !ring.is_full() {
-                producer_parker.cancel();
-                continue;
-            }
-            producer_parker.sleep(None);
+            wait_for_space(&ring, &want, &producer_parker);
         }
         consumer.join().unwrap();
     });
@@ -229,14 +235,8 @@ fn loom_ring_backlog_moved_into_the_ring_wakes_the_consumer() {
                     cp2.unpark();
                     continue;
                 }
-                // Park with a backlog (rule 3): announce, want space, recheck.
-                pp2.announce();
-                w2.swap(true, SeqCst);
-                if !r2.is_full() {
-                    pp2.cancel();
-                    continue;
-                }
-                pp2.sleep(None);
+                // Park with a backlog (rule 3).
+                wait_for_space(&r2, &w2, &pp2);
             }
         });
         let got = consume(&ring, &consumer_parker, 2, |_| {
