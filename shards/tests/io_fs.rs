@@ -40,6 +40,18 @@ impl Drop for Cleanup {
     }
 }
 
+/// Opens `path` for reading and writing, created empty.
+async fn open_scratch(path: &std::path::Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .await
+        .unwrap()
+}
+
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i.wrapping_mul(13)).wrapping_add(seed.wrapping_mul(5)) % 253) as u8)
@@ -83,14 +95,7 @@ fn read_at_and_write_at_offsets() {
     on_each_driver("read_at_and_write_at_offsets", 1, |_| async {
         let path = temp_path("offsets");
         let _c = Cleanup(path.clone());
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .await
-            .unwrap();
+        let f = open_scratch(&path).await;
         // Writes out of order, with a hole.
         let (r, _) = f.write_all_at(vec![b'b'; 100], 100).await;
         r.unwrap();
@@ -242,14 +247,7 @@ fn fixed_buf_pool_on_a_file() {
         let _c = Cleanup(path.clone());
         let pool = FixedBufPool::register(2, 8192).unwrap();
         assert_eq!(pool.is_registered(), driver == Driver::IoUring);
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .await
-            .unwrap();
+        let f = open_scratch(&path).await;
         let mut wb = pool.take().unwrap();
         assert_eq!(wb.put_slice(&pattern(4, 8192)), 8192);
         let (r, wb) = f.write_at(wb, 4096).await;

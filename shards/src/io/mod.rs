@@ -19,10 +19,10 @@
 //!   `AsyncCancel`: the kernel may still write into them until the completion arrives, which is
 //!   when they are freed. A reactor dropped at loop shutdown cancels and waits for every
 //!   in-flight operation first.
-//! * **epoll** (`epoll.rs`): readiness. An operation tries its non-blocking system call; on
-//!   `EAGAIN` it registers its waker for the direction and arms the fd (level-triggered,
-//!   `EPOLLONESHOT`: one `epoll_ctl` per wait, and no edge can be missed because arming after
-//!   `EAGAIN` reports data that is already there). Files go to a small blocking thread pool
+//! * **epoll** (`epoll.rs`): readiness, edge-triggered, each fd added once. An operation tries
+//!   its non-blocking system call while its direction's ready bit is set; `EAGAIN` or a short
+//!   stream transfer clears the bit, and the waker waits for the next event, which sets it
+//!   again (end of input and errors set sticky bits). Files go to a small blocking thread pool
 //!   (`blocking.rs`), as tokio does, because epoll cannot wait on regular files.
 //!
 //! Each operation lives in one file with both backends (`ops/`), so the two paths are read side

@@ -122,8 +122,11 @@ impl ConnBalancer {
     /// Counts a new connection accepted on `here` on the shard that should serve it, and
     /// returns that shard with the count's guard.
     fn place(&self, here: usize) -> Open {
-        let counts = self.open_connections();
-        let shard = pick(&counts, here);
+        self.count_on(pick(&self.open_connections(), here))
+    }
+
+    /// Counts one more open connection on `shard`; the guard uncounts it.
+    fn count_on(&self, shard: usize) -> Open {
         self.open[shard].0.fetch_add(1, Relaxed);
         Open {
             open: self.open.clone(),
@@ -194,12 +197,7 @@ impl ConnBalancer {
                     // Not reached (the shard count was checked above); if it ever is, the
                     // connection is served here rather than dropped.
                     drop(open);
-                    self.open[here].0.fetch_add(1, Relaxed);
-                    let open = Open {
-                        open: self.open.clone(),
-                        shard: here,
-                    };
-                    serve_here(stream, peer, open, &handler);
+                    serve_here(stream, peer, self.count_on(here), &handler);
                 }
             }
         }
