@@ -326,18 +326,22 @@ pub(crate) fn route(owner: &LoopShared, runnable: Runnable) -> Option<Runnable> 
     })
 }
 
-/// Task protocol rule 3: registers the task being polled (always on its owner's loop).
-///
-/// # Safety
-/// `waker` must be the waker of the task being polled, and `meta` must point to that task's
-/// metadata; its future must call [`task_dropped`] with the key when it is dropped.
-pub(crate) unsafe fn register_task(waker: &Waker, meta: *const TaskMeta) -> Option<usize> {
+/// Task protocol rule 3: registers the task being polled (always on its owner's loop), whose
+/// waker is `waker`; the caller (its future) calls [`task_dropped`] with the key when it is
+/// dropped. The metadata pointer is the loop's `current`, set around every `Runnable::run`;
+/// `None` off any loop or outside a run, where there is no task to register.
+pub(crate) fn register_current(waker: &Waker) -> Option<usize> {
     with_core(|core| {
-        core.registry.borrow_mut().insert(Entry {
-            waker: waker.clone(),
-            meta,
+        let meta = core.current.get();
+        debug_assert!(!meta.is_null(), "a task polled outside its loop's run step");
+        (!meta.is_null()).then(|| {
+            core.registry.borrow_mut().insert(Entry {
+                waker: waker.clone(),
+                meta,
+            })
         })
     })
+    .flatten()
 }
 
 /// Task protocol rule 3: the task's future was dropped (with its registry key, if it had one).

@@ -56,7 +56,7 @@ impl LocalExecutor {
         let core = Core::new(self.shared.loops[0].clone(), self.shared.clone());
         let enter = context::enter(&core)
             .expect("LocalExecutor::block_on called inside an xtc loop: spawn the future instead");
-        let main = task::spawn_raw(core.shared.clone(), move || fut, TaskInfo::here(None));
+        let main = task::spawn_raw(core.shared.clone(), move || fut, TaskInfo::here(None), 0);
         event_loop::run(&core, false, &|| main.is_finished());
         event_loop::shutdown(&core, false);
         drop(enter);

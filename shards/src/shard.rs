@@ -45,7 +45,7 @@ where
     let info = TaskInfo::here(None);
     async move {
         let owner = reserve_on(shard, "xtc::shard::submit_to").await?;
-        join_result(task::spawn_raw(owner, make, info).await)
+        join_result(task::spawn_raw(owner, make, info, 0).await)
     }
 }
 
@@ -85,7 +85,12 @@ where
             if i != me {
                 ring::reserve(i).await;
             }
-            handles.push(task::spawn_raw(owner.clone(), make.clone(), info.clone()));
+            handles.push(task::spawn_raw(
+                owner.clone(),
+                make.clone(),
+                info.clone(),
+                0,
+            ));
         }
         let mut out = Vec::with_capacity(handles.len());
         for h in handles {
@@ -108,7 +113,7 @@ where
     let info = TaskInfo::here(None);
     async move {
         let owner = reserve_on(shard, "xtc::shard::send_to").await?;
-        drop(task::spawn_raw(owner, make, info));
+        drop(task::spawn_raw(owner, make, info, 0));
         Ok(())
     }
 }
@@ -151,10 +156,11 @@ where
     F: Future + 'static,
     F::Output: 'static,
 {
-    spawn_local_with(fut, TaskInfo::here(None))
+    spawn_local_with(fut, TaskInfo::here(None), 0)
 }
 
-pub(crate) fn spawn_local_with<F>(fut: F, info: TaskInfo) -> JoinHandle<F::Output>
+/// [`spawn_local`] with a name and spawn site, into scheduling class `class` (0: default).
+pub(crate) fn spawn_local_with<F>(fut: F, info: TaskInfo, class: u32) -> JoinHandle<F::Output>
 where
     F: Future + 'static,
     F::Output: 'static,
@@ -162,7 +168,7 @@ where
     let owner = with_core(|c| c.shared.clone()).expect(
         "xtc::spawn_local called off any xtc loop: call it inside a task, or use Handle::spawn_on",
     );
-    task::spawn_raw(owner, move || fut, info)
+    task::spawn_raw(owner, move || fut, info, class)
 }
 
 /// Spawns a **migratable** task on the current loop (for locality); idle loops may steal it.

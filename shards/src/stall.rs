@@ -80,7 +80,7 @@ pub(crate) fn report(shared: &LoopShared, info: &TaskInfo, budget: Duration, too
     bump(&shared.stall.count, 1);
     let report = StallReport {
         shard: shared.index,
-        task_name: info.name.as_deref().map(str::to_string),
+        task_name: info.name().map(str::to_string),
         spawned_at: info.location,
         budget,
         took,

@@ -225,7 +225,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 None => match steal::next_local(core) {
                     Some(m) => {
                         // Steal protocol rule 1: where a migratable task last ran.
-                        m.metadata().last.store(shared.index, Relaxed);
+                        m.metadata().last.store(shared.index as u32, Relaxed);
                         (m, 0)
                     }
                     None => break,

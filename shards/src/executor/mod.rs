@@ -292,7 +292,7 @@ impl ExecShared {
         Fut::Output: Send + 'static,
     {
         let owner = self.shard(shard)?.clone();
-        Ok(task::spawn_raw(owner, make, info))
+        Ok(task::spawn_raw(owner, make, info, 0))
     }
 }
 
@@ -517,7 +517,7 @@ impl Executor {
                 let _guard = guard;
                 make().await
             },
-            TaskInfo::here(Some(Arc::from("main"))),
+            TaskInfo::here(Some(Arc::new("main".to_string()))),
         )?;
         self.run()?;
         if !main.is_finished() {
@@ -607,7 +607,7 @@ fn worker(
             .iter()
             .map(|(_, e)| {
                 let info = e.info();
-                let name = info.name.as_deref().unwrap_or("<unnamed>");
+                let name = info.name().unwrap_or("<unnamed>");
                 format!(
                     "task '{name}' spawned at {} on shard {}",
                     info.location,

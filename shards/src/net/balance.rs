@@ -165,6 +165,8 @@ impl ConnBalancer {
                 ),
             ));
         }
+        // One name for every connection task handed over, shared by reference count.
+        let name: crate::task::TaskName = Arc::new("xtc::net::ConnBalancer connection".into());
         loop {
             let (stream, peer) = listener.accept().await?;
             let open = self.place(here);
@@ -190,7 +192,8 @@ impl ConnBalancer {
                     drop(crate::task::spawn_raw(
                         owner,
                         make,
-                        TaskInfo::here(Some("xtc::net::ConnBalancer connection".into())),
+                        TaskInfo::here(Some(name.clone())),
+                        0,
                     ));
                 }
                 Err(_) => {

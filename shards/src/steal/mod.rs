@@ -138,7 +138,7 @@ impl Migratable {
         let mut out = Vec::new();
         for r in &self.registry {
             for (_, e) in lock(r).iter() {
-                let name = e.info.name.as_deref().unwrap_or("<unnamed>");
+                let name = e.info.name().unwrap_or("<unnamed>");
                 out.push(format!(
                     "migratable task '{name}' spawned at {}",
                     e.info.location
@@ -190,8 +190,23 @@ struct MigrFuture<F> {
     /// This task's metadata in its async-task header (set right after the spawn); async-task
     /// drops the future before the header, so it is valid in `drop`.
     meta: *const TaskMeta,
-    /// `(registry shard, key)` once the task has parked (rule 5).
-    key: Option<(usize, usize)>,
+    /// `(registry shard, key)` once the task has parked (rule 5), packed into one word
+    /// (`pack_key`) to keep small tasks within glibc's fast bins (`tests/task_alloc.rs`).
+    key: u64,
+}
+
+/// `MigrFuture::key` before the task has parked.
+const NO_KEY: u64 = u64::MAX;
+
+/// Packs a registry `(shard, key)`; `None` (not registered) if either does not fit 32 bits.
+fn pack_key(shard: usize, key: usize) -> Option<u64> {
+    let (shard, key) = (u32::try_from(shard).ok()?, u32::try_from(key).ok()?);
+    let packed = (u64::from(shard) << 32) | u64::from(key);
+    (packed != NO_KEY).then_some(packed)
+}
+
+fn unpack_key(packed: u64) -> Option<(usize, usize)> {
+    (packed != NO_KEY).then_some(((packed >> 32) as usize, (packed & 0xffff_ffff) as usize))
 }
 
 // SAFETY: `meta` points into the task's own header, which is `Sync` (`TaskMeta` holds atomics,
@@ -211,8 +226,8 @@ impl<F: Future> Future for MigrFuture<F> {
             Ok(Poll::Pending) => {
                 // Rule 5: a task joins the registry the first time it parks; one that finishes
                 // in its first poll (a fork-join leaf) never touches the registry's lock.
-                if this.key.is_none() {
-                    this.key = register_parked(this.meta, cx.waker());
+                if this.key == NO_KEY {
+                    this.key = register_parked(this.meta, cx.waker()).unwrap_or(NO_KEY);
                 }
                 Poll::Pending
             }
@@ -224,18 +239,22 @@ impl<F: Future> Future for MigrFuture<F> {
 
 /// Rule 5: registers the parking task whose metadata is `meta` in the registry shard of the
 /// loop it runs on; `None` off any loop (not reached: migratable tasks run on workers).
-fn register_parked(meta: *const TaskMeta, waker: &Waker) -> Option<(usize, usize)> {
+fn register_parked(meta: *const TaskMeta, waker: &Waker) -> Option<u64> {
     with_core(|core| {
         let reg = &core.exec.migratable.registry;
         let shard = core.index() % reg.len();
         // SAFETY: `meta` points into the header of the task being polled (set at spawn).
         let info = unsafe { &*meta }.info.clone();
-        let key = lock(&reg[shard]).insert(MEntry {
+        let mut reg = lock(&reg[shard]);
+        let entry = reg.vacant_entry();
+        let packed = pack_key(shard, entry.key())?;
+        entry.insert(MEntry {
             waker: waker.clone(),
             info,
         });
-        (shard, key)
+        Some(packed)
     })
+    .flatten()
 }
 
 impl<F> Drop for MigrFuture<F> {
@@ -249,7 +268,7 @@ impl<F> Drop for MigrFuture<F> {
             return;
         };
         let weak = &anchor.exec;
-        let key = self.key;
+        let key = unpack_key(self.key);
         let unregister = |exec: &ExecShared| {
             if let Some((shard, k)) = key {
                 drop(lock(&exec.migratable.registry[shard]).try_remove(k));
@@ -331,7 +350,7 @@ where
     let fut = MigrFuture {
         fut,
         meta: std::ptr::null(),
-        key: None,
+        key: NO_KEY,
     };
     let (runnable, task) = async_task::Builder::new()
         .metadata(TaskMeta::new(info, 0, home, Home::Migratable(anchor)))
@@ -363,7 +382,7 @@ pub(crate) fn schedule(r: Runnable) {
         };
         match anchor.exec.upgrade() {
             Some(e) => {
-                let last = r.metadata().last.load(Relaxed).min(e.loops.len() - 1);
+                let last = (r.metadata().last.load(Relaxed) as usize).min(e.loops.len() - 1);
                 let l = &e.loops[last];
                 l.steal.injector.push(r);
                 l.parker.unpark();

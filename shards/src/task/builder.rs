@@ -17,7 +17,7 @@ use crate::Result;
 #[derive(Debug, Default, Clone)]
 #[must_use = "the builder must be used to spawn"]
 pub struct Builder {
-    name: Option<Arc<str>>,
+    name: Option<super::TaskName>,
     class: Option<crate::Class>,
 }
 
@@ -27,9 +27,10 @@ impl Builder {
         Builder::default()
     }
 
-    /// Names the task. Cost: one `Arc<str>` allocation per builder, shared by its spawns.
+    /// Names the task. Cost: one allocation per builder (the name, behind an `Arc`), shared by
+    /// its spawns.
     pub fn name(mut self, name: &str) -> Builder {
-        self.name = Some(Arc::from(name));
+        self.name = Some(Arc::new(name.to_string()));
         self
     }
 
@@ -40,23 +41,22 @@ impl Builder {
         self
     }
 
-    fn info(self, here: TaskInfo) -> TaskInfo {
-        let mut info = here;
-        info.name = self.name;
+    /// The class lane to spawn a local task into: 0 (the default) unless this builder's class
+    /// belongs to the current loop.
+    fn class_here(&self) -> u32 {
         if let Some(c) = self.class {
             let ok = crate::context::with_core(|core| {
                 core.index() == c.shard && core.shared.exec_id == c.exec_id
             });
             if ok == Some(true) {
-                info.class = c.id;
-            } else {
-                tracing::warn!(
-                    "task::Builder::class: class of shard {} used elsewhere; spawning in the default lane",
-                    c.shard
-                );
+                return c.id;
             }
+            tracing::warn!(
+                "task::Builder::class: class of shard {} used elsewhere; spawning in the default lane",
+                c.shard
+            );
         }
-        info
+        0
     }
 
     /// Like [`crate::spawn_local`], with this builder's options.
@@ -69,8 +69,8 @@ impl Builder {
         F: Future + 'static,
         F::Output: 'static,
     {
-        let info = self.info(TaskInfo::here(None));
-        crate::shard::spawn_local_with(fut, info)
+        let class = self.class_here();
+        crate::shard::spawn_local_with(fut, TaskInfo::here(self.name), class)
     }
 
     /// Like [`crate::spawn`] (a migratable task on the current loop), with this builder's options.

@@ -45,10 +45,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use crate::{
-    event_loop::LoopShared,
-    sync::{AtomicU32, AtomicUsize},
-};
+use crate::{event_loop::LoopShared, sync::AtomicU32};
 
 /// What a task's output slot holds: the value, or the panic that ended it.
 pub(crate) type Outcome<T> = Result<T, Box<dyn std::any::Any + Send + 'static>>;
@@ -64,8 +61,10 @@ pub(crate) struct TaskMeta {
     pub(crate) info: TaskInfo,
     /// Scheduling class on the owning loop (`class.rs`); 0 = the default lane.
     pub(crate) class: AtomicU32,
-    /// Migratable tasks: the loop it last ran on (steal/mod.rs rule 1).
-    pub(crate) last: AtomicUsize,
+    /// Migratable tasks: the loop it last ran on (steal/mod.rs rule 1). 32 bits, like `class`,
+    /// so the two share one word: the header is what keeps a trivial task within glibc's
+    /// fast bins (`tests/task_alloc.rs`).
+    pub(crate) last: AtomicU32,
     /// Where the schedule function sends the task. Kept here rather than captured by the
     /// schedule closure so that closure is zero-sized: async-task then skips the temporary
     /// waker (a reference-count increment and decrement) it otherwise takes around every
@@ -88,29 +87,35 @@ impl TaskMeta {
         TaskMeta {
             info,
             class: AtomicU32::new(class),
-            last: AtomicUsize::new(last),
+            // Shard indices are bounded by the CPU count; u32 holds any real one.
+            last: AtomicU32::new(last as u32),
             home,
         }
     }
 }
 
-/// Name and spawn site, carried by the future itself (read only on the owner's thread).
+/// A task's name: one thin pointer (an `Arc<str>` would be two words in every task header).
+pub(crate) type TaskName = Arc<String>;
+
+/// Name and spawn site, in the task's metadata (deadlock and stall reports).
 #[derive(Clone, Debug)]
 pub(crate) struct TaskInfo {
-    pub(crate) name: Option<Arc<str>>,
+    name: Option<TaskName>,
     pub(crate) location: &'static Location<'static>,
-    /// Scheduling class lane on the owning loop (0: default).
-    pub(crate) class: u32,
 }
 
 impl TaskInfo {
     #[track_caller]
-    pub(crate) fn here(name: Option<Arc<str>>) -> TaskInfo {
+    pub(crate) fn here(name: Option<TaskName>) -> TaskInfo {
         TaskInfo {
             name,
             location: Location::caller(),
-            class: 0,
         }
+    }
+
+    /// The task's name, if it was given one.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref().map(String::as_str)
     }
 }
 
@@ -121,11 +126,10 @@ enum Stage<F, Fut> {
 }
 
 /// The future async-task runs: lazy construction, registry membership and panic capture
-/// (rules 2–4 above) around the user's future.
+/// (rules 2–4 above) around the user's future. It holds no pointer to its own metadata: the
+/// loop polling it has that as `Core::current`.
 pub(crate) struct TaskFuture<F, Fut> {
     stage: Stage<F, Fut>,
-    /// This task's metadata, in its async-task header (set right after the spawn).
-    meta: *const TaskMeta,
     /// Registry key; `NOT_REGISTERED` until the first poll.
     key: usize,
 }
@@ -140,7 +144,6 @@ where
     pub(crate) fn new(make: F) -> Self {
         TaskFuture {
             stage: Stage::Init(make),
-            meta: std::ptr::null(),
             key: NOT_REGISTERED,
         }
     }
@@ -178,10 +181,8 @@ where
                 // Rule 3: a task joins the registry the first time it parks; one that finishes
                 // in its first poll never touches it.
                 if this.key == NOT_REGISTERED {
-                    // SAFETY: `cx.waker()` is the waker async-task polls this task with;
-                    // `meta` lives in its header, and this future's `Drop` unregisters.
-                    this.key = unsafe { crate::context::register_task(cx.waker(), this.meta) }
-                        .unwrap_or(NOT_REGISTERED);
+                    this.key =
+                        crate::context::register_current(cx.waker()).unwrap_or(NOT_REGISTERED);
                 }
                 Poll::Pending
             }
@@ -235,13 +236,13 @@ pub(crate) fn spawn_raw<F, Fut>(
     owner: Arc<LoopShared>,
     make: F,
     info: TaskInfo,
+    class: u32,
 ) -> JoinHandle<Fut::Output>
 where
     F: FnOnce() -> Fut + 'static,
     Fut: Future + 'static,
     Fut::Output: 'static,
 {
-    let class = info.class;
     let fut = TaskFuture::new(make);
     let index = owner.index;
     // SAFETY: async-task's conditions for `spawn_unchecked`:
@@ -253,14 +254,7 @@ where
     let (runnable, task) = unsafe {
         async_task::Builder::new()
             .metadata(TaskMeta::new(info, class, index, Home::Pinned(owner)))
-            .spawn_unchecked(
-                move |meta: &TaskMeta| {
-                    let mut fut = fut;
-                    fut.meta = meta;
-                    fut
-                },
-                schedule,
-            )
+            .spawn_unchecked(move |_: &TaskMeta| fut, schedule)
     };
     runnable.schedule();
     JoinHandle::new(task)
