@@ -281,3 +281,51 @@ fn idle_loops_report_idle_time() {
     assert!(s1.idle_rate() > 0.5, "{s1:?}");
     assert!(s0.parks >= 1);
 }
+
+/// Counts its drops: what a leaked task would never do.
+struct DropCount(Arc<AtomicUsize>);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}
+
+#[test]
+fn tasks_of_an_executor_dropped_without_running_are_freed() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    {
+        let ex = exec(2);
+        for i in 0..2 {
+            let pinned = DropCount(dropped.clone());
+            ex.spawn_on(i, move || async move { drop(pinned) }).unwrap();
+            let migratable = DropCount(dropped.clone());
+            drop(ex.spawn(async move { drop(migratable) }));
+        }
+        // `ex` is dropped here without `run`: the queued tasks go with it.
+    }
+    assert_eq!(
+        dropped.load(SeqCst),
+        4,
+        "every queued task's state was dropped"
+    );
+}
+
+#[test]
+fn a_queued_task_holding_a_handle_is_freed_with_its_executor() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    {
+        let ex = exec(2);
+        let handle = ex.handle();
+        let guard = DropCount(dropped.clone());
+        ex.spawn_on(1, move || async move {
+            let _keep = (handle, guard);
+        })
+        .unwrap();
+    }
+    assert_eq!(
+        dropped.load(SeqCst),
+        1,
+        "the task and the handle it held were dropped"
+    );
+}

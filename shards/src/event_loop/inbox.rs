@@ -52,7 +52,7 @@ impl<T> Inbox<T> {
     }
 
     /// Moves everything queued into `out` (which must be empty) and returns how many.
-    /// Only the owning loop calls this.
+    /// Only the owning loop calls this, or the executor's drop when no loop runs.
     pub(crate) fn drain_into(&self, out: &mut Vec<T>) -> usize {
         debug_assert!(out.is_empty());
         if !self.pending.load(SeqCst) {

@@ -531,6 +531,56 @@ impl Executor {
     }
 }
 
+impl ExecShared {
+    /// Frees the tasks still queued while no loop runs: those spawned and never run (no `run`,
+    /// or spawned after it returned). Every such task is either an unpolled pinned one, which
+    /// owns only its `Send` closure (task protocol rule 2), or a migratable one (`Send`), so
+    /// any thread may drop them. Without this, a pinned task in its loop's inbox keeps that
+    /// loop's `LoopShared` (its `Home`) alive in a cycle, and everything queued there leaks;
+    /// a task holding a `Handle` would keep the whole executor alive.
+    fn drop_queued(&self) {
+        let mut batch = Vec::new();
+        // Dropping a closure may queue more (a `Drop` that spawns); a few rounds settle that.
+        for _ in 0..8 {
+            let mut dropped = 0;
+            for l in &self.loops {
+                dropped += l.inbox.drain_into(&mut batch);
+                batch.clear();
+                loop {
+                    match l.steal.injector.steal() {
+                        crossbeam_deque::Steal::Success(r) => {
+                            drop(r);
+                            dropped += 1;
+                        }
+                        crossbeam_deque::Steal::Retry => continue,
+                        crossbeam_deque::Steal::Empty => break,
+                    }
+                }
+            }
+            self.migratable.drop_parked_queues();
+            if dropped == 0 {
+                break;
+            }
+        }
+    }
+}
+
+impl Drop for ExecShared {
+    /// The last `Handle` is gone: tasks spawned through it since the `Executor` was dropped
+    /// are freed (see `drop_queued`).
+    fn drop(&mut self) {
+        self.drop_queued();
+    }
+}
+
+impl Drop for Executor {
+    /// Frees the tasks queued and never run (see `ExecShared::drop_queued`); `run` cannot be
+    /// in progress (it borrows the executor). Cost: one lock per loop's inbox.
+    fn drop(&mut self) {
+        self.handle.shared.drop_queued();
+    }
+}
+
 /// After the loops stopped: drops every migratable task still alive (their futures are `Send`,
 /// so this thread may), so none leaks. At quiescence there are none.
 pub(crate) fn drop_migratable(shared: &ExecShared) {
