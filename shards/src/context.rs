@@ -328,17 +328,24 @@ pub(crate) fn route(owner: &LoopShared, runnable: Runnable) -> Option<Runnable> 
 
 /// Task protocol rule 3: registers the task being polled (always on its owner's loop), whose
 /// waker is `waker`; the caller (its future) calls [`task_dropped`] with the key when it is
-/// dropped. The metadata pointer is the loop's `current`, set around every `Runnable::run`;
-/// `None` off any loop or outside a run, where there is no task to register.
-pub(crate) fn register_current(waker: &Waker) -> Option<usize> {
+/// dropped. The metadata pointer is the loop's `current`, set around every `Runnable::run`.
+///
+/// `None` off any loop or outside a run, where there is no task to register, and once a loop
+/// holds `u32::MAX - 1` parked tasks (keys are 32 bits to keep tasks small; that many tasks
+/// would take over 300 GB): such a task is not tracked for quiescence or shutdown.
+pub(crate) fn register_current(waker: &Waker) -> Option<u32> {
     with_core(|core| {
         let meta = core.current.get();
         debug_assert!(!meta.is_null(), "a task polled outside its loop's run step");
+        let mut registry = core.registry.borrow_mut();
+        let entry = registry.vacant_entry();
+        let key = u32::try_from(entry.key()).ok().filter(|&k| k != u32::MAX)?;
         (!meta.is_null()).then(|| {
-            core.registry.borrow_mut().insert(Entry {
+            entry.insert(Entry {
                 waker: waker.clone(),
                 meta,
-            })
+            });
+            key
         })
     })
     .flatten()

@@ -232,7 +232,7 @@ impl<F: Future> Future for MigrFuture<F> {
                 Poll::Pending
             }
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
-            Err(p) => Poll::Ready(Err(p)),
+            Err(p) => Poll::Ready(Err(Box::new(p))),
         }
     }
 }

@@ -62,7 +62,7 @@ impl<T> Future for JoinHandle<T> {
             }
             Poll::Ready(None) => Poll::Ready(Err(JoinError::cancelled())),
             Poll::Ready(Some(Ok(v))) => Poll::Ready(Ok(v)),
-            Poll::Ready(Some(Err(payload))) => Poll::Ready(Err(JoinError::panic(payload))),
+            Poll::Ready(Some(Err(payload))) => Poll::Ready(Err(JoinError::panic(*payload))),
         }
     }
 }

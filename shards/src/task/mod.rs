@@ -48,7 +48,12 @@ use std::{
 use crate::{event_loop::LoopShared, sync::AtomicU32};
 
 /// What a task's output slot holds: the value, or the panic that ended it.
-pub(crate) type Outcome<T> = Result<T, Box<dyn std::any::Any + Send + 'static>>;
+pub(crate) type Outcome<T> = Result<T, Panic>;
+
+/// A caught panic's payload, boxed once more so that it is one word: the output slot of a task
+/// with a small output (`()`, an integer) is then one word too, where `Box<dyn Any>` would make
+/// it two (`tests/task_alloc.rs`). Panics are rare; the extra allocation is theirs alone.
+pub(crate) type Panic = Box<Box<dyn std::any::Any + Send + 'static>>;
 
 /// The `async-task` runnable type used everywhere in xtc.
 pub(crate) type Runnable = async_task::Runnable<TaskMeta>;
@@ -130,11 +135,12 @@ enum Stage<F, Fut> {
 /// loop polling it has that as `Core::current`.
 pub(crate) struct TaskFuture<F, Fut> {
     stage: Stage<F, Fut>,
-    /// Registry key; `NOT_REGISTERED` until the first poll.
-    key: usize,
+    /// Registry key; `NOT_REGISTERED` until the first poll. 32 bits: with the stage of a small
+    /// future it fits one word (`tests/task_alloc.rs`); see `context::register_current`.
+    key: u32,
 }
 
-const NOT_REGISTERED: usize = usize::MAX;
+const NOT_REGISTERED: u32 = u32::MAX;
 
 impl<F, Fut> TaskFuture<F, Fut>
 where
@@ -167,7 +173,7 @@ where
             };
             match catch_unwind(AssertUnwindSafe(make)) {
                 Ok(fut) => this.stage = Stage::Running(fut),
-                Err(payload) => return Poll::Ready(Err(payload)),
+                Err(payload) => return Poll::Ready(Err(Box::new(payload))),
             }
         }
         let Stage::Running(fut) = &mut this.stage else {
@@ -193,7 +199,7 @@ where
             }
             Err(payload) => {
                 this.stage = Stage::Done;
-                Poll::Ready(Err(payload))
+                Poll::Ready(Err(Box::new(payload)))
             }
         }
     }
@@ -204,7 +210,7 @@ impl<F, Fut> Drop for TaskFuture<F, Fut> {
         // Drop the user's future before leaving the registry, so wakes it fires while dropping
         // still find a live loop (rule 3).
         self.stage = Stage::Done;
-        crate::context::task_dropped((self.key != NOT_REGISTERED).then_some(self.key));
+        crate::context::task_dropped((self.key != NOT_REGISTERED).then_some(self.key as usize));
     }
 }
 
