@@ -85,6 +85,9 @@ pub(crate) struct LoopShared {
     pub(crate) class_count: crate::sync::AtomicUsize,
     /// Stall watchdog settings and count (stall.rs).
     pub(crate) stall: crate::stall::StallShared,
+    /// The executor, weakly (set once by `ExecShared::new_arc`): how a migratable task, whose
+    /// metadata holds its spawn loop, reaches its executor (steal/mod.rs rule 1).
+    exec: std::sync::OnceLock<std::sync::Weak<crate::executor::ExecShared>>,
 }
 
 impl LoopShared {
@@ -105,7 +108,20 @@ impl LoopShared {
             parker: CachePadded::new(Parker::new()?),
             status: CachePadded::new(AtomicU64::new(status::BUSY)),
             stats: StatsCell::new(base),
+            exec: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The executor this loop belongs to, weakly; a dangling `Weak` before `set_exec`.
+    /// Cost: one atomic load.
+    pub(crate) fn exec(&self) -> &std::sync::Weak<crate::executor::ExecShared> {
+        static NONE: std::sync::Weak<crate::executor::ExecShared> = std::sync::Weak::new();
+        self.exec.get().unwrap_or(&NONE)
+    }
+
+    /// Records the executor this loop belongs to (once; later calls are ignored).
+    pub(crate) fn set_exec(&self, exec: std::sync::Weak<crate::executor::ExecShared>) {
+        let _ = self.exec.set(exec);
     }
 }
 

@@ -101,18 +101,6 @@ pub(crate) struct ExecShared {
     /// The driver every loop of this executor creates (a loop whose io_uring setup fails falls
     /// back to epoll on its own, logged, and says so in its `LoopStats`).
     pub(crate) io_driver: crate::io::Driver,
-    /// One [`ExecAnchor`] per loop, set by [`ExecShared::new_arc`].
-    anchors: std::sync::OnceLock<Vec<Arc<ExecAnchor>>>,
-}
-
-/// What a migratable task holds to reach its executor: a weak reference (parked tasks must not
-/// keep a dropped executor alive), behind one anchor per loop so that spawning and freeing tasks
-/// count references on a line of that loop's rather than on the executor's weak count, which
-/// every loop would write. Aligned to its own cache lines.
-#[derive(Debug)]
-#[repr(align(128))]
-pub(crate) struct ExecAnchor {
-    pub(crate) exec: std::sync::Weak<ExecShared>,
 }
 
 impl ExecShared {
@@ -159,34 +147,16 @@ impl ExecShared {
             min_tasks_to_steal: AtomicU64::new(config.min_tasks_to_steal as u64),
             preempt_ns: AtomicU64::new(duration_ns(config.preempt)),
             io_driver: config.io_driver,
-            anchors: std::sync::OnceLock::new(),
         })
     }
 
-    /// [`ExecShared::new`] in its `Arc`, with its per-loop anchors.
+    /// [`ExecShared::new`] in its `Arc`, known to its loops (`LoopShared::exec`).
     pub(crate) fn new_arc(n: usize, config: &Config) -> Result<Arc<Self>> {
         let shared = Arc::new(Self::new(n, config)?);
-        let anchors = (0..shared.loops.len())
-            .map(|_| {
-                Arc::new(ExecAnchor {
-                    exec: Arc::downgrade(&shared),
-                })
-            })
-            .collect();
-        let _ = shared.anchors.set(anchors);
-        Ok(shared)
-    }
-
-    /// The anchor migratable tasks spawned on loop `home` hold (`home` taken modulo the loop
-    /// count). Cost: one reference-count increment on that loop's anchor.
-    pub(crate) fn anchor(self: &Arc<Self>, home: usize) -> Arc<ExecAnchor> {
-        match self.anchors.get() {
-            Some(a) if !a.is_empty() => a[home % a.len()].clone(),
-            // Not built by `new_arc` (no loops): a fresh anchor still points here.
-            _ => Arc::new(ExecAnchor {
-                exec: Arc::downgrade(self),
-            }),
+        for l in &shared.loops {
+            l.set_exec(Arc::downgrade(&shared));
         }
+        Ok(shared)
     }
 
     pub(crate) fn stop_requested(&self) -> bool {
@@ -536,7 +506,7 @@ impl ExecShared {
     /// or spawned after it returned). Every such task is either an unpolled pinned one, which
     /// owns only its `Send` closure (task protocol rule 2), or a migratable one (`Send`), so
     /// any thread may drop them. Without this, a pinned task in its loop's inbox keeps that
-    /// loop's `LoopShared` (its `Home`) alive in a cycle, and everything queued there leaks;
+    /// loop's `LoopShared` (its home) alive in a cycle, and everything queued there leaks;
     /// a task holding a `Handle` would keep the whole executor alive.
     fn drop_queued(&self) {
         let mut batch = Vec::new();

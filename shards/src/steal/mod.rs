@@ -65,7 +65,7 @@ use crate::{
     executor::ExecShared,
     stats::bump,
     sync::{lock, AtomicI64, AtomicU64, AtomicUsize, Mutex, Ordering::*},
-    task::{Home, JoinHandle, Outcome, Runnable, TaskInfo, TaskMeta},
+    task::{JoinHandle, Outcome, Runnable, TaskInfo, TaskMeta},
 };
 
 /// Per-loop stealing state other threads touch.
@@ -264,10 +264,7 @@ impl<F> Drop for MigrFuture<F> {
         }
         // SAFETY: see the field: the header outlives the future.
         let meta = unsafe { &*self.meta };
-        let Home::Migratable(anchor) = &meta.home else {
-            return;
-        };
-        let weak = &anchor.exec;
+        let weak = meta.home.exec();
         let key = unpack_key(self.key);
         let unregister = |exec: &ExecShared| {
             if let Some((shard, k)) = key {
@@ -346,21 +343,22 @@ where
     F::Output: Send + 'static,
 {
     live_add(exec, 1);
-    let anchor = exec.anchor(home);
+    // An executor has at least one loop (the builder refuses zero).
+    let home_loop = exec.loops[home % exec.loops.len()].clone();
     let fut = MigrFuture {
         fut,
         meta: std::ptr::null(),
         key: NO_KEY,
     };
     let (runnable, task) = async_task::Builder::new()
-        .metadata(TaskMeta::new(info, 0, home, Home::Migratable(anchor)))
+        .metadata(TaskMeta::new(info, 0, home, home_loop))
         .spawn(
             move |meta: &TaskMeta| {
                 let mut fut = fut;
                 fut.meta = meta;
                 fut
             },
-            crate::task::schedule,
+            schedule,
         );
     runnable.schedule();
     JoinHandle::new(task)
@@ -368,19 +366,13 @@ where
 
 /// The schedule function of migratable tasks (rule 1).
 pub(crate) fn schedule(r: Runnable) {
-    let Home::Migratable(anchor) = &r.metadata().home else {
-        unreachable!("only migratable tasks are scheduled here");
-    };
     // Compared by address only: no reference count is touched on the worker path.
-    let exec_ptr = anchor.exec.as_ptr();
+    let exec_ptr = r.metadata().home.exec().as_ptr();
     {
         let Some(r) = push_on_worker(exec_ptr, r) else {
             return;
         };
-        let Home::Migratable(anchor) = &r.metadata().home else {
-            unreachable!("only migratable tasks are scheduled here");
-        };
-        match anchor.exec.upgrade() {
+        match r.metadata().home.exec().upgrade() {
             Some(e) => {
                 let last = (r.metadata().last.load(Relaxed) as usize).min(e.loops.len() - 1);
                 let l = &e.loops[last];

@@ -70,25 +70,19 @@ pub(crate) struct TaskMeta {
     /// so the two share one word: the header is what keeps a trivial task within glibc's
     /// fast bins (`tests/task_alloc.rs`).
     pub(crate) last: AtomicU32,
-    /// Where the schedule function sends the task. Kept here rather than captured by the
-    /// schedule closure so that closure is zero-sized: async-task then skips the temporary
-    /// waker (a reference-count increment and decrement) it otherwise takes around every
-    /// schedule call.
-    pub(crate) home: Home,
-}
-
-/// A task's home (see [`schedule`]).
-#[derive(Debug)]
-pub(crate) enum Home {
-    /// Pinned: its owning loop.
-    Pinned(Arc<LoopShared>),
-    /// Migratable: its executor (weakly, through its spawn loop's anchor, so parked tasks do
-    /// not keep a dropped executor alive).
-    Migratable(Arc<crate::executor::ExecAnchor>),
+    /// The task's home loop. Pinned tasks: their owner, where [`schedule`] sends them.
+    /// Migratable tasks: the loop they were spawned on, whose `LoopShared::exec` (a weak
+    /// reference, so parked tasks do not keep a dropped executor alive) leads to their
+    /// executor in `steal::schedule`; its count is a line of that loop's, not one every loop
+    /// writes. Which kind a task is, its schedule function knows. Kept here rather than
+    /// captured by the schedule closure so that closure is zero-sized: async-task then skips
+    /// the temporary waker (a reference-count increment and decrement) it otherwise takes
+    /// around every schedule call.
+    pub(crate) home: Arc<LoopShared>,
 }
 
 impl TaskMeta {
-    pub(crate) fn new(info: TaskInfo, class: u32, last: usize, home: Home) -> TaskMeta {
+    pub(crate) fn new(info: TaskInfo, class: u32, last: usize, home: Arc<LoopShared>) -> TaskMeta {
         TaskMeta {
             info,
             class: AtomicU32::new(class),
@@ -214,25 +208,17 @@ impl<F, Fut> Drop for TaskFuture<F, Fut> {
     }
 }
 
-/// The schedule function of a task owned by `owner` (rule 1).
+/// The schedule function of a pinned task, owned by its home loop (rule 1).
 pub(crate) fn schedule(runnable: Runnable) {
-    match &runnable.metadata().home {
-        Home::Pinned(owner) => {
-            // SAFETY: the pointer comes from the `Arc` in this task's metadata, alive while we
-            // hold `runnable`; `route` reads what it needs before it hands `runnable` on.
-            let owner_ref = unsafe { &*Arc::as_ptr(owner) };
-            if let Some(runnable) = crate::context::route(owner_ref, runnable) {
-                // Foreign thread: we hold the runnable again, so its metadata is alive; the
-                // clone keeps the loop alive past the push (its task may finish at once).
-                let Home::Pinned(owner) = &runnable.metadata().home else {
-                    unreachable!("a pinned task stays pinned");
-                };
-                let owner = owner.clone();
-                owner.inbox.push(runnable);
-                owner.parker.unpark();
-            }
-        }
-        Home::Migratable(_) => crate::steal::schedule(runnable),
+    // SAFETY: the pointer comes from the `Arc` in this task's metadata, alive while we hold
+    // `runnable`; `route` reads what it needs before it hands `runnable` on.
+    let owner_ref = unsafe { &*Arc::as_ptr(&runnable.metadata().home) };
+    if let Some(runnable) = crate::context::route(owner_ref, runnable) {
+        // Foreign thread: we hold the runnable again, so its metadata is alive; the clone
+        // keeps the loop alive past the push (its task may finish at once).
+        let owner = runnable.metadata().home.clone();
+        owner.inbox.push(runnable);
+        owner.parker.unpark();
     }
 }
 
@@ -259,7 +245,7 @@ where
     // - The schedule function is `Send + Sync + 'static`, so wakers may go anywhere.
     let (runnable, task) = unsafe {
         async_task::Builder::new()
-            .metadata(TaskMeta::new(info, class, index, Home::Pinned(owner)))
+            .metadata(TaskMeta::new(info, class, index, owner))
             .spawn_unchecked(move |_: &TaskMeta| fut, schedule)
     };
     runnable.schedule();
