@@ -58,7 +58,7 @@ pub(crate) async fn reserve_on(
     // The target loop is looked up under the borrow: cloning the executor's `Arc` here would
     // be a read-modify-write on a count every loop writes, once per message.
     let (owner, me) = with_core(|c| c.exec.shard(shard).map(|o| (o.clone(), c.index())))
-        .ok_or(Error::OffLoop(what))??;
+        .ok_or_else(|| Error::OffLoop(what))??;
     if shard != me {
         ring::reserve(shard).await;
     }
