@@ -288,3 +288,26 @@ fn local_executor_drops_parked_migratable_tasks() {
     });
     assert!(dropped.load(SeqCst), "the parked migratable task leaked");
 }
+
+#[test]
+fn deadlock_report_resumes_when_service_mode_is_switched_off() {
+    let ex = Executor::builder()
+        .shards(1)
+        .service_mode(true)
+        .deadlock_grace(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    ex.spawn_on(0, std::future::pending::<()>).unwrap();
+    let h = ex.handle();
+    let t = std::thread::spawn(move || {
+        // In service mode the coordinator waits for a poke alone; switching the mode off must
+        // wake it, and the deadlock check must then run on its own timer again.
+        std::thread::sleep(Duration::from_millis(300));
+        h.set_service_mode(false);
+    });
+    match ex.run() {
+        Err(Error::Deadlock { tasks }) => assert_eq!(tasks.len(), 1, "{tasks:?}"),
+        other => panic!("expected a deadlock report once service mode was off, got {other:?}"),
+    }
+    t.join().unwrap();
+}

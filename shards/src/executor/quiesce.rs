@@ -27,6 +27,7 @@
 //! after the grace period (a task may wait on a foreign thread); if no epoch moved it stops the
 //! executor and `run()` returns [`Error::Deadlock`](crate::Error::Deadlock) naming each task.
 //! The coordinator polls for this every `min(grace / 2, 1 s)`: deadlocks need no prompt answer.
+//! In service mode it does not poll at all; switching service mode or the grace period pokes it.
 
 use std::time::{Duration, Instant};
 
@@ -110,7 +111,11 @@ pub(crate) fn coordinate(exec: &ExecShared) {
     let mut suspect: Option<(Snapshot, Instant)> = None;
     loop {
         let grace = exec.deadlock_grace();
-        let period = grace.map(|g| (g / 2).clamp(Duration::from_millis(1), Duration::from_secs(1)));
+        // Service mode checks nothing, so it waits for a poke alone (a stop, or service mode
+        // switched off): an idle service costs no periodic wake-up of this thread.
+        let period = grace
+            .filter(|_| !exec.service_mode())
+            .map(|g| (g / 2).clamp(Duration::from_millis(1), Duration::from_secs(1)));
         {
             let mut dirty = lock(&exec.coord_dirty);
             while !*dirty && !exec.stop_requested() {
