@@ -174,3 +174,77 @@ fn local_send_to_dropped_receiver() {
         assert!(local::bounded::<u8>(0).is_err());
     });
 }
+
+/// Batches across shards with a small ring: every value arrives once, in order, through
+/// backpressure on the sender and waits on the receiver; then close semantics of both calls.
+#[test]
+fn shared_batches_across_shards_keep_order_and_close() {
+    let ex = exec(2);
+    let (mut tx, mut rx) = shared::bounded::<u64>(8).unwrap();
+    const N: u64 = 100_000;
+    ex.spawn_on(0, move || async move {
+        let mut next = 0;
+        while next < N {
+            // Batches of uneven sizes, larger and smaller than the ring.
+            let len = 1 + next % 23;
+            let end = (next + len).min(N);
+            tx.send_many(next..end).await.unwrap();
+            next = end;
+        }
+    })
+    .unwrap();
+    let sink = ex
+        .spawn_on(1, move || async move {
+            let mut buf = Vec::new();
+            let (mut expect, mut batches) = (0u64, 0u64);
+            loop {
+                buf.clear();
+                let n = rx.recv_many(&mut buf, 5).await;
+                if n == 0 {
+                    break;
+                }
+                assert!(n <= 5, "at most the limit: {n}");
+                assert_eq!(n, buf.len());
+                for &v in &buf {
+                    assert_eq!(v, expect, "order kept, nothing lost or doubled");
+                    expect += 1;
+                }
+                batches += 1;
+            }
+            // Closed and drained: 0 from now on, and Closed from the try form.
+            assert_eq!(rx.recv_many(&mut buf, 5).await, 0);
+            assert_eq!(rx.try_recv_many(&mut buf, 5), Err(TryRecvError::Closed));
+            (expect, batches)
+        })
+        .unwrap();
+    ex.run().unwrap();
+    let (n, batches) = futures::executor::block_on(sink).unwrap();
+    assert_eq!(n, N);
+    assert!(batches >= N / 5, "{batches} batches of at most 5");
+}
+
+#[test]
+fn shared_batch_try_forms_and_send_many_to_a_dropped_receiver() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let (mut tx, mut rx) = shared::bounded::<u32>(4).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(rx.try_recv_many(&mut buf, 8), Err(TryRecvError::Empty));
+        let mut items = (0..10).peekable();
+        assert_eq!(tx.try_send_many(&mut items), Ok(4), "as many as fit");
+        assert_eq!(tx.try_send_many(&mut items), Ok(0), "full");
+        assert_eq!(items.peek(), Some(&4), "unsent items stay in the iterator");
+        assert_eq!(rx.try_recv_many(&mut buf, 0), Ok(0));
+        assert_eq!(rx.try_recv_many(&mut buf, 3), Ok(3));
+        assert_eq!(buf, [0, 1, 2]);
+        assert_eq!(tx.try_send_many(&mut items), Ok(3));
+        assert_eq!(rx.try_recv_many(&mut buf, 8), Ok(4));
+        assert_eq!(buf, [0, 1, 2, 3, 4, 5, 6]);
+        drop(rx);
+        assert!(matches!(
+            tx.try_send_many(&mut items),
+            Err(TrySendError::Closed(()))
+        ));
+        let e = tx.send_many(items).await.unwrap_err();
+        assert_eq!(e, SendError(vec![7, 8, 9]), "the unsent rest comes back");
+    });
+}

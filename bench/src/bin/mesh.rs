@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | `rtt` | 20,000 timed round trips (after 1,000 warm-up) from CPU A to CPU B and back | p50 and p99 in ns |
 //! | `stream` | 10,000,000 `u64` messages one way, producer on CPU A, consumer on CPU B | M msgs/s |
+//! | `stream` (batched row) | the same with batch calls: xtc `send_many` of 256 / `recv_many` of up to 1,024, tokio `recv_many`, raw chunked rtrb; glommio and monoio have none | M msgs/s |
 //!
 //! The runtimes:
 //!
@@ -58,6 +59,9 @@ const SPIN: Duration = Duration::from_millis(50);
 /// Capacity of every channel in the stream benchmark: xtc's default ring capacity, and small
 /// enough to stay in L2 for a `u64` payload.
 const STREAM_CAP: usize = 1024;
+/// Items per `send_many` in the batched stream row: a quarter of the ring, so the consumer
+/// drains one batch while the producer writes the next.
+const STREAM_BATCH: usize = STREAM_CAP / 4;
 
 /// The two CPUs: the sender (pinger, producer) runs on `.0`, the echo / consumer on `.1`.
 type Cpus = (usize, usize);
@@ -400,6 +404,39 @@ mod tokio_rt {
         join(producer)?;
         Ok(Measured::plain(took))
     }
+
+    /// As [`stream`], the consumer taking up to `STREAM_CAP` at a time with `recv_many`
+    /// (tokio has no batch send).
+    pub(super) fn stream_batched(cpus: Cpus, p: Params) -> StreamOut {
+        let (tx, mut rx) = mpsc::channel::<u64>(STREAM_CAP);
+        let msgs = p.stream_msgs;
+        let producer = spawn_pinned("mesh-tokio-producer", cpus.0, move || {
+            block_on(async move {
+                for i in 0..msgs {
+                    tx.send(i).await.map_err(|_| "consumer gone")?;
+                }
+                Ok::<_, String>(())
+            })?
+        })?;
+        let took = block_on(async move {
+            let mut clock = StreamClock::default();
+            let mut next = 0;
+            let mut buf = Vec::with_capacity(STREAM_CAP);
+            while rx.recv_many(&mut buf, STREAM_CAP).await > 0 {
+                clock.tick();
+                for v in buf.drain(..) {
+                    check_order(next, v)?;
+                    next += 1;
+                }
+            }
+            if next != msgs {
+                return Err(format!("stream: {next} of {msgs} messages arrived"));
+            }
+            clock.took()
+        })??;
+        join(producer)?;
+        Ok(Measured::plain(took))
+    }
 }
 
 /// Two `LocalExecutor`s pinned with `Placement::Fixed`, `shared_channel` channels.
@@ -574,7 +611,7 @@ mod xtc_rt {
 
     use super::{
         check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut, StreamClock,
-        StreamOut, STREAM_CAP,
+        StreamOut, STREAM_BATCH, STREAM_CAP,
     };
 
     /// A 2-shard executor on the two CPUs, shard 0 on `cpus.0`.
@@ -674,6 +711,51 @@ mod xtc_rt {
             notes: vec![counters(&exec, "stream", msgs)?],
         })
     }
+
+    /// As [`stream`] with the batch calls: the producer sends `STREAM_BATCH` at a time with
+    /// `send_many`, the consumer takes up to `STREAM_CAP` at a time with `recv_many`.
+    pub(super) fn stream_batched(cpus: Cpus, p: Params) -> StreamOut {
+        let exec = executor(cpus, xtc::DEFAULT_SPIN_BEFORE_PARK)?;
+        let (mut tx, mut rx) =
+            xtc::channel::shared::bounded::<u64>(STREAM_CAP).map_err(|e| e.to_string())?;
+        let msgs = p.stream_msgs;
+        let producer = exec
+            .spawn_on(0, move || async move {
+                let mut next = 0;
+                while next < msgs {
+                    let end = (next + STREAM_BATCH as u64).min(msgs);
+                    tx.send_many(next..end).await.map_err(|_| "consumer gone")?;
+                    next = end;
+                }
+                Ok::<_, String>(())
+            })
+            .map_err(|e| e.to_string())?;
+        let consumer = exec
+            .spawn_on(1, move || async move {
+                let mut clock = StreamClock::default();
+                let mut next = 0;
+                let mut buf = Vec::with_capacity(STREAM_CAP);
+                while rx.recv_many(&mut buf, STREAM_CAP).await > 0 {
+                    clock.tick();
+                    for v in buf.drain(..) {
+                        check_order(next, v)?;
+                        next += 1;
+                    }
+                }
+                if next != msgs {
+                    return Err(format!("stream: {next} of {msgs} messages arrived"));
+                }
+                clock.took()
+            })
+            .map_err(|e| e.to_string())?;
+        exec.run().map_err(|e| e.to_string())?;
+        let took = futures::executor::block_on(consumer).map_err(|e| e.to_string())??;
+        futures::executor::block_on(producer).map_err(|e| e.to_string())??;
+        Ok(Measured {
+            value: took,
+            notes: vec![counters(&exec, "stream batched", msgs)?],
+        })
+    }
 }
 
 /// Stand-in for the xtc column when the bench is built without its `xtc` feature.
@@ -690,6 +772,10 @@ mod xtc_rt {
     }
 
     pub(super) fn stream(_: Cpus, _: Params) -> StreamOut {
+        Err(NOT_BUILT.into())
+    }
+
+    pub(super) fn stream_batched(_: Cpus, _: Params) -> StreamOut {
         Err(NOT_BUILT.into())
     }
 }
@@ -809,11 +895,11 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let chunked = isolated(Some(cpus.1), guard, move || raw::stream_chunked(cpus, p));
     bar.inc(1);
     let chunked = keep(&mut notes, chunked).map(rate);
-    notes.push(match chunked {
+    notes.push(match &chunked {
         Ok(r) => format!(
             "raw chunked (rtrb write_chunk_uninit/read_chunk, up to {STREAM_CAP} a chunk): \
              {} M msgs/s; xtc/raw chunked {}",
-            xtc_bench::fmt_num(r),
+            xtc_bench::fmt_num(*r),
             match &values[XTC] {
                 Ok(x) => format!("{:.2}x", x / r),
                 Err(_) => "-".into(),
@@ -821,13 +907,38 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         ),
         Err(e) => format!("raw chunked: n/a: {e}"),
     });
+    // The batched row: xtc's send_many/recv_many, tokio's recv_many, raw chunked; glommio's
+    // and monoio's channels have no batch calls.
+    bar.set_message("stream batched / xtc");
+    let xtc_batched = isolated(None, guard, move || xtc_rt::stream_batched(cpus, p));
+    bar.inc(1);
+    bar.set_message("stream batched / tokio");
+    let tokio_batched = isolated(Some(cpus.1), guard, move || {
+        tokio_rt::stream_batched(cpus, p)
+    });
+    bar.inc(1);
+    let mut batched: Vec<Result<f64, String>> = RUNTIMES
+        .iter()
+        .map(|_| Err("no batch calls on this channel".to_string()))
+        .collect();
+    batched[XTC] = keep(&mut notes, xtc_batched).map(rate);
+    batched[RAW] = chunked.clone();
+    batched[TOKIO] = keep(&mut notes, tokio_batched).map(rate);
     Filled {
-        rows: vec![Row {
-            name: format!("stream {} u64, cap {STREAM_CAP}", p.stream_msgs),
-            unit: "M msgs/s".into(),
-            better: Better::Higher,
-            values,
-        }],
+        rows: vec![
+            Row {
+                name: format!("stream {} u64, cap {STREAM_CAP}", p.stream_msgs),
+                unit: "M msgs/s".into(),
+                better: Better::Higher,
+                values,
+            },
+            Row {
+                name: format!("stream batched, send {STREAM_BATCH} / recv <= {STREAM_CAP}"),
+                unit: "M msgs/s".into(),
+                better: Better::Higher,
+                values: batched,
+            },
+        ],
         notes,
     }
 }
@@ -836,7 +947,7 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 fn steps_of(bench: &str) -> u64 {
     match bench {
         "rtt" => 7,
-        "stream" => RUNTIMES.len() as u64 + 1,
+        "stream" => RUNTIMES.len() as u64 + 3,
         _ => unreachable!("benchmark names are checked when parsing"),
     }
 }
