@@ -140,6 +140,15 @@ fn check_echo(i: u64, v: u64) -> Result<(), String> {
 }
 
 /// Checks that message `v` arrived where `next` was expected.
+/// [`check_order`] over a received batch, which it empties; `next` moves past it.
+fn check_batch(next: &mut u64, buf: &mut Vec<u64>) -> Result<(), String> {
+    for v in buf.drain(..) {
+        check_order(*next, v)?;
+        *next += 1;
+    }
+    Ok(())
+}
+
 fn check_order(next: u64, v: u64) -> Result<(), String> {
     if v == next {
         Ok(())
@@ -337,8 +346,8 @@ mod tokio_rt {
     use tokio::sync::mpsc;
 
     use super::{
-        check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured, Params, RttOut,
-        StreamClock, StreamOut, STREAM_CAP,
+        check_batch, check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured,
+        Params, RttOut, StreamClock, StreamOut, STREAM_CAP,
     };
 
     fn block_on<T>(fut: impl Future<Output = T>) -> Result<T, String> {
@@ -376,38 +385,10 @@ mod tokio_rt {
         Ok(Measured::plain(h))
     }
 
-    /// Producer on `cpus.0`, consumer on the caller's thread (pinned to `cpus.1`).
-    pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
-        let (tx, mut rx) = mpsc::channel::<u64>(STREAM_CAP);
-        let msgs = p.stream_msgs;
-        let producer = spawn_pinned("mesh-tokio-producer", cpus.0, move || {
-            block_on(async move {
-                for i in 0..msgs {
-                    tx.send(i).await.map_err(|_| "consumer gone")?;
-                }
-                Ok::<_, String>(())
-            })?
-        })?;
-        let took = block_on(async move {
-            let mut clock = StreamClock::default();
-            let mut next = 0;
-            while let Some(v) = rx.recv().await {
-                clock.tick();
-                check_order(next, v)?;
-                next += 1;
-            }
-            if next != msgs {
-                return Err(format!("stream: {next} of {msgs} messages arrived"));
-            }
-            clock.took()
-        })??;
-        join(producer)?;
-        Ok(Measured::plain(took))
-    }
-
-    /// As [`stream`], the consumer taking up to `STREAM_CAP` at a time with `recv_many`
-    /// (tokio has no batch send).
-    pub(super) fn stream_batched(cpus: Cpus, p: Params) -> StreamOut {
+    /// Producer on `cpus.0`, consumer on the caller's thread (pinned to `cpus.1`). `batched`:
+    /// the consumer takes up to `STREAM_CAP` at a time with `recv_many` (tokio has no batch
+    /// send).
+    pub(super) fn stream(cpus: Cpus, p: Params, batched: bool) -> StreamOut {
         let (tx, mut rx) = mpsc::channel::<u64>(STREAM_CAP);
         let msgs = p.stream_msgs;
         let producer = spawn_pinned("mesh-tokio-producer", cpus.0, move || {
@@ -422,9 +403,15 @@ mod tokio_rt {
             let mut clock = StreamClock::default();
             let mut next = 0;
             let mut buf = Vec::with_capacity(STREAM_CAP);
-            while rx.recv_many(&mut buf, STREAM_CAP).await > 0 {
-                clock.tick();
-                for v in buf.drain(..) {
+            if batched {
+                while rx.recv_many(&mut buf, STREAM_CAP).await > 0 {
+                    clock.tick();
+                    check_batch(&mut next, &mut buf)?;
+                }
+            } else {
+                // One message at a time, as the other runtimes' consumers.
+                while let Some(v) = rx.recv().await {
+                    clock.tick();
                     check_order(next, v)?;
                     next += 1;
                 }
@@ -610,8 +597,8 @@ mod xtc_rt {
     use std::time::{Duration, Instant};
 
     use super::{
-        check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut, StreamClock,
-        StreamOut, STREAM_BATCH, STREAM_CAP,
+        check_batch, check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut,
+        StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP,
     };
 
     /// A 2-shard executor on the two CPUs, shard 0 on `cpus.0`.
@@ -674,47 +661,9 @@ mod xtc_rt {
     }
 
     /// `xtc::channel::shared::bounded`: sender task on shard 0, receiver task on shard 1.
-    pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
-        let exec = executor(cpus, xtc::DEFAULT_SPIN_BEFORE_PARK)?;
-        let (mut tx, mut rx) =
-            xtc::channel::shared::bounded::<u64>(STREAM_CAP).map_err(|e| e.to_string())?;
-        let msgs = p.stream_msgs;
-        let producer = exec
-            .spawn_on(0, move || async move {
-                for i in 0..msgs {
-                    tx.send(i).await.map_err(|_| "consumer gone")?;
-                }
-                Ok::<_, String>(())
-            })
-            .map_err(|e| e.to_string())?;
-        let consumer = exec
-            .spawn_on(1, move || async move {
-                let mut clock = StreamClock::default();
-                let mut next = 0;
-                while let Some(v) = rx.recv().await {
-                    clock.tick();
-                    check_order(next, v)?;
-                    next += 1;
-                }
-                if next != msgs {
-                    return Err(format!("stream: {next} of {msgs} messages arrived"));
-                }
-                clock.took()
-            })
-            .map_err(|e| e.to_string())?;
-        exec.run().map_err(|e| e.to_string())?;
-        // `run` returned at quiescence, so both tasks are done and their handles ready.
-        let took = futures::executor::block_on(consumer).map_err(|e| e.to_string())??;
-        futures::executor::block_on(producer).map_err(|e| e.to_string())??;
-        Ok(Measured {
-            value: took,
-            notes: vec![counters(&exec, "stream", msgs)?],
-        })
-    }
-
-    /// As [`stream`] with the batch calls: the producer sends `STREAM_BATCH` at a time with
-    /// `send_many`, the consumer takes up to `STREAM_CAP` at a time with `recv_many`.
-    pub(super) fn stream_batched(cpus: Cpus, p: Params) -> StreamOut {
+    /// `batched`: the producer sends `STREAM_BATCH` at a time with `send_many`, the consumer
+    /// takes up to `STREAM_CAP` at a time with `recv_many`; else one `send`/`recv` each.
+    pub(super) fn stream(cpus: Cpus, p: Params, batched: bool) -> StreamOut {
         let exec = executor(cpus, xtc::DEFAULT_SPIN_BEFORE_PARK)?;
         let (mut tx, mut rx) =
             xtc::channel::shared::bounded::<u64>(STREAM_CAP).map_err(|e| e.to_string())?;
@@ -723,9 +672,14 @@ mod xtc_rt {
             .spawn_on(0, move || async move {
                 let mut next = 0;
                 while next < msgs {
-                    let end = (next + STREAM_BATCH as u64).min(msgs);
-                    tx.send_many(next..end).await.map_err(|_| "consumer gone")?;
-                    next = end;
+                    if batched {
+                        let end = (next + STREAM_BATCH as u64).min(msgs);
+                        tx.send_many(next..end).await.map_err(|_| "consumer gone")?;
+                        next = end;
+                    } else {
+                        tx.send(next).await.map_err(|_| "consumer gone")?;
+                        next += 1;
+                    }
                 }
                 Ok::<_, String>(())
             })
@@ -735,9 +689,15 @@ mod xtc_rt {
                 let mut clock = StreamClock::default();
                 let mut next = 0;
                 let mut buf = Vec::with_capacity(STREAM_CAP);
-                while rx.recv_many(&mut buf, STREAM_CAP).await > 0 {
-                    clock.tick();
-                    for v in buf.drain(..) {
+                if batched {
+                    while rx.recv_many(&mut buf, STREAM_CAP).await > 0 {
+                        clock.tick();
+                        check_batch(&mut next, &mut buf)?;
+                    }
+                } else {
+                    // One message at a time, as the other runtimes' consumers.
+                    while let Some(v) = rx.recv().await {
+                        clock.tick();
                         check_order(next, v)?;
                         next += 1;
                     }
@@ -749,11 +709,13 @@ mod xtc_rt {
             })
             .map_err(|e| e.to_string())?;
         exec.run().map_err(|e| e.to_string())?;
+        // `run` returned at quiescence, so both tasks are done and their handles ready.
         let took = futures::executor::block_on(consumer).map_err(|e| e.to_string())??;
         futures::executor::block_on(producer).map_err(|e| e.to_string())??;
+        let what = if batched { "stream batched" } else { "stream" };
         Ok(Measured {
             value: took,
-            notes: vec![counters(&exec, "stream batched", msgs)?],
+            notes: vec![counters(&exec, what, msgs)?],
         })
     }
 }
@@ -771,11 +733,7 @@ mod xtc_rt {
         Err(NOT_BUILT.into())
     }
 
-    pub(super) fn stream(_: Cpus, _: Params) -> StreamOut {
-        Err(NOT_BUILT.into())
-    }
-
-    pub(super) fn stream_batched(_: Cpus, _: Params) -> StreamOut {
+    pub(super) fn stream(_: Cpus, _: Params, _: bool) -> StreamOut {
         Err(NOT_BUILT.into())
     }
 }
@@ -881,9 +839,11 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         bar.set_message(format!("stream / {name}"));
         // Each side pins itself, or runs on the harness thread pinned to the consumer's CPU.
         let r = match rt {
-            XTC => isolated(None, guard, move || xtc_rt::stream(cpus, p)),
+            XTC => isolated(None, guard, move || xtc_rt::stream(cpus, p, false)),
             RAW => isolated(Some(cpus.1), guard, move || raw::stream(cpus, p)),
-            TOKIO => isolated(Some(cpus.1), guard, move || tokio_rt::stream(cpus, p)),
+            TOKIO => isolated(Some(cpus.1), guard, move || {
+                tokio_rt::stream(cpus, p, false)
+            }),
             GLOMMIO => isolated(None, guard, move || glommio_rt::stream(cpus, p)),
             MONOIO => isolated(Some(cpus.1), guard, move || monoio_rt::stream(cpus, p)),
             _ => unreachable!("one arm per runtime"),
@@ -910,12 +870,10 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     // The batched row: xtc's send_many/recv_many, tokio's recv_many, raw chunked; glommio's
     // and monoio's channels have no batch calls.
     bar.set_message("stream batched / xtc");
-    let xtc_batched = isolated(None, guard, move || xtc_rt::stream_batched(cpus, p));
+    let xtc_batched = isolated(None, guard, move || xtc_rt::stream(cpus, p, true));
     bar.inc(1);
     bar.set_message("stream batched / tokio");
-    let tokio_batched = isolated(Some(cpus.1), guard, move || {
-        tokio_rt::stream_batched(cpus, p)
-    });
+    let tokio_batched = isolated(Some(cpus.1), guard, move || tokio_rt::stream(cpus, p, true));
     bar.inc(1);
     let mut batched: Vec<Result<f64, String>> = RUNTIMES
         .iter()
