@@ -337,16 +337,17 @@ pub(crate) fn register_current(waker: &Waker) -> Option<u32> {
     with_core(|core| {
         let meta = core.current.get();
         debug_assert!(!meta.is_null(), "a task polled outside its loop's run step");
+        if meta.is_null() {
+            return None;
+        }
         let mut registry = core.registry.borrow_mut();
         let entry = registry.vacant_entry();
         let key = u32::try_from(entry.key()).ok().filter(|&k| k != u32::MAX)?;
-        (!meta.is_null()).then(|| {
-            entry.insert(Entry {
-                waker: waker.clone(),
-                meta,
-            });
-            key
-        })
+        entry.insert(Entry {
+            waker: waker.clone(),
+            meta,
+        });
+        Some(key)
     })
     .flatten()
 }

@@ -512,22 +512,11 @@ impl ExecShared {
         let mut batch = Vec::new();
         // Dropping a closure may queue more (a `Drop` that spawns); a few rounds settle that.
         for _ in 0..8 {
-            let mut dropped = 0;
+            let mut dropped = self.migratable.drop_parked_queues();
             for l in &self.loops {
-                dropped += l.inbox.drain_into(&mut batch);
+                dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
                 batch.clear();
-                loop {
-                    match l.steal.injector.steal() {
-                        crossbeam_deque::Steal::Success(r) => {
-                            drop(r);
-                            dropped += 1;
-                        }
-                        crossbeam_deque::Steal::Retry => continue,
-                        crossbeam_deque::Steal::Empty => break,
-                    }
-                }
             }
-            self.migratable.drop_parked_queues();
             if dropped == 0 {
                 break;
             }
@@ -565,13 +554,7 @@ pub(crate) fn drop_migratable(shared: &ExecShared) {
             return;
         }
         for l in &shared.loops {
-            loop {
-                match l.steal.injector.steal() {
-                    crossbeam_deque::Steal::Success(r) => drop(r),
-                    crossbeam_deque::Steal::Retry => continue,
-                    crossbeam_deque::Steal::Empty => break,
-                }
-            }
+            l.steal.drop_injected();
         }
         shared.migratable.drop_parked_queues();
         if round < 10 {

@@ -77,6 +77,24 @@ pub(crate) struct StealShared {
     pub(crate) stolen_from: AtomicU64,
 }
 
+impl StealShared {
+    /// Drops every `Runnable` in this loop's injector and returns how many: shutdown and
+    /// teardown, off any worker (migratable futures are `Send`, so any thread may).
+    pub(crate) fn drop_injected(&self) -> usize {
+        let mut dropped = 0;
+        loop {
+            match self.injector.steal() {
+                crossbeam_deque::Steal::Success(r) => {
+                    drop(r);
+                    dropped += 1;
+                }
+                crossbeam_deque::Steal::Retry => continue,
+                crossbeam_deque::Steal::Empty => return dropped,
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct MEntry {
     waker: Waker,
@@ -170,17 +188,21 @@ impl Migratable {
         }
     }
 
-    /// Drops every queued migratable `Runnable` held by the executor (deques parked between runs).
-    pub(crate) fn drop_parked_queues(&self) {
+    /// Drops every queued migratable `Runnable` held by the executor (deques parked between
+    /// runs) and returns how many.
+    pub(crate) fn drop_parked_queues(&self) -> usize {
+        let mut dropped = 0;
         for w in &self.workers {
             let taken = lock(w).take();
             if let Some(worker) = taken {
                 while let Some(r) = worker.pop() {
                     drop(r);
+                    dropped += 1;
                 }
                 *lock(w) = Some(worker);
             }
         }
+        dropped
     }
 }
 
@@ -343,8 +365,9 @@ where
     F::Output: Send + 'static,
 {
     live_add(exec, 1);
-    // An executor has at least one loop (the builder refuses zero).
-    let home_loop = exec.loops[home % exec.loops.len()].clone();
+    // Callers pass a loop index (the current loop, or a round-robin one taken modulo the
+    // count); an executor has at least one loop. No division on this path.
+    let home_loop = exec.loops.get(home).unwrap_or(&exec.loops[0]).clone();
     let fut = MigrFuture {
         fut,
         meta: std::ptr::null(),
