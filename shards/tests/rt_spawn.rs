@@ -329,3 +329,80 @@ fn a_queued_task_holding_a_handle_is_freed_with_its_executor() {
         "the task and the handle it held were dropped"
     );
 }
+
+/// Voluntary context switches of the calling thread so far: how often it blocked and was woken.
+fn voluntary_switches() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").expect("procfs");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in /proc/thread-self/status")
+}
+
+/// The thread in `run()` is the coordinator; it must not be woken each time a loop with
+/// nothing left goes idle while another loop still owns a parked task (quiesce.rs, "Who
+/// pokes"): that was one wake-up per round trip to a parked target.
+#[test]
+fn round_trips_to_a_parked_target_do_not_wake_the_coordinator() {
+    const TRIPS: usize = 2_000;
+    let ex = exec(2);
+    // Every idle moment parks: the target goes EMPTY after each answer while shard 0's main
+    // task is parked awaiting it.
+    ex.set_spin_before_park(Duration::ZERO);
+    let before = voluntary_switches();
+    let sum = ex
+        .block_on(|| async {
+            let mut sum = 0;
+            for i in 0..TRIPS {
+                sum += shard::submit_to(1, move || async move { i }).await.unwrap();
+            }
+            sum
+        })
+        .unwrap();
+    let woken = voluntary_switches() - before;
+    assert_eq!(sum, TRIPS * (TRIPS - 1) / 2);
+    // The coordinator's own periodic deadlock poll (every second) and the final stop remain.
+    assert!(
+        woken < (TRIPS / 10) as u64,
+        "the coordinator was woken {woken} times for {TRIPS} round trips"
+    );
+}
+
+/// In service mode the coordinator checks nothing, so loops going idle must not wake it.
+#[test]
+fn loops_going_idle_in_service_mode_do_not_wake_the_coordinator() {
+    const TASKS: usize = 200;
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .service_mode(true)
+        .spin_before_park(Duration::ZERO)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let feeder = std::thread::spawn(move || {
+        for i in 0..TASKS {
+            let r = r.clone();
+            let j = h
+                .spawn_on(i % 2, move || async move {
+                    r.fetch_add(1, SeqCst);
+                })
+                .unwrap();
+            // Each task ends before the next starts: both loops go EMPTY every time.
+            futures::executor::block_on(j).unwrap();
+        }
+        h.stop();
+    });
+    let before = voluntary_switches();
+    ex.run().unwrap();
+    let woken = voluntary_switches() - before;
+    feeder.join().unwrap();
+    assert_eq!(ran.load(SeqCst), TASKS);
+    assert!(
+        woken < (TASKS / 10) as u64,
+        "the coordinator was woken {woken} times by {TASKS} idle moments in service mode"
+    );
+}

@@ -18,8 +18,11 @@
 //!   spawned on shard 0 and the receiver on shard 1. The loops' ring and wake counters are printed
 //!   under the table: they explain the figures;
 //! - **raw**: the floor. Two pinned threads busy-polling `rtrb` rings (as `c2c` does): a ring
-//!   pair for `rtt`, single `push`/`pop` for `stream` (plus chunked `write_chunk_uninit` /
-//!   `read_chunk`, printed under the table). It always spins, so it stands in both `rtt` rows;
+//!   pair for the spinning `rtt` rows, single `push`/`pop` for `stream` (plus chunked
+//!   `write_chunk_uninit` / `read_chunk`, printed under the table). In the parked `rtt` rows the
+//!   floor is two pinned threads that each block in `read(2)` on an eventfd until the other
+//!   writes it: the two wake-ups every runtime whose idle loops park pays per round trip, with
+//!   no channel or task around them;
 //! - **tokio**: two `current_thread` runtimes on two pinned threads, `tokio::sync::mpsc`
 //!   channels. No spin knob: it has no value in the spinning rows;
 //! - **glommio**: two `LocalExecutor`s with `Placement::Fixed(cpu)`, `shared_channel` channels;
@@ -257,6 +260,86 @@ mod raw {
         }
         join(echo)?;
         Ok(Measured::plain(h))
+    }
+
+    /// The floor of a round trip whose both ends sleep between messages: two pinned threads,
+    /// each blocked in `read(2)` on its own eventfd until the other writes it, the value
+    /// riding in the eventfd counter. Any runtime whose idle loops park pays these two
+    /// wake-ups (the caller's and the target's) per round trip; no channel or task is in it.
+    pub(super) fn rtt_parked(cpus: Cpus, p: Params) -> RttOut {
+        let ping = std::sync::Arc::new(EventFd::new()?);
+        let pong = std::sync::Arc::new(EventFd::new()?);
+        let total = p.rtt_total();
+        let (ping_rx, pong_tx) = (ping.clone(), pong.clone());
+        let echo = spawn_pinned("mesh-raw-parked-echo", cpus.1, move || {
+            for _ in 0..total {
+                let v = ping_rx.wait()?;
+                pong_tx.signal(v)?;
+            }
+            Ok(())
+        })?;
+        let mut h = xtc_bench::latency_histogram();
+        // The values travel as `i + 1`: an eventfd counter of 0 reads as "nothing yet".
+        for i in 0..total {
+            let t0 = Instant::now();
+            ping.signal(i + 1)?;
+            let v = pong.wait()?;
+            record_rtt(&mut h, p, i, t0.elapsed());
+            check_echo(i, v - 1)?;
+        }
+        join(echo)?;
+        Ok(Measured::plain(h))
+    }
+
+    /// A blocking eventfd, closed on drop.
+    struct EventFd(i32);
+
+    impl EventFd {
+        fn new() -> Result<EventFd, String> {
+            // SAFETY: a plain system call with no pointer arguments.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
+            }
+            Ok(EventFd(fd))
+        }
+
+        /// Blocks until the counter is non-zero, then takes it.
+        fn wait(&self) -> Result<u64, String> {
+            let mut v = 0u64;
+            loop {
+                // SAFETY: `v` is a live, writable 8-byte buffer for the whole call.
+                let n = unsafe { libc::read(self.0, (&raw mut v).cast(), 8) };
+                if n == 8 {
+                    return Ok(v);
+                }
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(format!("eventfd read: {e}"));
+                }
+            }
+        }
+
+        /// Adds `v` (non-zero) to the counter, waking a blocked reader.
+        fn signal(&self, v: u64) -> Result<(), String> {
+            // SAFETY: `v` is a live, readable 8-byte buffer for the whole call.
+            let n = unsafe { libc::write(self.0, (&raw const v).cast(), 8) };
+            if n == 8 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "eventfd write: {}",
+                    std::io::Error::last_os_error()
+                ))
+            }
+        }
+    }
+
+    impl Drop for EventFd {
+        fn drop(&mut self) {
+            // SAFETY: `self.0` is an eventfd this value owns.
+            unsafe { libc::close(self.0) };
+        }
     }
 
     /// Single pushes on `cpus.0`, single pops on the caller's thread (pinned to `cpus.1`).
@@ -782,6 +865,11 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         Box::new(move || xtc_rt::rtt(cpus, p, SPIN)),
     );
     let raw = run("raw", Some(cpus.0), Box::new(move || raw::rtt(cpus, p)));
+    let raw_parked = run(
+        "raw parked",
+        Some(cpus.0),
+        Box::new(move || raw::rtt_parked(cpus, p)),
+    );
     let tokio = run(
         "tokio",
         Some(cpus.0),
@@ -805,7 +893,7 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 
     let no_knob: Result<LatencySummary, String> =
         Err("no spin-before-park knob (it is in the parked row only)".into());
-    let parked = [xtc_park, raw.clone(), tokio, glommio_park, monoio];
+    let parked = [xtc_park, raw_parked, tokio, glommio_park, monoio];
     let spinning = [xtc_spin, raw, no_knob.clone(), glommio_spin, no_knob];
     let spin_label = format!("spin {}ms", SPIN.as_millis());
     let mut rows = Vec::new();
@@ -904,7 +992,7 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 /// Progress-bar steps of a benchmark.
 fn steps_of(bench: &str) -> u64 {
     match bench {
-        "rtt" => 7,
+        "rtt" => 8,
         "stream" => RUNTIMES.len() as u64 + 3,
         _ => unreachable!("benchmark names are checked when parsing"),
     }
@@ -948,7 +1036,8 @@ fn main() -> ExitCode {
     );
     println!(
         "  xtc = submit_to (rtt) and channel::shared (stream) on a 2-shard Executor; raw = the floor: \
-         rtrb rings between two busy-polling threads (always spinning); tokio = mpsc, glommio = \
+         rtrb rings between two busy-polling threads (parked rtt rows: two threads blocking on \
+         eventfds, the cost of two wake-ups); tokio = mpsc, glommio = \
          shared_channel, monoio = flume"
     );
     if !cfg!(feature = "xtc") {

@@ -192,16 +192,22 @@ impl ExecShared {
         self.coord_cv.notify_one();
     }
 
-    /// A loop published `EMPTY`: poke the coordinator if every other loop looks idle too
-    /// (`quiesce.rs`).
+    /// A loop published `EMPTY`: poke the coordinator if every other loop is `EMPTY` too and
+    /// the executor is not in service mode (`quiesce.rs`, "Who pokes").
+    ///
+    /// Cost: one SeqCst load of each loop's status word (plus a lock and a condvar notify when
+    /// it pokes, which wakes the coordinator thread).
     pub(crate) fn loop_went_empty(&self, me: usize) {
-        let others_idle = self.loops.iter().enumerate().all(|(i, l)| {
-            i == me || {
-                let k = event_loop::status::kind(l.status.load(SeqCst));
-                k == event_loop::status::EMPTY || k == event_loop::status::PARKED
-            }
+        // SeqCst, paired with `set_service_mode`'s store and poke: a loop that reads service
+        // mode as still on published its EMPTY before the switch, so the check that the switch's
+        // poke starts sees it.
+        if self.service_mode.load(SeqCst) {
+            return;
+        }
+        let others_empty = self.loops.iter().enumerate().all(|(i, l)| {
+            i == me || event_loop::status::kind(l.status.load(SeqCst)) == event_loop::status::EMPTY
         });
-        if others_idle {
+        if others_empty {
             self.poke();
         }
     }

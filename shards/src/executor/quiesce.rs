@@ -17,8 +17,18 @@
 //! stays in the inbox for the next `run()` (it is not lost). Work moves between loops only through
 //! inboxes (and, later, rings with the same counters), so no task can be in flight unseen.
 //!
-//! A loop that publishes `EMPTY` pokes the coordinator only if every other loop already looks
-//! idle (a Dekker pair over the status words, so the last loop to go idle always pokes).
+//! # Who pokes
+//!
+//! A loop that publishes `EMPTY` pokes the coordinator only if every other loop is already
+//! `EMPTY` (a Dekker pair over the SeqCst status words, so the last loop to go `EMPTY` always
+//! pokes) and service mode is off. Quiescence needs every loop `EMPTY`, and a `PARKED` or
+//! `WAITING` loop becomes `EMPTY` only by running a turn and publishing `EMPTY` itself, which
+//! makes it the one to poke; a poke while another loop is `PARKED` could only start a deadlock
+//! check, and those come from the periodic poll below. Poking then would wake the coordinator
+//! thread at every idle moment of a conversation between a loop with a parked task and an
+//! empty one: once per `submit_to` round trip to a parked target (measured: 39,688 coordinator
+//! wake-ups in 40,000 round trips before, 10 after). In service mode the coordinator checks
+//! nothing, so no loop pokes it; switching service mode off pokes it once.
 //!
 //! # Deadlock
 //!
