@@ -122,15 +122,22 @@ fn reserve_stamps() -> (u64, u64) {
 /// of the turn it was last registered in, 0 for never); off any loop it runs at once.
 ///
 /// Cost: one thread-local read and a compare when `f` is already registered this turn (the
-/// per-message path of a channel), else a reference-count increment and a push. Deliberately
-/// not generic and not `#[inline]`: compiled here, the thread-local read is a direct
-/// `%fs`-relative load, whereas inlined into a caller's crate it goes through the key's
-/// accessor function.
+/// per-message path of a channel), else a reference-count increment and a push. The check is
+/// inlined into the channel's generic code (a GOT load and an `%fs`-relative load, checked
+/// with objdump in a user's binary); the registration stays a call. As a call the check cost
+/// ~21 instructions per message (send plus recv, callgrind: 150 -> 129 per message).
+#[inline]
 pub(crate) fn schedule_flush(key: &mut u64, f: &Arc<dyn Flush>) {
     let stamp = TURN.with(Cell::get);
     if stamp != 0 && stamp == *key {
         return;
     }
+    schedule_flush_slow(key, f, stamp);
+}
+
+/// The first registration in a turn (or the flush itself, off any loop).
+#[inline(never)]
+fn schedule_flush_slow(key: &mut u64, f: &Arc<dyn Flush>, stamp: u64) {
     let scheduled = stamp != 0
         && with_core(|core| {
             core.flushes.borrow_mut().push(f.clone());
