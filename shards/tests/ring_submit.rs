@@ -264,3 +264,70 @@ fn spin_before_park_knob() {
         .unwrap();
     assert_eq!(v, 100);
 }
+
+/// Shutdown, ring full: a future dropped by a stopping loop wakes a task of another loop whose
+/// incoming ring from it is full, so the wake lands in the stopping loop's backlog. That
+/// backlog must reach its owner (and the task be dropped there, on its own thread) before the
+/// stopping loop leaves: left behind, the `Runnable` was dropped with the loop's ring ends, on
+/// the wrong thread, and the owner waited forever for a task that never came back.
+#[test]
+fn a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop() {
+    use std::sync::atomic::AtomicBool;
+
+    /// Records on which shard it was dropped.
+    struct DropProbe(Arc<AtomicU64>);
+    impl Drop for DropProbe {
+        fn drop(&mut self) {
+            let shard = shard::try_id().map_or(u64::MAX, |s| s as u64);
+            self.0.store(shard, SeqCst);
+        }
+    }
+
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(2)
+        .build()
+        .unwrap();
+    let (mut tx, rx) = xtc_shards::channel::shared::bounded::<u32>(1).unwrap();
+    let dropped_on = Arc::new(AtomicU64::new(u64::MAX - 1));
+    let probe = DropProbe(dropped_on.clone());
+    let sender_parked = Arc::new(AtomicBool::new(false));
+    let parked = sender_parked.clone();
+    // Shard 1: fills the channel, then parks on it for good (the receiver never receives).
+    ex.spawn_on(1, move || async move {
+        let _probe = probe;
+        tx.send(1).await.unwrap();
+        parked.store(true, SeqCst);
+        let _ = tx.send(2).await;
+    })
+    .unwrap();
+    // Shard 0: holds the receiver while parked; dropping it at stop wakes the sender.
+    ex.spawn_on(0, move || async move {
+        let _rx = rx;
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    let out = ex.block_on(move || async move {
+        while !sender_parked.load(SeqCst) {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Keep shard 1 in one long poll, then fill ring 0 -> 1 (capacity 2) behind it.
+        shard::send_to(1, || async { burn(Duration::from_millis(300)) })
+            .await
+            .unwrap();
+        xtc_shards::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..2 {
+            shard::send_to(1, || async {}).await.unwrap();
+        }
+        // Stop now: shard 0 drops the receiver (waking the sender into the full ring) while
+        // shard 1 is still busy.
+        xtc_shards::stop();
+    });
+    assert!(matches!(out, Err(Error::Stopped) | Ok(())), "{out:?}");
+    assert_eq!(
+        dropped_on.load(SeqCst),
+        1,
+        "the sender task's future must be dropped on its own shard (u64::MAX: off any loop)"
+    );
+}

@@ -476,6 +476,20 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         steal::drop_local(core);
         steal::flush_live(core);
         drop(crate::class::drain(core));
+        // Dropping futures may have sent wakes to other loops (into rings, or into the backlog
+        // of a full ring) and registered end-of-turn signals: deliver them before this loop
+        // may leave. A backlog left behind would be dropped with the ring ends, on this
+        // thread, and its tasks' owners would wait for them forever
+        // (`tests/ring_submit.rs`, a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop).
+        core.run_flushes();
+        ring::evacuate(core);
+        let queued = !core.queue.borrow().is_empty()
+            || steal::has_local(core)
+            || (core.classes_active.get() && crate::class::any_queued(core));
+        if queued {
+            // The evacuation drained our incoming rings: drop what came in.
+            continue;
+        }
         let live = core.registry.borrow().len();
         if live == 0 && (keep_inbox || !shared.inbox.is_pending()) {
             break;
@@ -487,9 +501,6 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         if ring::drain(core) > 0 {
             continue;
         }
-        // Dropping futures may have sent wakes to other loops: deliver them.
-        core.run_flushes();
-        ring::evacuate(core);
         if dropped == 0 {
             // A wake fired on another thread is on its way to the inbox (its task is already
             // scheduled, so our wake above was a no-op): wait for it.
