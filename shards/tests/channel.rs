@@ -248,3 +248,100 @@ fn shared_batch_try_forms_and_send_many_to_a_dropped_receiver() {
         assert_eq!(e, SendError(vec![7, 8, 9]), "the unsent rest comes back");
     });
 }
+
+/// A waiting sender whose `send` is dropped (a timeout) must not take the freed slot's wake
+/// with it: the next waiting sender gets it. Both sides used to wait for good here.
+#[test]
+fn local_a_cancelled_waiting_send_passes_the_freed_slot_on() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let (tx, mut rx) = local::bounded::<u32>(1).unwrap();
+        tx.try_send(0).unwrap();
+        // A waits on the full channel, then gives up.
+        let a = xtc_shards::time::timeout(Duration::from_millis(5), tx.send(1)).await;
+        assert!(a.is_err(), "the channel was full: A's send must time out");
+        // B waits on the full channel.
+        let tx_b = tx.clone();
+        let b = xtc_shards::spawn_local(async move { tx_b.send(2).await });
+        xtc_shards::yield_now().await;
+        // The receiver frees the slot: B must be woken and send.
+        assert_eq!(rx.recv().await, Some(0));
+        let got = xtc_shards::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(got, Ok(Some(2)), "B was never woken for the freed slot");
+        b.await.unwrap().unwrap();
+    });
+}
+
+/// A sender polled again while still waiting (a `join!` sibling woke its task) keeps one place
+/// in line: a freed slot must not be spent on its stale second entry while another sender
+/// waits.
+#[test]
+fn local_a_repolled_waiting_send_keeps_one_place_in_line() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let (tx, mut rx) = local::bounded::<u32>(1).unwrap();
+        tx.try_send(0).unwrap();
+        let tx_a = tx.clone();
+        let a = xtc_shards::spawn_local(async move {
+            // The sibling wakes this task twice while the send waits: the send is re-polled.
+            let send = tx_a.send(1);
+            let poke = async {
+                xtc_shards::yield_now().await;
+                xtc_shards::yield_now().await;
+            };
+            let (sent, ()) = futures::join!(send, poke);
+            sent
+        });
+        // Let A register, and be re-polled, before B waits behind it.
+        for _ in 0..4 {
+            xtc_shards::yield_now().await;
+        }
+        let tx_b = tx.clone();
+        let b = xtc_shards::spawn_local(async move { tx_b.send(2).await });
+        xtc_shards::yield_now().await;
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let v = xtc_shards::time::timeout(Duration::from_secs(5), rx.recv()).await;
+            got.push(v.expect("a waiting sender was never woken").unwrap());
+        }
+        assert_eq!(got, vec![0, 1, 2]);
+        a.await.unwrap().unwrap();
+        b.await.unwrap().unwrap();
+    });
+}
+
+/// Many senders through a 1-slot channel, half of them giving up early: every send that did
+/// not time out is received exactly once, and nothing hangs.
+#[test]
+fn local_many_senders_some_cancelled_nothing_lost_nothing_stuck() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let (tx, mut rx) = local::bounded::<u32>(1).unwrap();
+        let mut senders = Vec::new();
+        for i in 0..64u32 {
+            let tx = tx.clone();
+            senders.push(xtc_shards::spawn_local(async move {
+                let patience = Duration::from_millis(if i % 2 == 0 { 1 } else { 10_000 });
+                xtc_shards::time::timeout(patience, tx.send(i))
+                    .await
+                    .is_ok()
+            }));
+        }
+        drop(tx);
+        // Receive slowly at first, so the impatient half gives up while waiting in line.
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        let mut got = Vec::new();
+        while let Some(v) = xtc_shards::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("stuck")
+        {
+            got.push(v);
+        }
+        let mut sent = Vec::new();
+        for (i, s) in senders.into_iter().enumerate() {
+            if s.await.unwrap() {
+                sent.push(i as u32);
+            }
+        }
+        got.sort_unstable();
+        assert_eq!(got, sent, "received exactly the sends that completed");
+        assert!(sent.iter().all(|i| i % 2 == 1 || *i < 2), "{sent:?}");
+    });
+}

@@ -1,25 +1,61 @@
 //! A bounded multi-producer, single-consumer channel inside one shard: `!Send`, no atomics, no
 //! locks (an `Rc<RefCell<..>>`). Cost: a `VecDeque` push or pop per message; a waiting side
 //! stores one waker.
+//!
+//! # Waiting senders
+//!
+//! A sender that finds the channel full takes a place in a FIFO of waiters (once per
+//! `send`, however often it is polled; later polls only refresh its waker). Each message the
+//! receiver takes notifies the oldest waiter that is not notified yet. A notified waiter that
+//! completes used the slot it was woken for; one whose `send` is dropped first (a timeout, a
+//! `select!`) passes its notification on to the next waiter, so a freed slot is never lost on a
+//! sender that went away. A notified sender that finds the slot taken by a `try_send` goes
+//! back to the front of the line.
 
 use std::{
     cell::RefCell,
     collections::VecDeque,
     fmt,
-    future::poll_fn,
+    future::{poll_fn, Future},
+    pin::Pin,
     rc::Rc,
-    task::{Poll, Waker},
+    task::{Context, Poll, Waker},
 };
 
+use slab::Slab;
+
 use super::{check_capacity, SendError, TryRecvError, TrySendError};
+
+struct Waiter {
+    waker: Waker,
+    /// Woken for a freed slot it has not used yet.
+    notified: bool,
+}
 
 struct State<T> {
     queue: VecDeque<T>,
     capacity: usize,
     rx_waker: Option<Waker>,
-    tx_wakers: VecDeque<Waker>,
+    /// Waiting senders, by key.
+    waiters: Slab<Waiter>,
+    /// Keys of waiters not yet notified, oldest first.
+    line: VecDeque<usize>,
     senders: usize,
     rx_alive: bool,
+}
+
+impl<T> State<T> {
+    /// A slot was freed: notifies the oldest waiting sender that is not notified yet. Returns
+    /// its waker, to be woken once the state's borrow ends.
+    fn notify_one(&mut self) -> Option<Waker> {
+        while let Some(key) = self.line.pop_front() {
+            if let Some(w) = self.waiters.get_mut(key) {
+                w.notified = true;
+                return Some(w.waker.clone());
+            }
+        }
+        None
+    }
 }
 
 /// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0.
@@ -28,7 +64,8 @@ pub fn bounded<T>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
         queue: VecDeque::with_capacity(capacity.min(1024)),
         capacity: check_capacity(capacity)?,
         rx_waker: None,
-        tx_wakers: VecDeque::new(),
+        waiters: Slab::new(),
+        line: VecDeque::new(),
         senders: 1,
         rx_alive: true,
     }));
@@ -64,23 +101,115 @@ impl<T> Sender<T> {
         Ok(())
     }
 
-    /// Sends, waiting while the channel is full; `Err` gives the value back if the receiver is
-    /// gone.
-    pub async fn send(&self, value: T) -> Result<(), SendError<T>> {
-        let mut value = Some(value);
-        poll_fn(|cx| {
-            let v = value.take().expect("polled after completion");
-            match self.try_send(v) {
-                Ok(()) => Poll::Ready(Ok(())),
-                Err(TrySendError::Closed(v)) => Poll::Ready(Err(SendError(v))),
-                Err(TrySendError::Full(v)) => {
-                    value = Some(v);
-                    self.st.borrow_mut().tx_wakers.push_back(cx.waker().clone());
-                    Poll::Pending
+    /// Sends, waiting while the channel is full (in line with the other waiting senders, see
+    /// the module doc); `Err` gives the value back if the receiver is gone. Dropping the future
+    /// gives up its place, and a slot it was woken for goes to the next waiter.
+    pub fn send(&self, value: T) -> SendFut<'_, T> {
+        SendFut {
+            tx: self,
+            value: Some(value),
+            key: None,
+        }
+    }
+}
+
+/// Future of [`Sender::send`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct SendFut<'a, T> {
+    tx: &'a Sender<T>,
+    value: Option<T>,
+    /// Our place among the waiters, once the channel was found full.
+    key: Option<usize>,
+}
+
+impl<T> Unpin for SendFut<'_, T> {}
+
+impl<T> SendFut<'_, T> {
+    /// Leaves the waiters. A notification we did not use goes to the next waiter; the returned
+    /// waker is theirs, to be woken after the borrow.
+    fn leave(&mut self, st: &mut State<T>) -> Option<Waker> {
+        let key = self.key.take()?;
+        let w = st.waiters.try_remove(key)?;
+        if w.notified {
+            st.notify_one()
+        } else {
+            st.line.retain(|&k| k != key);
+            None
+        }
+    }
+}
+
+impl<T> Future for SendFut<'_, T> {
+    type Output = Result<(), SendError<T>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let Some(v) = this.value.take() else {
+            return Poll::Ready(Ok(()));
+        };
+        let done = match this.tx.try_send(v) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Closed(v)) => Err(SendError(v)),
+            Err(TrySendError::Full(v)) => {
+                this.value = Some(v);
+                let mut st = this.tx.st.borrow_mut();
+                match this.key.and_then(|k| st.waiters.get_mut(k).map(|w| (k, w))) {
+                    Some((key, w)) => {
+                        if !w.waker.will_wake(cx.waker()) {
+                            w.waker = cx.waker().clone();
+                        }
+                        if w.notified {
+                            // Woken, but a `try_send` took the slot: first in line again.
+                            w.notified = false;
+                            st.line.push_front(key);
+                        }
+                    }
+                    None => {
+                        let key = st.waiters.insert(Waiter {
+                            waker: cx.waker().clone(),
+                            notified: false,
+                        });
+                        st.line.push_back(key);
+                        this.key = Some(key);
+                    }
+                }
+                return Poll::Pending;
+            }
+        };
+        // Sent (a notification, if we had one, was used) or closed: leave the line.
+        if let Some(key) = this.key.take() {
+            let mut st = this.tx.st.borrow_mut();
+            if let Some(w) = st.waiters.try_remove(key) {
+                if !w.notified {
+                    st.line.retain(|&k| k != key);
                 }
             }
-        })
-        .await
+        }
+        Poll::Ready(done)
+    }
+}
+
+impl<T> Drop for SendFut<'_, T> {
+    fn drop(&mut self) {
+        if self.key.is_none() {
+            return;
+        }
+        let next = {
+            let st = self.tx.st.clone();
+            let mut st = st.borrow_mut();
+            self.leave(&mut st)
+        };
+        if let Some(w) = next {
+            w.wake();
+        }
+    }
+}
+
+impl<T> fmt::Debug for SendFut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("local::SendFut")
+            .field("waiting", &self.key.is_some())
+            .finish()
     }
 }
 
@@ -115,7 +244,7 @@ impl<T> Receiver<T> {
         let mut st = self.st.borrow_mut();
         match st.queue.pop_front() {
             Some(v) => {
-                let w = st.tx_wakers.pop_front();
+                let w = st.notify_one();
                 drop(st);
                 if let Some(w) = w {
                     w.wake();
@@ -145,7 +274,16 @@ impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         let mut st = self.st.borrow_mut();
         st.rx_alive = false;
-        let wakers: Vec<Waker> = st.tx_wakers.drain(..).collect();
+        // Every waiting sender finds the channel closed when it runs.
+        st.line.clear();
+        let wakers: Vec<Waker> = st
+            .waiters
+            .iter_mut()
+            .map(|(_, w)| {
+                w.notified = true;
+                w.waker.clone()
+            })
+            .collect();
         let items = std::mem::take(&mut st.queue);
         drop(st);
         drop(items);
