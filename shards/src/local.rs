@@ -1,6 +1,6 @@
 //! [`LocalExecutor`]: one loop on the calling thread.
 
-use std::{future::Future, panic::resume_unwind, sync::Arc};
+use std::{cell::Cell, future::Future, marker::PhantomData, panic::resume_unwind, sync::Arc};
 
 use crate::{
     context::{self, Core},
@@ -23,10 +23,24 @@ use crate::{
 /// assert_eq!(v, 42);
 /// # Ok::<(), xtc::Error>(())
 /// ```
+///
+/// `Send` (build it on one thread, run it on another) but not `Sync`: two threads running
+/// `block_on` on one `LocalExecutor` at once would each take the same loop for their own, and
+/// a `!Send` task of one could then be polled on the other. So this does not compile:
+///
+/// ```compile_fail
 /// # use xtc_shards as xtc;
+/// let ex = xtc::LocalExecutor::new().unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| ex.block_on(async {}));
+///     s.spawn(|| ex.block_on(async {}));
+/// });
+/// ```
 #[derive(Debug)]
 pub struct LocalExecutor {
     shared: Arc<ExecShared>,
+    /// `!Sync` (see above); `Cell<()>` is `Send`, so the executor still is.
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 impl LocalExecutor {
@@ -38,6 +52,7 @@ impl LocalExecutor {
         };
         Ok(LocalExecutor {
             shared: ExecShared::new_arc(1, &config)?,
+            _not_sync: PhantomData,
         })
     }
 
