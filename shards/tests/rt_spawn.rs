@@ -244,6 +244,35 @@ fn concurrent_run_is_refused() {
     t.join().unwrap().unwrap();
 }
 
+/// `block_on` during another thread's `run()` is refused before its main task exists: queued,
+/// that task would run inside the other run and stop it when it ended.
+#[test]
+fn block_on_during_a_run_is_refused_and_leaves_that_run_alone() {
+    let ex = Arc::new(exec(1));
+    ex.set_service_mode(true);
+    let e2 = ex.clone();
+    let t = std::thread::spawn(move || e2.run());
+    std::thread::sleep(Duration::from_millis(100));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let out = ex.block_on(move || async move {
+        r.fetch_add(1, SeqCst);
+    });
+    assert!(matches!(out, Err(Error::AlreadyRunning)), "{out:?}");
+    // The service run goes on: it still runs new work, and only `stop` ends it.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !t.is_finished(),
+        "the refused block_on stopped the other run"
+    );
+    let h = ex.handle();
+    let j = h.spawn_on(0, || async { shard::id() }).unwrap();
+    assert_eq!(futures::executor::block_on(j).unwrap(), 0);
+    ex.stop();
+    t.join().unwrap().unwrap();
+    assert_eq!(ran.load(SeqCst), 0, "the refused main future never ran");
+}
+
 #[test]
 fn spawn_on_from_a_task_to_another_shard() {
     let ex = exec(3);

@@ -390,16 +390,18 @@ impl Executor {
     /// processed when the loops start; the executor can be run again after `run` returns.
     /// Cost: one thread spawn and pin per shard; the calling thread sleeps meanwhile.
     pub fn run(&self) -> Result<()> {
-        let shared = &self.handle.shared;
+        let _claim = self.claim_run()?;
+        self.run_inner()
+    }
+
+    /// Marks the executor running, or `Err(AlreadyRunning)`; the claim ends (ready for another
+    /// run) when the returned guard drops.
+    fn claim_run(&self) -> Result<RunClaim<'_>> {
+        let shared = &*self.handle.shared;
         if shared.running.swap(true, SeqCst) {
             return Err(Error::AlreadyRunning);
         }
-        let result = self.run_inner();
-        // Ready for another run.
-        shared.stop.store(false, SeqCst);
-        shared.stop_reason.store(StopReason::None as u32, SeqCst);
-        shared.running.store(false, SeqCst);
-        result
+        Ok(RunClaim(shared))
     }
 
     fn run_inner(&self) -> Result<()> {
@@ -486,6 +488,9 @@ impl Executor {
                 self.0.request_stop(StopReason::MainDone);
             }
         }
+        // Claimed before the main task exists: queued while another thread's `run()` is in
+        // progress, it would run there and stop that run when it ends.
+        let claim = self.claim_run()?;
         let guard = StopOnDrop(self.handle.shared.clone());
         let main = self.handle.shared.spawn_on(
             0,
@@ -495,7 +500,9 @@ impl Executor {
             },
             TaskInfo::here(Some(Arc::new("main".to_string()))),
         )?;
-        self.run()?;
+        let ran = self.run_inner();
+        drop(claim);
+        ran?;
         if !main.is_finished() {
             return Err(Error::Stopped);
         }
@@ -504,6 +511,18 @@ impl Executor {
             Err(e) if e.is_cancelled() => Err(Error::Stopped),
             Err(e) => Err(Error::Join(e)),
         }
+    }
+}
+
+/// A claim on [`Executor::run`]: while it lives, other `run` and `block_on` calls get
+/// `Err(AlreadyRunning)`. Dropping it readies the executor for another run.
+struct RunClaim<'a>(&'a ExecShared);
+
+impl Drop for RunClaim<'_> {
+    fn drop(&mut self) {
+        self.0.stop.store(false, SeqCst);
+        self.0.stop_reason.store(StopReason::None as u32, SeqCst);
+        self.0.running.store(false, SeqCst);
     }
 }
 
