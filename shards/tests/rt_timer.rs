@@ -118,3 +118,67 @@ fn sleep_until_past_deadline_is_ready() {
         time::sleep_until(Instant::now() - Duration::from_millis(1)).await;
     });
 }
+
+/// A migratable task registers a long timeout on one loop, is woken by a sender on the other
+/// loop (so it moves there, steal rule 1) and finishes there. Its timer must not keep the first
+/// loop waiting: `run()` returns at once, not at the 30 s deadline.
+#[test]
+fn a_moved_sleep_does_not_hold_quiescence_on_its_old_loop() {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc,
+    };
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let (mut tx, mut rx) = xtc_shards::channel::shared::bounded::<u32>(1).unwrap();
+    let shards = Arc::new([AtomicUsize::new(9), AtomicUsize::new(9)]);
+    let seen = shards.clone();
+    ex.spawn_on(0, move || async move {
+        // Migratable, placed on this loop (shard 0), where it registers the timeout's timer.
+        let waiter = xtc_shards::spawn(async move {
+            seen[0].store(xtc_shards::shard::id(), SeqCst);
+            let got = time::timeout(Duration::from_secs(30), rx.recv()).await;
+            seen[1].store(xtc_shards::shard::id(), SeqCst);
+            got
+        });
+        assert_eq!(waiter.await.unwrap(), Ok(Some(7)));
+    })
+    .unwrap();
+    ex.spawn_on(1, move || async move {
+        time::sleep(Duration::from_millis(50)).await;
+        tx.send(7).await.unwrap();
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    ex.run().unwrap();
+    let took = t0.elapsed();
+    let (before, after) = (shards[0].load(SeqCst), shards[1].load(SeqCst));
+    assert_eq!(
+        (before, after),
+        (0, 1),
+        "the task was meant to move from shard 0 to 1"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "run() waited {took:?}: the moved task's timer held its old loop"
+    );
+}
+
+/// Durations too long for an `Instant` are far-future deadlines, not panics.
+#[test]
+fn huge_durations_do_not_panic() {
+    LocalExecutor::new().unwrap().block_on(async {
+        assert_eq!(time::timeout(Duration::MAX, async { 5 }).await, Ok(5));
+        let mut s = Box::pin(time::sleep(Duration::MAX));
+        assert!(futures::poll!(s.as_mut()).is_pending());
+        assert!(s.deadline() > Instant::now() + Duration::from_secs(86_400 * 365));
+        drop(s);
+        let mut every = time::interval(Duration::MAX);
+        every.tick().await; // the first tick is at once
+        let mut next = Box::pin(every.tick());
+        assert!(futures::poll!(next.as_mut()).is_pending());
+    });
+}

@@ -56,10 +56,14 @@ impl Interval {
         }
         let fired = self.next;
         let now = Instant::now();
-        let mut next = fired + self.period;
+        let mut next = super::deadline_after(fired, self.period);
         if next <= now {
-            let behind = now.duration_since(fired).as_nanos() / self.period.as_nanos();
-            next = fired + self.period * (behind as u32 + 1);
+            // In u128 nanoseconds: a tiny period after a long stall is many periods behind.
+            let period = self.period.as_nanos();
+            let behind = now.duration_since(fired).as_nanos() / period;
+            let ahead = period.saturating_mul(behind + 1);
+            let ahead = u64::try_from(ahead).map_or(Duration::MAX, Duration::from_nanos);
+            next = super::deadline_after(fired, ahead);
         }
         self.next = next;
         self.sleep.reset(next);

@@ -119,6 +119,16 @@ impl Timers {
     }
 }
 
+/// `t + d`, or an instant about 30 years from now where that overflows (`Duration::MAX`):
+/// a deadline nobody waits for, rather than a panic on user input.
+pub(crate) fn deadline_after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d).unwrap_or_else(|| {
+        const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+        let now = Instant::now();
+        now.checked_add(FAR).unwrap_or(now)
+    })
+}
+
 /// How long a loop may park given its next deadline: `None` waits for a wake ping only.
 pub(crate) fn park_timeout(next: Option<Instant>, now: Instant) -> Option<Duration> {
     next.map(|d| d.saturating_duration_since(now))

@@ -9,9 +9,10 @@ use std::{
 use super::TimerKey;
 use crate::context::with_core;
 
-/// Completes after `duration`. See [`sleep_until`].
+/// Completes after `duration`. See [`sleep_until`]. A duration too long for an `Instant`
+/// (`Duration::MAX`) sleeps about 30 years, as tokio's does.
 pub fn sleep(duration: Duration) -> Sleep {
-    sleep_until(Instant::now() + duration)
+    sleep_until(super::deadline_after(Instant::now(), duration))
 }
 
 /// Completes at `deadline` (at once if it has passed).
@@ -55,13 +56,40 @@ impl Sleep {
 
     fn cancel(&mut self) {
         if let Some((owner, k)) = self.key.take() {
-            // Only the loop that holds the timer can remove it. A migratable task that moved
-            // leaves its old timer to fire as a harmless spurious wake.
-            let waker = with_core(|core| {
-                (loop_id(core) == owner).then(|| core.timers.borrow_mut().cancel(k))
+            with_core(|core| {
+                if loop_id(core) == owner {
+                    let waker = core.timers.borrow_mut().cancel(k);
+                    drop(waker);
+                } else {
+                    cancel_elsewhere(core, owner, k);
+                }
             });
-            drop(waker);
+            // Off any loop (a migratable task dropped by a stopping executor): every loop's
+            // timers are cleared by its own shutdown.
         }
+    }
+}
+
+/// Only the loop that holds a timer may touch it. A migratable task that moved since it
+/// registered its sleep (stolen, or woken on another loop) sends the cancel home as a small
+/// pinned task, over the ring mesh like any spawn. Left behind, the timer kept its loop
+/// `WAITING` until the deadline: `run()` returned that much late (a 30 s `timeout` around a
+/// receive: 30 s), and the loop woke for nothing. Cost: one task per moved sleep, on the rare
+/// path only.
+fn cancel_elsewhere(core: &crate::context::Core, owner: usize, k: TimerKey) {
+    let home = core
+        .exec
+        .loops
+        .iter()
+        .find(|l| std::sync::Arc::as_ptr(l) as usize == owner);
+    if let Some(home) = home {
+        let cancel = move || async move {
+            with_core(|c| drop(c.timers.borrow_mut().cancel(k)));
+        };
+        let info = crate::task::TaskInfo::here(Some(std::sync::Arc::new(
+            "xtc::time: cancel of a moved sleep".to_string(),
+        )));
+        drop(crate::task::spawn_raw(home.clone(), cancel, info, 0));
     }
 }
 
@@ -70,6 +98,12 @@ impl Future for Sleep {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let deadline = self.deadline;
+        if let Some((owner, _)) = self.key {
+            if with_core(loop_id).is_some_and(|me| me != owner) {
+                // The task moved to this loop: the old timer goes, a new one is made here.
+                self.cancel();
+            }
+        }
         let key = self.key;
         let registered = with_core(|core| {
             let me = loop_id(core);
@@ -80,7 +114,7 @@ impl Future for Sleep {
                     timers.update(k, cx.waker()).then_some((me, k))
                 }
                 _ => {
-                    // First poll, or the task migrated to this loop: register here.
+                    // First poll, or the task moved here (its old timer cancelled above).
                     if Instant::now() >= deadline {
                         None
                     } else {
