@@ -247,6 +247,14 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     None => break,
                 },
             };
+            if status.is_idle() {
+                // Work that arrived without a ping while the loop kept its idle status after an
+                // idle tick (a migratable task pushed into our injector by a foreign thread, a
+                // timer): publish the new epoch before running it, or the coordinator could
+                // take this turn for the idle one it saw, and this loop's next EMPTY would
+                // look unchanged and poke nobody (quiesce.rs).
+                status.busy();
+            }
             let meta: *const crate::task::TaskMeta = r.metadata();
             core.current.set(meta);
             core.poll_started.set(t0);
