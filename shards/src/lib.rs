@@ -65,7 +65,7 @@
 //! | `XTC_OVERSUBSCRIBE` | `1`/`0`, `true`/`false`, `on`/`off` | off | allow more shards than allowed CPUs |
 //! | `XTC_SERVICE_MODE` | as above | off | `run()` returns only after `stop()` |
 //! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (bare number = ms) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
-//! | `XTC_RING_CAPACITY` | integer ≥ 1 | `1024` | messages per ring of the cross-shard mesh |
+//! | `XTC_RING_CAPACITY` | integer 1 ..= 1048576 | `1024` | messages per ring of the cross-shard mesh |
 //! | `XTC_STEALING` | bool | on | idle loops steal migratable tasks |
 //! | `XTC_EAGER_REBALANCE` | bool | off | steal even with parked tasks; ping an idle peer on enqueue |
 //! | `XTC_STEAL_BACKOFF` | bool | off | grow the idle tick from 1 ms to 32 ms while nothing is found |
@@ -105,7 +105,7 @@ pub use error::{Error, JoinError, Result};
 pub use executor::{Builder, Executor, Handle, DEFAULT_DEADLOCK_GRACE, DEFAULT_SPIN_BEFORE_PARK};
 pub use local::LocalExecutor;
 pub use preempt::{yield_if_due, YieldIfDue};
-pub use ring::DEFAULT_RING_CAPACITY;
+pub use ring::{DEFAULT_RING_CAPACITY, MAX_RING_CAPACITY};
 pub use shard::{spawn, spawn_local, stop, submit_to, submit_to_all};
 pub use sharded::Sharded;
 pub use stall::StallReport;

@@ -345,3 +345,20 @@ fn local_many_senders_some_cancelled_nothing_lost_nothing_stuck() {
         assert!(sent.iter().all(|i| i % 2 == 1 || *i < 2), "{sent:?}");
     });
 }
+
+/// Capacities whose slots cannot fit in memory are errors, not panics, on both kinds.
+#[test]
+fn oversized_capacities_are_errors() {
+    for cap in [usize::MAX, usize::MAX / 2] {
+        let Err(e) = shared::bounded::<u64>(cap) else {
+            panic!("shared: a capacity of {cap} was accepted")
+        };
+        assert!(e.to_string().contains("capacity"), "{e}");
+        let Err(e) = local::bounded::<u64>(cap) else {
+            panic!("local: a capacity of {cap} was accepted")
+        };
+        assert!(e.to_string().contains("capacity"), "{e}");
+    }
+    // A zero-sized type still needs slots: counted as one byte each.
+    assert!(shared::bounded::<()>(usize::MAX).is_err());
+}

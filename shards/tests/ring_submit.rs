@@ -245,6 +245,13 @@ fn ring_capacity_zero_is_an_error() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("ring_capacity"), "{e}");
+    // Too large is an error too, not an allocation of N·(N−1) huge rings (or a panic).
+    let e = Executor::builder()
+        .shards(1)
+        .ring_capacity(usize::MAX)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("ring_capacity"), "{e}");
 }
 
 #[test]

@@ -62,7 +62,7 @@ impl<T> State<T> {
 pub fn bounded<T>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
     let st = Rc::new(RefCell::new(State {
         queue: VecDeque::with_capacity(capacity.min(1024)),
-        capacity: check_capacity(capacity)?,
+        capacity: check_capacity::<T>(capacity)?,
         rx_waker: None,
         waiters: Slab::new(),
         line: VecDeque::new(),

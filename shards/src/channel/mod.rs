@@ -55,12 +55,21 @@ pub enum TryRecvError {
     Closed,
 }
 
-/// Checks a capacity argument: at least 1.
-fn check_capacity(capacity: usize) -> crate::Result<usize> {
+/// Checks a capacity argument: at least 1, and few enough slots of `T` that their bytes fit in
+/// an allocation (`isize::MAX`); beyond that rtrb and `Vec` would panic. Within it, a shared
+/// channel still allocates its ring up front, so a capacity the machine cannot hold fails as
+/// any oversized allocation does.
+fn check_capacity<T>(capacity: usize) -> crate::Result<usize> {
+    let slot = std::mem::size_of::<T>().max(1);
     if capacity == 0 {
         Err(crate::Error::InvalidArgument(
             "a channel's capacity must be at least 1".into(),
         ))
+    } else if capacity > isize::MAX as usize / slot {
+        Err(crate::Error::InvalidArgument(format!(
+            "a channel capacity of {capacity} slots of {slot} bytes does not fit in memory: \
+             use a smaller capacity"
+        )))
     } else {
         Ok(capacity)
     }

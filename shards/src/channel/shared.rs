@@ -141,7 +141,7 @@ impl Flush for SignalTx {
 /// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0.
 /// Cost: one allocation of `capacity` slots.
 pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
-    let (p, c) = RingBuffer::new(check_capacity(capacity)?);
+    let (p, c) = RingBuffer::new(check_capacity::<T>(capacity)?);
     let chan = Arc::new(Chan {
         rx: Side::new(),
         tx: Side::new(),

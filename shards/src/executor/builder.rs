@@ -116,11 +116,11 @@ impl Builder {
                 .trim()
                 .parse()
                 .ok()
-                .filter(|&n: &usize| n > 0)
+                .filter(|&n: &usize| n > 0 && n <= crate::ring::MAX_RING_CAPACITY)
                 .ok_or_else(|| Error::Env {
                     var: "XTC_RING_CAPACITY",
                     value: v.clone(),
-                    expected: "a positive number of messages per ring",
+                    expected: "a number of messages per ring from 1 to 1048576",
                 })?;
         }
         if let Some(v) = var("XTC_STEALING") {
@@ -211,7 +211,7 @@ impl Builder {
     }
 
     /// Capacity of each ring of the cross-shard mesh, in messages (default 1024; must be
-    /// at least 1, else `build()` fails). Cost: `N·(N−1)` rings of this many pointer-sized
+    /// between 1 and [`MAX_RING_CAPACITY`](crate::MAX_RING_CAPACITY), else `build()` fails). Cost: `N·(N−1)` rings of this many pointer-sized
     /// slots. A full ring makes `submit_to` wait (backpressure).
     pub fn ring_capacity(mut self, messages: usize) -> Builder {
         self.ring_capacity = messages;

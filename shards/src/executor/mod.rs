@@ -321,10 +321,12 @@ impl Executor {
             Some(t) => t,
             None => Arc::new(Topology::detect()?),
         };
-        if b.ring_capacity == 0 {
-            return Err(Error::InvalidArgument(
-                "ring_capacity must be at least 1 (default 1024)".into(),
-            ));
+        if b.ring_capacity == 0 || b.ring_capacity > crate::ring::MAX_RING_CAPACITY {
+            return Err(Error::InvalidArgument(format!(
+                "ring_capacity {} is not between 1 and {} messages (default 1024)",
+                b.ring_capacity,
+                crate::ring::MAX_RING_CAPACITY
+            )));
         }
         let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)?;
         if b.numa_sensitivity > 2 {

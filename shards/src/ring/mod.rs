@@ -58,6 +58,10 @@ pub(crate) const DRAIN_PER_RING: usize = 256;
 /// batching; 1024 gives bursts of submits room before backpressure.
 pub const DEFAULT_RING_CAPACITY: usize = 1024;
 
+/// Largest ring capacity `build()` accepts: 2^20 messages, 8 MiB per ring, allocated up front
+/// for each of the `N·(N−1)` rings (a larger value is far more memory than any backlog needs).
+pub const MAX_RING_CAPACITY: usize = 1 << 20;
+
 /// The executor's side of the mesh: ring ends parked between runs, and the space flags.
 #[derive(Debug)]
 pub(crate) struct Mesh {
