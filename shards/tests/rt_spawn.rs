@@ -359,6 +359,53 @@ fn a_queued_task_holding_a_handle_is_freed_with_its_executor() {
     );
 }
 
+/// A stopping loop's `Drop` code spawns onto a loop that has already shut down: the spawn waits
+/// in their ring. Holding a `Handle`, it kept the executor (and the ring) alive for good; it is
+/// freed with the executor now.
+#[test]
+fn a_spawn_left_in_a_ring_at_stop_is_freed_with_its_executor() {
+    struct SpawnOnDrop(Option<xtc_shards::Handle>, Arc<AtomicUsize>);
+    impl Drop for SpawnOnDrop {
+        fn drop(&mut self) {
+            // Let shard 1, which has nothing to drop, finish its shutdown first.
+            std::thread::sleep(Duration::from_millis(200));
+            let handle = self.0.take().expect("dropped once");
+            let keep = (handle.clone(), DropCount(self.1.clone()));
+            // From shard 0's thread: this goes over ring 0 -> 1.
+            handle
+                .spawn_on(1, move || async move {
+                    let _keep = keep;
+                })
+                .unwrap();
+        }
+    }
+    let dropped = Arc::new(AtomicUsize::new(0));
+    {
+        let ex = exec(2);
+        let guard = SpawnOnDrop(Some(ex.handle()), dropped.clone());
+        ex.spawn_on(0, move || async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        let out = ex.block_on(|| async {
+            xtc_shards::time::sleep(Duration::from_millis(10)).await;
+            shard::count()
+        });
+        assert_eq!(out.unwrap(), 2);
+        assert_eq!(
+            dropped.load(SeqCst),
+            0,
+            "the spawn is still queued in its ring"
+        );
+    }
+    assert_eq!(
+        dropped.load(SeqCst),
+        1,
+        "the spawn left in the ring, and the handle it held, were dropped with the executor"
+    );
+}
+
 /// Voluntary context switches of the calling thread so far: how often it blocked and was woken.
 fn voluntary_switches() -> u64 {
     let status = std::fs::read_to_string("/proc/thread-self/status").expect("procfs");

@@ -530,7 +530,7 @@ impl Drop for RunClaim<'_> {
 
 impl ExecShared {
     /// Frees the tasks still queued while no loop runs: those spawned and never run (no `run`,
-    /// or spawned after it returned). Every such task is either an unpolled pinned one, which
+    /// or spawned after it returned, into an inbox or, from a stopping loop, into a ring). Every such task is either an unpolled pinned one, which
     /// owns only its `Send` closure (task protocol rule 2), or a migratable one (`Send`), so
     /// any thread may drop them. Without this, a pinned task in its loop's inbox keeps that
     /// loop's `LoopShared` (its home) alive in a cycle, and everything queued there leaks;
@@ -539,7 +539,7 @@ impl ExecShared {
         let mut batch = Vec::new();
         // Dropping a closure may queue more (a `Drop` that spawns); a few rounds settle that.
         for _ in 0..8 {
-            let mut dropped = self.migratable.drop_parked_queues();
+            let mut dropped = self.migratable.drop_parked_queues() + self.mesh.drop_queued();
             for l in &self.loops {
                 dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
                 batch.clear();

@@ -144,6 +144,27 @@ impl Mesh {
         }
     }
 
+    /// Drops every message left in the rings while no loop runs (the executor is going away)
+    /// and returns how many. They can only be fresh spawns sent to a loop after it had shut
+    /// down (the tasks of a stopped loop are gone, so nothing wakes them), which own only their
+    /// `Send` closures: any thread may drop them. Left in place, one holding a `Handle` would
+    /// keep the executor, and so the ring holding it, alive for good.
+    pub(crate) fn drop_queued(&self) -> usize {
+        let mut dropped = Vec::new();
+        for slot in &self.consumers {
+            let mut c = lock(slot);
+            if let Some(c) = c.as_mut() {
+                while let Ok(r) = c.pop() {
+                    dropped.push(r);
+                }
+            }
+        }
+        // Outside the locks: dropping a closure may spawn again (into an inbox).
+        let n = dropped.len();
+        drop(dropped);
+        n
+    }
+
     fn want_space(&self, from: usize, to: usize) -> &AtomicBool {
         &self.want_space[from * self.n + to]
     }
