@@ -1,6 +1,6 @@
 //! [`LocalExecutor`]: one loop on the calling thread.
 
-use std::{cell::Cell, future::Future, marker::PhantomData, panic::resume_unwind, sync::Arc};
+use std::{future::Future, marker::PhantomData, panic::resume_unwind, sync::Arc};
 
 use crate::{
     context::{self, Core},
@@ -24,9 +24,11 @@ use crate::{
 /// # Ok::<(), xtc::Error>(())
 /// ```
 ///
-/// `Send` (build it on one thread, run it on another) but not `Sync`: two threads running
-/// `block_on` on one `LocalExecutor` at once would each take the same loop for their own, and
-/// a `!Send` task of one could then be polled on the other. So this does not compile:
+/// Neither `Send` nor `Sync`, like glommio's `LocalExecutor` and tokio's `LocalRuntime`: its
+/// loop runs on the thread that made it, only. Two threads running `block_on` on one executor
+/// at once would each take the same loop for their own (a `!Send` task of one polled on the
+/// other), and a `Sharded<T>` reference returned from a `block_on` on one thread would alias
+/// the one the loop hands out on another. So neither of these compiles:
 ///
 /// ```compile_fail
 /// # use xtc_shards as xtc;
@@ -36,11 +38,17 @@ use crate::{
 ///     s.spawn(|| ex.block_on(async {}));
 /// });
 /// ```
+///
+/// ```compile_fail
+/// # use xtc_shards as xtc;
+/// let ex = xtc::LocalExecutor::new().unwrap();
+/// std::thread::spawn(move || ex.block_on(async {}));
+/// ```
 #[derive(Debug)]
 pub struct LocalExecutor {
     shared: Arc<ExecShared>,
-    /// `!Sync` (see above); `Cell<()>` is `Send`, so the executor still is.
-    _not_sync: PhantomData<Cell<()>>,
+    /// `!Send` and `!Sync` (see above).
+    _one_thread: PhantomData<*const ()>,
 }
 
 impl LocalExecutor {
@@ -52,7 +60,7 @@ impl LocalExecutor {
         };
         Ok(LocalExecutor {
             shared: ExecShared::new_arc(1, &config)?,
-            _not_sync: PhantomData,
+            _one_thread: PhantomData,
         })
     }
 

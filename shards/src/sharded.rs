@@ -1,6 +1,6 @@
 //! [`Sharded<T>`]: one value per shard, reached without locks.
 
-use std::{cell::UnsafeCell, fmt, ptr};
+use std::{cell::UnsafeCell, fmt};
 
 use crossbeam_utils::CachePadded;
 
@@ -10,8 +10,10 @@ use crate::{
 };
 
 struct Slot<T> {
-    /// Identity of the loop that owns this slot: the address of its `LoopShared` (which is
-    /// unique while it lives, and only one thread runs a loop at a time), 0 while unclaimed.
+    /// Identity of the loop that owns this slot (`LoopShared::uid`: its executor's id, never
+    /// reused in the process, and its index), 0 while unclaimed. Not an address: a freed loop's
+    /// address can come back as another loop's, whose thread would then share the slot with
+    /// references still held on the old loop's thread.
     owner: AtomicU64,
     value: UnsafeCell<T>,
 }
@@ -35,18 +37,22 @@ struct Slot<T> {
 /// assert_eq!(counts, vec![1, 1]);
 /// # Ok::<(), xtc::Error>(())
 /// ```
-/// # use xtc_shards as xtc;
 pub struct Sharded<T> {
     slots: Box<[CachePadded<Slot<T>>]>,
 }
 
 // SAFETY: a `&Sharded<T>` on several threads gives each at most the slot of the loop it runs:
 // `try_get` hands out `&T` for slot `i` only on the thread currently running the loop that
-// claimed slot `i` (first access wins, checked on every call), and a loop runs on one thread
-// at a time. So each `T` is only ever accessed from one thread at a time, which needs `T: Send`
-// (the value may have been created on another thread and is reached from the loop's). The
-// returned `&T` is bound to `&self` and, for a `!Sync` `T`, is itself `!Send`, so it cannot be
-// carried to another thread: a future holding it is `!Send` and stays pinned to its loop.
+// claimed slot `i` (first access wins, checked on every call; loops are told apart by an id
+// that is never reused), and a loop runs on one thread at a time. The returned `&T` is bound
+// to `&self` and, for a `!Sync` `T`, is itself `!Send`, so it cannot be carried to another
+// thread; it can outlive the loop's run on its own thread (returned from a `block_on`, kept in
+// a thread-local), so no other thread may ever run that loop while such a reference can live:
+// an `Executor`'s loop runs on a worker thread that exits (and is joined) when its `run()`
+// ends, with every reference it held, before the loop can run on a new worker; a
+// `LocalExecutor` is `!Send`, so its loop only ever runs on the thread that made it. So each
+// `T` is only ever accessed from one thread at a time, which needs `T: Send` (the value may
+// have been created on another thread and is reached from the loop's).
 unsafe impl<T: Send> Sync for Sharded<T> {}
 
 impl<T> Sharded<T> {
@@ -78,7 +84,7 @@ impl<T> Sharded<T> {
     /// [`len`](Self::len), or when another executor's loop with the same index claimed the slot
     /// first.
     pub fn try_get(&self) -> Option<&T> {
-        let (index, me) = with_core(|c| (c.index(), ptr::from_ref(&*c.shared) as usize as u64))?;
+        let (index, me) = with_core(|c| (c.index(), c.shared.uid()))?;
         let slot = self.slots.get(index)?;
         let owner = slot.owner.load(Relaxed);
         if owner != me

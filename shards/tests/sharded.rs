@@ -75,3 +75,24 @@ fn a_slot_belongs_to_one_loop_only() {
     assert!(first);
     assert!(!second, "another loop must not reach a claimed slot");
 }
+
+/// A slot belongs to the first loop that reached it, for good: a later loop, even one whose
+/// memory reuses a freed loop's address, gets `None`, so a reference handed out by the first
+/// loop (and still held on its thread) is never aliased on another thread.
+#[test]
+fn a_slot_stays_with_its_first_loop_after_that_loop_is_gone() {
+    use std::{cell::Cell, sync::Arc};
+    let s = Arc::new(xtc_shards::Sharded::new(1, |_| Cell::new(0u64)));
+    let s1 = s.clone();
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    assert!(ex.block_on(async move { s1.try_get().is_some() }));
+    drop(ex);
+    for _ in 0..16 {
+        let s2 = s.clone();
+        let ex = xtc_shards::LocalExecutor::new().unwrap();
+        assert!(
+            ex.block_on(async move { s2.try_get().is_none() }),
+            "a new loop was handed the slot of a dropped one"
+        );
+    }
+}

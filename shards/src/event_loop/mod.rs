@@ -91,6 +91,13 @@ pub(crate) struct LoopShared {
 }
 
 impl LoopShared {
+    /// An identity no other loop of the process ever has, not even after this one is freed
+    /// (its executor's id is never reused, and shard indices stay below 2^20): what
+    /// `Sharded<T>` keys its slots on. Never 0.
+    pub(crate) fn uid(&self) -> u64 {
+        ((self.exec_id << 20) | self.index as u64) + 1
+    }
+
     pub(crate) fn new(
         index: usize,
         exec_id: u64,
