@@ -87,7 +87,14 @@ pub(crate) fn report(shared: &LoopShared, info: &TaskInfo, budget: Duration, too
     };
     let cb = lock(&shared.stall.callback).clone();
     match cb {
-        Some(cb) => cb(&report),
+        Some(cb) => {
+            // The callback runs on the loop's thread between two polls: a panic in it must not
+            // unwind the loop (its status would stay BUSY and `run()` would wait for ever).
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(&report)));
+            if ran.is_err() {
+                tracing::error!("xtc stall callback panicked (the loop goes on): {report}");
+            }
+        }
         None => {
             let bt = std::backtrace::Backtrace::force_capture();
             tracing::warn!("xtc stall: {report}\nbacktrace of the loop:\n{bt}");

@@ -228,3 +228,57 @@ fn class_created_mid_turn_runs_its_tasks_without_a_timer() {
         .unwrap();
     assert_eq!(v, 8);
 }
+
+/// A stall callback that panics must not take its loop down: the run still ends at
+/// quiescence (it used to wait for ever on the dead loop's BUSY status).
+#[test]
+fn a_panicking_stall_callback_does_not_kill_the_loop() {
+    let ex = exec(1);
+    let calls = Arc::new(AtomicU64::new(0));
+    let c = calls.clone();
+    ex.set_stall_callback(0, move |_| {
+        c.fetch_add(1, SeqCst);
+        panic!("a callback bug");
+    })
+    .unwrap();
+    ex.set_stall_budget(Duration::from_millis(1));
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    ex.spawn_on(0, move || async move {
+        burn(Duration::from_millis(20)); // one poll over budget: the callback runs and panics
+        xtc_shards::yield_now().await;
+        d.store(true, SeqCst); // the loop still polls its tasks afterwards
+    })
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
+    let ran = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("run() hung after the stall callback panicked");
+    runner.join().unwrap();
+    ran.unwrap();
+    assert!(calls.load(SeqCst) >= 1, "the callback ran");
+    assert!(done.load(SeqCst), "the task went on after the callback panicked");
+}
+
+/// `task::Builder::class(c).spawn_on(c's shard, ..)` runs the task in that class.
+#[test]
+fn builder_spawn_on_keeps_the_class() {
+    let ex = exec(2);
+    let runs = ex
+        .block_on(|| async {
+            let c = shard::create_class(100, None).unwrap();
+            let here = shard::id();
+            task::Builder::new()
+                .class(c)
+                .spawn_on(here, || async {
+                    xtc_shards::yield_now().await;
+                })
+                .unwrap()
+                .await
+                .unwrap();
+            c.runs()
+        })
+        .unwrap();
+    assert!(runs >= 2, "the task's polls ran in its class: {runs}");
+}

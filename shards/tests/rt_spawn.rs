@@ -482,3 +482,20 @@ fn loops_going_idle_in_service_mode_do_not_wake_the_coordinator() {
         "the coordinator was woken {woken} times by {TASKS} idle moments in service mode"
     );
 }
+
+/// Durations beyond u64 nanoseconds saturate instead of wrapping to something small (a grace
+/// of ~585 years read back as 0.29 s, a spin as 0).
+#[test]
+fn huge_knob_durations_saturate() {
+    let huge = Duration::new(18_446_744_073, 709_551_616); // 2^64 ns
+    let ex = Executor::builder()
+        .shards(1)
+        .deadlock_grace(Some(huge))
+        .spin_before_park(huge)
+        .build()
+        .unwrap();
+    assert!(ex.deadlock_grace().unwrap() > Duration::from_secs(86_400 * 365 * 100));
+    assert!(ex.spin_before_park() > Duration::from_secs(86_400 * 365 * 100));
+    ex.set_spin_before_park(huge);
+    assert!(ex.spin_before_park() > Duration::from_secs(86_400 * 365 * 100));
+}

@@ -129,7 +129,7 @@ impl ExecShared {
         Ok(ExecShared {
             loops,
             mesh: Mesh::new(n, config.ring_capacity),
-            spin_before_park_ns: AtomicU64::new(config.spin_before_park.as_nanos() as u64),
+            spin_before_park_ns: AtomicU64::new(duration_ns(config.spin_before_park)),
             stop: AtomicBool::new(false),
             stop_reason: AtomicU32::new(StopReason::None as u32),
             service_mode: AtomicBool::new(config.service_mode),
@@ -267,8 +267,25 @@ impl ExecShared {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
+        self.spawn_on_in(shard, make, info, 0)
+    }
+
+    /// [`spawn_on`](Self::spawn_on) in scheduling class `class` of the target shard (0: the
+    /// default lane).
+    pub(crate) fn spawn_on_in<F, Fut>(
+        &self,
+        shard: usize,
+        make: F,
+        info: TaskInfo,
+        class: u32,
+    ) -> Result<JoinHandle<Fut::Output>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
         let owner = self.shard(shard)?.clone();
-        Ok(task::spawn_raw(owner, make, info, 0))
+        Ok(task::spawn_raw(owner, make, info, class))
     }
 }
 
@@ -277,7 +294,7 @@ fn duration_ns(d: Duration) -> u64 {
 }
 
 fn grace_to_ns(g: Option<Duration>) -> u64 {
-    g.map_or(GRACE_OFF, |d| (d.as_nanos() as u64).min(GRACE_OFF - 1))
+    g.map_or(GRACE_OFF, |d| duration_ns(d).min(GRACE_OFF - 1))
 }
 
 /// A thread-per-core executor: one event loop per shard, each on its own pinned OS thread.
@@ -745,7 +762,7 @@ impl Handle {
     pub fn set_spin_before_park(&self, spin: Duration) {
         self.shared
             .spin_before_park_ns
-            .store(spin.as_nanos().min(u64::MAX as u128) as u64, SeqCst);
+            .store(duration_ns(spin), SeqCst);
     }
 
     /// The spin-before-park time.

@@ -99,6 +99,27 @@ impl Builder {
         let exec = crate::context::exec().ok_or(crate::Error::InvalidArgument(
             "task::Builder::spawn_on outside an xtc loop: use Handle::spawn_on".into(),
         ))?;
-        exec.spawn_on(shard, make, info)
+        // The class goes with the task when it belongs to the target shard (of this executor).
+        let class = match self.class {
+            Some(c)
+                if c.shard == shard
+                    && exec
+                        .loops
+                        .get(shard)
+                        .is_some_and(|l| l.exec_id == c.exec_id) =>
+            {
+                c.id
+            }
+            Some(c) => {
+                tracing::warn!(
+                    "task::Builder::class: class of shard {} used for a task on shard {shard}; \
+                     spawning in the default lane",
+                    c.shard
+                );
+                0
+            }
+            None => 0,
+        };
+        exec.spawn_on_in(shard, make, info, class)
     }
 }
