@@ -1397,3 +1397,45 @@ fn conn_balancer_evens_out_open_connections() {
         },
     );
 }
+
+/// A connected UDP socket whose send draws an ICMP "port unreachable": the error is reported
+/// once (`ConnectionRefused`), and the socket then waits like any other. On epoll the error
+/// event used to leave a sticky "closed" bit that made every later receive retry `EAGAIN` in
+/// a loop without ever yielding: the shard spun at 100 % and none of its tasks ran again.
+#[test]
+fn udp_error_is_reported_once_then_the_socket_waits() {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        on_each_driver("udp_error_is_reported_once", 1, |_| async {
+            let gone = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let gone_addr = gone.local_addr().unwrap();
+            drop(gone); // nobody listens there now
+            let std_sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            std_sock.connect(gone_addr).unwrap();
+            let s = Rc::new(UdpSocket::from_std(std_sock).unwrap());
+            // A receive waits (the socket joins the driver) when the error arrives.
+            let s2 = s.clone();
+            let first = spawn_local(async move {
+                let (r, _) = s2.recv_from(Vec::with_capacity(64)).await;
+                r.map(|(n, _)| n).map_err(|e| e.kind())
+            });
+            sleep(Duration::from_millis(5)).await;
+            let (sent, _) = s.send_to(vec![7u8; 8], gone_addr).await;
+            sent.unwrap();
+            let got = guard("first recv", first).await.unwrap();
+            assert_eq!(got, Err(io::ErrorKind::ConnectionRefused));
+            // Nothing more will come: the next receive must wait (its timer can fire only if
+            // the loop is not stuck retrying it).
+            let next = xtc_shards::time::timeout(
+                Duration::from_millis(50),
+                s.recv_from(Vec::with_capacity(64)),
+            )
+            .await;
+            assert!(next.is_err(), "a receive on a silent socket completed");
+        });
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the test hung: a receive after the socket error spun its loop");
+}

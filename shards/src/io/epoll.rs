@@ -18,9 +18,12 @@
 //! 3. **Fire.** An event sets the bits of the directions it reports (errors and hang-ups set
 //!    both), takes their lists and wakes the takers, which retry (rule 1). Events for an fd
 //!    nobody waits on only set bits. A reported end of input (`EPOLLRDHUP`), error or hang-up
-//!    also sets a *sticky* bit that keeps the direction ready for good: one edge can report
-//!    the last data and the end together, and the end must not wait for an edge that never
-//!    comes after a short read cleared the ready bit.
+//!    also sets a *sticky* bit that keeps the direction ready until a call on it gets `EAGAIN`:
+//!    one edge can report the last data and the end together, and the end must not wait for an
+//!    edge that never comes after a short read cleared the ready bit. `EAGAIN` proves the
+//!    direction neither ended (a read at the end returns 0) nor failing (an error that is
+//!    reported once, such as a UDP socket's ICMP error, has been consumed), so it clears the
+//!    sticky bit too; kept, it made every later call retry `EAGAIN` without ever waiting.
 //! 4. A waiting future that is dropped removes its waker; a closed source removes its slot and
 //!    leaves the epoll set.
 //!
@@ -174,10 +177,21 @@ impl Epoll {
             .is_none_or(|s| s.ready & bits_of(dir) != 0)
     }
 
-    /// Rule 1: the last call found `dir` not ready (or drained it).
+    /// Rule 1: the last call drained `dir` (a short stream read or write). The sticky closed
+    /// bit stays: the end of input or an error may have come with the same edge.
     pub(crate) fn clear_ready(&self, token: usize, dir: Dir) {
         if let Some(s) = self.slots.borrow_mut().get_mut(token) {
             s.ready &= !bit(dir);
+        }
+    }
+
+    /// Rule 1: the last call got `EAGAIN` for `dir`. That also proves `dir` is neither at its
+    /// end (a read there returns 0) nor failing, so the closed bit goes too: an `EPOLLERR`
+    /// that was consumed (a UDP socket's ICMP error, reported once) would otherwise keep
+    /// `dir` "ready" and the caller retrying `EAGAIN` without ever waiting.
+    pub(crate) fn clear_would_block(&self, token: usize, dir: Dir) {
+        if let Some(s) = self.slots.borrow_mut().get_mut(token) {
+            s.ready &= !bits_of(dir);
         }
     }
 

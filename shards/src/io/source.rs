@@ -84,7 +84,7 @@ impl Source {
         while e.is_ready(token, dir) {
             match f(self.fd()) {
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                    e.clear_ready(token, dir);
+                    e.clear_would_block(token, dir);
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 Ok(r) => {
