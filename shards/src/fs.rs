@@ -243,7 +243,11 @@ impl File {
                 let rest =
                     unsafe { std::slice::from_raw_parts(buf.stable_ptr().add(done), total - done) }
                         .to_vec();
-                let (r, _) = self.write_at(rest, pos + done as u64).await;
+                let Some(at) = pos.checked_add(done as u64) else {
+                    let e = io::Error::new(io::ErrorKind::InvalidInput, "file offset overflow");
+                    return (Err(e), buf);
+                };
+                let (r, _) = self.write_at(rest, at).await;
                 match r {
                     Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
                     Ok(n) => done += n,
@@ -285,13 +289,24 @@ impl AsRawFd for File {
     }
 }
 
-/// Reads a whole file. Cost: open, one `metadata`, reads of up to the file's size, close.
+/// Reads a whole file. Cost: open, one `metadata`, reads of up to the file's size (in chunks
+/// of at most 16 MiB), close. As [`std::fs::read`], a size that cannot be allocated (a huge
+/// sparse file) is an `Err(OutOfMemory)`, not an abort.
 pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+    const MIN_CHUNK: usize = 64 * 1024;
+    const MAX_CHUNK: usize = 16 * 1024 * 1024;
     let f = File::open(path).await?;
-    let size = f.metadata().await?.len() as usize;
-    let mut out = Vec::with_capacity(size);
+    let size = usize::try_from(f.metadata().await?.len()).unwrap_or(usize::MAX);
+    let mut out = Vec::new();
+    out.try_reserve_exact(size).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            format!("xtc::fs::read: cannot allocate {size} bytes for the file"),
+        )
+    })?;
     loop {
-        let chunk = Vec::with_capacity((size + 1).saturating_sub(out.len()).max(64 * 1024));
+        let want = size.saturating_add(1).saturating_sub(out.len());
+        let chunk = Vec::with_capacity(want.clamp(MIN_CHUNK, MAX_CHUNK));
         let (r, chunk) = f.read_at(chunk, out.len() as u64).await;
         match r? {
             0 => break,

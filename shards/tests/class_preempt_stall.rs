@@ -258,7 +258,10 @@ fn a_panicking_stall_callback_does_not_kill_the_loop() {
     runner.join().unwrap();
     ran.unwrap();
     assert!(calls.load(SeqCst) >= 1, "the callback ran");
-    assert!(done.load(SeqCst), "the task went on after the callback panicked");
+    assert!(
+        done.load(SeqCst),
+        "the task went on after the callback panicked"
+    );
 }
 
 /// `task::Builder::class(c).spawn_on(c's shard, ..)` runs the task in that class.

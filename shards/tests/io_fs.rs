@@ -219,6 +219,33 @@ fn fs_read_and_write_one_mib() {
     });
 }
 
+/// A sparse file far larger than memory: `fs::read` answers `OutOfMemory`, as `std::fs::read`
+/// does, instead of aborting the process in its up-front allocation.
+#[test]
+fn fs_read_of_a_huge_sparse_file_is_an_error() {
+    // With overcommit forced on (`vm.overcommit_memory = 1`) the kernel grants any size below
+    // the address space, and the read would really read terabytes of holes.
+    if std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|v| v.trim() == "1") {
+        println!("skipped: vm.overcommit_memory = 1 grants any allocation");
+        return;
+    }
+    on_each_driver("fs_read_of_a_huge_sparse_file_is_an_error", 1, |_| async {
+        let path = temp_path("sparse");
+        let _c = Cleanup(path.clone());
+        let f = std::fs::File::create(&path).unwrap();
+        // The largest size the file system takes, from 2^62 bytes (more than any address
+        // space) down to 2^43 (8 TiB, far beyond what the kernel's overcommit check grants).
+        let took = (43..=62).rev().any(|bits| f.set_len(1u64 << bits).is_ok());
+        assert!(
+            took,
+            "the file system refused every sparse size from 8 TiB up"
+        );
+        drop(f);
+        let e = fs::read(&path).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::OutOfMemory, "{e}");
+    });
+}
+
 #[test]
 fn opening_a_missing_file_is_not_found() {
     on_each_driver("opening_a_missing_file_is_not_found", 1, |_| async {
