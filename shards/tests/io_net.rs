@@ -1439,3 +1439,89 @@ fn udp_error_is_reported_once_then_the_socket_waits() {
         .recv_timeout(Duration::from_secs(30))
         .expect("the test hung: a receive after the socket error spun its loop");
 }
+
+/// `futures::io` writes and owned writes mixed on one stream keep their order at the peer, and
+/// so do reads: on io_uring an `AsyncWrite` is sent behind the caller's back, and an owned
+/// `write_all` used to go out while the rest of a short write-behind send was still to come
+/// (the peer got `head[..k] body head[k..]`).
+#[test]
+fn mixed_trait_and_owned_io_keep_the_byte_order() {
+    on_each_driver(
+        "mixed_trait_and_owned_io_keep_the_byte_order",
+        1,
+        |_| async {
+            let (a, b) = UnixStream::pair().unwrap();
+            // A small send buffer makes the 64 KiB write-behind send come back short.
+            let small: libc::c_int = 4096;
+            // SAFETY: a plain setsockopt on a descriptor we own, with a live int argument.
+            let rc = unsafe {
+                libc::setsockopt(
+                    a.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_SNDBUF,
+                    (&raw const small).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0);
+            let head = pattern(40, 64 * 1024);
+            let body = pattern(41, 64 * 1024);
+            let b = b.into_std();
+            let peer = thread::spawn(move || {
+                let mut b = b;
+                b.set_nonblocking(false).unwrap();
+                // Read slowly at first, so the sender's buffer fills.
+                thread::sleep(Duration::from_millis(50));
+                let mut all = Vec::new();
+                b.read_to_end(&mut all).unwrap();
+                all
+            });
+            let mut a = a;
+            AsyncWriteExt::write_all(&mut a, &head).await.unwrap(); // write-behind on io_uring
+            let (r, _) = Stream::write_all(&a, body.clone()).await; // owned
+            r.unwrap();
+            AsyncWriteExt::close(&mut a).await.unwrap();
+            drop(a);
+            let got = guard("peer", async {
+                loop {
+                    if peer.is_finished() {
+                        break peer.join().unwrap();
+                    }
+                    sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await;
+            assert_eq!(got.len(), head.len() + body.len());
+            assert!(
+                got[..head.len()] == head[..],
+                "the head arrived out of order"
+            );
+            assert!(
+                got[head.len()..] == body[..],
+                "the body arrived out of order"
+            );
+        },
+    );
+}
+
+/// An `AsyncRead` dropped while its read is in flight (io_uring) keeps what that read takes;
+/// the next owned `read` gets those bytes first instead of waiting for more.
+#[test]
+fn an_owned_read_after_a_dropped_trait_read_gets_its_bytes() {
+    on_each_driver("an_owned_read_after_a_dropped_trait_read", 1, |_| async {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut a = a;
+        let mut small = [0u8; 16];
+        let dropped = xtc_shards::time::timeout(
+            Duration::from_millis(10),
+            AsyncReadExt::read(&mut a, &mut small),
+        )
+        .await;
+        assert!(dropped.is_err(), "nothing was sent yet");
+        let (w, _) = Stream::write_all(&b, b"hello".to_vec()).await;
+        w.unwrap();
+        let (r, buf) = guard("owned read", Stream::read(&a, Vec::with_capacity(64))).await;
+        assert_eq!(r.unwrap(), 5);
+        assert_eq!(&buf[..], b"hello");
+    });
+}

@@ -11,9 +11,16 @@
 //! written at once (write-behind, like a `BufWriter` of one write); the next write, `flush` or
 //! `close` waits for it and reports its error, and a `shutdown` of the write half that would
 //! overtake it is refused with `WouldBlock`. On epoll it writes straight from the slice.
+//!
+//! The two APIs can be mixed on one stream and keep the byte order: an owned `write` or
+//! `write_all` first waits for the `AsyncWrite` bytes still being sent (and reports their
+//! error), and an owned `read` first returns bytes an `AsyncRead` already took from the kernel
+//! (a dropped read's, or waits for that read). Without this, io_uring could put a `write_all`
+//! ahead of the rest of a short write-behind send at the peer.
 
 use std::{
-    future::Future,
+    cell::RefCell,
+    future::{poll_fn, Future},
     io,
     net::Shutdown,
     os::fd::OwnedFd,
@@ -48,8 +55,10 @@ struct PollState {
 
 #[derive(Debug)]
 pub(crate) struct StreamIo {
-    // Dropped before `src`: in-flight operations are cancelled before the fd closes.
-    poll: PollState,
+    // Dropped before `src`: in-flight operations are cancelled before the fd closes. In a
+    // `RefCell` so the owned operations (`&self`) can wait for it; the `futures::io` side has
+    // `&mut self` and uses `get_mut`, and never holds a borrow across a suspension.
+    poll: RefCell<PollState>,
     pub(crate) src: Source,
 }
 
@@ -81,7 +90,7 @@ fn start_send(fd: i32, buf: Vec<u8>, from: usize) -> io::Result<Op<Vec<u8>>> {
 impl StreamIo {
     pub(crate) fn new(fd: OwnedFd) -> StreamIo {
         StreamIo {
-            poll: PollState::default(),
+            poll: RefCell::new(PollState::default()),
             src: Source::new(fd),
         }
     }
@@ -92,16 +101,78 @@ impl StreamIo {
         src.into_fd()
     }
 
-    pub(crate) async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
-        rw::recv(&self.src, buf).await
+    pub(crate) async fn read<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
+        // Bytes an `AsyncRead` already took from the kernel come first (module doc).
+        let taken = poll_fn(|cx| self.poll_read_behind(cx, &mut buf)).await;
+        match taken {
+            Ok(0) => rw::recv(&self.src, buf).await,
+            other => (other, buf),
+        }
     }
 
     pub(crate) async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
+        if let Err(e) = poll_fn(|cx| self.poll_write_behind(cx)).await {
+            return (Err(e), buf);
+        }
         rw::send(&self.src, buf, 0).await
     }
 
     pub(crate) async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
+        if let Err(e) = poll_fn(|cx| self.poll_write_behind(cx)).await {
+            return (Err(e), buf);
+        }
         rw::send_all(&self.src, buf).await
+    }
+
+    /// Owned writes: waits for the `AsyncWrite` bytes still being sent (io_uring write-behind).
+    /// Cost when there are none: a `RefCell` borrow and a check.
+    fn poll_write_behind(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let fd = self.src.fd();
+        let mut st = self.poll.borrow_mut();
+        if st.writing.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        drain(fd, &mut st, cx)
+    }
+
+    /// Owned reads: copies into `buf` what an `AsyncRead` took from the kernel and did not hand
+    /// out (waiting for its read still in flight first); `Ok(0)` when there is nothing, so the
+    /// caller reads from the kernel. A zero-capacity `buf` gets `Ok(0)` either way.
+    fn poll_read_behind<B: IoBufMut>(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut B,
+    ) -> Poll<io::Result<usize>> {
+        let mut st = self.poll.borrow_mut();
+        if let Some(op) = st.reading.as_mut() {
+            let (res, mut got) = ready!(Pin::new(op).poll(cx));
+            st.reading = None;
+            let r = result(res);
+            if let Ok(n) = r {
+                // SAFETY: the kernel initialized `n <= capacity` bytes.
+                unsafe { got.set_len(n as usize) };
+            }
+            st.rbuf = got;
+            st.rpos = 0;
+            r?;
+        }
+        let left = st.rbuf.len() - st.rpos;
+        let n = left.min(buf.bytes_total());
+        if n > 0 {
+            // SAFETY: `buf` has room for `bytes_total() >= n` writable bytes at its stable
+            // pointer; `rbuf[rpos..rpos + n]` is initialized; the two do not overlap (`buf` is
+            // the caller's, `rbuf` ours). `set_init(n)`: the first `n` bytes were just written.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    st.rbuf.as_ptr().add(st.rpos),
+                    buf.stable_mut_ptr(),
+                    n,
+                );
+                buf.set_init(n);
+            }
+            st.rpos += n;
+        }
+        Poll::Ready(Ok(n))
     }
 
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
@@ -122,7 +193,8 @@ impl StreamIo {
     /// reaped, and if the send is still in flight or came back short, the shutdown is refused
     /// with `WouldBlock` (nothing is sent, nothing is lost; `flush` or `close` waits for them).
     fn check_write_behind(&self) -> io::Result<()> {
-        let Some(op) = self.poll.writing.as_ref() else {
+        let st = self.poll.borrow();
+        let Some(op) = st.writing.as_ref() else {
             return Ok(());
         };
         crate::io::with_reactor(|r| {
@@ -134,9 +206,7 @@ impl StreamIo {
             // A failed send is reported by the next flush, write or close; the shutdown itself
             // loses nothing more.
             Some(res) if res < 0 => true,
-            Some(n) => op
-                .data()
-                .is_some_and(|b| self.poll.wsent + n as usize >= b.len()),
+            Some(n) => op.data().is_some_and(|b| st.wsent + n as usize >= b.len()),
             None => false,
         };
         if sent_all {
@@ -175,7 +245,7 @@ impl StreamIo {
                 })?
             }
             Kind::Uring => loop {
-                let st = &mut self.poll;
+                let st = self.poll.get_mut();
                 if st.rpos < st.rbuf.len() {
                     let n = out.len().min(st.rbuf.len() - st.rpos);
                     out[..n].copy_from_slice(&st.rbuf[st.rpos..st.rpos + n]);
@@ -224,32 +294,7 @@ impl StreamIo {
     /// Waits for the write in flight (io_uring), completing partial sends.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let fd = self.src.fd();
-        let st = &mut self.poll;
-        while let Some(op) = st.writing.as_mut() {
-            let (res, buf) = ready!(Pin::new(op).poll(cx));
-            st.writing = None;
-            match result(res) {
-                Ok(n) => {
-                    st.wsent += n as usize;
-                    if n > 0 && st.wsent < buf.len() {
-                        st.writing = Some(start_send(fd, buf, st.wsent)?);
-                        continue;
-                    }
-                    let short = st.wsent < buf.len();
-                    st.wbuf = buf;
-                    st.wbuf.clear();
-                    if short {
-                        return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-                    }
-                }
-                Err(e) => {
-                    st.wbuf = buf;
-                    st.wbuf.clear();
-                    return Poll::Ready(Err(e));
-                }
-            }
-        }
-        Poll::Ready(Ok(()))
+        drain(fd, self.poll.get_mut(), cx)
     }
 
     pub(crate) fn poll_write(
@@ -282,11 +327,13 @@ impl StreamIo {
                     return Poll::Ready(Ok(0));
                 }
                 let n = data.len().min(WRITE_BUF);
-                let mut buf = std::mem::take(&mut self.poll.wbuf);
+                let fd = self.src.fd();
+                let st = self.poll.get_mut();
+                let mut buf = std::mem::take(&mut st.wbuf);
                 buf.clear();
                 buf.extend_from_slice(&data[..n]);
-                self.poll.wsent = 0;
-                self.poll.writing = Some(start_send(self.src.fd(), buf, 0)?);
+                st.wsent = 0;
+                st.writing = Some(start_send(fd, buf, 0)?);
                 Poll::Ready(Ok(n))
             }
         }
@@ -300,6 +347,36 @@ impl StreamIo {
         ready!(self.poll_drain(cx))?;
         Poll::Ready(self.shutdown(Shutdown::Write))
     }
+}
+
+/// Waits for the `AsyncWrite` send in flight (io_uring), completing partial sends; its error,
+/// or a send that made no progress, is the result.
+fn drain(fd: i32, st: &mut PollState, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    while let Some(op) = st.writing.as_mut() {
+        let (res, buf) = ready!(Pin::new(op).poll(cx));
+        st.writing = None;
+        match result(res) {
+            Ok(n) => {
+                st.wsent += n as usize;
+                if n > 0 && st.wsent < buf.len() {
+                    st.writing = Some(start_send(fd, buf, st.wsent)?);
+                    continue;
+                }
+                let short = st.wsent < buf.len();
+                st.wbuf = buf;
+                st.wbuf.clear();
+                if short {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+            }
+            Err(e) => {
+                st.wbuf = buf;
+                st.wbuf.clear();
+                return Poll::Ready(Err(e));
+            }
+        }
+    }
+    Poll::Ready(Ok(()))
 }
 
 /// Implements the `futures::io` traits for a type with a `StreamIo` field named `io`.
