@@ -1525,3 +1525,28 @@ fn an_owned_read_after_a_dropped_trait_read_gets_its_bytes() {
         assert_eq!(&buf[..], b"hello");
     });
 }
+
+/// A stream may outlive its loop (returned from `block_on`) with an operation that completed
+/// but was never polled: the driver's shutdown does not wait for it (it used to wait its full
+/// one-second grace for the slot to go, and log a false "did not complete").
+#[test]
+fn a_completed_operation_outliving_its_loop_does_not_stall_the_shutdown() {
+    let t0 = std::time::Instant::now();
+    let (a, b) = LocalExecutor::new().unwrap().block_on(async {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        // On io_uring: a write-behind send, completed by the kernel, never polled again.
+        AsyncWriteExt::write(&mut a, b"x").await.unwrap();
+        sleep(Duration::from_millis(20)).await;
+        (a, b)
+    });
+    let took = t0.elapsed();
+    let mut b = b.into_std();
+    let mut got = [0u8; 1];
+    b.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"x");
+    drop(a);
+    assert!(
+        took < Duration::from_millis(500),
+        "block_on took {took:?}: its driver waited for an operation the kernel had finished"
+    );
+}

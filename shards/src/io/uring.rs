@@ -563,8 +563,16 @@ impl Drop for Uring {
             // SAFETY: a cancellation carries no pointers.
             let _ = unsafe { self.push(&entry) };
         }
+        // Wait only for what the kernel still holds: a `Completed` slot stays until its `Op`
+        // is polled or dropped, which may be after this driver is gone (an `Op` can outlive
+        // its loop, e.g. in a stream returned from `LocalExecutor::block_on`); waiting for it
+        // here stalled every such drop for the full second.
+        let in_kernel = |ops: &Slab<Lifecycle>| {
+            ops.iter()
+                .any(|(_, l)| !matches!(l, Lifecycle::Completed(_)))
+        };
         let deadline = Instant::now() + Duration::from_secs(1);
-        while (!self.ops.borrow().is_empty() || self.ping_armed.get()) && Instant::now() < deadline
+        while (in_kernel(&self.ops.borrow()) || self.ping_armed.get()) && Instant::now() < deadline
         {
             let _ = self.enter(1, Some(Duration::from_millis(10)));
             if !self.ext_arg {
@@ -572,7 +580,12 @@ impl Drop for Uring {
             }
             self.dispatch();
         }
-        let left = self.ops.borrow().len();
+        let left = self
+            .ops
+            .borrow()
+            .iter()
+            .filter(|(_, l)| !matches!(l, Lifecycle::Completed(_)))
+            .count();
         if left > 0 || self.ping_armed.get() {
             tracing::error!(
                 "xtc: {left} io_uring operation(s) did not complete within 1 s of shutdown; \
