@@ -8,7 +8,10 @@ use crate::sync::{AtomicU64, Ordering::Relaxed};
 /// A snapshot of one loop's counters, from [`Handle::loop_stats`](crate::Handle::loop_stats).
 ///
 /// Fields are read one by one without a lock, so a snapshot taken while the loop runs may mix
-/// values from adjacent loop turns. Cost of taking one: a dozen atomic loads and a clock read.
+/// values from adjacent loop turns. `busy` and `idle` never decrease from one snapshot to the
+/// next (one taken while the loop is between updating them repeats the earlier value), so
+/// `later.idle - earlier.idle` is safe. Cost of taking one: a dozen atomic loads, two atomic
+/// maximums and a clock read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LoopStats {
@@ -90,6 +93,11 @@ pub(crate) struct StatsCell {
     running_since: AtomicU64,
     /// When the current park started (ns since `base`, +1 so 0 means "not parked").
     parked_since: AtomicU64,
+    /// The largest `idle` and `busy` (ns) any snapshot reported: what keeps them monotonic.
+    /// The loop updates its clock fields one store at a time, and a snapshot falling between
+    /// `park_end`'s two stores would otherwise miss the whole park (and count it as busy).
+    reported_idle: AtomicU64,
+    reported_busy: AtomicU64,
 }
 
 /// Single-writer increment: a load and a store, no RMW (only the owning loop writes).
@@ -122,6 +130,8 @@ impl StatsCell {
             idle_ns: AtomicU64::new(0),
             running_since: AtomicU64::new(0),
             parked_since: AtomicU64::new(0),
+            reported_idle: AtomicU64::new(0),
+            reported_busy: AtomicU64::new(0),
         }
     }
 
@@ -152,6 +162,10 @@ impl StatsCell {
     }
 
     pub(crate) fn snapshot(&self, stolen_from: u64) -> LoopStats {
+        /// `value`, or the largest one reported before if that is larger.
+        fn monotonic(reported: &AtomicU64, value: u64) -> u64 {
+            reported.fetch_max(value, Relaxed).max(value)
+        }
         let now = self.ns(Instant::now());
         let mut idle = self.idle_ns.load(Relaxed);
         let parked = self.parked_since.load(Relaxed);
@@ -166,8 +180,8 @@ impl StatsCell {
         LoopStats {
             tasks_run: self.tasks_run.load(Relaxed),
             polls: self.polls.load(Relaxed),
-            busy: Duration::from_nanos(total.saturating_sub(idle)),
-            idle: Duration::from_nanos(idle),
+            busy: Duration::from_nanos(monotonic(&self.reported_busy, total.saturating_sub(idle))),
+            idle: Duration::from_nanos(monotonic(&self.reported_idle, idle)),
             timers_fired: self.timers_fired.load(Relaxed),
             parks: self.parks.load(Relaxed),
             inbox_received: self.inbox_received.load(Relaxed),

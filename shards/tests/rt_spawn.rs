@@ -311,6 +311,50 @@ fn idle_loops_report_idle_time() {
     assert!(s0.parks >= 1);
 }
 
+/// Snapshots taken from another thread while a loop parks and wakes thousands of times:
+/// `idle` and `busy` never go backwards (a snapshot between the two stores of a park's end
+/// used to miss the whole park, so `later.idle - earlier.idle` could panic).
+#[test]
+fn busy_and_idle_never_go_backwards() {
+    let ex = Arc::new(exec(1));
+    ex.set_spin_before_park(Duration::ZERO);
+    ex.spawn_on(0, || async {
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            xtc_shards::time::sleep(Duration::from_micros(20)).await;
+        }
+    })
+    .unwrap();
+    let e2 = ex.clone();
+    let runner = std::thread::spawn(move || e2.run());
+    let mut last = ex.loop_stats(0).unwrap();
+    let mut seen = 0u64;
+    while !runner.is_finished() {
+        let s = ex.loop_stats(0).unwrap();
+        assert!(
+            s.idle >= last.idle,
+            "idle went back: {:?} -> {:?}",
+            last.idle,
+            s.idle
+        );
+        assert!(
+            s.busy >= last.busy,
+            "busy went back: {:?} -> {:?}",
+            last.busy,
+            s.busy
+        );
+        last = s;
+        seen += 1;
+    }
+    runner.join().unwrap().unwrap();
+    assert!(seen > 100, "too few snapshots to mean anything: {seen}");
+    assert!(
+        last.parks > 100,
+        "the loop parked only {} times",
+        last.parks
+    );
+}
+
 /// Counts its drops: what a leaked task would never do.
 struct DropCount(Arc<AtomicUsize>);
 
