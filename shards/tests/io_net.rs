@@ -1550,3 +1550,46 @@ fn a_completed_operation_outliving_its_loop_does_not_stall_the_shutdown() {
         "block_on took {took:?}: its driver waited for an operation the kernel had finished"
     );
 }
+
+/// Two receives of one task waiting on the same socket: dropping one must leave the other
+/// registered (on epoll both shared one waker entry, and the drop removed it: the survivor was
+/// never woken, only found by a later poll for another reason).
+#[test]
+fn dropping_one_of_two_waiting_receives_of_a_task_keeps_the_other() {
+    on_each_driver("dropping_one_of_two_waiting_receives", 1, |_| async {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let at = s.local_addr().unwrap();
+        // The datagram comes later, from another task.
+        let sender = spawn_local(async move {
+            sleep(Duration::from_millis(20)).await;
+            let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let (sent, _) = peer.send_to(b"ping".to_vec(), at).await;
+            sent.unwrap();
+        });
+        let mut first = Some(Box::pin(s.recv_from(Vec::with_capacity(64))));
+        let mut second = Box::pin(s.recv_from(Vec::with_capacity(64)));
+        let mut started = false;
+        let t0 = std::time::Instant::now();
+        // Polls both once, drops the first, and from then on polls the second only when this
+        // task is woken: nothing else re-polls (and so re-registers) it.
+        let survivor = poll_fn(|cx| {
+            if !started {
+                started = true;
+                let f = first.as_mut().expect("first poll");
+                assert!(f.as_mut().poll(cx).is_pending());
+                assert!(second.as_mut().poll(cx).is_pending());
+                first = None;
+                return Poll::Pending;
+            }
+            second.as_mut().poll(cx)
+        });
+        // The timeout's own wake would re-poll (and so rescue) it: count that as the failure.
+        let (r, buf) = xtc_shards::time::timeout(Duration::from_secs(5), survivor)
+            .await
+            .unwrap_or_else(|_| panic!("the surviving receive was not woken by its datagram"));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert_eq!(r.unwrap().0, 4);
+        assert_eq!(&buf[..], b"ping");
+        sender.await.unwrap();
+    });
+}

@@ -25,7 +25,9 @@
 //!    reported once, such as a UDP socket's ICMP error, has been consumed), so it clears the
 //!    sticky bit too; kept, it made every later call retry `EAGAIN` without ever waiting.
 //! 4. A waiting future that is dropped removes its waker; a closed source removes its slot and
-//!    leaves the epoll set.
+//!    leaves the epoll set. Entries carry the future's registration id, so a future polled
+//!    again keeps one entry and two futures of one task (one waker) on the same fd and
+//!    direction keep one each: dropping one cannot unregister the other.
 //!
 //! Cost: per operation, its system call when the fd is ready, none when it is not; one
 //! `epoll_ctl` per fd for its life; one `epoll_wait` per loop turn while anything waits (none
@@ -79,11 +81,19 @@ fn bits_of(dir: Dir) -> u8 {
     }
 }
 
+/// A waiting future's entry: its registration id ([`ANON`] for callers that never remove
+/// theirs) and waker.
+type Waiter = (u64, Waker);
+
+/// The registration id of callers that do not remove their waker when dropped (the
+/// `futures::io` stream path): entries are deduplicated by waker instead.
+pub(crate) const ANON: u64 = 0;
+
 #[derive(Debug)]
 struct Slot {
     fd: RawFd,
-    readers: Vec<Waker>,
-    writers: Vec<Waker>,
+    readers: Vec<Waiter>,
+    writers: Vec<Waiter>,
     /// Rule 1's bits: `READY_READ | READY_WRITE`, plus the sticky `CLOSED_*` bits.
     ready: u8,
     /// In the epoll set (rule 2).
@@ -97,6 +107,8 @@ pub(crate) struct Epoll {
     ping_fd: RawFd,
     slots: RefCell<Slab<Slot>>,
     waiting: Cell<usize>,
+    /// The next registration id ([`Epoll::new_registration`]); starts above [`ANON`].
+    next_registration: Cell<u64>,
     events: RefCell<Vec<libc::epoll_event>>,
     waits: Cell<u64>,
     fired: Cell<u64>,
@@ -139,6 +151,7 @@ impl Epoll {
             ping_fd,
             slots: RefCell::new(Slab::new()),
             waiting: Cell::new(0),
+            next_registration: Cell::new(ANON + 1),
             events: RefCell::new(Vec::with_capacity(MAX_EVENTS)),
             waits: Cell::new(0),
             fired: Cell::new(0),
@@ -216,7 +229,17 @@ impl Epoll {
     }
 
     /// Rule 2.
-    pub(crate) fn add_waiter(&self, token: usize, dir: Dir, waker: &Waker) -> io::Result<()> {
+    /// Registers `waker` for `dir` under registration `id` (one per waiting future, from
+    /// [`new_registration`](Self::new_registration), or [`ANON`]). A future polled again
+    /// keeps one entry (its waker refreshed); two futures of one task waiting on the same fd
+    /// and direction have one entry each, so dropping one leaves the other registered.
+    pub(crate) fn add_waiter(
+        &self,
+        token: usize,
+        dir: Dir,
+        waker: &Waker,
+        id: u64,
+    ) -> io::Result<()> {
         let mut slots = self.slots.borrow_mut();
         let slot = slots
             .get_mut(token)
@@ -237,17 +260,34 @@ impl Epoll {
             Dir::Read => &mut slot.readers,
             Dir::Write => &mut slot.writers,
         };
-        if list.iter().any(|w| w.will_wake(waker)) {
+        let mine = list.iter_mut().find(|(i, w)| {
+            if id == ANON {
+                *i == ANON && w.will_wake(waker)
+            } else {
+                *i == id
+            }
+        });
+        if let Some((_, w)) = mine {
+            if !w.will_wake(waker) {
+                *w = waker.clone();
+            }
             return Ok(());
         }
-        list.push(waker.clone());
+        list.push((id, waker.clone()));
         self.waiting.set(self.waiting.get() + 1);
         self.waits.set(self.waits.get() + 1);
         Ok(())
     }
 
-    /// Rule 4: a waiting future went away.
-    pub(crate) fn remove_waiter(&self, token: usize, dir: Dir, waker: &Waker) {
+    /// A fresh registration id for a waiting future (never [`ANON`]).
+    pub(crate) fn new_registration(&self) -> u64 {
+        let id = self.next_registration.get();
+        self.next_registration.set(id + 1);
+        id
+    }
+
+    /// Rule 4: the waiting future with registration `id` went away.
+    pub(crate) fn remove_waiter(&self, token: usize, dir: Dir, id: u64) {
         let mut slots = self.slots.borrow_mut();
         let Some(slot) = slots.get_mut(token) else {
             return;
@@ -257,7 +297,7 @@ impl Epoll {
             Dir::Write => &mut slot.writers,
         };
         let before = list.len();
-        list.retain(|w| !w.will_wake(waker));
+        list.retain(|(i, _)| *i != id);
         self.waiting.set(self.waiting.get() - (before - list.len()));
     }
 
@@ -310,11 +350,11 @@ impl Epoll {
             }
             if err || bits & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLPRI) as u32 != 0 {
                 slot.ready |= READY_READ;
-                wakers.append(&mut slot.readers);
+                wakers.extend(slot.readers.drain(..).map(|(_, w)| w));
             }
             if err || bits & libc::EPOLLOUT as u32 != 0 {
                 slot.ready |= READY_WRITE;
-                wakers.append(&mut slot.writers);
+                wakers.extend(slot.writers.drain(..).map(|(_, w)| w));
             }
             self.waiting
                 .set(self.waiting.get() - (wakers.len() - before));

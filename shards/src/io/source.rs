@@ -8,7 +8,7 @@ use std::{
     marker::PhantomData,
     os::fd::{AsRawFd, OwnedFd, RawFd},
     pin::Pin,
-    task::{Context, Poll, Waker},
+    task::{Context, Poll},
 };
 
 use super::{
@@ -72,6 +72,9 @@ impl Source {
     /// Polls a non-blocking call `f` by the readiness protocol (epoll.rs rules 1–3); `drained`
     /// says whether a successful result shows the fd drained for `dir` (a short stream read or
     /// write). Only on the epoll driver.
+    ///
+    /// `id` is the caller's registration id (`Epoll::new_registration`), for callers that
+    /// remove their waker when dropped, or `epoll::ANON`.
     pub(crate) fn poll_ready<R>(
         &self,
         e: &Epoll,
@@ -79,6 +82,7 @@ impl Source {
         cx: &mut Context<'_>,
         f: &mut impl FnMut(RawFd) -> io::Result<R>,
         drained: impl Fn(&R) -> bool,
+        id: u64,
     ) -> Poll<io::Result<R>> {
         let token = self.token(e);
         while e.is_ready(token, dir) {
@@ -96,7 +100,7 @@ impl Source {
                 Err(err) => return Poll::Ready(Err(err)),
             }
         }
-        match e.add_waiter(token, dir, cx.waker()) {
+        match e.add_waiter(token, dir, cx.waker(), id) {
             Ok(()) => Poll::Pending,
             Err(err) => Poll::Ready(Err(err)),
         }
@@ -116,7 +120,8 @@ pub(crate) struct Ready<'a, F, D> {
     dir: Dir,
     f: F,
     drained: Option<D>,
-    waker: Option<Waker>,
+    /// `(driver id, registration id)` while this future has a waker registered.
+    reg: Option<(u64, u64)>,
 }
 
 impl<F, D> Unpin for Ready<'_, F, D> {}
@@ -132,7 +137,7 @@ pub(crate) fn ready<R, F: FnMut(RawFd) -> io::Result<R>>(
         dir,
         f,
         drained: None,
-        waker: None,
+        reg: None,
     }
 }
 
@@ -149,7 +154,7 @@ pub(crate) fn ready_stream<F: FnMut(RawFd) -> io::Result<usize>>(
         dir,
         f,
         drained: Some(move |n: &usize| short(*n, len)),
-        waker: None,
+        reg: None,
     }
 }
 
@@ -169,17 +174,32 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
         let this = &mut *self;
         let drained = |r: &R| this.drained.as_ref().is_some_and(|d| d(r));
+        let reg = &mut this.reg;
         let res = super::with_reactor(|r| match r {
-            Reactor::Epoll(e) => Ok(this.src.poll_ready(e, this.dir, cx, &mut this.f, drained)),
+            Reactor::Epoll(e) => {
+                // One registration id per future and driver (a future polled on another loop
+                // registers anew there).
+                let id = match *reg {
+                    Some((driver, id)) if driver == e.id() => id,
+                    _ => {
+                        let id = e.new_registration();
+                        *reg = Some((e.id(), id));
+                        id
+                    }
+                };
+                Ok(this
+                    .src
+                    .poll_ready(e, this.dir, cx, &mut this.f, drained, id))
+            }
             _ => Ok(Poll::Ready((this.f)(this.src.fd()))),
         });
         match res {
-            Ok(Poll::Pending) => {
-                this.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
+            Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(r)) => {
-                this.waker = None;
+                // Done: nothing of ours is left registered (a success or error returned
+                // without adding a waiter; one added earlier was taken by the event that woke
+                // us). Forgetting the id makes `Drop` skip the removal.
+                this.reg = None;
                 Poll::Ready(r)
             }
             Err(e) => Poll::Ready(Err(e)),
@@ -189,12 +209,12 @@ where
 
 impl<F, D> Drop for Ready<'_, F, D> {
     fn drop(&mut self) {
-        if let Some(w) = self.waker.take() {
+        if let Some((driver, reg)) = self.reg.take() {
             if let Some((id, t)) = self.src.reg.get() {
                 context::with_core(|c| {
                     if let Reactor::Epoll(e) = &c.io {
-                        if e.id() == id {
-                            e.remove_waiter(t, self.dir, &w);
+                        if e.id() == id && id == driver {
+                            e.remove_waiter(t, self.dir, reg);
                         }
                     }
                 });

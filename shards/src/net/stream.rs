@@ -240,6 +240,7 @@ impl StreamIo {
                                 .map(|n| n as usize)
                         },
                         |&n| short(n, len),
+                        crate::io::epoll::ANON,
                     )),
                     _ => Err(io::Error::other("xtc: driver changed")),
                 })?
@@ -317,6 +318,7 @@ impl StreamIo {
                                 .map(|n| n as usize)
                         },
                         |&n| short(n, len),
+                        crate::io::epoll::ANON,
                     )),
                     _ => Err(io::Error::other("xtc: driver changed")),
                 })?
