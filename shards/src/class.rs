@@ -73,7 +73,8 @@ impl Class {
         self.stats.runs.load(Relaxed)
     }
 
-    /// Accumulated virtual runtime (scaled nanoseconds, rule 2).
+    /// Accumulated virtual runtime (scaled nanoseconds, rule 2). Lowered together with every
+    /// lane of its loop when one nears 2^62 (only differences between lanes matter).
     pub fn vruntime(&self) -> u64 {
         self.stats.vruntime.load(Relaxed)
     }
@@ -232,19 +233,45 @@ pub(crate) fn pick(core: &Core) -> Option<(Runnable, usize)> {
 /// Rule 2: charges `cost` to lane `i`.
 pub(crate) fn account(core: &Core, i: usize, cost: Duration) {
     let mut lanes = core.lanes.borrow_mut();
-    let Some(l) = lanes.lanes.get_mut(i) else {
-        return;
-    };
     let cost_ns = cost.as_nanos().min(u64::MAX as u128) as u64;
-    l.vruntime = l
-        .vruntime
-        .saturating_add(((cost_ns as u128 * l.reciprocal as u128) >> 12) as u64);
-    let v = l.vruntime;
-    if let Some(s) = l.stats {
+    if let Some(s) = lanes.charge(i, cost_ns) {
         s.runs.store(s.runs.load(Relaxed) + 1, Relaxed);
-        s.vruntime.store(v, Relaxed);
     }
     lanes.running = usize::MAX;
+}
+
+/// Virtual runtimes are rebased (every lane and the clock lowered by the clock) once one
+/// passes this. Only differences matter to `pick`, and a lane stuck at `u64::MAX` would
+/// tie with every other for good, turning fair shares into lane order. At the fastest accrual
+/// (1 share: 1,024 per CPU nanosecond) a lane gets here after about 52 days of CPU time.
+const REBASE_AT: u64 = 1 << 62;
+
+impl Lanes {
+    /// Adds `cost_ns` of CPU time to lane `i`'s virtual runtime (rule 2), rebasing every lane
+    /// when it passes [`REBASE_AT`]; returns the lane's stats, if it is a class.
+    fn charge(&mut self, i: usize, cost_ns: u64) -> Option<&'static ClassStats> {
+        let l = self.lanes.get_mut(i)?;
+        let add = (cost_ns as u128 * l.reciprocal as u128) >> 12;
+        l.vruntime = l
+            .vruntime
+            .saturating_add(u64::try_from(add).unwrap_or(u64::MAX));
+        let (v, stats) = (l.vruntime, l.stats);
+        if v >= REBASE_AT {
+            // By the clock: runnable lanes are at or above it, and an idle lane below it
+            // rejoins at the clock anyway (rule 3), so lowering it to 0 changes nothing.
+            let base = self.clock;
+            self.clock = 0;
+            for l in &mut self.lanes {
+                l.vruntime = l.vruntime.saturating_sub(base);
+                if let Some(s) = l.stats {
+                    s.vruntime.store(l.vruntime, Relaxed);
+                }
+            }
+        } else if let Some(s) = stats {
+            s.vruntime.store(v, Relaxed);
+        }
+        stats
+    }
 }
 
 /// Whether any task waits in a class lane (for the continue-or-park decision).
@@ -323,4 +350,40 @@ pub(crate) fn create_here(shares: u32, latency: Option<Duration>) -> Result<Clas
         }
     });
     Ok(class)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vruntimes(lanes: &Lanes) -> Vec<u64> {
+        lanes.lanes.iter().map(|l| l.vruntime).collect()
+    }
+
+    /// Near the top of `u64` every lane is lowered by the same amount: the order and the gaps
+    /// `pick` compares stay, nothing saturates.
+    #[test]
+    fn vruntimes_are_rebased_before_they_saturate() {
+        let mut lanes = Lanes::new();
+        lanes.lanes.push(Lane::new(1, None));
+        lanes.lanes.push(Lane::new(1000, None));
+        lanes.lanes[0].vruntime = REBASE_AT - 10_000;
+        lanes.lanes[1].vruntime = REBASE_AT - 1;
+        lanes.lanes[2].vruntime = REBASE_AT - 5_000;
+        lanes.clock = REBASE_AT - 10_000;
+        lanes.charge(1, 1); // 1 share: 1,024 per ns, over the line
+        assert_eq!(vruntimes(&lanes), vec![0, 10_000 - 1 + 1024, 5_000]);
+        assert_eq!(lanes.clock, 0);
+        // An absurd single cost saturates instead of wrapping to a small value.
+        lanes.charge(2, u64::MAX);
+        assert_eq!(lanes.lanes[2].vruntime, u64::MAX);
+        // Idle lanes below the clock go to 0 (they rejoin at the clock anyway).
+        lanes.clock = 5_000;
+        lanes.lanes[2].vruntime = REBASE_AT;
+        lanes.charge(2, 0); // at the line: rebased by the clock
+        assert_eq!(
+            vruntimes(&lanes),
+            vec![0, 10_000 - 1 + 1024 - 5_000, REBASE_AT - 5_000]
+        );
+    }
 }
