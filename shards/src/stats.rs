@@ -3,7 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::sync::{AtomicU64, Ordering::Relaxed};
+use crate::sync::{
+    fence, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 /// A snapshot of one loop's counters, from [`Handle::loop_stats`](crate::Handle::loop_stats).
 ///
@@ -93,9 +96,12 @@ pub(crate) struct StatsCell {
     running_since: AtomicU64,
     /// When the current park started (ns since `base`, +1 so 0 means "not parked").
     parked_since: AtomicU64,
-    /// The largest `idle` and `busy` (ns) any snapshot reported: what keeps them monotonic.
-    /// The loop updates its clock fields one store at a time, and a snapshot falling between
-    /// `park_end`'s two stores would otherwise miss the whole park (and count it as busy).
+    /// Sequence of the four clock fields above (a seqlock; one writer, the loop): odd while
+    /// the loop updates them. A snapshot retries until it read them all between two equal even
+    /// values, so it never sees a park's end half done (the park missing, counted as busy).
+    clock_seq: AtomicU64,
+    /// The largest `idle` and `busy` (ns) any snapshot reported: what keeps them monotonic
+    /// against the small overshoot of extrapolating a park or run still in progress.
     reported_idle: AtomicU64,
     reported_busy: AtomicU64,
 }
@@ -130,6 +136,7 @@ impl StatsCell {
             idle_ns: AtomicU64::new(0),
             running_since: AtomicU64::new(0),
             parked_since: AtomicU64::new(0),
+            clock_seq: AtomicU64::new(0),
             reported_idle: AtomicU64::new(0),
             reported_busy: AtomicU64::new(0),
         }
@@ -139,26 +146,80 @@ impl StatsCell {
         t.saturating_duration_since(self.base).as_nanos() as u64 + 1
     }
 
+    /// Updates the clock fields under the seqlock (the loop's thread only). Cost: two
+    /// stores and a fence, once per park and per run boundary.
+    fn write_clock(&self, update: impl FnOnce()) {
+        let seq = self.clock_seq.load(Relaxed);
+        self.clock_seq.store(seq + 1, Relaxed);
+        fence(Release);
+        update();
+        self.clock_seq.store(seq + 2, Release);
+    }
+
     pub(crate) fn started(&self, now: Instant) {
-        self.running_since.store(self.ns(now), Relaxed);
+        let now = self.ns(now);
+        self.write_clock(|| self.running_since.store(now, Relaxed));
     }
 
     pub(crate) fn stopped(&self, now: Instant) {
-        let since = self.running_since.swap(0, Relaxed);
-        if since != 0 {
-            bump(&self.run_ns, self.ns(now).saturating_sub(since));
-        }
+        let now = self.ns(now);
+        self.write_clock(|| {
+            let since = self.running_since.swap(0, Relaxed);
+            if since != 0 {
+                bump(&self.run_ns, now.saturating_sub(since));
+            }
+        });
     }
 
     pub(crate) fn park_begin(&self, now: Instant) {
         bump(&self.parks, 1);
-        self.parked_since.store(self.ns(now), Relaxed);
+        self.park_begin_at(self.ns(now));
     }
 
     pub(crate) fn park_end(&self, now: Instant) {
-        let since = self.parked_since.load(Relaxed);
-        self.parked_since.store(0, Relaxed);
-        bump(&self.idle_ns, self.ns(now).saturating_sub(since));
+        self.park_end_at(self.ns(now));
+    }
+
+    /// [`park_begin`](Self::park_begin) at `now` ns (+1) since `base` (the loom model's clock).
+    fn park_begin_at(&self, now: u64) {
+        self.write_clock(|| self.parked_since.store(now, Relaxed));
+    }
+
+    /// [`park_end`](Self::park_end) at `now` ns (+1) since `base`.
+    fn park_end_at(&self, now: u64) {
+        self.write_clock(|| {
+            let since = self.parked_since.load(Relaxed);
+            self.parked_since.store(0, Relaxed);
+            bump(&self.idle_ns, now.saturating_sub(since));
+        });
+    }
+
+    /// `(idle, total)` ns at `now`: a consistent read of the clock fields (seqlock), with the
+    /// park or run in progress extrapolated to `now`.
+    fn read_clock(&self, now: u64) -> (u64, u64) {
+        loop {
+            let seq = self.clock_seq.load(Acquire);
+            if seq & 1 == 1 {
+                crate::sync::spin_hint();
+                continue;
+            }
+            let mut idle = self.idle_ns.load(Relaxed);
+            let parked = self.parked_since.load(Relaxed);
+            let mut total = self.run_ns.load(Relaxed);
+            let since = self.running_since.load(Relaxed);
+            fence(Acquire);
+            if self.clock_seq.load(Relaxed) != seq {
+                crate::sync::spin_hint();
+                continue;
+            }
+            if parked != 0 {
+                idle += now.saturating_sub(parked);
+            }
+            if since != 0 {
+                total += now.saturating_sub(since);
+            }
+            return (idle, total);
+        }
     }
 
     pub(crate) fn snapshot(&self, stolen_from: u64) -> LoopStats {
@@ -166,17 +227,7 @@ impl StatsCell {
         fn monotonic(reported: &AtomicU64, value: u64) -> u64 {
             reported.fetch_max(value, Relaxed).max(value)
         }
-        let now = self.ns(Instant::now());
-        let mut idle = self.idle_ns.load(Relaxed);
-        let parked = self.parked_since.load(Relaxed);
-        if parked != 0 {
-            idle += now.saturating_sub(parked);
-        }
-        let mut total = self.run_ns.load(Relaxed);
-        let since = self.running_since.load(Relaxed);
-        if since != 0 {
-            total += now.saturating_sub(since);
-        }
+        let (idle, total) = self.read_clock(self.ns(Instant::now()));
         LoopStats {
             tasks_run: self.tasks_run.load(Relaxed),
             polls: self.polls.load(Relaxed),
@@ -201,5 +252,37 @@ impl StatsCell {
                 _ => None,
             },
         }
+    }
+}
+
+/// Loom model of the clock seqlock: a snapshot never sees a park's end half done.
+#[cfg(all(test, loom))]
+mod loom_stats {
+    use loom::{sync::Arc, thread};
+
+    use super::StatsCell;
+
+    /// The loop parks from 10 to 20 while another thread reads the clock twice at 15. Whole
+    /// states give idle 0 (before), 5 (parked since 10) or 10 (after); a read between the end's
+    /// two stores gave 0 after a read had seen the park: the park lost.
+    #[test]
+    fn loom_stats_snapshot_never_loses_a_park() {
+        loom::model(|| {
+            let stats = Arc::new(StatsCell::new(std::time::Instant::now()));
+            let s2 = stats.clone();
+            let writer = thread::spawn(move || {
+                s2.park_begin_at(10);
+                s2.park_end_at(20);
+            });
+            let (first, _) = stats.read_clock(15);
+            let (second, _) = stats.read_clock(15);
+            writer.join().unwrap();
+            assert!([0, 5, 10].contains(&first), "torn read: {first}");
+            assert!([0, 5, 10].contains(&second), "torn read: {second}");
+            assert!(
+                !(first > 0 && second == 0),
+                "the park was lost: {first} then {second}"
+            );
+        });
     }
 }

