@@ -311,3 +311,66 @@ fn deadlock_report_resumes_when_service_mode_is_switched_off() {
     }
     t.join().unwrap();
 }
+
+/// A task's future whose `Drop` panics, dropped when the task is aborted: the panic is logged
+/// and the loop goes on, so the run still ends at quiescence (the loop's thread used to die
+/// with its status BUSY, and `run()` never returned).
+#[test]
+fn a_panicking_drop_of_a_task_future_does_not_kill_the_loop() {
+    struct PanicOnDrop;
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            panic!("a Drop bug");
+        }
+    }
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let after = Arc::new(AtomicBool::new(false));
+    let a = after.clone();
+    ex.spawn_on(0, move || async move {
+        // Pinned and migratable, each aborted while parked.
+        let pinned = xtc_shards::spawn_local(async {
+            let _p = PanicOnDrop;
+            std::future::pending::<()>().await;
+        });
+        let migratable = xtc_shards::spawn(async {
+            let _p = PanicOnDrop;
+            std::future::pending::<()>().await;
+        });
+        xtc_shards::time::sleep(Duration::from_millis(10)).await;
+        pinned.abort();
+        migratable.abort();
+        assert!(pinned.await.unwrap_err().is_cancelled());
+        assert!(migratable.await.unwrap_err().is_cancelled());
+        // And one that finishes: its future (holding the value, not dropping it in its poll)
+        // is dropped right after its last poll; the output stands.
+        struct Holder(#[allow(dead_code)] PanicOnDrop);
+        impl std::future::Future for Holder {
+            type Output = u32;
+            fn poll(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<u32> {
+                std::task::Poll::Ready(7)
+            }
+        }
+        let done = xtc_shards::spawn_local(Holder(PanicOnDrop));
+        assert_eq!(done.await.unwrap(), 7);
+        a.store(true, SeqCst);
+    })
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
+    let ran = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("run() hung after a task's future panicked in Drop");
+    runner.join().unwrap();
+    ran.unwrap();
+    assert!(
+        after.load(SeqCst),
+        "the loop went on after the panicking drops"
+    );
+}

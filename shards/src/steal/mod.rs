@@ -208,7 +208,8 @@ impl Migratable {
 
 /// The future of a migratable task: the user's future, panic capture, and registry membership.
 struct MigrFuture<F> {
-    fut: F,
+    /// Dropped first in `drop`, under `catch_unwind` (task protocol rule 4).
+    fut: std::mem::ManuallyDrop<F>,
     /// This task's metadata in its async-task header (set right after the spawn); async-task
     /// drops the future before the header, so it is valid in `drop`.
     meta: *const TaskMeta,
@@ -243,7 +244,7 @@ impl<F: Future> Future for MigrFuture<F> {
         // `meta` and `key` are plain data, moved freely.
         let this = unsafe { self.get_unchecked_mut() };
         // SAFETY: see above.
-        let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
+        let fut = unsafe { Pin::new_unchecked(&mut *this.fut) };
         match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
             Ok(Poll::Pending) => {
                 // Rule 5: a task joins the registry the first time it parks; one that finishes
@@ -281,6 +282,10 @@ fn register_parked(meta: *const TaskMeta, waker: &Waker) -> Option<u64> {
 
 impl<F> Drop for MigrFuture<F> {
     fn drop(&mut self) {
+        // The user's future first (before leaving the registry, as pinned tasks do), guarded.
+        // SAFETY: dropped in place exactly once, here; `fut` is not touched afterwards. Being
+        // pinned, it is dropped where it lies, never moved.
+        crate::task::drop_guarded(|| unsafe { std::mem::ManuallyDrop::drop(&mut self.fut) });
         if self.meta.is_null() {
             return;
         }
@@ -354,9 +359,14 @@ pub(crate) fn flush_live(core: &Core) {
 }
 
 /// Spawns a migratable task whose first loop is `home` (protocol rule 1).
+///
+/// `placed`: the task was placed on `home` by the caller (`Executor::spawn`'s round-robin) and
+/// starts there even when spawned on another loop's worker; otherwise it starts where it is
+/// scheduled from (`xtc::spawn`: the current loop, for locality).
 pub(crate) fn spawn<F>(
     exec: &Arc<ExecShared>,
     home: usize,
+    placed: bool,
     fut: F,
     info: TaskInfo,
 ) -> JoinHandle<F::Output>
@@ -367,9 +377,10 @@ where
     live_add(exec, 1);
     // Callers pass a loop index (the current loop, or a round-robin one taken modulo the
     // count); an executor has at least one loop. No division on this path.
-    let home_loop = exec.loops.get(home).unwrap_or(&exec.loops[0]).clone();
+    let home = if home < exec.loops.len() { home } else { 0 };
+    let home_loop = exec.loops[home].clone();
     let fut = MigrFuture {
-        fut,
+        fut: std::mem::ManuallyDrop::new(fut),
         meta: std::ptr::null(),
         key: NO_KEY,
     };
@@ -383,7 +394,14 @@ where
             },
             schedule,
         );
-    runnable.schedule();
+    let here = with_core(|c| Arc::ptr_eq(&c.exec, exec) && c.index() == home) == Some(true);
+    if placed && !here {
+        let l = &exec.loops[runnable.metadata().last.load(Relaxed) as usize];
+        l.steal.injector.push(runnable);
+        l.parker.unpark();
+    } else {
+        runnable.schedule();
+    }
     JoinHandle::new(task)
 }
 

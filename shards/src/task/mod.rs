@@ -22,6 +22,8 @@
 //!    thread and no task leaks.
 //! 4. **Panics.** The poll of the user's future runs under `catch_unwind`; a panic completes the
 //!    task with the payload, which the [`JoinHandle`] turns into a [`JoinError`](crate::JoinError).
+//!    Dropping the user's future (finished, cancelled, or at stop) runs under `catch_unwind`
+//!    too (`drop_guarded`): a panicking `Drop` is logged and the loop goes on.
 //! 5. **Handles.** Dropping a `JoinHandle` detaches the task; [`JoinHandle::abort`] drops the
 //!    `async-task` handle, which cancels the task: its future is dropped the next time the owner
 //!    would poll it (at once if it is parked: async-task schedules it once more for that).
@@ -188,11 +190,11 @@ where
             }
             Ok(Poll::Ready(v)) => {
                 // Drop the user's future now, on the owner, rather than when the task is freed.
-                this.stage = Stage::Done;
+                drop_guarded(|| this.stage = Stage::Done);
                 Poll::Ready(Ok(v))
             }
             Err(payload) => {
-                this.stage = Stage::Done;
+                drop_guarded(|| this.stage = Stage::Done);
                 Poll::Ready(Err(Box::new(payload)))
             }
         }
@@ -203,8 +205,25 @@ impl<F, Fut> Drop for TaskFuture<F, Fut> {
     fn drop(&mut self) {
         // Drop the user's future before leaving the registry, so wakes it fires while dropping
         // still find a live loop (rule 3).
-        self.stage = Stage::Done;
+        drop_guarded(|| self.stage = Stage::Done);
         crate::context::task_dropped((self.key != NOT_REGISTERED).then_some(self.key as usize));
+    }
+}
+
+/// Drops a task's future (what `drop` does) under `catch_unwind`: a panic in user `Drop` code
+/// is logged and goes no further. Unguarded, it unwound out of the loop (async-task drops a
+/// cancelled or finished future from `Runnable::run` and from `Runnable`'s own drop): the
+/// loop's thread died with its status BUSY, and `run()` never returned (rule 4).
+pub(crate) fn drop_guarded(drop: impl FnOnce()) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(drop)) {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".to_string());
+        tracing::error!("xtc: a task's future panicked while being dropped (ignored): {msg}");
+        // The payload's own drop could panic too: it is forgotten rather than risked.
+        std::mem::forget(payload);
     }
 }
 
