@@ -94,3 +94,12 @@ impl LocalExecutor {
         }
     }
 }
+
+impl Drop for LocalExecutor {
+    /// Frees tasks queued for this loop and never run (spawned through a `Handle` after
+    /// `block_on` returned), as `Executor`'s drop does: one holding a `Handle` would otherwise
+    /// keep the executor, and itself, alive for good.
+    fn drop(&mut self) {
+        self.shared.drop_queued();
+    }
+}

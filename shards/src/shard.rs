@@ -196,7 +196,7 @@ where
     let mut job = Some((fut, info));
     with_core(|c| {
         let (fut, info) = job.take().expect("taken once");
-        crate::steal::spawn(&c.exec, c.index(), fut, info)
+        crate::steal::spawn(&c.exec, c.index(), false, fut, info)
     })
     .expect("xtc::spawn called off any xtc loop: call it inside a task, or use Handle::spawn")
 }

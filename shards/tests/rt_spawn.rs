@@ -477,6 +477,58 @@ fn a_spawn_left_in_a_ring_at_stop_is_freed_with_its_executor() {
     );
 }
 
+/// The same for a `LocalExecutor`: a task queued through a `Handle` after `block_on` returned,
+/// holding that `Handle`, is freed when the executor goes.
+#[test]
+fn a_queued_task_holding_a_handle_is_freed_with_its_local_executor() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    {
+        let ex = xtc_shards::LocalExecutor::new().unwrap();
+        let handle = ex.block_on(async { shard::handle().expect("on a loop") });
+        let guard = DropCount(dropped.clone());
+        let keep = handle.clone();
+        handle
+            .spawn_on(0, move || async move {
+                let _keep = (keep, guard);
+            })
+            .unwrap();
+        drop(handle);
+        assert_eq!(dropped.load(SeqCst), 0, "queued, never run");
+    }
+    assert_eq!(dropped.load(SeqCst), 1, "freed with its LocalExecutor");
+}
+
+/// `Executor::spawn` (through a `Handle`) places round-robin even when called on a worker:
+/// it used to start every task on the calling worker's own deque.
+#[test]
+fn handle_spawn_on_a_worker_places_round_robin() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .stealing(false)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let firsts = ex
+        .block_on(move || async move {
+            let mut handles = Vec::new();
+            for _ in 0..8 {
+                handles.push(h.spawn(async { shard::id() }));
+            }
+            let mut firsts = Vec::new();
+            for j in handles {
+                firsts.push(j.await.unwrap());
+            }
+            firsts
+        })
+        .unwrap();
+    let on_one = firsts.iter().filter(|&&s| s == 1).count();
+    assert_eq!(
+        on_one, 4,
+        "with stealing off, half start on shard 1: {firsts:?}"
+    );
+}
+
 /// Voluntary context switches of the calling thread so far: how often it blocked and was woken.
 fn voluntary_switches() -> u64 {
     let status = std::fs::read_to_string("/proc/thread-self/status").expect("procfs");

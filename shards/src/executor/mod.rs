@@ -552,7 +552,7 @@ impl ExecShared {
     /// any thread may drop them. Without this, a pinned task in its loop's inbox keeps that
     /// loop's `LoopShared` (its home) alive in a cycle, and everything queued there leaks;
     /// a task holding a `Handle` would keep the whole executor alive.
-    fn drop_queued(&self) {
+    pub(crate) fn drop_queued(&self) {
         let mut batch = Vec::new();
         // Dropping a closure may queue more (a `Drop` that spawns); a few rounds settle that.
         for _ in 0..8 {
@@ -784,7 +784,7 @@ impl Handle {
     {
         let n = self.shared.loops.len();
         let home = self.shared.migratable.next.fetch_add(1, Relaxed) % n;
-        crate::steal::spawn(&self.shared, home, fut, TaskInfo::here(None))
+        crate::steal::spawn(&self.shared, home, true, fut, TaskInfo::here(None))
     }
 
     /// Creates a scheduling class on loop `shard` (see [`crate::shard::create_class`]).
