@@ -282,10 +282,15 @@ fn register_parked(meta: *const TaskMeta, waker: &Waker) -> Option<u64> {
 
 impl<F> Drop for MigrFuture<F> {
     fn drop(&mut self) {
-        // The user's future first (before leaving the registry, as pinned tasks do), guarded.
-        // SAFETY: dropped in place exactly once, here; `fut` is not touched afterwards. Being
-        // pinned, it is dropped where it lies, never moved.
-        crate::task::drop_guarded(|| unsafe { std::mem::ManuallyDrop::drop(&mut self.fut) });
+        // The user's future first (before leaving the registry, as pinned tasks do), guarded
+        // where it has drop code at all (`needs_drop` is a compile-time constant).
+        if std::mem::needs_drop::<F>() {
+            crate::task::drop_guarded(|| {
+                // SAFETY: dropped in place exactly once, here; `fut` is not touched afterwards.
+                // Being pinned, it is dropped where it lies, never moved.
+                unsafe { std::mem::ManuallyDrop::drop(&mut self.fut) }
+            });
+        }
         if self.meta.is_null() {
             return;
         }

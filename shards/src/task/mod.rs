@@ -190,11 +190,11 @@ where
             }
             Ok(Poll::Ready(v)) => {
                 // Drop the user's future now, on the owner, rather than when the task is freed.
-                drop_guarded(|| this.stage = Stage::Done);
+                set_done(&mut this.stage);
                 Poll::Ready(Ok(v))
             }
             Err(payload) => {
-                drop_guarded(|| this.stage = Stage::Done);
+                set_done(&mut this.stage);
                 Poll::Ready(Err(Box::new(payload)))
             }
         }
@@ -205,8 +205,18 @@ impl<F, Fut> Drop for TaskFuture<F, Fut> {
     fn drop(&mut self) {
         // Drop the user's future before leaving the registry, so wakes it fires while dropping
         // still find a live loop (rule 3).
-        drop_guarded(|| self.stage = Stage::Done);
+        set_done(&mut self.stage);
         crate::context::task_dropped((self.key != NOT_REGISTERED).then_some(self.key as usize));
+    }
+}
+
+/// Drops what a task's stage holds (rule 4), guarded only where there is drop code to run:
+/// for a future without any (`needs_drop` is a compile-time constant) this is a plain store.
+fn set_done<F, Fut>(stage: &mut Stage<F, Fut>) {
+    if std::mem::needs_drop::<Stage<F, Fut>>() {
+        drop_guarded(|| *stage = Stage::Done);
+    } else {
+        *stage = Stage::Done;
     }
 }
 
