@@ -23,8 +23,10 @@ const FLAGS: libc::c_int = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
 pub(crate) async fn accept(src: &Source) -> io::Result<(OwnedFd, SockAddr)> {
     match backend()? {
         Driver::IoUring => {
+            // Zeroed, not uninit: the kernel writes only the address's own length (16 or 28
+            // bytes), and `assume_init` below reads the whole storage.
             let storage: Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)> = Box::new((
-                MaybeUninit::uninit(),
+                MaybeUninit::zeroed(),
                 std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
             ));
             let fd = src.fd();
@@ -39,7 +41,8 @@ pub(crate) async fn accept(src: &Source) -> io::Result<(OwnedFd, SockAddr)> {
             let fd = result(res)?;
             // SAFETY: the kernel returned a fresh descriptor that we now own.
             let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-            // SAFETY: the kernel wrote a socket address of `storage.1` bytes into `storage.0`.
+            // SAFETY: `storage.0` was zeroed (every byte initialized, a valid `sockaddr_storage`)
+            // and the kernel wrote a socket address of `storage.1` bytes over its start.
             let addr = unsafe { SockAddr::new(storage.0.assume_init(), storage.1) };
             Ok((fd, addr))
         }
