@@ -245,7 +245,15 @@ fn shared_batch_try_forms_and_send_many_to_a_dropped_receiver() {
             Err(TrySendError::Closed(()))
         ));
         let e = tx.send_many(items).await.unwrap_err();
-        assert_eq!(e, SendError(vec![7, 8, 9]), "the unsent rest comes back");
+        assert_eq!(
+            e.0.collect::<Vec<_>>(),
+            vec![7, 8, 9],
+            "the unsent rest comes back"
+        );
+        // An endless stream to a closed channel gives its rest back as the iterator (it used
+        // to be collected into a Vec: a hang, then an abort).
+        let e = tx.send_many(0u32..).await.unwrap_err();
+        assert_eq!(e.0.take(3).collect::<Vec<_>>(), vec![0, 1, 2]);
     });
 }
 

@@ -279,7 +279,8 @@ impl<T> Sender<T> {
     /// Sends every item of `items`, in order, waiting for ring space as [`send`](Self::send)
     /// does (backpressure), in batches as large as the free space. Resolves once the last
     /// item is in the ring. If the receiver goes away, the items not yet sent come back in the
-    /// [`SendError`].
+    /// [`SendError`], as the iterator itself (the next item first): `items` may be endless,
+    /// and the caller decides whether to collect the rest.
     ///
     /// Cost per batch: as [`try_send_many`](Self::try_send_many); a stream sent this way costs
     /// a fraction of per-message `send`s (see `mesh`'s batched stream row in bench/).
@@ -289,7 +290,7 @@ impl<T> Sender<T> {
     ) -> SendMany<'_, T, I::IntoIter> {
         SendMany {
             tx: self,
-            items: items.into_iter().peekable(),
+            items: Some(items.into_iter().peekable()),
         }
     }
 
@@ -338,21 +339,29 @@ impl<T> Future for SendFut<'_, T> {
 #[must_use = "futures do nothing unless awaited"]
 pub struct SendMany<'a, T, I: Iterator<Item = T>> {
     tx: &'a mut Sender<T>,
-    items: std::iter::Peekable<I>,
+    /// `None` once the future has given the rest back.
+    items: Option<std::iter::Peekable<I>>,
 }
 
 impl<T, I: Iterator<Item = T>> Unpin for SendMany<'_, T, I> {}
 
 impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
-    type Output = Result<(), SendError<Vec<T>>>;
+    type Output = Result<(), SendError<std::iter::Peekable<I>>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let mut announced = false;
         loop {
-            match this.tx.try_send_many(&mut this.items) {
-                Err(_) => return Poll::Ready(Err(SendError(this.items.by_ref().collect()))),
-                Ok(_) if this.items.peek().is_none() => return Poll::Ready(Ok(())),
+            let Some(items) = this.items.as_mut() else {
+                // Polled after it finished.
+                return Poll::Ready(Ok(()));
+            };
+            match this.tx.try_send_many(items) {
+                Err(_) => {
+                    let rest = this.items.take().expect("present: borrowed just above");
+                    return Poll::Ready(Err(SendError(rest)));
+                }
+                Ok(_) if items.peek().is_none() => return Poll::Ready(Ok(())),
                 Ok(n) if n > 0 => announced = false,
                 // Full. Rule 3: announce, then recheck (the next round of the loop); a second
                 // full ring after the announcement waits.
