@@ -39,6 +39,18 @@ pub enum Error {
         allowed: usize,
     },
 
+    /// More shards were asked than oversubscription allows (every shard is a thread and a
+    /// row of the ring mesh; far more shards than CPUs only multiplies that cost).
+    #[error("{asked} shards asked; oversubscription allows at most {max} ({per_cpu} per allowed CPU); lower shards()")]
+    OversubscribedTooFar {
+        /// Shards asked for.
+        asked: usize,
+        /// The most allowed here.
+        max: usize,
+        /// Shards allowed per allowed CPU.
+        per_cpu: usize,
+    },
+
     /// The process may not run on any CPU of the topology (empty allowed set).
     #[error("no CPU of the topology is allowed to this process; widen the affinity mask or cpuset (taskset, cgroups)")]
     NoAllowedCpus,

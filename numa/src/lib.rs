@@ -57,6 +57,6 @@ mod victims;
 
 pub use error::{Error, Result};
 pub use pin::pin_current_thread;
-pub use placement::{Placement, Policy};
+pub use placement::{Placement, Policy, MAX_SHARDS_PER_CPU};
 pub use topology::{Level, Topology, MATRIX_BASE};
 pub use victims::{VictimOrder, DEFAULT_NUMA_SENSITIVITY};

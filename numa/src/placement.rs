@@ -8,6 +8,11 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 use crate::topology::Topology;
 
+/// Most shards per allowed CPU with oversubscription (tests and small machines use a few; a
+/// shard is a thread and a row of the N·(N−1) ring mesh, so a mistyped count of 100,000 would
+/// otherwise try to allocate terabytes instead of failing).
+pub const MAX_SHARDS_PER_CPU: usize = 64;
+
 /// How shards are laid out on CPUs. Default: [`Policy::Compact`].
 ///
 /// Parse one from a string with [`str::parse`]: `"compact"`, `"spread"`,
@@ -128,7 +133,8 @@ impl Placement {
     /// - [`Error::TooManyShards`] if `shards` exceeds the allowed PUs and `oversubscribe`
     ///   is off;
     /// - [`Error::CpuListLength`], [`Error::CpuNotAllowed`], [`Error::DuplicateCpu`] for a
-    ///   CPU list that does not fit.
+    ///   CPU list that does not fit;
+    /// - [`Error::OversubscribedTooFar`] beyond [`MAX_SHARDS_PER_CPU`] shards per allowed CPU.
     pub fn new(
         topo: &Topology,
         shards: usize,
@@ -157,6 +163,14 @@ impl Placement {
                 order.iter().copied().cycle().take(shards).collect()
             }
         };
+        let max = allowed.len().saturating_mul(MAX_SHARDS_PER_CPU);
+        if cpus.len() > max {
+            return Err(Error::OversubscribedTooFar {
+                asked: cpus.len(),
+                max,
+                per_cpu: MAX_SHARDS_PER_CPU,
+            });
+        }
         let numa = cpus.iter().map(|&c| topo.numa_node_of(c)).collect();
         let placement = Placement {
             oversubscribed: cpus.len() > allowed.len(),

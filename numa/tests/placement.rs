@@ -141,6 +141,26 @@ fn too_many_shards() {
     );
 }
 
+/// Oversubscription has a ceiling: a mistyped shard count is an error, not an attempt to start
+/// 100,000 threads (and allocate their ring mesh).
+#[test]
+fn oversubscription_is_bounded() {
+    let t = Topology::synthetic("core:2 pu:1").unwrap();
+    let max = 2 * xtc_numa::MAX_SHARDS_PER_CPU;
+    assert_eq!(
+        Placement::new(&t, max, &Policy::Compact, true)
+            .unwrap()
+            .len(),
+        max
+    );
+    let e = Placement::new(&t, 100_000, &Policy::Compact, true).unwrap_err();
+    assert!(
+        matches!(e, Error::OversubscribedTooFar { asked: 100_000, max: m, .. } if m == max),
+        "{e}"
+    );
+    assert!(e.to_string().contains("lower shards()"), "{e}");
+}
+
 #[test]
 fn oversubscription_shares_evenly() {
     assert_eq!(

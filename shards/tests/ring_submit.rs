@@ -245,6 +245,15 @@ fn ring_capacity_zero_is_an_error() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("ring_capacity"), "{e}");
+    // A mesh too large for memory (N·(N−1) rings allocated up front) is an error that says
+    // what to lower, not an abort.
+    let e = Executor::builder()
+        .shards(100)
+        .oversubscribe(true)
+        .ring_capacity(1 << 20)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("lower ring_capacity"), "{e}");
     // Too large is an error too, not an allocation of N·(N−1) huge rings (or a panic).
     let e = Executor::builder()
         .shards(1)
@@ -336,5 +345,40 @@ fn a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop() {
         dropped_on.load(SeqCst),
         1,
         "the sender task's future must be dropped on its own shard (u64::MAX: off any loop)"
+    );
+}
+
+/// A `submit_to` polled again and again while the ring to its target is full keeps one waker
+/// on the waiting list (it used to add one per poll, each keeping the task alive).
+#[test]
+fn a_repolled_submit_to_waits_once_for_ring_space() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(1)
+        .build()
+        .unwrap();
+    let out = ex.block_on(|| async {
+        // Keep shard 1 in one long poll, then fill ring 0 -> 1 (capacity 1) behind it.
+        shard::send_to(1, || async { burn(Duration::from_millis(300)) })
+            .await
+            .unwrap();
+        xtc_shards::time::sleep(Duration::from_millis(30)).await;
+        shard::send_to(1, || async {}).await.unwrap();
+        let mut call = std::pin::pin!(shard::submit_to(1, || async { 5 }));
+        for _ in 0..20 {
+            assert!(
+                futures::poll!(call.as_mut()).is_pending(),
+                "the ring is full"
+            );
+            xtc_shards::yield_now().await;
+        }
+        call.await.unwrap()
+    });
+    assert_eq!(out.unwrap(), 5);
+    let waits = ex.loop_stats(0).unwrap().ring_full_waits;
+    assert!(
+        waits <= 2,
+        "one wait per submit_to, not one per poll: {waits}"
     );
 }

@@ -346,6 +346,19 @@ impl Executor {
             )));
         }
         let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)?;
+        // The ring mesh is allocated up front: N·(N−1) rings of `ring_capacity` pointer slots.
+        let n = placement.len();
+        let mesh_bytes =
+            (n as u128) * (n.saturating_sub(1) as u128) * (b.ring_capacity as u128) * 8;
+        if mesh_bytes > crate::ring::MAX_MESH_BYTES as u128 {
+            return Err(Error::InvalidArgument(format!(
+                "{n} shards with ring_capacity {} need {} MiB of rings (N·(N−1) rings, 8 bytes a \
+                 slot), over the {} MiB limit: lower ring_capacity or the shard count",
+                b.ring_capacity,
+                mesh_bytes >> 20,
+                crate::ring::MAX_MESH_BYTES >> 20
+            )));
+        }
         if b.numa_sensitivity > 2 {
             return Err(Error::InvalidArgument(format!(
                 "numa_sensitivity {} is not 0, 1 or 2 (HPX levels; default 1)",

@@ -58,6 +58,10 @@ pub(crate) const DRAIN_PER_RING: usize = 256;
 /// batching; 1024 gives bursts of submits room before backpressure.
 pub const DEFAULT_RING_CAPACITY: usize = 1024;
 
+/// Most memory the ring mesh may take (`N·(N−1)·ring_capacity` 8-byte slots, allocated by
+/// `build()`): 4 GiB. 256 shards at the default capacity take 510 MiB.
+pub(crate) const MAX_MESH_BYTES: u64 = 4 << 30;
+
 /// Largest ring capacity `build()` accepts: 2^20 messages, 8 MiB per ring, allocated up front
 /// for each of the `N·(N−1)` rings (a larger value is far more memory than any backlog needs).
 pub const MAX_RING_CAPACITY: usize = 1 << 20;
@@ -449,11 +453,18 @@ impl Future for Reserve {
             if to == m.me || to >= m.out.len() || m.has_space(to) {
                 return true;
             }
-            m.waiters[to].push(cx.waker().clone());
-            m.waiting += 1;
+            // One entry per task: a `Reserve` polled again while it waits (a `select!` with a
+            // timer, a re-created `submit_to`) would otherwise add a waker clone per poll.
+            let known = m.waiters[to].iter().any(|w| w.will_wake(cx.waker()));
+            if !known {
+                m.waiters[to].push(cx.waker().clone());
+                m.waiting += 1;
+            }
             let me = m.me;
             drop(m);
-            bump(&core.shared.stats.ring_full_waits, 1);
+            if !known {
+                bump(&core.shared.stats.ring_full_waits, 1);
+            }
             // Rule 3: announce, then recheck.
             core.exec.mesh.want_space(me, to).swap(true, SeqCst);
             core.mesh.borrow().has_space(to)
