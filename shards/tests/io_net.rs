@@ -1593,3 +1593,43 @@ fn dropping_one_of_two_waiting_receives_of_a_task_keeps_the_other() {
         sender.await.unwrap();
     });
 }
+
+/// A handler that panics when called, for a connection served on the accepting shard: the
+/// panic stays in that connection's task and the balancer goes on accepting (it used to call
+/// the handler in the accept loop itself, so the panic ended `serve`).
+#[test]
+fn conn_balancer_survives_a_handler_that_panics_when_called() {
+    use xtc_shards::net::ConnBalancer;
+    on_each_driver("conn_balancer_survives_a_panicking_handler", 1, |_| async {
+        let bal = ConnBalancer::new(1).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        // The first call panics before it returns a future; later ones echo.
+        let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let handler = move |s: TcpStream, _peer: SocketAddr| {
+            assert!(!first.swap(false, SeqCst), "a handler bug");
+            async move {
+                echo(s).await;
+            }
+        };
+        let serving = spawn_local(async move { bal.serve(l, handler).await });
+        let c1 = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        // The panicking call's connection is dropped with its task: EOF.
+        assert_eq!(guard("eof", read_n_or_eof(&c1)).await, 0);
+        let c2 = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (w, _) = c2.write_all(b"still here".to_vec()).await;
+        w.unwrap();
+        assert_eq!(guard("echo", read_n(&c2, 10)).await, b"still here");
+        assert!(
+            !serving.is_finished(),
+            "serve ended after the handler panicked"
+        );
+        serving.abort();
+    });
+}
+
+/// Reads until the peer closes or one byte arrives; the count read (0 at end of stream).
+async fn read_n_or_eof(c: &TcpStream) -> usize {
+    let (r, _) = c.read(Vec::with_capacity(1)).await;
+    r.unwrap_or(0)
+}

@@ -210,16 +210,18 @@ impl ConnBalancer {
 /// Compile-time check that a closure handed to another loop is `Send`.
 fn assert_send<T: Send>(_: &T) {}
 
-/// Runs the handler for a connection that stays on this shard (a detached local task).
+/// Runs the handler for a connection that stays on this shard (a detached local task). The
+/// handler is called inside that task, as on another shard, so a panic in the call is the
+/// task's (its loop goes on) and never unwinds the accept loop. Cost: one clone of the handler.
 fn serve_here<H, Fut>(stream: TcpStream, peer: SocketAddr, open: Open, handler: &H)
 where
-    H: Fn(TcpStream, SocketAddr) -> Fut,
+    H: Fn(TcpStream, SocketAddr) -> Fut + Clone + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let fut = handler(stream, peer);
+    let handler = handler.clone();
     drop(crate::shard::spawn_local(async move {
         let _open = open;
-        fut.await;
+        handler(stream, peer).await;
     }));
 }
 
