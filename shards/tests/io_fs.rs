@@ -339,3 +339,31 @@ fn fs_read_of_a_file_that_reports_size_zero() {
         assert!(text.ends_with('\n'));
     });
 }
+
+/// Two opens of one FIFO in flight at once (a reader's open blocks until a writer opens): both
+/// complete. On the epoll driver they run on the blocking pool, whose admission used to count
+/// an idle thread that already had a wake-up coming as free: with one idle thread, the second
+/// open queued behind the first, which waited for it for good.
+#[test]
+fn concurrent_opens_of_a_fifo_both_complete() {
+    on_each_driver("concurrent_opens_of_a_fifo_both_complete", 1, |_| async {
+        let path = temp_path("fifo");
+        let _c = Cleanup(path.clone());
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a plain system call with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // A finished file operation first, so the pool has an idle thread when both opens go.
+        fs::write(temp_path("warm"), b"x".to_vec()).await.unwrap();
+        let _w = Cleanup(temp_path("warm"));
+        xtc_shards::time::sleep(std::time::Duration::from_millis(20)).await;
+        let (mut ro, mut wo) = (OpenOptions::new(), OpenOptions::new());
+        let reader = ro.read(true).open(&path);
+        let writer = wo.write(true).open(&path);
+        let (r, w) = guard("both opens of the FIFO", async {
+            futures::join!(reader, writer)
+        })
+        .await;
+        r.unwrap();
+        w.unwrap();
+    });
+}

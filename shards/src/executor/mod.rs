@@ -346,6 +346,9 @@ impl Executor {
             )));
         }
         let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)?;
+        if !topology.is_synthetic() {
+            crate::io::blocking::set_allowed_cpus(topology.allowed_pus());
+        }
         // The ring mesh is allocated up front: N·(N−1) rings of `ring_capacity` pointer slots.
         let n = placement.len();
         let mesh_bytes =

@@ -33,6 +33,45 @@ struct PoolState {
     jobs: VecDeque<Job>,
     threads: usize,
     idle: usize,
+    /// Idle threads already notified and not yet awake: a job pushed while every idle thread
+    /// has a wake-up coming must start a thread of its own (as tokio counts `num_notify`), or
+    /// it waits behind the job that wake-up is for (two opens of one FIFO would deadlock).
+    notified: usize,
+}
+
+/// The CPUs pool threads may run on: the process's allowed set, recorded when an executor is
+/// built (before any loop pins its thread). A pool thread is started from a loop thread and
+/// would otherwise inherit that loop's single-CPU pinning: all of them on one core, competing
+/// with that loop.
+static ALLOWED: OnceLock<Vec<usize>> = OnceLock::new();
+
+/// Records the process's allowed CPUs for the pool threads (the first call wins).
+pub(crate) fn set_allowed_cpus(cpus: Vec<usize>) {
+    let _ = ALLOWED.set(cpus);
+}
+
+/// Widens the calling pool thread's affinity to [`ALLOWED`] (if recorded).
+fn unpin_from_loop() {
+    let Some(cpus) = ALLOWED.get() else {
+        return;
+    };
+    // SAFETY: `cpu_set_t` is plain data, valid when zeroed; CPU_ZERO/CPU_SET only write inside
+    // it (indices past its size are skipped below); sched_setaffinity reads `size_of` bytes.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        for &c in cpus {
+            if c < libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(c, &mut set);
+            }
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::debug!(
+                "xtc: blocking-pool thread keeps its inherited affinity: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 fn pool() -> &'static Pool {
@@ -56,6 +95,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn worker() {
+    unpin_from_loop();
     let pool = pool();
     let mut st = lock(&pool.state);
     loop {
@@ -72,6 +112,8 @@ fn worker() {
             .unwrap_or_else(|p| p.into_inner());
         st = g;
         st.idle -= 1;
+        // Whether this wake-up was a notification or not, one fewer is pending.
+        st.notified = st.notified.saturating_sub(1);
         if timeout.timed_out() && st.jobs.is_empty() {
             st.threads -= 1;
             return;
@@ -116,22 +158,44 @@ pub(crate) fn run<R: Send + 'static>(
     let spawn = {
         let mut st = lock(&pool.state);
         st.jobs.push_back(job);
-        let spawn = st.idle == 0 && st.threads < MAX_THREADS;
-        if spawn {
+        if st.idle > st.notified {
+            st.notified += 1;
+            false
+        } else if st.threads < MAX_THREADS {
             st.threads += 1;
+            true
+        } else {
+            false
         }
-        spawn
     };
     if spawn {
-        let ok = std::thread::Builder::new()
+        if let Err(e) = std::thread::Builder::new()
             .name("xtc-blocking".into())
             .spawn(worker)
-            .is_ok();
-        if !ok {
-            lock(&pool.state).threads -= 1;
-            tracing::warn!(
-                "xtc: could not start a blocking-pool thread; jobs wait for a running one"
-            );
+        {
+            let mut st = lock(&pool.state);
+            st.threads -= 1;
+            if st.threads == 0 {
+                // No thread will ever take the queued jobs (ours included): run them here
+                // rather than strand them (their futures would never resolve, and the loop
+                // would never go quiescent). Blocking the loop for a file operation beats
+                // never finishing it.
+                let jobs: Vec<Job> = st.jobs.drain(..).collect();
+                drop(st);
+                tracing::warn!(
+                    "xtc: could not start a blocking-pool thread ({e}); running {} file \
+                     operation(s) on the loop's thread",
+                    jobs.len()
+                );
+                for job in jobs {
+                    job();
+                }
+            } else {
+                drop(st);
+                tracing::warn!(
+                    "xtc: could not start a blocking-pool thread ({e}); jobs wait for a running one"
+                );
+            }
         }
     } else {
         pool.cv.notify_one();
@@ -179,5 +243,71 @@ impl<R> Future for Blocking<R> {
 impl<R> Drop for Blocking<R> {
     fn drop(&mut self) {
         self.uncount();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CPUs the calling thread may run on.
+    fn affinity() -> Vec<usize> {
+        // SAFETY: a zeroed `cpu_set_t` is valid; the kernel fills `size_of` bytes of it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+                0
+            );
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin(cpu: usize) {
+        // SAFETY: as in `unpin_from_loop`.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+    }
+
+    /// A pool thread started from a pinned loop thread runs on every allowed CPU, not on the
+    /// loop's one (it inherited the pinning).
+    #[test]
+    fn pool_threads_do_not_inherit_a_loops_pinning() {
+        let all = affinity();
+        if all.len() < 2 {
+            println!("skipped: one allowed CPU");
+            return;
+        }
+        set_allowed_cpus(all.clone());
+        let got = std::thread::spawn(move || {
+            pin(all[0]);
+            // Enough jobs at once that at least one new pool thread starts from here.
+            let jobs: Vec<_> = (0..MAX_THREADS)
+                .map(|_| {
+                    run(|| {
+                        std::thread::sleep(Duration::from_millis(20));
+                        Ok(affinity().len())
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| futures_lite::future::block_on(j).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap();
+        assert!(
+            got.iter().all(|&n| n > 1),
+            "pool threads pinned to one CPU: {got:?}"
+        );
     }
 }
