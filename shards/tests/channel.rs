@@ -370,3 +370,29 @@ fn oversized_capacities_are_errors() {
     // A zero-sized type still needs slots: counted as one byte each.
     assert!(shared::bounded::<()>(usize::MAX).is_err());
 }
+
+/// An iterator that panics part-way through a batch: the items it gave before are sent (and
+/// dropped normally), none is leaked in the ring (rtrb's chunk filler left them written but
+/// never published or dropped).
+#[test]
+fn shared_batch_with_a_panicking_iterator_leaks_nothing() {
+    use std::sync::Arc;
+    let token = Arc::new(());
+    let (mut tx, mut rx) = shared::bounded::<Arc<()>>(8).unwrap();
+    let t = token.clone();
+    let mut items = (0..5)
+        .map(move |i| {
+            assert!(i != 2, "an iterator bug");
+            t.clone()
+        })
+        .peekable();
+    let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tx.try_send_many(&mut items)
+    }));
+    assert!(sent.is_err(), "the iterator's panic comes through");
+    drop(items);
+    assert!(rx.try_recv().is_ok());
+    assert!(rx.try_recv().is_ok());
+    assert_eq!(rx.try_recv().err(), Some(TryRecvError::Empty));
+    assert_eq!(Arc::strong_count(&token), 1, "every item was dropped");
+}

@@ -264,14 +264,32 @@ impl<T> Sender<T> {
         if free == 0 || items.peek().is_none() {
             return Ok(0);
         }
-        let chunk = self
+        let mut chunk = self
             .ring
             .write_chunk_uninit(free)
             .expect("the producer alone fills the ring, so its free slots stay free");
-        // `fill_from_iter` takes no more items than there are slots, and publishes those.
-        let n = chunk.fill_from_iter(items.by_ref());
+        // Filled by hand rather than with rtrb's `fill_from_iter`: if the iterator panics,
+        // the items it already gave must be published (sent), not left written in slots that
+        // nobody drops (rtrb's chunk has no `Drop`), so the count is committed on unwind too.
+        let mut n = 0;
+        let filled = {
+            let (first, second) = chunk.as_mut_slices();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                for slot in first.iter_mut().chain(second.iter_mut()) {
+                    let Some(v) = items.next() else { break };
+                    slot.write(v);
+                    n += 1;
+                }
+            }))
+        };
+        // SAFETY: the first `n` slots of the chunk were written just above (in order, first
+        // slice then second), and no more than the chunk holds.
+        unsafe { chunk.commit(n) };
         if n > 0 {
             self.pushed(n);
+        }
+        if let Err(panic) = filled {
+            std::panic::resume_unwind(panic);
         }
         Ok(n)
     }
