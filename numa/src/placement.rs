@@ -160,17 +160,13 @@ impl Placement {
                         allowed: order.len(),
                     });
                 }
+                // Checked before the list of `shards` CPUs is built (a huge count would abort
+                // on that allocation first).
+                check_ceiling(shards, allowed.len())?;
                 order.iter().copied().cycle().take(shards).collect()
             }
         };
-        let max = allowed.len().saturating_mul(MAX_SHARDS_PER_CPU);
-        if cpus.len() > max {
-            return Err(Error::OversubscribedTooFar {
-                asked: cpus.len(),
-                max,
-                per_cpu: MAX_SHARDS_PER_CPU,
-            });
-        }
+        check_ceiling(cpus.len(), allowed.len())?;
         let numa = cpus.iter().map(|&c| topo.numa_node_of(c)).collect();
         let placement = Placement {
             oversubscribed: cpus.len() > allowed.len(),
@@ -342,4 +338,17 @@ fn normal_order(topo: &Topology, allowed: &[usize], spread: bool) -> Vec<usize> 
         }
     }
     order
+}
+
+/// [`Error::OversubscribedTooFar`] beyond [`MAX_SHARDS_PER_CPU`] shards per allowed CPU.
+fn check_ceiling(shards: usize, allowed: usize) -> Result<()> {
+    let max = allowed.saturating_mul(MAX_SHARDS_PER_CPU);
+    if shards > max {
+        return Err(Error::OversubscribedTooFar {
+            asked: shards,
+            max,
+            per_cpu: MAX_SHARDS_PER_CPU,
+        });
+    }
+    Ok(())
 }

@@ -159,6 +159,9 @@ fn oversubscription_is_bounded() {
         "{e}"
     );
     assert!(e.to_string().contains("lower shards()"), "{e}");
+    // Refused before a list of that many CPUs is built (it would not fit in memory).
+    let e = Placement::new(&t, usize::MAX, &Policy::Compact, true).unwrap_err();
+    assert!(matches!(e, Error::OversubscribedTooFar { .. }), "{e}");
 }
 
 #[test]

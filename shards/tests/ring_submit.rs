@@ -248,7 +248,7 @@ fn ring_capacity_zero_is_an_error() {
     // A mesh too large for memory (N·(N−1) rings allocated up front) is an error that says
     // what to lower, not an abort.
     let e = Executor::builder()
-        .shards(100)
+        .shards(32) // 32·31 rings of 2^20 slots: 7.75 GiB, within 64 shards per CPU
         .oversubscribe(true)
         .ring_capacity(1 << 20)
         .build()

@@ -371,8 +371,8 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
         let mut announced = false;
         loop {
             let Some(items) = this.items.as_mut() else {
-                // Polled after it finished.
-                return Poll::Ready(Ok(()));
+                // It gave its items back in an `Err`: reporting success now would be a lie.
+                panic!("xtc: channel::shared::SendMany polled after it completed with an error");
             };
             match this.tx.try_send_many(items) {
                 Err(_) => {

@@ -185,7 +185,9 @@ impl Builder {
     }
 
     /// Allows more shards than allowed CPUs; they then share CPUs evenly. Needed for 3+ shards
-    /// on a 2-CPU machine. Cost: shards on one CPU time-slice through the OS scheduler.
+    /// on a 2-CPU machine. Cost: shards on one CPU time-slice through the OS scheduler. At
+    /// most [`MAX_SHARDS_PER_CPU`](xtc_numa::MAX_SHARDS_PER_CPU) shards per allowed CPU;
+    /// `build()` fails beyond that.
     pub fn oversubscribe(mut self, yes: bool) -> Builder {
         self.oversubscribe = yes;
         self
@@ -211,8 +213,10 @@ impl Builder {
     }
 
     /// Capacity of each ring of the cross-shard mesh, in messages (default 1024; must be
-    /// between 1 and [`MAX_RING_CAPACITY`](crate::MAX_RING_CAPACITY), else `build()` fails). Cost: `N·(N−1)` rings of this many pointer-sized
-    /// slots. A full ring makes `submit_to` wait (backpressure).
+    /// between 1 and [`MAX_RING_CAPACITY`](crate::MAX_RING_CAPACITY), else `build()` fails).
+    /// Cost: `N·(N−1)` rings of this many pointer-sized slots, allocated by `build()`, which
+    /// fails if they would take more than 4 GiB (lower this or the shard count). A full ring
+    /// makes `submit_to` wait (backpressure).
     pub fn ring_capacity(mut self, messages: usize) -> Builder {
         self.ring_capacity = messages;
         self

@@ -30,7 +30,8 @@ struct Pool {
 
 #[derive(Default)]
 struct PoolState {
-    jobs: VecDeque<Job>,
+    /// Queued jobs with their ids (`NEXT_JOB`), oldest first.
+    jobs: VecDeque<(u64, Job)>,
     threads: usize,
     idle: usize,
     /// Idle threads already notified and not yet awake: a job pushed while every idle thread
@@ -99,7 +100,7 @@ fn worker() {
     let pool = pool();
     let mut st = lock(&pool.state);
     loop {
-        if let Some(job) = st.jobs.pop_front() {
+        if let Some((_, job)) = st.jobs.pop_front() {
             drop(st);
             job();
             st = lock(&pool.state);
@@ -154,10 +155,12 @@ pub(crate) fn run<R: Send + 'static>(
             w.wake();
         }
     });
+    static NEXT_JOB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = NEXT_JOB.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let pool = pool();
     let spawn = {
         let mut st = lock(&pool.state);
-        st.jobs.push_back(job);
+        st.jobs.push_back((id, job));
         if st.idle > st.notified {
             st.notified += 1;
             false
@@ -175,21 +178,23 @@ pub(crate) fn run<R: Send + 'static>(
         {
             let mut st = lock(&pool.state);
             st.threads -= 1;
-            if st.threads == 0 {
-                // No thread will ever take the queued jobs (ours included): run them here
-                // rather than strand them (their futures would never resolve, and the loop
-                // would never go quiescent). Blocking the loop for a file operation beats
-                // never finishing it.
-                let jobs: Vec<Job> = st.jobs.drain(..).collect();
+            let ours = st.jobs.iter().position(|(j, _)| *j == id);
+            if st.threads == 0 && ours.is_some() {
+                // No thread will take our job: run it here rather than strand it (its future
+                // would never resolve, and the loop would never go quiescent). Only ours:
+                // another loop's job may wait for a task of this loop (two opens of a FIFO),
+                // and running it here could block this loop for good. Those wait for the next
+                // submission, which tries to start a thread again.
+                let (_, job) = st
+                    .jobs
+                    .remove(ours.unwrap_or_default())
+                    .expect("found above");
                 drop(st);
                 tracing::warn!(
-                    "xtc: could not start a blocking-pool thread ({e}); running {} file \
-                     operation(s) on the loop's thread",
-                    jobs.len()
+                    "xtc: could not start a blocking-pool thread ({e}); running this file \
+                     operation on the loop's thread"
                 );
-                for job in jobs {
-                    job();
-                }
+                job();
             } else {
                 drop(st);
                 tracing::warn!(
