@@ -250,13 +250,12 @@ fn a_panicking_stall_callback_does_not_kill_the_loop() {
         d.store(true, SeqCst); // the loop still polls its tasks afterwards
     })
     .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
-    let ran = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("run() hung after the stall callback panicked");
-    runner.join().unwrap();
-    ran.unwrap();
+    run_or_fail(
+        ex,
+        Duration::from_secs(20),
+        "after the stall callback panicked",
+    )
+    .unwrap();
     assert!(calls.load(SeqCst) >= 1, "the callback ran");
     assert!(
         done.load(SeqCst),

@@ -362,13 +362,12 @@ fn a_panicking_drop_of_a_task_future_does_not_kill_the_loop() {
         a.store(true, SeqCst);
     })
     .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
-    let ran = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("run() hung after a task's future panicked in Drop");
-    runner.join().unwrap();
-    ran.unwrap();
+    run_or_fail(
+        ex,
+        Duration::from_secs(20),
+        "after a task's future panicked in Drop",
+    )
+    .unwrap();
     assert!(
         after.load(SeqCst),
         "the loop went on after the panicking drops"

@@ -144,16 +144,7 @@ impl StreamIo {
         buf: &mut B,
     ) -> Poll<io::Result<usize>> {
         let mut st = self.poll.borrow_mut();
-        if let Some(op) = st.reading.as_mut() {
-            let (res, mut got) = ready!(Pin::new(op).poll(cx));
-            st.reading = None;
-            let r = result(res);
-            if let Ok(n) = r {
-                // SAFETY: the kernel initialized `n <= capacity` bytes.
-                unsafe { got.set_len(n as usize) };
-            }
-            st.rbuf = got;
-            st.rpos = 0;
+        if let Some(r) = ready!(poll_reading(&mut st, cx)) {
             r?;
         }
         let left = st.rbuf.len() - st.rpos;
@@ -253,16 +244,7 @@ impl StreamIo {
                     st.rpos += n;
                     return Poll::Ready(Ok(n));
                 }
-                if let Some(op) = st.reading.as_mut() {
-                    let (res, mut buf) = ready!(Pin::new(op).poll(cx));
-                    st.reading = None;
-                    let r = result(res);
-                    if let Ok(n) = r {
-                        // SAFETY: the kernel initialized `n <= capacity` bytes.
-                        unsafe { buf.set_len(n as usize) };
-                    }
-                    st.rbuf = buf;
-                    st.rpos = 0;
+                if let Some(r) = ready!(poll_reading(st, cx)) {
                     match r {
                         Ok(0) => return Poll::Ready(Ok(0)),
                         Ok(_) => continue,
@@ -349,6 +331,24 @@ impl StreamIo {
         ready!(self.poll_drain(cx))?;
         Poll::Ready(self.shutdown(Shutdown::Write))
     }
+}
+
+/// Completes the `AsyncRead` receive in flight (io_uring), if any: its bytes land in `rbuf`.
+/// `Ready(None)`: none was in flight; `Ready(Some(r))`: it finished with `r`.
+fn poll_reading(st: &mut PollState, cx: &mut Context<'_>) -> Poll<Option<io::Result<u32>>> {
+    let Some(op) = st.reading.as_mut() else {
+        return Poll::Ready(None);
+    };
+    let (res, mut got) = ready!(Pin::new(op).poll(cx));
+    st.reading = None;
+    let r = result(res);
+    if let Ok(n) = r {
+        // SAFETY: the kernel initialized `n <= capacity` bytes.
+        unsafe { got.set_len(n as usize) };
+    }
+    st.rbuf = got;
+    st.rpos = 0;
+    Poll::Ready(Some(r))
 }
 
 /// Waits for the `AsyncWrite` send in flight (io_uring), completing partial sends; its error,

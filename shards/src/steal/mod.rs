@@ -399,8 +399,8 @@ where
             },
             schedule,
         );
-    let here = with_core(|c| Arc::ptr_eq(&c.exec, exec) && c.index() == home) == Some(true);
-    if placed && !here {
+    // Only a placed spawn asks where it runs (`xtc::spawn`, the fork-join path, does not).
+    if placed && with_core(|c| Arc::ptr_eq(&c.exec, exec) && c.index() == home) != Some(true) {
         let l = &exec.loops[runnable.metadata().last.load(Relaxed) as usize];
         l.steal.injector.push(runnable);
         l.parker.unpark();

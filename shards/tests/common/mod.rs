@@ -21,3 +21,15 @@ pub fn burn(d: Duration) {
         std::hint::spin_loop();
     }
 }
+
+/// Runs `ex` on another thread and waits at most `limit` for `run()` to return: a hang fails
+/// the test (naming `what`) instead of blocking the suite.
+pub fn run_or_fail(ex: Executor, limit: Duration, what: &str) -> xtc_shards::Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
+    let ran = rx
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("run() hung: {what}"));
+    runner.join().unwrap();
+    ran
+}
