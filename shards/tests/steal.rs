@@ -370,3 +370,42 @@ fn lifo_deque_a_yielding_task_does_not_starve_its_siblings() {
     assert_eq!(order[1], "third", "then the newest sibling: {order:?}");
     assert_eq!(order[4], "spinner ends", "{order:?}");
 }
+
+/// Migratable spawns from a foreign thread racing the end of quiescent runs are kept for the
+/// next run, as pinned spawns are: none comes back cancelled (the stopping loop used to drop
+/// whatever sat in its injector).
+#[test]
+fn migratable_spawns_racing_a_quiescent_stop_are_kept() {
+    let ex = Arc::new(exec(2));
+    let h = ex.handle();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let spawner = std::thread::spawn(move || {
+        let mut handles = Vec::new();
+        while !s2.load(std::sync::atomic::Ordering::SeqCst) {
+            handles.push(h.spawn(async { 1u32 }));
+            std::thread::yield_now();
+        }
+        handles
+    });
+    for _ in 0..200 {
+        ex.run().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let handles = spawner.join().unwrap();
+    ex.run().unwrap(); // the last spawns
+    let mut cancelled = 0;
+    for j in handles {
+        match futures::executor::block_on(j) {
+            Ok(v) => assert_eq!(v, 1),
+            Err(e) => {
+                assert!(e.is_cancelled(), "{e}");
+                cancelled += 1;
+            }
+        }
+    }
+    assert_eq!(
+        cancelled, 0,
+        "spawns racing the end of a run were cancelled"
+    );
+}

@@ -462,7 +462,8 @@ fn publish_counts(core: &Core, polls: u64) {
 
 /// Drops every task this loop owns, on this thread (task protocol rule 3). With `keep_inbox`,
 /// messages still in the inbox that are not needed to finish that (fresh spawns, which own only
-/// their `Send` closure) are left for a later `run()`.
+/// their `Send` closure) are left for a later `run()`, and so are migratable tasks still queued
+/// (fresh spawns too, at a quiescent stop).
 pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     let shared = &*core.shared;
     // Waking schedules onto our own queue (task protocol rule 1) and never touches the registry.
@@ -488,7 +489,14 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
                 None => break,
             }
         }
-        steal::drop_local(core);
+        // At a quiescent stop (`keep_inbox`) every migratable task still queued is a fresh
+        // spawn from a foreign thread racing the end of `run()` (none was alive when the
+        // coordinator decided): it stays in the injector or deque for the next run, as a
+        // pinned spawn stays in the inbox. Any that also parked is dropped with the registered
+        // ones after the loops stop (`executor::drop_migratable`).
+        if !keep_inbox {
+            steal::drop_local(core);
+        }
         steal::flush_live(core);
         drop(crate::class::drain(core));
         // Dropping futures may have sent wakes to other loops (into rings, or into the backlog
@@ -499,7 +507,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         core.run_flushes();
         ring::evacuate(core);
         let queued = !core.queue.borrow().is_empty()
-            || steal::has_local(core)
+            || (!keep_inbox && steal::has_local(core))
             || (core.classes_active.get() && crate::class::any_queued(core));
         if queued {
             // The evacuation drained our incoming rings: drop what came in.
