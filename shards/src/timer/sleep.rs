@@ -104,26 +104,27 @@ impl Future for Sleep {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let deadline = self.deadline;
-        if let Some((owner, _)) = self.key {
-            if with_core(loop_id).is_some_and(|me| me != owner) {
-                // The task moved to this loop: the old timer goes, a new one is made here.
-                self.cancel();
-            }
-        }
         let key = self.key;
         let registered = with_core(|core| {
             let me = loop_id(core);
-            let mut timers = core.timers.borrow_mut();
             match key {
                 Some((owner, k)) if owner == me => {
                     // A live timer still pending: keep the newest waker. Fired: done.
-                    timers.update(k, cx.waker()).then_some((me, k))
+                    core.timers
+                        .borrow_mut()
+                        .update(k, cx.waker())
+                        .then_some((me, k))
                 }
                 _ => {
-                    // First poll, or the task moved here (its old timer cancelled above).
+                    if let Some((owner, k)) = key {
+                        // The task moved to this loop: the old timer goes (its loop cancels
+                        // it), a new one is made here.
+                        cancel_elsewhere(core, owner, k);
+                    }
                     if Instant::now() >= deadline {
                         None
                     } else {
+                        let mut timers = core.timers.borrow_mut();
                         Some((me, timers.insert(deadline, cx.waker().clone())))
                     }
                 }
