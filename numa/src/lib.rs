@@ -56,7 +56,7 @@ mod topology;
 mod victims;
 
 pub use error::{Error, Result};
-pub use pin::pin_current_thread;
+pub use pin::{bind_current_thread, pin_current_thread};
 pub use placement::{Placement, Policy, MAX_SHARDS_PER_CPU};
 pub use topology::{Level, Topology, MATRIX_BASE};
 pub use victims::{VictimOrder, DEFAULT_NUMA_SENSITIVITY};

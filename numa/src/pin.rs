@@ -21,17 +21,35 @@ use crate::topology::Topology;
 /// - [`Error::CpuNotAllowed`] if `cpu` is not in [`Topology::allowed_pus`];
 /// - [`Error::PinFailed`] with the OS error number if the system refuses.
 pub fn pin_current_thread(topo: &Topology, cpu: usize) -> Result<()> {
+    bind_current_thread(topo, &[cpu])?;
+    tracing::debug!(cpu, "current thread pinned");
+    Ok(())
+}
+
+/// Bind the calling thread to the CPUs with these OS indices (any of them), for good: what a
+/// helper thread started from a pinned one uses to run on every allowed CPU again, instead of
+/// the one it inherited.
+///
+/// Cost and errors: as [`pin_current_thread`] (a refused CPU of `cpus` is named; a failed
+/// bind names the first); an empty list is [`Error::NoAllowedCpus`].
+pub fn bind_current_thread(topo: &Topology, cpus: &[usize]) -> Result<()> {
     if topo.is_synthetic() {
         return Err(Error::SyntheticBind);
     }
-    if !topo.is_allowed(cpu) {
-        return Err(Error::CpuNotAllowed {
-            cpu,
-            allowed: topo.allowed_pus(),
-        });
+    if cpus.is_empty() {
+        return Err(Error::NoAllowedCpus);
     }
     let mut set = CpuSet::new();
-    set.set(cpu);
+    for &cpu in cpus {
+        if !topo.is_allowed(cpu) {
+            return Err(Error::CpuNotAllowed {
+                cpu,
+                allowed: topo.allowed_pus(),
+            });
+        }
+        set.set(cpu);
+    }
+    let first = cpus[0];
     topo.hw()
         .bind_cpu(&set, CpuBindingFlags::THREAD)
         .map_err(|e| {
@@ -41,9 +59,8 @@ pub fn pin_current_thread(topo: &Topology, cpu: usize) -> Result<()> {
                 HybridError::Rust(CpuBindingError::BadObject(_)) => libc::ENOSYS,
                 HybridError::Rust(_) => 0,
             };
-            tracing::warn!(cpu, errno, error = %e, "pinning the current thread failed");
-            Error::PinFailed { cpu, errno }
+            tracing::warn!(cpus = ?cpus, errno, error = %e, "binding the current thread failed");
+            Error::PinFailed { cpu: first, errno }
         })?;
-    tracing::debug!(cpu, "current thread pinned");
     Ok(())
 }

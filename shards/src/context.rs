@@ -230,6 +230,14 @@ impl Core {
         self.shared.index
     }
 
+    /// Whether a pinned task waits to run here: in the FIFO, or in a class lane (re-read each
+    /// time: a class created during a turn turns the lanes on mid-turn, and a task queued in
+    /// one must not be left behind by a park, where no timer would end it).
+    pub(crate) fn pinned_queued(&self) -> bool {
+        !self.queue.borrow().is_empty()
+            || (self.classes_active.get() && crate::class::any_queued(self))
+    }
+
     /// Queues a runnable pinned task of this loop: the plain FIFO, or its class lane once the
     /// loop has classes (one branch).
     pub(crate) fn enqueue(&self, r: Runnable) {

@@ -109,10 +109,7 @@ impl JoinError {
     /// The panic message when the payload is a string, as `panic!("..")` makes it.
     pub fn panic_message(&self) -> Option<&str> {
         match &self.repr {
-            JoinRepr::Panic(p) => p
-                .downcast_ref::<&'static str>()
-                .copied()
-                .or_else(|| p.downcast_ref::<String>().map(String::as_str)),
+            JoinRepr::Panic(p) => payload_message(&**p),
             JoinRepr::Cancelled => None,
         }
     }
@@ -140,3 +137,10 @@ impl fmt::Display for JoinError {
 }
 
 impl std::error::Error for JoinError {}
+
+/// A panic payload's message when it is a string, as `panic!("..")` makes it.
+pub(crate) fn payload_message(p: &(dyn Any + Send)) -> Option<&str> {
+    p.downcast_ref::<&'static str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+}

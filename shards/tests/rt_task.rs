@@ -323,11 +323,7 @@ fn a_panicking_drop_of_a_task_future_does_not_kill_the_loop() {
             panic!("a Drop bug");
         }
     }
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .build()
-        .unwrap();
+    let ex = exec(2);
     let after = Arc::new(AtomicBool::new(false));
     let a = after.clone();
     ex.spawn_on(0, move || async move {

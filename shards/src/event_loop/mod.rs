@@ -305,10 +305,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         steal::nudge_idle_peer(core);
         publish_counts(core, ran as u64);
         if ran == BATCH
-            || !core.queue.borrow().is_empty()
-            // Re-read: a class created during this turn turns the lanes on mid-turn, and a
-            // task queued in one must not be left behind by a park (no timer would end it).
-            || (core.classes_active.get() && crate::class::any_queued(core))
+            || core.pinned_queued()
             || shared.inbox.is_pending()
             || steal::has_local(core)
             || done()
@@ -506,9 +503,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         // (`tests/ring_submit.rs`, a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop).
         core.run_flushes();
         ring::evacuate(core);
-        let queued = !core.queue.borrow().is_empty()
-            || (!keep_inbox && steal::has_local(core))
-            || (core.classes_active.get() && crate::class::any_queued(core));
+        let queued = core.pinned_queued() || (!keep_inbox && steal::has_local(core));
         if queued {
             // The evacuation drained our incoming rings: drop what came in.
             continue;

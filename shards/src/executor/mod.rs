@@ -347,7 +347,7 @@ impl Executor {
         }
         let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)?;
         if !topology.is_synthetic() {
-            crate::io::blocking::set_allowed_cpus(topology.allowed_pus());
+            crate::io::blocking::set_topology(topology.clone());
         }
         // The ring mesh is allocated up front: N·(N−1) rings of `ring_capacity` pointer slots.
         let n = placement.len();

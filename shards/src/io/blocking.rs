@@ -40,38 +40,24 @@ struct PoolState {
     notified: usize,
 }
 
-/// The CPUs pool threads may run on: the process's allowed set, recorded when an executor is
-/// built (before any loop pins its thread). A pool thread is started from a loop thread and
-/// would otherwise inherit that loop's single-CPU pinning: all of them on one core, competing
-/// with that loop.
-static ALLOWED: OnceLock<Vec<usize>> = OnceLock::new();
+/// The machine's topology, recorded when an executor is built (before any loop pins its
+/// thread): pool threads bind themselves to its allowed CPUs. A pool thread is started from a
+/// loop thread and would otherwise inherit that loop's single-CPU pinning: all of them on one
+/// core, competing with that loop.
+static TOPOLOGY: OnceLock<Arc<xtc_numa::Topology>> = OnceLock::new();
 
-/// Records the process's allowed CPUs for the pool threads (the first call wins).
-pub(crate) fn set_allowed_cpus(cpus: Vec<usize>) {
-    let _ = ALLOWED.set(cpus);
+/// Records the running machine's topology for the pool threads (the first call wins).
+pub(crate) fn set_topology(topo: Arc<xtc_numa::Topology>) {
+    let _ = TOPOLOGY.set(topo);
 }
 
-/// Widens the calling pool thread's affinity to [`ALLOWED`] (if recorded).
+/// Widens the calling pool thread's affinity to every allowed CPU (if a topology is recorded).
 fn unpin_from_loop() {
-    let Some(cpus) = ALLOWED.get() else {
+    let Some(topo) = TOPOLOGY.get() else {
         return;
     };
-    // SAFETY: `cpu_set_t` is plain data, valid when zeroed; CPU_ZERO/CPU_SET only write inside
-    // it (indices past its size are skipped below); sched_setaffinity reads `size_of` bytes.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_ZERO(&mut set);
-        for &c in cpus {
-            if c < libc::CPU_SETSIZE as usize {
-                libc::CPU_SET(c, &mut set);
-            }
-        }
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::debug!(
-                "xtc: blocking-pool thread keeps its inherited affinity: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    if let Err(e) = xtc_numa::bind_current_thread(topo, &topo.allowed_pus()) {
+        tracing::debug!("xtc: blocking-pool thread keeps its inherited affinity: {e}");
     }
 }
 
@@ -270,31 +256,19 @@ mod tests {
         }
     }
 
-    /// Pins the calling thread to `cpu`.
-    fn pin(cpu: usize) {
-        // SAFETY: as in `unpin_from_loop`.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                0
-            );
-        }
-    }
-
     /// A pool thread started from a pinned loop thread runs on every allowed CPU, not on the
     /// loop's one (it inherited the pinning).
     #[test]
     fn pool_threads_do_not_inherit_a_loops_pinning() {
-        let all = affinity();
+        let topo = Arc::new(xtc_numa::Topology::detect().expect("the running machine"));
+        let all = topo.allowed_pus();
         if all.len() < 2 {
             println!("skipped: one allowed CPU");
             return;
         }
-        set_allowed_cpus(all.clone());
+        set_topology(topo.clone());
         let got = std::thread::spawn(move || {
-            pin(all[0]);
+            xtc_numa::pin_current_thread(&topo, all[0]).expect("pin");
             // Enough jobs at once that at least one new pool thread starts from here.
             let jobs: Vec<_> = (0..MAX_THREADS)
                 .map(|_| {

@@ -401,13 +401,17 @@ where
         );
     // Only a placed spawn asks where it runs (`xtc::spawn`, the fork-join path, does not).
     if placed && with_core(|c| Arc::ptr_eq(&c.exec, exec) && c.index() == home) != Some(true) {
-        let l = &exec.loops[runnable.metadata().last.load(Relaxed) as usize];
-        l.steal.injector.push(runnable);
-        l.parker.unpark();
+        inject(&exec.loops[home], runnable);
     } else {
         runnable.schedule();
     }
     JoinHandle::new(task)
+}
+
+/// Rule 1 off that loop's thread: queues `r` in loop `l`'s injector and pings it.
+fn inject(l: &crate::event_loop::LoopShared, r: Runnable) {
+    l.steal.injector.push(r);
+    l.parker.unpark();
 }
 
 /// The schedule function of migratable tasks (rule 1).
@@ -421,9 +425,7 @@ pub(crate) fn schedule(r: Runnable) {
         match r.metadata().home.exec().upgrade() {
             Some(e) => {
                 let last = (r.metadata().last.load(Relaxed) as usize).min(e.loops.len() - 1);
-                let l = &e.loops[last];
-                l.steal.injector.push(r);
-                l.parker.unpark();
+                inject(&e.loops[last], r);
             }
             // The executor is gone: the future is `Send`, dropping it here is fine.
             None => drop(r),

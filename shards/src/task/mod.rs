@@ -226,11 +226,7 @@ fn set_done<F, Fut>(stage: &mut Stage<F, Fut>) {
 /// loop's thread died with its status BUSY, and `run()` never returned (rule 4).
 pub(crate) fn drop_guarded(drop: impl FnOnce()) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(drop)) {
-        let msg = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a non-string payload".to_string());
+        let msg = crate::error::payload_message(&*payload).unwrap_or("a non-string payload");
         tracing::error!("xtc: a task's future panicked while being dropped (ignored): {msg}");
         // The payload's own drop could panic too: it is forgotten rather than risked.
         std::mem::forget(payload);
