@@ -382,3 +382,141 @@ fn a_repolled_submit_to_waits_once_for_ring_space() {
         "one wait per submit_to, not one per poll: {waits}"
     );
 }
+
+/// Records, when dropped, the shard it was dropped on (`usize::MAX` off any loop).
+struct DropSite(Arc<std::sync::Mutex<Vec<usize>>>);
+
+impl Drop for DropSite {
+    fn drop(&mut self) {
+        let at = shard::try_id().unwrap_or(usize::MAX);
+        self.0.lock().unwrap().push(at);
+    }
+}
+
+#[test]
+fn a_submit_to_future_is_dropped_on_its_target_and_its_output_reaches_the_caller() {
+    // The submit task finishes in two steps (task/submit.rs): the future is dropped on the
+    // target, the output alone travels home. `run()` returning Ok shows the parked task left
+    // the target's registry (a stale entry would be a deadlock report after the grace).
+    let ex = Executor::builder()
+        .shards(3)
+        .oversubscribe(true)
+        .deadlock_grace(Some(Duration::from_millis(500)))
+        .build()
+        .unwrap();
+    let futures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let outputs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (f, o, r) = (futures.clone(), outputs.clone(), results.clone());
+    ex.spawn_on(0, move || async move {
+        for target in [1, 2] {
+            let (f, o) = (f.clone(), o.clone());
+            let got = shard::submit_to(target, move || async move {
+                let guard = DropSite(f);
+                // Parks once on the target: it joins that loop's registry.
+                xtc_shards::time::sleep(Duration::from_millis(5)).await;
+                let _keep = &guard;
+                (shard::id(), DropSite(o))
+            })
+            .await
+            .unwrap();
+            r.lock().unwrap().push((got.0, shard::id()));
+            drop(got.1);
+        }
+        // A panic after a park comes back the same way.
+        let boom = shard::submit_to(2, || async {
+            xtc_shards::yield_now().await;
+            panic!("late boom");
+        })
+        .await;
+        assert!(matches!(boom, Err(Error::Join(e)) if e.panic_message() == Some("late boom")));
+    })
+    .unwrap();
+    let ex = run_or_fail(ex, Duration::from_secs(20), "submit_to round trips");
+    ex.unwrap();
+    assert_eq!(
+        *futures.lock().unwrap(),
+        vec![1, 2],
+        "futures drop on their targets"
+    );
+    assert_eq!(
+        *outputs.lock().unwrap(),
+        vec![0, 0],
+        "outputs reach the caller, once"
+    );
+    assert_eq!(*results.lock().unwrap(), vec![(1, 0), (2, 0)]);
+}
+
+#[test]
+fn a_submit_to_given_up_by_its_caller_drops_its_output_once() {
+    let ex = exec(2);
+    let outputs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let o = outputs.clone();
+    let timed_out = ex
+        .block_on(move || async move {
+            let o2 = o.clone();
+            let r = xtc_shards::time::timeout(
+                Duration::from_millis(10),
+                shard::submit_to(1, move || async move {
+                    xtc_shards::time::sleep(Duration::from_millis(60)).await;
+                    DropSite(o2)
+                }),
+            )
+            .await;
+            // The target finishes after the caller gave up: its output goes nowhere but must
+            // still be dropped, once.
+            xtc_shards::time::sleep(Duration::from_millis(200)).await;
+            r.is_err()
+        })
+        .unwrap();
+    assert!(timed_out);
+    assert_eq!(
+        outputs.lock().unwrap().len(),
+        1,
+        "{:?}",
+        outputs.lock().unwrap()
+    );
+}
+
+#[test]
+fn a_stop_that_evacuates_a_backlog_leaves_the_next_run_quiescent() {
+    // A stop while loop 0 holds a backlog for loop 1 hands it to loop 1's inbox; the ring
+    // counts must not keep it as sent-but-never-received, or no later run reaches quiescence.
+    for capacity in [1, 1024] {
+        let ex = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .ring_capacity(capacity)
+            .build()
+            .unwrap();
+        let settled = Arc::new(AtomicU64::new(0));
+        let s = settled.clone();
+        ex.block_on(move || async move {
+            let h = shard::handle().unwrap();
+            for _ in 0..3000 {
+                let token = Settled(s.clone());
+                // From a worker: ring 0 -> 1, then its backlog.
+                h.spawn_on(1, move || async move { drop(token) }).unwrap();
+            }
+        })
+        .unwrap();
+        ex.spawn_on(0, || async {}).unwrap();
+        run_or_fail(
+            ex,
+            Duration::from_secs(20),
+            "a run after a stop with a backlog",
+        )
+        .unwrap();
+        // Each task ran, or was dropped by the stop that ended `block_on`: none is lost.
+        assert_eq!(settled.load(SeqCst), 3000, "capacity {capacity}");
+    }
+}
+
+/// Counts itself once when dropped.
+struct Settled(Arc<AtomicU64>);
+
+impl Drop for Settled {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}

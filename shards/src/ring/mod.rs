@@ -418,6 +418,9 @@ pub(crate) fn evacuate(core: &Core) {
         let mut moved = false;
         while let Some(r) = m.backlog[to].pop_front() {
             m.backlogged -= 1;
+            // It leaves the ring mesh: its push was counted as sent on the ring (rule 6), and
+            // the ring will never count it received; the inbox counts it from here.
+            m.sent -= 1;
             owner.inbox.push(r);
             moved = true;
         }
