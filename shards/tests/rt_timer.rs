@@ -182,3 +182,21 @@ fn huge_durations_do_not_panic() {
         assert!(futures::poll!(next.as_mut()).is_pending());
     });
 }
+
+#[test]
+fn a_sleep_polled_in_one_run_still_waits_in_the_next() {
+    // The first run's timers go with that run; the sleep registers again in the second one
+    // instead of taking the missing timer for a fired one.
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let started = Instant::now();
+    // The first run hands the polled sleep back (`block_on` takes `'static` futures).
+    #[allow(clippy::async_yields_async)]
+    let sleep = ex.block_on(async {
+        let mut s = Box::pin(time::sleep(Duration::from_millis(300)));
+        assert!(futures::poll!(s.as_mut()).is_pending());
+        s
+    });
+    ex.block_on(sleep);
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(300), "woke after {took:?}");
+}

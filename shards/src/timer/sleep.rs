@@ -109,11 +109,17 @@ impl Future for Sleep {
             let me = loop_id(core);
             match key {
                 Some((owner, k)) if owner == me => {
-                    // A live timer still pending: keep the newest waker. Fired: done.
-                    core.timers
-                        .borrow_mut()
-                        .update(k, cx.waker())
-                        .then_some((me, k))
+                    // A live timer still pending: keep the newest waker. Gone: it fired, or
+                    // it was registered in an earlier run of this loop, whose timers went
+                    // with that run (generations differ): done only if the deadline passed.
+                    let mut timers = core.timers.borrow_mut();
+                    if timers.update(k, cx.waker()) {
+                        Some((me, k))
+                    } else if Instant::now() >= deadline {
+                        None
+                    } else {
+                        Some((me, timers.insert(deadline, cx.waker().clone())))
+                    }
                 }
                 _ => {
                     if let Some((owner, k)) = key {
