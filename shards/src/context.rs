@@ -58,6 +58,8 @@ pub(crate) struct Core {
     pub(crate) registry: RefCell<Slab<Entry>>,
     pub(crate) mesh: RefCell<LocalMesh>,
     pub(crate) tasks_done: Cell<u64>,
+    /// The I/O counts of earlier runs (this run's reactor counts from zero).
+    pub(crate) io_base: (u64, u64),
     /// End (exclusive) of the block of turn stamps this loop reserved ([`TURN`]).
     pub(crate) stamps_end: Cell<u64>,
     /// End-of-turn signals registered this turn.
@@ -190,6 +192,17 @@ impl Core {
             .stats
             .messages_received
             .load(std::sync::atomic::Ordering::Relaxed);
+        // Like the ring counts, `LoopStats` totals continue across runs.
+        let stats = &shared.stats;
+        let tasks_done = stats.tasks_run.load(std::sync::atomic::Ordering::Relaxed);
+        let io_base = (
+            stats
+                .io_submitted
+                .load(std::sync::atomic::Ordering::Relaxed),
+            stats
+                .io_completed
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
         let io = crate::io::Reactor::new(exec.io_driver, shared.parker.fd());
         shared.stats.io_driver.store(
             match io.kind() {
@@ -207,7 +220,8 @@ impl Core {
             queue: RefCell::new(VecDeque::with_capacity(1024)),
             timers: RefCell::new(Timers::new()),
             registry: RefCell::new(Slab::with_capacity(1024)),
-            tasks_done: Cell::new(0),
+            tasks_done: Cell::new(tasks_done),
+            io_base,
             stamps_end: Cell::new(0),
             flushes: RefCell::new(Vec::new()),
             deque: RefCell::new(deque),

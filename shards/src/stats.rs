@@ -9,6 +9,7 @@ use crate::sync::{
 };
 
 /// A snapshot of one loop's counters, from [`Handle::loop_stats`](crate::Handle::loop_stats).
+/// Every count is a total over all the runs of the executor so far.
 ///
 /// Fields are read one by one without a lock, so a snapshot taken while the loop runs may mix
 /// values from adjacent loop turns. `busy` and `idle` never decrease from one snapshot to the

@@ -622,3 +622,17 @@ fn huge_knob_durations_saturate() {
     ex.set_spin_before_park(huge);
     assert!(ex.spin_before_park() > Duration::from_secs(86_400 * 365 * 100));
 }
+
+#[test]
+fn loop_stats_count_over_every_run() {
+    let ex = exec(1);
+    for round in 1..=2u64 {
+        for _ in 0..10 {
+            ex.spawn_on(0, || async {}).unwrap();
+        }
+        ex.run().unwrap();
+        let s = ex.loop_stats(0).unwrap();
+        assert_eq!(s.tasks_run, 10 * round, "round {round}: {s:?}");
+        assert!(s.polls >= 10 * round, "round {round}: {s:?}");
+    }
+}

@@ -451,10 +451,10 @@ fn publish_counts(core: &Core, polls: u64) {
     let (sub, done) = core.io.counts();
     stats
         .io_submitted
-        .store(sub, crate::sync::Ordering::Relaxed);
+        .store(core.io_base.0 + sub, crate::sync::Ordering::Relaxed);
     stats
         .io_completed
-        .store(done, crate::sync::Ordering::Relaxed);
+        .store(core.io_base.1 + done, crate::sync::Ordering::Relaxed);
 }
 
 /// Drops every task this loop owns, on this thread (task protocol rule 3). With `keep_inbox`,
