@@ -200,3 +200,51 @@ fn a_sleep_polled_in_one_run_still_waits_in_the_next() {
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(300), "woke after {took:?}");
 }
+
+/// A waker whose `wake` panics (user code: a future polled by hand with a custom waker).
+fn panicking_waker() -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    fn clone(p: *const ()) -> RawWaker {
+        RawWaker::new(p, &VTABLE)
+    }
+    fn wake(_: *const ()) {
+        panic!("a user waker panics");
+    }
+    fn drop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, drop);
+    // SAFETY: the vtable's functions ignore the data pointer, which is never dereferenced.
+    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
+#[test]
+fn a_panicking_waker_of_a_timer_does_not_take_its_loop_down() {
+    use std::{future::Future, task::Context};
+    let ex = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let after = ex
+        .spawn_on(0, || async {
+            let mut s = Box::pin(time::sleep(Duration::from_millis(10)));
+            let waker = panicking_waker();
+            assert!(s
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending());
+            // The timer fires while this task sleeps longer: the loop wakes the panicking
+            // waker and must go on.
+            time::sleep(Duration::from_millis(50)).await;
+            drop(s);
+            7
+        })
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
+    let ran = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("run() hung after a waker panicked");
+    runner.join().unwrap();
+    ran.unwrap();
+    assert_eq!(futures::executor::block_on(after).unwrap(), 7);
+}

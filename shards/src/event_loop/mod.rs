@@ -226,7 +226,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             core.timers.borrow_mut().expire(Instant::now(), &mut wakers);
             bump(&shared.stats.timers_fired, wakers.len() as u64);
             for w in wakers.drain(..) {
-                w.wake();
+                crate::task::wake_guarded(w);
             }
         }
         // Step 4. Pinned tasks first (FIFO, or by class once the loop has classes), then

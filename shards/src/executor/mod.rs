@@ -661,7 +661,16 @@ fn worker(
         return;
     };
     tracing::trace!(shard = core.index(), ?cpu, "shard loop started");
-    event_loop::run(&core, true, &|| false);
+    // A panic here is a bug in xtc (task code, wakers and drops are guarded): stop the
+    // executor so `run()` returns and reports it, rather than waiting on a loop that is gone.
+    let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        event_loop::run(&core, true, &|| false)
+    }));
+    if let Err(payload) = looped {
+        tracing::error!(shard = core.index(), "xtc: a shard loop panicked; stopping");
+        exec.request_stop(StopReason::Requested);
+        std::panic::resume_unwind(payload);
+    }
     let reason = exec.stop_reason();
     if reason == StopReason::Deadlock as u32 {
         let lines: Vec<String> = core

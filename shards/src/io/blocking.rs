@@ -138,7 +138,7 @@ pub(crate) fn run<R: Send + 'static>(
             s.waker.take()
         };
         if let Some(w) = waker {
-            w.wake();
+            crate::task::wake_guarded(w);
         }
     });
     static NEXT_JOB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

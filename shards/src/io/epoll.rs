@@ -361,7 +361,7 @@ impl Epoll {
         }
         let n = wakers.len();
         for w in wakers {
-            w.wake();
+            crate::task::wake_guarded(w);
         }
         (pinged, n)
     }

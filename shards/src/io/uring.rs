@@ -406,7 +406,7 @@ impl Uring {
                     match std::mem::replace(slot, Lifecycle::Completed(res)) {
                         Lifecycle::Waiting(w) => {
                             drop(ops);
-                            w.wake();
+                            crate::task::wake_guarded(w);
                         }
                         Lifecycle::Ignored(data, is_fd) => {
                             ops.remove(key);

@@ -385,7 +385,7 @@ pub(crate) fn flush(core: &Core) {
     }
     drop(m);
     for w in wake {
-        w.wake();
+        crate::task::wake_guarded(w);
     }
 }
 

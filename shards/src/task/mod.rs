@@ -225,10 +225,24 @@ fn set_done<F, Fut>(stage: &mut Stage<F, Fut>) {
 /// cancelled or finished future from `Runnable::run` and from `Runnable`'s own drop): the
 /// loop's thread died with its status BUSY, and `run()` never returned (rule 4).
 pub(crate) fn drop_guarded(drop: impl FnOnce()) {
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(drop)) {
+    guarded("a task's future panicked while being dropped", drop);
+}
+
+/// Wakes `waker` under `catch_unwind`, for the loop's own wake-ups (timers, I/O completions,
+/// ring space, the blocking pool): a waker is user code when a future was polled with a
+/// custom one, and a panic in it unwound out of the loop, whose status stayed BUSY so `run()`
+/// never returned (DESIGN.md invariant 9). Logged and dropped instead. Costs nothing extra when
+/// the wake does not panic (a landing pad, no work on the normal path).
+pub(crate) fn wake_guarded(waker: std::task::Waker) {
+    guarded("a waker panicked when woken", || waker.wake());
+}
+
+/// Runs `f`; a panic is logged as `what` and goes no further. The payload's own drop could
+/// panic too: it is forgotten rather than risked.
+fn guarded(what: &str, f: impl FnOnce()) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
         let msg = crate::error::payload_message(&*payload).unwrap_or("a non-string payload");
-        tracing::error!("xtc: a task's future panicked while being dropped (ignored): {msg}");
-        // The payload's own drop could panic too: it is forgotten rather than risked.
+        tracing::error!("xtc: {what} (ignored): {msg}");
         std::mem::forget(payload);
     }
 }
