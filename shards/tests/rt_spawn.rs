@@ -636,3 +636,32 @@ fn loop_stats_count_over_every_run() {
         assert!(s.polls >= 10 * round, "round {round}: {s:?}");
     }
 }
+
+#[test]
+fn a_stop_asked_between_runs_ends_the_next_run_only() {
+    let ex = exec(1);
+    let h = ex.handle();
+    h.stop();
+    let dropped = ex.spawn_on(0, || async { 1 }).unwrap();
+    run_or_fail_keep(&ex, "a run after a stop asked while idle");
+    let r = futures::executor::block_on(dropped);
+    assert!(
+        r.is_err_and(|e| e.is_cancelled()),
+        "the latched stop drops the queued task"
+    );
+    // The stop was consumed: the following run runs its task to quiescence.
+    let kept = ex.spawn_on(0, || async { 2 }).unwrap();
+    run_or_fail_keep(&ex, "the run after that");
+    assert_eq!(futures::executor::block_on(kept).unwrap(), 2);
+}
+
+/// Runs `ex` to its end on this thread, failing the test if it takes more than 10 s.
+fn run_or_fail_keep(ex: &Executor, what: &str) {
+    let t = Instant::now();
+    ex.run().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "{what}: took {:?}",
+        t.elapsed()
+    );
+}

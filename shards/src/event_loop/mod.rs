@@ -206,7 +206,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         {
             status.busy();
         }
-        if shared.inbox.drain_into(&mut spare) > 0 {
+        // The inbox publishes its pop count as it drains: still idle here means nothing was
+        // pending a moment ago, and a push racing in now waits for the next turn, whose check
+        // above announces BUSY first (the ring counts are published at the end of the turn).
+        if !status.is_idle() && shared.inbox.drain_into(&mut spare) > 0 {
             bump(&shared.stats.inbox_received, spare.len() as u64);
             for r in spare.drain(..) {
                 core.enqueue(r);

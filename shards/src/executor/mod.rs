@@ -745,6 +745,11 @@ impl Handle {
 
     /// Asks the executor to stop: `run()` returns once every loop has dropped its tasks.
     /// Safe from any thread; idempotent. Cost: one wake ping per loop.
+    ///
+    /// A stop asked while no `run()` (or `block_on`) is in progress is kept for the next one,
+    /// which then stops at once and drops what was queued (its `JoinHandle`s report cancelled):
+    /// a stop that races the start of `run()` from another thread is never lost. Each run
+    /// clears it when it returns, so a stop is consumed by exactly one run.
     pub fn stop(&self) {
         self.shared.request_stop(StopReason::Requested)
     }
