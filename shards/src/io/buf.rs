@@ -276,7 +276,10 @@ impl DerefMut for FixedBuf {
 
 impl Drop for FixedBuf {
     fn drop(&mut self) {
-        if let Some(b) = self.buf.take() {
+        if let Some(mut b) = self.buf.take() {
+            // Empty for the next `take`: one connection's bytes must not show up in, or be
+            // sent ahead of, another's (the capacity, and the registration, stay).
+            b.clear();
             if let Some(slot) = self.pool.slots.borrow_mut().get_mut(self.index as usize) {
                 *slot = Some(b);
             }
