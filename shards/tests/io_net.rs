@@ -1633,3 +1633,111 @@ async fn read_n_or_eof(c: &TcpStream) -> usize {
     let (r, _) = c.read(Vec::with_capacity(1)).await;
     r.unwrap_or(0)
 }
+
+#[test]
+fn a_fixed_buffer_comes_back_empty_from_its_pool() {
+    on_each_driver(
+        "a_fixed_buffer_comes_back_empty_from_its_pool",
+        1,
+        |_| async {
+            let pool = FixedBufPool::register(1, 64).unwrap();
+            let mut b = pool.take().unwrap();
+            assert_eq!(b.put_slice(b"one client's bytes"), 18);
+            drop(b);
+            // The one buffer again: empty, with its whole capacity to fill.
+            let mut b = pool.take().unwrap();
+            assert!(b.is_empty(), "reused buffer holds {:?}", &b[..]);
+            assert_eq!(b.put_slice(&[7; 64]), 64);
+        },
+    );
+}
+
+/// A stream dropped right after `AsyncWrite` reported bytes written (no flush, as code written
+/// for tokio does) still delivers them: io_uring's send in flight behind the write call is left
+/// to finish, not cancelled.
+#[test]
+fn async_write_then_drop_delivers_every_byte_reported_written() {
+    on_each_driver("async_write_then_drop_delivers", 1, |driver| async move {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            // Read nothing until the client has written and dropped its end.
+            thread::sleep(Duration::from_millis(300));
+            let mut all = Vec::new();
+            s.read_to_end(&mut all).unwrap();
+            all
+        });
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        // Fill the socket buffers, so the next write's bytes wait behind them.
+        let chunk = [7u8; 65536];
+        let mut before = 0usize;
+        loop {
+            // SAFETY: `chunk` is live for the call.
+            let n = unsafe {
+                libc::send(
+                    c.as_raw_fd(),
+                    chunk.as_ptr().cast(),
+                    chunk.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n < 0 {
+                break;
+            }
+            before += n as usize;
+        }
+        AsyncWriteExt::write_all(&mut c, b"TAIL").await.unwrap();
+        drop(c);
+        let all = guard("server", async {
+            while !server.is_finished() {
+                sleep(Duration::from_millis(5)).await;
+            }
+            server.join().unwrap()
+        })
+        .await;
+        assert_eq!(
+            all.len(),
+            before + 4,
+            "{driver}: bytes reported written were lost"
+        );
+        assert!(all.ends_with(b"TAIL"));
+    });
+}
+
+/// The send a dropped stream leaves behind (above) does not hold `run()` when nobody reads:
+/// the run ends at quiescence, and the send goes with the loop.
+#[test]
+fn run_is_not_held_by_a_send_a_dropped_stream_left() {
+    each_driver(
+        "run_is_not_held_by_a_send",
+        1,
+        |b| b,
+        |driver, ex| {
+            let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+            ex.spawn_on(0, move || async move {
+                let mut s = UnixStream::from_std(mine).unwrap();
+                let chunk = pattern(26, 64 * 1024);
+                // Until the buffer is full: the last write's bytes wait in a send in flight.
+                for _ in 0..1_000 {
+                    let write = AsyncWriteExt::write(&mut s, &chunk);
+                    if xtc_shards::time::timeout(Duration::from_millis(50), write)
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                drop(s);
+            })
+            .unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let runner = thread::spawn(move || tx.send(ex.run()).unwrap());
+            let ran = rx.recv_timeout(Duration::from_secs(20));
+            drop(theirs);
+            runner.join().unwrap();
+            ran.unwrap_or_else(|_| panic!("{driver}: run() waited on a detached send"))
+                .unwrap();
+        },
+    );
+}

@@ -16,6 +16,11 @@
 //!    `Ignored(data)`, and submits an `AsyncCancel` for it. The data lives until the
 //!    completion (of the operation or of its cancellation) is reaped, so the kernel never
 //!    writes into freed memory. No slot is freed while the kernel may still use it.
+//!    **4b. Detach.** An `Op` whose operation must still happen (a send whose bytes were
+//!    reported written) moves its data into the slot as `Detached(data)` and cancels
+//!    nothing; the completion frees it. A detached operation holds no task, so it does not
+//!    keep the loop from quiescence; one still in flight when the loop stops is cancelled
+//!    by rule 5.
 //! 5. **Shutdown.** Dropping the driver cancels every operation still in flight (and the
 //!    wake-ping read) and waits up to one second for their completions; what is still
 //!    outstanding then is leaked (logged), never freed under the kernel.
@@ -119,6 +124,9 @@ enum Lifecycle {
     /// The Op was dropped: its data, kept until the completion, and whether a successful
     /// result is a new descriptor that nobody will own (closed when it arrives).
     Ignored(#[allow(dead_code)] Box<dyn Any>, bool),
+    /// The Op let its operation run on without it (`Op::detach`, rule 4b): its data, kept
+    /// until the completion, whose result nobody reads.
+    Detached(#[allow(dead_code)] Box<dyn Any>),
     Completed(i32),
 }
 
@@ -155,6 +163,8 @@ pub(crate) struct Uring {
     scratch: RefCell<Vec<(u64, i32)>>,
     submitted: Cell<u64>,
     completed: Cell<u64>,
+    /// Slots in `Lifecycle::Detached`.
+    detached: Cell<usize>,
 }
 
 impl fmt::Debug for Uring {
@@ -214,6 +224,7 @@ impl Uring {
             scratch: RefCell::new(Vec::with_capacity(64)),
             submitted: Cell::new(0),
             completed: Cell::new(0),
+            detached: Cell::new(0),
         })
     }
 
@@ -221,8 +232,10 @@ impl Uring {
         self.id
     }
 
+    /// Operations someone waits for (detached ones excepted, rule 4b: they hold no task and
+    /// must not keep the loop from quiescence).
     pub(crate) fn in_flight(&self) -> usize {
-        self.ops.borrow().len()
+        self.ops.borrow().len() - self.detached.get()
     }
 
     pub(crate) fn counts(&self) -> (u64, u64) {
@@ -414,6 +427,12 @@ impl Uring {
                             close_orphan(res, is_fd);
                             drop(data);
                         }
+                        Lifecycle::Detached(data) => {
+                            ops.remove(key);
+                            drop(ops);
+                            self.detached.set(self.detached.get() - 1);
+                            drop(data);
+                        }
                         Lifecycle::Submitted | Lifecycle::Completed(_) => {}
                     }
                 }
@@ -509,6 +528,28 @@ impl Uring {
         match self.ops.borrow().get(key) {
             Some(Lifecycle::Completed(res)) => Some(*res),
             _ => None,
+        }
+    }
+
+    /// An Op that lets its operation finish unobserved: its data (the buffer) stays with the
+    /// driver until the completion, and nothing is cancelled. Submitted now, as in `abandon`:
+    /// the caller may close the descriptor next.
+    fn detach(&self, key: usize, data: Box<dyn Any>) {
+        let mut ops = self.ops.borrow_mut();
+        let Some(slot) = ops.get_mut(key) else {
+            return;
+        };
+        if let Lifecycle::Completed(_) = *slot {
+            ops.remove(key);
+            drop(ops);
+            drop(data);
+            return;
+        }
+        *slot = Lifecycle::Detached(data);
+        drop(ops);
+        self.detached.set(self.detached.get() + 1);
+        if let Err(e) = self.enter(0, None) {
+            tracing::warn!("xtc: io_uring submit of a detached operation failed: {e}");
         }
     }
 
@@ -649,6 +690,16 @@ impl<T> Op<T> {
     /// resolves to it). `None` while in flight, and off its loop. Cost: one slab lookup.
     pub(crate) fn completed(&self) -> Option<i32> {
         with_uring(self.driver, |u| u.peek_op(self.key)).flatten()
+    }
+
+    /// Lets the operation run to its end without this Op (no cancellation): the driver keeps
+    /// its data until the completion and discards the result. For a send whose bytes were
+    /// already reported written (`AsyncWrite`). Off its loop (driver gone) the data is dropped.
+    pub(crate) fn detach(mut self) {
+        if let Some(data) = self.data.take() {
+            let key = self.key;
+            let _ = with_uring(self.driver, move |u| u.detach(key, Box::new(data)));
+        }
     }
 
     /// The data the operation holds (its buffer), until it resolves.

@@ -43,6 +43,12 @@ const READ_BUF: usize = 8 * 1024;
 /// Most bytes one `poll_write` takes on io_uring (bounds the internal copy).
 const WRITE_BUF: usize = 64 * 1024;
 
+/// The `futures::io` side's state on io_uring.
+///
+/// Dropped with its stream, a send in flight is detached, not cancelled: `poll_write`
+/// reported its bytes written, as a kernel socket buffer would have taken them (tokio, and
+/// this stream on epoll), so code that drops a stream without `flush`/`close` still delivers
+/// them. The send holds its own reference to the socket, which closes after it.
 #[derive(Debug, Default)]
 struct PollState {
     reading: Option<Op<Vec<u8>>>,
@@ -81,10 +87,21 @@ fn start_send(fd: i32, buf: Vec<u8>, from: usize) -> io::Result<Op<Vec<u8>>> {
         // SAFETY: `from < len`, so the pointer stays inside the buffer.
         let ptr = unsafe { b.as_ptr().add(from) };
         opcode::Send::new(types::Fd(fd), ptr, (b.len() - from) as u32)
-            .flags(libc::MSG_NOSIGNAL)
+            // MSG_WAITALL: the kernel completes a short send itself (io_uring, Linux 6.0+), so a
+            // detached send (see `PollState`) delivers all of its bytes; older kernels ignore it
+            // on a send, and `drain` resubmits the rest.
+            .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
             .build()
     })
     .map_err(|(e, _)| e)
+}
+
+impl Drop for PollState {
+    fn drop(&mut self) {
+        if let Some(op) = self.writing.take() {
+            op.detach();
+        }
+    }
 }
 
 impl StreamIo {
@@ -256,6 +273,9 @@ impl StreamIo {
                 }
                 let mut buf = std::mem::take(&mut st.rbuf);
                 buf.clear();
+                // `rpos` indexes `rbuf`, now empty (also if the submit below fails and gives
+                // it back): an owned `read` must not copy from a stale position.
+                st.rpos = 0;
                 // No read-ahead past what the caller asked for: bytes left in `rbuf` would be
                 // invisible to the next owner of the descriptor (`into_std`).
                 let want = out.len().min(READ_BUF);
