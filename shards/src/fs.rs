@@ -65,12 +65,20 @@ impl Metadata {
 
     /// Last modification time.
     pub fn modified(&self) -> SystemTime {
-        let d = Duration::new(self.stat.mtime_sec.unsigned_abs(), self.stat.mtime_nsec);
-        if self.stat.mtime_sec >= 0 {
-            SystemTime::UNIX_EPOCH + d
+        // The kernel's time is `sec + nsec` with `0 <= nsec < 1e9`, `sec` possibly negative
+        // (before 1970): the nanoseconds always count forward.
+        let secs = Duration::from_secs(self.stat.mtime_sec.unsigned_abs());
+        let nanos = Duration::from_nanos(u64::from(self.stat.mtime_nsec));
+        let whole = if self.stat.mtime_sec >= 0 {
+            SystemTime::UNIX_EPOCH.checked_add(secs)
         } else {
-            SystemTime::UNIX_EPOCH - d
-        }
+            SystemTime::UNIX_EPOCH.checked_sub(secs)
+        };
+        // Checked: no panic on a timestamp at the edge of the representable range.
+        whole
+            .and_then(|t| t.checked_add(nanos))
+            .or(whole)
+            .unwrap_or(SystemTime::UNIX_EPOCH)
     }
 }
 

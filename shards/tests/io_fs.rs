@@ -367,3 +367,49 @@ fn concurrent_opens_of_a_fifo_both_complete() {
         w.unwrap();
     });
 }
+
+#[test]
+fn offsets_past_the_largest_file_offset_are_rejected_alike() {
+    on_each_driver(
+        "offsets_past_the_largest_file_offset",
+        1,
+        |driver| async move {
+            let path = temp_path("huge-offset");
+            let _c = Cleanup(path.clone());
+            let f = open_scratch(&path).await;
+            let (r, _) = f.write_all_at(&b"0123456789"[..], 0).await;
+            r.unwrap();
+            // io_uring would take u64::MAX for "the current position" and write at 0.
+            for pos in [u64::MAX, i64::MAX as u64 + 1] {
+                let (r, _) = f.write_at(&b"XX"[..], pos).await;
+                let e = r.expect_err("a write past i64::MAX");
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{driver}: {e}");
+                let (r, _) = f.read_at(Vec::with_capacity(4), pos).await;
+                assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+            }
+            assert_eq!(std::fs::read(&path).unwrap(), b"0123456789");
+        },
+    );
+}
+
+#[test]
+fn modification_times_before_1970_match_std() {
+    on_each_driver("modification_times_before_1970", 1, |_| async {
+        let path = temp_path("mtime");
+        let _c = Cleanup(path.clone());
+        std::fs::write(&path, b"x").unwrap();
+        // 1.5 s before the epoch: the kernel keeps sec = -2, nsec = 0.5 s.
+        let when = libc::timespec {
+            tv_sec: -2,
+            tv_nsec: 500_000_000,
+        };
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a live NUL-terminated path and an array of two timespecs.
+        let rc = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [when, when].as_ptr(), 0) };
+        assert_eq!(rc, 0, "utimensat: {}", io::Error::last_os_error());
+        let want = std::fs::metadata(&path).unwrap().modified().unwrap();
+        assert_eq!(want, SystemTime::UNIX_EPOCH - Duration::from_millis(1500));
+        let f = File::open(&path).await.unwrap();
+        assert_eq!(f.metadata().await.unwrap().modified(), want);
+    });
+}

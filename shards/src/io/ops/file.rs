@@ -44,12 +44,27 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
     }
 }
 
+/// A file offset both drivers take the same way. Past `i64::MAX` `pread` fails with `EINVAL`,
+/// while io_uring reads `u64::MAX` as "the file's current position" and writes there.
+fn check_pos(pos: u64) -> io::Result<()> {
+    if pos > i64::MAX as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("file offset {pos} is past the largest one a file can have (i64::MAX)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Reads into `buf` from its start at file offset `pos`; its length becomes the count read.
 pub(crate) async fn read_at<B: IoBufMut>(
     fd: &Arc<OwnedFd>,
     mut buf: B,
     pos: u64,
 ) -> BufResult<usize, B> {
+    if let Err(e) = check_pos(pos) {
+        return (Err(e), buf);
+    }
     let kind = match backend() {
         Ok(k) => k,
         Err(e) => return (Err(e), buf),
@@ -112,6 +127,9 @@ pub(crate) async fn read_at<B: IoBufMut>(
 
 /// Writes `buf[..bytes_init()]` at file offset `pos` once; returns the count written.
 pub(crate) async fn write_at<B: IoBuf>(fd: &Arc<OwnedFd>, buf: B, pos: u64) -> BufResult<usize, B> {
+    if let Err(e) = check_pos(pos) {
+        return (Err(e), buf);
+    }
     let kind = match backend() {
         Ok(k) => k,
         Err(e) => return (Err(e), buf),
