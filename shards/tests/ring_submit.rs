@@ -188,8 +188,8 @@ fn stress(shards: usize, per_pair: u64, capacity: usize) {
 
 #[test]
 fn stress_two_shards() {
-    // 2 · 2,500,000 = 5,000,000 messages each way... 10,000,000 in all, through small rings.
-    stress(2, 2_500_000, 256);
+    // 5,000,000 messages each way, 10,000,000 in all, through small rings.
+    stress(2, 5_000_000, 256);
 }
 
 #[test]
