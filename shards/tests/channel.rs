@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use xtc_shards::{
     channel::{local, shared, SendError, TryRecvError, TrySendError},
-    shard, LocalExecutor,
+    shard, Executor, LocalExecutor,
 };
 
 /// A three-stage pipeline 0 → 1 → 2 with tiny channels: every value arrives, in order.
@@ -395,4 +395,110 @@ fn shared_batch_with_a_panicking_iterator_leaks_nothing() {
     assert!(rx.try_recv().is_ok());
     assert_eq!(rx.try_recv().err(), Some(TryRecvError::Empty));
     assert_eq!(Arc::strong_count(&token), 1, "every item was dropped");
+}
+
+/// Counts its drops.
+struct Dropped(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_dropped_shared_receiver_drops_what_was_queued() {
+    let drops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (mut tx, rx) = shared::bounded::<Dropped>(4).unwrap();
+    tx.try_send(Dropped(drops.clone())).unwrap();
+    tx.try_send(Dropped(drops.clone())).unwrap();
+    drop(rx);
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert!(tx.is_closed());
+    drop(tx);
+}
+
+#[test]
+fn a_reply_sender_queued_to_a_dropped_receiver_closes_its_channel() {
+    // Request/reply: the request carries the reply channel's sender; the server goes without
+    // reading. The client learns it from its reply channel closing.
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .deadlock_grace(Some(Duration::from_millis(500)))
+        .build()
+        .unwrap();
+    let (req_tx, req_rx) = shared::bounded::<shared::Sender<u32>>(4).unwrap();
+    let client = ex
+        .spawn_on(0, move || async move {
+            let mut req_tx = req_tx;
+            let (reply_tx, mut reply_rx) = shared::bounded::<u32>(1).unwrap();
+            req_tx.send(reply_tx).await.unwrap();
+            reply_rx.recv().await
+        })
+        .unwrap();
+    ex.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        drop(req_rx);
+    })
+    .unwrap();
+    run_or_fail(
+        ex,
+        Duration::from_secs(10),
+        "request/reply with a server gone",
+    )
+    .unwrap();
+    assert_eq!(futures::executor::block_on(client).unwrap(), None);
+}
+
+#[test]
+fn a_panicking_waker_woken_by_a_channel_signal_does_not_stop_the_executor() {
+    use std::task::{Context, RawWaker, RawWakerVTable, Waker};
+    fn clone(p: *const ()) -> RawWaker {
+        RawWaker::new(p, &VTABLE)
+    }
+    fn wake(_: *const ()) {
+        panic!("a user waker panics");
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
+    let ex = exec(2);
+    let (mut tx, mut rx) = shared::bounded::<u32>(8).unwrap();
+    ex.spawn_on(0, move || async move {
+        // SAFETY: the vtable's functions never dereference the null data pointer.
+        let waker = unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) };
+        {
+            let mut recv = rx.recv();
+            let polled = std::future::Future::poll(
+                std::pin::Pin::new(&mut recv),
+                &mut Context::from_waker(&waker),
+            );
+            assert!(polled.is_pending());
+        }
+        xtc_shards::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(rx.try_recv().unwrap(), 1);
+    })
+    .unwrap();
+    ex.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        // The end-of-turn signal wakes the panicking waker from shard 1's loop.
+        tx.try_send(1).unwrap();
+        xtc_shards::time::sleep(Duration::from_millis(200)).await;
+    })
+    .unwrap();
+    run_or_fail(ex, Duration::from_secs(10), "a panicking channel waker").unwrap();
+}
+
+#[test]
+#[should_panic(expected = "polled after it completed")]
+fn a_send_future_polled_again_after_its_error_panics() {
+    let (mut tx, rx) = shared::bounded::<u32>(1).unwrap();
+    drop(rx);
+    let mut send = tx.send(5);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let first = std::future::Future::poll(std::pin::Pin::new(&mut send), &mut cx);
+    assert!(matches!(first, std::task::Poll::Ready(Err(_))));
+    // Not `Ok(())`: the value was given back, never sent.
+    let _ = std::future::Future::poll(std::pin::Pin::new(&mut send), &mut cx);
 }

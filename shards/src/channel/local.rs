@@ -113,7 +113,8 @@ impl<T> Sender<T> {
     }
 }
 
-/// Future of [`Sender::send`].
+/// Future of [`Sender::send`]. Like most futures it must not be polled after it completed
+/// (that panics: its value is gone, sent or given back).
 #[must_use = "futures do nothing unless awaited"]
 pub struct SendFut<'a, T> {
     tx: &'a Sender<T>,
@@ -145,7 +146,8 @@ impl<T> Future for SendFut<'_, T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let Some(v) = this.value.take() else {
-            return Poll::Ready(Ok(()));
+            // Its value was sent, or given back in an `Err`: reporting `Ok` now could be a lie.
+            panic!("xtc: channel::local::SendFut polled after it completed");
         };
         let done = match this.tx.try_send(v) {
             Ok(()) => Ok(()),

@@ -90,7 +90,9 @@ impl Side {
         if self.waiting.swap(false, SeqCst) {
             let w = lock(&self.waker).take();
             if let Some(w) = w {
-                w.wake();
+                // Guarded: at the end of a turn this runs in the loop's own code, and a
+                // future polled with a custom waker makes the waker user code.
+                crate::task::wake_guarded(w);
                 // The wake of a task on another loop rides the ring mesh, whose pings go out
                 // at the end of the turn; a channel mid-burst wants the peer now, so it can
                 // drain while this side goes on filling.
@@ -108,7 +110,7 @@ impl Side {
         self.waiting.swap(false, SeqCst);
         let w = lock(&self.waker).take();
         if let Some(w) = w {
-            w.wake();
+            crate::task::wake_guarded(w);
         }
     }
 }
@@ -327,7 +329,8 @@ impl<T> Sender<T> {
     }
 }
 
-/// Future of [`Sender::send`].
+/// Future of [`Sender::send`]. Like most futures it must not be polled after it completed
+/// (that panics: its value is gone, sent or given back).
 #[must_use = "futures do nothing unless awaited"]
 pub struct SendFut<'a, T> {
     tx: &'a mut Sender<T>,
@@ -342,7 +345,8 @@ impl<T> Future for SendFut<'_, T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let Some(value) = this.value.take() else {
-            return Poll::Ready(Ok(()));
+            // Its value was sent, or given back in an `Err`: reporting `Ok` now could be a lie.
+            panic!("xtc: channel::shared::SendFut polled after it completed");
         };
         let value = match this.tx.try_send(value) {
             Ok(()) => return Poll::Ready(Ok(())),
@@ -556,8 +560,16 @@ impl<T> Drop for Sender<T> {
 }
 
 impl<T> Drop for Receiver<T> {
+    /// Closes the channel and drops what is queued, as `channel::local` and tokio do: left in
+    /// the ring, the values lived as long as the `Sender` (rtrb frees its slots with its last
+    /// end), and a value holding the sender of a reply channel kept that channel open for
+    /// good, so whoever awaited the reply never saw it close. A send racing the close may
+    /// still land after the drain; its value goes with the `Sender`.
     fn drop(&mut self) {
         self.chan.rx.close();
+        while let Ok(v) = self.ring.pop() {
+            drop(v);
+        }
         self.chan.tx.wake_now();
     }
 }
