@@ -409,3 +409,32 @@ fn migratable_spawns_racing_a_quiescent_stop_are_kept() {
         "spawns racing the end of a run were cancelled"
     );
 }
+
+#[test]
+fn a_loop_that_would_not_steal_parks_without_an_idle_tick() {
+    // Shard 1 owns a parked pinned task (eager rebalance off: it does not steal) while a
+    // migratable task sleeps on shard 0. Ticking every millisecond would find nothing to do.
+    let ex = exec(2);
+    let h = ex.handle();
+    let (mut tx, mut rx) = shared::bounded::<u32>(1).unwrap();
+    ex.spawn_on(1, move || async move {
+        rx.recv().await;
+    })
+    .unwrap();
+    ex.spawn_on(0, move || async move {
+        xtc_shards::spawn(async {
+            xtc_shards::time::sleep(Duration::from_millis(300)).await;
+        })
+        .await
+        .unwrap();
+        tx.send(1).await.unwrap();
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let s = h.loop_stats(1).unwrap();
+    assert!(
+        s.parks < 30,
+        "shard 1 parked {} times in 300 ms: {s:?}",
+        s.parks
+    );
+}

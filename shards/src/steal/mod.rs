@@ -390,7 +390,12 @@ where
         key: NO_KEY,
     };
     let (runnable, task) = async_task::Builder::new()
-        .metadata(TaskMeta::new(info, 0, home, home_loop))
+        .metadata(TaskMeta::new(
+            info,
+            crate::task::MIGRATABLE_CLASS,
+            home,
+            home_loop,
+        ))
         .spawn(
             move |meta: &TaskMeta| {
                 let mut fut = fut;
@@ -556,12 +561,17 @@ pub(crate) fn try_steal(core: &Core) -> bool {
 }
 
 /// Rule 4: the idle tick while migratable tasks exist: 1 ms, or with backoff 1 ms doubling after
-/// three empty ticks up to 32 ms. `None`: park until pinged.
+/// three empty ticks up to 32 ms. `None`: park until pinged, also for a loop that would not steal
+/// on waking (it owns parked tasks or timers and eager rebalance is off): ticking there woke it
+/// every millisecond for nothing.
 pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     const TICK: std::time::Duration = std::time::Duration::from_millis(1); // xtc_exec(3)
     const MAX_SHIFT: u32 = 5; // 1 ms << 5 = 32 ms, xtc_exec(3)'s cap
     let exec = &*core.exec;
-    if !exec.stealing()
+    let would_steal = exec.eager_rebalance()
+        || (core.registry.borrow().is_empty() && core.timers.borrow().is_empty());
+    if !would_steal
+        || !exec.stealing()
         || exec.migratable.live.load(Relaxed) <= 0
         || exec.victims(core.index()).is_empty()
     {
