@@ -211,7 +211,8 @@ pub fn create_class(shares: u32, latency: Option<std::time::Duration>) -> Result
 }
 
 /// Moves the calling task into class `class` (it takes effect from the task's next wake).
-/// `Err` off any loop or for a class of another loop.
+/// `Err` off any loop, for a class of another loop, or in a migratable task (classes order
+/// one loop's pinned tasks).
 pub fn set_class(class: crate::Class) -> Result<()> {
     with_core(|c| {
         if class.shard != c.index() || class.exec_id != c.shared.exec_id {
@@ -229,9 +230,15 @@ pub fn set_class(class: crate::Class) -> Result<()> {
         }
         // SAFETY: `current` points to the metadata of the task being polled on this thread,
         // set by the loop right before its poll and cleared right after.
-        unsafe { &*meta }
-            .class
-            .store(class.id, crate::sync::Ordering::Relaxed);
+        let slot = &unsafe { &*meta }.class;
+        if slot.load(crate::sync::Ordering::Relaxed) == crate::task::MIGRATABLE_CLASS {
+            return Err(Error::InvalidArgument(
+                "set_class: classes are for pinned tasks (spawn_local, spawn_on); a migratable \
+                 task (xtc::spawn) runs from the steal deques, outside every class"
+                    .into(),
+            ));
+        }
+        slot.store(class.id, crate::sync::Ordering::Relaxed);
         Ok(())
     })
     .unwrap_or(Err(Error::OffLoop("xtc::shard::set_class")))

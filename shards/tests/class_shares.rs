@@ -97,3 +97,28 @@ fn default_lane_is_not_starved() {
         "{default_runs} vs {class_runs}"
     );
 }
+
+#[test]
+fn set_class_refuses_a_migratable_task() {
+    // Classes are lanes of one loop's pinned queue; a migratable task runs outside them, so
+    // agreeing to move it would be a silent no-op.
+    let ex = exec(1);
+    let got = ex
+        .block_on(|| async {
+            let class = shard::create_class(500, None).unwrap();
+            let from_migratable = xtc_shards::spawn(async move { shard::set_class(class) })
+                .await
+                .unwrap();
+            let from_pinned = xtc_shards::spawn_local(async move { shard::set_class(class) })
+                .await
+                .unwrap();
+            (from_migratable, from_pinned)
+        })
+        .unwrap();
+    assert!(
+        matches!(&got.0, Err(xtc_shards::Error::InvalidArgument(m)) if m.contains("pinned")),
+        "{:?}",
+        got.0
+    );
+    got.1.unwrap();
+}

@@ -95,6 +95,10 @@ impl TaskMeta {
     }
 }
 
+/// `TaskMeta::class` of a migratable task: it has no class (classes are lanes of one loop's
+/// pinned queue; a migratable task runs from deques), and `shard::set_class` refuses it.
+pub(crate) const MIGRATABLE_CLASS: u32 = u32::MAX;
+
 /// A task's name: one thin pointer (an `Arc<str>` would be two words in every task header).
 pub(crate) type TaskName = Arc<String>;
 
