@@ -1741,3 +1741,154 @@ fn run_is_not_held_by_a_send_a_dropped_stream_left() {
         },
     );
 }
+
+/// The state column of `/proc/net/tcp` for the IPv4 socket `local` → `remote` (`01`
+/// ESTABLISHED, `04` FIN_WAIT1, ...), if listed.
+fn tcp_state(local: u16, remote: u16) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let port = |s: &str| u16::from_str_radix(s.rsplit(':').next()?, 16).ok();
+        (port(f.get(1)?)? == local && port(f.get(2)?)? == remote).then(|| f[3].to_string())
+    })
+}
+
+/// A send detached by a dropped stream whose peer never reads is cancelled after the detach
+/// limit (10 s), so the socket closes (FIN queued): it does not live, with its buffers, until
+/// the peer reads.
+#[test]
+fn a_detached_send_to_a_peer_that_never_reads_expires() {
+    each_driver(
+        "a_detached_send_expires",
+        1,
+        |b| b,
+        |driver, ex| {
+            if driver != Driver::IoUring {
+                return; // epoll writes from the caller's slice: nothing is left behind.
+            }
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let (addr_tx, addr_rx) = std::sync::mpsc::channel::<SocketAddr>();
+            let client = thread::spawn(move || {
+                let c = std::net::TcpStream::connect(addr_rx.recv().unwrap()).unwrap();
+                let _ = done_rx.recv_timeout(Duration::from_secs(60));
+                drop(c);
+            });
+            let states = ex
+                .block_on(move || async move {
+                    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                    let port = l.local_addr().unwrap().port();
+                    addr_tx.send(l.local_addr().unwrap()).unwrap();
+                    let (mut s, peer) = l.accept().await.unwrap();
+                    let chunk = [b'.'; 65536];
+                    // SAFETY: `chunk` is live for each call.
+                    while unsafe {
+                        libc::send(
+                            s.as_raw_fd(),
+                            chunk.as_ptr().cast(),
+                            chunk.len(),
+                            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                        )
+                    } >= 0
+                    {}
+                    // Reported written at once: its send waits behind the full buffer.
+                    AsyncWriteExt::write_all(&mut s, b"response").await.unwrap();
+                    drop(s);
+                    sleep(Duration::from_millis(500)).await;
+                    let early = tcp_state(port, peer.port());
+                    let started = std::time::Instant::now();
+                    let mut late = early.clone();
+                    while late.as_deref() == Some("01")
+                        && started.elapsed() < Duration::from_secs(20)
+                    {
+                        sleep(Duration::from_millis(250)).await;
+                        late = tcp_state(port, peer.port());
+                    }
+                    (early, late)
+                })
+                .unwrap();
+            drop(done_tx);
+            client.join().unwrap();
+            assert_eq!(states.0.as_deref(), Some("01"), "the send was left to run");
+            assert_ne!(
+                states.1.as_deref(),
+                Some("01"),
+                "still ESTABLISHED after 20 s"
+            );
+        },
+    );
+}
+
+/// A user buffer whose `Drop` panics once armed.
+struct PanicOnDrop(Vec<u8>, Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        if self.1.load(SeqCst) {
+            panic!("a user buffer's drop panics");
+        }
+    }
+}
+
+// SAFETY: the Vec's heap block is stable while the value lives; it is never grown.
+unsafe impl IoBuf for PanicOnDrop {
+    fn stable_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.0.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.0.capacity()
+    }
+}
+
+// SAFETY: as above; `set_init` stays within the capacity.
+unsafe impl IoBufMut for PanicOnDrop {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller initialized `n <= capacity` bytes.
+        unsafe { self.0.set_len(n) }
+    }
+}
+
+/// io_uring frees an abandoned read's buffer when the kernel is done with it, in the loop's
+/// own code: a user buffer whose `Drop` panics must not take the loop down.
+#[test]
+fn a_panicking_buffer_dropped_by_the_driver_does_not_take_its_loop_down() {
+    each_driver(
+        "a_panicking_buffer_dropped_by_the_driver",
+        1,
+        |b| b,
+        |driver, ex| {
+            if driver != Driver::IoUring {
+                return; // epoll's buffers are dropped by their futures, in task code.
+            }
+            let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let after = ex
+                .spawn_on(0, move || async move {
+                    let s = UnixStream::from_std(a).unwrap();
+                    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let buf = PanicOnDrop(Vec::with_capacity(64), armed.clone());
+                    let read = s.read(buf);
+                    // Nothing to read: the read is abandoned, and the driver keeps its buffer until
+                    // the cancellation completes.
+                    let gave_up = xtc_shards::time::timeout(Duration::from_millis(20), read).await;
+                    assert!(gave_up.is_err());
+                    armed.store(true, SeqCst);
+                    sleep(Duration::from_millis(50)).await;
+                    7
+                })
+                .unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let runner = thread::spawn(move || tx.send(ex.run()).unwrap());
+            let ran = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("run() hung");
+            runner.join().unwrap();
+            ran.unwrap();
+            assert_eq!(futures::executor::block_on(after).unwrap(), 7);
+        },
+    );
+}

@@ -20,7 +20,8 @@
 //!    reported written) moves its data into the slot as `Detached(data)` and cancels
 //!    nothing; the completion frees it. A detached operation holds no task, so it does not
 //!    keep the loop from quiescence; one still in flight when the loop stops is cancelled
-//!    by rule 5.
+//!    by rule 5, and one still in flight after [`DETACH_LIMIT_SECS`] is cancelled by the
+//!    expiry timeout submitted with the detach (a peer that stopped reading).
 //! 5. **Shutdown.** Dropping the driver cancels every operation still in flight (and the
 //!    wake-ping read) and waits up to one second for their completions; what is still
 //!    outstanding then is leaked (logged), never freed under the kernel.
@@ -66,6 +67,15 @@ const PING: u64 = u64::MAX;
 const TIMEOUT: u64 = u64::MAX - 1;
 /// `user_data` of cancellations (their completions carry nothing we need).
 const CANCEL: u64 = u64::MAX - 2;
+/// Tag bit of the `user_data` of a detached operation's expiry timeout (rule 4b): the rest is
+/// the operation's own `user_data`. Generations are 31 bits, so no operation's has this bit.
+const EXPIRY: u64 = 1 << 63;
+
+/// How long a detached operation may run on (rule 4b) before the driver cancels it: a send to
+/// a peer that stopped reading must not hold its socket (which cannot close while the send
+/// holds it), its buffers and its slot for good.
+pub(crate) const DETACH_LIMIT_SECS: u64 = 10;
+static DETACH_LIMIT: types::Timespec = types::Timespec::new().sec(DETACH_LIMIT_SECS);
 
 /// Submission ring size. The completion ring is twice as large (kernel default), and the
 /// kernel buffers overflow beyond that (`IORING_FEAT_NODROP`), so this bounds only how many
@@ -310,7 +320,8 @@ impl Uring {
         let entry = build(&mut data);
         let key = self.ops.borrow_mut().insert(Lifecycle::Submitted);
         let gen = self.next_gen.get();
-        self.next_gen.set(gen.wrapping_add(1));
+        // 31 bits: the top bit of a `user_data` tags expiry timeouts (`EXPIRY`).
+        self.next_gen.set(gen.wrapping_add(1) & 0x7FFF_FFFF);
         {
             let mut gens = self.gens.borrow_mut();
             if gens.len() <= key {
@@ -405,6 +416,7 @@ impl Uring {
                     }
                 }
                 TIMEOUT | CANCEL => {}
+                ud if ud & EXPIRY != 0 => self.expire(ud & !EXPIRY),
                 ud => {
                     let key = (ud & 0xFFFF_FFFF) as usize;
                     if self.user_data(key) != ud {
@@ -425,13 +437,19 @@ impl Uring {
                             ops.remove(key);
                             drop(ops);
                             close_orphan(res, is_fd);
-                            drop(data);
+                            crate::task::guarded(
+                                "an I/O buffer panicked while being dropped",
+                                || drop(data),
+                            );
                         }
                         Lifecycle::Detached(data) => {
                             ops.remove(key);
                             drop(ops);
                             self.detached.set(self.detached.get() - 1);
-                            drop(data);
+                            crate::task::guarded(
+                                "an I/O buffer panicked while being dropped",
+                                || drop(data),
+                            );
                         }
                         Lifecycle::Submitted | Lifecycle::Completed(_) => {}
                     }
@@ -542,14 +560,38 @@ impl Uring {
         if let Lifecycle::Completed(_) = *slot {
             ops.remove(key);
             drop(ops);
-            drop(data);
+            crate::task::guarded("an I/O buffer panicked while being dropped", || drop(data));
             return;
         }
         *slot = Lifecycle::Detached(data);
         drop(ops);
         self.detached.set(self.detached.get() + 1);
+        let expiry = opcode::Timeout::new(&DETACH_LIMIT)
+            .build()
+            .user_data(EXPIRY | self.user_data(key));
+        // SAFETY: the entry points at a `static` timespec (the kernel reads it when the entry
+        // is submitted, just below).
+        if let Err(e) = unsafe { self.push(&expiry) } {
+            tracing::warn!("xtc: could not queue the expiry of a detached operation: {e}");
+        }
         if let Err(e) = self.enter(0, None) {
             tracing::warn!("xtc: io_uring submit of a detached operation failed: {e}");
+        }
+    }
+
+    /// Rule 4b: a detached operation's time is up: cancel it if it still runs (the slot may
+    /// hold another operation by now; the generation in `ud` tells).
+    fn expire(&self, ud: u64) {
+        let key = (ud & 0xFFFF_FFFF) as usize;
+        if self.user_data(key) != ud
+            || !matches!(self.ops.borrow().get(key), Some(Lifecycle::Detached(_)))
+        {
+            return;
+        }
+        let entry = opcode::AsyncCancel::new(ud).build().user_data(CANCEL);
+        // SAFETY: a cancellation carries no pointers.
+        if let Err(e) = unsafe { self.push(&entry) } {
+            tracing::warn!("xtc: could not cancel an expired detached operation: {e}");
         }
     }
 
@@ -563,7 +605,7 @@ impl Uring {
             ops.remove(key);
             drop(ops);
             close_orphan(res, is_fd);
-            drop(data);
+            crate::task::guarded("an I/O buffer panicked while being dropped", || drop(data));
             return;
         }
         *slot = Lifecycle::Ignored(data, is_fd);

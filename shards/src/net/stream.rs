@@ -48,7 +48,9 @@ const WRITE_BUF: usize = 64 * 1024;
 /// Dropped with its stream, a send in flight is detached, not cancelled: `poll_write`
 /// reported its bytes written, as a kernel socket buffer would have taken them (tokio, and
 /// this stream on epoll), so code that drops a stream without `flush`/`close` still delivers
-/// them. The send holds its own reference to the socket, which closes after it.
+/// them. The send holds its own reference to the socket, which closes after it; a peer that
+/// does not take them within `uring::DETACH_LIMIT_SECS` (10 s) gets them cancelled, and the
+/// socket closes then. (`into_std` cancels instead: the descriptor lives on.)
 #[derive(Debug, Default)]
 struct PollState {
     reading: Option<Op<Vec<u8>>>,
@@ -114,6 +116,10 @@ impl StreamIo {
 
     pub(crate) fn into_fd(self) -> OwnedFd {
         let StreamIo { poll, src } = self;
+        let mut poll = poll.into_inner();
+        // Cancelled, not detached: the descriptor's next owner writes on, and a send left to
+        // finish behind its back could land after its bytes (`into_std` says: flush first).
+        drop(poll.writing.take());
         drop(poll);
         src.into_fd()
     }
