@@ -661,14 +661,23 @@ fn worker(
         return;
     };
     tracing::trace!(shard = core.index(), ?cpu, "shard loop started");
-    // A panic here is a bug in xtc (task code, wakers and drops are guarded): stop the
-    // executor so `run()` returns and reports it, rather than waiting on a loop that is gone.
+    // A panic here is a bug in xtc (task code, wakers and the drops of futures and buffers
+    // are guarded): stop the executor so `run()` returns and reports it, rather than waiting
+    // on a loop that is gone, and still shut this loop down (its tasks dropped on this
+    // thread, its counts published, so a later run can balance them) if that works.
     let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         event_loop::run(&core, true, &|| false)
     }));
     if let Err(payload) = looped {
         tracing::error!(shard = core.index(), "xtc: a shard loop panicked; stopping");
         exec.request_stop(StopReason::Requested);
+        core.current.set(std::ptr::null());
+        let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            event_loop::shutdown(&core, false)
+        }));
+        if closed.is_err() {
+            tracing::error!(shard = core.index(), "xtc: its shutdown panicked too");
+        }
         std::panic::resume_unwind(payload);
     }
     let reason = exec.stop_reason();

@@ -243,7 +243,7 @@ pub(crate) fn wake_guarded(waker: std::task::Waker) {
 
 /// Runs `f`; a panic is logged as `what` and goes no further. The payload's own drop could
 /// panic too: it is forgotten rather than risked.
-fn guarded(what: &str, f: impl FnOnce()) {
+pub(crate) fn guarded(what: &str, f: impl FnOnce()) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
         let msg = crate::error::payload_message(&*payload).unwrap_or("a non-string payload");
         tracing::error!("xtc: {what} (ignored): {msg}");
