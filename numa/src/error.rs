@@ -114,7 +114,7 @@ pub enum Error {
     },
 
     /// A NUMA distance matrix does not fit the topology.
-    #[error("a NUMA distance matrix needs {expected} values ({nodes} nodes squared) but {given} were given; give one row per NUMA node, sender-major")]
+    #[error("a NUMA distance matrix needs a topology of at least 2 NUMA nodes (this one has {nodes}) and {expected} values ({nodes} nodes squared); {given} were given. Use a topology with NUMA nodes (a synthetic one such as \"pack:2 numa:2 core:4 pu:2\"), one row per node, sender-major")]
     BadDistanceMatrix {
         /// NUMA nodes in the topology.
         nodes: usize,
