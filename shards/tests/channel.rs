@@ -397,21 +397,12 @@ fn shared_batch_with_a_panicking_iterator_leaks_nothing() {
     assert_eq!(Arc::strong_count(&token), 1, "every item was dropped");
 }
 
-/// Counts its drops.
-struct Dropped(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for Dropped {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 #[test]
 fn a_dropped_shared_receiver_drops_what_was_queued() {
     let drops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let (mut tx, rx) = shared::bounded::<Dropped>(4).unwrap();
-    tx.try_send(Dropped(drops.clone())).unwrap();
-    tx.try_send(Dropped(drops.clone())).unwrap();
+    let (mut tx, rx) = shared::bounded::<CountDrop>(4).unwrap();
+    tx.try_send(CountDrop(drops.clone())).unwrap();
+    tx.try_send(CountDrop(drops.clone())).unwrap();
     drop(rx);
     assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 2);
     assert!(tx.is_closed());
@@ -453,20 +444,11 @@ fn a_reply_sender_queued_to_a_dropped_receiver_closes_its_channel() {
 
 #[test]
 fn a_panicking_waker_woken_by_a_channel_signal_does_not_stop_the_executor() {
-    use std::task::{Context, RawWaker, RawWakerVTable, Waker};
-    fn clone(p: *const ()) -> RawWaker {
-        RawWaker::new(p, &VTABLE)
-    }
-    fn wake(_: *const ()) {
-        panic!("a user waker panics");
-    }
-    fn noop(_: *const ()) {}
-    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
+    use std::task::Context;
     let ex = exec(2);
     let (mut tx, mut rx) = shared::bounded::<u32>(8).unwrap();
     ex.spawn_on(0, move || async move {
-        // SAFETY: the vtable's functions never dereference the null data pointer.
-        let waker = unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) };
+        let waker = panicking_waker();
         {
             let mut recv = rx.recv();
             let polled = std::future::Future::poll(

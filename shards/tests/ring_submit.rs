@@ -489,12 +489,12 @@ fn a_stop_that_evacuates_a_backlog_leaves_the_next_run_quiescent() {
             .ring_capacity(capacity)
             .build()
             .unwrap();
-        let settled = Arc::new(AtomicU64::new(0));
+        let settled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let s = settled.clone();
         ex.block_on(move || async move {
             let h = shard::handle().unwrap();
             for _ in 0..3000 {
-                let token = Settled(s.clone());
+                let token = CountDrop(s.clone());
                 // From a worker: ring 0 -> 1, then its backlog.
                 h.spawn_on(1, move || async move { drop(token) }).unwrap();
             }
@@ -509,14 +509,5 @@ fn a_stop_that_evacuates_a_backlog_leaves_the_next_run_quiescent() {
         .unwrap();
         // Each task ran, or was dropped by the stop that ended `block_on`: none is lost.
         assert_eq!(settled.load(SeqCst), 3000, "capacity {capacity}");
-    }
-}
-
-/// Counts itself once when dropped.
-struct Settled(Arc<AtomicU64>);
-
-impl Drop for Settled {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, SeqCst);
     }
 }

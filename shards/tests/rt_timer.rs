@@ -1,5 +1,8 @@
 //! xtc::time: sleep, sleep_until, timeout, interval; timer cancellation and quiescence.
 
+mod common;
+use common::panicking_waker;
+
 use std::time::{Duration, Instant};
 
 use xtc_shards::{spawn_local, time, Executor, LocalExecutor};
@@ -199,21 +202,6 @@ fn a_sleep_polled_in_one_run_still_waits_in_the_next() {
     ex.block_on(sleep);
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(300), "woke after {took:?}");
-}
-
-/// A waker whose `wake` panics (user code: a future polled by hand with a custom waker).
-fn panicking_waker() -> std::task::Waker {
-    use std::task::{RawWaker, RawWakerVTable, Waker};
-    fn clone(p: *const ()) -> RawWaker {
-        RawWaker::new(p, &VTABLE)
-    }
-    fn wake(_: *const ()) {
-        panic!("a user waker panics");
-    }
-    fn drop(_: *const ()) {}
-    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, drop);
-    // SAFETY: the vtable's functions ignore the data pointer, which is never dereferenced.
-    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
 }
 
 #[test]

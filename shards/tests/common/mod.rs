@@ -33,3 +33,27 @@ pub fn run_or_fail(ex: Executor, limit: Duration, what: &str) -> xtc_shards::Res
     runner.join().unwrap();
     ran
 }
+
+/// Adds one to its counter when dropped (did a value go, and only once?).
+pub struct CountDrop(pub std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for CountDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A waker whose `wake` panics: user code, as when a future is polled with a custom waker.
+pub fn panicking_waker() -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    fn clone(p: *const ()) -> RawWaker {
+        RawWaker::new(p, &VTABLE)
+    }
+    fn wake(_: *const ()) {
+        panic!("a user waker panics");
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
+    // SAFETY: the vtable's functions never dereference the (null) data pointer.
+    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
