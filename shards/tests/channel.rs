@@ -484,3 +484,31 @@ fn a_send_future_polled_again_after_its_error_panics() {
     // Not `Ok(())`: the value was given back, never sent.
     let _ = std::future::Future::poll(std::pin::Pin::new(&mut send), &mut cx);
 }
+
+/// A queued value whose `Drop` panics (dropped with its receiver) does not leave a sender
+/// waiting for space asleep: the close wakes it first.
+#[test]
+fn a_panicking_queued_value_still_lets_a_waiting_sender_see_the_close() {
+    struct Boom;
+    impl Drop for Boom {
+        fn drop(&mut self) {
+            panic!("a queued value's drop panics");
+        }
+    }
+    let (mut tx, rx) = shared::bounded::<Option<Boom>>(1).unwrap();
+    tx.try_send(Some(Boom)).unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let sender = std::thread::spawn(move || {
+        // Waits: the ring is full.
+        let r = futures::executor::block_on(tx.send(None));
+        done_tx.send(r.is_err()).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(rx)));
+    assert!(dropped.is_err(), "the value's panic reaches the dropper");
+    let closed = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiting sender never woke");
+    assert!(closed, "the send reports the closed channel");
+    sender.join().unwrap();
+}

@@ -1892,3 +1892,46 @@ fn a_panicking_buffer_dropped_by_the_driver_does_not_take_its_loop_down() {
         },
     );
 }
+
+/// A detached send that completes takes its expiry timer with it: the loop, idle after that,
+/// is not woken when the limit (10 s) would have passed.
+#[test]
+fn a_detached_send_that_completes_leaves_no_timer_behind() {
+    each_driver(
+        "a_detached_send_that_completes",
+        1,
+        |b| b.deadlock_grace(None),
+        |driver, ex| {
+            if driver != Driver::IoUring {
+                return;
+            }
+            let h = ex.handle();
+            let (addr_tx, addr_rx) = std::sync::mpsc::channel::<SocketAddr>();
+            let (mut go_tx, mut go_rx) = xtc_shards::channel::shared::bounded::<()>(1).unwrap();
+            let client = thread::spawn(move || {
+                let mut c = std::net::TcpStream::connect(addr_rx.recv().unwrap()).unwrap();
+                let mut got = Vec::new();
+                c.read_to_end(&mut got).unwrap();
+                assert_eq!(got, b"hello");
+                thread::sleep(Duration::from_secs(1));
+                let before = h.loop_stats(0).unwrap().parks;
+                thread::sleep(Duration::from_millis(10_500));
+                let after = h.loop_stats(0).unwrap().parks;
+                go_tx.try_send(()).unwrap();
+                (before, after)
+            });
+            ex.block_on(move || async move {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                addr_tx.send(l.local_addr().unwrap()).unwrap();
+                let (mut s, _) = l.accept().await.unwrap();
+                AsyncWriteExt::write_all(&mut s, b"hello").await.unwrap();
+                drop(s); // its send is not even submitted yet: detached
+                drop(l);
+                go_rx.recv().await;
+            })
+            .unwrap();
+            let (before, after) = client.join().unwrap();
+            assert_eq!(before, after, "the idle loop woke while nothing was due");
+        },
+    );
+}

@@ -567,10 +567,11 @@ impl<T> Drop for Receiver<T> {
     /// still land after the drain; its value goes with the `Sender`.
     fn drop(&mut self) {
         self.chan.rx.close();
+        // Wake first: a value whose `Drop` panics must not leave a waiting sender asleep.
+        self.chan.tx.wake_now();
         while let Ok(v) = self.ring.pop() {
             drop(v);
         }
-        self.chan.tx.wake_now();
     }
 }
 

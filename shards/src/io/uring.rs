@@ -73,7 +73,10 @@ const EXPIRY: u64 = 1 << 63;
 
 /// How long a detached operation may run on (rule 4b) before the driver cancels it: a send to
 /// a peer that stopped reading must not hold its socket (which cannot close while the send
-/// holds it), its buffers and its slot for good.
+/// holds it), its buffers and its slot for good. The price: a peer that reads the last write
+/// of a dropped stream slower than that (64 KiB at under 6.5 KB/s) gets it cut short, with a
+/// plain end of stream. Code that needs every byte delivered whatever the peer's pace flushes
+/// (`AsyncWriteExt::flush` or `close`) before dropping, and sees the outcome.
 pub(crate) const DETACH_LIMIT_SECS: u64 = 10;
 static DETACH_LIMIT: types::Timespec = types::Timespec::new().sec(DETACH_LIMIT_SECS);
 
@@ -398,14 +401,22 @@ impl Uring {
     }
 
     /// Moves every available completion to its slot (rule 3). Returns how many there were.
+    ///
+    /// Re-entrant: dropping an abandoned operation's buffer is user code, which may drop a
+    /// stream and so submit (`abandon`, `detach`), and a submit into a backed-up ring reaps,
+    /// which dispatches again. So the batch is taken out of `scratch` rather than borrowed,
+    /// and the entries this pass itself queues (expiry cancels, timer removals) are pushed
+    /// after it.
     fn dispatch(&self) -> usize {
-        let mut scratch = self.scratch.borrow_mut();
+        let mut batch = std::mem::take(&mut *self.scratch.borrow_mut());
         {
             let mut ring = self.ring.borrow_mut();
-            scratch.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+            batch.extend(ring.completion().map(|c| (c.user_data(), c.result())));
         }
+        let mut expired = Vec::new();
+        let mut settled = Vec::new();
         let mut n = 0;
-        for (ud, res) in scratch.drain(..) {
+        for (ud, res) in batch.drain(..) {
             match ud {
                 PING => {
                     self.ping_armed.set(false);
@@ -416,7 +427,7 @@ impl Uring {
                     }
                 }
                 TIMEOUT | CANCEL => {}
-                ud if ud & EXPIRY != 0 => self.expire(ud & !EXPIRY),
+                ud if ud & EXPIRY != 0 => expired.push(ud & !EXPIRY),
                 ud => {
                     let key = (ud & 0xFFFF_FFFF) as usize;
                     if self.user_data(key) != ud {
@@ -446,6 +457,7 @@ impl Uring {
                             ops.remove(key);
                             drop(ops);
                             self.detached.set(self.detached.get() - 1);
+                            settled.push(ud);
                             crate::task::guarded(
                                 "an I/O buffer panicked while being dropped",
                                 || drop(data),
@@ -454,6 +466,26 @@ impl Uring {
                         Lifecycle::Submitted | Lifecycle::Completed(_) => {}
                     }
                 }
+            }
+        }
+        {
+            let mut scratch = self.scratch.borrow_mut();
+            if scratch.capacity() < batch.capacity() {
+                *scratch = batch; // empty: keep the larger buffer for the next pass
+            }
+        }
+        for ud in expired {
+            self.expire(ud);
+        }
+        for ud in settled {
+            // Its expiry timer would otherwise hold a kernel timer, and wake the loop, for the
+            // rest of the limit.
+            let entry = opcode::TimeoutRemove::new(EXPIRY | ud)
+                .build()
+                .user_data(CANCEL);
+            // SAFETY: a timeout removal carries no pointers.
+            if let Err(e) = unsafe { self.push(&entry) } {
+                tracing::warn!("xtc: could not remove the expiry of a detached operation: {e}");
             }
         }
         n

@@ -50,7 +50,8 @@ const WRITE_BUF: usize = 64 * 1024;
 /// this stream on epoll), so code that drops a stream without `flush`/`close` still delivers
 /// them. The send holds its own reference to the socket, which closes after it; a peer that
 /// does not take them within `uring::DETACH_LIMIT_SECS` (10 s) gets them cancelled, and the
-/// socket closes then. (`into_std` cancels instead: the descriptor lives on.)
+/// socket closes then (a slower reader sees the stream end early: flush before dropping where
+/// every byte must arrive whatever the peer's pace). (`into_std` cancels instead: the descriptor lives on.)
 #[derive(Debug, Default)]
 struct PollState {
     reading: Option<Op<Vec<u8>>>,
