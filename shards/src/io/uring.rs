@@ -478,17 +478,21 @@ impl Uring {
             self.expire(ud);
         }
         for ud in settled {
-            // Its expiry timer would otherwise hold a kernel timer, and wake the loop, for the
-            // rest of the limit.
-            let entry = opcode::TimeoutRemove::new(EXPIRY | ud)
-                .build()
-                .user_data(CANCEL);
-            // SAFETY: a timeout removal carries no pointers.
-            if let Err(e) = unsafe { self.push(&entry) } {
-                tracing::warn!("xtc: could not remove the expiry of a detached operation: {e}");
-            }
+            self.remove_expiry(ud);
         }
         n
+    }
+
+    /// Removes the expiry timer of the detached operation `ud`, which settled: it would
+    /// otherwise hold a kernel timer, and wake the loop, for the rest of the limit.
+    fn remove_expiry(&self, ud: u64) {
+        let entry = opcode::TimeoutRemove::new(EXPIRY | ud)
+            .build()
+            .user_data(CANCEL);
+        // SAFETY: a timeout removal carries no pointers.
+        if let Err(e) = unsafe { self.push(&entry) } {
+            tracing::warn!("xtc: could not remove the expiry of a detached operation: {e}");
+        }
     }
 
     /// Parks until a completion, the wake ping or `timeout`. Returns whether the ping fired,
@@ -598,13 +602,21 @@ impl Uring {
         *slot = Lifecycle::Detached(data);
         drop(ops);
         self.detached.set(self.detached.get() + 1);
+        let ud = self.user_data(key);
         let expiry = opcode::Timeout::new(&DETACH_LIMIT)
             .build()
-            .user_data(EXPIRY | self.user_data(key));
+            .user_data(EXPIRY | ud);
         // SAFETY: the entry points at a `static` timespec (the kernel reads it when the entry
         // is submitted, just below).
         if let Err(e) = unsafe { self.push(&expiry) } {
             tracing::warn!("xtc: could not queue the expiry of a detached operation: {e}");
+        }
+        // A push into a full ring submits, and may reap: if that settled the operation, its
+        // timer removal went out before the timer itself. Remove it again, now behind it.
+        let still_detached = self.user_data(key) == ud
+            && matches!(self.ops.borrow().get(key), Some(Lifecycle::Detached(_)));
+        if !still_detached {
+            self.remove_expiry(ud);
         }
         if let Err(e) = self.enter(0, None) {
             tracing::warn!("xtc: io_uring submit of a detached operation failed: {e}");
