@@ -56,6 +56,21 @@ impl<T> State<T> {
         }
         None
     }
+
+    /// Waiter `key` leaves. With `pass_on`, a notification it did not use goes to the next
+    /// waiter, whose waker is returned, to be woken after the borrow; without, it was used (the
+    /// value was sent) or is moot (closed).
+    fn leave(&mut self, key: usize, pass_on: bool) -> Option<Waker> {
+        let w = self.waiters.try_remove(key)?;
+        if !w.notified {
+            self.line.retain(|&k| k != key);
+            None
+        } else if pass_on {
+            self.notify_one()
+        } else {
+            None
+        }
+    }
 }
 
 /// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0.
@@ -125,21 +140,6 @@ pub struct SendFut<'a, T> {
 
 impl<T> Unpin for SendFut<'_, T> {}
 
-impl<T> SendFut<'_, T> {
-    /// Leaves the waiters. A notification we did not use goes to the next waiter; the returned
-    /// waker is theirs, to be woken after the borrow.
-    fn leave(&mut self, st: &mut State<T>) -> Option<Waker> {
-        let key = self.key.take()?;
-        let w = st.waiters.try_remove(key)?;
-        if w.notified {
-            st.notify_one()
-        } else {
-            st.line.retain(|&k| k != key);
-            None
-        }
-    }
-}
-
 impl<T> Future for SendFut<'_, T> {
     type Output = Result<(), SendError<T>>;
 
@@ -180,12 +180,7 @@ impl<T> Future for SendFut<'_, T> {
         };
         // Sent (a notification, if we had one, was used) or closed: leave the line.
         if let Some(key) = this.key.take() {
-            let mut st = this.tx.st.borrow_mut();
-            if let Some(w) = st.waiters.try_remove(key) {
-                if !w.notified {
-                    st.line.retain(|&k| k != key);
-                }
-            }
+            this.tx.st.borrow_mut().leave(key, false);
         }
         Poll::Ready(done)
     }
@@ -193,14 +188,10 @@ impl<T> Future for SendFut<'_, T> {
 
 impl<T> Drop for SendFut<'_, T> {
     fn drop(&mut self) {
-        if self.key.is_none() {
+        let Some(key) = self.key.take() else {
             return;
-        }
-        let next = {
-            let st = self.tx.st.clone();
-            let mut st = st.borrow_mut();
-            self.leave(&mut st)
         };
+        let next = self.tx.st.borrow_mut().leave(key, true);
         if let Some(w) = next {
             w.wake();
         }

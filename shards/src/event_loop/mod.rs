@@ -319,8 +319,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         if core.mesh.borrow().incoming_pending() {
             continue;
         }
-        let fully_idle = core.registry.borrow().is_empty() && core.timers.borrow().is_empty();
-        if (fully_idle || exec.eager_rebalance()) && steal::try_steal(core) {
+        if steal::would_steal(core) && steal::try_steal(core) {
             core.empty_ticks.set(0);
             status.busy();
             continue;

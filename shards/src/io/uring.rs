@@ -429,7 +429,7 @@ impl Uring {
                 TIMEOUT | CANCEL => {}
                 ud if ud & EXPIRY != 0 => expired.push(ud & !EXPIRY),
                 ud => {
-                    let key = (ud & 0xFFFF_FFFF) as usize;
+                    let key = key_of(ud);
                     if self.user_data(key) != ud {
                         continue; // not the operation that holds the slot now
                     }
@@ -448,20 +448,14 @@ impl Uring {
                             ops.remove(key);
                             drop(ops);
                             close_orphan(res, is_fd);
-                            crate::task::guarded(
-                                "an I/O buffer panicked while being dropped",
-                                || drop(data),
-                            );
+                            drop_buffer(data);
                         }
                         Lifecycle::Detached(data) => {
                             ops.remove(key);
                             drop(ops);
                             self.detached.set(self.detached.get() - 1);
                             settled.push(ud);
-                            crate::task::guarded(
-                                "an I/O buffer panicked while being dropped",
-                                || drop(data),
-                            );
+                            drop_buffer(data);
                         }
                         Lifecycle::Submitted | Lifecycle::Completed(_) => {}
                     }
@@ -585,22 +579,48 @@ impl Uring {
         }
     }
 
+    /// Rules 4 and 4b: an Op gives its data to its slot, which `keep` makes of it, while the
+    /// operation is in flight (`true`). Already completed (or gone), the slot is freed, a
+    /// descriptor it returned closed (`is_fd`), the data dropped, and `false` returned.
+    fn hand_over(
+        &self,
+        key: usize,
+        data: Box<dyn Any>,
+        is_fd: bool,
+        keep: impl FnOnce(Box<dyn Any>) -> Lifecycle,
+    ) -> bool {
+        let mut ops = self.ops.borrow_mut();
+        match ops.get_mut(key) {
+            Some(Lifecycle::Completed(res)) => {
+                let res = *res;
+                ops.remove(key);
+                drop(ops);
+                close_orphan(res, is_fd);
+            }
+            Some(slot) => {
+                *slot = keep(data);
+                return true;
+            }
+            None => drop(ops),
+        }
+        drop_buffer(data);
+        false
+    }
+
+    /// Whether the slot of operation `ud` still holds it, detached (not settled, not reused).
+    fn is_detached(&self, ud: u64) -> bool {
+        let key = key_of(ud);
+        self.user_data(key) == ud
+            && matches!(self.ops.borrow().get(key), Some(Lifecycle::Detached(_)))
+    }
+
     /// An Op that lets its operation finish unobserved: its data (the buffer) stays with the
     /// driver until the completion, and nothing is cancelled. Submitted now, as in `abandon`:
     /// the caller may close the descriptor next.
     fn detach(&self, key: usize, data: Box<dyn Any>) {
-        let mut ops = self.ops.borrow_mut();
-        let Some(slot) = ops.get_mut(key) else {
-            return;
-        };
-        if let Lifecycle::Completed(_) = *slot {
-            ops.remove(key);
-            drop(ops);
-            crate::task::guarded("an I/O buffer panicked while being dropped", || drop(data));
+        if !self.hand_over(key, data, false, Lifecycle::Detached) {
             return;
         }
-        *slot = Lifecycle::Detached(data);
-        drop(ops);
         self.detached.set(self.detached.get() + 1);
         let ud = self.user_data(key);
         let expiry = opcode::Timeout::new(&DETACH_LIMIT)
@@ -613,9 +633,7 @@ impl Uring {
         }
         // A push into a full ring submits, and may reap: if that settled the operation, its
         // timer removal went out before the timer itself. Remove it again, now behind it.
-        let still_detached = self.user_data(key) == ud
-            && matches!(self.ops.borrow().get(key), Some(Lifecycle::Detached(_)));
-        if !still_detached {
+        if !self.is_detached(ud) {
             self.remove_expiry(ud);
         }
         if let Err(e) = self.enter(0, None) {
@@ -626,10 +644,7 @@ impl Uring {
     /// Rule 4b: a detached operation's time is up: cancel it if it still runs (the slot may
     /// hold another operation by now; the generation in `ud` tells).
     fn expire(&self, ud: u64) {
-        let key = (ud & 0xFFFF_FFFF) as usize;
-        if self.user_data(key) != ud
-            || !matches!(self.ops.borrow().get(key), Some(Lifecycle::Detached(_)))
-        {
+        if !self.is_detached(ud) {
             return;
         }
         let entry = opcode::AsyncCancel::new(ud).build().user_data(CANCEL);
@@ -641,19 +656,9 @@ impl Uring {
 
     /// Rule 4: the Op gave up. `is_fd`: a successful result is a descriptor to close.
     fn abandon(&self, key: usize, data: Box<dyn Any>, is_fd: bool) {
-        let mut ops = self.ops.borrow_mut();
-        let Some(slot) = ops.get_mut(key) else {
-            return;
-        };
-        if let Lifecycle::Completed(res) = *slot {
-            ops.remove(key);
-            drop(ops);
-            close_orphan(res, is_fd);
-            crate::task::guarded("an I/O buffer panicked while being dropped", || drop(data));
+        if !self.hand_over(key, data, is_fd, |d| Lifecycle::Ignored(d, is_fd)) {
             return;
         }
-        *slot = Lifecycle::Ignored(data, is_fd);
-        drop(ops);
         let entry = opcode::AsyncCancel::new(self.user_data(key))
             .build()
             .user_data(CANCEL);
@@ -829,6 +834,17 @@ impl<T: 'static> Drop for Op<T> {
             let _ = with_uring(self.driver, move |u| u.abandon(key, Box::new(data), is_fd));
         }
     }
+}
+
+/// The slot key in an operation's `user_data` (its low 32 bits; the generation is above).
+fn key_of(ud: u64) -> usize {
+    (ud & 0xFFFF_FFFF) as usize
+}
+
+/// Drops the data of an operation the driver freed itself (rule 4): a user buffer's `Drop` is
+/// user code, run here in the loop's own code, so a panic in it is logged, not propagated.
+fn drop_buffer(data: Box<dyn Any>) {
+    crate::task::guarded("an I/O buffer panicked while being dropped", || drop(data));
 }
 
 /// Converts a completion result to `io::Result`.

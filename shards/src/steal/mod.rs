@@ -501,6 +501,13 @@ pub(crate) fn has_local(core: &Core) -> bool {
         || !core.shared.steal.injector.is_empty()
 }
 
+/// Rule 2: whether this loop steals when it runs out of runnable work: when fully idle (no
+/// parked task, no timer), or with eager rebalance on whatever it owns.
+pub(crate) fn would_steal(core: &Core) -> bool {
+    core.exec.eager_rebalance()
+        || (core.registry.borrow().is_empty() && core.timers.borrow().is_empty())
+}
+
 /// Rule 2 and 3: tries the victims nearest first. Returns whether it got a task (queued on
 /// this loop's deque, ready for the next turn).
 pub(crate) fn try_steal(core: &Core) -> bool {
@@ -568,9 +575,7 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     const TICK: std::time::Duration = std::time::Duration::from_millis(1); // xtc_exec(3)
     const MAX_SHIFT: u32 = 5; // 1 ms << 5 = 32 ms, xtc_exec(3)'s cap
     let exec = &*core.exec;
-    let would_steal = exec.eager_rebalance()
-        || (core.registry.borrow().is_empty() && core.timers.borrow().is_empty());
-    if !would_steal
+    if !would_steal(core)
         || !exec.stealing()
         || exec.migratable.live.load(Relaxed) <= 0
         || exec.victims(core.index()).is_empty()
