@@ -1935,3 +1935,126 @@ fn a_detached_send_that_completes_leaves_no_timer_behind() {
         },
     );
 }
+
+/// Shrinks `fd`'s send buffer so that a 64 KiB send waits for the peer.
+fn small_sndbuf(fd: i32) {
+    let small: libc::c_int = 4096;
+    // SAFETY: a plain setsockopt on a descriptor the caller owns, with a live int argument.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&raw const small).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt(SO_SNDBUF)");
+}
+
+/// A task holding a stream whose `AsyncWrite` send completed (and was never polled again),
+/// waiting for something nothing will deliver, is deadlocked like the same task without the
+/// stream. On io_uring the unpolled send's slot counted as I/O in flight, so the loop never
+/// looked parked and `run()` waited for the stopper instead of reporting.
+#[test]
+fn run_reports_a_deadlock_behind_a_finished_write_behind_send() {
+    each_driver(
+        "run_reports_a_deadlock_behind_a_finished_write_behind_send",
+        1,
+        |b| b.deadlock_grace(Some(Duration::from_millis(200))),
+        |driver, exec| {
+            exec.spawn_on(0, || async {
+                let (mut a, b) = UnixStream::pair().unwrap();
+                AsyncWriteExt::write(&mut a, b"x").await.unwrap();
+                sleep(Duration::from_millis(20)).await; // the send completes and is reaped
+                let _keep = (a, b);
+                futures::future::pending::<()>().await;
+            })
+            .unwrap();
+            let h = exec.handle();
+            let stopper = thread::spawn(move || {
+                thread::sleep(HANG);
+                h.stop();
+            });
+            let r = exec.run();
+            assert!(
+                matches!(r, Err(Error::Deadlock { .. })),
+                "{driver}: expected a deadlock report, got {r:?}"
+            );
+            drop(stopper);
+        },
+    );
+}
+
+/// Two tasks start an owned `write_all` on one shared stream while an `AsyncWrite` send is
+/// still in flight: both wait for that send, and both must be woken when it completes. The
+/// send's `Op` kept one waker, the last poller's, so the first writer slept forever.
+#[test]
+fn two_owned_writers_behind_one_write_behind_send_both_finish() {
+    on_each_driver(
+        "two_owned_writers_behind_one_write_behind_send_both_finish",
+        1,
+        |driver| async move {
+            if driver != Driver::IoUring {
+                return; // write-behind is io_uring's: on epoll the first write waits for the peer
+            }
+            let (a, b) = UnixStream::pair().unwrap();
+            small_sndbuf(a.as_raw_fd());
+            let head = pattern(7, 64 * 1024);
+            let mut a = a;
+            // Reported written at once (io_uring); the send waits for the peer.
+            AsyncWriteExt::write_all(&mut a, &head).await.unwrap();
+            let a = Rc::new(a);
+            let writer = |bytes: &'static [u8]| {
+                let a = a.clone();
+                spawn_local(async move { Stream::write_all(&*a, bytes.to_vec()).await.0 })
+            };
+            let (w1, w2) = (writer(b"one"), writer(b"two"));
+            sleep(Duration::from_millis(50)).await; // both wait for the send
+            let reader = spawn_local(async move { read_n(&b, 64 * 1024 + 6).await });
+            guard("first writer", w1).await.unwrap().unwrap();
+            guard("second writer", w2).await.unwrap().unwrap();
+            let got = guard("reader", reader).await.unwrap();
+            assert_eq!(&got[..64 * 1024], &head[..]);
+            let tail = &got[64 * 1024..];
+            assert!(tail == b"onetwo" || tail == b"twoone", "tail {tail:?}");
+        },
+    );
+}
+
+/// The read side of the test above: two owned `read`s wait behind the receive of a dropped
+/// `AsyncRead` future; both must be woken, one gets the bytes that receive took, the other
+/// the next ones.
+#[test]
+fn two_owned_readers_behind_one_dropped_async_read_both_finish() {
+    on_each_driver(
+        "two_owned_readers_behind_one_dropped_async_read_both_finish",
+        1,
+        |_| async move {
+            let (a, mut b) = UnixStream::pair().unwrap();
+            let mut scratch = [0u8; 16];
+            // Polled once and dropped: on io_uring its receive stays in flight.
+            let polled = futures::FutureExt::now_or_never(AsyncReadExt::read(&mut b, &mut scratch));
+            assert!(polled.is_none(), "nothing was sent yet");
+            let b = Rc::new(b);
+            let reader = || {
+                let b = b.clone();
+                spawn_local(async move {
+                    let (r, buf) = Stream::read(&*b, Vec::with_capacity(16)).await;
+                    r.map(|_| buf)
+                })
+            };
+            let (r1, r2) = (reader(), reader());
+            sleep(Duration::from_millis(20)).await; // both wait
+            a.write_all(b"first".to_vec()).await.0.unwrap();
+            sleep(Duration::from_millis(20)).await;
+            a.write_all(b"second".to_vec()).await.0.unwrap();
+            let mut got = vec![
+                guard("first reader", r1).await.unwrap().unwrap(),
+                guard("second reader", r2).await.unwrap().unwrap(),
+            ];
+            got.sort();
+            assert_eq!(got, vec![b"first".to_vec(), b"second".to_vec()]);
+        },
+    );
+}

@@ -165,6 +165,10 @@ pub(crate) struct Uring {
     ping_fd: RawFd,
     /// Target of the wake-ping read; boxed so its address is stable.
     ping_buf: Box<Cell<u64>>,
+    /// The timespec of the park's `TIMEOUT` entry on kernels without `EXT_ARG`: a field, not
+    /// a temporary, because an entry left queued by a failed `io_uring_enter` is submitted by
+    /// the next one, which reads it then.
+    park_ts: Box<Cell<types::Timespec>>,
     ping_armed: Cell<bool>,
     pinged: Cell<bool>,
     /// The kernel completed the ping read with `EAGAIN` (older kernels honour the eventfd's
@@ -176,8 +180,8 @@ pub(crate) struct Uring {
     scratch: RefCell<Vec<(u64, i32)>>,
     submitted: Cell<u64>,
     completed: Cell<u64>,
-    /// Slots in `Lifecycle::Detached`.
-    detached: Cell<usize>,
+    /// Slots in `Lifecycle::Waiting` or `Lifecycle::Ignored` ([`Uring::in_flight`]).
+    waited: Cell<usize>,
 }
 
 impl fmt::Debug for Uring {
@@ -229,6 +233,7 @@ impl Uring {
             next_gen: Cell::new(0),
             ping_fd,
             ping_buf: Box::new(Cell::new(0)),
+            park_ts: Box::new(Cell::new(types::Timespec::new())),
             ping_armed: Cell::new(false),
             pinged: Cell::new(false),
             ping_by_poll: Cell::new(false),
@@ -237,7 +242,7 @@ impl Uring {
             scratch: RefCell::new(Vec::with_capacity(64)),
             submitted: Cell::new(0),
             completed: Cell::new(0),
-            detached: Cell::new(0),
+            waited: Cell::new(0),
         })
     }
 
@@ -245,10 +250,24 @@ impl Uring {
         self.id
     }
 
-    /// Operations someone waits for (detached ones excepted, rule 4b: they hold no task and
-    /// must not keep the loop from quiescence).
+    /// Operations that will wake a task (`Waiting`) or free a buffer (`Ignored`, cancelled)
+    /// when they complete. Not counted: detached ones (rule 4b: they hold no task and must
+    /// not keep the loop from quiescence), and operations no task waits for (`Submitted`, a
+    /// write-behind send nobody polls yet, or `Completed`, a result not taken yet): their
+    /// completion wakes nobody, so a loop whose tasks all wait on something else is parked,
+    /// and a deadlock among them is reported. Cost: a load.
     pub(crate) fn in_flight(&self) -> usize {
-        self.ops.borrow().len() - self.detached.get()
+        self.waited.get()
+    }
+
+    /// Replaces a slot's state, keeping the [`in_flight`](Self::in_flight) count; returns the
+    /// old state.
+    fn set(&self, slot: &mut Lifecycle, new: Lifecycle) -> Lifecycle {
+        let counted = |l: &Lifecycle| matches!(l, Lifecycle::Waiting(_) | Lifecycle::Ignored(..));
+        let n = self.waited.get() + usize::from(counted(&new));
+        let old = std::mem::replace(slot, new);
+        self.waited.set(n - usize::from(counted(&old)));
+        old
     }
 
     pub(crate) fn counts(&self) -> (u64, u64) {
@@ -276,7 +295,9 @@ impl Uring {
     }
 
     /// `io_uring_enter`: submits what is queued and waits for `want` completions or `timeout`.
-    /// `EBUSY` (completions backed up) reaps and retries; timeouts and signals are `Ok`.
+    /// `EBUSY` (completions backed up) reaps and retries; timeouts and signals are `Ok`. The
+    /// timeout needs `EXT_ARG` (Linux 5.11+); without it the wait has none, so callers then
+    /// queue a `TIMEOUT` entry (`park`) or do not wait (`Drop`).
     fn enter(&self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         loop {
             let res = {
@@ -439,7 +460,7 @@ impl Uring {
                     let Some(slot) = ops.get_mut(key) else {
                         continue;
                     };
-                    match std::mem::replace(slot, Lifecycle::Completed(res)) {
+                    match self.set(slot, Lifecycle::Completed(res)) {
                         Lifecycle::Waiting(w) => {
                             drop(ops);
                             crate::task::wake_guarded(w);
@@ -453,7 +474,6 @@ impl Uring {
                         Lifecycle::Detached(data) => {
                             ops.remove(key);
                             drop(ops);
-                            self.detached.set(self.detached.get() - 1);
                             settled.push(ud);
                             drop_buffer(data);
                         }
@@ -510,13 +530,14 @@ impl Uring {
         let want = if self.has_completions() { 0 } else { 1 };
         let res = match timeout {
             Some(t) if !self.ext_arg && want > 0 && !t.is_zero() => {
-                let ts = Box::new(timespec(t));
-                let entry = opcode::Timeout::new(&*ts).build().user_data(TIMEOUT);
-                // SAFETY: the kernel copies the timespec while preparing the entry, during the
-                // enter below, and `ts` lives until after it.
-                let r = unsafe { self.push(&entry) }.and_then(|()| self.enter(want, None));
-                drop(ts);
-                r
+                self.park_ts.set(timespec(t));
+                let entry = opcode::Timeout::new(self.park_ts.as_ptr())
+                    .build()
+                    .user_data(TIMEOUT);
+                // SAFETY: the kernel copies the timespec while preparing the entry, when it is
+                // submitted (the enter below, or a later one if this one fails), and `park_ts`
+                // is a boxed field of the driver, which submits nothing after it is gone.
+                unsafe { self.push(&entry) }.and_then(|()| self.enter(want, None))
             }
             Some(t) if t.is_zero() => self.enter(0, None),
             t => self.enter(want, t),
@@ -565,7 +586,7 @@ impl Uring {
             }
             Lifecycle::Waiting(w) if w.will_wake(cx.waker()) => Poll::Pending,
             _ => {
-                *slot = Lifecycle::Waiting(cx.waker().clone());
+                self.set(slot, Lifecycle::Waiting(cx.waker().clone()));
                 Poll::Pending
             }
         }
@@ -598,7 +619,7 @@ impl Uring {
                 close_orphan(res, is_fd);
             }
             Some(slot) => {
-                *slot = keep(data);
+                self.set(slot, keep(data));
                 return true;
             }
             None => drop(ops),
@@ -621,7 +642,6 @@ impl Uring {
         if !self.hand_over(key, data, false, Lifecycle::Detached) {
             return;
         }
-        self.detached.set(self.detached.get() + 1);
         let ud = self.user_data(key);
         let expiry = opcode::Timeout::new(&DETACH_LIMIT)
             .build()
@@ -706,8 +726,12 @@ impl Drop for Uring {
         let deadline = Instant::now() + Duration::from_secs(1);
         while (in_kernel(&self.ops.borrow()) || self.ping_armed.get()) && Instant::now() < deadline
         {
-            let _ = self.enter(1, Some(Duration::from_millis(10)));
-            if !self.ext_arg {
+            if self.ext_arg {
+                let _ = self.enter(1, Some(Duration::from_millis(10)));
+            } else {
+                // No wait timeout before Linux 5.11: a wait for a completion that never comes
+                // would never reach the deadline. Submit, and poll every millisecond.
+                let _ = self.enter(0, None);
                 std::thread::sleep(Duration::from_millis(1));
             }
             self.dispatch();

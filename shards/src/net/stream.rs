@@ -25,7 +25,8 @@ use std::{
     net::Shutdown,
     os::fd::OwnedFd,
     pin::Pin,
-    task::{ready, Context, Poll},
+    sync::Arc,
+    task::{ready, Context, Poll, Wake, Waker},
 };
 
 use io_uring::{opcode, types};
@@ -37,6 +38,7 @@ use crate::io::{
     uring::{result, Op},
     BufResult, IoBuf, IoBufMut, Reactor,
 };
+use crate::sync::{lock, Mutex};
 
 /// Internal read buffer of the `AsyncRead` path on io_uring.
 const READ_BUF: usize = 8 * 1024;
@@ -60,6 +62,64 @@ struct PollState {
     writing: Option<Op<Vec<u8>>>,
     wsent: usize,
     wbuf: Vec<u8>,
+    /// The tasks waiting for `reading` or `writing` (created at the first wait).
+    waiters: Option<Waiters>,
+}
+
+/// Everyone waiting for the stream's shared operations (`reading`, `writing`). An `Op` keeps
+/// one waker, the last poller's, but with `&self` owned calls several tasks may wait for the
+/// same send or receive (the stream shared through an `Rc`, an owned call waiting behind the
+/// `futures::io` side): the operation is polled with this list's own waker, which wakes them
+/// all. Cost: one allocation per stream at its first wait, a lock and a `will_wake` scan per
+/// wait (the lock is never contended: the stream is `!Send`; `Waker` needs `Sync`).
+#[derive(Debug)]
+struct Waiters {
+    list: Arc<WaiterList>,
+    /// A `Waker` of `list`, kept so that re-polls hand the operation the same waker.
+    waker: Waker,
+}
+
+#[derive(Debug, Default)]
+struct WaiterList(Mutex<Vec<Waker>>);
+
+impl Wake for WaiterList {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let wakers = std::mem::take(&mut *lock(&self.0));
+        for w in wakers {
+            // Each guarded on its own: the driver guards this waker as a whole, and one
+            // panicking waker must not leave the others asleep.
+            crate::task::wake_guarded(w);
+        }
+    }
+}
+
+/// Polls a shared operation of `waiters`' stream for the task of `cx` (see [`Waiters`]).
+fn poll_shared<T: 'static>(
+    op: &mut Op<T>,
+    waiters: &mut Option<Waiters>,
+    cx: &mut Context<'_>,
+) -> Poll<(i32, T)> {
+    let w = waiters.get_or_insert_with(|| {
+        let list = Arc::new(WaiterList::default());
+        Waiters {
+            waker: Waker::from(list.clone()),
+            list,
+        }
+    });
+    let r = Pin::new(op).poll(&mut Context::from_waker(&w.waker));
+    if r.is_pending() {
+        // After the poll: nothing completes in between (completions are dispatched by the
+        // loop, between polls), and a task whose poll found the result is not left listed.
+        let mut list = lock(&w.list.0);
+        if !list.iter().any(|l| l.will_wake(cx.waker())) {
+            list.push(cx.waker().clone());
+        }
+    }
+    r
 }
 
 #[derive(Debug)]
@@ -366,7 +426,7 @@ fn poll_reading(st: &mut PollState, cx: &mut Context<'_>) -> Poll<Option<io::Res
     let Some(op) = st.reading.as_mut() else {
         return Poll::Ready(None);
     };
-    let (res, mut got) = ready!(Pin::new(op).poll(cx));
+    let (res, mut got) = ready!(poll_shared(op, &mut st.waiters, cx));
     st.reading = None;
     let r = result(res);
     if let Ok(n) = r {
@@ -382,7 +442,7 @@ fn poll_reading(st: &mut PollState, cx: &mut Context<'_>) -> Poll<Option<io::Res
 /// or a send that made no progress, is the result.
 fn drain(fd: i32, st: &mut PollState, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
     while let Some(op) = st.writing.as_mut() {
-        let (res, buf) = ready!(Pin::new(op).poll(cx));
+        let (res, buf) = ready!(poll_shared(op, &mut st.waiters, cx));
         st.writing = None;
         match result(res) {
             Ok(n) => {
