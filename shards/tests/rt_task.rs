@@ -369,3 +369,33 @@ fn a_panicking_drop_of_a_task_future_does_not_kill_the_loop() {
         "the loop went on after the panicking drops"
     );
 }
+
+/// An output nobody takes is dropped by the task itself: a panic in its `Drop` is contained
+/// like a panic in the future's (DESIGN.md invariant 9). async-task drops it under an
+/// abort-on-panic guard, so the process used to abort. Covered: a detached pinned task, a
+/// detached migratable task, one aborted after it finished, and a panic payload whose own
+/// `Drop` panics.
+#[test]
+fn an_untaken_output_whose_drop_panics_is_contained() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("a Drop bug in a task's output");
+        }
+    }
+    let out = LocalExecutor::new().unwrap().block_on(async {
+        drop(spawn_local(async { Bomb }));
+        drop(xtc_shards::spawn(async { Bomb }));
+        drop(spawn_local(async { std::panic::panic_any(Bomb) }));
+        let finished = spawn_local(async { Bomb });
+        while !finished.is_finished() {
+            xtc_shards::yield_now().await;
+        }
+        finished.abort();
+        for _ in 0..3 {
+            xtc_shards::yield_now().await;
+        }
+        7
+    });
+    assert_eq!(out, 7);
+}

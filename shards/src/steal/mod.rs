@@ -254,8 +254,8 @@ impl<F: Future> Future for MigrFuture<F> {
                 }
                 Poll::Pending
             }
-            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
-            Err(p) => Poll::Ready(Err(Box::new(p))),
+            Ok(Poll::Ready(v)) => Poll::Ready(Outcome::new(Ok(v))),
+            Err(p) => Poll::Ready(Outcome::new(Err(Box::new(p)))),
         }
     }
 }

@@ -19,6 +19,10 @@ use crate::JoinError;
 /// The handle is `Send` when the output is, so a pinned task's result can be awaited from any
 /// thread, but it is not `Sync`: [`abort`](Self::abort) takes `&self` without a lock.
 /// Cost: awaiting is one poll of the async-task handle; completion wakes the awaiter once.
+///
+/// Limit: the task's completion wakes the awaiter inside async-task, under its abort-on-panic
+/// guard, so awaiting a handle from a future polled with a custom waker that panics when
+/// woken aborts the process (xtc's own wakers and those of mainstream executors never panic).
 pub struct JoinHandle<T> {
     task: Cell<Option<async_task::FallibleTask<Outcome<T>, TaskMeta>>>,
 }
@@ -61,8 +65,10 @@ impl<T> Future for JoinHandle<T> {
                 Poll::Pending
             }
             Poll::Ready(None) => Poll::Ready(Err(JoinError::cancelled())),
-            Poll::Ready(Some(Ok(v))) => Poll::Ready(Ok(v)),
-            Poll::Ready(Some(Err(payload))) => Poll::Ready(Err(JoinError::panic(*payload))),
+            Poll::Ready(Some(out)) => Poll::Ready(match out.into_inner() {
+                Ok(v) => Ok(v),
+                Err(payload) => Err(JoinError::panic(*payload)),
+            }),
         }
     }
 }

@@ -41,6 +41,7 @@ pub use yield_now::{yield_now, YieldNow};
 
 use std::{
     future::Future,
+    mem::ManuallyDrop,
     panic::{catch_unwind, AssertUnwindSafe, Location},
     pin::Pin,
     sync::Arc,
@@ -50,7 +51,39 @@ use std::{
 use crate::{event_loop::LoopShared, sync::AtomicU32};
 
 /// What a task's output slot holds: the value, or the panic that ended it.
-pub(crate) type Outcome<T> = Result<T, Panic>;
+///
+/// Dropped under [`guarded`] when nobody takes it (a detached task, or one aborted after it
+/// finished): async-task drops an untaken output inside `Runnable::run` (or where the last
+/// handle goes) under its abort-on-panic guard, so a value whose `Drop` panics aborted the
+/// whole process (DESIGN.md invariant 9). Same size as the `Result` it holds; an output
+/// without drop code costs one check.
+pub(crate) struct Outcome<T>(ManuallyDrop<Result<T, Panic>>);
+
+impl<T> Outcome<T> {
+    pub(crate) fn new(result: Result<T, Panic>) -> Self {
+        Outcome(ManuallyDrop::new(result))
+    }
+
+    /// Takes the result out; its drop is then the taker's business.
+    pub(crate) fn into_inner(self) -> Result<T, Panic> {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped (it is `ManuallyDrop`), so the value is taken once
+        // and `Outcome::drop` does not run on the emptied slot.
+        unsafe { ManuallyDrop::take(&mut this.0) }
+    }
+}
+
+impl<T> Drop for Outcome<T> {
+    fn drop(&mut self) {
+        // SAFETY: `drop` runs once, and nothing reads the slot afterwards.
+        let result = unsafe { ManuallyDrop::take(&mut self.0) };
+        if std::mem::needs_drop::<T>() || result.is_err() {
+            guarded("a task's output panicked while being dropped", || {
+                drop(result)
+            });
+        }
+    }
+}
 
 /// A caught panic's payload, boxed once more so that it is one word: the output slot of a task
 /// with a small output (`()`, an integer) is then one word too, where `Box<dyn Any>` would make
@@ -173,7 +206,7 @@ where
             };
             match catch_unwind(AssertUnwindSafe(make)) {
                 Ok(fut) => this.stage = Stage::Running(fut),
-                Err(payload) => return Poll::Ready(Err(Box::new(payload))),
+                Err(payload) => return Poll::Ready(Outcome::new(Err(Box::new(payload)))),
             }
         }
         let Stage::Running(fut) = &mut this.stage else {
@@ -195,11 +228,11 @@ where
             Ok(Poll::Ready(v)) => {
                 // Drop the user's future now, on the owner, rather than when the task is freed.
                 set_done(&mut this.stage);
-                Poll::Ready(Ok(v))
+                Poll::Ready(Outcome::new(Ok(v)))
             }
             Err(payload) => {
                 set_done(&mut this.stage);
-                Poll::Ready(Err(Box::new(payload)))
+                Poll::Ready(Outcome::new(Err(Box::new(payload))))
             }
         }
     }
