@@ -512,3 +512,37 @@ fn a_panicking_queued_value_still_lets_a_waiting_sender_see_the_close() {
     assert!(closed, "the send reports the closed channel");
     sender.join().unwrap();
 }
+
+/// `channel::local`: dropping the receiver wakes the waiting senders before it drops the
+/// queued values, so a value whose `Drop` panics does not leave them asleep for good (they
+/// had been taken off the waiting line, and nothing else would wake them).
+#[test]
+fn local_receiver_drop_with_a_panicking_value_still_wakes_waiting_senders() {
+    /// A value whose drop panics when asked to.
+    struct V(bool);
+    impl Drop for V {
+        fn drop(&mut self) {
+            if self.0 {
+                panic!("a Drop bug in a queued value");
+            }
+        }
+    }
+    let res = LocalExecutor::new().unwrap().block_on(async {
+        let (tx, rx) = local::bounded::<V>(1).unwrap();
+        tx.try_send(V(true)).ok().unwrap();
+        let tx2 = tx.clone();
+        let sender = xtc_shards::spawn_local(async move { tx2.send(V(false)).await.is_err() });
+        // Let the sender park on the full channel.
+        xtc_shards::yield_now().await;
+        xtc_shards::yield_now().await;
+        // Dropped in a task of its own: the value's panic goes to that task's handle.
+        let dropper = xtc_shards::spawn_local(async move { drop(rx) });
+        assert!(dropper.await.is_err(), "the value's Drop panicked");
+        drop(tx);
+        xtc_shards::time::timeout(Duration::from_secs(2), sender).await
+    });
+    match res {
+        Ok(closed) => assert!(closed.unwrap(), "the send saw the close"),
+        Err(_) => panic!("the waiting sender was never woken after the receiver dropped"),
+    }
+}

@@ -279,8 +279,10 @@ impl<T> Drop for Receiver<T> {
             .collect();
         let items = std::mem::take(&mut st.queue);
         drop(st);
-        drop(items);
+        // Wake first: a queued value whose `Drop` panics must not leave the senders asleep
+        // (they were marked notified and left the line above, so nothing else wakes them).
         wakers.into_iter().for_each(Waker::wake);
+        drop(items);
     }
 }
 
