@@ -319,7 +319,14 @@ impl Epoll {
         events.clear();
         let cap = events.capacity().min(MAX_EVENTS) as libc::c_int;
         let n = self.epoll_wait(events.as_mut_ptr(), cap, timeout);
-        if n <= 0 {
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                tracing::warn!("xtc: epoll_wait failed: {err}");
+            }
+            return (false, 0);
+        }
+        if n == 0 {
             return (false, 0);
         }
         // SAFETY: the kernel initialized the first `n <= cap` entries.
@@ -390,9 +397,18 @@ impl Epoll {
                     0usize,
                 )
             } as libc::c_int;
-            if rc >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+            if rc >= 0 {
                 return rc;
             }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                return rc;
+            }
+            // Not only ENOSYS: a seccomp filter that does not know the call (systemd's
+            // `SystemCallFilter=`, older container profiles) answers EPERM or EACCES, and
+            // treating that as "timed out" left the loop spinning without ever seeing an
+            // event. Any other failure here is one `epoll_wait` would report too.
+            tracing::debug!("xtc: epoll_pwait2 refused ({err}); using epoll_wait");
             self.pwait2.set(false);
         }
         // Millisecond resolution, rounded up so a timer is never early.
