@@ -85,6 +85,19 @@ fn env_variables() {
         }
     }
 
+    // A value that is not UTF-8 is an error too, not unset.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        clear();
+        let bad = std::ffi::OsStr::from_bytes(b"cpus:0,\xff");
+        std::env::set_var("XTC_PLACEMENT", bad);
+        match Builder::from_env() {
+            Err(e @ Error::Env { .. }) => assert!(e.to_string().contains("XTC_PLACEMENT"), "{e}"),
+            other => panic!("XTC_PLACEMENT not UTF-8: expected Err(Env), got {other:?}"),
+        }
+        clear();
+    }
+
     // Too many shards without oversubscription: an Err that says what to do.
     clear();
     std::env::set_var("XTC_SHARDS", "4096");

@@ -318,8 +318,13 @@ pub(crate) fn resolve_io(choice: Option<crate::io::DriverChoice>) -> Result<crat
     crate::io::resolve(choice).map_err(Error::InvalidArgument)
 }
 
+/// The value of variable `name`, if set and not blank. A value that is not UTF-8 comes back
+/// with its bad bytes replaced by U+FFFD, which no parser accepts: an `Err` naming the
+/// variable, not a silent default (`std::env::var(..).ok()` read it as unset).
 fn var(name: &'static str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    std::env::var_os(name)
+        .map(|v| v.to_string_lossy().into_owned())
+        .filter(|v| !v.trim().is_empty())
 }
 
 fn parse_bool(name: &'static str, v: &str) -> Result<bool> {
