@@ -49,6 +49,10 @@ impl fmt::Display for Policy {
     }
 }
 
+/// Most CPUs a `cpus:` list may name (with repeats): far above any machine's count, and
+/// small enough that a hostile `XTC_PLACEMENT` cannot ask for much memory.
+const MAX_LISTED_CPUS: usize = 1 << 16;
+
 impl FromStr for Policy {
     type Err = Error;
 
@@ -69,6 +73,11 @@ impl FromStr for Policy {
         }
         let mut cpus = Vec::new();
         for item in list.split(',') {
+            // Ranges are capped one by one, and so is the whole list: a long value of wide
+            // ranges would otherwise ask for gigabytes before any check ran.
+            if cpus.len() > MAX_LISTED_CPUS {
+                return Err(bad());
+            }
             let item = item.trim();
             let num = |x: &str| x.trim().parse::<usize>().map_err(|_| bad());
             match item.split_once('-') {
@@ -81,6 +90,9 @@ impl FromStr for Policy {
                 }
                 None => cpus.push(num(item)?),
             }
+        }
+        if cpus.len() > MAX_LISTED_CPUS {
+            return Err(bad());
         }
         Ok(Policy::Cpus(cpus))
     }

@@ -217,4 +217,12 @@ fn policy_strings() {
             "{msg}"
         );
     }
+    // Each range is capped, and so is the whole list: this one would name 6.5 million CPUs.
+    let wide = "0-65535,".repeat(100) + "0";
+    assert!(matches!(wide.parse::<Policy>(), Err(Error::BadPolicy(_))));
+    let just_fits = format!("cpus:0-65534,{}", 1);
+    match just_fits.parse::<Policy>() {
+        Ok(Policy::Cpus(c)) => assert_eq!(c.len(), 65536),
+        other => panic!("65,536 CPUs listed: {other:?}"),
+    }
 }
