@@ -42,9 +42,21 @@ pub(crate) async fn connect(src: &Source, addr: SockAddr) -> io::Result<()> {
                     events: libc::POLLOUT,
                     revents: 0,
                 };
-                // SAFETY: a live local pollfd; zero timeout.
-                if unsafe { libc::poll(&mut pfd, 1, 0) } == 0 {
-                    return Err(io::ErrorKind::WouldBlock.into());
+                loop {
+                    // SAFETY: a live local pollfd; zero timeout.
+                    match unsafe { libc::poll(&mut pfd, 1, 0) } {
+                        0 => return Err(io::ErrorKind::WouldBlock.into()),
+                        // A failed poll is not "connected" (SO_ERROR stays 0 while the
+                        // handshake runs). Interrupted: ask again (an edge already reported
+                        // would not come back to a wait).
+                        rc if rc < 0 => {
+                            let e = io::Error::last_os_error();
+                            if e.kind() != io::ErrorKind::Interrupted {
+                                return Err(e);
+                            }
+                        }
+                        _ => break,
+                    }
                 }
                 take_error(fd)
             })
