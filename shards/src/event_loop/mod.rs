@@ -142,11 +142,20 @@ struct Status<'a> {
     idle: bool,
 }
 
+/// Publishes BUSY in a fresh epoch on a loop's status word, before a run starts its threads
+/// (`Executor::run`). Epochs go on from the last run's, so no snapshot of this run equals one
+/// of the last.
+pub(crate) fn restart_status(word: &AtomicU64) {
+    let epoch = (word.load(SeqCst) >> 2) + 1;
+    word.store(epoch << 2 | status::BUSY, SeqCst);
+}
+
 impl<'a> Status<'a> {
+    /// Takes over `word` as `restart_status` left it: BUSY, at its epoch.
     fn new(word: &'a AtomicU64) -> Status<'a> {
         Status {
             word,
-            epoch: 1,
+            epoch: word.load(SeqCst) >> 2,
             published: u64::MAX,
             idle: false,
         }

@@ -442,6 +442,13 @@ impl Executor {
     fn run_inner(&self) -> Result<()> {
         let shared = &self.handle.shared;
         lock(&shared.deadlock_tasks).clear();
+        // Every loop is BUSY, in a new epoch, before any thread of this run looks: a loop that
+        // left the last run showing an idle kind (a stop landing just after an idle tick)
+        // would otherwise look idle to the coordinator and to its peers' last-EMPTY poke while
+        // its first turn drains the inbox and runs, a false quiescence.
+        for ls in &shared.loops {
+            event_loop::restart_status(&ls.status);
+        }
         let (tx, rx) = std::sync::mpsc::channel::<xtc_numa::Result<()>>();
         let mut threads = Vec::with_capacity(shared.loops.len());
         let mut failure: Option<Error> = None;
@@ -1019,5 +1026,53 @@ impl Handle {
     pub fn loop_stats(&self, shard: usize) -> Result<LoopStats> {
         let l = self.shared.shard(shard)?;
         Ok(l.stats.snapshot(l.steal.stolen_from.load(Relaxed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        sync::{
+            atomic::{AtomicBool, Ordering::SeqCst},
+            Arc,
+        },
+        time::Duration,
+    };
+
+    use crate::event_loop::status;
+
+    /// A loop that left the last run showing EMPTY (a stop landing just after an idle tick:
+    /// planted here) must not look idle while its first turn of the next run works: the
+    /// coordinator saw every loop EMPTY with balanced counts and stopped the run under a task.
+    #[test]
+    fn a_stale_idle_status_from_the_last_run_is_not_quiescence() {
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        for _ in 0..3 {
+            let finished = Arc::new(AtomicBool::new(false));
+            let f = finished.clone();
+            exec.spawn_on(1, move || async move {
+                // A long first poll, then a wait that ends the turn, where a stop would
+                // cancel the task.
+                std::thread::sleep(Duration::from_millis(300));
+                crate::time::sleep(Duration::from_millis(5)).await;
+                f.store(true, SeqCst);
+            })
+            .unwrap();
+            // Loop 0 goes EMPTY (and pokes the coordinator) while loop 1 is in that poll.
+            exec.spawn_on(0, || crate::time::sleep(Duration::from_millis(50)))
+                .unwrap();
+            for ls in &exec.handle.shared.loops {
+                ls.status.store(1 << 2 | status::EMPTY, SeqCst);
+            }
+            exec.run().unwrap();
+            assert!(
+                finished.load(SeqCst),
+                "run() returned while the task was alive"
+            );
+        }
     }
 }
