@@ -665,3 +665,37 @@ fn run_or_fail_keep(ex: &Executor, what: &str) {
         t.elapsed()
     );
 }
+
+/// Once the `Executor` is dropped no run can come: a `Handle` refuses pinned spawns and
+/// `submit_to` with `Err(Stopped)`, and a migratable spawn is dropped at once (its handle
+/// reports cancelled). They used to be queued for good: the `submit_to` future never resolved,
+/// and a queued closure holding a `Handle` kept the whole executor alive (leaked).
+#[test]
+fn a_handle_after_its_executor_is_dropped_queues_nothing() {
+    let ex = exec(2);
+    let h = ex.handle();
+    drop(ex);
+    let drops = Arc::new(AtomicUsize::new(0));
+    let guard = CountDrop(drops.clone());
+    let keep = h.clone();
+    let r = h.spawn_on(0, move || {
+        let _keep = (keep, guard);
+        async {}
+    });
+    assert!(matches!(r, Err(Error::Stopped)), "{r:?}");
+    assert_eq!(drops.load(SeqCst), 1, "the refused closure was dropped");
+    let got = futures::executor::block_on(h.submit_to(1, || async { 7 }));
+    assert!(matches!(got, Err(Error::Stopped)), "{got:?}");
+    let guard = CountDrop(drops.clone());
+    let keep = h.clone();
+    let j = h.spawn(async move {
+        let _keep = (keep, guard);
+    });
+    assert_eq!(
+        drops.load(SeqCst),
+        2,
+        "the migratable task was dropped at once"
+    );
+    let e = futures::executor::block_on(j).unwrap_err();
+    assert!(e.is_cancelled(), "{e:?}");
+}

@@ -86,6 +86,9 @@ pub(crate) struct ExecShared {
     service_mode: AtomicBool,
     deadlock_grace_ns: AtomicU64,
     running: AtomicBool,
+    /// Set when the `Executor` is dropped: no run can come, so what a `Handle` queues after
+    /// that is refused or dropped at once (`Handle::spawn_on`, `Handle::spawn`).
+    closed: AtomicBool,
     pub(crate) coord_dirty: Mutex<bool>,
     pub(crate) coord_cv: Condvar,
     deadlock_tasks: Mutex<Vec<String>>,
@@ -135,6 +138,7 @@ impl ExecShared {
             service_mode: AtomicBool::new(config.service_mode),
             deadlock_grace_ns: AtomicU64::new(grace_to_ns(config.deadlock_grace)),
             running: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             coord_dirty: Mutex::new(false),
             coord_cv: Condvar::new(),
             deadlock_tasks: Mutex::new(Vec::new()),
@@ -589,6 +593,28 @@ impl ExecShared {
             }
         }
     }
+
+    /// A `Handle` queued work after a check of `closed`: if the `Executor` was dropped
+    /// meanwhile, its sweep may have run before the push, so drop what sits in the inboxes
+    /// and injectors (where a foreign thread's pushes go) here. SeqCst, paired with the drop's
+    /// store-then-sweep: either the sweep sees the push or this load sees the store. Cost: one
+    /// load on the spawn path.
+    fn drop_if_closed(&self) {
+        if !self.closed.load(SeqCst) {
+            return;
+        }
+        let mut batch = Vec::new();
+        for _ in 0..8 {
+            let mut dropped = 0;
+            for l in &self.loops {
+                dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
+                batch.clear();
+            }
+            if dropped == 0 {
+                break;
+            }
+        }
+    }
 }
 
 impl Drop for ExecShared {
@@ -603,6 +629,7 @@ impl Drop for Executor {
     /// Frees the tasks queued and never run (see `ExecShared::drop_queued`); `run` cannot be
     /// in progress (it borrows the executor). Cost: one lock per loop's inbox.
     fn drop(&mut self) {
+        self.handle.shared.closed.store(true, SeqCst);
         self.handle.shared.drop_queued();
     }
 }
@@ -746,7 +773,8 @@ impl Handle {
     /// future it returns may be `!Send`; the task never leaves the shard. Works from any thread,
     /// before `run()` (the task starts when the loops do) and while it runs.
     ///
-    /// `Err(InvalidShard)` for an out-of-range shard. Cost: one allocation; from the shard
+    /// `Err(InvalidShard)` for an out-of-range shard, `Err(Stopped)` once the `Executor` is
+    /// dropped (through a `Handle`: no run can come). Cost: one allocation; from the shard
     /// itself a thread-local push, from elsewhere an inbox push (a short lock) plus a wake ping
     /// (an eventfd write) if the shard sleeps.
     #[track_caller]
@@ -756,7 +784,12 @@ impl Handle {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        self.shared.spawn_on(shard, make, TaskInfo::here(None))
+        if self.shared.closed.load(SeqCst) {
+            return Err(Error::Stopped);
+        }
+        let h = self.shared.spawn_on(shard, make, TaskInfo::here(None));
+        self.shared.drop_if_closed();
+        h
     }
 
     /// Asks the executor to stop: `run()` returns once every loop has dropped its tasks.
@@ -818,7 +851,9 @@ impl Handle {
 
     /// Spawns a **migratable** task: a `Send` future placed round-robin over the loops, which
     /// idle loops may steal (nearest first). Works from any thread, before and during `run()`.
-    /// Re-read [`shard::id()`](crate::shard::id) after an `.await` to notice a move. Cost: one
+    /// Re-read [`shard::id()`](crate::shard::id) after an `.await` to notice a move. Once the
+    /// `Executor` is dropped (through a `Handle`) the task is dropped at once and its handle
+    /// reports cancelled. Cost: one
     /// allocation, a deque or injector push, a shared live-task counter update (migratable
     /// tasks pay the cross-core atomics that pinned tasks avoid), and, the first time the task
     /// parks, a registry insert under a per-shard lock.
@@ -830,7 +865,11 @@ impl Handle {
     {
         let n = self.shared.loops.len();
         let home = self.shared.migratable.next.fetch_add(1, Relaxed) % n;
-        crate::steal::spawn(&self.shared, home, true, fut, TaskInfo::here(None))
+        let h = crate::steal::spawn(&self.shared, home, true, fut, TaskInfo::here(None));
+        // After the `Executor` is dropped the task is dropped at once: its handle reports
+        // cancelled.
+        self.shared.drop_if_closed();
+        h
     }
 
     /// Creates a scheduling class on loop `shard` (see [`crate::shard::create_class`]).
