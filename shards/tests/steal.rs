@@ -5,7 +5,7 @@ use common::*;
 
 use std::{
     sync::{
-        atomic::{AtomicUsize, Ordering::SeqCst},
+        atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
         Arc, Mutex,
     },
     time::Duration,
@@ -436,5 +436,54 @@ fn a_loop_that_would_not_steal_parks_without_an_idle_tick() {
         s.parks < 30,
         "shard 1 parked {} times in 300 ms: {s:?}",
         s.parks
+    );
+}
+
+/// A pinned task that keeps yielding keeps its loop's FIFO non-empty: the migratable task it
+/// spawned on the same loop must still run (each turn's first pick is a migratable task).
+/// It never ran: pinned tasks always went first, and with shard 1 holding a timer nobody
+/// steals (a loop steals only when fully idle). Also on a `LocalExecutor`, where no thief
+/// exists at all.
+#[test]
+fn a_yielding_pinned_task_does_not_starve_a_migratable_one() {
+    let ran = xtc_shards::LocalExecutor::new().unwrap().block_on(async {
+        let flag = Arc::new(AtomicBool::new(false));
+        let f = flag.clone();
+        let _h = xtc_shards::spawn(async move { f.store(true, SeqCst) });
+        for _ in 0..10_000 {
+            if flag.load(SeqCst) {
+                return true;
+            }
+            xtc_shards::yield_now().await;
+        }
+        false
+    });
+    assert!(
+        ran,
+        "LocalExecutor: the migratable task never ran in 10,000 yields"
+    );
+
+    let ex = exec(2);
+    let ok = Arc::new(AtomicBool::new(false));
+    let o = ok.clone();
+    ex.spawn_on(1, || xtc_shards::time::sleep(Duration::from_secs(1)))
+        .unwrap();
+    ex.spawn_on(0, move || async move {
+        let flag = Arc::new(AtomicBool::new(false));
+        let f = flag.clone();
+        let _h = xtc_shards::spawn(async move { f.store(true, SeqCst) });
+        for _ in 0..10_000 {
+            if flag.load(SeqCst) {
+                o.store(true, SeqCst);
+                return;
+            }
+            xtc_shards::yield_now().await;
+        }
+    })
+    .unwrap();
+    run_or_fail(ex, Duration::from_secs(30), "pinned traffic").unwrap();
+    assert!(
+        ok.load(SeqCst),
+        "2 shards: the migratable task never ran in 10,000 yields"
     );
 }

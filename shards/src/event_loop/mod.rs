@@ -249,22 +249,28 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let timed = budget != 0 || classes;
         let mut t0 = if timed { Some(Instant::now()) } else { None };
         let mut ran = 0;
+        let migratable = || {
+            steal::next_local(core).map(|m| {
+                // Steal protocol rule 1: where a migratable task last ran.
+                m.metadata().last.store(shared.index as u32, Relaxed);
+                (m, 0)
+            })
+        };
         while ran < BATCH {
-            let pinned = if classes {
-                crate::class::pick(core)
-            } else {
-                core.queue.borrow_mut().pop_front().map(|r| (r, 0))
-            };
-            let (r, lane) = match pinned {
+            // The turn's first pick is a migratable task if there is one: pinned tasks that
+            // keep yielding (or ping-pong on a local channel) keep the FIFO from ever being
+            // empty, and starved the deque for good (a thief comes only if a peer is idle).
+            let first = if ran == 0 { migratable() } else { None };
+            let pinned = first.or_else(|| {
+                if classes {
+                    crate::class::pick(core)
+                } else {
+                    core.queue.borrow_mut().pop_front().map(|r| (r, 0))
+                }
+            });
+            let (r, lane) = match pinned.or_else(migratable) {
                 Some(next) => next,
-                None => match steal::next_local(core) {
-                    Some(m) => {
-                        // Steal protocol rule 1: where a migratable task last ran.
-                        m.metadata().last.store(shared.index as u32, Relaxed);
-                        (m, 0)
-                    }
-                    None => break,
-                },
+                None => break,
             };
             if status.is_idle() {
                 // Work that arrived without a ping while the loop kept its idle status after an
