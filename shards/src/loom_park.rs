@@ -88,3 +88,39 @@ fn loom_sender_sends_twice_across_a_sleep() {
         assert_eq!(got, vec![0, 1], "per-sender order kept");
     });
 }
+
+/// Steal rule 4: the spawn that makes the live-migratable count leave zero pings every loop
+/// (`fetch_add`, then `unpark`). A loop that decided "no idle tick" (count 0) before that
+/// ping and announced after it has the NOTIFIED bit swapped away: it must see the count in
+/// its recheck after the announcement, or it sleeps with no timeout while migratable work
+/// waits on a busy peer (the event loop's recheck calls `steal::idle_tick` again).
+#[test]
+fn loom_count_leaving_zero_is_seen_or_pings() {
+    // Relaxed loads, as `steal::idle_tick` does: the announcement's swap orders them.
+    use loom::sync::atomic::{
+        AtomicI64,
+        Ordering::{Relaxed, SeqCst},
+    };
+    loom::model(|| {
+        let live = Arc::new(AtomicI64::new(0));
+        let parker = Arc::new(Parker::new().unwrap());
+        let (l2, p2) = (live.clone(), parker.clone());
+        let spawner = thread::spawn(move || {
+            l2.fetch_add(1, SeqCst);
+            p2.unpark();
+        });
+        // The loop: until it would tick (count above zero).
+        loop {
+            if live.load(Relaxed) > 0 {
+                break;
+            }
+            parker.announce();
+            if live.load(Relaxed) > 0 {
+                parker.cancel();
+                continue;
+            }
+            parker.sleep(None);
+        }
+        spawner.join().unwrap();
+    });
+}

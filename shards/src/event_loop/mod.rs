@@ -365,7 +365,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let next = core.timers.borrow_mut().next_deadline();
         let mut timeout = timer::park_timeout(next, now);
         let mut tick_driven = false;
-        if let Some(tick) = steal::idle_tick(core) {
+        let tick = steal::idle_tick(core);
+        if let Some(tick) = tick {
             tick_driven = timeout.is_none_or(|t| t > tick);
             timeout = Some(timeout.map_or(tick, |t| t.min(tick)));
         }
@@ -379,6 +380,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 || steal::has_local(core)
                 || ring::prepare_park(core)
                 || (stop_aware && exec.stop_requested())
+                // The first migratable spawn (or a knob switched on) pings every loop, but a
+                // ping that lands between the tick decision above and the announcement is
+                // swapped away by it: decide again (loom_park.rs, count leaving zero).
+                || (tick.is_none() && steal::idle_tick(core).is_some())
             {
                 shared.parker.cancel();
             } else {
