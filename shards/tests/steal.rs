@@ -487,3 +487,36 @@ fn a_yielding_pinned_task_does_not_starve_a_migratable_one() {
         "2 shards: the migratable task never ran in 10,000 yields"
     );
 }
+
+/// The other way round: a migratable task that ends every turn by yielding through
+/// `yield_if_due` (preemption on) must not starve a pinned task on its loop. Each turn once
+/// started with a migratable pick, so it was the first pick of every turn and the pinned task
+/// waited until it gave up (2 s).
+#[test]
+fn a_preempted_migratable_task_does_not_starve_a_pinned_one() {
+    let ex = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .preempt(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let pinned_ran = Arc::new(AtomicBool::new(false));
+    let p = pinned_ran.clone();
+    ex.spawn_on(0, move || async move { p.store(true, SeqCst) })
+        .unwrap();
+    let p = pinned_ran.clone();
+    let h = ex.spawn(async move {
+        let t0 = std::time::Instant::now();
+        while !p.load(SeqCst) && t0.elapsed() < Duration::from_secs(2) {
+            burn(Duration::from_micros(200));
+            xtc_shards::yield_if_due().await;
+        }
+        t0.elapsed()
+    });
+    run_or_fail(ex, Duration::from_secs(30), "preempted migratable").unwrap();
+    let took = futures::executor::block_on(h).unwrap();
+    assert!(
+        took < Duration::from_millis(500),
+        "the pinned task waited {took:?}"
+    );
+}

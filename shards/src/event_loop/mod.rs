@@ -200,6 +200,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     let mut spare: Vec<Runnable> = Vec::new();
     let mut wakers = Vec::new();
     let mut status = Status::new(&shared.status);
+    // Whether the last turn ran a migratable task (step 4's first pick).
+    let mut migratable_ran = false;
     shared.stats.started(Instant::now());
     let exit = loop {
         // Step 1.
@@ -256,11 +258,19 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 (m, 0)
             })
         };
+        // A turn that ran no migratable task makes the next one start with one, if any:
+        // pinned tasks that keep yielding (or ping-pong on a local channel) keep the FIFO from
+        // ever being empty, and starved the deque for good (a thief comes only if a peer is
+        // idle). Only then: a migratable task that ends every turn (`yield_if_due`) would
+        // otherwise be the first pick of every turn and starve the pinned ones instead.
+        let first_migratable = !std::mem::take(&mut migratable_ran);
         while ran < BATCH {
-            // The turn's first pick is a migratable task if there is one: pinned tasks that
-            // keep yielding (or ping-pong on a local channel) keep the FIFO from ever being
-            // empty, and starved the deque for good (a thief comes only if a peer is idle).
-            let first = if ran == 0 { migratable() } else { None };
+            let first = if ran == 0 && first_migratable {
+                migratable()
+            } else {
+                None
+            };
+            let is_migratable = first.is_some();
             let pinned = first.or_else(|| {
                 if classes {
                     crate::class::pick(core)
@@ -268,10 +278,14 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     core.queue.borrow_mut().pop_front().map(|r| (r, 0))
                 }
             });
-            let (r, lane) = match pinned.or_else(migratable) {
-                Some(next) => next,
-                None => break,
+            let (r, lane, is_migratable) = match pinned {
+                Some((r, lane)) => (r, lane, is_migratable),
+                None => match migratable() {
+                    Some((r, lane)) => (r, lane, true),
+                    None => break,
+                },
             };
+            migratable_ran |= is_migratable;
             if status.is_idle() {
                 // Work that arrived without a ping while the loop kept its idle status after an
                 // idle tick (a migratable task pushed into our injector by a foreign thread, a
