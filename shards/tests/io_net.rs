@@ -21,7 +21,7 @@ use std::{
         atomic::{AtomicUsize, Ordering::SeqCst},
         Arc,
     },
-    task::Poll,
+    task::{Poll, Waker},
     thread,
     time::Duration,
 };
@@ -2055,6 +2055,39 @@ fn two_owned_readers_behind_one_dropped_async_read_both_finish() {
             ];
             got.sort();
             assert_eq!(got, vec![b"first".to_vec(), b"second".to_vec()]);
+        },
+    );
+}
+
+/// The waiters behind a stream's shared operation are bounded: 100 reads that each wait
+/// once behind a dropped `AsyncRead` receive, then go away, leave at most 32 wakers (and so
+/// tasks) held by the stream. They were all kept until the receive completed.
+#[test]
+fn waiters_behind_a_shared_op_are_bounded() {
+    on_each_driver(
+        "waiters_behind_a_shared_op_are_bounded",
+        1,
+        |driver| async move {
+            if driver != Driver::IoUring {
+                return; // the receive left in flight is io_uring's
+            }
+            struct W;
+            impl std::task::Wake for W {
+                fn wake(self: Arc<Self>) {}
+            }
+            let (_a, mut b) = UnixStream::pair().unwrap();
+            let mut scratch = [0u8; 16];
+            let polled = futures::FutureExt::now_or_never(AsyncReadExt::read(&mut b, &mut scratch));
+            assert!(polled.is_none(), "nothing was sent");
+            let wakers: Vec<Arc<W>> = (0..100).map(|_| Arc::new(W)).collect();
+            for w in &wakers {
+                let waker = Waker::from(w.clone());
+                let mut cx = std::task::Context::from_waker(&waker);
+                let mut read = pin!(Stream::read(&b, Vec::with_capacity(16)));
+                assert!(read.as_mut().poll(&mut cx).is_pending());
+            }
+            let held = wakers.iter().filter(|w| Arc::strong_count(w) > 1).count();
+            assert!(held <= 32, "{held} wakers held");
         },
     );
 }

@@ -62,16 +62,22 @@ struct PollState {
     writing: Option<Op<Vec<u8>>>,
     wsent: usize,
     wbuf: Vec<u8>,
-    /// The tasks waiting for `reading` or `writing` (created at the first wait).
-    waiters: Option<Waiters>,
+    /// The tasks waiting for `reading` (created at the first wait).
+    read_waiters: Option<Waiters>,
+    /// The tasks waiting for `writing` (created at the first wait).
+    write_waiters: Option<Waiters>,
 }
 
 /// Everyone waiting for the stream's shared operations (`reading`, `writing`). An `Op` keeps
 /// one waker, the last poller's, but with `&self` owned calls several tasks may wait for the
 /// same send or receive (the stream shared through an `Rc`, an owned call waiting behind the
 /// `futures::io` side): the operation is polled with this list's own waker, which wakes them
-/// all. Cost: one allocation per stream at its first wait, a lock and a `will_wake` scan per
-/// wait (the lock is never contended: the stream is `!Send`; `Waker` needs `Sync`).
+/// all. At most [`MAX_WAITERS`] are kept: past that the list wakes everyone listed and starts
+/// again (a spurious wake-up; a task still waiting registers anew), so tasks that stopped
+/// waiting (finished, timed out) are not kept alive for as long as the operation runs.
+/// Cost: one allocation per stream and side at its first wait, a lock and a `will_wake` scan
+/// of at most [`MAX_WAITERS`] per wait (the lock is never contended: the stream is `!Send`;
+/// `Waker` needs `Sync`).
 #[derive(Debug)]
 struct Waiters {
     list: Arc<WaiterList>,
@@ -81,6 +87,9 @@ struct Waiters {
 
 #[derive(Debug, Default)]
 struct WaiterList(Mutex<Vec<Waker>>);
+
+/// Most wakers one [`WaiterList`] keeps.
+const MAX_WAITERS: usize = 32;
 
 impl Wake for WaiterList {
     fn wake(self: Arc<Self>) {
@@ -114,9 +123,19 @@ fn poll_shared<T: 'static>(
     if r.is_pending() {
         // After the poll: nothing completes in between (completions are dispatched by the
         // loop, between polls), and a task whose poll found the result is not left listed.
-        let mut list = lock(&w.list.0);
-        if !list.iter().any(|l| l.will_wake(cx.waker())) {
-            list.push(cx.waker().clone());
+        let overflow = {
+            let mut list = lock(&w.list.0);
+            if list.iter().any(|l| l.will_wake(cx.waker())) {
+                None
+            } else {
+                let full = (list.len() >= MAX_WAITERS).then(|| std::mem::take(&mut *list));
+                list.push(cx.waker().clone());
+                full
+            }
+        };
+        // Woken outside the lock: a waker is user code.
+        for waker in overflow.into_iter().flatten() {
+            crate::task::wake_guarded(waker);
         }
     }
     r
@@ -426,7 +445,7 @@ fn poll_reading(st: &mut PollState, cx: &mut Context<'_>) -> Poll<Option<io::Res
     let Some(op) = st.reading.as_mut() else {
         return Poll::Ready(None);
     };
-    let (res, mut got) = ready!(poll_shared(op, &mut st.waiters, cx));
+    let (res, mut got) = ready!(poll_shared(op, &mut st.read_waiters, cx));
     st.reading = None;
     let r = result(res);
     if let Ok(n) = r {
@@ -442,7 +461,7 @@ fn poll_reading(st: &mut PollState, cx: &mut Context<'_>) -> Poll<Option<io::Res
 /// or a send that made no progress, is the result.
 fn drain(fd: i32, st: &mut PollState, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
     while let Some(op) = st.writing.as_mut() {
-        let (res, buf) = ready!(poll_shared(op, &mut st.waiters, cx));
+        let (res, buf) = ready!(poll_shared(op, &mut st.write_waiters, cx));
         st.writing = None;
         match result(res) {
             Ok(n) => {
