@@ -699,3 +699,29 @@ fn a_handle_after_its_executor_is_dropped_queues_nothing() {
     let e = futures::executor::block_on(j).unwrap_err();
     assert!(e.is_cancelled(), "{e:?}");
 }
+
+/// An executor dropped with a never-run migratable task whose drop spawns another through a
+/// `Handle`, a thousand deep: each respawn is dropped in turn by the sweep's loop. The sweep
+/// after the `Executor`'s drop recursed into itself and overflowed the stack.
+#[test]
+fn a_chain_of_respawning_drops_at_executor_drop_is_swept_flat() {
+    struct Respawn(xtc_shards::Handle, Arc<AtomicUsize>);
+    impl Drop for Respawn {
+        fn drop(&mut self) {
+            if self.1.fetch_add(1, SeqCst) < 100_000 {
+                let g = Respawn(self.0.clone(), self.1.clone());
+                drop(self.0.spawn(async move {
+                    let _g = g;
+                }));
+            }
+        }
+    }
+    let ex = exec(1);
+    let n = Arc::new(AtomicUsize::new(0));
+    let g = Respawn(ex.handle(), n.clone());
+    drop(ex.handle().spawn(async move {
+        let _g = g;
+    }));
+    drop(ex);
+    assert_eq!(n.load(SeqCst), 100_001);
+}

@@ -5,6 +5,7 @@ pub(crate) use builder::resolve_io;
 pub(crate) mod quiesce;
 
 use std::{
+    cell::Cell,
     future::Future,
     sync::Arc,
     thread,
@@ -580,6 +581,7 @@ impl ExecShared {
     /// loop's `LoopShared` (its home) alive in a cycle, and everything queued there leaks;
     /// a task holding a `Handle` would keep the whole executor alive.
     pub(crate) fn drop_queued(&self) {
+        let _sweep = Sweeping::enter();
         let mut batch = Vec::new();
         // Dropping a closure may queue more (a `Drop` that spawns); a few rounds settle that.
         for _ in 0..8 {
@@ -603,6 +605,13 @@ impl ExecShared {
         if !self.closed.load(SeqCst) {
             return;
         }
+        // A task dropped here (or by `drop_queued`) whose `Drop` spawns again lands in the
+        // queue being swept, which the outer sweep's loop drains: recursing instead overflowed
+        // the stack on a chain of such drops.
+        if SWEEPING.with(Cell::get) {
+            return;
+        }
+        let _sweep = Sweeping::enter();
         let mut batch = Vec::new();
         for _ in 0..8 {
             let mut dropped = 0;
@@ -614,6 +623,26 @@ impl ExecShared {
                 break;
             }
         }
+    }
+}
+
+thread_local! {
+    /// Whether this thread is inside a sweep of queued tasks (`drop_queued`, `drop_if_closed`).
+    static SWEEPING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as sweeping until dropped (restoring what it found, for nesting).
+struct Sweeping(bool);
+
+impl Sweeping {
+    fn enter() -> Sweeping {
+        Sweeping(SWEEPING.with(|s| s.replace(true)))
+    }
+}
+
+impl Drop for Sweeping {
+    fn drop(&mut self) {
+        SWEEPING.with(|s| s.set(self.0));
     }
 }
 
