@@ -413,3 +413,39 @@ fn modification_times_before_1970_match_std() {
         assert_eq!(f.metadata().await.unwrap().modified(), want);
     });
 }
+
+/// A file write whose future is dropped while it runs still lands (or, cancelled in time on
+/// io_uring, never does), and `run()` returns only once it has settled: the file's length does
+/// not change after `run()` returned. On the epoll driver's blocking pool a dropped job stopped
+/// counting as in flight at once, so `run()` returned while its `pwrite` went on.
+#[test]
+fn run_returns_only_after_a_dropped_file_write_settled() {
+    each_driver(
+        "run_returns_only_after_a_dropped_file_write_settled",
+        1,
+        |b| b,
+        |driver, exec| {
+            let path = temp_path("dropped-write");
+            let _cleanup = Cleanup(path.clone());
+            let p = path.clone();
+            exec.spawn_on(0, move || async move {
+                let f = open_scratch(&p).await;
+                let big = vec![7u8; 64 << 20];
+                let polled = futures::FutureExt::now_or_never(f.write_at(big, 0));
+                assert!(
+                    polled.is_none(),
+                    "a 64 MiB write finished in its first poll"
+                );
+            })
+            .unwrap();
+            exec.run().unwrap();
+            let at_return = std::fs::metadata(&path).unwrap().len();
+            std::thread::sleep(Duration::from_millis(300));
+            let later = std::fs::metadata(&path).unwrap().len();
+            assert_eq!(
+                at_return, later,
+                "{driver}: the write went on after run() returned"
+            );
+        },
+    );
+}

@@ -378,6 +378,12 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let now = Instant::now();
         let next = core.timers.borrow_mut().next_deadline();
         let mut timeout = timer::park_timeout(next, now);
+        if crate::io::blocking::abandoned() > 0 {
+            // A dropped file job still runs on the pool and wakes nobody when it ends: look
+            // again soon (io/blocking.rs).
+            let t = crate::io::blocking::ABANDONED_RECHECK;
+            timeout = Some(timeout.map_or(t, |d| d.min(t)));
+        }
         let mut tick_driven = false;
         let tick = steal::idle_tick(core);
         if let Some(tick) = tick {

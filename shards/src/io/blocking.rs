@@ -10,7 +10,10 @@ use std::{
     io,
     marker::PhantomData,
     pin::Pin,
-    sync::{Arc, Condvar, Mutex, OnceLock},
+    sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc, Condvar, Mutex, OnceLock,
+    },
     task::{Context, Poll, Waker},
     time::Duration,
 };
@@ -70,11 +73,24 @@ thread_local! {
     /// Jobs started from this thread's loop and not yet collected (quiescence: a loop waiting on
     /// one is not idle for good).
     static IN_FLIGHT: Cell<usize> = const { Cell::new(0) };
+    /// Jobs of this thread's loop whose future was dropped while they ran: their `pwrite` or
+    /// `open` still lands, so the loop is not idle until they end. Decremented by the pool
+    /// thread that finishes the job; nothing wakes the loop then, so while this is above zero
+    /// the loop parks for at most [`ABANDONED_RECHECK`] and looks again.
+    static ABANDONED: Arc<AtomicUsize> = Arc::new(AtomicUsize::new(0));
 }
 
-/// Jobs of this thread's loop in the pool.
+/// How often a loop with abandoned jobs (`ABANDONED`) looks whether they ended.
+pub(crate) const ABANDONED_RECHECK: Duration = Duration::from_millis(1);
+
+/// Jobs of this thread's loop in the pool, the abandoned ones included.
 pub(crate) fn in_flight() -> usize {
-    IN_FLIGHT.with(|c| c.get())
+    IN_FLIGHT.with(|c| c.get()) + abandoned()
+}
+
+/// Jobs of this thread's loop whose future is gone but which still run. Cost: one load.
+pub(crate) fn abandoned() -> usize {
+    ABANDONED.with(|a| a.load(SeqCst))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -111,6 +127,9 @@ fn worker() {
 struct Slot<R> {
     result: Option<R>,
     waker: Option<Waker>,
+    /// Set when the future was dropped before the result came: the loop's `ABANDONED` count,
+    /// which the job decrements when it ends.
+    abandoned: Option<Arc<AtomicUsize>>,
 }
 
 /// The future of a pool job; `!Send` (it counts in its loop's in-flight jobs).
@@ -127,6 +146,7 @@ pub(crate) fn run<R: Send + 'static>(
     let slot = Arc::new(Mutex::new(Slot {
         result: None,
         waker: None,
+        abandoned: None,
     }));
     let theirs = slot.clone();
     let job: Job = Box::new(move || {
@@ -135,6 +155,9 @@ pub(crate) fn run<R: Send + 'static>(
         let waker = {
             let mut s = lock(&theirs);
             s.result = Some(r);
+            if let Some(count) = s.abandoned.take() {
+                count.fetch_sub(1, SeqCst);
+            }
             s.waker.take()
         };
         if let Some(w) = waker {
@@ -233,6 +256,16 @@ impl<R> Future for Blocking<R> {
 
 impl<R> Drop for Blocking<R> {
     fn drop(&mut self) {
+        if self.counted {
+            // Still running: its effect is still to come, so it keeps the loop from quiescence
+            // until it ends (under the slot's lock, which the job takes to finish).
+            let mut s = lock(&self.slot);
+            if s.result.is_none() {
+                let count = ABANDONED.with(Arc::clone);
+                count.fetch_add(1, SeqCst);
+                s.abandoned = Some(count);
+            }
+        }
         self.uncount();
     }
 }
