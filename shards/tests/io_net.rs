@@ -1452,18 +1452,7 @@ fn mixed_trait_and_owned_io_keep_the_byte_order() {
         |_| async {
             let (a, b) = UnixStream::pair().unwrap();
             // A small send buffer makes the 64 KiB write-behind send come back short.
-            let small: libc::c_int = 4096;
-            // SAFETY: a plain setsockopt on a descriptor we own, with a live int argument.
-            let rc = unsafe {
-                libc::setsockopt(
-                    a.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDBUF,
-                    (&raw const small).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(rc, 0);
+            small_sndbuf(a.as_raw_fd());
             let head = pattern(40, 64 * 1024);
             let body = pattern(41, 64 * 1024);
             let b = b.into_std();

@@ -581,11 +581,22 @@ impl ExecShared {
     /// loop's `LoopShared` (its home) alive in a cycle, and everything queued there leaks;
     /// a task holding a `Handle` would keep the whole executor alive.
     pub(crate) fn drop_queued(&self) {
+        self.sweep(true);
+    }
+
+    /// Drops queued tasks until a round finds none (at most 8: dropping a closure may queue
+    /// more, a `Drop` that spawns): every inbox and injector (where a foreign thread's pushes
+    /// go), and with `all` the parked deques and the ring mesh, which only a thread that no
+    /// run can race may drain (`drop_queued`).
+    fn sweep(&self, all: bool) {
         let _sweep = Sweeping::enter();
         let mut batch = Vec::new();
-        // Dropping a closure may queue more (a `Drop` that spawns); a few rounds settle that.
         for _ in 0..8 {
-            let mut dropped = self.migratable.drop_parked_queues() + self.mesh.drop_queued();
+            let mut dropped = if all {
+                self.migratable.drop_parked_queues() + self.mesh.drop_queued()
+            } else {
+                0
+            };
             for l in &self.loops {
                 dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
                 batch.clear();
@@ -611,18 +622,7 @@ impl ExecShared {
         if SWEEPING.with(Cell::get) {
             return;
         }
-        let _sweep = Sweeping::enter();
-        let mut batch = Vec::new();
-        for _ in 0..8 {
-            let mut dropped = 0;
-            for l in &self.loops {
-                dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
-                batch.clear();
-            }
-            if dropped == 0 {
-                break;
-            }
-        }
+        self.sweep(false);
     }
 }
 
