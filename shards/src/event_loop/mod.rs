@@ -251,12 +251,20 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let timed = budget != 0 || classes;
         let mut t0 = if timed { Some(Instant::now()) } else { None };
         let mut ran = 0;
+        // Each pick: the runnable, its class lane, and whether it is migratable.
         let migratable = || {
             steal::next_local(core).map(|m| {
                 // Steal protocol rule 1: where a migratable task last ran.
                 m.metadata().last.store(shared.index as u32, Relaxed);
-                (m, 0)
+                (m, 0, true)
             })
+        };
+        let pinned = || {
+            if classes {
+                crate::class::pick(core).map(|(r, lane)| (r, lane, false))
+            } else {
+                core.queue.borrow_mut().pop_front().map(|r| (r, 0, false))
+            }
         };
         // A turn that ran no migratable task makes the next one start with one, if any:
         // pinned tasks that keep yielding (or ping-pong on a local channel) keep the FIFO from
@@ -270,20 +278,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             } else {
                 None
             };
-            let is_migratable = first.is_some();
-            let pinned = first.or_else(|| {
-                if classes {
-                    crate::class::pick(core)
-                } else {
-                    core.queue.borrow_mut().pop_front().map(|r| (r, 0))
-                }
-            });
-            let (r, lane, is_migratable) = match pinned {
-                Some((r, lane)) => (r, lane, is_migratable),
-                None => match migratable() {
-                    Some((r, lane)) => (r, lane, true),
-                    None => break,
-                },
+            let Some((r, lane, is_migratable)) = first.or_else(pinned).or_else(migratable) else {
+                break;
             };
             migratable_ran |= is_migratable;
             if status.is_idle() {
@@ -378,12 +374,6 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let now = Instant::now();
         let next = core.timers.borrow_mut().next_deadline();
         let mut timeout = timer::park_timeout(next, now);
-        if crate::io::blocking::abandoned() > 0 {
-            // A dropped file job still runs on the pool and wakes nobody when it ends: look
-            // again soon (io/blocking.rs).
-            let t = crate::io::blocking::ABANDONED_RECHECK;
-            timeout = Some(timeout.map_or(t, |d| d.min(t)));
-        }
         let mut tick_driven = false;
         let tick = steal::idle_tick(core);
         if let Some(tick) = tick {

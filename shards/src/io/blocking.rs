@@ -81,7 +81,7 @@ thread_local! {
 }
 
 /// How often a loop with abandoned jobs (`ABANDONED`) looks whether they ended.
-pub(crate) const ABANDONED_RECHECK: Duration = Duration::from_millis(1);
+const ABANDONED_RECHECK: Duration = Duration::from_millis(1);
 
 /// Jobs of this thread's loop in the pool, the abandoned ones included.
 pub(crate) fn in_flight() -> usize {
@@ -89,8 +89,17 @@ pub(crate) fn in_flight() -> usize {
 }
 
 /// Jobs of this thread's loop whose future is gone but which still run. Cost: one load.
-pub(crate) fn abandoned() -> usize {
+fn abandoned() -> usize {
     ABANDONED.with(|a| a.load(SeqCst))
+}
+
+/// The loop's park `timeout`, cut to [`ABANDONED_RECHECK`] while an abandoned job runs: its
+/// end wakes nobody, so the loop looks again soon. Cost: one load.
+pub(crate) fn park_timeout(timeout: Option<Duration>) -> Option<Duration> {
+    if abandoned() == 0 {
+        return timeout;
+    }
+    Some(timeout.map_or(ABANDONED_RECHECK, |t| t.min(ABANDONED_RECHECK)))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

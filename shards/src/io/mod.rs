@@ -237,6 +237,7 @@ impl Reactor {
         timeout: Option<Duration>,
         fallback: &dyn Fn(Option<Duration>) -> bool,
     ) -> (bool, bool, usize) {
+        let timeout = blocking::park_timeout(timeout);
         match self {
             Reactor::Uring(u) => u.park(timeout),
             Reactor::Epoll(e) => {

@@ -98,11 +98,15 @@ impl Wake for WaiterList {
 
     fn wake_by_ref(self: &Arc<Self>) {
         let wakers = std::mem::take(&mut *lock(&self.0));
-        for w in wakers {
-            // Each guarded on its own: the driver guards this waker as a whole, and one
-            // panicking waker must not leave the others asleep.
-            crate::task::wake_guarded(w);
-        }
+        wake_each(wakers);
+    }
+}
+
+/// Wakes each of `wakers`, outside any lock, each guarded on its own: one panicking waker
+/// must not leave the others asleep (the driver guards a list's waker only as a whole).
+fn wake_each(wakers: Vec<Waker>) {
+    for w in wakers {
+        crate::task::wake_guarded(w);
     }
 }
 
@@ -133,9 +137,8 @@ fn poll_shared<T: 'static>(
                 full
             }
         };
-        // Woken outside the lock: a waker is user code.
-        for waker in overflow.into_iter().flatten() {
-            crate::task::wake_guarded(waker);
+        if let Some(listed) = overflow {
+            wake_each(listed);
         }
     }
     r
