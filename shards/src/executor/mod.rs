@@ -87,6 +87,13 @@ pub(crate) struct ExecShared {
     service_mode: AtomicBool,
     deadlock_grace_ns: AtomicU64,
     running: AtomicBool,
+    /// Counts the runs claimed (`claim_run`): `block_on`'s main task stops only the run it
+    /// was queued for, not a later one that finds it still queued after a failed start.
+    runs: AtomicU64,
+    /// Tests only: the shard whose worker reports a pin failure (`usize::MAX`: none), so the
+    /// failed-start paths can be exercised on any machine.
+    #[cfg(test)]
+    pub(crate) fail_pin: std::sync::atomic::AtomicUsize,
     /// Set when the `Executor` is dropped: no run can come, so what a `Handle` queues after
     /// that is refused or dropped at once (`Handle::spawn_on`, `Handle::spawn`).
     closed: AtomicBool,
@@ -139,6 +146,9 @@ impl ExecShared {
             service_mode: AtomicBool::new(config.service_mode),
             deadlock_grace_ns: AtomicU64::new(grace_to_ns(config.deadlock_grace)),
             running: AtomicBool::new(false),
+            runs: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_pin: std::sync::atomic::AtomicUsize::new(usize::MAX),
             closed: AtomicBool::new(false),
             coord_dirty: Mutex::new(false),
             coord_cv: Condvar::new(),
@@ -441,6 +451,7 @@ impl Executor {
         if shared.running.swap(true, SeqCst) {
             return Err(Error::AlreadyRunning);
         }
+        shared.runs.fetch_add(1, SeqCst);
         Ok(RunClaim(shared))
     }
 
@@ -529,16 +540,27 @@ impl Executor {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        struct StopOnDrop(Arc<ExecShared>);
+        /// Stops the run the main task was queued for when the task ends (or is dropped).
+        struct StopOnDrop {
+            shared: Arc<ExecShared>,
+            run: u64,
+        }
         impl Drop for StopOnDrop {
             fn drop(&mut self) {
-                self.0.request_stop(StopReason::MainDone);
+                // Only that run: a main task left queued by a run that failed to start is
+                // dropped (aborted, below) by a later run or sweep, which it must not stop.
+                if self.shared.runs.load(SeqCst) == self.run {
+                    self.shared.request_stop(StopReason::MainDone);
+                }
             }
         }
         // Claimed before the main task exists: queued while another thread's `run()` is in
         // progress, it would run there and stop that run when it ends.
         let claim = self.claim_run()?;
-        let guard = StopOnDrop(self.handle.shared.clone());
+        let guard = StopOnDrop {
+            shared: self.handle.shared.clone(),
+            run: self.handle.shared.runs.load(SeqCst),
+        };
         let main = self.handle.shared.spawn_on(
             0,
             move || async move {
@@ -548,6 +570,12 @@ impl Executor {
             TaskInfo::here(Some(Arc::new("main".to_string()))),
         )?;
         let ran = self.run_inner();
+        if ran.is_err() && !main.is_finished() {
+            // The run failed to start (a shard could not be pinned, a thread not spawned):
+            // the main task may still sit in shard 0's inbox. Aborted, a later run drops it
+            // unpolled instead of running `make` as a stray task.
+            main.abort();
+        }
         drop(claim);
         ran?;
         if !main.is_finished() {
@@ -699,6 +727,15 @@ fn worker(
     let pinned = match cpu {
         Some(cpu) => xtc_numa::pin_current_thread(&topo, cpu),
         None => Ok(()),
+    };
+    #[cfg(test)]
+    let pinned = if exec.fail_pin.load(SeqCst) == ls.index {
+        Err(xtc_numa::Error::PinFailed {
+            cpu: cpu.unwrap_or(0),
+            errno: libc::EINVAL,
+        })
+    } else {
+        pinned
     };
     let ok = pinned.is_ok();
     let _ = tx.send(pinned);
@@ -1142,5 +1179,41 @@ mod tests {
                 "run() returned while the task was alive"
             );
         }
+    }
+    /// A `block_on` whose run fails to start (shard 0 not pinned) leaves its main task in
+    /// shard 0's inbox. That task must neither run in a later run (its closure is the caller's,
+    /// who got the `Err`) nor stop that later run when it is dropped there.
+    #[test]
+    fn a_failed_block_on_leaves_nothing_to_run_or_stop_a_later_run() {
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        exec.handle.shared.fail_pin.store(0, SeqCst);
+        let main_ran = Arc::new(AtomicBool::new(false));
+        let m = main_ran.clone();
+        let failed = exec.block_on(move || async move { m.store(true, SeqCst) });
+        assert!(
+            matches!(failed, Err(crate::Error::Numa(_))),
+            "expected the pin failure, got {failed:?}"
+        );
+        exec.handle.shared.fail_pin.store(usize::MAX, SeqCst);
+        let finished = Arc::new(AtomicBool::new(false));
+        let f = finished.clone();
+        exec.spawn_on(1, move || async move {
+            crate::time::sleep(Duration::from_millis(100)).await;
+            f.store(true, SeqCst);
+        })
+        .unwrap();
+        exec.run().unwrap();
+        assert!(
+            !main_ran.load(SeqCst),
+            "the failed block_on's main future ran later"
+        );
+        assert!(
+            finished.load(SeqCst),
+            "the later run stopped under a live task"
+        );
     }
 }
