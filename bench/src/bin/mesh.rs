@@ -18,15 +18,17 @@
 //!   spawned on shard 0 and the receiver on shard 1. The loops' ring and wake counters are printed
 //!   under the table: they explain the figures;
 //! - **raw**: the floor. Two pinned threads busy-polling `rtrb` rings (as `c2c` does): a ring
-//!   pair for the spinning `rtt` rows, single `push`/`pop` for `stream` (plus chunked
-//!   `write_chunk_uninit` / `read_chunk`, printed under the table). In the parked `rtt` rows the
+//!   pair for the spinning `rtt` rows, single `push`/`pop` for `stream`, and for the batched
+//!   row chunks as xtc's (`write_chunk_uninit` of 256 once that much room is free,
+//!   `read_chunk` of all that is queued). In the parked `rtt` rows the
 //!   floor is two pinned threads that each block in `read(2)` on an eventfd until the other
 //!   writes it: the two wake-ups every runtime whose idle loops park pays per round trip, with
 //!   no channel or task around them;
 //! - **tokio**: two `current_thread` runtimes on two pinned threads, `tokio::sync::mpsc`
 //!   channels. No spin knob: it has no value in the spinning rows;
 //! - **glommio**: two `LocalExecutor`s with `Placement::Fixed(cpu)`, `shared_channel` channels;
-//!   `rtt` once by default and once with `spin_before_park(50 ms)`;
+//!   `rtt` once by default and once with `spin_before_park(50 ms)`; `stream` with the same
+//!   20 µs spin-before-park as xtc's loops;
 //! - **monoio**: two `FusionDriver` runtimes on two pinned threads, `flume` channels (async and
 //!   cross-thread, usable from any runtime). No spin knob.
 //!
@@ -59,6 +61,10 @@ const MONOIO: usize = 4;
 const BENCHES: [&str; 2] = ["rtt", "stream"];
 /// Spin-before-park of the spinning round-trip runs (xtc and glommio).
 const SPIN: Duration = Duration::from_millis(50);
+/// Spin-before-park of both loops in the stream runs, xtc's and glommio's alike: xtc's
+/// default (`xtc::DEFAULT_SPIN_BEFORE_PARK`), given to glommio too so neither side of the
+/// comparison parks between bursts where the other would spin.
+const STREAM_SPIN: Duration = Duration::from_micros(20);
 /// Capacity of every channel in the stream benchmark: xtc's default ring capacity, and small
 /// enough to stay in L2 for a `u64` payload.
 const STREAM_CAP: usize = 1024;
@@ -219,7 +225,7 @@ mod raw {
 
     use super::{
         check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured, Params, RttOut,
-        StreamClock, StreamOut, STREAM_CAP,
+        StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP,
     };
 
     /// A ring pair of one slot each; the caller's thread (pinned to `cpus.0`) pings.
@@ -374,16 +380,19 @@ mod raw {
         Ok(Measured::plain(took))
     }
 
-    /// Like [`stream`], but each side moves as many messages as the ring allows at once
-    /// (`write_chunk_uninit` / `read_chunk`): the ring's indices are touched once per chunk.
+    /// Like [`stream`], in chunks as xtc's batched row moves them: the producer writes
+    /// `STREAM_BATCH` messages at once as soon as that much room is free, the consumer reads
+    /// everything queued (`write_chunk_uninit` / `read_chunk`), so the ring's indices are
+    /// touched once per chunk. Writing whatever room there is instead (one slot, often) made
+    /// the indices cross between the cores in tiny chunks: a floor slower than xtc.
     pub(super) fn stream_chunked(cpus: Cpus, p: Params) -> StreamOut {
         let (mut tx, mut rx) = RingBuffer::<u64>::new(STREAM_CAP);
         let msgs = p.stream_msgs;
         let producer = spawn_pinned("mesh-raw-producer", cpus.0, move || {
             let mut next = 0;
             while next < msgs {
-                let n = tx.slots().min((msgs - next) as usize);
-                if n == 0 {
+                let n = STREAM_BATCH.min((msgs - next) as usize);
+                if tx.slots() < n {
                     spin_loop();
                     continue;
                 }
@@ -517,7 +526,7 @@ mod glommio_rt {
 
     use super::{
         check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut, StreamClock,
-        StreamOut, STREAM_CAP,
+        StreamOut, STREAM_CAP, STREAM_SPIN,
     };
 
     fn builder(name: &str, cpu: usize, spin: Duration) -> LocalExecutorBuilder {
@@ -566,7 +575,7 @@ mod glommio_rt {
     pub(super) fn stream(cpus: Cpus, p: Params) -> StreamOut {
         let (tx, rx) = shared_channel::new_bounded::<u64>(STREAM_CAP);
         let msgs = p.stream_msgs;
-        let producer = builder("mesh-glommio-producer", cpus.0, Duration::ZERO)
+        let producer = builder("mesh-glommio-producer", cpus.0, STREAM_SPIN)
             .spawn(move || async move {
                 let tx = tx.connect().await;
                 for i in 0..msgs {
@@ -575,7 +584,7 @@ mod glommio_rt {
                 Ok::<_, String>(())
             })
             .map_err(|e| e.to_string())?;
-        let consumer = builder("mesh-glommio-consumer", cpus.1, Duration::ZERO)
+        let consumer = builder("mesh-glommio-consumer", cpus.1, STREAM_SPIN)
             .spawn(move || async move {
                 let rx = rx.connect().await;
                 let mut clock = StreamClock::default();
@@ -681,7 +690,7 @@ mod xtc_rt {
 
     use super::{
         check_batch, check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut,
-        StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP,
+        StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP, STREAM_SPIN,
     };
 
     /// A 2-shard executor on the two CPUs, shard 0 on `cpus.0`.
@@ -747,7 +756,7 @@ mod xtc_rt {
     /// `batched`: the producer sends `STREAM_BATCH` at a time with `send_many`, the consumer
     /// takes up to `STREAM_CAP` at a time with `recv_many`; else one `send`/`recv` each.
     pub(super) fn stream(cpus: Cpus, p: Params, batched: bool) -> StreamOut {
-        let exec = executor(cpus, xtc::DEFAULT_SPIN_BEFORE_PARK)?;
+        let exec = executor(cpus, STREAM_SPIN)?;
         let (mut tx, mut rx) =
             xtc::channel::shared::bounded::<u64>(STREAM_CAP).map_err(|e| e.to_string())?;
         let msgs = p.stream_msgs;
@@ -945,8 +954,8 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let chunked = keep(&mut notes, chunked).map(rate);
     notes.push(match &chunked {
         Ok(r) => format!(
-            "raw chunked (rtrb write_chunk_uninit/read_chunk, up to {STREAM_CAP} a chunk): \
-             {} M msgs/s; xtc/raw chunked {}",
+            "raw chunked (rtrb write_chunk_uninit of {STREAM_BATCH}, read_chunk of up to \
+             {STREAM_CAP}): {} M msgs/s; xtc/raw chunked {}",
             xtc_bench::fmt_num(*r),
             match &values[XTC] {
                 Ok(x) => format!("{:.2}x", x / r),
