@@ -70,7 +70,8 @@ pub(crate) const REAP_EVERY: usize = 32;
 pub enum Driver {
     /// io_uring: completion-based, one submission per operation, batched per loop turn.
     IoUring,
-    /// epoll: readiness-based, one `epoll_ctl` per wait; files on a blocking thread pool.
+    /// epoll: readiness-based, one `epoll_ctl` per descriptor (at its first wait); files on a
+    /// blocking thread pool.
     Epoll,
 }
 

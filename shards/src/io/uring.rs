@@ -9,7 +9,9 @@
 //!    a slot is reused). Entries queue in the
 //!    submission ring and reach the kernel at the end of the loop turn (one `io_uring_enter`
 //!    for the whole batch), or at once if the ring is full.
-//! 2. **Wait.** Polling the `Op` stores its waker: `Waiting(waker)`.
+//! 2. **Wait.** Polling the `Op` stores its waker: `Waiting(waker)`. [`Op::unwait`] puts it
+//!    back to `Submitted` (an owned stream read whose future was dropped and whose stream
+//!    keeps it running: nobody waits for it until the next read polls it).
 //! 3. **Complete.** Reaping a completion turns the slot into `Completed(result)` and wakes the
 //!    waiter; the next poll removes the slot and returns the result with the data.
 //! 4. **Drop early.** An `Op` dropped before its completion moves its data into the slot,
@@ -592,6 +594,19 @@ impl Uring {
         }
     }
 
+    /// Forgets the waker of an operation nobody waits for any more (rule 3's `Waiting` back
+    /// to `Submitted`): it stops counting as I/O in flight.
+    fn unwait(&self, key: usize) {
+        let mut ops = self.ops.borrow_mut();
+        if let Some(slot) = ops.get_mut(key) {
+            if matches!(slot, Lifecycle::Waiting(_)) {
+                let old = self.set(slot, Lifecycle::Submitted);
+                drop(ops);
+                drop(old);
+            }
+        }
+    }
+
     /// The result of a reaped completion, without taking it.
     fn peek_op(&self, key: usize) -> Option<i32> {
         match self.ops.borrow().get(key) {
@@ -815,6 +830,16 @@ impl<T> Op<T> {
             let key = self.key;
             let _ = with_uring(self.driver, move |u| u.detach(key, Box::new(data)));
         }
+    }
+
+    /// Declares that no task waits for this operation until it is polled again: its
+    /// completion wakes nobody, and it no longer counts as I/O in flight, so it neither keeps
+    /// the loop from quiescence nor hides a deadlock (the `Submitted` state of a write-behind
+    /// send). For a receive kept by its stream after its future was dropped. Cost: one slab
+    /// lookup.
+    pub(crate) fn unwait(&self) {
+        let key = self.key;
+        let _ = with_uring(self.driver, |u| u.unwait(key));
     }
 
     /// The data the operation holds (its buffer), until it resolves.

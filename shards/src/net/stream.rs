@@ -7,6 +7,9 @@
 //! out; on epoll it reads straight into the caller's slice. So no bytes wait in the internal
 //! buffer after a read returns (`into_std` loses none), except those of a read whose future
 //! was dropped before its data arrived and whose next read asked for less.
+//! An owned `read` whose future is dropped unfinished on io_uring leaves its receive running,
+//! kept by the stream (`PollState::stray`), and its bytes go to the internal buffer for the
+//! next read: dropping a read loses nothing on either driver (epoll reads in the poll).
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write, `flush` or
 //! `close` waits for it and reports its error, and a `shutdown` of the write half that would
@@ -57,6 +60,12 @@ const WRITE_BUF: usize = 64 * 1024;
 #[derive(Debug, Default)]
 struct PollState {
     reading: Option<Op<Vec<u8>>>,
+    /// An owned `read` whose future was dropped before it took its result (a `select!` whose
+    /// other branch won): its receive is kept running here instead of cancelled, and what it
+    /// read goes to `rbuf`, where the next read (owned or `AsyncRead`) finds it first. Dropping
+    /// it instead lost those bytes from the middle of the stream (the epoll driver, which
+    /// reads in the poll, never had them taken). Kept only on io_uring; one at a time.
+    stray: Option<Box<dyn StrayRead>>,
     rbuf: Vec<u8>,
     rpos: usize,
     writing: Option<Op<Vec<u8>>>,
@@ -66,6 +75,82 @@ struct PollState {
     read_waiters: Option<Waiters>,
     /// The tasks waiting for `writing` (created at the first wait).
     write_waiters: Option<Waiters>,
+}
+
+/// An owned receive left running by a dropped `read` (see `PollState::stray`), whatever its
+/// buffer type.
+trait StrayRead {
+    /// Polls it; when it is done, appends what it read to `out` and gives the kernel's result.
+    fn poll_into(
+        &mut self,
+        waiters: &mut Option<Waiters>,
+        cx: &mut Context<'_>,
+        out: &mut Vec<u8>,
+    ) -> Poll<i32>;
+}
+
+impl<B: IoBufMut> StrayRead for Op<B> {
+    fn poll_into(
+        &mut self,
+        waiters: &mut Option<Waiters>,
+        cx: &mut Context<'_>,
+        out: &mut Vec<u8>,
+    ) -> Poll<i32> {
+        let (res, buf) = ready!(poll_shared(self, waiters, cx));
+        if res > 0 {
+            let n = (res as usize).min(buf.bytes_total());
+            // SAFETY: the kernel wrote the first `n <= bytes_total()` bytes at the buffer's
+            // stable pointer (the receive was submitted at it, from its start), and its
+            // completion was reaped before this result came back.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_ptr(), n) });
+        }
+        // A user buffer's `Drop` is user code, here possibly in another task's poll.
+        crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+        Poll::Ready(res)
+    }
+}
+
+impl std::fmt::Debug for dyn StrayRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StrayRead")
+    }
+}
+
+/// An owned `read`'s receive while its future waits for it; dropped unfinished, it gives the
+/// receive to its stream (`PollState::stray`).
+struct OwnedRecv<'a, B: IoBufMut> {
+    io: &'a StreamIo,
+    op: Option<Op<B>>,
+}
+
+impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
+    type Output = (i32, B);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(i32, B)> {
+        let op = self.op.as_mut().expect("polled after it completed");
+        let r = ready!(Pin::new(op).poll(cx));
+        self.op = None;
+        Poll::Ready(r)
+    }
+}
+
+impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
+    fn drop(&mut self) {
+        let Some(op) = self.op.take() else { return };
+        let Ok(mut st) = self.io.poll.try_borrow_mut() else {
+            // Never borrowed across a suspension, so not while a future is dropped; were it,
+            // the receive is cancelled (the `Op`'s own drop) as it used to be.
+            return;
+        };
+        if st.stray.is_none() {
+            // Nobody waits for it until the next read: it must not keep the loop from
+            // quiescence, nor wake the task that dropped it.
+            op.unwait();
+            st.stray = Some(Box::new(op));
+        }
+        // A second stray (two reads of one stream shared through an `Rc`, both dropped): its
+        // receive is cancelled, as the order of two concurrent reads' bytes is arbitrary anyway.
+    }
 }
 
 /// Everyone waiting for the stream's shared operations (`reading`, `writing`). An `Op` keeps
@@ -208,12 +293,35 @@ impl StreamIo {
     }
 
     pub(crate) async fn read<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
-        // Bytes an `AsyncRead` already took from the kernel come first (module doc).
+        if buf.bytes_total() == 0 {
+            // As `std`: at once (`rw::recv`), and without waiting for a read behind.
+            return (Ok(0), buf);
+        }
+        // Bytes an `AsyncRead` (or a dropped owned read) already took from the kernel come
+        // first (module doc).
         let taken = poll_fn(|cx| self.poll_read_behind(cx, &mut buf)).await;
         match taken {
-            Ok(0) => rw::recv(&self.src, buf).await,
-            other => (other, buf),
+            Ok(0) => {}
+            other => return (other, buf),
         }
+        if !matches!(kind(), Ok(Kind::Uring)) {
+            return rw::recv(&self.src, buf).await;
+        }
+        let op = match rw::submit_recv(&self.src, buf) {
+            Ok(op) => op,
+            Err((e, buf)) => return (Err(e), buf),
+        };
+        let (res, mut buf) = OwnedRecv {
+            io: self,
+            op: Some(op),
+        }
+        .await;
+        let r = result(res).map(|n| n as usize);
+        if let Ok(n) = r {
+            // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
+            unsafe { buf.set_init(n) };
+        }
+        (r, buf)
     }
 
     pub(crate) async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
@@ -445,6 +553,15 @@ impl StreamIo {
 /// Completes the `AsyncRead` receive in flight (io_uring), if any: its bytes land in `rbuf`.
 /// `Ready(None)`: none was in flight; `Ready(Some(r))`: it finished with `r`.
 fn poll_reading(st: &mut PollState, cx: &mut Context<'_>) -> Poll<Option<io::Result<u32>>> {
+    if let Some(stray) = st.stray.as_mut() {
+        // Its bytes go after those still unread in `rbuf` (none, in practice: a read starts
+        // only once `rbuf` is drained).
+        st.rbuf.drain(..st.rpos);
+        st.rpos = 0;
+        let res = ready!(stray.poll_into(&mut st.read_waiters, cx, &mut st.rbuf));
+        st.stray = None;
+        return Poll::Ready(Some(result(res)));
+    }
     let Some(op) = st.reading.as_mut() else {
         return Poll::Ready(None);
     };

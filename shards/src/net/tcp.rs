@@ -51,7 +51,8 @@ impl TcpListener {
     /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`) or memory it logs once and
     /// backs off (1 ms doubling to 100 ms) instead of spinning or failing; connections aborted
     /// before they were accepted are skipped. Other errors are returned. Cost: one `ACCEPT`
-    /// submission (io_uring) or one `accept4` plus, when none is pending, one `epoll_ctl`.
+    /// submission (io_uring) or one `accept4` (the listener joins the loop's epoll set once, at
+    /// its first wait).
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let mut backoff = Backoff::new();
         loop {
@@ -138,8 +139,12 @@ impl TcpStream {
 
     /// Reads into `buf` from its start, up to its capacity (`Vec::with_capacity(n)` reads up to
     /// `n` bytes), and sets a `Vec`'s length to the count read. `Ok(0)` is the end of the
-    /// stream. Cost: one `RECV` (or `READ_FIXED` for a [`FixedBuf`](crate::io::FixedBuf))
-    /// submission, or one `recv` plus an `epoll_ctl` when no data is waiting.
+    /// stream; an empty `buf` gets `Ok(0)` at once, as with `std`. Dropping the future before
+    /// it resolves (a `select!` whose other branch won) loses no bytes on either driver: on
+    /// io_uring the stream keeps the receive it submitted running, and the next read (owned or
+    /// `AsyncRead`) gets what it read first. Cost: one `RECV` (or `READ_FIXED` for a
+    /// [`FixedBuf`](crate::io::FixedBuf)) submission, or one `recv` (the socket joins the
+    /// loop's epoll set once, at its first wait); a dropped read costs a boxed handle.
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
         self.io.read(buf).await
     }

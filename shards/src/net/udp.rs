@@ -1,20 +1,118 @@
 //! UDP: [`UdpSocket`].
 
 use std::{
+    cell::RefCell,
+    future::{poll_fn, Future},
     io,
+    mem::MaybeUninit,
     net::SocketAddr,
     os::fd::{AsRawFd, OwnedFd, RawFd},
+    pin::Pin,
+    task::{ready, Context, Poll},
 };
 
-use socket2::{Domain, SockRef, Socket, Type};
+use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 
 use super::{each_addr, ip_addr, tcp::BorrowedRaw};
-use crate::io::{ops::msg, source::Source, BufResult, IoBuf, IoBufMut};
+use crate::io::{
+    ops::msg::{self, RecvOp},
+    source::Source,
+    uring::Op,
+    BufResult, Driver, IoBuf, IoBufMut,
+};
 
 /// A UDP socket on the current loop's driver. `!Send`.
 #[derive(Debug)]
 pub struct UdpSocket {
+    /// A `recv_from` whose future was dropped unfinished on io_uring (a `select!` whose other
+    /// branch won): its receive keeps running here rather than being cancelled, so a datagram
+    /// the kernel already gave it is not lost; the next `recv_from` takes it over. Declared
+    /// before `src`: dropped (cancelled) before the descriptor closes.
+    stray: RefCell<Option<Box<dyn StrayRecv>>>,
     src: Source,
+}
+
+/// A `RECVMSG` left running by a dropped `recv_from`, whatever its buffer type.
+trait StrayRecv {
+    /// Polls it; when done, copies the datagram (truncated to `dst`, as a short buffer
+    /// truncates any datagram) and gives its length and sender.
+    fn poll_into(
+        &mut self,
+        cx: &mut Context<'_>,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Poll<io::Result<(usize, SockAddr)>>;
+    /// Nobody waits for it until a `recv_from` takes it over (`Op::unwait`).
+    fn unwait(&self);
+}
+
+impl<B: IoBufMut> StrayRecv for RecvOp<B> {
+    fn poll_into(
+        &mut self,
+        cx: &mut Context<'_>,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Poll<io::Result<(usize, SockAddr)>> {
+        let (res, (buf, h)) = ready!(Pin::new(self).poll(cx));
+        let r = msg::received_from(res, &h).map(|(n, addr)| {
+            let n = n.min(buf.bytes_total()).min(dst.len());
+            // SAFETY: the kernel wrote the datagram's first `n <= bytes_total()` bytes at the
+            // buffer's stable pointer, and the completion was reaped before this result.
+            let got = unsafe { std::slice::from_raw_parts(buf.stable_ptr(), n) };
+            for (d, &b) in dst.iter_mut().zip(got) {
+                d.write(b);
+            }
+            (n, addr)
+        });
+        // A user buffer's `Drop` is user code.
+        crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+        Poll::Ready(r)
+    }
+
+    fn unwait(&self) {
+        Op::unwait(self);
+    }
+}
+
+impl std::fmt::Debug for dyn StrayRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StrayRecv")
+    }
+}
+
+/// What a socket's `stray` slot can take: a fresh receive, or one taken over from the slot.
+trait IntoStray {
+    fn into_stray(self) -> Box<dyn StrayRecv>;
+}
+
+impl<B: IoBufMut> IntoStray for RecvOp<B> {
+    fn into_stray(self) -> Box<dyn StrayRecv> {
+        Box::new(self)
+    }
+}
+
+impl IntoStray for Box<dyn StrayRecv> {
+    fn into_stray(self) -> Box<dyn StrayRecv> {
+        self
+    }
+}
+
+/// A receive a `recv_from` future waits for; dropped unfinished, it goes to its socket's
+/// `stray` slot (if that is free; else it is cancelled: two concurrent receives, dropped).
+struct KeepOnDrop<'a, R: IntoStray> {
+    slot: &'a RefCell<Option<Box<dyn StrayRecv>>>,
+    op: Option<R>,
+}
+
+impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
+    fn drop(&mut self) {
+        let Some(op) = self.op.take() else { return };
+        if let Ok(mut slot) = self.slot.try_borrow_mut() {
+            if slot.is_none() {
+                let op = op.into_stray();
+                op.unwait();
+                *slot = Some(op);
+            }
+        }
+    }
 }
 
 impl UdpSocket {
@@ -25,9 +123,7 @@ impl UdpSocket {
             s.bind(&a.into())?;
             Ok(s)
         })
-        .map(|s| UdpSocket {
-            src: Source::new(OwnedFd::from(s)),
-        })
+        .map(|s| UdpSocket::new(OwnedFd::from(s)))
     }
 
     /// Sends `buf[..len]` as one datagram to `addr`; returns the bytes sent. Cost: one
@@ -36,12 +132,69 @@ impl UdpSocket {
         msg::send_to(&self.src, buf, addr.into()).await
     }
 
+    fn new(fd: OwnedFd) -> UdpSocket {
+        UdpSocket {
+            stray: RefCell::new(None),
+            src: Source::new(fd),
+        }
+    }
+
     /// Receives one datagram into `buf` from its start (a `Vec`'s length becomes its size; a
-    /// datagram longer than the capacity is truncated) and the sender's address. Cost: one
-    /// `RECVMSG` submission, or one `recvfrom` plus an `epoll_ctl` when none is waiting.
+    /// datagram longer than the capacity is truncated) and the sender's address. Dropping the
+    /// future before it resolves loses no datagram on either driver: on io_uring the socket
+    /// keeps the receive it submitted running, and the next `recv_from` takes it over. Cost:
+    /// one `RECVMSG` submission, or one `recvfrom` (the socket joins the loop's epoll set
+    /// once, at its first wait); a dropped receive costs a boxed handle.
     pub async fn recv_from<B: IoBufMut>(&self, buf: B) -> BufResult<(usize, SocketAddr), B> {
-        let (res, buf) = msg::recv_from(&self.src, buf).await;
+        let (res, buf) = self.recv_raw(buf).await;
         (res.and_then(|(n, a)| Ok((n, ip_addr(&a)?))), buf)
+    }
+
+    async fn recv_raw<B: IoBufMut>(&self, mut buf: B) -> BufResult<(usize, SockAddr), B> {
+        let stray = self.stray.borrow_mut().take();
+        if let Some(stray) = stray {
+            // Taken over: this future waits for it now (and gives it back if dropped too).
+            let mut keep = KeepOnDrop {
+                slot: &self.stray,
+                op: Some(stray),
+            };
+            let res = poll_fn(|cx| {
+                let op = keep.op.as_mut().expect("present until it completes");
+                let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
+                // SAFETY: `buf` owns `len` writable bytes at its stable pointer, borrowed for
+                // this call only; as `MaybeUninit` nothing is read from them.
+                let dst = unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) };
+                op.poll_into(cx, dst)
+            })
+            .await;
+            keep.op = None;
+            if let Ok((n, _)) = &res {
+                // SAFETY: `poll_into` wrote the first `n <= bytes_total()` bytes.
+                unsafe { buf.set_init(*n) };
+            }
+            return (res, buf);
+        }
+        if !matches!(crate::io::current_driver(), Some(Driver::IoUring)) {
+            return msg::recv_from(&self.src, buf).await;
+        }
+        let op = match msg::submit_recv_from(&self.src, buf) {
+            Ok(op) => op,
+            Err((e, b)) => return (Err(e), b),
+        };
+        let mut keep = KeepOnDrop {
+            slot: &self.stray,
+            op: Some(op),
+        };
+        let (res, (mut buf, h)) =
+            poll_fn(|cx| Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx))
+                .await;
+        keep.op = None;
+        let res = msg::received_from(res, &h);
+        if let Ok((n, _)) = &res {
+            // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
+            unsafe { buf.set_init(*n) };
+        }
+        (res, buf)
     }
 
     /// The bound address.
@@ -52,14 +205,16 @@ impl UdpSocket {
     /// Wraps a `std` socket (switched to non-blocking mode).
     pub fn from_std(s: std::net::UdpSocket) -> io::Result<UdpSocket> {
         s.set_nonblocking(true)?;
-        Ok(UdpSocket {
-            src: Source::new(OwnedFd::from(s)),
-        })
+        Ok(UdpSocket::new(OwnedFd::from(s)))
     }
 
     /// Unwraps into a `std` socket (left non-blocking).
     pub fn into_std(self) -> std::net::UdpSocket {
-        std::net::UdpSocket::from(self.src.into_fd())
+        let UdpSocket { stray, src } = self;
+        // Cancelled before the descriptor changes hands (a datagram it already took is lost,
+        // as one still in flight would be).
+        drop(stray);
+        std::net::UdpSocket::from(src.into_fd())
     }
 }
 

@@ -1,7 +1,7 @@
 //! Datagrams with addresses: `recv_from` (`RECVMSG` / `recvfrom`) and `send_to` (`SENDMSG` /
 //! `sendto`), owned buffers.
 
-use std::mem::MaybeUninit;
+use std::{io, mem::MaybeUninit};
 
 use io_uring::{opcode, types};
 use socket2::SockAddr;
@@ -10,12 +10,12 @@ use super::{backend, cvt, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready, Source},
-    uring::result,
+    uring::{result, Op},
     BufResult, Driver, IoBuf, IoBufMut,
 };
 
 /// The kernel-visible part of a message operation, boxed so its address is stable.
-struct MsgHdr {
+pub(crate) struct MsgHdr {
     hdr: libc::msghdr,
     iov: libc::iovec,
     addr: MaybeUninit<libc::sockaddr_storage>,
@@ -49,26 +49,14 @@ pub(crate) async fn recv_from<B: IoBufMut>(
         Err(e) => return (Err(e), buf),
     };
     let res = match kind {
-        Driver::IoUring => {
-            let fd = src.fd();
-            let hdr = boxed_hdr(buf.stable_mut_ptr(), buf.bytes_total());
-            let op = submit((buf, hdr), |(_, h)| {
-                opcode::RecvMsg::new(types::Fd(fd), &mut h.hdr).build()
-            });
-            match op {
-                Ok(op) => {
-                    let (res, (b, h)) = op.await;
-                    buf = b;
-                    result(res).map(|n| {
-                        // SAFETY: the kernel wrote an address of `msg_namelen` bytes.
-                        let addr =
-                            unsafe { SockAddr::new(h.addr.assume_init(), h.hdr.msg_namelen) };
-                        (n as usize, addr)
-                    })
-                }
-                Err((e, (b, _))) => return (Err(e), b),
+        Driver::IoUring => match submit_recv_from(src, buf) {
+            Ok(op) => {
+                let (res, (b, h)) = op.await;
+                buf = b;
+                received_from(res, &h)
             }
-        }
+            Err((e, b)) => return (Err(e), b),
+        },
         Driver::Epoll => {
             let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
             ready(src, Dir::Read, |fd| {
@@ -99,6 +87,35 @@ pub(crate) async fn recv_from<B: IoBufMut>(
         unsafe { buf.set_init(*n) };
     }
     (res, buf)
+}
+
+/// A submitted `RECVMSG`: its buffer and header, kept by the driver while the kernel has them.
+pub(crate) type RecvOp<B> = Op<(B, Box<MsgHdr>)>;
+
+/// The io_uring half of [`recv_from`]: submits the `RECVMSG` into `buf` and hands back its
+/// `Op` (a socket keeps one whose future was dropped unfinished: `net/udp.rs`). Its result goes
+/// through [`received_from`].
+pub(crate) fn submit_recv_from<B: IoBufMut>(
+    src: &Source,
+    mut buf: B,
+) -> Result<RecvOp<B>, (io::Error, B)> {
+    let fd = src.fd();
+    let hdr = boxed_hdr(buf.stable_mut_ptr(), buf.bytes_total());
+    submit((buf, hdr), |(_, h)| {
+        opcode::RecvMsg::new(types::Fd(fd), &mut h.hdr).build()
+    })
+    .map_err(|(e, (b, _))| (e, b))
+}
+
+/// A completed `RECVMSG`'s result: the datagram's length (as received, at most the buffer's
+/// capacity) and its sender.
+pub(crate) fn received_from(res: i32, h: &MsgHdr) -> io::Result<(usize, SockAddr)> {
+    result(res).map(|n| {
+        // SAFETY: the kernel wrote an address of `msg_namelen` bytes (the operation completed
+        // with success).
+        let addr = unsafe { SockAddr::new(h.addr.assume_init(), h.hdr.msg_namelen) };
+        (n as usize, addr)
+    })
 }
 
 /// Sends `buf[..bytes_init()]` as one datagram to `addr`.

@@ -12,7 +12,7 @@ use super::{backend, cvt, fixed_index, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready_stream, Source},
-    uring::result,
+    uring::{result, Op},
     BufResult, Driver, IoBuf, IoBufMut,
 };
 
@@ -23,32 +23,24 @@ fn clamp(n: usize) -> u32 {
 /// Reads into `buf` from its start, up to its capacity; sets its initialized length to the
 /// count read (0 = end of stream).
 pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usize, B> {
+    if buf.bytes_total() == 0 {
+        // As `std`'s `read` of an empty slice: at once, on both drivers (io_uring would wait
+        // for data, then report 0, which reads as the end of the stream).
+        return (Ok(0), buf);
+    }
     let kind = match backend() {
         Ok(k) => k,
         Err(e) => return (Err(e), buf),
     };
     let res = match kind {
-        Driver::IoUring => {
-            let fd = src.fd();
-            let fixed = fixed_index(&buf);
-            let op = submit(buf, |b| {
-                let (ptr, len) = (b.stable_mut_ptr(), clamp(b.bytes_total()));
-                match fixed {
-                    Some(index) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, index)
-                        .offset(u64::MAX)
-                        .build(),
-                    None => opcode::Recv::new(types::Fd(fd), ptr, len).build(),
-                }
-            });
-            match op {
-                Ok(op) => {
-                    let (res, b) = op.await;
-                    buf = b;
-                    result(res).map(|n| n as usize)
-                }
-                Err((e, b)) => return (Err(e), b),
+        Driver::IoUring => match submit_recv(src, buf) {
+            Ok(op) => {
+                let (res, b) = op.await;
+                buf = b;
+                result(res).map(|n| n as usize)
             }
-        }
+            Err((e, b)) => return (Err(e), b),
+        },
         Driver::Epoll => {
             let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
             ready_stream(src, Dir::Read, len, |fd| {
@@ -64,6 +56,22 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
         unsafe { buf.set_init(n) };
     }
     (res, buf)
+}
+
+/// The io_uring half of [`recv`]: submits the receive into `buf` and hands back its `Op`
+/// (the stream keeps one whose future was dropped unfinished: `net/stream.rs`).
+pub(crate) fn submit_recv<B: IoBufMut>(src: &Source, buf: B) -> Result<Op<B>, (io::Error, B)> {
+    let fd = src.fd();
+    let fixed = fixed_index(&buf);
+    submit(buf, |b| {
+        let (ptr, len) = (b.stable_mut_ptr(), clamp(b.bytes_total()));
+        match fixed {
+            Some(index) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, index)
+                .offset(u64::MAX)
+                .build(),
+            None => opcode::Recv::new(types::Fd(fd), ptr, len).build(),
+        }
+    })
 }
 
 /// Writes `buf[from..bytes_init()]` once; returns how many bytes went out.

@@ -1,0 +1,217 @@
+//! Owned stream reads whose futures are dropped unfinished (a `select!` whose other branch
+//! won): no byte of the stream may be lost, on either driver. On io_uring the receive has
+//! been handed to the kernel; the stream keeps it running and gives its bytes to the next
+//! read. A receive kept that way must not keep `run()` from returning either.
+
+mod common;
+mod io_common;
+
+use std::{
+    future::{poll_fn, Future},
+    task::Poll,
+    time::Duration,
+};
+
+use io_common::{each_driver, guard, on_each_driver};
+use xtc_shards::{
+    net::{TcpListener, TcpStream, UdpSocket, UnixStream},
+    spawn_local,
+    time::sleep,
+};
+
+async fn tcp_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let accept = spawn_local(async move { l.accept().await.unwrap().0 });
+    let c = TcpStream::connect(addr).await.unwrap();
+    let s = guard("accept", accept).await.unwrap();
+    (c, s)
+}
+
+/// Polls `fut` once (it must be pending), lets the loop submit it (and, with `settle`, reap
+/// a completion that arrives meanwhile), then drops it.
+async fn poll_once_then_drop<F: Future>(fut: F, settle: impl Future<Output = ()>) {
+    let mut fut = Box::pin(fut);
+    let pending = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await;
+    assert!(pending, "the read had nothing to complete with yet");
+    settle.await;
+    drop(fut);
+}
+
+/// Reads exactly `n` bytes with small owned reads.
+async fn read_exactly(s: &TcpStream, n: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let (r, b) = guard("read", s.read(Vec::with_capacity(7))).await;
+        let k = r.expect("read");
+        assert!(k > 0, "end of stream after {} of {n} bytes", out.len());
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+#[test]
+fn a_read_dropped_after_its_data_arrived_loses_nothing() {
+    on_each_driver(
+        "a_read_dropped_after_its_data_arrived_loses_nothing",
+        1,
+        |_| async {
+            let (a, b) = tcp_pair().await;
+            for round in 0..20u8 {
+                let msg: Vec<u8> = (0..100u8).map(|i| i ^ round).collect();
+                let sent = msg.clone();
+                // The peer writes while the read is pending; the loop reaps the completion during
+                // the sleep, and only then is the read future dropped.
+                poll_once_then_drop(a.read(Vec::with_capacity(4096)), async {
+                    let (w, _) = b.write_all(sent).await;
+                    w.unwrap();
+                    sleep(Duration::from_millis(5)).await;
+                })
+                .await;
+                assert_eq!(read_exactly(&a, msg.len()).await, msg, "round {round}");
+            }
+            // The stream goes on both ways.
+            let (w, _) = a.write_all(b"ok".to_vec()).await;
+            w.unwrap();
+            assert_eq!(read_exactly(&b, 2).await, b"ok");
+        },
+    );
+}
+
+#[test]
+fn a_read_dropped_in_flight_loses_nothing() {
+    on_each_driver("a_read_dropped_in_flight_loses_nothing", 1, |_| async {
+        let (a, b) = tcp_pair().await;
+        for round in 0..20u8 {
+            // Dropped before the peer writes: on io_uring the receive is still in the kernel.
+            poll_once_then_drop(
+                a.read(Vec::with_capacity(4096)),
+                sleep(Duration::from_millis(2)),
+            )
+            .await;
+            let msg: Vec<u8> = (0..200u8).map(|i| i.wrapping_mul(3) ^ round).collect();
+            let (w, _) = b.write_all(msg.clone()).await;
+            w.unwrap();
+            assert_eq!(read_exactly(&a, msg.len()).await, msg, "round {round}");
+        }
+    });
+}
+
+/// The same through the `futures::io` side: a dropped owned read's bytes come first for an
+/// `AsyncRead` too.
+#[test]
+fn a_dropped_owned_read_is_seen_by_async_read() {
+    use futures::io::AsyncReadExt;
+    on_each_driver("a_dropped_owned_read_is_seen_by_async_read", 1, |_| async {
+        let (mut a, b) = tcp_pair().await;
+        poll_once_then_drop(a.read(Vec::with_capacity(64)), async {
+            let (w, _) = b.write_all(b"first".to_vec()).await;
+            w.unwrap();
+            sleep(Duration::from_millis(5)).await;
+        })
+        .await;
+        let (w, _) = b.write_all(b" second".to_vec()).await;
+        w.unwrap();
+        let mut got = vec![0u8; 12];
+        guard("read_exact", a.read_exact(&mut got)).await.unwrap();
+        assert_eq!(got, b"first second");
+    });
+}
+
+#[test]
+fn a_unix_read_dropped_after_its_data_arrived_loses_nothing() {
+    on_each_driver(
+        "a_unix_read_dropped_after_its_data_arrived_loses_nothing",
+        1,
+        |_| async {
+            let (a, b) = UnixStream::pair().unwrap();
+            poll_once_then_drop(a.read(Vec::with_capacity(64)), async {
+                let (w, _) = b.write_all(b"unix".to_vec()).await;
+                w.unwrap();
+                sleep(Duration::from_millis(5)).await;
+            })
+            .await;
+            let (r, got) = guard("read", a.read(Vec::with_capacity(64))).await;
+            assert_eq!(r.unwrap(), 4);
+            assert_eq!(got, b"unix");
+        },
+    );
+}
+
+/// A `recv_from` dropped after the kernel gave it a datagram, then one dropped in flight:
+/// each datagram still arrives, through the next `recv_from`.
+#[test]
+fn a_dropped_recv_from_loses_no_datagram() {
+    on_each_driver("a_dropped_recv_from_loses_no_datagram", 1, |_| async {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (to_a, from_b) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let recv = |want: Vec<u8>, round: u8| {
+            let a = &a;
+            async move {
+                let (r, got) = guard("recv_from", a.recv_from(Vec::with_capacity(64))).await;
+                let (n, from) = r.unwrap();
+                assert_eq!((n, from), (want.len(), from_b), "round {round}");
+                assert_eq!(got, want, "round {round}");
+            }
+        };
+        for round in 0..10u8 {
+            let first = vec![round; 10];
+            let sent = first.clone();
+            poll_once_then_drop(a.recv_from(Vec::with_capacity(64)), async {
+                let (w, _) = b.send_to(sent, to_a).await;
+                w.unwrap();
+                sleep(Duration::from_millis(5)).await;
+            })
+            .await;
+            recv(first, round).await;
+            // In flight this time (on epoll, never started).
+            poll_once_then_drop(
+                a.recv_from(Vec::with_capacity(64)),
+                sleep(Duration::from_millis(1)),
+            )
+            .await;
+            let second = vec![round + 100; 20];
+            let (w, _) = b.send_to(second.clone(), to_a).await;
+            w.unwrap();
+            recv(second, round).await;
+        }
+    });
+}
+
+/// An empty buffer reads `Ok(0)` at once, as `std` does, on both drivers (io_uring waited for
+/// data, then reported 0, the end-of-stream value).
+#[test]
+fn an_empty_read_returns_at_once() {
+    on_each_driver("an_empty_read_returns_at_once", 1, |_| async {
+        let (a, _b) = tcp_pair().await;
+        let (r, _) = guard("empty read", a.read(Vec::new())).await;
+        assert_eq!(r.unwrap(), 0);
+    });
+}
+
+/// A receive kept by a stream that outlives every task (leaked here; a stream parked in
+/// per-shard state is the real case) waits for nobody: `run()` still returns at quiescence.
+#[test]
+fn run_returns_while_a_leaked_stream_keeps_a_dropped_read() {
+    each_driver(
+        "run_returns_while_a_leaked_stream_keeps_a_dropped_read",
+        1,
+        |b| b,
+        |driver, exec| {
+            exec.spawn_on(0, || async {
+                let (a, b) = tcp_pair().await;
+                poll_once_then_drop(
+                    a.read(Vec::with_capacity(64)),
+                    sleep(Duration::from_millis(2)),
+                )
+                .await;
+                std::mem::forget(a);
+                std::mem::forget(b);
+            })
+            .unwrap();
+            common::run_or_fail(exec, Duration::from_secs(30), "run with a stray read")
+                .unwrap_or_else(|e| panic!("[{driver}]: {e}"));
+        },
+    );
+}
