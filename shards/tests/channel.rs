@@ -17,19 +17,25 @@ fn shared_pipeline_across_three_shards() {
     let (mut a_tx, mut a_rx) = shared::bounded::<u64>(2).unwrap();
     let (mut b_tx, mut b_rx) = shared::bounded::<u64>(3).unwrap();
     const N: u64 = 20_000;
-    ex.spawn_on(0, move || async move {
-        for i in 0..N {
-            a_tx.send(i).await.unwrap();
-        }
-    })
-    .unwrap();
-    ex.spawn_on(1, move || async move {
-        while let Some(v) = a_rx.recv().await {
-            assert_eq!(shard::id(), 1);
-            b_tx.send(v * 2).await.unwrap();
-        }
-    })
-    .unwrap();
+    let source = ex
+        .spawn_on(0, move || async move {
+            for i in 0..N {
+                a_tx.send(i).await.unwrap();
+            }
+        })
+        .unwrap();
+    // Its checks come back through its handle (a task's panic is caught with it).
+    let middle = ex
+        .spawn_on(1, move || async move {
+            let mut forwarded = 0;
+            while let Some(v) = a_rx.recv().await {
+                assert_eq!(shard::id(), 1);
+                b_tx.send(v * 2).await.unwrap();
+                forwarded += 1;
+            }
+            forwarded
+        })
+        .unwrap();
     let sink = ex
         .spawn_on(2, move || async move {
             let mut expect = 0;
@@ -43,6 +49,8 @@ fn shared_pipeline_across_three_shards() {
         })
         .unwrap();
     ex.run().unwrap();
+    futures::executor::block_on(source).unwrap();
+    assert_eq!(futures::executor::block_on(middle).unwrap(), N);
     let (n, sum) = futures::executor::block_on(sink).unwrap();
     assert_eq!(n, N);
     assert_eq!(sum, N * (N - 1));
@@ -133,7 +141,10 @@ fn shared_from_a_plain_thread() {
             }
         })
     });
+    // The feeding thread's wakes are what end this run.
+    let dog = Watchdog::new(ex.handle(), HANG, "a receiver fed from a plain thread");
     ex.run().unwrap();
+    dog.done();
     t.join().unwrap();
     assert_eq!(futures::executor::block_on(h).unwrap(), 10_000);
 }
@@ -447,28 +458,46 @@ fn a_panicking_waker_woken_by_a_channel_signal_does_not_stop_the_executor() {
     use std::task::Context;
     let ex = exec(2);
     let (mut tx, mut rx) = shared::bounded::<u32>(8).unwrap();
-    ex.spawn_on(0, move || async move {
-        let waker = panicking_waker();
-        {
-            let mut recv = rx.recv();
-            let polled = std::future::Future::poll(
-                std::pin::Pin::new(&mut recv),
-                &mut Context::from_waker(&waker),
-            );
-            assert!(polled.is_pending());
-        }
-        xtc_shards::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(rx.try_recv().unwrap(), 1);
-    })
-    .unwrap();
-    ex.spawn_on(1, move || async move {
-        xtc_shards::time::sleep(Duration::from_millis(20)).await;
-        // The end-of-turn signal wakes the panicking waker from shard 1's loop.
-        tx.try_send(1).unwrap();
-        xtc_shards::time::sleep(Duration::from_millis(200)).await;
-    })
-    .unwrap();
-    run_or_fail(ex, Duration::from_secs(10), "a panicking channel waker").unwrap();
+    let receiver = ex
+        .spawn_on(0, move || async move {
+            let waker = panicking_waker();
+            {
+                let mut recv = rx.recv();
+                let polled = std::future::Future::poll(
+                    std::pin::Pin::new(&mut recv),
+                    &mut Context::from_waker(&waker),
+                );
+                assert!(polled.is_pending());
+            }
+            // Until the value is there (the send comes from shard 1 about 20 ms in); bounded by
+            // the hang guard below.
+            loop {
+                match rx.try_recv() {
+                    Err(TryRecvError::Empty) => {
+                        xtc_shards::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    got => return got,
+                }
+            }
+        })
+        .unwrap();
+    let sender = ex
+        .spawn_on(1, move || async move {
+            xtc_shards::time::sleep(Duration::from_millis(20)).await;
+            // The end-of-turn signal wakes the panicking waker from shard 1's loop.
+            tx.try_send(1).unwrap();
+            // Shard 1's loop goes on after that wake.
+            xtc_shards::time::sleep(Duration::from_millis(200)).await;
+            xtc_shards::shard::id()
+        })
+        .unwrap();
+    run_or_fail(ex, HANG, "a panicking channel waker").unwrap();
+    assert_eq!(futures::executor::block_on(sender).unwrap(), 1);
+    assert_eq!(
+        futures::executor::block_on(receiver).unwrap(),
+        Ok(1),
+        "the value was delivered"
+    );
 }
 
 #[test]
@@ -498,12 +527,26 @@ fn a_panicking_queued_value_still_lets_a_waiting_sender_see_the_close() {
     let (mut tx, rx) = shared::bounded::<Option<Boom>>(1).unwrap();
     tx.try_send(Some(Boom)).unwrap();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (parked_tx, parked_rx) = std::sync::mpsc::channel();
     let sender = std::thread::spawn(move || {
-        // Waits: the ring is full.
-        let r = futures::executor::block_on(tx.send(None));
+        // Waits: the ring is full. Its first poll returning `Pending` (its waker registered)
+        // is reported, so the receiver is dropped only once the send really waits.
+        let mut send = std::pin::pin!(tx.send(None));
+        let mut polls = 0;
+        let r = futures::executor::block_on(std::future::poll_fn(|cx| {
+            let p = std::future::Future::poll(send.as_mut(), cx);
+            polls += 1;
+            if polls == 1 {
+                parked_tx.send(p.is_pending()).unwrap();
+            }
+            p
+        }));
         done_tx.send(r.is_err()).unwrap();
     });
-    std::thread::sleep(Duration::from_millis(50));
+    let parked = parked_rx
+        .recv_timeout(HANG)
+        .expect("the send was never polled");
+    assert!(parked, "the send did not wait on the full channel");
     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(rx)));
     assert!(dropped.is_err(), "the value's panic reaches the dropper");
     let closed = done_rx

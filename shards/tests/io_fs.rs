@@ -428,17 +428,19 @@ fn run_returns_only_after_a_dropped_file_write_settled() {
             let path = temp_path("dropped-write");
             let _cleanup = Cleanup(path.clone());
             let p = path.clone();
-            exec.spawn_on(0, move || async move {
-                let f = open_scratch(&p).await;
-                let big = vec![7u8; 64 << 20];
-                let polled = futures::FutureExt::now_or_never(f.write_at(big, 0));
-                assert!(
-                    polled.is_none(),
-                    "a 64 MiB write finished in its first poll"
-                );
-            })
-            .unwrap();
-            exec.run().unwrap();
+            let in_flight = exec
+                .spawn_on(0, move || async move {
+                    let f = open_scratch(&p).await;
+                    let big = vec![7u8; 64 << 20];
+                    futures::FutureExt::now_or_never(f.write_at(big, 0)).is_none()
+                })
+                .unwrap();
+            // A dropped job that never settled would keep the loop from quiescence.
+            run_or_fail(&exec, "a run with a dropped file write");
+            assert!(
+                futures::executor::block_on(in_flight).unwrap(),
+                "{driver}: a 64 MiB write finished in its first poll (nothing was dropped)"
+            );
             let at_return = std::fs::metadata(&path).unwrap().len();
             std::thread::sleep(Duration::from_millis(300));
             let later = std::fs::metadata(&path).unwrap().len();

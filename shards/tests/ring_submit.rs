@@ -87,7 +87,13 @@ fn submit_to_from_a_plain_thread_through_the_handle() {
         h.stop();
         (v, bad)
     });
+    let dog = Watchdog::new(
+        ex.handle(),
+        HANG,
+        "a service run stopped from a plain thread",
+    );
     ex.run().unwrap();
+    dog.done();
     let (v, bad) = t.join().unwrap();
     assert_eq!(v, vec![1, 2]);
     assert!(matches!(bad, Err(Error::InvalidShard { .. })));

@@ -182,7 +182,13 @@ fn service_mode_runs_until_stop_from_another_thread() {
         h.stop();
     });
     let start = Instant::now();
+    let dog = Watchdog::new(
+        ex.handle(),
+        HANG,
+        "a service run stopped from another thread",
+    );
     ex.run().unwrap();
+    dog.done();
     assert!(start.elapsed() >= Duration::from_millis(150));
     assert_eq!(ran.load(SeqCst), 1);
     stopper.join().unwrap();
@@ -197,7 +203,13 @@ fn service_mode_can_be_switched_off_while_running() {
         std::thread::sleep(Duration::from_millis(50));
         h.set_service_mode(false);
     });
+    let dog = Watchdog::new(
+        ex.handle(),
+        HANG,
+        "a run whose service mode was switched off",
+    );
     ex.run().unwrap();
+    dog.done();
     assert!(!ex.service_mode());
     t.join().unwrap();
 }
@@ -232,16 +244,36 @@ fn executor_runs_again_after_run_returns() {
     }
 }
 
+/// Starts a service-mode `run()` of `ex` on another thread and returns once it is observably
+/// running (a task queued before it has run), with a receiver for its result.
+fn start_a_service_run(ex: &Arc<Executor>) -> std::sync::mpsc::Receiver<xtc_shards::Result<()>> {
+    ex.set_service_mode(true);
+    let (started_tx, started) = std::sync::mpsc::channel();
+    ex.spawn_on(0, move || async move { started_tx.send(()).unwrap() })
+        .unwrap();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let e2 = ex.clone();
+    std::thread::spawn(move || done_tx.send(e2.run()).unwrap());
+    started
+        .recv_timeout(HANG)
+        .expect("the first run never started");
+    done
+}
+
 #[test]
 fn concurrent_run_is_refused() {
     let ex = Arc::new(exec(1));
-    ex.set_service_mode(true);
-    let e2 = ex.clone();
-    let t = std::thread::spawn(move || e2.run());
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(matches!(ex.run(), Err(Error::AlreadyRunning)));
+    let first = start_a_service_run(&ex);
+    // Were it not refused, this run would wait for a stop (service mode): the watchdog's.
+    let dog = Watchdog::new(ex.handle(), HANG, "a second run() next to a running one");
+    let second = ex.run();
+    dog.done();
+    assert!(matches!(second, Err(Error::AlreadyRunning)), "{second:?}");
     ex.stop();
-    t.join().unwrap().unwrap();
+    first
+        .recv_timeout(HANG)
+        .expect("the first run did not end at stop()")
+        .unwrap();
 }
 
 /// `block_on` during another thread's `run()` is refused before its main task exists: queued,
@@ -249,27 +281,29 @@ fn concurrent_run_is_refused() {
 #[test]
 fn block_on_during_a_run_is_refused_and_leaves_that_run_alone() {
     let ex = Arc::new(exec(1));
-    ex.set_service_mode(true);
-    let e2 = ex.clone();
-    let t = std::thread::spawn(move || e2.run());
-    std::thread::sleep(Duration::from_millis(100));
+    let first = start_a_service_run(&ex);
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();
+    let dog = Watchdog::new(ex.handle(), HANG, "a block_on next to a running run()");
     let out = ex.block_on(move || async move {
         r.fetch_add(1, SeqCst);
     });
+    dog.done();
     assert!(matches!(out, Err(Error::AlreadyRunning)), "{out:?}");
     // The service run goes on: it still runs new work, and only `stop` ends it.
     std::thread::sleep(Duration::from_millis(100));
     assert!(
-        !t.is_finished(),
+        first.try_recv().is_err(),
         "the refused block_on stopped the other run"
     );
     let h = ex.handle();
     let j = h.spawn_on(0, || async { shard::id() }).unwrap();
     assert_eq!(futures::executor::block_on(j).unwrap(), 0);
     ex.stop();
-    t.join().unwrap().unwrap();
+    first
+        .recv_timeout(HANG)
+        .expect("the first run did not end at stop()")
+        .unwrap();
     assert_eq!(ran.load(SeqCst), 0, "the refused main future never ran");
 }
 
@@ -326,6 +360,8 @@ fn busy_and_idle_never_go_backwards() {
     })
     .unwrap();
     let e2 = ex.clone();
+    // A run that never ended would keep the snapshot loop below going for ever.
+    let dog = Watchdog::new(ex.handle(), HANG, "a 300 ms task");
     let runner = std::thread::spawn(move || e2.run());
     let mut last = ex.loop_stats(0).unwrap();
     let mut seen = 0u64;
@@ -347,6 +383,7 @@ fn busy_and_idle_never_go_backwards() {
         seen += 1;
     }
     runner.join().unwrap().unwrap();
+    dog.done();
     assert!(seen > 100, "too few snapshots to mean anything: {seen}");
     assert!(
         last.parks > 100,
@@ -595,9 +632,12 @@ fn loops_going_idle_in_service_mode_do_not_wake_the_coordinator() {
         }
         h.stop();
     });
+    // On its own thread, which the watchdog's does not wake unless it fires.
+    let dog = Watchdog::new(ex.handle(), HANG, "a service run fed from another thread");
     let before = voluntary_switches();
     ex.run().unwrap();
     let woken = voluntary_switches() - before;
+    dog.done();
     feeder.join().unwrap();
     assert_eq!(ran.load(SeqCst), TASKS);
     assert!(
@@ -655,15 +695,13 @@ fn a_stop_asked_between_runs_ends_the_next_run_only() {
     assert_eq!(futures::executor::block_on(kept).unwrap(), 2);
 }
 
-/// Runs `ex` to its end on this thread, failing the test if it takes more than 10 s.
+/// Runs `ex` to its end on this thread (keeping it for later runs), failing the test if it
+/// has not ended within [`HANG`]: the watchdog then stops it, so the test fails instead of
+/// hanging.
 fn run_or_fail_keep(ex: &Executor, what: &str) {
-    let t = Instant::now();
+    let dog = Watchdog::new(ex.handle(), HANG, what);
     ex.run().unwrap();
-    assert!(
-        t.elapsed() < Duration::from_secs(10),
-        "{what}: took {:?}",
-        t.elapsed()
-    );
+    dog.done();
 }
 
 /// Once the `Executor` is dropped no run can come: a `Handle` refuses pinned spawns and

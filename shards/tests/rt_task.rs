@@ -127,7 +127,9 @@ fn pinned_task_woken_from_a_plain_thread() {
             }
         }
     });
+    let dog = Watchdog::new(ex.handle(), HANG, "a task woken from a plain thread");
     ex.run().unwrap();
+    dog.done();
     waker_thread.join().unwrap();
     assert_eq!(futures::executor::block_on(h).unwrap(), 1);
     assert!(
@@ -172,7 +174,9 @@ fn many_concurrent_wakes_collapse_to_one_poll() {
             break;
         }
     });
+    let dog = Watchdog::new(ex.handle(), HANG, "a task woken from 8 threads");
     ex.run().unwrap();
+    dog.done();
     t.join().unwrap();
     assert_eq!(polls.load(SeqCst), 2, "8 wakes, one re-poll");
 }
@@ -247,26 +251,55 @@ fn no_deadlock_report_within_the_grace_for_a_foreign_waker() {
         done.store(true, SeqCst);
         w.wake();
     });
+    let dog = Watchdog::new(ex.handle(), HANG, "a task woken from a plain thread");
     ex.run().unwrap();
+    dog.done();
     t.join().unwrap();
 }
 
+/// A short grace reports a task that nothing can wake within this test's window; the same
+/// grace switched off (in the builder, and at run time) does not: only `stop()` ends those
+/// runs. A `None` that were ignored would leave the 50 ms grace in force and report.
 #[test]
 fn deadlock_report_can_be_disabled() {
+    const GRACE: Duration = Duration::from_millis(50);
+    let stuck = |ex: &Executor| ex.spawn_on(0, std::future::pending::<()>).unwrap();
+    // Control: the grace alone reports the stuck task (it would not in the window below if
+    // the report could not come in time).
     let ex = Executor::builder()
         .shards(1)
+        .deadlock_grace(Some(GRACE))
+        .build()
+        .unwrap();
+    stuck(&ex);
+    let r = run_or_fail(ex, HANG, "a stuck task under a 50 ms grace");
+    assert!(matches!(r, Err(Error::Deadlock { .. })), "{r:?}");
+
+    let in_builder = Executor::builder()
+        .shards(1)
+        .deadlock_grace(Some(GRACE))
         .deadlock_grace(None)
         .build()
         .unwrap();
-    assert_eq!(ex.deadlock_grace(), None);
-    ex.spawn_on(0, std::future::pending::<()>).unwrap();
-    let h = ex.handle();
-    let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(400));
-        h.stop();
-    });
-    ex.run().unwrap(); // ended by stop(), not by a report
-    t.join().unwrap();
+    let at_run_time = Executor::builder()
+        .shards(1)
+        .deadlock_grace(Some(GRACE))
+        .build()
+        .unwrap();
+    at_run_time.set_deadlock_grace(None);
+    for (how, ex) in [("builder", in_builder), ("set_deadlock_grace", at_run_time)] {
+        assert_eq!(ex.deadlock_grace(), None, "{how}");
+        stuck(&ex);
+        let h = ex.handle();
+        // Ten graces and more: a report would come first.
+        let stopper = std::thread::spawn(move || {
+            std::thread::sleep(GRACE * 10);
+            h.stop();
+        });
+        let r = run_or_fail(ex, HANG, "a run with the deadlock report off");
+        assert!(r.is_ok(), "{how}: ended by stop(), not by a report: {r:?}");
+        stopper.join().unwrap();
+    }
 }
 
 #[test]
@@ -305,7 +338,15 @@ fn deadlock_report_resumes_when_service_mode_is_switched_off() {
         std::thread::sleep(Duration::from_millis(300));
         h.set_service_mode(false);
     });
-    match ex.run() {
+    // A switch that did not wake the coordinator would leave this run waiting for good.
+    let dog = Watchdog::new(
+        ex.handle(),
+        HANG,
+        "a run whose service mode was switched off",
+    );
+    let r = ex.run();
+    dog.done();
+    match r {
         Err(Error::Deadlock { tasks }) => assert_eq!(tasks.len(), 1, "{tasks:?}"),
         other => panic!("expected a deadlock report once service mode was off, got {other:?}"),
     }

@@ -18,25 +18,43 @@ fn sleep_waits_at_least_its_duration() {
     });
 }
 
+/// Sleeps registered out of order, with deadlines from one shared base, complete in deadline
+/// order, also when the loop comes late and finds several due at once.
 #[test]
 fn sleeps_fire_in_deadline_order() {
-    let order = LocalExecutor::new().unwrap().block_on(async {
-        let order = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-        let mut hs = Vec::new();
-        for ms in [30u64, 10, 20, 0, 15] {
-            let o = order.clone();
-            hs.push(spawn_local(async move {
-                time::sleep(Duration::from_millis(ms)).await;
-                o.borrow_mut().push(ms);
-            }));
+    // A sleep whose deadline already passed at its first poll completes there, in spawn order:
+    // such a round (this thread descheduled past the first deadline) proves nothing, and is
+    // run again.
+    for _ in 0..20 {
+        let (order, all_registered) = LocalExecutor::new().unwrap().block_on(async {
+            let order = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            let registered = std::rc::Rc::new(std::cell::Cell::new(0));
+            let base = Instant::now() + Duration::from_millis(20);
+            let mut hs = Vec::new();
+            for ms in [30u64, 10, 20, 0, 15] {
+                let (o, r) = (order.clone(), registered.clone());
+                hs.push(spawn_local(async move {
+                    let mut s = Box::pin(time::sleep_until(base + Duration::from_millis(ms)));
+                    if futures::poll!(s.as_mut()).is_pending() {
+                        r.set(r.get() + 1);
+                        s.await;
+                    }
+                    o.borrow_mut().push(ms);
+                }));
+            }
+            for h in hs {
+                h.await.unwrap();
+            }
+            let v = order.borrow().clone();
+            (v, registered.get() == 5)
+        });
+        if all_registered {
+            assert_eq!(order, vec![0, 10, 15, 20, 30]);
+            return;
         }
-        for h in hs {
-            h.await.unwrap();
-        }
-        let v = order.borrow().clone();
-        v
-    });
-    assert_eq!(order, vec![0, 10, 15, 20, 30]);
+        println!("a deadline passed before every sleep was registered: again");
+    }
+    panic!("in 20 rounds, never were all five sleeps registered before the first deadline");
 }
 
 #[test]
@@ -83,35 +101,72 @@ fn dropped_sleep_does_not_hold_quiescence() {
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
+/// Ticks come at `first + k·period` for growing `k`, never before their instant; a tick is
+/// skipped only when the loop came too late for it (tokio's `MissedTickBehavior::Skip`): the
+/// next tick is the first multiple after the late tick was taken, not a burst of the missed
+/// ones, nor one further than that.
 #[test]
 fn interval_ticks_on_schedule() {
+    const P: Duration = Duration::from_millis(10);
     LocalExecutor::new().unwrap().block_on(async {
         let start = Instant::now();
-        let mut iv = time::interval(Duration::from_millis(10));
+        let mut iv = time::interval(P);
         let first = iv.tick().await;
-        assert!(first <= Instant::now());
-        let mut last = first;
-        for n in 1..=5u32 {
+        assert!(first >= start && first <= Instant::now());
+        let (mut k, mut asked, mut taken) = (0u32, start, Instant::now());
+        while k < 5 {
+            let before = Instant::now();
             let t = iv.tick().await;
-            assert_eq!(t, first + Duration::from_millis(10) * n);
-            assert!(Instant::now() >= t);
-            last = t;
+            let after = Instant::now();
+            let since = t.duration_since(first);
+            assert_eq!(
+                since.as_nanos() % P.as_nanos(),
+                0,
+                "off the schedule: {since:?}"
+            );
+            let next = u32::try_from(since.as_nanos() / P.as_nanos()).unwrap();
+            assert!(next > k, "tick {next} after tick {k}");
+            assert!(after >= t, "tick {next} came {:?} early", t - after);
+            if next > k + 1 {
+                // Skipped: the previous tick was taken after the skipped ones were due...
+                assert!(
+                    taken >= first + P * (next - 1),
+                    "tick {} skipped while not yet due",
+                    next - 1
+                );
+            }
+            // ...and the next one is the first due after that.
+            assert!(t > asked, "tick {next} was due before tick {k} was taken");
+            (k, asked, taken) = (next, before, after);
         }
-        assert!(start.elapsed() >= Duration::from_millis(50));
-        assert_eq!(last, first + Duration::from_millis(50));
+        assert!(start.elapsed() >= P * 5);
     });
 }
 
 #[test]
 fn interval_skips_missed_ticks() {
+    const P: Duration = Duration::from_millis(10);
     LocalExecutor::new().unwrap().block_on(async {
-        let mut iv = time::interval(Duration::from_millis(10));
+        let mut iv = time::interval(P);
         let first = iv.tick().await;
         std::thread::sleep(Duration::from_millis(35)); // block the loop past 3 ticks
         let t = iv.tick().await; // the overdue tick at +10 fires at once
-        assert_eq!(t, first + Duration::from_millis(10));
-        let t2 = iv.tick().await; // then the next future multiple: +40
-        assert_eq!(t2, first + Duration::from_millis(40));
+        let taken = Instant::now();
+        assert_eq!(t, first + P);
+        // Then the first multiple after the late tick was taken (+40 unless this thread was
+        // descheduled longer): the missed +20 and +30 are skipped, not fired in a burst.
+        let t2 = iv.tick().await;
+        let since = t2.duration_since(first);
+        assert_eq!(
+            since.as_nanos() % P.as_nanos(),
+            0,
+            "off the schedule: {since:?}"
+        );
+        assert!(since >= P * 4, "a missed tick fired: +{since:?}");
+        assert!(
+            t2 - P <= taken,
+            "skipped a tick that was not due yet: +{since:?}"
+        );
     });
 }
 

@@ -12,19 +12,29 @@ fn each_shard_sees_its_own_slot() {
         .build()
         .unwrap();
     let state = Arc::new(Sharded::new(2, |i| Cell::new(i as u64 * 1000)));
+    let mut handles = Vec::new();
     for i in 0..2 {
         for _ in 0..10 {
             let st = state.clone();
-            ex.spawn_on(i, move || async move {
-                let c = st.get();
-                c.set(c.get() + 1);
-                xtc_shards::yield_now().await;
-                assert_eq!(shard::id(), i);
-            })
-            .unwrap();
+            let h = ex
+                .spawn_on(i, move || async move {
+                    let c = st.get();
+                    c.set(c.get() + 1);
+                    xtc_shards::yield_now().await;
+                    shard::id()
+                })
+                .unwrap();
+            handles.push((i, h));
         }
     }
     ex.run().unwrap();
+    for (i, h) in handles {
+        assert_eq!(
+            futures::executor::block_on(h).unwrap(),
+            i,
+            "stayed on its shard"
+        );
+    }
     let vals: Vec<u64> = Arc::try_unwrap(state)
         .unwrap()
         .into_inner()

@@ -388,12 +388,15 @@ fn migratable_spawns_racing_a_quiescent_stop_are_kept() {
         }
         handles
     });
+    // A run that never reached quiescence while the spawns keep coming would hang here.
+    let dog = Watchdog::new(ex.handle(), HANG, "runs racing a spawning thread");
     for _ in 0..200 {
         ex.run().unwrap();
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let handles = spawner.join().unwrap();
     ex.run().unwrap(); // the last spawns
+    dog.done();
     let mut cancelled = 0;
     for j in handles {
         match futures::executor::block_on(j) {

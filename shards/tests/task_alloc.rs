@@ -42,8 +42,10 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 /// Spawns `n` tasks with `spawn` while counting, and returns the sizes allocated at least `n`
-/// times (what each task costs) and the number of all other allocations (queue growth, which
-/// a warm-up cannot rule out: crossbeam's deque shrinks again when it drains).
+/// times (what each task costs, once per task) and the number of all other allocations (queue
+/// growth, which a warm-up cannot rule out: crossbeam's deque shrinks again when it drains).
+/// A size allocated `c >= n` times counts `n` as the tasks' and the `c - n` beyond as other
+/// allocations: two allocations of one size per task make `n` others, not one per-task size.
 fn per_task_sizes(n: usize, spawn: impl Fn() -> xtc::JoinHandle<()>) -> (Vec<usize>, usize) {
     let mut handles = Vec::with_capacity(n);
     for b in &BY_SIZE {
@@ -58,7 +60,10 @@ fn per_task_sizes(n: usize, spawn: impl Fn() -> xtc::JoinHandle<()>) -> (Vec<usi
     let (mut per_task, mut other) = (Vec::new(), 0);
     for (size, b) in BY_SIZE.iter().enumerate() {
         match b.load(Relaxed) {
-            c if c >= n => per_task.push(size),
+            c if c >= n => {
+                per_task.push(size);
+                other += c - n;
+            }
             c => other += c,
         }
     }

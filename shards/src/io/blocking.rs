@@ -309,23 +309,45 @@ mod tests {
             return;
         }
         set_topology(topo.clone());
-        let got = std::thread::spawn(move || {
+        let (got, before, after) = std::thread::spawn(move || {
             xtc_numa::pin_current_thread(&topo, all[0]).expect("pin");
-            // Enough jobs at once that at least one new pool thread starts from here.
+            assert_eq!(affinity().len(), 1, "the submitting thread is pinned");
+            // Enough jobs at once that at least one new pool thread starts from here (while
+            // the pool is not full): each job waits until all are submitted, so none ends and
+            // frees its thread for the next one before the count below is taken.
+            let threads = || lock(&pool().state).threads;
+            let before = threads();
+            let gate = Arc::new((Mutex::new(false), Condvar::new()));
             let jobs: Vec<_> = (0..MAX_THREADS)
                 .map(|_| {
-                    run(|| {
-                        std::thread::sleep(Duration::from_millis(20));
+                    let gate = gate.clone();
+                    run(move || {
+                        let (open, cv) = &*gate;
+                        let g = lock(open);
+                        let timeout = Duration::from_secs(60);
+                        drop(cv.wait_timeout_while(g, timeout, |o| !*o).unwrap());
                         Ok(affinity().len())
                     })
                 })
                 .collect();
-            jobs.into_iter()
+            let after = threads();
+            *lock(&gate.0) = true;
+            gate.1.notify_all();
+            let got = jobs
+                .into_iter()
                 .map(|j| futures_lite::future::block_on(j).unwrap())
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            (got, before, after)
         })
         .join()
         .unwrap();
+        // Pool threads exit only after `IDLE_EXIT` idle: none left between the two counts.
+        assert!(
+            after > before,
+            "no pool thread was started from the pinned thread ({before} -> {after} of \
+             {MAX_THREADS}): nothing was checked"
+        );
+        assert_eq!(got.len(), MAX_THREADS);
         assert!(
             got.iter().all(|&n| n > 1),
             "pool threads pinned to one CPU: {got:?}"

@@ -5,6 +5,9 @@ use std::time::{Duration, Instant};
 
 use xtc_shards::Executor;
 
+/// A generous bound for something that must not hang (a hang guard, not a timing assertion).
+pub const HANG: Duration = Duration::from_secs(60);
+
 /// An executor of `n` shards, oversubscribed so any `n` runs on a 2-CPU machine.
 pub fn exec(n: usize) -> Executor {
     Executor::builder()
@@ -56,4 +59,67 @@ pub fn panicking_waker() -> std::task::Waker {
     static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
     // SAFETY: the vtable's functions never dereference the (null) data pointer.
     unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
+/// A hang guard for a run that must stay on the calling thread (or on an `Arc<Executor>`
+/// shared with another thread), where [`run_or_fail`] cannot take the executor: if not
+/// [`done`](Watchdog::done) within `limit`, it stops the executor through `handle`, so the
+/// run returns and `done` fails the test naming `what`; if even the stop does not end it within
+/// another `limit`, it aborts the process rather than hang the suite.
+pub struct Watchdog {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    fired: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    what: String,
+}
+
+impl Watchdog {
+    pub fn new(handle: xtc_shards::Handle, limit: Duration, what: &str) -> Watchdog {
+        use std::sync::mpsc::RecvTimeoutError::Timeout;
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f = fired.clone();
+        let w = what.to_string();
+        let thread = std::thread::spawn(move || {
+            if rx.recv_timeout(limit) != Err(Timeout) {
+                return;
+            }
+            f.store(true, std::sync::atomic::Ordering::SeqCst);
+            eprintln!("watchdog: {w} still running after {limit:?}: stopping it");
+            handle.stop();
+            if rx.recv_timeout(limit) == Err(Timeout) {
+                eprintln!("watchdog: {w} did not end after a stop either: aborting");
+                std::process::abort();
+            }
+        });
+        Watchdog {
+            done: Some(tx),
+            fired,
+            thread: Some(thread),
+            what: what.to_string(),
+        }
+    }
+
+    /// Disarms the watchdog; fails the test if it had to stop the run.
+    pub fn done(mut self) {
+        self.disarm();
+        assert!(
+            !self.fired.load(std::sync::atomic::Ordering::SeqCst),
+            "hung: {} (the watchdog stopped it)",
+            self.what
+        );
+    }
+
+    fn disarm(&mut self) {
+        drop(self.done.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.disarm();
+    }
 }

@@ -160,6 +160,28 @@ fn start_tickers(exec: &Executor) {
     }
 }
 
+/// Runs `exec` on a helper thread until it returns (keeping it for the caller); fails the test
+/// naming `what` if it has not returned within [`HANG`] (then stopping it, so the helper
+/// thread ends) or if it returned an error.
+pub fn run_or_fail(exec: &Executor, what: &str) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = exec.handle();
+    std::thread::scope(|s| {
+        let runner = s.spawn(|| {
+            let r = exec.run();
+            let _ = tx.send(());
+            r
+        });
+        if rx.recv_timeout(HANG).is_err() {
+            h.stop();
+            panic!("{what}: run() hung");
+        }
+        if let Err(e) = runner.join().expect("the run's thread panicked") {
+            panic!("{what}: run: {e}");
+        }
+    });
+}
+
 /// Awaits `fut` under the [`HANG`] guard; panics naming `what` if it does not finish.
 pub async fn guard<T>(what: &str, fut: impl Future<Output = T>) -> T {
     match xtc_shards::time::timeout(HANG, fut).await {
