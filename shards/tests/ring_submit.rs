@@ -517,3 +517,84 @@ fn a_stop_that_evacuates_a_backlog_leaves_the_next_run_quiescent() {
         assert_eq!(settled.load(SeqCst), 3000, "capacity {capacity}");
     }
 }
+
+/// A waker that forwards its wake to a task of another shard, after a pause that lets that
+/// shard park first.
+struct Forward(std::task::Waker);
+
+impl std::task::Wake for Forward {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        std::thread::sleep(Duration::from_millis(50));
+        self.0.wake_by_ref();
+    }
+}
+
+/// A task waiting for ring space is woken by the end-of-turn flush; if its waker routes a
+/// task of another shard onto one of this loop's rings, that shard must get a ping too. The
+/// flush pinged first and woke the waiters after, so the routed task sat in the ring of a
+/// sleeping shard for good (and the unbalanced counts kept `run()` from returning).
+#[test]
+fn a_task_woken_by_a_ring_space_waiter_reaches_a_sleeping_shard() {
+    use std::future::Future;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll, Waker};
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(1)
+        .spin_before_park(Duration::ZERO)
+        .build()
+        .unwrap();
+    let slot: Arc<Mutex<Option<Waker>>> = Default::default();
+    let s = slot.clone();
+    // Shard 1: parks once (leaving its waker in `slot`), finishes when woken.
+    let woken = ex
+        .spawn_on(1, move || async move {
+            let mut first = true;
+            std::future::poll_fn(|cx| {
+                if std::mem::take(&mut first) {
+                    *s.lock().unwrap() = Some(cx.waker().clone());
+                    Poll::Pending
+                } else {
+                    Poll::Ready(())
+                }
+            })
+            .await;
+        })
+        .unwrap();
+    let s = slot.clone();
+    ex.spawn_on(0, move || async move {
+        let parked = loop {
+            if let Some(w) = s.lock().unwrap().clone() {
+                break w;
+            }
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        };
+        // Shard 1 busy in one long poll; ring 0 -> 1 (capacity 1) full behind it.
+        shard::send_to(1, || async { burn(Duration::from_millis(200)) })
+            .await
+            .unwrap();
+        shard::send_to(1, || async {}).await.unwrap();
+        // A submit_to waiting for ring space, polled with a waker that wakes shard 1's task.
+        let mut fut = Box::pin(shard::submit_to(1, || async {}));
+        let forward = Waker::from(Arc::new(Forward(parked)));
+        assert!(fut
+            .as_mut()
+            .poll(&mut Context::from_waker(&forward))
+            .is_pending());
+        // Left waiting: only the forwarded wake matters here.
+        std::mem::forget(fut);
+    })
+    .unwrap();
+    let watchdog = Watchdog::new(
+        ex.handle(),
+        HANG,
+        "a task woken through a ring-space waiter",
+    );
+    ex.run().unwrap();
+    watchdog.done();
+    assert!(woken.is_finished(), "shard 1's task never ran");
+}

@@ -327,7 +327,6 @@ fn notify(core: &Core, to: usize) {
 /// sends the batched notifications (rules 2, 3, 5).
 pub(crate) fn flush(core: &Core) {
     let mut wake = Vec::new();
-    let dirty;
     {
         let mut m = core.mesh.borrow_mut();
         if m.inc.is_empty() {
@@ -369,11 +368,23 @@ pub(crate) fn flush(core: &Core) {
                 }
             }
         }
-        dirty = std::mem::take(&mut m.dirty);
+    }
+    // The waiters are woken before the dirty list is taken: a waker may route a task onto one
+    // of this loop's rings (a waker that wakes a task of another shard), which marks that ring
+    // dirty, and its consumer must get this flush's ping. Woken after the pings, that task sat
+    // in the ring of a sleeping consumer for good (rule 5), and the unbalanced message counts
+    // kept `run()` from ever returning.
+    for w in wake {
+        crate::task::wake_guarded(w);
+    }
+    let dirty = {
+        let mut m = core.mesh.borrow_mut();
+        let dirty = std::mem::take(&mut m.dirty);
         for &to in &dirty {
             m.is_dirty[to] = false;
         }
-    }
+        dirty
+    };
     for to in &dirty {
         notify(core, *to);
     }
@@ -382,10 +393,6 @@ pub(crate) fn flush(core: &Core) {
         // Give the vector's capacity back for the next turn.
         m.dirty = dirty;
         m.dirty.clear();
-    }
-    drop(m);
-    for w in wake {
-        crate::task::wake_guarded(w);
     }
 }
 
