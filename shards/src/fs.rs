@@ -28,6 +28,10 @@ use crate::io::{
 pub struct File {
     // An Arc so a blocking-pool job (epoll path) keeps the descriptor open while it runs.
     fd: Arc<OwnedFd>,
+    /// Whether the descriptor takes offsets (not a FIFO, socket or tty), asked once with
+    /// `lseek` at the first positioned call: io_uring's `READ`/`WRITE` ignore the offset of a
+    /// non-seekable file, where `pread`/`pwrite` (the epoll path) fail with `ESPIPE`.
+    seekable: std::cell::OnceCell<bool>,
     _local: std::marker::PhantomData<*const ()>,
 }
 
@@ -101,7 +105,8 @@ impl Default for OpenOptions {
 }
 
 impl OpenOptions {
-    /// Nothing set (open fails until read or write is); mode 0o666 (before the umask).
+    /// Nothing set (open fails until read, write or append is); mode 0o666 (before the
+    /// umask). The combinations `std` refuses are refused the same way, with `InvalidInput`.
     pub fn new() -> OpenOptions {
         OpenOptions {
             read: false,
@@ -156,31 +161,41 @@ impl OpenOptions {
         self
     }
 
+    /// The `open(2)` flags, refusing what `std` refuses (`InvalidInput`): no access mode, and
+    /// create, truncate or create-new on a read-only open, truncate with append (unless
+    /// create-new): a read-only "truncate" would empty the file through a handle that cannot
+    /// write.
     fn flags(&self) -> io::Result<i32> {
-        let acc = match (self.read, self.write || self.append) {
-            (true, false) => libc::O_RDONLY,
-            (false, true) => libc::O_WRONLY,
-            (true, true) => libc::O_RDWR,
-            (false, false) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "OpenOptions: set read and/or write",
-                ))
-            }
+        let invalid = |what: &str| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("OpenOptions: {what}"),
+            ))
         };
-        let mut f = acc;
-        if self.create_new {
-            f |= libc::O_CREAT | libc::O_EXCL;
-        } else if self.create {
-            f |= libc::O_CREAT;
+        let acc = match (self.read, self.write, self.append) {
+            (true, false, false) => libc::O_RDONLY,
+            (false, true, false) => libc::O_WRONLY,
+            (true, true, false) => libc::O_RDWR,
+            (false, _, true) => libc::O_WRONLY | libc::O_APPEND,
+            (true, _, true) => libc::O_RDWR | libc::O_APPEND,
+            (false, false, false) => return invalid("set read, write and/or append"),
+        };
+        match (self.write, self.append) {
+            (false, false) if self.truncate || self.create || self.create_new => {
+                return invalid("create, truncate and create_new need write or append")
+            }
+            (_, true) if self.truncate && !self.create_new => {
+                return invalid("truncate and append together (use one, or create_new)")
+            }
+            _ => {}
         }
-        if self.truncate {
-            f |= libc::O_TRUNC;
-        }
-        if self.append {
-            f |= libc::O_APPEND;
-        }
-        Ok(f)
+        let creation = if self.create_new {
+            libc::O_CREAT | libc::O_EXCL
+        } else {
+            (if self.create { libc::O_CREAT } else { 0 })
+                | (if self.truncate { libc::O_TRUNC } else { 0 })
+        };
+        Ok(acc | creation)
     }
 
     /// Opens `path`. Cost: one `OPENAT` submission, or a blocking-pool job on epoll.
@@ -201,16 +216,33 @@ impl File {
     fn from_fd(fd: OwnedFd) -> File {
         File {
             fd: Arc::new(fd),
+            seekable: std::cell::OnceCell::new(),
             _local: std::marker::PhantomData,
         }
     }
 
-    /// Opens an existing file for reading.
+    /// `Err(ESPIPE)` (kind `NotSeekable`) for a file without offsets, on both drivers, as
+    /// `pread` answers. Cost: one `lseek` per file, at its first positioned call.
+    fn check_seekable(&self) -> io::Result<()> {
+        let seekable = *self.seekable.get_or_init(|| {
+            // SAFETY: a plain syscall on our open descriptor; it moves no offset (0 from the
+            // current position).
+            let r = unsafe { libc::lseek(self.fd.as_raw_fd(), 0, libc::SEEK_CUR) };
+            !(r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESPIPE))
+        });
+        if seekable {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(libc::ESPIPE))
+        }
+    }
+
+    /// Opens an existing file for reading. Cost: as [`OpenOptions::open`].
     pub async fn open(path: impl AsRef<Path>) -> io::Result<File> {
         OpenOptions::new().read(true).open(path).await
     }
 
-    /// Creates (or truncates) a file for writing.
+    /// Creates (or truncates) a file for writing. Cost: as [`OpenOptions::open`].
     pub async fn create(path: impl AsRef<Path>) -> io::Result<File> {
         OpenOptions::new()
             .write(true)
@@ -221,18 +253,30 @@ impl File {
     }
 
     /// Reads into `buf` from its start at offset `pos`, up to its capacity; a `Vec`'s length
-    /// becomes the count read (0 at end of file). Cost: one `READ` (`READ_FIXED` for a
+    /// becomes the count read (0 at end of file). A file without offsets (a FIFO) is
+    /// `Err(ESPIPE)` on both drivers. Cost: one `READ` (`READ_FIXED` for a
     /// [`FixedBuf`](crate::io::FixedBuf)) submission, or a pool job plus a copy on epoll.
     pub async fn read_at<B: IoBufMut>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
+        if let Err(e) = self.check_seekable() {
+            return (Err(e), buf);
+        }
         file::read_at(&self.fd, buf, pos).await
     }
 
-    /// Writes `buf[..len]` at offset `pos` once; returns the count written.
+    /// Writes `buf[..len]` at offset `pos` once; returns the count written. A file without
+    /// offsets (a FIFO) is `Err(ESPIPE)` on both drivers. Cost: one `WRITE` (`WRITE_FIXED`
+    /// for a [`FixedBuf`](crate::io::FixedBuf)) submission, or a copy into a pool job on
+    /// epoll.
     pub async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
+        if let Err(e) = self.check_seekable() {
+            return (Err(e), buf);
+        }
         file::write_at(&self.fd, buf, pos).await
     }
 
-    /// Writes all of `buf[..len]` starting at offset `pos`.
+    /// Writes all of `buf[..len]` starting at offset `pos`. Cost: as
+    /// [`write_at`](Self::write_at), once unless the write comes back short; the rest then
+    /// goes through a copy of the remaining bytes per further write.
     pub async fn write_all_at<B: IoBuf>(&self, mut buf: B, pos: u64) -> BufResult<(), B> {
         let total = buf.bytes_init();
         let mut done = 0usize;
@@ -266,23 +310,26 @@ impl File {
         (Ok(()), buf)
     }
 
-    /// Flushes data and metadata to the device (`fsync`).
+    /// Flushes data and metadata to the device (`fsync`). Cost: one `FSYNC` submission, or a
+    /// pool job on epoll, plus the device's own flush time.
     pub async fn sync_all(&self) -> io::Result<()> {
         file::fsync(&self.fd, false).await
     }
 
-    /// Flushes data (`fdatasync`).
+    /// Flushes data (`fdatasync`). Cost: as [`sync_all`](Self::sync_all).
     pub async fn sync_data(&self) -> io::Result<()> {
         file::fsync(&self.fd, true).await
     }
 
-    /// Size, kind, permissions, modification time (`statx` / `fstat`).
+    /// Size, kind, permissions, modification time. Cost: one `STATX` submission (io_uring)
+    /// or an `fstat` on the blocking pool (epoll).
     pub async fn metadata(&self) -> io::Result<Metadata> {
         file::stat(&self.fd).await.map(|stat| Metadata { stat })
     }
 
     /// Closes the file and reports the kernel's error. If an operation of the epoll path is
-    /// still running on the pool, the descriptor closes when it ends.
+    /// still running on the pool, the descriptor closes when it ends. Cost: one `CLOSE`
+    /// submission, or one `close` on epoll.
     pub async fn close(self) -> io::Result<()> {
         match Arc::try_unwrap(self.fd) {
             Ok(fd) => file::close(fd).await,
@@ -325,10 +372,55 @@ pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Creates or truncates `path` and writes `data` to it.
+/// Creates or truncates `path` and writes `data` to it. Cost: open, one
+/// [`File::write_all_at`], close.
 pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Result<()> {
     let f = File::create(path).await?;
     let (r, _) = f.write_all_at(data.into(), 0).await;
     r?;
     f.close().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpenOptions;
+
+    /// Every combination of the six switches: ours is refused (`InvalidInput`) exactly where
+    /// `std`'s is, on an existing file.
+    #[test]
+    fn open_options_refuse_what_std_refuses() {
+        let path = std::env::temp_dir().join(format!("xtc-open-options-{}", std::process::id()));
+        std::fs::write(&path, b"keep").unwrap();
+        for bits in 0..64u32 {
+            let on = |i: u32| bits & (1 << i) != 0;
+            let mut std_opts = std::fs::OpenOptions::new();
+            std_opts
+                .read(on(0))
+                .write(on(1))
+                .append(on(2))
+                .truncate(on(3))
+                .create(on(4))
+                .create_new(on(5));
+            let mut ours = OpenOptions::new();
+            ours.read(on(0))
+                .write(on(1))
+                .append(on(2))
+                .truncate(on(3))
+                .create(on(4))
+                .create_new(on(5));
+            let std_refuses = matches!(
+                std_opts.open(&path),
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput
+            );
+            let ours_refuses = ours.flags().is_err();
+            assert_eq!(ours_refuses, std_refuses, "switches {bits:06b}");
+            // Whatever std accepted must not have been emptied by an accepted read-only open.
+            if !on(1) && !on(2) {
+                assert_eq!(std::fs::read(&path).unwrap(), b"keep", "{bits:06b}");
+            } else {
+                std::fs::write(&path, b"keep").unwrap();
+            }
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -92,7 +92,8 @@ pub(crate) fn is_transient(e: &io::Error) -> bool {
     )
 }
 
-/// The accept loop's back-off while out of descriptors: doubles from 1 ms to 100 ms.
+/// The accept loop's back-off while out of descriptors (and a Unix connect's while the
+/// listener's backlog is full): doubles from 1 ms to 100 ms.
 #[derive(Debug)]
 pub(crate) struct Backoff {
     next: Duration,
@@ -116,6 +117,11 @@ impl Backoff {
                  free up (raise RLIMIT_NOFILE / ulimit -n for more connections)"
             );
         }
+        self.pause().await;
+    }
+
+    /// Sleeps the next pause, silently.
+    pub(crate) async fn pause(&mut self) {
         crate::time::sleep(self.next).await;
         self.next = (self.next * 2).min(Duration::from_millis(100));
     }

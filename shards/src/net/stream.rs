@@ -430,6 +430,10 @@ impl StreamIo {
         cx: &mut Context<'_>,
         out: &mut [u8],
     ) -> Poll<io::Result<usize>> {
+        if out.is_empty() {
+            // At once on both drivers (epoll waited for data first).
+            return Poll::Ready(Ok(0));
+        }
         match kind()? {
             Kind::Epoll => {
                 let (ptr, len) = (out.as_mut_ptr(), out.len());
@@ -610,6 +614,9 @@ fn drain(fd: i32, st: &mut PollState, cx: &mut Context<'_>) -> Poll<io::Result<(
 /// Implements the `futures::io` traits for a type with a `StreamIo` field named `io`.
 macro_rules! impl_async_io {
     ($t:ty) => {
+        /// `futures::io` reads. Cost: on io_uring one `RECV` into an internal buffer (at most
+        /// 8 KiB, never more than asked) whenever it is empty, plus a copy out; on epoll one
+        /// `recv` straight into the caller's slice. Mixes with the owned calls in byte order.
         impl futures_io::AsyncRead for $t {
             fn poll_read(
                 self: std::pin::Pin<&mut Self>,
@@ -620,6 +627,10 @@ macro_rules! impl_async_io {
             }
         }
 
+        /// `futures::io` writes. Cost: on io_uring a copy of up to 64 KiB into an internal
+        /// buffer and one `SEND`, reported written at once (write-behind: the next write,
+        /// `flush` or `close` waits for it and reports its error); on epoll one `send` straight
+        /// from the caller's slice.
         impl futures_io::AsyncWrite for $t {
             fn poll_write(
                 self: std::pin::Pin<&mut Self>,

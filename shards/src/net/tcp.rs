@@ -117,12 +117,22 @@ impl TcpStream {
         }
     }
 
-    /// Connects to `addr` (each resolved address in turn). Must run on a loop.
+    /// Connects to `addr` (each resolved address in turn, as `std`; the last error if none
+    /// connects). Must run on a loop. Cost: a socket and one `CONNECT` submission (io_uring)
+    /// or a `connect` and a wait for writability (epoll) per address tried.
     pub async fn connect(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpStream> {
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
         let mut last = None;
         for a in addrs {
-            let s = Socket::new(Domain::for_address(a), Type::STREAM.nonblocking(), None)?;
+            // A family the host lacks (IPv6 disabled: `EAFNOSUPPORT` for `::1` of
+            // `localhost`) is one failed address, as in `std`: the next one is tried.
+            let s = match Socket::new(Domain::for_address(a), Type::STREAM.nonblocking(), None) {
+                Ok(s) => s,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
             let stream = TcpStream::from_fd(OwnedFd::from(s));
             match ops::connect::connect(&stream.io.src, a.into()).await {
                 Ok(()) => return Ok(stream),
@@ -149,13 +159,16 @@ impl TcpStream {
         self.io.read(buf).await
     }
 
-    /// Writes `buf[..len]` once; returns the count written (possibly less than all).
+    /// Writes `buf[..len]` once; returns the count written (possibly less than all). Cost: one
+    /// `SEND` submission (io_uring) or one `send` (epoll), after any `AsyncWrite` bytes still
+    /// being sent.
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         self.io.write(buf).await
     }
 
     /// Writes all of `buf[..len]`, completing partial writes. `EPIPE` / `ECONNRESET` when the
-    /// peer went away.
+    /// peer went away. Cost: as [`write`](Self::write) per partial write (one, unless the
+    /// socket buffer fills).
     pub async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
         self.io.write_all(buf).await
     }

@@ -18,11 +18,24 @@ pub struct UnixListener {
     src: Source,
 }
 
+/// A Unix socket address for `path`; a path with a NUL byte is `InvalidInput`, as in `std`
+/// (the kernel would read it as a shorter path, and bind or reach another file).
+fn unix_addr(path: &Path) -> io::Result<SockAddr> {
+    use std::os::unix::ffi::OsStrExt;
+    if path.as_os_str().as_bytes().contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a Unix socket path must not contain a NUL byte",
+        ));
+    }
+    SockAddr::unix(path)
+}
+
 impl UnixListener {
     /// Binds to `path` and listens (backlog 1024). Synchronous. The path must not exist.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
         let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
-        s.bind(&SockAddr::unix(path)?)?;
+        s.bind(&unix_addr(path.as_ref())?)?;
         s.listen(1024)?;
         Ok(UnixListener {
             src: Source::new(OwnedFd::from(s)),
@@ -31,6 +44,7 @@ impl UnixListener {
 
     /// Waits for a connection (peers of Unix sockets are usually unnamed, so no address is
     /// returned). Descriptor exhaustion backs off as [`TcpListener::accept`](super::TcpListener::accept) does.
+    /// Cost: as that one's.
     pub async fn accept(&self) -> io::Result<UnixStream> {
         let mut backoff = Backoff::new();
         loop {
@@ -61,15 +75,30 @@ pub struct UnixStream {
 }
 
 impl UnixStream {
-    /// Connects to the listener at `path`. Must run on a loop.
+    /// Connects to the listener at `path`. Must run on a loop. A listener whose backlog is
+    /// full (`EAGAIN`, where a blocking `connect` would wait) is tried again after a pause
+    /// (1 ms doubling to 100 ms) until it takes the connection or fails otherwise: wrap the
+    /// call in [`timeout`](crate::time::timeout) to bound the wait. Cost: a socket and one
+    /// `CONNECT` submission (io_uring) or `connect` (epoll) per attempt.
     pub async fn connect(path: impl AsRef<Path>) -> io::Result<UnixStream> {
-        let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
-        let addr = SockAddr::unix(path)?;
-        let stream = UnixStream {
-            io: StreamIo::new(OwnedFd::from(s)),
-        };
-        ops::connect::connect(&stream.io.src, addr).await?;
-        Ok(stream)
+        let addr = unix_addr(path.as_ref())?;
+        let mut backoff = Backoff::new();
+        loop {
+            let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
+            let stream = UnixStream {
+                io: StreamIo::new(OwnedFd::from(s)),
+            };
+            match ops::connect::connect(&stream.io.src, addr.clone()).await {
+                Ok(()) => return Ok(stream),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // A fresh socket for the next attempt: the kernel leaves this one
+                    // unconnected, but a new one is the state a first attempt starts from.
+                    drop(stream);
+                    backoff.pause().await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// A connected pair (`socketpair`), e.g. for tests or to talk to a child process.
@@ -85,17 +114,19 @@ impl UnixStream {
         ))
     }
 
-    /// Reads into `buf` from its start, as [`TcpStream::read`](super::TcpStream::read).
+    /// Reads into `buf` from its start, as [`TcpStream::read`](super::TcpStream::read) (same
+    /// cost, and a dropped read loses nothing either).
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
         self.io.read(buf).await
     }
 
-    /// Writes `buf[..len]` once.
+    /// Writes `buf[..len]` once, as [`TcpStream::write`](super::TcpStream::write) (same cost).
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         self.io.write(buf).await
     }
 
-    /// Writes all of `buf[..len]`.
+    /// Writes all of `buf[..len]`, as [`TcpStream::write_all`](super::TcpStream::write_all)
+    /// (same cost).
     pub async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
         self.io.write_all(buf).await
     }

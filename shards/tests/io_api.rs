@@ -1,0 +1,132 @@
+//! The I/O API at its edges, the same on both drivers: empty reads, Unix paths with a NUL,
+//! a Unix listener whose backlog is full, positioned I/O on a FIFO.
+
+mod io_common;
+
+use std::{
+    os::{fd::FromRawFd, unix::ffi::OsStrExt},
+    path::PathBuf,
+    time::Duration,
+};
+
+use futures::io::AsyncReadExt;
+use io_common::{guard, on_each_driver};
+use xtc_shards::{
+    fs::OpenOptions,
+    net::{UnixListener, UnixStream},
+};
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("xtc-api-{}-{name}", std::process::id()))
+}
+
+/// An empty `AsyncRead` read is `Ok(0)` at once (epoll waited for data first).
+#[test]
+fn an_empty_async_read_returns_at_once() {
+    on_each_driver("an_empty_async_read_returns_at_once", 1, |_| async {
+        let (mut a, _b) = UnixStream::pair().unwrap();
+        let n = guard("empty AsyncRead", AsyncReadExt::read(&mut a, &mut []))
+            .await
+            .unwrap();
+        assert_eq!(n, 0);
+    });
+}
+
+/// A Unix socket path with a NUL byte is `InvalidInput`, as in `std`: the kernel would read
+/// it as the shorter path before the NUL.
+#[test]
+fn a_unix_path_with_a_nul_is_refused() {
+    on_each_driver(
+        "a_unix_path_with_a_nul_is_refused",
+        1,
+        |driver| async move {
+            let short = temp_path(&format!("nul-{driver}"));
+            let mut bytes = short.as_os_str().as_bytes().to_vec();
+            bytes.extend_from_slice(b"\0tail");
+            let with_nul = PathBuf::from(std::ffi::OsStr::from_bytes(&bytes));
+            let e = UnixListener::bind(&with_nul).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+            assert!(!short.exists(), "bound the truncated path");
+            let e = UnixStream::connect(&with_nul).await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        },
+    );
+}
+
+/// A Unix listener whose backlog is full answers a non-blocking `connect` with `EAGAIN`;
+/// `UnixStream::connect` waits and tries again, as a blocking `connect` would wait, instead
+/// of handing the caller `WouldBlock`.
+#[test]
+fn a_unix_connect_waits_while_the_backlog_is_full() {
+    on_each_driver(
+        "a_unix_connect_waits_while_the_backlog_is_full",
+        1,
+        |driver| async move {
+            let path = temp_path(&format!("backlog-{driver}"));
+            let _ = std::fs::remove_file(&path);
+            // A listener with a backlog of 0 that nobody accepts on yet.
+            let listener = {
+                let l = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+                    .unwrap();
+                l.bind(&socket2::SockAddr::unix(&path).unwrap()).unwrap();
+                l.listen(0).unwrap();
+                // SAFETY: a fresh listening socket whose ownership moves here.
+                unsafe {
+                    std::os::unix::net::UnixListener::from_raw_fd(
+                        std::os::fd::IntoRawFd::into_raw_fd(l),
+                    )
+                }
+            };
+            // Accepts once the connects below have met the full backlog.
+            let acceptor = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                (0..3)
+                    .map(|_| listener.accept().map(|(s, _)| s))
+                    .collect::<std::io::Result<Vec<_>>>()
+            });
+            let mut conns = Vec::new();
+            for i in 0..3 {
+                let c = guard("connect", UnixStream::connect(&path)).await;
+                conns.push(c.unwrap_or_else(|e| panic!("connect {i}: {e}")));
+            }
+            let accepted = guard("acceptor", async {
+                while !acceptor.is_finished() {
+                    xtc_shards::time::sleep(Duration::from_millis(1)).await;
+                }
+                acceptor.join().unwrap()
+            })
+            .await;
+            assert_eq!(accepted.unwrap().len(), 3);
+            std::fs::remove_file(&path).unwrap();
+        },
+    );
+}
+
+/// Positioned reads and writes on a FIFO are `ESPIPE` on both drivers (io_uring ignored the
+/// offset and read or wrote the pipe).
+#[test]
+fn positioned_io_on_a_fifo_is_refused() {
+    on_each_driver(
+        "positioned_io_on_a_fifo_is_refused",
+        1,
+        |driver| async move {
+            let path = temp_path(&format!("fifo-{driver}"));
+            let _ = std::fs::remove_file(&path);
+            let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a plain syscall with a valid C string.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            // Read and write: opening a FIFO that way does not wait for a peer (Linux).
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .await
+                .unwrap();
+            let (w, _) = f.write_at(b"hi".to_vec(), 7).await;
+            assert_eq!(w.unwrap_err().raw_os_error(), Some(libc::ESPIPE));
+            let (r, _) = f.read_at(Vec::with_capacity(8), 7).await;
+            assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::ESPIPE));
+            std::fs::remove_file(&path).unwrap();
+        },
+    );
+}
