@@ -3,14 +3,14 @@
 //!
 //! rtrb is not loom-instrumented, so the rings here are a minimal SPSC stand-in with rtrb's
 //! memory orderings (the producer publishes `tail` with Release, the consumer `head` with
-//! Release, each reads the other's with Acquire). The parker and the flags are the real
+//! Release, each reads the other's with Acquire); its slots are loom cells, so the model also
+//! checks that a slot is never written while read. The parker and the flags are the real
 //! `Parker` and the same atomics the shipping code uses, accessed the same way.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p xtc-shards --release --lib loom_`.
 
-use std::cell::UnsafeCell;
-
 use loom::{
+    cell::UnsafeCell,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering::*},
         Arc,
@@ -45,8 +45,9 @@ impl Ring {
         if t - self.head.load(Acquire) == self.slots.len() {
             return false;
         }
-        // SAFETY: see the `Sync` impl: slot `t` is free and only the producer writes it.
-        unsafe { *self.slots[t % self.slots.len()].get() = v };
+        // SAFETY: see the `Sync` impl: slot `t` is free and only the producer writes it. Loom's
+        // cell checks that claim: a write racing the consumer's read fails the model.
+        self.slots[t % self.slots.len()].with_mut(|p| unsafe { *p = v });
         self.tail.store(t + 1, Release);
         true
     }
@@ -56,7 +57,7 @@ impl Ring {
             return None;
         }
         // SAFETY: see the `Sync` impl: slot `h` was published by the producer.
-        let v = unsafe { *self.slots[h % self.slots.len()].get() };
+        let v = self.slots[h % self.slots.len()].with(|p| unsafe { *p });
         self.head.store(h + 1, Release);
         Some(v)
     }

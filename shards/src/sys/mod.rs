@@ -1,7 +1,10 @@
 //! Raw system calls, each behind a small safe type.
 
 pub(crate) mod cputimer;
+// Under loom the parker is a loom model, not an eventfd.
+#[cfg_attr(loom, allow(dead_code))]
 mod eventfd;
+#[cfg_attr(loom, allow(unused_imports))]
 pub(crate) use eventfd::EventFd;
 
 /// Lowers the calling thread's timer slack, so a loop parked until a timer deadline wakes within
