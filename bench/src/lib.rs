@@ -187,7 +187,20 @@ impl CpuMeter {
 /// Pins the calling thread to `cpu` (a logical CPU id). Returns false if the CPU is not in this
 /// process's allowed set or pinning failed.
 pub fn pin_current_thread(cpu: usize) -> bool {
-    core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
+    let pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+    if !pinned {
+        PIN_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pinned
+}
+
+/// Threads [`pin_current_thread`] could not pin. Callers go on unpinned (a valid, noisier run);
+/// [`Table::render`] says so under the table, so a run is never reported pinned when it was not.
+static PIN_FAILURES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many threads could not be pinned so far (see [`pin_current_thread`]).
+pub fn pin_failures() -> usize {
+    PIN_FAILURES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The logical CPUs this process may run on, in increasing order (empty if they can't be read).
@@ -595,6 +608,14 @@ impl Table {
         notes.dedup();
         for note in notes {
             let _ = writeln!(out, "  n/a: {note}");
+        }
+        let unpinned = pin_failures();
+        if unpinned > 0 {
+            let _ = writeln!(
+                out,
+                "  WARNING: {unpinned} benchmark thread(s) could not be pinned to the CPU asked \
+                 and ran unpinned: those figures are noisier than the header says"
+            );
         }
         out
     }

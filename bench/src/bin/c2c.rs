@@ -141,7 +141,7 @@ fn round_trips(cpus: (usize, usize), iters: u64, wait: Wait) -> LatencySummary {
             }
         };
         let rtt = t0.elapsed();
-        debug_assert_eq!(v, i);
+        assert_eq!(v, i, "c2c: the echo of {i} came back as {v}");
         if i >= WARMUP {
             record(&mut hist, rtt);
         }
@@ -172,7 +172,7 @@ fn stream(cpus: (usize, usize), msgs: u64, wait: Wait) -> Duration {
     while next < msgs {
         match rx.pop() {
             Ok(v) => {
-                debug_assert_eq!(v, next);
+                assert_eq!(v, next, "c2c: message {next} arrived as {v}");
                 next += 1;
             }
             Err(_) => wait.pause(),

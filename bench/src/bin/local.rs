@@ -3,7 +3,7 @@
 //! | benchmark | what each runtime does | reported |
 //! |---|---|---|
 //! | `spawn` | spawn 1,000,000 trivial local tasks, then await every handle | M tasks/s |
-//! | `yield` | 1,000 tasks each `yield_now` 1,000 times | M yield switches/s |
+//! | `yield` | 1,000 tasks each `yield_now` 1,000 times, checked to interleave | M yield switches/s |
 //! | `sleep` | 2,000 sequential `sleep(1ms)`, overshoot past 1 ms | p50 and p99 in µs |
 //! | `idle`  | an idle two-thread runtime for 3 s | process CPU, % of one CPU |
 //!
@@ -23,6 +23,11 @@
 //! - **monoio**: `FusionDriver` runtime with the timer + `monoio::spawn` + a self-waking yield
 //!   future; for `idle`, two runtimes each sleeping.
 //!
+//! `yield` counts every yield and checks that most tasks saw other tasks run between their own
+//! yields; a runtime whose yields do not switch tasks gets `n/a` with the reason. monoio does
+//! not: a task that wakes itself while it runs goes to the front of its queue and is polled
+//! again at once, so its self-waking yield measures re-polls of one task, not switches.
+//!
 //! The table gives absolute numbers and `xtc/peer` ratios; only the ratios mean much on a shared
 //! machine. An SVG bar chart of the same numbers goes to `target/bench-local.svg`.
 //!
@@ -31,6 +36,7 @@
 //! ```
 
 use std::{
+    cell::Cell,
     future::Future,
     pin::Pin,
     process::ExitCode,
@@ -118,6 +124,52 @@ impl Future for YieldNow {
             Poll::Pending
         }
     }
+}
+
+thread_local! {
+    /// Yields done so far by the `yield` benchmark's tasks on this thread (each runtime runs
+    /// on a fresh thread).
+    static YIELD_STEPS: Cell<u64> = const { Cell::new(0) };
+    /// Tasks that saw other tasks' yields between the start and the end of their own.
+    static INTERLEAVED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// One yield of a `yield` benchmark task done (every runtime's task counts the same way).
+fn yielded() {
+    YIELD_STEPS.with(|c| c.set(c.get() + 1));
+}
+
+/// A `yield` benchmark task starts: the yield count now.
+fn yield_task_start() -> u64 {
+    YIELD_STEPS.with(Cell::get)
+}
+
+/// A `yield` benchmark task ends after its `own` yields: other tasks yielded meanwhile if the
+/// count grew by more than its own.
+fn yield_task_end(start: u64, own: usize) {
+    if YIELD_STEPS.with(Cell::get) - start > own as u64 {
+        INTERLEAVED.with(|c| c.set(c.get() + 1));
+    }
+}
+
+/// After a `yield` run: `Err` unless most tasks saw others run between their yields, so a
+/// `yield_now` that never gives the CPU away cannot post a fast, meaningless figure.
+fn check_interleaved(p: Params) -> Result<(), String> {
+    let steps = YIELD_STEPS.with(Cell::get);
+    let interleaved = INTERLEAVED.with(Cell::get);
+    let want = (p.yield_tasks * p.yields_per_task) as u64;
+    if steps != want {
+        return Err(format!("{steps} yields counted, {want} expected"));
+    }
+    if interleaved < p.yield_tasks / 2 {
+        return Err(format!(
+            "only {interleaved} of {} tasks saw another task run between their yields: the \
+             runtime polled each self-woken task again before the others (monoio queues it \
+             at the front), so this is no task-switch rate",
+            p.yield_tasks
+        ));
+    }
+    Ok(())
 }
 
 fn yield_now() -> YieldNow {
@@ -298,9 +350,12 @@ mod raw {
             let t0 = Instant::now();
             for _ in 0..p.yield_tasks {
                 handles.push(spawn(async move {
+                    let start = super::yield_task_start();
                     for _ in 0..p.yields_per_task {
                         yield_now().await;
+                        super::yielded();
                     }
+                    super::yield_task_end(start, p.yields_per_task);
                 }));
             }
             for h in handles {
@@ -367,9 +422,12 @@ mod tokio_rt {
             let t0 = Instant::now();
             for _ in 0..p.yield_tasks {
                 handles.push(tokio::task::spawn_local(async move {
+                    let start = super::yield_task_start();
                     for _ in 0..p.yields_per_task {
                         tokio::task::yield_now().await;
+                        super::yielded();
                     }
+                    super::yield_task_end(start, p.yields_per_task);
                 }));
             }
             for h in handles {
@@ -444,11 +502,14 @@ mod glommio_rt {
             let t0 = Instant::now();
             for _ in 0..p.yield_tasks {
                 handles.push(glommio::spawn_local(async move {
+                    let start = super::yield_task_start();
                     for _ in 0..p.yields_per_task {
                         // Unconditional: `yield_if_needed` only yields when the task queue's
                         // time slice is used up.
                         glommio::executor().yield_now().await;
+                        super::yielded();
                     }
+                    super::yield_task_end(start, p.yields_per_task);
                 }));
             }
             for h in handles {
@@ -519,9 +580,12 @@ mod monoio_rt {
             let t0 = Instant::now();
             for _ in 0..p.yield_tasks {
                 handles.push(monoio::spawn(async move {
+                    let start = super::yield_task_start();
                     for _ in 0..p.yields_per_task {
                         yield_now().await;
+                        super::yielded();
                     }
+                    super::yield_task_end(start, p.yields_per_task);
                 }));
             }
             for h in handles {
@@ -591,9 +655,12 @@ mod xtc_rt {
             let t0 = Instant::now();
             for _ in 0..p.yield_tasks {
                 handles.push(xtc::spawn_local(async move {
+                    let start = super::yield_task_start();
                     for _ in 0..p.yields_per_task {
                         xtc::yield_now().await;
+                        super::yielded();
                     }
+                    super::yield_task_end(start, p.yields_per_task);
                 }));
             }
             for h in handles {
@@ -690,8 +757,12 @@ fn run_one(bench: &str, rt: usize, p: Params, cpu: Option<usize>) -> Vec<Result<
                 glommio_rt::yields,
                 monoio_rt::yields,
             ][rt];
-            vec![isolated(cpu, p.deadline, move || f(p))
-                .map(per_sec(p.yield_tasks * p.yields_per_task))]
+            let checked = move || {
+                let took = f(p)?;
+                check_interleaved(p)?;
+                Ok(took)
+            };
+            vec![isolated(cpu, p.deadline, checked).map(per_sec(p.yield_tasks * p.yields_per_task))]
         }
         "sleep" => {
             let f = [
