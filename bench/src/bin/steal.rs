@@ -1,4 +1,4 @@
-//! Work stealing: xtc's migratable tasks beside tokio, rayon and glommio, in one run.
+//! Work stealing: xtc's migratable tasks beside tokio, rayon, glommio and monoio, in one run.
 //!
 //! Two CPUs, one shard (worker) on each. Three benchmarks:
 //!
@@ -27,9 +27,9 @@
 //!   `tokio::spawn`;
 //! - **rayon** (`fib` only): `rayon::join` on a 2-thread pool pinned to the two CPUs, the
 //!   fork-join floor;
-//! - **glommio** (`fib` only): one `LocalExecutor` with `glommio::spawn_local` on the first CPU.
-//!   It cannot steal, so it uses one core: it shows what a thread-per-core runtime does without
-//!   stealing;
+//! - **glommio**: one `LocalExecutor` with `glommio::spawn_local` on the first CPU. It cannot
+//!   steal, so it uses one core: it shows what a thread-per-core runtime does without stealing;
+//! - **monoio**: the same with one `FusionDriver` runtime and `monoio::spawn`;
 //! - **serial** (`unbalanced` only): the same arithmetic in a plain loop on one thread, no
 //!   tasks; the two-core ideal is half of it.
 //!
@@ -353,7 +353,7 @@ mod glommio_rt {
 
     use glommio::{LocalExecutorBuilder, Placement};
 
-    use super::{check_fib, Measured, Params, RunsOut};
+    use super::{check_fib, check_sum, work, Measured, Params, RunsOut};
 
     fn fib(n: u32) -> Pin<Box<dyn Future<Output = u64>>> {
         Box::pin(async move {
@@ -385,6 +385,99 @@ mod glommio_rt {
             }
             Ok::<_, String>(runs)
         })?;
+        Ok(Measured::plain(runs))
+    }
+
+    /// Every task spawned and run on the one executor (it cannot steal).
+    pub(super) fn unbalanced(p: Params) -> RunsOut {
+        let ex = LocalExecutorBuilder::new(Placement::Unbound)
+            .make()
+            .map_err(|e| e.to_string())?;
+        let runs = ex.run(async move {
+            let mut runs = Vec::with_capacity(p.runs);
+            for i in 0..=p.runs {
+                let t0 = Instant::now();
+                let handles: Vec<_> = (0..p.tasks)
+                    .map(|t| glommio::spawn_local(async move { work(t) }))
+                    .collect();
+                let mut sum = 0u64;
+                for h in handles {
+                    sum = sum.wrapping_add(h.await);
+                }
+                let took = t0.elapsed();
+                check_sum(p.tasks, sum)?;
+                if i > 0 {
+                    runs.push(took);
+                }
+            }
+            Ok::<_, String>(runs)
+        })?;
+        Ok(Measured::plain(runs))
+    }
+}
+
+/// One monoio runtime (`FusionDriver`): no stealing, one core, like glommio's column.
+mod monoio_rt {
+    use std::{future::Future, pin::Pin, time::Instant};
+
+    use super::{check_fib, check_sum, work, Measured, Params, RunsOut};
+
+    fn fib(n: u32) -> Pin<Box<dyn Future<Output = u64>>> {
+        Box::pin(async move {
+            if n < 2 {
+                return n as u64;
+            }
+            let child = monoio::spawn(fib(n - 1));
+            let b = fib(n - 2).await;
+            child.await + b
+        })
+    }
+
+    fn block_on<T>(fut: impl Future<Output = T>) -> Result<T, String> {
+        let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(rt.block_on(fut))
+    }
+
+    pub(super) fn fib_runs(p: Params) -> RunsOut {
+        let n = p.fib_n;
+        let runs = block_on(async move {
+            let mut runs = Vec::with_capacity(p.runs);
+            for i in 0..=p.runs {
+                let t0 = Instant::now();
+                let v = fib(n).await;
+                let took = t0.elapsed();
+                check_fib(n, v)?;
+                if i > 0 {
+                    runs.push(took);
+                }
+            }
+            Ok::<_, String>(runs)
+        })??;
+        Ok(Measured::plain(runs))
+    }
+
+    pub(super) fn unbalanced(p: Params) -> RunsOut {
+        let runs = block_on(async move {
+            let mut runs = Vec::with_capacity(p.runs);
+            for i in 0..=p.runs {
+                let t0 = Instant::now();
+                let handles: Vec<_> = (0..p.tasks)
+                    .map(|t| monoio::spawn(async move { work(t) }))
+                    .collect();
+                let mut sum = 0u64;
+                for h in handles {
+                    sum = sum.wrapping_add(h.await);
+                }
+                let took = t0.elapsed();
+                check_sum(p.tasks, sum)?;
+                if i > 0 {
+                    runs.push(took);
+                }
+            }
+            Ok::<_, String>(runs)
+        })??;
         Ok(Measured::plain(runs))
     }
 }
@@ -636,7 +729,14 @@ fn goal_line(name: &str, value: Option<f64>, at_most: bool, target: f64) -> Stri
 
 /// `fib` on xtc, tokio, rayon and glommio.
 fn run_fib(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
-    let cols = ["xtc", "tokio", "rayon", "glommio", "xtc eager-off"];
+    let cols = [
+        "xtc",
+        "tokio",
+        "rayon",
+        "glommio",
+        "monoio",
+        "xtc eager-off",
+    ];
     let mut notes = Vec::new();
     let guard = p.deadline;
     let mut values = Vec::with_capacity(cols.len());
@@ -644,10 +744,11 @@ fn run_fib(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         bar.set_message(format!("fib / {name}"));
         let r = match i {
             0 => isolated(None, guard, move || xtc_rt::fib_runs(cpus, p, true)),
-            4 => isolated(None, guard, move || xtc_rt::fib_runs(cpus, p, false)),
+            5 => isolated(None, guard, move || xtc_rt::fib_runs(cpus, p, false)),
             1 => isolated(None, guard, move || tokio_rt::fib_runs(cpus, p)),
             2 => isolated(None, guard, move || floor::rayon_fib(cpus, p)),
             3 => isolated(Some(cpus.0), guard, move || glommio_rt::fib_runs(p)),
+            4 => isolated(Some(cpus.0), guard, move || monoio_rt::fib_runs(p)),
             _ => unreachable!("one arm per column"),
         };
         values.push(median_ms(&mut notes, &format!("fib / {name}"), r));
@@ -656,10 +757,10 @@ fn run_fib(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let mut table = Table::new(
         cols.iter().map(|s| s.to_string()).collect(),
         0,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4],
     );
     table.push(Row {
-        name: format!("fib({}) fork-join, 2 workers (glommio 1)", p.fib_n),
+        name: format!("fib({}) fork-join, 2 workers (glommio, monoio 1)", p.fib_n),
         unit: "ms".into(),
         better: Better::Lower,
         values,
@@ -686,9 +787,17 @@ fn run_fib(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     }
 }
 
-/// `unbalanced` on xtc with stealing on and off, tokio, and the serial loop.
+/// `unbalanced` on xtc with stealing on and off, tokio, glommio and monoio (one core each: they
+/// cannot steal), and the serial loop.
 fn run_unbalanced(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
-    let cols = ["xtc", "xtc no-steal", "tokio", "serial"];
+    let cols = [
+        "xtc",
+        "xtc no-steal",
+        "tokio",
+        "glommio",
+        "monoio",
+        "serial",
+    ];
     let mut notes = Vec::new();
     let guard = p.deadline;
     // Compute the checksum once up front, outside every timed run.
@@ -702,7 +811,9 @@ fn run_unbalanced(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
             0 => isolated(None, guard, move || xtc_rt::unbalanced(cpus, p, true)),
             1 => isolated(None, guard, move || xtc_rt::unbalanced(cpus, p, false)),
             2 => isolated(None, guard, move || tokio_rt::unbalanced(cpus, p)),
-            3 => isolated(Some(cpus.0), guard, move || floor::serial(p)),
+            3 => isolated(Some(cpus.0), guard, move || glommio_rt::unbalanced(p)),
+            4 => isolated(Some(cpus.0), guard, move || monoio_rt::unbalanced(p)),
+            5 => isolated(Some(cpus.0), guard, move || floor::serial(p)),
             _ => unreachable!("one arm per column"),
         };
         values.push(median_ms(&mut notes, &format!("unbalanced / {name}"), r));
@@ -711,7 +822,7 @@ fn run_unbalanced(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let mut table = Table::new(
         cols.iter().map(|s| s.to_string()).collect(),
         0,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4, 5],
     );
     table.push(Row {
         name: format!(
@@ -785,8 +896,8 @@ fn run_idle(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 /// Progress-bar steps of a benchmark.
 fn steps_of(bench: &str) -> u64 {
     match bench {
-        "fib" => 5,
-        "unbalanced" => 4,
+        "fib" => 6,
+        "unbalanced" => 6,
         "idle-steal" => 3,
         _ => unreachable!("benchmark names are checked when parsing"),
     }
