@@ -23,7 +23,10 @@
 //!   its own `SO_REUSEPORT` listener (`bind_with_config`), a task per connection;
 //! - **glommio**: `N` `LocalExecutor`s with `Placement::Fixed(cpu)`, each with its own listener
 //!   (glommio's `TcpListener::bind` sets `SO_REUSEPORT`), a task per connection;
-//! - **xtc-epoll**: the xtc server again with `XTC_IO=epoll`.
+//! - **xtc-epoll**: the xtc server again with `XTC_IO=epoll`;
+//! - **threads**: the no-runtime reference: one `std` listener and one OS thread per
+//!   connection in blocking `read`/`write_all`, the kernel's scheduler doing the multiplexing
+//!   (not a limit xtc should reach: a reference for what plain threads get here).
 //!
 //! Every server echoes whatever one read gave it (a read may return fewer than 128 bytes; the
 //! client reads until it has them all), with `TCP_NODELAY` on both ends.
@@ -51,7 +54,7 @@
 //!
 //! ```text
 //! echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N]
-//!      [--servers xtc,tokio,monoio,glommio,xtc-epoll] [--svg PATH]
+//!      [--servers xtc,tokio,monoio,glommio,xtc-epoll,threads] [--svg PATH]
 //! ```
 
 use std::{
@@ -68,16 +71,17 @@ use indicatif::{ProgressBar, ProgressStyle};
 use xtc_bench::{allowed_cpus, isolated, svg::Chart, BenchArgs, Better, CpuOption, Row, Table};
 
 /// The servers, in column order. xtc first: its ratios are printed.
-const SERVERS: [&str; 5] = ["xtc", "tokio", "monoio", "glommio", "xtc-epoll"];
+const SERVERS: [&str; 6] = ["xtc", "tokio", "monoio", "glommio", "xtc-epoll", "threads"];
 /// Column index of each server.
 const XTC: usize = 0;
 const TOKIO: usize = 1;
 const MONOIO: usize = 2;
 const GLOMMIO: usize = 3;
 const XTC_EPOLL: usize = 4;
+const THREADS: usize = 5;
 /// Column indices xtc is divided by in the table, in print order. xtc-epoll over xtc is printed
 /// under the table, the way round the issue states its goal.
-const RATIOS_VS: [usize; 3] = [TOKIO, MONOIO, GLOMMIO];
+const RATIOS_VS: [usize; 4] = [TOKIO, MONOIO, GLOMMIO, THREADS];
 /// The benchmarks of this binary (one), for `--only`.
 const BENCHES: [&str; 1] = ["echo"];
 /// Bytes in every request and every echo.
@@ -120,7 +124,7 @@ struct EchoArgs {
 
 fn usage() -> &'static str {
     "usage: echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N]\n\
-     \x20           [--servers xtc,tokio,monoio,glommio,xtc-epoll] [--svg PATH]\n\
+     \x20           [--servers xtc,tokio,monoio,glommio,xtc-epoll,threads] [--svg PATH]\n\
      \n  --only echo      run the one benchmark (there is no other)\
      \n  --quick          a smoke run: 0.5 s windows after 0.2 s of warm-up\
      \n  --conns A,B,..   connection counts, one run of every server each (default 64,256)\
@@ -277,6 +281,7 @@ mod serve {
             "tokio" => tokio_srv::start(addr, shards, tx)?,
             "monoio" => monoio_srv::start(addr, shards, tx)?,
             "glommio" => glommio_srv::start(addr, shards, tx)?,
+            "threads" => threads_srv::start(addr, tx)?,
             other => return Err(format!("no server named {other:?}")),
         };
         let mut details = Vec::new();
@@ -347,6 +352,56 @@ mod serve {
     fn thread(name: String, ready: &Ready, f: impl FnOnce() + Send + 'static) {
         if let Err(e) = std::thread::Builder::new().name(name).spawn(f) {
             let _ = ready.send(Err(format!("could not spawn a server thread: {e}")));
+        }
+    }
+
+    /// Raw threads, the no-runtime reference: one listener, one OS thread per connection in
+    /// blocking `read`/`write_all` (the kernel's scheduler does all the multiplexing).
+    mod threads_srv {
+        use std::{
+            io::{Read as _, Write as _},
+            net::{SocketAddr, TcpListener, TcpStream},
+        };
+
+        use super::{thread, Ready, SERVER_BUF};
+
+        fn echo(mut stream: TcpStream) {
+            let _ = stream.set_nodelay(true);
+            let mut buf = vec![0u8; SERVER_BUF];
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(n) if n > 0 => {
+                        if stream.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                    _ => return,
+                }
+            }
+        }
+
+        pub(super) fn start(addr: SocketAddr, ready: Ready) -> Result<usize, String> {
+            let tx = ready.clone();
+            thread("echo-threads-accept".into(), &ready, move || {
+                let listener = match TcpListener::bind(addr) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("bind {addr}: {e}")));
+                        return;
+                    }
+                };
+                let _ = tx.send(Ok("a thread per connection, one listener".into()));
+                for (i, stream) in listener.incoming().enumerate() {
+                    match stream {
+                        Ok(s) => thread(format!("echo-conn-{i}"), &tx, move || echo(s)),
+                        Err(e) => {
+                            eprintln!("threads: accept: {e}");
+                            return;
+                        }
+                    }
+                }
+            });
+            Ok(1)
         }
     }
 
