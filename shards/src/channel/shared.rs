@@ -230,7 +230,10 @@ impl<T> Sender<T> {
         }
     }
 
-    /// Sends without waiting.
+    /// Sends without waiting. Cost: a ring push and a check of this turn's signal registration.
+    // Inlined, as are `try_recv`, `pushed` and `popped`: as calls they cost 29 instructions per
+    // message, send plus receive (callgrind, `channel::shared` stream: 123 -> 94 per message).
+    #[inline]
     pub fn try_send(&mut self, value: T) -> Result<(), TrySendError<T>> {
         if self.chan.rx.closed.load(SeqCst) {
             return Err(TrySendError::Closed(value));
@@ -245,6 +248,7 @@ impl<T> Sender<T> {
     }
 
     /// Rule 2's bookkeeping after `n` pushes.
+    #[inline]
     fn pushed(&mut self, n: usize) {
         self.signaller.moved(n, &self.chan.rx);
     }
@@ -421,7 +425,9 @@ impl<T> Receiver<T> {
         RecvFut { rx: self }
     }
 
-    /// Receives without waiting.
+    /// Receives without waiting. Cost: a ring pop and a check of this turn's signal
+    /// registration.
+    #[inline]
     pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
         match self.ring.pop() {
             Ok(v) => {
@@ -443,6 +449,7 @@ impl<T> Receiver<T> {
     }
 
     /// Rule 3's bookkeeping after `n` pops.
+    #[inline]
     fn popped(&mut self, n: usize) {
         self.signaller.moved(n, &self.chan.tx);
     }
