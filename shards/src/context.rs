@@ -254,6 +254,7 @@ impl Core {
 
     /// Queues a runnable pinned task of this loop: the plain FIFO, or its class lane once the
     /// loop has classes (one branch).
+    #[inline]
     pub(crate) fn enqueue(&self, r: Runnable) {
         if self.classes_active.get() {
             crate::class::enqueue(self, r);
@@ -334,6 +335,7 @@ pub(crate) fn exec() -> Option<Arc<ExecShared>> {
 ///
 /// `owner` is read before `runnable` is handed on; on the loop paths the current loop's
 /// executor keeps the owner alive, on the foreign path the caller still holds `runnable`.
+#[inline]
 pub(crate) fn route(owner: &LoopShared, runnable: Runnable) -> Option<Runnable> {
     let (owner_ptr, exec_id, index) = (owner as *const LoopShared, owner.exec_id, owner.index);
     CURRENT.with(|c| {

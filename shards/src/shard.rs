@@ -165,10 +165,16 @@ where
     F: Future + 'static,
     F::Output: 'static,
 {
-    let owner = with_core(|c| c.shared.clone()).expect(
+    // On the owner's thread by construction: the runnable goes straight onto this loop's queue
+    // (what `task::schedule` would route it to, without its thread-local lookup).
+    with_core(|c| {
+        let (runnable, handle) = task::create(c.shared.clone(), move || fut, info, class);
+        c.enqueue(runnable);
+        handle
+    })
+    .expect(
         "xtc::spawn_local called off any xtc loop: call it inside a task, or use Handle::spawn_on",
-    );
-    task::spawn_raw(owner, move || fut, info, class)
+    )
 }
 
 /// Spawns a **migratable** task on the current loop (for locality); idle loops may steal it.

@@ -311,6 +311,24 @@ where
     Fut: Future + 'static,
     Fut::Output: 'static,
 {
+    let (runnable, handle) = create(owner, make, info, class);
+    runnable.schedule();
+    handle
+}
+
+/// [`spawn_raw`] without the scheduling: the caller queues the `Runnable` (on `owner`'s
+/// thread, or through [`schedule`]).
+pub(crate) fn create<F, Fut>(
+    owner: Arc<LoopShared>,
+    make: F,
+    info: TaskInfo,
+    class: u32,
+) -> (Runnable, JoinHandle<Fut::Output>)
+where
+    F: FnOnce() -> Fut + 'static,
+    Fut: Future + 'static,
+    Fut::Output: 'static,
+{
     let fut = TaskFuture::new(make);
     let index = owner.index;
     // SAFETY: async-task's conditions for `spawn_unchecked`:
@@ -324,6 +342,5 @@ where
             .metadata(TaskMeta::new(info, class, index, owner))
             .spawn_unchecked(move |_: &TaskMeta| fut, schedule)
     };
-    runnable.schedule();
-    JoinHandle::new(task)
+    (runnable, JoinHandle::new(task))
 }
