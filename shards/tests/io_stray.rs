@@ -215,3 +215,131 @@ fn run_returns_while_a_leaked_stream_keeps_a_dropped_read() {
         },
     );
 }
+
+/// A second read that waits for a kept receive and is dropped too leaves nobody waiting:
+/// `run()` still returns (the receive went back to counting as in flight).
+#[test]
+fn run_returns_after_a_second_dropped_read_waited_for_the_kept_one() {
+    each_driver(
+        "run_returns_after_a_second_dropped_read_waited_for_the_kept_one",
+        1,
+        |b| b,
+        |driver, exec| {
+            exec.spawn_on(0, || async {
+                let (a, b) = tcp_pair().await;
+                for _ in 0..2 {
+                    // The second one waits behind the first one's kept receive.
+                    poll_once_then_drop(
+                        a.read(Vec::with_capacity(64)),
+                        sleep(Duration::from_millis(2)),
+                    )
+                    .await;
+                }
+                std::mem::forget(a);
+                std::mem::forget(b);
+            })
+            .unwrap();
+            common::run_or_fail(exec, Duration::from_secs(30), "two dropped reads")
+                .unwrap_or_else(|e| panic!("[{driver}]: {e}"));
+        },
+    );
+}
+
+/// Task B's read is in flight on a stream shared through an `Rc` when task A's read is
+/// dropped: A's receive is cancelled, not kept, so the peer's bytes reach B (kept, it could
+/// take them while B, already in the kernel, waited for more).
+#[test]
+fn a_read_dropped_beside_another_in_flight_does_not_take_its_bytes() {
+    on_each_driver(
+        "a_read_dropped_beside_another_in_flight_does_not_take_its_bytes",
+        1,
+        |_| async {
+            let (a, b) = tcp_pair().await;
+            let a = std::rc::Rc::new(a);
+            let a2 = a.clone();
+            let reader_b = spawn_local(async move { a2.read(Vec::with_capacity(64)).await });
+            sleep(Duration::from_millis(5)).await;
+            poll_once_then_drop(
+                a.read(Vec::with_capacity(64)),
+                sleep(Duration::from_millis(5)),
+            )
+            .await;
+            let (w, _) = b.write_all(b"hello".to_vec()).await;
+            w.unwrap();
+            let (r, got) = guard("reader B", reader_b).await.unwrap();
+            assert_eq!((r.unwrap(), &got[..]), (5, &b"hello"[..]));
+        },
+    );
+}
+
+/// The same for `recv_from`: a datagram must reach the receive already in flight.
+#[test]
+fn a_recv_from_dropped_beside_another_in_flight_does_not_take_its_datagram() {
+    on_each_driver(
+        "a_recv_from_dropped_beside_another_in_flight_does_not_take_its_datagram",
+        1,
+        |_| async {
+            let a = std::rc::Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let to_a = a.local_addr().unwrap();
+            let a2 = a.clone();
+            let reader_b = spawn_local(async move { a2.recv_from(Vec::with_capacity(64)).await });
+            sleep(Duration::from_millis(5)).await;
+            poll_once_then_drop(
+                a.recv_from(Vec::with_capacity(64)),
+                sleep(Duration::from_millis(5)),
+            )
+            .await;
+            let (w, _) = b.send_to(b"dgram".to_vec(), to_a).await;
+            w.unwrap();
+            let (r, got) = guard("reader B", reader_b).await.unwrap();
+            assert_eq!((r.unwrap().0, &got[..]), (5, &b"dgram"[..]));
+        },
+    );
+}
+
+/// A buffer whose read view (`stable_ptr`) differs from where receives write
+/// (`stable_mut_ptr`), as the traits allow.
+struct SplitViews(Vec<u8>);
+
+// SAFETY: both pointers stay valid and stable while the buffer lives (the Vec is never
+// resized); `bytes_init` is 0, so nothing is claimed initialized at the read view.
+unsafe impl xtc_shards::io::IoBuf for SplitViews {
+    fn stable_ptr(&self) -> *const u8 {
+        self.0[64..].as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        0
+    }
+    fn bytes_total(&self) -> usize {
+        64
+    }
+}
+
+// SAFETY: the write view is the first 64 of the Vec's 128 bytes, all writable.
+unsafe impl xtc_shards::io::IoBufMut for SplitViews {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, _n: usize) {}
+}
+
+/// A kept receive's bytes are taken from where the kernel wrote them.
+#[test]
+fn a_kept_read_hands_on_the_bytes_the_kernel_wrote() {
+    on_each_driver(
+        "a_kept_read_hands_on_the_bytes_the_kernel_wrote",
+        1,
+        |_| async {
+            let (a, b) = tcp_pair().await;
+            poll_once_then_drop(a.read(SplitViews(vec![0xEE; 128])), async {
+                let (w, _) = b.write_all(b"abc".to_vec()).await;
+                w.unwrap();
+                sleep(Duration::from_millis(5)).await;
+            })
+            .await;
+            let (r, got) = guard("read", a.read(Vec::with_capacity(16))).await;
+            assert_eq!((r.unwrap(), &got[..]), (3, &b"abc"[..]));
+        },
+    );
+}

@@ -9,7 +9,11 @@
 //! was dropped before its data arrived and whose next read asked for less.
 //! An owned `read` whose future is dropped unfinished on io_uring leaves its receive running,
 //! kept by the stream (`PollState::stray`), and its bytes go to the internal buffer for the
-//! next read: dropping a read loses nothing on either driver (epoll reads in the poll).
+//! next read: dropping a read loses nothing on either driver (epoll reads in the poll). Its
+//! buffer (a `FixedBuf` too) is held until then. Two exceptions: a read dropped while another
+//! owned read of the same stream is in flight is cancelled, as before (the other one, already
+//! in the kernel, would otherwise wait while the kept one took the bytes); and `into_std`
+//! cancels a kept read, so bytes it already took are lost, like those in the internal buffer.
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write, `flush` or
 //! `close` waits for it and reports its error, and a `shutdown` of the write half that would
@@ -64,8 +68,13 @@ struct PollState {
     /// other branch won): its receive is kept running here instead of cancelled, and what it
     /// read goes to `rbuf`, where the next read (owned or `AsyncRead`) finds it first. Dropping
     /// it instead lost those bytes from the middle of the stream (the epoll driver, which
-    /// reads in the poll, never had them taken). Kept only on io_uring; one at a time.
+    /// reads in the poll, never had them taken). Kept only on io_uring, one at a time, and
+    /// only when no other owned receive is in flight on the stream: the kernel may hand the
+    /// next bytes to the kept one while that other read, already in the kernel, waits for
+    /// more (a request/response exchange would hang), so then it is cancelled instead.
     stray: Option<Box<dyn StrayRead>>,
+    /// Owned receives in flight (submitted by `read`, neither taken nor dropped yet).
+    owned_reads: usize,
     rbuf: Vec<u8>,
     rpos: usize,
     writing: Option<Op<Vec<u8>>>,
@@ -87,6 +96,8 @@ trait StrayRead {
         cx: &mut Context<'_>,
         out: &mut Vec<u8>,
     ) -> Poll<i32>;
+    /// Nobody waits for it any more ([`Op::unwait`]).
+    fn unwait(&self);
 }
 
 impl<B: IoBufMut> StrayRead for Op<B> {
@@ -96,17 +107,22 @@ impl<B: IoBufMut> StrayRead for Op<B> {
         cx: &mut Context<'_>,
         out: &mut Vec<u8>,
     ) -> Poll<i32> {
-        let (res, buf) = ready!(poll_shared(self, waiters, cx));
+        let (res, mut buf) = ready!(poll_shared(self, waiters, cx));
         if res > 0 {
             let n = (res as usize).min(buf.bytes_total());
             // SAFETY: the kernel wrote the first `n <= bytes_total()` bytes at the buffer's
-            // stable pointer (the receive was submitted at it, from its start), and its
-            // completion was reaped before this result came back.
-            out.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_ptr(), n) });
+            // stable mutable pointer, where the receive was submitted (`rw::submit_recv`, from
+            // the buffer's start; `stable_ptr` may be another view), and its completion was
+            // reaped before this result came back.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) });
         }
         // A user buffer's `Drop` is user code, here possibly in another task's poll.
         crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
         Poll::Ready(res)
+    }
+
+    fn unwait(&self) {
+        Op::unwait(self);
     }
 }
 
@@ -123,6 +139,14 @@ struct OwnedRecv<'a, B: IoBufMut> {
     op: Option<Op<B>>,
 }
 
+impl<'a, B: IoBufMut> OwnedRecv<'a, B> {
+    /// Counts `op` among the stream's owned receives in flight until it is taken or dropped.
+    fn new(io: &'a StreamIo, op: Op<B>) -> Self {
+        io.poll.borrow_mut().owned_reads += 1;
+        OwnedRecv { io, op: Some(op) }
+    }
+}
+
 impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
     type Output = (i32, B);
 
@@ -130,6 +154,7 @@ impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
         let op = self.op.as_mut().expect("polled after it completed");
         let r = ready!(Pin::new(op).poll(cx));
         self.op = None;
+        self.io.poll.borrow_mut().owned_reads -= 1;
         Poll::Ready(r)
     }
 }
@@ -142,14 +167,54 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
             // the receive is cancelled (the `Op`'s own drop) as it used to be.
             return;
         };
-        if st.stray.is_none() {
+        st.owned_reads -= 1;
+        if st.stray.is_none() && st.owned_reads == 0 {
             // Nobody waits for it until the next read: it must not keep the loop from
             // quiescence, nor wake the task that dropped it.
             op.unwait();
             st.stray = Some(Box::new(op));
         }
-        // A second stray (two reads of one stream shared through an `Rc`, both dropped): its
-        // receive is cancelled, as the order of two concurrent reads' bytes is arbitrary anyway.
+        // Otherwise its receive is cancelled (the `Op`'s drop, after the borrow ends): another
+        // owned read is in flight (it would wait while this one took the bytes), or another
+        // stray is kept (two reads of one stream shared through an `Rc`, both dropped). Two
+        // concurrent reads' bytes come in an arbitrary order anyway.
+        drop(st);
+    }
+}
+
+/// The wait of an owned `read` for the bytes read behind it (a stray's, or an `AsyncRead`'s
+/// read in flight): dropped while waiting, it leaves the stream's list of read waiters, and
+/// the last to leave returns the operation to nobody-waits ([`Op::unwait`]), so that it does
+/// not count as I/O in flight for a waiter that is gone.
+struct BehindWait<'a> {
+    io: &'a StreamIo,
+    /// The waker this read last waited with; `None` once the wait is over.
+    waker: Option<Waker>,
+}
+
+impl Drop for BehindWait<'_> {
+    fn drop(&mut self) {
+        let Some(w) = self.waker.take() else { return };
+        let Ok(st) = self.io.poll.try_borrow() else {
+            return;
+        };
+        let Some(waiters) = st.read_waiters.as_ref() else {
+            return;
+        };
+        let empty = {
+            let mut list = lock(&waiters.list.0);
+            list.retain(|l| !l.will_wake(&w));
+            list.is_empty()
+        };
+        if empty {
+            if let Some(stray) = st.stray.as_ref() {
+                stray.unwait();
+            }
+            if let Some(op) = st.reading.as_ref() {
+                op.unwait();
+            }
+        }
+        drop(st);
     }
 }
 
@@ -299,7 +364,19 @@ impl StreamIo {
         }
         // Bytes an `AsyncRead` (or a dropped owned read) already took from the kernel come
         // first (module doc).
-        let taken = poll_fn(|cx| self.poll_read_behind(cx, &mut buf)).await;
+        let mut wait = BehindWait {
+            io: self,
+            waker: None,
+        };
+        let taken = poll_fn(|cx| {
+            let r = self.poll_read_behind(cx, &mut buf);
+            if r.is_pending() && !wait.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                wait.waker = Some(cx.waker().clone());
+            }
+            r
+        })
+        .await;
+        wait.waker = None;
         match taken {
             Ok(0) => {}
             other => return (other, buf),
@@ -311,11 +388,7 @@ impl StreamIo {
             Ok(op) => op,
             Err((e, buf)) => return (Err(e), buf),
         };
-        let (res, mut buf) = OwnedRecv {
-            io: self,
-            op: Some(op),
-        }
-        .await;
+        let (res, mut buf) = OwnedRecv::new(self, op).await;
         let r = result(res).map(|n| n as usize);
         if let Ok(n) = r {
             // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.

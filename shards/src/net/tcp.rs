@@ -151,8 +151,9 @@ impl TcpStream {
     /// `n` bytes), and sets a `Vec`'s length to the count read. `Ok(0)` is the end of the
     /// stream; an empty `buf` gets `Ok(0)` at once, as with `std`. Dropping the future before
     /// it resolves (a `select!` whose other branch won) loses no bytes on either driver: on
-    /// io_uring the stream keeps the receive it submitted running, and the next read (owned or
-    /// `AsyncRead`) gets what it read first. Cost: one `RECV` (or `READ_FIXED` for a
+    /// io_uring the stream keeps the receive it submitted running (and `buf` with it), and the
+    /// next read (owned or `AsyncRead`) gets what it read first; only a read dropped while
+    /// another read of the stream is in flight is cancelled (see `into_std` too). Cost: one `RECV` (or `READ_FIXED` for a
     /// [`FixedBuf`](crate::io::FixedBuf)) submission, or one `recv` (the socket joins the
     /// loop's epoll set once, at its first wait); a dropped read costs a boxed handle.
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
@@ -210,7 +211,8 @@ impl TcpStream {
     }
 
     /// Unwraps into a `std` stream (left non-blocking), e.g. to hand it to another shard.
-    /// Buffered `AsyncWrite` bytes still in flight are cancelled: flush first.
+    /// Buffered `AsyncWrite` bytes still in flight are cancelled: flush first. So is the
+    /// receive of a dropped read still kept by the stream (io_uring), with any bytes it took.
     pub fn into_std(self) -> std::net::TcpStream {
         std::net::TcpStream::from(self.into_fd())
     }

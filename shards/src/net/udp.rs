@@ -29,6 +29,10 @@ pub struct UdpSocket {
     /// the kernel already gave it is not lost; the next `recv_from` takes it over. Declared
     /// before `src`: dropped (cancelled) before the descriptor closes.
     stray: RefCell<Option<Box<dyn StrayRecv>>>,
+    /// `recv_from` receives in flight: a dropped one is kept only when no other is (else the
+    /// kernel may give the next datagram to the kept one while the other, already in the
+    /// kernel, waits for one more: a request/response exchange would hang).
+    recvs: std::cell::Cell<usize>,
     src: Source,
 }
 
@@ -51,12 +55,14 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
         cx: &mut Context<'_>,
         dst: &mut [MaybeUninit<u8>],
     ) -> Poll<io::Result<(usize, SockAddr)>> {
-        let (res, (buf, h)) = ready!(Pin::new(self).poll(cx));
+        let (res, (mut buf, h)) = ready!(Pin::new(self).poll(cx));
         let r = msg::received_from(res, &h).map(|(n, addr)| {
             let n = n.min(buf.bytes_total()).min(dst.len());
             // SAFETY: the kernel wrote the datagram's first `n <= bytes_total()` bytes at the
-            // buffer's stable pointer, and the completion was reaped before this result.
-            let got = unsafe { std::slice::from_raw_parts(buf.stable_ptr(), n) };
+            // buffer's stable mutable pointer, where the receive was submitted
+            // (`msg::submit_recv_from`; `stable_ptr` may be another view), and the completion
+            // was reaped before this result.
+            let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
             for (d, &b) in dst.iter_mut().zip(got) {
                 d.write(b);
             }
@@ -95,18 +101,38 @@ impl IntoStray for Box<dyn StrayRecv> {
     }
 }
 
-/// A receive a `recv_from` future waits for; dropped unfinished, it goes to its socket's
-/// `stray` slot (if that is free; else it is cancelled: two concurrent receives, dropped).
+/// A receive a `recv_from` future waits for, counted in the socket's `recvs` until it is
+/// taken ([`done`](Self::done)) or dropped. Dropped unfinished, it goes to the socket's `stray`
+/// slot if that is free and no other receive is in flight; else it is cancelled (two
+/// concurrent receives: which gets a datagram is arbitrary anyway).
 struct KeepOnDrop<'a, R: IntoStray> {
-    slot: &'a RefCell<Option<Box<dyn StrayRecv>>>,
+    socket: &'a UdpSocket,
     op: Option<R>,
+}
+
+impl<'a, R: IntoStray> KeepOnDrop<'a, R> {
+    fn new(socket: &'a UdpSocket, op: R) -> Self {
+        socket.recvs.set(socket.recvs.get() + 1);
+        KeepOnDrop {
+            socket,
+            op: Some(op),
+        }
+    }
+
+    /// The receive's result was taken.
+    fn done(&mut self) {
+        self.op = None;
+        self.socket.recvs.set(self.socket.recvs.get() - 1);
+    }
 }
 
 impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
     fn drop(&mut self) {
         let Some(op) = self.op.take() else { return };
-        if let Ok(mut slot) = self.slot.try_borrow_mut() {
-            if slot.is_none() {
+        let left = self.socket.recvs.get() - 1;
+        self.socket.recvs.set(left);
+        if let Ok(mut slot) = self.socket.stray.try_borrow_mut() {
+            if slot.is_none() && left == 0 {
                 let op = op.into_stray();
                 op.unwait();
                 *slot = Some(op);
@@ -135,6 +161,7 @@ impl UdpSocket {
     fn new(fd: OwnedFd) -> UdpSocket {
         UdpSocket {
             stray: RefCell::new(None),
+            recvs: std::cell::Cell::new(0),
             src: Source::new(fd),
         }
     }
@@ -142,7 +169,11 @@ impl UdpSocket {
     /// Receives one datagram into `buf` from its start (a `Vec`'s length becomes its size; a
     /// datagram longer than the capacity is truncated) and the sender's address. Dropping the
     /// future before it resolves loses no datagram on either driver: on io_uring the socket
-    /// keeps the receive it submitted running, and the next `recv_from` takes it over. Cost:
+    /// keeps the receive it submitted running, and the next `recv_from` takes it over. A
+    /// datagram the kept receive already got comes back as it got it, truncated to the dropped
+    /// buffer's capacity if that was smaller; the dropped buffer (a
+    /// [`FixedBuf`](crate::io::FixedBuf) too) is held until then. A receive dropped while
+    /// another is in flight is cancelled instead, as before. Cost:
     /// one `RECVMSG` submission, or one `recvfrom` (the socket joins the loop's epoll set
     /// once, at its first wait); a dropped receive costs a boxed handle.
     pub async fn recv_from<B: IoBufMut>(&self, buf: B) -> BufResult<(usize, SocketAddr), B> {
@@ -154,10 +185,7 @@ impl UdpSocket {
         let stray = self.stray.borrow_mut().take();
         if let Some(stray) = stray {
             // Taken over: this future waits for it now (and gives it back if dropped too).
-            let mut keep = KeepOnDrop {
-                slot: &self.stray,
-                op: Some(stray),
-            };
+            let mut keep = KeepOnDrop::new(self, stray);
             let res = poll_fn(|cx| {
                 let op = keep.op.as_mut().expect("present until it completes");
                 let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
@@ -167,7 +195,7 @@ impl UdpSocket {
                 op.poll_into(cx, dst)
             })
             .await;
-            keep.op = None;
+            keep.done();
             if let Ok((n, _)) = &res {
                 // SAFETY: `poll_into` wrote the first `n <= bytes_total()` bytes.
                 unsafe { buf.set_init(*n) };
@@ -181,14 +209,11 @@ impl UdpSocket {
             Ok(op) => op,
             Err((e, b)) => return (Err(e), b),
         };
-        let mut keep = KeepOnDrop {
-            slot: &self.stray,
-            op: Some(op),
-        };
+        let mut keep = KeepOnDrop::new(self, op);
         let (res, (mut buf, h)) =
             poll_fn(|cx| Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx))
                 .await;
-        keep.op = None;
+        keep.done();
         let res = msg::received_from(res, &h);
         if let Ok((n, _)) = &res {
             // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
@@ -210,7 +235,7 @@ impl UdpSocket {
 
     /// Unwraps into a `std` socket (left non-blocking).
     pub fn into_std(self) -> std::net::UdpSocket {
-        let UdpSocket { stray, src } = self;
+        let UdpSocket { stray, src, .. } = self;
         // Cancelled before the descriptor changes hands (a datagram it already took is lost,
         // as one still in flight would be).
         drop(stray);
