@@ -330,3 +330,59 @@ fn builder_spawn_on_keeps_the_class() {
         .unwrap();
     assert!(runs >= 2, "the task's polls ran in its class: {runs}");
 }
+
+/// A stall report's own time (here a callback that takes 200 ms, as a slow log sink would) is
+/// not charged to the next poll: that one was reported too, and the next, in a cascade
+/// naming innocent tasks, each at least as long as the callback.
+#[test]
+fn a_stall_reports_own_time_is_not_charged_to_the_next_poll() {
+    const SINK: Duration = Duration::from_millis(200);
+    let ex = exec(1);
+    ex.set_stall_budget(Duration::from_millis(10));
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let r = reports.clone();
+    ex.set_stall_callback(0, move |rep| {
+        r.lock().unwrap().push((rep.task_name.clone(), rep.took));
+        std::thread::sleep(SINK);
+    })
+    .unwrap();
+    ex.spawn_on(0, || async {
+        let mut hs = Vec::new();
+        for i in 0..5 {
+            hs.push(
+                task::Builder::new()
+                    .name(&format!("innocent{i}"))
+                    .spawn_local(async {
+                        for _ in 0..3 {
+                            xtc_shards::yield_now().await;
+                        }
+                    }),
+            );
+        }
+        task::Builder::new()
+            .name("blocker")
+            .spawn_local(async { std::thread::sleep(Duration::from_millis(30)) })
+            .await
+            .unwrap();
+        for h in hs {
+            h.await.unwrap();
+        }
+    })
+    .unwrap();
+    run_or_fail(ex, HANG, "stall reports").unwrap();
+    let reps = reports.lock().unwrap().clone();
+    assert!(
+        reps.iter().any(|(n, _)| n.as_deref() == Some("blocker")),
+        "the blocker was not reported: {reps:?}"
+    );
+    // A yield costs microseconds: one charged with the callback's time is the bug (a thread
+    // descheduled for 200 ms in a yield is not a realistic flake).
+    let charged: Vec<_> = reps
+        .iter()
+        .filter(|(n, took)| n.as_deref() != Some("blocker") && *took >= SINK)
+        .collect();
+    assert!(
+        charged.is_empty(),
+        "innocent polls charged the report's time: {charged:?}"
+    );
+}

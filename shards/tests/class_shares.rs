@@ -12,6 +12,7 @@ use xtc_shards::{shard, task, LocalExecutor};
 fn class_shares() {
     shares_split_the_cpu_in_proportion();
     default_lane_is_not_starved();
+    migratable_work_is_not_charged_to_the_default_lane();
 }
 
 /// Two always-runnable classes, 300 and 100 shares, equal cost per poll: polls split ~3:1.
@@ -121,4 +122,54 @@ fn set_class_refuses_a_migratable_task() {
         got.0
     );
     got.1.unwrap();
+}
+
+/// A class and the default lane, 100 shares each, both always runnable, beside a migratable
+/// task that computes 3 ms per poll: the two lanes still split their polls about evenly. A
+/// migratable task belongs to no lane; its CPU time was charged to the default lane, whose
+/// untagged tasks then got a few percent of the class's polls.
+fn migratable_work_is_not_charged_to_the_default_lane() {
+    let (class_runs, default_runs) = LocalExecutor::new().unwrap().block_on(async {
+        let class = shard::create_class(100, None).unwrap();
+        let stop = Rc::new(Cell::new(false));
+        let s = stop.clone();
+        let hc = task::Builder::new().class(class).spawn_local(async move {
+            let mut n = 0u64;
+            while n < 2_000 {
+                burn(Duration::from_micros(10));
+                n += 1;
+                xtc_shards::yield_now().await;
+            }
+            s.set(true);
+            n
+        });
+        let untagged = Rc::new(Cell::new(0u64));
+        let (u, s) = (untagged.clone(), stop.clone());
+        let hd = xtc_shards::spawn_local(async move {
+            while !s.get() {
+                burn(Duration::from_micros(10));
+                u.set(u.get() + 1);
+                xtc_shards::yield_now().await;
+            }
+        });
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = done.clone();
+        let hm = xtc_shards::spawn(async move {
+            while !d.load(std::sync::atomic::Ordering::Relaxed) {
+                burn(Duration::from_millis(3));
+                xtc_shards::yield_now().await;
+            }
+        });
+        let c = hc.await.unwrap();
+        hd.await.unwrap();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        hm.await.unwrap();
+        (c, untagged.get())
+    });
+    eprintln!("migratable beside lanes: default {default_runs} vs class {class_runs}");
+    // 1:1 shares; the charge to the wrong lane made it about 1:10.
+    assert!(
+        default_runs * 2 >= class_runs,
+        "default lane {default_runs} polls vs class {class_runs}"
+    );
 }

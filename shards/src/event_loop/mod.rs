@@ -301,13 +301,18 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 let now = Instant::now();
                 let cost = now.saturating_duration_since(start);
                 t0 = Some(now);
-                if classes {
+                // A migratable task belongs to no lane (classes order pinned tasks only):
+                // charged to lane 0, its CPU time starved the untagged pinned tasks.
+                if classes && !is_migratable {
                     crate::class::account(core, lane, cost);
                 }
                 if let Some(info) = info {
                     let budget = Duration::from_nanos(budget);
                     if cost > budget {
                         crate::stall::report(shared, &info, budget, cost);
+                        // The report's own time (a callback, a backtrace) is nobody's poll:
+                        // charged to the next one, it made that one look stalled too.
+                        t0 = Some(Instant::now());
                     }
                 }
             } else {
@@ -317,6 +322,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             ran += 1;
             if ran % crate::io::REAP_EVERY == 0 {
                 core.io.reap();
+                if t0.is_some() {
+                    // Nor is the reap's (the wakes it dispatches) the next poll's.
+                    t0 = Some(Instant::now());
+                }
             }
             if core.end_batch.replace(false) {
                 break;
