@@ -19,7 +19,8 @@ use crate::sync::{
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LoopStats {
-    /// Tasks that finished on this loop (completed, panicked or were cancelled).
+    /// Tasks that finished on this loop (completed, panicked or were cancelled). Note: the
+    /// reference manual's `tasks_run` counts task *steps*; that is [`polls`](Self::polls) here.
     pub tasks_run: u64,
     /// Task polls (steps) the loop executed.
     pub polls: u64,

@@ -339,7 +339,8 @@ fn parse_bool(name: &'static str, v: &str) -> Result<bool> {
     }
 }
 
-/// Parses `off`, or a duration such as `500ms`, `5s`, `250us`; a bare number is milliseconds.
+/// Parses a duration such as `500ms`, `5s`, `250us`; a bare number is milliseconds. (`off` is
+/// not a duration: `parse_grace` takes it, for the one variable where it means something.)
 fn parse_duration(v: &str) -> Option<Duration> {
     let v = v.trim();
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());

@@ -958,7 +958,10 @@ impl Handle {
     /// signal per interval of CPU time per busy worker (idle workers use no CPU time, so their
     /// timers do not fire); code that never calls `yield_if_due` is unaffected.
     /// `Err(Unsupported)` where the platform lacks per-thread CPU-time timers (the setting is
-    /// stored anyway).
+    /// stored anyway). A worker whose timer cannot be created at run time (`timer_create`
+    /// refused, e.g. by a seccomp filter) logs a warning and runs without preemption. A
+    /// [`LocalExecutor`](crate::LocalExecutor) arms no timer: there `yield_if_due` yields only
+    /// for a latency class.
     pub fn set_preempt(&self, interval: Duration) -> Result<()> {
         self.shared
             .preempt_ns
