@@ -1174,7 +1174,10 @@ fn main() -> ExitCode {
     let warmup = Duration::from_millis(if quick { 200 } else { 500 });
     let window = Duration::from_secs_f64(args.secs.unwrap_or(if quick { 0.5 } else { 3.0 }));
 
-    println!("echo: TCP echo on loopback, xtc beside tokio, monoio and glommio, and xtc on epoll");
+    println!(
+        "echo: TCP echo on loopback, xtc beside tokio, monoio, glommio and raw threads, and xtc \
+         on epoll"
+    );
     println!(
         "  mode: {}   {MSG}-byte request/response (not pipelined), connections {:?}   \
          allowed cpus: {allowed:?}",

@@ -924,7 +924,7 @@ fn main() -> ExitCode {
         }
     };
 
-    println!("steal: work stealing, xtc beside tokio, rayon and glommio");
+    println!("steal: work stealing, xtc beside tokio, rayon, glommio and monoio");
     println!(
         "  mode: {}   shard/worker 0 on cpu {}, 1 on cpu {}   allowed cpus: {allowed:?}",
         if args.quick {
@@ -945,8 +945,9 @@ fn main() -> ExitCode {
     );
     println!(
         "  xtc = 2-shard Executor, xtc::spawn (migratable); tokio = multi_thread, 2 workers, \
-         tokio::spawn; rayon = rayon::join, 2 threads; glommio = 1 LocalExecutor, spawn_local \
-         (cannot steal: 1 core); serial = the same work in a plain loop on 1 thread"
+         tokio::spawn; rayon = rayon::join, 2 threads; glommio = 1 LocalExecutor, spawn_local, \
+         and monoio = 1 runtime, monoio::spawn (they cannot steal: 1 core); serial = the same \
+         work in a plain loop on 1 thread"
     );
     if !cfg!(feature = "xtc") {
         println!("  NOTE: built without the `xtc` feature: the xtc columns are empty");
