@@ -130,15 +130,6 @@ async fn echo(s: impl Stream) -> usize {
 }
 
 /// A connected TCP pair on this loop: (client, server).
-async fn tcp_pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let accept = spawn_local(async move { l.accept().await.unwrap().0 });
-    let c = TcpStream::connect(addr).await.unwrap();
-    let s = guard("accept", accept).await.unwrap();
-    (c, s)
-}
-
 /// Waits for a std thread without blocking the loop.
 async fn join_thread<T>(h: thread::JoinHandle<T>) -> T {
     guard("helper thread", async {

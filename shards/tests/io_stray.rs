@@ -12,21 +12,12 @@ use std::{
     time::Duration,
 };
 
-use io_common::{each_driver, guard, on_each_driver};
+use io_common::{each_driver, guard, on_each_driver, tcp_pair};
 use xtc_shards::{
-    net::{TcpListener, TcpStream, UdpSocket, UnixStream},
+    net::{TcpStream, UdpSocket, UnixStream},
     spawn_local,
     time::sleep,
 };
-
-async fn tcp_pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let accept = spawn_local(async move { l.accept().await.unwrap().0 });
-    let c = TcpStream::connect(addr).await.unwrap();
-    let s = guard("accept", accept).await.unwrap();
-    (c, s)
-}
 
 /// Polls `fut` once (it must be pending), lets the loop submit it (and, with `settle`, reap
 /// a completion that arrives meanwhile), then drops it.

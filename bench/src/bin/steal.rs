@@ -197,6 +197,26 @@ fn timed_runs<E>(
     (0..runs).map(|_| one()).collect()
 }
 
+/// [`timed_runs`] inside a runtime: `one()` awaited once to warm up, then `runs` more times;
+/// each result goes through `check` outside the timed part.
+async fn timed_runs_async<T, Fut: std::future::Future<Output = T>>(
+    runs: usize,
+    mut one: impl FnMut() -> Fut,
+    check: impl Fn(T) -> Result<(), String>,
+) -> Result<Vec<Duration>, String> {
+    let mut out = Vec::with_capacity(runs);
+    for i in 0..=runs {
+        let t0 = std::time::Instant::now();
+        let v = one().await;
+        let took = t0.elapsed();
+        check(v)?;
+        if i > 0 {
+            out.push(took);
+        }
+    }
+    Ok(out)
+}
+
 /// `12.3 12.1 12.9 ms`: the timed runs in milliseconds.
 fn runs_line(runs: &[Duration]) -> String {
     let ms: Vec<String> = runs
@@ -263,10 +283,9 @@ mod tokio_rt {
         future::Future,
         pin::Pin,
         sync::atomic::{AtomicUsize, Ordering::Relaxed},
-        time::Instant,
     };
 
-    use super::{check_fib, check_sum, work, Cpus, Measured, Params, RunsOut};
+    use super::{check_fib, check_sum, timed_runs_async, work, Cpus, Measured, Params, RunsOut};
 
     fn fib(n: u32) -> Pin<Box<dyn Future<Output = u64> + Send>> {
         Box::pin(async move {
@@ -308,26 +327,14 @@ mod tokio_rt {
     pub(super) fn fib_runs(cpus: Cpus, p: Params) -> RunsOut {
         let n = p.fib_n;
         let runs = on_worker(cpus, async move {
-            let mut runs = Vec::with_capacity(p.runs);
-            for i in 0..=p.runs {
-                let t0 = Instant::now();
-                let v = fib(n).await;
-                let took = t0.elapsed();
-                check_fib(n, v)?;
-                if i > 0 {
-                    runs.push(took);
-                }
-            }
-            Ok(runs)
+            timed_runs_async(p.runs, || fib(n), |v| check_fib(n, v)).await
         })?;
         Ok(Measured::plain(runs))
     }
 
     pub(super) fn unbalanced(cpus: Cpus, p: Params) -> RunsOut {
         let runs = on_worker(cpus, async move {
-            let mut runs = Vec::with_capacity(p.runs);
-            for i in 0..=p.runs {
-                let t0 = Instant::now();
+            let all = || async move {
                 let handles: Vec<_> = (0..p.tasks)
                     .map(|t| tokio::spawn(async move { work(t) }))
                     .collect();
@@ -335,13 +342,9 @@ mod tokio_rt {
                 for h in handles {
                     sum = sum.wrapping_add(h.await.map_err(|e| e.to_string())?);
                 }
-                let took = t0.elapsed();
-                check_sum(p.tasks, sum)?;
-                if i > 0 {
-                    runs.push(took);
-                }
-            }
-            Ok(runs)
+                Ok::<_, String>(sum)
+            };
+            timed_runs_async(p.runs, all, |sum| check_sum(p.tasks, sum?)).await
         })?;
         Ok(Measured::plain(runs))
     }
@@ -349,11 +352,11 @@ mod tokio_rt {
 
 /// One `LocalExecutor`: no stealing, one core.
 mod glommio_rt {
-    use std::{future::Future, pin::Pin, time::Instant};
+    use std::{future::Future, pin::Pin};
 
     use glommio::{LocalExecutorBuilder, Placement};
 
-    use super::{check_fib, check_sum, work, Measured, Params, RunsOut};
+    use super::{check_fib, check_sum, timed_runs_async, work, Measured, Params, RunsOut};
 
     fn fib(n: u32) -> Pin<Box<dyn Future<Output = u64>>> {
         Box::pin(async move {
@@ -372,19 +375,8 @@ mod glommio_rt {
             .make()
             .map_err(|e| e.to_string())?;
         let n = p.fib_n;
-        let runs = ex.run(async move {
-            let mut runs = Vec::with_capacity(p.runs);
-            for i in 0..=p.runs {
-                let t0 = Instant::now();
-                let v = fib(n).await;
-                let took = t0.elapsed();
-                check_fib(n, v)?;
-                if i > 0 {
-                    runs.push(took);
-                }
-            }
-            Ok::<_, String>(runs)
-        })?;
+        let runs =
+            ex.run(async move { timed_runs_async(p.runs, || fib(n), |v| check_fib(n, v)).await })?;
         Ok(Measured::plain(runs))
     }
 
@@ -394,9 +386,7 @@ mod glommio_rt {
             .make()
             .map_err(|e| e.to_string())?;
         let runs = ex.run(async move {
-            let mut runs = Vec::with_capacity(p.runs);
-            for i in 0..=p.runs {
-                let t0 = Instant::now();
+            let all = || async move {
                 let handles: Vec<_> = (0..p.tasks)
                     .map(|t| glommio::spawn_local(async move { work(t) }))
                     .collect();
@@ -404,13 +394,9 @@ mod glommio_rt {
                 for h in handles {
                     sum = sum.wrapping_add(h.await);
                 }
-                let took = t0.elapsed();
-                check_sum(p.tasks, sum)?;
-                if i > 0 {
-                    runs.push(took);
-                }
-            }
-            Ok::<_, String>(runs)
+                sum
+            };
+            timed_runs_async(p.runs, all, |sum| check_sum(p.tasks, sum)).await
         })?;
         Ok(Measured::plain(runs))
     }
@@ -418,9 +404,9 @@ mod glommio_rt {
 
 /// One monoio runtime (`FusionDriver`): no stealing, one core, like glommio's column.
 mod monoio_rt {
-    use std::{future::Future, pin::Pin, time::Instant};
+    use std::{future::Future, pin::Pin};
 
-    use super::{check_fib, check_sum, work, Measured, Params, RunsOut};
+    use super::{check_fib, check_sum, timed_runs_async, work, Measured, Params, RunsOut};
 
     fn fib(n: u32) -> Pin<Box<dyn Future<Output = u64>>> {
         Box::pin(async move {
@@ -442,27 +428,16 @@ mod monoio_rt {
 
     pub(super) fn fib_runs(p: Params) -> RunsOut {
         let n = p.fib_n;
-        let runs = block_on(async move {
-            let mut runs = Vec::with_capacity(p.runs);
-            for i in 0..=p.runs {
-                let t0 = Instant::now();
-                let v = fib(n).await;
-                let took = t0.elapsed();
-                check_fib(n, v)?;
-                if i > 0 {
-                    runs.push(took);
-                }
-            }
-            Ok::<_, String>(runs)
-        })??;
+        let runs =
+            block_on(
+                async move { timed_runs_async(p.runs, || fib(n), |v| check_fib(n, v)).await },
+            )??;
         Ok(Measured::plain(runs))
     }
 
     pub(super) fn unbalanced(p: Params) -> RunsOut {
         let runs = block_on(async move {
-            let mut runs = Vec::with_capacity(p.runs);
-            for i in 0..=p.runs {
-                let t0 = Instant::now();
+            let all = || async move {
                 let handles: Vec<_> = (0..p.tasks)
                     .map(|t| monoio::spawn(async move { work(t) }))
                     .collect();
@@ -470,13 +445,9 @@ mod monoio_rt {
                 for h in handles {
                     sum = sum.wrapping_add(h.await);
                 }
-                let took = t0.elapsed();
-                check_sum(p.tasks, sum)?;
-                if i > 0 {
-                    runs.push(took);
-                }
-            }
-            Ok::<_, String>(runs)
+                sum
+            };
+            timed_runs_async(p.runs, all, |sum| check_sum(p.tasks, sum)).await
         })??;
         Ok(Measured::plain(runs))
     }

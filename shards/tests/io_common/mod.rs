@@ -182,6 +182,16 @@ pub fn run_or_fail(exec: &Executor, what: &str) {
     });
 }
 
+/// A connected TCP pair on loopback, made on the current loop: (client, accepted side).
+pub async fn tcp_pair() -> (xtc_shards::net::TcpStream, xtc_shards::net::TcpStream) {
+    let l = xtc_shards::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let accept = xtc_shards::spawn_local(async move { l.accept().await.unwrap().0 });
+    let c = xtc_shards::net::TcpStream::connect(addr).await.unwrap();
+    let s = guard("accept", accept).await.unwrap();
+    (c, s)
+}
+
 /// Awaits `fut` under the [`HANG`] guard; panics naming `what` if it does not finish.
 pub async fn guard<T>(what: &str, fut: impl Future<Output = T>) -> T {
     match xtc_shards::time::timeout(HANG, fut).await {
