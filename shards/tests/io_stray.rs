@@ -334,3 +334,77 @@ fn a_kept_read_hands_on_the_bytes_the_kernel_wrote() {
         },
     );
 }
+
+/// Two reads of one task (one waker) wait behind a kept receive; one of them is dropped (its
+/// `select!` lost) after the other was polled. Leaving the waiter list removed the task's one
+/// entry, so the kept receive went back to nobody-waits and the other read slept on while
+/// its bytes arrived.
+#[test]
+fn a_read_left_waiting_beside_a_dropped_one_of_its_task_is_woken() {
+    on_each_driver(
+        "a_read_left_waiting_beside_a_dropped_one_of_its_task_is_woken",
+        1,
+        |_| async {
+            let (a, b) = tcp_pair().await;
+            let a = std::rc::Rc::new(a);
+            poll_once_then_drop(
+                a.read(Vec::with_capacity(64)),
+                sleep(Duration::from_millis(2)),
+            )
+            .await;
+            let a2 = a.clone();
+            let reader = spawn_local(async move {
+                let kept_read = async { a2.read(Vec::with_capacity(64)).await };
+                let dropped_read = async {
+                    let read = std::pin::pin!(a2.read(Vec::with_capacity(64)));
+                    let timer = std::pin::pin!(sleep(Duration::from_millis(5)));
+                    let _ = futures::future::select(read, timer).await;
+                };
+                futures::join!(kept_read, dropped_read).0
+            });
+            sleep(Duration::from_millis(20)).await;
+            let (w, _) = b.write_all(b"hello".to_vec()).await;
+            w.unwrap();
+            let (r, got) = guard("the read left waiting", reader).await.unwrap();
+            assert_eq!((r.unwrap(), &got[..]), (5, &b"hello"[..]));
+        },
+    );
+}
+
+/// A `recv_from` dropped after its datagram arrived, while another `recv_from` of the socket
+/// is in flight, keeps its datagram (cancelled, it lost it): the next call gets it.
+#[test]
+fn a_recv_from_holding_a_datagram_is_kept_beside_another_in_flight() {
+    on_each_driver(
+        "a_recv_from_holding_a_datagram_is_kept_beside_another_in_flight",
+        1,
+        |driver| async move {
+            let a = std::rc::Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let to_a = a.local_addr().unwrap();
+            // The first receive gets the first datagram (reaped during the sleep)...
+            let mut first = Box::pin(a.recv_from(Vec::with_capacity(64)));
+            assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+            let (w, _) = b.send_to(b"one".to_vec(), to_a).await;
+            w.unwrap();
+            sleep(Duration::from_millis(5)).await;
+            // ...then a second one goes in flight, and the first is dropped unread.
+            let a2 = a.clone();
+            let second = spawn_local(async move { a2.recv_from(Vec::with_capacity(64)).await });
+            sleep(Duration::from_millis(5)).await;
+            drop(first);
+            let (w, _) = b.send_to(b"two".to_vec(), to_a).await;
+            w.unwrap();
+            // Whichever receive took which datagram, both arrive: one at the spawned
+            // receive, the other at the next call.
+            let (r, got_second) = guard("the receive in flight", second).await.unwrap();
+            assert!(r.is_ok(), "[{driver}]");
+            let (r, got_next) =
+                guard("the next recv_from", a.recv_from(Vec::with_capacity(64))).await;
+            assert!(r.is_ok(), "[{driver}]");
+            let mut got = vec![got_second, got_next];
+            got.sort();
+            assert_eq!(got, vec![b"one".to_vec(), b"two".to_vec()], "[{driver}]");
+        },
+    );
+}

@@ -73,8 +73,6 @@ struct PollState {
     /// next bytes to the kept one while that other read, already in the kernel, waits for
     /// more (a request/response exchange would hang), so then it is cancelled instead.
     stray: Option<Box<dyn StrayRead>>,
-    /// Owned receives in flight (submitted by `read`, neither taken nor dropped yet).
-    owned_reads: usize,
     rbuf: Vec<u8>,
     rpos: usize,
     writing: Option<Op<Vec<u8>>>,
@@ -142,7 +140,7 @@ struct OwnedRecv<'a, B: IoBufMut> {
 impl<'a, B: IoBufMut> OwnedRecv<'a, B> {
     /// Counts `op` among the stream's owned receives in flight until it is taken or dropped.
     fn new(io: &'a StreamIo, op: Op<B>) -> Self {
-        io.poll.borrow_mut().owned_reads += 1;
+        io.owned_reads.set(io.owned_reads.get() + 1);
         OwnedRecv { io, op: Some(op) }
     }
 }
@@ -154,7 +152,7 @@ impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
         let op = self.op.as_mut().expect("polled after it completed");
         let r = ready!(Pin::new(op).poll(cx));
         self.op = None;
-        self.io.poll.borrow_mut().owned_reads -= 1;
+        self.io.owned_reads.set(self.io.owned_reads.get() - 1);
         Poll::Ready(r)
     }
 }
@@ -162,13 +160,15 @@ impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
 impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
     fn drop(&mut self) {
         let Some(op) = self.op.take() else { return };
+        // Outside the `RefCell`, so the count stays right whatever happens below.
+        let others = self.io.owned_reads.get() - 1;
+        self.io.owned_reads.set(others);
         let Ok(mut st) = self.io.poll.try_borrow_mut() else {
-            // Never borrowed across a suspension, so not while a future is dropped; were it,
-            // the receive is cancelled (the `Op`'s own drop) as it used to be.
+            // Borrowed: this drop runs inside a stream call (a buffer's `Drop` under
+            // `poll_reading`); the receive is cancelled (the `Op`'s own drop).
             return;
         };
-        st.owned_reads -= 1;
-        if st.stray.is_none() && st.owned_reads == 0 {
+        if st.stray.is_none() && others == 0 {
             // Nobody waits for it until the next read: it must not keep the loop from
             // quiescence, nor wake the task that dropped it.
             op.unwait();
@@ -184,29 +184,37 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
 
 /// The wait of an owned `read` for the bytes read behind it (a stray's, or an `AsyncRead`'s
 /// read in flight): dropped while waiting, it leaves the stream's list of read waiters, and
-/// the last to leave returns the operation to nobody-waits ([`Op::unwait`]), so that it does
-/// not count as I/O in flight for a waiter that is gone.
+/// when that empties the list the operation goes back to nobody-waits ([`Op::unwait`]), so
+/// that it does not count as I/O in flight for a waiter that is gone.
+///
+/// The list knows waiters by waker, and the futures of one task share one: leaving also
+/// removes any other future of the same task still waiting (a `join!` of two reads, one of
+/// which a `select!` dropped). So the leaving read wakes its task: such a future is polled
+/// again and waits anew, which puts the operation back to waiting (a spurious poll otherwise,
+/// and only when a read is dropped unfinished).
 struct BehindWait<'a> {
     io: &'a StreamIo,
     /// The waker this read last waited with; `None` once the wait is over.
     waker: Option<Waker>,
 }
 
-impl Drop for BehindWait<'_> {
-    fn drop(&mut self) {
-        let Some(w) = self.waker.take() else { return };
+impl BehindWait<'_> {
+    /// Removes `w`'s entries from the read waiters; with `unwait_if_empty`, an emptied list
+    /// returns the waited operation to nobody-waits. Whether any entry went.
+    fn leave(&self, w: &Waker, unwait_if_empty: bool) -> bool {
         let Ok(st) = self.io.poll.try_borrow() else {
-            return;
+            return false;
         };
         let Some(waiters) = st.read_waiters.as_ref() else {
-            return;
+            return false;
         };
-        let empty = {
+        let (removed, empty) = {
             let mut list = lock(&waiters.list.0);
-            list.retain(|l| !l.will_wake(&w));
-            list.is_empty()
+            let before = list.len();
+            list.retain(|l| !l.will_wake(w));
+            (list.len() < before, list.is_empty())
         };
-        if empty {
+        if empty && unwait_if_empty {
             if let Some(stray) = st.stray.as_ref() {
                 stray.unwait();
             }
@@ -214,7 +222,17 @@ impl Drop for BehindWait<'_> {
                 op.unwait();
             }
         }
-        drop(st);
+        removed
+    }
+}
+
+impl Drop for BehindWait<'_> {
+    fn drop(&mut self) {
+        let Some(w) = self.waker.take() else { return };
+        if self.leave(&w, true) {
+            // Outside every borrow: the task's other waiting futures, if any, wait anew.
+            crate::task::wake_guarded(w);
+        }
     }
 }
 
@@ -300,6 +318,10 @@ pub(crate) struct StreamIo {
     // `RefCell` so the owned operations (`&self`) can wait for it; the `futures::io` side has
     // `&mut self` and uses `get_mut`, and never holds a borrow across a suspension.
     poll: RefCell<PollState>,
+    /// Owned receives in flight (submitted by `read`, neither taken nor dropped yet); a
+    /// dropped one is kept (`PollState::stray`) only when it is the last. A `Cell` beside the
+    /// `RefCell`, so that a drop inside a stream call, which cannot borrow it, still counts.
+    owned_reads: std::cell::Cell<usize>,
     pub(crate) src: Source,
 }
 
@@ -343,12 +365,13 @@ impl StreamIo {
     pub(crate) fn new(fd: OwnedFd) -> StreamIo {
         StreamIo {
             poll: RefCell::new(PollState::default()),
+            owned_reads: std::cell::Cell::new(0),
             src: Source::new(fd),
         }
     }
 
     pub(crate) fn into_fd(self) -> OwnedFd {
-        let StreamIo { poll, src } = self;
+        let StreamIo { poll, src, .. } = self;
         let mut poll = poll.into_inner();
         // Cancelled, not detached: the descriptor's next owner writes on, and a send left to
         // finish behind its back could land after its bytes (`into_std` says: flush first).
@@ -371,7 +394,11 @@ impl StreamIo {
         let taken = poll_fn(|cx| {
             let r = self.poll_read_behind(cx, &mut buf);
             if r.is_pending() && !wait.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                wait.waker = Some(cx.waker().clone());
+                // Polled with another waker: the entry of the old one would keep the list
+                // from ever emptying (the new one, just listed, keeps it waiting).
+                if let Some(old) = wait.waker.replace(cx.waker().clone()) {
+                    wait.leave(&old, false);
+                }
             }
             r
         })

@@ -24,11 +24,12 @@ use crate::io::{
 /// A UDP socket on the current loop's driver. `!Send`.
 #[derive(Debug)]
 pub struct UdpSocket {
-    /// A `recv_from` whose future was dropped unfinished on io_uring (a `select!` whose other
-    /// branch won): its receive keeps running here rather than being cancelled, so a datagram
-    /// the kernel already gave it is not lost; the next `recv_from` takes it over. Declared
-    /// before `src`: dropped (cancelled) before the descriptor closes.
-    stray: RefCell<Option<Box<dyn StrayRecv>>>,
+    /// `recv_from`s whose futures were dropped unfinished on io_uring (a `select!` whose other
+    /// branch won): their receives are kept here rather than cancelled, so a datagram the
+    /// kernel already gave one is not lost; the next `recv_from` takes the oldest over (see
+    /// `KeepOnDrop` for which are kept). Declared before `src`: dropped (cancelled) before the
+    /// descriptor closes.
+    stray: RefCell<std::collections::VecDeque<Box<dyn StrayRecv>>>,
     /// `recv_from` receives in flight: a dropped one is kept only when no other is (else the
     /// kernel may give the next datagram to the kept one while the other, already in the
     /// kernel, waits for one more: a request/response exchange would hang).
@@ -47,6 +48,8 @@ trait StrayRecv {
     ) -> Poll<io::Result<(usize, SockAddr)>>;
     /// Nobody waits for it until a `recv_from` takes it over (`Op::unwait`).
     fn unwait(&self);
+    /// Its completion has been reaped (it holds a datagram, or an error).
+    fn is_done(&self) -> bool;
 }
 
 impl<B: IoBufMut> StrayRecv for RecvOp<B> {
@@ -76,6 +79,10 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
     fn unwait(&self) {
         Op::unwait(self);
     }
+
+    fn is_done(&self) -> bool {
+        self.completed().is_some()
+    }
 }
 
 impl std::fmt::Debug for dyn StrayRecv {
@@ -102,9 +109,9 @@ impl IntoStray for Box<dyn StrayRecv> {
 }
 
 /// A receive a `recv_from` future waits for, counted in the socket's `recvs` until it is
-/// taken ([`done`](Self::done)) or dropped. Dropped unfinished, it goes to the socket's `stray`
-/// slot if that is free and no other receive is in flight; else it is cancelled (two
-/// concurrent receives: which gets a datagram is arbitrary anyway).
+/// taken ([`done`](Self::done)) or dropped. Dropped unfinished, it is kept in the socket's
+/// `stray` queue if its datagram has arrived, or if it is the socket's only receive; else it
+/// is cancelled (two concurrent receives: which gets a datagram is arbitrary anyway).
 struct KeepOnDrop<'a, R: IntoStray> {
     socket: &'a UdpSocket,
     op: Option<R>,
@@ -131,11 +138,14 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         let Some(op) = self.op.take() else { return };
         let left = self.socket.recvs.get() - 1;
         self.socket.recvs.set(left);
-        if let Ok(mut slot) = self.socket.stray.try_borrow_mut() {
-            if slot.is_none() && left == 0 {
-                let op = op.into_stray();
+        let op = op.into_stray();
+        if let Ok(mut kept) = self.socket.stray.try_borrow_mut() {
+            // A receive that already holds its datagram is kept whatever else is in flight
+            // (datagrams may come in any order; dropping it would lose one). One still in
+            // the kernel only when it is the last, as the socket's only kept one.
+            if op.is_done() || (left == 0 && kept.is_empty()) {
                 op.unwait();
-                *slot = Some(op);
+                kept.push_back(op);
             }
         }
     }
@@ -160,7 +170,7 @@ impl UdpSocket {
 
     fn new(fd: OwnedFd) -> UdpSocket {
         UdpSocket {
-            stray: RefCell::new(None),
+            stray: RefCell::new(std::collections::VecDeque::new()),
             recvs: std::cell::Cell::new(0),
             src: Source::new(fd),
         }
@@ -172,8 +182,8 @@ impl UdpSocket {
     /// keeps the receive it submitted running, and the next `recv_from` takes it over. A
     /// datagram the kept receive already got comes back as it got it, truncated to the dropped
     /// buffer's capacity if that was smaller; the dropped buffer (a
-    /// [`FixedBuf`](crate::io::FixedBuf) too) is held until then. A receive dropped while
-    /// another is in flight is cancelled instead, as before. Cost:
+    /// [`FixedBuf`](crate::io::FixedBuf) too) is held until then. A receive dropped still in
+    /// the kernel while another is in flight is cancelled instead, as before. Cost:
     /// one `RECVMSG` submission, or one `recvfrom` (the socket joins the loop's epoll set
     /// once, at its first wait); a dropped receive costs a boxed handle.
     pub async fn recv_from<B: IoBufMut>(&self, buf: B) -> BufResult<(usize, SocketAddr), B> {
@@ -182,7 +192,7 @@ impl UdpSocket {
     }
 
     async fn recv_raw<B: IoBufMut>(&self, mut buf: B) -> BufResult<(usize, SockAddr), B> {
-        let stray = self.stray.borrow_mut().take();
+        let stray = self.stray.borrow_mut().pop_front();
         if let Some(stray) = stray {
             // Taken over: this future waits for it now (and gives it back if dropped too).
             let mut keep = KeepOnDrop::new(self, stray);
