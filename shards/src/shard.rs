@@ -33,8 +33,10 @@ pub(crate) fn join_result<T>(r: std::result::Result<T, JoinError>) -> Result<T> 
 /// on), `Err(Stopped)` if the executor stopped before it completed, `Err(OffLoop)` off any loop
 /// (use [`Handle::submit_to`] there).
 ///
-/// Cost: one task allocation, one ring message each way and one local wake; no lock and no
-/// shared atomic beyond the rings' own indices, plus a wake ping only if the target sleeps.
+/// Cost: one task allocation, one ring message each way and one local wake; no lock. Shared
+/// atomics: the rings' own indices, the task's state (async-task), and a reference count on
+/// the target loop's shared state (its task's home, which every sender to that loop updates);
+/// plus a wake ping only if the target sleeps.
 #[track_caller]
 pub fn submit_to<F, Fut>(shard: usize, make: F) -> impl Future<Output = Result<Fut::Output>>
 where
