@@ -408,3 +408,125 @@ fn a_recv_from_holding_a_datagram_is_kept_beside_another_in_flight() {
         },
     );
 }
+
+/// Many tasks (more than the waiter list once held) wait behind one kept receive: they sleep
+/// until the bytes come, and do not keep the loop busy. A capped list that woke everyone to
+/// start again made them re-list and overflow it forever.
+#[test]
+fn many_reads_waiting_behind_a_kept_one_do_not_spin() {
+    on_each_driver(
+        "many_reads_waiting_behind_a_kept_one_do_not_spin",
+        1,
+        |driver| async move {
+            use std::{cell::Cell, rc::Rc};
+            let (a, b) = tcp_pair().await;
+            let a = Rc::new(a);
+            poll_once_then_drop(
+                a.read(Vec::with_capacity(64)),
+                sleep(Duration::from_millis(2)),
+            )
+            .await;
+            const READERS: usize = 40;
+            let polls = Rc::new(Cell::new(0usize));
+            let mut readers = Vec::new();
+            for _ in 0..READERS {
+                let (a2, p) = (a.clone(), polls.clone());
+                readers.push(spawn_local(async move {
+                    let mut read = std::pin::pin!(a2.read(Vec::with_capacity(64)));
+                    poll_fn(|cx| {
+                        p.set(p.get() + 1);
+                        read.as_mut().poll(cx)
+                    })
+                    .await
+                    .0
+                    .map(drop)
+                }));
+            }
+            sleep(Duration::from_millis(50)).await;
+            let n = polls.get();
+            drop(b); // the end of the stream ends every read
+            for r in readers {
+                let _ = guard("a reader", r).await;
+            }
+            // Once each, plus a few spurious wake-ups at most; the spin made tens of thousands.
+            assert!(
+                n <= READERS * 3,
+                "[{driver}] {n} polls of {READERS} waiting reads"
+            );
+        },
+    );
+}
+
+/// A stream read whose bytes arrived is dropped while another read of the stream is in
+/// flight: its bytes go to the next read (cancelled, they were lost from the middle of the
+/// stream).
+#[test]
+fn a_finished_read_dropped_beside_another_keeps_its_bytes() {
+    on_each_driver(
+        "a_finished_read_dropped_beside_another_keeps_its_bytes",
+        1,
+        |driver| async move {
+            let (a, b) = tcp_pair().await;
+            let a = std::rc::Rc::new(a);
+            let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+            assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+            let (w, _) = b.write_all(b"one".to_vec()).await;
+            w.unwrap();
+            sleep(Duration::from_millis(5)).await;
+            let a2 = a.clone();
+            let second = spawn_local(async move { a2.read(Vec::with_capacity(64)).await.1 });
+            sleep(Duration::from_millis(5)).await;
+            drop(first);
+            let (w, _) = b.write_all(b"two".to_vec()).await;
+            w.unwrap();
+            let mut all = guard("the read in flight", second).await.unwrap();
+            let (r, next) = guard("the next read", a.read(Vec::with_capacity(64))).await;
+            r.unwrap();
+            all.extend_from_slice(&next);
+            // Which of two concurrent reads gets which bytes is arbitrary; none may be lost.
+            assert!(
+                all == b"onetwo" || all == b"twoone",
+                "[{driver}] got {:?}",
+                String::from_utf8_lossy(&all)
+            );
+        },
+    );
+}
+
+/// A `recv_from` whose datagram the kernel delivered but the loop has not reaped yet, dropped
+/// while another receive is in flight: the datagram still arrives.
+#[test]
+fn an_unreaped_datagram_of_a_dropped_recv_from_is_not_lost() {
+    on_each_driver(
+        "an_unreaped_datagram_of_a_dropped_recv_from_is_not_lost",
+        1,
+        |driver| async move {
+            let a = std::rc::Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let to_a = a.local_addr().unwrap();
+            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            for round in 0..20u8 {
+                let a2 = a.clone();
+                let other =
+                    spawn_local(async move { a2.recv_from(Vec::with_capacity(64)).await.1 });
+                let mut first = Box::pin(a.recv_from(Vec::with_capacity(64)));
+                assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+                sleep(Duration::from_millis(3)).await;
+                // Sent from this thread: no loop turn (no reap) before the drop.
+                tx.send_to(&[round, 1], to_a).unwrap();
+                tx.send_to(&[round, 2], to_a).unwrap();
+                drop(first);
+                let got1 = guard("the other receive", other).await.unwrap();
+                let (r, got2) =
+                    guard("the next recv_from", a.recv_from(Vec::with_capacity(64))).await;
+                r.unwrap();
+                let mut both = vec![got1, got2];
+                both.sort();
+                assert_eq!(
+                    both,
+                    vec![vec![round, 1], vec![round, 2]],
+                    "[{driver}] round {round}"
+                );
+            }
+        },
+    );
+}

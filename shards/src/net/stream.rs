@@ -159,26 +159,58 @@ impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
 
 impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
     fn drop(&mut self) {
-        let Some(op) = self.op.take() else { return };
+        let Some(mut op) = self.op.take() else { return };
         // Outside the `RefCell`, so the count stays right whatever happens below.
         let others = self.io.owned_reads.get() - 1;
         self.io.owned_reads.set(others);
-        let Ok(mut st) = self.io.poll.try_borrow_mut() else {
-            // Borrowed: this drop runs inside a stream call (a buffer's `Drop` under
-            // `poll_reading`); the receive is cancelled (the `Op`'s own drop).
-            return;
+        let keep = {
+            let Ok(st) = self.io.poll.try_borrow() else {
+                // Borrowed: this drop runs inside a stream call (a buffer's `Drop` under
+                // `poll_reading`); the receive is cancelled (the `Op`'s own drop).
+                return;
+            };
+            st.stray.is_none() && others == 0
         };
-        if st.stray.is_none() && others == 0 {
+        if keep {
             // Nobody waits for it until the next read: it must not keep the loop from
             // quiescence, nor wake the task that dropped it.
             op.unwait();
-            st.stray = Some(Box::new(op));
+            self.io.poll.borrow_mut().stray = Some(Box::new(op));
+            return;
         }
-        // Otherwise its receive is cancelled (the `Op`'s drop, after the borrow ends): another
-        // owned read is in flight (it would wait while this one took the bytes), or another
-        // stray is kept (two reads of one stream shared through an `Rc`, both dropped). Two
-        // concurrent reads' bytes come in an arbitrary order anyway.
-        drop(st);
+        // Not kept: another owned read is in flight (kept, this one could take the bytes that
+        // one waits for), or another kept read is pending (two reads of one stream shared
+        // through an `Rc`, both dropped). Unless it has finished: then its bytes are taken now
+        // (cancelled, they were lost). Completions the loop has not reaped yet count too.
+        let _ = crate::io::with_reactor(|r| {
+            r.reap();
+            Ok(())
+        });
+        if op.completed().is_some() {
+            let Ok(mut st) = self.io.poll.try_borrow_mut() else {
+                return;
+            };
+            let mut rbuf = std::mem::take(&mut st.rbuf);
+            drop(st);
+            let mut noop = Context::from_waker(Waker::noop());
+            if let Poll::Ready((res, mut buf)) = Pin::new(&mut op).poll(&mut noop) {
+                if res > 0 {
+                    let n = (res as usize).min(buf.bytes_total());
+                    // SAFETY: as in `StrayRead::poll_into`: the kernel wrote these `n` bytes
+                    // at the stable mutable pointer, and the completion was reaped.
+                    rbuf.extend_from_slice(unsafe {
+                        std::slice::from_raw_parts(buf.stable_mut_ptr(), n)
+                    });
+                }
+                crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+            }
+            // After the unread bytes already there: these were received after them.
+            if let Ok(mut st) = self.io.poll.try_borrow_mut() {
+                st.rbuf = rbuf;
+            }
+        }
+        // Still in the kernel: cancelled (the `Op`'s drop). Two concurrent reads' bytes come
+        // in an arbitrary order anyway.
     }
 }
 
@@ -240,12 +272,13 @@ impl Drop for BehindWait<'_> {
 /// one waker, the last poller's, but with `&self` owned calls several tasks may wait for the
 /// same send or receive (the stream shared through an `Rc`, an owned call waiting behind the
 /// `futures::io` side): the operation is polled with this list's own waker, which wakes them
-/// all. At most [`MAX_WAITERS`] are kept: past that the list wakes everyone listed and starts
-/// again (a spurious wake-up; a task still waiting registers anew), so tasks that stopped
-/// waiting (finished, timed out) are not kept alive for as long as the operation runs.
+/// all. One entry per waker (task): an owned read that stops waiting removes its entry
+/// (`BehindWait`); an `AsyncRead` or a write that stops waiting stays listed, its task kept
+/// alive, until the operation completes (no cap: a capped list that woke everyone to start
+/// again made 33 waiting tasks re-list and overflow it forever, a spin).
 /// Cost: one allocation per stream and side at its first wait, a lock and a `will_wake` scan
-/// of at most [`MAX_WAITERS`] per wait (the lock is never contended: the stream is `!Send`;
-/// `Waker` needs `Sync`).
+/// of the list per wait (the lock is never contended: the stream is `!Send`; `Waker` needs
+/// `Sync`).
 #[derive(Debug)]
 struct Waiters {
     list: Arc<WaiterList>,
@@ -255,9 +288,6 @@ struct Waiters {
 
 #[derive(Debug, Default)]
 struct WaiterList(Mutex<Vec<Waker>>);
-
-/// Most wakers one [`WaiterList`] keeps.
-const MAX_WAITERS: usize = 32;
 
 impl Wake for WaiterList {
     fn wake(self: Arc<Self>) {
@@ -295,18 +325,9 @@ fn poll_shared<T: 'static>(
     if r.is_pending() {
         // After the poll: nothing completes in between (completions are dispatched by the
         // loop, between polls), and a task whose poll found the result is not left listed.
-        let overflow = {
-            let mut list = lock(&w.list.0);
-            if list.iter().any(|l| l.will_wake(cx.waker())) {
-                None
-            } else {
-                let full = (list.len() >= MAX_WAITERS).then(|| std::mem::take(&mut *list));
-                list.push(cx.waker().clone());
-                full
-            }
-        };
-        if let Some(listed) = overflow {
-            wake_each(listed);
+        let mut list = lock(&w.list.0);
+        if !list.iter().any(|l| l.will_wake(cx.waker())) {
+            list.push(cx.waker().clone());
         }
     }
     r
@@ -458,8 +479,12 @@ impl StreamIo {
         buf: &mut B,
     ) -> Poll<io::Result<usize>> {
         let mut st = self.poll.borrow_mut();
-        if let Some(r) = ready!(poll_reading(&mut st, cx)) {
-            r?;
+        // Unread bytes first: a read in flight (a kept one, an `AsyncRead`'s) can only bring
+        // later ones, and may never complete.
+        if st.rpos == st.rbuf.len() {
+            if let Some(r) = ready!(poll_reading(&mut st, cx)) {
+                r?;
+            }
         }
         let left = st.rbuf.len() - st.rpos;
         let n = left.min(buf.bytes_total());

@@ -139,6 +139,20 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         let left = self.socket.recvs.get() - 1;
         self.socket.recvs.set(left);
         let op = op.into_stray();
+        if left > 0
+            || self
+                .socket
+                .stray
+                .try_borrow()
+                .map_or(true, |k| !k.is_empty())
+        {
+            // It can be kept only if it already holds a datagram: completions the loop has
+            // not reaped yet count too.
+            let _ = crate::io::with_reactor(|r| {
+                r.reap();
+                Ok(())
+            });
+        }
         if let Ok(mut kept) = self.socket.stray.try_borrow_mut() {
             // A receive that already holds its datagram is kept whatever else is in flight
             // (datagrams may come in any order; dropping it would lose one). One still in
