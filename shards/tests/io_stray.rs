@@ -530,3 +530,134 @@ fn an_unreaped_datagram_of_a_dropped_recv_from_is_not_lost() {
         },
     );
 }
+
+/// A buffer whose `Drop` reads the stream it was read from (user code may), recording what it
+/// saw.
+struct ReadingOnDrop {
+    v: Vec<u8>,
+    stream: Option<std::rc::Rc<TcpStream>>,
+    seen: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+}
+
+// SAFETY: the views are the Vec's: stable while it is neither resized nor moved out.
+unsafe impl xtc_shards::io::IoBuf for ReadingOnDrop {
+    fn stable_ptr(&self) -> *const u8 {
+        self.v.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.v.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.v.capacity()
+    }
+}
+
+// SAFETY: as above; `set_init` is called with at most `bytes_total()` initialized bytes.
+unsafe impl xtc_shards::io::IoBufMut for ReadingOnDrop {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.v.as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller's contract: the first `n <= capacity` bytes are initialized.
+        unsafe { self.v.set_len(n) }
+    }
+}
+
+impl Drop for ReadingOnDrop {
+    fn drop(&mut self) {
+        let Some(s) = self.stream.take() else { return };
+        let mut read = std::pin::pin!(s.read(Vec::with_capacity(16)));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let seen = match read.as_mut().poll(&mut cx) {
+            Poll::Ready((r, b)) => format!(
+                "{:?} {}",
+                r.map_err(|e| e.kind()),
+                String::from_utf8_lossy(&b)
+            ),
+            Poll::Pending => "pending".into(),
+        };
+        self.seen.borrow_mut().push(seen);
+    }
+}
+
+/// A finished read dropped beside another read in flight hands its bytes to the stream, then
+/// drops its buffer; that buffer's `Drop` reading the stream must find it whole (it found the
+/// internal buffer taken out under a stale position: an overflow, and in release builds a
+/// read out of bounds).
+#[test]
+fn a_buffer_drop_that_reads_the_stream_finds_it_whole() {
+    on_each_driver(
+        "a_buffer_drop_that_reads_the_stream_finds_it_whole",
+        1,
+        |driver| async move {
+            if driver == xtc_shards::io::Driver::Epoll {
+                // epoll reads in the poll: no read is ever in flight to be dropped.
+                return;
+            }
+            let (a, b) = tcp_pair().await;
+            let a = std::rc::Rc::new(a);
+            let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+            assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+            b.write_all(b"hello".to_vec()).await.0.unwrap();
+            sleep(Duration::from_millis(5)).await;
+            let reading = || ReadingOnDrop {
+                v: Vec::with_capacity(64),
+                stream: Some(a.clone()),
+                seen: seen.clone(),
+            };
+            let mut other = Box::pin(a.read(Vec::with_capacity(64)));
+            let mut third = Box::pin(a.read(reading()));
+            assert!(poll_fn(|cx| Poll::Ready(other.as_mut().poll(cx).is_pending())).await);
+            assert!(poll_fn(|cx| Poll::Ready(third.as_mut().poll(cx).is_pending())).await);
+            // Finished, beside reads in flight: its "hello" goes to the stream's buffer.
+            drop(first);
+            let (r, he) = guard("a short read", a.read(Vec::with_capacity(2))).await;
+            assert_eq!((r.unwrap(), &he[..]), (2, &b"he"[..]), "[{driver}]");
+            b.write_all(b"world".to_vec()).await.0.unwrap();
+            sleep(Duration::from_millis(5)).await;
+            drop(third);
+            drop(other);
+            let seen = seen.borrow().clone();
+            // The buffer's `Drop` ran to its end (a panic in it is caught and logged, and
+            // recorded nothing), and its read got unread bytes, in order: the rest of
+            // "hello", not what the short read already took.
+            assert_eq!(seen.len(), 1, "[{driver}] {seen:?}");
+            assert!(
+                seen[0].starts_with("Ok(") && seen[0].contains("llo") && !seen[0].contains("he"),
+                "[{driver}] {seen:?}"
+            );
+        },
+    );
+}
+
+/// An `AsyncRead` polled on an idle stream with a new waker each time (a combinator that
+/// makes one per attempt) keeps one waker listed, not one per poll.
+#[test]
+fn an_async_read_polled_with_new_wakers_keeps_one_listed() {
+    on_each_driver(
+        "an_async_read_polled_with_new_wakers_keeps_one_listed",
+        1,
+        |driver| async move {
+            use futures::io::AsyncRead;
+            use std::sync::Arc;
+            struct Counted;
+            impl std::task::Wake for Counted {
+                fn wake(self: Arc<Self>) {}
+            }
+            let (mut a, _b) = tcp_pair().await;
+            let mut wakers = Vec::new();
+            for _ in 0..1_000 {
+                let w = Arc::new(Counted);
+                let waker = std::task::Waker::from(w.clone());
+                let mut buf = [0u8; 16];
+                let r = std::pin::Pin::new(&mut a)
+                    .poll_read(&mut std::task::Context::from_waker(&waker), &mut buf);
+                assert!(r.is_pending());
+                wakers.push(w);
+            }
+            let listed = wakers.iter().filter(|w| Arc::strong_count(w) > 1).count();
+            assert!(listed <= 1, "[{driver}] {listed} wakers listed");
+        },
+    );
+}

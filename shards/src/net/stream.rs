@@ -73,6 +73,9 @@ struct PollState {
     /// next bytes to the kept one while that other read, already in the kernel, waits for
     /// more (a request/response exchange would hang), so then it is cancelled instead.
     stray: Option<Box<dyn StrayRead>>,
+    /// The error (`-errno`) a finished receive brought after its future was dropped, for the
+    /// next read to report once the unread bytes before it are taken.
+    read_error: Option<i32>,
     rbuf: Vec<u8>,
     rpos: usize,
     writing: Option<Op<Vec<u8>>>,
@@ -92,6 +95,7 @@ trait StrayRead {
         &mut self,
         waiters: &mut Option<Waiters>,
         cx: &mut Context<'_>,
+        trait_side: bool,
         out: &mut Vec<u8>,
     ) -> Poll<i32>;
     /// Nobody waits for it any more ([`Op::unwait`]).
@@ -103,9 +107,10 @@ impl<B: IoBufMut> StrayRead for Op<B> {
         &mut self,
         waiters: &mut Option<Waiters>,
         cx: &mut Context<'_>,
+        trait_side: bool,
         out: &mut Vec<u8>,
     ) -> Poll<i32> {
-        let (res, mut buf) = ready!(poll_shared(self, waiters, cx));
+        let (res, mut buf) = ready!(poll_shared(self, waiters, cx, trait_side));
         if res > 0 {
             let n = (res as usize).min(buf.bytes_total());
             // SAFETY: the kernel wrote the first `n <= bytes_total()` bytes at the buffer's
@@ -175,7 +180,9 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
             // Nobody waits for it until the next read: it must not keep the loop from
             // quiescence, nor wake the task that dropped it.
             op.unwait();
-            self.io.poll.borrow_mut().stray = Some(Box::new(op));
+            if let Ok(mut st) = self.io.poll.try_borrow_mut() {
+                st.stray = Some(Box::new(op));
+            }
             return;
         }
         // Not kept: another owned read is in flight (kept, this one could take the bytes that
@@ -187,26 +194,25 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
             Ok(())
         });
         if op.completed().is_some() {
-            let Ok(mut st) = self.io.poll.try_borrow_mut() else {
-                return;
-            };
-            let mut rbuf = std::mem::take(&mut st.rbuf);
-            drop(st);
+            // Taking a completed result runs no user code; the buffer's `Drop` (user code,
+            // which may use this stream) runs after the poll state is whole again.
             let mut noop = Context::from_waker(Waker::noop());
             if let Poll::Ready((res, mut buf)) = Pin::new(&mut op).poll(&mut noop) {
-                if res > 0 {
-                    let n = (res as usize).min(buf.bytes_total());
-                    // SAFETY: as in `StrayRead::poll_into`: the kernel wrote these `n` bytes
-                    // at the stable mutable pointer, and the completion was reaped.
-                    rbuf.extend_from_slice(unsafe {
-                        std::slice::from_raw_parts(buf.stable_mut_ptr(), n)
-                    });
+                if let Ok(mut st) = self.io.poll.try_borrow_mut() {
+                    if res > 0 {
+                        let n = (res as usize).min(buf.bytes_total());
+                        // SAFETY: as in `StrayRead::poll_into`: the kernel wrote these `n`
+                        // bytes at the stable mutable pointer, and the completion was reaped.
+                        let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
+                        // After the unread bytes already there: these were received after.
+                        st.rbuf.extend_from_slice(got);
+                    } else if res < 0 {
+                        // An error (a reset) is the stream's: the next read reports it, rather
+                        // than a clean end that would make a cut stream look complete.
+                        st.read_error.get_or_insert(res);
+                    }
                 }
                 crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
-            }
-            // After the unread bytes already there: these were received after them.
-            if let Ok(mut st) = self.io.poll.try_borrow_mut() {
-                st.rbuf = rbuf;
             }
         }
         // Still in the kernel: cancelled (the `Op`'s drop). Two concurrent reads' bytes come
@@ -214,47 +220,88 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
     }
 }
 
-/// The wait of an owned `read` for the bytes read behind it (a stray's, or an `AsyncRead`'s
-/// read in flight): dropped while waiting, it leaves the stream's list of read waiters, and
-/// when that empties the list the operation goes back to nobody-waits ([`Op::unwait`]), so
+/// The wait of an owned call for the stream's shared operation ahead of it: a `read` for the
+/// bytes read behind it (a kept receive's, or an `AsyncRead`'s read in flight), a `write` for
+/// the write-behind send. Dropped while waiting, it leaves that side's waiter list, and when
+/// that leaves the list empty the operation goes back to nobody-waits ([`Op::unwait`]), so
 /// that it does not count as I/O in flight for a waiter that is gone.
 ///
-/// The list knows waiters by waker, and the futures of one task share one: leaving also
+/// The list knows owned waiters by waker, and the futures of one task share one: leaving also
 /// removes any other future of the same task still waiting (a `join!` of two reads, one of
-/// which a `select!` dropped). So the leaving read wakes its task: such a future is polled
+/// which a `select!` dropped). So the leaving call wakes its task: such a future is polled
 /// again and waits anew, which puts the operation back to waiting (a spurious poll otherwise,
-/// and only when a read is dropped unfinished).
+/// and only when a call is dropped unfinished).
 struct BehindWait<'a> {
     io: &'a StreamIo,
-    /// The waker this read last waited with; `None` once the wait is over.
+    /// The write side's list (`writing`), else the read side's (`stray`, `reading`).
+    write: bool,
+    /// The waker this call last waited with; `None` once the wait is over.
     waker: Option<Waker>,
 }
 
-impl BehindWait<'_> {
-    /// Removes `w`'s entries from the read waiters; with `unwait_if_empty`, an emptied list
-    /// returns the waited operation to nobody-waits. Whether any entry went.
+impl<'a> BehindWait<'a> {
+    fn new(io: &'a StreamIo, write: bool) -> Self {
+        BehindWait {
+            io,
+            write,
+            waker: None,
+        }
+    }
+
+    /// After a poll of the wait: remembers the waker it waits with, if it waits. Polled with
+    /// another waker than before, it leaves the old one's entry, which would otherwise keep
+    /// the list from ever emptying (the new one, just listed, keeps it waiting).
+    fn note<T>(&mut self, polled: &Poll<T>, cx: &Context<'_>) {
+        if polled.is_pending() && !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            if let Some(old) = self.waker.replace(cx.waker().clone()) {
+                self.leave(&old, false);
+            }
+        }
+    }
+
+    /// Removes `w`'s entries from the list; with `unwait_if_empty`, an emptied list returns
+    /// the waited operation to nobody-waits. Whether any entry went.
     fn leave(&self, w: &Waker, unwait_if_empty: bool) -> bool {
         let Ok(st) = self.io.poll.try_borrow() else {
             return false;
         };
-        let Some(waiters) = st.read_waiters.as_ref() else {
+        let waiters = if self.write {
+            &st.write_waiters
+        } else {
+            &st.read_waiters
+        };
+        let Some(waiters) = waiters.as_ref() else {
             return false;
         };
         let (removed, empty) = {
-            let mut list = lock(&waiters.list.0);
-            let before = list.len();
-            list.retain(|l| !l.will_wake(w));
-            (list.len() < before, list.is_empty())
+            let mut listed = lock(&waiters.list.0);
+            let before = listed.owned.len();
+            listed.owned.retain(|l| !l.will_wake(w));
+            (
+                listed.owned.len() < before,
+                listed.owned.is_empty() && listed.trait_side.is_none(),
+            )
         };
         if empty && unwait_if_empty {
-            if let Some(stray) = st.stray.as_ref() {
-                stray.unwait();
-            }
-            if let Some(op) = st.reading.as_ref() {
-                op.unwait();
+            if self.write {
+                if let Some(op) = st.writing.as_ref() {
+                    op.unwait();
+                }
+            } else {
+                if let Some(stray) = st.stray.as_ref() {
+                    stray.unwait();
+                }
+                if let Some(op) = st.reading.as_ref() {
+                    op.unwait();
+                }
             }
         }
         removed
+    }
+
+    /// The wait is over (its result taken): nothing to leave.
+    fn done(&mut self) {
+        self.waker = None;
     }
 }
 
@@ -287,7 +334,16 @@ struct Waiters {
 }
 
 #[derive(Debug, Default)]
-struct WaiterList(Mutex<Vec<Waker>>);
+struct WaiterList(Mutex<Listed>);
+
+/// The wakers a [`WaiterList`] wakes.
+#[derive(Debug, Default)]
+struct Listed {
+    /// Owned calls (`&self`), one entry per task; each removes its own when it stops waiting.
+    owned: Vec<Waker>,
+    /// The `futures::io` side's one waiter (it has `&mut self`), its latest waker.
+    trait_side: Option<Waker>,
+}
 
 impl Wake for WaiterList {
     fn wake(self: Arc<Self>) {
@@ -295,14 +351,14 @@ impl Wake for WaiterList {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let wakers = std::mem::take(&mut *lock(&self.0));
-        wake_each(wakers);
+        let Listed { owned, trait_side } = std::mem::take(&mut *lock(&self.0));
+        wake_each(owned.into_iter().chain(trait_side));
     }
 }
 
 /// Wakes each of `wakers`, outside any lock, each guarded on its own: one panicking waker
 /// must not leave the others asleep (the driver guards a list's waker only as a whole).
-fn wake_each(wakers: Vec<Waker>) {
+fn wake_each(wakers: impl IntoIterator<Item = Waker>) {
     for w in wakers {
         crate::task::wake_guarded(w);
     }
@@ -313,6 +369,7 @@ fn poll_shared<T: 'static>(
     op: &mut Op<T>,
     waiters: &mut Option<Waiters>,
     cx: &mut Context<'_>,
+    trait_side: bool,
 ) -> Poll<(i32, T)> {
     let w = waiters.get_or_insert_with(|| {
         let list = Arc::new(WaiterList::default());
@@ -325,9 +382,19 @@ fn poll_shared<T: 'static>(
     if r.is_pending() {
         // After the poll: nothing completes in between (completions are dispatched by the
         // loop, between polls), and a task whose poll found the result is not left listed.
-        let mut list = lock(&w.list.0);
-        if !list.iter().any(|l| l.will_wake(cx.waker())) {
-            list.push(cx.waker().clone());
+        let mut listed = lock(&w.list.0);
+        if trait_side {
+            // The `futures::io` side has `&mut self`: one waiter at a time, whose latest waker
+            // replaces the last (a combinator may hand a new one to every poll).
+            if !listed
+                .trait_side
+                .as_ref()
+                .is_some_and(|l| l.will_wake(cx.waker()))
+            {
+                listed.trait_side = Some(cx.waker().clone());
+            }
+        } else if !listed.owned.iter().any(|l| l.will_wake(cx.waker())) {
+            listed.owned.push(cx.waker().clone());
         }
     }
     r
@@ -343,6 +410,10 @@ pub(crate) struct StreamIo {
     /// dropped one is kept (`PollState::stray`) only when it is the last. A `Cell` beside the
     /// `RefCell`, so that a drop inside a stream call, which cannot borrow it, still counts.
     owned_reads: std::cell::Cell<usize>,
+    /// The epoll waiter id of the `futures::io` side (0 until its first wait): it has
+    /// `&mut self`, so one waiter per direction, whose re-polls with a new waker (a combinator
+    /// making one per attempt) replace its entry instead of adding one each.
+    trait_id: std::cell::Cell<u64>,
     pub(crate) src: Source,
 }
 
@@ -387,8 +458,17 @@ impl StreamIo {
         StreamIo {
             poll: RefCell::new(PollState::default()),
             owned_reads: std::cell::Cell::new(0),
+            trait_id: std::cell::Cell::new(0),
             src: Source::new(fd),
         }
+    }
+
+    /// The `futures::io` side's epoll waiter id ([`StreamIo::trait_id`]), taken at first use.
+    fn trait_registration(&self, e: &crate::io::epoll::Epoll) -> u64 {
+        if self.trait_id.get() == 0 {
+            self.trait_id.set(e.new_registration());
+        }
+        self.trait_id.get()
     }
 
     pub(crate) fn into_fd(self) -> OwnedFd {
@@ -408,23 +488,14 @@ impl StreamIo {
         }
         // Bytes an `AsyncRead` (or a dropped owned read) already took from the kernel come
         // first (module doc).
-        let mut wait = BehindWait {
-            io: self,
-            waker: None,
-        };
+        let mut wait = BehindWait::new(self, false);
         let taken = poll_fn(|cx| {
             let r = self.poll_read_behind(cx, &mut buf);
-            if r.is_pending() && !wait.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                // Polled with another waker: the entry of the old one would keep the list
-                // from ever emptying (the new one, just listed, keeps it waiting).
-                if let Some(old) = wait.waker.replace(cx.waker().clone()) {
-                    wait.leave(&old, false);
-                }
-            }
+            wait.note(&r, cx);
             r
         })
         .await;
-        wait.waker = None;
+        wait.done();
         match taken {
             Ok(0) => {}
             other => return (other, buf),
@@ -446,17 +517,31 @@ impl StreamIo {
     }
 
     pub(crate) async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
-        if let Err(e) = poll_fn(|cx| self.poll_write_behind(cx)).await {
+        if let Err(e) = self.wait_write_behind().await {
             return (Err(e), buf);
         }
         rw::send(&self.src, buf, 0).await
     }
 
     pub(crate) async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
-        if let Err(e) = poll_fn(|cx| self.poll_write_behind(cx)).await {
+        if let Err(e) = self.wait_write_behind().await {
             return (Err(e), buf);
         }
         rw::send_all(&self.src, buf).await
+    }
+
+    /// Owned writes: waits for the `AsyncWrite` bytes still being sent, leaving the waiter
+    /// list if dropped meanwhile (`BehindWait`).
+    async fn wait_write_behind(&self) -> io::Result<()> {
+        let mut wait = BehindWait::new(self, true);
+        let r = poll_fn(|cx| {
+            let r = self.poll_write_behind(cx);
+            wait.note(&r, cx);
+            r
+        })
+        .await;
+        wait.done();
+        r
     }
 
     /// Owned writes: waits for the `AsyncWrite` bytes still being sent (io_uring write-behind).
@@ -467,7 +552,7 @@ impl StreamIo {
         if st.writing.is_none() {
             return Poll::Ready(Ok(()));
         }
-        drain(fd, &mut st, cx)
+        drain(fd, &mut st, cx, false)
     }
 
     /// Owned reads: copies into `buf` what an `AsyncRead` took from the kernel and did not hand
@@ -482,7 +567,10 @@ impl StreamIo {
         // Unread bytes first: a read in flight (a kept one, an `AsyncRead`'s) can only bring
         // later ones, and may never complete.
         if st.rpos == st.rbuf.len() {
-            if let Some(r) = ready!(poll_reading(&mut st, cx)) {
+            if let Some(e) = st.read_error.take() {
+                return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
+            }
+            if let Some(r) = ready!(poll_reading(&mut st, cx, false)) {
                 r?;
             }
         }
@@ -563,19 +651,22 @@ impl StreamIo {
             Kind::Epoll => {
                 let (ptr, len) = (out.as_mut_ptr(), out.len());
                 crate::io::with_reactor(|r| match r {
-                    Reactor::Epoll(e) => Ok(self.src.poll_ready(
-                        e,
-                        Dir::Read,
-                        cx,
-                        &mut |fd| {
-                            // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed
-                            // for this call.
-                            ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) })
-                                .map(|n| n as usize)
-                        },
-                        |&n| short(n, len),
-                        crate::io::epoll::ANON,
-                    )),
+                    Reactor::Epoll(e) => Ok({
+                        let trait_id = self.trait_registration(e);
+                        self.src.poll_ready(
+                            e,
+                            Dir::Read,
+                            cx,
+                            &mut |fd| {
+                                // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed
+                                // for this call.
+                                ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) })
+                                    .map(|n| n as usize)
+                            },
+                            |&n| short(n, len),
+                            trait_id,
+                        )
+                    }),
                     _ => Err(io::Error::other("xtc: driver changed")),
                 })?
             }
@@ -587,7 +678,10 @@ impl StreamIo {
                     st.rpos += n;
                     return Poll::Ready(Ok(n));
                 }
-                if let Some(r) = ready!(poll_reading(st, cx)) {
+                if let Some(e) = st.read_error.take() {
+                    return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
+                }
+                if let Some(r) = ready!(poll_reading(st, cx, true)) {
                     match r {
                         Ok(0) => return Poll::Ready(Ok(0)),
                         Ok(_) => continue,
@@ -623,7 +717,7 @@ impl StreamIo {
     /// Waits for the write in flight (io_uring), completing partial sends.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let fd = self.src.fd();
-        drain(fd, self.poll.get_mut(), cx)
+        drain(fd, self.poll.get_mut(), cx, true)
     }
 
     pub(crate) fn poll_write(
@@ -635,19 +729,24 @@ impl StreamIo {
             Kind::Epoll => {
                 let (ptr, len) = (data.as_ptr(), data.len());
                 crate::io::with_reactor(|r| match r {
-                    Reactor::Epoll(e) => Ok(self.src.poll_ready(
-                        e,
-                        Dir::Write,
-                        cx,
-                        &mut |fd| {
-                            // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this
-                            // call.
-                            ops::cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
+                    Reactor::Epoll(e) => Ok({
+                        let trait_id = self.trait_registration(e);
+                        self.src.poll_ready(
+                            e,
+                            Dir::Write,
+                            cx,
+                            &mut |fd| {
+                                // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this
+                                // call.
+                                ops::cvt(unsafe {
+                                    libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL)
+                                })
                                 .map(|n| n as usize)
-                        },
-                        |&n| short(n, len),
-                        crate::io::epoll::ANON,
-                    )),
+                            },
+                            |&n| short(n, len),
+                            trait_id,
+                        )
+                    }),
                     _ => Err(io::Error::other("xtc: driver changed")),
                 })?
             }
@@ -681,20 +780,24 @@ impl StreamIo {
 
 /// Completes the `AsyncRead` receive in flight (io_uring), if any: its bytes land in `rbuf`.
 /// `Ready(None)`: none was in flight; `Ready(Some(r))`: it finished with `r`.
-fn poll_reading(st: &mut PollState, cx: &mut Context<'_>) -> Poll<Option<io::Result<u32>>> {
+fn poll_reading(
+    st: &mut PollState,
+    cx: &mut Context<'_>,
+    trait_side: bool,
+) -> Poll<Option<io::Result<u32>>> {
     if let Some(stray) = st.stray.as_mut() {
         // Its bytes go after those still unread in `rbuf` (none, in practice: a read starts
         // only once `rbuf` is drained).
         st.rbuf.drain(..st.rpos);
         st.rpos = 0;
-        let res = ready!(stray.poll_into(&mut st.read_waiters, cx, &mut st.rbuf));
+        let res = ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf));
         st.stray = None;
         return Poll::Ready(Some(result(res)));
     }
     let Some(op) = st.reading.as_mut() else {
         return Poll::Ready(None);
     };
-    let (res, mut got) = ready!(poll_shared(op, &mut st.read_waiters, cx));
+    let (res, mut got) = ready!(poll_shared(op, &mut st.read_waiters, cx, trait_side));
     st.reading = None;
     let r = result(res);
     if let Ok(n) = r {
@@ -708,9 +811,14 @@ fn poll_reading(st: &mut PollState, cx: &mut Context<'_>) -> Poll<Option<io::Res
 
 /// Waits for the `AsyncWrite` send in flight (io_uring), completing partial sends; its error,
 /// or a send that made no progress, is the result.
-fn drain(fd: i32, st: &mut PollState, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+fn drain(
+    fd: i32,
+    st: &mut PollState,
+    cx: &mut Context<'_>,
+    trait_side: bool,
+) -> Poll<io::Result<()>> {
     while let Some(op) = st.writing.as_mut() {
-        let (res, buf) = ready!(poll_shared(op, &mut st.write_waiters, cx));
+        let (res, buf) = ready!(poll_shared(op, &mut st.write_waiters, cx, trait_side));
         st.writing = None;
         match result(res) {
             Ok(n) => {
