@@ -661,3 +661,51 @@ fn an_async_read_polled_with_new_wakers_keeps_one_listed() {
         },
     );
 }
+
+/// An owned `write_all` that waited behind a stalled write-behind send (`AsyncWrite`, a peer
+/// that does not read) and timed out leaves the waiter list: with the stream left alive
+/// (leaked here) and nobody waiting, `run()` still returns.
+#[test]
+fn run_returns_after_an_owned_write_behind_a_stalled_send_is_dropped() {
+    each_driver(
+        "run_returns_after_an_owned_write_behind_a_stalled_send_is_dropped",
+        1,
+        |b| b,
+        |driver, exec| {
+            exec.spawn_on(0, || async {
+                use futures::io::AsyncWriteExt;
+                let (mut a, b) = tcp_pair().await;
+                let small: libc::c_int = 4096;
+                for (fd, opt) in [
+                    (std::os::fd::AsRawFd::as_raw_fd(&a), libc::SO_SNDBUF),
+                    (std::os::fd::AsRawFd::as_raw_fd(&b), libc::SO_RCVBUF),
+                ] {
+                    // SAFETY: a plain setsockopt on an open descriptor with a live argument.
+                    let rc = unsafe {
+                        libc::setsockopt(
+                            fd,
+                            libc::SOL_SOCKET,
+                            opt,
+                            (&raw const small).cast(),
+                            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                        )
+                    };
+                    assert_eq!(rc, 0);
+                }
+                // Far more than the two socket buffers hold: on io_uring the write-behind
+                // send stays in the kernel; on epoll the write just takes what fits.
+                let n = AsyncWriteExt::write(&mut a, &[7u8; 1 << 20]).await.unwrap();
+                assert!(n > 0);
+                let waited =
+                    xtc_shards::time::timeout(Duration::from_millis(5), a.write_all(vec![1u8; 8]))
+                        .await;
+                assert!(waited.is_err(), "the owned write did not wait");
+                std::mem::forget(a);
+                std::mem::forget(b);
+            })
+            .unwrap();
+            common::run_or_fail(exec, Duration::from_secs(30), "a dropped owned write")
+                .unwrap_or_else(|e| panic!("[{driver}]: {e}"));
+        },
+    );
+}
