@@ -217,6 +217,25 @@ async fn timed_runs_async<T, Fut: std::future::Future<Output = T>>(
     Ok(out)
 }
 
+/// `unbalanced` on a runtime whose spawn returns a plain handle of the task's `u64` (glommio,
+/// monoio): the timed runs of spawning every task with `spawn`, then summing their results.
+async fn unbalanced_runs<H: std::future::Future<Output = u64>>(
+    p: Params,
+    spawn: impl Fn(u64) -> H,
+) -> Result<Vec<Duration>, String> {
+    let all = || {
+        let handles: Vec<H> = (0..p.tasks).map(&spawn).collect();
+        async move {
+            let mut sum = 0u64;
+            for h in handles {
+                sum = sum.wrapping_add(h.await);
+            }
+            sum
+        }
+    };
+    timed_runs_async(p.runs, all, |sum| check_sum(p.tasks, sum)).await
+}
+
 /// `12.3 12.1 12.9 ms`: the timed runs in milliseconds.
 fn runs_line(runs: &[Duration]) -> String {
     let ms: Vec<String> = runs
@@ -356,7 +375,7 @@ mod glommio_rt {
 
     use glommio::{LocalExecutorBuilder, Placement};
 
-    use super::{check_fib, check_sum, timed_runs_async, work, Measured, Params, RunsOut};
+    use super::{check_fib, timed_runs_async, unbalanced_runs, work, Measured, Params, RunsOut};
 
     fn fib(n: u32) -> Pin<Box<dyn Future<Output = u64>>> {
         Box::pin(async move {
@@ -386,17 +405,7 @@ mod glommio_rt {
             .make()
             .map_err(|e| e.to_string())?;
         let runs = ex.run(async move {
-            let all = || async move {
-                let handles: Vec<_> = (0..p.tasks)
-                    .map(|t| glommio::spawn_local(async move { work(t) }))
-                    .collect();
-                let mut sum = 0u64;
-                for h in handles {
-                    sum = sum.wrapping_add(h.await);
-                }
-                sum
-            };
-            timed_runs_async(p.runs, all, |sum| check_sum(p.tasks, sum)).await
+            unbalanced_runs(p, |t| glommio::spawn_local(async move { work(t) })).await
         })?;
         Ok(Measured::plain(runs))
     }
@@ -406,7 +415,7 @@ mod glommio_rt {
 mod monoio_rt {
     use std::{future::Future, pin::Pin};
 
-    use super::{check_fib, check_sum, timed_runs_async, work, Measured, Params, RunsOut};
+    use super::{check_fib, timed_runs_async, unbalanced_runs, work, Measured, Params, RunsOut};
 
     fn fib(n: u32) -> Pin<Box<dyn Future<Output = u64>>> {
         Box::pin(async move {
@@ -437,17 +446,7 @@ mod monoio_rt {
 
     pub(super) fn unbalanced(p: Params) -> RunsOut {
         let runs = block_on(async move {
-            let all = || async move {
-                let handles: Vec<_> = (0..p.tasks)
-                    .map(|t| monoio::spawn(async move { work(t) }))
-                    .collect();
-                let mut sum = 0u64;
-                for h in handles {
-                    sum = sum.wrapping_add(h.await);
-                }
-                sum
-            };
-            timed_runs_async(p.runs, all, |sum| check_sum(p.tasks, sum)).await
+            unbalanced_runs(p, |t| monoio::spawn(async move { work(t) })).await
         })??;
         Ok(Measured::plain(runs))
     }
