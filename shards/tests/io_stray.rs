@@ -709,3 +709,72 @@ fn run_returns_after_an_owned_write_behind_a_stalled_send_is_dropped() {
         },
     );
 }
+
+/// Two owned reads in flight: the first gets "hello", the second the peer's reset; both are
+/// dropped, in either order. The stream still reads "hello", then the reset, then the end:
+/// the error is neither lost (a cut stream looking cleanly ended) nor reported before bytes
+/// received ahead of it.
+#[test]
+fn a_dropped_reads_reset_comes_after_the_bytes_before_it() {
+    on_each_driver(
+        "a_dropped_reads_reset_comes_after_the_bytes_before_it",
+        1,
+        |driver| async move {
+            if driver == xtc_shards::io::Driver::Epoll {
+                // epoll reads in the poll: no read is ever in flight to be dropped.
+                return;
+            }
+            for order in 0..2 {
+                let (a, b) = tcp_pair().await;
+                let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+                let mut second = Box::pin(a.read(Vec::with_capacity(64)));
+                assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+                assert!(poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx).is_pending())).await);
+                b.write_all(b"hello".to_vec()).await.0.unwrap();
+                sleep(Duration::from_millis(5)).await;
+                // A reset: linger 0, then close.
+                let linger = libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                };
+                // SAFETY: a plain setsockopt on `b`'s open descriptor with a live argument.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(&b),
+                        libc::SOL_SOCKET,
+                        libc::SO_LINGER,
+                        (&raw const linger).cast(),
+                        std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                    )
+                };
+                assert_eq!(rc, 0);
+                drop(b);
+                sleep(Duration::from_millis(5)).await;
+                if order == 0 {
+                    drop(second);
+                    drop(first);
+                } else {
+                    drop(first);
+                    drop(second);
+                }
+                let mut seen = Vec::new();
+                for _ in 0..3 {
+                    let (r, buf) = guard("a read", a.read(Vec::with_capacity(64))).await;
+                    match r {
+                        Ok(0) => {
+                            seen.push("end".to_string());
+                            break;
+                        }
+                        Ok(_) => seen.push(String::from_utf8_lossy(&buf).into_owned()),
+                        Err(e) => seen.push(format!("{:?}", e.kind())),
+                    }
+                }
+                assert_eq!(
+                    seen,
+                    ["hello", "ConnectionReset", "end"],
+                    "[{driver}] drop order {order}"
+                );
+            }
+        },
+    );
+}

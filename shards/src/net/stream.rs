@@ -567,8 +567,12 @@ impl StreamIo {
         // Unread bytes first: a read in flight (a kept one, an `AsyncRead`'s) can only bring
         // later ones, and may never complete.
         if st.rpos == st.rbuf.len() {
-            if let Some(e) = st.read_error.take() {
-                return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
+            // A stashed error comes after the bytes of a kept receive, which were received
+            // before it.
+            if st.stray.is_none() {
+                if let Some(e) = st.read_error.take() {
+                    return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
+                }
             }
             if let Some(r) = ready!(poll_reading(&mut st, cx, false)) {
                 r?;
@@ -678,8 +682,10 @@ impl StreamIo {
                     st.rpos += n;
                     return Poll::Ready(Ok(n));
                 }
-                if let Some(e) = st.read_error.take() {
-                    return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
+                if st.stray.is_none() {
+                    if let Some(e) = st.read_error.take() {
+                        return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
+                    }
                 }
                 if let Some(r) = ready!(poll_reading(st, cx, true)) {
                     match r {
