@@ -19,14 +19,34 @@ use xtc_shards::{
     time::sleep,
 };
 
+/// Polls `fut` once with the task's waker; it must be pending (its receive is in the kernel).
+async fn poll_pending<F: Future + ?Sized>(mut fut: std::pin::Pin<&mut F>) {
+    let pending = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await;
+    assert!(pending, "it had something to complete with already");
+}
+
 /// Polls `fut` once (it must be pending), lets the loop submit it (and, with `settle`, reap
 /// a completion that arrives meanwhile), then drops it.
 async fn poll_once_then_drop<F: Future>(fut: F, settle: impl Future<Output = ()>) {
     let mut fut = Box::pin(fut);
-    let pending = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await;
-    assert!(pending, "the read had nothing to complete with yet");
+    poll_pending(fut.as_mut()).await;
     settle.await;
     drop(fut);
+}
+
+/// Sets socket option `opt` (`SOL_SOCKET` level) of `s` to `value`.
+fn set_sockopt<T>(s: &impl std::os::fd::AsRawFd, opt: libc::c_int, value: T) {
+    // SAFETY: a plain setsockopt on an open descriptor, with a live argument of its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&raw const value).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt({opt})");
 }
 
 /// Reads exactly `n` bytes with small owned reads.
@@ -384,7 +404,7 @@ fn a_recv_from_holding_a_datagram_is_kept_beside_another_in_flight() {
             let to_a = a.local_addr().unwrap();
             // The first receive gets the first datagram (reaped during the sleep)...
             let mut first = Box::pin(a.recv_from(Vec::with_capacity(64)));
-            assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+            poll_pending(first.as_mut()).await;
             let (w, _) = b.send_to(b"one".to_vec(), to_a).await;
             w.unwrap();
             sleep(Duration::from_millis(5)).await;
@@ -469,7 +489,7 @@ fn a_finished_read_dropped_beside_another_keeps_its_bytes() {
             let (a, b) = tcp_pair().await;
             let a = std::rc::Rc::new(a);
             let mut first = Box::pin(a.read(Vec::with_capacity(64)));
-            assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+            poll_pending(first.as_mut()).await;
             let (w, _) = b.write_all(b"one".to_vec()).await;
             w.unwrap();
             sleep(Duration::from_millis(5)).await;
@@ -509,7 +529,7 @@ fn an_unreaped_datagram_of_a_dropped_recv_from_is_not_lost() {
                 let other =
                     spawn_local(async move { a2.recv_from(Vec::with_capacity(64)).await.1 });
                 let mut first = Box::pin(a.recv_from(Vec::with_capacity(64)));
-                assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+                poll_pending(first.as_mut()).await;
                 sleep(Duration::from_millis(3)).await;
                 // Sent from this thread: no loop turn (no reap) before the drop.
                 tx.send_to(&[round, 1], to_a).unwrap();
@@ -598,7 +618,7 @@ fn a_buffer_drop_that_reads_the_stream_finds_it_whole() {
             let a = std::rc::Rc::new(a);
             let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
             let mut first = Box::pin(a.read(Vec::with_capacity(64)));
-            assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+            poll_pending(first.as_mut()).await;
             b.write_all(b"hello".to_vec()).await.0.unwrap();
             sleep(Duration::from_millis(5)).await;
             let reading = || ReadingOnDrop {
@@ -608,8 +628,8 @@ fn a_buffer_drop_that_reads_the_stream_finds_it_whole() {
             };
             let mut other = Box::pin(a.read(Vec::with_capacity(64)));
             let mut third = Box::pin(a.read(reading()));
-            assert!(poll_fn(|cx| Poll::Ready(other.as_mut().poll(cx).is_pending())).await);
-            assert!(poll_fn(|cx| Poll::Ready(third.as_mut().poll(cx).is_pending())).await);
+            poll_pending(other.as_mut()).await;
+            poll_pending(third.as_mut()).await;
             // Finished, beside reads in flight: its "hello" goes to the stream's buffer.
             drop(first);
             let (r, he) = guard("a short read", a.read(Vec::with_capacity(2))).await;
@@ -675,23 +695,8 @@ fn run_returns_after_an_owned_write_behind_a_stalled_send_is_dropped() {
             exec.spawn_on(0, || async {
                 use futures::io::AsyncWriteExt;
                 let (mut a, b) = tcp_pair().await;
-                let small: libc::c_int = 4096;
-                for (fd, opt) in [
-                    (std::os::fd::AsRawFd::as_raw_fd(&a), libc::SO_SNDBUF),
-                    (std::os::fd::AsRawFd::as_raw_fd(&b), libc::SO_RCVBUF),
-                ] {
-                    // SAFETY: a plain setsockopt on an open descriptor with a live argument.
-                    let rc = unsafe {
-                        libc::setsockopt(
-                            fd,
-                            libc::SOL_SOCKET,
-                            opt,
-                            (&raw const small).cast(),
-                            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                        )
-                    };
-                    assert_eq!(rc, 0);
-                }
+                set_sockopt(&a, libc::SO_SNDBUF, 4096 as libc::c_int);
+                set_sockopt(&b, libc::SO_RCVBUF, 4096 as libc::c_int);
                 // Far more than the two socket buffers hold: on io_uring the write-behind
                 // send stays in the kernel; on epoll the write just takes what fits.
                 let n = AsyncWriteExt::write(&mut a, &[7u8; 1 << 20]).await.unwrap();
@@ -728,8 +733,8 @@ fn a_dropped_reads_reset_comes_after_the_bytes_before_it() {
                 let (a, b) = tcp_pair().await;
                 let mut first = Box::pin(a.read(Vec::with_capacity(64)));
                 let mut second = Box::pin(a.read(Vec::with_capacity(64)));
-                assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
-                assert!(poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx).is_pending())).await);
+                poll_pending(first.as_mut()).await;
+                poll_pending(second.as_mut()).await;
                 b.write_all(b"hello".to_vec()).await.0.unwrap();
                 sleep(Duration::from_millis(5)).await;
                 // A reset: linger 0, then close.
@@ -737,17 +742,7 @@ fn a_dropped_reads_reset_comes_after_the_bytes_before_it() {
                     l_onoff: 1,
                     l_linger: 0,
                 };
-                // SAFETY: a plain setsockopt on `b`'s open descriptor with a live argument.
-                let rc = unsafe {
-                    libc::setsockopt(
-                        std::os::fd::AsRawFd::as_raw_fd(&b),
-                        libc::SOL_SOCKET,
-                        libc::SO_LINGER,
-                        (&raw const linger).cast(),
-                        std::mem::size_of::<libc::linger>() as libc::socklen_t,
-                    )
-                };
-                assert_eq!(rc, 0);
+                set_sockopt(&b, libc::SO_LINGER, linger);
                 drop(b);
                 sleep(Duration::from_millis(5)).await;
                 if order == 0 {

@@ -284,6 +284,16 @@ pub(crate) fn with_reactor<R>(f: impl FnOnce(&Reactor) -> io::Result<R>) -> io::
     }
 }
 
+/// Reaps the current loop's driver now: completions already in the kernel's queue reach
+/// their slots (and wake their tasks). For a drop deciding from whether its operation has
+/// finished (`Op::completed` sees only reaped completions). Nothing off a loop.
+pub(crate) fn reap_now() {
+    let _ = with_reactor(|r| {
+        r.reap();
+        Ok(())
+    });
+}
+
 /// Which backend the current loop uses (for the `ops` dispatch).
 pub(crate) fn current_kind() -> io::Result<Driver> {
     with_reactor(|r| Ok(r.kind().expect("with_reactor excludes None")))

@@ -189,10 +189,7 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
         // one waits for), or another kept read is pending (two reads of one stream shared
         // through an `Rc`, both dropped). Unless it has finished: then its bytes are taken now
         // (cancelled, they were lost). Completions the loop has not reaped yet count too.
-        let _ = crate::io::with_reactor(|r| {
-            r.reap();
-            Ok(())
-        });
+        crate::io::reap_now();
         if op.completed().is_some() {
             // Taking a completed result runs no user code; the buffer's `Drop` (user code,
             // which may use this stream) runs after the poll state is whole again.
@@ -463,6 +460,27 @@ impl StreamIo {
         }
     }
 
+    /// One `futures::io` call on epoll, straight on the caller's `len` bytes: `syscall` while
+    /// the direction is ready, else a wait under the stream's trait-side registration. `Err`
+    /// if the loop's driver is not epoll.
+    fn poll_trait_epoll(
+        &self,
+        dir: Dir,
+        cx: &mut Context<'_>,
+        len: usize,
+        syscall: &mut impl FnMut(i32) -> io::Result<usize>,
+    ) -> io::Result<Poll<io::Result<usize>>> {
+        crate::io::with_reactor(|r| match r {
+            Reactor::Epoll(e) => {
+                let id = self.trait_registration(e);
+                Ok(self
+                    .src
+                    .poll_ready(e, dir, cx, syscall, |&n| short(n, len), id))
+            }
+            _ => Err(io::Error::other("xtc: driver changed")),
+        })
+    }
+
     /// The `futures::io` side's epoll waiter id ([`StreamIo::trait_id`]), taken at first use.
     fn trait_registration(&self, e: &crate::io::epoll::Epoll) -> u64 {
         if self.trait_id.get() == 0 {
@@ -654,24 +672,10 @@ impl StreamIo {
         match kind()? {
             Kind::Epoll => {
                 let (ptr, len) = (out.as_mut_ptr(), out.len());
-                crate::io::with_reactor(|r| match r {
-                    Reactor::Epoll(e) => Ok({
-                        let trait_id = self.trait_registration(e);
-                        self.src.poll_ready(
-                            e,
-                            Dir::Read,
-                            cx,
-                            &mut |fd| {
-                                // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed
-                                // for this call.
-                                ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) })
-                                    .map(|n| n as usize)
-                            },
-                            |&n| short(n, len),
-                            trait_id,
-                        )
-                    }),
-                    _ => Err(io::Error::other("xtc: driver changed")),
+                self.poll_trait_epoll(Dir::Read, cx, len, &mut |fd| {
+                    // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed for
+                    // this call.
+                    ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) }).map(|n| n as usize)
                 })?
             }
             Kind::Uring => loop {
@@ -734,26 +738,10 @@ impl StreamIo {
         match kind()? {
             Kind::Epoll => {
                 let (ptr, len) = (data.as_ptr(), data.len());
-                crate::io::with_reactor(|r| match r {
-                    Reactor::Epoll(e) => Ok({
-                        let trait_id = self.trait_registration(e);
-                        self.src.poll_ready(
-                            e,
-                            Dir::Write,
-                            cx,
-                            &mut |fd| {
-                                // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this
-                                // call.
-                                ops::cvt(unsafe {
-                                    libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL)
-                                })
-                                .map(|n| n as usize)
-                            },
-                            |&n| short(n, len),
-                            trait_id,
-                        )
-                    }),
-                    _ => Err(io::Error::other("xtc: driver changed")),
+                self.poll_trait_epoll(Dir::Write, cx, len, &mut |fd| {
+                    // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this call.
+                    ops::cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
+                        .map(|n| n as usize)
                 })?
             }
             Kind::Uring => {

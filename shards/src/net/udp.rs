@@ -148,10 +148,7 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         {
             // It can be kept only if it already holds a datagram: completions the loop has
             // not reaped yet count too.
-            let _ = crate::io::with_reactor(|r| {
-                r.reap();
-                Ok(())
-            });
+            crate::io::reap_now();
         }
         if let Ok(mut kept) = self.socket.stray.try_borrow_mut() {
             // A receive that already holds its datagram is kept whatever else is in flight
