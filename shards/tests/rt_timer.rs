@@ -291,3 +291,83 @@ fn a_panicking_waker_of_a_timer_does_not_take_its_loop_down() {
     ran.unwrap();
     assert_eq!(futures::executor::block_on(after).unwrap(), 7);
 }
+
+/// Waits until the task is woken, without polling anything that could register a wake-up:
+/// only a waker registered earlier can end this wait.
+async fn next_wake() {
+    let mut first = true;
+    std::future::poll_fn(|_| {
+        if std::mem::take(&mut first) {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await
+}
+
+/// As in tokio, a reset sleep keeps its task's wake-up: the task is woken at the new deadline
+/// (or at once, for one that passed) without polling the sleep again first, as a sleep in a
+/// `FuturesUnordered` reset from another branch needs. The old reset dropped the waker: the
+/// task slept forever and `run()` reported a deadlock.
+#[test]
+fn a_reset_sleep_wakes_its_task_without_a_new_poll() {
+    for passed in [false, true] {
+        let ex = common::exec(1);
+        ex.spawn_on(0, move || async move {
+            let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
+            assert!(futures::poll!(s.as_mut()).is_pending());
+            let at = if passed {
+                Instant::now()
+            } else {
+                Instant::now() + Duration::from_millis(20)
+            };
+            s.as_mut().reset(at);
+            next_wake().await;
+            assert!(Instant::now() >= at);
+            s.await;
+        })
+        .unwrap();
+        common::run_or_fail(ex, common::HANG, "reset sleep").unwrap();
+    }
+}
+
+/// The same after a migratable task moved to another loop since it polled the sleep: the old
+/// loop, which holds the timer, wakes the task.
+#[test]
+fn a_sleep_reset_after_its_task_moved_wakes_it() {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc,
+    };
+    let ex = common::exec(2);
+    let (mut tx, mut rx) = xtc_shards::channel::shared::bounded::<u32>(1).unwrap();
+    let shards = Arc::new([AtomicUsize::new(9), AtomicUsize::new(9)]);
+    let seen = shards.clone();
+    ex.spawn_on(0, move || async move {
+        let mover = xtc_shards::spawn(async move {
+            let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
+            assert!(futures::poll!(s.as_mut()).is_pending());
+            seen[0].store(xtc_shards::shard::id(), SeqCst);
+            // Woken from shard 1, the task moves there.
+            assert_eq!(rx.recv().await, Some(7));
+            seen[1].store(xtc_shards::shard::id(), SeqCst);
+            s.as_mut().reset(Instant::now() + Duration::from_millis(20));
+            next_wake().await;
+            s.await;
+        });
+        mover.await.unwrap();
+    })
+    .unwrap();
+    ex.spawn_on(1, move || async move {
+        time::sleep(Duration::from_millis(50)).await;
+        tx.send(7).await.unwrap();
+    })
+    .unwrap();
+    common::run_or_fail(ex, common::HANG, "reset sleep of a moved task").unwrap();
+    assert_eq!(
+        (shards[0].load(SeqCst), shards[1].load(SeqCst)),
+        (0, 1),
+        "the task was meant to move from shard 0 to 1"
+    );
+}

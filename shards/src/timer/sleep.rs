@@ -48,10 +48,35 @@ impl Sleep {
         self.deadline
     }
 
-    /// Moves the deadline (the timer is re-registered on the next poll).
+    /// Moves the deadline. As in tokio, the task that last polled the sleep keeps its wake-up:
+    /// it is woken at the new deadline (at once if that has passed) without polling the sleep
+    /// again first, so a sleep in a `FuturesUnordered`, reset by another branch, still wakes
+    /// its task. Cost: a timer removal and insert (O(log n)) when it was registered on this
+    /// loop; after a migratable task moved, a small task on the old loop moves the wake-up.
     pub fn reset(&mut self, deadline: Instant) {
-        self.cancel();
         self.deadline = deadline;
+        let Some((owner, k)) = self.key.take() else {
+            return;
+        };
+        with_core(|core| {
+            if loop_id(core) != owner {
+                // The old loop wakes the task, which registers the new deadline where it runs.
+                cancel_elsewhere(core, owner, k, true);
+                return;
+            }
+            let mut timers = core.timers.borrow_mut();
+            let Some(waker) = timers.cancel(k) else {
+                // It fired (the task is woken already) or went with an earlier run.
+                return;
+            };
+            if Instant::now() < deadline {
+                self.key = Some((owner, timers.insert(deadline, waker)));
+            } else {
+                drop(timers);
+                waker.wake();
+            }
+        });
+        // Off any loop: that loop's shutdown clears its timers (see `cancel`).
     }
 
     fn cancel(&mut self) {
@@ -61,7 +86,7 @@ impl Sleep {
                     let waker = core.timers.borrow_mut().cancel(k);
                     drop(waker);
                 } else {
-                    cancel_elsewhere(core, owner, k);
+                    cancel_elsewhere(core, owner, k, false);
                 }
             });
             // Off any loop (a migratable task dropped by a stopping executor): every loop's
@@ -75,8 +100,9 @@ impl Sleep {
 /// pinned task, over the ring mesh like any spawn. Left behind, the timer kept its loop
 /// `WAITING` until the deadline: `run()` returned that much late (a 30 s `timeout` around a
 /// receive: 30 s), and the loop woke for nothing. Cost: one task per moved sleep, on the rare
-/// path only.
-fn cancel_elsewhere(core: &crate::context::Core, owner: usize, k: TimerKey) {
+/// path only. With `wake` (a reset), the cancelled timer's waker is woken there, so the task
+/// polls its sleep again and registers the new deadline on the loop it runs on.
+fn cancel_elsewhere(core: &crate::context::Core, owner: usize, k: TimerKey, wake: bool) {
     if core.exec.stop_requested() {
         // Stopping: every loop clears its own timers in its shutdown, and a cancel sent now
         // could wait in a ring for the next run (where generations differ, so it would only
@@ -90,7 +116,10 @@ fn cancel_elsewhere(core: &crate::context::Core, owner: usize, k: TimerKey) {
         .find(|l| std::sync::Arc::as_ptr(l) as usize == owner);
     if let Some(home) = home {
         let cancel = move || async move {
-            with_core(|c| drop(c.timers.borrow_mut().cancel(k)));
+            let waker = with_core(|c| c.timers.borrow_mut().cancel(k)).flatten();
+            if let (true, Some(w)) = (wake, waker) {
+                w.wake();
+            }
         };
         let info = crate::task::TaskInfo::here(Some(std::sync::Arc::new(
             "xtc::time: cancel of a moved sleep".to_string(),
@@ -125,7 +154,7 @@ impl Future for Sleep {
                     if let Some((owner, k)) = key {
                         // The task moved to this loop: the old timer goes (its loop cancels
                         // it), a new one is made here.
-                        cancel_elsewhere(core, owner, k);
+                        cancel_elsewhere(core, owner, k, false);
                     }
                     if Instant::now() >= deadline {
                         None
