@@ -589,3 +589,96 @@ fn local_receiver_drop_with_a_panicking_value_still_wakes_waiting_senders() {
         Err(_) => panic!("the waiting sender was never woken after the receiver dropped"),
     }
 }
+
+fn noop_cx() -> std::task::Context<'static> {
+    std::task::Context::from_waker(std::task::Waker::noop())
+}
+
+/// A `send_many` dropped while it waits for space (the losing branch of a `select!`) has sent
+/// a prefix and left every other item in the caller's iterator. It used to peek at the full
+/// ring's next item to learn whether more came, and dropped that item with the future.
+#[test]
+fn a_cancelled_send_many_leaves_the_unsent_items_in_the_iterator() {
+    use std::{future::Future, pin::Pin};
+    // An exact iterator (a range) and one that cannot tell its end.
+    for exact in [true, false] {
+        let (mut tx, mut rx) = shared::bounded::<u64>(2).unwrap();
+        let mut next = 0..10u64;
+        let mut it: Box<dyn Iterator<Item = u64>> = if exact {
+            Box::new(0..10u64)
+        } else {
+            Box::new(std::iter::from_fn(move || next.next()))
+        };
+        {
+            let mut fut = tx.send_many(it.by_ref());
+            assert!(Pin::new(&mut fut).poll(&mut noop_cx()).is_pending());
+        }
+        let mut got = Vec::new();
+        while let Ok(v) = rx.try_recv() {
+            got.push(v);
+        }
+        assert_eq!(got, vec![0, 1]);
+        assert_eq!(it.collect::<Vec<_>>(), (2..10).collect::<Vec<_>>());
+    }
+}
+
+/// Items that fill the ring exactly, from an iterator that cannot say it is finished: the
+/// send resolves once the receiver frees a slot, and `Ok` (everything was sent) if the
+/// receiver goes away instead.
+#[test]
+fn send_many_that_fills_the_ring_exactly_resolves_on_space_or_close() {
+    use std::{future::Future, pin::Pin};
+    for close in [false, true] {
+        let (mut tx, mut rx) = shared::bounded::<u64>(2).unwrap();
+        let mut next = 0..2u64;
+        let mut fut = tx.send_many(std::iter::from_fn(move || next.next()));
+        assert!(Pin::new(&mut fut).poll(&mut noop_cx()).is_pending());
+        if close {
+            drop(rx);
+            assert!(matches!(
+                Pin::new(&mut fut).poll(&mut noop_cx()),
+                std::task::Poll::Ready(Ok(()))
+            ));
+        } else {
+            assert_eq!(rx.try_recv(), Ok(0));
+            assert!(matches!(
+                Pin::new(&mut fut).poll(&mut noop_cx()),
+                std::task::Poll::Ready(Ok(()))
+            ));
+            drop(fut);
+            assert_eq!(rx.try_recv(), Ok(1));
+            assert_eq!(rx.try_recv().err(), Some(TryRecvError::Empty));
+        }
+    }
+}
+
+/// The same panicking iterator with a `Copy` item: the items it gave before are sent. The
+/// path for types without drop code used rtrb's chunk filler, which publishes nothing when
+/// the iterator panics: they were lost.
+#[test]
+fn a_panicking_iterator_of_copy_items_still_sends_what_it_gave() {
+    let (mut tx, mut rx) = shared::bounded::<u64>(8).unwrap();
+    let mut items = (0..5u64)
+        .inspect(|&i| assert!(i != 2, "an iterator bug"))
+        .peekable();
+    let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tx.try_send_many(&mut items)
+    }));
+    assert!(sent.is_err(), "the iterator's panic comes through");
+    assert_eq!(rx.try_recv(), Ok(0));
+    assert_eq!(rx.try_recv(), Ok(1));
+    assert_eq!(rx.try_recv().err(), Some(TryRecvError::Empty));
+}
+
+/// A capacity whose slots do not fit in memory is an `Err` for the local channel too; it
+/// used to allocate before checking, and panicked with a capacity overflow.
+#[test]
+fn a_local_channel_of_huge_slots_is_an_error_not_a_panic() {
+    type Big = [u8; 1 << 60];
+    let made = std::panic::catch_unwind(|| local::bounded::<Big>(16).is_err());
+    assert_eq!(made.ok(), Some(true), "local::bounded panicked or accepted");
+    assert!(shared::bounded::<Big>(16).is_err());
+    // A capacity that fits is accepted without allocating its huge slots up front.
+    let made = std::panic::catch_unwind(|| local::bounded::<Big>(2).is_ok());
+    assert_eq!(made.ok(), Some(true));
+}

@@ -75,9 +75,14 @@ impl<T> State<T> {
 
 /// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0.
 pub fn bounded<T>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
+    // Checked before anything is allocated: a capacity too large for memory is an `Err`, not
+    // a capacity-overflow panic in the allocation below.
+    let capacity = check_capacity::<T>(capacity)?;
+    // Up to 1,024 slots and 64 KiB up front (a large `T` gets its slots as they fill).
+    let slot = std::mem::size_of::<T>().max(1);
     let st = Rc::new(RefCell::new(State {
-        queue: VecDeque::with_capacity(capacity.min(1024)),
-        capacity: check_capacity::<T>(capacity)?,
+        queue: VecDeque::with_capacity(capacity.min(1024).min((64 << 10) / slot)),
+        capacity,
         rx_waker: None,
         waiters: Slab::new(),
         line: VecDeque::new(),

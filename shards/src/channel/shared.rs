@@ -18,7 +18,8 @@
 //! Both sides touch the flag by read-modify-write, so of the two swaps the later one in the flag's
 //! modification order either sees `true` (and wakes) or synchronizes with the earlier one, whose
 //! side's ring update (push or pop) it then sees on the recheck. No wake-up is lost, and a stream
-//! costs one RMW per side per loop turn rather than per message. Closing (dropping an end) sets a
+//! costs one RMW per side per loop turn, plus one per `capacity / 4` messages, rather than one
+//! per message (a ring of fewer than 8 slots signals every message or two). Closing (dropping an end) sets a
 //! flag and wakes the other side at once.
 //!
 //! The batch calls ([`Sender::send_many`], [`Receiver::recv_many`] and their `try_` forms) move
@@ -222,7 +223,8 @@ pub struct Receiver<T> {
 
 impl<T> Sender<T> {
     /// Sends `value`, waiting while the channel is full. `Err` gives the value back if the
-    /// receiver is gone. Cost: a ring push; no atomic read-modify-write per message (rule 2).
+    /// receiver is gone. Cost: a ring push; an atomic read-modify-write only once per turn and
+    /// per `capacity / 4` sends (rule 2).
     pub fn send(&mut self, value: T) -> SendFut<'_, T> {
         SendFut {
             tx: self,
@@ -275,18 +277,10 @@ impl<T> Sender<T> {
             .ring
             .write_chunk_uninit(free)
             .expect("the producer alone fills the ring, so its free slots stay free");
-        if !std::mem::needs_drop::<T>() {
-            // Nothing to leak if the iterator panics: rtrb's filler (no more items than
-            // slots, and it publishes them), the fastest loop.
-            let n = chunk.fill_from_iter(items.by_ref());
-            if n > 0 {
-                self.pushed(n);
-            }
-            return Ok(n);
-        }
         // Filled by hand rather than with rtrb's `fill_from_iter`: if the iterator panics,
         // the items it already gave must be published (sent), not left written in slots that
-        // nobody drops (rtrb's chunk has no `Drop`), so the count is committed on unwind too.
+        // nobody reads or drops (rtrb's chunk has no `Drop`), so the count is committed, and
+        // the receiver signalled, on unwind too.
         let mut n = 0;
         let filled = {
             let (first, second) = chunk.as_mut_slices();
@@ -315,6 +309,13 @@ impl<T> Sender<T> {
     /// item is in the ring. If the receiver goes away, the items not yet sent come back in the
     /// [`SendError`], as the iterator itself (the next item first): `items` may be endless,
     /// and the caller decides whether to collect the rest.
+    ///
+    /// Cancel safety: an item is taken from `items` only when the ring has room for it, so a
+    /// `send_many(iter.by_ref())` dropped while it waits (a `select!` with a timer) has sent
+    /// a prefix and left every other item in `iter`. The price: when the items fill the ring
+    /// exactly and the iterator cannot say it is finished (its `size_hint` has no upper bound
+    /// of 0, as a `from_fn`), the future resolves once the receiver frees a slot
+    /// (or goes away).
     ///
     /// Cost per batch: as [`try_send_many`](Self::try_send_many); a stream sent this way costs
     /// a fraction of per-message `send`s (see `mesh`'s batched stream row in bench/).
@@ -393,21 +394,40 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
                 // It gave its items back in an `Err`: reporting success now would be a lie.
                 panic!("xtc: channel::shared::SendMany polled after it completed with an error");
             };
-            match this.tx.try_send_many(items) {
-                Err(_) => {
-                    let rest = this.items.take().expect("present: borrowed just above");
-                    return Poll::Ready(Err(SendError(rest)));
+            let Ok(n) = this.tx.try_send_many(items) else {
+                let mut rest = this.items.take().expect("present: borrowed just above");
+                // Closed. Everything may have been sent already (the last items filled the
+                // ring exactly, and the receiver went before the end was known).
+                if rest.peek().is_none() {
+                    return Poll::Ready(Ok(()));
                 }
-                Ok(_) if items.peek().is_none() => return Poll::Ready(Ok(())),
-                Ok(n) if n > 0 => announced = false,
-                // Full. Rule 3: announce, then recheck (the next round of the loop); a second
-                // full ring after the announcement waits.
-                Ok(_) if !announced => {
-                    this.tx.chan.tx.wait(cx.waker());
-                    announced = true;
-                }
-                Ok(_) => return Poll::Pending,
+                return Poll::Ready(Err(SendError(rest)));
+            };
+            if n > 0 {
+                announced = false;
             }
+            // An item is taken from `items` only when the ring has room for it, so a future
+            // dropped while it waits holds none: with `send_many(iter.by_ref())`, every item
+            // not sent is still in `iter`. Peeking at a full ring to learn whether more come
+            // would strand the peeked item in this future.
+            if items.size_hint().1 == Some(0) {
+                return Poll::Ready(Ok(()));
+            }
+            if this.tx.ring.slots() > 0 {
+                // Room: a peeked item goes into the ring on the next round (only this
+                // producer fills the ring, so the room stays).
+                if items.peek().is_none() {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
+            // Full. Rule 3: announce, then recheck (the next round of the loop); a second
+            // full ring after the announcement waits.
+            if announced {
+                return Poll::Pending;
+            }
+            this.tx.chan.tx.wait(cx.waker());
+            announced = true;
         }
     }
 }
