@@ -4,8 +4,9 @@
 //! rtrb is not loom-instrumented, so the rings here are a minimal SPSC stand-in with rtrb's
 //! memory orderings (the producer publishes `tail` with Release, the consumer `head` with
 //! Release, each reads the other's with Acquire); its slots are loom cells, so the model also
-//! checks that a slot is never written while read. The parker and the flags are the real
-//! `Parker` and the same atomics the shipping code uses, accessed the same way.
+//! checks that a slot is never written while read. The parker is the real `Parker`; the ring
+//! flags are the same atomics the shipping code uses, accessed the same way; the channel models
+//! run the shipping `channel::shared::Side` (waker slot, `waiting` and close flags).
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p xtc-shards --release --lib loom_`.
 
@@ -158,45 +159,101 @@ fn loom_ring_backpressure_wakes_waiting_producer() {
     });
 }
 
-/// Shared channel rules 1–2: the receiver stores its waker, swaps `waiting` to true and
-/// rechecks; the sender pushes and, later (end of its turn), swaps `waiting` to false and wakes
-/// if it was set. The receiver's wake is modelled by a parker.
-#[test]
-fn loom_channel_receiver_never_misses_a_send() {
+/// The task's waker: it unparks the receiver's parker, which stands for the receiver's loop
+/// (a waker woken after the receiver is done is harmless, as on a loop).
+struct Unpark(Arc<Parker>);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Shared channel rules 1–2 on the shipping `Side` (its waker slot, `waiting` flag and close
+/// flag, through `crate::sync`): the receiver finds the ring empty, waits (stores its waker,
+/// swaps `waiting`), rechecks, and parks; the sender pushes twice and signals once, at the end
+/// of its turn, or (with `close`) drops its end instead of signalling. The receiver must get
+/// both values, and with `close` also see the channel end, without a lost wake-up.
+fn channel_model(close: bool) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
-    b.check(|| {
+    b.check(move || {
+        use crate::channel::shared::Side;
         let ring = Arc::new(Ring::new(4));
-        let waiting = Arc::new(AtomicBool::new(false));
-        let rx_parker = Arc::new(Parker::new().unwrap());
-        let (r2, w2, p2) = (ring.clone(), waiting.clone(), rx_parker.clone());
+        // The receiver's side (signalled by the sender) and the sender's (closed by its drop).
+        let rx_side = Arc::new(Side::new());
+        let tx_side = Arc::new(Side::new());
+        let (r2, rx2, tx2) = (ring.clone(), rx_side.clone(), tx_side.clone());
         let sender = thread::spawn(move || {
             assert!(r2.push(1));
             assert!(r2.push(2));
-            // End of the sender's turn: one signal for both pushes.
-            if w2.swap(false, SeqCst) {
-                p2.unpark();
+            if close {
+                // `Sender::drop`.
+                tx2.close();
+                rx2.wake_now();
+            } else {
+                // End of the sender's turn: one signal for both pushes.
+                rx2.signal();
             }
         });
+        let parker = Arc::new(Parker::new().unwrap());
+        let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(parker.clone())));
         let mut got = Vec::new();
-        while got.len() < 2 {
+        // `RecvFut::poll` as a loop: try, wait, recheck, park until woken. `try_recv` reads
+        // the close flag only after finding the ring empty, and pops again after seeing it.
+        let try_recv = |got: &mut Vec<u32>| -> Option<bool> {
             if let Some(v) = ring.pop() {
                 got.push(v);
-                continue;
+                return Some(false);
             }
-            // "Pending": register (the parker stands for the stored waker), announce, recheck.
-            rx_parker.announce();
-            waiting.swap(true, SeqCst);
-            if let Some(v) = ring.pop() {
-                rx_parker.cancel();
-                got.push(v);
-                continue;
+            if tx_side.is_closed() {
+                return Some(match ring.pop() {
+                    Some(v) => {
+                        got.push(v);
+                        false
+                    }
+                    None => true,
+                });
             }
-            rx_parker.sleep(None);
+            None
+        };
+        loop {
+            match try_recv(&mut got) {
+                Some(true) => break,
+                Some(false) if !close && got.len() == 2 => break,
+                Some(false) => continue,
+                None => {}
+            }
+            // The loop's park protocol around the poll's own announce and recheck.
+            parker.announce();
+            rx_side.wait(&waker);
+            match try_recv(&mut got) {
+                None => {
+                    parker.sleep(None);
+                }
+                done => {
+                    parker.cancel();
+                    match done {
+                        Some(true) => break,
+                        _ if !close && got.len() == 2 => break,
+                        _ => continue,
+                    }
+                }
+            }
         }
         sender.join().unwrap();
         assert_eq!(got, vec![1, 2]);
     });
+}
+
+#[test]
+fn loom_channel_receiver_never_misses_a_send() {
+    channel_model(false);
+}
+
+#[test]
+fn loom_channel_receiver_never_misses_the_close() {
+    channel_model(true);
 }
 
 /// Ring rules 2, 3 and 5 together: a wake that finds the ring full goes to the producer's

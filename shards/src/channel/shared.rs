@@ -57,7 +57,7 @@ impl<T> std::ops::Deref for Padded<T> {
 }
 
 #[derive(Debug)]
-struct Side {
+pub(crate) struct Side {
     /// Written when this side waits and when the other side signals (about once per turn).
     waker: Padded<Mutex<Option<Waker>>>,
     waiting: AtomicBool,
@@ -66,7 +66,7 @@ struct Side {
 }
 
 impl Side {
-    fn new() -> Side {
+    pub(crate) fn new() -> Side {
         Side {
             waker: Padded(Mutex::new(None)),
             waiting: AtomicBool::new(false),
@@ -75,7 +75,7 @@ impl Side {
     }
 
     /// Rules 1 and 3, first half: park this side's waker and announce.
-    fn wait(&self, waker: &Waker) {
+    pub(crate) fn wait(&self, waker: &Waker) {
         {
             let mut slot = lock(&self.waker);
             match slot.as_ref() {
@@ -87,7 +87,7 @@ impl Side {
     }
 
     /// Rule 2: wake this side if it announced it waits.
-    fn signal(&self) {
+    pub(crate) fn signal(&self) {
         if self.waiting.swap(false, SeqCst) {
             let w = lock(&self.waker).take();
             if let Some(w) = w {
@@ -102,12 +102,17 @@ impl Side {
         }
     }
 
-    fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.store(true, SeqCst);
     }
 
+    /// Whether this side's end was dropped.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(SeqCst)
+    }
+
     /// Wakes unconditionally (closing).
-    fn wake_now(&self) {
+    pub(crate) fn wake_now(&self) {
         self.waiting.swap(false, SeqCst);
         let w = lock(&self.waker).take();
         if let Some(w) = w {
