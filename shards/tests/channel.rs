@@ -682,3 +682,40 @@ fn a_local_channel_of_huge_slots_is_an_error_not_a_panic() {
     let made = std::panic::catch_unwind(|| local::bounded::<Big>(2).is_ok());
     assert_eq!(made.ok(), Some(true));
 }
+
+/// A waker replaced by a later poll is dropped outside the channel's waker lock: its `Drop`
+/// may be user code that touches the channel (here it owns the sender, whose drop wakes the
+/// receiver's side). Dropped under the lock, this deadlocked on the lock it held.
+#[test]
+fn a_replaced_waker_whose_drop_closes_the_channel_does_not_deadlock() {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{Arc, Mutex},
+        task::{Context, Poll, Wake, Waker},
+    };
+    struct Owns(#[allow(dead_code)] Mutex<Option<shared::Sender<u8>>>);
+    impl Wake for Owns {
+        fn wake(self: Arc<Self>) {}
+    }
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (tx, mut rx) = shared::bounded::<u8>(1).unwrap();
+        let owner = Waker::from(Arc::new(Owns(Mutex::new(Some(tx)))));
+        let mut fut = rx.recv();
+        assert!(Pin::new(&mut fut)
+            .poll(&mut Context::from_waker(&owner))
+            .is_pending());
+        // The channel now holds the only other reference to `owner`.
+        drop(owner);
+        let got = Pin::new(&mut fut).poll(&mut Context::from_waker(Waker::noop()));
+        done_tx.send(matches!(got, Poll::Ready(None))).unwrap();
+    });
+    let closed = done_rx
+        .recv_timeout(HANG)
+        .expect("the poll that replaced the waker deadlocked");
+    assert!(
+        closed,
+        "the sender went with the waker: the channel is closed"
+    );
+}

@@ -160,10 +160,13 @@ impl<T> Future for SendFut<'_, T> {
             Err(TrySendError::Full(v)) => {
                 this.value = Some(v);
                 let mut st = this.tx.st.borrow_mut();
+                // A replaced waker is dropped after the borrow (its `Drop` may be user code
+                // that touches this channel).
+                let mut old = None;
                 match this.key.and_then(|k| st.waiters.get_mut(k).map(|w| (k, w))) {
                     Some((key, w)) => {
                         if !w.waker.will_wake(cx.waker()) {
-                            w.waker = cx.waker().clone();
+                            old = Some(std::mem::replace(&mut w.waker, cx.waker().clone()));
                         }
                         if w.notified {
                             // Woken, but a `try_send` took the slot: first in line again.
@@ -180,6 +183,8 @@ impl<T> Future for SendFut<'_, T> {
                         this.key = Some(key);
                     }
                 }
+                drop(st);
+                drop(old);
                 return Poll::Pending;
             }
         };
@@ -260,7 +265,9 @@ impl<T> Receiver<T> {
             Ok(v) => Poll::Ready(Some(v)),
             Err(TryRecvError::Closed) => Poll::Ready(None),
             Err(TryRecvError::Empty) => {
-                self.st.borrow_mut().rx_waker = Some(cx.waker().clone());
+                // The old waker is dropped after the borrow, as above.
+                let old = self.st.borrow_mut().rx_waker.replace(cx.waker().clone());
+                drop(old);
                 Poll::Pending
             }
         })

@@ -76,14 +76,17 @@ impl Side {
 
     /// Rules 1 and 3, first half: park this side's waker and announce.
     pub(crate) fn wait(&self, waker: &Waker) {
-        {
+        let old = {
             let mut slot = lock(&self.waker);
             match slot.as_ref() {
-                Some(w) if w.will_wake(waker) => {}
-                _ => *slot = Some(waker.clone()),
+                Some(w) if w.will_wake(waker) => None,
+                _ => slot.replace(waker.clone()),
             }
-        }
+        };
         self.waiting.swap(true, SeqCst);
+        // Dropped outside the lock: a waker's `Drop` is user code when a future was polled
+        // with a custom waker, and may touch this channel.
+        drop(old);
     }
 
     /// Rule 2: wake this side if it announced it waits.
