@@ -523,3 +523,37 @@ fn a_preempted_migratable_task_does_not_starve_a_pinned_one() {
         "the pinned task waited {took:?}"
     );
 }
+
+/// The deadlock report names a parked migratable task that the loops' shutdown wakes and drops:
+/// here the pinned task's future holds the sender the migratable one waits on. The report
+/// listed the migratable tasks only after the loops had stopped, when that task was gone.
+#[test]
+fn the_deadlock_report_names_a_migratable_task_that_shutdown_drops() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .deadlock_grace(Some(Duration::from_millis(200)))
+        .build()
+        .unwrap();
+    ex.spawn_on(0, || async {
+        let (tx1, rx1) = futures::channel::oneshot::channel::<()>();
+        let (tx2, rx2) = futures::channel::oneshot::channel::<()>();
+        let _m = task::Builder::new().name("migrant").spawn(async move {
+            let _keep = tx1;
+            let _ = rx2.await;
+        });
+        let _keep = tx2;
+        let _ = rx1.await;
+    })
+    .unwrap();
+    match run_or_fail(ex, HANG, "a deadlock of a pinned and a migratable task") {
+        Err(Error::Deadlock { tasks }) => {
+            assert_eq!(tasks.len(), 2, "{tasks:?}");
+            assert!(
+                tasks.iter().any(|t| t.contains("migrant")),
+                "the parked migratable task is missing from the report: {tasks:?}"
+            );
+        }
+        other => panic!("expected a deadlock report, got {other:?}"),
+    }
+}

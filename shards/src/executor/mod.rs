@@ -99,7 +99,7 @@ pub(crate) struct ExecShared {
     closed: AtomicBool,
     pub(crate) coord_dirty: Mutex<bool>,
     pub(crate) coord_cv: Condvar,
-    deadlock_tasks: Mutex<Vec<String>>,
+    pub(crate) deadlock_tasks: Mutex<Vec<String>>,
     pub(crate) migratable: Migratable,
     /// Victim orders for NUMA sensitivity 0, 1 and 2 (xtc-numa), indexed `[level][shard]`.
     victims: [Vec<Vec<usize>>; 3],
@@ -515,16 +515,14 @@ impl Executor {
             }
         }
         let deadlock = shared.stop_reason() == StopReason::Deadlock as u32;
-        if deadlock {
-            let described = shared.migratable.describe();
-            lock(&shared.deadlock_tasks).extend(described);
-        }
+        // Filled by the coordinator (migratable tasks) and the loops (pinned ones) when it
+        // decided on a deadlock; taken either way, so nothing carries over to a later run.
+        let tasks = std::mem::take(&mut *lock(&shared.deadlock_tasks));
         drop_migratable(shared);
         if let Some(e) = failure {
             return Err(e);
         }
         if deadlock {
-            let tasks = std::mem::take(&mut *lock(&shared.deadlock_tasks));
             return Err(Error::Deadlock { tasks });
         }
         Ok(())

@@ -166,6 +166,12 @@ pub(crate) fn coordinate(exec: &ExecShared) {
                 match &suspect {
                     Some((s, since)) if *s == snap => {
                         if since.elapsed() >= grace {
+                            // The migratable tasks are listed now, while they are parked: the
+                            // loops' shutdown can wake and drop some (a dropped pinned future
+                            // that held what one waited on) before `run()` could list them.
+                            // Each loop lists its pinned tasks before its shutdown.
+                            let migratable = exec.migratable.describe();
+                            lock(&exec.deadlock_tasks).extend(migratable);
                             exec.request_stop(super::StopReason::Deadlock);
                             return;
                         }
