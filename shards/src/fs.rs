@@ -260,7 +260,7 @@ impl File {
         if let Err(e) = self.check_seekable() {
             return (Err(e), buf);
         }
-        file::read_at(&self.fd, buf, pos).await
+        file::read_at(&self.fd, buf, Some(pos)).await
     }
 
     /// Writes `buf[..len]` at offset `pos` once; returns the count written. A file without
@@ -271,19 +271,27 @@ impl File {
         if let Err(e) = self.check_seekable() {
             return (Err(e), buf);
         }
-        file::write_at(&self.fd, buf, pos).await
+        file::write_at(&self.fd, buf, Some(pos)).await
     }
 
     /// Writes all of `buf[..len]` starting at offset `pos`. Cost: as
     /// [`write_at`](Self::write_at), once unless the write comes back short; the rest then
     /// goes through a copy of the remaining bytes per further write.
-    pub async fn write_all_at<B: IoBuf>(&self, mut buf: B, pos: u64) -> BufResult<(), B> {
+    pub async fn write_all_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<(), B> {
+        if let Err(e) = self.check_seekable() {
+            return (Err(e), buf);
+        }
+        self.write_all(buf, Some(pos)).await
+    }
+
+    /// `write_all_at`, or with `None` at the current position (a FIFO; `fs::write`).
+    async fn write_all<B: IoBuf>(&self, mut buf: B, pos: Option<u64>) -> BufResult<(), B> {
         let total = buf.bytes_init();
         let mut done = 0usize;
         while done < total {
             // Remaining bytes through a slice copy only after a short write (rare on files).
             if done == 0 {
-                let (r, b) = self.write_at(buf, pos).await;
+                let (r, b) = file::write_at(&self.fd, buf, pos).await;
                 buf = b;
                 match r {
                     Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
@@ -295,11 +303,15 @@ impl File {
                 let rest =
                     unsafe { std::slice::from_raw_parts(buf.stable_ptr().add(done), total - done) }
                         .to_vec();
-                let Some(at) = pos.checked_add(done as u64) else {
-                    let e = io::Error::new(io::ErrorKind::InvalidInput, "file offset overflow");
-                    return (Err(e), buf);
+                let at = match pos.map(|p| p.checked_add(done as u64)) {
+                    None => None,
+                    Some(Some(at)) => Some(at),
+                    Some(None) => {
+                        let e = io::Error::new(io::ErrorKind::InvalidInput, "file offset overflow");
+                        return (Err(e), buf);
+                    }
                 };
-                let (r, _) = self.write_at(rest, at).await;
+                let (r, _) = file::write_at(&self.fd, rest, at).await;
                 match r {
                     Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
                     Ok(n) => done += n,
@@ -344,13 +356,27 @@ impl AsRawFd for File {
     }
 }
 
-/// Reads a whole file. Cost: open, one `metadata`, reads of up to the file's size (in chunks
+/// Reads a whole file (a FIFO: to its end). Cost: open, one `metadata`, reads of up to the file's size (in chunks
 /// of at most 16 MiB), close. As [`std::fs::read`], a size that cannot be allocated (a huge
 /// sparse file) is an `Err(OutOfMemory)`, not an abort.
 pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     const MIN_CHUNK: usize = 64 * 1024;
     const MAX_CHUNK: usize = 16 * 1024 * 1024;
     let f = File::open(path).await?;
+    if f.check_seekable().is_err() {
+        // A FIFO (or another file without offsets): read from where it is to its end, as
+        // `std::fs::read` does.
+        let mut out = Vec::new();
+        loop {
+            let (r, chunk) = file::read_at(&f.fd, Vec::with_capacity(MIN_CHUNK), None).await;
+            match r? {
+                0 => break,
+                _ => out.extend_from_slice(&chunk),
+            }
+        }
+        f.close().await?;
+        return Ok(out);
+    }
     let size = usize::try_from(f.metadata().await?.len()).unwrap_or(usize::MAX);
     let mut out = Vec::new();
     out.try_reserve_exact(size).map_err(|_| {
@@ -372,11 +398,13 @@ pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Creates or truncates `path` and writes `data` to it. Cost: open, one
-/// [`File::write_all_at`], close.
+/// Creates or truncates `path` and writes `data` to it (a FIFO: writes to it). Cost: open,
+/// one [`File::write_all_at`], close.
 pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Result<()> {
     let f = File::create(path).await?;
-    let (r, _) = f.write_all_at(data.into(), 0).await;
+    // At offset 0, or, for a FIFO (no offsets), where it is, as `std::fs::write` does.
+    let pos = f.check_seekable().is_ok().then_some(0);
+    let (r, _) = f.write_all(data.into(), pos).await;
     r?;
     f.close().await
 }

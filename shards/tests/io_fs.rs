@@ -451,3 +451,69 @@ fn run_returns_only_after_a_dropped_file_write_settled() {
         },
     );
 }
+
+/// A FIFO at a fresh path (removed by the returned [`Cleanup`]).
+fn fifo(tag: &str) -> (PathBuf, Cleanup) {
+    let path = temp_path(tag);
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain system call with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    (path.clone(), Cleanup(path))
+}
+
+/// `fs::read` and `fs::write` on a FIFO behave as `std`'s: they read to its end and write to
+/// it. Both went through positioned I/O, which a FIFO refuses (`ESPIPE`).
+#[test]
+fn fs_read_and_write_of_a_fifo_work_as_in_std() {
+    on_each_driver("fs_read_and_write_of_a_fifo", 1, |driver| async move {
+        let (path, _c) = fifo("read");
+        let p = path.clone();
+        let writer = std::thread::spawn(move || std::fs::write(&p, b"hello"));
+        let got = guard("fs::read of a FIFO", fs::read(&path)).await;
+        writer.join().unwrap().unwrap();
+        assert_eq!(got.unwrap(), b"hello", "{driver}");
+
+        let (path, _c) = fifo("write");
+        let p = path.clone();
+        let reader = std::thread::spawn(move || std::fs::read(&p));
+        guard("fs::write to a FIFO", fs::write(&path, b"world".to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), b"world", "{driver}");
+    });
+}
+
+/// Opening a FIFO waits for its peer, as `open(2)` and `std` do: for writing, until a reader
+/// comes (io_uring's first, non-blocking try failed at once with `ENXIO`); for reading, until
+/// a writer comes (it returned at once, and the first read saw an end of file: `fs::read`
+/// returned nothing).
+#[test]
+fn opening_a_fifo_waits_for_its_peer_as_in_std() {
+    on_each_driver(
+        "opening_a_fifo_waits_for_its_peer",
+        1,
+        |driver| async move {
+            let (path, _c) = fifo("wopen");
+            let p = path.clone();
+            let reader = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                std::fs::read(&p)
+            });
+            let mut o = OpenOptions::new();
+            let f = guard("a write-only open of a FIFO", o.write(true).open(&path)).await;
+            let f = f.unwrap_or_else(|e| panic!("{driver}: {e}"));
+            drop(f);
+            assert_eq!(reader.join().unwrap().unwrap(), b"", "{driver}");
+
+            let (path, _c) = fifo("ropen");
+            let p = path.clone();
+            let writer = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                std::fs::write(&p, b"late")
+            });
+            let got = guard("fs::read of a FIFO before its writer", fs::read(&path)).await;
+            writer.join().unwrap().unwrap();
+            assert_eq!(got.unwrap(), b"late", "{driver}");
+        },
+    );
+}

@@ -20,11 +20,19 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
     let flags = flags | libc::O_CLOEXEC;
     match backend()? {
         Driver::IoUring => {
+            // `IOSQE_ASYNC`: straight to the kernel's worker threads, which open as `open(2)`
+            // does. Issued inline, the kernel first tries with `O_NONBLOCK` and returns that
+            // result: a write-only open of a FIFO without a reader failed with `ENXIO`, and a
+            // read-only one returned before any writer came (its first read: end of file),
+            // where `std` and the epoll driver wait. The cost is a hop to a kernel worker per
+            // open (tokio runs every open on its blocking pool); a worker blocked in an open
+            // is interrupted by the cancel of a dropped `open` future.
             let op = submit(path, |p| {
                 opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), p.as_ptr())
                     .flags(flags)
                     .mode(mode)
                     .build()
+                    .flags(io_uring::squeue::Flags::ASYNC)
             })
             .map(|op| op.result_is_fd())
             .map_err(|(e, _)| e)?;
@@ -56,13 +64,18 @@ fn check_pos(pos: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads into `buf` from its start at file offset `pos`; its length becomes the count read.
+/// io_uring's offset for "the file's current position" (-1), which is also how it reads and
+/// writes files without offsets (FIFOs).
+const CURRENT: u64 = u64::MAX;
+
+/// Reads into `buf` from its start at file offset `pos` (`None`: at the file's current
+/// position, as `read(2)`, the only way to read a FIFO); its length becomes the count read.
 pub(crate) async fn read_at<B: IoBufMut>(
     fd: &Arc<OwnedFd>,
     mut buf: B,
-    pos: u64,
+    pos: Option<u64>,
 ) -> BufResult<usize, B> {
-    if let Err(e) = check_pos(pos) {
+    if let Some(Err(e)) = pos.map(check_pos) {
         return (Err(e), buf);
     }
     let kind = match backend() {
@@ -78,12 +91,13 @@ pub(crate) async fn read_at<B: IoBufMut>(
                     b.stable_mut_ptr(),
                     b.bytes_total().min(u32::MAX as usize) as u32,
                 );
+                let at = pos.unwrap_or(CURRENT);
                 match fixed {
                     Some(i) => opcode::ReadFixed::new(types::Fd(raw), ptr, len, i)
-                        .offset(pos)
+                        .offset(at)
                         .build(),
                     None => opcode::Read::new(types::Fd(raw), ptr, len)
-                        .offset(pos)
+                        .offset(at)
                         .build(),
                 }
             });
@@ -101,9 +115,13 @@ pub(crate) async fn read_at<B: IoBufMut>(
             let len = buf.bytes_total();
             let r = blocking::run(move || {
                 let mut tmp = vec![0u8; len];
+                let (raw, dst) = (fd.as_raw_fd(), tmp.as_mut_ptr().cast());
                 // SAFETY: `tmp` has `len` writable bytes; the Arc keeps the fd open.
                 let n = cvt(unsafe {
-                    libc::pread(fd.as_raw_fd(), tmp.as_mut_ptr().cast(), len, pos as i64)
+                    match pos {
+                        Some(pos) => libc::pread(raw, dst, len, pos as i64),
+                        None => libc::read(raw, dst, len),
+                    }
                 })?;
                 tmp.truncate(n as usize);
                 Ok(tmp)
@@ -125,9 +143,14 @@ pub(crate) async fn read_at<B: IoBufMut>(
     (res, buf)
 }
 
-/// Writes `buf[..bytes_init()]` at file offset `pos` once; returns the count written.
-pub(crate) async fn write_at<B: IoBuf>(fd: &Arc<OwnedFd>, buf: B, pos: u64) -> BufResult<usize, B> {
-    if let Err(e) = check_pos(pos) {
+/// Writes `buf[..bytes_init()]` at file offset `pos` (`None`: at the current position, as
+/// `write(2)`) once; returns the count written.
+pub(crate) async fn write_at<B: IoBuf>(
+    fd: &Arc<OwnedFd>,
+    buf: B,
+    pos: Option<u64>,
+) -> BufResult<usize, B> {
+    if let Some(Err(e)) = pos.map(check_pos) {
         return (Err(e), buf);
     }
     let kind = match backend() {
@@ -140,12 +163,13 @@ pub(crate) async fn write_at<B: IoBuf>(fd: &Arc<OwnedFd>, buf: B, pos: u64) -> B
             let fixed = fixed_index(&buf);
             let op = submit(buf, |b| {
                 let (ptr, len) = (b.stable_ptr(), b.bytes_init().min(u32::MAX as usize) as u32);
+                let at = pos.unwrap_or(CURRENT);
                 match fixed {
                     Some(i) => opcode::WriteFixed::new(types::Fd(raw), ptr, len, i)
-                        .offset(pos)
+                        .offset(at)
                         .build(),
                     None => opcode::Write::new(types::Fd(raw), ptr, len)
-                        .offset(pos)
+                        .offset(at)
                         .build(),
                 }
             });
@@ -163,9 +187,13 @@ pub(crate) async fn write_at<B: IoBuf>(fd: &Arc<OwnedFd>, buf: B, pos: u64) -> B
             let data =
                 unsafe { std::slice::from_raw_parts(buf.stable_ptr(), buf.bytes_init()) }.to_vec();
             let r = blocking::run(move || {
+                let (raw, src, len) = (fd.as_raw_fd(), data.as_ptr().cast(), data.len());
                 // SAFETY: `data` is a live buffer of its length; the Arc keeps the fd open.
                 cvt(unsafe {
-                    libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), pos as i64)
+                    match pos {
+                        Some(pos) => libc::pwrite(raw, src, len, pos as i64),
+                        None => libc::write(raw, src, len),
+                    }
                 })
                 .map(|n| n as usize)
             })
