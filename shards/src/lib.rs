@@ -75,6 +75,13 @@
 //! | `XTC_STALL_BUDGET` | duration (`0`, `10ms`) | `0` | stall watchdog budget of every loop |
 //! | `XTC_IO` | `auto`, `io_uring`, `epoll` | `auto` | I/O driver: auto probes io_uring once and falls back to epoll (see [`io`]); read by every builder unless `Builder::io_driver` is set |
 //! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`) | `20us` | how long a loop that just did work polls before parking: lower cross-shard latency for a full CPU while it spins (it yields to other threads every 64 polls) |
+//!
+//! # Signals
+//!
+//! xtc installs handlers for two real-time signals, and sends them only to its own threads:
+//! `SIGRTMIN+1`, the CPU-time tick of `XTC_PREEMPT` (only when it is set), and `SIGRTMIN+2`,
+//! which interrupts a blocking-pool thread whose file operation was cancelled (epoll driver).
+//! An application that uses these numbers for its own purposes should pick others.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -517,3 +517,49 @@ fn opening_a_fifo_waits_for_its_peer_as_in_std() {
         },
     );
 }
+
+/// A file operation dropped while it blocks (an open of a FIFO that no reader comes to,
+/// under a timeout) does not keep `run()` from returning. On epoll the pool thread stayed
+/// blocked in `open(2)`, and its abandoned job counted as I/O in flight for ever.
+#[test]
+fn run_returns_after_a_dropped_open_that_blocks() {
+    use std::os::unix::fs::OpenOptionsExt;
+    each_driver(
+        "run_returns_after_a_dropped_open_that_blocks",
+        1,
+        |b| b,
+        |driver, exec| {
+            let (path, _c) = fifo(&format!("dropped-open-{driver}"));
+            let p = path.clone();
+            let timed_out = exec
+                .spawn_on(0, move || async move {
+                    let mut o = OpenOptions::new();
+                    o.write(true);
+                    xtc_shards::time::timeout(Duration::from_millis(50), o.open(&p))
+                        .await
+                        .is_err()
+                })
+                .unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let handle = exec.handle();
+            let returned = std::thread::scope(|s| {
+                s.spawn(|| tx.send(exec.run()).unwrap());
+                let returned = rx.recv_timeout(Duration::from_secs(10));
+                if returned.is_err() {
+                    // Release the blocked open (a reader comes), so the test ends.
+                    handle.stop();
+                    let _reader = std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_NONBLOCK)
+                        .open(&path);
+                    let _ = rx.recv_timeout(HANG);
+                }
+                returned
+            });
+            returned
+                .unwrap_or_else(|_| panic!("{driver}: run() hung on the dropped open"))
+                .unwrap();
+            assert!(futures::executor::block_on(timed_out).unwrap(), "{driver}");
+        },
+    );
+}

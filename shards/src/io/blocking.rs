@@ -2,9 +2,20 @@
 //! regular files), as tokio does. Threads start on demand, up to [`MAX_THREADS`], and exit after
 //! [`IDLE_EXIT`] without work. A job's result comes back through a one-shot slot whose waker
 //! the job fires (from the pool thread, so the wake goes through the loop's inbox).
+//!
+//! # Cancellation
+//!
+//! Dropping a job's future cancels the job, as io_uring cancels a dropped operation: a job
+//! not started yet never runs (it ends with `ECANCELED`), and one blocked in an interruptible
+//! system call (an `open` or `read` of a FIFO that no peer comes to) is interrupted by a
+//! signal ([`interrupt_signal`], a no-op handler without `SA_RESTART`) sent to its pool
+//! thread. A job's blocking calls go through [`retrying`], which retries `EINTR` unless its
+//! job was cancelled, so a signal that lands late, in the thread's next job, only costs that
+//! job a retry. Calls the kernel does not interrupt (a `pwrite` to a disk file) complete, and
+//! the loop waits for them before it counts as idle, as it waits for an io_uring completion.
 
 use std::{
-    cell::Cell,
+    cell::{Cell, RefCell},
     collections::VecDeque,
     future::Future,
     io,
@@ -78,6 +89,104 @@ thread_local! {
     /// thread that finishes the job; nothing wakes the loop then, so while this is above zero
     /// the loop parks for at most [`ABANDONED_RECHECK`] and looks again.
     static ABANDONED: Arc<AtomicUsize> = Arc::new(AtomicUsize::new(0));
+    /// Loop threads: the controls of this loop's abandoned jobs that may still run, signalled
+    /// again at each recheck until they end (a signal can land just before the blocking call).
+    static TO_INTERRUPT: RefCell<Vec<Arc<Ctl>>> = const { RefCell::new(Vec::new()) };
+    /// Pool threads: the control of the job this thread runs ([`retrying`]).
+    static RUNNING: RefCell<Option<Arc<Ctl>>> = const { RefCell::new(None) };
+}
+
+/// What a loop and a pool thread share to cancel one job.
+#[derive(Default)]
+struct Ctl {
+    state: Mutex<CtlState>,
+}
+
+#[derive(Default)]
+struct CtlState {
+    /// The pool thread running the job, while it runs.
+    thread: Option<libc::pthread_t>,
+    /// The job's future was dropped: it is not started, and its blocking calls give up on
+    /// `EINTR`.
+    cancelled: bool,
+    /// The job ended (or was skipped).
+    done: bool,
+}
+
+/// The signal that interrupts a cancelled job's blocking call: the third real-time signal
+/// glibc leaves to applications (`sys/cputimer.rs` uses the second).
+fn interrupt_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 2
+}
+
+extern "C" fn on_interrupt(_sig: libc::c_int) {
+    // Nothing: the signal exists to make the blocking call return `EINTR`.
+}
+
+/// Installs the interrupt signal's handler once; `false` if that failed (jobs are then not
+/// interrupted, only skipped when not started).
+fn interrupt_handler_installed() -> bool {
+    static INSTALLED: OnceLock<bool> = OnceLock::new();
+    *INSTALLED.get_or_init(|| {
+        // SAFETY: a zeroed sigaction is valid (empty mask); the handler is an async-signal-safe
+        // `extern "C" fn(c_int)` that does nothing, and no `SA_RESTART`, so the interrupted
+        // call returns `EINTR`. Only pool threads are ever sent this signal.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_interrupt as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(interrupt_signal(), &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            tracing::warn!(
+                "xtc: could not install the blocking pool's interrupt signal handler ({}); a \
+                 dropped file operation that blocks keeps its loop busy until it ends",
+                io::Error::last_os_error()
+            );
+        }
+        rc == 0
+    })
+}
+
+/// Signals the pool thread running `ctl`'s job, if it still runs; `false` once it ended.
+fn interrupt(ctl: &Ctl) -> bool {
+    let st = lock(&ctl.state);
+    if st.done {
+        return false;
+    }
+    if let Some(thread) = st.thread {
+        if interrupt_handler_installed() {
+            // SAFETY: `thread` runs this job (it clears the field under this lock before it
+            // moves on), so it is a live thread; the signal has a handler installed.
+            unsafe { libc::pthread_kill(thread, interrupt_signal()) };
+        }
+    }
+    true
+}
+
+/// Signals this loop's abandoned jobs that still run, and forgets those that ended.
+fn interrupt_abandoned() {
+    TO_INTERRUPT.with(|v| v.borrow_mut().retain(|ctl| interrupt(ctl)));
+}
+
+/// Runs a pool job's blocking call, retrying `EINTR` unless the job was cancelled (then the
+/// interrupted call's `EINTR` ends it). Not for `close`, which must never be retried.
+pub(crate) fn retrying<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match call() {
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) && !job_cancelled() => continue,
+            r => return r,
+        }
+    }
+}
+
+/// Whether the job this pool thread runs was cancelled.
+fn job_cancelled() -> bool {
+    RUNNING.with(|r| {
+        r.borrow()
+            .as_ref()
+            .is_some_and(|c| lock(&c.state).cancelled)
+    })
 }
 
 /// How often a loop with abandoned jobs (`ABANDONED`) looks whether they ended.
@@ -99,6 +208,7 @@ pub(crate) fn park_timeout(timeout: Option<Duration>) -> Option<Duration> {
     if abandoned() == 0 {
         return timeout;
     }
+    interrupt_abandoned();
     Some(timeout.map_or(ABANDONED_RECHECK, |t| t.min(ABANDONED_RECHECK)))
 }
 
@@ -144,6 +254,7 @@ struct Slot<R> {
 /// The future of a pool job; `!Send` (it counts in its loop's in-flight jobs).
 pub(crate) struct Blocking<R> {
     slot: Arc<Mutex<Slot<io::Result<R>>>>,
+    ctl: Arc<Ctl>,
     counted: bool,
     _local: PhantomData<*const ()>,
 }
@@ -158,9 +269,34 @@ pub(crate) fn run<R: Send + 'static>(
         abandoned: None,
     }));
     let theirs = slot.clone();
+    let ctl = Arc::new(Ctl::default());
+    let their_ctl = ctl.clone();
     let job: Job = Box::new(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-            .unwrap_or_else(|_| Err(io::Error::other("xtc: a blocking file operation panicked")));
+        let start = {
+            let mut c = lock(&their_ctl.state);
+            if !c.cancelled {
+                // SAFETY: no preconditions.
+                c.thread = Some(unsafe { libc::pthread_self() });
+            }
+            !c.cancelled
+        };
+        let r = if start {
+            RUNNING.with(|r| *r.borrow_mut() = Some(their_ctl.clone()));
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+                    Err(io::Error::other("xtc: a blocking file operation panicked"))
+                });
+            RUNNING.with(|r| *r.borrow_mut() = None);
+            r
+        } else {
+            Err(io::Error::from_raw_os_error(libc::ECANCELED))
+        };
+        {
+            // From here on no interrupt is sent to this thread for this job.
+            let mut c = lock(&their_ctl.state);
+            c.thread = None;
+            c.done = true;
+        }
         let waker = {
             let mut s = lock(&theirs);
             s.result = Some(r);
@@ -226,6 +362,7 @@ pub(crate) fn run<R: Send + 'static>(
     IN_FLIGHT.with(|c| c.set(c.get() + 1));
     Blocking {
         slot,
+        ctl,
         counted: true,
         _local: PhantomData,
     }
@@ -266,13 +403,19 @@ impl<R> Future for Blocking<R> {
 impl<R> Drop for Blocking<R> {
     fn drop(&mut self) {
         if self.counted {
-            // Still running: its effect is still to come, so it keeps the loop from quiescence
-            // until it ends (under the slot's lock, which the job takes to finish).
+            // Still queued or running: cancelled (see the module docs). Until it ends it keeps
+            // the loop from quiescence, as its effect may still land (under the slot's lock,
+            // which the job takes to finish).
             let mut s = lock(&self.slot);
             if s.result.is_none() {
                 let count = ABANDONED.with(Arc::clone);
                 count.fetch_add(1, SeqCst);
                 s.abandoned = Some(count);
+                drop(s);
+                lock(&self.ctl.state).cancelled = true;
+                if interrupt(&self.ctl) {
+                    TO_INTERRUPT.with(|v| v.borrow_mut().push(self.ctl.clone()));
+                }
             }
         }
         self.uncount();

@@ -42,8 +42,10 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
         }
         Driver::Epoll => {
             blocking::run(move || {
-                // SAFETY: `path` is a live NUL-terminated string.
-                let fd = cvt(unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) })?;
+                let fd = blocking::retrying(|| {
+                    // SAFETY: `path` is a live NUL-terminated string.
+                    cvt(unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) })
+                })?;
                 // SAFETY: open returned a fresh descriptor that we now own.
                 Ok(unsafe { OwnedFd::from_raw_fd(fd) })
             })
@@ -116,12 +118,14 @@ pub(crate) async fn read_at<B: IoBufMut>(
             let r = blocking::run(move || {
                 let mut tmp = vec![0u8; len];
                 let (raw, dst) = (fd.as_raw_fd(), tmp.as_mut_ptr().cast());
-                // SAFETY: `tmp` has `len` writable bytes; the Arc keeps the fd open.
-                let n = cvt(unsafe {
-                    match pos {
-                        Some(pos) => libc::pread(raw, dst, len, pos as i64),
-                        None => libc::read(raw, dst, len),
-                    }
+                let n = blocking::retrying(|| {
+                    // SAFETY: `tmp` has `len` writable bytes; the Arc keeps the fd open.
+                    cvt(unsafe {
+                        match pos {
+                            Some(pos) => libc::pread(raw, dst, len, pos as i64),
+                            None => libc::read(raw, dst, len),
+                        }
+                    })
                 })?;
                 tmp.truncate(n as usize);
                 Ok(tmp)
@@ -188,12 +192,14 @@ pub(crate) async fn write_at<B: IoBuf>(
                 unsafe { std::slice::from_raw_parts(buf.stable_ptr(), buf.bytes_init()) }.to_vec();
             let r = blocking::run(move || {
                 let (raw, src, len) = (fd.as_raw_fd(), data.as_ptr().cast(), data.len());
-                // SAFETY: `data` is a live buffer of its length; the Arc keeps the fd open.
-                cvt(unsafe {
-                    match pos {
-                        Some(pos) => libc::pwrite(raw, src, len, pos as i64),
-                        None => libc::write(raw, src, len),
-                    }
+                blocking::retrying(|| {
+                    // SAFETY: `data` is a live buffer of its length; the Arc keeps the fd open.
+                    cvt(unsafe {
+                        match pos {
+                            Some(pos) => libc::pwrite(raw, src, len, pos as i64),
+                            None => libc::write(raw, src, len),
+                        }
+                    })
                 })
                 .map(|n| n as usize)
             })
