@@ -296,13 +296,23 @@ impl Placement {
 /// All allowed PUs in the normal order of the module docs.
 fn normal_order(topo: &Topology, allowed: &[usize], spread: bool) -> Vec<usize> {
     // Group allowed PUs by core; a PU under no core is a core of its own.
-    // Sort key: NUMA node (unknown last), then core (PUs under no core after the cores).
+    // Sort key: NUMA node (unknown last), then core (PUs under no core after the cores). A
+    // core whose PUs hwloc puts in several nodes belongs to the first of them: keyed by each
+    // PU's own node, it counted as one core per node, and took a shard per node before any
+    // other core got one.
+    let node_of = |pu: usize| topo.numa_node_of(pu).unwrap_or(usize::MAX);
+    let mut core_node: std::collections::BTreeMap<usize, usize> = Default::default();
+    for &pu in allowed {
+        if let Some(c) = topo.core_of(pu) {
+            let n = core_node.entry(c).or_insert(usize::MAX);
+            *n = (*n).min(node_of(pu));
+        }
+    }
     let mut keyed: Vec<((usize, u8, usize), usize)> = allowed
         .iter()
-        .map(|&pu| {
-            let node = topo.numa_node_of(pu).unwrap_or(usize::MAX);
-            let core = topo.core_of(pu).map_or((1, pu), |c| (0, c));
-            ((node, core.0, core.1), pu)
+        .map(|&pu| match topo.core_of(pu) {
+            Some(c) => ((core_node[&c], 0, c), pu),
+            None => ((node_of(pu), 1, pu), pu),
         })
         .collect();
     keyed.sort_unstable();
@@ -315,7 +325,7 @@ fn normal_order(topo: &Topology, allowed: &[usize], spread: bool) -> Vec<usize> 
             }
         } else {
             cores.push(CoreSlot {
-                numa: topo.numa_node_of(pu),
+                numa: (key.0 != usize::MAX).then_some(key.0),
                 pus: vec![pu],
             });
             last_key = Some(key);

@@ -15,9 +15,11 @@ pub const DEFAULT_NUMA_SENSITIVITY: u8 = 1;
 ///
 /// # Rules
 ///
-/// 1. The candidates of thief `s` are all other shards, sorted by
-///    [`Topology::distance`]`(cpu(s), cpu(other))`, nearest first. Shards sharing `s`'s CPU
-///    (oversubscription) have distance 0 and come first.
+/// 1. The candidates of thief `s` are all other shards, those of `s`'s NUMA node first, each
+///    part sorted by [`Topology::distance`]`(cpu(s), cpu(other))`, nearest first. Shards
+///    sharing `s`'s CPU (oversubscription) have distance 0 and come first. (Without a NUMA
+///    latency matrix, a node that spans packages has members as far by distance as another
+///    node's: the node comes first all the same.)
 /// 2. Ties are rotated per thief: each group of equal distance, in shard order, starts at
 ///    the first shard after `s` (wrapping around), so thieves with the same candidates do
 ///    not all try the same victim first. E.g. four shards under one L3: shard 0 tries
@@ -123,7 +125,10 @@ impl VictimOrder {
             }
             for (k, (&victim, &d)) in list.iter().zip(dist).enumerate() {
                 let _ = write!(out, " {victim}");
-                if dist.get(k + 1) != Some(&d) {
+                // A group ends where the distance or the victim's node changes.
+                let next_node = list.get(k + 1).map(|&v| self.numa[v]);
+                if dist.get(k + 1) != Some(&d) || next_node.is_some_and(|n| n != self.numa[victim])
+                {
                     let _ = write!(out, " [{d}]");
                     if k + 1 < list.len() {
                         out.push_str(" |");
@@ -145,21 +150,22 @@ fn order_for(
     cross: bool,
 ) -> (Vec<usize>, Vec<u64>) {
     let mine = cpus[thief];
-    let mut cands: Vec<(u64, usize)> = (0..cpus.len())
+    // Key: (another node?, distance).
+    let mut cands: Vec<((bool, u64), usize)> = (0..cpus.len())
         .filter(|&v| v != thief && (cross || numa[v] == numa[thief]))
-        .map(|v| (topo.distance(mine, cpus[v]), v))
+        .map(|v| ((numa[v] != numa[thief], topo.distance(mine, cpus[v])), v))
         .collect();
-    // Rule 1: nearest first; shard order within a distance.
+    // Rule 1: own node first, nearest first; shard order within a distance.
     cands.sort_unstable();
-    // Rule 2: rotate each equal-distance group to start after the thief.
+    // Rule 2: rotate each equal-key group to start after the thief.
     let mut start = 0;
     while start < cands.len() {
-        let d = cands[start].0;
-        let end = start + cands[start..].iter().take_while(|c| c.0 == d).count();
+        let k = cands[start].0;
+        let end = start + cands[start..].iter().take_while(|c| c.0 == k).count();
         let group = &mut cands[start..end];
         let after = group.iter().position(|c| c.1 > thief).unwrap_or(0);
         group.rotate_left(after);
         start = end;
     }
-    cands.into_iter().map(|(d, v)| (v, d)).unzip()
+    cands.into_iter().map(|((_, d), v)| (v, d)).unzip()
 }

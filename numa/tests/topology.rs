@@ -1,6 +1,6 @@
 //! Topology queries and distances on synthetic and XML topologies.
 
-use xtc_numa::{Error, Level, Topology, MATRIX_BASE};
+use xtc_numa::{Error, Level, Placement, Policy, Topology, VictimOrder, MATRIX_BASE};
 
 /// A unique temporary file path for this test process.
 fn temp_path(name: &str) -> std::path::PathBuf {
@@ -183,4 +183,40 @@ fn topology_is_send_sync_debug() {
     check::<xtc_numa::VictimOrder>();
     let t = Topology::synthetic("core:2 pu:1").unwrap();
     assert!(format!("{t:?}").contains("Topology"));
+}
+
+/// A core whose PUs hwloc puts in two NUMA nodes is still one core: one shard per core
+/// before any SMT sibling (it counted as one core per node, and took two shards).
+#[test]
+fn a_core_spanning_numa_nodes_gets_one_shard_before_siblings() {
+    let t = Topology::synthetic("pack:2 core:2 numa:2 pu:2").unwrap();
+    assert_eq!(t.allowed_cores(), 4);
+    let p = Placement::new(&t, 0, &Policy::Compact, false).unwrap();
+    let mut cores: Vec<_> = p.cpus().iter().map(|&c| t.core_of(c).unwrap()).collect();
+    cores.sort_unstable();
+    cores.dedup();
+    assert_eq!(cores.len(), p.len(), "shards on {:?} share cores", p.cpus());
+}
+
+/// Victims of the thief's own NUMA node come before any other node's, also when a node spans
+/// packages (then, without a latency matrix, its members are as far by distance as another
+/// node's, and came mixed with them).
+#[test]
+fn same_node_victims_come_first_when_a_node_spans_packages() {
+    let t = Topology::synthetic("numa:2 pack:2 core:2 pu:2").unwrap();
+    let p = Placement::new(&t, 0, &Policy::Compact, false).unwrap();
+    let v = VictimOrder::new(&t, &p, 0).unwrap();
+    for thief in 0..p.len() {
+        let node = p.numa_node(thief);
+        let list = v.victims(thief);
+        let first_other = list
+            .iter()
+            .position(|&s| p.numa_node(s) != node)
+            .unwrap_or(list.len());
+        assert!(
+            list[first_other..].iter().all(|&s| p.numa_node(s) != node),
+            "shard {thief}: {list:?}\n{}",
+            v.render()
+        );
+    }
 }
