@@ -181,6 +181,19 @@ impl Topology {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
             "write levels from the top as type:count, e.g. \"pack:2 numa:2 l3:1 core:4 pu:2\"";
+        // hwloc builds every object of the description: a few huge counts ran for minutes and
+        // ended in an out-of-memory kill, which no error handling survives.
+        let objects = synthetic_leaves(desc);
+        if objects > MAX_SYNTHETIC_PUS {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "it describes {objects} PUs, more than the {MAX_SYNTHETIC_PUS} a synthetic \
+                     topology may have"
+                ),
+                "use smaller counts; real machines have a few thousand PUs at most",
+            ));
+        }
         let hw = guarded(&what, hint, || {
             hwlocality::Topology::builder()
                 .from_synthetic(desc)
@@ -616,4 +629,21 @@ impl Topology {
     pub(crate) fn hw(&self) -> &hwlocality::Topology {
         &self.hw
     }
+}
+
+/// Most PUs a synthetic topology may describe (`Topology::synthetic`): far above any real
+/// machine, far below what makes hwloc run out of memory.
+const MAX_SYNTHETIC_PUS: u128 = 1 << 16;
+
+/// The product of the level counts of a synthetic description (`type:count` tokens; a count
+/// may carry attributes, as in `2(indexes=...)`): how many leaves hwloc would build. Tokens
+/// it cannot read count as 1 (hwloc reports them). Saturates instead of overflowing.
+fn synthetic_leaves(desc: &str) -> u128 {
+    desc.split_whitespace()
+        .filter_map(|token| token.split_once(':'))
+        .map(|(_, count)| {
+            let digits: String = count.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u128>().unwrap_or(1).max(1)
+        })
+        .fold(1u128, |acc, n| acc.saturating_mul(n))
 }

@@ -220,3 +220,14 @@ fn same_node_victims_come_first_when_a_node_spans_packages() {
         );
     }
 }
+
+/// A synthetic description with huge counts is an error at once, not minutes of hwloc
+/// building objects until the process runs out of memory.
+#[test]
+fn a_huge_synthetic_topology_is_an_error() {
+    let t0 = std::time::Instant::now();
+    let e = Topology::synthetic("pack:65536 core:65536 pu:65536").unwrap_err();
+    assert!(e.to_string().contains("PUs"), "{e}");
+    assert!(Topology::synthetic("pack:4 numa:2 core:16 pu:2").is_ok());
+    println!("refused in {:?}", t0.elapsed());
+}
