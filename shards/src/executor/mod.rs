@@ -466,6 +466,11 @@ impl Executor {
             event_loop::restart_status(&ls.status);
         }
         let (tx, rx) = std::sync::mpsc::channel::<xtc_numa::Result<()>>();
+        // No loop starts before every shard thread is up and pinned: a run that fails to start
+        // then runs nothing, and the work queued for it stays queued (for a later run, or
+        // freed with the executor). Loops that started at once ran, and then dropped, tasks
+        // and queued spawns while another shard's pinning failed.
+        let gate = Arc::new(StartGate::default());
         let mut threads = Vec::with_capacity(shared.loops.len());
         let mut failure: Option<Error> = None;
         for (i, ls) in shared.loops.iter().enumerate() {
@@ -478,9 +483,10 @@ impl Executor {
             };
             let topo = self.topology.clone();
             let tx = tx.clone();
+            let gate = gate.clone();
             let spawned = thread::Builder::new()
                 .name(format!("xtc-shard-{i}"))
-                .spawn(move || worker(ls, exec, topo, cpu, tx));
+                .spawn(move || worker(ls, exec, topo, cpu, tx, &gate));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(source) => {
@@ -502,9 +508,8 @@ impl Executor {
                 Err(_) => break,
             }
         }
-        if failure.is_some() {
-            shared.request_stop(StopReason::Requested);
-        } else {
+        gate.open(failure.is_none());
+        if failure.is_none() {
             quiesce::coordinate(shared);
         }
         for t in threads {
@@ -715,12 +720,39 @@ pub(crate) fn drop_migratable(shared: &ExecShared) {
     tracing::warn!("some migratable tasks could not be dropped at stop (a bug in xtc)");
 }
 
+/// Holds the shard threads of a run until every one is up and pinned (`run_inner`).
+#[derive(Default)]
+struct StartGate {
+    /// `None` until decided; then whether the loops may start.
+    go: std::sync::Mutex<Option<bool>>,
+    cv: std::sync::Condvar,
+}
+
+impl StartGate {
+    fn open(&self, go: bool) {
+        *self.go.lock().unwrap_or_else(|p| p.into_inner()) = Some(go);
+        self.cv.notify_all();
+    }
+
+    /// Waits for the decision: whether this loop may start.
+    fn wait(&self) -> bool {
+        let mut g = self.go.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(go) = *g {
+                return go;
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
 fn worker(
     ls: Arc<LoopShared>,
     exec: Arc<ExecShared>,
     topo: Arc<Topology>,
     cpu: Option<usize>,
     tx: std::sync::mpsc::Sender<xtc_numa::Result<()>>,
+    gate: &StartGate,
 ) {
     let pinned = match cpu {
         Some(cpu) => xtc_numa::pin_current_thread(&topo, cpu),
@@ -738,7 +770,7 @@ fn worker(
     let ok = pinned.is_ok();
     let _ = tx.send(pinned);
     drop(tx);
-    if !ok {
+    if !ok || !gate.wait() {
         return;
     }
     crate::sys::set_timer_slack_ns(1_000);
@@ -1181,6 +1213,52 @@ mod tests {
             );
         }
     }
+    /// A run that fails to start (shard 1 not pinned) runs nothing: the tasks queued for it,
+    /// pinned and migratable, on every shard, stay queued and run in the next run. Shard 0's
+    /// loop started at once and, stopped by the failure, dropped them.
+    #[test]
+    fn a_run_that_fails_to_start_keeps_the_queued_work_for_the_next() {
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut handles = Vec::new();
+        for shard in [0, 1, 0] {
+            let r = ran.clone();
+            handles.push(
+                exec.spawn_on(shard, move || async move {
+                    crate::time::sleep(Duration::from_millis(10)).await;
+                    r.fetch_add(1, SeqCst);
+                })
+                .unwrap(),
+            );
+        }
+        let r = ran.clone();
+        let migratable = exec.spawn(async move {
+            r.fetch_add(1, SeqCst);
+        });
+        exec.handle.shared.fail_pin.store(1, SeqCst);
+        let failed = exec.run();
+        assert!(
+            matches!(failed, Err(crate::Error::Numa(_))),
+            "expected the pin failure, got {failed:?}"
+        );
+        assert_eq!(ran.load(SeqCst), 0, "a loop ran work in a run that failed");
+        exec.handle.shared.fail_pin.store(usize::MAX, SeqCst);
+        exec.run().unwrap();
+        assert_eq!(
+            ran.load(SeqCst),
+            4,
+            "queued work was lost with the failed run"
+        );
+        for h in handles {
+            futures::executor::block_on(h).unwrap();
+        }
+        futures::executor::block_on(migratable).unwrap();
+    }
+
     /// A `block_on` whose run fails to start (shard 0 not pinned) leaves its main task in
     /// shard 0's inbox. That task must neither run in a later run (its closure is the caller's,
     /// who got the `Err`) nor stop that later run when it is dropped there.
