@@ -124,3 +124,42 @@ fn loom_count_leaving_zero_is_seen_or_pings() {
         spawner.join().unwrap();
     });
 }
+
+/// Closing (`executor/quiesce.rs`, `close`), over the shipping `Status::busy` and
+/// `close_with`: a loop that leaves idle (a foreign spawn woke it) races the coordinator
+/// confirming the quiescent verdict it took while that loop was idle. The loop must never take
+/// work that the stop then drops: either the coordinator sees the loop's new epoch and takes
+/// its verdict back, or the loop sees `closing`, waits for the decision, and finds the stop
+/// at step 1 before taking anything.
+#[test]
+fn loom_closing_never_stops_a_loop_that_took_work() {
+    use crate::{
+        event_loop::{status, Status},
+        executor::quiesce::{close_with, Closing},
+        sync::{AtomicBool, AtomicU64, Ordering::SeqCst},
+    };
+    loom::model(|| {
+        let word = Arc::new(AtomicU64::new(0));
+        let closing = Arc::new(Closing::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        // The loop went idle (EMPTY, epoch 0); the verdict saw that.
+        let _ = Status::new(&word, &closing, &stop).idle(status::EMPTY);
+        let seen = word.load(SeqCst);
+        let (w2, c2, s2) = (word.clone(), closing.clone(), stop.clone());
+        let looper = thread::spawn(move || {
+            let mut st = Status::new(&w2, &c2, &s2);
+            // `true`: stopping, step 1 comes next; `false`: this turn takes the work.
+            !st.busy()
+        });
+        let stopped = close_with(
+            &closing,
+            || word.load(SeqCst) == seen,
+            || stop.store(true, SeqCst),
+        );
+        let took = looper.join().unwrap();
+        assert!(
+            !(took && stopped),
+            "the loop took work and the quiescent stop then dropped it"
+        );
+    });
+}

@@ -133,8 +133,12 @@ impl LoopShared {
 }
 
 /// The loop's side of its status word (`executor/quiesce.rs`): `epoch << 2 | kind`, SeqCst.
-struct Status<'a> {
+pub(crate) struct Status<'a> {
     word: &'a AtomicU64,
+    /// The executor's `closing` flag (`executor/quiesce.rs`, `close`).
+    closing: &'a crate::executor::quiesce::Closing,
+    /// The executor's stop flag.
+    stop: &'a crate::sync::AtomicBool,
     epoch: u64,
     /// The last idle value published, to poke the coordinator only on a change.
     published: u64,
@@ -152,9 +156,15 @@ pub(crate) fn restart_status(word: &AtomicU64) {
 
 impl<'a> Status<'a> {
     /// Takes over `word` as `restart_status` left it: BUSY, at its epoch.
-    fn new(word: &'a AtomicU64) -> Status<'a> {
+    pub(crate) fn new(
+        word: &'a AtomicU64,
+        closing: &'a crate::executor::quiesce::Closing,
+        stop: &'a crate::sync::AtomicBool,
+    ) -> Status<'a> {
         Status {
             word,
+            closing,
+            stop,
             epoch: word.load(SeqCst) >> 2,
             published: u64::MAX,
             idle: false,
@@ -166,14 +176,24 @@ impl<'a> Status<'a> {
     }
 
     /// The loop is (about to be) working: a new epoch, so the coordinator's snapshots differ.
-    fn busy(&mut self) {
+    /// If the coordinator is closing (confirming a quiescent stop), waits for its decision
+    /// (a few microseconds). Returns `true` if the executor is stopping (by that decision, or
+    /// one made since this turn's step 1): the caller then takes no work and goes to step 1
+    /// (`executor/quiesce.rs`, `close`). Cost: one SeqCst store, an uncontended lock and
+    /// unlock, and one load, once per idle period.
+    #[must_use]
+    pub(crate) fn busy(&mut self) -> bool {
         self.idle = false;
         self.epoch += 1;
         self.word.store(self.epoch << 2 | status::BUSY, SeqCst);
+        self.closing.wait_if_closing();
+        // A stop decided after this turn's step 1 (while we waited, or before the check
+        // above, whose lock then came after the coordinator's and so sees its stop flag).
+        self.stop.load(SeqCst)
     }
 
     /// The loop is going idle with `kind`; returns whether that changed the published value.
-    fn idle(&mut self, kind: u64) -> bool {
+    pub(crate) fn idle(&mut self, kind: u64) -> bool {
         let st = self.epoch << 2 | kind;
         self.word.store(st, SeqCst);
         self.idle = true;
@@ -199,7 +219,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     let exec = &*core.exec;
     let mut spare: Vec<Runnable> = Vec::new();
     let mut wakers = Vec::new();
-    let mut status = Status::new(&shared.status);
+    let mut status = Status::new(&shared.status, &exec.closing, &exec.stop);
     // Whether the last turn ran a migratable task (step 4's first pick).
     let mut migratable_ran = false;
     shared.stats.started(Instant::now());
@@ -213,9 +233,12 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         }
         // Step 2. After an idle tick that kept the idle status, announce BUSY before taking
         // anything (executor/quiesce.rs: the status must change before the counts do).
-        if status.is_idle() && (shared.inbox.is_pending() || core.mesh.borrow().incoming_pending())
+        if status.is_idle()
+            && (shared.inbox.is_pending() || core.mesh.borrow().incoming_pending())
+            && status.busy()
         {
-            status.busy();
+            // The coordinator was closing: step 1 sees whether it stopped.
+            continue;
         }
         // The inbox publishes its pop count as it drains: still idle here means nothing was
         // pending a moment ago, and a push racing in now waits for the next turn, whose check
@@ -271,8 +294,22 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // ever being empty, and starved the deque for good (a thief comes only if a peer is
         // idle). Only then: a migratable task that ends every turn (`yield_if_due`) would
         // otherwise be the first pick of every turn and starve the pinned ones instead.
+        if status.is_idle() && (core.pinned_queued() || steal::has_local(core)) && status.busy() {
+            // Work that arrived without a ping while the loop kept its idle status after an
+            // idle tick (a migratable task pushed into our injector by a foreign thread, a
+            // timer): the new epoch is published before running it, or the coordinator could
+            // take this turn for the idle one it saw, and this loop's next EMPTY would look
+            // unchanged and poke nobody (quiesce.rs). The coordinator was closing: step 1
+            // sees whether it stopped.
+            continue;
+        }
         let first_migratable = !std::mem::take(&mut migratable_ran);
         while ran < BATCH {
+            if status.is_idle() {
+                // Nothing was queued when the batch began; what came since waits for the next
+                // turn, which publishes the new epoch (above) before it runs anything.
+                break;
+            }
             let first = if ran == 0 && first_migratable {
                 migratable()
             } else {
@@ -282,14 +319,6 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 break;
             };
             migratable_ran |= is_migratable;
-            if status.is_idle() {
-                // Work that arrived without a ping while the loop kept its idle status after an
-                // idle tick (a migratable task pushed into our injector by a foreign thread, a
-                // timer): publish the new epoch before running it, or the coordinator could
-                // take this turn for the idle one it saw, and this loop's next EMPTY would
-                // look unchanged and poke nobody (quiesce.rs).
-                status.busy();
-            }
             let meta: *const crate::task::TaskMeta = r.metadata();
             core.current.set(meta);
             core.poll_started.set(t0);
@@ -355,7 +384,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         }
         if steal::would_steal(core) && steal::try_steal(core) {
             core.empty_ticks.set(0);
-            status.busy();
+            // Step 1 comes next either way (a closing coordinator may have stopped).
+            let _ = status.busy();
             continue;
         }
         // Spin only after a turn that did work: a loop in a conversation with a peer gets the
@@ -434,7 +464,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             }
         }
         if !idle_tick_only {
-            status.busy();
+            // Step 1 comes next either way (a closing coordinator may have stopped).
+            let _ = status.busy();
         }
     };
     shared.stats.stopped(Instant::now());

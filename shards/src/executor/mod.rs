@@ -82,7 +82,7 @@ pub(crate) struct ExecShared {
     pub(crate) loops: Vec<Arc<LoopShared>>,
     pub(crate) mesh: Mesh,
     spin_before_park_ns: AtomicU64,
-    stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
     stop_reason: AtomicU32,
     service_mode: AtomicBool,
     deadlock_grace_ns: AtomicU64,
@@ -94,6 +94,13 @@ pub(crate) struct ExecShared {
     /// failed-start paths can be exercised on any machine.
     #[cfg(test)]
     pub(crate) fail_pin: std::sync::atomic::AtomicUsize,
+    /// Tests only: run by the coordinator between finding quiescence and closing, to widen
+    /// the window in which a foreign spawn races the decision.
+    #[cfg(test)]
+    pub(crate) before_closing: Mutex<Option<TestHook>>,
+    /// Set by the coordinator while it confirms a quiescent stop (`quiesce.rs`, closing): a
+    /// loop leaving idle meanwhile waits for the decision before it takes any work.
+    pub(crate) closing: quiesce::Closing,
     /// Set when the `Executor` is dropped: no run can come, so what a `Handle` queues after
     /// that is refused or dropped at once (`Handle::spawn_on`, `Handle::spawn`).
     closed: AtomicBool,
@@ -149,6 +156,9 @@ impl ExecShared {
             runs: AtomicU64::new(0),
             #[cfg(test)]
             fail_pin: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            #[cfg(test)]
+            before_closing: Mutex::new(None),
+            closing: quiesce::Closing::default(),
             closed: AtomicBool::new(false),
             coord_dirty: Mutex::new(false),
             coord_cv: Condvar::new(),
@@ -720,6 +730,17 @@ pub(crate) fn drop_migratable(shared: &ExecShared) {
     tracing::warn!("some migratable tasks could not be dropped at stop (a bug in xtc)");
 }
 
+/// Tests only: a callback the coordinator runs at a point of its protocol.
+#[cfg(test)]
+pub(crate) struct TestHook(pub(crate) Box<dyn Fn() + Send>);
+
+#[cfg(test)]
+impl std::fmt::Debug for TestHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TestHook")
+    }
+}
+
 /// Holds the shard threads of a run until every one is up and pinned (`run_inner`).
 #[derive(Default)]
 struct StartGate {
@@ -1213,6 +1234,52 @@ mod tests {
             );
         }
     }
+    /// A pinned spawn from a foreign thread that races the quiescent stop (queued, and run,
+    /// while the coordinator is between its verdict and the stop; the hook widens that
+    /// window) is not cancelled: the coordinator sees the loop leave idle and takes its
+    /// verdict back, and the task runs to its end in this run. It used to be polled, park on
+    /// its sleep, and be dropped by the stop.
+    #[test]
+    fn a_spawn_racing_the_quiescent_stop_is_not_cancelled() {
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let handle = exec.handle();
+        let done = Arc::new(AtomicBool::new(false));
+        let joined = Arc::new(std::sync::Mutex::new(None));
+        let (d, j) = (done.clone(), joined.clone());
+        let fired = AtomicBool::new(false);
+        *crate::sync::lock(&exec.handle.shared.before_closing) =
+            Some(super::TestHook(Box::new(move || {
+                if fired.swap(true, SeqCst) {
+                    return;
+                }
+                let d = d.clone();
+                let h = handle
+                    .spawn_on(0, move || async move {
+                        // Longer than the hook's wait: still parked when the coordinator decides.
+                        crate::time::sleep(Duration::from_millis(200)).await;
+                        d.store(true, SeqCst);
+                    })
+                    .unwrap();
+                *j.lock().unwrap() = Some(h);
+                // Time for loop 0 to wake, take the task and park it on its sleep.
+                std::thread::sleep(Duration::from_millis(50));
+            })));
+        exec.spawn_on(1, || async {}).unwrap();
+        exec.run().unwrap();
+        // The hook holds a `Handle`: a cycle through the executor until it goes.
+        *crate::sync::lock(&exec.handle.shared.before_closing) = None;
+        let h = joined.lock().unwrap().take().expect("the hook ran");
+        assert!(
+            futures::executor::block_on(h).is_ok(),
+            "the racing task was cancelled by the stop"
+        );
+        assert!(done.load(SeqCst));
+    }
+
     /// A run that fails to start (shard 1 not pinned) runs nothing: the tasks queued for it,
     /// pinned and migratable, on every shard, stay queued and run in the next run. Shard 0's
     /// loop started at once and, stopped by the failure, dropped them.

@@ -96,7 +96,7 @@ impl Snapshot {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
     Busy,
-    Quiescent,
+    Quiescent(Snapshot),
     MaybeDeadlocked(Snapshot),
 }
 
@@ -110,7 +110,7 @@ pub(crate) fn check(exec: &ExecShared) -> Verdict {
         return Verdict::Busy;
     }
     if a.migratable <= 0 && a.all(|k| k == status::EMPTY) {
-        Verdict::Quiescent
+        Verdict::Quiescent(a)
     } else {
         Verdict::MaybeDeadlocked(a)
     }
@@ -154,9 +154,14 @@ pub(crate) fn coordinate(exec: &ExecShared) {
         }
         match check(exec) {
             Verdict::Busy => suspect = None,
-            Verdict::Quiescent => {
-                exec.request_stop(super::StopReason::Quiescent);
-                return;
+            Verdict::Quiescent(seen) => {
+                #[cfg(test)]
+                if let Some(hook) = lock(&exec.before_closing).as_ref() {
+                    (hook.0)();
+                }
+                if close(exec, &seen) {
+                    return;
+                }
             }
             Verdict::MaybeDeadlocked(snap) => {
                 let Some(grace) = grace else {
@@ -181,4 +186,73 @@ pub(crate) fn coordinate(exec: &ExecShared) {
             }
         }
     }
+}
+
+/// Closing: confirms a quiescent verdict and stops, or takes it back; `true` if it stopped.
+///
+/// Between the verdict's snapshots and the stop, a foreign thread can queue a task and wake a
+/// loop, which would take the task and run it, only to drop it at the stop: a spawn that
+/// raced the end of `run()` came back cancelled, instead of staying queued for the next run.
+/// So: set `closing`, take a third snapshot, and stop only if nothing moved since `seen`;
+/// otherwise clear `closing` and go on. A loop publishes its new epoch (leaving idle) and
+/// then looks at `closing`, under its lock, before it takes any work
+/// (`event_loop::Status::busy`); the coordinator sets `closing` under the lock and then reads
+/// the epochs. The lock orders the two, so one side sees the other: the loop sees `closing`
+/// and waits for the decision (taking nothing if it is a stop: the work stays queued), or the
+/// coordinator sees the new epoch and takes the verdict back; a loop that looks after the
+/// decision sees the stop flag (`loom_park.rs` checks all three).
+fn close(exec: &ExecShared, seen: &Snapshot) -> bool {
+    close_with(
+        &exec.closing,
+        || Snapshot::take(exec) == *seen,
+        || exec.request_stop(super::StopReason::Quiescent),
+    )
+}
+
+/// The coordinator's closing flag, under a lock, and where a loop that saw it waits for the
+/// decision.
+#[derive(Debug, Default)]
+pub(crate) struct Closing {
+    /// Whether the coordinator is closing.
+    flag: crate::sync::Mutex<bool>,
+    decided: crate::sync::Condvar,
+}
+
+impl Closing {
+    /// A loop leaving idle, after publishing its new epoch: if the coordinator is closing,
+    /// waits until it decided. Returns whether it was closing. A lock rather than an atomic
+    /// flag: the loop's store of its epoch and the coordinator's read of it need the two
+    /// sides ordered, and a lock orders them (a store and a load of two atomics would need
+    /// sequential consistency proper, which loom does not model). Cost: one uncontended lock
+    /// and unlock, once per idle period.
+    pub(crate) fn wait_if_closing(&self) -> bool {
+        let mut closing = lock(&self.flag);
+        let was = *closing;
+        while *closing {
+            closing = self
+                .decided
+                .wait(closing)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        was
+    }
+}
+
+/// [`close`]'s protocol (the part `loom_park.rs` checks): set the flag, `unchanged()` reads
+/// the loops again, `stop()` stops them; the flag is cleared after the stop flag is set, and
+/// waiting loops are woken.
+pub(crate) fn close_with(
+    closing: &Closing,
+    unchanged: impl FnOnce() -> bool,
+    stop: impl FnOnce(),
+) -> bool {
+    *lock(&closing.flag) = true;
+    let stopped = unchanged();
+    if stopped {
+        stop();
+    }
+    // After the stop flag: a loop that waited reads the flag next.
+    *lock(&closing.flag) = false;
+    closing.decided.notify_all();
+    stopped
 }
