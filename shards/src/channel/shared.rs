@@ -162,6 +162,7 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
             ring: p,
             signaller: Signaller::new(Arc::new(SignalRx(chan.clone())), capacity),
             chan: chan.clone(),
+            held: None,
         },
         Receiver {
             ring: c,
@@ -220,6 +221,10 @@ pub struct Sender<T> {
     ring: Producer<T>,
     chan: Arc<Chan>,
     signaller: Signaller,
+    /// An item a cancelled [`SendMany`] had taken from its iterator (to learn that more were
+    /// coming) but not sent: it goes before anything sent after it. Boxed, so a `Sender` of a
+    /// large `T` stays small (the box is made on that rare path only).
+    held: Option<Box<T>>,
 }
 
 /// The receiving end. `Send`, not `Clone`: exactly one consumer.
@@ -248,12 +253,34 @@ impl<T> Sender<T> {
         if self.chan.rx.is_closed() {
             return Err(TrySendError::Closed(value));
         }
+        if self.held.is_some() && !self.send_held() {
+            return Err(TrySendError::Full(value));
+        }
         match self.ring.push(value) {
             Ok(()) => {
                 self.pushed(1);
                 Ok(())
             }
             Err(rtrb::PushError::Full(v)) => Err(TrySendError::Full(v)),
+        }
+    }
+
+    /// Pushes the item a cancelled `send_many` left (`held`) if the ring has room; returns
+    /// whether none is left.
+    #[cold]
+    fn send_held(&mut self) -> bool {
+        let Some(v) = self.held.take() else {
+            return true;
+        };
+        match self.ring.push(*v) {
+            Ok(()) => {
+                self.pushed(1);
+                true
+            }
+            Err(rtrb::PushError::Full(v)) => {
+                self.held = Some(Box::new(v));
+                false
+            }
         }
     }
 
@@ -276,6 +303,9 @@ impl<T> Sender<T> {
     ) -> Result<usize, TrySendError<()>> {
         if self.chan.rx.is_closed() {
             return Err(TrySendError::Closed(()));
+        }
+        if self.held.is_some() && !self.send_held() {
+            return Ok(0);
         }
         let free = self.ring.slots();
         if free == 0 || items.peek().is_none() {
@@ -318,12 +348,10 @@ impl<T> Sender<T> {
     /// [`SendError`], as the iterator itself (the next item first): `items` may be endless,
     /// and the caller decides whether to collect the rest.
     ///
-    /// Cancel safety: an item is taken from `items` only when the ring has room for it, so a
-    /// `send_many(iter.by_ref())` dropped while it waits (a `select!` with a timer) has sent
-    /// a prefix and left every other item in `iter`. The price: when the items fill the ring
-    /// exactly and the iterator cannot say it is finished (its `size_hint` has no upper bound
-    /// of 0, as a `from_fn`), the future resolves once the receiver frees a slot
-    /// (or goes away).
+    /// Cancel safety: a `send_many(iter.by_ref())` dropped while it waits (a `select!` with a
+    /// timer) has sent a prefix and left the other items in `iter`, but for the one it took
+    /// to learn that more were coming: that one stays in the `Sender` and goes first, before
+    /// anything sent after it (or when the `Sender` drops, if the ring has room then).
     ///
     /// Cost per batch: as [`try_send_many`](Self::try_send_many); a stream sent this way costs
     /// a fraction of per-message `send`s (see `mesh`'s batched stream row in bench/).
@@ -334,6 +362,7 @@ impl<T> Sender<T> {
         SendMany {
             tx: self,
             items: Some(items.into_iter().peekable()),
+            peeked: false,
         }
     }
 
@@ -387,6 +416,9 @@ pub struct SendMany<'a, T, I: Iterator<Item = T>> {
     tx: &'a mut Sender<T>,
     /// `None` once the future has given the rest back.
     items: Option<std::iter::Peekable<I>>,
+    /// The last poll returned `Pending` holding an item it peeked at a full ring: if the
+    /// future is dropped, that item goes to the `Sender` (`Sender::held`).
+    peeked: bool,
 }
 
 impl<T, I: Iterator<Item = T>> Unpin for SendMany<'_, T, I> {}
@@ -404,6 +436,7 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             };
             let Ok(n) = this.tx.try_send_many(items) else {
                 let mut rest = this.items.take().expect("present: borrowed just above");
+                this.peeked = false;
                 // Closed. Everything may have been sent already (the last items filled the
                 // ring exactly, and the receiver went before the end was known).
                 if rest.peek().is_none() {
@@ -413,29 +446,34 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             };
             if n > 0 {
                 announced = false;
-            }
-            // An item is taken from `items` only when the ring has room for it, so a future
-            // dropped while it waits holds none: with `send_many(iter.by_ref())`, every item
-            // not sent is still in `iter`. Peeking at a full ring to learn whether more come
-            // would strand the peeked item in this future.
-            if items.size_hint().1 == Some(0) {
-                return Poll::Ready(Ok(()));
-            }
-            if this.tx.ring.slots() > 0 {
-                // Room: a peeked item goes into the ring on the next round (only this
-                // producer fills the ring, so the room stays).
-                if items.peek().is_none() {
-                    return Poll::Ready(Ok(()));
-                }
                 continue;
+            }
+            // Full, or finished. An item a cancelled send left comes first: while the
+            // `Sender` still holds one, nothing is peeked (it could hold only one).
+            if this.tx.held.is_none() && items.peek().is_none() {
+                this.peeked = false;
+                return Poll::Ready(Ok(()));
             }
             // Full. Rule 3: announce, then recheck (the next round of the loop); a second
             // full ring after the announcement waits.
             if announced {
+                this.peeked = this.tx.held.is_none();
                 return Poll::Pending;
             }
             this.tx.chan.tx.wait(cx.waker());
             announced = true;
+        }
+    }
+}
+
+impl<T, I: Iterator<Item = T>> Drop for SendMany<'_, T, I> {
+    fn drop(&mut self) {
+        // Dropped while it waited: the item it peeked is neither sent nor back in the
+        // caller's iterator; the `Sender` keeps it for its next send.
+        if std::mem::take(&mut self.peeked) {
+            if let Some(v) = self.items.as_mut().and_then(Iterator::next) {
+                self.tx.held = Some(Box::new(v));
+            }
         }
     }
 }
@@ -592,6 +630,10 @@ impl<T> fmt::Debug for RecvMany<'_, T> {
 
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
+        // An item a cancelled `send_many` left goes if there is room (else it goes with us).
+        if self.held.is_some() && !self.chan.rx.is_closed() {
+            let _ = self.send_held();
+        }
         self.chan.tx.close();
         self.chan.rx.wake_now();
     }
