@@ -228,15 +228,19 @@ pub(crate) async fn fsync(fd: &Arc<OwnedFd>, data_only: bool) -> io::Result<()> 
         Driver::Epoll => {
             let fd = fd.clone();
             blocking::run(move || {
-                // SAFETY: plain syscall on an fd the Arc keeps open.
-                let rc = unsafe {
-                    if data_only {
-                        libc::fdatasync(fd.as_raw_fd())
-                    } else {
-                        libc::fsync(fd.as_raw_fd())
-                    }
-                };
-                cvt(rc).map(drop)
+                // Retried on EINTR like every pool call but `close` (a FUSE or NFS file may
+                // return it, and a late cancel signal must not fail an uncancelled job).
+                blocking::retrying(|| {
+                    // SAFETY: plain syscall on an fd the Arc keeps open.
+                    let rc = unsafe {
+                        if data_only {
+                            libc::fdatasync(fd.as_raw_fd())
+                        } else {
+                            libc::fsync(fd.as_raw_fd())
+                        }
+                    };
+                    cvt(rc).map(drop)
+                })
             })
             .await
         }
@@ -280,8 +284,10 @@ pub(crate) async fn stat(fd: &Arc<OwnedFd>) -> io::Result<Stat> {
             let fd = fd.clone();
             blocking::run(move || {
                 let mut st = MaybeUninit::<libc::stat>::zeroed();
-                // SAFETY: `st` is a live local; the Arc keeps the fd open.
-                cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+                blocking::retrying(|| {
+                    // SAFETY: `st` is a live local; the Arc keeps the fd open.
+                    cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })
+                })?;
                 // SAFETY: fstat succeeded and filled it.
                 let st = unsafe { st.assume_init() };
                 Ok(Stat {
