@@ -277,7 +277,10 @@ impl Topology {
         let numa_nodes = numa_objs.len();
         let matrix = Self::numa_matrix(&hw, numa_nodes);
         let packages = hw.objects_with_type(ObjectType::Package).len();
-        let cores = hw.objects_with_type(ObjectType::Core).len();
+        // A PU that hwloc puts under no Core is a core of its own (as `allowed_cores` and
+        // placement count it): a machine without a Core level has as many cores as PUs.
+        let cores = hw.objects_with_type(ObjectType::Core).len()
+            + pus.iter().filter(|p| p.core.is_none()).count();
         let topo = Topology {
             packages,
             numa_nodes,
@@ -417,7 +420,8 @@ impl Topology {
         self.numa_nodes
     }
 
-    /// Number of physical cores, allowed or not. Cost: none.
+    /// Number of physical cores, allowed or not; a PU that hwloc places under no core counts as
+    /// a core of its own (as in [`Topology::allowed_cores`]). Cost: none.
     pub fn cores(&self) -> usize {
         self.cores
     }

@@ -51,7 +51,8 @@ fn one_node_smt() {
 fn no_core_level_one_node_over_packages() {
     // hwloc puts one NUMA node over both packages and no Core objects: each PU is a core.
     let t = Topology::synthetic("pack:2 pu:2").unwrap();
-    assert_eq!((t.packages(), t.numa_nodes(), t.cores()), (2, 1, 0));
+    // Each PU counts as a core, as for `allowed_cores` (this was 0).
+    assert_eq!((t.packages(), t.numa_nodes(), t.cores()), (2, 1, 4));
     assert_eq!(t.allowed_cores(), 4);
     assert_eq!(t.core_of(0), None);
     assert_eq!(t.distance(0, 1), Level::NumaNode as u64);
