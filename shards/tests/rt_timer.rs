@@ -371,3 +371,28 @@ fn a_sleep_reset_after_its_task_moved_wakes_it() {
         "the task was meant to move from shard 0 to 1"
     );
 }
+
+/// A zero period ticks once per loop turn, yielding between ticks so other tasks run; it
+/// used to panic (as tokio's does), which the brief rules out for user input.
+#[test]
+fn a_zero_period_interval_ticks_once_per_turn() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let other = std::rc::Rc::new(std::cell::Cell::new(0u32));
+        let o = other.clone();
+        let counter = spawn_local(async move {
+            for _ in 0..100 {
+                o.set(o.get() + 1);
+                xtc_shards::yield_now().await;
+            }
+        });
+        let mut iv = time::interval(Duration::ZERO);
+        let mut seen = Vec::new();
+        for _ in 0..50 {
+            iv.tick().await;
+            seen.push(other.get());
+        }
+        // The first tick is at once; every later one let the other task run first.
+        assert!(seen.windows(2).all(|w| w[1] > w[0]), "{seen:?}");
+        counter.await.unwrap();
+    });
+}

@@ -7,27 +7,19 @@ use std::{
 
 use super::{sleep_until, Sleep};
 
-/// Ticks every `period`, the first tick at once. See [`Interval`].
-///
-/// # Panics
-/// If `period` is zero (a zero period would spin the loop).
+/// Ticks every `period`, the first tick at once. See [`Interval`]. A zero period ticks once
+/// per loop turn: each tick after the first yields to the loop first, so it cannot spin it.
 pub fn interval(period: Duration) -> Interval {
     interval_at(Instant::now(), period)
 }
 
-/// Ticks every `period`, the first tick at `start`.
-///
-/// # Panics
-/// If `period` is zero.
+/// Ticks every `period`, the first tick at `start` (a zero period: as [`interval`]).
 pub fn interval_at(start: Instant, period: Duration) -> Interval {
-    assert!(
-        !period.is_zero(),
-        "xtc::time::interval: the period must be non-zero"
-    );
     Interval {
         next: start,
         period,
         sleep: sleep_until(start),
+        yielded: true,
     }
 }
 
@@ -41,6 +33,9 @@ pub struct Interval {
     next: Instant,
     period: Duration,
     sleep: Sleep,
+    /// Zero period: whether this tick has yielded to the loop yet (true for the first tick,
+    /// which comes at once).
+    yielded: bool,
 }
 
 impl Interval {
@@ -53,6 +48,18 @@ impl Interval {
     pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
         if Pin::new(&mut self.sleep).poll(cx).is_pending() {
             return Poll::Pending;
+        }
+        if self.period.is_zero() {
+            // Once per loop turn: wake and yield first, so other tasks run in between (it
+            // used to panic; tokio's does).
+            if !std::mem::replace(&mut self.yielded, true) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            self.yielded = false;
+            let fired = self.next;
+            self.next = Instant::now();
+            return Poll::Ready(fired);
         }
         let fired = self.next;
         let now = Instant::now();
