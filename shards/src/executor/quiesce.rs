@@ -171,14 +171,26 @@ pub(crate) fn coordinate(exec: &ExecShared) {
                 match &suspect {
                     Some((s, since)) if *s == snap => {
                         if since.elapsed() >= grace {
-                            // The migratable tasks are listed now, while they are parked: the
-                            // loops' shutdown can wake and drop some (a dropped pinned future
-                            // that held what one waited on) before `run()` could list them.
-                            // Each loop lists its pinned tasks before its shutdown.
-                            let migratable = exec.migratable.describe();
-                            lock(&exec.deadlock_tasks).extend(migratable);
-                            exec.request_stop(super::StopReason::Deadlock);
-                            return;
+                            // Closed as a quiescent stop is (`close`): a task woken from a
+                            // foreign thread at this moment is not started and then dropped.
+                            let stopped = close_with(
+                                &exec.closing,
+                                || Snapshot::take(exec) == snap,
+                                || {
+                                    // The migratable tasks are listed now, while they are
+                                    // parked: the loops' shutdown can wake and drop some (a
+                                    // dropped pinned future that held what one waited on)
+                                    // before `run()` could list them. Each loop lists its
+                                    // pinned tasks before its shutdown.
+                                    let migratable = exec.migratable.describe();
+                                    lock(&exec.deadlock_tasks).extend(migratable);
+                                    exec.request_stop(super::StopReason::Deadlock);
+                                },
+                            );
+                            if stopped {
+                                return;
+                            }
+                            suspect = None;
                         }
                     }
                     _ => suspect = Some((snap, Instant::now())),
