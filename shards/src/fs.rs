@@ -221,16 +221,20 @@ impl File {
         }
     }
 
-    /// `Err(ESPIPE)` (kind `NotSeekable`) for a file without offsets, on both drivers, as
-    /// `pread` answers. Cost: one `lseek` per file, at its first positioned call.
-    fn check_seekable(&self) -> io::Result<()> {
-        let seekable = *self.seekable.get_or_init(|| {
+    /// Whether the file takes offsets. Cost: one `lseek` per file, at its first call.
+    fn seekable(&self) -> bool {
+        *self.seekable.get_or_init(|| {
             // SAFETY: a plain syscall on our open descriptor; it moves no offset (0 from the
             // current position).
             let r = unsafe { libc::lseek(self.fd.as_raw_fd(), 0, libc::SEEK_CUR) };
             !(r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESPIPE))
-        });
-        if seekable {
+        })
+    }
+
+    /// `Err(ESPIPE)` (kind `NotSeekable`) for a file without offsets, on both drivers, as
+    /// `pread` answers.
+    fn check_seekable(&self) -> io::Result<()> {
+        if self.seekable() {
             Ok(())
         } else {
             Err(io::Error::from_raw_os_error(libc::ESPIPE))
@@ -363,21 +367,14 @@ pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     const MIN_CHUNK: usize = 64 * 1024;
     const MAX_CHUNK: usize = 16 * 1024 * 1024;
     let f = File::open(path).await?;
-    if f.check_seekable().is_err() {
-        // A FIFO (or another file without offsets): read from where it is to its end, as
-        // `std::fs::read` does.
-        let mut out = Vec::new();
-        loop {
-            let (r, chunk) = file::read_at(&f.fd, Vec::with_capacity(MIN_CHUNK), None).await;
-            match r? {
-                0 => break,
-                _ => out.extend_from_slice(&chunk),
-            }
-        }
-        f.close().await?;
-        return Ok(out);
-    }
-    let size = usize::try_from(f.metadata().await?.len()).unwrap_or(usize::MAX);
+    // A FIFO (or another file without offsets) has no size: it is read from where it is to
+    // its end, as `std::fs::read` does.
+    let seekable = f.seekable();
+    let size = if seekable {
+        usize::try_from(f.metadata().await?.len()).unwrap_or(usize::MAX)
+    } else {
+        0
+    };
     let mut out = Vec::new();
     out.try_reserve_exact(size).map_err(|_| {
         io::Error::new(
@@ -388,7 +385,8 @@ pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     loop {
         let want = size.saturating_add(1).saturating_sub(out.len());
         let chunk = Vec::with_capacity(want.clamp(MIN_CHUNK, MAX_CHUNK));
-        let (r, chunk) = f.read_at(chunk, out.len() as u64).await;
+        let at = seekable.then_some(out.len() as u64);
+        let (r, chunk) = file::read_at(&f.fd, chunk, at).await;
         match r? {
             0 => break,
             _ => out.extend_from_slice(&chunk),
@@ -403,7 +401,7 @@ pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
 pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Result<()> {
     let f = File::create(path).await?;
     // At offset 0, or, for a FIFO (no offsets), where it is, as `std::fs::write` does.
-    let pos = f.check_seekable().is_ok().then_some(0);
+    let pos = f.seekable().then_some(0);
     let (r, _) = f.write_all(data.into(), pos).await;
     r?;
     f.close().await

@@ -21,10 +21,7 @@ use std::{
     io,
     marker::PhantomData,
     pin::Pin,
-    sync::{
-        atomic::{AtomicUsize, Ordering::SeqCst},
-        Arc, Condvar, Mutex, OnceLock,
-    },
+    sync::{Arc, Condvar, Mutex, OnceLock},
     task::{Context, Poll, Waker},
     time::Duration,
 };
@@ -84,14 +81,12 @@ thread_local! {
     /// Jobs started from this thread's loop and not yet collected (quiescence: a loop waiting on
     /// one is not idle for good).
     static IN_FLIGHT: Cell<usize> = const { Cell::new(0) };
-    /// Jobs of this thread's loop whose future was dropped while they ran: their `pwrite` or
-    /// `open` still lands, so the loop is not idle until they end. Decremented by the pool
-    /// thread that finishes the job; nothing wakes the loop then, so while this is above zero
-    /// the loop parks for at most [`ABANDONED_RECHECK`] and looks again.
-    static ABANDONED: Arc<AtomicUsize> = Arc::new(AtomicUsize::new(0));
-    /// Loop threads: the controls of this loop's abandoned jobs that may still run, signalled
-    /// again at each recheck until they end (a signal can land just before the blocking call).
-    static TO_INTERRUPT: RefCell<Vec<Arc<Ctl>>> = const { RefCell::new(Vec::new()) };
+    /// Loop threads: the controls of this loop's abandoned jobs (their future was dropped
+    /// before their result came) that may still run. Their `pwrite` or `open` may still land,
+    /// so the loop is not idle until they end ([`abandoned`]); nothing wakes the loop then, so
+    /// while one runs the loop parks for at most [`ABANDONED_RECHECK`], signals them again (a
+    /// signal can land just before the blocking call) and looks again.
+    static ABANDONED: RefCell<Vec<Arc<Ctl>>> = const { RefCell::new(Vec::new()) };
     /// Pool threads: the control of the job this thread runs ([`retrying`]).
     static RUNNING: RefCell<Option<Arc<Ctl>>> = const { RefCell::new(None) };
 }
@@ -166,7 +161,7 @@ fn interrupt(ctl: &Ctl) -> bool {
 
 /// Signals this loop's abandoned jobs that still run, and forgets those that ended.
 fn interrupt_abandoned() {
-    TO_INTERRUPT.with(|v| v.borrow_mut().retain(|ctl| interrupt(ctl)));
+    ABANDONED.with(|v| v.borrow_mut().retain(|ctl| interrupt(ctl)));
 }
 
 /// Runs a pool job's blocking call, retrying `EINTR` unless the job was cancelled (then the
@@ -197,13 +192,18 @@ pub(crate) fn in_flight() -> usize {
     IN_FLIGHT.with(|c| c.get()) + abandoned()
 }
 
-/// Jobs of this thread's loop whose future is gone but which still run. Cost: one load.
+/// Jobs of this thread's loop whose future is gone but which still run (those that ended
+/// are forgotten here). Cost: a thread-local borrow, and a lock per abandoned job.
 fn abandoned() -> usize {
-    ABANDONED.with(|a| a.load(SeqCst))
+    ABANDONED.with(|v| {
+        let mut v = v.borrow_mut();
+        v.retain(|ctl| !lock(&ctl.state).done);
+        v.len()
+    })
 }
 
 /// The loop's park `timeout`, cut to [`ABANDONED_RECHECK`] while an abandoned job runs: its
-/// end wakes nobody, so the loop looks again soon. Cost: one load.
+/// end wakes nobody, so the loop looks again soon. Cost: as [`abandoned`].
 pub(crate) fn park_timeout(timeout: Option<Duration>) -> Option<Duration> {
     if abandoned() == 0 {
         return timeout;
@@ -246,9 +246,6 @@ fn worker() {
 struct Slot<R> {
     result: Option<R>,
     waker: Option<Waker>,
-    /// Set when the future was dropped before the result came: the loop's `ABANDONED` count,
-    /// which the job decrements when it ends.
-    abandoned: Option<Arc<AtomicUsize>>,
 }
 
 /// The future of a pool job; `!Send` (it counts in its loop's in-flight jobs).
@@ -266,7 +263,6 @@ pub(crate) fn run<R: Send + 'static>(
     let slot = Arc::new(Mutex::new(Slot {
         result: None,
         waker: None,
-        abandoned: None,
     }));
     let theirs = slot.clone();
     let ctl = Arc::new(Ctl::default());
@@ -300,9 +296,6 @@ pub(crate) fn run<R: Send + 'static>(
         let waker = {
             let mut s = lock(&theirs);
             s.result = Some(r);
-            if let Some(count) = s.abandoned.take() {
-                count.fetch_sub(1, SeqCst);
-            }
             s.waker.take()
         };
         if let Some(w) = waker {
@@ -404,18 +397,10 @@ impl<R> Drop for Blocking<R> {
     fn drop(&mut self) {
         if self.counted {
             // Still queued or running: cancelled (see the module docs). Until it ends it keeps
-            // the loop from quiescence, as its effect may still land (under the slot's lock,
-            // which the job takes to finish).
-            let mut s = lock(&self.slot);
-            if s.result.is_none() {
-                let count = ABANDONED.with(Arc::clone);
-                count.fetch_add(1, SeqCst);
-                s.abandoned = Some(count);
-                drop(s);
-                lock(&self.ctl.state).cancelled = true;
-                if interrupt(&self.ctl) {
-                    TO_INTERRUPT.with(|v| v.borrow_mut().push(self.ctl.clone()));
-                }
+            // the loop from quiescence, as its effect may still land (`abandoned`).
+            lock(&self.ctl.state).cancelled = true;
+            if interrupt(&self.ctl) {
+                ABANDONED.with(|v| v.borrow_mut().push(self.ctl.clone()));
             }
         }
         self.uncount();
