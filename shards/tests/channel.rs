@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use xtc_shards::{
     channel::{local, shared, SendError, TryRecvError, TrySendError},
-    shard, Executor, LocalExecutor,
+    shard, LocalExecutor,
 };
 
 /// A three-stage pipeline 0 → 1 → 2 with tiny channels: every value arrives, in order.
@@ -424,12 +424,7 @@ fn a_dropped_shared_receiver_drops_what_was_queued() {
 fn a_reply_sender_queued_to_a_dropped_receiver_closes_its_channel() {
     // Request/reply: the request carries the reply channel's sender; the server goes without
     // reading. The client learns it from its reply channel closing.
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .deadlock_grace(Some(Duration::from_millis(500)))
-        .build()
-        .unwrap();
+    let ex = exec_with_grace(2, Duration::from_millis(500));
     let (req_tx, req_rx) = shared::bounded::<shared::Sender<u32>>(4).unwrap();
     let client = ex
         .spawn_on(0, move || async move {

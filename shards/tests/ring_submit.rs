@@ -404,12 +404,7 @@ fn a_submit_to_future_is_dropped_on_its_target_and_its_output_reaches_the_caller
     // The submit task finishes in two steps (task/submit.rs): the future is dropped on the
     // target, the output alone travels home. `run()` returning Ok shows the parked task left
     // the target's registry (a stale entry would be a deadlock report after the grace).
-    let ex = Executor::builder()
-        .shards(3)
-        .oversubscribe(true)
-        .deadlock_grace(Some(Duration::from_millis(500)))
-        .build()
-        .unwrap();
+    let ex = exec_with_grace(3, Duration::from_millis(500));
     let futures = Arc::new(std::sync::Mutex::new(Vec::new()));
     let outputs = Arc::new(std::sync::Mutex::new(Vec::new()));
     let results = Arc::new(std::sync::Mutex::new(Vec::new()));

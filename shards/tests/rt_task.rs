@@ -183,12 +183,7 @@ fn many_concurrent_wakes_collapse_to_one_poll() {
 
 #[test]
 fn deadlock_report_names_the_stuck_task() {
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .deadlock_grace(Some(Duration::from_millis(200)))
-        .build()
-        .unwrap();
+    let ex = exec_with_grace(2, Duration::from_millis(200));
     ex.spawn_on(1, || async {
         task::Builder::new()
             .name("stuck-forever")

@@ -529,12 +529,7 @@ fn a_preempted_migratable_task_does_not_starve_a_pinned_one() {
 /// listed the migratable tasks only after the loops had stopped, when that task was gone.
 #[test]
 fn the_deadlock_report_names_a_migratable_task_that_shutdown_drops() {
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .deadlock_grace(Some(Duration::from_millis(200)))
-        .build()
-        .unwrap();
+    let ex = exec_with_grace(2, Duration::from_millis(200));
     ex.spawn_on(0, || async {
         let (tx1, rx1) = futures::channel::oneshot::channel::<()>();
         let (tx2, rx2) = futures::channel::oneshot::channel::<()>();

@@ -745,19 +745,19 @@ impl std::fmt::Debug for TestHook {
 #[derive(Default)]
 struct StartGate {
     /// `None` until decided; then whether the loops may start.
-    go: std::sync::Mutex<Option<bool>>,
-    cv: std::sync::Condvar,
+    go: Mutex<Option<bool>>,
+    cv: Condvar,
 }
 
 impl StartGate {
     fn open(&self, go: bool) {
-        *self.go.lock().unwrap_or_else(|p| p.into_inner()) = Some(go);
+        *lock(&self.go) = Some(go);
         self.cv.notify_all();
     }
 
     /// Waits for the decision: whether this loop may start.
     fn wait(&self) -> bool {
-        let mut g = self.go.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.go);
         loop {
             if let Some(go) = *g {
                 return go;

@@ -17,6 +17,17 @@ pub fn exec(n: usize) -> Executor {
         .expect("build executor")
 }
 
+/// [`exec`] with a deadlock grace period of `grace` (a test that expects, or rules out, a
+/// deadlock report without waiting the default seconds).
+pub fn exec_with_grace(n: usize, grace: Duration) -> Executor {
+    Executor::builder()
+        .shards(n)
+        .oversubscribe(true)
+        .deadlock_grace(Some(grace))
+        .build()
+        .expect("build executor")
+}
+
 /// Spins the CPU for `d` (a CPU-bound task body).
 pub fn burn(d: Duration) {
     let t = Instant::now();
