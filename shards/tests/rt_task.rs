@@ -435,3 +435,110 @@ fn an_untaken_output_whose_drop_panics_is_contained() {
     });
     assert_eq!(out, 7);
 }
+
+/// As in tokio, `.await` on an aborted handle returns only once the task's future has been
+/// dropped, so what the task held is released by then (and `is_finished` says false until
+/// that drop). It used to return at once, with the future still alive on its loop.
+#[test]
+#[allow(clippy::await_holding_refcell_ref)]
+fn awaiting_an_aborted_handle_waits_for_the_future_to_be_dropped() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    LocalExecutor::new().unwrap().block_on(async move {
+        let cell = std::rc::Rc::new(std::cell::RefCell::new(0));
+        let c = cell.clone();
+        let h = spawn_local(async move {
+            let _g = CountDrop(d);
+            // Held across the await on purpose: the state an aborted task must release.
+            let _borrow = c.borrow_mut();
+            std::future::pending::<()>().await;
+        });
+        xtc_shards::yield_now().await; // it starts and parks
+        h.abort();
+        assert!(!h.is_finished(), "finished before its future was dropped");
+        assert_eq!(dropped.load(SeqCst), 0);
+        assert!(h.await.unwrap_err().is_cancelled());
+        assert_eq!(dropped.load(SeqCst), 1);
+        assert!(
+            cell.try_borrow_mut().is_ok(),
+            "the task's borrow outlived the await"
+        );
+    });
+}
+
+/// The same for a migratable task and a pinned task on another shard, aborted and awaited
+/// from a plain thread: `is_finished` turns true by itself once the owner dropped the future.
+#[test]
+fn an_aborted_handle_on_another_thread_finishes_when_the_owner_drops_the_future() {
+    let ex = exec(2);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let (d1, d2) = (dropped.clone(), dropped.clone());
+    let pinned = ex
+        .spawn_on(1, move || async move {
+            let _g = CountDrop(d1);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+    let migratable = ex.spawn(async move {
+        let _g = CountDrop(d2);
+        std::future::pending::<()>().await;
+    });
+    let h = ex.handle();
+    let runner = std::thread::spawn(move || ex.run());
+    while h.loop_stats(0).unwrap().polls + h.loop_stats(1).unwrap().polls < 2 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    pinned.abort();
+    migratable.abort();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(pinned.is_finished() && migratable.is_finished()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "aborted tasks never finished"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(dropped.load(SeqCst), 2);
+    assert!(futures::executor::block_on(pinned)
+        .unwrap_err()
+        .is_cancelled());
+    assert!(futures::executor::block_on(migratable)
+        .unwrap_err()
+        .is_cancelled());
+    runner.join().unwrap().unwrap();
+}
+
+/// As in tokio, aborting a task that already finished changes nothing: its output is kept.
+/// It used to be discarded, the await giving a cancelled error.
+#[test]
+fn abort_of_a_finished_task_keeps_its_output() {
+    let r = LocalExecutor::new().unwrap().block_on(async move {
+        let h = spawn_local(async { 42 });
+        while !h.is_finished() {
+            xtc_shards::yield_now().await;
+        }
+        h.abort();
+        h.abort(); // a second abort is a no-op too
+        h.await
+    });
+    assert_eq!(r.unwrap(), 42);
+}
+
+/// An aborted handle dropped without being awaited: the task is still cancelled (its future
+/// dropped on its loop), and the run ends.
+#[test]
+fn an_aborted_handle_dropped_unawaited_still_cancels() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    LocalExecutor::new().unwrap().block_on(async move {
+        let h = spawn_local(async move {
+            let _g = CountDrop(d);
+            std::future::pending::<()>().await;
+        });
+        xtc_shards::yield_now().await;
+        h.abort();
+        drop(h);
+        xtc_shards::yield_now().await;
+    });
+    assert_eq!(dropped.load(SeqCst), 1);
+}

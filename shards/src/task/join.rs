@@ -3,7 +3,7 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
 };
 
 use super::Outcome;
@@ -24,31 +24,130 @@ use crate::JoinError;
 /// guard, so awaiting a handle from a future polled with a custom waker that panics when
 /// woken aborts the process (xtc's own wakers and those of mainstream executors never panic).
 pub struct JoinHandle<T> {
-    task: Cell<Option<async_task::FallibleTask<Outcome<T>, TaskMeta>>>,
+    state: Cell<State<T>>,
+}
+
+/// Where a handle is: holding the live task, or aborted (rule 5 of the task protocol). One
+/// word more than the task pointer; what only an aborted handle needs lives behind a box.
+enum State<T> {
+    Live(async_task::FallibleTask<Outcome<T>, TaskMeta>),
+    Aborted(Box<Aborted<T>>),
+    /// The output went to an `.await` (or the state is out for a moment, see `with`).
+    Taken,
+}
+
+/// async-task's cancel future, boxed because its type cannot be named.
+type Cancel<T> = Pin<Box<dyn Future<Output = Option<Outcome<T>>>>>;
+
+/// An aborted handle's state.
+struct Aborted<T> {
+    /// async-task's cancel future while the task is not over yet: it resolves once the owner
+    /// has dropped the task's future (`None`) or, if the task finished first, with its output.
+    cancel: Option<Cancel<T>>,
+    /// The last waker `poll` saw, for [`JoinHandle::is_finished`]'s poll of `cancel`.
+    waker: Option<Waker>,
+    /// What came out once `cancel` resolved: the output, or `None` if it was cancelled.
+    out: Option<Outcome<T>>,
+}
+
+impl<T> Aborted<T> {
+    /// Polls the cancellation; true once the task is over (its output, if any, in `out`).
+    fn poll_over(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(cancel) = self.cancel.as_mut() else {
+            return true;
+        };
+        match cancel.as_mut().poll(cx) {
+            Poll::Ready(out) => {
+                self.cancel = None;
+                self.out = out;
+                true
+            }
+            Poll::Pending => false,
+        }
+    }
+}
+
+// SAFETY: every field of `State<T>` is `Send` when `T` is, except the boxed `cancel` future,
+// whose only type is the future of `FallibleTask::<Outcome<T>, TaskMeta>::cancel` (built in
+// `abort`, nowhere else). That future holds the `FallibleTask` and nothing else, and it is
+// `Send` when `T` is: `cancel_is_send` below would not compile otherwise. The box only erases a
+// type we cannot name.
+unsafe impl<T: Send> Send for JoinHandle<T> {}
+
+/// Compile-time proof for the `Send` impl above: the erased cancel future is `Send` whenever
+/// the output is.
+#[allow(dead_code)]
+fn cancel_is_send<T: Send>(
+    task: async_task::FallibleTask<Outcome<T>, TaskMeta>,
+) -> impl Future<Output = Option<Outcome<T>>> + Send {
+    task.cancel()
 }
 
 impl<T> JoinHandle<T> {
     pub(crate) fn new(task: async_task::Task<Outcome<T>, TaskMeta>) -> Self {
         JoinHandle {
-            task: Cell::new(Some(task.fallible())),
+            state: Cell::new(State::Live(task.fallible())),
         }
     }
 
-    /// Cancels the task: its future is dropped the next time its loop would poll it (promptly
-    /// if it is parked), and awaiting this handle then gives a cancelled [`JoinError`]. If the
-    /// task had already finished, its output is discarded. Cost: one async-task state update and,
-    /// for a parked task, one re-schedule on its loop.
-    pub fn abort(&self) {
-        // Dropping an async-task handle that is not detached cancels its task.
-        drop(self.task.take());
+    /// Runs `f` on the state, taken out of the cell for the call.
+    fn with<R>(&self, f: impl FnOnce(&mut State<T>) -> R) -> R {
+        let mut state = self.state.replace(State::Taken);
+        let r = f(&mut state);
+        self.state.set(state);
+        r
     }
 
-    /// Whether the task has completed (or been cancelled). Cost: one atomic load.
+    /// Whether the task has completed (or been cancelled and dropped). Cost: one atomic load;
+    /// after [`abort`](Self::abort), one poll of the cancellation.
     pub fn is_finished(&self) -> bool {
-        let task = self.task.take();
-        let done = task.as_ref().is_none_or(|t| t.is_finished());
-        self.task.set(task);
-        done
+        self.with(|state| match state {
+            State::Live(task) => task.is_finished(),
+            State::Aborted(a) => {
+                let waker = a.waker.clone().unwrap_or_else(|| Waker::noop().clone());
+                a.poll_over(&mut Context::from_waker(&waker))
+            }
+            State::Taken => true,
+        })
+    }
+}
+
+impl<T: 'static> JoinHandle<T> {
+    /// Cancels the task: its future is dropped the next time its loop would poll it (promptly
+    /// if it is parked), and awaiting this handle then gives a cancelled [`JoinError`] once
+    /// that drop has happened, so whatever the task held (a borrow, a lock, a socket) is
+    /// released when the `.await` returns. As in tokio, aborting a task that already finished
+    /// changes nothing: awaiting gives its output. Cost: one async-task state update, two
+    /// allocations and, for a parked task, one re-schedule on its loop.
+    pub fn abort(&self) {
+        self.with(|state| {
+            if !matches!(state, State::Live(_)) {
+                return;
+            }
+            let State::Live(task) = std::mem::replace(state, State::Taken) else {
+                unreachable!("checked just above");
+            };
+            let mut aborted = Box::new(Aborted {
+                cancel: Some(Box::pin(task.cancel())),
+                waker: None,
+                out: None,
+            });
+            // The first poll marks the task cancelled (scheduling it if it is parked, so its
+            // owner drops the future) and picks up an output that was already there.
+            aborted.poll_over(&mut Context::from_waker(Waker::noop()));
+            *state = State::Aborted(aborted);
+        })
+    }
+}
+
+/// What an `.await` of the handle gives for a task's outcome.
+fn output<T>(out: Option<Outcome<T>>) -> Result<T, JoinError> {
+    match out {
+        None => Err(JoinError::cancelled()),
+        Some(out) => match out.into_inner() {
+            Ok(v) => Ok(v),
+            Err(payload) => Err(JoinError::panic(*payload)),
+        },
     }
 }
 
@@ -56,26 +155,34 @@ impl<T> Future for JoinHandle<T> {
     type Output = Result<T, JoinError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(mut task) = self.task.take() else {
-            return Poll::Ready(Err(JoinError::cancelled()));
-        };
-        match Pin::new(&mut task).poll(cx) {
-            Poll::Pending => {
-                self.task.set(Some(task));
+        match self.state.replace(State::Taken) {
+            State::Live(mut task) => match Pin::new(&mut task).poll(cx) {
+                Poll::Pending => {
+                    self.state.set(State::Live(task));
+                    Poll::Pending
+                }
+                Poll::Ready(out) => Poll::Ready(output(out)),
+            },
+            State::Aborted(mut a) => {
+                if a.poll_over(cx) {
+                    return Poll::Ready(output(a.out.take()));
+                }
+                if !a.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    a.waker = Some(cx.waker().clone());
+                }
+                self.state.set(State::Aborted(a));
                 Poll::Pending
             }
-            Poll::Ready(None) => Poll::Ready(Err(JoinError::cancelled())),
-            Poll::Ready(Some(out)) => Poll::Ready(match out.into_inner() {
-                Ok(v) => Ok(v),
-                Err(payload) => Err(JoinError::panic(*payload)),
-            }),
+            State::Taken => Poll::Ready(Err(JoinError::cancelled())),
         }
     }
 }
 
 impl<T> Drop for JoinHandle<T> {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
+        // A live task is detached; an aborted one stays cancelled (dropping async-task's
+        // handle does that); an untaken output is dropped under `Outcome`'s guard.
+        if let State::Live(task) = self.state.replace(State::Taken) {
             task.detach();
         }
     }

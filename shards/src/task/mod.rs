@@ -24,9 +24,11 @@
 //!    task with the payload, which the [`JoinHandle`] turns into a [`JoinError`](crate::JoinError).
 //!    Dropping the user's future (finished, cancelled, or at stop) runs under `catch_unwind`
 //!    too (`drop_guarded`): a panicking `Drop` is logged and the loop goes on.
-//! 5. **Handles.** Dropping a `JoinHandle` detaches the task; [`JoinHandle::abort`] drops the
-//!    `async-task` handle, which cancels the task: its future is dropped the next time the owner
-//!    would poll it (at once if it is parked: async-task schedules it once more for that).
+//! 5. **Handles.** Dropping a `JoinHandle` detaches the task; [`JoinHandle::abort`] starts
+//!    async-task's cancellation, which marks the task closed: its future is dropped the next
+//!    time the owner would poll it (at once if it is parked: async-task schedules it once more
+//!    for that). The handle keeps the cancellation and resolves only after that drop, as in
+//!    tokio, or with the output if the task had already finished.
 //!
 //! Cost on the local path: one allocation per task, the async-task state updates, one waker clone
 //! and one slab insert per spawn (rule 3); a local wake is a thread-local push, no shared atomic.
