@@ -396,3 +396,78 @@ fn a_zero_period_interval_ticks_once_per_turn() {
         counter.await.unwrap();
     });
 }
+
+/// Polls `s` once, inside a task, so that its timer is registered on the current loop.
+async fn register(s: &mut std::pin::Pin<Box<time::Sleep>>) {
+    use std::future::Future as _;
+    std::future::poll_fn(|cx| {
+        assert!(s.as_mut().poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// A sleep registered on shard 0 and dropped on a plain thread: its timer goes (the cancel is
+/// sent to shard 0's inbox), so `run()` returns at quiescence. The cancel used to be skipped
+/// off any loop, and `run()` waited the dead timer's 30 s.
+#[test]
+fn a_sleep_dropped_on_a_plain_thread_does_not_hold_run() {
+    let ex = common::exec(1);
+    let (tx, rx) = std::sync::mpsc::channel::<std::pin::Pin<Box<time::Sleep>>>();
+    let dropper = std::thread::spawn(move || {
+        for s in rx {
+            drop(s);
+        }
+    });
+    ex.spawn_on(0, move || async move {
+        let mut s = Box::pin(time::sleep(Duration::from_secs(30)));
+        register(&mut s).await;
+        tx.send(s).unwrap();
+    })
+    .unwrap();
+    let t = Instant::now();
+    common::run_or_fail(ex, Duration::from_secs(20), "a sleep dropped off its loop").unwrap();
+    dropper.join().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+/// The same with the sleep dropped on a loop of another executor (a `LocalExecutor`), which
+/// is a loop, but not one that may touch shard 0's timers.
+#[test]
+fn a_sleep_dropped_on_another_executors_loop_does_not_hold_run() {
+    let ex = common::exec(1);
+    let (tx, rx) = std::sync::mpsc::channel::<std::pin::Pin<Box<time::Sleep>>>();
+    let dropper = std::thread::spawn(move || {
+        LocalExecutor::new().unwrap().block_on(async move {
+            let s = rx.recv().unwrap();
+            drop(s);
+        })
+    });
+    ex.spawn_on(0, move || async move {
+        let mut s = Box::pin(time::sleep(Duration::from_secs(30)));
+        register(&mut s).await;
+        tx.send(s).unwrap();
+    })
+    .unwrap();
+    let t = Instant::now();
+    common::run_or_fail(
+        ex,
+        Duration::from_secs(20),
+        "a sleep dropped on another executor",
+    )
+    .unwrap();
+    dropper.join().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+/// A sleep that outlives its executor is dropped later on a plain thread: nothing to cancel,
+/// nothing queued, no panic.
+#[test]
+fn a_sleep_dropped_after_its_executor_is_gone_is_harmless() {
+    let out = LocalExecutor::new().unwrap().block_on(async {
+        let mut s = Box::pin(time::sleep(Duration::from_secs(30)));
+        register(&mut s).await;
+        Some(s)
+    });
+    std::thread::spawn(move || drop(out)).join().unwrap();
+}

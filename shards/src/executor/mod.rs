@@ -281,6 +281,22 @@ impl ExecShared {
         })
     }
 
+    /// A runtime-internal spawn from any thread (the cancel of a timer dropped away from its
+    /// loop): like `Handle::spawn_on`, nothing is queued once the `Executor` is dropped, when
+    /// no run can come to take it. The handle is detached.
+    pub(crate) fn spawn_detached<F, Fut>(&self, shard: usize, make: F, info: TaskInfo)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        if self.closed.load(SeqCst) {
+            return;
+        }
+        drop(self.spawn_on(shard, make, info));
+        self.drop_if_closed();
+    }
+
     pub(crate) fn spawn_on<F, Fut>(
         &self,
         shard: usize,

@@ -6,8 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::sync::{Arc, Weak};
+
 use super::TimerKey;
-use crate::context::with_core;
+use crate::{context::with_core, event_loop::LoopShared};
 
 /// Completes after `duration`. See [`sleep_until`]. A duration too long for an `Instant`
 /// (`Duration::MAX`) sleeps about 30 years, as tokio's does.
@@ -18,8 +20,10 @@ pub fn sleep(duration: Duration) -> Sleep {
 /// Completes at `deadline` (at once if it has passed).
 ///
 /// The timer lives on the loop that first polls the future, which parks until the earliest
-/// deadline, so a sleep costs no CPU while it waits. Cost: one heap insert (O(log n)) on first
-/// poll, one removal when it fires or is dropped. Dropping the future cancels the timer.
+/// deadline, so a sleep costs no CPU while it waits. Cost: one heap insert (O(log n)) and a
+/// weak reference to the loop (one uncontended atomic increment) on first poll, one removal
+/// when it fires or is dropped. Dropping the future cancels the timer, wherever it is dropped:
+/// away from its loop, the cancel is sent there as a small task.
 ///
 /// # Panics
 /// When polled off any xtc loop.
@@ -34,12 +38,16 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sleep {
     deadline: Instant,
-    /// The loop holding the timer (its `LoopShared` address) and the key there.
-    key: Option<(usize, TimerKey)>,
+    /// The loop holding the timer, weakly (a sleep must not keep a loop alive), and the key
+    /// there. The loop is needed wherever the sleep is dropped or reset: off that loop, the
+    /// cancel is sent to it (`cancel_elsewhere`).
+    key: Option<(Weak<LoopShared>, TimerKey)>,
 }
 
-fn loop_id(core: &crate::context::Core) -> usize {
-    std::sync::Arc::as_ptr(&core.shared) as usize
+/// Whether `owner` is the loop `core` runs. A `Weak` keeps its allocation, so the address of
+/// a freed loop is never another loop's.
+fn is_here(core: &crate::context::Core, owner: &Weak<LoopShared>) -> bool {
+    std::ptr::eq(owner.as_ptr(), Arc::as_ptr(&core.shared))
 }
 
 impl Sleep {
@@ -58,74 +66,79 @@ impl Sleep {
         let Some((owner, k)) = self.key.take() else {
             return;
         };
-        with_core(|core| {
-            if loop_id(core) != owner {
-                // The old loop wakes the task, which registers the new deadline where it runs.
-                cancel_elsewhere(core, owner, k, true);
-                return;
+        let here = with_core(|core| {
+            if !is_here(core, &owner) {
+                return false;
             }
             let mut timers = core.timers.borrow_mut();
             let Some(waker) = timers.cancel(k) else {
                 // It fired (the task is woken already) or went with an earlier run.
-                return;
+                return true;
             };
             if Instant::now() < deadline {
-                self.key = Some((owner, timers.insert(deadline, waker)));
+                self.key = Some((owner.clone(), timers.insert(deadline, waker)));
             } else {
                 drop(timers);
                 waker.wake();
             }
+            true
         });
-        // Off any loop: that loop's shutdown clears its timers (see `cancel`).
+        if here != Some(true) {
+            // The old loop wakes the task, which registers the new deadline where it runs.
+            cancel_elsewhere(&owner, k, true);
+        }
     }
 
     fn cancel(&mut self) {
         if let Some((owner, k)) = self.key.take() {
-            with_core(|core| {
-                if loop_id(core) == owner {
+            let here = with_core(|core| {
+                let here = is_here(core, &owner);
+                if here {
                     let waker = core.timers.borrow_mut().cancel(k);
                     drop(waker);
-                } else {
-                    cancel_elsewhere(core, owner, k, false);
                 }
+                here
             });
-            // Off any loop (a migratable task dropped by a stopping executor): every loop's
-            // timers are cleared by its own shutdown.
+            if here != Some(true) {
+                cancel_elsewhere(&owner, k, false);
+            }
         }
     }
 }
 
-/// Only the loop that holds a timer may touch it. A migratable task that moved since it
-/// registered its sleep (stolen, or woken on another loop) sends the cancel home as a small
-/// pinned task, over the ring mesh like any spawn. Left behind, the timer kept its loop
-/// `WAITING` until the deadline: `run()` returned that much late (a 30 s `timeout` around a
-/// receive: 30 s), and the loop woke for nothing. Cost: one task per moved sleep, on the rare
-/// path only. With `wake` (a reset), the cancelled timer's waker is woken there, so the task
-/// polls its sleep again and registers the new deadline on the loop it runs on.
-fn cancel_elsewhere(core: &crate::context::Core, owner: usize, k: TimerKey, wake: bool) {
-    if core.exec.stop_requested() {
+/// Only the loop that holds a timer may touch it. A sleep dropped or reset elsewhere (a
+/// migratable task that moved since it registered its sleep, a sleep sent to a plain thread or
+/// to another executor's loop) sends the cancel home as a small pinned task, over the ring mesh
+/// from a loop of the same executor and through the owner's inbox from anywhere else. Left
+/// behind, the timer kept its loop `WAITING` until the deadline: `run()` returned that much
+/// late (a 30 s `timeout` around a receive: 30 s), and the loop woke for nothing. Cost: one
+/// task per such sleep, on the rare path only. With `wake` (a reset), the cancelled timer's
+/// waker is woken there, so the task polls its sleep again and registers the new deadline on
+/// the loop it runs on.
+fn cancel_elsewhere(owner: &Weak<LoopShared>, k: TimerKey, wake: bool) {
+    // A loop that is gone took its timers with it.
+    let Some(home) = owner.upgrade() else {
+        return;
+    };
+    let Some(exec) = home.exec().upgrade() else {
+        return;
+    };
+    if exec.stop_requested() {
         // Stopping: every loop clears its own timers in its shutdown, and a cancel sent now
         // could wait in a ring for the next run (where generations differ, so it would only
         // be wasted work).
         return;
     }
-    let home = core
-        .exec
-        .loops
-        .iter()
-        .find(|l| std::sync::Arc::as_ptr(l) as usize == owner);
-    if let Some(home) = home {
-        let cancel = move || async move {
-            let waker = with_core(|c| c.timers.borrow_mut().cancel(k)).flatten();
-            if let (true, Some(w)) = (wake, waker) {
-                w.wake();
-            }
-        };
-        let info = crate::task::TaskInfo::here(Some(std::sync::Arc::new(
-            "xtc::time: cancel of a moved sleep".to_string(),
-        )));
-        drop(crate::task::spawn_raw(home.clone(), cancel, info, 0));
-    }
+    let cancel = move || async move {
+        let waker = with_core(|c| c.timers.borrow_mut().cancel(k)).flatten();
+        if let (true, Some(w)) = (wake, waker) {
+            w.wake();
+        }
+    };
+    let info = crate::task::TaskInfo::here(Some(Arc::new(
+        "xtc::time: cancel of a sleep dropped away from its loop".to_string(),
+    )));
+    exec.spawn_detached(home.index, cancel, info);
 }
 
 impl Future for Sleep {
@@ -133,35 +146,36 @@ impl Future for Sleep {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let deadline = self.deadline;
-        let key = self.key;
-        let registered = with_core(|core| {
-            let me = loop_id(core);
-            match key {
-                Some((owner, k)) if owner == me => {
-                    // A live timer still pending: keep the newest waker. Gone: it fired, or
-                    // it was registered in an earlier run of this loop, whose timers went
-                    // with that run (generations differ): done only if the deadline passed.
-                    let mut timers = core.timers.borrow_mut();
-                    if timers.update(k, cx.waker()) {
-                        Some((me, k))
-                    } else if Instant::now() >= deadline {
-                        None
-                    } else {
-                        Some((me, timers.insert(deadline, cx.waker().clone())))
-                    }
+        // `None`: done. `Some((moved, k))`: pending on key `k`, on this loop; `moved` when the
+        // key is new here (the loop to record then is this one).
+        let registered = with_core(|core| match &self.key {
+            Some((owner, k)) if is_here(core, owner) => {
+                // A live timer still pending: keep the newest waker. Gone: it fired, or it
+                // was registered in an earlier run of this loop, whose timers went with that
+                // run (generations differ): done only if the deadline passed.
+                let mut timers = core.timers.borrow_mut();
+                if timers.update(*k, cx.waker()) {
+                    Some((None, *k))
+                } else if Instant::now() >= deadline {
+                    None
+                } else {
+                    Some((None, timers.insert(deadline, cx.waker().clone())))
                 }
-                _ => {
-                    if let Some((owner, k)) = key {
-                        // The task moved to this loop: the old timer goes (its loop cancels
-                        // it), a new one is made here.
-                        cancel_elsewhere(core, owner, k, false);
-                    }
-                    if Instant::now() >= deadline {
-                        None
-                    } else {
-                        let mut timers = core.timers.borrow_mut();
-                        Some((me, timers.insert(deadline, cx.waker().clone())))
-                    }
+            }
+            other => {
+                if let Some((owner, k)) = other {
+                    // The task moved to this loop: the old timer goes (its loop cancels it),
+                    // a new one is made here.
+                    cancel_elsewhere(owner, *k, false);
+                }
+                if Instant::now() >= deadline {
+                    None
+                } else {
+                    let k = core
+                        .timers
+                        .borrow_mut()
+                        .insert(deadline, cx.waker().clone());
+                    Some((Some(Arc::downgrade(&core.shared)), k))
                 }
             }
         });
@@ -171,8 +185,12 @@ impl Future for Sleep {
                 self.key = None;
                 Poll::Ready(())
             }
-            Some(Some(k)) => {
-                self.key = Some(k);
+            Some(Some((moved, k))) => {
+                match (moved, &mut self.key) {
+                    (Some(here), key) => *key = Some((here, k)),
+                    (None, Some((_, key))) => *key = k,
+                    (None, None) => unreachable!("a kept key is one this sleep holds"),
+                }
                 Poll::Pending
             }
         }
