@@ -130,3 +130,55 @@ fn positioned_io_on_a_fifo_is_refused() {
         },
     );
 }
+
+/// A boxed future moved into a waker (test only).
+struct SendBox {
+    _fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+}
+
+// SAFETY: test only: the future is made on the loop thread and dropped there too, with the
+// waker that owns it (which never leaves that thread).
+unsafe impl Send for SendBox {}
+
+/// A waker that owns a future and does nothing when woken: its drop drops the future.
+struct Owning {
+    _held: std::sync::Mutex<Option<SendBox>>,
+}
+
+impl std::task::Wake for Owning {
+    fn wake(self: std::sync::Arc<Self>) {}
+}
+
+/// A waker's drop is user code. A custom waker that owns an in-flight read of the same loop,
+/// replaced when the next poll brings another waker, drops that read from inside the driver's
+/// bookkeeping. The io_uring driver used to hold its table of operations borrowed there
+/// ("already borrowed": the loop's thread died).
+#[test]
+fn a_replaced_waker_may_drop_an_operation_of_the_same_loop() {
+    use std::{future::Future, task::Poll};
+    on_each_driver("a_replaced_waker_may_drop_an_operation", 1, |_| async {
+        let (a, _a_peer) = UnixStream::pair().unwrap();
+        let (b, _b_peer) = UnixStream::pair().unwrap();
+        let mut read_b: std::pin::Pin<Box<dyn Future<Output = ()>>> = Box::pin(async move {
+            let _ = b.read(vec![0u8; 16]).await;
+        });
+        std::future::poll_fn(|cx| {
+            assert!(read_b.as_mut().poll(cx).is_pending(), "nothing to read yet");
+            Poll::Ready(())
+        })
+        .await;
+        let owning = std::sync::Arc::new(Owning {
+            _held: std::sync::Mutex::new(Some(SendBox { _fut: read_b })),
+        });
+        let waker = std::task::Waker::from(owning);
+        let mut read_a = Box::pin(a.read(vec![0u8; 16]));
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(read_a.as_mut().poll(&mut cx).is_pending());
+        drop(waker); // the driver holds the last clone
+        std::future::poll_fn(|cx| {
+            assert!(read_a.as_mut().poll(cx).is_pending());
+            Poll::Ready(())
+        })
+        .await;
+    });
+}

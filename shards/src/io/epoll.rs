@@ -268,9 +268,11 @@ impl Epoll {
             }
         });
         if let Some((_, w)) = mine {
-            if !w.will_wake(waker) {
-                *w = waker.clone();
-            }
+            let old = (!w.will_wake(waker)).then(|| std::mem::replace(w, waker.clone()));
+            // A waker's drop is user code (a custom waker) that may drop another source's
+            // future of this loop, which borrows `slots` again: drop it after the borrow.
+            drop(slots);
+            drop(old);
             return Ok(());
         }
         list.push((id, waker.clone()));
@@ -296,9 +298,21 @@ impl Epoll {
             Dir::Read => &mut slot.readers,
             Dir::Write => &mut slot.writers,
         };
-        let before = list.len();
-        list.retain(|(i, _)| *i != id);
-        self.waiting.set(self.waiting.get() - (before - list.len()));
+        // The removed wakers are dropped after the borrow, as in `add_waiter`. Ids are unique
+        // but `ANON`'s, so this is mostly one entry, and allocates nothing then.
+        let mut gone = (None, Vec::new());
+        while let Some(p) = list.iter().position(|(i, _)| *i == id) {
+            let w = list.remove(p);
+            if gone.0.is_none() {
+                gone.0 = Some(w);
+            } else {
+                gone.1.push(w);
+            }
+        }
+        let n = usize::from(gone.0.is_some()) + gone.1.len();
+        self.waiting.set(self.waiting.get() - n);
+        drop(slots);
+        drop(gone);
     }
 
     /// Dispatches ready events without blocking; no system call while nothing waits.

@@ -588,7 +588,11 @@ impl Uring {
             }
             Lifecycle::Waiting(w) if w.will_wake(cx.waker()) => Poll::Pending,
             _ => {
-                self.set(slot, Lifecycle::Waiting(cx.waker().clone()));
+                // The replaced waker is dropped after the borrow: its drop is user code (a
+                // custom waker) that may drop an Op of this loop, which borrows `ops` again.
+                let old = self.set(slot, Lifecycle::Waiting(cx.waker().clone()));
+                drop(ops);
+                drop(old);
                 Poll::Pending
             }
         }
@@ -634,7 +638,10 @@ impl Uring {
                 close_orphan(res, is_fd);
             }
             Some(slot) => {
-                self.set(slot, keep(data));
+                // A replaced waker is dropped after the borrow, as in `poll_op`.
+                let old = self.set(slot, keep(data));
+                drop(ops);
+                drop(old);
                 return true;
             }
             None => drop(ops),
