@@ -100,6 +100,34 @@ fn submit_to_from_a_plain_thread_through_the_handle() {
     assert!(ex.loop_stats(1).unwrap().inbox_received >= 1);
 }
 
+/// `Handle::submit_to` between runs queues the message at the call (as `spawn_on`): the
+/// future resolves once the next run has run it, and with `Err(Stopped)` if the `Executor` is
+/// dropped first (the documented contract; its doc used to promise `Err(Stopped)` as soon as
+/// a run had stopped).
+#[test]
+fn handle_submit_to_between_runs_waits_for_the_next_run() {
+    let ex = exec(2);
+    let h = ex.handle();
+    ex.spawn_on(0, || async { shard::stop() }).unwrap();
+    ex.run().unwrap();
+    let queued = h.submit_to(1, || async { shard::id() + 40 });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || tx.send(futures::executor::block_on(queued)));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "resolved with no run in progress"
+    );
+    ex.run().unwrap();
+    let got = rx.recv_timeout(HANG).expect("the next run never ran it");
+    assert_eq!(got.unwrap(), 41);
+    waiter.join().unwrap().unwrap();
+
+    let never = h.submit_to(0, || async {});
+    drop(ex);
+    let r = futures::executor::block_on(never);
+    assert!(matches!(r, Err(Error::Stopped)), "{r:?}");
+}
+
 #[test]
 fn submit_to_all_runs_once_per_shard_in_order() {
     let ex = exec(4);

@@ -1167,9 +1167,17 @@ impl Handle {
     /// Sends `make` to `shard`, runs the future it returns there, and resolves to its output.
     /// Callable from any thread: off the executor's loops the message goes through the target's
     /// inbox (from a loop, prefer [`crate::shard::submit_to`], which uses the ring mesh and its
-    /// backpressure). `Err(InvalidShard)` out of range, `Err(Join)` if it panicked there,
-    /// `Err(Stopped)` if the executor stopped first. Cost: as [`spawn_on`](Handle::spawn_on)
-    /// plus one wake of the awaiting task.
+    /// backpressure).
+    ///
+    /// Unlike [`crate::shard::submit_to`], the message is queued by this call, as
+    /// [`spawn_on`](Handle::spawn_on) queues, not at the first poll; dropping the returned
+    /// future detaches the task. Queued while no `run()` is in progress, it runs when the next
+    /// one starts, and the future waits for that.
+    ///
+    /// `Err(InvalidShard)` out of range, `Err(Join)` if it panicked there, `Err(Stopped)` if
+    /// the task is dropped before it finishes: the run is stopped (`stop()`, or the end of a
+    /// `block_on`) first, or the `Executor` is dropped with the task still queued. Cost: as
+    /// [`spawn_on`](Handle::spawn_on) plus one wake of the awaiting task.
     #[track_caller]
     pub fn submit_to<F, Fut>(
         &self,
@@ -1185,7 +1193,10 @@ impl Handle {
         async move { crate::shard::join_result(h?.await) }
     }
 
-    /// Fire-and-forget: queues `make` to run on `shard` and returns once it is queued.
+    /// Fire-and-forget: queues `make` to run on `shard` and returns once it is queued (as
+    /// [`spawn_on`](Handle::spawn_on): between runs, it runs when the next `run()` starts).
+    /// `Err(InvalidShard)` out of range, `Err(Stopped)` once the `Executor` is dropped.
+    /// Cost: as `spawn_on`.
     #[track_caller]
     pub fn send_to<F, Fut>(&self, shard: usize, make: F) -> Result<()>
     where
