@@ -26,7 +26,13 @@
 //!    expiry timeout submitted with the detach (a peer that stopped reading).
 //! 5. **Shutdown.** Dropping the driver cancels every operation still in flight (and the
 //!    wake-ping read) and waits up to one second for their completions; what is still
-//!    outstanding then is leaked (logged), never freed under the kernel.
+//!    outstanding then is leaked (logged), never freed under the kernel. An `Op` may outlive
+//!    its driver (a stream returned from `LocalExecutor::block_on` and used in the next one,
+//!    with a receive it kept): the driver leaves each live `Op`'s result in this thread's
+//!    [`ORPHANS`] (an `Op` is `!Send`, so it is polled and dropped on this thread), and the
+//!    `Op` resolves to it there, so a receive that completed before the shutdown still hands
+//!    over its bytes, and a send still reports what it sent. One whose operation the kernel
+//!    still held when the driver gave up never resolves, and its data is leaked with it.
 //!
 //! The loop's wake eventfd is read by a standing `READ` (token [`PING`]), re-armed at each
 //! park, so a cross-shard wake completes the driver's wait. (A kernel that answers that read
@@ -153,6 +159,31 @@ fn close_orphan(res: i32, is_fd: bool) {
         // nothing else knows the number, so we are its only owner.
         unsafe { libc::close(res) };
     }
+}
+
+thread_local! {
+    /// Rule 5: results of operations whose driver was dropped while their `Op` lived, by
+    /// (driver id, slot key). `Some(res)`: completed with `res`; `None`: the kernel still held
+    /// the operation when the driver gave up on it. An entry goes when its `Op` resolves or
+    /// drops; only a leaked (`mem::forget`) `Op` leaves one behind.
+    static ORPHANS: RefCell<std::collections::HashMap<(u64, usize), Option<i32>>> =
+        RefCell::new(std::collections::HashMap::new());
+}
+
+/// Rule 5: takes the result a dropped driver left for operation `key`, if any.
+fn take_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
+    ORPHANS
+        .try_with(|o| o.borrow_mut().remove(&(driver, key)))
+        .ok()
+        .flatten()
+}
+
+/// Rule 5: the result a dropped driver left for operation `key`, if any, without taking it.
+fn peek_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
+    ORPHANS
+        .try_with(|o| o.borrow().get(&(driver, key)).copied())
+        .ok()
+        .flatten()
 }
 
 /// One loop's io_uring.
@@ -758,6 +789,22 @@ impl Drop for Uring {
             }
             self.dispatch();
         }
+        // Rule 5: what a live `Op` will ask for. `Completed` and `Submitted`/`Waiting` slots
+        // are live `Op`s' (`Ignored` and `Detached` ones hold the data of `Op`s that are gone).
+        let _ = ORPHANS.try_with(|o| {
+            let mut o = o.borrow_mut();
+            for (key, l) in self.ops.borrow().iter() {
+                match l {
+                    Lifecycle::Completed(res) => {
+                        o.insert((self.id, key), Some(*res));
+                    }
+                    Lifecycle::Submitted | Lifecycle::Waiting(_) => {
+                        o.insert((self.id, key), None);
+                    }
+                    Lifecycle::Ignored(..) | Lifecycle::Detached(_) => {}
+                }
+            }
+        });
         let left = self
             .ops
             .borrow()
@@ -826,7 +873,10 @@ impl<T> Op<T> {
     /// The kernel's result if its completion has been reaped, without taking it (the Op still
     /// resolves to it). `None` while in flight, and off its loop. Cost: one slab lookup.
     pub(crate) fn completed(&self) -> Option<i32> {
-        with_uring(self.driver, |u| u.peek_op(self.key)).flatten()
+        match with_uring(self.driver, |u| u.peek_op(self.key)) {
+            Some(res) => res,
+            None => peek_orphan(self.driver, self.key).flatten(),
+        }
     }
 
     /// Lets the operation run to its end without this Op (no cancellation): the driver keeps
@@ -835,7 +885,14 @@ impl<T> Op<T> {
     pub(crate) fn detach(mut self) {
         if let Some(data) = self.data.take() {
             let key = self.key;
-            let _ = with_uring(self.driver, move |u| u.detach(key, Box::new(data)));
+            let mut data = Some(data);
+            let on_driver = with_uring(self.driver, |u| {
+                u.detach(key, Box::new(data.take().expect("taken once")))
+            });
+            if on_driver.is_none() {
+                // Its driver is gone (rule 5): free what the kernel no longer holds.
+                orphan_dropped(self.driver, key, false, data);
+            }
         }
     }
 
@@ -873,12 +930,37 @@ impl<T: 'static> Future for Op<T> {
                 Poll::Ready((res, self.data.take().expect("polled after completion")))
             }
             Some(Poll::Pending) => Poll::Pending,
-            // Polled off its loop, or its loop's driver is gone (which drained it, rule 5).
-            None => Poll::Ready((
-                -libc::ECANCELED,
-                self.data.take().expect("polled after completion"),
-            )),
+            // Its loop's driver is gone (rule 5): the result it left.
+            None => match take_orphan(driver, key) {
+                Some(Some(res)) => {
+                    Poll::Ready((res, self.data.take().expect("polled after completion")))
+                }
+                Some(None) => {
+                    // The kernel may still write into the data: it is never handed back (the
+                    // record goes back for this Op's drop, which leaks the data).
+                    let _ = ORPHANS.try_with(|o| o.borrow_mut().insert((driver, key), None));
+                    Poll::Pending
+                }
+                // No record (a driver that recorded nothing): nothing is in the kernel.
+                None => Poll::Ready((
+                    -libc::ECANCELED,
+                    self.data.take().expect("polled after completion"),
+                )),
+            },
         }
+    }
+}
+
+/// Rule 5: an Op whose driver is gone lets go of `data`: freed, with a descriptor it got
+/// closed, unless the kernel still held the operation when the driver gave up (then leaked).
+fn orphan_dropped<T: 'static>(driver: u64, key: usize, is_fd: bool, data: Option<T>) {
+    match take_orphan(driver, key) {
+        Some(None) => std::mem::forget(data),
+        Some(Some(res)) => {
+            close_orphan(res, is_fd);
+            drop_buffer(Box::new(data));
+        }
+        None => drop_buffer(Box::new(data)),
     }
 }
 
@@ -886,8 +968,13 @@ impl<T: 'static> Drop for Op<T> {
     fn drop(&mut self) {
         if let Some(data) = self.data.take() {
             let (key, is_fd) = (self.key, self.result_is_fd);
-            // Off its driver the data is no longer in the kernel's hands (rule 5): drop it.
-            let _ = with_uring(self.driver, move |u| u.abandon(key, Box::new(data), is_fd));
+            let mut data = Some(data);
+            let on_driver = with_uring(self.driver, |u| {
+                u.abandon(key, Box::new(data.take().expect("taken once")), is_fd)
+            });
+            if on_driver.is_none() {
+                orphan_dropped(self.driver, key, is_fd, data);
+            }
         }
     }
 }

@@ -786,6 +786,11 @@ fn poll_reading(
         st.rpos = 0;
         let res = ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf));
         st.stray = None;
+        if res == -libc::ECANCELED {
+            // Nobody cancels a kept receive but its driver's shutdown (uring.rs rule 5: the
+            // stream outlived its loop): it received nothing, and the caller reads afresh.
+            return Poll::Ready(None);
+        }
         return Poll::Ready(Some(result(res)));
     }
     let Some(op) = st.reading.as_mut() else {
@@ -793,6 +798,13 @@ fn poll_reading(
     };
     let (res, mut got) = ready!(poll_shared(op, &mut st.read_waiters, cx, trait_side));
     st.reading = None;
+    if res == -libc::ECANCELED {
+        // As for a kept receive above: only a driver's shutdown cancels it; nothing came.
+        got.clear();
+        st.rbuf = got;
+        st.rpos = 0;
+        return Poll::Ready(None);
+    }
     let r = result(res);
     if let Ok(n) = r {
         // SAFETY: the kernel initialized `n <= capacity` bytes.
@@ -814,6 +826,12 @@ fn drain(
     while let Some(op) = st.writing.as_mut() {
         let (res, buf) = ready!(poll_shared(op, &mut st.write_waiters, cx, trait_side));
         st.writing = None;
+        if res == -libc::ECANCELED {
+            // Only a driver's shutdown cancels a write-behind send (uring.rs rule 5: the stream
+            // outlived its loop), and a cancelled send sent nothing: send the rest again.
+            st.writing = Some(start_send(fd, buf, st.wsent)?);
+            continue;
+        }
         match result(res) {
             Ok(n) => {
                 st.wsent += n as usize;
