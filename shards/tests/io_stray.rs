@@ -939,3 +939,140 @@ fn a_blocked_write_behind_cancelled_by_its_drivers_shutdown_is_sent_again() {
     assert!(all[..filled].iter().all(|&x| x == 0));
     assert_eq!(&all[filled..], &b"tail"[..tail]);
 }
+
+/// Fills `a`'s socket with plain non-blocking sends of zeros until it refuses; the bytes sent.
+fn fill(a: &UnixStream) -> usize {
+    let zeros = [0u8; 4096];
+    let mut filled = 0usize;
+    loop {
+        // SAFETY: a send from a live local buffer on an open descriptor.
+        let n = unsafe {
+            libc::send(
+                std::os::fd::AsRawFd::as_raw_fd(a),
+                zeros.as_ptr().cast(),
+                zeros.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        filled += n as usize;
+    }
+    filled
+}
+
+/// A write-behind send cancelled by its driver's shutdown (`ECANCELED`, nothing sent) is sent
+/// again by the next flush, so `shutdown(Write)` must still refuse to go out ahead of it. It
+/// took the `ECANCELED` for a failed send and let the FIN overtake the bytes `AsyncWrite` had
+/// reported written.
+#[test]
+fn shutdown_does_not_overtake_a_write_behind_cancelled_by_its_drivers_shutdown() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (mut a, b, total, tail) = ex.block_on(async {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let filled = fill(&a);
+        // io_uring: reported written at once (write-behind); epoll: waits, times out unsent.
+        let tail = xtc_shards::time::timeout(
+            Duration::from_millis(100),
+            futures::io::AsyncWriteExt::write(&mut a, b"tail"),
+        )
+        .await
+        .map_or(0, |n| n.unwrap());
+        (a, b, filled + tail, tail)
+    });
+    let mut b = b.into_std();
+    b.set_nonblocking(false).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut b, &mut all);
+        all
+    });
+    let (shut, flushed) = ex.block_on(async move {
+        // Documented: refused with WouldBlock while AsyncWrite bytes are unsent.
+        let shut = a.shutdown(std::net::Shutdown::Write);
+        let flushed = guard("flush", futures::io::AsyncWriteExt::flush(&mut a)).await;
+        let _ = a.shutdown(std::net::Shutdown::Write);
+        (shut, flushed)
+    });
+    let all = reader.join().unwrap();
+    flushed.unwrap();
+    if tail > 0 {
+        assert!(
+            shut.is_err(),
+            "shutdown(Write) went out ahead of unsent AsyncWrite bytes"
+        );
+    }
+    assert_eq!(all.len(), total, "bytes reported written were lost");
+}
+
+type ReadFut = std::pin::Pin<Box<dyn Future<Output = std::io::Result<Vec<u8>>>>>;
+
+fn owned_read(s: &std::rc::Rc<UnixStream>) -> ReadFut {
+    let s = s.clone();
+    Box::pin(async move {
+        let (r, b) = s.read(Vec::with_capacity(16)).await;
+        r.map(|n| b[..n].to_vec())
+    })
+}
+
+/// Two owned reads of one stream in flight when their driver goes (both cancelled by its
+/// shutdown: nothing received). In the next `block_on`, the first is dropped while the other
+/// is still in flight: its `ECANCELED` is no error of the stream's. It was stashed as one, and
+/// a later read of the healthy stream failed with it.
+#[test]
+fn a_read_cancelled_by_its_drivers_shutdown_is_not_stashed_as_a_stream_error() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (a, b, f1, f2) = ex.block_on(async {
+        let (a, b) = UnixStream::pair().unwrap();
+        let a = std::rc::Rc::new(a);
+        let mut f1 = owned_read(&a);
+        let mut f2 = owned_read(&a);
+        let pending = poll_fn(|cx| {
+            Poll::Ready(f1.as_mut().poll(cx).is_pending() && f2.as_mut().poll(cx).is_pending())
+        })
+        .await;
+        assert!(pending);
+        xtc_shards::yield_now().await; // submitted
+        (a, b, f1, f2)
+    });
+    let (r3, r4) = ex.block_on(async move {
+        drop(f1); // f2 in flight: not kept, its (orphan) result taken now
+        drop(f2); // the last: kept
+        let (w, _) = b.write_all(b"hello".to_vec()).await;
+        w.unwrap();
+        let r3 = guard("read 3", owned_read(&a)).await;
+        let (w, _) = b.write_all(b"world".to_vec()).await;
+        w.unwrap();
+        let r4 = guard("read 4", owned_read(&a)).await;
+        (r3, r4)
+    });
+    assert_eq!(r3.unwrap(), b"hello");
+    assert_eq!(r4.expect("a spurious error on a healthy stream"), b"world");
+}
+
+/// A UDP socket's kept receive (a `recv_from` dropped while waiting) cancelled by its
+/// driver's shutdown: the next `recv_from`, in the next `block_on`, receives the datagram sent
+/// to it. It failed with `ECANCELED`.
+#[test]
+fn a_kept_udp_receive_cancelled_by_its_drivers_shutdown_is_not_an_error() {
+    use xtc_shards::net::UdpSocket;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let sock = ex.block_on(async {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut f = Box::pin(s.recv_from(Vec::with_capacity(64)));
+        let pending = poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx).is_pending())).await;
+        assert!(pending);
+        xtc_shards::yield_now().await;
+        drop(f); // the only receive: kept by the socket
+        s
+    });
+    let addr = sock.local_addr().unwrap();
+    let r = ex.block_on(async move {
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.send_to(b"dgram", addr).unwrap();
+        let (r, b) = guard("recv_from", sock.recv_from(Vec::with_capacity(64))).await;
+        r.map(|(n, _)| b[..n].to_vec())
+    });
+    assert_eq!(r.expect("recv_from after the driver changed"), b"dgram");
+}

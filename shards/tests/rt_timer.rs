@@ -471,3 +471,50 @@ fn a_sleep_dropped_after_its_executor_is_gone_is_harmless() {
     });
     std::thread::spawn(move || drop(out)).join().unwrap();
 }
+
+/// A sleep re-polled with a new waker drops the old one after the timers' borrow: a custom
+/// waker whose drop drops another registered `Sleep` of this loop borrows them again. It
+/// panicked ("already borrowed").
+#[test]
+fn a_sleeps_replaced_waker_is_dropped_outside_the_timers_borrow() {
+    use std::future::Future as _;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Wake, Waker};
+    use xtc_shards::time::{sleep, Sleep};
+    struct Holder {
+        _other: Mutex<Option<std::pin::Pin<Box<Sleep>>>>,
+    }
+    impl Wake for Holder {
+        fn wake(self: Arc<Self>) {}
+    }
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let r = ex.block_on(async {
+        xtc_shards::spawn_local(async {
+            let mut other = Box::pin(sleep(Duration::from_secs(10)));
+            let mut mine = Box::pin(sleep(Duration::from_secs(10)));
+            std::future::poll_fn(|cx| {
+                assert!(other.as_mut().poll(cx).is_pending()); // registered on this loop
+                std::task::Poll::Ready(())
+            })
+            .await;
+            let holder = Arc::new(Holder {
+                _other: Mutex::new(Some(other)),
+            });
+            let custom = Waker::from(holder);
+            assert!(mine
+                .as_mut()
+                .poll(&mut Context::from_waker(&custom))
+                .is_pending());
+            drop(custom); // the timer holds the last reference
+                          // Re-polled with the task's waker: the custom one is replaced, and dropped.
+            std::future::poll_fn(|cx| std::task::Poll::Ready(mine.as_mut().poll(cx).is_pending()))
+                .await
+        })
+        .await
+    });
+    assert!(
+        r.is_ok(),
+        "the re-poll panicked: {:?}",
+        r.err().and_then(|e| e.panic_message().map(str::to_string))
+    );
+}

@@ -203,9 +203,11 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
                         let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
                         // After the unread bytes already there: these were received after.
                         st.rbuf.extend_from_slice(got);
-                    } else if res < 0 {
+                    } else if res < 0 && res != -libc::ECANCELED {
                         // An error (a reset) is the stream's: the next read reports it, rather
-                        // than a clean end that would make a cut stream look complete.
+                        // than a clean end that would make a cut stream look complete. A
+                        // receive its driver's shutdown cancelled received nothing, and is
+                        // no error of the stream's.
                         st.read_error.get_or_insert(res);
                     }
                 }
@@ -270,15 +272,18 @@ impl<'a> BehindWait<'a> {
         let Some(waiters) = waiters.as_ref() else {
             return false;
         };
-        let (removed, empty) = {
+        let (gone, empty) = {
             let mut listed = lock(&waiters.list.0);
-            let before = listed.owned.len();
-            listed.owned.retain(|l| !l.will_wake(w));
-            (
-                listed.owned.len() < before,
-                listed.owned.is_empty() && listed.trait_side.is_none(),
-            )
+            // Taken out, and dropped after the lock: a waker's drop is user code, which may
+            // come back to this list (a custom waker owning another read of this stream).
+            let (gone, kept) = std::mem::take(&mut listed.owned)
+                .into_iter()
+                .partition::<Vec<_>, _>(|l| l.will_wake(w));
+            listed.owned = kept;
+            (gone, listed.owned.is_empty() && listed.trait_side.is_none())
         };
+        let removed = !gone.is_empty();
+        drop(gone);
         if empty && unwait_if_empty {
             if self.write {
                 if let Some(op) = st.writing.as_ref() {
@@ -380,6 +385,7 @@ fn poll_shared<T: 'static>(
         // After the poll: nothing completes in between (completions are dispatched by the
         // loop, between polls), and a task whose poll found the result is not left listed.
         let mut listed = lock(&w.list.0);
+        let mut replaced = None;
         if trait_side {
             // The `futures::io` side has `&mut self`: one waiter at a time, whose latest waker
             // replaces the last (a combinator may hand a new one to every poll).
@@ -388,11 +394,14 @@ fn poll_shared<T: 'static>(
                 .as_ref()
                 .is_some_and(|l| l.will_wake(cx.waker()))
             {
-                listed.trait_side = Some(cx.waker().clone());
+                replaced = listed.trait_side.replace(cx.waker().clone());
             }
         } else if !listed.owned.iter().any(|l| l.will_wake(cx.waker())) {
             listed.owned.push(cx.waker().clone());
         }
+        // A replaced waker is dropped after the lock (its drop is user code, see `leave`).
+        drop(listed);
+        drop(replaced);
     }
     r
 }
@@ -643,6 +652,9 @@ impl StreamIo {
             Ok(())
         })?;
         let sent_all = match op.completed() {
+            // Cancelled by its driver's shutdown (the stream outlived its loop): nothing was
+            // sent, and `drain` sends it again; the FIN must wait for it.
+            Some(res) if res == -libc::ECANCELED => false,
             // A failed send is reported by the next flush, write or close; the shutdown itself
             // loses nothing more.
             Some(res) if res < 0 => true,

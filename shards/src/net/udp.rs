@@ -203,8 +203,10 @@ impl UdpSocket {
     }
 
     async fn recv_raw<B: IoBufMut>(&self, mut buf: B) -> BufResult<(usize, SockAddr), B> {
-        let stray = self.stray.borrow_mut().pop_front();
-        if let Some(stray) = stray {
+        loop {
+            let Some(stray) = self.stray.borrow_mut().pop_front() else {
+                break;
+            };
             // Taken over: this future waits for it now (and gives it back if dropped too).
             let mut keep = KeepOnDrop::new(self, stray);
             let res = poll_fn(|cx| {
@@ -217,6 +219,11 @@ impl UdpSocket {
             })
             .await;
             keep.done();
+            if matches!(&res, Err(e) if e.raw_os_error() == Some(libc::ECANCELED)) {
+                // Nobody cancels a kept receive but its driver's shutdown (the socket outlived
+                // its loop, uring.rs rule 5): it received nothing; the next one, or a fresh one.
+                continue;
+            }
             if let Ok((n, _)) = &res {
                 // SAFETY: `poll_into` wrote the first `n <= bytes_total()` bytes.
                 unsafe { buf.set_init(*n) };

@@ -65,16 +65,16 @@ impl Timers {
         TimerKey { key, generation }
     }
 
-    /// Replaces the waker of a live timer; `false` if it already fired.
-    pub(crate) fn update(&mut self, t: TimerKey, waker: &Waker) -> bool {
+    /// Replaces the waker of a live timer; `Err(())` if it already fired. `Ok` holds the
+    /// replaced waker, for the caller to drop after its borrow of the timers: a waker's drop is
+    /// user code (a custom waker) that may drop a sleep of this loop, which borrows them again.
+    pub(crate) fn update(&mut self, t: TimerKey, waker: &Waker) -> Result<Option<Waker>, ()> {
         match self.entries.get_mut(t.key) {
             Some(e) if e.generation == t.generation => {
-                if !e.waker.will_wake(waker) {
-                    e.waker = waker.clone();
-                }
-                true
+                Ok((!e.waker.will_wake(waker))
+                    .then(|| std::mem::replace(&mut e.waker, waker.clone())))
             }
-            _ => false,
+            _ => Err(()),
         }
     }
 

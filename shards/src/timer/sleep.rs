@@ -154,12 +154,14 @@ impl Future for Sleep {
                 // was registered in an earlier run of this loop, whose timers went with that
                 // run (generations differ): done only if the deadline passed.
                 let mut timers = core.timers.borrow_mut();
-                if timers.update(*k, cx.waker()) {
-                    Some((None, *k))
-                } else if Instant::now() >= deadline {
-                    None
-                } else {
-                    Some((None, timers.insert(deadline, cx.waker().clone())))
+                match timers.update(*k, cx.waker()) {
+                    Ok(replaced) => {
+                        drop(timers);
+                        drop(replaced);
+                        Some((None, *k))
+                    }
+                    Err(()) if Instant::now() >= deadline => None,
+                    Err(()) => Some((None, timers.insert(deadline, cx.waker().clone()))),
                 }
             }
             other => {
