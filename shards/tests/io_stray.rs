@@ -881,65 +881,6 @@ fn a_kept_read_cancelled_by_its_drivers_shutdown_is_not_an_error() {
     assert_eq!(via_trait.unwrap(), b"late");
 }
 
-/// A write-behind send that found the socket full (the peer not reading) when its driver
-/// went: the shutdown cancels it before it sent anything (`ECANCELED`), and the next `flush`,
-/// in the next `block_on`, sends it again, so the peer gets every byte reported written, once.
-/// The flush used to fail with `ECANCELED`.
-#[test]
-fn a_blocked_write_behind_cancelled_by_its_drivers_shutdown_is_sent_again() {
-    use futures::io::AsyncWriteExt;
-    use std::{io::Read as _, os::fd::AsRawFd as _};
-    let ex = xtc_shards::LocalExecutor::new().unwrap();
-    let (mut a, b, filled, tail) = ex.block_on(async {
-        let (mut a, b) = UnixStream::pair().unwrap();
-        // Fill the socket with plain non-blocking sends of zeros, until it refuses.
-        let zeros = [0u8; 4096];
-        let mut filled = 0usize;
-        loop {
-            // SAFETY: a send from a live local buffer on an open descriptor.
-            let n = unsafe {
-                libc::send(
-                    a.as_raw_fd(),
-                    zeros.as_ptr().cast(),
-                    zeros.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n <= 0 {
-                break;
-            }
-            filled += n as usize;
-        }
-        // io_uring: reported written at once, its send waiting for room that never comes in
-        // this run. epoll (no write-behind): the write itself waits, and times out unwritten.
-        let tail = xtc_shards::time::timeout(
-            Duration::from_millis(100),
-            AsyncWriteExt::write(&mut a, b"tail"),
-        )
-        .await
-        .map_or(0, |n| n.unwrap());
-        assert!(tail == 4 || tail == 0, "{tail}");
-        (a, b, filled, tail)
-    });
-    let mut b = b.into_std();
-    b.set_nonblocking(false).unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut all = Vec::new();
-        b.read_to_end(&mut all).unwrap();
-        all
-    });
-    ex.block_on(async move {
-        guard("flush", AsyncWriteExt::flush(&mut a))
-            .await
-            .unwrap_or_else(|e| panic!("flush after the driver changed: {e}"));
-        AsyncWriteExt::close(&mut a).await.unwrap();
-    });
-    let all = reader.join().unwrap();
-    assert_eq!(all.len(), filled + tail, "bytes lost or sent twice");
-    assert!(all[..filled].iter().all(|&x| x == 0));
-    assert_eq!(&all[filled..], &b"tail"[..tail]);
-}
-
 /// Fills `a`'s socket with plain non-blocking sends of zeros until it refuses; the bytes sent.
 fn fill(a: &UnixStream) -> usize {
     let zeros = [0u8; 4096];
@@ -962,48 +903,57 @@ fn fill(a: &UnixStream) -> usize {
     filled
 }
 
-/// A write-behind send cancelled by its driver's shutdown (`ECANCELED`, nothing sent) is sent
-/// again by the next flush, so `shutdown(Write)` must still refuse to go out ahead of it. It
-/// took the `ECANCELED` for a failed send and let the FIN overtake the bytes `AsyncWrite` had
-/// reported written.
+/// A write-behind send that found the socket full (the peer not reading) when its driver
+/// went: the shutdown cancels it before it sent anything (`ECANCELED`). In the next
+/// `block_on`, `shutdown(Write)` still refuses to overtake it, and `flush` sends it again, so
+/// the peer gets every byte reported written, once. The flush used to fail with `ECANCELED`;
+/// then, once it resent, the shutdown took the `ECANCELED` for a failed send and let the FIN
+/// go out first.
 #[test]
-fn shutdown_does_not_overtake_a_write_behind_cancelled_by_its_drivers_shutdown() {
+fn a_write_behind_cancelled_by_its_drivers_shutdown_is_sent_again_before_the_fin() {
+    use futures::io::AsyncWriteExt;
+    use std::io::Read as _;
     let ex = xtc_shards::LocalExecutor::new().unwrap();
-    let (mut a, b, total, tail) = ex.block_on(async {
+    let (mut a, b, filled, tail) = ex.block_on(async {
         let (mut a, b) = UnixStream::pair().unwrap();
         let filled = fill(&a);
-        // io_uring: reported written at once (write-behind); epoll: waits, times out unsent.
+        // io_uring: reported written at once, its send waiting for room that never comes in
+        // this run. epoll (no write-behind): the write itself waits, and times out unwritten.
         let tail = xtc_shards::time::timeout(
             Duration::from_millis(100),
-            futures::io::AsyncWriteExt::write(&mut a, b"tail"),
+            AsyncWriteExt::write(&mut a, b"tail"),
         )
         .await
         .map_or(0, |n| n.unwrap());
-        (a, b, filled + tail, tail)
+        assert!(tail == 4 || tail == 0, "{tail}");
+        (a, b, filled, tail)
     });
     let mut b = b.into_std();
     b.set_nonblocking(false).unwrap();
     let reader = std::thread::spawn(move || {
         let mut all = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut b, &mut all);
+        b.read_to_end(&mut all).unwrap();
         all
     });
-    let (shut, flushed) = ex.block_on(async move {
-        // Documented: refused with WouldBlock while AsyncWrite bytes are unsent.
+    let shut = ex.block_on(async move {
+        // Refused with WouldBlock while AsyncWrite bytes are unsent (documented).
         let shut = a.shutdown(std::net::Shutdown::Write);
-        let flushed = guard("flush", futures::io::AsyncWriteExt::flush(&mut a)).await;
-        let _ = a.shutdown(std::net::Shutdown::Write);
-        (shut, flushed)
+        guard("flush", AsyncWriteExt::flush(&mut a))
+            .await
+            .unwrap_or_else(|e| panic!("flush after the driver changed: {e}"));
+        AsyncWriteExt::close(&mut a).await.unwrap();
+        shut
     });
     let all = reader.join().unwrap();
-    flushed.unwrap();
     if tail > 0 {
         assert!(
             shut.is_err(),
-            "shutdown(Write) went out ahead of unsent AsyncWrite bytes"
+            "shutdown(Write) went out ahead of unsent bytes"
         );
     }
-    assert_eq!(all.len(), total, "bytes reported written were lost");
+    assert_eq!(all.len(), filled + tail, "bytes lost or sent twice");
+    assert!(all[..filled].iter().all(|&x| x == 0));
+    assert_eq!(&all[filled..], &b"tail"[..tail]);
 }
 
 type ReadFut = std::pin::Pin<Box<dyn Future<Output = std::io::Result<Vec<u8>>>>>;

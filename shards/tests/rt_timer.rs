@@ -407,18 +407,16 @@ async fn register(s: &mut std::pin::Pin<Box<time::Sleep>>) {
     .await;
 }
 
-/// A sleep registered on shard 0 and dropped on a plain thread: its timer goes (the cancel is
-/// sent to shard 0's inbox), so `run()` returns at quiescence. The cancel used to be skipped
-/// off any loop, and `run()` waited the dead timer's 30 s.
-#[test]
-fn a_sleep_dropped_on_a_plain_thread_does_not_hold_run() {
+/// Registers a 30 s sleep on shard 0 of a 1-shard executor, hands it to `dropper` (on its own
+/// thread) and checks that `run()` returns at quiescence, long before the sleep's deadline:
+/// the timer went with the sleep, wherever `dropper` dropped it.
+fn sleep_dropped_elsewhere_does_not_hold_run(
+    what: &str,
+    dropper: impl FnOnce(std::sync::mpsc::Receiver<std::pin::Pin<Box<time::Sleep>>>) + Send + 'static,
+) {
     let ex = common::exec(1);
-    let (tx, rx) = std::sync::mpsc::channel::<std::pin::Pin<Box<time::Sleep>>>();
-    let dropper = std::thread::spawn(move || {
-        for s in rx {
-            drop(s);
-        }
-    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dropper = std::thread::spawn(move || dropper(rx));
     ex.spawn_on(0, move || async move {
         let mut s = Box::pin(time::sleep(Duration::from_secs(30)));
         register(&mut s).await;
@@ -426,38 +424,37 @@ fn a_sleep_dropped_on_a_plain_thread_does_not_hold_run() {
     })
     .unwrap();
     let t = Instant::now();
-    common::run_or_fail(ex, Duration::from_secs(20), "a sleep dropped off its loop").unwrap();
+    common::run_or_fail(ex, Duration::from_secs(20), what).unwrap();
     dropper.join().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "{what}: {:?}",
+        t.elapsed()
+    );
+}
+
+/// A sleep registered on shard 0 and dropped on a plain thread: its timer goes (the cancel is
+/// sent to shard 0's inbox), so `run()` returns at quiescence. The cancel used to be skipped
+/// off any loop, and `run()` waited the dead timer's 30 s.
+#[test]
+fn a_sleep_dropped_on_a_plain_thread_does_not_hold_run() {
+    sleep_dropped_elsewhere_does_not_hold_run("a sleep dropped on a plain thread", |rx| {
+        for s in rx {
+            drop(s);
+        }
+    });
 }
 
 /// The same with the sleep dropped on a loop of another executor (a `LocalExecutor`), which
 /// is a loop, but not one that may touch shard 0's timers.
 #[test]
 fn a_sleep_dropped_on_another_executors_loop_does_not_hold_run() {
-    let ex = common::exec(1);
-    let (tx, rx) = std::sync::mpsc::channel::<std::pin::Pin<Box<time::Sleep>>>();
-    let dropper = std::thread::spawn(move || {
+    sleep_dropped_elsewhere_does_not_hold_run("a sleep dropped on another executor", |rx| {
         LocalExecutor::new().unwrap().block_on(async move {
             let s = rx.recv().unwrap();
             drop(s);
         })
     });
-    ex.spawn_on(0, move || async move {
-        let mut s = Box::pin(time::sleep(Duration::from_secs(30)));
-        register(&mut s).await;
-        tx.send(s).unwrap();
-    })
-    .unwrap();
-    let t = Instant::now();
-    common::run_or_fail(
-        ex,
-        Duration::from_secs(20),
-        "a sleep dropped on another executor",
-    )
-    .unwrap();
-    dropper.join().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
 
 /// A sleep that outlives its executor is dropped later on a plain thread: nothing to cancel,
