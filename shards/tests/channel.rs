@@ -712,3 +712,65 @@ fn a_replaced_waker_whose_drop_closes_the_channel_does_not_deadlock() {
         "the sender went with the waker: the channel is closed"
     );
 }
+
+/// A `send_many` whose iterator panics (at item 3) after the item it had peeked (2) was sent,
+/// then dropped (a task harness catches the panic and drops the future): nothing touches the
+/// iterator again, and nothing more is sent. Its drop used to pull item 4 into the `Sender`,
+/// which sent it before a later, unrelated `try_send`.
+#[test]
+fn a_send_many_that_panicked_does_not_pull_another_item_when_dropped() {
+    let (mut tx, mut rx) = shared::bounded::<u64>(2).unwrap();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = calls.clone();
+    let mut it = (0..10u64).inspect(move |&i| {
+        c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        assert!(i != 3, "an iterator bug");
+    });
+    {
+        let mut fut = tx.send_many(it.by_ref());
+        // Sends 0 and 1, peeks 2 at the full ring: waits.
+        assert!(
+            std::future::Future::poll(std::pin::Pin::new(&mut fut), &mut noop_cx()).is_pending()
+        );
+        assert_eq!(rx.try_recv(), Ok(0));
+        assert_eq!(rx.try_recv(), Ok(1));
+        // Sends 2, then the iterator panics on 3.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::future::Future::poll(std::pin::Pin::new(&mut fut), &mut noop_cx())
+        }));
+        assert!(r.is_err(), "the iterator's panic comes through");
+        let before_drop = calls.load(std::sync::atomic::Ordering::SeqCst);
+        drop(fut);
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::SeqCst),
+            before_drop,
+            "dropping a send_many that panicked called the iterator again"
+        );
+    }
+    assert_eq!(rx.try_recv(), Ok(2));
+    assert_eq!(rx.try_recv().err(), Some(TryRecvError::Empty));
+    // A later unrelated send must not deliver an item the failed send_many took.
+    tx.try_send(100).unwrap();
+    assert_eq!(
+        rx.try_recv(),
+        Ok(100),
+        "an item the failed send_many pulled went first"
+    );
+}
+
+/// The same, with a future pinned on the stack (a foreign thread's `block_on`): the unwind
+/// drops it. Its drop used to call the iterator again, which panicked again: a panic while
+/// panicking, and the process aborted instead of the panic reaching `catch_unwind`.
+#[test]
+fn a_send_many_dropped_by_the_unwind_of_its_iterators_panic_does_not_abort() {
+    let (mut tx, mut rx) = shared::bounded::<u64>(2).unwrap();
+    let mut it = (0..10u64).inspect(|&i| assert!(i < 3, "an iterator bug"));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut fut = std::pin::pin!(tx.send_many(it.by_ref()));
+        assert!(std::future::Future::poll(fut.as_mut(), &mut noop_cx()).is_pending());
+        assert_eq!(rx.try_recv(), Ok(0));
+        assert_eq!(rx.try_recv(), Ok(1));
+        let _ = std::future::Future::poll(fut.as_mut(), &mut noop_cx());
+    }));
+    assert!(r.is_err());
+}

@@ -434,9 +434,14 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
                 // It gave its items back in an `Err`: reporting success now would be a lie.
                 panic!("xtc: channel::shared::SendMany polled after it completed with an error");
             };
+            // An item peeked in an earlier round is the first `try_send_many` sends, before it
+            // asks the iterator for more (which may panic), unless the ring is still full; then
+            // it is marked peeked again below, before any user code runs. A poll that unwinds
+            // therefore never leaves `peeked` set for an item already sent (the drop would
+            // pull a fresh one from an iterator that just panicked).
+            this.peeked = false;
             let Ok(n) = this.tx.try_send_many(items) else {
                 let mut rest = this.items.take().expect("present: borrowed just above");
-                this.peeked = false;
                 // Closed. Everything may have been sent already (the last items filled the
                 // ring exactly, and the receiver went before the end was known).
                 if rest.peek().is_none() {
@@ -451,13 +456,14 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             // Full, or finished. An item a cancelled send left comes first: while the
             // `Sender` still holds one, nothing is peeked (it could hold only one).
             if this.tx.held.is_none() && items.peek().is_none() {
-                this.peeked = false;
                 return Poll::Ready(Ok(()));
             }
+            // An item sits peeked in `items` (unless the `Sender` holds one): from here on, a
+            // drop (a cancel, or the unwind of a waker's panic) hands it to the `Sender`.
+            this.peeked = this.tx.held.is_none();
             // Full. Rule 3: announce, then recheck (the next round of the loop); a second
             // full ring after the announcement waits.
             if announced {
-                this.peeked = this.tx.held.is_none();
                 return Poll::Pending;
             }
             this.tx.chan.tx.wait(cx.waker());
