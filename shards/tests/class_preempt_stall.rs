@@ -386,3 +386,40 @@ fn a_stall_reports_own_time_is_not_charged_to_the_next_poll() {
         "innocent polls charged the report's time: {charged:?}"
     );
 }
+
+/// `shard::set_class` from a stall callback: the stalled task finished (and, detached, was
+/// freed) in the reported poll, so there is no calling task, and `set_class` is an `Err` as
+/// outside every poll. The loop still named that task as current during the report: the call
+/// returned `Ok` and wrote the class id into the freed task (valgrind: an invalid write).
+#[test]
+fn set_class_in_a_stall_callback_after_the_task_finished() {
+    let ex = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .stall_budget(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let class = ex.create_class(0, 100, None).unwrap();
+    let results = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let r = results.clone();
+    ex.set_stall_callback(0, move |_rep| {
+        r.lock()
+            .unwrap()
+            .push(format!("{:?}", shard::set_class(class)));
+    })
+    .unwrap();
+    // Detached: the task is freed at the end of its only poll, before the stall report.
+    drop(
+        ex.spawn_on(0, || async {
+            burn(Duration::from_millis(20));
+        })
+        .unwrap(),
+    );
+    run_or_fail(ex, HANG, "stall callback").unwrap();
+    let got = results.lock().unwrap().clone();
+    assert!(!got.is_empty(), "no stall reported");
+    assert!(
+        got.iter().all(|s| s.starts_with("Err")),
+        "set_class in a stall callback, after the stalled task ended: {got:?}"
+    );
+}

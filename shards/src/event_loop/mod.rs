@@ -327,6 +327,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 // of the info only while the watchdog is armed.
                 let info = (budget != 0).then(|| r.metadata().info.clone());
                 r.run();
+                // The task may be gone (a detached task that finished is freed inside `run`):
+                // nothing below (the stall callback is user code) may see it as current.
+                core.current.set(std::ptr::null());
                 let now = Instant::now();
                 let cost = now.saturating_duration_since(start);
                 t0 = Some(now);

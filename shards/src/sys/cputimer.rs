@@ -1,7 +1,7 @@
 //! A per-thread CPU-time interval timer (`timer_create(CLOCK_THREAD_CPUTIME_ID)`) that delivers a
 //! signal to its own thread, whose handler only sets a thread-local flag (`preempt.rs`).
 
-use std::{io, sync::Once, time::Duration};
+use std::{io, sync::OnceLock, time::Duration};
 
 /// The signal the timers use: the second real-time signal glibc leaves to applications.
 fn signal() -> libc::c_int {
@@ -20,10 +20,12 @@ extern "C" fn on_tick(_sig: libc::c_int) {
     DUE.with(|d| d.store(true, std::sync::atomic::Ordering::Relaxed));
 }
 
+/// Installs the tick handler once per process. Every caller gets the outcome of that one
+/// attempt: a later worker that got `Ok` after a refused `sigaction` armed a timer whose signal
+/// still had its default action, which ends the process.
 fn install_handler() -> io::Result<()> {
-    static ONCE: Once = Once::new();
-    let mut result = Ok(());
-    ONCE.call_once(|| {
+    static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
+    let installed = INSTALLED.get_or_init(|| {
         // SAFETY: a zeroed sigaction is valid (empty mask, no flags); we set the handler to an
         // `extern "C" fn(c_int)` that is async-signal-safe, with SA_RESTART so interrupted
         // syscalls of unrelated code restart.
@@ -35,10 +37,14 @@ fn install_handler() -> io::Result<()> {
             libc::sigaction(signal(), &sa, std::ptr::null_mut())
         };
         if rc != 0 {
-            result = Err(io::Error::last_os_error());
+            Err(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL))
+        } else {
+            Ok(())
         }
     });
-    result
+    installed.map_err(io::Error::from_raw_os_error)
 }
 
 /// An armed CPU-time timer of the calling thread; disarmed and deleted on drop.
