@@ -1026,3 +1026,43 @@ fn a_kept_udp_receive_cancelled_by_its_drivers_shutdown_is_not_an_error() {
     });
     assert_eq!(r.expect("recv_from after the driver changed"), b"dgram");
 }
+
+/// The same send, the stream then dropped (without a flush) in the next `block_on`: the bytes
+/// `poll_write` reported written still reach the peer, as a dropped stream's send does (it is
+/// detached). The drop used to free the cancelled send's buffer, and the peer saw the stream
+/// end without them.
+#[test]
+fn a_cancelled_write_behind_is_delivered_when_the_stream_is_dropped_in_the_next_loop() {
+    use std::io::Read as _;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (mut a, b, filled, tail) = ex.block_on(async {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let filled = fill(&a);
+        let tail = xtc_shards::time::timeout(
+            Duration::from_millis(100),
+            futures::io::AsyncWriteExt::write(&mut a, b"tail"),
+        )
+        .await
+        .map_or(0, |n| n.unwrap());
+        (a, b, filled, tail)
+    });
+    let _ = &mut a;
+    let mut b = b.into_std();
+    b.set_nonblocking(false).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let r = b.read_to_end(&mut all);
+        (r.map_err(|e| e.to_string()), all)
+    });
+    ex.block_on(async move {
+        // Dropped in a live loop, without flush: the write-behind bytes must still go
+        // (detached), as they do for a stream whose send was never cancelled.
+        drop(a);
+        xtc_shards::time::sleep(Duration::from_millis(500)).await;
+    });
+    let (r, all) = reader.join().unwrap();
+    r.expect("read to end");
+    assert_eq!(all.len(), filled + tail, "bytes reported written were lost");
+    assert_eq!(&all[filled..], &b"tail"[..tail]);
+}

@@ -63,6 +63,9 @@ const WRITE_BUF: usize = 64 * 1024;
 /// every byte must arrive whatever the peer's pace). (`into_std` cancels instead: the descriptor lives on.)
 #[derive(Debug, Default)]
 struct PollState {
+    /// The stream's descriptor (owned by its `Source`, which outlives this state: it is
+    /// dropped after it), for a send restarted at drop.
+    fd: i32,
     reading: Option<Op<Vec<u8>>>,
     /// An owned `read` whose future was dropped before it took its result (a `select!` whose
     /// other branch won): its receive is kept running here instead of cancelled, and what it
@@ -283,7 +286,6 @@ impl<'a> BehindWait<'a> {
             (gone, listed.owned.is_empty() && listed.trait_side.is_none())
         };
         let removed = !gone.is_empty();
-        drop(gone);
         if empty && unwait_if_empty {
             if self.write {
                 if let Some(op) = st.writing.as_ref() {
@@ -298,6 +300,10 @@ impl<'a> BehindWait<'a> {
                 }
             }
         }
+        // After the stream's borrow too: a dropped read that owned one (say) is kept only if
+        // it can borrow the stream's state.
+        drop(st);
+        drop(gone);
         removed
     }
 
@@ -453,8 +459,30 @@ fn start_send(fd: i32, buf: Vec<u8>, from: usize) -> io::Result<Op<Vec<u8>>> {
 
 impl Drop for PollState {
     fn drop(&mut self) {
-        if let Some(op) = self.writing.take() {
+        let Some(mut op) = self.writing.take() else {
+            return;
+        };
+        if op.completed().is_none() {
             op.detach();
+            return;
+        }
+        // Over already, with its result not taken. A stream that outlived its loop's driver
+        // may find its send cancelled by that driver's shutdown (`ECANCELED`: nothing moved;
+        // uring.rs rule 5) or short: the rest is sent now from the loop the stream is dropped
+        // on, detached like any send at drop. Off an io_uring loop it cannot be, and is lost.
+        let mut noop = Context::from_waker(Waker::noop());
+        let Poll::Ready((res, buf)) = Pin::new(&mut op).poll(&mut noop) else {
+            return;
+        };
+        let sent = match res {
+            r if r == -libc::ECANCELED => self.wsent,
+            r if r > 0 => self.wsent + r as usize,
+            _ => return, // finished with nothing left, or failed: nothing to resend
+        };
+        if sent < buf.len() {
+            if let Ok(rest) = start_send(self.fd, buf, sent) {
+                rest.detach();
+            }
         }
     }
 }
@@ -462,7 +490,11 @@ impl Drop for PollState {
 impl StreamIo {
     pub(crate) fn new(fd: OwnedFd) -> StreamIo {
         StreamIo {
-            poll: RefCell::new(PollState::default()),
+            poll: RefCell::new({
+                let mut st = PollState::default();
+                st.fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
+                st
+            }),
             owned_reads: std::cell::Cell::new(0),
             trait_id: std::cell::Cell::new(0),
             src: Source::new(fd),
