@@ -3,6 +3,8 @@
 //! container profiles), it must fall back to `epoll_wait`. The filter applies to the thread
 //! that installs it and the threads it starts, so it stays inside each test.
 
+mod common;
+
 use std::{
     sync::{mpsc, Arc, Mutex},
     time::Duration,
@@ -14,67 +16,7 @@ use xtc_shards::{io::DriverChoice, net::UdpSocket, Executor};
 /// if this machine does not let the process install a filter (the test then skips).
 #[cfg(target_arch = "x86_64")]
 fn deny_epoll_pwait2(errno: u32) -> bool {
-    /// `struct sock_filter`.
-    #[repr(C)]
-    struct SockFilter {
-        code: u16,
-        jt: u8,
-        jf: u8,
-        k: u32,
-    }
-    /// `struct sock_fprog`.
-    #[repr(C)]
-    struct SockFprog {
-        len: u16,
-        filter: *const SockFilter,
-    }
-    const LD_W_ABS: u16 = 0x20; // A = seccomp_data.nr (offset 0)
-    const JEQ_K: u16 = 0x15;
-    const RET_K: u16 = 0x06;
-    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-    let filter = [
-        SockFilter {
-            code: LD_W_ABS,
-            jt: 0,
-            jf: 0,
-            k: 0,
-        },
-        SockFilter {
-            code: JEQ_K,
-            jt: 0,
-            jf: 1,
-            k: libc::SYS_epoll_pwait2 as u32,
-        },
-        SockFilter {
-            code: RET_K,
-            jt: 0,
-            jf: 0,
-            k: SECCOMP_RET_ERRNO | errno,
-        },
-        SockFilter {
-            code: RET_K,
-            jt: 0,
-            jf: 0,
-            k: SECCOMP_RET_ALLOW,
-        },
-    ];
-    let prog = SockFprog {
-        len: filter.len() as u16,
-        filter: filter.as_ptr(),
-    };
-    // SAFETY: plain prctl calls; `prog` and the filter it points to outlive the call, which
-    // copies them.
-    unsafe {
-        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-            && libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &prog as *const SockFprog as usize,
-                0,
-                0,
-            ) == 0
-    }
+    common::deny_syscall(libc::SYS_epoll_pwait2, errno)
 }
 
 /// A UDP receive that waits for its datagram, on a forced-epoll executor started from a

@@ -903,6 +903,22 @@ fn fill(a: &UnixStream) -> usize {
     filled
 }
 
+/// Fills `a`'s socket (`fill`), then writes `b"tail"` through `AsyncWrite`: on io_uring it is
+/// reported written at once, its send waiting for room that never comes in this run; on
+/// epoll (no write-behind) the write itself waits, and times out unwritten. The bytes filled
+/// and the tail's bytes reported written (4 or 0).
+async fn fill_then_write_tail(a: &mut UnixStream) -> (usize, usize) {
+    let filled = fill(a);
+    let tail = xtc_shards::time::timeout(
+        Duration::from_millis(100),
+        futures::io::AsyncWriteExt::write(a, b"tail"),
+    )
+    .await
+    .map_or(0, |n| n.unwrap());
+    assert!(tail == 4 || tail == 0, "{tail}");
+    (filled, tail)
+}
+
 /// A write-behind send that found the socket full (the peer not reading) when its driver
 /// went: the shutdown cancels it before it sent anything (`ECANCELED`). In the next
 /// `block_on`, `shutdown(Write)` still refuses to overtake it, and `flush` sends it again, so
@@ -916,16 +932,7 @@ fn a_write_behind_cancelled_by_its_drivers_shutdown_is_sent_again_before_the_fin
     let ex = xtc_shards::LocalExecutor::new().unwrap();
     let (mut a, b, filled, tail) = ex.block_on(async {
         let (mut a, b) = UnixStream::pair().unwrap();
-        let filled = fill(&a);
-        // io_uring: reported written at once, its send waiting for room that never comes in
-        // this run. epoll (no write-behind): the write itself waits, and times out unwritten.
-        let tail = xtc_shards::time::timeout(
-            Duration::from_millis(100),
-            AsyncWriteExt::write(&mut a, b"tail"),
-        )
-        .await
-        .map_or(0, |n| n.unwrap());
-        assert!(tail == 4 || tail == 0, "{tail}");
+        let (filled, tail) = fill_then_write_tail(&mut a).await;
         (a, b, filled, tail)
     });
     let mut b = b.into_std();
@@ -1037,13 +1044,7 @@ fn a_cancelled_write_behind_is_delivered_when_the_stream_is_dropped_in_the_next_
     let ex = xtc_shards::LocalExecutor::new().unwrap();
     let (mut a, b, filled, tail) = ex.block_on(async {
         let (mut a, b) = UnixStream::pair().unwrap();
-        let filled = fill(&a);
-        let tail = xtc_shards::time::timeout(
-            Duration::from_millis(100),
-            futures::io::AsyncWriteExt::write(&mut a, b"tail"),
-        )
-        .await
-        .map_or(0, |n| n.unwrap());
+        let (filled, tail) = fill_then_write_tail(&mut a).await;
         (a, b, filled, tail)
     });
     let _ = &mut a;
