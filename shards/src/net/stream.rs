@@ -64,8 +64,9 @@ const WRITE_BUF: usize = 64 * 1024;
 #[derive(Debug, Default)]
 struct PollState {
     /// The stream's descriptor (owned by its `Source`, which outlives this state: it is
-    /// dropped after it), for a send restarted at drop.
-    fd: i32,
+    /// dropped after it), for a send restarted at drop; `None` only in a state not yet given
+    /// one (a default-built state never restarts a send on descriptor 0).
+    fd: Option<i32>,
     reading: Option<Op<Vec<u8>>>,
     /// An owned `read` whose future was dropped before it took its result (a `select!` whose
     /// other branch won): its receive is kept running here instead of cancelled, and what it
@@ -479,8 +480,8 @@ impl Drop for PollState {
             r if r > 0 => self.wsent + r as usize,
             _ => return, // finished with nothing left, or failed: nothing to resend
         };
-        if sent < buf.len() {
-            if let Ok(rest) = start_send(self.fd, buf, sent) {
+        if let (true, Some(fd)) = (sent < buf.len(), self.fd) {
+            if let Ok(rest) = start_send(fd, buf, sent) {
                 rest.detach();
             }
         }
@@ -492,7 +493,7 @@ impl StreamIo {
         StreamIo {
             poll: RefCell::new({
                 let mut st = PollState::default();
-                st.fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
+                st.fd = Some(std::os::fd::AsRawFd::as_raw_fd(&fd));
                 st
             }),
             owned_reads: std::cell::Cell::new(0),
