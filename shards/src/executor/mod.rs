@@ -281,20 +281,26 @@ impl ExecShared {
         })
     }
 
-    /// A runtime-internal spawn from any thread (the cancel of a timer dropped away from its
-    /// loop): like `Handle::spawn_on`, nothing is queued once the `Executor` is dropped, when
-    /// no run can come to take it. The handle is detached.
-    pub(crate) fn spawn_detached<F, Fut>(&self, shard: usize, make: F, info: TaskInfo)
+    /// [`spawn_on`](Self::spawn_on) from any thread, as `Handle::spawn_on` (and the cancel of a
+    /// timer dropped away from its loop) do it: `Err(Stopped)` once the `Executor` is dropped,
+    /// when no run can come to take the task.
+    pub(crate) fn spawn_on_open<F, Fut>(
+        &self,
+        shard: usize,
+        make: F,
+        info: TaskInfo,
+    ) -> Result<JoinHandle<Fut::Output>>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
         if self.closed.load(SeqCst) {
-            return;
+            return Err(Error::Stopped);
         }
-        drop(self.spawn_on(shard, make, info));
+        let h = self.spawn_on(shard, make, info);
         self.drop_if_closed();
+        h
     }
 
     pub(crate) fn spawn_on<F, Fut>(
@@ -917,12 +923,7 @@ impl Handle {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        if self.shared.closed.load(SeqCst) {
-            return Err(Error::Stopped);
-        }
-        let h = self.shared.spawn_on(shard, make, TaskInfo::here(None));
-        self.shared.drop_if_closed();
-        h
+        self.shared.spawn_on_open(shard, make, TaskInfo::here(None))
     }
 
     /// Asks the executor to stop: `run()` returns once every loop has dropped its tasks.

@@ -298,19 +298,14 @@ impl Epoll {
             Dir::Read => &mut slot.readers,
             Dir::Write => &mut slot.writers,
         };
-        // The removed wakers are dropped after the borrow, as in `add_waiter`. Ids are unique
-        // but `ANON`'s, so this is mostly one entry, and allocates nothing then.
-        let mut gone = (None, Vec::new());
-        while let Some(p) = list.iter().position(|(i, _)| *i == id) {
-            let w = list.remove(p);
-            if gone.0.is_none() {
-                gone.0 = Some(w);
-            } else {
-                gone.1.push(w);
-            }
-        }
-        let n = usize::from(gone.0.is_some()) + gone.1.len();
-        self.waiting.set(self.waiting.get() - n);
+        // Ids from `new_registration` are unique, and `add_waiter` keeps one entry per id:
+        // at most one goes. Its waker is dropped after the borrow, as in `add_waiter`.
+        debug_assert_ne!(id, ANON, "only registered waiters are removed");
+        let Some(p) = list.iter().position(|(i, _)| *i == id) else {
+            return;
+        };
+        let gone = list.remove(p);
+        self.waiting.set(self.waiting.get() - 1);
         drop(slots);
         drop(gone);
     }

@@ -170,6 +170,14 @@ thread_local! {
         RefCell::new(std::collections::HashMap::new());
 }
 
+/// Whether `res` is the result of an operation its driver's shutdown cancelled (rule 5: the
+/// `Op` outlived its loop): nothing was transferred. Nothing else cancels an operation whose
+/// `Op` is still there to see the result, so a stream or socket that kept one (a receive, a
+/// write-behind send) starts it again rather than report the `ECANCELED`.
+pub(crate) fn nothing_moved(res: i32) -> bool {
+    res == -libc::ECANCELED
+}
+
 /// Rule 5: takes the result a dropped driver left for operation `key`, if any.
 fn take_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
     ORPHANS

@@ -42,7 +42,7 @@ use crate::io::{
     epoll::Dir,
     ops::{self, rw},
     source::{short, Source},
-    uring::{result, Op},
+    uring::{nothing_moved, result, Op},
     BufResult, IoBuf, IoBufMut, Reactor,
 };
 use crate::sync::{lock, Mutex};
@@ -207,11 +207,9 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
                         let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
                         // After the unread bytes already there: these were received after.
                         st.rbuf.extend_from_slice(got);
-                    } else if res < 0 && res != -libc::ECANCELED {
+                    } else if res < 0 && !nothing_moved(res) {
                         // An error (a reset) is the stream's: the next read reports it, rather
-                        // than a clean end that would make a cut stream look complete. A
-                        // receive its driver's shutdown cancelled received nothing, and is
-                        // no error of the stream's.
+                        // than a clean end that would make a cut stream look complete.
                         st.read_error.get_or_insert(res);
                     }
                 }
@@ -458,6 +456,21 @@ fn start_send(fd: i32, buf: Vec<u8>, from: usize) -> io::Result<Op<Vec<u8>>> {
     .map_err(|(e, _)| e)
 }
 
+/// Where a finished write-behind send that started at offset `wsent` of its `len`-byte buffer
+/// resumes, if the rest must be sent: at `wsent` after a shutdown's cancel (nothing moved),
+/// further on after a short send. `None`: all sent, failed, or no progress (an error for
+/// `drain`).
+fn resume_at(res: i32, wsent: usize, len: usize) -> Option<usize> {
+    let from = if nothing_moved(res) {
+        wsent
+    } else if res > 0 {
+        wsent + res as usize
+    } else {
+        return None;
+    };
+    (from < len).then_some(from)
+}
+
 impl Drop for PollState {
     fn drop(&mut self) {
         let Some(mut op) = self.writing.take() else {
@@ -475,13 +488,8 @@ impl Drop for PollState {
         let Poll::Ready((res, buf)) = Pin::new(&mut op).poll(&mut noop) else {
             return;
         };
-        let sent = match res {
-            r if r == -libc::ECANCELED => self.wsent,
-            r if r > 0 => self.wsent + r as usize,
-            _ => return, // finished with nothing left, or failed: nothing to resend
-        };
-        if let (true, Some(fd)) = (sent < buf.len(), self.fd) {
-            if let Ok(rest) = start_send(fd, buf, sent) {
+        if let (Some(from), Some(fd)) = (resume_at(res, self.wsent, buf.len()), self.fd) {
+            if let Ok(rest) = start_send(fd, buf, from) {
                 rest.detach();
             }
         }
@@ -685,9 +693,8 @@ impl StreamIo {
             Ok(())
         })?;
         let sent_all = match op.completed() {
-            // Cancelled by its driver's shutdown (the stream outlived its loop): nothing was
-            // sent, and `drain` sends it again; the FIN must wait for it.
-            Some(res) if res == -libc::ECANCELED => false,
+            // Nothing sent: `drain` sends it again, and the FIN must wait for it.
+            Some(res) if nothing_moved(res) => false,
             // A failed send is reported by the next flush, write or close; the shutdown itself
             // loses nothing more.
             Some(res) if res < 0 => true,
@@ -831,10 +838,8 @@ fn poll_reading(
         st.rpos = 0;
         let res = ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf));
         st.stray = None;
-        if res == -libc::ECANCELED {
-            // Nobody cancels a kept receive but its driver's shutdown (uring.rs rule 5: the
-            // stream outlived its loop): it received nothing, and the caller reads afresh.
-            return Poll::Ready(None);
+        if nothing_moved(res) {
+            return Poll::Ready(None); // the caller reads afresh
         }
         return Poll::Ready(Some(result(res)));
     }
@@ -843,8 +848,7 @@ fn poll_reading(
     };
     let (res, mut got) = ready!(poll_shared(op, &mut st.read_waiters, cx, trait_side));
     st.reading = None;
-    if res == -libc::ECANCELED {
-        // As for a kept receive above: only a driver's shutdown cancels it; nothing came.
+    if nothing_moved(res) {
         got.clear();
         st.rbuf = got;
         st.rpos = 0;
@@ -871,19 +875,14 @@ fn drain(
     while let Some(op) = st.writing.as_mut() {
         let (res, buf) = ready!(poll_shared(op, &mut st.write_waiters, cx, trait_side));
         st.writing = None;
-        if res == -libc::ECANCELED {
-            // Only a driver's shutdown cancels a write-behind send (uring.rs rule 5: the stream
-            // outlived its loop), and a cancelled send sent nothing: send the rest again.
-            st.writing = Some(start_send(fd, buf, st.wsent)?);
+        if let Some(from) = resume_at(res, st.wsent, buf.len()) {
+            st.wsent = from;
+            st.writing = Some(start_send(fd, buf, from)?);
             continue;
         }
         match result(res) {
             Ok(n) => {
                 st.wsent += n as usize;
-                if n > 0 && st.wsent < buf.len() {
-                    st.writing = Some(start_send(fd, buf, st.wsent)?);
-                    continue;
-                }
                 let short = st.wsent < buf.len();
                 st.wbuf = buf;
                 st.wbuf.clear();

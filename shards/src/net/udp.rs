@@ -17,7 +17,7 @@ use super::{each_addr, ip_addr, tcp::BorrowedRaw};
 use crate::io::{
     ops::msg::{self, RecvOp},
     source::Source,
-    uring::Op,
+    uring::{nothing_moved, Op},
     BufResult, Driver, IoBuf, IoBufMut,
 };
 
@@ -219,10 +219,8 @@ impl UdpSocket {
             })
             .await;
             keep.done();
-            if matches!(&res, Err(e) if e.raw_os_error() == Some(libc::ECANCELED)) {
-                // Nobody cancels a kept receive but its driver's shutdown (the socket outlived
-                // its loop, uring.rs rule 5): it received nothing; the next one, or a fresh one.
-                continue;
+            if matches!(&res, Err(e) if e.raw_os_error().is_some_and(|c| nothing_moved(-c))) {
+                continue; // received nothing: the next kept one, or a fresh receive
             }
             if let Ok((n, _)) = &res {
                 // SAFETY: `poll_into` wrote the first `n <= bytes_total()` bytes.

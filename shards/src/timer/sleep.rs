@@ -138,7 +138,7 @@ fn cancel_elsewhere(owner: &Weak<LoopShared>, k: TimerKey, wake: bool) {
     let info = crate::task::TaskInfo::here(Some(Arc::new(
         "xtc::time: cancel of a sleep dropped away from its loop".to_string(),
     )));
-    exec.spawn_detached(home.index, cancel, info);
+    drop(exec.spawn_on_open(home.index, cancel, info));
 }
 
 impl Future for Sleep {
@@ -188,10 +188,10 @@ impl Future for Sleep {
                 Poll::Ready(())
             }
             Some(Some((moved, k))) => {
-                match (moved, &mut self.key) {
-                    (Some(here), key) => *key = Some((here, k)),
-                    (None, Some((_, key))) => *key = k,
-                    (None, None) => unreachable!("a kept key is one this sleep holds"),
+                if let Some(here) = moved {
+                    self.key = Some((here, k));
+                } else if let Some((_, key)) = &mut self.key {
+                    *key = k; // same loop: its `Weak` stays
                 }
                 Poll::Pending
             }
