@@ -62,6 +62,7 @@
 //! | --- | --- | --- | --- |
 //! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core |
 //! | `XTC_PLACEMENT` | `compact`, `spread`, `cpus:0,2,4` | `compact` | how shards map to CPUs (see `xtc_numa::Policy`) |
+//! | `XTC_PIN` | `1`/`0`, `true`/`false`, `on`/`off` | on | bind each shard thread to its placed CPU; off: to all the placement's CPUs, moved by the OS (`Builder::pin`) |
 //! | `XTC_OVERSUBSCRIBE` | `1`/`0`, `true`/`false`, `on`/`off` | off | allow more shards than allowed CPUs |
 //! | `XTC_SERVICE_MODE` | as above | off | `run()` returns only after `stop()` |
 //! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (bare number = ms) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |

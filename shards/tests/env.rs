@@ -12,6 +12,7 @@ fn env_variables() {
             "XTC_SHARDS",
             "XTC_PLACEMENT",
             "XTC_OVERSUBSCRIBE",
+            "XTC_PIN",
             "XTC_SERVICE_MODE",
             "XTC_DEADLOCK_GRACE",
             "XTC_RING_CAPACITY",
@@ -28,6 +29,7 @@ fn env_variables() {
     clear();
     std::env::set_var("XTC_SHARDS", "3");
     std::env::set_var("XTC_OVERSUBSCRIBE", "yes");
+    std::env::set_var("XTC_PIN", "off");
     std::env::set_var("XTC_SERVICE_MODE", "on");
     std::env::set_var("XTC_DEADLOCK_GRACE", "250ms");
     std::env::set_var("XTC_PLACEMENT", "spread");
@@ -46,6 +48,7 @@ fn env_variables() {
     assert_eq!(ex.numa_sensitivity(), 2);
     assert_eq!(ex.min_tasks_to_steal(), 8);
     assert!(ex.service_mode());
+    assert!(!ex.is_pinned());
     assert_eq!(ex.deadlock_grace(), Some(Duration::from_millis(250)));
 
     std::env::set_var("XTC_DEADLOCK_GRACE", "off");
@@ -63,6 +66,7 @@ fn env_variables() {
         ("XTC_PLACEMENT", "diagonal"),
         ("XTC_SERVICE_MODE", "maybe"),
         ("XTC_OVERSUBSCRIBE", "2"),
+        ("XTC_PIN", "loosely"),
         ("XTC_DEADLOCK_GRACE", "5 parsecs"),
         ("XTC_RING_CAPACITY", "0"),
         ("XTC_SPIN_BEFORE_PARK", "soon"),

@@ -763,3 +763,61 @@ fn a_chain_of_respawning_drops_at_executor_drop_is_swept_flat() {
     drop(ex);
     assert_eq!(n.load(SeqCst), 100_001);
 }
+
+/// The CPUs the calling thread may run on.
+fn affinity() -> Vec<usize> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel fills at most `size_of`
+    // bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Each shard thread's affinity, by shard, from inside its loop.
+fn shard_affinities(ex: &Executor) -> Vec<Vec<usize>> {
+    let seen = Arc::new(Mutex::new(vec![Vec::new(); ex.shard_count()]));
+    for i in 0..ex.shard_count() {
+        let seen = seen.clone();
+        ex.spawn_on(i, move || async move {
+            seen.lock().unwrap()[shard::id()] = affinity();
+        })
+        .unwrap();
+    }
+    ex.run().unwrap();
+    let v = seen.lock().unwrap().clone();
+    v
+}
+
+/// `pin(true)` (the default): each shard thread on its placed CPU alone. `pin(false)`: every
+/// shard thread on all the placement's CPUs, oversubscribed shards included.
+#[test]
+fn pin_binds_each_shard_to_its_cpu_or_all_to_the_placements() {
+    let ex = exec(4);
+    assert!(ex.is_pinned());
+    let cpus = ex.placement().cpus().to_vec();
+    let pinned = shard_affinities(&ex);
+    for (shard, got) in pinned.iter().enumerate() {
+        assert_eq!(got, &vec![cpus[shard]], "shard {shard} pinned");
+    }
+
+    let ex = Executor::builder()
+        .shards(4)
+        .oversubscribe(true)
+        .pin(false)
+        .build()
+        .unwrap();
+    assert!(!ex.is_pinned());
+    let mut all = ex.placement().cpus().to_vec();
+    all.sort_unstable();
+    all.dedup();
+    for (shard, got) in shard_affinities(&ex).iter().enumerate() {
+        assert_eq!(got, &all, "shard {shard} floating");
+    }
+}

@@ -24,6 +24,9 @@
 //! - **glommio**: `N` `LocalExecutor`s with `Placement::Fixed(cpu)`, each with its own listener
 //!   (glommio's `TcpListener::bind` sets `SO_REUSEPORT`), a task per connection;
 //! - **xtc-epoll**: the xtc server again with `XTC_IO=epoll`;
+//! - **xtc-float**: the xtc server again (io_uring) with its shards unpinned
+//!   (`Builder::pin(false)`: every shard thread may run on any of the server's CPUs), to show
+//!   what pinning costs when the client shares the server's CPUs;
 //! - **threads**: the no-runtime reference: one `std` listener and one OS thread per
 //!   connection in blocking `read`/`write_all`, the kernel's scheduler doing the multiplexing
 //!   (not a limit xtc should reach: a reference for what plain threads get here).
@@ -54,7 +57,7 @@
 //!
 //! ```text
 //! echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N]
-//!      [--servers xtc,tokio,monoio,glommio,xtc-epoll,threads] [--svg PATH]
+//!      [--servers xtc,tokio,monoio,glommio,xtc-epoll,xtc-float,threads] [--svg PATH]
 //! ```
 
 use std::{
@@ -71,14 +74,23 @@ use indicatif::{ProgressBar, ProgressStyle};
 use xtc_bench::{allowed_cpus, isolated, svg::Chart, BenchArgs, Better, CpuOption, Row, Table};
 
 /// The servers, in column order. xtc first: its ratios are printed.
-const SERVERS: [&str; 6] = ["xtc", "tokio", "monoio", "glommio", "xtc-epoll", "threads"];
+const SERVERS: [&str; 7] = [
+    "xtc",
+    "tokio",
+    "monoio",
+    "glommio",
+    "xtc-epoll",
+    "xtc-float",
+    "threads",
+];
 /// Column index of each server.
 const XTC: usize = 0;
 const TOKIO: usize = 1;
 const MONOIO: usize = 2;
 const GLOMMIO: usize = 3;
 const XTC_EPOLL: usize = 4;
-const THREADS: usize = 5;
+const XTC_FLOAT: usize = 5;
+const THREADS: usize = 6;
 /// Column indices xtc is divided by in the table, in print order. xtc-epoll over xtc is printed
 /// under the table, the way round the issue states its goal.
 const RATIOS_VS: [usize; 4] = [TOKIO, MONOIO, GLOMMIO, THREADS];
@@ -124,7 +136,8 @@ struct EchoArgs {
 
 fn usage() -> &'static str {
     "usage: echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N]\n\
-     \x20           [--servers xtc,tokio,monoio,glommio,xtc-epoll,threads] [--svg PATH]\n\
+     \x20           [--servers xtc,tokio,monoio,glommio,xtc-epoll,xtc-float,threads]\n\
+     \x20           [--svg PATH]\n\
      \n  --only echo      run the one benchmark (there is no other)\
      \n  --quick          a smoke run: 0.5 s windows after 0.2 s of warm-up\
      \n  --conns A,B,..   connection counts, one run of every server each (default 64,256)\
@@ -277,7 +290,8 @@ mod serve {
 
         let (tx, rx) = mpsc::channel();
         let expected = match name.as_str() {
-            "xtc" => xtc_srv::start(addr, shards, tx)?,
+            "xtc" => xtc_srv::start(addr, shards, true, tx)?,
+            "xtc-float" => xtc_srv::start(addr, shards, false, tx)?,
             "tokio" => tokio_srv::start(addr, shards, tx)?,
             "monoio" => monoio_srv::start(addr, shards, tx)?,
             "glommio" => glommio_srv::start(addr, shards, tx)?,
@@ -434,10 +448,11 @@ mod serve {
         }
 
         /// Builds the executor on a thread of its own (`run` blocks it); every shard binds,
-        /// reports, and accepts.
+        /// reports, and accepts. `pin`: `Builder::pin` (off for `xtc-float`).
         pub(super) fn start(
             addr: SocketAddr,
             shards: usize,
+            pin: bool,
             ready: Ready,
         ) -> Result<usize, String> {
             let tx = ready.clone();
@@ -445,7 +460,10 @@ mod serve {
                 // Shard i on the i-th allowed CPU, as the pinned peers; past one shard per CPU,
                 // the executor's own oversubscribed placement.
                 let cpus = xtc_bench::allowed_cpus();
-                let mut builder = xtc::Executor::builder().shards(shards).service_mode(true);
+                let mut builder = xtc::Executor::builder()
+                    .shards(shards)
+                    .service_mode(true)
+                    .pin(pin);
                 if !cpus.is_empty() && shards <= cpus.len() {
                     builder = builder.placement(xtc::numa::Policy::Cpus(cpus[..shards].to_vec()));
                 } else {
@@ -488,7 +506,10 @@ mod serve {
                         } else {
                             "hash only"
                         };
-                        let _ = tx.send(Ok(format!("driver {driver}, connections {how}")));
+                        let pinning = if pin { "pinned" } else { "unpinned" };
+                        let _ = tx.send(Ok(format!(
+                            "driver {driver}, shards {pinning}, connections {how}"
+                        )));
                         if let Some(b) = balancer {
                             if let Err(e) = b.serve(listener, |s, _| echo(s)).await {
                                 eprintln!("xtc shard {shard}: accept: {e}");
@@ -526,7 +547,7 @@ mod serve {
 
         use super::Ready;
 
-        pub(super) fn start(_: SocketAddr, _: usize, _: Ready) -> Result<usize, String> {
+        pub(super) fn start(_: SocketAddr, _: usize, _: bool, _: Ready) -> Result<usize, String> {
             Err("xtc-bench built without its `xtc` feature".into())
         }
     }
@@ -804,9 +825,10 @@ fn start_server(server: usize, shards: usize, place: &Placement) -> Result<Serve
     let (name, xtc_io) = match server {
         XTC => ("xtc", Some("io_uring")),
         XTC_EPOLL => ("xtc", Some("epoll")),
+        XTC_FLOAT => ("xtc-float", Some("io_uring")),
         s => (SERVERS[s], None),
     };
-    if name == "xtc" && !cfg!(feature = "xtc") {
+    if name.starts_with("xtc") && !cfg!(feature = "xtc") {
         return Err("xtc-bench built without its `xtc` feature".into());
     }
     let port = free_port()?;
@@ -1192,7 +1214,8 @@ fn main() -> ExitCode {
     );
     println!(
         "  xtc = a shard per thread, a SO_REUSEPORT listener each, connections balanced over the \
-         shards by ConnBalancer unless XTC_ECHO_HASH is set (io_uring; xtc-epoll: XTC_IO=epoll); tokio = multi_thread, one listener; monoio = a pinned io_uring runtime \
+         shards by ConnBalancer unless XTC_ECHO_HASH is set (io_uring; xtc-epoll: XTC_IO=epoll; \
+         xtc-float: shards unpinned, Builder::pin(false)); tokio = multi_thread, one listener; monoio = a pinned io_uring runtime \
          per thread, glommio = a pinned LocalExecutor per thread, a SO_REUSEPORT listener each"
     );
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
@@ -1336,6 +1359,16 @@ fn main() -> ExitCode {
             ratio(e, x, msgs),
             verdict(e, x, msgs, |v| v >= GOAL_EPOLL_OVER_URING),
         );
+        // Not a goal of the issue: what unpinning the shards changes beside the client.
+        if let Ok(f) = &r[XTC_FLOAT] {
+            println!(
+                "    {conns} conns, shards unpinned (xtc-float): /tokio msgs/s {}, /tokio p99 {}, \
+                 slowest/fastest conn {:.2}",
+                ratio(&r[XTC_FLOAT], t, msgs),
+                ratio(&r[XTC_FLOAT], t, p99),
+                f.slowest_over_fastest,
+            );
+        }
     }
     println!("  runs:");
     for (c, &conns) in args.conns.iter().enumerate() {

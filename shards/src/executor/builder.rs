@@ -34,6 +34,7 @@ pub struct Builder {
     pub(crate) shards: usize,
     pub(crate) oversubscribe: bool,
     pub(crate) placement: Policy,
+    pub(crate) pin: bool,
     pub(crate) service_mode: bool,
     pub(crate) deadlock_grace: Option<Duration>,
     pub(crate) topology: Option<std::sync::Arc<Topology>>,
@@ -56,6 +57,7 @@ impl Default for Builder {
             shards: 0,
             oversubscribe: false,
             placement: Policy::Compact,
+            pin: true,
             service_mode: false,
             deadlock_grace: Some(DEFAULT_DEADLOCK_GRACE),
             topology: None,
@@ -101,6 +103,9 @@ impl Builder {
                 value: v.clone(),
                 expected: "compact, spread, or cpus:0,2,4",
             })?;
+        }
+        if let Some(v) = var("XTC_PIN") {
+            self.pin = parse_bool("XTC_PIN", &v)?;
         }
         if let Some(v) = var("XTC_OVERSUBSCRIBE") {
             self.oversubscribe = parse_bool("XTC_OVERSUBSCRIBE", &v)?;
@@ -196,6 +201,25 @@ impl Builder {
     /// How shards are placed on CPUs (default [`Policy::Compact`]).
     pub fn placement(mut self, policy: Policy) -> Builder {
         self.placement = policy;
+        self
+    }
+
+    /// Whether each shard's thread is bound to the one CPU its placement gave it (default on).
+    ///
+    /// Off, every shard thread is bound to the placement's CPUs together and the OS scheduler
+    /// moves shards among them, as Glommio's `Placement::Unbound` or Seastar's
+    /// `--thread-affinity=0` do. Shard indices, per-shard state and the ring mesh are the same
+    /// either way; stealing still tries victims in the placement's NUMA order. Use it when the
+    /// shards' CPUs are shared with other busy threads (a load generator on the same cores, a
+    /// container whose CPU quota is below its CPU count): a pinned shard cannot leave a CPU
+    /// another thread holds, so its tasks wait for the OS's time slice there (4 ms at HZ=250),
+    /// while an idle CPU next to it could have run them.
+    ///
+    /// Cost of turning it off: the cache and NUMA locality that pinning guarantees (a shard
+    /// that migrates finds its caches cold), and `Placement`'s CPUs become where shards may
+    /// run rather than where they do.
+    pub fn pin(mut self, yes: bool) -> Builder {
+        self.pin = yes;
         self
     }
 

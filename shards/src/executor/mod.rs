@@ -367,6 +367,8 @@ pub struct Executor {
     handle: Handle,
     placement: Placement,
     topology: Arc<Topology>,
+    /// [`Builder::pin`]: each shard thread on its own CPU, or all on the placement's CPUs.
+    pin: bool,
 }
 
 impl Executor {
@@ -445,6 +447,7 @@ impl Executor {
             handle: Handle { shared },
             placement,
             topology,
+            pin: b.pin,
         })
     }
 
@@ -463,7 +466,14 @@ impl Executor {
         &self.topology
     }
 
-    /// Starts one OS thread per shard, each pinned to its CPU, and blocks until the executor is
+    /// Whether shard threads are pinned each to its own CPU ([`Builder::pin`], `XTC_PIN`).
+    /// Cost: a field read.
+    pub fn is_pinned(&self) -> bool {
+        self.pin
+    }
+
+    /// Starts one OS thread per shard, each pinned to its CPU (or, with [`Builder::pin`] off,
+    /// bound to the placement's CPUs together), and blocks until the executor is
     /// quiescent (every task done, every timer fired or cancelled, every inbox drained) or
     /// [`stop`](Handle::stop) is called. In service mode it returns only after `stop`.
     ///
@@ -505,13 +515,22 @@ impl Executor {
         let gate = Arc::new(StartGate::default());
         let mut threads = Vec::with_capacity(shared.loops.len());
         let mut failure: Option<Error> = None;
+        // `pin(false)`: every shard may run on any CPU of the placement (each listed once).
+        let floating: Arc<[usize]> = {
+            let mut cpus = self.placement.cpus().to_vec();
+            cpus.sort_unstable();
+            cpus.dedup();
+            cpus.into()
+        };
         for (i, ls) in shared.loops.iter().enumerate() {
             let ls = ls.clone();
             let exec = shared.clone();
             let cpu = if self.topology.is_synthetic() {
-                None
+                Binding::None
+            } else if self.pin {
+                self.placement.cpu(i).map_or(Binding::None, Binding::Cpu)
             } else {
-                self.placement.cpu(i)
+                Binding::Cpus(floating.clone())
             };
             let topo = self.topology.clone();
             let tx = tx.clone();
@@ -789,22 +808,38 @@ impl StartGate {
     }
 }
 
+/// Where a shard thread is bound when it starts ([`Builder::pin`]).
+#[derive(Debug)]
+enum Binding {
+    /// Its own CPU.
+    Cpu(usize),
+    /// Any of the placement's CPUs: the OS moves it among them.
+    Cpus(Arc<[usize]>),
+    /// Left as it is (a synthetic topology describes no real CPUs).
+    None,
+}
+
 fn worker(
     ls: Arc<LoopShared>,
     exec: Arc<ExecShared>,
     topo: Arc<Topology>,
-    cpu: Option<usize>,
+    cpu: Binding,
     tx: std::sync::mpsc::Sender<xtc_numa::Result<()>>,
     gate: &StartGate,
 ) {
-    let pinned = match cpu {
-        Some(cpu) => xtc_numa::pin_current_thread(&topo, cpu),
-        None => Ok(()),
+    let pinned = match &cpu {
+        Binding::Cpu(cpu) => xtc_numa::pin_current_thread(&topo, *cpu),
+        Binding::Cpus(cpus) => xtc_numa::bind_current_thread(&topo, cpus),
+        Binding::None => Ok(()),
     };
     #[cfg(test)]
     let pinned = if exec.fail_pin.load(SeqCst) == ls.index {
         Err(xtc_numa::Error::PinFailed {
-            cpu: cpu.unwrap_or(0),
+            cpu: match &cpu {
+                Binding::Cpu(cpu) => *cpu,
+                Binding::Cpus(cpus) => cpus.first().copied().unwrap_or(0),
+                Binding::None => 0,
+            },
             errno: libc::EINVAL,
         })
     } else {
