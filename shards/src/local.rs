@@ -96,10 +96,11 @@ impl LocalExecutor {
 }
 
 impl Drop for LocalExecutor {
-    /// Frees tasks queued for this loop and never run (spawned through a `Handle` after
-    /// `block_on` returned), as `Executor`'s drop does: one holding a `Handle` would otherwise
-    /// keep the executor, and itself, alive for good.
+    /// Closes the executor as `Executor`'s drop does: a `Handle` spawning afterwards gets
+    /// `Err(Stopped)` (its task would never run), and tasks queued for this loop and never run
+    /// (spawned through a `Handle` after `block_on` returned) are freed: one holding a
+    /// `Handle` would otherwise keep the executor, and itself, alive for good.
     fn drop(&mut self) {
-        self.shared.drop_queued();
+        self.shared.close();
     }
 }

@@ -713,6 +713,22 @@ fn a_handle_after_its_executor_is_dropped_queues_nothing() {
     let ex = exec(2);
     let h = ex.handle();
     drop(ex);
+    handle_of_a_dropped_executor_queues_nothing(h);
+}
+
+/// The same for a `LocalExecutor`, whose drop did not close it: the spawn was accepted into
+/// the inbox of a loop that would never run again (its `JoinHandle` never resolved), and the
+/// task, holding a `Handle`, leaked with the executor.
+#[test]
+fn a_handle_after_its_local_executor_is_dropped_queues_nothing() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let h = ex.block_on(async { shard::handle().unwrap() });
+    drop(ex);
+    handle_of_a_dropped_executor_queues_nothing(h);
+}
+
+fn handle_of_a_dropped_executor_queues_nothing(h: xtc_shards::Handle) {
+    let last = h.shard_count() - 1;
     let drops = Arc::new(AtomicUsize::new(0));
     let guard = CountDrop(drops.clone());
     let keep = h.clone();
@@ -722,7 +738,7 @@ fn a_handle_after_its_executor_is_dropped_queues_nothing() {
     });
     assert!(matches!(r, Err(Error::Stopped)), "{r:?}");
     assert_eq!(drops.load(SeqCst), 1, "the refused closure was dropped");
-    let got = futures::executor::block_on(h.submit_to(1, || async { 7 }));
+    let got = futures::executor::block_on(h.submit_to(last, || async { 7 }));
     assert!(matches!(got, Err(Error::Stopped)), "{got:?}");
     let guard = CountDrop(drops.clone());
     let keep = h.clone();

@@ -689,6 +689,13 @@ impl ExecShared {
         }
     }
 
+    /// The `Executor` (or `LocalExecutor`) is gone, so no run can come: from now on a `Handle`
+    /// refuses or drops what it would queue (`drop_if_closed`), and what is queued is freed.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, SeqCst);
+        self.drop_queued();
+    }
+
     /// A `Handle` queued work after a check of `closed`: if the `Executor` was dropped
     /// meanwhile, its sweep may have run before the push, so drop what sits in the inboxes
     /// and injectors (where a foreign thread's pushes go) here. SeqCst, paired with the drop's
@@ -740,8 +747,7 @@ impl Drop for Executor {
     /// Frees the tasks queued and never run (see `ExecShared::drop_queued`); `run` cannot be
     /// in progress (it borrows the executor). Cost: one lock per loop's inbox.
     fn drop(&mut self) {
-        self.handle.shared.closed.store(true, SeqCst);
-        self.handle.shared.drop_queued();
+        self.handle.shared.close();
     }
 }
 
