@@ -515,3 +515,66 @@ fn a_sleeps_replaced_waker_is_dropped_outside_the_timers_borrow() {
         r.err().and_then(|e| e.panic_message().map(str::to_string))
     );
 }
+
+thread_local! {
+    /// A registered sleep of the current loop, for `dropping_waker`'s clone to drop.
+    static HELD: std::cell::RefCell<Option<std::pin::Pin<Box<xtc_shards::time::Sleep>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A waker whose clone is user code that drops the sleep in `HELD` (a `Sleep` of the same
+/// loop, whose drop cancels its timer).
+fn dropping_waker() -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable};
+    fn clone(_: *const ()) -> RawWaker {
+        drop(HELD.with(|h| h.borrow_mut().take()));
+        RawWaker::new(std::ptr::null(), &VTABLE)
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
+    // SAFETY: every function of the vtable ignores the (null) data pointer, and does nothing
+    // that a waker must not do (no wake-up is expected from this one).
+    unsafe { std::task::Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
+/// A sleep polled with a waker whose clone drops another sleep of this loop, first when it
+/// registers its timer and then when it replaces the stored waker: the clone ran under the
+/// timers' borrow, and the dropped sleep's cancel borrowed them again ("already borrowed").
+#[test]
+fn a_wakers_clone_that_drops_a_sleep_runs_outside_the_timers_borrow() {
+    use std::future::Future as _;
+    use std::task::Context;
+    use xtc_shards::time::sleep;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    ex.block_on(async {
+        let hold = |mut s: std::pin::Pin<Box<xtc_shards::time::Sleep>>| {
+            let waker = std::task::Waker::noop();
+            assert!(s
+                .as_mut()
+                .poll(&mut Context::from_waker(waker))
+                .is_pending());
+            HELD.with(|h| *h.borrow_mut() = Some(s));
+        };
+        let waker = dropping_waker();
+        // Registration.
+        hold(Box::pin(sleep(Duration::from_secs(3600))));
+        let mut mine = Box::pin(sleep(Duration::from_secs(3600)));
+        assert!(mine
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()))
+            .is_pending());
+        let mut fresh = Box::pin(sleep(Duration::from_secs(3600)));
+        assert!(fresh
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+        assert!(HELD.with(|h| h.borrow().is_none()), "the clone ran");
+        // Replacement of the stored (no-op) waker.
+        hold(Box::pin(sleep(Duration::from_secs(3600))));
+        assert!(mine
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+        assert!(HELD.with(|h| h.borrow().is_none()), "the clone ran");
+    });
+}

@@ -65,16 +65,25 @@ impl Timers {
         TimerKey { key, generation }
     }
 
-    /// Replaces the waker of a live timer; `Err(())` if it already fired. `Ok` holds the
-    /// replaced waker, for the caller to drop after its borrow of the timers: a waker's drop is
-    /// user code (a custom waker) that may drop a sleep of this loop, which borrows them again.
-    pub(crate) fn update(&mut self, t: TimerKey, waker: &Waker) -> Result<Option<Waker>, ()> {
-        match self.entries.get_mut(t.key) {
-            Some(e) if e.generation == t.generation => {
-                Ok((!e.waker.will_wake(waker))
-                    .then(|| std::mem::replace(&mut e.waker, waker.clone())))
-            }
+    /// Whether a live timer's waker is not `waker` (so [`set_waker`](Self::set_waker) should
+    /// store a clone); `Err(())` if the timer already fired. Runs no user code (`will_wake`
+    /// compares pointers): a waker's clone and drop are user code (a custom waker) that may
+    /// drop a sleep of this loop, which borrows the timers again, so the caller clones and
+    /// drops outside its borrow.
+    pub(crate) fn waker_differs(&self, t: TimerKey, waker: &Waker) -> Result<bool, ()> {
+        match self.entries.get(t.key) {
+            Some(e) if e.generation == t.generation => Ok(!e.waker.will_wake(waker)),
             _ => Err(()),
+        }
+    }
+
+    /// Stores `waker` (cloned by the caller outside any borrow) in a live timer and returns
+    /// the one it replaces, for the caller to drop after the borrow; `Err` gives `waker` back
+    /// if the timer is gone.
+    pub(crate) fn set_waker(&mut self, t: TimerKey, waker: Waker) -> Result<Waker, Waker> {
+        match self.entries.get_mut(t.key) {
+            Some(e) if e.generation == t.generation => Ok(std::mem::replace(&mut e.waker, waker)),
+            _ => Err(waker),
         }
     }
 

@@ -153,15 +153,28 @@ impl Future for Sleep {
                 // A live timer still pending: keep the newest waker. Gone: it fired, or it
                 // was registered in an earlier run of this loop, whose timers went with that
                 // run (generations differ): done only if the deadline passed.
-                let mut timers = core.timers.borrow_mut();
-                match timers.update(*k, cx.waker()) {
-                    Ok(replaced) => {
-                        drop(timers);
-                        drop(replaced);
-                        Some((None, *k))
+                // A waker's clone and drop are user code: neither under the borrow.
+                let differs = core.timers.borrow().waker_differs(*k, cx.waker());
+                match differs {
+                    Ok(false) => Some((None, *k)),
+                    Ok(true) => {
+                        let w = cx.waker().clone();
+                        let set = core.timers.borrow_mut().set_waker(*k, w);
+                        match set {
+                            Ok(replaced) => {
+                                drop(replaced);
+                                Some((None, *k))
+                            }
+                            // Gone while the clone ran (user code): as if found gone.
+                            Err(_) if Instant::now() >= deadline => None,
+                            Err(w) => Some((None, core.timers.borrow_mut().insert(deadline, w))),
+                        }
                     }
                     Err(()) if Instant::now() >= deadline => None,
-                    Err(()) => Some((None, timers.insert(deadline, cx.waker().clone()))),
+                    Err(()) => {
+                        let w = cx.waker().clone();
+                        Some((None, core.timers.borrow_mut().insert(deadline, w)))
+                    }
                 }
             }
             other => {
@@ -173,10 +186,8 @@ impl Future for Sleep {
                 if Instant::now() >= deadline {
                     None
                 } else {
-                    let k = core
-                        .timers
-                        .borrow_mut()
-                        .insert(deadline, cx.waker().clone());
+                    let w = cx.waker().clone();
+                    let k = core.timers.borrow_mut().insert(deadline, w);
                     Some((Some(Arc::downgrade(&core.shared)), k))
                 }
             }
