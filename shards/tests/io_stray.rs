@@ -1,7 +1,9 @@
 //! Owned stream reads whose futures are dropped unfinished (a `select!` whose other branch
 //! won): no byte of the stream may be lost, on either driver. On io_uring the receive has
 //! been handed to the kernel; the stream keeps it running and gives its bytes to the next
-//! read. A receive kept that way must not keep `run()` from returning either.
+//! read. A receive kept that way must not keep `run()` from returning either. Also: owned
+//! calls whose futures outlive their loop's driver (`block_on` returned while they waited),
+//! and buffers whose `Drop` uses the stream they were read from.
 
 mod common;
 mod io_common;
@@ -651,6 +653,94 @@ fn a_buffer_drop_that_reads_the_stream_finds_it_whole() {
     );
 }
 
+/// A read dropped alone (kept by the stream on io_uring) whose buffer's `Drop` reads the
+/// stream: the next read takes the kept read's bytes and then drops its buffer, whose read must
+/// find the stream whole and get the rest of the bytes. The buffer was dropped while that read
+/// held the stream's state mutably borrowed: its read panicked (`already borrowed`, caught
+/// and logged, so nothing was recorded).
+#[test]
+fn a_kept_reads_buffer_drop_that_reads_the_stream_finds_it_whole() {
+    on_each_driver(
+        "a_kept_reads_buffer_drop_that_reads_the_stream_finds_it_whole",
+        1,
+        |driver| async move {
+            let (a, b) = tcp_pair().await;
+            let a = std::rc::Rc::new(a);
+            let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            let first = a.read(ReadingOnDrop {
+                v: Vec::with_capacity(64),
+                stream: Some(a.clone()),
+                seen: seen.clone(),
+            });
+            // The only read: kept by the stream on io_uring (on epoll, dropped with its
+            // future, its buffer's read finds nothing yet).
+            poll_once_then_drop(first, sleep(Duration::from_millis(2))).await;
+            b.write_all(b"hello".to_vec()).await.0.unwrap();
+            sleep(Duration::from_millis(5)).await;
+            let (r, got) = guard("read", a.read(Vec::with_capacity(2))).await;
+            assert_eq!((r.unwrap(), &got[..]), (2, &b"he"[..]), "[{driver}]");
+            let seen = seen.borrow().clone();
+            assert_eq!(
+                seen.len(),
+                1,
+                "[{driver}] the buffer's Drop panicked: {seen:?}"
+            );
+            if driver == xtc_shards::io::Driver::IoUring {
+                // Dropped after the short read took its two bytes: its read gets the rest.
+                assert_eq!(seen[0], "Ok(3) llo", "[{driver}]");
+            }
+        },
+    );
+}
+
+/// `shutdown` with a write-behind send in flight submits and reaps the ring to see whether the
+/// send is done; a cancelled read's buffer dropped by that reap, whose `Drop` reads the
+/// stream, must find it whole. The reap ran while `shutdown` held the stream's state borrowed:
+/// the buffer's read panicked (`already borrowed`, caught and logged).
+#[test]
+fn a_buffer_dropped_by_shutdowns_reap_finds_the_stream_whole() {
+    use futures::io::AsyncWriteExt;
+    on_each_driver(
+        "a_buffer_dropped_by_shutdowns_reap_finds_the_stream_whole",
+        1,
+        |driver| async move {
+            if driver == xtc_shards::io::Driver::Epoll {
+                return; // no write-behind, and no read in flight to cancel
+            }
+            let (mut a, b) = tcp_pair().await;
+            fill(&a);
+            let n = guard("write", AsyncWriteExt::write(&mut a, b"tail"))
+                .await
+                .unwrap();
+            assert_eq!(n, 4); // reported written; its send waits for room
+            let a = std::rc::Rc::new(a);
+            let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            let mut r1 = Box::pin(a.read(Vec::with_capacity(64)));
+            let mut r2 = Box::pin(a.read(ReadingOnDrop {
+                v: Vec::with_capacity(64),
+                stream: Some(a.clone()),
+                seen: seen.clone(),
+            }));
+            poll_pending(r1.as_mut()).await;
+            poll_pending(r2.as_mut()).await;
+            xtc_shards::yield_now().await; // both submitted
+            drop(r2); // beside r1: cancelled, its buffer held until the cancel completes
+            sleep(Duration::from_millis(0)).await;
+            std::thread::sleep(Duration::from_millis(20)); // the cancel completes in the kernel
+            let shut = a.shutdown(std::net::Shutdown::Write); // reaps: drops r2's buffer
+            assert!(shut.is_err(), "write-behind still in flight");
+            drop(r1);
+            drop(b);
+            let seen = seen.borrow().clone();
+            assert_eq!(
+                seen.len(),
+                1,
+                "[{driver}] the buffer's Drop panicked: {seen:?}"
+            );
+        },
+    );
+}
+
 /// An `AsyncRead` polled on an idle stream with a new waker each time (a combinator that
 /// makes one per attempt) keeps one waker listed, not one per poll.
 #[test]
@@ -882,7 +972,7 @@ fn a_kept_read_cancelled_by_its_drivers_shutdown_is_not_an_error() {
 }
 
 /// Fills `a`'s socket with plain non-blocking sends of zeros until it refuses; the bytes sent.
-fn fill(a: &UnixStream) -> usize {
+fn fill(a: &impl std::os::fd::AsRawFd) -> usize {
     let zeros = [0u8; 4096];
     let mut filled = 0usize;
     loop {
@@ -1006,6 +1096,157 @@ fn a_read_cancelled_by_its_drivers_shutdown_is_not_stashed_as_a_stream_error() {
     });
     assert_eq!(r3.unwrap(), b"hello");
     assert_eq!(r4.expect("a spurious error on a healthy stream"), b"world");
+}
+
+/// An owned read still awaited (not dropped) when its `block_on` returns, and awaited to its
+/// end in the next one: it gets the bytes sent meanwhile, as on epoll. On io_uring the
+/// driver's shutdown cancels its receive (nothing received), and it failed with that
+/// `ECANCELED`; it is submitted again on the new loop now.
+#[test]
+fn a_read_future_that_outlives_its_driver_still_reads() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (a, b, mut f) = ex.block_on(async {
+        let (a, b) = UnixStream::pair().unwrap();
+        let a = std::rc::Rc::new(a);
+        let mut f = owned_read(&a);
+        poll_pending(f.as_mut()).await;
+        xtc_shards::yield_now().await; // submitted
+        (a, b, f)
+    });
+    let r = ex.block_on(async move {
+        let (w, _) = b.write_all(b"hello".to_vec()).await;
+        w.unwrap();
+        let r = guard("read", f.as_mut()).await;
+        drop(a);
+        r
+    });
+    assert_eq!(r.expect("a read awaited across block_on"), b"hello");
+}
+
+type WriteFut = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>>>>;
+
+/// Fills `a`'s socket (`fill`), then starts an owned `write` (`all`: `write_all`) of
+/// `b"tail"`, which waits for room that never comes in this run: its future, polled once,
+/// and the bytes filled.
+async fn fill_then_owned_write(a: &std::rc::Rc<UnixStream>, all: bool) -> (WriteFut, usize) {
+    let filled = fill(&**a);
+    let a = a.clone();
+    let mut f: WriteFut = Box::pin(async move {
+        if all {
+            a.write_all(b"tail".to_vec()).await.0
+        } else {
+            let (r, _) = a.write(b"tail".to_vec()).await;
+            assert_eq!(r?, 4, "a short send of 4 bytes");
+            Ok(())
+        }
+    });
+    poll_pending(f.as_mut()).await;
+    xtc_shards::yield_now().await; // submitted
+    (f, filled)
+}
+
+/// Owned `write` and `write_all` still awaited when their `block_on` returns, their sockets
+/// full: awaited to their end in the next `block_on` while the peers read, they send their
+/// bytes once, as on epoll. On io_uring the driver's shutdown cancels their sends (nothing
+/// sent), and they failed with that `ECANCELED`; they are submitted again on the new loop now.
+#[test]
+fn owned_writes_that_outlive_their_driver_still_send() {
+    use std::io::Read as _;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (streams, writes) = ex.block_on(async {
+        let mut streams = Vec::new();
+        let mut writes = Vec::new();
+        for all in [false, true] {
+            let (a, b) = UnixStream::pair().unwrap();
+            let a = std::rc::Rc::new(a);
+            let (f, filled) = fill_then_owned_write(&a, all).await;
+            streams.push((a, b, filled));
+            writes.push(f);
+        }
+        (streams, writes)
+    });
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    for (a, b, filled) in streams {
+        let mut b = b.into_std();
+        b.set_nonblocking(false).unwrap();
+        b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        readers.push((
+            filled,
+            std::thread::spawn(move || {
+                let mut all = Vec::new();
+                let r = b.read_to_end(&mut all);
+                (r.map_err(|e| e.to_string()), all)
+            }),
+        ));
+        writers.push(a);
+    }
+    let results = ex.block_on(async move {
+        let mut results = Vec::new();
+        for f in writes {
+            results.push(guard("owned write", f).await);
+        }
+        drop(writers); // the peers see the end of the stream
+        results
+    });
+    for (i, ((filled, reader), r)) in readers.into_iter().zip(results).enumerate() {
+        let what = ["write", "write_all"][i];
+        r.unwrap_or_else(|e| panic!("{what} awaited across block_on: {e}"));
+        let (r, all) = reader.join().unwrap();
+        r.expect("read to end");
+        assert_eq!(all.len(), filled + 4, "{what}: bytes lost or sent twice");
+        assert_eq!(&all[filled..], b"tail", "{what}");
+    }
+}
+
+/// A `recv_from` still awaited (not dropped) when its `block_on` returns, awaited to its end
+/// in the next one: it gets the datagram sent meanwhile, as on epoll. On io_uring it failed
+/// with the driver shutdown's `ECANCELED` (nothing received).
+#[test]
+fn a_recv_from_that_outlives_its_driver_still_receives() {
+    type RecvFut = std::pin::Pin<Box<dyn Future<Output = std::io::Result<Vec<u8>>>>>;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (addr, mut f) = ex.block_on(async {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = s.local_addr().unwrap();
+        let mut f: RecvFut = Box::pin(async move {
+            let (r, b) = s.recv_from(Vec::with_capacity(64)).await;
+            r.map(|(n, _)| b[..n].to_vec())
+        });
+        poll_pending(f.as_mut()).await;
+        xtc_shards::yield_now().await; // submitted
+        (addr, f)
+    });
+    let r = ex.block_on(async move {
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.send_to(b"dgram", addr).unwrap();
+        guard("recv_from", f.as_mut()).await
+    });
+    assert_eq!(r.expect("a recv_from awaited across block_on"), b"dgram");
+}
+
+/// An `accept` still awaited when its `block_on` returns, awaited to its end in the next one:
+/// it takes the connection made meanwhile, as on epoll. On io_uring it failed with the driver
+/// shutdown's `ECANCELED` (no connection taken).
+#[test]
+fn an_accept_that_outlives_its_driver_still_accepts() {
+    type AcceptFut = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>>>>;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (addr, mut f) = ex.block_on(async {
+        let l = xtc_shards::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut f: AcceptFut = Box::pin(async move { l.accept().await.map(drop) });
+        poll_pending(f.as_mut()).await;
+        xtc_shards::yield_now().await; // submitted
+        (addr, f)
+    });
+    let r = ex.block_on(async move {
+        let c = std::net::TcpStream::connect(addr).unwrap();
+        let r = guard("accept", f.as_mut()).await;
+        drop(c);
+        r
+    });
+    r.expect("an accept awaited across block_on");
 }
 
 /// A UDP socket's kept receive (a `recv_from` dropped while waiting) cancelled by its

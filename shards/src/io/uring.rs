@@ -173,7 +173,9 @@ thread_local! {
 /// Whether `res` is the result of an operation its driver's shutdown cancelled (rule 5: the
 /// `Op` outlived its loop): nothing was transferred. Nothing else cancels an operation whose
 /// `Op` is still there to see the result, so a stream or socket that kept one (a receive, a
-/// write-behind send) starts it again rather than report the `ECANCELED`.
+/// write-behind send), and an owned-buffer call still awaited (a stream's `read`, `write`,
+/// `write_all`, a socket's `recv_from`, `send_to`, a listener's `accept`), starts it again on
+/// the current loop rather than report the `ECANCELED` (epoll, which waits on, never does).
 pub(crate) fn nothing_moved(res: i32) -> bool {
     res == -libc::ECANCELED
 }

@@ -91,16 +91,32 @@ struct PollState {
     write_waiters: Option<Waiters>,
 }
 
+/// A user buffer a stream call is done with, to be dropped once the stream's state is no
+/// longer borrowed ([`drop_spent`]): its `Drop` is user code, which may use the stream again
+/// (read it, shut it down), and would find its `RefCell` borrowed (a panic) if run under it.
+type Spent = Option<Box<dyn std::any::Any>>;
+
+/// Drops a [`Spent`] buffer; call it only outside every borrow of the stream's state.
+fn drop_spent(spent: Spent) {
+    if let Some(buf) = spent {
+        // A user buffer's `Drop` is user code, here possibly in another task's poll.
+        crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+    }
+}
+
 /// An owned receive left running by a dropped `read` (see `PollState::stray`), whatever its
 /// buffer type.
 trait StrayRead {
-    /// Polls it; when it is done, appends what it read to `out` and gives the kernel's result.
+    /// Polls it; when it is done, appends what it read to `out`, puts its buffer in `spent`
+    /// (for the caller to drop after its borrow of the stream's state ends) and gives the
+    /// kernel's result.
     fn poll_into(
         &mut self,
         waiters: &mut Option<Waiters>,
         cx: &mut Context<'_>,
         trait_side: bool,
         out: &mut Vec<u8>,
+        spent: &mut Spent,
     ) -> Poll<i32>;
     /// Nobody waits for it any more ([`Op::unwait`]).
     fn unwait(&self);
@@ -113,6 +129,7 @@ impl<B: IoBufMut> StrayRead for Op<B> {
         cx: &mut Context<'_>,
         trait_side: bool,
         out: &mut Vec<u8>,
+        spent: &mut Spent,
     ) -> Poll<i32> {
         let (res, mut buf) = ready!(poll_shared(self, waiters, cx, trait_side));
         if res > 0 {
@@ -123,8 +140,9 @@ impl<B: IoBufMut> StrayRead for Op<B> {
             // reaped before this result came back.
             out.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) });
         }
-        // A user buffer's `Drop` is user code, here possibly in another task's poll.
-        crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+        // Not dropped here: the caller holds the stream's state borrowed (`poll_read_behind`
+        // mutably), and the buffer's `Drop` (user code) may read that stream.
+        *spent = Some(Box::new(buf));
         Poll::Ready(res)
     }
 
@@ -554,34 +572,44 @@ impl StreamIo {
             // As `std`: at once (`rw::recv`), and without waiting for a read behind.
             return (Ok(0), buf);
         }
-        // Bytes an `AsyncRead` (or a dropped owned read) already took from the kernel come
-        // first (module doc).
-        let mut wait = BehindWait::new(self, false);
-        let taken = poll_fn(|cx| {
-            let r = self.poll_read_behind(cx, &mut buf);
-            wait.note(&r, cx);
-            r
-        })
-        .await;
-        wait.done();
-        match taken {
-            Ok(0) => {}
-            other => return (other, buf),
+        loop {
+            // Bytes an `AsyncRead` (or a dropped owned read) already took from the kernel come
+            // first (module doc).
+            let mut wait = BehindWait::new(self, false);
+            let taken = poll_fn(|cx| {
+                let r = self.poll_read_behind(cx, &mut buf);
+                wait.note(&r, cx);
+                r
+            })
+            .await;
+            wait.done();
+            match taken {
+                Ok(0) => {}
+                other => return (other, buf),
+            }
+            if !matches!(kind(), Ok(Kind::Uring)) {
+                return rw::recv(&self.src, buf).await;
+            }
+            let op = match rw::submit_recv(&self.src, buf) {
+                Ok(op) => op,
+                Err((e, buf)) => return (Err(e), buf),
+            };
+            let (res, b) = OwnedRecv::new(self, op).await;
+            buf = b;
+            if nothing_moved(res) {
+                // Cancelled by the shutdown of the driver it was submitted to (this future
+                // outlived its loop, uring.rs rule 5): nothing was received, so it is read
+                // again on the current loop, as a kept read is (`poll_reading`), rather than
+                // failing with an `ECANCELED` that epoll, which waits on, never gives.
+                continue;
+            }
+            let r = result(res).map(|n| n as usize);
+            if let Ok(n) = r {
+                // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
+                unsafe { buf.set_init(n) };
+            }
+            return (r, buf);
         }
-        if !matches!(kind(), Ok(Kind::Uring)) {
-            return rw::recv(&self.src, buf).await;
-        }
-        let op = match rw::submit_recv(&self.src, buf) {
-            Ok(op) => op,
-            Err((e, buf)) => return (Err(e), buf),
-        };
-        let (res, mut buf) = OwnedRecv::new(self, op).await;
-        let r = result(res).map(|n| n as usize);
-        if let Ok(n) = r {
-            // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
-            unsafe { buf.set_init(n) };
-        }
-        (r, buf)
     }
 
     pub(crate) async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
@@ -631,7 +659,21 @@ impl StreamIo {
         cx: &mut Context<'_>,
         buf: &mut B,
     ) -> Poll<io::Result<usize>> {
-        let mut st = self.poll.borrow_mut();
+        let mut spent = None;
+        let r = Self::read_behind(&mut self.poll.borrow_mut(), cx, buf, &mut spent);
+        // After the borrow: a kept read's buffer may read this stream in its `Drop`.
+        drop_spent(spent);
+        r
+    }
+
+    /// [`poll_read_behind`](Self::poll_read_behind) on the borrowed state; a buffer it is done
+    /// with goes to `spent`.
+    fn read_behind<B: IoBufMut>(
+        st: &mut PollState,
+        cx: &mut Context<'_>,
+        buf: &mut B,
+        spent: &mut Spent,
+    ) -> Poll<io::Result<usize>> {
         // Unread bytes first: a read in flight (a kept one, an `AsyncRead`'s) can only bring
         // later ones, and may never complete.
         if st.rpos == st.rbuf.len() {
@@ -642,7 +684,7 @@ impl StreamIo {
                     return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
                 }
             }
-            if let Some(r) = ready!(poll_reading(&mut st, cx, false)) {
+            if let Some(r) = ready!(poll_reading(st, cx, false, spent)) {
                 r?;
             }
         }
@@ -683,15 +725,22 @@ impl StreamIo {
     /// reaped, and if the send is still in flight or came back short, the shutdown is refused
     /// with `WouldBlock` (nothing is sent, nothing is lost; `flush` or `close` waits for them).
     fn check_write_behind(&self) -> io::Result<()> {
-        let st = self.poll.borrow();
-        let Some(op) = st.writing.as_ref() else {
+        if self.poll.borrow().writing.is_none() {
             return Ok(());
-        };
+        }
+        // Outside the borrow: the reap drops the buffers of cancelled operations and wakes
+        // tasks, user code that may use this stream (a buffer whose `Drop` reads it).
         crate::io::with_reactor(|r| {
             r.submit();
             r.reap();
             Ok(())
         })?;
+        // Looked at anew: that user code may have taken the send (an owned write waiting for
+        // it), which then reported its outcome, and nothing is left behind.
+        let st = self.poll.borrow();
+        let Some(op) = st.writing.as_ref() else {
+            return Ok(());
+        };
         let sent_all = match op.completed() {
             // Nothing sent: `drain` sends it again, and the FIN must wait for it.
             Some(res) if nothing_moved(res) => false,
@@ -730,49 +779,65 @@ impl StreamIo {
                     ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) }).map(|n| n as usize)
                 })?
             }
-            Kind::Uring => loop {
-                let st = self.poll.get_mut();
-                if st.rpos < st.rbuf.len() {
-                    let n = out.len().min(st.rbuf.len() - st.rpos);
-                    out[..n].copy_from_slice(&st.rbuf[st.rpos..st.rpos + n]);
-                    st.rpos += n;
-                    return Poll::Ready(Ok(n));
+            Kind::Uring => {
+                let mut spent = None;
+                let r = self.poll_read_uring(cx, out, &mut spent);
+                // After its use of the state, as in `poll_read_behind` (see `Spent`).
+                drop_spent(spent);
+                r
+            }
+        }
+    }
+
+    /// `poll_read` on io_uring; a kept read's buffer it is done with goes to `spent`.
+    fn poll_read_uring(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut [u8],
+        spent: &mut Spent,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let st = self.poll.get_mut();
+            if st.rpos < st.rbuf.len() {
+                let n = out.len().min(st.rbuf.len() - st.rpos);
+                out[..n].copy_from_slice(&st.rbuf[st.rpos..st.rpos + n]);
+                st.rpos += n;
+                return Poll::Ready(Ok(n));
+            }
+            if st.stray.is_none() {
+                if let Some(e) = st.read_error.take() {
+                    return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
                 }
-                if st.stray.is_none() {
-                    if let Some(e) = st.read_error.take() {
-                        return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
-                    }
+            }
+            if let Some(r) = ready!(poll_reading(st, cx, true, spent)) {
+                match r {
+                    Ok(0) => return Poll::Ready(Ok(0)),
+                    Ok(_) => continue,
+                    Err(e) => return Poll::Ready(Err(e)),
                 }
-                if let Some(r) = ready!(poll_reading(st, cx, true)) {
-                    match r {
-                        Ok(0) => return Poll::Ready(Ok(0)),
-                        Ok(_) => continue,
-                        Err(e) => return Poll::Ready(Err(e)),
-                    }
+            }
+            if out.is_empty() {
+                return Poll::Ready(Ok(0));
+            }
+            let mut buf = std::mem::take(&mut st.rbuf);
+            buf.clear();
+            // `rpos` indexes `rbuf`, now empty (also if the submit below fails and gives
+            // it back): an owned `read` must not copy from a stale position.
+            st.rpos = 0;
+            // No read-ahead past what the caller asked for: bytes left in `rbuf` would be
+            // invisible to the next owner of the descriptor (`into_std`).
+            let want = out.len().min(READ_BUF);
+            buf.reserve(want);
+            let fd = self.src.fd();
+            match ops::submit(buf, |b| {
+                opcode::Recv::new(types::Fd(fd), b.as_mut_ptr(), want as u32).build()
+            }) {
+                Ok(op) => st.reading = Some(op),
+                Err((e, buf)) => {
+                    st.rbuf = buf;
+                    return Poll::Ready(Err(e));
                 }
-                if out.is_empty() {
-                    return Poll::Ready(Ok(0));
-                }
-                let mut buf = std::mem::take(&mut st.rbuf);
-                buf.clear();
-                // `rpos` indexes `rbuf`, now empty (also if the submit below fails and gives
-                // it back): an owned `read` must not copy from a stale position.
-                st.rpos = 0;
-                // No read-ahead past what the caller asked for: bytes left in `rbuf` would be
-                // invisible to the next owner of the descriptor (`into_std`).
-                let want = out.len().min(READ_BUF);
-                buf.reserve(want);
-                let fd = self.src.fd();
-                match ops::submit(buf, |b| {
-                    opcode::Recv::new(types::Fd(fd), b.as_mut_ptr(), want as u32).build()
-                }) {
-                    Ok(op) => st.reading = Some(op),
-                    Err((e, buf)) => {
-                        st.rbuf = buf;
-                        return Poll::Ready(Err(e));
-                    }
-                }
-            },
+            }
         }
     }
 
@@ -825,18 +890,21 @@ impl StreamIo {
 }
 
 /// Completes the `AsyncRead` receive in flight (io_uring), if any: its bytes land in `rbuf`.
-/// `Ready(None)`: none was in flight; `Ready(Some(r))`: it finished with `r`.
+/// `Ready(None)`: none was in flight; `Ready(Some(r))`: it finished with `r`. A kept read's
+/// buffer goes to `spent`, for the caller to drop once it no longer borrows `st`'s stream.
 fn poll_reading(
     st: &mut PollState,
     cx: &mut Context<'_>,
     trait_side: bool,
+    spent: &mut Spent,
 ) -> Poll<Option<io::Result<u32>>> {
     if let Some(stray) = st.stray.as_mut() {
         // Its bytes go after those still unread in `rbuf` (none, in practice: a read starts
         // only once `rbuf` is drained).
         st.rbuf.drain(..st.rpos);
         st.rpos = 0;
-        let res = ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf));
+        let res =
+            ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf, spent));
         st.stray = None;
         if nothing_moved(res) {
             return Poll::Ready(None); // the caller reads afresh

@@ -203,49 +203,61 @@ impl UdpSocket {
     }
 
     async fn recv_raw<B: IoBufMut>(&self, mut buf: B) -> BufResult<(usize, SockAddr), B> {
-        loop {
-            let Some(stray) = self.stray.borrow_mut().pop_front() else {
-                break;
+        // Each turn takes a kept receive's datagram, or receives afresh; a receive cancelled by
+        // a driver's shutdown (nothing taken) starts the next turn.
+        'fresh: loop {
+            loop {
+                let Some(stray) = self.stray.borrow_mut().pop_front() else {
+                    break;
+                };
+                // Taken over: this future waits for it now (and gives it back if dropped too).
+                let mut keep = KeepOnDrop::new(self, stray);
+                let res = poll_fn(|cx| {
+                    let op = keep.op.as_mut().expect("present until it completes");
+                    let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
+                    // SAFETY: `buf` owns `len` writable bytes at its stable pointer, borrowed for
+                    // this call only; as `MaybeUninit` nothing is read from them.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) };
+                    op.poll_into(cx, dst)
+                })
+                .await;
+                keep.done();
+                if matches!(&res, Err(e) if e.raw_os_error().is_some_and(|c| nothing_moved(-c))) {
+                    continue; // received nothing: the next kept one, or a fresh receive
+                }
+                if let Ok((n, _)) = &res {
+                    // SAFETY: `poll_into` wrote the first `n <= bytes_total()` bytes.
+                    unsafe { buf.set_init(*n) };
+                }
+                return (res, buf);
+            }
+            if !matches!(crate::io::current_driver(), Some(Driver::IoUring)) {
+                return msg::recv_from(&self.src, buf).await;
+            }
+            let op = match msg::submit_recv_from(&self.src, buf) {
+                Ok(op) => op,
+                Err((e, b)) => return (Err(e), b),
             };
-            // Taken over: this future waits for it now (and gives it back if dropped too).
-            let mut keep = KeepOnDrop::new(self, stray);
-            let res = poll_fn(|cx| {
-                let op = keep.op.as_mut().expect("present until it completes");
-                let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
-                // SAFETY: `buf` owns `len` writable bytes at its stable pointer, borrowed for
-                // this call only; as `MaybeUninit` nothing is read from them.
-                let dst = unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) };
-                op.poll_into(cx, dst)
+            let mut keep = KeepOnDrop::new(self, op);
+            let (res, (b, h)) = poll_fn(|cx| {
+                Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx)
             })
             .await;
             keep.done();
-            if matches!(&res, Err(e) if e.raw_os_error().is_some_and(|c| nothing_moved(-c))) {
-                continue; // received nothing: the next kept one, or a fresh receive
+            buf = b;
+            if nothing_moved(res) {
+                // Cancelled by the shutdown of the driver it was submitted to (this future
+                // outlived its loop, uring.rs rule 5): no datagram was taken, so it is received
+                // again on the current loop, as a kept receive is (above) and as epoll would.
+                continue 'fresh;
             }
+            let res = msg::received_from(res, &h);
             if let Ok((n, _)) = &res {
-                // SAFETY: `poll_into` wrote the first `n <= bytes_total()` bytes.
+                // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
                 unsafe { buf.set_init(*n) };
             }
             return (res, buf);
         }
-        if !matches!(crate::io::current_driver(), Some(Driver::IoUring)) {
-            return msg::recv_from(&self.src, buf).await;
-        }
-        let op = match msg::submit_recv_from(&self.src, buf) {
-            Ok(op) => op,
-            Err((e, b)) => return (Err(e), b),
-        };
-        let mut keep = KeepOnDrop::new(self, op);
-        let (res, (mut buf, h)) =
-            poll_fn(|cx| Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx))
-                .await;
-        keep.done();
-        let res = msg::received_from(res, &h);
-        if let Ok((n, _)) = &res {
-            // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
-            unsafe { buf.set_init(*n) };
-        }
-        (res, buf)
     }
 
     /// The bound address.

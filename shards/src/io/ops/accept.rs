@@ -13,7 +13,7 @@ use super::{backend, cvt, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready, Source},
-    uring::result,
+    uring::{nothing_moved, result},
     Driver,
 };
 
@@ -21,49 +21,60 @@ const FLAGS: libc::c_int = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
 
 /// Accepts one connection: its descriptor and the peer's address.
 pub(crate) async fn accept(src: &Source) -> io::Result<(OwnedFd, SockAddr)> {
-    match backend()? {
-        Driver::IoUring => {
-            // Zeroed, not uninit: the kernel writes only the address's own length (16 or 28
-            // bytes), and `assume_init` below reads the whole storage.
-            let storage: Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)> = Box::new((
-                MaybeUninit::zeroed(),
-                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
-            ));
-            let fd = src.fd();
-            let op = submit(storage, |s| {
-                opcode::Accept::new(types::Fd(fd), s.0.as_mut_ptr().cast(), &mut s.1)
-                    .flags(FLAGS)
-                    .build()
-            })
-            .map(|op| op.result_is_fd())
-            .map_err(|(e, _)| e)?;
-            let (res, storage) = op.await;
-            let fd = result(res)?;
-            // SAFETY: the kernel returned a fresh descriptor that we now own.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-            // SAFETY: `storage.0` was zeroed (every byte initialized, a valid `sockaddr_storage`)
-            // and the kernel wrote a socket address of `storage.1` bytes over its start.
-            let addr = unsafe { SockAddr::new(storage.0.assume_init(), storage.1) };
-            Ok((fd, addr))
-        }
-        Driver::Epoll => {
-            ready(src, Dir::Read, |fd| {
-                let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
-                let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                // SAFETY: `storage` and `len` are live locals sized for any address.
-                let nfd = cvt(unsafe {
-                    libc::accept4(fd, storage.as_mut_ptr().cast(), &mut len, FLAGS)
-                })?;
-                // SAFETY: accept4 returned a fresh descriptor that we now own, and wrote an
-                // address of `len` bytes.
-                Ok(unsafe {
-                    (
-                        OwnedFd::from_raw_fd(nfd),
-                        SockAddr::new(storage.assume_init(), len),
-                    )
+    // Again after a cancelled accept: the current loop's driver may be another kind.
+    loop {
+        match backend()? {
+            Driver::IoUring => {
+                // Zeroed, not uninit: the kernel writes only the address's own length (16 or 28
+                // bytes), and `assume_init` below reads the whole storage.
+                let storage: Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)> =
+                    Box::new((
+                        MaybeUninit::zeroed(),
+                        std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+                    ));
+                let fd = src.fd();
+                let op = submit(storage, |s| {
+                    opcode::Accept::new(types::Fd(fd), s.0.as_mut_ptr().cast(), &mut s.1)
+                        .flags(FLAGS)
+                        .build()
                 })
-            })
-            .await
+                .map(|op| op.result_is_fd())
+                .map_err(|(e, _)| e)?;
+                let (res, storage) = op.await;
+                if nothing_moved(res) {
+                    // Cancelled by the shutdown of the driver it was submitted to (the future
+                    // outlived its loop, uring.rs rule 5): no connection was taken (one that was
+                    // would have completed with its descriptor), so it waits again on the current
+                    // loop, as epoll would.
+                    continue;
+                }
+                let fd = result(res)?;
+                // SAFETY: the kernel returned a fresh descriptor that we now own.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+                // SAFETY: `storage.0` was zeroed (every byte initialized, a valid `sockaddr_storage`)
+                // and the kernel wrote a socket address of `storage.1` bytes over its start.
+                let addr = unsafe { SockAddr::new(storage.0.assume_init(), storage.1) };
+                return Ok((fd, addr));
+            }
+            Driver::Epoll => {
+                return ready(src, Dir::Read, |fd| {
+                    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+                    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                    // SAFETY: `storage` and `len` are live locals sized for any address.
+                    let nfd = cvt(unsafe {
+                        libc::accept4(fd, storage.as_mut_ptr().cast(), &mut len, FLAGS)
+                    })?;
+                    // SAFETY: accept4 returned a fresh descriptor that we now own, and wrote an
+                    // address of `len` bytes.
+                    Ok(unsafe {
+                        (
+                            OwnedFd::from_raw_fd(nfd),
+                            SockAddr::new(storage.assume_init(), len),
+                        )
+                    })
+                })
+                .await;
+            }
         }
     }
 }

@@ -10,7 +10,7 @@ use super::{backend, cvt, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready, Source},
-    uring::{result, Op},
+    uring::{nothing_moved, result, Op},
     BufResult, Driver, IoBuf, IoBufMut,
 };
 
@@ -119,50 +119,65 @@ pub(crate) fn received_from(res: i32, h: &MsgHdr) -> io::Result<(usize, SockAddr
 }
 
 /// Sends `buf[..bytes_init()]` as one datagram to `addr`.
-pub(crate) async fn send_to<B: IoBuf>(src: &Source, buf: B, addr: SockAddr) -> BufResult<usize, B> {
-    let kind = match backend() {
-        Ok(k) => k,
-        Err(e) => return (Err(e), buf),
-    };
-    match kind {
-        Driver::IoUring => {
-            let fd = src.fd();
-            let mut hdr = boxed_hdr(buf.stable_ptr() as *mut u8, buf.bytes_init());
-            let addr = Box::new(addr);
-            hdr.hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
-            hdr.hdr.msg_namelen = addr.len();
-            let op = submit((buf, hdr, addr), |(_, h, _)| {
-                opcode::SendMsg::new(types::Fd(fd), &h.hdr)
-                    .flags(libc::MSG_NOSIGNAL as u32)
-                    .build()
-            });
-            match op {
-                Ok(op) => {
-                    let (res, (b, _, _)) = op.await;
-                    (result(res).map(|n| n as usize), b)
+pub(crate) async fn send_to<B: IoBuf>(
+    src: &Source,
+    mut buf: B,
+    mut addr: SockAddr,
+) -> BufResult<usize, B> {
+    // Again after a cancelled send: the current loop's driver may be another kind.
+    loop {
+        let kind = match backend() {
+            Ok(k) => k,
+            Err(e) => return (Err(e), buf),
+        };
+        match kind {
+            Driver::IoUring => {
+                let fd = src.fd();
+                let mut hdr = boxed_hdr(buf.stable_ptr() as *mut u8, buf.bytes_init());
+                let boxed = Box::new(addr);
+                hdr.hdr.msg_name = boxed.as_ptr() as *mut libc::c_void;
+                hdr.hdr.msg_namelen = boxed.len();
+                let op = submit((buf, hdr, boxed), |(_, h, _)| {
+                    opcode::SendMsg::new(types::Fd(fd), &h.hdr)
+                        .flags(libc::MSG_NOSIGNAL as u32)
+                        .build()
+                });
+                match op {
+                    Ok(op) => {
+                        let (res, (b, _, a)) = op.await;
+                        if nothing_moved(res) {
+                            // Cancelled by the shutdown of the driver it was submitted to (the
+                            // future outlived its loop, uring.rs rule 5): a datagram goes whole
+                            // or not at all, so nothing went; sent again on the current loop, as
+                            // epoll, which waits on, would.
+                            (buf, addr) = (b, *a);
+                            continue;
+                        }
+                        return (result(res).map(|n| n as usize), b);
+                    }
+                    Err((e, (b, _, _))) => return (Err(e), b),
                 }
-                Err((e, (b, _, _))) => (Err(e), b),
             }
-        }
-        Driver::Epoll => {
-            let (ptr, len) = (buf.stable_ptr(), buf.bytes_init());
-            let res = ready(src, Dir::Write, |fd| {
-                // SAFETY: `ptr` points at `len` initialized bytes of the owned buffer; `addr`
-                // is a live address of `len()` bytes.
-                cvt(unsafe {
-                    libc::sendto(
-                        fd,
-                        ptr.cast(),
-                        len,
-                        libc::MSG_NOSIGNAL,
-                        addr.as_ptr().cast(),
-                        addr.len(),
-                    )
+            Driver::Epoll => {
+                let (ptr, len) = (buf.stable_ptr(), buf.bytes_init());
+                let res = ready(src, Dir::Write, |fd| {
+                    // SAFETY: `ptr` points at `len` initialized bytes of the owned buffer; `addr`
+                    // is a live address of `len()` bytes.
+                    cvt(unsafe {
+                        libc::sendto(
+                            fd,
+                            ptr.cast(),
+                            len,
+                            libc::MSG_NOSIGNAL,
+                            addr.as_ptr().cast(),
+                            addr.len(),
+                        )
+                    })
+                    .map(|n| n as usize)
                 })
-                .map(|n| n as usize)
-            })
-            .await;
-            (res, buf)
+                .await;
+                return (res, buf);
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ use super::{backend, cvt, fixed_index, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready_stream, Source},
-    uring::{result, Op},
+    uring::{nothing_moved, result, Op},
     BufResult, Driver, IoBuf, IoBufMut,
 };
 
@@ -75,44 +75,55 @@ pub(crate) fn submit_recv<B: IoBufMut>(src: &Source, buf: B) -> Result<Op<B>, (i
 }
 
 /// Writes `buf[from..bytes_init()]` once; returns how many bytes went out.
-pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B, from: usize) -> BufResult<usize, B> {
-    let kind = match backend() {
-        Ok(k) => k,
-        Err(e) => return (Err(e), buf),
-    };
+pub(crate) async fn send<B: IoBuf>(src: &Source, mut buf: B, from: usize) -> BufResult<usize, B> {
     let from = from.min(buf.bytes_init());
-    match kind {
-        Driver::IoUring => {
-            let fd = src.fd();
-            // No WRITE_FIXED for a registered buffer: on a socket it is a write(2), which
-            // raises SIGPIPE at a closed peer (module doc).
-            let op = submit(buf, |b| {
-                // SAFETY: `from <= bytes_init()`, so the pointer stays inside the buffer.
-                let ptr = unsafe { b.stable_ptr().add(from) };
-                let len = clamp(b.bytes_init() - from);
-                opcode::Send::new(types::Fd(fd), ptr, len)
-                    .flags(libc::MSG_NOSIGNAL)
-                    .build()
-            });
-            match op {
-                Ok(op) => {
-                    let (res, b) = op.await;
-                    (result(res).map(|n| n as usize), b)
+    loop {
+        let kind = match backend() {
+            Ok(k) => k,
+            Err(e) => return (Err(e), buf),
+        };
+        match kind {
+            Driver::IoUring => {
+                let fd = src.fd();
+                // No WRITE_FIXED for a registered buffer: on a socket it is a write(2), which
+                // raises SIGPIPE at a closed peer (module doc).
+                let op = submit(buf, |b| {
+                    // SAFETY: `from <= bytes_init()`, so the pointer stays inside the buffer.
+                    let ptr = unsafe { b.stable_ptr().add(from) };
+                    let len = clamp(b.bytes_init() - from);
+                    opcode::Send::new(types::Fd(fd), ptr, len)
+                        .flags(libc::MSG_NOSIGNAL)
+                        .build()
+                });
+                match op {
+                    Ok(op) => {
+                        let (res, b) = op.await;
+                        buf = b;
+                        if nothing_moved(res) {
+                            // Cancelled by the shutdown of the driver it was submitted to (the
+                            // future outlived its loop, uring.rs rule 5). Without
+                            // `MSG_WAITALL` a send that moved bytes completes with their
+                            // count, so none went out: sent again on the current loop, as
+                            // epoll, which waits on, would.
+                            continue;
+                        }
+                        return (result(res).map(|n| n as usize), buf);
+                    }
+                    Err((e, b)) => return (Err(e), b),
                 }
-                Err((e, b)) => (Err(e), b),
             }
-        }
-        Driver::Epoll => {
-            // SAFETY: `from <= bytes_init()`.
-            let ptr = unsafe { buf.stable_ptr().add(from) };
-            let len = buf.bytes_init() - from;
-            let res = ready_stream(src, Dir::Write, len, |fd| {
-                // SAFETY: `ptr` points at `len` initialized bytes of `buf`, which we own.
-                cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
-                    .map(|n| n as usize)
-            })
-            .await;
-            (res, buf)
+            Driver::Epoll => {
+                // SAFETY: `from <= bytes_init()`.
+                let ptr = unsafe { buf.stable_ptr().add(from) };
+                let len = buf.bytes_init() - from;
+                let res = ready_stream(src, Dir::Write, len, |fd| {
+                    // SAFETY: `ptr` points at `len` initialized bytes of `buf`, which we own.
+                    cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
+                        .map(|n| n as usize)
+                })
+                .await;
+                return (res, buf);
+            }
         }
     }
 }
