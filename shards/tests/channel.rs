@@ -774,3 +774,26 @@ fn a_send_many_dropped_by_the_unwind_of_its_iterators_panic_does_not_abort() {
     }));
     assert!(r.is_err());
 }
+
+/// `local`: a waker's clone is user code too, here one that uses the channel (a send into
+/// the channel a receiver waits on, a receive from the channel a sender waits on). The
+/// clone ran under the channel's borrow ("already borrowed"); now it runs outside it, and the
+/// wait looks at the channel again after it: the receiver gets the value the clone sent, the
+/// sender the slot the clone freed.
+#[test]
+fn local_a_wakers_clone_that_uses_the_channel_runs_outside_its_borrow() {
+    use std::{cell::RefCell, future::Future, pin::pin, rc::Rc, task::Context};
+    let (tx, mut rx) = local::bounded::<u32>(1).unwrap();
+    let sender = tx.clone();
+    let waker = hooked_waker(move || sender.try_send(7).unwrap());
+    let got = pin!(rx.recv()).poll(&mut Context::from_waker(&waker));
+    assert_eq!(got, std::task::Poll::Ready(Some(7)));
+
+    tx.try_send(1).unwrap(); // full
+    let rx = Rc::new(RefCell::new(rx));
+    let receiver = rx.clone();
+    let waker = hooked_waker(move || assert_eq!(receiver.borrow_mut().try_recv(), Ok(1)));
+    let sent = pin!(tx.send(2)).poll(&mut Context::from_waker(&waker));
+    assert!(matches!(sent, std::task::Poll::Ready(Ok(()))), "{sent:?}");
+    assert_eq!(rx.borrow_mut().try_recv(), Ok(2));
+}

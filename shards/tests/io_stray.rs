@@ -16,7 +16,7 @@ use std::{
 
 use io_common::{each_driver, guard, on_each_driver, tcp_pair};
 use xtc_shards::{
-    net::{TcpStream, UdpSocket, UnixStream},
+    net::{TcpListener, TcpStream, UdpSocket, UnixStream},
     spawn_local,
     time::sleep,
 };
@@ -1307,4 +1307,41 @@ fn a_cancelled_write_behind_is_delivered_when_the_stream_is_dropped_in_the_next_
     r.expect("read to end");
     assert_eq!(all.len(), filled + tail, "bytes reported written were lost");
     assert_eq!(&all[filled..], &b"tail"[..tail]);
+}
+
+/// A waker's clone is user code too: here one that drops another pending accept of this loop,
+/// whose drop cancels its operation. The driver cloned the waker while it held its own state
+/// borrowed (io_uring's operation slots, epoll's waiter lists), and the cancel borrowed it
+/// again ("already borrowed"); now it clones first.
+#[test]
+fn a_wakers_clone_that_drops_another_operation_runs_outside_the_drivers_borrow() {
+    on_each_driver(
+        "a_wakers_clone_that_drops_another_operation_runs_outside_the_drivers_borrow",
+        1,
+        |driver| async move {
+            let a = TcpListener::bind("127.0.0.1:0").unwrap();
+            let b = TcpListener::bind("127.0.0.1:0").unwrap();
+            let a = std::rc::Rc::new(a);
+            let other = {
+                let a = a.clone();
+                Box::pin(async move { a.accept().await.map(|_| ()) })
+            };
+            let mut other: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>>>> = other;
+            poll_pending(other.as_mut()).await;
+            let other = std::rc::Rc::new(std::cell::RefCell::new(Some(other)));
+            let dropped = other.clone();
+            let waker = common::hooked_waker(move || drop(dropped.borrow_mut().take()));
+            let mut mine = Box::pin(b.accept());
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                mine.as_mut()
+                    .poll(&mut std::task::Context::from_waker(&waker))
+                    .is_pending()
+            }));
+            assert!(
+                matches!(polled, Ok(true)),
+                "[{driver}] the accept's poll panicked"
+            );
+            assert!(other.borrow().is_none(), "[{driver}] the clone ran");
+        },
+    );
 }

@@ -417,6 +417,51 @@ fn a_repolled_submit_to_waits_once_for_ring_space() {
     );
 }
 
+/// A `send_to` waiting for ring space stores a clone of its waker; the clone is user code
+/// (a custom waker), here one that sends to the same shard through a `Handle`, which pushes
+/// onto this loop's rings. It ran under the mesh's borrow ("already borrowed").
+#[test]
+fn a_wakers_clone_that_sends_runs_outside_the_meshs_borrow() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(1)
+        .build()
+        .unwrap();
+    let out = ex.block_on(|| async {
+        // Keep shard 1 in one long poll, then fill ring 0 -> 1 (capacity 1) behind it.
+        shard::send_to(1, || async { burn(Duration::from_millis(300)) })
+            .await
+            .unwrap();
+        xtc_shards::time::sleep(Duration::from_millis(30)).await;
+        shard::send_to(1, || async {}).await.unwrap();
+        let ran = Arc::new(AtomicU64::new(0));
+        let by_clone = ran.clone();
+        let waker = hooked_waker(move || {
+            let h = shard::handle().expect("on a loop");
+            drop(h.spawn_on(1, move || async move {
+                by_clone.fetch_add(1, SeqCst);
+            }));
+        });
+        let mut call = std::pin::pin!(shard::send_to(1, || async {}));
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            use std::future::Future as _;
+            call.as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+                .is_pending()
+        }));
+        assert!(
+            matches!(polled, Ok(true)),
+            "the poll panicked, or the ring was not full"
+        );
+        call.await.unwrap();
+        while ran.load(SeqCst) == 0 {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    out.unwrap();
+}
+
 /// Records, when dropped, the shard it was dropped on (`usize::MAX` off any loop).
 struct DropSite(Arc<std::sync::Mutex<Vec<usize>>>);
 

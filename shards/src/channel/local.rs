@@ -46,12 +46,13 @@ struct State<T> {
 
 impl<T> State<T> {
     /// A slot was freed: notifies the oldest waiting sender that is not notified yet. Returns
-    /// its waker, to be woken once the state's borrow ends.
+    /// its waker, to be woken once the state's borrow ends: taken, not cloned (a clone is
+    /// user code, for a custom waker), and the sender stores a fresh one when it polls again.
     fn notify_one(&mut self) -> Option<Waker> {
         while let Some(key) = self.line.pop_front() {
             if let Some(w) = self.waiters.get_mut(key) {
                 w.notified = true;
-                return Some(w.waker.clone());
+                return Some(std::mem::replace(&mut w.waker, Waker::noop().clone()));
             }
         }
         None
@@ -157,42 +158,70 @@ impl<T> Future for SendFut<'_, T> {
         let done = match this.tx.try_send(v) {
             Ok(()) => Ok(()),
             Err(TrySendError::Closed(v)) => Err(SendError(v)),
-            Err(TrySendError::Full(v)) => {
-                this.value = Some(v);
-                let mut st = this.tx.st.borrow_mut();
-                // A replaced waker is dropped after the borrow (its `Drop` may be user code
-                // that touches this channel).
-                let mut old = None;
-                match this.key.and_then(|k| st.waiters.get_mut(k).map(|w| (k, w))) {
-                    Some((key, w)) => {
-                        if !w.waker.will_wake(cx.waker()) {
-                            old = Some(std::mem::replace(&mut w.waker, cx.waker().clone()));
-                        }
-                        if w.notified {
-                            // Woken, but a `try_send` took the slot: first in line again.
-                            w.notified = false;
-                            st.line.push_front(key);
-                        }
-                    }
-                    None => {
-                        let key = st.waiters.insert(Waiter {
-                            waker: cx.waker().clone(),
-                            notified: false,
-                        });
-                        st.line.push_back(key);
-                        this.key = Some(key);
-                    }
-                }
-                drop(st);
-                drop(old);
-                return Poll::Pending;
-            }
+            Err(TrySendError::Full(v)) => match this.wait(v, cx) {
+                Some(done) => done,
+                None => return Poll::Pending,
+            },
         };
         // Sent (a notification, if we had one, was used) or closed: leave the line.
         if let Some(key) = this.key.take() {
             this.tx.st.borrow_mut().leave(key, false);
         }
         Poll::Ready(done)
+    }
+}
+
+impl<T> SendFut<'_, T> {
+    /// The channel was full: takes (or keeps) a place among the waiting senders with
+    /// `cx`'s waker and holds `v`; `None` then. A waker's clone and drop are user code (a
+    /// custom waker) that may use this channel, so neither runs under the state's borrow, and
+    /// a send is tried again after the clone, which may have freed a slot or closed the
+    /// channel: `Some` is then the outcome.
+    fn wait(&mut self, v: T, cx: &Context<'_>) -> Option<Result<(), SendError<T>>> {
+        let stored = {
+            let st = self.tx.st.borrow();
+            self.key
+                .and_then(|k| st.waiters.get(k))
+                .is_some_and(|w| w.waker.will_wake(cx.waker()))
+        };
+        let (v, fresh) = if stored {
+            (v, None)
+        } else {
+            let fresh = cx.waker().clone();
+            match self.tx.try_send(v) {
+                Ok(()) => return Some(Ok(())),
+                Err(TrySendError::Closed(v)) => return Some(Err(SendError(v))),
+                Err(TrySendError::Full(v)) => (v, Some(fresh)),
+            }
+        };
+        self.value = Some(v);
+        let mut st = self.tx.st.borrow_mut();
+        let mut old = None;
+        match self.key.and_then(|k| st.waiters.get_mut(k).map(|w| (k, w))) {
+            Some((key, w)) => {
+                if let Some(fresh) = fresh {
+                    old = Some(std::mem::replace(&mut w.waker, fresh));
+                }
+                if w.notified {
+                    // Woken, but a `try_send` took the slot: first in line again.
+                    w.notified = false;
+                    st.line.push_front(key);
+                }
+            }
+            None => {
+                // No place yet, so `stored` was false and `fresh` holds the clone.
+                let waker = fresh.unwrap_or_else(|| Waker::noop().clone());
+                let key = st.waiters.insert(Waiter {
+                    waker,
+                    notified: false,
+                });
+                st.line.push_back(key);
+                self.key = Some(key);
+            }
+        }
+        drop(st);
+        drop(old);
+        None
     }
 }
 
@@ -265,8 +294,24 @@ impl<T> Receiver<T> {
             Ok(v) => Poll::Ready(Some(v)),
             Err(TryRecvError::Closed) => Poll::Ready(None),
             Err(TryRecvError::Empty) => {
-                // The old waker is dropped after the borrow, as above.
-                let old = self.st.borrow_mut().rx_waker.replace(cx.waker().clone());
+                let stored = self
+                    .st
+                    .borrow()
+                    .rx_waker
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()));
+                if stored {
+                    return Poll::Pending;
+                }
+                // Cloned and the old one dropped outside the borrow, as in `SendFut::wait`;
+                // the clone may have sent or closed, so look again before waiting.
+                let fresh = cx.waker().clone();
+                match self.try_recv() {
+                    Ok(v) => return Poll::Ready(Some(v)),
+                    Err(TryRecvError::Closed) => return Poll::Ready(None),
+                    Err(TryRecvError::Empty) => {}
+                }
+                let old = self.st.borrow_mut().rx_waker.replace(fresh);
                 drop(old);
                 Poll::Pending
             }
@@ -286,7 +331,8 @@ impl<T> Drop for Receiver<T> {
             .iter_mut()
             .map(|(_, w)| {
                 w.notified = true;
-                w.waker.clone()
+                // Taken, as in `notify_one` (a notified sender's is a no-op already).
+                std::mem::replace(&mut w.waker, Waker::noop().clone())
             })
             .collect();
         let items = std::mem::take(&mut st.queue);

@@ -240,6 +240,12 @@ impl Epoll {
         waker: &Waker,
         id: u64,
     ) -> io::Result<()> {
+        if self.is_waiting(token, dir, waker, id)? {
+            return Ok(());
+        }
+        // A waker's clone (and drop) is user code (a custom waker) that may drop another
+        // source's future of this loop, which borrows `slots` again: cloned before the borrow.
+        let waker = waker.clone();
         let mut slots = self.slots.borrow_mut();
         let slot = slots
             .get_mut(token)
@@ -260,25 +266,46 @@ impl Epoll {
             Dir::Read => &mut slot.readers,
             Dir::Write => &mut slot.writers,
         };
-        let mine = list.iter_mut().find(|(i, w)| {
-            if id == ANON {
-                *i == ANON && w.will_wake(waker)
-            } else {
-                *i == id
-            }
-        });
+        let mine = list
+            .iter_mut()
+            .find(|(i, w)| Self::is_mine(*i, w, &waker, id));
         if let Some((_, w)) = mine {
-            let old = (!w.will_wake(waker)).then(|| std::mem::replace(w, waker.clone()));
-            // A waker's drop is user code (a custom waker) that may drop another source's
-            // future of this loop, which borrows `slots` again: drop it after the borrow.
+            let old = std::mem::replace(w, waker);
+            // Dropped after the borrow, for the same reason as the clone.
             drop(slots);
             drop(old);
             return Ok(());
         }
-        list.push((id, waker.clone()));
+        list.push((id, waker));
         self.waiting.set(self.waiting.get() + 1);
         self.waits.set(self.waits.get() + 1);
         Ok(())
+    }
+
+    /// Whether registration `id`'s entry in `list` is `w` (registered as `i`): the same id, or
+    /// for [`ANON`] the same waker.
+    fn is_mine(i: u64, w: &Waker, waker: &Waker, id: u64) -> bool {
+        if id == ANON {
+            i == ANON && w.will_wake(waker)
+        } else {
+            i == id
+        }
+    }
+
+    /// Whether registration `id` already waits on `token` for `dir` with `waker` (nothing to
+    /// store). Runs no user code (`will_wake` compares pointers).
+    fn is_waiting(&self, token: usize, dir: Dir, waker: &Waker, id: u64) -> io::Result<bool> {
+        let slots = self.slots.borrow();
+        let slot = slots
+            .get(token)
+            .ok_or_else(|| io::Error::other("xtc: I/O source used after it was closed"))?;
+        let list = match dir {
+            Dir::Read => &slot.readers,
+            Dir::Write => &slot.writers,
+        };
+        Ok(list
+            .iter()
+            .any(|(i, w)| Self::is_mine(*i, w, waker, id) && w.will_wake(waker)))
     }
 
     /// A fresh registration id for a waiting future (never [`ANON`]).

@@ -617,6 +617,33 @@ impl Uring {
     }
 
     fn poll_op(&self, key: usize, cx: &mut Context<'_>) -> Poll<i32> {
+        if let Some(done) = self.poll_op_settled(key, cx.waker()) {
+            return done;
+        }
+        // A waker's clone and drop are user code (a custom waker) that may drop an Op of this
+        // loop, which borrows `ops` again, or even reap: both run outside the borrow, and the
+        // slot is looked at afresh after the clone.
+        let waker = cx.waker().clone();
+        let mut ops = self.ops.borrow_mut();
+        let slot = ops
+            .get_mut(key)
+            .expect("an Op's slot lives until the Op takes its result");
+        if let Lifecycle::Completed(res) = slot {
+            let res = *res;
+            ops.remove(key);
+            drop(ops);
+            drop(waker);
+            return Poll::Ready(res);
+        }
+        let old = self.set(slot, Lifecycle::Waiting(waker));
+        drop(ops);
+        drop(old);
+        Poll::Pending
+    }
+
+    /// [`poll_op`](Self::poll_op) without a waker to store: the result if it completed,
+    /// `Pending` if `waker` is already the one waiting, `None` if a clone must be stored.
+    fn poll_op_settled(&self, key: usize, waker: &Waker) -> Option<Poll<i32>> {
         let mut ops = self.ops.borrow_mut();
         let slot = ops
             .get_mut(key)
@@ -625,17 +652,10 @@ impl Uring {
             Lifecycle::Completed(res) => {
                 let res = *res;
                 ops.remove(key);
-                Poll::Ready(res)
+                Some(Poll::Ready(res))
             }
-            Lifecycle::Waiting(w) if w.will_wake(cx.waker()) => Poll::Pending,
-            _ => {
-                // The replaced waker is dropped after the borrow: its drop is user code (a
-                // custom waker) that may drop an Op of this loop, which borrows `ops` again.
-                let old = self.set(slot, Lifecycle::Waiting(cx.waker().clone()));
-                drop(ops);
-                drop(old);
-                Poll::Pending
-            }
+            Lifecycle::Waiting(w) if w.will_wake(waker) => Some(Poll::Pending),
+            _ => None,
         }
     }
 

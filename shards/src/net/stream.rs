@@ -407,24 +407,33 @@ fn poll_shared<T: 'static>(
     if r.is_pending() {
         // After the poll: nothing completes in between (completions are dispatched by the
         // loop, between polls), and a task whose poll found the result is not left listed.
-        let mut listed = lock(&w.list.0);
-        let mut replaced = None;
-        if trait_side {
-            // The `futures::io` side has `&mut self`: one waiter at a time, whose latest waker
-            // replaces the last (a combinator may hand a new one to every poll).
-            if !listed
-                .trait_side
-                .as_ref()
-                .is_some_and(|l| l.will_wake(cx.waker()))
-            {
-                replaced = listed.trait_side.replace(cx.waker().clone());
+        let listed_already = {
+            let listed = lock(&w.list.0);
+            if trait_side {
+                listed
+                    .trait_side
+                    .as_ref()
+                    .is_some_and(|l| l.will_wake(cx.waker()))
+            } else {
+                listed.owned.iter().any(|l| l.will_wake(cx.waker()))
             }
-        } else if !listed.owned.iter().any(|l| l.will_wake(cx.waker())) {
-            listed.owned.push(cx.waker().clone());
+        };
+        if !listed_already {
+            // Cloned outside the lock, and a replaced waker dropped after it: both are user
+            // code (a custom waker, see `leave`) that may wait on this stream again.
+            let fresh = cx.waker().clone();
+            let mut listed = lock(&w.list.0);
+            let replaced = if trait_side {
+                // The `futures::io` side has `&mut self`: one waiter at a time, whose latest
+                // waker replaces the last (a combinator may hand a new one to every poll).
+                listed.trait_side.replace(fresh)
+            } else {
+                listed.owned.push(fresh);
+                None
+            };
+            drop(listed);
+            drop(replaced);
         }
-        // A replaced waker is dropped after the lock (its drop is user code, see `leave`).
-        drop(listed);
-        drop(replaced);
     }
     r
 }

@@ -459,19 +459,23 @@ impl Future for Reserve {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let to = self.to;
         let ready = with_core(|core| {
-            let mut m = core.mesh.borrow_mut();
+            let m = core.mesh.borrow();
             if to == m.me || to >= m.out.len() || m.has_space(to) {
                 return true;
             }
             // One entry per task: a `Reserve` polled again while it waits (a `select!` with a
             // timer, a re-created `submit_to`) would otherwise add a waker clone per poll.
             let known = m.waiters[to].iter().any(|w| w.will_wake(cx.waker()));
-            if !known {
-                m.waiters[to].push(cx.waker().clone());
-                m.waiting += 1;
-            }
             let me = m.me;
             drop(m);
+            if !known {
+                // Cloned outside the borrow: a waker's clone is user code (a custom waker)
+                // that may send to another shard, which borrows the mesh again.
+                let w = cx.waker().clone();
+                let mut m = core.mesh.borrow_mut();
+                m.waiters[to].push(w);
+                m.waiting += 1;
+            }
             if !known {
                 bump(&core.shared.stats.ring_full_waits, 1);
             }

@@ -72,6 +72,30 @@ pub fn panicking_waker() -> std::task::Waker {
     unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
 }
 
+thread_local! {
+    /// What the next clone of a [`hooked_waker`] runs.
+    static CLONE_HOOK: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A no-op waker whose next clone runs `hook` (once) on the cloning thread: user code inside
+/// `Waker::clone`, as a custom waker may run, for tests that the runtime clones a waker under
+/// none of its own borrows.
+pub fn hooked_waker(hook: impl FnOnce() + 'static) -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    fn clone(p: *const ()) -> RawWaker {
+        if let Some(hook) = CLONE_HOOK.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+        RawWaker::new(p, &VTABLE)
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
+    CLONE_HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    // SAFETY: the vtable's functions never dereference the (null) data pointer.
+    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
 /// A hang guard for a run that must stay on the calling thread (or on an `Arc<Executor>`
 /// shared with another thread), where [`run_or_fail`] cannot take the executor: if not
 /// [`done`](Watchdog::done) within `limit`, it stops the executor through `handle`, so the
