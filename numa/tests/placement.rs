@@ -101,6 +101,18 @@ fn explicit_cpu_list() {
         ),
         "{e}"
     );
+    // An empty list names no CPU, even with 0 shards (which takes the list's length).
+    let e = Placement::new(&t, 0, &Policy::Cpus(vec![]), true).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CpuListLength {
+                listed: 0,
+                shards: 0
+            }
+        ),
+        "{e}"
+    );
     let e = Placement::new(&t, 0, &Policy::Cpus(vec![1, 8]), false).unwrap_err();
     assert!(matches!(e, Error::CpuNotAllowed { cpu: 8, .. }), "{e}");
     assert!(e.to_string().contains("CPU 8"), "{e}");
