@@ -168,6 +168,14 @@ impl Core {
 }
 
 impl Core {
+    /// Whether end-of-turn flushes wait for the next turn: registered while this turn's ran
+    /// (a flush wakes a waker, which is user code when custom, and may send on a channel), or
+    /// by the wakes of `ring::flush`. The loop takes another turn rather than park on them:
+    /// parked, it left that channel's other side asleep for good.
+    pub(crate) fn has_flushes(&self) -> bool {
+        !self.flushes.borrow().is_empty()
+    }
+
     /// Moves [`TURN`] to a fresh stamp: flushes registered from now on belong to a new turn.
     fn next_turn(&self) {
         let next = TURN.with(Cell::get) + 1;

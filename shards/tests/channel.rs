@@ -797,3 +797,66 @@ fn local_a_wakers_clone_that_uses_the_channel_runs_outside_its_borrow() {
     assert!(matches!(sent, std::task::Poll::Ready(Ok(()))), "{sent:?}");
     assert_eq!(rx.borrow_mut().try_recv(), Ok(2));
 }
+
+/// `shared`: a channel's end-of-turn signal calls a waker, which is user code (a custom
+/// waker); here one that sends on a second channel, whose own end-of-turn signal it registers
+/// while the loop runs the first turn's signals. That registration went to the next turn's
+/// list, and the loop, with nothing else to do, parked without running it: the second
+/// channel's receiver, on the other shard, slept for good.
+#[test]
+fn shared_a_signal_registered_while_the_loop_flushes_is_not_left_behind() {
+    use std::{
+        future::Future,
+        pin::pin,
+        sync::{Arc, Mutex},
+        task::{Context, Wake, Waker},
+    };
+    struct SendsOn(Mutex<shared::Sender<u32>>);
+    impl Wake for SendsOn {
+        fn wake(self: Arc<Self>) {
+            self.0.lock().unwrap().try_send(42).unwrap();
+        }
+    }
+    let ex = xtc_shards::Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .stealing(false)
+        .service_mode(true)
+        .build()
+        .unwrap();
+    // Room for more than a quarter of a ring's pushes: signals wait for the end of the turn.
+    let (tx_a, mut rx_a) = shared::bounded::<u32>(64).unwrap();
+    let (mut tx_b, mut rx_b) = shared::bounded::<u32>(64).unwrap();
+    let got = ex
+        .spawn_on(1, move || async move {
+            let v = rx_a.recv().await;
+            xtc_shards::stop();
+            v
+        })
+        .unwrap();
+    ex.spawn_on(0, move || async move {
+        // Let shard 1's receiver wait first.
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        // `rx_b` waits with the custom waker: the signal for `tx_b`'s push wakes it.
+        let sends = Arc::new(SendsOn(Mutex::new(tx_a)));
+        // Kept open past the wake, which consumes the waker's reference.
+        std::mem::forget(sends.clone());
+        let custom = Waker::from(sends);
+        assert!(pin!(rx_b.recv())
+            .poll(&mut Context::from_waker(&custom))
+            .is_pending());
+        tx_b.send(1).await.unwrap();
+        // The loop runs `tx_b`'s signal at the end of this turn; both ends stay open (a
+        // close would wake `rx_b` at once, in this poll).
+        std::mem::forget((tx_b, rx_b));
+    })
+    .unwrap();
+    // In service mode nothing else (no quiescence check) wakes an idle loop.
+    let run = run_or_fail(
+        ex,
+        Duration::from_secs(10),
+        "a signal registered while flushing",
+    );
+    assert!(run.is_ok(), "{run:?}");
+    assert_eq!(futures::executor::block_on(got).unwrap(), Some(42));
+}

@@ -377,6 +377,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             || core.pinned_queued()
             || shared.inbox.is_pending()
             || steal::has_local(core)
+            || core.has_flushes()
             || done()
         {
             continue;
