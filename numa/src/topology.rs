@@ -639,15 +639,32 @@ impl Topology {
 /// machine, far below what makes hwloc run out of memory.
 const MAX_SYNTHETIC_PUS: u128 = 1 << 16;
 
-/// The product of the level counts of a synthetic description (`type:count` tokens; a count
-/// may carry attributes, as in `2(indexes=...)`): how many leaves hwloc would build. Tokens
-/// it cannot read count as 1 (hwloc reports them). Saturates instead of overflowing.
+/// The product of the level counts of a synthetic description: how many leaves hwloc would
+/// build. A level is `type:count` or a bare `count` (a count may carry attributes, as in
+/// `2(indexes=...)`), and hwloc reads counts as `strtoul(.., 0)` does: `0x` hexadecimal, a
+/// leading `0` octal, else decimal. Tokens with no count (attribute blocks) count as 1; a
+/// count too large for `u128` saturates, as does the product.
 fn synthetic_leaves(desc: &str) -> u128 {
     desc.split_whitespace()
-        .filter_map(|token| token.split_once(':'))
-        .map(|(_, count)| {
-            let digits: String = count.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse::<u128>().unwrap_or(1).max(1)
+        .map(|token| token.split_once(':').map_or(token, |(_, count)| count))
+        .map(|count| {
+            let (digits, radix) = match count
+                .strip_prefix("0x")
+                .or_else(|| count.strip_prefix("0X"))
+            {
+                Some(hex) => (hex, 16),
+                None if count.len() > 1 && count.starts_with('0') => (&count[1..], 8),
+                None => (count, 10),
+            };
+            let end = digits
+                .find(|c: char| !c.is_digit(radix))
+                .unwrap_or(digits.len());
+            if end == 0 {
+                return 1;
+            }
+            u128::from_str_radix(&digits[..end], radix)
+                .unwrap_or(u128::MAX)
+                .max(1)
         })
         .fold(1u128, |acc, n| acc.saturating_mul(n))
 }

@@ -229,6 +229,19 @@ fn a_huge_synthetic_topology_is_an_error() {
     let t0 = std::time::Instant::now();
     let e = Topology::synthetic("pack:65536 core:65536 pu:65536").unwrap_err();
     assert!(e.to_string().contains("PUs"), "{e}");
+    // hwloc also reads bare counts, hexadecimal and octal ones (`strtoul(.., 0)`), and counts
+    // of any length: each was read as 1 and passed, and hwloc then built the tree (90,000
+    // PUs took 40 s here).
+    for huge in [
+        "300 300",
+        "pack:0x101 pu:0x100",
+        "pack:0401 pu:0400",
+        "pack:2 pu:1000000000000000000000000000000000000000000",
+    ] {
+        let e = Topology::synthetic(huge).unwrap_err();
+        assert!(e.to_string().contains("PUs"), "{huge}: {e}");
+    }
     assert!(Topology::synthetic("pack:4 numa:2 core:16 pu:2").is_ok());
+    assert!(Topology::synthetic("2 2 pu:0x2").is_ok());
     println!("refused in {:?}", t0.elapsed());
 }
