@@ -563,3 +563,47 @@ fn run_returns_after_a_dropped_open_that_blocks() {
         },
     );
 }
+
+/// Nine FIFO opens in flight at once: eight readers, each blocked until a writer opens, and
+/// the writer they wait for. The epoll driver's pool held at most 8 threads, all blocked in
+/// the readers' opens, and io_uring's kernel workers were capped at 4 per CPU (8 here): the
+/// writer's open queued behind them for good, as did every later file operation.
+#[test]
+fn nine_concurrent_fifo_opens_complete() {
+    on_each_driver(
+        "nine_concurrent_fifo_opens_complete",
+        1,
+        |driver| async move {
+            let (path, _c) = fifo(&format!("nine-{driver}"));
+            let readers: Vec<_> = (0..8)
+                .map(|_| {
+                    let p = path.clone();
+                    spawn_local(async move { OpenOptions::new().read(true).open(&p).await })
+                })
+                .collect();
+            // Let the readers' opens reach the pool (and block there) first; if one has not, the
+            // test only proves less.
+            xtc_shards::time::sleep(Duration::from_millis(200)).await;
+            let mut options = OpenOptions::new();
+            let writer = options.write(true).open(&path);
+            let all = async {
+                let w = writer.await;
+                let mut rs = Vec::new();
+                for r in readers {
+                    rs.push(r.await);
+                }
+                (w, rs)
+            };
+            // A hang guard, not a timing check: this takes milliseconds.
+            match xtc_shards::time::timeout(Duration::from_secs(20), all).await {
+                Ok((w, rs)) => {
+                    w.unwrap();
+                    for r in rs {
+                        r.unwrap().unwrap();
+                    }
+                }
+                Err(_) => panic!("[{driver}] the writer's open of the FIFO never ran"),
+            }
+        },
+    );
+}

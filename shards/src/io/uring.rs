@@ -264,9 +264,22 @@ fn setup_ring() -> io::Result<IoUring> {
     }
 }
 
+/// Most kernel workers (io-wq) the ring may run at once for operations that block in the
+/// kernel (an `open` of a FIFO waits there for its peer; file operations go there with
+/// `IOSQE_ASYNC`). The kernel's default is `min(entries, 4 × CPUs)`: 8 on a 2-CPU machine,
+/// where eight opens of FIFOs waiting for writers left the writers' opens queued behind them
+/// for good. As many as tokio's blocking pool; workers start only on demand.
+const MAX_BLOCKING_WORKERS: u32 = 512;
+
 impl Uring {
     pub(crate) fn new(ping_fd: RawFd) -> io::Result<Uring> {
         let ring = setup_ring()?;
+        // [bounded, unbounded]; 0 leaves a limit as it is. Kernels before 5.15 refuse it:
+        // they keep their default.
+        let mut max = [MAX_BLOCKING_WORKERS, 0];
+        if let Err(e) = ring.submitter().register_iowq_max_workers(&mut max) {
+            tracing::debug!("xtc: io_uring keeps its default io-wq worker limit: {e}");
+        }
         let ext_arg = ring.params().is_feature_ext_arg();
         Ok(Uring {
             id: super::next_driver_id(),
