@@ -288,6 +288,19 @@ fn ring_capacity_zero_is_an_error() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("lower ring_capacity"), "{e}");
+    // Tiny rings between thousands of shards: their slots are few, but each of the N·(N−1)
+    // rings has its own bookkeeping (16.8 million rings, over 10 GiB here), and the victim
+    // tables are N×N. They were not counted, and such a build ran out of memory.
+    let topo = xtc_numa::Topology::synthetic("pack:1 core:4096 pu:1").unwrap();
+    let t0 = std::time::Instant::now();
+    let e = Executor::builder()
+        .topology(topo)
+        .shards(0)
+        .ring_capacity(1)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("lower ring_capacity"), "{e}");
+    println!("4096 shards refused in {:?}", t0.elapsed());
     // Too large is an error too, not an allocation of N·(N−1) huge rings (or a panic).
     let e = Executor::builder()
         .shards(1)

@@ -398,16 +398,18 @@ impl Executor {
         if !topology.is_synthetic() {
             crate::io::blocking::set_topology(topology.clone());
         }
-        // The ring mesh is allocated up front: N·(N−1) rings of `ring_capacity` pointer slots.
+        // The ring mesh is allocated up front: N·(N−1) rings of `ring_capacity` pointer slots,
+        // each with its bookkeeping, and three N×N victim tables (crate::ring::mesh_bytes).
         let n = placement.len();
-        let mesh_bytes =
-            (n as u128) * (n.saturating_sub(1) as u128) * (b.ring_capacity as u128) * 8;
+        let mesh_bytes = crate::ring::mesh_bytes(n, b.ring_capacity);
         if mesh_bytes > crate::ring::MAX_MESH_BYTES as u128 {
             return Err(Error::InvalidArgument(format!(
                 "{n} shards with ring_capacity {} need {} MiB of rings (N·(N−1) rings, 8 bytes a \
-                 slot), over the {} MiB limit: lower ring_capacity or the shard count",
+                 slot and {} per ring) and victim tables, over the {} MiB limit: lower \
+                 ring_capacity or the shard count",
                 b.ring_capacity,
                 mesh_bytes >> 20,
+                crate::ring::PER_RING_BYTES,
                 crate::ring::MAX_MESH_BYTES >> 20
             )));
         }

@@ -58,9 +58,24 @@ pub(crate) const DRAIN_PER_RING: usize = 256;
 /// batching; 1024 gives bursts of submits room before backpressure.
 pub const DEFAULT_RING_CAPACITY: usize = 1024;
 
-/// Most memory the ring mesh may take (`N·(N−1)·ring_capacity` 8-byte slots, allocated by
-/// `build()`): 4 GiB. 256 shards at the default capacity take 510 MiB.
+/// Most memory the ring mesh may take ([`mesh_bytes`], allocated by `build()`): 4 GiB. 256
+/// shards at the default capacity take 550 MiB.
 pub(crate) const MAX_MESH_BYTES: u64 = 4 << 30;
+
+/// Bytes a ring of the mesh costs besides its slots, rounded up: rtrb's shared state (two
+/// cache-padded indices, 128 bytes each, in an `Arc`), the producer and consumer ends and
+/// their slots in the executor's tables, and the pair's cache-padded `want_space` flag.
+/// Counted so that a tiny `ring_capacity` with thousands of shards (N² rings) is refused,
+/// not an out-of-memory abort.
+pub(crate) const PER_RING_BYTES: u128 = 640;
+
+/// What `build()` allocates for `n` shards' mesh and victim tables, in bytes: N·(N−1) rings
+/// of `capacity` 8-byte slots plus [`PER_RING_BYTES`] each, and the executor's three N×N
+/// victim tables (one per NUMA sensitivity; a shard and a distance, 16 bytes, per entry).
+pub(crate) fn mesh_bytes(n: usize, capacity: usize) -> u128 {
+    let (n, capacity) = (n as u128, capacity as u128);
+    n * n.saturating_sub(1) * (capacity * 8 + PER_RING_BYTES) + 3 * n * n * 16
+}
 
 /// Largest ring capacity `build()` accepts: 2^20 messages, 8 MiB per ring, allocated up front
 /// for each of the `N·(N−1)` rings (a larger value is far more memory than any backlog needs).
