@@ -1345,3 +1345,138 @@ fn a_wakers_clone_that_drops_another_operation_runs_outside_the_drivers_borrow()
         },
     );
 }
+
+/// A waker's clone is user code that may use the stream being waited on: here an owned
+/// `write` waits for the `AsyncWrite` bytes still being sent (io_uring write-behind), and the
+/// clone shuts the stream down. The clone ran while the stream's state was borrowed ("already
+/// mutably borrowed").
+#[test]
+fn a_wakers_clone_under_a_write_behind_wait_may_use_the_stream() {
+    on_each_driver(
+        "a_wakers_clone_under_a_write_behind_wait_may_use_the_stream",
+        1,
+        |driver| async move {
+            let (mut a, _b) = UnixStream::pair().unwrap();
+            fill(&a);
+            // io_uring: reported written at once, its send waiting for room (write-behind);
+            // epoll: it waits, and the timeout drops it unwritten.
+            let _ = xtc_shards::time::timeout(
+                Duration::from_millis(100),
+                futures::io::AsyncWriteExt::write(&mut a, b"tail"),
+            )
+            .await;
+            let a = std::rc::Rc::new(a);
+            let user = a.clone();
+            let ran = std::rc::Rc::new(std::cell::Cell::new(false));
+            let ran_in_clone = ran.clone();
+            let waker = common::hooked_waker(move || {
+                ran_in_clone.set(true);
+                let _ = user.shutdown(std::net::Shutdown::Write);
+            });
+            let mut w = Box::pin(a.write(b"x".to_vec()));
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                w.as_mut()
+                    .poll(&mut std::task::Context::from_waker(&waker))
+                    .is_pending()
+            }));
+            assert!(polled.is_ok(), "[{driver}] the write's poll panicked");
+            assert!(ran.get(), "[{driver}] the clone ran");
+            std::mem::forget(w);
+        },
+    );
+}
+
+thread_local! {
+    /// Whether the waker of `recording_waker` was woken.
+    static WOKEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`common::hooked_waker`] that also records its wake in [`WOKEN`].
+fn recording_waker(hook: impl FnOnce() + 'static) -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    let hooked = common::hooked_waker(hook);
+    fn clone(p: *const ()) -> RawWaker {
+        // SAFETY: `p` is the hooked waker's `Waker`, boxed and leaked below for the test.
+        let inner = unsafe { &*(p as *const Waker) };
+        drop(inner.clone()); // runs the hook
+        RawWaker::new(p, &VTABLE)
+    }
+    fn wake(_: *const ()) {
+        WOKEN.with(|w| w.set(true));
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
+    WOKEN.with(|w| w.set(false));
+    let inner: &'static Waker = Box::leak(Box::new(hooked));
+    // SAFETY: the data pointer is a leaked, never-freed `Waker`; the vtable's functions only
+    // read it.
+    unsafe { Waker::from_raw(RawWaker::new((inner as *const Waker).cast(), &VTABLE)) }
+}
+
+/// An owned `write` waiting behind an `AsyncWrite` send (io_uring write-behind) lists its
+/// waker with the send's waiters; the clone for the list is user code, here one that makes
+/// room for the send and then reaps the driver (a `shutdown` of another stream), so the send
+/// completes while the task is not listed yet. Its wake found nobody, and the task was listed
+/// after it, on a list nothing would wake again: the write hung. Now the task is woken.
+#[test]
+fn a_send_completed_while_the_waker_is_cloned_still_wakes_the_task() {
+    use futures::io::AsyncWriteExt;
+    on_each_driver(
+        "a_send_completed_while_the_waker_is_cloned_still_wakes_the_task",
+        1,
+        |driver| async move {
+            if driver != xtc_shards::io::Driver::IoUring {
+                return; // no write-behind on epoll
+            }
+            let (a_std, mut a_peer) = std::os::unix::net::UnixStream::pair().unwrap();
+            let mut a = UnixStream::from_std(a_std).unwrap();
+            let (mut b, _b_peer) = UnixStream::pair().unwrap();
+            let mut a_peer_reader = a_peer.try_clone().unwrap();
+            fill(&a);
+            fill(&b);
+            // Both: reported written at once, the send waiting for room (write-behind).
+            assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
+            assert_eq!(AsyncWriteExt::write(&mut b, b"tail").await.unwrap(), 4);
+            xtc_shards::yield_now().await; // submitted
+            let waker = recording_waker(move || {
+                use std::io::Read as _;
+                // Room for `a`'s send: drain its peer...
+                a_peer.set_nonblocking(true).unwrap();
+                let mut sink = [0u8; 65536];
+                while a_peer.read(&mut sink).is_ok_and(|n| n > 0) {}
+                std::thread::sleep(Duration::from_millis(50));
+                // ...then reap the driver: `b`'s shutdown is refused (bytes behind), but it
+                // reaps, and `a`'s completion is dispatched.
+                for _ in 0..5 {
+                    let _ = b.shutdown(std::net::Shutdown::Write);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            });
+            let a = std::rc::Rc::new(a);
+            let mut w = Box::pin(a.write(b"x".to_vec()));
+            let first = w.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+            assert!(first.is_pending(), "pending at first");
+            // Let the loop turn and reap whatever comes.
+            sleep(Duration::from_millis(300)).await;
+            let woken = WOKEN.with(std::cell::Cell::get);
+            // Did the send the write waited for complete? Its "tail" reached the peer.
+            let mut got = Vec::new();
+            {
+                use std::io::Read as _;
+                let mut sink = [0u8; 65536];
+                while let Ok(n) = a_peer_reader.read(&mut sink) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&sink[..n]);
+                }
+            }
+            assert!(
+                woken || !got.ends_with(b"tail"),
+                "lost wake-up: the send the write waited for completed, but its task was never \
+                 woken"
+            );
+            std::mem::forget(w);
+        },
+    );
+}

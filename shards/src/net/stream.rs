@@ -91,23 +91,71 @@ struct PollState {
     write_waiters: Option<Waiters>,
 }
 
-/// A user buffer a stream call is done with, to be dropped once the stream's state is no
-/// longer borrowed ([`drop_spent`]): its `Drop` is user code, which may use the stream again
-/// (read it, shut it down), and would find its `RefCell` borrowed (a panic) if run under it.
-type Spent = Option<Box<dyn std::any::Any>>;
+/// What a poll of the stream's shared operations leaves for its caller to do once the
+/// stream's state is no longer borrowed ([`After::finish`]), because both run user code,
+/// which may use the stream again (read it, shut it down) and would find its `RefCell`
+/// borrowed (a panic) if run under it: drop a user buffer the call is done with (its `Drop`),
+/// and list the task's waker with the operation's waiters (a waker's clone, for a custom
+/// waker).
+#[derive(Default)]
+struct After {
+    spent: Option<Box<dyn std::any::Any>>,
+    listing: Option<Listing>,
+}
 
-/// Drops a [`Spent`] buffer; call it only outside every borrow of the stream's state.
-fn drop_spent(spent: Spent) {
-    if let Some(buf) = spent {
-        // A user buffer's `Drop` is user code, here possibly in another task's poll.
-        crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+impl After {
+    /// Runs what the poll left; call it only outside every borrow of the stream's state.
+    fn finish(self, cx: &Context<'_>) {
+        if let Some(buf) = self.spent {
+            // A user buffer's `Drop` is user code, here possibly in another task's poll.
+            crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+        }
+        if let Some(listing) = self.listing {
+            listing.finish(cx);
+        }
+    }
+}
+
+/// A task to add to a [`WaiterList`] after the borrow ([`After`]): the list, whether it is the
+/// `futures::io` side's waiter, and the list's wake count before the operation was polled.
+struct Listing {
+    list: Arc<WaiterList>,
+    trait_side: bool,
+    epoch: u64,
+}
+
+impl Listing {
+    /// Lists `cx`'s waker, cloned with no lock or borrow held. The clone may have completed
+    /// the operation (user code that reaps the driver), whose wake then found the task not
+    /// listed yet: a changed wake count says so, and the task is woken to poll again rather
+    /// than listed.
+    fn finish(self, cx: &Context<'_>) {
+        let fresh = cx.waker().clone();
+        let mut listed = lock(&self.list.0);
+        if listed.wakes != self.epoch {
+            drop(listed);
+            drop(fresh);
+            cx.waker().wake_by_ref();
+            return;
+        }
+        let replaced = if self.trait_side {
+            // The `futures::io` side has `&mut self`: one waiter at a time, whose latest waker
+            // replaces the last (a combinator may hand a new one to every poll).
+            listed.trait_side.replace(fresh)
+        } else {
+            listed.owned.push(fresh);
+            None
+        };
+        drop(listed);
+        // After the lock: a waker's drop is user code too (see `BehindWait::leave`).
+        drop(replaced);
     }
 }
 
 /// An owned receive left running by a dropped `read` (see `PollState::stray`), whatever its
 /// buffer type.
 trait StrayRead {
-    /// Polls it; when it is done, appends what it read to `out`, puts its buffer in `spent`
+    /// Polls it; when it is done, appends what it read to `out`, puts its buffer in `after`
     /// (for the caller to drop after its borrow of the stream's state ends) and gives the
     /// kernel's result.
     fn poll_into(
@@ -116,7 +164,7 @@ trait StrayRead {
         cx: &mut Context<'_>,
         trait_side: bool,
         out: &mut Vec<u8>,
-        spent: &mut Spent,
+        after: &mut After,
     ) -> Poll<i32>;
     /// Nobody waits for it any more ([`Op::unwait`]).
     fn unwait(&self);
@@ -129,9 +177,9 @@ impl<B: IoBufMut> StrayRead for Op<B> {
         cx: &mut Context<'_>,
         trait_side: bool,
         out: &mut Vec<u8>,
-        spent: &mut Spent,
+        after: &mut After,
     ) -> Poll<i32> {
-        let (res, mut buf) = ready!(poll_shared(self, waiters, cx, trait_side));
+        let (res, mut buf) = ready!(poll_shared(self, waiters, cx, trait_side, after));
         if res > 0 {
             let n = (res as usize).min(buf.bytes_total());
             // SAFETY: the kernel wrote the first `n <= bytes_total()` bytes at the buffer's
@@ -142,7 +190,7 @@ impl<B: IoBufMut> StrayRead for Op<B> {
         }
         // Not dropped here: the caller holds the stream's state borrowed (`poll_read_behind`
         // mutably), and the buffer's `Drop` (user code) may read that stream.
-        *spent = Some(Box::new(buf));
+        after.spent = Some(Box::new(buf));
         Poll::Ready(res)
     }
 
@@ -368,6 +416,8 @@ struct Listed {
     owned: Vec<Waker>,
     /// The `futures::io` side's one waiter (it has `&mut self`), its latest waker.
     trait_side: Option<Waker>,
+    /// How many times the list was woken ([`Listing`]).
+    wakes: u64,
 }
 
 impl Wake for WaiterList {
@@ -376,7 +426,11 @@ impl Wake for WaiterList {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let Listed { owned, trait_side } = std::mem::take(&mut *lock(&self.0));
+        let (owned, trait_side) = {
+            let mut listed = lock(&self.0);
+            listed.wakes += 1;
+            (std::mem::take(&mut listed.owned), listed.trait_side.take())
+        };
         wake_each(owned.into_iter().chain(trait_side));
     }
 }
@@ -390,11 +444,14 @@ fn wake_each(wakers: impl IntoIterator<Item = Waker>) {
 }
 
 /// Polls a shared operation of `waiters`' stream for the task of `cx` (see [`Waiters`]).
+/// Pending, a task not listed yet is left in `after` to be listed once the caller's borrow of
+/// the stream's state ends ([`Listing`]): listing clones its waker, which is user code.
 fn poll_shared<T: 'static>(
     op: &mut Op<T>,
     waiters: &mut Option<Waiters>,
     cx: &mut Context<'_>,
     trait_side: bool,
+    after: &mut After,
 ) -> Poll<(i32, T)> {
     let w = waiters.get_or_insert_with(|| {
         let list = Arc::new(WaiterList::default());
@@ -403,11 +460,12 @@ fn poll_shared<T: 'static>(
             list,
         }
     });
+    // Read before the poll: a completion after it, until the task is listed, changes it.
+    let epoch = lock(&w.list.0).wakes;
     let r = Pin::new(op).poll(&mut Context::from_waker(&w.waker));
     if r.is_pending() {
-        // After the poll: nothing completes in between (completions are dispatched by the
-        // loop, between polls), and a task whose poll found the result is not left listed.
-        let listed_already = {
+        // Nothing but pointer compares under the lock (`will_wake`).
+        let listed = {
             let listed = lock(&w.list.0);
             if trait_side {
                 listed
@@ -418,21 +476,12 @@ fn poll_shared<T: 'static>(
                 listed.owned.iter().any(|l| l.will_wake(cx.waker()))
             }
         };
-        if !listed_already {
-            // Cloned outside the lock, and a replaced waker dropped after it: both are user
-            // code (a custom waker, see `leave`) that may wait on this stream again.
-            let fresh = cx.waker().clone();
-            let mut listed = lock(&w.list.0);
-            let replaced = if trait_side {
-                // The `futures::io` side has `&mut self`: one waiter at a time, whose latest
-                // waker replaces the last (a combinator may hand a new one to every poll).
-                listed.trait_side.replace(fresh)
-            } else {
-                listed.owned.push(fresh);
-                None
-            };
-            drop(listed);
-            drop(replaced);
+        if !listed {
+            after.listing = Some(Listing {
+                list: w.list.clone(),
+                trait_side,
+                epoch,
+            });
         }
     }
     r
@@ -653,11 +702,16 @@ impl StreamIo {
     /// Cost when there are none: a `RefCell` borrow and a check.
     fn poll_write_behind(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let fd = self.src.fd();
-        let mut st = self.poll.borrow_mut();
-        if st.writing.is_none() {
-            return Poll::Ready(Ok(()));
-        }
-        drain(fd, &mut st, cx, false)
+        let mut after = After::default();
+        let r = {
+            let mut st = self.poll.borrow_mut();
+            if st.writing.is_none() {
+                return Poll::Ready(Ok(()));
+            }
+            drain(fd, &mut st, cx, false, &mut after)
+        };
+        after.finish(cx);
+        r
     }
 
     /// Owned reads: copies into `buf` what an `AsyncRead` took from the kernel and did not hand
@@ -668,20 +722,21 @@ impl StreamIo {
         cx: &mut Context<'_>,
         buf: &mut B,
     ) -> Poll<io::Result<usize>> {
-        let mut spent = None;
-        let r = Self::read_behind(&mut self.poll.borrow_mut(), cx, buf, &mut spent);
-        // After the borrow: a kept read's buffer may read this stream in its `Drop`.
-        drop_spent(spent);
+        let mut after = After::default();
+        let r = Self::read_behind(&mut self.poll.borrow_mut(), cx, buf, &mut after);
+        // After the borrow: a kept read's buffer may read this stream in its `Drop`, and a
+        // custom waker's clone may use it.
+        after.finish(cx);
         r
     }
 
-    /// [`poll_read_behind`](Self::poll_read_behind) on the borrowed state; a buffer it is done
-    /// with goes to `spent`.
+    /// [`poll_read_behind`](Self::poll_read_behind) on the borrowed state; what must wait for
+    /// the borrow's end goes to `after`.
     fn read_behind<B: IoBufMut>(
         st: &mut PollState,
         cx: &mut Context<'_>,
         buf: &mut B,
-        spent: &mut Spent,
+        after: &mut After,
     ) -> Poll<io::Result<usize>> {
         // Unread bytes first: a read in flight (a kept one, an `AsyncRead`'s) can only bring
         // later ones, and may never complete.
@@ -693,7 +748,7 @@ impl StreamIo {
                     return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
                 }
             }
-            if let Some(r) = ready!(poll_reading(st, cx, false, spent)) {
+            if let Some(r) = ready!(poll_reading(st, cx, false, after)) {
                 r?;
             }
         }
@@ -789,21 +844,22 @@ impl StreamIo {
                 })?
             }
             Kind::Uring => {
-                let mut spent = None;
-                let r = self.poll_read_uring(cx, out, &mut spent);
-                // After its use of the state, as in `poll_read_behind` (see `Spent`).
-                drop_spent(spent);
+                let mut after = After::default();
+                let r = self.poll_read_uring(cx, out, &mut after);
+                // After its use of the state, as in `poll_read_behind` (see `After`).
+                after.finish(cx);
                 r
             }
         }
     }
 
-    /// `poll_read` on io_uring; a kept read's buffer it is done with goes to `spent`.
+    /// `poll_read` on io_uring; what must wait for the end of its use of the state goes to
+    /// `after`.
     fn poll_read_uring(
         &mut self,
         cx: &mut Context<'_>,
         out: &mut [u8],
-        spent: &mut Spent,
+        after: &mut After,
     ) -> Poll<io::Result<usize>> {
         loop {
             let st = self.poll.get_mut();
@@ -818,7 +874,7 @@ impl StreamIo {
                     return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
                 }
             }
-            if let Some(r) = ready!(poll_reading(st, cx, true, spent)) {
+            if let Some(r) = ready!(poll_reading(st, cx, true, after)) {
                 match r {
                     Ok(0) => return Poll::Ready(Ok(0)),
                     Ok(_) => continue,
@@ -853,7 +909,10 @@ impl StreamIo {
     /// Waits for the write in flight (io_uring), completing partial sends.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let fd = self.src.fd();
-        drain(fd, self.poll.get_mut(), cx, true)
+        let mut after = After::default();
+        let r = drain(fd, self.poll.get_mut(), cx, true, &mut after);
+        after.finish(cx);
+        r
     }
 
     pub(crate) fn poll_write(
@@ -900,12 +959,13 @@ impl StreamIo {
 
 /// Completes the `AsyncRead` receive in flight (io_uring), if any: its bytes land in `rbuf`.
 /// `Ready(None)`: none was in flight; `Ready(Some(r))`: it finished with `r`. A kept read's
-/// buffer goes to `spent`, for the caller to drop once it no longer borrows `st`'s stream.
+/// buffer, and a task to list, go to `after`, for the caller to finish once it no longer
+/// borrows `st`'s stream.
 fn poll_reading(
     st: &mut PollState,
     cx: &mut Context<'_>,
     trait_side: bool,
-    spent: &mut Spent,
+    after: &mut After,
 ) -> Poll<Option<io::Result<u32>>> {
     if let Some(stray) = st.stray.as_mut() {
         // Its bytes go after those still unread in `rbuf` (none, in practice: a read starts
@@ -913,7 +973,7 @@ fn poll_reading(
         st.rbuf.drain(..st.rpos);
         st.rpos = 0;
         let res =
-            ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf, spent));
+            ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf, after));
         st.stray = None;
         if nothing_moved(res) {
             return Poll::Ready(None); // the caller reads afresh
@@ -923,7 +983,7 @@ fn poll_reading(
     let Some(op) = st.reading.as_mut() else {
         return Poll::Ready(None);
     };
-    let (res, mut got) = ready!(poll_shared(op, &mut st.read_waiters, cx, trait_side));
+    let (res, mut got) = ready!(poll_shared(op, &mut st.read_waiters, cx, trait_side, after));
     st.reading = None;
     if nothing_moved(res) {
         got.clear();
@@ -942,15 +1002,22 @@ fn poll_reading(
 }
 
 /// Waits for the `AsyncWrite` send in flight (io_uring), completing partial sends; its error,
-/// or a send that made no progress, is the result.
+/// or a send that made no progress, is the result. A task to list goes to `after`.
 fn drain(
     fd: i32,
     st: &mut PollState,
     cx: &mut Context<'_>,
     trait_side: bool,
+    after: &mut After,
 ) -> Poll<io::Result<()>> {
     while let Some(op) = st.writing.as_mut() {
-        let (res, buf) = ready!(poll_shared(op, &mut st.write_waiters, cx, trait_side));
+        let (res, buf) = ready!(poll_shared(
+            op,
+            &mut st.write_waiters,
+            cx,
+            trait_side,
+            after
+        ));
         st.writing = None;
         if let Some(from) = resume_at(res, st.wsent, buf.len()) {
             st.wsent = from;
