@@ -860,3 +860,26 @@ fn shared_a_signal_registered_while_the_loop_flushes_is_not_left_behind() {
     assert!(run.is_ok(), "{run:?}");
     assert_eq!(futures::executor::block_on(got).unwrap(), Some(42));
 }
+
+/// `shared`: a waker's clone that drops the last sender (user code: a custom waker owning
+/// it). The clone ran under the receiving side's waker lock, and the sender's drop wakes that
+/// side under the same lock: a self-deadlock. The poll runs on a helper thread, so a hang
+/// fails the test through a timeout.
+#[test]
+fn shared_a_wakers_clone_that_drops_the_sender_runs_outside_the_sides_lock() {
+    use std::{cell::RefCell, future::Future, rc::Rc, task::Context};
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (tx, mut rx) = shared::bounded::<u32>(4).unwrap();
+        let tx = Rc::new(RefCell::new(Some(tx)));
+        let dropper = tx.clone();
+        let waker = hooked_waker(move || drop(dropper.borrow_mut().take()));
+        let got = std::pin::pin!(rx.recv()).poll(&mut Context::from_waker(&waker));
+        // The clone closed the channel; the announcement's recheck sees it.
+        let _ = done_tx.send(got == std::task::Poll::Ready(None));
+    });
+    let closed = done_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the recv's poll deadlocked inside the waker's clone");
+    assert!(closed, "the channel closed by the clone reads as closed");
+}

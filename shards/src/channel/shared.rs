@@ -76,16 +76,20 @@ impl Side {
 
     /// Rules 1 and 3, first half: park this side's waker and announce.
     pub(crate) fn wait(&self, waker: &Waker) {
-        let old = {
-            let mut slot = lock(&self.waker);
-            match slot.as_ref() {
-                Some(w) if w.will_wake(waker) => None,
-                _ => slot.replace(waker.clone()),
-            }
+        let stored = lock(&self.waker)
+            .as_ref()
+            .is_some_and(|w| w.will_wake(waker));
+        let old = if stored {
+            None
+        } else {
+            // Cloned, and the replaced one dropped, outside the lock: a waker's clone and
+            // drop are user code when a future was polled with a custom waker, and may touch
+            // this channel (drop its other end, which wakes this side under this lock).
+            // Whatever the clone did, the caller's recheck after this announcement sees.
+            let fresh = waker.clone();
+            lock(&self.waker).replace(fresh)
         };
         self.waiting.swap(true, SeqCst);
-        // Dropped outside the lock: a waker's `Drop` is user code when a future was polled
-        // with a custom waker, and may touch this channel.
         drop(old);
     }
 
