@@ -84,12 +84,61 @@ pub(crate) fn is_exhaustion(e: &io::Error) -> bool {
     )
 }
 
-/// Errors of `accept` that concern only the connection being accepted: skip it.
+/// Errors of `accept` that concern only the connection being accepted: skip it. Besides an
+/// aborted connection and an interruption, Linux passes the new connection's pending network
+/// errors through `accept`, which accept(2) says to treat as `EAGAIN` (retry): `EPROTO`,
+/// `ENOPROTOOPT`, `EHOSTDOWN`, `ENONET`, `EHOSTUNREACH`, `EOPNOTSUPP`, `ENETUNREACH`,
+/// `ENETDOWN`. Ending the accept loop on one of them stopped a server (and a `ConnBalancer`
+/// shard) over one client's route.
 pub(crate) fn is_transient(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO)
+        Some(
+            libc::ECONNABORTED
+                | libc::EINTR
+                | libc::EPROTO
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::EOPNOTSUPP
+                | libc::ENETUNREACH
+                | libc::ENETDOWN
+        )
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// accept(2)'s retry list is skipped; errors of the listener itself are not.
+    #[test]
+    fn accept_skips_the_connections_own_errors_only() {
+        for errno in [
+            libc::ECONNABORTED,
+            libc::EINTR,
+            libc::EPROTO,
+            libc::ENOPROTOOPT,
+            libc::EHOSTDOWN,
+            libc::ENONET,
+            libc::EHOSTUNREACH,
+            libc::EOPNOTSUPP,
+            libc::ENETUNREACH,
+            libc::ENETDOWN,
+        ] {
+            assert!(
+                is_transient(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+        for errno in [libc::EBADF, libc::EINVAL, libc::ENOTSOCK, libc::EMFILE] {
+            assert!(
+                !is_transient(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+    }
 }
 
 /// The accept loop's back-off while out of descriptors (and a Unix connect's while the
