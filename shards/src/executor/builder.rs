@@ -238,7 +238,7 @@ impl Builder {
 
     /// Capacity of each ring of the cross-shard mesh, in messages (default 1024; must be
     /// between 1 and [`MAX_RING_CAPACITY`](crate::MAX_RING_CAPACITY), else `build()` fails).
-    /// Cost: `N·(N−1)` rings of this many pointer-sized slots (plus about 640 bytes of
+    /// Cost: `N·(N−1)` rings of this many pointer-sized slots (plus about 768 bytes of
     /// bookkeeping each), allocated by `build()`, which fails if they and the N×N victim
     /// tables would take more than 4 GiB (lower this or the shard count). A full ring
     /// makes `submit_to` wait (backpressure).

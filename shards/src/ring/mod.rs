@@ -59,15 +59,16 @@ pub(crate) const DRAIN_PER_RING: usize = 256;
 pub const DEFAULT_RING_CAPACITY: usize = 1024;
 
 /// Most memory the ring mesh may take ([`mesh_bytes`], allocated by `build()`): 4 GiB. 256
-/// shards at the default capacity take 550 MiB.
+/// shards at the default capacity take 560 MiB.
 pub(crate) const MAX_MESH_BYTES: u64 = 4 << 30;
 
-/// Bytes a ring of the mesh costs besides its slots, rounded up: rtrb's shared state (two
-/// cache-padded indices, 128 bytes each, in an `Arc`), the producer and consumer ends and
-/// their slots in the executor's tables, and the pair's cache-padded `want_space` flag.
+/// Bytes a ring of the mesh costs besides its slots, rounded up: rtrb's shared state (three
+/// 128-byte lines in an `Arc`), the producer and consumer ends and their slots in the
+/// executor's and loops' tables, the pair's cache-padded `want_space` flag, and the
+/// allocator's overhead for the aligned box and the slot array.
 /// Counted so that a tiny `ring_capacity` with thousands of shards (N² rings) is refused,
 /// not an out-of-memory abort.
-pub(crate) const PER_RING_BYTES: u128 = 640;
+pub(crate) const PER_RING_BYTES: u128 = 768;
 
 /// What `build()` allocates for `n` shards' mesh and victim tables, in bytes: N·(N−1) rings
 /// of `capacity` 8-byte slots plus [`PER_RING_BYTES`] each, and the executor's three N×N
