@@ -395,6 +395,16 @@ fn a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop() {
     );
 }
 
+/// From shard 0 of an executor whose rings hold one message: keeps shard 1 in one long poll
+/// (300 ms), then fills ring 0 -> 1 behind it, so the next send to shard 1 waits for space.
+async fn fill_ring_to_busy_shard_1() {
+    shard::send_to(1, || async { burn(Duration::from_millis(300)) })
+        .await
+        .unwrap();
+    xtc_shards::time::sleep(Duration::from_millis(30)).await;
+    shard::send_to(1, || async {}).await.unwrap();
+}
+
 /// A `submit_to` polled again and again while the ring to its target is full keeps one waker
 /// on the waiting list (it used to add one per poll, each keeping the task alive).
 #[test]
@@ -406,12 +416,7 @@ fn a_repolled_submit_to_waits_once_for_ring_space() {
         .build()
         .unwrap();
     let out = ex.block_on(|| async {
-        // Keep shard 1 in one long poll, then fill ring 0 -> 1 (capacity 1) behind it.
-        shard::send_to(1, || async { burn(Duration::from_millis(300)) })
-            .await
-            .unwrap();
-        xtc_shards::time::sleep(Duration::from_millis(30)).await;
-        shard::send_to(1, || async {}).await.unwrap();
+        fill_ring_to_busy_shard_1().await;
         let mut call = std::pin::pin!(shard::submit_to(1, || async { 5 }));
         for _ in 0..20 {
             assert!(
@@ -442,12 +447,7 @@ fn a_wakers_clone_that_sends_runs_outside_the_meshs_borrow() {
         .build()
         .unwrap();
     let out = ex.block_on(|| async {
-        // Keep shard 1 in one long poll, then fill ring 0 -> 1 (capacity 1) behind it.
-        shard::send_to(1, || async { burn(Duration::from_millis(300)) })
-            .await
-            .unwrap();
-        xtc_shards::time::sleep(Duration::from_millis(30)).await;
-        shard::send_to(1, || async {}).await.unwrap();
+        fill_ring_to_busy_shard_1().await;
         let ran = Arc::new(AtomicU64::new(0));
         let by_clone = ran.clone();
         let waker = hooked_waker(move || {
