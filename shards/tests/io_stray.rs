@@ -9,8 +9,11 @@ mod common;
 mod io_common;
 
 use std::{
+    cell::{Cell, RefCell},
     future::{poll_fn, Future},
-    task::Poll,
+    pin::Pin,
+    rc::Rc,
+    task::{Context, Poll, RawWaker, RawWakerVTable, Waker},
     time::Duration,
 };
 
@@ -1477,6 +1480,106 @@ fn a_send_completed_while_the_waker_is_cloned_still_wakes_the_task() {
                  woken"
             );
             std::mem::forget(w);
+        },
+    );
+}
+
+struct Wrapped {
+    inner: Waker,
+    hook: RefCell<Option<Box<dyn FnOnce()>>>,
+    woken: Rc<Cell<bool>>,
+}
+
+/// A waker that wakes `inner` (recording it in `woken`) and whose first clone runs `hook`.
+fn wrapping_waker(inner: Waker, woken: Rc<Cell<bool>>, hook: impl FnOnce() + 'static) -> Waker {
+    fn clone(p: *const ()) -> RawWaker {
+        // SAFETY: `p` is the leaked `Wrapped` below.
+        let w = unsafe { &*(p as *const Wrapped) };
+        let hook = w.hook.borrow_mut().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        RawWaker::new(p, &VTABLE)
+    }
+    fn wake(p: *const ()) {
+        // SAFETY: as in `clone`.
+        let w = unsafe { &*(p as *const Wrapped) };
+        w.woken.set(true);
+        w.inner.wake_by_ref();
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
+    let w: &'static Wrapped = Box::leak(Box::new(Wrapped {
+        inner,
+        hook: RefCell::new(Some(Box::new(hook))),
+        woken,
+    }));
+    // SAFETY: the data pointer is a leaked, never-freed `Wrapped`, used on this thread only.
+    unsafe { Waker::from_raw(RawWaker::new((w as *const Wrapped).cast(), &VTABLE)) }
+}
+
+/// Two owned reads wait behind a kept (dropped) read of the stream. The second one's waker
+/// clone, run by `Listing::finish` after the borrow, drops the first: its `BehindWait` leaves
+/// the list, finds it empty (the second is not listed yet) and unwaits the kept receive. The
+/// second was then listed on a list whose operation woke nobody: its read hung. Now the
+/// emptying counts as a wake, and the second polls again.
+#[test]
+fn a_read_listed_after_its_clone_emptied_the_list_is_woken() {
+    on_each_driver(
+        "a_read_listed_after_its_clone_emptied_the_list_is_woken",
+        1,
+        |driver| async move {
+            if driver != xtc_shards::io::Driver::IoUring {
+                return; // no shared operations on epoll
+            }
+            let (a, b) = UnixStream::pair().unwrap();
+            let a = Rc::new(a);
+            // A kept read: polled once, submitted, dropped.
+            {
+                let mut r = Box::pin(a.read(Vec::with_capacity(64)));
+                poll_pending(r.as_mut()).await;
+                sleep(Duration::from_millis(2)).await;
+            }
+            // F2: waits behind the kept read, listed with the task's waker.
+            let a2 = a.clone();
+            let mut f2: Pin<Box<dyn Future<Output = ()>>> = Box::pin(async move {
+                let _ = a2.read(Vec::with_capacity(64)).await;
+            });
+            poll_pending(f2.as_mut()).await;
+            let f2 = Rc::new(RefCell::new(Some(f2)));
+            // F1: polled with a waker whose clone drops F2.
+            let mut f1 = Box::pin(a.read(Vec::with_capacity(64)));
+            let woken = Rc::new(Cell::new(false));
+            let first = poll_fn(|cx| {
+                let dropped = f2.clone();
+                let w = wrapping_waker(cx.waker().clone(), woken.clone(), move || {
+                    drop(dropped.borrow_mut().take())
+                });
+                Poll::Ready(f1.as_mut().poll(&mut Context::from_waker(&w)).is_pending())
+            })
+            .await;
+            assert!(first, "F1 pending at first");
+            assert!(f2.borrow().is_none(), "the clone dropped F2");
+            // Data for the kept read: its completion must wake F1's waker.
+            let (w, _) = b.write_all(b"hello".to_vec()).await;
+            w.unwrap();
+            let r = xtc_shards::time::timeout(
+                Duration::from_secs(5),
+                poll_fn(|_| {
+                    if woken.get() {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    }
+                }),
+            )
+            .await;
+            assert!(
+                r.is_ok(),
+                "lost wake-up: the read F1 waited for completed, F1's waker never woken"
+            );
+            let (r, got) = f1.await;
+            assert_eq!((r.unwrap(), &got[..]), (5, &b"hello"[..]));
         },
     );
 }

@@ -348,7 +348,15 @@ impl<'a> BehindWait<'a> {
                 .into_iter()
                 .partition::<Vec<_>, _>(|l| l.will_wake(w));
             listed.owned = kept;
-            (gone, listed.owned.is_empty() && listed.trait_side.is_none())
+            let empty = listed.owned.is_empty() && listed.trait_side.is_none();
+            if empty && unwait_if_empty {
+                // The operation is about to be unwaited (it stops holding this list's waker):
+                // a task whose listing is still to come (`Listing::finish`, after its poll;
+                // this may be its waker's clone) must not join a list nothing will wake. The
+                // changed count sends it to poll again, which waits on the operation anew.
+                listed.wakes += 1;
+            }
+            (gone, empty)
         };
         let removed = !gone.is_empty();
         if empty && unwait_if_empty {
