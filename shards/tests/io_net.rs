@@ -2065,3 +2065,51 @@ fn waiters_behind_a_shared_op_are_bounded() {
         },
     );
 }
+
+/// `accept` on a socket that is not a stream socket fails with `EOPNOTSUPP` (accept(2)), an
+/// error of the listener itself: `accept` reports it rather than retry it forever (a commit
+/// had put it among the connection errors to skip). On epoll the retry never yields, so the accept runs on a thread of
+/// its own and a hang is caught by the receive's timeout.
+#[test]
+fn accept_on_a_datagram_socket_reports_its_error() {
+    use xtc_shards::io::DriverChoice;
+    let mut failed = Vec::new();
+    for choice in [DriverChoice::IoUring, DriverChoice::Epoll] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let exec = match xtc_shards::Executor::builder()
+                .shards(1)
+                .oversubscribe(true)
+                .io_driver(choice)
+                .build()
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = tx.send(Ok(format!("skipped: {e}")));
+                    return;
+                }
+            };
+            let r = exec
+                .block_on(|| async {
+                    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                    let l = std::net::TcpListener::from(std::os::fd::OwnedFd::from(udp));
+                    let l = xtc_shards::net::TcpListener::from_std(l).unwrap();
+                    match xtc_shards::time::timeout(Duration::from_secs(3), l.accept()).await {
+                        Ok(Ok(_)) => Err("accepted a connection".to_string()),
+                        Ok(Err(e)) => Ok(format!("accept failed: {e}")),
+                        Err(_) => Err("accept retried its error for 3 s".to_string()),
+                    }
+                })
+                .unwrap();
+            let _ = tx.send(r);
+        });
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok(msg)) => println!("{choice:?}: {msg}"),
+            Ok(Err(msg)) => failed.push(format!("{choice:?}: {msg}")),
+            Err(_) => failed.push(format!(
+                "{choice:?}: accept spun without yielding (the loop hung)"
+            )),
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}

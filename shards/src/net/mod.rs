@@ -87,9 +87,10 @@ pub(crate) fn is_exhaustion(e: &io::Error) -> bool {
 /// Errors of `accept` that concern only the connection being accepted: skip it. Besides an
 /// aborted connection and an interruption, Linux passes the new connection's pending network
 /// errors through `accept`, which accept(2) says to treat as `EAGAIN` (retry): `EPROTO`,
-/// `ENOPROTOOPT`, `EHOSTDOWN`, `ENONET`, `EHOSTUNREACH`, `EOPNOTSUPP`, `ENETUNREACH`,
-/// `ENETDOWN`. Ending the accept loop on one of them stopped a server (and a `ConnBalancer`
-/// shard) over one client's route.
+/// `ENOPROTOOPT`, `EHOSTDOWN`, `ENONET`, `EHOSTUNREACH`, `ENETUNREACH`, `ENETDOWN`. Ending
+/// the accept loop on one of them stopped a server (and a `ConnBalancer` shard) over one
+/// client's route. Not `EOPNOTSUPP`, which accept(2) lists too: it is also what a socket that
+/// is no stream socket gets, for good, and retrying it never ended.
 pub(crate) fn is_transient(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -101,7 +102,6 @@ pub(crate) fn is_transient(e: &io::Error) -> bool {
                 | libc::EHOSTDOWN
                 | libc::ENONET
                 | libc::EHOSTUNREACH
-                | libc::EOPNOTSUPP
                 | libc::ENETUNREACH
                 | libc::ENETDOWN
         )
@@ -123,7 +123,6 @@ mod tests {
             libc::EHOSTDOWN,
             libc::ENONET,
             libc::EHOSTUNREACH,
-            libc::EOPNOTSUPP,
             libc::ENETUNREACH,
             libc::ENETDOWN,
         ] {
@@ -132,7 +131,13 @@ mod tests {
                 "{errno}"
             );
         }
-        for errno in [libc::EBADF, libc::EINVAL, libc::ENOTSOCK, libc::EMFILE] {
+        for errno in [
+            libc::EBADF,
+            libc::EINVAL,
+            libc::ENOTSOCK,
+            libc::EMFILE,
+            libc::EOPNOTSUPP,
+        ] {
             assert!(
                 !is_transient(&io::Error::from_raw_os_error(errno)),
                 "{errno}"
