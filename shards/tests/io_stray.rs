@@ -1583,3 +1583,113 @@ fn a_read_listed_after_its_clone_emptied_the_list_is_woken() {
         },
     );
 }
+
+/// Two owned reads of one task (one waker, one list entry) wait behind a kept receive; one of
+/// them is then handed to another task and polled there (`BehindWait::note`: a new waker).
+/// `note` left the old waker's entry, the one the other read relied on, without waking it:
+/// the kept receive's completion woke only the moved read's task, and the read left in the
+/// first task slept for ever, even as more bytes arrived. Entries now count their waits.
+#[test]
+fn a_read_whose_sibling_moved_to_another_waker_is_still_woken() {
+    on_each_driver(
+        "a_read_whose_sibling_moved_to_another_waker_is_still_woken",
+        1,
+        |driver| async move {
+            if driver != xtc_shards::io::Driver::IoUring {
+                return; // no shared operations on epoll
+            }
+            let (a, b) = UnixStream::pair().unwrap();
+            let a = Rc::new(a);
+            // A kept read: polled once, submitted, dropped.
+            {
+                let mut r = Box::pin(a.read(Vec::with_capacity(64)));
+                poll_pending(r.as_mut()).await;
+                sleep(Duration::from_millis(2)).await;
+            }
+            let (a1, a2) = (a.clone(), a.clone());
+            let first = spawn_local(async move {
+                let mut moved: Pin<Box<dyn Future<Output = Vec<u8>>>> = Box::pin(async move {
+                    let (r, got) = a1.read(Vec::with_capacity(64)).await;
+                    r.unwrap();
+                    got
+                });
+                let mut stays = Box::pin(async move {
+                    let (r, got) = a2.read(Vec::with_capacity(64)).await;
+                    r.unwrap();
+                    got
+                });
+                // Both wait behind the kept read, listed under this task's waker.
+                poll_pending(moved.as_mut()).await;
+                poll_pending(stays.as_mut()).await;
+                // One goes on in another task, polled there with that task's waker.
+                let other = spawn_local(moved);
+                let mine = stays.await;
+                (mine, other.await.unwrap())
+            });
+            sleep(Duration::from_millis(20)).await;
+            let (w, _) = b.write_all(b"hello".to_vec()).await;
+            w.unwrap();
+            sleep(Duration::from_millis(20)).await;
+            let (w, _) = b.write_all(b"world".to_vec()).await;
+            w.unwrap();
+            let got = xtc_shards::time::timeout(Duration::from_secs(5), first).await;
+            let (x, y) = got
+                .expect("lost wake-up: a read waiting behind the kept one was never woken")
+                .unwrap();
+            let mut both = vec![x, y];
+            both.sort();
+            assert_eq!(both, vec![b"hello".to_vec(), b"world".to_vec()]);
+        },
+    );
+}
+
+/// An owned read waiting behind a kept receive, polled with a new waker each time (a
+/// combinator that makes one per poll, each waking the task): it must not keep its task
+/// busy. (A `note` that woke the waker it leaves would re-poll it for ever.)
+#[test]
+fn an_owned_read_polled_with_new_wakers_does_not_spin() {
+    on_each_driver(
+        "an_owned_read_polled_with_new_wakers_does_not_spin",
+        1,
+        |driver| async move {
+            use std::sync::Arc;
+            struct Fwd(Waker);
+            impl std::task::Wake for Fwd {
+                fn wake(self: Arc<Self>) {
+                    self.0.wake_by_ref();
+                }
+            }
+            let (a, b) = UnixStream::pair().unwrap();
+            let a = Rc::new(a);
+            {
+                let mut r = Box::pin(a.read(Vec::with_capacity(64)));
+                poll_pending(r.as_mut()).await;
+                sleep(Duration::from_millis(2)).await;
+            }
+            let polls = Rc::new(Cell::new(0usize));
+            let (a2, p) = (a.clone(), polls.clone());
+            let reader = spawn_local(async move {
+                let mut read = std::pin::pin!(a2.read(Vec::with_capacity(64)));
+                // Kept, so that each poll's waker is a new one (no address reused).
+                let mut made = Vec::new();
+                poll_fn(|cx| {
+                    p.set(p.get() + 1);
+                    let w = Waker::from(Arc::new(Fwd(cx.waker().clone())));
+                    made.push(w.clone());
+                    if p.get() == 1 {
+                        cx.waker().wake_by_ref(); // one spurious wake-up: a second poll
+                    }
+                    read.as_mut().poll(&mut Context::from_waker(&w))
+                })
+                .await
+            });
+            sleep(Duration::from_millis(50)).await;
+            let n = polls.get();
+            let (w, _) = b.write_all(b"hello".to_vec()).await;
+            w.unwrap();
+            let (r, got) = guard("the read", reader).await.unwrap();
+            assert_eq!((r.unwrap(), &got[..]), (5, &b"hello"[..]));
+            assert!(n <= 5, "[{driver}] {n} polls of one waiting read");
+        },
+    );
+}

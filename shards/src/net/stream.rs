@@ -143,7 +143,10 @@ impl Listing {
             // replaces the last (a combinator may hand a new one to every poll).
             listed.trait_side.replace(fresh)
         } else {
-            listed.owned.push(fresh);
+            listed.owned.push(Owned {
+                waker: fresh,
+                waits: 0,
+            });
             None
         };
         drop(listed);
@@ -289,21 +292,22 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
 
 /// The wait of an owned call for the stream's shared operation ahead of it: a `read` for the
 /// bytes read behind it (a kept receive's, or an `AsyncRead`'s read in flight), a `write` for
-/// the write-behind send. Dropped while waiting, it leaves that side's waiter list, and when
-/// that leaves the list empty the operation goes back to nobody-waits ([`Op::unwait`]), so
-/// that it does not count as I/O in flight for a waiter that is gone.
+/// the write-behind send. While it waits it counts on its task's entry in that side's waiter
+/// list ([`Owned`]); when it stops (dropped, or done), it gives the count back, and when that
+/// leaves the list empty the operation goes back to nobody-waits ([`Op::unwait`]), so that it
+/// does not count as I/O in flight for a waiter that is gone.
 ///
-/// The list knows owned waiters by waker, and the futures of one task share one: leaving also
-/// removes any other future of the same task still waiting (a `join!` of two reads, one of
-/// which a `select!` dropped). So the leaving call wakes its task: such a future is polled
-/// again and waits anew, which puts the operation back to waiting (a spurious poll otherwise,
-/// and only when a call is dropped unfinished).
+/// Counted, because the futures of one task share one waker and so one entry: a wait that
+/// left its entry when polled with a new waker (moved to another task, or a combinator's
+/// waker) took it away from a sibling still waiting under the old one, which the operation's
+/// completion then never woke. A count taken before the list's last wake is void (the wake
+/// cleared the entry); the wait counts again at its next pending poll.
 struct BehindWait<'a> {
     io: &'a StreamIo,
     /// The write side's list (`writing`), else the read side's (`stray`, `reading`).
     write: bool,
-    /// The waker this call last waited with; `None` once the wait is over.
-    waker: Option<Waker>,
+    /// The entry this wait counts on: its waker, and the list's wake count when it counted.
+    counted: Option<(Waker, u64)>,
 }
 
 impl<'a> BehindWait<'a> {
@@ -311,88 +315,132 @@ impl<'a> BehindWait<'a> {
         BehindWait {
             io,
             write,
-            waker: None,
+            counted: None,
         }
     }
 
-    /// After a poll of the wait: remembers the waker it waits with, if it waits. Polled with
-    /// another waker than before, it leaves the old one's entry, which would otherwise keep
-    /// the list from ever emptying (the new one, just listed, keeps it waiting).
-    fn note<T>(&mut self, polled: &Poll<T>, cx: &Context<'_>) {
-        if polled.is_pending() && !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            if let Some(old) = self.waker.replace(cx.waker().clone()) {
-                self.leave(&old, false);
-            }
-        }
-    }
-
-    /// Removes `w`'s entries from the list; with `unwait_if_empty`, an emptied list returns
-    /// the waited operation to nobody-waits. Whether any entry went.
-    fn leave(&self, w: &Waker, unwait_if_empty: bool) -> bool {
-        let Ok(st) = self.io.poll.try_borrow() else {
-            return false;
-        };
+    /// This side's waiter list, if the stream's state can be borrowed (not inside a stream
+    /// call) and the list exists.
+    fn with_list<R>(&self, f: impl FnOnce(&PollState, &WaiterList) -> R) -> Option<R> {
+        let st = self.io.poll.try_borrow().ok()?;
         let waiters = if self.write {
             &st.write_waiters
         } else {
             &st.read_waiters
         };
-        let Some(waiters) = waiters.as_ref() else {
-            return false;
-        };
-        let (gone, empty) = {
-            let mut listed = lock(&waiters.list.0);
-            // Taken out, and dropped after the lock: a waker's drop is user code, which may
-            // come back to this list (a custom waker owning another read of this stream).
-            let (gone, kept) = std::mem::take(&mut listed.owned)
-                .into_iter()
-                .partition::<Vec<_>, _>(|l| l.will_wake(w));
-            listed.owned = kept;
-            let empty = listed.owned.is_empty() && listed.trait_side.is_none();
-            if empty && unwait_if_empty {
-                // The operation is about to be unwaited (it stops holding this list's waker):
-                // a task whose listing is still to come (`Listing::finish`, after its poll;
-                // this may be its waker's clone) must not join a list nothing will wake. The
-                // changed count sends it to poll again, which waits on the operation anew.
-                listed.wakes += 1;
-            }
-            (gone, empty)
-        };
-        let removed = !gone.is_empty();
-        if empty && unwait_if_empty {
-            if self.write {
-                if let Some(op) = st.writing.as_ref() {
-                    op.unwait();
-                }
-            } else {
-                if let Some(stray) = st.stray.as_ref() {
-                    stray.unwait();
-                }
-                if let Some(op) = st.reading.as_ref() {
-                    op.unwait();
-                }
-            }
-        }
-        // After the stream's borrow too: a dropped read that owned one (say) is kept only if
-        // it can borrow the stream's state.
-        drop(st);
-        drop(gone);
-        removed
+        let list = waiters.as_ref()?.list.clone();
+        Some(f(&st, &list))
     }
 
-    /// The wait is over (its result taken): nothing to leave.
-    fn done(&mut self) {
-        self.waker = None;
+    /// After a poll of the wait: while it waits, counts on the entry of the waker it was
+    /// polled with (listed by that poll), giving back a count on another waker's entry.
+    fn note<T>(&mut self, polled: &Poll<T>, cx: &Context<'_>) {
+        if polled.is_ready() {
+            return;
+        }
+        let still = self.counted.as_ref().is_some_and(|(w, at)| {
+            w.will_wake(cx.waker()) && self.with_list(|_, list| lock(&list.0).wakes) == Some(*at)
+        });
+        if still {
+            return;
+        }
+        // Cloned with no borrow or lock held: a waker's clone is user code.
+        let fresh = cx.waker().clone();
+        let old = self.counted.take();
+        let mut unused = Some(fresh);
+        let (gone, counted) = self
+            .with_list(|_, list| {
+                let mut listed = lock(&list.0);
+                let now = listed.wakes;
+                let gone = old
+                    .as_ref()
+                    .and_then(|(w, at)| uncount(&mut listed, w, *at));
+                let entry = listed
+                    .owned
+                    .iter_mut()
+                    .find(|o| unused.as_ref().is_some_and(|f| o.waker.will_wake(f)));
+                // Not listed: the list was woken since this poll (`Listing`), so the task
+                // polls again, and counts then.
+                let counted = entry.map(|entry| {
+                    entry.waits += 1;
+                    (unused.take().expect("checked just above"), now)
+                });
+                (gone, counted)
+            })
+            .unwrap_or((None, None));
+        self.counted = counted;
+        // After the lock and the borrow: dropping a waker is user code too.
+        drop(gone);
+        drop(old);
+        drop(unused);
     }
+
+    /// The wait is over, or abandoned: gives its count back; if that leaves the list empty,
+    /// the operation goes back to nobody-waits.
+    fn release(&mut self) {
+        let Some((w, at)) = self.counted.take() else {
+            return;
+        };
+        let gone = self
+            .with_list(|st, list| {
+                let (gone, empty) = {
+                    let mut listed = lock(&list.0);
+                    let gone = uncount(&mut listed, &w, at);
+                    let empty = listed.owned.is_empty() && listed.trait_side.is_none();
+                    if empty {
+                        // The operation is about to be unwaited (it stops holding this list's
+                        // waker): a task whose listing is still to come (`Listing::finish`,
+                        // after its poll; this may be its waker's clone) must not join a list
+                        // nothing will wake. The changed count sends it to poll again, which
+                        // waits on the operation anew.
+                        listed.wakes += 1;
+                    }
+                    (gone, empty)
+                };
+                if empty {
+                    if self.write {
+                        if let Some(op) = st.writing.as_ref() {
+                            op.unwait();
+                        }
+                    } else {
+                        if let Some(stray) = st.stray.as_ref() {
+                            stray.unwait();
+                        }
+                        if let Some(op) = st.reading.as_ref() {
+                            op.unwait();
+                        }
+                    }
+                }
+                gone
+            })
+            .flatten();
+        // After the stream's borrow: a waker's drop is user code (a custom waker owning a
+        // read of this stream, which is kept only if it can borrow the stream's state).
+        drop(gone);
+        drop(w);
+    }
+
+    /// The wait is over (its result taken).
+    fn done(&mut self) {
+        self.release();
+    }
+}
+
+/// Gives back one count on `w`'s entry, taken at wake count `at` (void if the list was woken
+/// since); returns the entry if that was its last count, to be dropped after the lock.
+fn uncount(listed: &mut Listed, w: &Waker, at: u64) -> Option<Owned> {
+    if at != listed.wakes {
+        return None;
+    }
+    let i = listed.owned.iter().position(|o| o.waker.will_wake(w))?;
+    let entry = &mut listed.owned[i];
+    entry.waits = entry.waits.saturating_sub(1);
+    (entry.waits == 0).then(|| listed.owned.swap_remove(i))
 }
 
 impl Drop for BehindWait<'_> {
     fn drop(&mut self) {
-        let Some(w) = self.waker.take() else { return };
-        if self.leave(&w, true) {
-            // Outside every borrow: the task's other waiting futures, if any, wait anew.
-            crate::task::wake_guarded(w);
-        }
+        self.release();
     }
 }
 
@@ -417,11 +465,21 @@ struct Waiters {
 #[derive(Debug, Default)]
 struct WaiterList(Mutex<Listed>);
 
+/// An owned waiter's entry in a [`WaiterList`]: a task's waker, and how many of its owned
+/// calls' waits rely on it (the futures of one task share one waker). The last wait to stop
+/// relying on it removes it; a wake of the list clears every entry (and so every count).
+#[derive(Debug)]
+struct Owned {
+    waker: Waker,
+    waits: usize,
+}
+
 /// The wakers a [`WaiterList`] wakes.
 #[derive(Debug, Default)]
 struct Listed {
-    /// Owned calls (`&self`), one entry per task; each removes its own when it stops waiting.
-    owned: Vec<Waker>,
+    /// Owned calls (`&self`), one entry per waker (task), counting the waits that rely on it
+    /// ([`BehindWait`]).
+    owned: Vec<Owned>,
     /// The `futures::io` side's one waiter (it has `&mut self`), its latest waker.
     trait_side: Option<Waker>,
     /// How many times the list was woken ([`Listing`]).
@@ -439,7 +497,7 @@ impl Wake for WaiterList {
             listed.wakes += 1;
             (std::mem::take(&mut listed.owned), listed.trait_side.take())
         };
-        wake_each(owned.into_iter().chain(trait_side));
+        wake_each(owned.into_iter().map(|o| o.waker).chain(trait_side));
     }
 }
 
@@ -481,7 +539,7 @@ fn poll_shared<T: 'static>(
                     .as_ref()
                     .is_some_and(|l| l.will_wake(cx.waker()))
             } else {
-                listed.owned.iter().any(|l| l.will_wake(cx.waker()))
+                listed.owned.iter().any(|l| l.waker.will_wake(cx.waker()))
             }
         };
         if !listed {
