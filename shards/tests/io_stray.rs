@@ -1693,3 +1693,172 @@ fn an_owned_read_polled_with_new_wakers_does_not_spin() {
         },
     );
 }
+
+/// What an [`armed_waker`]'s next clone runs, once set.
+type Hook = Rc<RefCell<Option<Box<dyn FnOnce()>>>>;
+
+/// A waker that wakes `inner` (recording it in `woken`) and whose clones, once `hook` holds a
+/// closure, run it (once). Unlike [`wrapping_waker`], armed only when the test says so.
+fn armed_waker(inner: Waker, woken: Rc<Cell<bool>>, hook: Hook) -> Waker {
+    struct Armed {
+        inner: Waker,
+        hook: Hook,
+        woken: Rc<Cell<bool>>,
+    }
+    fn clone(p: *const ()) -> RawWaker {
+        // SAFETY: `p` is the leaked `Armed` below.
+        let w = unsafe { &*(p as *const Armed) };
+        let hook = w.hook.borrow_mut().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        RawWaker::new(p, &VTABLE)
+    }
+    fn wake(p: *const ()) {
+        // SAFETY: as in `clone`.
+        let w = unsafe { &*(p as *const Armed) };
+        w.woken.set(true);
+        w.inner.wake_by_ref();
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
+    let w: &'static Armed = Box::leak(Box::new(Armed { inner, hook, woken }));
+    // SAFETY: the data pointer is a leaked, never-freed `Armed`, used on this thread only.
+    unsafe { Waker::from_raw(RawWaker::new((w as *const Armed).cast(), &VTABLE)) }
+}
+
+/// Two owned reads of one waker wait behind a kept read. F2 is listed and counts on the
+/// waker's entry; F1, polled with the same waker, finds the entry already there (no
+/// `Listing`), and a clone of the waker made in that poll (user code) dropped F2: F2's release
+/// took the entry's last count, removed it, emptied the list and unwaited the kept receive,
+/// and F1, finding no entry to count on, was woken by nothing. F1's poll makes no clone any
+/// more (a wait counts on the entry its poll found, by id); F2 is then dropped after it, and
+/// F1, counting on the same entry, must still be woken.
+#[test]
+fn a_read_whose_notes_clone_drops_its_sibling_is_woken() {
+    on_each_driver(
+        "a_read_whose_notes_clone_drops_its_sibling_is_woken",
+        1,
+        |driver| async move {
+            if driver != xtc_shards::io::Driver::IoUring {
+                return; // no shared operations on epoll
+            }
+            let (a, b) = UnixStream::pair().unwrap();
+            let a = Rc::new(a);
+            {
+                let mut r = Box::pin(a.read(Vec::with_capacity(64)));
+                poll_pending(r.as_mut()).await;
+                sleep(Duration::from_millis(2)).await;
+            }
+            let woken = Rc::new(Cell::new(false));
+            let hook: Hook = Rc::new(RefCell::new(None));
+            let task = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+            let w = armed_waker(task, woken.clone(), hook.clone());
+            let a2 = a.clone();
+            let f2: Pin<Box<dyn Future<Output = ()>>> = Box::pin(async move {
+                let _ = a2.read(Vec::with_capacity(64)).await;
+            });
+            let f2 = Rc::new(RefCell::new(Some(f2)));
+            // F2 waits behind the kept read, listed under `w` (counted on its entry).
+            let pending = f2
+                .borrow_mut()
+                .as_mut()
+                .unwrap()
+                .as_mut()
+                .poll(&mut Context::from_waker(&w))
+                .is_pending();
+            assert!(pending, "F2 pending at first");
+            // F1, same waker: already listed; `note`'s clone drops F2.
+            let dropped = f2.clone();
+            *hook.borrow_mut() = Some(Box::new(move || drop(dropped.borrow_mut().take())));
+            let mut f1 = Box::pin(a.read(Vec::with_capacity(64)));
+            let first = f1.as_mut().poll(&mut Context::from_waker(&w)).is_pending();
+            assert!(first, "F1 pending at first");
+            // Not by a clone in F1's poll (none is made): dropped now.
+            drop(f2.borrow_mut().take());
+            let (wr, _) = b.write_all(b"hello".to_vec()).await;
+            wr.unwrap();
+            let r = xtc_shards::time::timeout(
+                Duration::from_secs(5),
+                poll_fn(|_| {
+                    if woken.get() {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    }
+                }),
+            )
+            .await;
+            assert!(
+                r.is_ok(),
+                "lost wake-up: the read F1 waited for completed, F1's waker never woken"
+            );
+            let (r, got) = f1.await;
+            assert_eq!((r.unwrap(), &got[..]), (5, &b"hello"[..]));
+        },
+    );
+}
+
+/// A waker each of whose clones is a new allocation (`will_wake` false between clones; the
+/// `Waker` docs allow it). Wakes `inner`.
+fn allocating_waker(inner: Waker) -> Waker {
+    fn clone(p: *const ()) -> RawWaker {
+        // SAFETY: `p` is a live `Box<Waker>` made below.
+        let w = unsafe { &*(p as *const Waker) };
+        RawWaker::new(Box::into_raw(Box::new(w.clone())).cast(), &VTABLE)
+    }
+    fn wake(p: *const ()) {
+        // SAFETY: as in `clone`; consumed.
+        unsafe { Box::from_raw(p as *mut Waker) }.wake();
+    }
+    fn wake_by_ref(p: *const ()) {
+        // SAFETY: as in `clone`.
+        unsafe { &*(p as *const Waker) }.wake_by_ref();
+    }
+    fn drop_it(p: *const ()) {
+        // SAFETY: as in `clone`; consumed.
+        drop(unsafe { Box::from_raw(p as *mut Waker) });
+    }
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake_by_ref, drop_it);
+    // SAFETY: the vtable above keeps the `Box<Waker>` contract.
+    unsafe {
+        Waker::from_raw(RawWaker::new(
+            Box::into_raw(Box::new(inner)).cast(),
+            &VTABLE,
+        ))
+    }
+}
+
+/// A read waiting behind a kept receive, polled with a waker whose clones never `will_wake`
+/// each other, then dropped: its entry (a clone) was never matched by its count (another
+/// clone), stayed with no count, and kept the kept receive waited for: `run()` never returned.
+/// Counts now find their entry by id.
+#[test]
+fn run_returns_after_a_read_with_an_allocating_waker_is_dropped() {
+    each_driver(
+        "run_returns_after_a_read_with_an_allocating_waker_is_dropped",
+        1,
+        |b| b,
+        |driver, exec| {
+            exec.spawn_on(0, || async {
+                let (a, b) = tcp_pair().await;
+                poll_once_then_drop(
+                    a.read(Vec::with_capacity(64)),
+                    sleep(Duration::from_millis(2)),
+                )
+                .await;
+                {
+                    let mut r = Box::pin(a.read(Vec::with_capacity(64)));
+                    let task = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+                    let w = allocating_waker(task);
+                    let _ = r.as_mut().poll(&mut Context::from_waker(&w));
+                }
+                std::mem::forget(a);
+                std::mem::forget(b);
+            })
+            .unwrap();
+            common::run_or_fail(exec, Duration::from_secs(10), "a dropped read's waker")
+                .unwrap_or_else(|e| panic!("[{driver}]: {e}"));
+        },
+    );
+}

@@ -101,17 +101,22 @@ struct PollState {
 struct After {
     spent: Option<Box<dyn std::any::Any>>,
     listing: Option<Listing>,
+    /// The owned waiter entry ([`Owned::id`]) the task was found listed under.
+    entry: Option<u64>,
 }
 
 impl After {
     /// Runs what the poll left; call it only outside every borrow of the stream's state.
-    fn finish(self, cx: &Context<'_>) {
+    /// Returns the owned waiter entry the task is listed under, if it waits in an owned call
+    /// and was not woken instead ([`BehindWait::note`] counts on it).
+    fn finish(self, cx: &Context<'_>) -> Option<u64> {
         if let Some(buf) = self.spent {
             // A user buffer's `Drop` is user code, here possibly in another task's poll.
             crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
         }
-        if let Some(listing) = self.listing {
-            listing.finish(cx);
+        match self.listing {
+            Some(listing) => listing.finish(cx),
+            None => self.entry,
         }
     }
 }
@@ -125,33 +130,40 @@ struct Listing {
 }
 
 impl Listing {
-    /// Lists `cx`'s waker, cloned with no lock or borrow held. The clone may have completed
-    /// the operation (user code that reaps the driver), whose wake then found the task not
-    /// listed yet: a changed wake count says so, and the task is woken to poll again rather
-    /// than listed.
-    fn finish(self, cx: &Context<'_>) {
+    /// Lists `cx`'s waker, cloned with no lock or borrow held, and returns the owned entry it
+    /// is listed under. The clone may have completed the operation (user code that reaps the
+    /// driver), whose wake then found the task not listed yet: a changed wake count says so,
+    /// and the task is woken to poll again rather than listed.
+    fn finish(self, cx: &Context<'_>) -> Option<u64> {
         let fresh = cx.waker().clone();
         let mut listed = lock(&self.list.0);
         if listed.wakes != self.epoch {
             drop(listed);
             drop(fresh);
             cx.waker().wake_by_ref();
-            return;
+            return None;
         }
-        let replaced = if self.trait_side {
+        let (replaced, entry) = if self.trait_side {
             // The `futures::io` side has `&mut self`: one waiter at a time, whose latest waker
             // replaces the last (a combinator may hand a new one to every poll).
-            listed.trait_side.replace(fresh)
+            (listed.trait_side.replace(fresh), None)
+        } else if let Some(o) = listed.owned.iter().find(|o| o.waker.will_wake(&fresh)) {
+            // Listed meanwhile (the clone polled another call of this task).
+            (Some(fresh), Some(o.id))
         } else {
+            let id = listed.next_id;
+            listed.next_id += 1;
             listed.owned.push(Owned {
+                id,
                 waker: fresh,
                 waits: 0,
             });
-            None
+            (None, Some(id))
         };
         drop(listed);
-        // After the lock: a waker's drop is user code too (see `BehindWait::leave`).
+        // After the lock: a waker's drop is user code too.
         drop(replaced);
+        entry
     }
 }
 
@@ -306,8 +318,9 @@ struct BehindWait<'a> {
     io: &'a StreamIo,
     /// The write side's list (`writing`), else the read side's (`stray`, `reading`).
     write: bool,
-    /// The entry this wait counts on: its waker, and the list's wake count when it counted.
-    counted: Option<(Waker, u64)>,
+    /// The entry this wait counts on ([`Owned::id`]), and the list's wake count when it
+    /// counted.
+    counted: Option<(u64, u64)>,
 }
 
 impl<'a> BehindWait<'a> {
@@ -332,92 +345,66 @@ impl<'a> BehindWait<'a> {
         Some(f(&st, &list))
     }
 
-    /// After a poll of the wait: while it waits, counts on the entry of the waker it was
-    /// polled with (listed by that poll), giving back a count on another waker's entry.
-    fn note<T>(&mut self, polled: &Poll<T>, cx: &Context<'_>) {
+    /// After a poll of the wait: while it waits, counts on `entry`, the owned entry the poll
+    /// listed the task under ([`After::finish`]), giving back a count on another entry. No
+    /// waker is cloned here, so no user code runs between the listing and the count.
+    fn note<T>(&mut self, polled: &Poll<T>, entry: Option<u64>, cx: &Context<'_>) {
         if polled.is_ready() {
             return;
         }
-        let still = self.counted.as_ref().is_some_and(|(w, at)| {
-            w.will_wake(cx.waker()) && self.with_list(|_, list| lock(&list.0).wakes) == Some(*at)
-        });
-        if still {
+        // `None`: the poll woke the task instead of listing it (`Listing::finish`).
+        let Some(entry) = entry else {
             return;
-        }
-        // Cloned with no borrow or lock held: a waker's clone is user code.
-        let fresh = cx.waker().clone();
+        };
         let old = self.counted.take();
-        let mut unused = Some(fresh);
-        let (gone, counted) = self
-            .with_list(|_, list| {
+        let (gone, counted, found) = self
+            .with_list(|st, list| {
                 let mut listed = lock(&list.0);
                 let now = listed.wakes;
-                let gone = old
-                    .as_ref()
-                    .and_then(|(w, at)| uncount(&mut listed, w, *at));
-                let entry = listed
-                    .owned
-                    .iter_mut()
-                    .find(|o| unused.as_ref().is_some_and(|f| o.waker.will_wake(f)));
-                // Not listed: the list was woken since this poll (`Listing`), so the task
-                // polls again, and counts then.
-                let counted = entry.map(|entry| {
-                    entry.waits += 1;
-                    (unused.take().expect("checked just above"), now)
-                });
-                (gone, counted)
+                if old == Some((entry, now)) {
+                    return (None, old, true);
+                }
+                let gone = old.and_then(|(id, at)| uncount(&mut listed, id, at));
+                let found = match listed.owned.iter_mut().find(|o| o.id == entry) {
+                    Some(o) => {
+                        o.waits += 1;
+                        true
+                    }
+                    None => false,
+                };
+                let empty = release_if_empty(&mut listed, st, self.write);
+                debug_assert!(!(found && empty));
+                (gone, found.then_some((entry, now)), found)
             })
-            .unwrap_or((None, None));
+            .unwrap_or((None, None, false));
         self.counted = counted;
-        // After the lock and the borrow: dropping a waker is user code too.
+        // After the lock and the borrow: dropping a waker is user code.
         drop(gone);
-        drop(old);
-        drop(unused);
+        if !found {
+            // The entry went between the listing and now (another call's wait, run by user
+            // code in this poll, gave back the entry's last count): poll again, and list
+            // anew. At most one extra poll: the next one finds its entry.
+            cx.waker().wake_by_ref();
+        }
     }
 
     /// The wait is over, or abandoned: gives its count back; if that leaves the list empty,
     /// the operation goes back to nobody-waits.
     fn release(&mut self) {
-        let Some((w, at)) = self.counted.take() else {
+        let Some((id, at)) = self.counted.take() else {
             return;
         };
         let gone = self
             .with_list(|st, list| {
-                let (gone, empty) = {
-                    let mut listed = lock(&list.0);
-                    let gone = uncount(&mut listed, &w, at);
-                    let empty = listed.owned.is_empty() && listed.trait_side.is_none();
-                    if empty {
-                        // The operation is about to be unwaited (it stops holding this list's
-                        // waker): a task whose listing is still to come (`Listing::finish`,
-                        // after its poll; this may be its waker's clone) must not join a list
-                        // nothing will wake. The changed count sends it to poll again, which
-                        // waits on the operation anew.
-                        listed.wakes += 1;
-                    }
-                    (gone, empty)
-                };
-                if empty {
-                    if self.write {
-                        if let Some(op) = st.writing.as_ref() {
-                            op.unwait();
-                        }
-                    } else {
-                        if let Some(stray) = st.stray.as_ref() {
-                            stray.unwait();
-                        }
-                        if let Some(op) = st.reading.as_ref() {
-                            op.unwait();
-                        }
-                    }
-                }
+                let mut listed = lock(&list.0);
+                let gone = uncount(&mut listed, id, at);
+                release_if_empty(&mut listed, st, self.write);
                 gone
             })
             .flatten();
         // After the stream's borrow: a waker's drop is user code (a custom waker owning a
         // read of this stream, which is kept only if it can borrow the stream's state).
         drop(gone);
-        drop(w);
     }
 
     /// The wait is over (its result taken).
@@ -426,16 +413,41 @@ impl<'a> BehindWait<'a> {
     }
 }
 
-/// Gives back one count on `w`'s entry, taken at wake count `at` (void if the list was woken
+/// Gives back one count on entry `id`, taken at wake count `at` (void if the list was woken
 /// since); returns the entry if that was its last count, to be dropped after the lock.
-fn uncount(listed: &mut Listed, w: &Waker, at: u64) -> Option<Owned> {
+fn uncount(listed: &mut Listed, id: u64, at: u64) -> Option<Owned> {
     if at != listed.wakes {
         return None;
     }
-    let i = listed.owned.iter().position(|o| o.waker.will_wake(w))?;
+    let i = listed.owned.iter().position(|o| o.id == id)?;
     let entry = &mut listed.owned[i];
     entry.waits = entry.waits.saturating_sub(1);
     (entry.waits == 0).then(|| listed.owned.swap_remove(i))
+}
+
+/// If nobody is listed any more, the side's operation goes back to nobody-waits (it stops
+/// counting as I/O in flight), and the wake count moves: a task whose listing is still to
+/// come (`Listing::finish`, after its poll; this may be its waker's clone) must not join a
+/// list nothing will wake; the changed count sends it to poll again, which waits on the
+/// operation anew. Returns whether the list was empty.
+fn release_if_empty(listed: &mut Listed, st: &PollState, write: bool) -> bool {
+    if !(listed.owned.is_empty() && listed.trait_side.is_none()) {
+        return false;
+    }
+    listed.wakes += 1;
+    if write {
+        if let Some(op) = st.writing.as_ref() {
+            op.unwait();
+        }
+    } else {
+        if let Some(stray) = st.stray.as_ref() {
+            stray.unwait();
+        }
+        if let Some(op) = st.reading.as_ref() {
+            op.unwait();
+        }
+    }
+    true
 }
 
 impl Drop for BehindWait<'_> {
@@ -470,6 +482,9 @@ struct WaiterList(Mutex<Listed>);
 /// relying on it removes it; a wake of the list clears every entry (and so every count).
 #[derive(Debug)]
 struct Owned {
+    /// Unique in its list: how a wait finds the entry it counted on again (its waker's
+    /// clones need not be `will_wake`-equal to the listed one).
+    id: u64,
     waker: Waker,
     waits: usize,
 }
@@ -484,6 +499,8 @@ struct Listed {
     trait_side: Option<Waker>,
     /// How many times the list was woken ([`Listing`]).
     wakes: u64,
+    /// The next [`Owned::id`].
+    next_id: u64,
 }
 
 impl Wake for WaiterList {
@@ -539,7 +556,12 @@ fn poll_shared<T: 'static>(
                     .as_ref()
                     .is_some_and(|l| l.will_wake(cx.waker()))
             } else {
-                listed.owned.iter().any(|l| l.waker.will_wake(cx.waker()))
+                after.entry = listed
+                    .owned
+                    .iter()
+                    .find(|l| l.waker.will_wake(cx.waker()))
+                    .map(|l| l.id);
+                after.entry.is_some()
             }
         };
         if !listed {
@@ -701,8 +723,8 @@ impl StreamIo {
             // first (module doc).
             let mut wait = BehindWait::new(self, false);
             let taken = poll_fn(|cx| {
-                let r = self.poll_read_behind(cx, &mut buf);
-                wait.note(&r, cx);
+                let (r, entry) = self.poll_read_behind(cx, &mut buf);
+                wait.note(&r, entry, cx);
                 r
             })
             .await;
@@ -755,8 +777,8 @@ impl StreamIo {
     async fn wait_write_behind(&self) -> io::Result<()> {
         let mut wait = BehindWait::new(self, true);
         let r = poll_fn(|cx| {
-            let r = self.poll_write_behind(cx);
-            wait.note(&r, cx);
+            let (r, entry) = self.poll_write_behind(cx);
+            wait.note(&r, entry, cx);
             r
         })
         .await;
@@ -765,35 +787,37 @@ impl StreamIo {
     }
 
     /// Owned writes: waits for the `AsyncWrite` bytes still being sent (io_uring write-behind).
-    /// Cost when there are none: a `RefCell` borrow and a check.
-    fn poll_write_behind(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Pending, with the waiter entry the task is listed under (`BehindWait::note`). Cost when
+    /// there are none: a `RefCell` borrow and a check.
+    fn poll_write_behind(&self, cx: &mut Context<'_>) -> (Poll<io::Result<()>>, Option<u64>) {
         let fd = self.src.fd();
         let mut after = After::default();
         let r = {
             let mut st = self.poll.borrow_mut();
             if st.writing.is_none() {
-                return Poll::Ready(Ok(()));
+                return (Poll::Ready(Ok(())), None);
             }
             drain(fd, &mut st, cx, false, &mut after)
         };
-        after.finish(cx);
-        r
+        let entry = after.finish(cx);
+        (r, entry)
     }
 
     /// Owned reads: copies into `buf` what an `AsyncRead` took from the kernel and did not hand
     /// out (waiting for its read still in flight first); `Ok(0)` when there is nothing, so the
-    /// caller reads from the kernel. A zero-capacity `buf` gets `Ok(0)` either way.
+    /// caller reads from the kernel. A zero-capacity `buf` gets `Ok(0)` either way. Pending,
+    /// with the waiter entry the task is listed under (`BehindWait::note`).
     fn poll_read_behind<B: IoBufMut>(
         &self,
         cx: &mut Context<'_>,
         buf: &mut B,
-    ) -> Poll<io::Result<usize>> {
+    ) -> (Poll<io::Result<usize>>, Option<u64>) {
         let mut after = After::default();
         let r = Self::read_behind(&mut self.poll.borrow_mut(), cx, buf, &mut after);
         // After the borrow: a kept read's buffer may read this stream in its `Drop`, and a
         // custom waker's clone may use it.
-        after.finish(cx);
-        r
+        let entry = after.finish(cx);
+        (r, entry)
     }
 
     /// [`poll_read_behind`](Self::poll_read_behind) on the borrowed state; what must wait for
