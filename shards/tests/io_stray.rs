@@ -1484,17 +1484,20 @@ fn a_send_completed_while_the_waker_is_cloned_still_wakes_the_task() {
     );
 }
 
-struct Wrapped {
-    inner: Waker,
-    hook: RefCell<Option<Box<dyn FnOnce()>>>,
-    woken: Rc<Cell<bool>>,
-}
+/// What an [`armed_waker`]'s next clone runs, once set.
+type Hook = Rc<RefCell<Option<Box<dyn FnOnce()>>>>;
 
-/// A waker that wakes `inner` (recording it in `woken`) and whose first clone runs `hook`.
-fn wrapping_waker(inner: Waker, woken: Rc<Cell<bool>>, hook: impl FnOnce() + 'static) -> Waker {
+/// A waker that wakes `inner` (recording it in `woken`) and whose clones, once `hook` holds a
+/// closure, run it (once): armed when the test says so.
+fn armed_waker(inner: Waker, woken: Rc<Cell<bool>>, hook: Hook) -> Waker {
+    struct Armed {
+        inner: Waker,
+        hook: Hook,
+        woken: Rc<Cell<bool>>,
+    }
     fn clone(p: *const ()) -> RawWaker {
-        // SAFETY: `p` is the leaked `Wrapped` below.
-        let w = unsafe { &*(p as *const Wrapped) };
+        // SAFETY: `p` is the leaked `Armed` below.
+        let w = unsafe { &*(p as *const Armed) };
         let hook = w.hook.borrow_mut().take();
         if let Some(hook) = hook {
             hook();
@@ -1503,19 +1506,39 @@ fn wrapping_waker(inner: Waker, woken: Rc<Cell<bool>>, hook: impl FnOnce() + 'st
     }
     fn wake(p: *const ()) {
         // SAFETY: as in `clone`.
-        let w = unsafe { &*(p as *const Wrapped) };
+        let w = unsafe { &*(p as *const Armed) };
         w.woken.set(true);
         w.inner.wake_by_ref();
     }
     fn noop(_: *const ()) {}
     static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
-    let w: &'static Wrapped = Box::leak(Box::new(Wrapped {
-        inner,
-        hook: RefCell::new(Some(Box::new(hook))),
-        woken,
-    }));
-    // SAFETY: the data pointer is a leaked, never-freed `Wrapped`, used on this thread only.
-    unsafe { Waker::from_raw(RawWaker::new((w as *const Wrapped).cast(), &VTABLE)) }
+    let w: &'static Armed = Box::leak(Box::new(Armed { inner, hook, woken }));
+    // SAFETY: the data pointer is a leaked, never-freed `Armed`, used on this thread only.
+    unsafe { Waker::from_raw(RawWaker::new((w as *const Armed).cast(), &VTABLE)) }
+}
+
+/// Leaves a kept read on `a` (io_uring): an owned read polled once, submitted, and dropped.
+async fn keep_a_read(a: &UnixStream) {
+    poll_once_then_drop(
+        a.read(Vec::with_capacity(64)),
+        sleep(Duration::from_millis(2)),
+    )
+    .await;
+}
+
+/// Waits until `woken` is set by the waker under test (5 s at most, a hang guard); whether
+/// it was.
+async fn woken_in_time(woken: &Cell<bool>) -> bool {
+    let set = poll_fn(|_| {
+        if woken.get() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    });
+    xtc_shards::time::timeout(Duration::from_secs(5), set)
+        .await
+        .is_ok()
 }
 
 /// Two owned reads wait behind a kept (dropped) read of the stream. The second one's waker
@@ -1534,12 +1557,7 @@ fn a_read_listed_after_its_clone_emptied_the_list_is_woken() {
             }
             let (a, b) = UnixStream::pair().unwrap();
             let a = Rc::new(a);
-            // A kept read: polled once, submitted, dropped.
-            {
-                let mut r = Box::pin(a.read(Vec::with_capacity(64)));
-                poll_pending(r.as_mut()).await;
-                sleep(Duration::from_millis(2)).await;
-            }
+            keep_a_read(&a).await;
             // F2: waits behind the kept read, listed with the task's waker.
             let a2 = a.clone();
             let mut f2: Pin<Box<dyn Future<Output = ()>>> = Box::pin(async move {
@@ -1552,9 +1570,10 @@ fn a_read_listed_after_its_clone_emptied_the_list_is_woken() {
             let woken = Rc::new(Cell::new(false));
             let first = poll_fn(|cx| {
                 let dropped = f2.clone();
-                let w = wrapping_waker(cx.waker().clone(), woken.clone(), move || {
+                let hook: Hook = Rc::new(RefCell::new(Some(Box::new(move || {
                     drop(dropped.borrow_mut().take())
-                });
+                }))));
+                let w = armed_waker(cx.waker().clone(), woken.clone(), hook);
                 Poll::Ready(f1.as_mut().poll(&mut Context::from_waker(&w)).is_pending())
             })
             .await;
@@ -1563,19 +1582,8 @@ fn a_read_listed_after_its_clone_emptied_the_list_is_woken() {
             // Data for the kept read: its completion must wake F1's waker.
             let (w, _) = b.write_all(b"hello".to_vec()).await;
             w.unwrap();
-            let r = xtc_shards::time::timeout(
-                Duration::from_secs(5),
-                poll_fn(|_| {
-                    if woken.get() {
-                        Poll::Ready(())
-                    } else {
-                        Poll::Pending
-                    }
-                }),
-            )
-            .await;
             assert!(
-                r.is_ok(),
+                woken_in_time(&woken).await,
                 "lost wake-up: the read F1 waited for completed, F1's waker never woken"
             );
             let (r, got) = f1.await;
@@ -1600,12 +1608,7 @@ fn a_read_whose_sibling_moved_to_another_waker_is_still_woken() {
             }
             let (a, b) = UnixStream::pair().unwrap();
             let a = Rc::new(a);
-            // A kept read: polled once, submitted, dropped.
-            {
-                let mut r = Box::pin(a.read(Vec::with_capacity(64)));
-                poll_pending(r.as_mut()).await;
-                sleep(Duration::from_millis(2)).await;
-            }
+            keep_a_read(&a).await;
             let (a1, a2) = (a.clone(), a.clone());
             let first = spawn_local(async move {
                 let mut moved: Pin<Box<dyn Future<Output = Vec<u8>>>> = Box::pin(async move {
@@ -1661,11 +1664,7 @@ fn an_owned_read_polled_with_new_wakers_does_not_spin() {
             }
             let (a, b) = UnixStream::pair().unwrap();
             let a = Rc::new(a);
-            {
-                let mut r = Box::pin(a.read(Vec::with_capacity(64)));
-                poll_pending(r.as_mut()).await;
-                sleep(Duration::from_millis(2)).await;
-            }
+            keep_a_read(&a).await;
             let polls = Rc::new(Cell::new(0usize));
             let (a2, p) = (a.clone(), polls.clone());
             let reader = spawn_local(async move {
@@ -1694,39 +1693,6 @@ fn an_owned_read_polled_with_new_wakers_does_not_spin() {
     );
 }
 
-/// What an [`armed_waker`]'s next clone runs, once set.
-type Hook = Rc<RefCell<Option<Box<dyn FnOnce()>>>>;
-
-/// A waker that wakes `inner` (recording it in `woken`) and whose clones, once `hook` holds a
-/// closure, run it (once). Unlike [`wrapping_waker`], armed only when the test says so.
-fn armed_waker(inner: Waker, woken: Rc<Cell<bool>>, hook: Hook) -> Waker {
-    struct Armed {
-        inner: Waker,
-        hook: Hook,
-        woken: Rc<Cell<bool>>,
-    }
-    fn clone(p: *const ()) -> RawWaker {
-        // SAFETY: `p` is the leaked `Armed` below.
-        let w = unsafe { &*(p as *const Armed) };
-        let hook = w.hook.borrow_mut().take();
-        if let Some(hook) = hook {
-            hook();
-        }
-        RawWaker::new(p, &VTABLE)
-    }
-    fn wake(p: *const ()) {
-        // SAFETY: as in `clone`.
-        let w = unsafe { &*(p as *const Armed) };
-        w.woken.set(true);
-        w.inner.wake_by_ref();
-    }
-    fn noop(_: *const ()) {}
-    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
-    let w: &'static Armed = Box::leak(Box::new(Armed { inner, hook, woken }));
-    // SAFETY: the data pointer is a leaked, never-freed `Armed`, used on this thread only.
-    unsafe { Waker::from_raw(RawWaker::new((w as *const Armed).cast(), &VTABLE)) }
-}
-
 /// Two owned reads of one waker wait behind a kept read. F2 is listed and counts on the
 /// waker's entry; F1, polled with the same waker, finds the entry already there (no
 /// `Listing`), and a clone of the waker made in that poll (user code) dropped F2: F2's release
@@ -1745,11 +1711,7 @@ fn a_read_whose_notes_clone_drops_its_sibling_is_woken() {
             }
             let (a, b) = UnixStream::pair().unwrap();
             let a = Rc::new(a);
-            {
-                let mut r = Box::pin(a.read(Vec::with_capacity(64)));
-                poll_pending(r.as_mut()).await;
-                sleep(Duration::from_millis(2)).await;
-            }
+            keep_a_read(&a).await;
             let woken = Rc::new(Cell::new(false));
             let hook: Hook = Rc::new(RefCell::new(None));
             let task = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
@@ -1778,19 +1740,8 @@ fn a_read_whose_notes_clone_drops_its_sibling_is_woken() {
             drop(f2.borrow_mut().take());
             let (wr, _) = b.write_all(b"hello".to_vec()).await;
             wr.unwrap();
-            let r = xtc_shards::time::timeout(
-                Duration::from_secs(5),
-                poll_fn(|_| {
-                    if woken.get() {
-                        Poll::Ready(())
-                    } else {
-                        Poll::Pending
-                    }
-                }),
-            )
-            .await;
             assert!(
-                r.is_ok(),
+                woken_in_time(&woken).await,
                 "lost wake-up: the read F1 waited for completed, F1's waker never woken"
             );
             let (r, got) = f1.await;

@@ -395,6 +395,16 @@ fn a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop() {
     );
 }
 
+/// Two shards whose rings hold one message each.
+fn two_shards_one_slot_rings() -> Executor {
+    Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(1)
+        .build()
+        .unwrap()
+}
+
 /// From shard 0 of an executor whose rings hold one message: keeps shard 1 in one long poll
 /// (300 ms), then fills ring 0 -> 1 behind it, so the next send to shard 1 waits for space.
 async fn fill_ring_to_busy_shard_1() {
@@ -409,12 +419,7 @@ async fn fill_ring_to_busy_shard_1() {
 /// on the waiting list (it used to add one per poll, each keeping the task alive).
 #[test]
 fn a_repolled_submit_to_waits_once_for_ring_space() {
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .ring_capacity(1)
-        .build()
-        .unwrap();
+    let ex = two_shards_one_slot_rings();
     let out = ex.block_on(|| async {
         fill_ring_to_busy_shard_1().await;
         let mut call = std::pin::pin!(shard::submit_to(1, || async { 5 }));
@@ -440,12 +445,7 @@ fn a_repolled_submit_to_waits_once_for_ring_space() {
 /// onto this loop's rings. It ran under the mesh's borrow ("already borrowed").
 #[test]
 fn a_wakers_clone_that_sends_runs_outside_the_meshs_borrow() {
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .ring_capacity(1)
-        .build()
-        .unwrap();
+    let ex = two_shards_one_slot_rings();
     let out = ex.block_on(|| async {
         fill_ring_to_busy_shard_1().await;
         let ran = Arc::new(AtomicU64::new(0));
