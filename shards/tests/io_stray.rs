@@ -1335,11 +1335,7 @@ fn a_wakers_clone_that_drops_another_operation_runs_outside_the_drivers_borrow()
             let dropped = other.clone();
             let waker = common::hooked_waker(move || drop(dropped.borrow_mut().take()));
             let mut mine = Box::pin(b.accept());
-            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                mine.as_mut()
-                    .poll(&mut std::task::Context::from_waker(&waker))
-                    .is_pending()
-            }));
+            let polled = common::poll_caught(mine.as_mut(), &waker);
             assert!(
                 matches!(polled, Ok(true)),
                 "[{driver}] the accept's poll panicked"
@@ -1377,11 +1373,7 @@ fn a_wakers_clone_under_a_write_behind_wait_may_use_the_stream() {
                 let _ = user.shutdown(std::net::Shutdown::Write);
             });
             let mut w = Box::pin(a.write(b"x".to_vec()));
-            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                w.as_mut()
-                    .poll(&mut std::task::Context::from_waker(&waker))
-                    .is_pending()
-            }));
+            let polled = common::poll_caught(w.as_mut(), &waker);
             assert!(polled.is_ok(), "[{driver}] the write's poll panicked");
             assert!(ran.get(), "[{driver}] the clone ran");
             std::mem::forget(w);

@@ -457,12 +457,7 @@ fn a_wakers_clone_that_sends_runs_outside_the_meshs_borrow() {
             }));
         });
         let mut call = std::pin::pin!(shard::send_to(1, || async {}));
-        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            use std::future::Future as _;
-            call.as_mut()
-                .poll(&mut std::task::Context::from_waker(&waker))
-                .is_pending()
-        }));
+        let polled = poll_caught(call.as_mut(), &waker);
         assert!(
             matches!(polled, Ok(true)),
             "the poll panicked, or the ring was not full"

@@ -518,21 +518,21 @@ impl Executor {
         let mut threads = Vec::with_capacity(shared.loops.len());
         let mut failure: Option<Error> = None;
         // `pin(false)`: every shard may run on any CPU of the placement (each listed once).
-        let floating: Arc<[usize]> = {
+        let floating: Option<Arc<[usize]>> = (!self.pin).then(|| {
             let mut cpus = self.placement.cpus().to_vec();
             cpus.sort_unstable();
             cpus.dedup();
             cpus.into()
-        };
+        });
         for (i, ls) in shared.loops.iter().enumerate() {
             let ls = ls.clone();
             let exec = shared.clone();
             let cpu = if self.topology.is_synthetic() {
                 Binding::None
-            } else if self.pin {
-                self.placement.cpu(i).map_or(Binding::None, Binding::Cpu)
+            } else if let Some(cpus) = &floating {
+                Binding::Cpus(cpus.clone())
             } else {
-                Binding::Cpus(floating.clone())
+                self.placement.cpu(i).map_or(Binding::None, Binding::Cpu)
             };
             let topo = self.topology.clone();
             let tx = tx.clone();

@@ -106,6 +106,20 @@ struct After {
 }
 
 impl After {
+    /// Runs `poll`, which uses the stream's state and leaves in its `After` what must wait
+    /// for the end of that use, then finishes that: every poll of a shared operation goes
+    /// through here. Returns the poll's result and the owned waiter entry it left the task
+    /// under (see [`finish`](Self::finish)).
+    fn around<R>(
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut Context<'_>, &mut After) -> R,
+    ) -> (R, Option<u64>) {
+        let mut after = After::default();
+        let r = poll(cx, &mut after);
+        let entry = after.finish(cx);
+        (r, entry)
+    }
+
     /// Runs what the poll left; call it only outside every borrow of the stream's state.
     /// Returns the owned waiter entry the task is listed under, if it waits in an owned call
     /// and was not woken instead ([`BehindWait::note`] counts on it).
@@ -388,8 +402,8 @@ impl<'a> BehindWait<'a> {
         }
     }
 
-    /// The wait is over, or abandoned: gives its count back; if that leaves the list empty,
-    /// the operation goes back to nobody-waits.
+    /// The wait is over (its result taken), or abandoned (dropped): gives its count back; if
+    /// that leaves the list empty, the operation goes back to nobody-waits.
     fn release(&mut self) {
         let Some((id, at)) = self.counted.take() else {
             return;
@@ -405,11 +419,6 @@ impl<'a> BehindWait<'a> {
         // After the stream's borrow: a waker's drop is user code (a custom waker owning a
         // read of this stream, which is kept only if it can borrow the stream's state).
         drop(gone);
-    }
-
-    /// The wait is over (its result taken).
-    fn done(&mut self) {
-        self.release();
     }
 }
 
@@ -728,7 +737,7 @@ impl StreamIo {
                 r
             })
             .await;
-            wait.done();
+            wait.release();
             match taken {
                 Ok(0) => {}
                 other => return (other, buf),
@@ -743,10 +752,7 @@ impl StreamIo {
             let (res, b) = OwnedRecv::new(self, op).await;
             buf = b;
             if nothing_moved(res) {
-                // Cancelled by the shutdown of the driver it was submitted to (this future
-                // outlived its loop, uring.rs rule 5): nothing was received, so it is read
-                // again on the current loop, as a kept read is (`poll_reading`), rather than
-                // failing with an `ECANCELED` that epoll, which waits on, never gives.
+                // See `nothing_moved`: read again, as a kept read is (`poll_reading`).
                 continue;
             }
             let r = result(res).map(|n| n as usize);
@@ -782,7 +788,7 @@ impl StreamIo {
             r
         })
         .await;
-        wait.done();
+        wait.release();
         r
     }
 
@@ -791,16 +797,13 @@ impl StreamIo {
     /// there are none: a `RefCell` borrow and a check.
     fn poll_write_behind(&self, cx: &mut Context<'_>) -> (Poll<io::Result<()>>, Option<u64>) {
         let fd = self.src.fd();
-        let mut after = After::default();
-        let r = {
+        After::around(cx, |cx, after| {
             let mut st = self.poll.borrow_mut();
             if st.writing.is_none() {
-                return (Poll::Ready(Ok(())), None);
+                return Poll::Ready(Ok(()));
             }
-            drain(fd, &mut st, cx, false, &mut after)
-        };
-        let entry = after.finish(cx);
-        (r, entry)
+            drain(fd, &mut st, cx, false, after)
+        })
     }
 
     /// Owned reads: copies into `buf` what an `AsyncRead` took from the kernel and did not hand
@@ -812,12 +815,11 @@ impl StreamIo {
         cx: &mut Context<'_>,
         buf: &mut B,
     ) -> (Poll<io::Result<usize>>, Option<u64>) {
-        let mut after = After::default();
-        let r = Self::read_behind(&mut self.poll.borrow_mut(), cx, buf, &mut after);
-        // After the borrow: a kept read's buffer may read this stream in its `Drop`, and a
-        // custom waker's clone may use it.
-        let entry = after.finish(cx);
-        (r, entry)
+        // Finished after the borrow: a kept read's buffer may read this stream in its
+        // `Drop`, and a custom waker's clone may use it.
+        After::around(cx, |cx, after| {
+            Self::read_behind(&mut self.poll.borrow_mut(), cx, buf, after)
+        })
     }
 
     /// [`poll_read_behind`](Self::poll_read_behind) on the borrowed state; what must wait for
@@ -933,13 +935,7 @@ impl StreamIo {
                     ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) }).map(|n| n as usize)
                 })?
             }
-            Kind::Uring => {
-                let mut after = After::default();
-                let r = self.poll_read_uring(cx, out, &mut after);
-                // After its use of the state, as in `poll_read_behind` (see `After`).
-                after.finish(cx);
-                r
-            }
+            Kind::Uring => After::around(cx, |cx, after| self.poll_read_uring(cx, out, after)).0,
         }
     }
 
@@ -999,10 +995,10 @@ impl StreamIo {
     /// Waits for the write in flight (io_uring), completing partial sends.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let fd = self.src.fd();
-        let mut after = After::default();
-        let r = drain(fd, self.poll.get_mut(), cx, true, &mut after);
-        after.finish(cx);
-        r
+        After::around(cx, |cx, after| {
+            drain(fd, self.poll.get_mut(), cx, true, after)
+        })
+        .0
     }
 
     pub(crate) fn poll_write(

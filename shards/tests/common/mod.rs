@@ -96,6 +96,18 @@ pub fn hooked_waker(hook: impl FnOnce() + 'static) -> std::task::Waker {
     unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
 }
 
+/// Polls `fut` once with `waker`, catching a panic: whether it was pending, or the panic
+/// (a test of what user code in a custom waker may do to the poll).
+pub fn poll_caught<F: std::future::Future + ?Sized>(
+    fut: std::pin::Pin<&mut F>,
+    waker: &std::task::Waker,
+) -> std::thread::Result<bool> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        fut.poll(&mut std::task::Context::from_waker(waker))
+            .is_pending()
+    }))
+}
+
 /// A hang guard for a run that must stay on the calling thread (or on an `Arc<Executor>`
 /// shared with another thread), where [`run_or_fail`] cannot take the executor: if not
 /// [`done`](Watchdog::done) within `limit`, it stops the executor through `handle`, so the

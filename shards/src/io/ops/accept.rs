@@ -21,7 +21,7 @@ const FLAGS: libc::c_int = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
 
 /// Accepts one connection: its descriptor and the peer's address.
 pub(crate) async fn accept(src: &Source) -> io::Result<(OwnedFd, SockAddr)> {
-    // Again after a cancelled accept: the current loop's driver may be another kind.
+    // Again after a shutdown-cancelled accept (`nothing_moved`), on the current loop's driver.
     loop {
         match backend()? {
             Driver::IoUring => {
@@ -42,10 +42,7 @@ pub(crate) async fn accept(src: &Source) -> io::Result<(OwnedFd, SockAddr)> {
                 .map_err(|(e, _)| e)?;
                 let (res, storage) = op.await;
                 if nothing_moved(res) {
-                    // Cancelled by the shutdown of the driver it was submitted to (the future
-                    // outlived its loop, uring.rs rule 5): no connection was taken (one that was
-                    // would have completed with its descriptor), so it waits again on the current
-                    // loop, as epoll would.
+                    // See `nothing_moved`: an accept that took a connection completes with it.
                     continue;
                 }
                 let fd = result(res)?;

@@ -124,7 +124,7 @@ pub(crate) async fn send_to<B: IoBuf>(
     mut buf: B,
     mut addr: SockAddr,
 ) -> BufResult<usize, B> {
-    // Again after a cancelled send: the current loop's driver may be another kind.
+    // Again after a shutdown-cancelled send (`nothing_moved`), on the current loop's driver.
     loop {
         let kind = match backend() {
             Ok(k) => k,
@@ -146,10 +146,7 @@ pub(crate) async fn send_to<B: IoBuf>(
                     Ok(op) => {
                         let (res, (b, _, a)) = op.await;
                         if nothing_moved(res) {
-                            // Cancelled by the shutdown of the driver it was submitted to (the
-                            // future outlived its loop, uring.rs rule 5): a datagram goes whole
-                            // or not at all, so nothing went; sent again on the current loop, as
-                            // epoll, which waits on, would.
+                            // See `nothing_moved`: a datagram goes whole or not at all.
                             (buf, addr) = (b, *a);
                             continue;
                         }

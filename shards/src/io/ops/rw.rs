@@ -100,11 +100,8 @@ pub(crate) async fn send<B: IoBuf>(src: &Source, mut buf: B, from: usize) -> Buf
                         let (res, b) = op.await;
                         buf = b;
                         if nothing_moved(res) {
-                            // Cancelled by the shutdown of the driver it was submitted to (the
-                            // future outlived its loop, uring.rs rule 5). Without
-                            // `MSG_WAITALL` a send that moved bytes completes with their
-                            // count, so none went out: sent again on the current loop, as
-                            // epoll, which waits on, would.
+                            // See `nothing_moved`: without `MSG_WAITALL` a send that moved
+                            // bytes completes with their count.
                             continue;
                         }
                         return (result(res).map(|n| n as usize), buf);
