@@ -1910,6 +1910,57 @@ fn a_detached_send_that_completes_leaves_no_timer_behind() {
     );
 }
 
+/// Bytes `AsyncWrite` reported written are delivered when the executor stops while their send
+/// still waits for a slow peer. On io_uring the send is detached when the stream drops, and
+/// the driver's shutdown cancelled it at once: the peer got only what fitted in the socket
+/// buffers, with no error anywhere. It now gets a grace to finish first.
+#[test]
+fn bytes_reported_written_survive_the_executor_stopping() {
+    each_driver(
+        "bytes_reported_written_survive_the_executor_stopping",
+        1,
+        |b| b,
+        |driver, ex| {
+            let (addr_tx, addr_rx) = std::sync::mpsc::channel::<SocketAddr>();
+            let client = thread::spawn(move || {
+                // A small receive window, set before the handshake, and a slow reader that
+                // starts once the server side has stopped.
+                let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .unwrap();
+                sock.set_recv_buffer_size(4096).unwrap();
+                sock.connect(&addr_rx.recv().unwrap().into()).unwrap();
+                let mut c = std::net::TcpStream::from(sock);
+                thread::sleep(Duration::from_millis(300));
+                let mut got = Vec::new();
+                c.read_to_end(&mut got).unwrap();
+                got
+            });
+            let sent = ex
+                .block_on(move || async move {
+                    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                    addr_tx.send(l.local_addr().unwrap()).unwrap();
+                    let (mut s, _) = l.accept().await.unwrap();
+                    small_sndbuf(s.as_raw_fd());
+                    // More than the socket buffers hold: the send waits for the reader.
+                    let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+                    let n = AsyncWriteExt::write(&mut s, &data).await.unwrap();
+                    data[..n].to_vec()
+                })
+                .unwrap();
+            drop(ex);
+            let got = client.join().unwrap();
+            assert_eq!(
+                got.len(),
+                sent.len(),
+                "[{driver}] the peer got {} of the {} bytes reported written",
+                got.len(),
+                sent.len()
+            );
+            assert!(got == sent, "[{driver}] the bytes differ");
+        },
+    );
+}
+
 /// Shrinks `fd`'s send buffer so that a 64 KiB send waits for the peer.
 fn small_sndbuf(fd: i32) {
     let small: libc::c_int = 4096;

@@ -21,11 +21,14 @@
 //!    **4b. Detach.** An `Op` whose operation must still happen (a send whose bytes were
 //!    reported written) moves its data into the slot as `Detached(data)` and cancels
 //!    nothing; the completion frees it. A detached operation holds no task, so it does not
-//!    keep the loop from quiescence; one still in flight when the loop stops is cancelled
-//!    by rule 5, and one still in flight after [`DETACH_LIMIT_SECS`] is cancelled by the
-//!    expiry timeout submitted with the detach (a peer that stopped reading).
+//!    keep the loop from quiescence; one still in flight when the loop stops gets a grace
+//!    to finish, then is cancelled (rule 5), and one still in flight after
+//!    [`DETACH_LIMIT_SECS`] is cancelled by the expiry timeout submitted with the detach (a
+//!    peer that stopped reading).
 //! 5. **Shutdown.** Dropping the driver cancels every operation still in flight (and the
-//!    wake-ping read) and waits up to one second for their completions; what is still
+//!    wake-ping read) but the detached sends, whose bytes were reported written: those get up
+//!    to [`SHUTDOWN_WAIT`] (one second) to finish, a peer still reading, and are cancelled
+//!    only then. It waits up to that long again for the cancellations; what is still
 //!    outstanding then is leaked (logged), never freed under the kernel. An `Op` may outlive
 //!    its driver (a stream returned from `LocalExecutor::block_on` and used in the next one,
 //!    with a receive it kept): the driver leaves each live `Op`'s result in this thread's
@@ -795,42 +798,31 @@ impl Uring {
 
 impl Drop for Uring {
     fn drop(&mut self) {
-        // Rule 5.
-        let keys: Vec<u64> = self
-            .ops
-            .borrow()
-            .iter()
-            .map(|(k, _)| self.user_data(k))
-            .collect();
-        let mut to_cancel = keys;
+        // Rule 5. Detached operations are sends whose bytes a stream already reported
+        // written: they get the first second to finish (a peer still reading), and only what
+        // is left of them then is cancelled. Cancelled at once, as before, they lost those
+        // bytes whenever the executor stopped while the peer's window was full.
+        let is_detached = |l: &Lifecycle| matches!(l, Lifecycle::Detached(_));
+        let mut others: Vec<u64> = self.keys_where(|l| !is_detached(l));
         if self.ping_armed.get() {
-            to_cancel.push(PING);
+            others.push(PING);
         }
-        for k in to_cancel {
-            let entry = opcode::AsyncCancel::new(k).build().user_data(CANCEL);
-            // SAFETY: a cancellation carries no pointers.
-            let _ = unsafe { self.push(&entry) };
-        }
+        self.cancel_all(others);
         // Wait only for what the kernel still holds: a `Completed` slot stays until its `Op`
         // is polled or dropped, which may be after this driver is gone (an `Op` can outlive
         // its loop, e.g. in a stream returned from `LocalExecutor::block_on`); waiting for it
         // here stalled every such drop for the full second.
-        let in_kernel = |ops: &Slab<Lifecycle>| {
-            ops.iter()
-                .any(|(_, l)| !matches!(l, Lifecycle::Completed(_)))
-        };
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while (in_kernel(&self.ops.borrow()) || self.ping_armed.get()) && Instant::now() < deadline
-        {
-            if self.ext_arg {
-                let _ = self.enter(1, Some(Duration::from_millis(10)));
-            } else {
-                // No wait timeout before Linux 5.11: a wait for a completion that never comes
-                // would never reach the deadline. Submit, and poll every millisecond.
-                let _ = self.enter(0, None);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            self.dispatch();
+        self.settle(Instant::now() + SHUTDOWN_WAIT);
+        let late = self.keys_where(is_detached);
+        if !late.is_empty() {
+            tracing::warn!(
+                "xtc: {} send(s) already reported written did not finish within {:?} of \
+                 shutdown (a peer not reading); cancelled",
+                late.len(),
+                SHUTDOWN_WAIT
+            );
+            self.cancel_all(late);
+            self.settle(Instant::now() + SHUTDOWN_WAIT);
         }
         // Rule 5: what a live `Op` will ask for. `Completed` and `Submitted`/`Waiting` slots
         // are live `Op`s' (`Ignored` and `Detached` ones hold the data of `Op`s that are gone).
@@ -856,7 +848,7 @@ impl Drop for Uring {
             .count();
         if left > 0 || self.ping_armed.get() {
             tracing::error!(
-                "xtc: {left} io_uring operation(s) did not complete within 1 s of shutdown; \
+                "xtc: {left} io_uring operation(s) did not complete at shutdown; \
                  their buffers are leaked rather than freed under the kernel"
             );
             for slot in self.ops.borrow_mut().drain() {
@@ -869,6 +861,52 @@ impl Drop for Uring {
         }
     }
 }
+
+impl Uring {
+    /// The `user_data` of every slot whose state passes `pick` (shutdown, rule 5).
+    fn keys_where(&self, pick: impl Fn(&Lifecycle) -> bool) -> Vec<u64> {
+        self.ops
+            .borrow()
+            .iter()
+            .filter(|(_, l)| pick(l))
+            .map(|(k, _)| self.user_data(k))
+            .collect()
+    }
+
+    /// Queues a cancellation of each operation in `keys` (shutdown, rule 5).
+    fn cancel_all(&self, keys: Vec<u64>) {
+        for k in keys {
+            let entry = opcode::AsyncCancel::new(k).build().user_data(CANCEL);
+            // SAFETY: a cancellation carries no pointers.
+            let _ = unsafe { self.push(&entry) };
+        }
+    }
+
+    /// Submits and reaps until the kernel holds no operation of this driver (and no wake-ping
+    /// read), or until `deadline` (shutdown, rule 5).
+    fn settle(&self, deadline: Instant) {
+        let in_kernel = |ops: &Slab<Lifecycle>| {
+            ops.iter()
+                .any(|(_, l)| !matches!(l, Lifecycle::Completed(_)))
+        };
+        while (in_kernel(&self.ops.borrow()) || self.ping_armed.get()) && Instant::now() < deadline
+        {
+            if self.ext_arg {
+                let _ = self.enter(1, Some(Duration::from_millis(10)));
+            } else {
+                // No wait timeout before Linux 5.11: a wait for a completion that never comes
+                // would never reach the deadline. Submit, and poll every millisecond.
+                let _ = self.enter(0, None);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.dispatch();
+        }
+    }
+}
+
+/// How long a dropping driver waits for its operations (rule 5): first for detached sends to
+/// finish, then for the cancellations of whatever is left.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 
 /// Unregisters the fixed buffers of driver `id` if it is this thread's current loop's (a
 /// driver that is gone took its registration with it).
