@@ -11,7 +11,9 @@
 //! signal ([`interrupt_signal`], a no-op handler without `SA_RESTART`) sent to its pool
 //! thread. A job's blocking calls go through [`retrying`], which retries `EINTR` unless its
 //! job was cancelled, so a signal that lands late, in the thread's next job, only costs that
-//! job a retry. Calls the kernel does not interrupt (a `pwrite` to a disk file) complete, and
+//! job a retry. Reads and writes of pipes first wait for their descriptor in `ppoll(2)`, with
+//! the signal unblocked only there, and a cancel waits for a call that already found its
+//! descriptor ready ([`when_ready`]): a dropped read takes no byte written after the drop. Calls the kernel does not interrupt (a `pwrite` to a disk file) complete, and
 //! the loop waits for them before it counts as idle, as it waits for an io_uring completion.
 
 use std::{
@@ -109,6 +111,9 @@ struct CtlState {
     cancelled: bool,
     /// The job ended (or was skipped).
     done: bool,
+    /// The job is inside the read or write [`when_ready`] found its descriptor ready for:
+    /// a cancel waits for it to end ([`wait_call`]).
+    calling: bool,
 }
 
 /// The signal that interrupts a cancelled job's blocking call: the third real-time signal
@@ -175,6 +180,114 @@ pub(crate) fn retrying<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result
             Err(e) if e.raw_os_error() == Some(libc::EINTR) && !job_cancelled() => continue,
             r => return r,
         }
+    }
+}
+
+/// Runs a pool job's read (`events` = `POLLIN`) or write (`POLLOUT`) of `fd` so that a
+/// cancel cannot slip past it, for descriptors whose calls wait for a peer (pipes, FIFOs,
+/// character devices): the interrupt signal is blocked while the job checks whether it was
+/// cancelled and unblocked only inside `ppoll(2)`, which does both atomically; once `fd` is
+/// ready the job checks again and marks itself `calling` under the same lock, and a cancel
+/// that finds it there waits for that call ([`wait_call`]), which does not block: `fd` has
+/// data or room. So a dropped read takes no byte written after its drop returned.
+/// [`retrying`] alone had a gap: a signal that landed between its cancel check and a FIFO's
+/// `read(2)` was spent there, and the read then blocked and took the next bytes written.
+///
+/// Regular files and block devices skip this (their calls do not wait for a peer; a cancel
+/// leaves them to complete, and the loop waits for them as it would for io_uring's).
+/// Left open: two readers (or writers) of one pipe, where the other takes the data between
+/// this wait and this call, which then blocks until more comes (a cancel waits for it at most
+/// [`CALL_WAIT`]); and `open(2)` of a FIFO, which has no `ppoll` form and keeps
+/// [`retrying`]'s gap.
+///
+/// Cost: an `fstat`; for a pipe, also two `pthread_sigmask`, one `ppoll` and two locks.
+pub(crate) fn when_ready<T>(
+    fd: std::os::fd::RawFd,
+    events: libc::c_short,
+    mut call: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    let ctl = RUNNING.with(|r| r.borrow().clone());
+    let (Some(ctl), true) = (ctl, interrupt_handler_installed() && waits_for_peer(fd)) else {
+        return retrying(call);
+    };
+    // SAFETY: zeroed `sigset_t`s are valid for `sigemptyset`/`pthread_sigmask` to fill; the
+    // calls only read and write these locals.
+    let old = unsafe {
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, interrupt_signal());
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
+        old
+    };
+    let mut during = old;
+    // SAFETY: `during` is a valid set (a copy of the thread's mask).
+    unsafe { libc::sigdelset(&mut during, interrupt_signal()) };
+    let cancelled = || io::Error::from_raw_os_error(libc::ECANCELED);
+    let r = loop {
+        if lock(&ctl.state).cancelled {
+            break Err(cancelled());
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one live `pollfd`, no timeout, a valid signal set.
+        let rc = unsafe { libc::ppoll(&mut pfd, 1, std::ptr::null(), &during) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            break Err(e);
+        }
+        if rc == 0 {
+            continue;
+        }
+        // Ready (or an error or hang-up, which the call reports). `ppoll` returns readiness
+        // even when a cancel's signal came too: look at the flag, and claim the call.
+        {
+            let mut st = lock(&ctl.state);
+            if st.cancelled {
+                break Err(cancelled());
+            }
+            st.calling = true;
+        }
+        let r = retrying(&mut call);
+        lock(&ctl.state).calling = false;
+        break r;
+    };
+    // SAFETY: restores the mask saved above; a pending interrupt is delivered now, to the
+    // no-op handler.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
+}
+
+/// Whether `fd`'s reads and writes may wait for a peer: anything but a regular file or a
+/// block device (an `fstat` that fails says yes: the careful path works for any kind).
+fn waits_for_peer(fd: std::os::fd::RawFd) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is a live local the kernel fills.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return true;
+    }
+    // SAFETY: fstat succeeded and filled it.
+    let kind = unsafe { st.assume_init() }.st_mode & libc::S_IFMT;
+    kind != libc::S_IFREG && kind != libc::S_IFBLK
+}
+
+/// How long a cancel waits for a pipe read or write [`when_ready`] found ready and started.
+/// It does not block unless another reader or writer of the same pipe got there first.
+const CALL_WAIT: Duration = Duration::from_millis(10);
+
+/// A cancel (the job's future dropped on its loop): waits for the job's started pipe call,
+/// if any, to end, so that it takes nothing written after the drop returns. Bounded by
+/// [`CALL_WAIT`]; yields the CPU while it waits (microseconds: the call does not block).
+fn wait_call(ctl: &Ctl) {
+    let deadline = std::time::Instant::now() + CALL_WAIT;
+    while lock(&ctl.state).calling && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
     }
 }
 
@@ -403,6 +516,7 @@ impl<R> Drop for Blocking<R> {
             // the loop from quiescence, as its effect may still land (`abandoned`).
             lock(&self.ctl.state).cancelled = true;
             if interrupt(&self.ctl) {
+                wait_call(&self.ctl);
                 ABANDONED.with(|v| v.borrow_mut().push(self.ctl.clone()));
             }
         }

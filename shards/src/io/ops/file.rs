@@ -118,7 +118,7 @@ pub(crate) async fn read_at<B: IoBufMut>(
             let r = blocking::run(move || {
                 let mut tmp = vec![0u8; len];
                 let (raw, dst) = (fd.as_raw_fd(), tmp.as_mut_ptr().cast());
-                let n = blocking::retrying(|| {
+                let n = blocking::when_ready(raw, libc::POLLIN, || {
                     // SAFETY: `tmp` has `len` writable bytes; the Arc keeps the fd open.
                     cvt(unsafe {
                         match pos {
@@ -192,7 +192,7 @@ pub(crate) async fn write_at<B: IoBuf>(
                 unsafe { std::slice::from_raw_parts(buf.stable_ptr(), buf.bytes_init()) }.to_vec();
             let r = blocking::run(move || {
                 let (raw, src, len) = (fd.as_raw_fd(), data.as_ptr().cast(), data.len());
-                blocking::retrying(|| {
+                blocking::when_ready(raw, libc::POLLOUT, || {
                     // SAFETY: `data` is a live buffer of its length; the Arc keeps the fd open.
                     cvt(unsafe {
                         match pos {
