@@ -139,8 +139,17 @@ impl Epoll {
         let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
         // SAFETY: `fd` is a fresh descriptor nobody else owns.
         let epfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Level-triggered: a ping not drained yet keeps the next wait from sleeping. Miri's
+        // epoll supports edge-triggered registrations only; there the ping is edge-triggered,
+        // which is enough for its single-threaded checks of the task and channel code
+        // (`scripts/miri`): every wait that a ping ends drains the eventfd.
+        let events = if cfg!(miri) {
+            libc::EPOLLIN | libc::EPOLLET
+        } else {
+            libc::EPOLLIN
+        };
         let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
+            events: events as u32,
             u64: PING,
         };
         // SAFETY: `ev` is a live local; both descriptors are open.
