@@ -220,13 +220,16 @@ impl Core {
             },
             std::sync::atomic::Ordering::Relaxed,
         );
+        let first_timer = shared
+            .timer_generation
+            .load(std::sync::atomic::Ordering::Relaxed);
         Core {
             io,
             mesh: RefCell::new(mesh),
             shared,
             exec,
             queue: RefCell::new(VecDeque::with_capacity(1024)),
-            timers: RefCell::new(Timers::new()),
+            timers: RefCell::new(Timers::new(first_timer)),
             registry: RefCell::new(Slab::with_capacity(1024)),
             tasks_done: Cell::new(tasks_done),
             io_base,
@@ -274,6 +277,12 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
+        // The next run's timers start after this one's (`LoopShared::timer_generation`).
+        if let Ok(t) = self.timers.try_borrow() {
+            self.shared
+                .timer_generation
+                .store(t.next_generation(), std::sync::atomic::Ordering::Relaxed);
+        }
         // Ring protocol rule 1: give the ring ends back for the next run.
         let mesh = self.mesh.replace(LocalMesh::none(self.shared.index));
         self.exec.mesh.give_back(mesh);

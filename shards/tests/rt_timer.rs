@@ -578,3 +578,66 @@ fn a_wakers_clone_that_drops_a_sleep_runs_outside_the_timers_borrow() {
         assert!(HELD.with(|h| h.borrow().is_none()), "the clone ran");
     });
 }
+
+/// An interval whose start lies centuries back (more missed periods than a `Duration` of
+/// nanoseconds holds) still skips to the next tick after now. The skip was computed as a
+/// distance from the start; it overflowed, and the second tick came 30 years later.
+#[test]
+fn an_interval_started_centuries_ago_ticks_within_a_period() {
+    const P: Duration = Duration::from_millis(10);
+    LocalExecutor::new().unwrap().block_on(async {
+        let start = Instant::now() - Duration::from_secs(86_400 * 365 * 600);
+        let mut iv = time::interval_at(start, P);
+        assert_eq!(
+            iv.tick().await,
+            start,
+            "the overdue first tick comes at once"
+        );
+        let t0 = Instant::now();
+        let second = time::timeout(Duration::from_secs(2), iv.tick())
+            .await
+            .unwrap_or_else(|_| panic!("no second tick within 2 s (period {P:?})"));
+        assert!(
+            second >= t0 && second <= t0 + P,
+            "the second tick is {:?} after now, not within a period",
+            second - t0
+        );
+    });
+}
+
+/// A sleep polled in one run of a loop and dropped in a much later run cancels nothing of that
+/// run. Each run's timer generations came from a 24-bit process-wide counter, so run
+/// `r + 2^24` reused run `r`'s range, and the old sleep's key matched the new run's first
+/// timer: dropping it cancelled another task's sleep, which never woke. Generations now
+/// continue per loop, in a `u64`. Takes about two minutes (2^24 `block_on`s), so it is not
+/// part of the suite: `XTC_IO=epoll cargo test -p xtc-shards --test rt_timer -- --ignored
+/// a_sleep_kept_from_a_run_2_24_runs_ago`.
+#[test]
+#[ignore = "about two minutes: 2^24 block_on calls"]
+fn a_sleep_kept_from_a_run_2_24_runs_ago_cancels_nothing_of_a_later_run() {
+    let ex = LocalExecutor::new().unwrap();
+    #[allow(clippy::async_yields_async)]
+    let old = ex.block_on(async {
+        let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
+        assert!(futures::poll!(s.as_mut()).is_pending());
+        s
+    });
+    for _ in 0..(1u64 << 24) - 1 {
+        ex.block_on(async {});
+    }
+    let took = ex.block_on(async move {
+        let t0 = Instant::now();
+        // Registers its timer (the run's first) and parks.
+        let sleeper = spawn_local(time::sleep(Duration::from_millis(20)));
+        xtc_shards::yield_now().await;
+        drop(old);
+        let limit = time::sleep(Duration::from_secs(3));
+        futures::pin_mut!(limit);
+        futures::future::select(sleeper, limit).await;
+        t0.elapsed()
+    });
+    assert!(
+        took < Duration::from_secs(2),
+        "a 20 ms sleep woke only after {took:?}: an old run's sleep cancelled its timer"
+    );
+}

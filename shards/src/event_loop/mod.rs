@@ -85,6 +85,12 @@ pub(crate) struct LoopShared {
     pub(crate) class_count: crate::sync::AtomicUsize,
     /// Stall watchdog settings and count (stall.rs).
     pub(crate) stall: crate::stall::StallShared,
+    /// The next timer generation of this loop's next run: each run's `Timers` starts here and
+    /// hands its own next one back when it ends (`Core`'s drop), so a `TimerKey` kept from an
+    /// earlier run (a sleep polled in one `block_on`, dropped in a later one) matches no timer
+    /// of a later run. A `u64` counted per loop does not wrap. Touched by the loop only, twice
+    /// per run.
+    pub(crate) timer_generation: AtomicU64,
     /// The executor, weakly (set once by `ExecShared::new_arc`): how a migratable task, whose
     /// metadata holds its spawn loop, reaches its executor (steal/mod.rs rule 1).
     exec: std::sync::OnceLock<std::sync::Weak<crate::executor::ExecShared>>,
@@ -115,6 +121,7 @@ impl LoopShared {
             parker: CachePadded::new(Parker::new()?),
             status: CachePadded::new(AtomicU64::new(status::BUSY)),
             stats: StatsCell::new(base),
+            timer_generation: AtomicU64::new(0),
             exec: std::sync::OnceLock::new(),
         })
     }

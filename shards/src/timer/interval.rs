@@ -65,12 +65,13 @@ impl Interval {
         let now = Instant::now();
         let mut next = super::deadline_after(fired, self.period);
         if next <= now {
-            // In u128 nanoseconds: a tiny period after a long stall is many periods behind.
-            let period = self.period.as_nanos();
-            let behind = now.duration_since(fired).as_nanos() / period;
-            let ahead = period.saturating_mul(behind + 1);
-            let ahead = u64::try_from(ahead).map_or(Duration::MAX, Duration::from_nanos);
-            next = super::deadline_after(fired, ahead);
+            // Skip the missed ticks: the next one on the schedule after `now`, counted from
+            // `now` (from `fired`, the distance of a start centuries back overflowed a
+            // `Duration` of nanoseconds, and the next tick came 30 years later). In u128
+            // nanoseconds: a tiny period after a long stall is many periods behind.
+            let rem = now.duration_since(fired).as_nanos() % self.period.as_nanos();
+            let rem = Duration::new((rem / 1_000_000_000) as u64, (rem % 1_000_000_000) as u32);
+            next = super::deadline_after(now, self.period - rem);
         }
         self.next = next;
         self.sleep.reset(next);

@@ -45,12 +45,19 @@ pub(crate) struct TimerKey {
 }
 
 impl Timers {
-    pub(crate) fn new() -> Timers {
+    /// Timers of one loop run whose generations start at `first`: the loop's
+    /// `LoopShared::timer_generation`, where the previous run left off.
+    pub(crate) fn new(first: u64) -> Timers {
         Timers {
             heap: BinaryHeap::new(),
             entries: Slab::new(),
-            next_generation: fresh_generations(),
+            next_generation: first,
         }
+    }
+
+    /// The generation the next timer would get: where the loop's next run starts.
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.next_generation
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -148,16 +155,6 @@ impl Timers {
     }
 }
 
-/// The first generation of a new `Timers` (a new loop run): each run takes its own range, the
-/// top 24 bits, from a process-wide counter, so a `TimerKey` of an earlier run (a cancel sent
-/// home by a moved sleep that only arrives in the next run) matches no timer of a later one.
-/// Each range holds 2^40 timers.
-fn fresh_generations() -> u64 {
-    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xFF_FFFF;
-    run << 40
-}
-
 /// `t + d`, or an instant about 30 years from now where that overflows (`Duration::MAX`):
 /// a deadline nobody waits for, rather than a panic on user input.
 pub(crate) fn deadline_after(t: Instant, d: Duration) -> Instant {
@@ -179,7 +176,7 @@ mod tests {
 
     #[test]
     fn cancelled_timers_do_not_pile_up_in_the_heap() {
-        let mut t = Timers::new();
+        let mut t = Timers::new(0);
         let now = Instant::now();
         // A live timer due first keeps the cancelled ones from surfacing.
         let live = t.insert(now + Duration::from_secs(1), Waker::noop().clone());
