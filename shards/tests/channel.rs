@@ -883,3 +883,63 @@ fn shared_a_wakers_clone_that_drops_the_sender_runs_outside_the_sides_lock() {
         .expect("the recv's poll deadlocked inside the waker's clone");
     assert!(closed, "the channel closed by the clone reads as closed");
 }
+
+/// A waiting send that is dropped (a timeout) drops its waker after the channel's borrow: the
+/// waker's drop is user code, and this one drops a `Sender`, which borrows the channel. It
+/// ran under the borrow and panicked with "already borrowed".
+#[test]
+fn local_a_cancelled_senders_waker_is_dropped_outside_the_borrow() {
+    use std::{future::Future, pin::Pin, task::Context};
+    let (tx, mut rx) = local::bounded::<u32>(1).unwrap();
+    tx.try_send(0).unwrap(); // full
+    let other = tx.clone();
+    let waker = drop_hooked_waker(move || drop(other));
+    let mut fut = Box::pin(tx.send(1));
+    assert!(Pin::new(&mut fut)
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    drop(waker); // the channel's waiter list holds the only clone now
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(fut)));
+    assert!(
+        dropped.is_ok(),
+        "dropping a waiting send panicked: its waker's drop ran under the channel's borrow"
+    );
+    assert_eq!(rx.try_recv(), Ok(0));
+    drop(tx);
+    assert_eq!(
+        rx.try_recv(),
+        Err(TryRecvError::Closed),
+        "both senders are gone"
+    );
+}
+
+/// The same for a waiting send that completes: it leaves the line, and its stored waker is
+/// dropped after the borrow.
+#[test]
+fn local_a_completed_waiting_senders_waker_is_dropped_outside_the_borrow() {
+    use std::{future::Future, pin::Pin, task::Context};
+    let (tx, mut rx) = local::bounded::<u32>(1).unwrap();
+    tx.try_send(0).unwrap(); // full
+                             // `b` waits first (a plain waker), `a` behind it with the hooked one.
+    let mut b = Box::pin(tx.send(2));
+    assert!(Pin::new(&mut b)
+        .poll(&mut Context::from_waker(std::task::Waker::noop()))
+        .is_pending());
+    let other = tx.clone();
+    let waker = drop_hooked_waker(move || drop(other));
+    let mut a = Box::pin(tx.send(1));
+    assert!(Pin::new(&mut a)
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    drop(waker);
+    // The freed slot is `b`'s notification; `a`, polled first, takes it and leaves the line.
+    assert_eq!(rx.try_recv(), Ok(0));
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Pin::new(&mut a).poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }));
+    assert!(
+        matches!(polled, Ok(std::task::Poll::Ready(Ok(())))),
+        "the completing poll panicked: the waker was dropped under the channel's borrow"
+    );
+    drop(b);
+}

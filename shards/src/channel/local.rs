@@ -59,18 +59,23 @@ impl<T> State<T> {
     }
 
     /// Waiter `key` leaves. With `pass_on`, a notification it did not use goes to the next
-    /// waiter, whose waker is returned, to be woken after the borrow; without, it was used (the
-    /// value was sent) or is moot (closed).
-    fn leave(&mut self, key: usize, pass_on: bool) -> Option<Waker> {
-        let w = self.waiters.try_remove(key)?;
-        if !w.notified {
+    /// waiter, whose waker is returned first, to be woken after the borrow; without, it was
+    /// used (the value was sent) or is moot (closed). The leaving waiter's own waker comes
+    /// back second, to be dropped after the borrow too: its drop is user code (a custom waker
+    /// owning a `Sender` whose drop borrows this state).
+    fn leave(&mut self, key: usize, pass_on: bool) -> (Option<Waker>, Option<Waker>) {
+        let Some(w) = self.waiters.try_remove(key) else {
+            return (None, None);
+        };
+        let next = if !w.notified {
             self.line.retain(|&k| k != key);
             None
         } else if pass_on {
             self.notify_one()
         } else {
             None
-        }
+        };
+        (next, Some(w.waker))
     }
 }
 
@@ -165,7 +170,8 @@ impl<T> Future for SendFut<'_, T> {
         };
         // Sent (a notification, if we had one, was used) or closed: leave the line.
         if let Some(key) = this.key.take() {
-            this.tx.st.borrow_mut().leave(key, false);
+            let left = this.tx.st.borrow_mut().leave(key, false);
+            drop(left);
         }
         Poll::Ready(done)
     }
@@ -230,7 +236,8 @@ impl<T> Drop for SendFut<'_, T> {
         let Some(key) = self.key.take() else {
             return;
         };
-        let next = self.tx.st.borrow_mut().leave(key, true);
+        let (next, own) = self.tx.st.borrow_mut().leave(key, true);
+        drop(own);
         if let Some(w) = next {
             w.wake();
         }

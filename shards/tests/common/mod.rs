@@ -72,6 +72,54 @@ pub fn panicking_waker() -> std::task::Waker {
     unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
 }
 
+/// A no-op waker whose drop panics (unless the thread is already panicking): user code, as a
+/// custom waker's drop is.
+pub fn drop_panicking_waker() -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    fn clone(p: *const ()) -> RawWaker {
+        RawWaker::new(p, &VTABLE)
+    }
+    fn noop(_: *const ()) {}
+    fn drop_panics(_: *const ()) {
+        if !std::thread::panicking() {
+            panic!("a user waker panics when dropped");
+        }
+    }
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, drop_panics);
+    // SAFETY: the vtable's functions never dereference the (null) data pointer.
+    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
+/// A no-op waker whose last clone's drop runs `hook`: user code inside `Waker::drop`, as a
+/// custom waker owning a channel end may run. For one thread only (an `Rc` inside).
+pub fn drop_hooked_waker(hook: impl FnOnce() + 'static) -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    struct Hook(std::cell::Cell<Option<Box<dyn FnOnce()>>>);
+    impl Drop for Hook {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    // The vtable's functions: `p` comes from `Rc::into_raw` of a live `Rc<Hook>`, whose
+    // count they keep (clone adds one, wake and drop give one back).
+    unsafe fn clone(p: *const ()) -> RawWaker {
+        // SAFETY: `p` is a live `Rc<Hook>`'s pointer (above).
+        unsafe { std::rc::Rc::increment_strong_count(p.cast::<Hook>()) };
+        RawWaker::new(p, &VTABLE)
+    }
+    unsafe fn release(p: *const ()) {
+        // SAFETY: gives back the count this waker held (above).
+        drop(unsafe { std::rc::Rc::from_raw(p.cast::<Hook>()) });
+    }
+    unsafe fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, release, noop, release);
+    let rc = std::rc::Rc::new(Hook(std::cell::Cell::new(Some(Box::new(hook)))));
+    // SAFETY: the vtable keeps the `Rc`'s count (above); the tests using it stay on one thread.
+    unsafe { Waker::from_raw(RawWaker::new(std::rc::Rc::into_raw(rc).cast(), &VTABLE)) }
+}
+
 thread_local! {
     /// What the next clone of a [`hooked_waker`] runs.
     static CLONE_HOOK: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
