@@ -837,3 +837,32 @@ fn pin_binds_each_shard_to_its_cpu_or_all_to_the_placements() {
         assert_eq!(got, &all, "shard {shard} floating");
     }
 }
+
+/// A waker whose drop panics, stored by a sleep of a task parked at the stop, does not kill
+/// the loop's thread: the loop drops its timers' wakers at shutdown, and did so unguarded, so
+/// the thread died halfway through its shutdown and `run()` reported an internal error.
+#[test]
+fn a_panicking_waker_drop_at_stop_does_not_kill_the_loop() {
+    let ex = exec(2);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    ex.spawn_on(1, move || async move {
+        let _c = CountDrop(d);
+        let mut s = Box::pin(xtc_shards::time::sleep(Duration::from_secs(30)));
+        let w = drop_panicking_waker();
+        assert!(poll_caught(s.as_mut(), &w).unwrap(), "pending");
+        std::mem::forget(w);
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    ex.spawn_on(0, || async {
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        xtc_shards::stop();
+    })
+    .unwrap();
+    let dog = Watchdog::new(ex.handle(), HANG, "a stop with a panicking waker drop");
+    let r = ex.run();
+    dog.done();
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(dropped.load(SeqCst), 1, "the parked task was dropped");
+}

@@ -552,7 +552,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     }
     // Entries leave the registry as the `Runnable`s below are dropped.
     let timer_wakers = core.timers.borrow_mut().clear();
-    drop(timer_wakers);
+    crate::task::drop_wakers_guarded(timer_wakers);
     // Runnables of other loops' tasks go home; ours in the rings come in.
     core.run_flushes();
     ring::evacuate(core);

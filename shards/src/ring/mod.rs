@@ -454,7 +454,7 @@ pub(crate) fn evacuate(core: &Core) {
     let wakers: Vec<Waker> = m.waiters.iter_mut().flat_map(std::mem::take).collect();
     m.waiting = 0;
     drop(m);
-    drop(wakers);
+    crate::task::drop_wakers_guarded(wakers);
     drain(core);
 }
 

@@ -276,6 +276,15 @@ pub(crate) fn wake_guarded(waker: std::task::Waker) {
     guarded("a waker panicked when woken", || waker.wake());
 }
 
+/// Drops wakers the loop held for parked tasks (its timers, ring-space waiters) at shutdown,
+/// each under [`guarded`]: a waker's drop is user code when a future was polled with a custom
+/// waker, and a panic there killed the loop's thread halfway through its shutdown.
+pub(crate) fn drop_wakers_guarded(wakers: impl IntoIterator<Item = std::task::Waker>) {
+    for w in wakers {
+        guarded("a waker panicked when dropped", || drop(w));
+    }
+}
+
 /// Runs `f`; a panic is logged as `what` and goes no further. The payload is dropped under
 /// `catch_unwind` too, since its own drop could panic; only the payload of such a second panic
 /// is forgotten. (Forgetting every payload leaked one allocation per contained panic; Miri
