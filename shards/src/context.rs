@@ -326,6 +326,26 @@ pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
     })
 }
 
+/// Runs `f` as if this thread ran no loop: for dropping another executor's queued tasks
+/// (`ExecShared::sweep`), which may happen inside a task of a running loop. Without it, those
+/// tasks' drops counted as finished on the running loop (`task_dropped`), and a `Drop` that
+/// spawned put its task on that unrelated loop. Restores the loop (and its turn) afterwards,
+/// also on unwind. Cost: two thread-local swaps each way.
+pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(*const Core, u64);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+            TURN.with(|t| t.set(self.1));
+        }
+    }
+    let _restore = Restore(
+        CURRENT.with(|c| c.replace(ptr::null())),
+        TURN.with(|t| t.replace(0)),
+    );
+    f()
+}
+
 /// Runs `f` with this thread's current loop, if any.
 pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
     CURRENT.with(|c| {

@@ -866,3 +866,24 @@ fn a_panicking_waker_drop_at_stop_does_not_kill_the_loop() {
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(dropped.load(SeqCst), 1, "the parked task was dropped");
 }
+
+/// An executor dropped inside a task of another one frees its queued tasks without counting
+/// them as run on the loop that happens to run the drop: they counted there
+/// (`LoopStats::tasks_run` 11 instead of 1 here).
+#[test]
+fn another_executors_queued_tasks_dropped_on_a_loop_do_not_count_there() {
+    let a = exec(1);
+    a.spawn_on(0, || async {
+        let b = exec(1);
+        for _ in 0..10 {
+            b.spawn_on(0, || async {}).unwrap();
+        }
+        drop(b);
+    })
+    .unwrap();
+    let dog = Watchdog::new(a.handle(), HANG, "a run dropping another executor");
+    a.run().unwrap();
+    dog.done();
+    let st = a.loop_stats(0).unwrap();
+    assert_eq!(st.tasks_run, 1, "{st:?}");
+}

@@ -672,23 +672,28 @@ impl ExecShared {
     /// more, a `Drop` that spawns): every inbox and injector (where a foreign thread's pushes
     /// go), and with `all` the parked deques and the ring mesh, which only a thread that no
     /// run can race may drain (`drop_queued`).
+    ///
+    /// Off any loop (`context::off_loop`): it may run inside a task of another executor's loop
+    /// (an executor dropped there), which these tasks are nothing to.
     fn sweep(&self, all: bool) {
         let _sweep = Sweeping::enter();
-        let mut batch = Vec::new();
-        for _ in 0..8 {
-            let mut dropped = if all {
-                self.migratable.drop_parked_queues() + self.mesh.drop_queued()
-            } else {
-                0
-            };
-            for l in &self.loops {
-                dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
-                batch.clear();
+        crate::context::off_loop(|| {
+            let mut batch = Vec::new();
+            for _ in 0..8 {
+                let mut dropped = if all {
+                    self.migratable.drop_parked_queues() + self.mesh.drop_queued()
+                } else {
+                    0
+                };
+                for l in &self.loops {
+                    dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
+                    batch.clear();
+                }
+                if dropped == 0 {
+                    break;
+                }
             }
-            if dropped == 0 {
-                break;
-            }
-        }
+        });
     }
 
     /// The `Executor` (or `LocalExecutor`) is gone, so no run can come: from now on a `Handle`
