@@ -674,3 +674,39 @@ fn a_task_woken_by_a_ring_space_waiter_reaches_a_sleeping_shard() {
     watchdog.done();
     assert!(woken.is_finished(), "shard 1's task never ran");
 }
+
+/// Spawns that a stop catches behind a full ring (some in the ring, the rest in the sender's
+/// backlog) run in their order in the next run. The stopping loop moved its backlog to the
+/// target's inbox, which the target drains before its rings: the newer spawns ran first
+/// (`[2, 3, 4, 5, 6, 7, 0, 1]`).
+#[test]
+fn spawns_behind_a_full_ring_at_a_stop_keep_their_order_in_the_next_run() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(2)
+        .build()
+        .unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let o = order.clone();
+    ex.block_on(move || async move {
+        let h = shard::handle().unwrap();
+        shard::stop();
+        // Shard 1 sees the stop and shuts down while this poll keeps shard 0 busy.
+        std::thread::sleep(Duration::from_millis(300));
+        for i in 0..8u32 {
+            let o = o.clone();
+            // Ring 0 -> 1 (2 slots), then its backlog.
+            h.spawn_on(1, move || async move { o.lock().unwrap().push(i) })
+                .unwrap();
+        }
+    })
+    .unwrap();
+    assert!(order.lock().unwrap().is_empty(), "shard 1 had stopped");
+    run_or_fail(ex, Duration::from_secs(20), "the run after the stop").unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        (0..8).collect::<Vec<_>>(),
+        "spawns from shard 0 to shard 1 ran out of order"
+    );
+}

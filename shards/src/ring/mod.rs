@@ -433,23 +433,41 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
 
 /// Shutdown: moves backlogged `Runnable`s to their owners' inboxes (they must be dropped on
 /// their own loops) and drains incoming rings into the run queue.
+///
+/// Rule 2 holds across the move: if the owner has stopped already (its end of the ring is
+/// parked in the executor's mesh), what is still in the ring goes to its inbox first, then the
+/// backlog. Moved alone, the newer backlog came out of the inbox (drained first) ahead of the
+/// older messages in the ring, in the owner's next run. An owner still running takes the ring
+/// in its own shutdown.
 pub(crate) fn evacuate(core: &Core) {
     flush(core);
+    let mesh = &core.exec.mesh;
     let mut m = core.mesh.borrow_mut();
+    let me = m.me;
     for to in 0..m.backlog.len() {
+        if m.backlog[to].is_empty() {
+            continue;
+        }
         let owner = &core.exec.loops[to];
-        let mut moved = false;
-        while let Some(r) = m.backlog[to].pop_front() {
-            m.backlogged -= 1;
+        let mut ahead = Vec::new();
+        {
+            // Held while popping: a next run of `to` taking its ends waits for it.
+            let mut c = lock(&mesh.consumers[me * mesh.n + to]);
+            if let Some(c) = c.as_mut() {
+                while let Ok(r) = c.pop() {
+                    ahead.push(r);
+                }
+            }
+        }
+        let backlog = std::mem::take(&mut m.backlog[to]);
+        m.backlogged -= backlog.len();
+        for r in ahead.into_iter().chain(backlog) {
             // It leaves the ring mesh: its push was counted as sent on the ring (rule 6), and
             // the ring will never count it received; the inbox counts it from here.
             m.sent -= 1;
             owner.inbox.push(r);
-            moved = true;
         }
-        if moved {
-            owner.parker.unpark();
-        }
+        owner.parker.unpark();
     }
     let wakers: Vec<Waker> = m.waiters.iter_mut().flat_map(std::mem::take).collect();
     m.waiting = 0;
