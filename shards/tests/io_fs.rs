@@ -619,15 +619,7 @@ fn a_dropped_fifo_read_takes_no_byte_written_after_the_drop() {
         1,
         |driver| async move {
             use std::io::{Read as _, Write as _};
-            use std::os::unix::fs::OpenOptionsExt;
-            let (path, _c) = fifo("dropped-read");
-            // Both ends, non-blocking, held here: `fs::read`'s own open never waits for a peer.
-            let mut keep = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&path)
-                .unwrap();
+            let (path, _c, mut keep) = fifo_held("dropped-read");
             let mut lost = Vec::new();
             for i in 0..1000 {
                 {
@@ -652,4 +644,52 @@ fn a_dropped_fifo_read_takes_no_byte_written_after_the_drop() {
             );
         },
     );
+}
+
+/// A FIFO of `tag` with both ends held open, non-blocking, by the returned file (nobody reads
+/// until the test does): `fs`'s own opens of it never wait for a peer.
+fn fifo_held(tag: &str) -> (PathBuf, Cleanup, std::fs::File) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (path, c) = fifo(tag);
+    let keep = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .unwrap();
+    (path, c, keep)
+}
+
+/// A dropped write into a FIFO larger than its room stops: nothing more lands once a reader
+/// makes room. The fix that keeps a dropped read from taking later bytes blocked the cancel
+/// signal through the write(2) itself, so the write went on (983,040 more bytes here) and its
+/// abandoned job kept the loop from quiescence until something drained the pipe.
+#[test]
+fn a_dropped_fifo_write_larger_than_the_room_writes_nothing_after_the_drop() {
+    use std::io::Read as _;
+    on_each_driver("a_dropped_fifo_write_stops", 1, |driver| async move {
+        let (path, _c, mut keep) = fifo_held("dropped-write");
+        // 1 MiB into an empty 64 KiB pipe: room for the start, then the write waits.
+        let w = xtc_shards::time::timeout(
+            Duration::from_millis(200),
+            fs::write(&path, vec![7u8; 1 << 20]),
+        )
+        .await;
+        assert!(
+            w.is_err(),
+            "[{driver}] the write should still wait for room"
+        );
+        let mut buf = vec![0u8; 1 << 21];
+        let _at_drop = keep.read(&mut buf).unwrap_or(0);
+        xtc_shards::time::sleep(Duration::from_millis(300)).await;
+        let mut after = 0;
+        while let Ok(n @ 1..) = keep.read(&mut buf) {
+            after += n;
+            xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            after, 0,
+            "[{driver}] a dropped write went on writing {after} bytes after the drop"
+        );
+    });
 }

@@ -187,20 +187,24 @@ pub(crate) fn retrying<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result
 /// cancel cannot slip past it, for descriptors whose calls wait for a peer (pipes, FIFOs,
 /// character devices): the interrupt signal is blocked while the job checks whether it was
 /// cancelled and unblocked only inside `ppoll(2)`, which does both atomically; once `fd` is
-/// ready the job checks again and marks itself `calling` under the same lock, and a cancel
-/// that finds it there waits for that call ([`wait_call`]), which does not block: `fd` has
-/// data or room. So a dropped read takes no byte written after its drop returned.
+/// ready the job checks again and marks itself `calling` under the same lock, unblocks the
+/// signal, and makes the call; a cancel that finds it there waits for that call
+/// ([`wait_call`]). A read then does not block (`fd` has data), so a dropped read takes no
+/// byte written after its drop returned; a write larger than the room blocks, and the
+/// cancel's signal (or the loop's re-signal) interrupts it, as before.
 /// [`retrying`] alone had a gap: a signal that landed between its cancel check and a FIFO's
 /// `read(2)` was spent there, and the read then blocked and took the next bytes written.
 ///
 /// Regular files and block devices skip this (their calls do not wait for a peer; a cancel
 /// leaves them to complete, and the loop waits for them as it would for io_uring's).
-/// Left open: two readers (or writers) of one pipe, where the other takes the data between
-/// this wait and this call, which then blocks until more comes (a cancel waits for it at most
-/// [`CALL_WAIT`]); and `open(2)` of a FIFO, which has no `ppoll` form and keeps
-/// [`retrying`]'s gap.
+/// Left open: a cancel whose signal lands between the claim and a call that then blocks (a
+/// write larger than the room, or a read whose data another reader of the pipe took) is
+/// spent; the cancel waits for the call at most [`CALL_WAIT`], and the loop's re-signal
+/// ([`ABANDONED_RECHECK`]) ends it after that, so such a write may still move bytes for about
+/// a millisecond after the drop returned. And `open(2)` of a FIFO, which has no `ppoll` form,
+/// keeps [`retrying`]'s gap.
 ///
-/// Cost: an `fstat`; for a pipe, also two `pthread_sigmask`, one `ppoll` and two locks.
+/// Cost: an `fstat`; for a pipe, also three `pthread_sigmask`, one `ppoll` and two locks.
 pub(crate) fn when_ready<T>(
     fd: std::os::fd::RawFd,
     events: libc::c_short,
@@ -254,12 +258,19 @@ pub(crate) fn when_ready<T>(
             }
             st.calling = true;
         }
+        // The call itself stays interruptible, as outside this function: a write larger than
+        // the room `POLLOUT` promised blocks, and a cancel that comes after the claim (or
+        // `park_timeout`'s re-signal) must still reach it. With the signal left blocked, a
+        // dropped FIFO write went on writing as a reader made room, and kept `run()` from
+        // returning. A read that found data does not block (one reader), so it ends either way.
+        // SAFETY: restores the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
         let r = retrying(&mut call);
         lock(&ctl.state).calling = false;
         break r;
     };
-    // SAFETY: restores the mask saved above; a pending interrupt is delivered now, to the
-    // no-op handler.
+    // SAFETY: restores the mask saved above (again, after a call: the same mask); a pending
+    // interrupt is delivered now, to the no-op handler.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r
 }
