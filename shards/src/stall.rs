@@ -90,9 +90,11 @@ pub(crate) fn report(shared: &LoopShared, info: &TaskInfo, budget: Duration, too
         Some(cb) => {
             // The callback runs on the loop's thread between two polls: a panic in it must not
             // unwind the loop (its status would stay BUSY and `run()` would wait for ever).
+            // Its payload too, whose drop is user code as well (`task::drop_payload`).
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(&report)));
-            if ran.is_err() {
+            if let Err(payload) = ran {
                 tracing::error!("xtc stall callback panicked (the loop goes on): {report}");
+                crate::task::drop_payload(payload);
             }
         }
         None => {

@@ -309,6 +309,41 @@ fn a_panicking_stall_callback_does_not_kill_the_loop() {
     );
 }
 
+/// The same with a panic whose payload panics when dropped (`panic_any` of such a value): the
+/// payload was dropped outside the guard, and that second panic killed the loop's thread
+/// (`run()` reported "a shard thread panicked outside any task").
+#[test]
+fn a_stall_callback_panic_whose_payload_drop_panics_does_not_kill_the_loop() {
+    struct PanicOnDrop;
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            panic!("a payload whose drop panics");
+        }
+    }
+    let ex = exec(1);
+    ex.set_stall_callback(0, |_| std::panic::panic_any(PanicOnDrop))
+        .unwrap();
+    ex.set_stall_budget(Duration::from_millis(1));
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    ex.spawn_on(0, move || async move {
+        burn(Duration::from_millis(20)); // one poll over budget: the callback runs and panics
+        xtc_shards::yield_now().await;
+        d.store(true, SeqCst);
+    })
+    .unwrap();
+    run_or_fail(
+        ex,
+        Duration::from_secs(20),
+        "after the callback's payload panicked",
+    )
+    .unwrap();
+    assert!(
+        done.load(SeqCst),
+        "the task went on after the callback panicked"
+    );
+}
+
 /// `task::Builder::class(c).spawn_on(c's shard, ..)` runs the task in that class.
 #[test]
 fn builder_spawn_on_keeps_the_class() {

@@ -405,10 +405,10 @@ pub(crate) fn run<R: Send + 'static>(
         };
         let r = if start {
             RUNNING.with(|r| *r.borrow_mut() = Some(their_ctl.clone()));
-            let r =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
-                    Err(io::Error::other("xtc: a blocking file operation panicked"))
-                });
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+                crate::task::drop_payload(p);
+                Err(io::Error::other("xtc: a blocking file operation panicked"))
+            });
             RUNNING.with(|r| *r.borrow_mut() = None);
             r
         } else {

@@ -293,9 +293,16 @@ pub(crate) fn guarded(what: &str, f: impl FnOnce()) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
         let msg = crate::error::payload_message(&*payload).unwrap_or("a non-string payload");
         tracing::error!("xtc: {what} (ignored): {msg}");
-        if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-            std::mem::forget(again);
-        }
+        drop_payload(payload);
+    }
+}
+
+/// Drops a caught panic's payload under `catch_unwind`: a payload is user code (`panic_any`
+/// of a value whose `Drop` panics), and that second panic would unwind out of the loop. Its
+/// own payload is forgotten rather than risked. Cost: a landing pad.
+pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
     }
 }
 
