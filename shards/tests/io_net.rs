@@ -716,8 +716,9 @@ fn dropped_reads_racing_a_writer_thread() {
     );
 }
 
-/// A dropped `accept` whose connection the kernel had already accepted must close it: the
-/// client sees end of stream or a reset, never a connection nobody owns.
+/// A listener dropped after an `accept` future of it was dropped closes the connection that
+/// accept had taken (io_uring keeps it for the next `accept`): the client sees end of stream
+/// or a reset, never a connection nobody owns.
 #[test]
 fn dropped_accept_does_not_leak_the_connection() {
     on_each_driver(
@@ -756,6 +757,66 @@ fn dropped_accept_does_not_leak_the_connection() {
             }
         },
     );
+}
+
+/// An `accept` future dropped after the kernel took a connection for it (a `select!` or
+/// `timeout` whose other branch won) loses no connection: the next `accept` gets it, as on
+/// epoll, with `std` and with tokio. On io_uring the dropped accept was cancelled and the
+/// connection it held closed under its client, and the next `accept` waited for good.
+#[test]
+fn a_dropped_accept_loses_no_connection() {
+    on_each_driver(
+        "a_dropped_accept_loses_no_connection",
+        1,
+        |driver| async move {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let mut fut = Box::pin(l.accept());
+            assert!(poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await);
+            let client = thread::spawn(move || {
+                let mut c = std::net::TcpStream::connect(addr).unwrap();
+                c.write_all(b"hello").unwrap();
+                c
+            });
+            sleep(Duration::from_millis(100)).await; // the loop reaps the accept's completion
+            drop(fut);
+            let _client = join_thread(client).await;
+            let (s, _) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] the dropped accept's connection was lost"))
+                .unwrap();
+            assert_eq!(read_n(&s, 5).await, b"hello");
+        },
+    );
+}
+
+/// Two accepts in flight, one dropped before any client comes: the other still gets the first
+/// connection (a dropped accept is kept only when it is the listener's only one; kept beside
+/// another, it could take the connection the other waits for).
+#[test]
+fn an_accept_dropped_beside_another_leaves_it_the_connection() {
+    on_each_driver("an_accept_dropped_beside_another", 1, |driver| async move {
+        let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let addr = l.local_addr().unwrap();
+        let mut dropped = Box::pin(l.accept());
+        assert!(poll_fn(|cx| Poll::Ready(dropped.as_mut().poll(cx).is_pending())).await);
+        let l2 = l.clone();
+        let waiting = spawn_local(async move { l2.accept().await.map(|(s, _)| s) });
+        xtc_shards::yield_now().await; // the second accept is in the kernel too
+        drop(dropped);
+        let client = thread::spawn(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.write_all(b"hi").unwrap();
+            c
+        });
+        let _client = join_thread(client).await;
+        let s = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("[{driver}] the waiting accept never got the connection"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(read_n(&s, 2).await, b"hi");
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ use crate::io::{ops, source::Source, BufResult, IoBuf, IoBufMut};
 /// A listening TCP socket on the current loop's driver. `!Send`.
 #[derive(Debug)]
 pub struct TcpListener {
+    /// Accepts dropped unfinished on io_uring, for the next `accept`; before `src`, so they
+    /// are cancelled before the descriptor closes.
+    kept: ops::accept::Kept,
     src: Source,
 }
 
@@ -34,6 +37,7 @@ impl TcpListener {
     /// loop. Host names are resolved synchronously.
     pub fn bind(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, false)).map(|s| TcpListener {
+            kept: Default::default(),
             src: Source::new(OwnedFd::from(s)),
         })
     }
@@ -44,6 +48,7 @@ impl TcpListener {
     /// listeners afterwards.
     pub fn bind_reuseport(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, true)).map(|s| TcpListener {
+            kept: Default::default(),
             src: Source::new(OwnedFd::from(s)),
         })
     }
@@ -56,7 +61,7 @@ impl TcpListener {
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let mut backoff = Backoff::new();
         loop {
-            match ops::accept::accept(&self.src).await {
+            match ops::accept::accept(&self.src, &self.kept).await {
                 Ok((fd, addr)) => return Ok((TcpStream::from_fd(fd), ip_addr(&addr)?)),
                 Err(e) if is_exhaustion(&e) => backoff.wait(&e).await,
                 Err(e) if is_transient(&e) => {}
@@ -78,14 +83,19 @@ impl TcpListener {
     pub fn from_std(l: std::net::TcpListener) -> io::Result<TcpListener> {
         l.set_nonblocking(true)?;
         Ok(TcpListener {
+            kept: Default::default(),
             src: Source::new(OwnedFd::from(l)),
         })
     }
 
     /// Unwraps into a `std` listener (left in non-blocking mode), e.g. to send it to another
-    /// shard.
+    /// shard. An accept kept from a dropped `accept` future (io_uring) is cancelled first; a
+    /// connection it had already taken is closed, as the listen queue's are when a listener
+    /// closes.
     pub fn into_std(self) -> std::net::TcpListener {
-        std::net::TcpListener::from(self.src.into_fd())
+        let TcpListener { kept, src } = self;
+        drop(kept);
+        std::net::TcpListener::from(src.into_fd())
     }
 }
 

@@ -15,6 +15,9 @@ use crate::io::{ops, source::Source, BufResult, IoBuf, IoBufMut};
 /// A listening Unix-domain stream socket. `!Send`.
 #[derive(Debug)]
 pub struct UnixListener {
+    /// Accepts dropped unfinished on io_uring, for the next `accept`; before `src`, so they
+    /// are cancelled before the descriptor closes.
+    kept: ops::accept::Kept,
     src: Source,
 }
 
@@ -38,6 +41,7 @@ impl UnixListener {
         s.bind(&unix_addr(path.as_ref())?)?;
         s.listen(1024)?;
         Ok(UnixListener {
+            kept: Default::default(),
             src: Source::new(OwnedFd::from(s)),
         })
     }
@@ -48,7 +52,7 @@ impl UnixListener {
     pub async fn accept(&self) -> io::Result<UnixStream> {
         let mut backoff = Backoff::new();
         loop {
-            match ops::accept::accept(&self.src).await {
+            match ops::accept::accept(&self.src, &self.kept).await {
                 Ok((fd, _)) => {
                     return Ok(UnixStream {
                         io: StreamIo::new(fd),

@@ -1,9 +1,20 @@
 //! `accept`: a connection from a listening socket, non-blocking and close-on-exec.
+//!
+//! On io_uring an `ACCEPT` takes the connection off the listen queue when it completes, not
+//! when its future is polled: an accept future dropped after that (a `select!` or `timeout`
+//! whose other branch won) held a connection nobody would get, and cancelling it closed that
+//! connection under its client. So, as `UdpSocket` keeps a dropped receive, a listener keeps a
+//! dropped accept ([`Kept`]) that has taken a connection, or that is its only accept in flight,
+//! and the next `accept` takes it over. On epoll a dropped accept never took anything.
 
 use std::{
+    cell::{Cell, RefCell},
+    collections::VecDeque,
+    future::{poll_fn, Future},
     io,
     mem::MaybeUninit,
     os::fd::{FromRawFd, OwnedFd},
+    pin::Pin,
 };
 
 use io_uring::{opcode, types};
@@ -13,34 +24,101 @@ use super::{backend, cvt, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready, Source},
-    uring::{nothing_moved, result},
+    uring::{nothing_moved, result, Op},
     Driver,
 };
 
 const FLAGS: libc::c_int = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
 
-/// Accepts one connection: its descriptor and the peer's address.
-pub(crate) async fn accept(src: &Source) -> io::Result<(OwnedFd, SockAddr)> {
+/// The peer address an `ACCEPT` writes, with its length.
+type Storage = Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)>;
+type AcceptOp = Op<Storage>;
+
+/// A listener's accepts dropped unfinished on io_uring, kept for its next `accept` (see the
+/// module docs). Declare it before the listener's descriptor: dropped first, its accepts are
+/// cancelled (and a connection one took is closed) before the listening socket closes.
+#[derive(Debug, Default)]
+pub(crate) struct Kept {
+    ops: RefCell<VecDeque<AcceptOp>>,
+    /// Accept futures of this listener waiting on io_uring now: a dropped one still in the
+    /// kernel is kept only when it is the only one (else the kernel could give the next
+    /// connection to the kept one while the other, still in the kernel, waits on).
+    waiting: Cell<usize>,
+}
+
+/// An accept being awaited, counted in its listener's [`Kept::waiting`]; dropped unfinished,
+/// it is kept if it took a connection, or if it is the listener's only one in flight, and
+/// cancelled otherwise.
+struct KeepOnDrop<'a> {
+    kept: &'a Kept,
+    op: Option<AcceptOp>,
+}
+
+impl<'a> KeepOnDrop<'a> {
+    fn new(kept: &'a Kept, op: AcceptOp) -> Self {
+        kept.waiting.set(kept.waiting.get() + 1);
+        KeepOnDrop { kept, op: Some(op) }
+    }
+
+    /// The accept's result was taken.
+    fn done(&mut self) {
+        self.op = None;
+        self.kept.waiting.set(self.kept.waiting.get() - 1);
+    }
+}
+
+impl Drop for KeepOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(op) = self.op.take() else { return };
+        let left = self.kept.waiting.get() - 1;
+        self.kept.waiting.set(left);
+        // A completion the loop has not reaped yet counts: reaped, it shows.
+        crate::io::reap_now();
+        if let Ok(mut kept) = self.kept.ops.try_borrow_mut() {
+            if op.completed().is_some() || (left == 0 && kept.is_empty()) {
+                op.unwait();
+                kept.push_back(op);
+                return;
+            }
+        }
+        // Cancelled (`Op`'s drop): another accept of this listener is in the kernel.
+        drop(op);
+    }
+}
+
+/// Accepts one connection: its descriptor and the peer's address. On io_uring a kept accept
+/// (see [`Kept`]) is taken over first.
+pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, SockAddr)> {
     // Again after a shutdown-cancelled accept (`nothing_moved`), on the current loop's driver.
     loop {
         match backend()? {
             Driver::IoUring => {
-                // Zeroed, not uninit: the kernel writes only the address's own length (16 or 28
-                // bytes), and `assume_init` below reads the whole storage.
-                let storage: Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)> =
-                    Box::new((
-                        MaybeUninit::zeroed(),
-                        std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
-                    ));
-                let fd = src.fd();
-                let op = submit(storage, |s| {
-                    opcode::Accept::new(types::Fd(fd), s.0.as_mut_ptr().cast(), &mut s.1)
-                        .flags(FLAGS)
-                        .build()
+                let taken = kept.ops.borrow_mut().pop_front();
+                let op = match taken {
+                    Some(op) => op,
+                    None => {
+                        // Zeroed, not uninit: the kernel writes only the address's own length
+                        // (16 or 28 bytes), and `assume_init` below reads the whole storage.
+                        let storage: Storage = Box::new((
+                            MaybeUninit::zeroed(),
+                            std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+                        ));
+                        let fd = src.fd();
+                        submit(storage, |s| {
+                            opcode::Accept::new(types::Fd(fd), s.0.as_mut_ptr().cast(), &mut s.1)
+                                .flags(FLAGS)
+                                .build()
+                        })
+                        .map(|op| op.result_is_fd())
+                        .map_err(|(e, _)| e)?
+                    }
+                };
+                let mut keep = KeepOnDrop::new(kept, op);
+                let (res, storage) = poll_fn(|cx| {
+                    Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx)
                 })
-                .map(|op| op.result_is_fd())
-                .map_err(|(e, _)| e)?;
-                let (res, storage) = op.await;
+                .await;
+                keep.done();
                 if nothing_moved(res) {
                     // See `nothing_moved`: an accept that took a connection completes with it.
                     continue;
