@@ -279,34 +279,16 @@ fn class_created_mid_turn_runs_its_tasks_without_a_timer() {
 /// quiescence (it used to wait for ever on the dead loop's BUSY status).
 #[test]
 fn a_panicking_stall_callback_does_not_kill_the_loop() {
-    let ex = exec(1);
     let calls = Arc::new(AtomicU64::new(0));
     let c = calls.clone();
-    ex.set_stall_callback(0, move |_| {
-        c.fetch_add(1, SeqCst);
-        panic!("a callback bug");
-    })
-    .unwrap();
-    ex.set_stall_budget(Duration::from_millis(1));
-    let done = Arc::new(AtomicBool::new(false));
-    let d = done.clone();
-    ex.spawn_on(0, move || async move {
-        burn(Duration::from_millis(20)); // one poll over budget: the callback runs and panics
-        xtc_shards::yield_now().await;
-        d.store(true, SeqCst); // the loop still polls its tasks afterwards
-    })
-    .unwrap();
-    run_or_fail(
-        ex,
-        Duration::from_secs(20),
+    overrun_with_stall_callback(
+        move |_| {
+            c.fetch_add(1, SeqCst);
+            panic!("a callback bug");
+        },
         "after the stall callback panicked",
-    )
-    .unwrap();
-    assert!(calls.load(SeqCst) >= 1, "the callback ran");
-    assert!(
-        done.load(SeqCst),
-        "the task went on after the callback panicked"
     );
+    assert!(calls.load(SeqCst) >= 1, "the callback ran");
 }
 
 /// The same with a panic whose payload panics when dropped (`panic_any` of such a value): the
@@ -320,28 +302,32 @@ fn a_stall_callback_panic_whose_payload_drop_panics_does_not_kill_the_loop() {
             panic!("a payload whose drop panics");
         }
     }
+    overrun_with_stall_callback(
+        |_| std::panic::panic_any(PanicOnDrop),
+        "after the callback's payload panicked",
+    );
+}
+
+/// Runs one task that overruns a 1 ms stall budget (so `callback` runs), then yields and
+/// finishes, on a 1-shard executor; fails naming `what` unless `run()` returns and the task
+/// went on after the callback.
+fn overrun_with_stall_callback(
+    callback: impl Fn(&xtc_shards::StallReport) + Send + Sync + 'static,
+    what: &str,
+) {
     let ex = exec(1);
-    ex.set_stall_callback(0, |_| std::panic::panic_any(PanicOnDrop))
-        .unwrap();
+    ex.set_stall_callback(0, callback).unwrap();
     ex.set_stall_budget(Duration::from_millis(1));
     let done = Arc::new(AtomicBool::new(false));
     let d = done.clone();
     ex.spawn_on(0, move || async move {
-        burn(Duration::from_millis(20)); // one poll over budget: the callback runs and panics
+        burn(Duration::from_millis(20)); // one poll over budget: the callback runs
         xtc_shards::yield_now().await;
-        d.store(true, SeqCst);
+        d.store(true, SeqCst); // the loop still polls its tasks afterwards
     })
     .unwrap();
-    run_or_fail(
-        ex,
-        Duration::from_secs(20),
-        "after the callback's payload panicked",
-    )
-    .unwrap();
-    assert!(
-        done.load(SeqCst),
-        "the task went on after the callback panicked"
-    );
+    run_or_fail(ex, Duration::from_secs(20), what).unwrap();
+    assert!(done.load(SeqCst), "{what}: the task did not go on");
 }
 
 /// `task::Builder::class(c).spawn_on(c's shard, ..)` runs the task in that class.

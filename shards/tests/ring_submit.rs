@@ -171,12 +171,7 @@ fn send_to_resolves_when_queued_and_runs_later() {
 /// Every shard sends `per_pair` numbered messages to every other shard; each receiver checks
 /// per-sender order and sums a checksum. Nothing lost, nothing duplicated, order kept.
 fn stress(shards: usize, per_pair: u64, capacity: usize) {
-    let ex = Executor::builder()
-        .shards(shards)
-        .oversubscribe(true)
-        .ring_capacity(capacity)
-        .build()
-        .unwrap();
+    let ex = rings(shards, capacity).build().unwrap();
     // next expected sequence number from each sender, and a checksum, per receiving shard
     let seen = Arc::new(Sharded::new(shards, |_| {
         (RefCell::new(vec![0u64; shards]), Cell::new(0u64))
@@ -236,10 +231,7 @@ fn stress_four_oversubscribed_shards() {
 /// nested call back: each loop must keep draining its inbound rings while its own tasks wait.
 #[test]
 fn mutual_ring_saturation_does_not_deadlock() {
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .ring_capacity(2)
+    let ex = rings(2, 2)
         .deadlock_grace(Some(Duration::from_secs(10)))
         .build()
         .unwrap();
@@ -346,12 +338,7 @@ fn a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop() {
         }
     }
 
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .ring_capacity(2)
-        .build()
-        .unwrap();
+    let ex = rings(2, 2).build().unwrap();
     let (mut tx, rx) = xtc_shards::channel::shared::bounded::<u32>(1).unwrap();
     let dropped_on = Arc::new(AtomicU64::new(u64::MAX - 1));
     let probe = DropProbe(dropped_on.clone());
@@ -397,12 +384,15 @@ fn a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop() {
 
 /// Two shards whose rings hold one message each.
 fn two_shards_one_slot_rings() -> Executor {
+    rings(2, 1).build().unwrap()
+}
+
+/// A builder of `shards` oversubscribed shards whose rings hold `capacity` messages.
+fn rings(shards: usize, capacity: usize) -> xtc_shards::Builder {
     Executor::builder()
-        .shards(2)
+        .shards(shards)
         .oversubscribe(true)
-        .ring_capacity(1)
-        .build()
-        .unwrap()
+        .ring_capacity(capacity)
 }
 
 /// From shard 0 of an executor whose rings hold one message: keeps shard 1 in one long poll
@@ -565,12 +555,7 @@ fn a_stop_that_evacuates_a_backlog_leaves_the_next_run_quiescent() {
     // A stop while loop 0 holds a backlog for loop 1 hands it to loop 1's inbox; the ring
     // counts must not keep it as sent-but-never-received, or no later run reaches quiescence.
     for capacity in [1, 1024] {
-        let ex = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .ring_capacity(capacity)
-            .build()
-            .unwrap();
+        let ex = rings(2, capacity).build().unwrap();
         let settled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let s = settled.clone();
         ex.block_on(move || async move {
@@ -617,10 +602,7 @@ fn a_task_woken_by_a_ring_space_waiter_reaches_a_sleeping_shard() {
     use std::future::Future;
     use std::sync::Mutex;
     use std::task::{Context, Poll, Waker};
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .ring_capacity(1)
+    let ex = rings(2, 1)
         .spin_before_park(Duration::ZERO)
         .build()
         .unwrap();
@@ -681,12 +663,7 @@ fn a_task_woken_by_a_ring_space_waiter_reaches_a_sleeping_shard() {
 /// (`[2, 3, 4, 5, 6, 7, 0, 1]`).
 #[test]
 fn spawns_behind_a_full_ring_at_a_stop_keep_their_order_in_the_next_run() {
-    let ex = Executor::builder()
-        .shards(2)
-        .oversubscribe(true)
-        .ring_capacity(2)
-        .build()
-        .unwrap();
+    let ex = rings(2, 2).build().unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let o = order.clone();
     ex.block_on(move || async move {
