@@ -176,7 +176,9 @@ impl Topology {
     ///
     /// # Errors
     ///
-    /// [`Error::Hwloc`] if hwloc rejects the description.
+    /// [`Error::Hwloc`] if hwloc rejects the description, or if it describes more than 65,536
+    /// PUs or names an OS index (`indexes=`) of 65,536 or more: hwloc would spend seconds to
+    /// minutes and gigabytes building it.
     pub fn synthetic(desc: &str) -> Result<Topology> {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
@@ -192,6 +194,18 @@ impl Topology {
                      topology may have"
                 ),
                 "use smaller counts; real machines have a few thousand PUs at most",
+            ));
+        }
+        // And every object's CPU set is as large as the largest OS index named.
+        let index = synthetic_max_index(desc);
+        if index >= MAX_SYNTHETIC_PUS {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "it names OS index {index}; a synthetic topology's indexes stay below \
+                     {MAX_SYNTHETIC_PUS}"
+                ),
+                "use smaller indexes; real machines number their PUs below a few thousand",
             ));
         }
         let hw = guarded(&what, hint, || {
@@ -641,30 +655,51 @@ const MAX_SYNTHETIC_PUS: u128 = 1 << 16;
 
 /// The product of the level counts of a synthetic description: how many leaves hwloc would
 /// build. A level is `type:count` or a bare `count` (a count may carry attributes, as in
-/// `2(indexes=...)`), and hwloc reads counts as `strtoul(.., 0)` does: `0x` hexadecimal, a
-/// leading `0` octal, else decimal. Tokens with no count (attribute blocks) count as 1; a
-/// count too large for `u128` saturates, as does the product.
+/// `2(indexes=...)`), read as hwloc reads it ([`strtoul_count`]). Tokens with no count
+/// (attribute blocks) count as 1; a count too large for `u128` saturates, as does the product.
 fn synthetic_leaves(desc: &str) -> u128 {
     desc.split_whitespace()
         .map(|token| token.split_once(':').map_or(token, |(_, count)| count))
-        .map(|count| {
-            let (digits, radix) = match count
-                .strip_prefix("0x")
-                .or_else(|| count.strip_prefix("0X"))
-            {
-                Some(hex) => (hex, 16),
-                None if count.len() > 1 && count.starts_with('0') => (&count[1..], 8),
-                None => (count, 10),
-            };
-            let end = digits
-                .find(|c: char| !c.is_digit(radix))
-                .unwrap_or(digits.len());
-            if end == 0 {
-                return 1;
-            }
-            u128::from_str_radix(&digits[..end], radix)
-                .unwrap_or(u128::MAX)
-                .max(1)
-        })
+        .map(|count| strtoul_count(count).map_or(1, |n| n.max(1)))
         .fold(1u128, |acc, n| acc.saturating_mul(n))
+}
+
+/// The largest OS index an explicit `indexes=a,b,...` list of a synthetic description names
+/// (0 if none). hwloc sizes every object's CPU set to the largest index, so a few PUs numbered
+/// near 2^32 took gigabytes. The other `indexes=` form, an interleaving pattern (`2*4:1*2`),
+/// numbers PUs below their count, which [`synthetic_leaves`] bounds.
+fn synthetic_max_index(desc: &str) -> u128 {
+    desc.split("indexes=")
+        .skip(1)
+        .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
+        .filter(|list| !list.contains(['*', ':']))
+        .flat_map(|list| list.split(','))
+        .filter_map(strtoul_count)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The number at the start of `s` as C's `strtoul(s, .., 0)` reads it, which is how hwloc
+/// reads synthetic counts and indexes: an optional sign, then `0x` hexadecimal, a leading `0`
+/// octal, else decimal. `None` without digits. A `-` makes `strtoul` wrap around to nearly
+/// 2^64: it saturates here, as does a number too large for `u128`.
+fn strtoul_count(s: &str) -> Option<u128> {
+    let (negative, s) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None if s.len() > 1 && s.starts_with('0') => (&s[1..], 8),
+        None => (s, 10),
+    };
+    let end = digits
+        .find(|c: char| !c.is_digit(radix))
+        .unwrap_or(digits.len());
+    if end == 0 {
+        // A lone "0" (octal prefix, no digits after it) is zero.
+        return (s.starts_with('0')).then_some(0);
+    }
+    let n = u128::from_str_radix(&digits[..end], radix).unwrap_or(u128::MAX);
+    Some(if negative && n != 0 { u128::MAX } else { n })
 }

@@ -243,5 +243,33 @@ fn a_huge_synthetic_topology_is_an_error() {
     }
     assert!(Topology::synthetic("pack:4 numa:2 core:16 pu:2").is_ok());
     assert!(Topology::synthetic("2 2 pu:0x2").is_ok());
+    // Signed counts too (`strtoul` takes a sign; a `-` wraps to nearly 2^64): each was read
+    // as 1, and "pack:+2 core:+200 pu:+170" built 68,000 PUs in 15 s and 1.4 GB.
+    for signed in [
+        "pack:+2 core:+200 pu:+170",
+        "pu:-18446744073709481616",
+        "pu:+0x10001",
+    ] {
+        let e = Topology::synthetic(signed).unwrap_err();
+        assert!(e.to_string().contains("PUs"), "{signed}: {e}");
+    }
+    assert!(Topology::synthetic("pack:+2 pu:+2").is_ok());
     println!("refused in {:?}", t0.elapsed());
+}
+
+/// A synthetic description naming huge OS indexes is an error at once: hwloc sizes every
+/// object's CPU set to the largest index, and two PUs numbered 0 and 10^9 took 2.7 s and
+/// 1.2 GB (a few dozen near 2^32, tens of GB).
+#[test]
+fn huge_synthetic_os_indexes_are_an_error() {
+    for huge in [
+        "pack:1 pu:2(indexes=0,1000000000)",
+        "pack:1 pu:2(indexes=0,0x10000)",
+        "pack:1 pu:2(indexes=-1,0)",
+    ] {
+        let e = Topology::synthetic(huge).unwrap_err();
+        assert!(e.to_string().contains("OS index"), "{huge}: {e}");
+    }
+    let t = Topology::synthetic("pack:1 pu:2(indexes=0,7)").unwrap();
+    assert_eq!(t.pus().len(), 2);
 }
