@@ -7,6 +7,7 @@
 //! Every test runs its body once per driver (see `io_common::cases`); with `XTC_IO` set it also
 //! runs once on the builder's default choice.
 
+mod common;
 mod io_common;
 use io_common::*;
 
@@ -791,8 +792,8 @@ fn a_dropped_accept_loses_no_connection() {
 }
 
 /// Two accepts in flight, one dropped before any client comes: the other still gets the first
-/// connection (a dropped accept is kept only when it is the listener's only one; kept beside
-/// another, it could take the connection the other waits for).
+/// connection (a dropped accept is cancelled, not left armed, so it cannot take the connection
+/// the other waits for).
 #[test]
 fn an_accept_dropped_beside_another_leaves_it_the_connection() {
     on_each_driver("an_accept_dropped_beside_another", 1, |driver| async move {
@@ -819,8 +820,99 @@ fn an_accept_dropped_beside_another_leaves_it_the_connection() {
     });
 }
 
+/// A dropped accept left nothing armed for another listener of the same socket (each shard's
+/// `from_std` of a `try_clone`): kept in the kernel, it took the connection the other
+/// listener's accept waited for, which then waited for good.
+#[test]
+fn a_dropped_accept_takes_nothing_from_a_listener_sharing_its_socket() {
+    on_each_driver("a_dropped_accept_shared_socket", 1, |driver| async move {
+        let std_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_l.local_addr().unwrap();
+        let a = TcpListener::from_std(std_l.try_clone().unwrap()).unwrap();
+        let b = Rc::new(TcpListener::from_std(std_l).unwrap());
+        assert!(
+            xtc_shards::time::timeout(Duration::from_millis(20), a.accept())
+                .await
+                .is_err()
+        );
+        let b2 = b.clone();
+        let waiting = spawn_local(async move { b2.accept().await.map(|(s, _)| s) });
+        xtc_shards::yield_now().await;
+        let client = thread::spawn(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.write_all(b"hi").unwrap();
+            c
+        });
+        let _client = join_thread(client).await;
+        let s = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("[{driver}] b never got the connection: a's dropped accept took it")
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(read_n(&s, 2).await, b"hi");
+        drop(a);
+    });
+}
+
+/// The waker a dropped accept forgets is dropped outside the listener's borrows: its drop is
+/// user code, and this one starts another accept of the same listener ("already borrowed").
+#[test]
+fn a_dropped_accepts_waker_is_dropped_outside_the_listeners_borrow() {
+    on_each_driver("a_dropped_accepts_waker", 1, |driver| async move {
+        let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let l2 = l.clone();
+        let waker = common::drop_hooked_waker(move || {
+            let mut again = Box::pin(l2.accept());
+            let _ = again
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(Waker::noop()));
+        });
+        let mut fut = Box::pin(l.accept());
+        assert!(fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+            .is_pending());
+        drop(waker); // the driver's slot holds the only clone now
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(fut)));
+        assert!(
+            dropped.is_ok(),
+            "[{driver}] dropping a waiting accept panicked: its waker's drop ran under a borrow"
+        );
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. UDP, Unix sockets, futures::io, registered buffers
+
+/// The waker a dropped `recv_from` forgets (its receive kept by the socket) is dropped outside
+/// the socket's borrows: its drop is user code, and this one starts another `recv_from` of the
+/// same socket ("already borrowed").
+#[test]
+fn a_dropped_recv_froms_waker_is_dropped_outside_the_sockets_borrow() {
+    on_each_driver("a_dropped_recv_froms_waker", 1, |driver| async move {
+        let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let s2 = s.clone();
+        let waker = common::drop_hooked_waker(move || {
+            let mut again = Box::pin(s2.recv_from(vec![0u8; 16]));
+            let _ = again
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(Waker::noop()));
+        });
+        let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
+        assert!(fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+            .is_pending());
+        drop(waker); // the driver's slot holds the only clone now
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(fut)));
+        assert!(
+            dropped.is_ok(),
+            "[{driver}] dropping a waiting recv_from panicked: its waker's drop ran under a borrow"
+        );
+    });
+}
 
 #[test]
 fn udp_send_to_recv_from() {

@@ -688,6 +688,29 @@ impl Uring {
         }
     }
 
+    /// Cancels operation `key` if it is still in flight, leaving its slot and its `Op` in
+    /// place: the `Op` resolves to the cancellation (`-ECANCELED`) or to the result that won the
+    /// race. Submitted now (the caller's next step may be anything).
+    fn cancel_in_place(&self, key: usize) {
+        let in_flight = matches!(
+            self.ops.borrow().get(key),
+            Some(Lifecycle::Submitted | Lifecycle::Waiting(_))
+        );
+        if !in_flight {
+            return;
+        }
+        let entry = opcode::AsyncCancel::new(self.user_data(key))
+            .build()
+            .user_data(CANCEL);
+        // SAFETY: a cancellation carries no pointers.
+        if let Err(e) = unsafe { self.push(&entry) } {
+            tracing::warn!("xtc: could not submit AsyncCancel: {e}");
+        }
+        if let Err(e) = self.enter(0, None) {
+            tracing::warn!("xtc: io_uring submit of a cancellation failed: {e}");
+        }
+    }
+
     /// The result of a reaped completion, without taking it.
     fn peek_op(&self, key: usize) -> Option<i32> {
         match self.ops.borrow().get(key) {
@@ -985,6 +1008,16 @@ impl<T> Op<T> {
     pub(crate) fn unwait(&self) {
         let key = self.key;
         let _ = with_uring(self.driver, |u| u.unwait(key));
+    }
+
+    /// Cancels the operation if it is still in the kernel, and keeps this `Op`: it resolves to
+    /// `-ECANCELED` (see [`nothing_moved`]) or to the result that won the race, so a result the
+    /// kernel produced is never lost to the cancel (an `ACCEPT`'s connection). Nothing once
+    /// its driver is gone (whose shutdown cancelled it). Cost: one `AsyncCancel`, submitted
+    /// at once.
+    pub(crate) fn cancel_in_place(&self) {
+        let key = self.key;
+        let _ = with_uring(self.driver, |u| u.cancel_in_place(key));
     }
 
     /// The data the operation holds (its buffer), until it resolves.

@@ -150,12 +150,23 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
             // not reaped yet count too.
             crate::io::reap_now();
         }
-        if let Ok(mut kept) = self.socket.stray.try_borrow_mut() {
-            // A receive that already holds its datagram is kept whatever else is in flight
-            // (datagrams may come in any order; dropping it would lose one). One still in
-            // the kernel only when it is the last, as the socket's only kept one.
-            if op.is_done() || (left == 0 && kept.is_empty()) {
-                op.unwait();
+        // A receive that already holds its datagram is kept whatever else is in flight
+        // (datagrams may come in any order; dropping it would lose one). One still in the
+        // kernel only when it is the last, as the socket's only kept one.
+        let socket = self.socket;
+        let keep = |op: &dyn StrayRecv| {
+            op.is_done()
+                || (socket.recvs.get() == 0
+                    && socket.stray.try_borrow().is_ok_and(|k| k.is_empty()))
+        };
+        if !keep(&*op) {
+            return;
+        }
+        // Outside the `stray` borrow: forgetting the waker drops it, and a waker's drop is
+        // user code (which may use this socket: another `recv_from`, so look again after).
+        op.unwait();
+        if keep(&*op) {
+            if let Ok(mut kept) = socket.stray.try_borrow_mut() {
                 kept.push_back(op);
             }
         }

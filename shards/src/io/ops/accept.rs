@@ -2,13 +2,16 @@
 //!
 //! On io_uring an `ACCEPT` takes the connection off the listen queue when it completes, not
 //! when its future is polled: an accept future dropped after that (a `select!` or `timeout`
-//! whose other branch won) held a connection nobody would get, and cancelling it closed that
-//! connection under its client. So, as `UdpSocket` keeps a dropped receive, a listener keeps a
-//! dropped accept ([`Kept`]) that has taken a connection, or that is its only accept in flight,
-//! and the next `accept` takes it over. On epoll a dropped accept never took anything.
+//! whose other branch won) held a connection nobody would get, and dropping its `Op` closed
+//! that connection under its client. So a dropped accept is cancelled in place
+//! ([`Op::cancel_in_place`]) and its `Op` kept by the listener ([`Kept`]): it resolves to the
+//! cancellation, or to the connection that won the race, which the listener's next `accept`
+//! takes. Nothing stays armed in the kernel for a dropped accept, so it cannot take a
+//! connection another listener of the same socket waits for. On epoll a dropped accept never
+//! took anything.
 
 use std::{
-    cell::{Cell, RefCell},
+    cell::RefCell,
     collections::VecDeque,
     future::{poll_fn, Future},
     io,
@@ -34,54 +37,33 @@ const FLAGS: libc::c_int = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
 type Storage = Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)>;
 type AcceptOp = Op<Storage>;
 
-/// A listener's accepts dropped unfinished on io_uring, kept for its next `accept` (see the
-/// module docs). Declare it before the listener's descriptor: dropped first, its accepts are
-/// cancelled (and a connection one took is closed) before the listening socket closes.
+/// A listener's accepts dropped unfinished on io_uring, cancelled in place and kept for its
+/// next `accept` (see the module docs). Declare it before the listener's descriptor: dropped
+/// first, a connection a kept accept took is closed before the listening socket closes.
 #[derive(Debug, Default)]
 pub(crate) struct Kept {
     ops: RefCell<VecDeque<AcceptOp>>,
-    /// Accept futures of this listener waiting on io_uring now: a dropped one still in the
-    /// kernel is kept only when it is the only one (else the kernel could give the next
-    /// connection to the kept one while the other, still in the kernel, waits on).
-    waiting: Cell<usize>,
 }
 
-/// An accept being awaited, counted in its listener's [`Kept::waiting`]; dropped unfinished,
-/// it is kept if it took a connection, or if it is the listener's only one in flight, and
-/// cancelled otherwise.
+/// An accept being awaited; dropped unfinished, it is cancelled in place and kept.
 struct KeepOnDrop<'a> {
     kept: &'a Kept,
     op: Option<AcceptOp>,
 }
 
-impl<'a> KeepOnDrop<'a> {
-    fn new(kept: &'a Kept, op: AcceptOp) -> Self {
-        kept.waiting.set(kept.waiting.get() + 1);
-        KeepOnDrop { kept, op: Some(op) }
-    }
-
-    /// The accept's result was taken.
-    fn done(&mut self) {
-        self.op = None;
-        self.kept.waiting.set(self.kept.waiting.get() - 1);
-    }
-}
-
 impl Drop for KeepOnDrop<'_> {
     fn drop(&mut self) {
         let Some(op) = self.op.take() else { return };
-        let left = self.kept.waiting.get() - 1;
-        self.kept.waiting.set(left);
-        // A completion the loop has not reaped yet counts: reaped, it shows.
-        crate::io::reap_now();
+        op.cancel_in_place();
+        // Outside the `Kept` borrow: forgetting the waker drops it, and a waker's drop is user
+        // code (which may use this listener).
+        op.unwait();
         if let Ok(mut kept) = self.kept.ops.try_borrow_mut() {
-            if op.completed().is_some() || (left == 0 && kept.is_empty()) {
-                op.unwait();
-                kept.push_back(op);
-                return;
-            }
+            kept.push_back(op);
+            return;
         }
-        // Cancelled (`Op`'s drop): another accept of this listener is in the kernel.
+        // Borrowed (a waker's or buffer's drop inside a `Kept` call): the `Op`'s own drop
+        // closes a connection that won the cancel's race.
         drop(op);
     }
 }
@@ -113,12 +95,12 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                         .map_err(|(e, _)| e)?
                     }
                 };
-                let mut keep = KeepOnDrop::new(kept, op);
+                let mut keep = KeepOnDrop { kept, op: Some(op) };
                 let (res, storage) = poll_fn(|cx| {
                     Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx)
                 })
                 .await;
-                keep.done();
+                keep.op = None;
                 if nothing_moved(res) {
                     // See `nothing_moved`: an accept that took a connection completes with it.
                     continue;
