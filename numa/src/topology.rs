@@ -654,52 +654,97 @@ impl Topology {
 const MAX_SYNTHETIC_PUS: u128 = 1 << 16;
 
 /// The product of the level counts of a synthetic description: how many leaves hwloc would
-/// build. A level is `type:count` or a bare `count` (a count may carry attributes, as in
-/// `2(indexes=...)`), read as hwloc reads it ([`strtoul_count`]). Tokens with no count
-/// (attribute blocks) count as 1; a count too large for `u128` saturates, as does the product.
+/// build. Walked as hwloc walks it: levels need no space between them (`pack:2core:2pu:2` is
+/// three), each an optional `type:` then a count read as [`strtoul_prefix`] reads it, then an
+/// optional `(attributes)` block; a `[...]` block is skipped. A count too large for `u128`
+/// saturates, as does the product. Where hwloc would stop with a syntax error, so does this.
 fn synthetic_leaves(desc: &str) -> u128 {
-    desc.split_whitespace()
-        .map(|token| token.split_once(':').map_or(token, |(_, count)| count))
-        .map(|count| strtoul_count(count).map_or(1, |n| n.max(1)))
-        .fold(1u128, |acc, n| acc.saturating_mul(n))
+    let b = desc.as_bytes();
+    let mut i = 0;
+    let mut product = 1u128;
+    loop {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= b.len() {
+            break;
+        }
+        if b[i] == b'[' {
+            match desc[i..].find(']') {
+                Some(end) => i += end + 1,
+                None => break,
+            }
+            continue;
+        }
+        if !b[i].is_ascii_digit() {
+            // A level type, up to its ':'.
+            match desc[i..].find(':') {
+                Some(colon) => i += colon + 1,
+                None => break,
+            }
+        }
+        let Some((count, used)) = strtoul_prefix(&desc[i..], 0) else {
+            break;
+        };
+        product = product.saturating_mul(count.max(1));
+        i += used;
+        if i < b.len() && b[i] == b'(' {
+            match desc[i..].find(')') {
+                Some(end) => i += end + 1,
+                None => break,
+            }
+        }
+    }
+    product
 }
 
 /// The largest OS index an explicit `indexes=a,b,...` list of a synthetic description names
 /// (0 if none). hwloc sizes every object's CPU set to the largest index, so a few PUs numbered
-/// near 2^32 took gigabytes. The other `indexes=` form, an interleaving pattern (`2*4:1*2`),
-/// numbers PUs below their count, which [`synthetic_leaves`] bounds.
+/// near 2^32 took gigabytes. hwloc reads a list of digits and commas only as explicit indexes,
+/// each in base 10 (a leading 0 is no octal there); other lists are interleaving patterns
+/// (`2*4:1*2`), which number PUs below their count ([`synthetic_leaves`] bounds that), or are
+/// ignored.
 fn synthetic_max_index(desc: &str) -> u128 {
     desc.split("indexes=")
         .skip(1)
         .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
-        .filter(|list| !list.contains(['*', ':']))
+        .filter(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
         .flat_map(|list| list.split(','))
-        .filter_map(strtoul_count)
+        .filter_map(|n| strtoul_prefix(n, 10).map(|(n, _)| n))
         .max()
         .unwrap_or(0)
 }
 
-/// The number at the start of `s` as C's `strtoul(s, .., 0)` reads it, which is how hwloc
-/// reads synthetic counts and indexes: an optional sign, then `0x` hexadecimal, a leading `0`
-/// octal, else decimal. `None` without digits. A `-` makes `strtoul` wrap around to nearly
-/// 2^64: it saturates here, as does a number too large for `u128`.
-fn strtoul_count(s: &str) -> Option<u128> {
-    let (negative, s) = match s.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, s.strip_prefix('+').unwrap_or(s)),
+/// The number at the start of `s` as C's `strtoul(s, .., base)` reads it (base 0 or 10), and
+/// how many bytes it took; `None` without digits. Base 0 is how hwloc reads synthetic counts:
+/// `0x` hexadecimal, a leading `0` octal, else decimal. Leading whitespace and a sign are
+/// taken; a `-` makes `strtoul` wrap around to nearly 2^64, so it saturates here, as does a
+/// number too large for `u128`.
+fn strtoul_prefix(s: &str, base: u32) -> Option<(u128, usize)> {
+    let start = s.len() - s.trim_start().len();
+    let t = &s[start..];
+    let (negative, signed) = match t.as_bytes().first() {
+        Some(b'-') => (true, 1),
+        Some(b'+') => (false, 1),
+        _ => (false, 0),
     };
-    let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => (hex, 16),
-        None if s.len() > 1 && s.starts_with('0') => (&s[1..], 8),
-        None => (s, 10),
+    let t = &t[signed..];
+    let hex = base == 0 && (t.starts_with("0x") || t.starts_with("0X"));
+    let (digits, radix, prefix) = if hex {
+        (&t[2..], 16, 2)
+    } else if base == 0 && t.len() > 1 && t.starts_with('0') {
+        (&t[1..], 8, 1)
+    } else {
+        (t, 10, 0)
     };
     let end = digits
         .find(|c: char| !c.is_digit(radix))
         .unwrap_or(digits.len());
     if end == 0 {
-        // A lone "0" (octal prefix, no digits after it) is zero.
-        return (s.starts_with('0')).then_some(0);
+        // No digits after a prefix: strtoul takes the "0" alone (a bare "0x" reads as 0).
+        return t.starts_with('0').then_some((0, start + signed + 1));
     }
     let n = u128::from_str_radix(&digits[..end], radix).unwrap_or(u128::MAX);
-    Some(if negative && n != 0 { u128::MAX } else { n })
+    let n = if negative && n != 0 { u128::MAX } else { n };
+    Some((n, start + signed + prefix + end))
 }

@@ -254,6 +254,16 @@ fn a_huge_synthetic_topology_is_an_error() {
         assert!(e.to_string().contains("PUs"), "{signed}: {e}");
     }
     assert!(Topology::synthetic("pack:+2 pu:+2").is_ok());
+    // hwloc needs no space between levels, after a count or an attribute block: each of these
+    // was read as one level and built (131,072 PUs).
+    for glued in ["pack:4core:128pu:256", "pack:2(memory=1)core:200pu:170"] {
+        let e = Topology::synthetic(glued).unwrap_err();
+        assert!(e.to_string().contains("PUs"), "{glued}: {e}");
+    }
+    assert_eq!(
+        Topology::synthetic("pack:2core:2pu:2").unwrap().pus().len(),
+        8
+    );
     println!("refused in {:?}", t0.elapsed());
 }
 
@@ -262,10 +272,10 @@ fn a_huge_synthetic_topology_is_an_error() {
 /// 1.2 GB (a few dozen near 2^32, tens of GB).
 #[test]
 fn huge_synthetic_os_indexes_are_an_error() {
+    // hwloc reads an explicit list in base 10: a leading 0 is no octal there.
     for huge in [
         "pack:1 pu:2(indexes=0,1000000000)",
-        "pack:1 pu:2(indexes=0,0x10000)",
-        "pack:1 pu:2(indexes=-1,0)",
+        "pack:1 pu:2(indexes=0,099999999)",
     ] {
         let e = Topology::synthetic(huge).unwrap_err();
         assert!(e.to_string().contains("OS index"), "{huge}: {e}");
