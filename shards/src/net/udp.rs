@@ -169,6 +169,16 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
             if let Ok(mut kept) = socket.stray.try_borrow_mut() {
                 kept.push_back(op);
             }
+            return;
+        }
+        // That code started a receive of its own, kept now, and this one was not reaped yet:
+        // if its datagram came meanwhile, it goes first (older), or the datagram was lost
+        // with it and the next `recv_from` waited on the newer receive.
+        crate::io::reap_now();
+        if op.is_done() {
+            if let Ok(mut kept) = socket.stray.try_borrow_mut() {
+                kept.push_front(op);
+            }
         }
     }
 }
