@@ -170,6 +170,8 @@ impl<T> Future for SendFut<'_, T> {
         };
         // Sent (a notification, if we had one, was used) or closed: leave the line.
         if let Some(key) = this.key.take() {
+            // Two statements: in one, `drop(..borrow_mut().leave(..))`, the waker would be
+            // dropped before the borrow's temporary.
             let left = this.tx.st.borrow_mut().leave(key, false);
             drop(left);
         }

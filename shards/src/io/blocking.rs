@@ -13,8 +13,9 @@
 //! job was cancelled, so a signal that lands late, in the thread's next job, only costs that
 //! job a retry. Reads and writes of pipes first wait for their descriptor in `ppoll(2)`, with
 //! the signal unblocked only there, and a cancel waits for a call that already found its
-//! descriptor ready ([`when_ready`]): a dropped read takes no byte written after the drop. Calls the kernel does not interrupt (a `pwrite` to a disk file) complete, and
-//! the loop waits for them before it counts as idle, as it waits for an io_uring completion.
+//! descriptor ready ([`when_ready`]): a dropped read takes no byte written after the drop.
+//! Calls the kernel does not interrupt (a `pwrite` to a disk file) complete, and the loop
+//! waits for them before it counts as idle, as it waits for an io_uring completion.
 
 use std::{
     cell::{Cell, RefCell},

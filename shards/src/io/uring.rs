@@ -699,13 +699,25 @@ impl Uring {
         if !in_flight {
             return;
         }
-        let entry = opcode::AsyncCancel::new(self.user_data(key))
-            .build()
-            .user_data(CANCEL);
+        self.cancel_now(self.user_data(key));
+    }
+
+    /// Queues an `AsyncCancel` of the operation whose `user_data` is `ud`.
+    fn push_cancel(&self, ud: u64) {
+        let entry = opcode::AsyncCancel::new(ud).build().user_data(CANCEL);
         // SAFETY: a cancellation carries no pointers.
         if let Err(e) = unsafe { self.push(&entry) } {
-            tracing::warn!("xtc: could not submit AsyncCancel: {e}");
+            tracing::warn!("xtc: could not queue an AsyncCancel: {e}");
         }
+    }
+
+    /// [`push_cancel`](Self::push_cancel), submitted now, not at the end of the turn: the
+    /// caller may close the operation's descriptor next (a stream dropped with its read), and
+    /// an entry still queued would then name whatever the number means by the time it is
+    /// submitted (the next socket or file opened), reading its bytes or writing ours into it.
+    /// Submitted, the operation holds its own reference to the file.
+    fn cancel_now(&self, ud: u64) {
+        self.push_cancel(ud);
         if let Err(e) = self.enter(0, None) {
             tracing::warn!("xtc: io_uring submit of a cancellation failed: {e}");
         }
@@ -789,11 +801,7 @@ impl Uring {
         if !self.is_detached(ud) {
             return;
         }
-        let entry = opcode::AsyncCancel::new(ud).build().user_data(CANCEL);
-        // SAFETY: a cancellation carries no pointers.
-        if let Err(e) = unsafe { self.push(&entry) } {
-            tracing::warn!("xtc: could not cancel an expired detached operation: {e}");
-        }
+        self.push_cancel(ud);
     }
 
     /// Rule 4: the Op gave up. `is_fd`: a successful result is a descriptor to close.
@@ -801,21 +809,7 @@ impl Uring {
         if !self.hand_over(key, data, is_fd, |d| Lifecycle::Ignored(d, is_fd)) {
             return;
         }
-        let entry = opcode::AsyncCancel::new(self.user_data(key))
-            .build()
-            .user_data(CANCEL);
-        // SAFETY: a cancellation carries no pointers.
-        if let Err(e) = unsafe { self.push(&entry) } {
-            tracing::warn!("xtc: could not submit AsyncCancel: {e}");
-        }
-        // Submit now, not at the end of the turn: the caller may close the operation's
-        // descriptor next (a stream dropped with its read), and an entry still queued would
-        // then name whatever the number means by the time it is submitted (the next socket
-        // or file opened), reading its bytes or writing ours into it. Submitted, the operation
-        // holds its own reference to the file.
-        if let Err(e) = self.enter(0, None) {
-            tracing::warn!("xtc: io_uring submit of a cancellation failed: {e}");
-        }
+        self.cancel_now(self.user_data(key));
     }
 }
 
@@ -899,9 +893,7 @@ impl Uring {
     /// Queues a cancellation of each operation in `keys` (shutdown, rule 5).
     fn cancel_all(&self, keys: Vec<u64>) {
         for k in keys {
-            let entry = opcode::AsyncCancel::new(k).build().user_data(CANCEL);
-            // SAFETY: a cancellation carries no pointers.
-            let _ = unsafe { self.push(&entry) };
+            self.push_cancel(k);
         }
     }
 
