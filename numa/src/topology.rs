@@ -655,13 +655,20 @@ const MAX_SYNTHETIC_PUS: u128 = 1 << 16;
 
 /// The product of the level counts of a synthetic description: how many leaves hwloc would
 /// build. Walked as hwloc walks it: levels need no space between them (`pack:2core:2pu:2` is
-/// three), each an optional `type:` then a count read as [`strtoul_prefix`] reads it, then an
+/// three), after an optional root `(attributes)` block, each an optional `type:` then a count read as [`strtoul_prefix`] reads it, then an
 /// optional `(attributes)` block; a `[...]` block is skipped. A count too large for `u128`
 /// saturates, as does the product. Where hwloc would stop with a syntax error, so does this.
 fn synthetic_leaves(desc: &str) -> u128 {
     let b = desc.as_bytes();
     let mut i = 0;
     let mut product = 1u128;
+    // A root attribute block, `(memory=1GB)2 256 256`, as hwloc reads one first.
+    if b.first() == Some(&b'(') {
+        match desc.find(')') {
+            Some(end) => i = end + 1,
+            None => return product,
+        }
+    }
     loop {
         while i < b.len() && b[i].is_ascii_whitespace() {
             i += 1;

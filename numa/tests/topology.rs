@@ -264,6 +264,11 @@ fn a_huge_synthetic_topology_is_an_error() {
         Topology::synthetic("pack:2core:2pu:2").unwrap().pus().len(),
         8
     );
+    // After a root attribute block too: "()65537" built 65,537 PUs for minutes.
+    for rooted in ["()65537", "(memory=1GB)2 256 256", "()4 128 pu:256"] {
+        let e = Topology::synthetic(rooted).unwrap_err();
+        assert!(e.to_string().contains("PUs"), "{rooted}: {e}");
+    }
     println!("refused in {:?}", t0.elapsed());
 }
 
