@@ -928,6 +928,45 @@ fn a_recv_from_started_by_a_waker_drop_loses_no_datagram() {
     );
 }
 
+/// The same when the waker's drop also reaps (it drops a receive beside another in flight):
+/// the dropped receive, done by then, was queued behind the receive that code left in the
+/// kernel, and the next `recv_from` waited on that one while the datagram sat behind it.
+#[test]
+fn a_waker_drop_that_reaps_leaves_the_datagram_first() {
+    on_each_driver("a_waker_drop_that_reaps", 1, |driver| async move {
+        let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let addr = s.local_addr().unwrap();
+        let s2 = s.clone();
+        let waker = common::drop_hooked_waker(move || {
+            let cx = &mut std::task::Context::from_waker(Waker::noop());
+            let mut a = Box::pin(s2.recv_from(vec![0u8; 16]));
+            let _ = a.as_mut().poll(cx);
+            let mut b = Box::pin(s2.recv_from(vec![0u8; 16]));
+            let _ = b.as_mut().poll(cx);
+            drop(b); // beside another receive in flight: reaps
+            drop(a); // the last receive, still in the kernel: kept
+        });
+        let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
+        assert!(fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+            .is_pending());
+        drop(waker);
+        sleep(Duration::from_millis(5)).await;
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.send_to(b"one", addr).unwrap();
+        thread::sleep(Duration::from_millis(50)); // completed in the kernel, not reaped
+        drop(fut);
+        let got =
+            xtc_shards::time::timeout(Duration::from_secs(2), s.recv_from(vec![0u8; 16])).await;
+        let Ok((r, b)) = got else {
+            panic!("[{driver}] the datagram sat behind a kept receive");
+        };
+        let (n, _) = r.unwrap();
+        assert_eq!(&b[..n], b"one", "[{driver}]");
+    });
+}
+
 #[test]
 fn udp_send_to_recv_from() {
     on_each_driver("udp_send_to_recv_from", 1, |_| async {

@@ -162,22 +162,28 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         if !keep(&*op) {
             return;
         }
-        // Outside the `stray` borrow: forgetting the waker drops it, and a waker's drop is
-        // user code (which may use this socket: another `recv_from`, so look again after).
-        op.unwait();
-        if keep(&*op) {
+        // A done receive's waker went at its reap: forgetting it runs no user code, and what
+        // is kept already is older.
+        if op.is_done() {
+            op.unwait();
             if let Ok(mut kept) = socket.stray.try_borrow_mut() {
                 kept.push_back(op);
             }
             return;
         }
-        // That code started a receive of its own, kept now, and this one was not reaped yet:
-        // if its datagram came meanwhile, it goes first (older), or the datagram was lost
-        // with it and the next `recv_from` waited on the newer receive.
+        // Kept as the socket's only receive, still in the kernel. Forgetting its waker drops
+        // it, outside the `stray` borrow: that drop is user code, which may use this socket
+        // (receives of its own, kept now: newer than this one) and may reap, completing this
+        // one. Done by then, it goes first, or the next `recv_from` waited on a newer receive
+        // while this one held the datagram; still in the kernel, it stays only if it is still
+        // the only one.
+        op.unwait();
         crate::io::reap_now();
-        if op.is_done() {
-            if let Ok(mut kept) = socket.stray.try_borrow_mut() {
+        if let Ok(mut kept) = socket.stray.try_borrow_mut() {
+            if op.is_done() {
                 kept.push_front(op);
+            } else if socket.recvs.get() == 0 && kept.is_empty() {
+                kept.push_back(op);
             }
         }
     }
