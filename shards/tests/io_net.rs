@@ -967,6 +967,54 @@ fn a_waker_drop_that_reaps_leaves_the_datagram_first() {
     });
 }
 
+/// A dropped receive completed by the reap its own drop makes (another receive is in flight)
+/// wakes its waker there, and that drop (user code) drops the other receive, which is kept in
+/// the kernel: the done one was queued behind it, and the next `recv_from` waited on it.
+#[test]
+fn a_receive_completed_by_its_own_drops_reap_stays_first() {
+    on_each_driver(
+        "a_receive_completed_by_its_own_drops_reap",
+        1,
+        |driver| async move {
+            type Other =
+                Rc<std::cell::RefCell<Option<std::pin::Pin<Box<dyn Future<Output = ()>>>>>>;
+            let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let addr = s.local_addr().unwrap();
+            let other: Other = Rc::new(std::cell::RefCell::new(None));
+            let other2 = other.clone();
+            let waker = common::drop_hooked_waker(move || drop(other2.borrow_mut().take()));
+            let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
+            assert!(fut
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+                .is_pending());
+            drop(waker);
+            sleep(Duration::from_millis(5)).await;
+            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            tx.send_to(b"one", addr).unwrap();
+            thread::sleep(Duration::from_millis(50)); // completed in the kernel, not reaped
+            let s3 = s.clone();
+            let mut r: std::pin::Pin<Box<dyn Future<Output = ()>>> = Box::pin(async move {
+                let _ = s3.recv_from(vec![0u8; 16]).await;
+            });
+            assert!(r
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(Waker::noop()))
+                .is_pending());
+            *other.borrow_mut() = Some(r);
+            drop(fut); // beside `r`: reaps, completing `fut`, whose waker's drop drops `r`
+            assert!(other.borrow().is_none());
+            let got =
+                xtc_shards::time::timeout(Duration::from_secs(2), s.recv_from(vec![0u8; 16])).await;
+            let Ok((r, b)) = got else {
+                panic!("[{driver}] the datagram sat behind a kept receive");
+            };
+            let (n, _) = r.unwrap();
+            assert_eq!(&b[..n], b"one", "[{driver}]");
+        },
+    );
+}
+
 #[test]
 fn udp_send_to_recv_from() {
     on_each_driver("udp_send_to_recv_from", 1, |_| async {

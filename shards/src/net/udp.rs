@@ -162,13 +162,14 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         if !keep(&*op) {
             return;
         }
-        // A done receive's waker went at its reap: forgetting it runs no user code, and what
-        // is kept already is older.
+        // A done receive goes behind the kept ones that are done (older datagrams) and ahead
+        // of any still in the kernel: its reap, just above, woke its waker, and that drop
+        // (user code) may have left a newer receive kept in the kernel, which the next
+        // `recv_from` would otherwise wait on while this one held the datagram. Its waker is
+        // gone, so forgetting it runs no user code.
         if op.is_done() {
             op.unwait();
-            if let Ok(mut kept) = socket.stray.try_borrow_mut() {
-                kept.push_back(op);
-            }
+            keep_done(socket, op);
             return;
         }
         // Kept as the socket's only receive, still in the kernel. Forgetting its waker drops
@@ -179,13 +180,22 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         // the only one.
         op.unwait();
         crate::io::reap_now();
-        if let Ok(mut kept) = socket.stray.try_borrow_mut() {
-            if op.is_done() {
-                kept.push_front(op);
-            } else if socket.recvs.get() == 0 && kept.is_empty() {
+        if op.is_done() {
+            keep_done(socket, op);
+        } else if let Ok(mut kept) = socket.stray.try_borrow_mut() {
+            if socket.recvs.get() == 0 && kept.is_empty() {
                 kept.push_back(op);
             }
         }
+    }
+}
+
+/// Keeps a dropped receive that holds its datagram: behind the kept ones that are done, ahead
+/// of any still in the kernel.
+fn keep_done(socket: &UdpSocket, op: Box<dyn StrayRecv>) {
+    if let Ok(mut kept) = socket.stray.try_borrow_mut() {
+        let at = kept.iter().position(|k| !k.is_done()).unwrap_or(kept.len());
+        kept.insert(at, op);
     }
 }
 
