@@ -898,7 +898,6 @@ fn a_recv_from_started_by_a_waker_drop_loses_no_datagram() {
         1,
         |driver| async move {
             let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
-            let addr = s.local_addr().unwrap();
             let s2 = s.clone();
             let waker = common::drop_hooked_waker(move || {
                 let mut again = Box::pin(s2.recv_from(vec![0u8; 16]));
@@ -906,24 +905,7 @@ fn a_recv_from_started_by_a_waker_drop_loses_no_datagram() {
                     .as_mut()
                     .poll(&mut std::task::Context::from_waker(Waker::noop()));
             });
-            let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
-            assert!(fut
-                .as_mut()
-                .poll(&mut std::task::Context::from_waker(&waker))
-                .is_pending());
-            drop(waker);
-            sleep(Duration::from_millis(5)).await; // the receive reaches the kernel
-            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            tx.send_to(b"one", addr).unwrap();
-            thread::sleep(Duration::from_millis(50)); // completed in the kernel, not reaped
-            drop(fut);
-            let got =
-                xtc_shards::time::timeout(Duration::from_secs(2), s.recv_from(vec![0u8; 16])).await;
-            let Ok((r, b)) = got else {
-                panic!("[{driver}] the datagram was lost");
-            };
-            let (n, _) = r.unwrap();
-            assert_eq!(&b[..n], b"one", "[{driver}]");
+            datagram_outlives_its_dropped_receive(driver, &s, waker, || {}).await;
         },
     );
 }
@@ -935,7 +917,6 @@ fn a_recv_from_started_by_a_waker_drop_loses_no_datagram() {
 fn a_waker_drop_that_reaps_leaves_the_datagram_first() {
     on_each_driver("a_waker_drop_that_reaps", 1, |driver| async move {
         let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
-        let addr = s.local_addr().unwrap();
         let s2 = s.clone();
         let waker = common::drop_hooked_waker(move || {
             let cx = &mut std::task::Context::from_waker(Waker::noop());
@@ -946,24 +927,7 @@ fn a_waker_drop_that_reaps_leaves_the_datagram_first() {
             drop(b); // beside another receive in flight: reaps
             drop(a); // the last receive, still in the kernel: kept
         });
-        let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
-        assert!(fut
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(&waker))
-            .is_pending());
-        drop(waker);
-        sleep(Duration::from_millis(5)).await;
-        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        tx.send_to(b"one", addr).unwrap();
-        thread::sleep(Duration::from_millis(50)); // completed in the kernel, not reaped
-        drop(fut);
-        let got =
-            xtc_shards::time::timeout(Duration::from_secs(2), s.recv_from(vec![0u8; 16])).await;
-        let Ok((r, b)) = got else {
-            panic!("[{driver}] the datagram sat behind a kept receive");
-        };
-        let (n, _) = r.unwrap();
-        assert_eq!(&b[..n], b"one", "[{driver}]");
+        datagram_outlives_its_dropped_receive(driver, &s, waker, || {}).await;
     });
 }
 
@@ -979,40 +943,56 @@ fn a_receive_completed_by_its_own_drops_reap_stays_first() {
             type Other =
                 Rc<std::cell::RefCell<Option<std::pin::Pin<Box<dyn Future<Output = ()>>>>>>;
             let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
-            let addr = s.local_addr().unwrap();
             let other: Other = Rc::new(std::cell::RefCell::new(None));
             let other2 = other.clone();
             let waker = common::drop_hooked_waker(move || drop(other2.borrow_mut().take()));
-            let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
-            assert!(fut
-                .as_mut()
-                .poll(&mut std::task::Context::from_waker(&waker))
-                .is_pending());
-            drop(waker);
-            sleep(Duration::from_millis(5)).await;
-            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            tx.send_to(b"one", addr).unwrap();
-            thread::sleep(Duration::from_millis(50)); // completed in the kernel, not reaped
             let s3 = s.clone();
-            let mut r: std::pin::Pin<Box<dyn Future<Output = ()>>> = Box::pin(async move {
-                let _ = s3.recv_from(vec![0u8; 16]).await;
-            });
-            assert!(r
-                .as_mut()
-                .poll(&mut std::task::Context::from_waker(Waker::noop()))
-                .is_pending());
-            *other.borrow_mut() = Some(r);
-            drop(fut); // beside `r`: reaps, completing `fut`, whose waker's drop drops `r`
-            assert!(other.borrow().is_none());
-            let got =
-                xtc_shards::time::timeout(Duration::from_secs(2), s.recv_from(vec![0u8; 16])).await;
-            let Ok((r, b)) = got else {
-                panic!("[{driver}] the datagram sat behind a kept receive");
+            let before_drop = || {
+                // Another receive in flight: the drop reaps, completing the dropped one, whose
+                // waker's drop drops this one.
+                let mut r: std::pin::Pin<Box<dyn Future<Output = ()>>> = Box::pin(async move {
+                    let _ = s3.recv_from(vec![0u8; 16]).await;
+                });
+                assert!(r
+                    .as_mut()
+                    .poll(&mut std::task::Context::from_waker(Waker::noop()))
+                    .is_pending());
+                *other.borrow_mut() = Some(r);
             };
-            let (n, _) = r.unwrap();
-            assert_eq!(&b[..n], b"one", "[{driver}]");
+            datagram_outlives_its_dropped_receive(driver, &s, waker, before_drop).await;
+            assert!(other.borrow().is_none(), "the waker's drop ran");
         },
     );
+}
+
+/// Polls a `recv_from` of `s` once with `waker` (whose drop is the test's user code), lets a
+/// datagram complete that receive in the kernel without the loop reaping it, runs
+/// `before_drop`, drops the receive, and checks that the next `recv_from` gets the datagram.
+async fn datagram_outlives_its_dropped_receive(
+    driver: Driver,
+    s: &UdpSocket,
+    waker: Waker,
+    before_drop: impl FnOnce(),
+) {
+    let addr = s.local_addr().unwrap();
+    let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
+    assert!(fut
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(&waker))
+        .is_pending());
+    drop(waker); // the driver's slot holds the only clone now
+    sleep(Duration::from_millis(5)).await; // the receive reaches the kernel
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    tx.send_to(b"one", addr).unwrap();
+    thread::sleep(Duration::from_millis(50)); // completed in the kernel, not reaped
+    before_drop();
+    drop(fut);
+    let got = xtc_shards::time::timeout(Duration::from_secs(2), s.recv_from(vec![0u8; 16])).await;
+    let Ok((r, b)) = got else {
+        panic!("[{driver}] the datagram was lost, or sat behind a kept receive");
+    };
+    let (n, _) = r.unwrap();
+    assert_eq!(&b[..n], b"one", "[{driver}]");
 }
 
 #[test]
