@@ -32,7 +32,7 @@ use futures::{
     io::{AsyncReadExt, AsyncWriteExt},
 };
 use xtc_shards::{
-    io::{BufResult, Driver, FixedBufPool, IoBuf, IoBufMut},
+    io::{Driver, FixedBufPool, IoBuf, IoBufMut},
     net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream},
     shard, spawn_local, submit_to,
     time::sleep,
@@ -47,39 +47,6 @@ fn pattern(seed: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i.wrapping_mul(31)).wrapping_add(seed.wrapping_mul(7)) % 251) as u8)
         .collect()
-}
-
-/// The owned-buffer stream API shared by `TcpStream` and `UnixStream`.
-trait Stream {
-    fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>>;
-    fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>>;
-}
-
-impl Stream for TcpStream {
-    fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> {
-        TcpStream::read(self, buf)
-    }
-    fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> {
-        TcpStream::write_all(self, buf)
-    }
-}
-
-impl<T: Stream> Stream for &T {
-    fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> {
-        (**self).read(buf)
-    }
-    fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> {
-        (**self).write_all(buf)
-    }
-}
-
-impl Stream for UnixStream {
-    fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> {
-        UnixStream::read(self, buf)
-    }
-    fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> {
-        UnixStream::write_all(self, buf)
-    }
 }
 
 /// Reads exactly `n` bytes with owned buffers, never more (each read's buffer holds at most
@@ -774,11 +741,7 @@ fn a_dropped_accept_loses_no_connection() {
             let addr = l.local_addr().unwrap();
             let mut fut = Box::pin(l.accept());
             assert!(poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await);
-            let client = thread::spawn(move || {
-                let mut c = std::net::TcpStream::connect(addr).unwrap();
-                c.write_all(b"hello").unwrap();
-                c
-            });
+            let client = client_that_writes(addr, b"hello");
             sleep(Duration::from_millis(100)).await; // the loop reaps the accept's completion
             drop(fut);
             let _client = join_thread(client).await;
@@ -789,6 +752,19 @@ fn a_dropped_accept_loses_no_connection() {
             assert_eq!(read_n(&s, 5).await, b"hello");
         },
     );
+}
+
+/// A `std` client on a thread of its own that connects to `addr` and writes `msg` (join it
+/// with [`join_thread`], which keeps the loop turning meanwhile).
+fn client_that_writes(
+    addr: SocketAddr,
+    msg: &'static [u8],
+) -> thread::JoinHandle<std::net::TcpStream> {
+    thread::spawn(move || {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(msg).unwrap();
+        c
+    })
 }
 
 /// Two accepts in flight, one dropped before any client comes: the other still gets the first
@@ -805,11 +781,7 @@ fn an_accept_dropped_beside_another_leaves_it_the_connection() {
         let waiting = spawn_local(async move { l2.accept().await.map(|(s, _)| s) });
         xtc_shards::yield_now().await; // the second accept is in the kernel too
         drop(dropped);
-        let client = thread::spawn(move || {
-            let mut c = std::net::TcpStream::connect(addr).unwrap();
-            c.write_all(b"hi").unwrap();
-            c
-        });
+        let client = client_that_writes(addr, b"hi");
         let _client = join_thread(client).await;
         let s = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
             .await
@@ -838,11 +810,7 @@ fn a_dropped_accept_takes_nothing_from_a_listener_sharing_its_socket() {
         let b2 = b.clone();
         let waiting = spawn_local(async move { b2.accept().await.map(|(s, _)| s) });
         xtc_shards::yield_now().await;
-        let client = thread::spawn(move || {
-            let mut c = std::net::TcpStream::connect(addr).unwrap();
-            c.write_all(b"hi").unwrap();
-            c
-        });
+        let client = client_that_writes(addr, b"hi");
         let _client = join_thread(client).await;
         let s = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
             .await

@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use io_common::{each_driver, guard, on_each_driver, tcp_pair};
+use io_common::{each_driver, guard, on_each_driver, tcp_pair, Stream};
 use xtc_shards::{
     net::{TcpListener, TcpStream, UdpSocket, UnixStream},
     spawn_local,
@@ -217,11 +217,7 @@ fn run_returns_while_a_leaked_stream_keeps_a_dropped_read() {
         |driver, exec| {
             exec.spawn_on(0, || async {
                 let (a, b) = tcp_pair().await;
-                poll_once_then_drop(
-                    a.read(Vec::with_capacity(64)),
-                    sleep(Duration::from_millis(2)),
-                )
-                .await;
+                keep_a_read(&a).await;
                 std::mem::forget(a);
                 std::mem::forget(b);
             })
@@ -245,11 +241,7 @@ fn run_returns_after_a_second_dropped_read_waited_for_the_kept_one() {
                 let (a, b) = tcp_pair().await;
                 for _ in 0..2 {
                     // The second one waits behind the first one's kept receive.
-                    poll_once_then_drop(
-                        a.read(Vec::with_capacity(64)),
-                        sleep(Duration::from_millis(2)),
-                    )
-                    .await;
+                    keep_a_read(&a).await;
                 }
                 std::mem::forget(a);
                 std::mem::forget(b);
@@ -372,11 +364,7 @@ fn a_read_left_waiting_beside_a_dropped_one_of_its_task_is_woken() {
         |_| async {
             let (a, b) = tcp_pair().await;
             let a = std::rc::Rc::new(a);
-            poll_once_then_drop(
-                a.read(Vec::with_capacity(64)),
-                sleep(Duration::from_millis(2)),
-            )
-            .await;
+            keep_a_read(&*a).await;
             let a2 = a.clone();
             let reader = spawn_local(async move {
                 let kept_read = async { a2.read(Vec::with_capacity(64)).await };
@@ -446,11 +434,7 @@ fn many_reads_waiting_behind_a_kept_one_do_not_spin() {
             use std::{cell::Cell, rc::Rc};
             let (a, b) = tcp_pair().await;
             let a = Rc::new(a);
-            poll_once_then_drop(
-                a.read(Vec::with_capacity(64)),
-                sleep(Duration::from_millis(2)),
-            )
-            .await;
+            keep_a_read(&*a).await;
             const READERS: usize = 40;
             let polls = Rc::new(Cell::new(0usize));
             let mut readers = Vec::new();
@@ -1510,7 +1494,7 @@ fn armed_waker(inner: Waker, woken: Rc<Cell<bool>>, hook: Hook) -> Waker {
 }
 
 /// Leaves a kept read on `a` (io_uring): an owned read polled once, submitted, and dropped.
-async fn keep_a_read(a: &UnixStream) {
+async fn keep_a_read(a: &impl Stream) {
     poll_once_then_drop(
         a.read(Vec::with_capacity(64)),
         sleep(Duration::from_millis(2)),
@@ -1785,11 +1769,7 @@ fn run_returns_after_a_read_with_an_allocating_waker_is_dropped() {
         |driver, exec| {
             exec.spawn_on(0, || async {
                 let (a, b) = tcp_pair().await;
-                poll_once_then_drop(
-                    a.read(Vec::with_capacity(64)),
-                    sleep(Duration::from_millis(2)),
-                )
-                .await;
+                keep_a_read(&a).await;
                 {
                     let mut r = Box::pin(a.read(Vec::with_capacity(64)));
                     let task = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;

@@ -271,3 +271,75 @@ pub fn run_child(test: &str, role: &str, env: &[(&str, &str)]) {
         "child {role} did not run {test} (filter matched nothing?)"
     );
 }
+
+/// The owned-buffer stream API shared by `TcpStream` and `UnixStream`.
+pub trait Stream {
+    fn read<B: xtc_shards::io::IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>>;
+    fn write_all<B: xtc_shards::io::IoBuf>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>>;
+}
+
+impl Stream for xtc_shards::net::TcpStream {
+    fn read<B: xtc_shards::io::IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
+        xtc_shards::net::TcpStream::read(self, buf)
+    }
+    fn write_all<B: xtc_shards::io::IoBuf>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
+        xtc_shards::net::TcpStream::write_all(self, buf)
+    }
+}
+
+impl<T: Stream> Stream for &T {
+    fn read<B: xtc_shards::io::IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
+        (**self).read(buf)
+    }
+    fn write_all<B: xtc_shards::io::IoBuf>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
+        (**self).write_all(buf)
+    }
+}
+
+impl<T: Stream> Stream for std::rc::Rc<T> {
+    fn read<B: xtc_shards::io::IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
+        (**self).read(buf)
+    }
+    fn write_all<B: xtc_shards::io::IoBuf>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
+        (**self).write_all(buf)
+    }
+}
+
+impl Stream for xtc_shards::net::UnixStream {
+    fn read<B: xtc_shards::io::IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
+        xtc_shards::net::UnixStream::read(self, buf)
+    }
+    fn write_all<B: xtc_shards::io::IoBuf>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
+        xtc_shards::net::UnixStream::write_all(self, buf)
+    }
+}

@@ -12,7 +12,7 @@ use std::{
 
 use io_uring::{opcode, types};
 
-use super::{backend, cvt, fixed_index, submit};
+use super::{backend, backend_or_give_back, cvt, fixed_index, submit};
 use crate::io::{blocking, uring::result, BufResult, Driver, IoBuf, IoBufMut};
 
 /// Opens `path` with `open(2)` flags and mode (`O_CLOEXEC` is added).
@@ -80,10 +80,7 @@ pub(crate) async fn read_at<B: IoBufMut>(
     if let Some(Err(e)) = pos.map(check_pos) {
         return (Err(e), buf);
     }
-    let kind = match backend() {
-        Ok(k) => k,
-        Err(e) => return (Err(e), buf),
-    };
+    let kind = backend_or_give_back!(buf);
     let res = match kind {
         Driver::IoUring => {
             let raw = fd.as_raw_fd();
@@ -157,10 +154,7 @@ pub(crate) async fn write_at<B: IoBuf>(
     if let Some(Err(e)) = pos.map(check_pos) {
         return (Err(e), buf);
     }
-    let kind = match backend() {
-        Ok(k) => k,
-        Err(e) => return (Err(e), buf),
-    };
+    let kind = backend_or_give_back!(buf);
     match kind {
         Driver::IoUring => {
             let raw = fd.as_raw_fd();

@@ -16,6 +16,18 @@ pub(crate) fn backend() -> io::Result<Driver> {
     current_kind()
 }
 
+/// [`backend`] for an operation that owns its buffer: on an error, returns `(Err, buf)` from
+/// the calling function, handing the buffer back.
+macro_rules! backend_or_give_back {
+    ($buf:expr) => {
+        match $crate::io::ops::backend() {
+            Ok(kind) => kind,
+            Err(e) => return (Err(e), $buf),
+        }
+    };
+}
+pub(crate) use backend_or_give_back;
+
 /// Starts an io_uring operation on the current loop (the caller checked the backend); on
 /// failure the data comes back with the error.
 pub(crate) fn submit<T: 'static>(

@@ -6,7 +6,7 @@ use std::{io, mem::MaybeUninit};
 use io_uring::{opcode, types};
 use socket2::SockAddr;
 
-use super::{backend, cvt, submit};
+use super::{backend_or_give_back, cvt, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready, Source},
@@ -44,10 +44,7 @@ pub(crate) async fn recv_from<B: IoBufMut>(
     src: &Source,
     mut buf: B,
 ) -> BufResult<(usize, SockAddr), B> {
-    let kind = match backend() {
-        Ok(k) => k,
-        Err(e) => return (Err(e), buf),
-    };
+    let kind = backend_or_give_back!(buf);
     let res = match kind {
         Driver::IoUring => match submit_recv_from(src, buf) {
             Ok(op) => {
@@ -126,10 +123,7 @@ pub(crate) async fn send_to<B: IoBuf>(
 ) -> BufResult<usize, B> {
     // Again after a shutdown-cancelled send (`nothing_moved`), on the current loop's driver.
     loop {
-        let kind = match backend() {
-            Ok(k) => k,
-            Err(e) => return (Err(e), buf),
-        };
+        let kind = backend_or_give_back!(buf);
         match kind {
             Driver::IoUring => {
                 let fd = src.fd();

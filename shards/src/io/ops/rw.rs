@@ -8,7 +8,7 @@ use std::io;
 
 use io_uring::{opcode, types};
 
-use super::{backend, cvt, fixed_index, submit};
+use super::{backend_or_give_back, cvt, fixed_index, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready_stream, Source},
@@ -28,10 +28,7 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
         // for data, then report 0, which reads as the end of the stream).
         return (Ok(0), buf);
     }
-    let kind = match backend() {
-        Ok(k) => k,
-        Err(e) => return (Err(e), buf),
-    };
+    let kind = backend_or_give_back!(buf);
     let res = match kind {
         Driver::IoUring => match submit_recv(src, buf) {
             Ok(op) => {
@@ -78,10 +75,7 @@ pub(crate) fn submit_recv<B: IoBufMut>(src: &Source, buf: B) -> Result<Op<B>, (i
 pub(crate) async fn send<B: IoBuf>(src: &Source, mut buf: B, from: usize) -> BufResult<usize, B> {
     let from = from.min(buf.bytes_init());
     loop {
-        let kind = match backend() {
-            Ok(k) => k,
-            Err(e) => return (Err(e), buf),
-        };
+        let kind = backend_or_give_back!(buf);
         match kind {
             Driver::IoUring => {
                 let fd = src.fd();
