@@ -25,15 +25,12 @@ use crate::io::{
 #[derive(Debug)]
 pub struct UdpSocket {
     /// `recv_from`s whose futures were dropped unfinished on io_uring (a `select!` whose other
-    /// branch won): their receives are kept here rather than cancelled, so a datagram the
-    /// kernel already gave one is not lost; the next `recv_from` takes the oldest over (see
-    /// `KeepOnDrop` for which are kept). Declared before `src`: dropped (cancelled) before the
-    /// descriptor closes.
+    /// branch won), cancelled in place and kept here rather than dropped: each resolves to the
+    /// cancellation or to the datagram the kernel gave it first, which the next `recv_from`
+    /// takes over, oldest first, so a datagram the kernel already gave one is not lost, and
+    /// nothing stays armed in the kernel for a receive nobody waits for (see `KeepOnDrop`).
+    /// Declared before `src`: dropped (cancelled) before the descriptor closes.
     stray: RefCell<std::collections::VecDeque<Box<dyn StrayRecv>>>,
-    /// `recv_from` receives in flight: a dropped one is kept only when no other is (else the
-    /// kernel may give the next datagram to the kept one while the other, already in the
-    /// kernel, waits for one more: a request/response exchange would hang).
-    recvs: std::cell::Cell<usize>,
     src: Source,
 }
 
@@ -48,8 +45,8 @@ trait StrayRecv {
     ) -> Poll<io::Result<(usize, SockAddr)>>;
     /// Nobody waits for it until a `recv_from` takes it over (`Op::unwait`).
     fn unwait(&self);
-    /// Its completion has been reaped (it holds a datagram, or an error).
-    fn is_done(&self) -> bool;
+    /// Cancels it if still in the kernel, keeping its result (`Op::cancel_in_place`).
+    fn cancel_in_place(&self);
 }
 
 impl<B: IoBufMut> StrayRecv for RecvOp<B> {
@@ -80,8 +77,8 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
         Op::unwait(self);
     }
 
-    fn is_done(&self) -> bool {
-        self.completed().is_some()
+    fn cancel_in_place(&self) {
+        Op::cancel_in_place(self);
     }
 }
 
@@ -108,10 +105,10 @@ impl IntoStray for Box<dyn StrayRecv> {
     }
 }
 
-/// A receive a `recv_from` future waits for, counted in the socket's `recvs` until it is
-/// taken ([`done`](Self::done)) or dropped. Dropped unfinished, it is kept in the socket's
-/// `stray` queue if its datagram has arrived, or if it is the socket's only receive; else it
-/// is cancelled (two concurrent receives: which gets a datagram is arbitrary anyway).
+/// A receive a `recv_from` future waits for until it is taken ([`done`](Self::done)) or
+/// dropped. Dropped unfinished, it is cancelled in place and kept in the socket's `stray`
+/// queue: it resolves to `-ECANCELED` (the next `recv_from` skips it) or to the datagram that
+/// won the race, which the next `recv_from` takes.
 struct KeepOnDrop<'a, R: IntoStray> {
     socket: &'a UdpSocket,
     op: Option<R>,
@@ -119,7 +116,6 @@ struct KeepOnDrop<'a, R: IntoStray> {
 
 impl<'a, R: IntoStray> KeepOnDrop<'a, R> {
     fn new(socket: &'a UdpSocket, op: R) -> Self {
-        socket.recvs.set(socket.recvs.get() + 1);
         KeepOnDrop {
             socket,
             op: Some(op),
@@ -129,73 +125,22 @@ impl<'a, R: IntoStray> KeepOnDrop<'a, R> {
     /// The receive's result was taken.
     fn done(&mut self) {
         self.op = None;
-        self.socket.recvs.set(self.socket.recvs.get() - 1);
     }
 }
 
 impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
     fn drop(&mut self) {
         let Some(op) = self.op.take() else { return };
-        let left = self.socket.recvs.get() - 1;
-        self.socket.recvs.set(left);
         let op = op.into_stray();
-        if left > 0
-            || self
-                .socket
-                .stray
-                .try_borrow()
-                .map_or(true, |k| !k.is_empty())
-        {
-            // It can be kept only if it already holds a datagram: completions the loop has
-            // not reaped yet count too.
-            crate::io::reap_now();
-        }
-        // A receive that already holds its datagram is kept whatever else is in flight
-        // (datagrams may come in any order; dropping it would lose one). One still in the
-        // kernel only when it is the last, as the socket's only kept one.
-        let socket = self.socket;
-        let keep = |op: &dyn StrayRecv| {
-            op.is_done()
-                || (socket.recvs.get() == 0
-                    && socket.stray.try_borrow().is_ok_and(|k| k.is_empty()))
-        };
-        if !keep(&*op) {
-            return;
-        }
-        // A done receive goes behind the kept ones that are done (older datagrams) and ahead
-        // of any still in the kernel: its reap, just above, woke its waker, and that drop
-        // (user code) may have left a newer receive kept in the kernel, which the next
-        // `recv_from` would otherwise wait on while this one held the datagram. Its waker is
-        // gone, so forgetting it runs no user code.
-        if op.is_done() {
-            op.unwait();
-            keep_done(socket, op);
-            return;
-        }
-        // Kept as the socket's only receive, still in the kernel. Forgetting its waker drops
-        // it, outside the `stray` borrow: that drop is user code, which may use this socket
-        // (receives of its own, kept now: newer than this one) and may reap, completing this
-        // one. Done by then, it goes first, or the next `recv_from` waited on a newer receive
-        // while this one held the datagram; still in the kernel, it stays only if it is still
-        // the only one.
+        op.cancel_in_place();
+        // Outside the `stray` borrow: forgetting the waker drops it, and a waker's drop is
+        // user code (which may use this socket: it may keep receives of its own, queued
+        // ahead of this one; with nothing left armed, order among kept receives loses
+        // nothing).
         op.unwait();
-        crate::io::reap_now();
-        if op.is_done() {
-            keep_done(socket, op);
-        } else if let Ok(mut kept) = socket.stray.try_borrow_mut() {
-            if socket.recvs.get() == 0 && kept.is_empty() {
-                kept.push_back(op);
-            }
+        if let Ok(mut kept) = self.socket.stray.try_borrow_mut() {
+            kept.push_back(op);
         }
-    }
-}
-
-/// Keeps a dropped receive that holds its datagram: behind the kept ones that are done, ahead
-/// of any still in the kernel.
-fn keep_done(socket: &UdpSocket, op: Box<dyn StrayRecv>) {
-    if let Ok(mut kept) = socket.stray.try_borrow_mut() {
-        let at = kept.iter().position(|k| !k.is_done()).unwrap_or(kept.len());
-        kept.insert(at, op);
     }
 }
 
@@ -219,7 +164,6 @@ impl UdpSocket {
     fn new(fd: OwnedFd) -> UdpSocket {
         UdpSocket {
             stray: RefCell::new(std::collections::VecDeque::new()),
-            recvs: std::cell::Cell::new(0),
             src: Source::new(fd),
         }
     }
@@ -227,11 +171,11 @@ impl UdpSocket {
     /// Receives one datagram into `buf` from its start (a `Vec`'s length becomes its size; a
     /// datagram longer than the capacity is truncated) and the sender's address. Dropping the
     /// future before it resolves loses no datagram on either driver: on io_uring the socket
-    /// keeps the receive it submitted running, and the next `recv_from` takes it over. A
-    /// datagram the kept receive already got comes back as it got it, truncated to the dropped
-    /// buffer's capacity if that was smaller; the dropped buffer (a
-    /// [`FixedBuf`](crate::io::FixedBuf) too) is held until then. A receive dropped still in
-    /// the kernel while another is in flight is cancelled instead, as before. Cost:
+    /// cancels the receive it submitted but keeps it, and the next `recv_from` takes it over.
+    /// A datagram the kept receive already got (before its cancellation) comes back as it got
+    /// it, truncated to the dropped buffer's capacity if that was smaller; the dropped buffer
+    /// (a [`FixedBuf`](crate::io::FixedBuf) too) is held until then. One cancelled with nothing
+    /// is skipped, and the datagram goes to a fresh receive, as on epoll. Cost:
     /// one `RECVMSG` submission, or one `recvfrom` (the socket joins the loop's epoll set
     /// once, at its first wait); a dropped receive costs a boxed handle.
     pub async fn recv_from<B: IoBufMut>(&self, buf: B) -> BufResult<(usize, SocketAddr), B> {
