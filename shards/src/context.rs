@@ -89,6 +89,11 @@ pub(crate) struct Core {
     pub(crate) migr_delta: Cell<i64>,
     /// Set by `yield_if_due` when it yields: the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
+    /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6);
+    /// 0 between polls.
+    pub(crate) inline_left: Cell<u32>,
+    /// Work-first joins run this turn (counted as polls at the end of the turn).
+    pub(crate) inline_runs: Cell<u64>,
     /// The loop's I/O driver, which is also its park (io/mod.rs). Declared last: dropped after
     /// the tasks' state above, it cancels and waits out what is still in flight.
     pub(crate) io: crate::io::Reactor,
@@ -248,6 +253,8 @@ impl Core {
             current: Cell::new(ptr::null()),
             migr_delta: Cell::new(0),
             end_batch: Cell::new(false),
+            inline_left: Cell::new(0),
+            inline_runs: Cell::new(0),
         }
     }
 

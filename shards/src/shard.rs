@@ -201,12 +201,8 @@ where
 {
     // Spawned under the borrow of the current loop: cloning the executor's `Arc` would be a
     // read-modify-write on a count every loop writes, once per spawn.
-    let mut job = Some((fut, info));
-    with_core(|c| {
-        let (fut, info) = job.take().expect("taken once");
-        crate::steal::spawn(&c.exec, c.index(), false, fut, info)
-    })
-    .expect("xtc::spawn called off any xtc loop: call it inside a task, or use Handle::spawn")
+    with_core(move |c| crate::steal::spawn_here(c, fut, info))
+        .expect("xtc::spawn called off any xtc loop: call it inside a task, or use Handle::spawn")
 }
 
 /// Creates a scheduling class on the current loop: `shares` 1..=1000 (a class with 3× the

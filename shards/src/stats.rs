@@ -50,6 +50,10 @@ pub struct LoopStats {
     pub stolen_from: u64,
     /// Steal attempts on a victim that looked non-empty but yielded nothing.
     pub steal_attempts_failed: u64,
+    /// Awaits of a migratable task's [`JoinHandle`](crate::JoinHandle) that ran the task on
+    /// the spot, inside the awaiting task's poll (work-first join, `steal/mod.rs` rule 6): each
+    /// saved the awaiting task a park, a wake-up and a second poll. Counted in `polls` too.
+    pub joins_inlined: u64,
     /// I/O operations submitted (io_uring) or readiness waits armed (epoll).
     pub io_submitted: u64,
     /// I/O completions reaped (io_uring) or readiness events dispatched (epoll).
@@ -86,6 +90,7 @@ pub(crate) struct StatsCell {
     pub(crate) notifications_sent: AtomicU64,
     pub(crate) steals: AtomicU64,
     pub(crate) steal_attempts_failed: AtomicU64,
+    pub(crate) joins_inlined: AtomicU64,
     pub(crate) io_submitted: AtomicU64,
     pub(crate) io_completed: AtomicU64,
     /// 0 unknown, 1 io_uring, 2 epoll.
@@ -131,6 +136,7 @@ impl StatsCell {
             notifications_sent: AtomicU64::new(0),
             steals: AtomicU64::new(0),
             steal_attempts_failed: AtomicU64::new(0),
+            joins_inlined: AtomicU64::new(0),
             io_submitted: AtomicU64::new(0),
             io_completed: AtomicU64::new(0),
             io_driver: AtomicU64::new(0),
@@ -246,6 +252,7 @@ impl StatsCell {
             steals: self.steals.load(Relaxed),
             stolen_from,
             steal_attempts_failed: self.steal_attempts_failed.load(Relaxed),
+            joins_inlined: self.joins_inlined.load(Relaxed),
             io_submitted: self.io_submitted.load(Relaxed),
             io_completed: self.io_completed.load(Relaxed),
             io_driver: match self.io_driver.load(Relaxed) {

@@ -329,6 +329,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             let meta: *const crate::task::TaskMeta = r.metadata();
             core.current.set(meta);
             core.poll_started.set(t0);
+            core.inline_left.set(steal::INLINE_BUDGET);
             if let Some(start) = t0 {
                 // The metadata is needed after `run`, when the task may be gone: keep a copy
                 // of the info only while the watchdog is armed.
@@ -358,6 +359,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 r.run();
             }
             core.current.set(std::ptr::null());
+            core.inline_left.set(0);
             ran += 1;
             if ran % crate::io::REAP_EVERY == 0 {
                 core.io.reap();
@@ -514,7 +516,9 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
 
 fn publish_counts(core: &Core, polls: u64) {
     let stats = &core.shared.stats;
-    bump(&stats.polls, polls);
+    let inlined = core.inline_runs.replace(0);
+    bump(&stats.polls, polls + inlined);
+    bump(&stats.joins_inlined, inlined);
     {
         let m = core.mesh.borrow();
         stats

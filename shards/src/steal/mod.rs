@@ -41,6 +41,16 @@
 //!    parked migratable task when the executor stops (one never parked is in a queue, dropped
 //!    with it), and its waker keeps a parked task's future from being freed undropped. A task
 //!    that finishes in its first poll never takes the registry's lock.
+//! 6. **Work-first join.** Awaiting the [`JoinHandle`] of a migratable task that is still the
+//!    newest entry of the awaiting loop's own deque (spawned here, not yet started, not stolen)
+//!    runs it on the spot, inside the awaiting task's poll, as `rayon::join` and Cilk do: the
+//!    parent skips a park, a registry entry, a wake and a second poll, and a fork-join tree is
+//!    walked depth-first on the stack. Thieves still take the oldest entries, the big
+//!    subtrees. Bounded: a task poll runs at most [`INLINE_BUDGET`] tasks this way (nested ones
+//!    included, which also bounds the stack depth), then awaits park as usual; a pinned task
+//!    of a loop with scheduling classes never does it (its lane would be charged for work that
+//!    belongs to no lane). The inlined task's poll counts as part of its parent's for the
+//!    stall watchdog.
 //!
 //! Migration idiom: a task that keeps per-shard state re-reads [`shard::id()`](crate::shard::id)
 //! after each `.await`; a different value means it was stolen in between.
@@ -325,26 +335,34 @@ impl<F> Drop for MigrFuture<F> {
 /// Counts a spawned (+1) or finished (−1) migratable task: batched per loop turn on a worker
 /// (one shared RMW per turn, in [`flush_live`]), directly elsewhere.
 fn live_add(exec: &Arc<ExecShared>, delta: i64) {
-    let local = with_core(|core| {
-        if !Arc::ptr_eq(&core.exec, exec) {
-            return false;
-        }
-        // The spawn that makes the count leave zero is published at once (rule 4), so idle
-        // loops start looking before this turn ends; the rest are batched. Only the first
-        // spawn of a turn reads the shared count (a line every loop writes): once this turn
-        // holds unpublished spawns, the next ones batch too, and the end-of-turn flush wakes
-        // the idle loops if the count left zero meanwhile.
-        let pending = core.migr_delta.get();
-        let leaving_zero =
-            delta > 0 && pending <= 0 && exec.migratable.live.load(Relaxed) + pending <= 0;
-        if leaving_zero {
-            false
-        } else {
-            core.migr_delta.set(pending + delta);
-            true
-        }
-    });
-    if local != Some(true) && exec.migratable.live.fetch_add(delta, SeqCst) <= 0 && delta > 0 {
+    let local = with_core(|core| Arc::ptr_eq(&core.exec, exec) && live_add_here(core, delta));
+    if local != Some(true) {
+        live_add_shared(exec, delta);
+    }
+}
+
+/// [`live_add`] on a worker of the task's executor; false when the count must be published at
+/// once (then call [`live_add_shared`]).
+#[inline]
+fn live_add_here(core: &Core, delta: i64) -> bool {
+    // The spawn that makes the count leave zero is published at once (rule 4), so idle loops
+    // start looking before this turn ends; the rest are batched. Only the first spawn of a
+    // turn reads the shared count (a line every loop writes): once this turn holds
+    // unpublished spawns, the next ones batch too, and the end-of-turn flush wakes the idle
+    // loops if the count left zero meanwhile.
+    let pending = core.migr_delta.get();
+    let leaving_zero =
+        delta > 0 && pending <= 0 && core.exec.migratable.live.load(Relaxed) + pending <= 0;
+    if leaving_zero {
+        return false;
+    }
+    core.migr_delta.set(pending + delta);
+    true
+}
+
+/// [`live_add`] straight on the shared count.
+fn live_add_shared(exec: &ExecShared, delta: i64) {
+    if exec.migratable.live.fetch_add(delta, SeqCst) <= 0 && delta > 0 {
         // Rule 4: idle loops parked without a tick must start looking.
         exec.unpark_all();
     }
@@ -363,11 +381,44 @@ pub(crate) fn flush_live(core: &Core) {
     }
 }
 
+/// Builds a migratable task whose first loop is `home` (an index of `exec.loops`).
+fn build<F>(
+    exec: &ExecShared,
+    home: usize,
+    fut: F,
+    info: TaskInfo,
+) -> (Runnable, async_task::Task<Outcome<F::Output>, TaskMeta>)
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let fut = MigrFuture {
+        fut: std::mem::ManuallyDrop::new(fut),
+        meta: std::ptr::null(),
+        key: NO_KEY,
+    };
+    async_task::Builder::new()
+        .metadata(TaskMeta::new(
+            info,
+            crate::task::MIGRATABLE_CLASS,
+            home,
+            exec.loops[home].clone(),
+        ))
+        .spawn(
+            move |meta: &TaskMeta| {
+                let mut fut = fut;
+                fut.meta = meta;
+                fut
+            },
+            schedule,
+        )
+}
+
 /// Spawns a migratable task whose first loop is `home` (protocol rule 1).
 ///
 /// `placed`: the task was placed on `home` by the caller (`Executor::spawn`'s round-robin) and
 /// starts there even when spawned on another loop's worker; otherwise it starts where it is
-/// scheduled from (`xtc::spawn`: the current loop, for locality).
+/// scheduled from.
 pub(crate) fn spawn<F>(
     exec: &Arc<ExecShared>,
     home: usize,
@@ -380,35 +431,39 @@ where
     F::Output: Send + 'static,
 {
     live_add(exec, 1);
-    // Callers pass a loop index (the current loop, or a round-robin one taken modulo the
-    // count); an executor has at least one loop. No division on this path.
+    // Callers pass a loop index (a round-robin one taken modulo the count); an executor has
+    // at least one loop.
     let home = if home < exec.loops.len() { home } else { 0 };
-    let home_loop = exec.loops[home].clone();
-    let fut = MigrFuture {
-        fut: std::mem::ManuallyDrop::new(fut),
-        meta: std::ptr::null(),
-        key: NO_KEY,
-    };
-    let (runnable, task) = async_task::Builder::new()
-        .metadata(TaskMeta::new(
-            info,
-            crate::task::MIGRATABLE_CLASS,
-            home,
-            home_loop,
-        ))
-        .spawn(
-            move |meta: &TaskMeta| {
-                let mut fut = fut;
-                fut.meta = meta;
-                fut
-            },
-            schedule,
-        );
-    // Only a placed spawn asks where it runs (`xtc::spawn`, the fork-join path, does not).
+    let (runnable, task) = build(exec, home, fut, info);
     if placed && with_core(|c| Arc::ptr_eq(&c.exec, exec) && c.index() == home) != Some(true) {
         inject(&exec.loops[home], runnable);
     } else {
         runnable.schedule();
+    }
+    JoinHandle::new(task)
+}
+
+/// `xtc::spawn` on `core`, a loop of the task's executor: the fork-join path. The task starts
+/// on this loop (for locality), on top of its deque, where a thief or a work-first join
+/// (rule 6) finds it. What [`spawn`] does, without looking up the current loop again.
+pub(crate) fn spawn_here<F>(core: &Core, fut: F, info: TaskInfo) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    if !live_add_here(core, 1) {
+        live_add_shared(&core.exec, 1);
+    }
+    let (runnable, task) = build(&core.exec, core.index(), fut, info);
+    match core.deque.borrow().as_ref() {
+        // What `schedule` would do with a fresh task (not the current one) on this worker.
+        Some(w) => {
+            w.push(runnable);
+            if core.exec.eager_rebalance() {
+                core.nudge.set(true);
+            }
+        }
+        None => runnable.schedule(),
     }
     JoinHandle::new(task)
 }
@@ -489,6 +544,55 @@ pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
             Steal::Retry => continue,
         }
     }
+}
+
+/// Rule 6: tasks one task poll may run inline at its joins. tokio's cooperative budget is 128
+/// operations for the same reason: a poll that ran this many tasks has held the loop long
+/// enough. Each nesting level costs a few hundred bytes of the worker's stack (more in a debug
+/// build); 128 of them fit a default 2 MiB thread stack many times over.
+pub(crate) const INLINE_BUDGET: u32 = 128;
+
+/// Rule 6: runs the migratable task whose metadata is at `child` here and now if it is the
+/// newest entry of this loop's deque. Called by a [`JoinHandle`] about to wait for an
+/// unfinished task; `child` is only compared, never dereferenced. Cost when it does not apply:
+/// a thread-local read and a few loads; when the deque's top is another task, a pop and a push.
+pub(crate) fn join_inline(child: *const TaskMeta) {
+    with_core(|core| {
+        let left = core.inline_left.get();
+        let parent = core.current.get();
+        if left == 0 || parent.is_null() {
+            return;
+        }
+        // SAFETY: `current` points into the header of the task this loop is polling (set by
+        // the loop, or below, around the poll), alive for the whole poll.
+        let pinned_parent =
+            unsafe { &*parent }.class.load(Relaxed) != crate::task::MIGRATABLE_CLASS;
+        if pinned_parent && core.classes_active.get() {
+            return;
+        }
+        let r = {
+            let d = core.deque.borrow();
+            let Some(w) = d.as_ref() else {
+                return;
+            };
+            let Some(r) = w.pop() else {
+                return;
+            };
+            if !std::ptr::eq(r.metadata(), child) {
+                // Back on top: the order is unchanged (nothing else touches the top meanwhile).
+                w.push(r);
+                return;
+            }
+            r
+        };
+        // The borrow is released: the child may spawn (push) onto this deque.
+        core.inline_left.set(left - 1);
+        core.inline_runs.set(core.inline_runs.get() + 1);
+        r.metadata().last.store(core.index() as u32, Relaxed);
+        core.current.set(r.metadata());
+        r.run();
+        core.current.set(parent);
+    });
 }
 
 /// Local picks between two looks at the loop's own injector before its deque (rule 1); tokio

@@ -19,6 +19,10 @@ use crate::JoinError;
 /// The handle is `Send` when the output is, so a pinned task's result can be awaited from any
 /// thread, but it is not `Sync`: [`abort`](Self::abort) takes `&self` without a lock.
 /// Cost: awaiting is one poll of the async-task handle; completion wakes the awaiter once.
+/// Awaiting a migratable task ([`spawn`](crate::spawn)) that has not started yet and is the
+/// newest one queued on the awaiting loop runs it there and then, inside the awaiting task's
+/// poll (a work-first join, as `rayon::join` does; at most 128 per poll, see
+/// [`LoopStats::joins_inlined`](crate::LoopStats::joins_inlined)): no park, no wake-up.
 ///
 /// Limit: the task's completion wakes the awaiter inside async-task, under its abort-on-panic
 /// guard, so awaiting a handle from a future polled with a custom waker that panics when
@@ -27,10 +31,16 @@ pub struct JoinHandle<T> {
     state: Cell<State<T>>,
 }
 
-/// Where a handle is: holding the live task, or aborted (rule 5 of the task protocol). One
-/// word more than the task pointer; what only an aborted handle needs lives behind a box.
+/// Where a handle is: holding the live task, or aborted (rule 5 of the task protocol). Two
+/// words more than the task pointer; what only an aborted handle needs lives behind a box.
 enum State<T> {
-    Live(async_task::FallibleTask<Outcome<T>, TaskMeta>),
+    /// The task, and the address of its metadata (async-task's fallible handle does not give
+    /// it): compared with the deque's top by the work-first join (`steal/mod.rs` rule 6). The
+    /// handle keeps the task's header alive, so no other task can have that address meanwhile.
+    Live(
+        async_task::FallibleTask<Outcome<T>, TaskMeta>,
+        *const TaskMeta,
+    ),
     Aborted(Box<Aborted<T>>),
     /// The output went to an `.await` (or the state is out for a moment, see `with`).
     Taken,
@@ -67,7 +77,9 @@ impl<T> Aborted<T> {
     }
 }
 
-// SAFETY: every field of `State<T>` is `Send` when `T` is, except the boxed `cancel` future,
+// SAFETY: every field of `State<T>` is `Send` when `T` is, except the metadata address (only
+// compared with a queued task's, never dereferenced, so any thread may hold it) and the boxed
+// `cancel` future,
 // whose only type is the future of `FallibleTask::<Outcome<T>, TaskMeta>::cancel` (built in
 // `abort`, nowhere else). That future holds the `FallibleTask` and nothing else, and it is
 // `Send` when `T` is: `cancel_is_send` below would not compile otherwise. The box only erases a
@@ -85,8 +97,9 @@ fn cancel_is_send<T: Send>(
 
 impl<T> JoinHandle<T> {
     pub(crate) fn new(task: async_task::Task<Outcome<T>, TaskMeta>) -> Self {
+        let meta: *const TaskMeta = task.metadata();
         JoinHandle {
-            state: Cell::new(State::Live(task.fallible())),
+            state: Cell::new(State::Live(task.fallible(), meta)),
         }
     }
 
@@ -102,7 +115,7 @@ impl<T> JoinHandle<T> {
     /// after [`abort`](Self::abort), one poll of the cancellation.
     pub fn is_finished(&self) -> bool {
         self.with(|state| match state {
-            State::Live(task) => task.is_finished(),
+            State::Live(task, _) => task.is_finished(),
             State::Aborted(a) => {
                 let waker = a.waker.clone().unwrap_or_else(|| Waker::noop().clone());
                 a.poll_over(&mut Context::from_waker(&waker))
@@ -121,10 +134,10 @@ impl<T: 'static> JoinHandle<T> {
     /// allocations and, for a parked task, one re-schedule on its loop.
     pub fn abort(&self) {
         self.with(|state| {
-            if !matches!(state, State::Live(_)) {
+            if !matches!(state, State::Live(..)) {
                 return;
             }
-            let State::Live(task) = std::mem::replace(state, State::Taken) else {
+            let State::Live(task, _) = std::mem::replace(state, State::Taken) else {
                 unreachable!("checked just above");
             };
             let mut aborted = Box::new(Aborted {
@@ -156,13 +169,19 @@ impl<T> Future for JoinHandle<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.state.replace(State::Taken) {
-            State::Live(mut task) => match Pin::new(&mut task).poll(cx) {
-                Poll::Pending => {
-                    self.state.set(State::Live(task));
-                    Poll::Pending
+            State::Live(mut task, meta) => {
+                if !task.is_finished() {
+                    // Steal rule 6: still queued on top of this loop's deque, it runs now.
+                    crate::steal::join_inline(meta);
                 }
-                Poll::Ready(out) => Poll::Ready(output(out)),
-            },
+                match Pin::new(&mut task).poll(cx) {
+                    Poll::Pending => {
+                        self.state.set(State::Live(task, meta));
+                        Poll::Pending
+                    }
+                    Poll::Ready(out) => Poll::Ready(output(out)),
+                }
+            }
             State::Aborted(mut a) => {
                 if a.poll_over(cx) {
                     return Poll::Ready(output(a.out.take()));
@@ -182,7 +201,7 @@ impl<T> Drop for JoinHandle<T> {
     fn drop(&mut self) {
         // A live task is detached; an aborted one stays cancelled (dropping async-task's
         // handle does that); an untaken output is dropped under `Outcome`'s guard.
-        if let State::Live(task) = self.state.replace(State::Taken) {
+        if let State::Live(task, _) = self.state.replace(State::Taken) {
             task.detach();
         }
     }

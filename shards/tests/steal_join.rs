@@ -1,0 +1,259 @@
+//! Work-first join (steal/mod.rs rule 6): awaiting a migratable task that is still the newest
+//! entry of the awaiting loop's deque runs it on the spot, inside the awaiting task's poll.
+//!
+//! Every executor here has stealing off, so no thief takes a child before its join: what a
+//! test counts is decided by this protocol alone.
+
+mod common;
+use common::*;
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use xtc_shards::{shard, Executor, LoopStats};
+
+/// `n` shards, oversubscribed, stealing off.
+fn no_steal(n: usize) -> Executor {
+    Executor::builder()
+        .shards(n)
+        .oversubscribe(true)
+        .stealing(false)
+        .build()
+        .expect("build executor")
+}
+
+/// Runs `f`'s future as a pinned task on shard 0 of a 1-shard executor (stealing off) and
+/// returns its output and shard 0's counters once `run()` is over.
+fn on_shard0<T, Fut>(f: impl FnOnce() -> Fut + Send + 'static) -> (T, LoopStats)
+where
+    T: Send + 'static,
+    Fut: Future<Output = T> + 'static,
+{
+    let ex = no_steal(1);
+    let out = Arc::new(Mutex::new(None));
+    let o = out.clone();
+    ex.spawn_on(0, move || async move {
+        let v = f().await;
+        *o.lock().unwrap() = Some(v);
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let v = out.lock().unwrap().take().expect("the task finished");
+    (v, ex.loop_stats(0).unwrap())
+}
+
+#[test]
+fn awaiting_a_fresh_child_runs_it_inside_the_parents_poll() {
+    let ((value, parent, child), stats) = on_shard0(|| async {
+        let child = xtc_shards::spawn(async { (42, std::thread::current().id()) });
+        let (v, child) = child.await.unwrap();
+        (v, std::thread::current().id(), child)
+    });
+    assert_eq!(value, 42);
+    assert_eq!(parent, child);
+    assert_eq!(stats.joins_inlined, 1, "{stats:?}");
+    // One poll of the parent (it never parked) and the child's, counted in `polls`.
+    assert_eq!(stats.polls, 2, "{stats:?}");
+    assert_eq!(stats.tasks_run, 2, "{stats:?}");
+}
+
+#[test]
+fn a_child_below_the_top_of_the_deque_is_left_to_the_loop() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let o = order.clone();
+    let ((a, b), stats) = on_shard0(move || async move {
+        let (oa, ob) = (o.clone(), o.clone());
+        let a = xtc_shards::spawn(async move {
+            oa.lock().unwrap().push("a");
+            1
+        });
+        let b = xtc_shards::spawn(async move {
+            ob.lock().unwrap().push("b");
+            2
+        });
+        // `a` is under `b`: this join parks, and the loop runs `b` (the top) then `a`.
+        let a = a.await.unwrap();
+        let b = b.await.unwrap();
+        (a, b)
+    });
+    assert_eq!((a, b), (1, 2));
+    assert_eq!(*order.lock().unwrap(), ["b", "a"]);
+    assert_eq!(stats.joins_inlined, 0, "{stats:?}");
+}
+
+#[test]
+fn one_poll_runs_at_most_the_budget_of_joins_inline() {
+    const CHILDREN: usize = 1000;
+    let (sum, stats) = on_shard0(|| async {
+        let mut sum = 0;
+        for i in 0..CHILDREN {
+            sum += xtc_shards::spawn(async move { i }).await.unwrap();
+        }
+        sum
+    });
+    assert_eq!(sum, CHILDREN * (CHILDREN - 1) / 2);
+    // 128 joins per poll of the parent; the 129th parks it and the loop runs that child.
+    let inlined = CHILDREN / 129 * 128 + (CHILDREN % 129).min(128);
+    assert_eq!(stats.joins_inlined, inlined as u64, "{stats:?}");
+}
+
+/// A task that spawns the next link of a chain `n` long and awaits it.
+fn chain(n: u32) -> Pin<Box<dyn Future<Output = u32> + Send>> {
+    Box::pin(async move {
+        if n == 0 {
+            return 0;
+        }
+        xtc_shards::spawn(chain(n - 1)).await.unwrap() + 1
+    })
+}
+
+#[test]
+fn a_long_chain_of_joins_does_not_nest_deeper_than_the_budget() {
+    // Inline joins nest: each link's poll runs the next one's. Unbounded, 20,000 nested polls
+    // overflow a worker's stack (a debug build needs a few KiB per level).
+    let (n, stats) = on_shard0(|| chain(20_000));
+    assert_eq!(n, 20_000);
+    assert!(stats.joins_inlined > 19_000, "{stats:?}");
+}
+
+#[test]
+fn a_child_that_panics_inline_is_a_join_error_and_the_parent_goes_on() {
+    let ((err, after), stats) = on_shard0(|| async {
+        let child = xtc_shards::spawn(async {
+            if shard::id() == 0 {
+                panic!("child panics on purpose");
+            }
+            7
+        });
+        let err = child.await.unwrap_err();
+        let after = xtc_shards::spawn(async { 8 }).await.unwrap();
+        (err, after)
+    });
+    assert!(err.is_panic(), "{err:?}");
+    assert_eq!(after, 8);
+    assert_eq!(stats.joins_inlined, 2, "{stats:?}");
+}
+
+#[test]
+fn a_child_that_parks_inline_finishes_later_and_wakes_its_parent() {
+    let (v, stats) = on_shard0(|| async {
+        let child = xtc_shards::spawn(async {
+            xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            xtc_shards::yield_now().await;
+            9
+        });
+        child.await.unwrap()
+    });
+    assert_eq!(v, 9);
+    assert_eq!(stats.joins_inlined, 1, "{stats:?}");
+    assert_eq!(stats.timers_fired, 1, "{stats:?}");
+}
+
+#[test]
+fn an_aborted_child_is_dropped_unpolled() {
+    let polled = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let (p, d) = (polled.clone(), dropped.clone());
+    let (err, stats) = on_shard0(move || async move {
+        let guard = CountDrop(d);
+        let child = xtc_shards::spawn(async move {
+            let _guard = guard;
+            p.store(true, SeqCst);
+        });
+        child.abort();
+        child.await.unwrap_err()
+    });
+    assert!(err.is_cancelled(), "{err:?}");
+    assert!(!polled.load(SeqCst));
+    assert_eq!(dropped.load(SeqCst), 1);
+    assert_eq!(stats.joins_inlined, 0, "{stats:?}");
+}
+
+#[test]
+fn after_an_inline_join_the_parents_yield_still_goes_behind_its_siblings() {
+    // The parent's own wake during its poll (a yield) must go to the injector, behind the
+    // deque: that needs the loop to see the parent as the running task again once the
+    // child's inline poll is over. Otherwise the yield lands on top of the LIFO deque and
+    // the parent runs again and again while the sibling below it never does.
+    let ex = no_steal(1);
+    let h = ex.handle();
+    let yields = Arc::new(AtomicUsize::new(0));
+    let y = yields.clone();
+    ex.spawn_on(0, move || async move {
+        let parent = xtc_shards::spawn(async move {
+            let ran = Arc::new(AtomicBool::new(false));
+            let r = ran.clone();
+            drop(xtc_shards::spawn(async move { r.store(true, SeqCst) }));
+            xtc_shards::spawn(async { 1 }).await.unwrap();
+            while !ran.load(SeqCst) {
+                if y.fetch_add(1, SeqCst) == 100_000 {
+                    break;
+                }
+                xtc_shards::yield_now().await;
+            }
+            ran.load(SeqCst)
+        });
+        assert!(parent.await.unwrap(), "the sibling never ran");
+    })
+    .unwrap();
+    let dog = Watchdog::new(h, HANG, "inline join then yield");
+    ex.run().unwrap();
+    dog.done();
+    // One yield: the loop runs the sibling next, then the parent from the injector.
+    assert_eq!(yields.load(SeqCst), 1);
+    // The parent, inline in the pinned task, and its child, inline in the parent.
+    assert_eq!(ex.loop_stats(0).unwrap().joins_inlined, 2);
+}
+
+#[test]
+fn a_pinned_task_of_a_loop_with_classes_does_not_join_inline() {
+    let (v, stats) = on_shard0(|| async {
+        let class = shard::create_class(200, None).unwrap();
+        shard::set_class(class).unwrap();
+        // The class takes effect from the next wake.
+        xtc_shards::yield_now().await;
+        let pinned = xtc_shards::spawn(async { 3 }).await.unwrap();
+        // A migratable task on the same loop belongs to no lane: it still joins inline.
+        let migratable = xtc_shards::spawn(async { xtc_shards::spawn(async { 4 }).await.unwrap() })
+            .await
+            .unwrap();
+        pinned + migratable
+    });
+    assert_eq!(v, 7);
+    assert_eq!(stats.joins_inlined, 1, "{stats:?}");
+}
+
+#[test]
+fn joins_on_two_shards_with_stealing_on_give_every_answer() {
+    // fork-join under theft: children are inlined, stolen, or left for the loop; each path
+    // must deliver its output exactly once.
+    fn fib(n: u64) -> Pin<Box<dyn Future<Output = u64> + Send>> {
+        Box::pin(async move {
+            if n < 2 {
+                return n;
+            }
+            let child = xtc_shards::spawn(fib(n - 1));
+            let b = fib(n - 2).await;
+            child.await.unwrap() + b
+        })
+    }
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .eager_rebalance(true)
+        .build()
+        .unwrap();
+    let v = ex.block_on(|| fib(20)).unwrap();
+    assert_eq!(v, 6765);
+    let inlined: u64 = (0..2)
+        .map(|i| ex.loop_stats(i).unwrap().joins_inlined)
+        .sum();
+    assert!(inlined > 0);
+}
