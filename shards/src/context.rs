@@ -94,6 +94,17 @@ pub(crate) struct Core {
     pub(crate) inline_left: Cell<u32>,
     /// Work-first joins run this turn (counted as polls at the end of the turn).
     pub(crate) inline_runs: Cell<u64>,
+    /// Work-first joins nest on the stack: none starts below this address (steal/mod.rs
+    /// rule 6). Set when the loop starts running; `usize::MAX` (none at all) until then.
+    pub(crate) inline_floor: Cell<usize>,
+    /// The stall budget (ns, 0 = watchdog off) of the current loop turn.
+    pub(crate) stall_ns: Cell<u64>,
+    /// Time the current poll spent in inline joins (the stall watchdog's, while armed): not
+    /// the polled task's own.
+    pub(crate) inline_time: Cell<std::time::Duration>,
+    /// Inline joins of the current poll that overran the stall budget: reported by the loop
+    /// after the poll, under their own name (the stall watchdog's, while armed).
+    pub(crate) inline_stalls: RefCell<Vec<(crate::task::TaskInfo, std::time::Duration)>>,
     /// The loop's I/O driver, which is also its park (io/mod.rs). Declared last: dropped after
     /// the tasks' state above, it cancels and waits out what is still in flight.
     pub(crate) io: crate::io::Reactor,
@@ -255,6 +266,10 @@ impl Core {
             end_batch: Cell::new(false),
             inline_left: Cell::new(0),
             inline_runs: Cell::new(0),
+            inline_floor: Cell::new(usize::MAX),
+            stall_ns: Cell::new(0),
+            inline_time: Cell::new(std::time::Duration::ZERO),
+            inline_stalls: RefCell::new(Vec::new()),
         }
     }
 

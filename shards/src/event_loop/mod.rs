@@ -229,6 +229,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     let mut status = Status::new(&shared.status, &exec.closing, &exec.stop);
     // Whether the last turn ran a migratable task (step 4's first pick).
     let mut migratable_ran = false;
+    // Steal rule 6: work-first joins nest on the stack below this frame, within an allowance.
+    let allowance = crate::sys::stack_size().map_or(0, steal::inline_stack);
+    core.inline_floor
+        .set(crate::sys::stack_here().saturating_sub(allowance));
     shared.stats.started(Instant::now());
     let exit = loop {
         // Step 1.
@@ -277,6 +281,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // migratable ones (deque, then own injector). The stall watchdog and class accounting
         // need a clock read per poll; with neither armed the path is the plain FIFO.
         let budget = shared.stall.budget_ns.load(Relaxed);
+        core.stall_ns.set(budget);
         let classes = core.classes_active.get();
         let timed = budget != 0 || classes;
         let mut t0 = if timed { Some(Instant::now()) } else { None };
@@ -339,7 +344,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 // nothing below (the stall callback is user code) may see it as current.
                 core.current.set(std::ptr::null());
                 let now = Instant::now();
-                let cost = now.saturating_duration_since(start);
+                // Inline joins' time is their tasks' (steal rule 6), not this one's.
+                let cost = now
+                    .saturating_duration_since(start)
+                    .saturating_sub(core.inline_time.replace(Duration::ZERO));
                 t0 = Some(now);
                 // A migratable task belongs to no lane (classes order pinned tasks only):
                 // charged to lane 0, its CPU time starved the untagged pinned tasks.
@@ -348,8 +356,16 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 }
                 if let Some(info) = info {
                     let budget = Duration::from_nanos(budget);
+                    // Tasks this poll ran inline that overran the budget themselves.
+                    let inline = std::mem::take(&mut *core.inline_stalls.borrow_mut());
+                    let reports = !inline.is_empty() || cost > budget;
+                    for (info, took) in &inline {
+                        crate::stall::report(shared, info, budget, *took);
+                    }
                     if cost > budget {
                         crate::stall::report(shared, &info, budget, cost);
+                    }
+                    if reports {
                         // The report's own time (a callback, a backtrace) is nobody's poll:
                         // charged to the next one, it made that one look stalled too.
                         t0 = Some(Instant::now());

@@ -46,11 +46,12 @@
 //!    runs it on the spot, inside the awaiting task's poll, as `rayon::join` and Cilk do: the
 //!    parent skips a park, a registry entry, a wake and a second poll, and a fork-join tree is
 //!    walked depth-first on the stack. Thieves still take the oldest entries, the big
-//!    subtrees. Bounded: a task poll runs at most [`INLINE_BUDGET`] tasks this way (nested ones
-//!    included, which also bounds the stack depth), then awaits park as usual; a pinned task
-//!    of a loop with scheduling classes never does it (its lane would be charged for work that
-//!    belongs to no lane). The inlined task's poll counts as part of its parent's for the
-//!    stall watchdog.
+//!    subtrees. Only a migratable task joins this way: a pinned task awaiting migratable work
+//!    keeps serving its loop while idle peers may take that work. Bounded in time and stack:
+//!    a task poll runs at most [`INLINE_BUDGET`] tasks this way (nested ones included), and
+//!    none starts deeper than [`inline_stack`] below the loop's frame; past either, awaits
+//!    park as usual. The stall watchdog charges an inline task's time to it, not to the
+//!    task that awaited it.
 //!
 //! Migration idiom: a task that keeps per-shard state re-reads [`shard::id()`](crate::shard::id)
 //! after each `.await`; a different value means it was stolen in between.
@@ -548,26 +549,39 @@ pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
 
 /// Rule 6: tasks one task poll may run inline at its joins. tokio's cooperative budget is 128
 /// operations for the same reason: a poll that ran this many tasks has held the loop long
-/// enough. Each nesting level costs a few hundred bytes of the worker's stack (more in a debug
-/// build); 128 of them fit a default 2 MiB thread stack many times over.
+/// enough.
 pub(crate) const INLINE_BUDGET: u32 = 128;
 
-/// Rule 6: runs the migratable task whose metadata is at `child` here and now if it is the
-/// newest entry of this loop's deque. Called by a [`JoinHandle`] about to wait for an
-/// unfinished task; `child` is only compared, never dereferenced. Cost when it does not apply:
-/// a thread-local read and a few loads; when the deque's top is another task, a pop and a push.
+/// Rule 6: the stack inline joins may use below the loop's frame on a thread whose stack is
+/// `size` bytes: a quarter of it, at most 256 KiB, so a task run inline keeps at least three
+/// quarters of the stack it would have had at the top of the loop. A level costs a few hundred
+/// bytes plus the task's own poll frame (about 3 KiB for a small future in a debug build).
+pub(crate) fn inline_stack(size: usize) -> usize {
+    (size / 4).min(256 << 10)
+}
+
+/// Rule 6: runs the migratable task whose metadata is at `child` here and now if the task
+/// being polled is migratable and `child` is the newest entry of this loop's deque. Called by
+/// a [`JoinHandle`] about to wait for its unfinished task, which keeps `child`'s header alive.
+/// Cost when it does not apply: a thread-local read and a few loads; when the deque's top is
+/// another task, a pop and a push.
 pub(crate) fn join_inline(child: *const TaskMeta) {
     with_core(|core| {
         let left = core.inline_left.get();
         let parent = core.current.get();
-        if left == 0 || parent.is_null() {
+        if left == 0 || parent.is_null() || crate::sys::stack_here() < core.inline_floor.get() {
             return;
         }
         // SAFETY: `current` points into the header of the task this loop is polling (set by
-        // the loop, or below, around the poll), alive for the whole poll.
-        let pinned_parent =
-            unsafe { &*parent }.class.load(Relaxed) != crate::task::MIGRATABLE_CLASS;
-        if pinned_parent && core.classes_active.get() {
+        // the loop, or below, around the poll), alive for the whole poll; `child`'s header is
+        // kept alive by the handle that called this.
+        let (parent_class, child_class) = unsafe { (&*parent, &*child) };
+        // A pinned task awaiting migratable work keeps serving its loop while idle peers may
+        // take that work; only a migratable task (fork-join) runs its child itself. Pinned
+        // tasks are never in the deque.
+        if parent_class.class.load(Relaxed) != crate::task::MIGRATABLE_CLASS
+            || child_class.class.load(Relaxed) != crate::task::MIGRATABLE_CLASS
+        {
             return;
         }
         let r = {
@@ -590,7 +604,22 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
         core.inline_runs.set(core.inline_runs.get() + 1);
         r.metadata().last.store(core.index() as u32, Relaxed);
         core.current.set(r.metadata());
+        // With the stall watchdog armed, the child's own time (less its own inline joins) is
+        // measured and, over budget, reported under its name after the loop's poll ends.
+        let budget = core.stall_ns.get();
+        let timed = (budget != 0).then(|| {
+            let outer = core.inline_time.replace(std::time::Duration::ZERO);
+            (std::time::Instant::now(), r.metadata().info.clone(), outer)
+        });
         r.run();
+        if let Some((start, info, outer)) = timed {
+            let took = start.elapsed();
+            let own = took.saturating_sub(core.inline_time.get());
+            if own > std::time::Duration::from_nanos(budget) {
+                core.inline_stalls.borrow_mut().push((info, own));
+            }
+            core.inline_time.set(outer + took);
+        }
         core.current.set(parent);
     });
 }

@@ -29,3 +29,36 @@ pub(crate) fn timespec(d: std::time::Duration) -> libc::timespec {
         tv_nsec: d.subsec_nanos() as libc::c_long,
     }
 }
+
+/// The calling thread's stack size in bytes, from `pthread_getattr_np` (for the main thread,
+/// what the kernel lets it grow to); `None` if the C library cannot tell. Cost: a system call
+/// or two and, for the main thread, a read of /proc/self/maps: call it once per loop run.
+#[cfg(not(miri))]
+pub(crate) fn stack_size() -> Option<usize> {
+    let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+    // SAFETY: `attr` is writable storage for one attribute object, which
+    // `pthread_getattr_np` initialises on success (and only then is it read or destroyed).
+    if unsafe { libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    let (mut addr, mut size) = (std::ptr::null_mut(), 0usize);
+    // SAFETY: `attr` was initialised above; `addr` and `size` are valid out-parameters.
+    let rc = unsafe { libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size) };
+    // SAFETY: `attr` was initialised above and is destroyed once, here.
+    unsafe { libc::pthread_attr_destroy(attr.as_mut_ptr()) };
+    (rc == 0 && size > 0).then_some(size)
+}
+
+/// Miri models no `pthread_getattr_np`: its threads get Rust's default 2 MiB.
+#[cfg(miri)]
+pub(crate) fn stack_size() -> Option<usize> {
+    Some(2 << 20)
+}
+
+/// An address in the calling function's stack frame: where the stack pointer about is (stacks
+/// grow down on every target xtc supports, so a smaller value is deeper). Cost: nothing.
+#[inline(always)]
+pub(crate) fn stack_here() -> usize {
+    let marker = 0u8;
+    std::hint::black_box(&marker) as *const u8 as usize
+}
