@@ -159,6 +159,37 @@ fn inline_joins_stop_nesting_before_the_stack_runs_out() {
     assert_eq!(t.join().unwrap(), 5_000);
 }
 
+/// Runs `f` after taking `depth` frames of 16 KiB off the stack.
+#[inline(never)]
+fn deep_in_the_stack<R>(depth: usize, f: &mut dyn FnMut() -> R) -> R {
+    let mut pad = [0u8; 16 << 10];
+    std::hint::black_box(&mut pad);
+    let r = if depth == 0 {
+        f()
+    } else {
+        deep_in_the_stack(depth - 1, f)
+    };
+    std::hint::black_box(&mut pad);
+    r
+}
+
+#[test]
+fn a_local_executor_started_deep_in_its_callers_stack_nests_within_what_is_left() {
+    // 50 x 16 KiB of a 1 MiB stack are gone before `block_on`: a fixed allowance below the
+    // loop's frame (256 KiB, or a quarter of the whole stack) would run off its end.
+    let t = std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(|| {
+            deep_in_the_stack(50, &mut || {
+                xtc_shards::LocalExecutor::new()
+                    .unwrap()
+                    .block_on(async { xtc_shards::spawn(chain(2_000)).await.unwrap() })
+            })
+        })
+        .unwrap();
+    assert_eq!(t.join().unwrap(), 2_000);
+}
+
 #[test]
 fn a_child_that_panics_inline_is_a_join_error_and_the_parent_goes_on() {
     let ((err, after), stats) = on_shard0(|| async {
@@ -326,4 +357,70 @@ fn joins_on_two_shards_with_stealing_on_give_every_answer() {
         .map(|i| ex.loop_stats(i).unwrap().joins_inlined)
         .sum();
     assert!(inlined > 0);
+}
+
+#[test]
+fn fork_join_on_a_local_executor() {
+    // A `LocalExecutor` has a deque too (and builds no topology: this one also runs under
+    // scripts/miri, which checks the inline path's pointer handling).
+    fn fib(n: u64) -> Pin<Box<dyn Future<Output = u64> + Send>> {
+        Box::pin(async move {
+            if n < 2 {
+                return n;
+            }
+            let child = xtc_shards::spawn(fib(n - 1));
+            let b = fib(n - 2).await;
+            child.await.unwrap() + b
+        })
+    }
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (v, panicked) = ex.block_on(async {
+        xtc_shards::spawn(async {
+            let v = fib(10).await;
+            let p = xtc_shards::spawn(async { panic!("inline child panics on purpose") }).await;
+            (v, p.unwrap_err().is_panic())
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(v, 55);
+    assert!(panicked);
+}
+
+#[test]
+fn a_poll_that_holds_the_loop_through_many_inline_tasks_is_reported() {
+    // Forty inline tasks of 6 ms each, none over the 10 ms budget alone: the awaiter's poll
+    // held the loop for 240 ms, and that is what the watchdog reports.
+    let ex = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .stealing(false)
+        .stall_budget(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let r = reports.clone();
+    ex.set_stall_callback(0, move |rep| {
+        r.lock().unwrap().push((rep.task_name.clone(), rep.took))
+    })
+    .unwrap();
+    ex.spawn_on(0, move || async move {
+        let parent = xtc_shards::task::Builder::new()
+            .name("parent")
+            .spawn(async {
+                for _ in 0..40 {
+                    xtc_shards::spawn(async { burn(Duration::from_millis(6)) })
+                        .await
+                        .unwrap();
+                }
+            });
+        parent.await.unwrap();
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let reports = reports.lock().unwrap().clone();
+    assert_eq!(ex.loop_stats(0).unwrap().joins_inlined, 40);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0].0.as_deref(), Some("parent"), "{reports:?}");
+    assert!(reports[0].1 >= Duration::from_millis(240), "{reports:?}");
 }

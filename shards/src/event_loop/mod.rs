@@ -230,9 +230,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     // Whether the last turn ran a migratable task (step 4's first pick).
     let mut migratable_ran = false;
     // Steal rule 6: work-first joins nest on the stack below this frame, within an allowance.
-    let allowance = crate::sys::stack_size().map_or(0, steal::inline_stack);
-    core.inline_floor
-        .set(crate::sys::stack_here().saturating_sub(allowance));
+    let here = crate::sys::stack_here();
+    let allowance = crate::sys::stack_low().map_or(0, |low| steal::inline_stack(here, low));
+    core.inline_floor.set(here - allowance);
     shared.stats.started(Instant::now());
     let exit = loop {
         // Step 1.
@@ -345,9 +345,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 core.current.set(std::ptr::null());
                 let now = Instant::now();
                 // Inline joins' time is their tasks' (steal rule 6), not this one's.
-                let cost = now
-                    .saturating_duration_since(start)
-                    .saturating_sub(core.inline_time.replace(Duration::ZERO));
+                let held = now.saturating_duration_since(start);
+                let cost = held.saturating_sub(core.inline_time.replace(Duration::ZERO));
                 t0 = Some(now);
                 // A migratable task belongs to no lane (classes order pinned tasks only):
                 // charged to lane 0, its CPU time starved the untagged pinned tasks.
@@ -358,12 +357,16 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     let budget = Duration::from_nanos(budget);
                     // Tasks this poll ran inline that overran the budget themselves.
                     let inline = std::mem::take(&mut *core.inline_stalls.borrow_mut());
-                    let reports = !inline.is_empty() || cost > budget;
+                    let reports = !inline.is_empty() || held > budget;
                     for (info, took) in &inline {
                         crate::stall::report(shared, info, budget, *took);
                     }
                     if cost > budget {
                         crate::stall::report(shared, &info, budget, cost);
+                    } else if inline.is_empty() && held > budget {
+                        // Many inline tasks, none over budget alone: the loop was still held
+                        // that long, by this poll.
+                        crate::stall::report(shared, &info, budget, held);
                     }
                     if reports {
                         // The report's own time (a callback, a backtrace) is nobody's poll:

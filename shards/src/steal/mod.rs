@@ -51,7 +51,8 @@
 //!    a task poll runs at most [`INLINE_BUDGET`] tasks this way (nested ones included), and
 //!    none starts deeper than [`inline_stack`] below the loop's frame; past either, awaits
 //!    park as usual. The stall watchdog charges an inline task's time to it, not to the
-//!    task that awaited it.
+//!    task that awaited it, and reports that task too when its poll held the loop past the
+//!    budget through inline tasks none of which overran it alone.
 //!
 //! Migration idiom: a task that keeps per-shard state re-reads [`shard::id()`](crate::shard::id)
 //! after each `.await`; a different value means it was stolen in between.
@@ -552,12 +553,14 @@ pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
 /// enough.
 pub(crate) const INLINE_BUDGET: u32 = 128;
 
-/// Rule 6: the stack inline joins may use below the loop's frame on a thread whose stack is
-/// `size` bytes: a quarter of it, at most 256 KiB, so a task run inline keeps at least three
-/// quarters of the stack it would have had at the top of the loop. A level costs a few hundred
-/// bytes plus the task's own poll frame (about 3 KiB for a small future in a debug build).
-pub(crate) fn inline_stack(size: usize) -> usize {
-    (size / 4).min(256 << 10)
+/// Rule 6: the stack inline joins may use below the loop's frame at `here`, on a stack whose
+/// lowest address is `low`: a quarter of what is left below the loop, at most 256 KiB, so a
+/// task run inline keeps at least three quarters of the stack it would have had at the top of
+/// the loop (a `LocalExecutor` may start deep in its caller's stack). A level costs a few
+/// hundred bytes plus the task's own poll frame (about 3 KiB for a small future in a debug
+/// build).
+pub(crate) fn inline_stack(here: usize, low: usize) -> usize {
+    (here.saturating_sub(low) / 4).min(256 << 10)
 }
 
 /// Rule 6: runs the migratable task whose metadata is at `child` here and now if the task

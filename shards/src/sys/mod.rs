@@ -30,11 +30,12 @@ pub(crate) fn timespec(d: std::time::Duration) -> libc::timespec {
     }
 }
 
-/// The calling thread's stack size in bytes, from `pthread_getattr_np` (for the main thread,
-/// what the kernel lets it grow to); `None` if the C library cannot tell. Cost: a system call
-/// or two and, for the main thread, a read of /proc/self/maps: call it once per loop run.
+/// The lowest address of the calling thread's stack, from `pthread_getattr_np` (for the main
+/// thread, how far the kernel lets it grow); `None` if the C library cannot tell. Cost: a
+/// system call or two and, for the main thread, a read of /proc/self/maps: call it once per
+/// loop run.
 #[cfg(not(miri))]
-pub(crate) fn stack_size() -> Option<usize> {
+pub(crate) fn stack_low() -> Option<usize> {
     let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
     // SAFETY: `attr` is writable storage for one attribute object, which
     // `pthread_getattr_np` initialises on success (and only then is it read or destroyed).
@@ -46,13 +47,14 @@ pub(crate) fn stack_size() -> Option<usize> {
     let rc = unsafe { libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size) };
     // SAFETY: `attr` was initialised above and is destroyed once, here.
     unsafe { libc::pthread_attr_destroy(attr.as_mut_ptr()) };
-    (rc == 0 && size > 0).then_some(size)
+    (rc == 0 && size > 0).then_some(addr as usize)
 }
 
-/// Miri models no `pthread_getattr_np`: its threads get Rust's default 2 MiB.
+/// Miri models no `pthread_getattr_np`: its threads are taken to have Rust's default 2 MiB
+/// below the caller's frame (the interpreter's own stack is not the program's).
 #[cfg(miri)]
-pub(crate) fn stack_size() -> Option<usize> {
-    Some(2 << 20)
+pub(crate) fn stack_low() -> Option<usize> {
+    Some(stack_here().saturating_sub(2 << 20))
 }
 
 /// An address in the calling function's stack frame: where the stack pointer about is (stacks

@@ -79,11 +79,12 @@ impl<T> Aborted<T> {
     }
 }
 
-// SAFETY: every field of `State<T>` is `Send` when `T` is, except the metadata address (only
-// compared with a queued task's, never dereferenced, so any thread may hold it) and the boxed
-// `cancel` future,
-// whose only type is the future of `FallibleTask::<Outcome<T>, TaskMeta>::cancel` (built in
-// `abort`, nowhere else). That future holds the `FallibleTask` and nothing else, and it is
+// SAFETY: every field of `State<T>` is `Send` when `T` is, except the metadata address and
+// the boxed `cancel` future. The address points into the header of the task this handle holds,
+// alive as long as the handle; it is compared with a queued task's and read only through
+// `TaskMeta`'s atomics (`steal::join_inline`), and `TaskMeta` is `Sync`, so any thread may
+// hold and use it. The boxed future has one type only, the future of
+// `FallibleTask::<Outcome<T>, TaskMeta>::cancel` (built in `abort`, nowhere else). That future holds the `FallibleTask` and nothing else, and it is
 // `Send` when `T` is: `cancel_is_send` below would not compile otherwise. The box only erases a
 // type we cannot name.
 unsafe impl<T: Send> Send for JoinHandle<T> {}
