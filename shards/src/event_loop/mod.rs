@@ -344,9 +344,11 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 // nothing below (the stall callback is user code) may see it as current.
                 core.current.set(std::ptr::null());
                 let now = Instant::now();
-                // Inline joins' time is their tasks' (steal rule 6), not this one's.
                 let held = now.saturating_duration_since(start);
-                let cost = held.saturating_sub(core.inline_time.replace(Duration::ZERO));
+                // Inline joins' time is their tasks' (steal rule 6), not this one's; never
+                // zero after one ran while the watchdog was armed.
+                let inline_time = core.inline_time.replace(Duration::ZERO);
+                let cost = held.saturating_sub(inline_time);
                 t0 = Some(now);
                 // A migratable task belongs to no lane (classes order pinned tasks only):
                 // charged to lane 0, its CPU time starved the untagged pinned tasks.
@@ -355,20 +357,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 }
                 if let Some(info) = info {
                     let budget = Duration::from_nanos(budget);
-                    // Tasks this poll ran inline that overran the budget themselves.
-                    let inline = std::mem::take(&mut *core.inline_stalls.borrow_mut());
-                    let reports = !inline.is_empty() || held > budget;
-                    for (info, took) in &inline {
-                        crate::stall::report(shared, info, budget, *took);
-                    }
-                    if cost > budget {
-                        crate::stall::report(shared, &info, budget, cost);
-                    } else if inline.is_empty() && held > budget {
-                        // Many inline tasks, none over budget alone: the loop was still held
-                        // that long, by this poll.
-                        crate::stall::report(shared, &info, budget, held);
-                    }
-                    if reports {
+                    if (held > budget || !inline_time.is_zero())
+                        && report_stalls(core, &info, budget, held, cost)
+                    {
                         // The report's own time (a callback, a backtrace) is nobody's poll:
                         // charged to the next one, it made that one look stalled too.
                         t0 = Some(Instant::now());
@@ -531,6 +522,33 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
         // went from 0.57x to 0.78x tokio's rate, p99 from 9.2 ms to 4.1 ms; see README).
         std::thread::yield_now();
     }
+}
+
+/// The stall watchdog's reports for one poll that held the loop for `held`, `cost` of it its
+/// own (the rest in tasks it ran inline, steal rule 6): first the inline tasks that overran
+/// the budget alone, then the polled task if its own time did, or if the whole poll did and
+/// none of its inline tasks was to blame. Returns whether anything was reported.
+#[cold]
+#[inline(never)]
+fn report_stalls(
+    core: &Core,
+    info: &crate::task::TaskInfo,
+    budget: Duration,
+    held: Duration,
+    cost: Duration,
+) -> bool {
+    let inline = std::mem::take(&mut *core.inline_stalls.borrow_mut());
+    for (info, took) in &inline {
+        crate::stall::report(&core.shared, info, budget, *took);
+    }
+    if cost > budget {
+        crate::stall::report(&core.shared, info, budget, cost);
+    } else if inline.is_empty() && held > budget {
+        // Many inline tasks, none over budget alone: the loop was still held that long, by
+        // this poll.
+        crate::stall::report(&core.shared, info, budget, held);
+    }
+    !inline.is_empty() || held > budget
 }
 
 fn publish_counts(core: &Core, polls: u64) {

@@ -621,7 +621,9 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
             if own > std::time::Duration::from_nanos(budget) {
                 core.inline_stalls.borrow_mut().push((info, own));
             }
-            core.inline_time.set(outer + took);
+            // At least 1 ns: a non-zero time is how the loop knows to look at the reports.
+            core.inline_time
+                .set(outer + took.max(std::time::Duration::from_nanos(1)));
         }
         core.current.set(parent);
     });
