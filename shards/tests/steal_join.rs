@@ -386,6 +386,43 @@ fn fork_join_on_a_local_executor() {
     assert!(panicked);
 }
 
+/// A migratable task named `name` burning `d`, awaited.
+async fn burner(name: &str, d: Duration) {
+    xtc_shards::task::Builder::new()
+        .name(name)
+        .spawn(async move { burn(d) })
+        .await
+        .unwrap();
+}
+
+#[test]
+fn an_inline_task_over_budget_does_not_hide_the_rest_of_the_hold() {
+    // One inline task overruns alone; a hundred small ones after it hold the loop 100 ms
+    // more, which is the awaiter's poll's doing.
+    let (reports, _) = stall_reports_of(async {
+        burner("big", Duration::from_millis(100)).await;
+        for _ in 0..100 {
+            burner("small", Duration::from_millis(1)).await;
+        }
+    });
+    let names: Vec<_> = reports.iter().map(|(n, _)| n.as_deref()).collect();
+    assert_eq!(names, [Some("big"), Some("parent")], "{reports:?}");
+    assert!(reports[1].1 >= Duration::from_millis(100), "{reports:?}");
+}
+
+#[test]
+fn an_awaiter_over_budget_itself_is_reported_with_its_inline_hold() {
+    let (reports, _) = stall_reports_of(async {
+        burn(Duration::from_millis(60));
+        for _ in 0..100 {
+            burner("small", Duration::from_millis(1)).await;
+        }
+    });
+    let names: Vec<_> = reports.iter().map(|(n, _)| n.as_deref()).collect();
+    assert_eq!(names, [Some("parent")], "{reports:?}");
+    assert!(reports[0].1 >= Duration::from_millis(160), "{reports:?}");
+}
+
 #[test]
 fn a_poll_that_holds_the_loop_through_many_inline_tasks_is_reported() {
     // A hundred inline tasks of 1 ms each, none near the 50 ms budget alone (unless one is

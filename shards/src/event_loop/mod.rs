@@ -231,7 +231,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     let mut migratable_ran = false;
     // Steal rule 6: work-first joins nest on the stack below this frame, within an allowance.
     let here = crate::sys::stack_here();
-    let allowance = crate::sys::stack_low().map_or(0, |low| steal::inline_stack(here, low));
+    let allowance = steal::inline_stack(here, crate::sys::thread_stack());
     core.inline_floor.set(here - allowance);
     shared.stats.started(Instant::now());
     let exit = loop {
@@ -358,7 +358,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 if let Some(info) = info {
                     let budget = Duration::from_nanos(budget);
                     if (held > budget || !inline_time.is_zero())
-                        && report_stalls(core, &info, budget, held, cost)
+                        && report_stalls(core, &info, budget, held)
                     {
                         // The report's own time (a callback, a backtrace) is nobody's poll:
                         // charged to the next one, it made that one look stalled too.
@@ -524,10 +524,11 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
     }
 }
 
-/// The stall watchdog's reports for one poll that held the loop for `held`, `cost` of it its
-/// own (the rest in tasks it ran inline, steal rule 6): first the inline tasks that overran
-/// the budget alone, then the polled task if its own time did, or if the whole poll did and
-/// none of its inline tasks was to blame. Returns whether anything was reported.
+/// The stall watchdog's reports for one poll that held the loop for `held` (its own time and
+/// that of the tasks it ran inline, steal rule 6): first the inline tasks that overran the
+/// budget by their own time, then the polled task for the rest of the hold if that rest
+/// overran it (its own time, or many inline tasks none of which overran alone). Returns
+/// whether anything was reported.
 #[cold]
 #[inline(never)]
 fn report_stalls(
@@ -535,20 +536,17 @@ fn report_stalls(
     info: &crate::task::TaskInfo,
     budget: Duration,
     held: Duration,
-    cost: Duration,
 ) -> bool {
     let inline = std::mem::take(&mut *core.inline_stalls.borrow_mut());
+    let mut rest = held;
     for (info, took) in &inline {
         crate::stall::report(&core.shared, info, budget, *took);
+        rest = rest.saturating_sub(*took);
     }
-    if cost > budget {
-        crate::stall::report(&core.shared, info, budget, cost);
-    } else if inline.is_empty() && held > budget {
-        // Many inline tasks, none over budget alone: the loop was still held that long, by
-        // this poll.
-        crate::stall::report(&core.shared, info, budget, held);
+    if rest > budget {
+        crate::stall::report(&core.shared, info, budget, rest);
     }
-    !inline.is_empty() || held > budget
+    !inline.is_empty() || rest > budget
 }
 
 fn publish_counts(core: &Core, polls: u64) {

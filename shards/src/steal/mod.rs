@@ -50,9 +50,9 @@
 //!    keeps serving its loop while idle peers may take that work. Bounded in time and stack:
 //!    a task poll runs at most [`INLINE_BUDGET`] tasks this way (nested ones included), and
 //!    none starts deeper than [`inline_stack`] below the loop's frame; past either, awaits
-//!    park as usual. The stall watchdog charges an inline task's time to it, not to the
-//!    task that awaited it, and reports that task too when its poll held the loop past the
-//!    budget through inline tasks none of which overran it alone.
+//!    park as usual. The stall watchdog charges an inline task's time to it, and charges
+//!    the task that awaited it the rest of the hold (its own time and that of inline tasks
+//!    not reported by name).
 //!
 //! Migration idiom: a task that keeps per-shard state re-reads [`shard::id()`](crate::shard::id)
 //! after each `.await`; a different value means it was stolen in between.
@@ -553,14 +553,20 @@ pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
 /// enough.
 pub(crate) const INLINE_BUDGET: u32 = 128;
 
-/// Rule 6: the stack inline joins may use below the loop's frame at `here`, on a stack whose
-/// lowest address is `low`: a quarter of what is left below the loop, at most 256 KiB, so a
-/// task run inline keeps at least three quarters of the stack it would have had at the top of
-/// the loop (a `LocalExecutor` may start deep in its caller's stack). A level costs a few
-/// hundred bytes plus the task's own poll frame (about 3 KiB for a small future in a debug
-/// build).
-pub(crate) fn inline_stack(here: usize, low: usize) -> usize {
-    (here.saturating_sub(low) / 4).min(256 << 10)
+/// Rule 6: the stack inline joins may use below the loop's frame at `here`, on a thread whose
+/// stack is `(lowest address, size)`: a quarter of what is left below the loop, at most
+/// 256 KiB, so a task run inline keeps at least three quarters of the stack it would have had
+/// at the top of the loop (a `LocalExecutor` may start deep in its caller's stack). None when
+/// the thread's stack is unknown or `here` is not on it (a coroutine's stack, whose size
+/// nobody tells). A level costs a few hundred bytes plus the task's own poll frame (about
+/// 3 KiB for a small future in a debug build). Never more than `here`.
+pub(crate) fn inline_stack(here: usize, stack: Option<(usize, usize)>) -> usize {
+    match stack {
+        Some((low, size)) if (low..low.saturating_add(size)).contains(&here) => {
+            ((here - low) / 4).min(256 << 10)
+        }
+        _ => 0,
+    }
 }
 
 /// Rule 6: runs the migratable task whose metadata is at `child` here and now if the task
@@ -746,5 +752,36 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
 pub(crate) fn drop_local(core: &Core) {
     while let Some(r) = next_local(core) {
         drop(r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inline_stack;
+
+    #[test]
+    fn inline_joins_get_a_quarter_of_the_stack_left_below_the_loop_at_most_256_kib() {
+        let low = 0x10_0000;
+        // 2 MiB thread, loop near its top: the cap.
+        assert_eq!(
+            inline_stack(low + (2 << 20) - 64, Some((low, 2 << 20))),
+            256 << 10
+        );
+        // 200 KiB left below the loop: a quarter of that.
+        assert_eq!(
+            inline_stack(low + (200 << 10), Some((low, 2 << 20))),
+            50 << 10
+        );
+        assert_eq!(inline_stack(low, Some((low, 2 << 20))), 0);
+    }
+
+    #[test]
+    fn off_the_threads_own_stack_or_unknown_inline_joins_get_none() {
+        let low = 0x10_0000;
+        // A coroutine's stack above the thread's (its end is unknown) or below it.
+        assert_eq!(inline_stack(low + (3 << 20), Some((low, 2 << 20))), 0);
+        assert_eq!(inline_stack(low - 4096, Some((low, 2 << 20))), 0);
+        assert_eq!(inline_stack(low + (2 << 20), Some((low, 2 << 20))), 0);
+        assert_eq!(inline_stack(low + 4096, None), 0);
     }
 }

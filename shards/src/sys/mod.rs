@@ -30,12 +30,12 @@ pub(crate) fn timespec(d: std::time::Duration) -> libc::timespec {
     }
 }
 
-/// The lowest address of the calling thread's stack, from `pthread_getattr_np` (for the main
-/// thread, how far the kernel lets it grow); `None` if the C library cannot tell. Cost: a
-/// system call or two and, for the main thread, a read of /proc/self/maps: call it once per
-/// loop run.
+/// The calling thread's stack as (lowest address, size), from `pthread_getattr_np` (for the
+/// main thread, as far as the kernel lets it grow); `None` if the C library cannot tell. Code
+/// running on a stack of its own (a coroutine's) is not on it. Cost: a system call or two and,
+/// for the main thread, a read of /proc/self/maps: call it once per loop run.
 #[cfg(not(miri))]
-pub(crate) fn stack_low() -> Option<usize> {
+pub(crate) fn thread_stack() -> Option<(usize, usize)> {
     let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
     // SAFETY: `attr` is writable storage for one attribute object, which
     // `pthread_getattr_np` initialises on success (and only then is it read or destroyed).
@@ -47,14 +47,15 @@ pub(crate) fn stack_low() -> Option<usize> {
     let rc = unsafe { libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size) };
     // SAFETY: `attr` was initialised above and is destroyed once, here.
     unsafe { libc::pthread_attr_destroy(attr.as_mut_ptr()) };
-    (rc == 0 && size > 0).then_some(addr as usize)
+    (rc == 0 && size > 0).then_some((addr as usize, size))
 }
 
-/// Miri models no `pthread_getattr_np`: its threads are taken to have Rust's default 2 MiB
-/// below the caller's frame (the interpreter's own stack is not the program's).
+/// Miri models no `pthread_getattr_np`, and its locals do not lie on a stack growing down:
+/// the whole address space stands for the stack, so `INLINE_BUDGET` alone bounds inline
+/// joins' nesting there (interpreted frames do not use the host's stack).
 #[cfg(miri)]
-pub(crate) fn stack_low() -> Option<usize> {
-    Some(stack_here().saturating_sub(2 << 20))
+pub(crate) fn thread_stack() -> Option<(usize, usize)> {
+    Some((0, usize::MAX))
 }
 
 /// An address in the calling function's stack frame: where the stack pointer about is (stacks
