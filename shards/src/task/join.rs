@@ -84,9 +84,10 @@ impl<T> Aborted<T> {
 // alive as long as the handle; it is compared with a queued task's and read only through
 // `TaskMeta`'s atomics (`steal::join_inline`), and `TaskMeta` is `Sync`, so any thread may
 // hold and use it. The boxed future has one type only, the future of
-// `FallibleTask::<Outcome<T>, TaskMeta>::cancel` (built in `abort`, nowhere else). That future holds the `FallibleTask` and nothing else, and it is
-// `Send` when `T` is: `cancel_is_send` below would not compile otherwise. The box only erases a
-// type we cannot name.
+// `FallibleTask::<Outcome<T>, TaskMeta>::cancel` (built in `abort`, nowhere else). That
+// future holds the `FallibleTask` and nothing else, and it is `Send` when `T` is:
+// `cancel_is_send` below would not compile otherwise. The box only erases a type we cannot
+// name.
 unsafe impl<T: Send> Send for JoinHandle<T> {}
 
 /// Compile-time proof for the `Send` impl above: the erased cancel future is `Send` whenever
