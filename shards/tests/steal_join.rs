@@ -440,3 +440,85 @@ fn a_poll_that_holds_the_loop_through_many_inline_tasks_is_reported() {
     assert_eq!(reports[0].0.as_deref(), Some("parent"), "{reports:?}");
     assert!(reports[0].1 >= Duration::from_millis(100), "{reports:?}");
 }
+
+/// What a stress tree node does (chosen by a tiny hash of its id, so the tree is the same on
+/// every run and every path below is taken many times).
+/// `counts`: nodes started, nodes dropped.
+fn stress_node(
+    id: u64,
+    depth: u32,
+    counts: Arc<[AtomicUsize; 2]>,
+) -> Pin<Box<dyn Future<Output = u64> + Send>> {
+    Box::pin(async move {
+        counts[0].fetch_add(1, SeqCst);
+        struct Dropped(Arc<[AtomicUsize; 2]>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0[1].fetch_add(1, SeqCst);
+            }
+        }
+        let _alive = Dropped(counts.clone());
+        let h = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59; // 0..31
+        match h {
+            0..=2 => xtc_shards::yield_now().await,
+            3 => xtc_shards::time::sleep(Duration::from_micros(200)).await,
+            // Near the root only: each panic prints its message (and a backtrace) to the log.
+            4 if depth >= 4 => panic!("node {id} panics on purpose"),
+            _ => {}
+        }
+        if depth == 0 {
+            return 1;
+        }
+        let left = xtc_shards::spawn(stress_node(id * 2, depth - 1, counts.clone()));
+        let right = xtc_shards::spawn(stress_node(id * 2 + 1, depth - 1, counts.clone()));
+        if h == 5 {
+            // Aborted before its join: it counts nothing (and must still be dropped).
+            right.abort();
+            assert!(right.await.unwrap_err().is_cancelled());
+            return 1 + left.await.unwrap_or(0);
+        }
+        // Joined newest first (inline when still on top), then the older one.
+        let r = right.await.unwrap_or(0);
+        let l = left.await.unwrap_or(0);
+        1 + l + r
+    })
+}
+
+#[test]
+fn a_stress_tree_of_joins_on_four_shards_gives_the_same_answer_as_one_shard_and_leaks_nothing() {
+    // Yields, sleeps, panics and aborts inside a fork-join tree of 2^13 nodes: children are
+    // joined inline, stolen, or left parked, and every path must deliver exactly its output
+    // (the count of the subtree that did not panic or get aborted) and drop every future.
+    let count = |shards: usize| {
+        let counts = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let ex = Executor::builder()
+            .shards(shards)
+            .oversubscribe(true)
+            .eager_rebalance(true)
+            .build()
+            .unwrap();
+        let c = counts.clone();
+        let n = ex
+            .block_on(
+                move || async move { xtc_shards::spawn(stress_node(1, 12, c)).await.unwrap() },
+            )
+            .unwrap();
+        let inlined: u64 = (0..shards)
+            .map(|i| ex.loop_stats(i).unwrap().joins_inlined)
+            .sum();
+        drop(ex);
+        let (started, dropped) = (counts[0].load(SeqCst), counts[1].load(SeqCst));
+        assert_eq!(
+            started, dropped,
+            "{shards} shards: a started node was never dropped"
+        );
+        assert!(inlined > 0);
+        (n, started)
+    };
+    let (one, started_one) = count(1);
+    let (four, started_four) = count(4);
+    // Panics and aborts cut subtrees: fewer than the 2^13 - 1 nodes count.
+    assert!(one > 1000 && one < 8191, "{one}");
+    assert_eq!(one, four);
+    assert_eq!(started_one, started_four);
+}
