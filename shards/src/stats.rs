@@ -50,9 +50,11 @@ pub struct LoopStats {
     pub stolen_from: u64,
     /// Steal attempts on a victim that looked non-empty but yielded nothing.
     pub steal_attempts_failed: u64,
-    /// Awaits of a migratable task's [`JoinHandle`](crate::JoinHandle) that ran the task on
-    /// the spot, inside the awaiting task's poll (work-first join, `steal/mod.rs` rule 6): each
-    /// saved the awaiting task a park, a wake-up and a second poll. Counted in `polls` too.
+    /// Task polls run on the spot by a [`JoinHandle`](crate::JoinHandle) awaited in a
+    /// migratable task, inside the awaiting task's poll (work-first join, `steal/mod.rs`
+    /// rule 6): each saved the awaiting task a park and a wake-up. One await may run its task
+    /// more than once, when the task parks and is woken back onto the top of the deque.
+    /// Counted in `polls` too.
     pub joins_inlined: u64,
     /// I/O operations submitted (io_uring) or readiness waits armed (epoll).
     pub io_submitted: u64,

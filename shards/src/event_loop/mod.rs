@@ -9,7 +9,7 @@
 //!    no system call on io_uring when nothing was queued, none on epoll while nothing waits),
 //!    then fire due timers (only when the loop has any: one clock read);
 //! 4. run up to [`BATCH`] runnable tasks, FIFO, reaping the driver again every
-//!    `io::REAP_EVERY` polls;
+//!    `io::REAP_EVERY` polls (tasks run inline at joins, steal/mod.rs rule 6, count too);
 //! 5. if nothing is runnable and the inbox is empty: publish the loop's status for quiescence
 //!    detection (`executor/quiesce.rs`), then park *in the I/O driver* until an I/O event, the
 //!    next timer deadline or a wake ping (the ping's eventfd is registered in the driver), by
@@ -316,7 +316,11 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             continue;
         }
         let first_migratable = !std::mem::take(&mut migratable_ran);
-        while ran < BATCH {
+        // Tasks run inline at joins (steal rule 6, `inline_runs`) count toward the batch and
+        // the reap interval like the loop's own polls: a turn runs at most BATCH tasks plus
+        // one poll's inline budget before it looks at timers, I/O, the inbox and stop again.
+        let mut reap_at = crate::io::REAP_EVERY;
+        while ran + (core.inline_runs.get() as usize) < BATCH {
             if status.is_idle() {
                 // Nothing was queued when the batch began; what came since waits for the next
                 // turn, which publishes the new epoch (above) before it runs anything.
@@ -371,7 +375,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             core.current.set(std::ptr::null());
             core.inline_left.set(0);
             ran += 1;
-            if ran % crate::io::REAP_EVERY == 0 {
+            let done = ran + core.inline_runs.get() as usize;
+            if done >= reap_at {
+                reap_at = done + crate::io::REAP_EVERY;
                 core.io.reap();
                 if t0.is_some() {
                     // Nor is the reap's (the wakes it dispatches) the next poll's.
@@ -391,8 +397,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         ring::flush(core);
         steal::flush_live(core);
         steal::nudge_idle_peer(core);
+        let full = ran + core.inline_runs.get() as usize >= BATCH;
         publish_counts(core, ran as u64);
-        if ran == BATCH
+        if full
             || core.pinned_queued()
             || shared.inbox.is_pending()
             || steal::has_local(core)

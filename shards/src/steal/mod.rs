@@ -41,16 +41,16 @@
 //!    parked migratable task when the executor stops (one never parked is in a queue, dropped
 //!    with it), and its waker keeps a parked task's future from being freed undropped. A task
 //!    that finishes in its first poll never takes the registry's lock.
-//! 6. **Work-first join.** Awaiting the [`JoinHandle`] of a migratable task that is still the
-//!    newest entry of the awaiting loop's own deque (spawned here, not yet started, not stolen)
-//!    runs it on the spot, inside the awaiting task's poll, as `rayon::join` and Cilk do: the
+//! 6. **Work-first join.** Awaiting the [`JoinHandle`] of a migratable task that is the newest
+//!    entry of the awaiting loop's own deque (not started yet, or woken since and queued there
+//!    again; not stolen) runs it on the spot, inside the awaiting task's poll, as `rayon::join` and Cilk do: the
 //!    parent skips a park, a registry entry, a wake and a second poll, and a fork-join tree is
 //!    walked depth-first on the stack. Thieves still take the oldest entries, the big
 //!    subtrees. Only a migratable task joins this way: a pinned task awaiting migratable work
 //!    keeps serving its loop while idle peers may take that work. Bounded in time and stack:
-//!    a task poll runs at most [`INLINE_BUDGET`] tasks this way (nested ones included), and
-//!    none starts deeper than [`inline_stack`] below the loop's frame; past either, awaits
-//!    park as usual. The stall watchdog charges an inline task's time to it, and charges
+//!    a task poll runs at most [`INLINE_BUDGET`] tasks this way (nested ones included), they
+//!    count toward the loop turn's batch, and none starts deeper than [`inline_stack`] below
+//!    the loop's frame; past either bound, awaits park as usual. The stall watchdog charges an inline task's time to it, and charges
 //!    the task that awaited it the rest of the hold (its own time and that of inline tasks
 //!    not reported by name).
 //!

@@ -19,11 +19,11 @@ use crate::JoinError;
 /// The handle is `Send` when the output is, so a pinned task's result can be awaited from any
 /// thread, but it is not `Sync`: [`abort`](Self::abort) takes `&self` without a lock.
 /// Cost: awaiting is one poll of the async-task handle; completion wakes the awaiter once.
-/// A migratable task ([`spawn`](crate::spawn)) awaiting a migratable task that has not started
-/// yet and is the newest one queued on its loop runs it there and then, inside its own poll
-/// (a work-first join, as `rayon::join` does; at most 128 per poll and a bounded share of the
-/// stack, see [`LoopStats::joins_inlined`](crate::LoopStats::joins_inlined)): no park, no
-/// wake-up. So polling a handle from a migratable task may run that task's code on the spot:
+/// A migratable task ([`spawn`](crate::spawn)) awaiting a migratable task that is the newest
+/// one queued on its loop (not started yet, or woken since and queued there again) runs it
+/// there and then, inside its own poll (a work-first join, as `rayon::join` does; at most 128
+/// per poll and a bounded share of the stack, see
+/// [`LoopStats::joins_inlined`](crate::LoopStats::joins_inlined)): no park, no wake-up. So polling a handle from a migratable task may run that task's code on the spot:
 /// do not poll it by hand (`now_or_never`) inside a critical section the task also enters.
 ///
 /// Limit: the task's completion wakes the awaiter inside async-task, under its abort-on-panic
