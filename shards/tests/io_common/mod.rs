@@ -284,62 +284,44 @@ pub trait Stream {
     ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>>;
 }
 
-impl Stream for xtc_shards::net::TcpStream {
-    fn read<B: xtc_shards::io::IoBufMut>(
-        &self,
-        buf: B,
-    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
-        xtc_shards::net::TcpStream::read(self, buf)
-    }
-    fn write_all<B: xtc_shards::io::IoBuf>(
-        &self,
-        buf: B,
-    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
-        xtc_shards::net::TcpStream::write_all(self, buf)
-    }
+/// `Stream` for the stream types, by their inherent methods.
+macro_rules! stream_by_inherent {
+    ($($t:ty),*) => {$(
+        impl Stream for $t {
+            fn read<B: xtc_shards::io::IoBufMut>(
+                &self,
+                buf: B,
+            ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
+                <$t>::read(self, buf)
+            }
+            fn write_all<B: xtc_shards::io::IoBuf>(
+                &self,
+                buf: B,
+            ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
+                <$t>::write_all(self, buf)
+            }
+        }
+    )*};
 }
+stream_by_inherent!(xtc_shards::net::TcpStream, xtc_shards::net::UnixStream);
 
-impl<T: Stream> Stream for &T {
-    fn read<B: xtc_shards::io::IoBufMut>(
-        &self,
-        buf: B,
-    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
-        (**self).read(buf)
-    }
-    fn write_all<B: xtc_shards::io::IoBuf>(
-        &self,
-        buf: B,
-    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
-        (**self).write_all(buf)
-    }
+/// `Stream` for what points at one.
+macro_rules! stream_by_deref {
+    ($($t:ty),*) => {$(
+        impl<T: Stream> Stream for $t {
+            fn read<B: xtc_shards::io::IoBufMut>(
+                &self,
+                buf: B,
+            ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
+                (**self).read(buf)
+            }
+            fn write_all<B: xtc_shards::io::IoBuf>(
+                &self,
+                buf: B,
+            ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
+                (**self).write_all(buf)
+            }
+        }
+    )*};
 }
-
-impl<T: Stream> Stream for std::rc::Rc<T> {
-    fn read<B: xtc_shards::io::IoBufMut>(
-        &self,
-        buf: B,
-    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
-        (**self).read(buf)
-    }
-    fn write_all<B: xtc_shards::io::IoBuf>(
-        &self,
-        buf: B,
-    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
-        (**self).write_all(buf)
-    }
-}
-
-impl Stream for xtc_shards::net::UnixStream {
-    fn read<B: xtc_shards::io::IoBufMut>(
-        &self,
-        buf: B,
-    ) -> impl Future<Output = xtc_shards::io::BufResult<usize, B>> {
-        xtc_shards::net::UnixStream::read(self, buf)
-    }
-    fn write_all<B: xtc_shards::io::IoBuf>(
-        &self,
-        buf: B,
-    ) -> impl Future<Output = xtc_shards::io::BufResult<(), B>> {
-        xtc_shards::net::UnixStream::write_all(self, buf)
-    }
-}
+stream_by_deref!(&T, std::rc::Rc<T>);
