@@ -89,8 +89,8 @@ pub(crate) struct Core {
     pub(crate) migr_delta: Cell<i64>,
     /// Set by `yield_if_due` when it yields: the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
-    /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6);
-    /// 0 between polls.
+    /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6): set
+    /// before each poll, read only while `current` names a task (never between polls).
     pub(crate) inline_left: Cell<u32>,
     /// Work-first joins run this turn (counted as polls at the end of the turn).
     pub(crate) inline_runs: Cell<u64>,

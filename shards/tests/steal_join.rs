@@ -108,11 +108,24 @@ fn one_poll_runs_at_most_the_budget_of_joins_inline() {
 
 /// A task that spawns the next link of a chain `n` long and awaits it.
 fn chain(n: u32) -> Pin<Box<dyn Future<Output = u32> + Send>> {
+    framed_chain::<0>(n)
+}
+
+/// [`chain`] whose every poll frame holds `SCRATCH` bytes (a buffer used before the join).
+fn framed_chain<const SCRATCH: usize>(n: u32) -> Pin<Box<dyn Future<Output = u32> + Send>> {
     Box::pin(async move {
         if n == 0 {
             return 0;
         }
-        xtc_shards::spawn(chain(n - 1)).await.unwrap() + 1
+        if SCRATCH > 0 {
+            let mut scratch = [0u8; SCRATCH];
+            scratch[n as usize % SCRATCH] = 1;
+            std::hint::black_box(&mut scratch);
+        }
+        xtc_shards::spawn(framed_chain::<SCRATCH>(n - 1))
+            .await
+            .unwrap()
+            + 1
     })
 }
 
@@ -125,26 +138,11 @@ fn a_long_chain_of_joins_does_not_nest_deeper_than_the_budget() {
     assert!(stats.joins_inlined > 15_000, "{stats:?}");
 }
 
-/// [`chain`] whose every poll frame holds 16 KiB (a scratch buffer used before the join).
-fn fat_chain(n: u32) -> Pin<Box<dyn Future<Output = u32> + Send>> {
-    Box::pin(async move {
-        if n == 0 {
-            return 0;
-        }
-        {
-            let mut scratch = [0u8; 16 * 1024];
-            scratch[n as usize % 1024] = 1;
-            std::hint::black_box(&mut scratch);
-        }
-        xtc_shards::spawn(fat_chain(n - 1)).await.unwrap() + 1
-    })
-}
-
 #[test]
 fn inline_joins_stop_nesting_before_the_stack_runs_out() {
     // 128 nested 16 KiB frames are more than a worker's 2 MiB stack: the nesting is bounded
     // by the stack it uses, not only by the number of joins.
-    let (n, stats) = on_shard0(|| fat_chain(300));
+    let (n, stats) = on_shard0(|| framed_chain::<{ 16 << 10 }>(300));
     assert_eq!(n, 300);
     assert!(stats.joins_inlined > 0, "{stats:?}");
     // The same on a thread with a small stack (a `LocalExecutor` runs on its caller's).

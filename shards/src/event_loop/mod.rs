@@ -349,10 +349,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 core.current.set(std::ptr::null());
                 let now = Instant::now();
                 let held = now.saturating_duration_since(start);
-                // Inline joins' time is their tasks' (steal rule 6), not this one's; never
-                // zero after one ran while the watchdog was armed.
-                let inline_time = core.inline_time.replace(Duration::ZERO);
-                let cost = held.saturating_sub(inline_time);
+                // Inline joins' time is their tasks' (steal rule 6), not this one's.
+                let cost = held.saturating_sub(core.inline_time.replace(Duration::ZERO));
                 t0 = Some(now);
                 // A migratable task belongs to no lane (classes order pinned tasks only):
                 // charged to lane 0, its CPU time starved the untagged pinned tasks.
@@ -361,9 +359,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 }
                 if let Some(info) = info {
                     let budget = Duration::from_nanos(budget);
-                    if (held > budget || !inline_time.is_zero())
-                        && report_stalls(core, &info, budget, held)
-                    {
+                    // An inline task over budget alone makes the whole poll over budget too.
+                    if held > budget && report_stalls(core, &info, budget, held) {
                         // The report's own time (a callback, a backtrace) is nobody's poll:
                         // charged to the next one, it made that one look stalled too.
                         t0 = Some(Instant::now());
@@ -373,7 +370,6 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 r.run();
             }
             core.current.set(std::ptr::null());
-            core.inline_left.set(0);
             ran += 1;
             let done = ran + core.inline_runs.get() as usize;
             if done >= reap_at {

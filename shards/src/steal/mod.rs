@@ -457,15 +457,8 @@ where
         live_add_shared(&core.exec, 1);
     }
     let (runnable, task) = build(&core.exec, core.index(), fut, info);
-    match core.deque.borrow().as_ref() {
-        // What `schedule` would do with a fresh task (not the current one) on this worker.
-        Some(w) => {
-            w.push(runnable);
-            if core.exec.eager_rebalance() {
-                core.nudge.set(true);
-            }
-        }
-        None => runnable.schedule(),
+    if let Some(r) = queue_here(core, runnable) {
+        r.schedule();
     }
     JoinHandle::new(task)
 }
@@ -499,24 +492,31 @@ pub(crate) fn schedule(r: Runnable) {
 fn push_on_worker(exec: *const ExecShared, r: Runnable) -> Option<Runnable> {
     let mut r = Some(r);
     with_core(|core| {
-        if !std::ptr::eq(Arc::as_ptr(&core.exec), exec) {
-            return;
-        }
-        if let Some(w) = core.deque.borrow().as_ref() {
-            let r = r.take().expect("present");
-            if std::ptr::eq(r.metadata(), core.current.get()) {
-                // Woken during its own poll (a yield): behind everything else, so a task that
-                // keeps yielding cannot hold the top of the LIFO deque.
-                core.shared.steal.injector.push(r);
-            } else {
-                w.push(r);
-            }
-            if core.exec.eager_rebalance() {
-                core.nudge.set(true);
-            }
+        if std::ptr::eq(Arc::as_ptr(&core.exec), exec) {
+            r = queue_here(core, r.take().expect("present"));
         }
     });
     r
+}
+
+/// Rule 1 on `core`, a worker of `r`'s executor: queues `r` on its deque (or, woken during its
+/// own poll, its injector); hands `r` back if the loop has no deque.
+fn queue_here(core: &Core, r: Runnable) -> Option<Runnable> {
+    let d = core.deque.borrow();
+    let Some(w) = d.as_ref() else {
+        return Some(r);
+    };
+    if std::ptr::eq(r.metadata(), core.current.get()) {
+        // Woken during its own poll (a yield): behind everything else, so a task that keeps
+        // yielding cannot hold the top of the LIFO deque.
+        core.shared.steal.injector.push(r);
+    } else {
+        w.push(r);
+    }
+    if core.exec.eager_rebalance() {
+        core.nudge.set(true);
+    }
+    None
 }
 
 /// The next migratable task of this loop: its deque, then its own injector.
@@ -627,9 +627,7 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
             if own > std::time::Duration::from_nanos(budget) {
                 core.inline_stalls.borrow_mut().push((info, own));
             }
-            // At least 1 ns: a non-zero time is how the loop knows to look at the reports.
-            core.inline_time
-                .set(outer + took.max(std::time::Duration::from_nanos(1)));
+            core.inline_time.set(outer + took);
         }
         core.current.set(parent);
     });
