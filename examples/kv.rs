@@ -1,0 +1,420 @@
+//! A sharded in-memory key-value server, the shape of a Seastar or Glommio store: every shard
+//! owns the keys that hash to it, in its own slot of a `Sharded<RefCell<HashMap>>` (no lock,
+//! no atomic), and serves connections on its own `SO_REUSEPORT` listener. A request for a key
+//! another shard owns travels there with `shard::submit_to` and its answer comes back over the
+//! ring mesh; a key the serving shard owns is answered on the spot.
+//!
+//! Protocol, one request per line (requests may be pipelined), one reply line each:
+//!
+//! | request | reply |
+//! | --- | --- |
+//! | `SET key value` (the value is the rest of the line) | `OK` |
+//! | `GET key` | `VALUE value` or `NONE` |
+//! | `DEL key` | `DELETED` or `NONE` |
+//! | `COUNT` (keys on every shard, in shard order) | `COUNT n0 n1 ..` |
+//! | anything else | `ERR what to send instead` |
+//!
+//! With `--clients N` it also runs N clients (pinned tasks spread over the shards) that each
+//! set, read back and delete `--ops` keys of their own and check every reply, then checks the
+//! shards' key counts, prints where the keys lived and how many requests crossed shards, and
+//! exits (non-zero if any check failed).
+//!
+//! Run: `cargo run --release --example kv -- --clients 32 --ops 1000`
+//! or serve forever: `cargo run --release --example kv -- --addr 127.0.0.1:7001`, then
+//! `printf 'SET a 1\nGET a\n' | nc 127.0.0.1 7001`.
+//! (`XTC_SHARDS` sets the shard count, `XTC_IO=epoll` picks the epoll driver.)
+
+use std::{
+    cell::RefCell,
+    collections::HashMap,
+    hash::{Hash, Hasher},
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Instant,
+};
+
+use xtc::net::{ConnBalancer, TcpListener, TcpStream};
+
+/// Every shard's part of the store; `get()` is the calling shard's.
+type Store = Arc<xtc::Sharded<RefCell<HashMap<Vec<u8>, Vec<u8>>>>>;
+
+/// Requests served on the key's own shard, and those that went to another one, per shard.
+type Counts = Arc<xtc::Sharded<(AtomicU64, AtomicU64)>>;
+
+struct Args {
+    addr: SocketAddr,
+    clients: usize,
+    ops: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        addr: "127.0.0.1:0".parse().expect("literal address"),
+        clients: 0,
+        ops: 1000,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match flag.as_str() {
+            "--addr" => a.addr = val("--addr")?.parse().map_err(|e| format!("--addr: {e}"))?,
+            "--clients" => {
+                a.clients = val("--clients")?
+                    .parse()
+                    .map_err(|e| format!("--clients: {e}"))?
+            }
+            "--ops" => a.ops = val("--ops")?.parse().map_err(|e| format!("--ops: {e}"))?,
+            other => {
+                return Err(format!(
+                    "unknown flag {other}; flags: --addr A --clients N --ops K"
+                ))
+            }
+        }
+    }
+    if a.clients == 0 && a.addr.port() == 0 {
+        a.addr.set_port(7001);
+    }
+    Ok(a)
+}
+
+/// The shard that owns `key`. `DefaultHasher::new()` has fixed keys, so every shard (and every
+/// run) agrees.
+fn owner(key: &[u8]) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % xtc::shard::count() as u64) as usize
+}
+
+/// A request for one key, run on the key's owner.
+enum Op {
+    Set(Vec<u8>, Vec<u8>),
+    Get(Vec<u8>),
+    Del(Vec<u8>),
+}
+
+impl Op {
+    fn key(&self) -> &[u8] {
+        match self {
+            Op::Set(k, _) | Op::Get(k) | Op::Del(k) => k,
+        }
+    }
+}
+
+enum Request {
+    Key(Op),
+    Count,
+}
+
+/// One request line (without its `\n`), or the `ERR` reply for a malformed one.
+fn request(line: &[u8]) -> Result<Request, &'static str> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let (cmd, rest) = match line.iter().position(|&b| b == b' ') {
+        Some(i) => (&line[..i], &line[i + 1..]),
+        None => (line, &b""[..]),
+    };
+    let key = |rest: &[u8]| -> Result<Vec<u8>, &'static str> {
+        if rest.is_empty() || rest.contains(&b' ') {
+            return Err("ERR a key is one word: GET key, DEL key");
+        }
+        Ok(rest.to_vec())
+    };
+    match cmd {
+        b"SET" => {
+            let Some(i) = rest.iter().position(|&b| b == b' ') else {
+                return Err("ERR SET needs a key and a value: SET key value");
+            };
+            if i == 0 {
+                return Err("ERR SET needs a key and a value: SET key value");
+            }
+            Ok(Request::Key(Op::Set(
+                rest[..i].to_vec(),
+                rest[i + 1..].to_vec(),
+            )))
+        }
+        b"GET" => Ok(Request::Key(Op::Get(key(rest)?))),
+        b"DEL" => Ok(Request::Key(Op::Del(key(rest)?))),
+        b"COUNT" if rest.is_empty() => Ok(Request::Count),
+        _ => Err("ERR unknown request; send SET key value, GET key, DEL key or COUNT"),
+    }
+}
+
+/// Runs `op` against the calling shard's part of the store; the reply line, without `\n`.
+fn apply(store: &Store, op: Op) -> Vec<u8> {
+    let mut map = store.get().borrow_mut();
+    match op {
+        Op::Set(k, v) => {
+            map.insert(k, v);
+            b"OK".to_vec()
+        }
+        Op::Get(k) => match map.get(&k) {
+            Some(v) => [&b"VALUE "[..], v].concat(),
+            None => b"NONE".to_vec(),
+        },
+        Op::Del(k) => match map.remove(&k) {
+            Some(_) => b"DELETED".to_vec(),
+            None => b"NONE".to_vec(),
+        },
+    }
+}
+
+/// The reply to one request: on this shard if it owns the key, else on the owner through
+/// `submit_to` (one ring message each way).
+async fn answer(store: &Store, counts: &Counts, req: Request) -> Vec<u8> {
+    let op = match req {
+        Request::Key(op) => op,
+        Request::Count => {
+            let store = store.clone();
+            let per_shard =
+                xtc::shard::submit_to_all(move || async move { store.get().borrow().len() }).await;
+            let mut reply = b"COUNT".to_vec();
+            for n in per_shard {
+                match n {
+                    Ok(n) => reply.extend_from_slice(format!(" {n}").as_bytes()),
+                    Err(e) => return format!("ERR {e}").into_bytes(),
+                }
+            }
+            return reply;
+        }
+    };
+    let (local, remote) = counts.get();
+    let to = owner(op.key());
+    if to == xtc::shard::id() {
+        local.fetch_add(1, Ordering::Relaxed);
+        return apply(store, op);
+    }
+    remote.fetch_add(1, Ordering::Relaxed);
+    let store = store.clone();
+    match xtc::shard::submit_to(to, move || async move { apply(&store, op) }).await {
+        Ok(reply) => reply,
+        Err(e) => format!("ERR shard {to}: {e}").into_bytes(),
+    }
+}
+
+/// Serves one connection until the peer closes: every complete line read so far is answered,
+/// in order, and the replies go out in one write.
+async fn serve(stream: TcpStream, store: Store, counts: Counts) {
+    let _ = stream.set_nodelay(true);
+    let mut pending = Vec::new();
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        let (n, b) = stream.read(buf).await;
+        match n {
+            Ok(n) if n > 0 => pending.extend_from_slice(&b[..n]),
+            _ => return,
+        }
+        buf = b;
+        let mut replies = Vec::new();
+        let mut start = 0;
+        while let Some(i) = pending[start..].iter().position(|&c| c == b'\n') {
+            let line = &pending[start..start + i];
+            let reply = match request(line) {
+                Ok(req) => answer(&store, &counts, req).await,
+                Err(err) => err.as_bytes().to_vec(),
+            };
+            replies.extend_from_slice(&reply);
+            replies.push(b'\n');
+            start += i + 1;
+        }
+        pending.drain(..start);
+        if pending.len() > 1 << 20 {
+            let _ = stream.write_all(b"ERR line over 1 MiB\n".to_vec()).await;
+            return;
+        }
+        if !replies.is_empty() && stream.write_all(replies).await.0.is_err() {
+            return;
+        }
+    }
+}
+
+/// A client connection that sends one line and reads one reply line.
+struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    got: Vec<u8>,
+}
+
+impl Client {
+    async fn call(&mut self, line: String) -> std::io::Result<String> {
+        let (w, _) = self.stream.write_all(line.into_bytes()).await;
+        w?;
+        loop {
+            if let Some(i) = self.got.iter().position(|&c| c == b'\n') {
+                let reply = String::from_utf8_lossy(&self.got[..i]).into_owned();
+                self.got.drain(..=i);
+                return Ok(reply);
+            }
+            let (n, b) = self.stream.read(std::mem::take(&mut self.buf)).await;
+            let n = n?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.got.extend_from_slice(&b[..n]);
+            self.buf = b;
+        }
+    }
+}
+
+/// One client: sets `ops` keys of its own, reads each back, deletes every other one and checks
+/// what is left; a malformed request must get an `ERR` and leave the connection usable.
+async fn client(addr: SocketAddr, id: usize, ops: usize) -> std::io::Result<()> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let mut c = Client {
+        stream,
+        buf: Vec::with_capacity(4096),
+        got: Vec::new(),
+    };
+    let fail = |what: String| std::io::Error::other(format!("client {id}: {what}"));
+    let expect = |got: String, want: &str| {
+        if got == want {
+            Ok(())
+        } else {
+            Err(fail(format!("got {got:?}, want {want:?}")))
+        }
+    };
+    for i in 0..ops {
+        expect(c.call(format!("SET c{id}-k{i} v {id} {i}\n")).await?, "OK")?;
+    }
+    let bad = c.call("FETCH x\n".into()).await?;
+    if !bad.starts_with("ERR ") {
+        return Err(fail(format!("a bad request got {bad:?}, want an ERR")));
+    }
+    for i in 0..ops {
+        let want = format!("VALUE v {id} {i}");
+        expect(c.call(format!("GET c{id}-k{i}\n")).await?, &want)?;
+    }
+    for i in (0..ops).step_by(2) {
+        expect(c.call(format!("DEL c{id}-k{i}\n")).await?, "DELETED")?;
+    }
+    for i in 0..ops {
+        let want = if i % 2 == 0 {
+            "NONE".to_string()
+        } else {
+            format!("VALUE v {id} {i}")
+        };
+        expect(c.call(format!("GET c{id}-k{i}\n")).await?, &want)?;
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse()?;
+    let exec = xtc::Executor::builder()
+        .env()?
+        .service_mode(true)
+        .oversubscribe(true)
+        .build()?;
+    let shards = exec.shard_count();
+    println!("{shards} shards, I/O driver {}", exec.io_driver());
+    // Port 0: learn a free port once, then every shard binds that port with SO_REUSEPORT.
+    let addr = if args.addr.port() == 0 {
+        std::net::TcpListener::bind(args.addr)?.local_addr()?
+    } else {
+        args.addr
+    };
+    let store: Store = Arc::new(xtc::Sharded::new(shards, |_| RefCell::default()));
+    let counts: Counts = Arc::new(xtc::Sharded::new(shards, |_| Default::default()));
+    let balancer = ConnBalancer::new(shards)?;
+    for shard in 0..shards {
+        let (balancer, store, counts) = (balancer.clone(), store.clone(), counts.clone());
+        exec.spawn_on(shard, move || async move {
+            let listener = match TcpListener::bind_reuseport(addr) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("shard {shard}: bind {addr}: {e}");
+                    xtc::stop();
+                    return;
+                }
+            };
+            let served = balancer
+                .serve(listener, move |stream, _| {
+                    serve(stream, store.clone(), counts.clone())
+                })
+                .await;
+            if let Err(e) = served {
+                eprintln!("shard {shard}: accept: {e}");
+                xtc::stop();
+            }
+        })?;
+    }
+    if args.clients == 0 {
+        println!("key-value server on {addr} (Ctrl-C to stop)");
+        exec.run()?;
+        return Ok(());
+    }
+    let left = Arc::new(AtomicUsize::new(args.clients));
+    let failed = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let (clients, ops) = (args.clients, args.ops);
+    for id in 0..clients {
+        let (left, failed) = (left.clone(), failed.clone());
+        exec.spawn_on(id % shards, move || async move {
+            if let Err(e) = client(addr, id, ops).await {
+                eprintln!("{e}");
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+            if left.fetch_sub(1, Ordering::AcqRel) != 1 {
+                return;
+            }
+            // The last client: every odd key of every client must be left, spread over the
+            // shards; COUNT asks each shard for its part.
+            let want = clients * (ops / 2);
+            let counted = async {
+                let mut c = Client {
+                    stream: TcpStream::connect(addr).await?,
+                    buf: Vec::with_capacity(256),
+                    got: Vec::new(),
+                };
+                c.call("COUNT\n".into()).await
+            };
+            match counted.await {
+                Ok(reply) => {
+                    let per_shard: Vec<usize> = reply
+                        .split(' ')
+                        .skip(1)
+                        .filter_map(|n| n.parse().ok())
+                        .collect();
+                    println!("keys left per shard: {per_shard:?}");
+                    let total: usize = per_shard.iter().sum();
+                    if per_shard.len() != xtc::shard::count() || total != want {
+                        eprintln!("COUNT replied {reply:?}: want {want} keys in all");
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => {
+                    eprintln!("COUNT: {e}");
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            xtc::stop();
+        })?;
+    }
+    exec.run()?;
+    let secs = t0.elapsed().as_secs_f64();
+    // Each client: ops SETs, one bad request, ops GETs, ops/2 DELs, ops GETs.
+    let requests = (clients * (3 * ops + ops.div_ceil(2) + 1)) as f64;
+    println!(
+        "{clients} clients, {requests} requests in {secs:.2} s: {:.0} requests/s, {} failed",
+        requests / secs,
+        failed.load(Ordering::Relaxed)
+    );
+    let counts = Arc::into_inner(counts).ok_or("the shards still hold the counters")?;
+    for (shard, (local, remote)) in counts.into_inner().into_iter().enumerate() {
+        let s = exec.loop_stats(shard)?;
+        println!(
+            "shard {shard}: {} requests for its own keys, {} sent to their owner; \
+             {} ring messages sent, {} received",
+            local.into_inner(),
+            remote.into_inner(),
+            s.messages_sent,
+            s.messages_received,
+        );
+    }
+    if failed.load(Ordering::Relaxed) > 0 {
+        return Err("some checks failed".into());
+    }
+    Ok(())
+}
