@@ -244,6 +244,48 @@ async fn serve_shard_id(l: TcpListener) {
     }
 }
 
+/// Fills `s`'s send buffer and its peer's receive buffer (the peer never reads): writes until
+/// one does not finish within 100 ms.
+async fn fill_send_buffer(s: &TcpStream) {
+    loop {
+        match xtc_shards::time::timeout(Duration::from_millis(100), s.write(vec![7u8; 1 << 16]))
+            .await
+        {
+            Ok((r, _)) => {
+                r.unwrap();
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+#[test]
+fn an_empty_write_returns_at_once_even_on_a_full_socket() {
+    // On epoll an empty write waited for room in the send buffer through readiness, and hung
+    // for good while the peer did not read; io_uring's empty SEND returned 0 at once.
+    on_each_driver(
+        "an_empty_write_returns_at_once_even_on_a_full_socket",
+        1,
+        |driver| async move {
+            let (mut a, _b) = tcp_pair().await;
+            fill_send_buffer(&a).await;
+            let limit = Duration::from_secs(3);
+            let (r, _) = xtc_shards::time::timeout(limit, a.write(Vec::new()))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] write(empty) hung on a full socket"));
+            assert_eq!(r.unwrap(), 0, "[{driver}]");
+            let (r, _) = xtc_shards::time::timeout(limit, a.write_all(Vec::new()))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] write_all(empty) hung"));
+            r.unwrap();
+            let r = xtc_shards::time::timeout(limit, AsyncWriteExt::write(&mut a, &[]))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] AsyncWrite::write(&[]) hung"));
+            assert_eq!(r.unwrap(), 0, "[{driver}]");
+        },
+    );
+}
+
 #[test]
 fn tcp_bind_reuseport_on_two_shards_both_accept() {
     each_driver(

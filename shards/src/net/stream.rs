@@ -1008,6 +1008,11 @@ impl StreamIo {
     ) -> Poll<io::Result<usize>> {
         match kind()? {
             Kind::Epoll => {
+                if data.is_empty() {
+                    // As on io_uring (below) and as `poll_read` of an empty slice: at once. A
+                    // readiness wait hung on a full socket whose peer never reads.
+                    return Poll::Ready(Ok(0));
+                }
                 let (ptr, len) = (data.as_ptr(), data.len());
                 self.poll_trait_epoll(Dir::Write, cx, len, &mut |fd| {
                     // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this call.

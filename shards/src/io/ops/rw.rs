@@ -107,6 +107,16 @@ pub(crate) async fn send<B: IoBuf>(src: &Source, mut buf: B, from: usize) -> Buf
                 // SAFETY: `from <= bytes_init()`.
                 let ptr = unsafe { buf.stable_ptr().add(from) };
                 let len = buf.bytes_init() - from;
+                if len == 0 {
+                    // An empty send never waits, as on io_uring (whose `SEND` of 0 bytes the
+                    // kernel answers at once: 0, or the socket's error). Through readiness it
+                    // hung on a full socket: a drained write interest waits for room that an
+                    // idle peer never makes.
+                    // SAFETY: a zero-length send reads no byte of `ptr`.
+                    let res =
+                        cvt(unsafe { libc::send(src.fd(), ptr.cast(), 0, libc::MSG_NOSIGNAL) });
+                    return (res.map(|n| n as usize), buf);
+                }
                 let res = ready_stream(src, Dir::Write, len, |fd| {
                     // SAFETY: `ptr` points at `len` initialized bytes of `buf`, which we own.
                     cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
