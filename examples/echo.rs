@@ -9,56 +9,11 @@
 //! or serve forever: `cargo run --release --example echo -- --addr 127.0.0.1:7000`
 //! (`XTC_IO=epoll` picks the epoll driver, `XTC_SHARDS` the shard count.)
 
-use std::{
-    net::SocketAddr,
-    sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Instant,
-};
+mod shared;
 
-use xtc::net::{ConnBalancer, TcpListener, TcpStream};
+use std::net::SocketAddr;
 
-struct Args {
-    addr: SocketAddr,
-    clients: usize,
-    rounds: usize,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        addr: "127.0.0.1:0".parse().expect("literal address"),
-        clients: 0,
-        rounds: 1000,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
-        match flag.as_str() {
-            "--addr" => a.addr = val("--addr")?.parse().map_err(|e| format!("--addr: {e}"))?,
-            "--clients" => {
-                a.clients = val("--clients")?
-                    .parse()
-                    .map_err(|e| format!("--clients: {e}"))?
-            }
-            "--rounds" => {
-                a.rounds = val("--rounds")?
-                    .parse()
-                    .map_err(|e| format!("--rounds: {e}"))?
-            }
-            other => {
-                return Err(format!(
-                    "unknown flag {other}; flags: --addr A --clients N --rounds R"
-                ))
-            }
-        }
-    }
-    if a.clients == 0 && a.addr.port() == 0 {
-        a.addr.set_port(7000);
-    }
-    Ok(a)
-}
+use xtc::net::TcpStream;
 
 /// Echoes until the peer closes.
 async fn serve(stream: TcpStream) {
@@ -107,67 +62,28 @@ async fn client(addr: SocketAddr, id: usize, rounds: usize) -> std::io::Result<(
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse()?;
-    let exec = xtc::Executor::builder()
-        .env()?
-        .service_mode(true)
-        .oversubscribe(true)
-        .build()?;
+    let args = shared::parse("--rounds", 1000, 7000)?;
+    let exec = shared::executor()?;
     let shards = exec.shard_count();
     println!("{shards} shards, I/O driver {}", exec.io_driver());
-    // Port 0: learn a free port once, then every shard binds that port with SO_REUSEPORT.
-    let addr = if args.addr.port() == 0 {
-        std::net::TcpListener::bind(args.addr)?.local_addr()?
-    } else {
-        args.addr
-    };
-    let balancer = ConnBalancer::new(shards)?;
-    for shard in 0..shards {
-        let balancer = balancer.clone();
-        exec.spawn_on(shard, move || async move {
-            let listener = match TcpListener::bind_reuseport(addr) {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("shard {shard}: bind {addr}: {e}");
-                    xtc::stop();
-                    return;
-                }
-            };
-            if let Err(e) = balancer.serve(listener, |stream, _| serve(stream)).await {
-                eprintln!("shard {shard}: accept: {e}");
-                xtc::stop();
-            }
-        })?;
-    }
+    let addr = shared::listen(&exec, args.addr, |stream, _| serve(stream))?;
     if args.clients == 0 {
         println!("echo server on {addr} (Ctrl-C to stop)");
         exec.run()?;
         return Ok(());
     }
-    let left = Arc::new(AtomicUsize::new(args.clients));
-    let failed = Arc::new(AtomicU64::new(0));
-    let t0 = Instant::now();
-    let rounds = args.rounds;
-    for id in 0..args.clients {
-        let (left, failed) = (left.clone(), failed.clone());
-        exec.spawn_on(id % shards, move || async move {
-            if let Err(e) = client(addr, id, rounds).await {
-                eprintln!("client {id}: {e}");
-                failed.fetch_add(1, Ordering::Relaxed);
-            }
-            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                xtc::stop();
-            }
-        })?;
-    }
-    exec.run()?;
-    let secs = t0.elapsed().as_secs_f64();
+    let rounds = args.per_client;
+    let (failed, secs) = shared::drive(
+        &exec,
+        args.clients,
+        move |id| client(addr, id, rounds),
+        || async { Ok(()) },
+    )?;
     let total = (args.clients * rounds) as f64;
     println!(
-        "{} clients x {rounds} round trips in {secs:.2} s: {:.0} round trips/s, {} failed",
+        "{} clients x {rounds} round trips in {secs:.2} s: {:.0} round trips/s, {failed} failed",
         args.clients,
         total / secs,
-        failed.load(Ordering::Relaxed)
     );
     for shard in 0..shards {
         let s = exec.loop_stats(shard)?;
@@ -181,7 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             100.0 * s.idle_rate()
         );
     }
-    if failed.load(Ordering::Relaxed) > 0 {
+    if failed > 0 {
         return Err("some clients failed".into());
     }
     Ok(())

@@ -24,61 +24,23 @@
 //! `printf 'SET a 1\nGET a\n' | nc 127.0.0.1 7001`.
 //! (`XTC_SHARDS` sets the shard count, `XTC_IO=epoll` picks the epoll driver.)
 
+mod shared;
+
 use std::{
     cell::RefCell,
     collections::HashMap,
     hash::{Hash, Hasher},
     net::SocketAddr,
-    sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Instant,
+    sync::{atomic::AtomicU64, atomic::Ordering, Arc},
 };
 
-use xtc::net::{ConnBalancer, TcpListener, TcpStream};
+use xtc::net::TcpStream;
 
 /// Every shard's part of the store; `get()` is the calling shard's.
 type Store = Arc<xtc::Sharded<RefCell<HashMap<Vec<u8>, Vec<u8>>>>>;
 
 /// Requests served on the key's own shard, and those that went to another one, per shard.
 type Counts = Arc<xtc::Sharded<(AtomicU64, AtomicU64)>>;
-
-struct Args {
-    addr: SocketAddr,
-    clients: usize,
-    ops: usize,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        addr: "127.0.0.1:0".parse().expect("literal address"),
-        clients: 0,
-        ops: 1000,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
-        match flag.as_str() {
-            "--addr" => a.addr = val("--addr")?.parse().map_err(|e| format!("--addr: {e}"))?,
-            "--clients" => {
-                a.clients = val("--clients")?
-                    .parse()
-                    .map_err(|e| format!("--clients: {e}"))?
-            }
-            "--ops" => a.ops = val("--ops")?.parse().map_err(|e| format!("--ops: {e}"))?,
-            other => {
-                return Err(format!(
-                    "unknown flag {other}; flags: --addr A --clients N --ops K"
-                ))
-            }
-        }
-    }
-    if a.clients == 0 && a.addr.port() == 0 {
-        a.addr.set_port(7001);
-    }
-    Ok(a)
-}
 
 /// The shard that owns `key`. `DefaultHasher::new()` has fixed keys, so every shard (and every
 /// run) agrees.
@@ -267,7 +229,7 @@ async fn client(addr: SocketAddr, id: usize, ops: usize) -> std::io::Result<()> 
         buf: Vec::with_capacity(4096),
         got: Vec::new(),
     };
-    let fail = |what: String| std::io::Error::other(format!("client {id}: {what}"));
+    let fail = |what: String| std::io::Error::other(what);
     let expect = |got: String, want: &str| {
         if got == want {
             Ok(())
@@ -300,106 +262,64 @@ async fn client(addr: SocketAddr, id: usize, ops: usize) -> std::io::Result<()> 
     Ok(())
 }
 
+/// Asks the server for its key counts (`COUNT`, answered through `submit_to_all`) and checks
+/// that every shard answered and that they hold `want` keys in all.
+async fn check_count(addr: SocketAddr, want: usize) -> Result<(), String> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("COUNT: {e}"))?;
+    let mut c = Client {
+        stream,
+        buf: Vec::with_capacity(256),
+        got: Vec::new(),
+    };
+    let reply = c
+        .call("COUNT\n".into())
+        .await
+        .map_err(|e| format!("COUNT: {e}"))?;
+    let per_shard: Vec<usize> = reply
+        .split(' ')
+        .skip(1)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    println!("keys left per shard: {per_shard:?}");
+    if per_shard.len() != xtc::shard::count() || per_shard.iter().sum::<usize>() != want {
+        return Err(format!("COUNT replied {reply:?}: want {want} keys in all"));
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse()?;
-    let exec = xtc::Executor::builder()
-        .env()?
-        .service_mode(true)
-        .oversubscribe(true)
-        .build()?;
+    let args = shared::parse("--ops", 1000, 7001)?;
+    let exec = shared::executor()?;
     let shards = exec.shard_count();
     println!("{shards} shards, I/O driver {}", exec.io_driver());
-    // Port 0: learn a free port once, then every shard binds that port with SO_REUSEPORT.
-    let addr = if args.addr.port() == 0 {
-        std::net::TcpListener::bind(args.addr)?.local_addr()?
-    } else {
-        args.addr
-    };
     let store: Store = Arc::new(xtc::Sharded::new(shards, |_| RefCell::default()));
     let counts: Counts = Arc::new(xtc::Sharded::new(shards, |_| Default::default()));
-    let balancer = ConnBalancer::new(shards)?;
-    for shard in 0..shards {
-        let (balancer, store, counts) = (balancer.clone(), store.clone(), counts.clone());
-        exec.spawn_on(shard, move || async move {
-            let listener = match TcpListener::bind_reuseport(addr) {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("shard {shard}: bind {addr}: {e}");
-                    xtc::stop();
-                    return;
-                }
-            };
-            let served = balancer
-                .serve(listener, move |stream, _| {
-                    serve(stream, store.clone(), counts.clone())
-                })
-                .await;
-            if let Err(e) = served {
-                eprintln!("shard {shard}: accept: {e}");
-                xtc::stop();
-            }
-        })?;
-    }
+    let addr = {
+        let (store, counts) = (store.clone(), counts.clone());
+        shared::listen(&exec, args.addr, move |stream, _| {
+            serve(stream, store.clone(), counts.clone())
+        })?
+    };
     if args.clients == 0 {
         println!("key-value server on {addr} (Ctrl-C to stop)");
         exec.run()?;
         return Ok(());
     }
-    let left = Arc::new(AtomicUsize::new(args.clients));
-    let failed = Arc::new(AtomicU64::new(0));
-    let t0 = Instant::now();
-    let (clients, ops) = (args.clients, args.ops);
-    for id in 0..clients {
-        let (left, failed) = (left.clone(), failed.clone());
-        exec.spawn_on(id % shards, move || async move {
-            if let Err(e) = client(addr, id, ops).await {
-                eprintln!("{e}");
-                failed.fetch_add(1, Ordering::Relaxed);
-            }
-            if left.fetch_sub(1, Ordering::AcqRel) != 1 {
-                return;
-            }
-            // The last client: every odd key of every client must be left, spread over the
-            // shards; COUNT asks each shard for its part.
-            let want = clients * (ops / 2);
-            let counted = async {
-                let mut c = Client {
-                    stream: TcpStream::connect(addr).await?,
-                    buf: Vec::with_capacity(256),
-                    got: Vec::new(),
-                };
-                c.call("COUNT\n".into()).await
-            };
-            match counted.await {
-                Ok(reply) => {
-                    let per_shard: Vec<usize> = reply
-                        .split(' ')
-                        .skip(1)
-                        .filter_map(|n| n.parse().ok())
-                        .collect();
-                    println!("keys left per shard: {per_shard:?}");
-                    let total: usize = per_shard.iter().sum();
-                    if per_shard.len() != xtc::shard::count() || total != want {
-                        eprintln!("COUNT replied {reply:?}: want {want} keys in all");
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                Err(e) => {
-                    eprintln!("COUNT: {e}");
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            xtc::stop();
-        })?;
-    }
-    exec.run()?;
-    let secs = t0.elapsed().as_secs_f64();
+    let (clients, ops) = (args.clients, args.per_client);
+    let (failed, secs) = shared::drive(
+        &exec,
+        clients,
+        move |id| client(addr, id, ops),
+        // Every odd key of every client must be left, spread over the shards.
+        move || check_count(addr, clients * (ops / 2)),
+    )?;
     // Each client: ops SETs, one bad request, ops GETs, ops/2 DELs, ops GETs.
     let requests = (clients * (3 * ops + ops.div_ceil(2) + 1)) as f64;
     println!(
-        "{clients} clients, {requests} requests in {secs:.2} s: {:.0} requests/s, {} failed",
+        "{clients} clients, {requests} requests in {secs:.2} s: {:.0} requests/s, {failed} failed",
         requests / secs,
-        failed.load(Ordering::Relaxed)
     );
     let counts = Arc::into_inner(counts).ok_or("the shards still hold the counters")?;
     for (shard, (local, remote)) in counts.into_inner().into_iter().enumerate() {
@@ -413,7 +333,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.messages_received,
         );
     }
-    if failed.load(Ordering::Relaxed) > 0 {
+    if failed > 0 {
         return Err("some checks failed".into());
     }
     Ok(())
