@@ -397,6 +397,46 @@ fn a_zero_period_interval_ticks_once_per_turn() {
     });
 }
 
+/// A period shorter than a loop turn: the skip of missed ticks scheduled a deadline that had
+/// passed by the next poll, so `tick()` never returned `Pending` and the loop never ran its
+/// other task (nor saw a stop). Each period runs on its own thread, so a hang fails the test.
+#[test]
+fn a_period_shorter_than_a_turn_still_lets_other_tasks_run() {
+    for period in [1, 10, 100, 1_000].map(Duration::from_nanos) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let seen = LocalExecutor::new().unwrap().block_on(async move {
+                let other = std::rc::Rc::new(std::cell::Cell::new(0u32));
+                let o = other.clone();
+                let counter = spawn_local(async move {
+                    for _ in 0..100 {
+                        o.set(o.get() + 1);
+                        xtc_shards::yield_now().await;
+                    }
+                });
+                let mut iv = time::interval(period);
+                let mut seen = Vec::new();
+                for _ in 0..50 {
+                    iv.tick().await;
+                    seen.push(other.get());
+                }
+                counter.await.unwrap();
+                seen
+            });
+            tx.send(seen).unwrap();
+        });
+        let seen = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("interval({period:?}) held its loop for good"));
+        // Between two ticks the other task ran (until it was done): a tick that came due
+        // before it was polled yielded first, one that waited let the loop run meanwhile.
+        assert!(
+            seen.windows(2).all(|w| w[1] > w[0] || w[0] == 100),
+            "{period:?}: {seen:?}"
+        );
+    }
+}
+
 /// Polls `s` once, inside a task, so that its timer is registered on the current loop.
 async fn register(s: &mut std::pin::Pin<Box<time::Sleep>>) {
     use std::future::Future as _;

@@ -7,8 +7,9 @@ use std::{
 
 use super::{sleep_until, Sleep};
 
-/// Ticks every `period`, the first tick at once. See [`Interval`]. A zero period ticks once
-/// per loop turn: each tick after the first yields to the loop first, so it cannot spin it.
+/// Ticks every `period`, the first tick at once. See [`Interval`]. A zero period (or one
+/// shorter than a loop turn) ticks at most once per loop turn: a tick already due when it is
+/// first polled yields to the loop first, so it cannot spin it.
 pub fn interval(period: Duration) -> Interval {
     interval_at(Instant::now(), period)
 }
@@ -19,7 +20,7 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
         next: start,
         period,
         sleep: sleep_until(start),
-        yielded: true,
+        waited: true,
     }
 }
 
@@ -27,15 +28,18 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
 ///
 /// Missed ticks (a loop busy for longer than a period) are skipped: the next tick is the first
 /// multiple of the period after now, so a slow consumer does not get a burst. This is tokio's
-/// `MissedTickBehavior::Skip`. Cost: one timer, as [`sleep`](super::sleep).
+/// `MissedTickBehavior::Skip`. A tick that is already due when first polled (after the first
+/// one) yields to the loop once before it completes, so other tasks run between ticks however
+/// short the period or slow the consumer. Cost: one timer, as [`sleep`](super::sleep), and a
+/// loop turn per tick that came due before it was polled.
 #[derive(Debug)]
 pub struct Interval {
     next: Instant,
     period: Duration,
     sleep: Sleep,
-    /// Zero period: whether this tick has yielded to the loop yet (true for the first tick,
-    /// which comes at once).
-    yielded: bool,
+    /// Whether this tick returned `Pending` at least once (true for the first tick, which
+    /// comes at once): a tick due at its first poll yields once first.
+    waited: bool,
 }
 
 impl Interval {
@@ -47,16 +51,19 @@ impl Interval {
     /// Polls for the next tick.
     pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
         if Pin::new(&mut self.sleep).poll(cx).is_pending() {
+            self.waited = true;
             return Poll::Pending;
         }
+        // Due at its first poll: wake and yield first, so other tasks run in between. Without
+        // this a period shorter than a loop turn (the skip below then schedules a deadline
+        // that has passed by the next poll) never returned `Pending` and held the loop for
+        // good; a zero period used to panic (tokio's does).
+        if !std::mem::replace(&mut self.waited, true) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.waited = false;
         if self.period.is_zero() {
-            // Once per loop turn: wake and yield first, so other tasks run in between (it
-            // used to panic; tokio's does).
-            if !std::mem::replace(&mut self.yielded, true) {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            self.yielded = false;
             let fired = self.next;
             self.next = Instant::now();
             return Poll::Ready(fired);
