@@ -552,3 +552,53 @@ fn the_deadlock_report_names_a_migratable_task_that_shutdown_drops() {
         other => panic!("expected a deadlock report, got {other:?}"),
     }
 }
+
+/// `run()` inside a task of another executor's loop: the migratable tasks it drops at its stop
+/// are dropped off any loop. Their `Drop` saw the caller's loop as theirs, and a cleanup
+/// `spawn_local` there ran on that unrelated executor.
+#[test]
+fn a_stopped_runs_migratable_tasks_are_dropped_off_the_callers_loop() {
+    struct Probe(Arc<AtomicUsize>);
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            // 1 + the shard count of the loop this drop runs on (0: none).
+            self.0.store(1 + shard::count(), SeqCst);
+            if shard::try_id().is_some() {
+                let c = self.0.clone();
+                xtc_shards::spawn_local(async move { c.store(1000, SeqCst) });
+            }
+        }
+    }
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        xtc_shards::LocalExecutor::new()
+            .unwrap()
+            .block_on(async move {
+                let inner = exec(2);
+                let h = inner.handle();
+                inner.spawn(async move {
+                    let _p = Probe(s);
+                    std::future::pending::<()>().await
+                });
+                inner
+                    .spawn_on(0, move || async move {
+                        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+                        h.stop();
+                    })
+                    .unwrap();
+                inner.run().unwrap();
+                // A task the drop put on this loop would run now.
+                xtc_shards::yield_now().await;
+                xtc_shards::yield_now().await;
+            });
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(30)).expect("hung");
+    assert_eq!(
+        seen.load(SeqCst),
+        1,
+        "1000: the drop's task ran on the caller's loop"
+    );
+}

@@ -760,10 +760,18 @@ impl Drop for Executor {
 
 /// After the loops stopped: drops every migratable task still alive (their futures are `Send`,
 /// so this thread may), so none leaks. At quiescence there are none.
+///
+/// Off any loop (`context::off_loop`), as `ExecShared::sweep`: `run()` may be called inside a
+/// task of another executor, whose loop these tasks' `Drop` code saw as theirs (a cleanup
+/// `spawn_local` there put its task on that unrelated loop).
 pub(crate) fn drop_migratable(shared: &ExecShared) {
     if !shared.migratable.any_registered() {
         return;
     }
+    crate::context::off_loop(|| drop_registered_migratable(shared));
+}
+
+fn drop_registered_migratable(shared: &ExecShared) {
     // One wake per task is enough: each `Runnable` then surfaces in an injector (this thread
     // is no worker) or is already in a queue drained below.
     shared.migratable.wake_all();
