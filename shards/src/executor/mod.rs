@@ -576,6 +576,8 @@ impl Executor {
         // Filled by the coordinator (migratable tasks) and the loops (pinned ones) when it
         // decided on a deadlock; taken either way, so nothing carries over to a later run.
         let tasks = std::mem::take(&mut *lock(&shared.deadlock_tasks));
+        // Off any loop: `run()` may be called inside another executor's task.
+        crate::context::off_loop(|| shared.mesh.drop_left(&shared.loops));
         drop_migratable(shared);
         if let Some(e) = failure {
             return Err(e);

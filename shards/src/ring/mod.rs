@@ -185,6 +185,39 @@ impl Mesh {
         n
     }
 
+    /// After a run's loops all stopped: drops the messages left in the rings and returns how
+    /// many. Only a stopping run leaves any: a task's `Drop` during a loop's shutdown that
+    /// spawned on a loop which had already finished its own (nothing else is alive then, see
+    /// [`drop_queued`](Self::drop_queued)). Left in place they ran in a later `run()`, or not,
+    /// by which loop finished first; a loop still shutting down drops them, as it drops its
+    /// inbox. Each counts as received by its target (`loops[to]`'s stats, from which its next
+    /// run starts counting), so a later run's quiescence check still balances (rule 6).
+    pub(crate) fn drop_left(
+        &self,
+        loops: &[std::sync::Arc<crate::event_loop::LoopShared>],
+    ) -> usize {
+        let mut dropped = Vec::new();
+        for (slot, c) in self.consumers.iter().enumerate() {
+            let mut c = lock(c);
+            let Some(c) = c.as_mut() else { continue };
+            let before = dropped.len();
+            while let Ok(r) = c.pop() {
+                dropped.push(r);
+            }
+            let n = (dropped.len() - before) as u64;
+            if n > 0 {
+                loops[slot % self.n]
+                    .stats
+                    .messages_received
+                    .fetch_add(n, SeqCst);
+            }
+        }
+        // Outside the locks: dropping a closure may spawn again (into an inbox).
+        let n = dropped.len();
+        drop(dropped);
+        n
+    }
+
     fn want_space(&self, from: usize, to: usize) -> &AtomicBool {
         &self.want_space[from * self.n + to]
     }
