@@ -602,3 +602,48 @@ fn a_stopped_runs_migratable_tasks_are_dropped_off_the_callers_loop() {
         "1000: the drop's task ran on the caller's loop"
     );
 }
+
+/// Rule 4: a migratable parent that spawns its children and computes before it joins them.
+/// The idle loop stole a first batch and ran it; that published the children's ends while
+/// their starts waited in the busy loop's batch, so the shared count read zero and the idle
+/// loop parked without a tick, leaving the other children queued until the parent's poll
+/// ended. It keeps looking while a victim has tasks queued now.
+#[test]
+fn an_idle_loop_keeps_stealing_while_the_spawner_computes() {
+    const CHILDREN: usize = 8;
+    let ex = exec(2);
+    // Children that ran while the parent was still computing (so, on the other loop).
+    let early = Arc::new(AtomicUsize::new(0));
+    let parent_done = Arc::new(AtomicBool::new(false));
+    let (e, pd) = (early.clone(), parent_done.clone());
+    let parent = ex.spawn(async move {
+        let mut hs = Vec::new();
+        for _ in 0..CHILDREN {
+            let (e, pd) = (e.clone(), pd.clone());
+            hs.push(xtc_shards::spawn(async move {
+                burn(Duration::from_millis(10));
+                if !pd.load(SeqCst) {
+                    e.fetch_add(1, SeqCst);
+                }
+            }));
+        }
+        // The parent's own share: the children's 80 ms fit many times over.
+        burn(Duration::from_secs(1));
+        pd.store(true, SeqCst);
+        for h in hs {
+            h.await.unwrap();
+        }
+    });
+    run_or_fail(
+        ex,
+        Duration::from_secs(30),
+        "fork-join with a computing parent",
+    )
+    .unwrap();
+    futures::executor::block_on(parent).unwrap();
+    assert_eq!(
+        early.load(SeqCst),
+        CHILDREN,
+        "the idle loop stopped stealing while children were queued"
+    );
+}

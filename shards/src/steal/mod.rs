@@ -26,10 +26,13 @@
 //! 3. **Thresholds (HPX).** A victim is stolen from only if it has at least `min_tasks_to_steal`
 //!    queued, unless this thief found it short but non-empty [`STARVATION_LOOKS`] times in a row,
 //!    or this is the thief's first steal after being woken by new work.
-//! 4. **Finding work while parked.** While any migratable task is alive, an idle loop parks with
-//!    a 1 ms timeout (the idle tick) and retries; with steal backoff on, consecutive empty ticks
-//!    grow it to 32 ms, and any work resets it. When no migratable task exists an idle loop parks
-//!    without timeout; the spawn that makes the count leave zero pings every loop. With eager
+//! 4. **Finding work while parked.** While any migratable task is alive (the count of rule 5 is
+//!    above zero) or a victim has tasks queued, an idle loop parks with a 1 ms timeout (the idle
+//!    tick) and retries; with steal backoff on, consecutive empty ticks grow it to 32 ms, and any
+//!    work resets it. Otherwise an idle loop parks without timeout; a spawn while the count reads
+//!    zero or less publishes its loop's batch at once and pings every loop. (The count can read
+//!    so with tasks alive: a thief publishes the ends of tasks whose starts still wait in a busy
+//!    loop's batch; hence the look at the victims' queues.) With eager
 //!    rebalance on, a loop that queues a migratable task also pings one idle peer at the end of
 //!    its turn.
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
@@ -337,50 +340,70 @@ impl<F> Drop for MigrFuture<F> {
 /// Counts a spawned (+1) or finished (−1) migratable task: batched per loop turn on a worker
 /// (one shared RMW per turn, in [`flush_live`]), directly elsewhere.
 fn live_add(exec: &Arc<ExecShared>, delta: i64) {
-    let local = with_core(|core| Arc::ptr_eq(&core.exec, exec) && live_add_here(core, delta));
+    let local = with_core(|core| {
+        let here = Arc::ptr_eq(&core.exec, exec);
+        if here {
+            live_add_here(core, delta);
+        }
+        here
+    });
     if local != Some(true) {
         live_add_shared(exec, delta);
     }
 }
 
-/// [`live_add`] on a worker of the task's executor; false when the count must be published at
-/// once (then call [`live_add_shared`]).
+/// [`live_add`] on a worker of the task's executor.
 #[inline]
-fn live_add_here(core: &Core, delta: i64) -> bool {
-    // The spawn that makes the count leave zero is published at once (rule 4), so idle loops
-    // start looking before this turn ends; the rest are batched. Only the first spawn of a
-    // turn reads the shared count (a line every loop writes): once this turn holds
-    // unpublished spawns, the next ones batch too, and the end-of-turn flush wakes the idle
-    // loops if the count left zero meanwhile.
-    let pending = core.migr_delta.get();
-    let leaving_zero =
-        delta > 0 && pending <= 0 && core.exec.migratable.live.load(Relaxed) + pending <= 0;
-    if leaving_zero {
-        return false;
+fn live_add_here(core: &Core, delta: i64) {
+    let pending = core.migr_delta.get() + delta;
+    // A spawn while the shared count reads zero or less publishes this turn's whole batch at
+    // once (rule 4): loops may be parked without an idle tick, and must start looking before
+    // this turn ends. The count reads so not only when no task is alive: a thief that ran
+    // some of this loop's fresh spawns publishes their ends at the end of its own turn, while
+    // their starts still wait in this loop's batch. Comparing with the shared count alone
+    // (not plus this batch), a spawner in one long poll pinged nobody and its later spawns
+    // sat in its deque, the idle loops parked, until its turn ended. Cost: a load of a line
+    // that each loop writes once per turn.
+    if delta > 0 && core.exec.migratable.live.load(Relaxed) <= 0 {
+        core.migr_delta.set(0);
+        live_add_shared(&core.exec, pending);
+        return;
     }
-    core.migr_delta.set(pending + delta);
-    true
+    core.migr_delta.set(pending);
 }
 
 /// [`live_add`] straight on the shared count.
 fn live_add_shared(exec: &ExecShared, delta: i64) {
-    if exec.migratable.live.fetch_add(delta, SeqCst) <= 0 && delta > 0 {
-        // Rule 4: idle loops parked without a tick must start looking.
+    let prev = exec.migratable.live.fetch_add(delta, SeqCst);
+    if delta > 0 && prev <= 0 {
+        // Rule 4: idle loops parked without a tick must start looking (also when the count
+        // stays at zero or below: it may read so with tasks queued, see `live_add_here`).
         exec.unpark_all();
     }
 }
 
 /// End of a loop turn (before the loop publishes an idle status): publishes this loop's
-/// batched count of spawned minus finished migratable tasks (rule 5).
+/// batched count of spawned minus finished migratable tasks (rule 5); if the count leaves
+/// zero, wakes loops parked without a tick (rule 4).
 pub(crate) fn flush_live(core: &Core) {
     let delta = core.migr_delta.replace(0);
     if delta != 0 {
-        let prev = core.exec.migratable.live.fetch_add(delta, SeqCst);
-        if prev <= 0 && prev + delta > 0 {
-            // Rule 4: the count left zero: wake loops parked without a tick.
-            core.exec.unpark_all();
-        }
+        live_add_shared(&core.exec, delta);
     }
+}
+
+/// Whether an idle loop may find migratable work to steal (rules 2 and 4): the shared count
+/// says a task is alive, or one of its victims has tasks queued. The count alone can read zero
+/// or less for a whole turn of a busy loop with its fresh spawns still queued (see
+/// `live_add_here`): a thief that stopped looking then left them there until that turn
+/// ended. Cost: a load, and two per victim when the count reads zero or less.
+fn may_find_work(core: &Core) -> bool {
+    let exec = &*core.exec;
+    exec.migratable.live.load(Relaxed) > 0
+        || exec.victims(core.index()).iter().any(|&v| {
+            let vs = &exec.loops[v].steal;
+            !vs.stealer.is_empty() || !vs.injector.is_empty()
+        })
 }
 
 /// Builds a migratable task whose first loop is `home` (an index of `exec.loops`).
@@ -453,9 +476,7 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    if !live_add_here(core, 1) {
-        live_add_shared(&core.exec, 1);
-    }
+    live_add_here(core, 1);
     let (runnable, task) = build(&core.exec, core.index(), fut, info);
     if let Some(r) = queue_here(core, runnable) {
         r.schedule();
@@ -654,7 +675,7 @@ pub(crate) fn would_steal(core: &Core) -> bool {
 /// this loop's deque, ready for the next turn).
 pub(crate) fn try_steal(core: &Core) -> bool {
     let exec = &*core.exec;
-    if !exec.stealing() || exec.migratable.live.load(Relaxed) <= 0 {
+    if !exec.stealing() || !may_find_work(core) {
         return false;
     }
     let me = core.index();
@@ -719,8 +740,8 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     let exec = &*core.exec;
     if !would_steal(core)
         || !exec.stealing()
-        || exec.migratable.live.load(Relaxed) <= 0
         || exec.victims(core.index()).is_empty()
+        || !may_find_work(core)
     {
         return None;
     }
