@@ -176,16 +176,18 @@ impl Topology {
     ///
     /// # Errors
     ///
-    /// [`Error::Hwloc`] if hwloc rejects the description, or if it describes more than 65,536
-    /// PUs or names an OS index (`indexes=`) of 65,536 or more: hwloc would spend seconds to
-    /// minutes and gigabytes building it.
+    /// [`Error::Hwloc`] if hwloc rejects the description, or if it describes more than 8,192
+    /// PUs, a level of more than 1,024 objects under one parent, or names an OS index
+    /// (`indexes=`) of 8,192 or more: hwloc would spend seconds to minutes and gigabytes
+    /// building it (it inserts siblings one at a time: `pu:4096` took 0.9 s here, `pu:16384`
+    /// 42 s, and 16,384 PUs in small groups 0.4 s). Real machines stay far below these.
     pub fn synthetic(desc: &str) -> Result<Topology> {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
             "write levels from the top as type:count, e.g. \"pack:2 numa:2 l3:1 core:4 pu:2\"";
         // hwloc builds every object of the description: a few huge counts ran for minutes and
         // ended in an out-of-memory kill, which no error handling survives.
-        let objects = synthetic_leaves(desc);
+        let (objects, widest) = synthetic_leaves(desc);
         if objects > MAX_SYNTHETIC_PUS {
             return Err(Error::hwloc(
                 &what,
@@ -194,6 +196,17 @@ impl Topology {
                      topology may have"
                 ),
                 "use smaller counts; real machines have a few thousand PUs at most",
+            ));
+        }
+        // hwloc's cost grows with the square of a level's width as well.
+        if widest > MAX_SYNTHETIC_ARITY {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "one of its levels has {widest} objects under each parent, more than the \
+                     {MAX_SYNTHETIC_ARITY} a synthetic topology may have"
+                ),
+                "split the level in two, e.g. \"core:4096 pu:1\" as \"numa:4 core:1024 pu:1\"",
             ));
         }
         // And every object's CPU set is as large as the largest OS index named.
@@ -649,24 +662,32 @@ impl Topology {
     }
 }
 
-/// Most PUs a synthetic topology may describe (`Topology::synthetic`): far above any real
-/// machine, far below what makes hwloc run out of memory.
-const MAX_SYNTHETIC_PUS: u128 = 1 << 16;
+/// Most PUs a synthetic topology may describe (`Topology::synthetic`), and the bound on the OS
+/// indexes it names: above any real machine, well below what makes hwloc take seconds (its
+/// cost grows with the square of the PU count; 32,768 PUs took 1.3 s, 65,536 PUs minutes).
+const MAX_SYNTHETIC_PUS: u128 = 1 << 13;
 
-/// The product of the level counts of a synthetic description: how many leaves hwloc would
-/// build. Walked as hwloc walks it: levels need no space between them (`pack:2core:2pu:2` is
+/// Most objects one level of a synthetic topology may have under each parent: hwloc inserts
+/// siblings one by one, at a cost that grows with the square of their number (`pu:2048` took
+/// 0.15 s, `pu:4096` 0.9 s, `pu:8192` 6 s; `pack:8 core:1024 pu:1`, the worst the two bounds
+/// allow, 1.5 s).
+const MAX_SYNTHETIC_ARITY: u128 = 1 << 10;
+
+/// The product of the level counts of a synthetic description (how many leaves hwloc would
+/// build) and the largest count (its widest level under one parent). Walked as hwloc walks it: levels need no space between them (`pack:2core:2pu:2` is
 /// three), after an optional root `(attributes)` block, each an optional `type:` then a count read as [`strtoul_prefix`] reads it, then an
 /// optional `(attributes)` block; a `[...]` block is skipped. A count too large for `u128`
 /// saturates, as does the product. Where hwloc would stop with a syntax error, so does this.
-fn synthetic_leaves(desc: &str) -> u128 {
+fn synthetic_leaves(desc: &str) -> (u128, u128) {
     let b = desc.as_bytes();
     let mut i = 0;
     let mut product = 1u128;
+    let mut widest = 1u128;
     // A root attribute block, `(memory=1GB)2 256 256`, as hwloc reads one first.
     if b.first() == Some(&b'(') {
         match desc.find(')') {
             Some(end) => i = end + 1,
-            None => return product,
+            None => return (product, widest),
         }
     }
     loop {
@@ -694,6 +715,7 @@ fn synthetic_leaves(desc: &str) -> u128 {
             break;
         };
         product = product.saturating_mul(count.max(1));
+        widest = widest.max(count);
         i += used;
         if i < b.len() && b[i] == b'(' {
             match desc[i..].find(')') {
@@ -702,7 +724,7 @@ fn synthetic_leaves(desc: &str) -> u128 {
             }
         }
     }
-    product
+    (product, widest)
 }
 
 /// The largest OS index an explicit `indexes=a,b,...` list of a synthetic description names

@@ -272,6 +272,30 @@ fn a_huge_synthetic_topology_is_an_error() {
     println!("refused in {:?}", t0.elapsed());
 }
 
+/// hwloc's cost grows with the square of a level's width and of the PU count: a flat
+/// `pu:16384` under the old 65,536-PU bound ran 42 s, `pu:65536` about half an hour. Wide
+/// levels and more than 8,192 PUs are refused at once; nesting the same PUs still works.
+#[test]
+fn a_wide_or_large_synthetic_topology_is_an_error() {
+    for (desc, says) in [
+        ("core:2048 pu:1", "objects under each parent"),
+        ("pack:2 pu:1025", "objects under each parent"),
+        ("pu:8193", "PUs"),
+        ("pack:16 core:1024 pu:1", "PUs"),
+    ] {
+        let e = Topology::synthetic(desc).unwrap_err();
+        assert!(e.to_string().contains(says), "{desc}: {e}");
+    }
+    assert_eq!(Topology::synthetic("pu:1024").unwrap().pus().len(), 1024);
+    assert_eq!(
+        Topology::synthetic("pack:2 numa:2 core:16 pu:2")
+            .unwrap()
+            .pus()
+            .len(),
+        128
+    );
+}
+
 /// A synthetic description naming huge OS indexes is an error at once: hwloc sizes every
 /// object's CPU set to the largest index, and two PUs numbered 0 and 10^9 took 2.7 s and
 /// 1.2 GB (a few dozen near 2^32, tens of GB).
