@@ -30,13 +30,15 @@ Without --synthetic or --xml, the real machine is used.";
 struct Args {
     shards: usize,
     synthetic: Option<String>,
-    xml: Option<String>,
+    xml: Option<std::path::PathBuf>,
     policy: Policy,
     sensitivity: u8,
     oversubscribe: bool,
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+/// Parses the command line. Arguments come as `OsString`s: `std::env::args` panicked on one
+/// that is not Unicode, and an XML file's path need not be.
+fn parse_args(mut it: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, String> {
     let mut args = Args {
         shards: 0,
         synthetic: None,
@@ -46,8 +48,16 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         oversubscribe: false,
     };
     while let Some(flag) = it.next() {
-        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
-        match flag.as_str() {
+        let mut raw = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        let mut value = |name: &str| {
+            raw(name)?
+                .into_string()
+                .map_err(|v| format!("{name} takes text, not {v:?}"))
+        };
+        let Some(flag) = flag.to_str() else {
+            return Err(format!("unknown argument {flag:?}"));
+        };
+        match flag {
             "--shards" => {
                 let v = value("--shards")?;
                 args.shards = v
@@ -55,7 +65,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     .map_err(|_| format!("--shards takes a number, not {v:?}"))?;
             }
             "--synthetic" => args.synthetic = Some(value("--synthetic")?),
-            "--xml" => args.xml = Some(value("--xml")?),
+            "--xml" => args.xml = Some(raw("--xml")?.into()),
             "--policy" => args.policy = value("--policy")?.parse().map_err(|e| format!("{e}"))?,
             "--sensitivity" => {
                 let v = value("--sensitivity")?;
@@ -97,7 +107,7 @@ fn run(args: &Args) -> xtc_numa::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
+    let args = match parse_args(std::env::args_os().skip(1)) {
         Ok(args) => args,
         Err(msg) => {
             if msg.is_empty() {
