@@ -30,6 +30,17 @@ pub enum Error {
         /// What would be accepted.
         expected: &'static str,
     },
+    /// The shard placement is impossible with inputs that came from the environment (each
+    /// valid alone, such as `XTC_SHARDS=4096` on a machine with 2 allowed CPUs).
+    #[error("{source} (from the environment: {vars}; change or unset them)")]
+    EnvPlacement {
+        /// The variables that fed the placement, as `NAME=value` separated by spaces.
+        vars: String,
+        /// Why the placement failed.
+        #[source]
+        source: xtc_numa::Error,
+    },
+
     /// A builder or knob argument is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

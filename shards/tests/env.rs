@@ -102,10 +102,27 @@ fn env_variables() {
         clear();
     }
 
-    // Too many shards without oversubscription: an Err that says what to do.
+    // Too many shards without oversubscription: an Err that says what to do, and names the
+    // variables the impossible placement came from (each value was valid alone, so the
+    // message named neither).
     clear();
     std::env::set_var("XTC_SHARDS", "4096");
     let e = Builder::from_env().unwrap().build().unwrap_err();
-    assert!(e.to_string().contains("4096"), "{e}");
+    assert!(matches!(e, Error::EnvPlacement { .. }), "{e:?}");
+    assert!(e.to_string().contains("XTC_SHARDS=4096"), "{e}");
+    std::env::set_var("XTC_PLACEMENT", "cpus:9999");
+    std::env::set_var("XTC_SHARDS", "1");
+    let e = Builder::from_env().unwrap().build().unwrap_err();
+    assert!(e.to_string().contains("XTC_PLACEMENT=cpus:9999"), "{e}");
+    // A setter after `env()` takes its variable's place: the error no longer blames it.
+    std::env::set_var("XTC_SHARDS", "4096");
+    std::env::remove_var("XTC_PLACEMENT");
+    let e = Builder::from_env()
+        .unwrap()
+        .shards(4097)
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, Error::Numa(_)), "{e:?}");
+    assert!(!e.to_string().contains("XTC_SHARDS"), "{e}");
     clear();
 }

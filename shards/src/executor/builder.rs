@@ -49,6 +49,10 @@ pub struct Builder {
     pub(crate) stall_budget: Duration,
     /// `None`: `XTC_IO` if set, else auto.
     pub(crate) io_driver: Option<crate::io::DriverChoice>,
+    /// The placement inputs that came from the environment (`XTC_SHARDS=4096`, ...), named in
+    /// the error when `build()` finds the placement impossible; a setter called after
+    /// [`env`](Builder::env) takes its variable off.
+    pub(crate) placement_env: Vec<(&'static str, String)>,
 }
 
 impl Default for Builder {
@@ -71,6 +75,7 @@ impl Default for Builder {
             preempt: Duration::ZERO,
             stall_budget: Duration::ZERO,
             io_driver: None,
+            placement_env: Vec::new(),
         }
     }
 }
@@ -96,6 +101,7 @@ impl Builder {
                 value: v.clone(),
                 expected: "a shard count (0 = one per allowed physical core)",
             })?;
+            self.note_env("XTC_SHARDS", v);
         }
         if let Some(v) = var("XTC_PLACEMENT") {
             self.placement = v.trim().parse().map_err(|_| Error::Env {
@@ -103,12 +109,14 @@ impl Builder {
                 value: v.clone(),
                 expected: "compact, spread, or cpus:0,2,4",
             })?;
+            self.note_env("XTC_PLACEMENT", v);
         }
         if let Some(v) = var("XTC_PIN") {
             self.pin = parse_bool("XTC_PIN", &v)?;
         }
         if let Some(v) = var("XTC_OVERSUBSCRIBE") {
             self.oversubscribe = parse_bool("XTC_OVERSUBSCRIBE", &v)?;
+            self.note_env("XTC_OVERSUBSCRIBE", v);
         }
         if let Some(v) = var("XTC_SERVICE_MODE") {
             self.service_mode = parse_bool("XTC_SERVICE_MODE", &v)?;
@@ -183,9 +191,19 @@ impl Builder {
         Ok(self)
     }
 
+    /// Records that placement input `var` came from the environment (or, with `None`, that a
+    /// setter replaced it).
+    fn note_env(&mut self, var: &'static str, value: impl Into<Option<String>>) {
+        self.placement_env.retain(|(v, _)| *v != var);
+        if let Some(value) = value.into() {
+            self.placement_env.push((var, value));
+        }
+    }
+
     /// Number of shards (loops); 0 means one per allowed physical core.
     pub fn shards(mut self, n: usize) -> Builder {
         self.shards = n;
+        self.note_env("XTC_SHARDS", None);
         self
     }
 
@@ -195,12 +213,14 @@ impl Builder {
     /// `build()` fails beyond that.
     pub fn oversubscribe(mut self, yes: bool) -> Builder {
         self.oversubscribe = yes;
+        self.note_env("XTC_OVERSUBSCRIBE", None);
         self
     }
 
     /// How shards are placed on CPUs (default [`Policy::Compact`]).
     pub fn placement(mut self, policy: Policy) -> Builder {
         self.placement = policy;
+        self.note_env("XTC_PLACEMENT", None);
         self
     }
 

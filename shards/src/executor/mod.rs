@@ -394,7 +394,17 @@ impl Executor {
                 crate::ring::MAX_RING_CAPACITY
             )));
         }
-        let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)?;
+        let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)
+            .map_err(|source| {
+                if b.placement_env.is_empty() {
+                    return Error::Numa(source);
+                }
+                let vars = b.placement_env.iter().map(|(k, v)| format!("{k}={v}"));
+                Error::EnvPlacement {
+                    vars: vars.collect::<Vec<_>>().join(" "),
+                    source,
+                }
+            })?;
         if !topology.is_synthetic() {
             crate::io::blocking::set_topology(topology.clone());
         }
