@@ -61,7 +61,11 @@ async fn client(addr: SocketAddr, id: usize, rounds: usize) -> std::io::Result<(
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    shared::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = shared::parse("--rounds", 1000, 7000)?;
     let exec = shared::executor()?;
     let shards = exec.shard_count();

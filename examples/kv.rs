@@ -289,7 +289,11 @@ async fn check_count(addr: SocketAddr, want: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    shared::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = shared::parse("--ops", 1000, 7001)?;
     let exec = shared::executor()?;
     let shards = exec.shard_count();

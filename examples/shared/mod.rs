@@ -139,3 +139,15 @@ where
     exec.run()?;
     Ok((failed.load(Ordering::Relaxed), t0.elapsed().as_secs_f64()))
 }
+
+/// What `main` returns for `result`: an error is printed as its message (xtc's errors include
+/// their causes), not as the `Debug` form a `Result` returned from `main` prints.
+pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
