@@ -316,6 +316,9 @@ impl Drop for Core {
 
 thread_local! {
     static CURRENT: Cell<*const Core> = const { Cell::new(ptr::null()) };
+    /// Loops of this thread that [`off_loop`] hides, innermost last: still alive, and still
+    /// the owners of their I/O drivers ([`with_own_core`]).
+    static HIDDEN: std::cell::RefCell<Vec<*const Core>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Makes `core` the current loop of this thread until the guard drops.
@@ -352,20 +355,47 @@ pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
 /// (`ExecShared::sweep`), which may happen inside a task of a running loop. Without it, those
 /// tasks' drops counted as finished on the running loop (`task_dropped`), and a `Drop` that
 /// spawned put its task on that unrelated loop. Restores the loop (and its turn) afterwards,
-/// also on unwind. Cost: two thread-local swaps each way.
+/// also on unwind. The hidden loop still owns its I/O driver: [`with_own_core`] finds it, so
+/// an I/O operation dropped meanwhile is cancelled on it rather than taken for an orphan of a
+/// driver that is gone (whose buffer was then freed under the kernel). Cost: two thread-local
+/// swaps and a push and pop each way.
 pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
     struct Restore(*const Core, u64);
     impl Drop for Restore {
         fn drop(&mut self) {
+            if !self.0.is_null() {
+                HIDDEN.with(|h| h.borrow_mut().pop());
+            }
             CURRENT.with(|c| c.set(self.0));
             TURN.with(|t| t.set(self.1));
         }
     }
-    let _restore = Restore(
+    let restore = Restore(
         CURRENT.with(|c| c.replace(ptr::null())),
         TURN.with(|t| t.replace(0)),
     );
+    if !restore.0.is_null() {
+        HIDDEN.with(|h| h.borrow_mut().push(restore.0));
+    }
     f()
+}
+
+/// The first `Some` that `f` gives for this thread's loops: the current one, then those
+/// [`off_loop`] hides (innermost first). For resources a loop owns that must reach it to be
+/// released soundly whatever user code runs meanwhile (its I/O driver's operations). Cost: a
+/// thread-local read; off the hot path, a scan of the hidden loops.
+pub(crate) fn with_own_core<R>(mut f: impl FnMut(&Core) -> Option<R>) -> Option<R> {
+    if let Some(r) = with_core(&mut f).flatten() {
+        return Some(r);
+    }
+    let hidden: Vec<*const Core> = HIDDEN.with(|h| h.borrow().clone());
+    hidden.iter().rev().find_map(|&p| {
+        // SAFETY: `off_loop` pushed `p` from `CURRENT`, which pointed at a `Core` alive while
+        // its `Enter` guard lives; that guard encloses the `off_loop` call, which pops `p`
+        // before it returns (also on unwind). So the `Core` is alive, and used by this thread
+        // alone (it is `!Sync`). The list was copied out, so `f` may hide loops itself.
+        f(unsafe { &*p })
+    })
 }
 
 /// Runs `f` with this thread's current loop, if any.

@@ -1785,3 +1785,68 @@ fn run_returns_after_a_read_with_an_allocating_waker_is_dropped() {
         },
     );
 }
+
+thread_local! {
+    /// A read future parked by the test, for [`DropsStash`] to drop.
+    static STASH: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>> = const { RefCell::new(None) };
+    /// An allocation made right after that drop: where a freed receive buffer would go again.
+    static AFTER: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+}
+
+const STASHED_CAP: usize = 512;
+
+/// `Send`, so it may ride in another executor's queued closure; its `Drop` drops the stashed
+/// read of this thread and allocates a buffer of the same size at once.
+struct DropsStash;
+
+impl Drop for DropsStash {
+    fn drop(&mut self) {
+        drop(STASH.with(|s| s.borrow_mut().take()));
+        AFTER.with(|a| *a.borrow_mut() = Some(vec![0xAA; STASHED_CAP]));
+    }
+}
+
+/// An executor dropped inside a task sweeps its queued tasks with this thread's loop hidden
+/// (`context::off_loop`), and their `Drop` is user code that may drop this loop's own I/O: a
+/// read whose receive the kernel holds. The driver lookup saw no loop and took the operation
+/// for an orphan of a driver that was gone: its buffer was freed with the receive still armed,
+/// and the kernel then wrote the peer's bytes into whatever took that memory next.
+#[test]
+fn io_dropped_while_its_loop_is_hidden_is_cancelled_on_it() {
+    on_each_driver(
+        "io_dropped_while_its_loop_is_hidden_is_cancelled_on_it",
+        1,
+        |driver| async move {
+            let (a_std, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+            // Keeps the socket open once `a` closes its descriptor.
+            let _a_dup = a_std.try_clone().unwrap();
+            let a = UnixStream::from_std(a_std).unwrap();
+            let mut read: Pin<Box<dyn Future<Output = ()>>> = Box::pin(async move {
+                let _ = a.read(Vec::<u8>::with_capacity(STASHED_CAP)).await;
+            });
+            poll_pending(read.as_mut()).await;
+            // The loop parks: the receive reaches the kernel.
+            sleep(Duration::from_millis(5)).await;
+            STASH.with(|s| *s.borrow_mut() = Some(read));
+            let other = xtc_shards::Executor::builder().shards(1).build().unwrap();
+            let hook = DropsStash;
+            other
+                .spawn_on(0, move || {
+                    let _hook = hook;
+                    async {}
+                })
+                .unwrap();
+            drop(other);
+            let after = AFTER
+                .with(|a| a.borrow_mut().take())
+                .expect("the sweep ran the drop");
+            std::io::Write::write_all(&mut b, &[b'K'; 64]).unwrap();
+            sleep(Duration::from_millis(50)).await;
+            let written = after.iter().filter(|&&c| c == b'K').count();
+            assert_eq!(
+                written, 0,
+                "[{driver}] the kernel wrote {written} bytes into memory nobody lent it"
+            );
+        },
+    );
+}

@@ -53,12 +53,13 @@ impl Source {
 
     fn deregister(&self) {
         if let Some((id, t)) = self.reg.take() {
-            context::with_core(|c| {
-                if let Reactor::Epoll(e) = &c.io {
-                    if e.id() == id {
-                        e.deregister(t);
-                    }
+            // Also on a loop `off_loop` hides: it still owns the registration.
+            context::with_own_core(|c| match &c.io {
+                Reactor::Epoll(e) if e.id() == id => {
+                    e.deregister(t);
+                    Some(())
                 }
+                _ => None,
             });
         }
     }
@@ -211,12 +212,12 @@ impl<F, D> Drop for Ready<'_, F, D> {
     fn drop(&mut self) {
         if let Some((driver, reg)) = self.reg.take() {
             if let Some((id, t)) = self.src.reg.get() {
-                context::with_core(|c| {
-                    if let Reactor::Epoll(e) = &c.io {
-                        if e.id() == id && id == driver {
-                            e.remove_waiter(t, self.dir, reg);
-                        }
+                context::with_own_core(|c| match &c.io {
+                    Reactor::Epoll(e) if e.id() == id && id == driver => {
+                        e.remove_waiter(t, self.dir, reg);
+                        Some(())
                     }
+                    _ => None,
                 });
             }
         }

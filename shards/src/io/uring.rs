@@ -1018,12 +1018,15 @@ impl<T> Op<T> {
     }
 }
 
+/// Runs `f` on driver `id` if it is alive: the current loop's, or that of a loop of this
+/// thread hidden by `context::off_loop` (the only other place it can be: a driver belongs to
+/// one thread and `Op`s are `!Send`). `None` means the driver is gone (rule 5).
 fn with_uring<R>(id: u64, f: impl FnOnce(&Uring) -> R) -> Option<R> {
-    context::with_core(|c| match &c.io {
-        super::Reactor::Uring(u) if u.id == id => Some(f(u)),
+    let mut f = Some(f);
+    context::with_own_core(|c| match &c.io {
+        super::Reactor::Uring(u) if u.id == id => f.take().map(|f| f(u)),
         _ => None,
     })
-    .flatten()
 }
 
 impl<T: 'static> Future for Op<T> {
