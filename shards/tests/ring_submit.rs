@@ -283,7 +283,7 @@ fn ring_capacity_zero_is_an_error() {
     // Tiny rings between thousands of shards: their slots are few, but each of the N·(N−1)
     // rings has its own bookkeeping (16.8 million rings, over 10 GiB here), and the victim
     // tables are N×N. They were not counted, and such a build ran out of memory.
-    let topo = xtc_numa::Topology::synthetic("pack:1 core:4096 pu:1").unwrap();
+    let topo = xtc_numa::Topology::synthetic("pack:4 core:1024 pu:1").unwrap();
     let t0 = std::time::Instant::now();
     let e = Executor::builder()
         .topology(topo)

@@ -648,3 +648,64 @@ fn an_idle_loop_keeps_stealing_while_the_spawner_computes() {
         "the idle loop stopped stealing while children were queued"
     );
 }
+
+/// Rule 4 again: a loop that finished a stolen child and then, in the same turn, spawns while
+/// the shared count reads zero or less. Its batch (−1 + 1) published nothing, so the spawn
+/// pinged nobody, and a loop parked without a tick left the new task in the busy loop's deque
+/// for the whole of that loop's poll. Every such spawn pings now.
+#[test]
+fn a_spawn_after_a_finish_in_the_same_turn_still_wakes_idle_loops() {
+    let ex = exec(3);
+    let per_shard: Arc<Vec<AtomicUsize>> = Arc::new((0..3).map(|_| AtomicUsize::new(0)).collect());
+    let spawner = Arc::new(AtomicBool::new(false));
+    // Whether the late child ran while its spawner still computed, and the spawner's shard.
+    let ran_meanwhile = Arc::new(AtomicBool::new(false));
+    let spawner_done = Arc::new(AtomicBool::new(false));
+    let (ps, sp, rm, sd) = (
+        per_shard.clone(),
+        spawner.clone(),
+        ran_meanwhile.clone(),
+        spawner_done.clone(),
+    );
+    ex.spawn_on(0, move || async move {
+        let parent = xtc_shards::spawn(async move {
+            let mut hs = Vec::new();
+            for _ in 0..4 {
+                let (ps, sp, rm, sd) = (ps.clone(), sp.clone(), rm.clone(), sd.clone());
+                hs.push(xtc_shards::spawn(async move {
+                    let k = ps[shard::id()].fetch_add(1, SeqCst);
+                    // The second child a loop runs (after finishing its first in this turn).
+                    if k == 1 && !sp.swap(true, SeqCst) {
+                        burn(Duration::from_millis(300));
+                        let done = sd.clone();
+                        let late = xtc_shards::spawn(async move {
+                            if !done.load(SeqCst) {
+                                rm.store(true, SeqCst);
+                            }
+                        });
+                        burn(Duration::from_millis(1500));
+                        sd.store(true, SeqCst);
+                        late.await.unwrap();
+                    } else {
+                        burn(Duration::from_millis(50));
+                    }
+                }));
+            }
+            burn(Duration::from_secs(3));
+            for h in hs {
+                h.await.unwrap();
+            }
+        });
+        parent.await.unwrap();
+    })
+    .unwrap();
+    run_or_fail(ex, Duration::from_secs(30), "late spawn").unwrap();
+    if !spawner.load(SeqCst) {
+        // No loop ran two children in a row here (scheduling differed): nothing to check.
+        return;
+    }
+    assert!(
+        ran_meanwhile.load(SeqCst),
+        "the late child waited in its busy spawner's deque while a loop idled"
+    );
+}

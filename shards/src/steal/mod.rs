@@ -366,7 +366,11 @@ fn live_add_here(core: &Core, delta: i64) {
     // that each loop writes once per turn.
     if delta > 0 && core.exec.migratable.live.load(Relaxed) <= 0 {
         core.migr_delta.set(0);
-        live_add_shared(&core.exec, pending);
+        core.exec.migratable.live.fetch_add(pending, SeqCst);
+        // Whatever the count reads now: this turn's batch may have held finishes too (a
+        // stolen child run before this spawn), so it can still read zero or less with this
+        // task queued, and a ping only on leaving zero reached nobody.
+        core.exec.unpark_all();
         return;
     }
     core.migr_delta.set(pending);
