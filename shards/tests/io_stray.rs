@@ -1795,6 +1795,19 @@ thread_local! {
 
 const STASHED_CAP: usize = 512;
 
+/// Drops `guard` on this thread while its loop is hidden (`context::off_loop`): queued in
+/// another executor's task, swept when that executor is dropped here.
+fn drop_in_a_sweep<G: Send + 'static>(guard: G) {
+    let other = xtc_shards::Executor::builder().shards(1).build().unwrap();
+    other
+        .spawn_on(0, move || {
+            let _guard = guard;
+            async {}
+        })
+        .unwrap();
+    drop(other);
+}
+
 /// `Send`, so it may ride in another executor's queued closure; its `Drop` drops the stashed
 /// read of this thread and allocates a buffer of the same size at once.
 struct DropsStash;
@@ -1828,15 +1841,7 @@ fn io_dropped_while_its_loop_is_hidden_is_cancelled_on_it() {
             // The loop parks: the receive reaches the kernel.
             sleep(Duration::from_millis(5)).await;
             STASH.with(|s| *s.borrow_mut() = Some(read));
-            let other = xtc_shards::Executor::builder().shards(1).build().unwrap();
-            let hook = DropsStash;
-            other
-                .spawn_on(0, move || {
-                    let _hook = hook;
-                    async {}
-                })
-                .unwrap();
-            drop(other);
+            drop_in_a_sweep(DropsStash);
             let after = AFTER
                 .with(|a| a.borrow_mut().take())
                 .expect("the sweep ran the drop");
@@ -1847,6 +1852,91 @@ fn io_dropped_while_its_loop_is_hidden_is_cancelled_on_it() {
                 written, 0,
                 "[{driver}] the kernel wrote {written} bytes into memory nobody lent it"
             );
+        },
+    );
+}
+
+thread_local! {
+    /// Reads parked by the test, for [`DropsReads`] to drop in order.
+    static READS: RefCell<Vec<Pin<Box<dyn Future<Output = ()>>>>> = const { RefCell::new(Vec::new()) };
+    /// A pool of this loop's, for [`DropsPool`] to drop.
+    static POOL: RefCell<Option<xtc_shards::io::FixedBufPool>> = const { RefCell::new(None) };
+}
+
+/// Drops the stashed reads, first to last.
+struct DropsReads;
+
+impl Drop for DropsReads {
+    fn drop(&mut self) {
+        for r in READS.with(|r| std::mem::take(&mut *r.borrow_mut())) {
+            drop(r);
+        }
+    }
+}
+
+/// Drops the stashed pool.
+struct DropsPool;
+
+impl Drop for DropsPool {
+    fn drop(&mut self) {
+        drop(POOL.with(|p| p.borrow_mut().take()));
+    }
+}
+
+/// Two owned reads of one stream, the second holding the receive that got the bytes, dropped
+/// while their loop is hidden: the drop reaps first so that a completed receive keeps its
+/// bytes for the next read. The reap saw no loop and did nothing, the completed receive was
+/// dropped as if in flight, and its bytes were lost.
+#[test]
+fn reads_dropped_while_their_loop_is_hidden_keep_their_bytes() {
+    on_each_driver(
+        "reads_dropped_while_their_loop_is_hidden_keep_their_bytes",
+        1,
+        |driver| async move {
+            let (a_std, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let a = Rc::new(UnixStream::from_std(a_std).unwrap());
+            let read = |a: Rc<UnixStream>| -> Pin<Box<dyn Future<Output = ()>>> {
+                Box::pin(async move {
+                    let _ = a.read(Vec::<u8>::with_capacity(64)).await;
+                })
+            };
+            let (mut r1, mut r2) = (read(a.clone()), read(a.clone()));
+            poll_pending(r1.as_mut()).await;
+            sleep(Duration::from_millis(5)).await;
+            poll_pending(r2.as_mut()).await;
+            sleep(Duration::from_millis(5)).await;
+            // Completed in the kernel's queue, not reaped yet.
+            std::io::Write::write_all(&mut b, b"hello").unwrap();
+            READS.with(|r| *r.borrow_mut() = vec![r2, r1]);
+            drop_in_a_sweep(DropsReads);
+            let (n, buf) = xtc_shards::time::timeout(
+                Duration::from_secs(2),
+                a.read(Vec::<u8>::with_capacity(64)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("[{driver}] the bytes were lost"));
+            assert_eq!(&buf[..n.unwrap()], b"hello", "[{driver}]");
+        },
+    );
+}
+
+/// A registered buffer pool dropped while its loop is hidden is unregistered: the lookup saw
+/// no loop and left the registration, so no pool could be registered on that loop again.
+#[test]
+fn a_pool_dropped_while_its_loop_is_hidden_is_unregistered() {
+    on_each_driver(
+        "a_pool_dropped_while_its_loop_is_hidden_is_unregistered",
+        1,
+        |driver| async move {
+            let pool = xtc_shards::io::FixedBufPool::register(4, 4096).unwrap();
+            POOL.with(|p| *p.borrow_mut() = Some(pool));
+            drop_in_a_sweep(DropsPool);
+            assert!(
+                POOL.with(|p| p.borrow().is_none()),
+                "the sweep ran the drop"
+            );
+            let again = xtc_shards::io::FixedBufPool::register(4, 4096);
+            assert!(again.is_ok(), "[{driver}] {:?}", again.err());
         },
     );
 }

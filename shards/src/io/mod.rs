@@ -273,18 +273,26 @@ pub(crate) fn off_loop() -> io::Error {
     )
 }
 
-/// Runs `f` with the current loop's reactor, or returns the reason there is none.
+/// Runs `f` with the reactor of this thread's loop, or returns the reason there is none. Also
+/// while `context::off_loop` hides the loop from the shard API: I/O objects are `!Send`, so
+/// this thread's loop is theirs, and a call made then (a stream's drop reaping its receive,
+/// resuming a write-behind send) must reach it: seeing no loop, a drop discarded a receive
+/// the kernel had completed.
 pub(crate) fn with_reactor<R>(f: impl FnOnce(&Reactor) -> io::Result<R>) -> io::Result<R> {
-    match context::with_core(|c| match &c.io {
-        Reactor::None(why) => Err(io::Error::other(why.clone())),
-        r => f(r),
+    let mut f = Some(f);
+    match context::with_own_core(|c| {
+        let f = f.take()?;
+        Some(match &c.io {
+            Reactor::None(why) => Err(io::Error::other(why.clone())),
+            r => f(r),
+        })
     }) {
         Some(r) => r,
         None => Err(off_loop()),
     }
 }
 
-/// Reaps the current loop's driver now: completions already in the kernel's queue reach
+/// Reaps this thread's loop's driver now: completions already in the kernel's queue reach
 /// their slots (and wake their tasks). For a drop deciding from whether its operation has
 /// finished (`Op::completed` sees only reaped completions). Nothing off a loop.
 pub(crate) fn reap_now() {

@@ -923,16 +923,13 @@ impl Uring {
 /// finish, then for the cancellations of whatever is left.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 
-/// Unregisters the fixed buffers of driver `id` if it is this thread's current loop's (a
-/// driver that is gone took its registration with it).
+/// Unregisters the fixed buffers of driver `id` if it is alive on this thread (also hidden by
+/// `context::off_loop`: a pool dropped then stayed registered, and no other could be); a
+/// driver that is gone took its registration with it.
 pub(crate) fn unregister_buffers(id: u64) {
-    context::with_core(|c| {
-        if let super::Reactor::Uring(u) = &c.io {
-            if u.id == id {
-                if let Err(e) = u.ring.borrow().submitter().unregister_buffers() {
-                    tracing::warn!("xtc: unregistering fixed buffers failed: {e}");
-                }
-            }
+    with_uring(id, |u| {
+        if let Err(e) = u.ring.borrow().submitter().unregister_buffers() {
+            tracing::warn!("xtc: unregistering fixed buffers failed: {e}");
         }
     });
 }

@@ -35,9 +35,16 @@ pub(crate) fn submit<T: 'static>(
     build: impl FnOnce(&mut T) -> io_uring::squeue::Entry,
 ) -> Result<Op<T>, (io::Error, T)> {
     let mut data = Some(data);
-    let r = crate::context::with_core(|c| match &c.io {
-        super::Reactor::Uring(u) => Some(u.submit(data.take().expect("taken once"), build)),
-        _ => None,
+    // This thread's loop (the first `with_own_core` finds, as `with_reactor`), also hidden by
+    // `context::off_loop`.
+    let mut build = Some(build);
+    let r = crate::context::with_own_core(|c| {
+        Some(match &c.io {
+            super::Reactor::Uring(u) => build
+                .take()
+                .map(|build| u.submit(data.take().expect("taken once"), build)),
+            _ => None,
+        })
     })
     .flatten();
     match r {
@@ -54,11 +61,10 @@ pub(crate) fn submit<T: 'static>(
 /// The registered-buffer index of `buf` if it is registered with this loop's io_uring.
 pub(crate) fn fixed_index<B: super::IoBuf>(buf: &B) -> Option<u16> {
     let (id, index) = buf.fixed_index()?;
-    crate::context::with_core(|c| match &c.io {
+    crate::context::with_own_core(|c| match &c.io {
         super::Reactor::Uring(u) if u.id() == id => Some(index),
         _ => None,
     })
-    .flatten()
 }
 
 /// `-1` → the thread's errno as `io::Error`.
