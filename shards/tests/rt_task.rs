@@ -542,3 +542,54 @@ fn an_aborted_handle_dropped_unawaited_still_cancels() {
     });
     assert_eq!(dropped.load(SeqCst), 1);
 }
+
+/// A task cancelled by a stop is not finished while its future's `Drop` still runs on its
+/// loop: async-task marks it closed before it drops the future, and `is_finished()` read that
+/// as finished, so code that waited for it could find the task's resources still held.
+#[test]
+fn is_finished_of_a_task_cancelled_by_a_stop_waits_for_its_drop() {
+    struct SlowDrop(Arc<AtomicBool>, Arc<AtomicBool>);
+    impl Drop for SlowDrop {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+            self.1.store(true, SeqCst);
+        }
+    }
+    let ex = exec(2);
+    ex.set_service_mode(true);
+    let (started, done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (s, d) = (started.clone(), done.clone());
+    let jh = ex
+        .spawn_on(1, move || async move {
+            let _slow = SlowDrop(s, d);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+    let h = ex.handle();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
+    while h.loop_stats(1).unwrap().polls < 1 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    h.stop();
+    let t0 = std::time::Instant::now();
+    while !started.load(SeqCst) {
+        assert!(t0.elapsed() < HANG, "the future was never dropped");
+        std::hint::spin_loop();
+    }
+    // The future's drop is under way on shard 1 (it takes 300 ms).
+    let finished = jh.is_finished();
+    let dropped = done.load(SeqCst);
+    rx.recv_timeout(HANG).expect("run() hung").unwrap();
+    runner.join().unwrap();
+    assert!(
+        !finished || dropped,
+        "is_finished() was true while the task's future was still being dropped"
+    );
+    assert!(jh.is_finished());
+    assert!(futures::executor::block_on(jh).unwrap_err().is_cancelled());
+}

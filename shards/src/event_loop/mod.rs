@@ -605,7 +605,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             let next = core.queue.borrow_mut().pop_front();
             match next {
                 Some(r) => {
-                    drop(r);
+                    crate::task::cancel(r);
                     dropped += 1;
                 }
                 None => break,
@@ -620,7 +620,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             steal::drop_local(core);
         }
         steal::flush_live(core);
-        drop(crate::class::drain(core));
+        crate::task::cancel_all(crate::class::drain(core));
         // Dropping futures may have sent wakes to other loops (into rings, or into the backlog
         // of a full ring) and registered end-of-turn signals: deliver them before this loop
         // may leave. A backlog left behind would be dropped with the ring ends, on this

@@ -699,7 +699,7 @@ impl ExecShared {
                 };
                 for l in &self.loops {
                     dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
-                    batch.clear();
+                    crate::task::cancel_all(batch.drain(..));
                 }
                 if dropped == 0 {
                     break;

@@ -181,7 +181,7 @@ impl Mesh {
         }
         // Outside the locks: dropping a closure may spawn again (into an inbox).
         let n = dropped.len();
-        drop(dropped);
+        crate::task::cancel_all(dropped);
         n
     }
 
@@ -214,7 +214,7 @@ impl Mesh {
         }
         // Outside the locks: dropping a closure may spawn again (into an inbox).
         let n = dropped.len();
-        drop(dropped);
+        crate::task::cancel_all(dropped);
         n
     }
 

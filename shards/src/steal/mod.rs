@@ -100,7 +100,7 @@ impl StealShared {
         loop {
             match self.injector.steal() {
                 crossbeam_deque::Steal::Success(r) => {
-                    drop(r);
+                    crate::task::cancel(r);
                     dropped += 1;
                 }
                 crossbeam_deque::Steal::Retry => continue,
@@ -211,7 +211,7 @@ impl Migratable {
             let taken = lock(w).take();
             if let Some(worker) = taken {
                 while let Some(r) = worker.pop() {
-                    drop(r);
+                    crate::task::cancel(r);
                     dropped += 1;
                 }
                 *lock(w) = Some(worker);
@@ -504,11 +504,11 @@ pub(crate) fn schedule(r: Runnable) {
         };
         match r.metadata().home.exec().upgrade() {
             Some(e) => {
-                let last = (r.metadata().last.load(Relaxed) as usize).min(e.loops.len() - 1);
+                let last = r.metadata().last_loop().min(e.loops.len() - 1);
                 inject(&e.loops[last], r);
             }
             // The executor is gone: the future is `Send`, dropping it here is fine.
-            None => drop(r),
+            None => crate::task::cancel(r),
         }
     }
 }
@@ -774,7 +774,7 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
 /// Drops every migratable task queued on this loop (stop).
 pub(crate) fn drop_local(core: &Core) {
     while let Some(r) = next_local(core) {
-        drop(r);
+        crate::task::cancel(r);
     }
 }
 

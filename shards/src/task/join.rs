@@ -115,11 +115,14 @@ impl<T> JoinHandle<T> {
         r
     }
 
-    /// Whether the task has completed (or been cancelled and dropped). Cost: one atomic load;
-    /// after [`abort`](Self::abort), one poll of the cancellation.
+    /// Whether the task has completed (or been cancelled and its future dropped: a task
+    /// cancelled by a stop is not finished while its future's `Drop` still runs). Cost: two
+    /// atomic loads; after [`abort`](Self::abort), one poll of the cancellation.
     pub fn is_finished(&self) -> bool {
         self.with(|state| match state {
-            State::Live(task, _) => task.is_finished(),
+            // SAFETY: `meta` points into the header of the task this handle holds (see
+            // `State::Live`), and `TaskMeta`'s fields are atomics.
+            State::Live(task, meta) => task.is_finished() && !unsafe { &**meta }.cancel_dropping(),
             State::Aborted(a) => {
                 let waker = a.waker.clone().unwrap_or_else(|| Waker::noop().clone());
                 a.poll_over(&mut Context::from_waker(&waker))

@@ -50,7 +50,13 @@ use std::{
     task::{Context, Poll},
 };
 
-use crate::{event_loop::LoopShared, sync::AtomicU32};
+use crate::{
+    event_loop::LoopShared,
+    sync::{
+        AtomicU32,
+        Ordering::{Acquire, Relaxed, Release},
+    },
+};
 
 /// What a task's output slot holds: the value, or the panic that ended it.
 ///
@@ -103,9 +109,11 @@ pub(crate) struct TaskMeta {
     pub(crate) info: TaskInfo,
     /// Scheduling class on the owning loop (`class.rs`); 0 = the default lane.
     pub(crate) class: AtomicU32,
-    /// Migratable tasks: the loop it last ran on (steal/mod.rs rule 1). 32 bits, like `class`,
-    /// so the two share one word: the header is what keeps a trivial task within glibc's
-    /// fast bins (`tests/task_alloc.rs`).
+    /// Migratable tasks: the loop it last ran on (steal/mod.rs rule 1; read it with
+    /// [`last_loop`](Self::last_loop)). Its top bit, [`CANCEL_DROPPING`], is set while
+    /// [`cancel`] drops the task's future (any task). 32 bits, like `class`, so the two share
+    /// one word: the header is what keeps a trivial task within glibc's fast bins
+    /// (`tests/task_alloc.rs`).
     pub(crate) last: AtomicU32,
     /// The task's home loop. Pinned tasks: their owner, where [`schedule`] sends them.
     /// Migratable tasks: the loop they were spawned on, whose `LoopShared::exec` (a weak
@@ -118,7 +126,33 @@ pub(crate) struct TaskMeta {
     pub(crate) home: Arc<LoopShared>,
 }
 
+/// The bit of `TaskMeta::last` set while [`cancel`] drops a task's future. Only the holder of
+/// a task's `Runnable` writes `last`, so a plain load and store set and clear it.
+const CANCEL_DROPPING: u32 = 1 << 31;
+
 impl TaskMeta {
+    /// The loop a migratable task last ran on (its home loop's index for a pinned task).
+    pub(crate) fn last_loop(&self) -> usize {
+        (self.last.load(Relaxed) & !CANCEL_DROPPING) as usize
+    }
+
+    fn set_cancel_dropping(&self, on: bool) {
+        let last = self.last.load(Relaxed);
+        let last = if on {
+            last | CANCEL_DROPPING
+        } else {
+            last & !CANCEL_DROPPING
+        };
+        self.last.store(last, Release);
+    }
+
+    /// Whether [`cancel`] is dropping the task's future right now: async-task marks a task
+    /// closed before it drops the future, so [`JoinHandle::is_finished`] asks this too. Cost:
+    /// one load.
+    pub(crate) fn cancel_dropping(&self) -> bool {
+        self.last.load(Acquire) & CANCEL_DROPPING != 0
+    }
+
     pub(crate) fn new(info: TaskInfo, class: u32, last: usize, home: Arc<LoopShared>) -> TaskMeta {
         TaskMeta {
             info,
@@ -304,6 +338,32 @@ pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
     if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
         std::mem::forget(again);
     }
+}
+
+/// Drops `r` instead of running it (a stop, a sweep of what is queued): async-task cancels the
+/// task and drops its future here. While that drop runs the task's [`JoinHandle`] is not
+/// finished: async-task marks the task closed first, which `is_finished` read as finished
+/// while the future's `Drop` (a lock, a socket it releases) still ran; as for an aborted
+/// handle, and as in tokio, finished means dropped. Every site that drops a `Runnable` goes
+/// through here. Cost: a waker clone and drop (two reference-count updates, so the header
+/// outlives the drop) and two stores; never on the path of a task that runs.
+pub(crate) fn cancel(r: Runnable) {
+    let keep = r.waker();
+    let meta: *const TaskMeta = r.metadata();
+    // SAFETY: `meta` points into the header of `r`'s task, which `keep` (a reference) keeps
+    // alive until after the last use below; `TaskMeta`'s fields are atomics, and only the
+    // holder of the `Runnable` (this function, until the drop) writes `last`.
+    unsafe { (*meta).set_cancel_dropping(true) };
+    drop(r);
+    // SAFETY: as above; the `Runnable` is gone, and no other holder exists to write `last`
+    // (a wake of a closed task schedules nothing).
+    unsafe { (*meta).set_cancel_dropping(false) };
+    drop(keep);
+}
+
+/// [`cancel`] for each of `rs`.
+pub(crate) fn cancel_all(rs: impl IntoIterator<Item = Runnable>) {
+    rs.into_iter().for_each(cancel);
 }
 
 /// The schedule function of a pinned task, owned by its home loop (rule 1).
