@@ -316,9 +316,13 @@ impl Drop for Core {
 
 thread_local! {
     static CURRENT: Cell<*const Core> = const { Cell::new(ptr::null()) };
-    /// Loops of this thread that [`off_loop`] hides, innermost last: still alive, and still
-    /// the owners of their I/O drivers ([`with_own_core`]).
-    static HIDDEN: std::cell::RefCell<Vec<*const Core>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The innermost loop of this thread that [`off_loop`] hides (a list through the
+    /// `Hidden` nodes on `off_loop`'s stack frames): still alive, and still the owner of its I/O
+    /// driver ([`with_own_core`]). A raw pointer, so the thread-local has no destructor: I/O
+    /// objects may be dropped by other thread-locals' destructors at thread exit, after a
+    /// destructor of this one would have run (reading it then panicked, and the process
+    /// aborted).
+    static HIDDEN: Cell<*const Hidden> = const { Cell::new(ptr::null()) };
 }
 
 /// Makes `core` the current loop of this thread until the guard drops.
@@ -360,24 +364,43 @@ pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
 /// driver that is gone (whose buffer was then freed under the kernel). Cost: two thread-local
 /// swaps and a push and pop each way.
 pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(*const Core, u64);
+    struct Restore {
+        current: *const Core,
+        turn: u64,
+        /// `HIDDEN` before this call.
+        outer: *const Hidden,
+    }
     impl Drop for Restore {
         fn drop(&mut self) {
-            if !self.0.is_null() {
-                HIDDEN.with(|h| h.borrow_mut().pop());
-            }
-            CURRENT.with(|c| c.set(self.0));
-            TURN.with(|t| t.set(self.1));
+            HIDDEN.with(|h| h.set(self.outer));
+            CURRENT.with(|c| c.set(self.current));
+            TURN.with(|t| t.set(self.turn));
         }
     }
-    let restore = Restore(
-        CURRENT.with(|c| c.replace(ptr::null())),
-        TURN.with(|t| t.replace(0)),
-    );
-    if !restore.0.is_null() {
-        HIDDEN.with(|h| h.borrow_mut().push(restore.0));
+    let current = CURRENT.with(|c| c.replace(ptr::null()));
+    let outer = HIDDEN.with(Cell::get);
+    // On this frame, and declared before `_restore`, which takes it out of the list (also on
+    // unwind) before it goes.
+    let node = Hidden {
+        core: current,
+        outer,
+    };
+    let _restore = Restore {
+        current,
+        turn: TURN.with(|t| t.replace(0)),
+        outer,
+    };
+    if !current.is_null() {
+        HIDDEN.with(|h| h.set(&node));
     }
     f()
+}
+
+/// A loop hidden by [`off_loop`], in the `HIDDEN` list.
+struct Hidden {
+    core: *const Core,
+    /// The next one out (hidden by an enclosing `off_loop`).
+    outer: *const Hidden,
 }
 
 /// The first `Some` that `f` gives for this thread's loops: the current one, then those
@@ -388,14 +411,22 @@ pub(crate) fn with_own_core<R>(mut f: impl FnMut(&Core) -> Option<R>) -> Option<
     if let Some(r) = with_core(&mut f).flatten() {
         return Some(r);
     }
-    let hidden: Vec<*const Core> = HIDDEN.with(|h| h.borrow().clone());
-    hidden.iter().rev().find_map(|&p| {
-        // SAFETY: `off_loop` pushed `p` from `CURRENT`, which pointed at a `Core` alive while
-        // its `Enter` guard lives; that guard encloses the `off_loop` call, which pops `p`
-        // before it returns (also on unwind). So the `Core` is alive, and used by this thread
-        // alone (it is `!Sync`). The list was copied out, so `f` may hide loops itself.
-        f(unsafe { &*p })
-    })
+    let mut node = HIDDEN.with(Cell::get);
+    while !node.is_null() {
+        // SAFETY: `off_loop` put `node` in the list from its own stack frame and takes it out
+        // (its `Restore` guard, also on unwind) before that frame goes; we are inside that
+        // call, so the node is alive. Its `core` came from `CURRENT`, which pointed at a `Core`
+        // alive while its `Enter` guard lives, and that guard encloses the `off_loop` call: the
+        // `Core` is alive too, and used by this thread alone (it is `!Sync`). `f` may hide
+        // loops itself: that only links new nodes in front of this one.
+        let (core, outer) = unsafe { ((*node).core, (*node).outer) };
+        // SAFETY: see above.
+        if let Some(r) = f(unsafe { &*core }) {
+            return Some(r);
+        }
+        node = outer;
+    }
+    None
 }
 
 /// Runs `f` with this thread's current loop, if any.

@@ -1940,3 +1940,57 @@ fn a_pool_dropped_while_its_loop_is_hidden_is_unregistered() {
         },
     );
 }
+
+thread_local! {
+    /// A stream kept past its loop, dropped by this thread-local's destructor at thread exit.
+    static KEPT_STREAM: RefCell<Option<UnixStream>> = const { RefCell::new(None) };
+}
+
+/// A stream in a thread-local is dropped by that thread-local's destructor at thread exit,
+/// after its loop is gone; its driver lookup must not touch a thread-local that is already
+/// destroyed. The list of loops `off_loop` hides was a thread-local with a destructor, read
+/// by every lookup off a loop: the drop panicked inside a destructor, which aborts the
+/// process. With `pending`, a read is dropped first, so the stream also keeps a receive.
+fn a_stream_in_a_thread_local_is_dropped_at_thread_exit(pending: bool) {
+    std::thread::spawn(move || {
+        let ex = xtc_shards::LocalExecutor::new().unwrap();
+        let other = ex.block_on(async move {
+            let pair = |data: bool| {
+                let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+                if data {
+                    std::io::Write::write_all(&mut b, b"x").unwrap();
+                }
+                (UnixStream::from_std(a).unwrap(), b)
+            };
+            let (kept, peer1) = pair(!pending);
+            if pending {
+                let mut read = Box::pin(kept.read(Vec::with_capacity(8)));
+                poll_pending(read.as_mut()).await;
+            } else {
+                let _ = kept.read(Vec::with_capacity(8)).await;
+            }
+            // This thread-local's destructor is registered now, before any lookup off a loop.
+            KEPT_STREAM.with(|k| *k.borrow_mut() = Some(kept));
+            // Used, so that its drop off the loop has a driver to look up.
+            let (other, peer2) = pair(true);
+            let _ = other.read(Vec::with_capacity(8)).await;
+            std::mem::forget((peer1, peer2));
+            other
+        });
+        // A lookup off any loop (the stream's driver is gone).
+        drop(other);
+        drop(ex);
+    })
+    .join()
+    .expect("the thread exited cleanly");
+}
+
+#[test]
+fn a_stream_in_a_thread_local_is_dropped_at_thread_exit_after_a_read() {
+    a_stream_in_a_thread_local_is_dropped_at_thread_exit(false);
+}
+
+#[test]
+fn a_stream_in_a_thread_local_is_dropped_at_thread_exit_with_a_kept_receive() {
+    a_stream_in_a_thread_local_is_dropped_at_thread_exit(true);
+}
