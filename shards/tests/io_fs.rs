@@ -693,3 +693,100 @@ fn a_dropped_fifo_write_larger_than_the_room_writes_nothing_after_the_drop() {
         );
     });
 }
+
+/// Runs `exec` on a scoped thread; `None` if it had not returned after `limit` (then it is
+/// stopped, so the test can fail instead of hang).
+fn run_within(exec: &xtc_shards::Executor, limit: Duration) -> Option<xtc_shards::Result<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = exec.handle();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = tx.send(exec.run());
+        });
+        match rx.recv_timeout(limit) {
+            Ok(r) => Some(r),
+            Err(_) => {
+                h.stop();
+                let _ = rx.recv_timeout(Duration::from_secs(60));
+                None
+            }
+        }
+    })
+}
+
+/// A file operation that finished but whose future its task never polls again wakes nobody:
+/// a deadlock, reported as on io_uring. The epoll driver counted the job until its result was
+/// taken, so the loop never looked idle and `run()` hung.
+#[test]
+fn a_deadlock_behind_a_finished_unpolled_file_op_is_reported() {
+    each_driver(
+        "a_deadlock_behind_a_finished_unpolled_file_op_is_reported",
+        1,
+        |b| b.deadlock_grace(Some(Duration::from_millis(200))),
+        |driver, exec| {
+            let path = temp_path("deadlock-unpolled");
+            let _cleanup = Cleanup(path.clone());
+            std::fs::write(&path, b"hello").unwrap();
+            let p = path.clone();
+            exec.spawn_on(0, move || async move {
+                let f = File::open(&p).await.unwrap();
+                // One whose first poll finds it unfinished (a pool job can be that quick).
+                let mut op = Box::pin(f.metadata());
+                let mut tries = 0;
+                while futures::FutureExt::now_or_never(op.as_mut()).is_some() {
+                    tries += 1;
+                    assert!(
+                        tries < 1000,
+                        "every metadata call finished at its first poll"
+                    );
+                    op = Box::pin(f.metadata());
+                }
+                // The job ends meanwhile; its future is kept and never polled again.
+                xtc_shards::time::sleep(Duration::from_millis(50)).await;
+                let _keep = op;
+                std::future::pending::<()>().await;
+            })
+            .unwrap();
+            match run_within(&exec, Duration::from_secs(20)) {
+                Some(Err(xtc_shards::Error::Deadlock { .. })) => {}
+                other => {
+                    panic!("[{driver}] expected a deadlock report, got {other:?} (None: hung)")
+                }
+            }
+        },
+    );
+}
+
+/// `block_on` returns only after a dropped write's job ended (or a second passed), as an
+/// io_uring driver waits for its operations: on epoll the pool's `pwrite` went on writing the
+/// file after `block_on` had returned.
+#[test]
+fn block_on_returns_after_a_dropped_write_settled() {
+    each_driver(
+        "block_on_returns_after_a_dropped_write_settled",
+        1,
+        |b| b,
+        |driver, exec| {
+            let path = temp_path("dropped-write-settles");
+            let _cleanup = Cleanup(path.clone());
+            let p = path.clone();
+            exec.block_on(move || async move {
+                let f = File::create(&p).await.unwrap();
+                let big = vec![7u8; 64 << 20];
+                let writer = xtc_shards::spawn_local(async move {
+                    let _ = f.write_at(big, 0).await;
+                });
+                xtc_shards::time::sleep(Duration::from_millis(20)).await;
+                drop(writer);
+            })
+            .unwrap();
+            let at_return = std::fs::metadata(&path).unwrap().len();
+            std::thread::sleep(Duration::from_millis(500));
+            let later = std::fs::metadata(&path).unwrap().len();
+            assert_eq!(
+                at_return, later,
+                "[{driver}] the write went on after block_on returned"
+            );
+        },
+    );
+}

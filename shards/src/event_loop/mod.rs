@@ -655,5 +655,9 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             }
         }
     }
+    // Blocking-pool jobs of dropped file operations (epoll driver) still writing: the loop
+    // leaves once they end, or after a second, as an io_uring driver's drop waits for its
+    // operations.
+    crate::io::blocking::settle();
     publish_counts(core, 0);
 }

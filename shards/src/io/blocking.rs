@@ -18,13 +18,16 @@
 //! waits for them before it counts as idle, as it waits for an io_uring completion.
 
 use std::{
-    cell::{Cell, RefCell},
+    cell::RefCell,
     collections::VecDeque,
     future::Future,
     io,
     marker::PhantomData,
     pin::Pin,
-    sync::{Arc, Condvar, Mutex, OnceLock},
+    sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc, Condvar, Mutex, OnceLock,
+    },
     task::{Context, Poll, Waker},
     time::Duration,
 };
@@ -84,9 +87,13 @@ fn pool() -> &'static Pool {
 }
 
 thread_local! {
-    /// Jobs started from this thread's loop and not yet collected (quiescence: a loop waiting on
-    /// one is not idle for good).
-    static IN_FLIGHT: Cell<usize> = const { Cell::new(0) };
+    /// Jobs started from this thread's loop that have not ended (queued or running, their
+    /// future alive or abandoned): a loop with one is not idle for good, as its result (or its
+    /// effect on a file) is still to come. A job takes itself off when it ends, after its
+    /// wake-up went out (which the loop's inbox then counts). Counting until the result was
+    /// *taken* instead kept a loop whose task never polled a finished job busy for good: its
+    /// deadlock was never reported.
+    static PENDING: std::cell::OnceCell<Arc<AtomicUsize>> = const { std::cell::OnceCell::new() };
     /// Loop threads: the controls of this loop's abandoned jobs (their future was dropped
     /// before their result came) that may still run. Their `pwrite` or `open` may still land,
     /// so the loop is not idle until they end ([`abandoned`]); nothing wakes the loop then, so
@@ -315,9 +322,46 @@ fn job_cancelled() -> bool {
 /// How often a loop with abandoned jobs (`ABANDONED`) looks whether they ended.
 const ABANDONED_RECHECK: Duration = Duration::from_millis(1);
 
-/// Jobs of this thread's loop in the pool, the abandoned ones included.
+/// This thread's count of jobs that have not ended (`PENDING`); `None` while the thread-local
+/// is being destroyed at thread exit.
+fn pending() -> Option<Arc<AtomicUsize>> {
+    PENDING
+        .try_with(|p| p.get_or_init(Default::default).clone())
+        .ok()
+}
+
+/// Jobs of this thread's loop in the pool that have not ended, the abandoned ones included.
 pub(crate) fn in_flight() -> usize {
-    IN_FLIGHT.with(|c| c.get()) + abandoned()
+    PENDING
+        .try_with(|p| p.get().map_or(0, |n| n.load(SeqCst)))
+        .unwrap_or(0)
+}
+
+/// How long a loop that stops waits for its jobs that still run (abandoned ones: every task
+/// was dropped), as an io_uring driver waits for its operations: a `pwrite` of a dropped write
+/// must not land after `block_on` or `run()` returned.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+
+/// A stopping loop's wait for its jobs (see [`SHUTDOWN_WAIT`]): signals the abandoned ones
+/// (a blocked `open` of a FIFO gives up) and looks again every [`ABANDONED_RECHECK`]. Logs
+/// the jobs still running when it gives up. Cost: nothing when no job runs.
+pub(crate) fn settle() {
+    if in_flight() == 0 {
+        return;
+    }
+    let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
+    while in_flight() > 0 {
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(
+                "xtc: {} blocking file operation(s) of a stopping loop still run after {:?};                  leaving them",
+                in_flight(),
+                SHUTDOWN_WAIT
+            );
+            return;
+        }
+        interrupt_abandoned();
+        std::thread::sleep(ABANDONED_RECHECK);
+    }
 }
 
 /// Jobs of this thread's loop whose future is gone but which still run (those that ended
@@ -376,11 +420,12 @@ struct Slot<R> {
     waker: Option<Waker>,
 }
 
-/// The future of a pool job; `!Send` (it counts in its loop's in-flight jobs).
+/// The future of a pool job; `!Send` (its job counts in its loop's, this thread's, jobs).
 pub(crate) struct Blocking<R> {
     slot: Arc<Mutex<Slot<io::Result<R>>>>,
     ctl: Arc<Ctl>,
-    counted: bool,
+    /// Its result was taken.
+    collected: bool,
     _local: PhantomData<*const ()>,
 }
 
@@ -395,7 +440,23 @@ pub(crate) fn run<R: Send + 'static>(
     let theirs = slot.clone();
     let ctl = Arc::new(Ctl::default());
     let their_ctl = ctl.clone();
+    /// Takes its job off its loop's count when the job ends (runs, is skipped, or is dropped
+    /// unrun), after the job's wake-up went out.
+    struct Ended(Option<Arc<AtomicUsize>>);
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            if let Some(n) = &self.0 {
+                n.fetch_sub(1, SeqCst);
+            }
+        }
+    }
+    let counter = pending();
+    if let Some(n) = &counter {
+        n.fetch_add(1, SeqCst);
+    }
+    let ended = Ended(counter);
     let job: Job = Box::new(move || {
+        let _ended = ended;
         let start = {
             let mut c = lock(&their_ctl.state);
             if !c.cancelled {
@@ -480,20 +541,11 @@ pub(crate) fn run<R: Send + 'static>(
     } else {
         pool.cv.notify_one();
     }
-    IN_FLIGHT.with(|c| c.set(c.get() + 1));
     Blocking {
         slot,
         ctl,
-        counted: true,
+        collected: false,
         _local: PhantomData,
-    }
-}
-
-impl<R> Blocking<R> {
-    fn uncount(&mut self) {
-        if std::mem::take(&mut self.counted) {
-            IN_FLIGHT.with(|c| c.set(c.get() - 1));
-        }
     }
 }
 
@@ -513,7 +565,7 @@ impl<R> Future for Blocking<R> {
         };
         match r {
             Some(r) => {
-                self.uncount();
+                self.collected = true;
                 Poll::Ready(r)
             }
             None => Poll::Pending,
@@ -523,16 +575,18 @@ impl<R> Future for Blocking<R> {
 
 impl<R> Drop for Blocking<R> {
     fn drop(&mut self) {
-        if self.counted {
+        if !self.collected && !lock(&self.ctl.state).done {
             // Still queued or running: cancelled (see the module docs). Until it ends it keeps
-            // the loop from quiescence, as its effect may still land (`abandoned`).
+            // the loop from quiescence (`PENDING`), as its effect may still land; the loop
+            // looks at it again soon (`abandoned`).
             lock(&self.ctl.state).cancelled = true;
             if interrupt(&self.ctl) {
                 wait_call(&self.ctl);
-                ABANDONED.with(|v| v.borrow_mut().push(self.ctl.clone()));
+                // `try_with`: a future dropped by another thread-local's destructor at thread
+                // exit, after this one's, must not panic there (that aborts the process).
+                let _ = ABANDONED.try_with(|v| v.borrow_mut().push(self.ctl.clone()));
             }
         }
-        self.uncount();
     }
 }
 
