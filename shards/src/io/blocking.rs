@@ -15,7 +15,8 @@
 //! the signal unblocked only there, and a cancel waits for a call that already found its
 //! descriptor ready ([`when_ready`]): a dropped read takes no byte written after the drop.
 //! Calls the kernel does not interrupt (a `pwrite` to a disk file) complete, and the loop
-//! waits for them before it counts as idle, as it waits for an io_uring completion.
+//! waits for them before it counts as idle, as it waits for an io_uring completion, and a
+//! stopping loop waits for them (up to [`SHUTDOWN_WAIT`]) before it leaves ([`settle`]).
 
 use std::{
     cell::RefCell,
