@@ -790,3 +790,41 @@ fn block_on_returns_after_a_dropped_write_settled() {
         },
     );
 }
+
+/// A file operation whose future outlives its `block_on` (returned out of it, still running:
+/// an `open` of a FIFO nobody writes) is its owner's to await: a later, unrelated `block_on` on
+/// the thread does not wait for it. The stopping loop waited for every pool job of its thread,
+/// so each later `block_on` returned a second late.
+#[test]
+fn a_later_block_on_does_not_wait_for_an_earlier_runs_live_file_op() {
+    let (path, _cleanup) = fifo("escaped-open");
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let p = path.clone();
+    // The run hands the still-pending open out, unawaited: what the test is about.
+    #[allow(clippy::async_yields_async)]
+    let kept = ex.block_on(async move {
+        let mut open: std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<File>>>> =
+            Box::pin(async move { OpenOptions::new().write(true).open(&p).await });
+        assert!(futures::FutureExt::now_or_never(open.as_mut()).is_none());
+        open
+    });
+    let mut worst = Duration::ZERO;
+    for _ in 0..3 {
+        let t0 = std::time::Instant::now();
+        ex.block_on(async {});
+        worst = worst.max(t0.elapsed());
+    }
+    // A reader releases the blocked open (on the epoll driver's pool).
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path);
+        drop(kept);
+    }
+    assert!(
+        worst < Duration::from_millis(500),
+        "an unrelated block_on took {worst:?}: it waited for an earlier run's file operation"
+    );
+}

@@ -178,7 +178,7 @@ fn interrupt(ctl: &Ctl) -> bool {
 
 /// Signals this loop's abandoned jobs that still run, and forgets those that ended.
 fn interrupt_abandoned() {
-    ABANDONED.with(|v| v.borrow_mut().retain(|ctl| interrupt(ctl)));
+    let _ = ABANDONED.try_with(|v| v.borrow_mut().retain(|ctl| interrupt(ctl)));
 }
 
 /// Runs a pool job's blocking call, retrying `EINTR` unless the job was cancelled (then the
@@ -343,19 +343,20 @@ pub(crate) fn in_flight() -> usize {
 /// must not land after `block_on` or `run()` returned.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 
-/// A stopping loop's wait for its jobs (see [`SHUTDOWN_WAIT`]): signals the abandoned ones
-/// (a blocked `open` of a FIFO gives up) and looks again every [`ABANDONED_RECHECK`]. Logs
-/// the jobs still running when it gives up. Cost: nothing when no job runs.
+/// A stopping loop's wait for its abandoned jobs, those whose future was dropped (see
+/// [`SHUTDOWN_WAIT`]): signals them (a blocked `open` of a FIFO gives up) and looks again every
+/// [`ABANDONED_RECHECK`]. Logs the jobs still running when it gives up. A job whose future is
+/// still alive (kept past the run, in a thread-local or returned from `block_on`) is its
+/// owner's to await, not waited for: waiting for every job of the thread made each later
+/// `block_on` on it a second late. Cost: a thread-local read when none was abandoned.
 pub(crate) fn settle() {
-    if in_flight() == 0 {
-        return;
-    }
     let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
-    while in_flight() > 0 {
+    while abandoned() > 0 {
         if std::time::Instant::now() >= deadline {
             tracing::warn!(
-                "xtc: {} blocking file operation(s) of a stopping loop still run after {:?};                  leaving them",
-                in_flight(),
+                "xtc: {} dropped blocking file operation(s) of a stopping loop still run after \
+                 {:?}; leaving them",
+                abandoned(),
                 SHUTDOWN_WAIT
             );
             return;
@@ -368,11 +369,14 @@ pub(crate) fn settle() {
 /// Jobs of this thread's loop whose future is gone but which still run (those that ended
 /// are forgotten here). Cost: a thread-local borrow, and a lock per abandoned job.
 fn abandoned() -> usize {
-    ABANDONED.with(|v| {
-        let mut v = v.borrow_mut();
-        v.retain(|ctl| !lock(&ctl.state).done);
-        v.len()
-    })
+    // `try_with`: at thread exit, after this thread-local is gone, nothing is abandoned.
+    ABANDONED
+        .try_with(|v| {
+            let mut v = v.borrow_mut();
+            v.retain(|ctl| !lock(&ctl.state).done);
+            v.len()
+        })
+        .unwrap_or(0)
 }
 
 /// The loop's park `timeout`, cut to [`ABANDONED_RECHECK`] while an abandoned job runs: its
