@@ -16,7 +16,8 @@
 //! descriptor ready ([`when_ready`]): a dropped read takes no byte written after the drop.
 //! Calls the kernel does not interrupt (a `pwrite` to a disk file) complete, and the loop
 //! waits for them before it counts as idle, as it waits for an io_uring completion, and a
-//! stopping loop waits for them (up to [`SHUTDOWN_WAIT`]) before it leaves ([`settle`]).
+//! stopping loop waits for those of dropped operations (up to [`SHUTDOWN_WAIT`]) before it
+//! leaves ([`settle`]).
 
 use std::{
     cell::RefCell,
