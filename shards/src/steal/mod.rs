@@ -360,10 +360,10 @@ fn live_add_here(core: &Core, delta: i64) {
     // once (rule 4): loops may be parked without an idle tick, and must start looking before
     // this turn ends. The count reads so not only when no task is alive: a thief that ran
     // some of this loop's fresh spawns publishes their ends at the end of its own turn, while
-    // their starts still wait in this loop's batch. Comparing with the shared count alone
-    // (not plus this batch), a spawner in one long poll pinged nobody and its later spawns
-    // sat in its deque, the idle loops parked, until its turn ended. Cost: a load of a line
-    // that each loop writes once per turn.
+    // their starts still wait in this loop's batch. Compared with the shared count plus this
+    // batch (as it was), that case looked alive, so a spawner in one long poll pinged nobody
+    // and its later spawns sat in its deque, the idle loops parked, until its turn ended.
+    // Cost: a load of a line that each loop writes once per turn.
     if delta > 0 && core.exec.migratable.live.load(Relaxed) <= 0 {
         core.migr_delta.set(0);
         core.exec.migratable.live.fetch_add(pending, SeqCst);
