@@ -28,6 +28,12 @@
 //! the environment variables, and ARCHITECTURE.md for the loop step and the wake protocol.
 
 pub use xtc_numa as numa;
+
+/// The README's Rust blocks, compiled (and the runnable ones run) as doc tests, so that they
+/// cannot go stale; fragments are marked `ignore` there.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 pub use xtc_shards::*;
 
 /// The names most programs use.

@@ -8,7 +8,7 @@ use super::Executor;
 use crate::{Error, Result};
 
 /// Default spin-before-park: 20 µs of polling after a loop turn that did work, before parking.
-/// Measured here (`scripts/bench -- --only stream`): a shard-to-shard stream over
+/// Measured here (`scripts/bench --only stream`): a shard-to-shard stream over
 /// `channel::shared` goes from ~14 M to ~30 M messages/s because neither side parks between
 /// bursts, while an idle loop (a turn that ran nothing) never spins. Cost: up to 20 µs of CPU
 /// after each burst of work, so a loop handling one message per millisecond spends ~2 % of its
@@ -27,7 +27,6 @@ pub const DEFAULT_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
 /// let exec = xtc::Executor::builder().shards(4).oversubscribe(true).build()?;
 /// # Ok::<(), xtc::Error>(())
 /// ```
-/// # use xtc_shards as xtc;
 #[derive(Debug, Clone)]
 #[must_use = "the builder must be built to be useful"]
 pub struct Builder {

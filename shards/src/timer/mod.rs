@@ -7,7 +7,7 @@
 //! costs a tick granularity and a scan of empty slots; with the loop parking precisely until the
 //! heap's earliest deadline (ppoll has nanosecond resolution) the heap gives exact deadlines, and
 //! `sleep(1ms)` overshoot is dominated by the thread wake-up, not the structure
-//! (`scripts/bench -- --only sleep`).
+//! (`scripts/bench --only sleep`).
 
 mod interval;
 mod sleep;
