@@ -667,39 +667,38 @@ fn a_spawn_after_a_finish_in_the_same_turn_still_wakes_idle_loops() {
         ran_meanwhile.clone(),
         spawner_done.clone(),
     );
-    ex.spawn_on(0, move || async move {
-        let parent = xtc_shards::spawn(async move {
-            let mut hs = Vec::new();
-            for _ in 0..4 {
-                let (ps, sp, rm, sd) = (ps.clone(), sp.clone(), rm.clone(), sd.clone());
-                hs.push(xtc_shards::spawn(async move {
-                    let k = ps[shard::id()].fetch_add(1, SeqCst);
-                    // The second child a loop runs (after finishing its first in this turn).
-                    if k == 1 && !sp.swap(true, SeqCst) {
-                        burn(Duration::from_millis(300));
-                        let done = sd.clone();
-                        let late = xtc_shards::spawn(async move {
-                            if !done.load(SeqCst) {
-                                rm.store(true, SeqCst);
-                            }
-                        });
-                        burn(Duration::from_millis(1500));
-                        sd.store(true, SeqCst);
-                        late.await.unwrap();
-                    } else {
-                        burn(Duration::from_millis(50));
-                    }
-                }));
-            }
-            burn(Duration::from_secs(3));
-            for h in hs {
-                h.await.unwrap();
-            }
-        });
-        parent.await.unwrap();
-    })
-    .unwrap();
+    // Spawned from outside, so no loop holds a parked pinned task (such a loop does not steal
+    // without eager rebalance, and may be the only one idle).
+    let parent = ex.spawn(async move {
+        let mut hs = Vec::new();
+        for _ in 0..4 {
+            let (ps, sp, rm, sd) = (ps.clone(), sp.clone(), rm.clone(), sd.clone());
+            hs.push(xtc_shards::spawn(async move {
+                let k = ps[shard::id()].fetch_add(1, SeqCst);
+                // The second child a loop runs (after finishing its first in this turn).
+                if k == 1 && !sp.swap(true, SeqCst) {
+                    burn(Duration::from_millis(300));
+                    let done = sd.clone();
+                    let late = xtc_shards::spawn(async move {
+                        if !done.load(SeqCst) {
+                            rm.store(true, SeqCst);
+                        }
+                    });
+                    burn(Duration::from_millis(1500));
+                    sd.store(true, SeqCst);
+                    late.await.unwrap();
+                } else {
+                    burn(Duration::from_millis(50));
+                }
+            }));
+        }
+        burn(Duration::from_secs(3));
+        for h in hs {
+            h.await.unwrap();
+        }
+    });
     run_or_fail(ex, Duration::from_secs(30), "late spawn").unwrap();
+    futures::executor::block_on(parent).unwrap();
     if !spawner.load(SeqCst) {
         // No loop ran two children in a row here (scheduling differed): nothing to check.
         return;
