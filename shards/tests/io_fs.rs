@@ -5,7 +5,9 @@
 //!
 //! Every test runs its body once per driver (see `io_common::cases`).
 
+mod common;
 mod io_common;
+use common::run_within;
 use io_common::*;
 
 use std::{
@@ -692,26 +694,6 @@ fn a_dropped_fifo_write_larger_than_the_room_writes_nothing_after_the_drop() {
             "[{driver}] a dropped write went on writing {after} bytes after the drop"
         );
     });
-}
-
-/// Runs `exec` on a scoped thread; `None` if it had not returned after `limit` (then it is
-/// stopped, so the test can fail instead of hang).
-fn run_within(exec: &xtc_shards::Executor, limit: Duration) -> Option<xtc_shards::Result<()>> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = exec.handle();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let _ = tx.send(exec.run());
-        });
-        match rx.recv_timeout(limit) {
-            Ok(r) => Some(r),
-            Err(_) => {
-                h.stop();
-                let _ = rx.recv_timeout(Duration::from_secs(60));
-                None
-            }
-        }
-    })
 }
 
 /// A file operation that finished but whose future its task never polls again wakes nobody:

@@ -245,27 +245,19 @@ fn a_spawn_from_a_drop_during_a_stop_does_not_run_in_the_next_run() {
         h.stop();
     })
     .unwrap();
-    let ex = Arc::new(ex);
-    let first = run_shared_or_fail(&ex, "the stopped run");
+    let first = run_within(&ex, HANG).expect("run() hung: the stopped run");
     assert_eq!(ran.load(SeqCst), 0, "the spawn ran during the stopped run");
     first.unwrap();
     // A later run with nothing to do: nothing of the stopped run may execute, and it ends at
     // quiescence (the dropped messages count as received).
-    run_shared_or_fail(&ex, "the next run").unwrap();
+    run_within(&ex, HANG)
+        .expect("run() hung: the next run")
+        .unwrap();
     assert_eq!(
         ran.load(SeqCst),
         0,
         "a spawn of the stopped run ran in the next run"
     );
-}
-
-/// `run_or_fail` for an executor run more than once.
-fn run_shared_or_fail(ex: &Arc<Executor>, what: &str) -> xtc_shards::Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let ex = ex.clone();
-    std::thread::spawn(move || tx.send(ex.run()).unwrap());
-    rx.recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|_| panic!("run() hung: {what}"))
 }
 
 #[test]

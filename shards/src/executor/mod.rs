@@ -587,7 +587,7 @@ impl Executor {
         // decided on a deadlock; taken either way, so nothing carries over to a later run.
         let tasks = std::mem::take(&mut *lock(&shared.deadlock_tasks));
         // Off any loop: `run()` may be called inside another executor's task.
-        crate::context::off_loop(|| shared.mesh.drop_left(&shared.loops));
+        crate::context::off_loop(|| shared.mesh.drop_queued(&shared.loops));
         drop_migratable(shared);
         if let Some(e) = failure {
             return Err(e);
@@ -693,7 +693,7 @@ impl ExecShared {
             let mut batch = Vec::new();
             for _ in 0..8 {
                 let mut dropped = if all {
-                    self.migratable.drop_parked_queues() + self.mesh.drop_queued()
+                    self.migratable.drop_parked_queues() + self.mesh.drop_queued(&self.loops)
                 } else {
                     0
                 };

@@ -164,35 +164,16 @@ impl Mesh {
         }
     }
 
-    /// Drops every message left in the rings while no loop runs (the executor is going away)
-    /// and returns how many. They can only be fresh spawns sent to a loop after it had shut
-    /// down (the tasks of a stopped loop are gone, so nothing wakes them), which own only their
-    /// `Send` closures: any thread may drop them. Left in place, one holding a `Handle` would
-    /// keep the executor, and so the ring holding it, alive for good.
-    pub(crate) fn drop_queued(&self) -> usize {
-        let mut dropped = Vec::new();
-        for slot in &self.consumers {
-            let mut c = lock(slot);
-            if let Some(c) = c.as_mut() {
-                while let Ok(r) = c.pop() {
-                    dropped.push(r);
-                }
-            }
-        }
-        // Outside the locks: dropping a closure may spawn again (into an inbox).
-        let n = dropped.len();
-        crate::task::cancel_all(dropped);
-        n
-    }
-
-    /// After a run's loops all stopped: drops the messages left in the rings and returns how
-    /// many. Only a stopping run leaves any: a task's `Drop` during a loop's shutdown that
-    /// spawned on a loop which had already finished its own (nothing else is alive then, see
-    /// [`drop_queued`](Self::drop_queued)). Left in place they ran in a later `run()`, or not,
-    /// by which loop finished first; a loop still shutting down drops them, as it drops its
-    /// inbox. Each counts as received by its target (`loops[to]`'s stats, from which its next
-    /// run starts counting), so a later run's quiescence check still balances (rule 6).
-    pub(crate) fn drop_left(
+    /// Drops every message left in the rings while no loop runs, and returns how many. They can
+    /// only be fresh spawns sent to a loop after it had shut down (a task's `Drop` during a
+    /// loop's shutdown; the tasks of a stopped loop are gone, so nothing wakes them), which own
+    /// only their `Send` closures: any thread may drop them. Called when a run ends (left in
+    /// place they ran in a later `run()`, or not, by which loop finished first; a loop still
+    /// shutting down drops them, as it drops its inbox) and when the executor goes (one holding
+    /// a `Handle` would keep the executor, and so the ring holding it, alive for good). Each
+    /// counts as received by its target (`loops[to]`'s stats, from which its next run starts
+    /// counting), so a later run's quiescence check still balances (rule 6).
+    pub(crate) fn drop_queued(
         &self,
         loops: &[std::sync::Arc<crate::event_loop::LoopShared>],
     ) -> usize {

@@ -39,13 +39,27 @@ pub fn burn(d: Duration) {
 /// Runs `ex` on another thread and waits at most `limit` for `run()` to return: a hang fails
 /// the test (naming `what`) instead of blocking the suite.
 pub fn run_or_fail(ex: Executor, limit: Duration, what: &str) -> xtc_shards::Result<()> {
+    run_within(&ex, limit).unwrap_or_else(|| panic!("run() hung: {what}"))
+}
+
+/// Runs `ex` on a scoped thread (it may be run again afterwards); `None` if it had not
+/// returned after `limit`: it is then stopped, so the test fails instead of hanging.
+pub fn run_within(ex: &Executor, limit: Duration) -> Option<xtc_shards::Result<()>> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
-    let ran = rx
-        .recv_timeout(limit)
-        .unwrap_or_else(|_| panic!("run() hung: {what}"));
-    runner.join().unwrap();
-    ran
+    let h = ex.handle();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = tx.send(ex.run());
+        });
+        match rx.recv_timeout(limit) {
+            Ok(r) => Some(r),
+            Err(_) => {
+                h.stop();
+                let _ = rx.recv_timeout(HANG);
+                None
+            }
+        }
+    })
 }
 
 /// Adds one to its counter when dropped (did a value go, and only once?).
