@@ -125,6 +125,74 @@ fn loom_count_leaving_zero_is_seen_or_pings() {
     });
 }
 
+/// Steal rule 4 when the count stays at zero or below (a spawner whose turn also finished a
+/// stolen child): the idle loop's only sign of work is the victim's queue. The spawn queues
+/// the task, then pings (`steal::ping_after_queueing`); the loop looks at the queue, announces,
+/// and looks again. `queued` stands for the deque (crossbeam's push is a Release store of its
+/// back index, `Stealer::is_empty` an Acquire load).
+fn spawn_with_the_count_at_zero(ping_first: bool) {
+    use loom::sync::atomic::{AtomicUsize, Ordering::*};
+    loom::model(move || {
+        let queued = Arc::new(AtomicUsize::new(0));
+        let parker = Arc::new(Parker::new().unwrap());
+        let (q2, p2) = (queued.clone(), parker.clone());
+        let spawner = thread::spawn(move || {
+            if ping_first {
+                p2.unpark();
+            }
+            q2.store(1, Release);
+            if !ping_first {
+                p2.unpark();
+            }
+        });
+        // The loop: until it would steal (a victim has a task queued).
+        loop {
+            if queued.load(Acquire) > 0 {
+                break;
+            }
+            parker.announce();
+            if queued.load(Acquire) > 0 {
+                parker.cancel();
+                continue;
+            }
+            parker.sleep(None);
+        }
+        spawner.join().unwrap();
+    });
+}
+
+#[test]
+fn loom_spawn_pings_after_the_push() {
+    spawn_with_the_count_at_zero(false);
+}
+
+/// The order before the fix: a loop woken by the ping before the push looks, finds nothing,
+/// announces (swapping the ping away) and sleeps for good. Loom must find that interleaving,
+/// which shows the model above can fail. Loom's deadlock panic aborts the process during
+/// cleanup (so no `should_panic`): the model runs in a child test process, whose failure and
+/// message are checked here.
+#[test]
+fn loom_spawn_pinging_before_the_push_loses_the_wakeup() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .arg("loom_park::loom_model_spawn_pinging_before_the_push")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("deadlock"),
+        "loom found no lost wake-up in the old order (status {}):\n{stderr}",
+        out.status
+    );
+}
+
+/// The old-order model itself, run by the test above in a child process.
+#[test]
+#[ignore = "expected to fail: run by loom_spawn_pinging_before_the_push_loses_the_wakeup"]
+fn loom_model_spawn_pinging_before_the_push() {
+    spawn_with_the_count_at_zero(true);
+}
+
 /// Closing (`executor/quiesce.rs`, `close`), over the shipping `Status::busy` and
 /// `close_with`: a loop that leaves idle (a foreign spawn woke it) races the coordinator
 /// confirming the quiescent verdict it took while that loop was idle. The loop must never take

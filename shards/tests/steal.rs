@@ -652,15 +652,10 @@ fn an_idle_loop_keeps_stealing_while_the_spawner_computes() {
 /// Rule 4 again: a loop that finished a stolen child and then, in the same turn, spawns while
 /// the shared count reads zero or less. Its batch (−1 + 1) published nothing, so the spawn
 /// pinged nobody, and a loop parked without a tick left the new task in the busy loop's deque
-/// for the whole of that loop's poll. Every such spawn pings now.
-///
-/// Ignored in the suite: on a 2-CPU machine its outcome depends on the layout the run happens
-/// to take. With the parent on shard 1 and the spawner and the idle loop both on shard 0 and 2
-/// (one CPU between them), the late child still waited in most runs, not root-caused; with the
-/// idle loop on a CPU of its own it passes. Run it by hand: `cargo test -p xtc-shards --test
-/// steal -- --ignored same_turn`.
+/// for the whole of that loop's poll. Every such spawn pings now, and only once the task is
+/// queued: when the spawner and the idle loop shared a CPU (children per shard `[2, 0, 2]`),
+/// the woken loop ran before the push, found nothing, and parked again without a tick.
 #[test]
-#[ignore = "outcome depends on the shard layout on 2 CPUs; run by hand"]
 fn a_spawn_after_a_finish_in_the_same_turn_still_wakes_idle_loops() {
     let ex = exec(3);
     let per_shard: Arc<Vec<AtomicUsize>> = Arc::new((0..3).map(|_| AtomicUsize::new(0)).collect());

@@ -30,7 +30,8 @@
 //!    above zero) or a victim has tasks queued, an idle loop parks with a 1 ms timeout (the idle
 //!    tick) and retries; with steal backoff on, consecutive empty ticks grow it to 32 ms, and any
 //!    work resets it. Otherwise an idle loop parks without timeout; a spawn while the count reads
-//!    zero or less publishes its loop's batch at once and pings every loop. (The count can read
+//!    zero or less publishes its loop's batch at once and, once the task is queued (not before:
+//!    a loop woken before the push finds nothing and parks again), pings every loop. (The count can read
 //!    so with tasks alive: a thief publishes the ends of tasks whose starts still wait in a busy
 //!    loop's batch; hence the look at the victims' queues.) With eager
 //!    rebalance on, a loop that queues a migratable task also pings one idle peer at the end of
@@ -337,25 +338,24 @@ impl<F> Drop for MigrFuture<F> {
     }
 }
 
-/// Counts a spawned (+1) or finished (−1) migratable task: batched per loop turn on a worker
-/// (one shared RMW per turn, in [`flush_live`]), directly elsewhere.
-fn live_add(exec: &Arc<ExecShared>, delta: i64) {
-    let local = with_core(|core| {
-        let here = Arc::ptr_eq(&core.exec, exec);
-        if here {
-            live_add_here(core, delta);
-        }
-        here
-    });
-    if local != Some(true) {
-        live_add_shared(exec, delta);
-    }
+/// Counts a spawned migratable task: batched per loop turn on a worker (one shared RMW per
+/// turn, in [`flush_live`]), directly elsewhere. Returns whether every loop must be pinged
+/// (rule 4), which the caller does with [`ping_after_queueing`] once the task is queued, not
+/// before: a loop woken before the push can look, find neither a live count nor a queued
+/// task, and park without a tick while the task then waits in a busy loop's deque
+/// (`loom_park.rs`, `loom_spawn_pings_after_the_push`).
+#[must_use = "a due ping must be sent once the task is queued"]
+fn count_spawn(exec: &Arc<ExecShared>) -> bool {
+    with_core(|core| Arc::ptr_eq(&core.exec, exec).then(|| count_spawn_here(core)))
+        .flatten()
+        .unwrap_or_else(|| live_add_shared(exec, 1))
 }
 
-/// [`live_add`] on a worker of the task's executor.
+/// [`count_spawn`] on a worker of the task's executor.
 #[inline]
-fn live_add_here(core: &Core, delta: i64) {
-    let pending = core.migr_delta.get() + delta;
+#[must_use = "a due ping must be sent once the task is queued"]
+fn count_spawn_here(core: &Core) -> bool {
+    let pending = core.migr_delta.get() + 1;
     // A spawn while the shared count reads zero or less publishes this turn's whole batch at
     // once (rule 4): loops may be parked without an idle tick, and must start looking before
     // this turn ends. The count reads so not only when no task is alive: a thief that ran
@@ -364,26 +364,32 @@ fn live_add_here(core: &Core, delta: i64) {
     // batch (as it was), that case looked alive, so a spawner in one long poll pinged nobody
     // and its later spawns sat in its deque, the idle loops parked, until its turn ended.
     // Cost: a load of a line that each loop writes once per turn.
-    if delta > 0 && core.exec.migratable.live.load(Relaxed) <= 0 {
+    if core.exec.migratable.live.load(Relaxed) <= 0 {
         core.migr_delta.set(0);
         core.exec.migratable.live.fetch_add(pending, SeqCst);
         // Whatever the count reads now: this turn's batch may have held finishes too (a
         // stolen child run before this spawn), so it can still read zero or less with this
         // task queued, and a ping only on leaving zero reached nobody.
-        core.exec.unpark_all();
-        return;
+        return true;
     }
     core.migr_delta.set(pending);
+    false
 }
 
-/// [`live_add`] straight on the shared count.
-fn live_add_shared(exec: &ExecShared, delta: i64) {
-    let prev = exec.migratable.live.fetch_add(delta, SeqCst);
-    if delta > 0 && prev <= 0 {
-        // Rule 4: idle loops parked without a tick must start looking (also when the count
-        // stays at zero or below: it may read so with tasks queued, see `live_add_here`).
+/// Rule 4: the ping [`count_spawn`] found due, sent once the spawned task is queued (so a
+/// loop it wakes either sees the task in its victim's queue or is pinged after it looked).
+fn ping_after_queueing(exec: &ExecShared, due: bool) {
+    if due {
         exec.unpark_all();
     }
+}
+
+/// Adds `delta` straight to the shared count. Returns whether it rose from zero or less, when
+/// idle loops parked without a tick must start looking (rule 4; also when the count stays at
+/// zero or below: it may read so with tasks queued, see [`count_spawn_here`]).
+fn live_add_shared(exec: &ExecShared, delta: i64) -> bool {
+    let prev = exec.migratable.live.fetch_add(delta, SeqCst);
+    delta > 0 && prev <= 0
 }
 
 /// End of a loop turn (before the loop publishes an idle status): publishes this loop's
@@ -391,15 +397,16 @@ fn live_add_shared(exec: &ExecShared, delta: i64) {
 /// zero, wakes loops parked without a tick (rule 4).
 pub(crate) fn flush_live(core: &Core) {
     let delta = core.migr_delta.replace(0);
-    if delta != 0 {
-        live_add_shared(&core.exec, delta);
+    // The batch's spawns are queued by now (or already ran).
+    if delta != 0 && live_add_shared(&core.exec, delta) {
+        core.exec.unpark_all();
     }
 }
 
 /// Whether an idle loop may find migratable work to steal (rules 2 and 4): the shared count
 /// says a task is alive, or one of its victims has tasks queued. The count alone can read zero
 /// or less for a whole turn of a busy loop with its fresh spawns still queued (see
-/// `live_add_here`): a thief that stopped looking then left them there until that turn
+/// `count_spawn_here`): a thief that stopped looking then left them there until that turn
 /// ended. Cost: a load, and two per victim when the count reads zero or less.
 fn may_find_work(core: &Core) -> bool {
     let exec = &*core.exec;
@@ -459,7 +466,7 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    live_add(exec, 1);
+    let ping = count_spawn(exec);
     // Callers pass a loop index (a round-robin one taken modulo the count); an executor has
     // at least one loop.
     let home = if home < exec.loops.len() { home } else { 0 };
@@ -469,6 +476,7 @@ where
     } else {
         runnable.schedule();
     }
+    ping_after_queueing(exec, ping);
     JoinHandle::new(task)
 }
 
@@ -480,11 +488,12 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    live_add_here(core, 1);
+    let ping = count_spawn_here(core);
     let (runnable, task) = build(&core.exec, core.index(), fut, info);
     if let Some(r) = queue_here(core, runnable) {
         r.schedule();
     }
+    ping_after_queueing(&core.exec, ping);
     JoinHandle::new(task)
 }
 
