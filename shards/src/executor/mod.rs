@@ -966,7 +966,11 @@ impl Handle {
     }
 
     /// The I/O driver the loops use ([`crate::io`]): chosen at `build()` from
-    /// [`Builder::io_driver`], `XTC_IO` or the io_uring probe. Cost: a field read.
+    /// [`Builder::io_driver`], `XTC_IO` or the io_uring probe. A loop whose own ring cannot
+    /// be set up when it starts (without `CAP_IPC_LOCK` the kernel charges rings to
+    /// `RLIMIT_MEMLOCK`, which a container may set to 64 KiB) runs epoll instead and logs a
+    /// warning saying what to raise; [`LoopStats::io_driver`](crate::LoopStats::io_driver)
+    /// tells which driver each loop runs. Cost: a field read.
     pub fn io_driver(&self) -> crate::io::Driver {
         self.shared.io_driver
     }

@@ -168,7 +168,12 @@ impl Reactor {
             match uring::Uring::new(ping_fd) {
                 Ok(u) => return Reactor::Uring(u),
                 Err(e) => {
-                    tracing::warn!("xtc: io_uring setup failed for a loop ({e}); using epoll")
+                    // The probe passed at build, so this loop's ring alone failed: it runs
+                    // epoll, as its `LoopStats::io_driver` says, while the others keep theirs.
+                    tracing::warn!(
+                        "xtc: io_uring setup failed for a loop ({e}{}); this loop uses epoll",
+                        uring::setup_hint(&e)
+                    )
                 }
             }
         }

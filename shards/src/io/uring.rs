@@ -119,16 +119,8 @@ const REQUIRED: &[(u8, &str)] = &[
 
 /// Sets up a small ring and checks the opcodes xtc needs: `Ok` or why io_uring is unusable.
 pub(crate) fn probe() -> Result<(), String> {
-    let ring = IoUring::new(8).map_err(|e| {
-        let hint = match e.raw_os_error() {
-            Some(libc::ENOSYS) => " (kernel without io_uring)",
-            Some(libc::EPERM) => {
-                " (denied: a seccomp profile such as Docker's default, or kernel.io_uring_disabled=2)"
-            }
-            _ => "",
-        };
-        format!("io_uring_setup failed: {e}{hint}")
-    })?;
+    let ring =
+        IoUring::new(8).map_err(|e| format!("io_uring_setup failed: {e}{}", setup_hint(&e)))?;
     let mut probe = Probe::new();
     ring.submitter()
         .register_probe(&mut probe)
@@ -139,6 +131,23 @@ pub(crate) fn probe() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// What an `io_uring_setup` error means and what to do about it, for logs and `Err`s.
+pub(crate) fn setup_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::ENOSYS) => " (kernel without io_uring)",
+        Some(libc::EPERM) => {
+            " (denied: a seccomp profile such as Docker's default, or kernel.io_uring_disabled=2)"
+        }
+        // Without CAP_IPC_LOCK (Docker drops it) the kernel charges each ring's memory to the
+        // user's RLIMIT_MEMLOCK, shared by all of the user's processes.
+        Some(libc::ENOMEM) => {
+            " (RLIMIT_MEMLOCK spent: raise `ulimit -l` (LimitMEMLOCK=, docker --ulimit memlock=), \
+             grant CAP_IPC_LOCK, or set XTC_IO=epoll)"
+        }
+        _ => "",
+    }
 }
 
 /// A slot of an operation in flight (module doc, rules 1–4).
