@@ -1050,17 +1050,88 @@ fn udp_send_to_recv_from() {
     });
 }
 
+/// A connected UDP socket: `send` and `recv` talk to its peer only, `peer_addr` names it, and
+/// a dropped `recv` loses no datagram.
+#[test]
+fn udp_connect_send_recv() {
+    on_each_driver("udp_connect_send_recv", 1, |driver| async move {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let other = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (aa, ba) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+
+        // Unconnected: no peer, and `send` has nowhere to go.
+        let e = a.peer_addr().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotConnected, "[{driver}] {e}");
+        let (r, _) = a.send(&b"nowhere"[..]).await;
+        assert_eq!(
+            r.unwrap_err().raw_os_error(),
+            Some(libc::EDESTADDRREQ),
+            "[{driver}]"
+        );
+
+        a.connect(ba).unwrap();
+        b.connect(aa).unwrap();
+        assert_eq!(a.peer_addr().unwrap(), ba);
+        assert_eq!(b.peer_addr().unwrap(), aa);
+        // An address that resolves to nothing is an error, not a panic.
+        assert!(a
+            .connect(Vec::<std::net::SocketAddr>::new().as_slice())
+            .is_err());
+        assert_eq!(
+            a.peer_addr().unwrap(),
+            ba,
+            "a failed connect keeps the peer"
+        );
+
+        // A datagram from an address b is not connected to is dropped by the kernel: b's
+        // next datagram is a's.
+        let (r, _) = other.send_to(&b"stranger"[..], ba).await;
+        r.unwrap();
+        for i in 0..20 {
+            let (r, _) = a.send(pattern(i, 100 + i)).await;
+            assert_eq!(r.unwrap(), 100 + i);
+        }
+        for i in 0..20 {
+            let (r, buf) = guard("recv", b.recv(Vec::with_capacity(512))).await;
+            assert_eq!(r.unwrap(), 100 + i, "[{driver}]");
+            assert_eq!(buf, pattern(i, 100 + i), "[{driver}]");
+        }
+
+        // A receive dropped while it waited (a timeout won) loses nothing: the datagram sent
+        // after it still arrives, whole, at the next `recv`.
+        let gave_up =
+            xtc_shards::time::timeout(Duration::from_millis(20), b.recv(vec![0u8; 64])).await;
+        assert!(gave_up.is_err(), "[{driver}] nothing was sent yet");
+        let (r, _) = a.send(&b"after the drop"[..]).await;
+        r.unwrap();
+        let (r, buf) = guard("recv after a dropped one", b.recv(Vec::with_capacity(64))).await;
+        assert_eq!(&buf[..r.unwrap()], b"after the drop", "[{driver}]");
+
+        // Replies go the other way; an empty datagram is a datagram.
+        let (r, _) = b.send(Vec::new()).await;
+        assert_eq!(r.unwrap(), 0);
+        let (r, _) = guard("empty datagram", a.recv(Vec::with_capacity(8))).await;
+        assert_eq!(r.unwrap(), 0);
+    });
+}
+
 #[test]
 fn unix_listener_stream_and_pair() {
     on_each_driver("unix_listener_stream_and_pair", 1, |_| async {
         let path = sock_path("unix");
         let l = UnixListener::bind(&path).unwrap();
         assert!(UnixListener::bind(&path).is_err(), "the path exists now");
+        assert_eq!(l.local_addr().unwrap().as_pathname(), Some(path.as_path()));
+        // Through std and back, still listening on the same socket.
+        let l = UnixListener::from_std(l.into_std()).unwrap();
         let server = spawn_local(async move {
             let s = l.accept().await.unwrap();
             echo(s).await
         });
         let c = UnixStream::connect(&path).await.unwrap();
+        assert_eq!(c.peer_addr().unwrap().as_pathname(), Some(path.as_path()));
+        assert!(c.local_addr().unwrap().is_unnamed());
         let msg = pattern(13, 200_000);
         let (w, _) = c.write_all(msg.clone()).await;
         w.unwrap();

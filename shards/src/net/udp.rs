@@ -241,6 +241,41 @@ impl UdpSocket {
         }
     }
 
+    /// Connects the socket to `addr`, the first address it resolves to that connects:
+    /// [`send`](Self::send) and [`recv`](Self::recv) then talk to that peer, and the kernel
+    /// drops datagrams from any other address. Synchronous, as [`bind`](Self::bind) and
+    /// `std`'s (a datagram socket's `connect` only records the peer; tokio's and glommio's are
+    /// `async` for name resolution, which here blocks the loop as `bind`'s does: pass a
+    /// literal address). Connecting again changes the peer. Cost: one `connect` system call
+    /// per address tried.
+    pub fn connect(&self, addr: impl std::net::ToSocketAddrs) -> io::Result<()> {
+        let fd = BorrowedRaw(self.src.fd());
+        let sock = SockRef::from(&fd);
+        each_addr(addr, |a| sock.connect(&a.into()))
+    }
+
+    /// The connected peer's address; `NotConnected` before [`connect`](Self::connect).
+    /// Cost: one `getpeername` system call.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        ip_addr(&SockRef::from(&BorrowedRaw(self.src.fd())).peer_addr()?)
+    }
+
+    /// Sends `buf[..len]` as one datagram to the connected peer; returns the bytes sent.
+    /// Before [`connect`](Self::connect) it fails (`EDESTADDRREQ`); a datagram larger than the
+    /// protocol allows fails (`EMSGSIZE`), nothing is split. Cost: one `SEND` submission, or
+    /// one `send`.
+    pub async fn send<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
+        crate::io::ops::rw::send(&self.src, buf, 0).await
+    }
+
+    /// Receives one datagram from the connected peer into `buf`, as
+    /// [`recv_from`](Self::recv_from) does (truncated to the buffer's capacity, and a dropped
+    /// future loses no datagram), without the sender's address. Cost: as `recv_from`'s.
+    pub async fn recv<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
+        let (res, buf) = self.recv_raw(buf).await;
+        (res.map(|(n, _)| n), buf)
+    }
+
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         ip_addr(&SockRef::from(&BorrowedRaw(self.src.fd())).local_addr()?)

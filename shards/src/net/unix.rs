@@ -64,6 +64,45 @@ impl UnixListener {
             }
         }
     }
+
+    /// The address it listens on. Cost: one `getsockname` system call.
+    pub fn local_addr(&self) -> io::Result<std::os::unix::net::SocketAddr> {
+        with_std(self.src.fd(), |s| s.local_addr())
+    }
+
+    /// Wraps a listener from `std` (switched to non-blocking mode).
+    pub fn from_std(l: std::os::unix::net::UnixListener) -> io::Result<UnixListener> {
+        l.set_nonblocking(true)?;
+        Ok(UnixListener {
+            kept: Default::default(),
+            src: Source::new(OwnedFd::from(l)),
+        })
+    }
+
+    /// Unwraps into a `std` listener (left in non-blocking mode). As
+    /// [`TcpListener::into_std`](super::TcpListener::into_std): an accept kept from a dropped
+    /// `accept` future (io_uring) is cancelled first, and a connection it had already taken
+    /// is closed.
+    pub fn into_std(self) -> std::os::unix::net::UnixListener {
+        let UnixListener { kept, src } = self;
+        drop(kept);
+        std::os::unix::net::UnixListener::from(src.into_fd())
+    }
+}
+
+/// Calls `f` on `fd` viewed as a `std` Unix socket (for its address accessors, which decode
+/// unnamed and abstract addresses as `std` users expect), without taking ownership of it.
+fn with_std<T>(
+    fd: RawFd,
+    f: impl FnOnce(&std::os::unix::net::UnixStream) -> io::Result<T>,
+) -> io::Result<T> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` is open, owned by a live `Source` for the whole call; `ManuallyDrop` keeps
+    // this view from closing it. Only address queries (getsockname/getpeername) are made,
+    // which work on listening and connected Unix sockets alike.
+    let view =
+        std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) });
+    f(&view)
 }
 
 impl AsRawFd for UnixListener {
@@ -142,6 +181,18 @@ impl UnixStream {
     /// `WouldBlock` rather than lose them. `flush().await` (or `close().await`) waits for them.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         self.io.shutdown(how)
+    }
+
+    /// This end's address (usually unnamed for a connecting end or a pair). Cost: one
+    /// `getsockname` system call.
+    pub fn local_addr(&self) -> io::Result<std::os::unix::net::SocketAddr> {
+        with_std(self.io.src.fd(), |s| s.local_addr())
+    }
+
+    /// The peer's address (the listener's path for a connecting end; usually unnamed for an
+    /// accepted one). Cost: one `getpeername` system call.
+    pub fn peer_addr(&self) -> io::Result<std::os::unix::net::SocketAddr> {
+        with_std(self.io.src.fd(), |s| s.peer_addr())
     }
 
     /// Wraps a `std` stream (switched to non-blocking mode).
