@@ -125,72 +125,138 @@ fn loom_count_leaving_zero_is_seen_or_pings() {
     });
 }
 
-/// Steal rule 4 when the count stays at zero or below (a spawner whose turn also finished a
-/// stolen child): the idle loop's only sign of work is the victim's queue. The spawn queues
-/// the task, then pings (`steal::ping_after_queueing`); the loop looks at the queue, announces,
-/// and looks again. `queued` stands for the deque (crossbeam's push is a Release store of its
-/// back index, `Stealer::is_empty` an Acquire load).
-fn spawn_with_the_count_at_zero(ping_first: bool) {
-    use loom::sync::atomic::{AtomicUsize, Ordering::*};
+/// How a migratable spawn orders its push, its look at the live count and its ping.
+#[derive(Clone, Copy)]
+enum SpawnOrder {
+    /// `steal::after_queueing`: push, `SeqCst` fence, then load the count; ping if it reads
+    /// zero or less.
+    Shipping,
+    /// Before f5313c4: decide and ping, then push.
+    PingBeforePush,
+    /// f5313c4: decide from the count, push, then ping if the decision said so.
+    DecideBeforePush,
+}
+
+/// Steal rule 4 against an idle loop. The live count starts at `live`; above zero, another
+/// loop publishes a finish (−1, as `flush_live` does) meanwhile. The spawner's own +1 is in
+/// its unpublished batch, so the count never shows it: the idle loop's signs of work are the
+/// count above zero and the victim's queue. `queued` stands for the deque (crossbeam's push
+/// is a Release store of its back index). The idle loop looks as `steal::may_find_work`
+/// does (the count, `SeqCst`; a fence; the queue), ticks while the count is above zero, and
+/// otherwise announces, looks again and sleeps.
+fn spawn_against_an_idle_loop(order: SpawnOrder, live: i64) {
+    use loom::sync::atomic::{fence, AtomicI64, AtomicUsize, Ordering::*};
     loom::model(move || {
+        let count = Arc::new(AtomicI64::new(live));
         let queued = Arc::new(AtomicUsize::new(0));
         let parker = Arc::new(Parker::new().unwrap());
-        let (q2, p2) = (queued.clone(), parker.clone());
-        let spawner = thread::spawn(move || {
-            if ping_first {
-                p2.unpark();
+        let (c2, q2, p2) = (count.clone(), queued.clone(), parker.clone());
+        let spawner = thread::spawn(move || match order {
+            SpawnOrder::Shipping => {
+                q2.store(1, Release);
+                fence(SeqCst);
+                if c2.load(Relaxed) <= 0 {
+                    p2.unpark();
+                }
             }
-            q2.store(1, Release);
-            if !ping_first {
-                p2.unpark();
+            SpawnOrder::PingBeforePush => {
+                if c2.load(Relaxed) <= 0 {
+                    p2.unpark();
+                }
+                q2.store(1, Release);
+            }
+            SpawnOrder::DecideBeforePush => {
+                let due = c2.load(Relaxed) <= 0;
+                q2.store(1, Release);
+                if due {
+                    p2.unpark();
+                }
             }
         });
-        // The loop: until it would steal (a victim has a task queued).
+        let finisher = (live > 0).then(|| {
+            let c3 = count.clone();
+            thread::spawn(move || {
+                c3.fetch_add(-1, SeqCst);
+            })
+        });
+        let look = || {
+            let l = count.load(SeqCst);
+            fence(SeqCst);
+            (l, queued.load(Acquire))
+        };
         loop {
-            if queued.load(Acquire) > 0 {
-                break;
+            let (l, q) = look();
+            if q > 0 {
+                break; // it steals
+            }
+            if l > 0 {
+                thread::yield_now(); // an idle tick
+                continue;
             }
             parker.announce();
-            if queued.load(Acquire) > 0 {
+            let (l, q) = look();
+            if q > 0 || l > 0 {
                 parker.cancel();
                 continue;
             }
             parker.sleep(None);
         }
         spawner.join().unwrap();
+        if let Some(f) = finisher {
+            f.join().unwrap();
+        }
     });
 }
 
+/// The count stays at zero (the spawner's turn also finished a stolen child): only the ping
+/// and the queue tell the idle loop.
 #[test]
 fn loom_spawn_pings_after_the_push() {
-    spawn_with_the_count_at_zero(false);
+    spawn_against_an_idle_loop(SpawnOrder::Shipping, 0);
 }
 
-/// The order before the fix: a loop woken by the ping before the push looks, finds nothing,
-/// announces (swapping the ping away) and sleeps for good. Loom must find that interleaving,
-/// which shows the model above can fail. Loom's deadlock panic aborts the process during
-/// cleanup (so no `should_panic`): the model runs in a child test process, whose failure and
-/// message are checked here.
+/// The count drops to zero between the spawner's decision and its push.
 #[test]
-fn loom_spawn_pinging_before_the_push_loses_the_wakeup() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .arg("loom_park::loom_model_spawn_pinging_before_the_push")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("deadlock"),
-        "loom found no lost wake-up in the old order (status {}):\n{stderr}",
-        out.status
-    );
+fn loom_spawn_decides_after_the_push() {
+    spawn_against_an_idle_loop(SpawnOrder::Shipping, 1);
 }
 
-/// The old-order model itself, run by the test above in a child process.
+/// The two earlier orders, each in the scenario that breaks it: loom must report a lost
+/// wake-up (a deadlock), which shows the models above can fail. Loom's deadlock panic aborts
+/// the process during cleanup (so no `should_panic`): each model runs in a child test
+/// process, whose failure and message are checked here.
 #[test]
-#[ignore = "expected to fail: run by loom_spawn_pinging_before_the_push_loses_the_wakeup"]
-fn loom_model_spawn_pinging_before_the_push() {
-    spawn_with_the_count_at_zero(true);
+fn loom_earlier_spawn_orders_lose_the_wakeup() {
+    for model in [
+        "loom_park::loom_model_ping_before_the_push",
+        "loom_park::loom_model_decide_before_the_push",
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .arg(model)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("deadlock; threads"),
+            "loom found no lost wake-up in {model} (status {}):\n{stderr}",
+            out.status
+        );
+    }
+}
+
+/// Run by `loom_earlier_spawn_orders_lose_the_wakeup` in a child process.
+#[test]
+#[ignore = "expected to fail: run by loom_earlier_spawn_orders_lose_the_wakeup"]
+fn loom_model_ping_before_the_push() {
+    spawn_against_an_idle_loop(SpawnOrder::PingBeforePush, 0);
+}
+
+/// Run by `loom_earlier_spawn_orders_lose_the_wakeup` in a child process.
+#[test]
+#[ignore = "expected to fail: run by loom_earlier_spawn_orders_lose_the_wakeup"]
+fn loom_model_decide_before_the_push() {
+    spawn_against_an_idle_loop(SpawnOrder::DecideBeforePush, 1);
 }
 
 /// Closing (`executor/quiesce.rs`, `close`), over the shipping `Status::busy` and

@@ -29,13 +29,16 @@
 //! 4. **Finding work while parked.** While any migratable task is alive (the count of rule 5 is
 //!    above zero) or a victim has tasks queued, an idle loop parks with a 1 ms timeout (the idle
 //!    tick) and retries; with steal backoff on, consecutive empty ticks grow it to 32 ms, and any
-//!    work resets it. Otherwise an idle loop parks without timeout; a spawn while the count reads
-//!    zero or less publishes its loop's batch at once and, once the task is queued (not before:
-//!    a loop woken before the push finds nothing and parks again), pings every loop. (The count can read
-//!    so with tasks alive: a thief publishes the ends of tasks whose starts still wait in a busy
-//!    loop's batch; hence the look at the victims' queues.) With eager
-//!    rebalance on, a loop that queues a migratable task also pings one idle peer at the end of
-//!    its turn.
+//!    work resets it. Otherwise an idle loop parks without timeout. A spawn queues its task,
+//!    then (after a `SeqCst` fence paired with one in the idle loop's look) reads the count:
+//!    if it reads zero or less, the spawner publishes its loop's batch at once and pings every
+//!    loop. Deciding before the push lost wake-ups two ways (`loom_park.rs`): a loop woken
+//!    before the push found nothing and parked again, and a count that dropped to zero in
+//!    between let an idle loop park while the spawner, having read it above zero, pinged
+//!    nobody. (The count can read zero or less with tasks alive: a thief publishes the ends
+//!    of tasks whose starts still wait in a busy loop's batch; hence the look at the victims'
+//!    queues.) With eager rebalance on, a loop that queues a migratable task also pings one
+//!    idle peer at the end of its turn.
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
@@ -80,7 +83,7 @@ use crate::{
     context::{with_core, Core},
     executor::ExecShared,
     stats::bump,
-    sync::{lock, AtomicI64, AtomicU64, AtomicUsize, Mutex, Ordering::*},
+    sync::{fence, lock, AtomicI64, AtomicU64, AtomicUsize, Mutex, Ordering::*},
     task::{JoinHandle, Outcome, Runnable, TaskInfo, TaskMeta},
 };
 
@@ -338,55 +341,78 @@ impl<F> Drop for MigrFuture<F> {
     }
 }
 
-/// Counts a spawned migratable task: batched per loop turn on a worker (one shared RMW per
-/// turn, in [`flush_live`]), directly elsewhere. Returns whether every loop must be pinged
-/// (rule 4), which the caller does with [`ping_after_queueing`] once the task is queued, not
-/// before: a loop woken before the push can look, find neither a live count nor a queued
-/// task, and park without a tick while the task then waits in a busy loop's deque
-/// (`loom_park.rs`, `loom_spawn_pings_after_the_push`).
-#[must_use = "a due ping must be sent once the task is queued"]
+/// Counts a spawned migratable task, before it is queued (so the count never misses a live
+/// one): batched per loop turn on a worker (one shared RMW per turn, in [`flush_live`]),
+/// directly elsewhere. Returns whether the shared count rose from zero or less; the caller
+/// queues the task, then calls [`after_queueing`] with it.
 fn count_spawn(exec: &Arc<ExecShared>) -> bool {
-    with_core(|core| Arc::ptr_eq(&core.exec, exec).then(|| count_spawn_here(core)))
-        .flatten()
-        .unwrap_or_else(|| live_add_shared(exec, 1))
+    with_core(|core| {
+        Arc::ptr_eq(&core.exec, exec).then(|| {
+            count_spawn_here(core);
+            false
+        })
+    })
+    .flatten()
+    .unwrap_or_else(|| live_add_shared(exec, 1))
 }
 
-/// [`count_spawn`] on a worker of the task's executor.
+/// [`count_spawn`] on a worker of the task's executor: into this turn's batch.
 #[inline]
-#[must_use = "a due ping must be sent once the task is queued"]
-fn count_spawn_here(core: &Core) -> bool {
-    let pending = core.migr_delta.get() + 1;
-    // A spawn while the shared count reads zero or less publishes this turn's whole batch at
-    // once (rule 4): loops may be parked without an idle tick, and must start looking before
-    // this turn ends. The count reads so not only when no task is alive: a thief that ran
-    // some of this loop's fresh spawns publishes their ends at the end of its own turn, while
-    // their starts still wait in this loop's batch. Compared with the shared count plus this
-    // batch (as it was), that case looked alive, so a spawner in one long poll pinged nobody
-    // and its later spawns sat in its deque, the idle loops parked, until its turn ended.
-    // Cost: a load of a line that each loop writes once per turn.
-    if core.exec.migratable.live.load(Relaxed) <= 0 {
-        core.migr_delta.set(0);
-        core.exec.migratable.live.fetch_add(pending, SeqCst);
-        // Whatever the count reads now: this turn's batch may have held finishes too (a
-        // stolen child run before this spawn), so it can still read zero or less with this
-        // task queued, and a ping only on leaving zero reached nobody.
-        return true;
-    }
-    core.migr_delta.set(pending);
-    false
+fn count_spawn_here(core: &Core) {
+    core.migr_delta.set(core.migr_delta.get() + 1);
 }
 
-/// Rule 4: the ping [`count_spawn`] found due, sent once the spawned task is queued (so a
-/// loop it wakes either sees the task in its victim's queue or is pinged after it looked).
-fn ping_after_queueing(exec: &ExecShared, due: bool) {
-    if due {
+/// Rule 4 once a spawned task is queued: pings every loop if the count `rose` from zero or
+/// less, or reads zero or less now (then a worker publishes its turn's batch first). Loops may
+/// be parked without an idle tick then, and must start looking before the spawner's turn
+/// ends. The count reads so not only when no task is alive: a thief that ran some of this
+/// loop's fresh spawns publishes their ends at the end of its own turn, while their starts
+/// still wait in this loop's batch.
+///
+/// Decided after the push, never before: a loop woken before the push could look, find
+/// nothing, and park again (`loom_spawn_pings_after_the_push`); and a count read before it
+/// could drop to zero in between (another loop publishing a finish), letting an idle loop see
+/// zero and an empty queue and park while this spawn, having read the count above zero,
+/// pinged nobody (`loom_spawn_decides_after_the_push`). Against that one the `SeqCst` fence
+/// here pairs with the one in [`may_find_work`]: either this load sees the count the idle
+/// loop saw (zero or less: ping), or the idle loop's look at the queues sees the push.
+/// Cost: a fence (an `mfence` on x86) and a load of a line each loop writes once per turn.
+fn after_queueing(exec: &ExecShared, rose: bool) {
+    fence(SeqCst);
+    if rose || exec.migratable.live.load(Relaxed) <= 0 {
+        with_core(|core| {
+            if std::ptr::eq(Arc::as_ptr(&core.exec), exec) {
+                publish_batch(core);
+            }
+        });
         exec.unpark_all();
+    }
+}
+
+/// [`after_queueing`] on a worker of the task's executor, after [`count_spawn_here`].
+#[inline]
+fn after_queueing_here(core: &Core) {
+    fence(SeqCst);
+    if core.exec.migratable.live.load(Relaxed) <= 0 {
+        // The whole batch, whatever the count reads then: it may have held finishes too (a
+        // stolen child run before this spawn), so the count can still read zero or less with
+        // this task queued, and a ping only on leaving zero would reach nobody.
+        publish_batch(core);
+        core.exec.unpark_all();
+    }
+}
+
+/// Publishes this loop's batched count now (the rest of the turn batches afresh).
+fn publish_batch(core: &Core) {
+    let delta = core.migr_delta.replace(0);
+    if delta != 0 {
+        core.exec.migratable.live.fetch_add(delta, SeqCst);
     }
 }
 
 /// Adds `delta` straight to the shared count. Returns whether it rose from zero or less, when
 /// idle loops parked without a tick must start looking (rule 4; also when the count stays at
-/// zero or below: it may read so with tasks queued, see [`count_spawn_here`]).
+/// zero or below: it may read so with tasks queued, see [`after_queueing`]).
 fn live_add_shared(exec: &ExecShared, delta: i64) -> bool {
     let prev = exec.migratable.live.fetch_add(delta, SeqCst);
     delta > 0 && prev <= 0
@@ -406,15 +432,20 @@ pub(crate) fn flush_live(core: &Core) {
 /// Whether an idle loop may find migratable work to steal (rules 2 and 4): the shared count
 /// says a task is alive, or one of its victims has tasks queued. The count alone can read zero
 /// or less for a whole turn of a busy loop with its fresh spawns still queued (see
-/// `count_spawn_here`): a thief that stopped looking then left them there until that turn
+/// `after_queueing`): a thief that stopped looking then left them there until that turn
 /// ended. Cost: a load, and two per victim when the count reads zero or less.
 fn may_find_work(core: &Core) -> bool {
     let exec = &*core.exec;
-    exec.migratable.live.load(Relaxed) > 0
-        || exec.victims(core.index()).iter().any(|&v| {
-            let vs = &exec.loops[v].steal;
-            !vs.stealer.is_empty() || !vs.injector.is_empty()
-        })
+    if exec.migratable.live.load(SeqCst) > 0 {
+        return true;
+    }
+    // Pairs with the fence of `after_queueing`: a spawner that read the count above zero
+    // pushed before its fence, and this look at the queues comes after this one.
+    fence(SeqCst);
+    exec.victims(core.index()).iter().any(|&v| {
+        let vs = &exec.loops[v].steal;
+        !vs.stealer.is_empty() || !vs.injector.is_empty()
+    })
 }
 
 /// Builds a migratable task whose first loop is `home` (an index of `exec.loops`).
@@ -466,7 +497,7 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let ping = count_spawn(exec);
+    let rose = count_spawn(exec);
     // Callers pass a loop index (a round-robin one taken modulo the count); an executor has
     // at least one loop.
     let home = if home < exec.loops.len() { home } else { 0 };
@@ -476,7 +507,7 @@ where
     } else {
         runnable.schedule();
     }
-    ping_after_queueing(exec, ping);
+    after_queueing(exec, rose);
     JoinHandle::new(task)
 }
 
@@ -488,12 +519,12 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let ping = count_spawn_here(core);
+    count_spawn_here(core);
     let (runnable, task) = build(&core.exec, core.index(), fut, info);
     if let Some(r) = queue_here(core, runnable) {
         r.schedule();
     }
-    ping_after_queueing(&core.exec, ping);
+    after_queueing_here(core);
     JoinHandle::new(task)
 }
 
