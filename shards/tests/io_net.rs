@@ -1116,6 +1116,123 @@ fn udp_connect_send_recv() {
     });
 }
 
+/// TCP urgent data: a read stops short at the urgent mark, with the bytes behind it queued.
+/// On epoll that short read cleared the ready bit, and the bytes behind the mark waited for an
+/// edge that never came (any peer could stall a connection with one `MSG_OOB` byte).
+#[test]
+fn tcp_read_past_the_urgent_mark() {
+    on_each_driver("tcp_read_past_the_urgent_mark", 1, |driver| async move {
+        let (c, s) = tcp_pair().await;
+        let cfd = c.as_raw_fd();
+        let send = |b: &[u8], flags: i32| {
+            // SAFETY: `b` is a live slice; `cfd` is open while `c` lives.
+            let n = unsafe { libc::send(cfd, b.as_ptr().cast(), b.len(), flags) };
+            assert_eq!(n, b.len() as isize);
+        };
+        // A first, short read leaves the read bit clear, so the next read waits and adds the
+        // socket to the epoll set: the edge it then gets is the last one.
+        send(b"a", 0);
+        let (r, b) = s.read(Vec::with_capacity(100)).await;
+        assert_eq!((r.unwrap(), &b[..]), (1, &b"a"[..]));
+        send(b"hello", 0);
+        send(b"x", libc::MSG_OOB);
+        send(b"world", 0);
+        sleep(Duration::from_millis(50)).await;
+        let mut got = Vec::new();
+        while got.len() < 10 {
+            let Ok((r, b)) =
+                xtc_shards::time::timeout(Duration::from_secs(3), s.read(Vec::with_capacity(100)))
+                    .await
+            else {
+                panic!(
+                    "[{driver}] a read hung with bytes queued behind the urgent mark (got {:?})",
+                    String::from_utf8_lossy(&got)
+                );
+            };
+            assert!(r.unwrap() > 0, "[{driver}] end of stream");
+            got.extend_from_slice(&b);
+        }
+        assert_eq!(got, b"helloworld", "[{driver}]");
+    });
+}
+
+/// A Unix stream: a message carrying descriptors (`SCM_RIGHTS`) ends a read short, with the
+/// bytes sent after it queued. On epoll the short read cleared the ready bit and the next
+/// read hung, through the owned `read` and through `AsyncRead` alike.
+#[test]
+fn unix_read_past_a_message_with_descriptors() {
+    on_each_driver(
+        "unix_read_past_a_message_with_descriptors",
+        1,
+        |driver| async move {
+            for trait_side in [false, true] {
+                let (a, mut b) = UnixStream::pair().unwrap();
+                // As in the TCP test: a short first read, so the next one waits for its edge.
+                let (w, _) = a.write(&b"a"[..]).await;
+                w.unwrap();
+                let (r, got) = b.read(Vec::with_capacity(100)).await;
+                assert_eq!((r.unwrap(), &got[..]), (1, &b"a"[..]));
+                send_with_a_descriptor(a.as_raw_fd(), b"ab");
+                let (w, _) = a.write(&b"cd"[..]).await;
+                assert_eq!(w.unwrap(), 2);
+                let mut got = Vec::new();
+                while got.len() < 4 {
+                    let mut piece = [0u8; 100];
+                    let read = async {
+                        if trait_side {
+                            AsyncReadExt::read(&mut b, &mut piece).await.unwrap()
+                        } else {
+                            let (r, buf) = b.read(Vec::with_capacity(100)).await;
+                            let n = r.unwrap();
+                            piece[..n].copy_from_slice(&buf);
+                            n
+                        }
+                    };
+                    let Ok(n) = xtc_shards::time::timeout(Duration::from_secs(3), read).await
+                    else {
+                        panic!(
+                            "[{driver}] a read (AsyncRead: {trait_side}) hung with bytes queued \
+                         behind a message with descriptors (got {:?})",
+                            String::from_utf8_lossy(&got)
+                        );
+                    };
+                    assert!(n > 0, "[{driver}] end of stream");
+                    got.extend_from_slice(&piece[..n]);
+                }
+                assert_eq!(got, b"abcd", "[{driver}] AsyncRead: {trait_side}");
+            }
+        },
+    );
+}
+
+/// Sends `data` on the Unix socket `fd` with one descriptor (stdin's) attached.
+fn send_with_a_descriptor(fd: std::os::fd::RawFd, data: &[u8]) {
+    let mut data = data.to_vec();
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
+    let mut cbuf = vec![0u8; space];
+    // SAFETY: an all-zero msghdr is a valid empty header; every pointer set below points at a
+    // live local (`iov`, `cbuf`, `data`) that outlives the `sendmsg` call, and the control
+    // message fits in `cbuf` (its size is CMSG_SPACE of one descriptor).
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let cm = libc::CMSG_FIRSTHDR(&msg);
+        (*cm).cmsg_level = libc::SOL_SOCKET;
+        (*cm).cmsg_type = libc::SCM_RIGHTS;
+        (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<i32>(), 0);
+        assert_eq!(libc::sendmsg(fd, &msg, 0), data.len() as isize);
+    }
+}
+
 #[test]
 fn unix_listener_stream_and_pair() {
     on_each_driver("unix_listener_stream_and_pair", 1, |_| async {

@@ -9,7 +9,10 @@
 //! 1. **Try only when ready.** An operation whose direction's bit is set tries its non-blocking
 //!    system call. On `EAGAIN`, or on a result that shows the fd drained (a stream read or
 //!    write shorter than asked), it clears the bit. An operation whose bit is clear makes no
-//!    system call: it waits.
+//!    system call: it waits. A short read is no such proof on a Unix stream (a read stops at
+//!    a message carrying descriptors or another sender's credentials, with data queued behind
+//!    it), so there only `EAGAIN` clears the read bit; nor after urgent TCP data (a read stops
+//!    at the urgent mark), which rule 3 covers.
 //! 2. **Wait.** The waiting future adds its waker to the fd's list for its direction. The first
 //!    wait on an fd adds it to the epoll set, once, for input, output and hang-up, with
 //!    `EPOLLET`. Adding reports readiness the fd already has, and edge-triggered epoll reports
@@ -24,6 +27,7 @@
 //!    direction neither ended (a read at the end returns 0) nor failing (an error that is
 //!    reported once, such as a UDP socket's ICMP error, has been consumed), so it clears the
 //!    sticky bit too; kept, it made every later call retry `EAGAIN` without ever waiting.
+//!    Urgent data (`EPOLLPRI`, registered too) sets a sticky read bit the same way.
 //! 4. A waiting future that is dropped removes its waker; a closed source removes its slot and
 //!    leaves the epoll set. Entries carry the future's registration id, so a future polled
 //!    again keeps one entry and two futures of one task (one waker) on the same fd and
@@ -31,8 +35,8 @@
 //!
 //! Cost: per operation, its system call when the fd is ready, none when it is not; one
 //! `epoll_ctl` per fd for its life; one `epoll_wait` per loop turn while anything waits (none
-//! while nothing does). A stream that reads one short message per wake-up makes one `recv`
-//! per message. The loop's wake eventfd is registered level-triggered under the token
+//! while nothing does). A TCP stream that reads one short message per wake-up makes one
+//! `recv` per message; a Unix stream, two (the second gets `EAGAIN`). The loop's wake eventfd is registered level-triggered under the token
 //! [`PING`] and drained when it fires.
 
 use std::{
@@ -65,6 +69,9 @@ const READY_WRITE: u8 = 2;
 const CLOSED_READ: u8 = 4;
 /// Sticky: the fd failed or hung up, so writes always try (they fail at once).
 const CLOSED_WRITE: u8 = 8;
+/// Sticky: urgent data arrived (`EPOLLPRI`), so reads try until `EAGAIN`. A TCP read stops
+/// short at the urgent mark with the bytes behind it queued; no edge follows for them.
+const URGENT_READ: u8 = 16;
 
 fn bit(dir: Dir) -> u8 {
     match dir {
@@ -76,7 +83,7 @@ fn bit(dir: Dir) -> u8 {
 /// The ready bit of `dir` and its sticky closed bit.
 fn bits_of(dir: Dir) -> u8 {
     match dir {
-        Dir::Read => READY_READ | CLOSED_READ,
+        Dir::Read => READY_READ | CLOSED_READ | URGENT_READ,
         Dir::Write => READY_WRITE | CLOSED_WRITE,
     }
 }
@@ -94,7 +101,8 @@ struct Slot {
     fd: RawFd,
     readers: Vec<Waiter>,
     writers: Vec<Waiter>,
-    /// Rule 1's bits: `READY_READ | READY_WRITE`, plus the sticky `CLOSED_*` bits.
+    /// Rule 1's bits: `READY_READ | READY_WRITE`, plus the sticky `CLOSED_*` and
+    /// `URGENT_READ` bits.
     ready: u8,
     /// In the epoll set (rule 2).
     added: bool,
@@ -261,7 +269,11 @@ impl Epoll {
             .ok_or_else(|| io::Error::other("xtc: I/O source used after it was closed"))?;
         if !slot.added {
             let mut ev = libc::epoll_event {
-                events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+                events: (libc::EPOLLIN
+                    | libc::EPOLLOUT
+                    | libc::EPOLLRDHUP
+                    | libc::EPOLLPRI
+                    | libc::EPOLLET) as u32,
                 u64: token as u64,
             };
             // SAFETY: `ev` is a live local; the descriptors are open (the slot's fd is closed
@@ -399,6 +411,9 @@ impl Epoll {
                 slot.ready |= CLOSED_READ | CLOSED_WRITE;
             } else if bits & libc::EPOLLRDHUP as u32 != 0 {
                 slot.ready |= CLOSED_READ;
+            }
+            if bits & libc::EPOLLPRI as u32 != 0 {
+                slot.ready |= URGENT_READ;
             }
             if err || bits & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLPRI) as u32 != 0 {
                 slot.ready |= READY_READ;

@@ -671,15 +671,25 @@ impl Drop for PollState {
 
 impl StreamIo {
     pub(crate) fn new(fd: OwnedFd) -> StreamIo {
+        StreamIo::on(Source::new(fd))
+    }
+
+    /// A Unix-domain stream's (`Source::unix_stream`).
+    pub(crate) fn new_unix(fd: OwnedFd) -> StreamIo {
+        StreamIo::on(Source::unix_stream(fd))
+    }
+
+    fn on(src: Source) -> StreamIo {
+        let fd = src.fd();
         StreamIo {
             poll: RefCell::new({
                 let mut st = PollState::default();
-                st.fd = Some(std::os::fd::AsRawFd::as_raw_fd(&fd));
+                st.fd = Some(fd);
                 st
             }),
             owned_reads: std::cell::Cell::new(0),
             trait_id: std::cell::Cell::new(0),
-            src: Source::new(fd),
+            src,
         }
     }
 

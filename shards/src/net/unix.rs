@@ -55,7 +55,7 @@ impl UnixListener {
             match ops::accept::accept(&self.src, &self.kept).await {
                 Ok((fd, _)) => {
                     return Ok(UnixStream {
-                        io: StreamIo::new(fd),
+                        io: StreamIo::new_unix(fd),
                     })
                 }
                 Err(e) if is_exhaustion(&e) => backoff.wait(&e).await,
@@ -129,7 +129,7 @@ impl UnixStream {
         loop {
             let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
             let stream = UnixStream {
-                io: StreamIo::new(OwnedFd::from(s)),
+                io: StreamIo::new_unix(OwnedFd::from(s)),
             };
             match ops::connect::connect(&stream.io.src, addr.clone()).await {
                 Ok(()) => return Ok(stream),
@@ -149,10 +149,10 @@ impl UnixStream {
         let (a, b) = Socket::pair(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
         Ok((
             UnixStream {
-                io: StreamIo::new(OwnedFd::from(a)),
+                io: StreamIo::new_unix(OwnedFd::from(a)),
             },
             UnixStream {
-                io: StreamIo::new(OwnedFd::from(b)),
+                io: StreamIo::new_unix(OwnedFd::from(b)),
             },
         ))
     }
@@ -199,7 +199,7 @@ impl UnixStream {
     pub fn from_std(s: std::os::unix::net::UnixStream) -> io::Result<UnixStream> {
         s.set_nonblocking(true)?;
         Ok(UnixStream {
-            io: StreamIo::new(OwnedFd::from(s)),
+            io: StreamIo::new_unix(OwnedFd::from(s)),
         })
     }
 
