@@ -129,7 +129,8 @@ impl<T> Sender<T> {
 
     /// Sends, waiting while the channel is full (in line with the other waiting senders, see
     /// the module doc); `Err` gives the value back if the receiver is gone. Dropping the future
-    /// gives up its place, and a slot it was woken for goes to the next waiter.
+    /// gives up its place, and a slot it was woken for goes to the next waiter; it drops
+    /// `value` too (not cancel-safe, as tokio's `send`: [`try_send`](Self::try_send) keeps it).
     pub fn send(&self, value: T) -> SendFut<'_, T> {
         SendFut {
             tx: self,

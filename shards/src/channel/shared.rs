@@ -156,7 +156,9 @@ impl Flush for SignalTx {
     }
 }
 
-/// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0.
+/// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0, or one
+/// whose slots' bytes exceed `isize::MAX`; below that the ring is allocated up front, and a
+/// capacity the machine cannot hold aborts as any failed allocation does.
 /// Cost: one allocation of `capacity` slots.
 pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
     let (p, c) = RingBuffer::new(check_capacity::<T>(capacity)?);
@@ -243,8 +245,11 @@ pub struct Receiver<T> {
 
 impl<T> Sender<T> {
     /// Sends `value`, waiting while the channel is full. `Err` gives the value back if the
-    /// receiver is gone. Cost: a ring push; an atomic read-modify-write only once per turn and
-    /// per `capacity / 4` sends (rule 2).
+    /// receiver is gone. Not cancel-safe, as tokio's `send`: dropping the future while it waits
+    /// drops `value` (to keep it, use [`try_send`](Self::try_send), or
+    /// [`send_many`](Self::send_many) over `iter.by_ref()`, which keeps what it has not sent).
+    /// Cost: a ring push; an atomic read-modify-write only once per turn and per
+    /// `capacity / 4` sends (rule 2).
     pub fn send(&mut self, value: T) -> SendFut<'_, T> {
         SendFut {
             tx: self,
