@@ -174,7 +174,7 @@ fn local_many_senders_with_timeouts_and_try_send_barging() {
         }
         drop(tx);
         let mut got = vec![0u64; 8];
-        let mut last = vec![None::<u64>; 8];
+        let mut last = [None::<u64>; 8];
         let mut seed = 5u64;
         while let Some((id, i)) = rx.recv().await {
             if let Some(l) = last[id] {
