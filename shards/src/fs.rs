@@ -282,7 +282,8 @@ impl File {
     /// [`write_at`](Self::write_at), once unless the write comes back short; the rest then
     /// goes through a copy of the remaining bytes per further write.
     pub async fn write_all_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<(), B> {
-        if let Err(e) = self.check_seekable() {
+        // The offset too, before an empty `buf` writes nothing: as `write_at` does.
+        if let Err(e) = self.check_seekable().and_then(|()| file::check_pos(pos)) {
             return (Err(e), buf);
         }
         self.write_all(buf, Some(pos)).await

@@ -56,7 +56,7 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
 
 /// A file offset both drivers take the same way. Past `i64::MAX` `pread` fails with `EINVAL`,
 /// while io_uring reads `u64::MAX` as "the file's current position" and writes there.
-fn check_pos(pos: u64) -> io::Result<()> {
+pub(crate) fn check_pos(pos: u64) -> io::Result<()> {
     if pos > i64::MAX as u64 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
