@@ -390,7 +390,11 @@ fn offsets_past_the_largest_file_offset_are_rejected_alike() {
                 assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
                 // Also when there is nothing to write (a reviewer saw `Ok` here).
                 let (r, _) = f.write_all_at(Vec::new(), pos).await;
-                assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput, "{driver}");
+                assert_eq!(
+                    r.unwrap_err().kind(),
+                    io::ErrorKind::InvalidInput,
+                    "{driver}"
+                );
             }
             assert_eq!(std::fs::read(&path).unwrap(), b"0123456789");
         },
