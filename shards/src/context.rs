@@ -87,6 +87,8 @@ pub(crate) struct Core {
     pub(crate) current: Cell<*const TaskMeta>,
     /// Migratable tasks spawned minus finished on this loop this turn (steal::flush_live).
     pub(crate) migr_delta: Cell<i64>,
+    /// This turn's `spawning` flag is up (steal/mod.rs rule 4; mirrors the shared one).
+    pub(crate) spawning: Cell<bool>,
     /// Set by `yield_if_due` when it yields: the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
     /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6): set
@@ -263,6 +265,7 @@ impl Core {
             poll_started: Cell::new(None),
             current: Cell::new(ptr::null()),
             migr_delta: Cell::new(0),
+            spawning: Cell::new(false),
             end_batch: Cell::new(false),
             inline_left: Cell::new(0),
             inline_runs: Cell::new(0),

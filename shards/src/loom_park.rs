@@ -125,138 +125,139 @@ fn loom_count_leaving_zero_is_seen_or_pings() {
     });
 }
 
-/// How a migratable spawn orders its push, its look at the live count and its ping.
-#[derive(Clone, Copy)]
-enum SpawnOrder {
-    /// `steal::after_queueing`: push, `SeqCst` fence, then load the count; ping if it reads
-    /// zero or less.
-    Shipping,
-    /// Before f5313c4: decide and ping, then push.
-    PingBeforePush,
-    /// f5313c4: decide from the count, push, then ping if the decision said so.
-    DecideBeforePush,
-}
-
-/// Steal rule 4 against an idle loop. The live count starts at `live`; above zero, another
-/// loop publishes a finish (−1, as `flush_live` does) meanwhile. The spawner's own +1 is in
-/// its unpublished batch, so the count never shows it: the idle loop's signs of work are the
-/// count above zero and the victim's queue. `queued` stands for the deque (crossbeam's push
-/// is a Release store of its back index). The idle loop looks as `steal::may_find_work`
-/// does (the count, `SeqCst`; a fence; the queue), ticks while the count is above zero, and
-/// otherwise announces, looks again and sleeps.
-fn spawn_against_an_idle_loop(order: SpawnOrder, live: i64) {
-    use loom::sync::atomic::{fence, AtomicI64, AtomicUsize, Ordering::*};
-    loom::model(move || {
-        let count = Arc::new(AtomicI64::new(live));
+/// Steal rule 4 against an idle loop, over the shipping `Parker`: a busy loop spawns (its +1
+/// still in its unpublished batch, so only its `spawning` flag shows it) while another loop
+/// publishes a finish that takes the count from 1 to 0; then the task is queued (a spawn's
+/// push, or a later wake of it), and the busy loop's turn ends (`flush_live`: the count, then
+/// the flag down) only if `flush`. The idle loop looks as `steal::may_find_work` does (the
+/// count, the flags, the queue; `SeqCst`, the queue Acquire as crossbeam's `is_empty`), ticks
+/// while it sees a sign of work, and otherwise announces, counts itself tickless
+/// (`steal::enter_tickless`; after looking again when `counts_late`, the broken order),
+/// looks again and sleeps. A lost wake-up shows as a loom deadlock.
+fn spawning_flag_model(counts_late: bool, flush: bool) {
+    use loom::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicUsize, Ordering::*};
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(move || {
+        let count = Arc::new(AtomicI64::new(1));
+        let flag = Arc::new(AtomicBool::new(false));
+        let tickless = Arc::new(AtomicUsize::new(0));
         let queued = Arc::new(AtomicUsize::new(0));
         let parker = Arc::new(Parker::new().unwrap());
-        let (c2, q2, p2) = (count.clone(), queued.clone(), parker.clone());
-        let spawner = thread::spawn(move || match order {
-            SpawnOrder::Shipping => {
-                q2.store(1, Release);
-                fence(SeqCst);
-                if c2.load(Relaxed) <= 0 {
-                    p2.unpark();
-                }
-            }
-            SpawnOrder::PingBeforePush => {
-                if c2.load(Relaxed) <= 0 {
-                    p2.unpark();
-                }
-                q2.store(1, Release);
-            }
-            SpawnOrder::DecideBeforePush => {
-                let due = c2.load(Relaxed) <= 0;
-                q2.store(1, Release);
-                if due {
-                    p2.unpark();
-                }
-            }
-        });
-        let finisher = (live > 0).then(|| {
-            let c3 = count.clone();
+        let spawner = {
+            let (count, flag, tickless, queued, parker) = (
+                count.clone(),
+                flag.clone(),
+                tickless.clone(),
+                queued.clone(),
+                parker.clone(),
+            );
             thread::spawn(move || {
-                c3.fetch_add(-1, SeqCst);
+                // `show_spawning`.
+                flag.store(true, SeqCst);
+                fence(SeqCst);
+                if tickless.load(SeqCst) > 0 {
+                    parker.unpark();
+                }
+                queued.store(1, Release);
+                if flush {
+                    // `flush_live` of the batch (+1), then the flag down.
+                    if count.fetch_add(1, SeqCst) <= 0 {
+                        parker.unpark();
+                    }
+                    flag.store(false, SeqCst);
+                }
             })
-        });
+        };
+        let finisher = {
+            let count = count.clone();
+            thread::spawn(move || {
+                count.fetch_add(-1, SeqCst);
+            })
+        };
         let look = || {
-            let l = count.load(SeqCst);
-            fence(SeqCst);
-            (l, queued.load(Acquire))
+            let c = count.load(SeqCst);
+            let f = flag.load(SeqCst);
+            (c > 0 || f, queued.load(Acquire) > 0)
         };
         loop {
-            let (l, q) = look();
-            if q > 0 {
+            let (sign, found) = look();
+            if found {
                 break; // it steals
             }
-            if l > 0 {
+            if sign {
                 thread::yield_now(); // an idle tick
                 continue;
             }
             parker.announce();
-            let (l, q) = look();
-            if q > 0 || l > 0 {
+            if !counts_late {
+                tickless.fetch_add(1, SeqCst);
+                fence(SeqCst);
+            }
+            let (sign, found) = look();
+            if sign || found {
                 parker.cancel();
+                if !counts_late {
+                    tickless.fetch_sub(1, SeqCst);
+                }
                 continue;
             }
+            if counts_late {
+                tickless.fetch_add(1, SeqCst);
+                fence(SeqCst);
+            }
             parker.sleep(None);
+            tickless.fetch_sub(1, SeqCst);
         }
         spawner.join().unwrap();
-        if let Some(f) = finisher {
-            f.join().unwrap();
-        }
+        finisher.join().unwrap();
     });
 }
 
-/// The count stays at zero (the spawner's turn also finished a stolen child): only the ping
-/// and the queue tell the idle loop.
+/// A loop's first spawn of a turn is seen by an idle loop, or pings it, while a finish
+/// published elsewhere takes the count to zero.
 #[test]
-fn loom_spawn_pings_after_the_push() {
-    spawn_against_an_idle_loop(SpawnOrder::Shipping, 0);
+fn loom_spawning_flag_is_seen_or_pings() {
+    spawning_flag_model(false, false);
 }
 
-/// The count drops to zero between the spawner's decision and its push.
+/// The same with the spawner's turn ending meanwhile: the flag goes down only after the count
+/// took the batch.
 #[test]
-fn loom_spawn_decides_after_the_push() {
-    spawn_against_an_idle_loop(SpawnOrder::Shipping, 1);
+fn loom_spawning_flag_down_after_the_count() {
+    spawning_flag_model(false, true);
 }
 
-/// The two earlier orders, each in the scenario that breaks it: loom must report a lost
-/// wake-up (a deadlock), which shows the models above can fail. Loom's deadlock panic aborts
-/// the process during cleanup (so no `should_panic`): each model runs in a child test
-/// process, whose failure and message are checked here.
+/// The broken order (count itself tickless only after the last look): loom must report the
+/// lost wake-up, which shows the models above can fail. Loom's deadlock panic aborts the
+/// process during cleanup (so no `should_panic`): the model runs in a child test process,
+/// whose failure and message are checked here.
 #[test]
-fn loom_earlier_spawn_orders_lose_the_wakeup() {
-    for model in [
-        "loom_park::loom_model_ping_before_the_push",
-        "loom_park::loom_model_decide_before_the_push",
-    ] {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
-            .arg(model)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && stderr.contains("deadlock; threads"),
-            "loom found no lost wake-up in {model} (status {}):\n{stderr}",
-            out.status
-        );
-    }
+fn loom_counting_tickless_late_loses_the_wakeup() {
+    let model = "loom_park::loom_model_counting_tickless_late";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+            model,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("deadlock; threads"),
+        "loom found no lost wake-up in {model} (status {}):\n{stderr}",
+        out.status
+    );
 }
 
-/// Run by `loom_earlier_spawn_orders_lose_the_wakeup` in a child process.
+/// Run by `loom_counting_tickless_late_loses_the_wakeup` in a child process.
 #[test]
-#[ignore = "expected to fail: run by loom_earlier_spawn_orders_lose_the_wakeup"]
-fn loom_model_ping_before_the_push() {
-    spawn_against_an_idle_loop(SpawnOrder::PingBeforePush, 0);
-}
-
-/// Run by `loom_earlier_spawn_orders_lose_the_wakeup` in a child process.
-#[test]
-#[ignore = "expected to fail: run by loom_earlier_spawn_orders_lose_the_wakeup"]
-fn loom_model_decide_before_the_push() {
-    spawn_against_an_idle_loop(SpawnOrder::DecideBeforePush, 1);
+#[ignore = "expected to fail: run by loom_counting_tickless_late_loses_the_wakeup"]
+fn loom_model_counting_tickless_late() {
+    spawning_flag_model(true, false);
 }
 
 /// Closing (`executor/quiesce.rs`, `close`), over the shipping `Status::busy` and

@@ -652,9 +652,11 @@ fn an_idle_loop_keeps_stealing_while_the_spawner_computes() {
 /// Rule 4 again: a loop that finished a stolen child and then, in the same turn, spawns while
 /// the shared count reads zero or less. Its batch (−1 + 1) published nothing, so the spawn
 /// pinged nobody, and a loop parked without a tick left the new task in the busy loop's deque
-/// for the whole of that loop's poll. Every such spawn pings now, and only once the task is
-/// queued: when the spawner and the idle loop shared a CPU (children per shard `[2, 0, 2]`),
-/// the woken loop ran before the push, found nothing, and parked again without a tick.
+/// for the whole of that loop's poll. (A later fix pinged after the push: when the spawner
+/// and the idle loop shared a CPU, children per shard `[2, 0, 2]`, the loop woken before it
+/// found nothing and parked again.) Now the spawner's `spawning` flag, up until its batch is
+/// published, keeps the idle loop ticking, and its first spawn pings loops parked without a
+/// tick.
 #[test]
 fn a_spawn_after_a_finish_in_the_same_turn_still_wakes_idle_loops() {
     let ex = exec(3);
@@ -710,5 +712,52 @@ fn a_spawn_after_a_finish_in_the_same_turn_still_wakes_idle_loops() {
         "the late child waited in its busy spawner's deque while a loop idled (children run per \
          shard: {:?})",
         per_shard.iter().map(|n| n.load(SeqCst)).collect::<Vec<_>>()
+    );
+}
+
+/// Rule 4 for a wake: a parked migratable task woken from a busy loop goes onto that loop's
+/// deque. With the count at zero (a finish published by the thief, the spawns still in the
+/// busy loop's batch), the other loop had parked without a tick, and nothing pinged it: the
+/// woken task waited for the busy loop's whole poll. Now that batch's `spawning` flag keeps
+/// the idle loop ticking, and it steals the task meanwhile. (From a review.)
+#[test]
+fn a_task_woken_by_a_busy_loop_is_stolen_while_that_loop_computes() {
+    let ex = exec(2);
+    let parked = Arc::new(AtomicBool::new(false));
+    let ran_meanwhile = Arc::new(AtomicBool::new(false));
+    let parent_done = Arc::new(AtomicBool::new(false));
+    let (pk, rm, pd) = (parked.clone(), ran_meanwhile.clone(), parent_done.clone());
+    let parent = ex.spawn(async move {
+        let (tx, rx) = futures::channel::oneshot::channel::<()>();
+        let pk2 = pk.clone();
+        let waiter = xtc_shards::spawn(async move {
+            pk2.store(true, SeqCst);
+            rx.await.unwrap();
+            if !pd.load(SeqCst) {
+                rm.store(true, SeqCst);
+            }
+        });
+        // Its end is published by the thief, its start not yet: the count reads zero.
+        let quick = xtc_shards::spawn(async {});
+        let t = std::time::Instant::now();
+        while !pk.load(SeqCst) && t.elapsed() < Duration::from_secs(5) {
+            std::hint::spin_loop();
+        }
+        burn(Duration::from_millis(200)); // the other loop parks
+        tx.send(()).unwrap(); // a wake from this worker: onto this loop's deque
+        burn(Duration::from_millis(1500));
+        parent_done.store(true, SeqCst);
+        waiter.await.unwrap();
+        quick.await.unwrap();
+    });
+    run_or_fail(ex, Duration::from_secs(30), "wake from a busy loop").unwrap();
+    futures::executor::block_on(parent).unwrap();
+    assert!(
+        parked.load(SeqCst),
+        "the waiter was never stolen and started"
+    );
+    assert!(
+        ran_meanwhile.load(SeqCst),
+        "the woken waiter sat in the busy loop's deque while the other loop slept without a tick"
     );
 }

@@ -448,6 +448,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let mut idle_tick_only = false;
         if timeout != Some(Duration::ZERO) {
             shared.parker.announce();
+            // Steal rule 4: a thief parking without a tick counts itself first, then looks
+            // again (below), so a spawn either sees it counted and pings, or is seen.
+            let tickless = tick.is_none() && steal::enter_tickless(core);
             // Rule 1 of park.rs: recheck every source after announcing (rings: ring/mod.rs
             // rules 3 and 5).
             if shared.inbox.recheck()
@@ -461,6 +464,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 || (tick.is_none() && steal::idle_tick(core).is_some())
             {
                 shared.parker.cancel();
+                if tickless {
+                    steal::leave_tickless(core);
+                }
             } else {
                 shared.stats.park_begin(now);
                 let mut events = 0;
@@ -473,6 +479,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     timeout,
                 );
                 shared.stats.park_end(Instant::now());
+                if tickless {
+                    steal::leave_tickless(core);
+                }
                 // Steal rules 3 and 4: woken by work, or an idle tick that found nothing yet.
                 core.fresh_wake.set(pinged);
                 if !pinged {

@@ -27,18 +27,18 @@
 //!    queued, unless this thief found it short but non-empty [`STARVATION_LOOKS`] times in a row,
 //!    or this is the thief's first steal after being woken by new work.
 //! 4. **Finding work while parked.** While any migratable task is alive (the count of rule 5 is
-//!    above zero) or a victim has tasks queued, an idle loop parks with a 1 ms timeout (the idle
-//!    tick) and retries; with steal backoff on, consecutive empty ticks grow it to 32 ms, and any
-//!    work resets it. Otherwise an idle loop parks without timeout. A spawn queues its task,
-//!    then (after a `SeqCst` fence paired with one in the idle loop's look) reads the count:
-//!    if it reads zero or less, the spawner publishes its loop's batch at once and pings every
-//!    loop. Deciding before the push lost wake-ups two ways (`loom_park.rs`): a loop woken
-//!    before the push found nothing and parked again, and a count that dropped to zero in
-//!    between let an idle loop park while the spawner, having read it above zero, pinged
-//!    nobody. (The count can read zero or less with tasks alive: a thief publishes the ends
-//!    of tasks whose starts still wait in a busy loop's batch; hence the look at the victims'
-//!    queues.) With eager rebalance on, a loop that queues a migratable task also pings one
-//!    idle peer at the end of its turn.
+//!    above zero), a loop holds spawns it has not counted yet (its `spawning` flag, raised at
+//!    its first spawn of a turn and lowered once its batch is published), or a victim has
+//!    tasks queued, an idle loop parks with a 1 ms timeout (the idle tick) and retries; with
+//!    steal backoff on, consecutive empty ticks grow it to 32 ms, and any work resets it.
+//!    Otherwise no migratable task is alive (the count reads low only while a batch is
+//!    unpublished, and then a flag is up): the loop parks without a timeout, counted among the
+//!    tickless loops. Two things end that: the count rising from zero or less (a publish or a
+//!    foreign spawn pings every loop), and a loop's first spawn of a turn, which raises its
+//!    flag and then pings every loop if any is tickless; the idle loop counts itself tickless
+//!    before it looks at the flags, so one side always sees the other (`loom_park.rs`). A
+//!    woken task needs no ping: it is alive, so the idle loops tick. With eager rebalance on,
+//!    a loop that queues a migratable task also pings one idle peer at the end of its turn.
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
@@ -83,7 +83,7 @@ use crate::{
     context::{with_core, Core},
     executor::ExecShared,
     stats::bump,
-    sync::{fence, lock, AtomicI64, AtomicU64, AtomicUsize, Mutex, Ordering::*},
+    sync::{fence, lock, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Mutex, Ordering::*},
     task::{JoinHandle, Outcome, Runnable, TaskInfo, TaskMeta},
 };
 
@@ -94,6 +94,9 @@ pub(crate) struct StealShared {
     pub(crate) injector: Injector<Runnable>,
     /// Tasks thieves took from this loop (written by thieves: an RMW per steal).
     pub(crate) stolen_from: AtomicU64,
+    /// Rule 4: this loop spawned migratable tasks this turn whose count it has not published
+    /// yet (set at its first spawn of a turn, cleared by `flush_live` after publishing).
+    pub(crate) spawning: CachePadded<AtomicBool>,
 }
 
 impl StealShared {
@@ -126,6 +129,9 @@ pub(crate) struct Migratable {
     /// Live migratable tasks (rule 5), not counting the unflushed deltas of busy loops
     /// (which is why it may dip below zero for a moment).
     pub(crate) live: CachePadded<AtomicI64>,
+    /// Loops parked, or deciding to park, without an idle tick because they saw no sign of
+    /// migratable work (rule 4): a loop's first spawn of a turn pings them.
+    pub(crate) tickless: CachePadded<AtomicUsize>,
     /// Registry shards, by spawning loop (or round-robin slot), to spread the locks.
     registry: Vec<CachePadded<Mutex<Slab<MEntry>>>>,
     /// Loop deques, parked between runs (taken by the loop when it starts).
@@ -144,12 +150,14 @@ impl Migratable {
                 stealer: w.stealer(),
                 injector: Injector::new(),
                 stolen_from: AtomicU64::new(0),
+                spawning: CachePadded::new(AtomicBool::new(false)),
             });
             workers.push(Mutex::new(Some(w)));
         }
         (
             Migratable {
                 live: CachePadded::new(AtomicI64::new(0)),
+                tickless: CachePadded::new(AtomicUsize::new(0)),
                 registry: (0..n.max(1))
                     .map(|_| CachePadded::new(Mutex::new(Slab::new())))
                     .collect(),
@@ -344,7 +352,7 @@ impl<F> Drop for MigrFuture<F> {
 /// Counts a spawned migratable task, before it is queued (so the count never misses a live
 /// one): batched per loop turn on a worker (one shared RMW per turn, in [`flush_live`]),
 /// directly elsewhere. Returns whether the shared count rose from zero or less; the caller
-/// queues the task, then calls [`after_queueing`] with it.
+/// then pings every loop once the task is queued (rule 4).
 fn count_spawn(exec: &Arc<ExecShared>) -> bool {
     with_core(|core| {
         Arc::ptr_eq(&core.exec, exec).then(|| {
@@ -356,63 +364,35 @@ fn count_spawn(exec: &Arc<ExecShared>) -> bool {
     .unwrap_or_else(|| live_add_shared(exec, 1))
 }
 
-/// [`count_spawn`] on a worker of the task's executor: into this turn's batch.
+/// [`count_spawn`] on a worker of the task's executor: into this turn's batch; the turn's
+/// first spawn also shows the batch to idle loops ([`show_spawning`]).
 #[inline]
 fn count_spawn_here(core: &Core) {
     core.migr_delta.set(core.migr_delta.get() + 1);
-}
-
-/// Rule 4 once a spawned task is queued: pings every loop if the count `rose` from zero or
-/// less, or reads zero or less now (then a worker publishes its turn's batch first). Loops may
-/// be parked without an idle tick then, and must start looking before the spawner's turn
-/// ends. The count reads so not only when no task is alive: a thief that ran some of this
-/// loop's fresh spawns publishes their ends at the end of its own turn, while their starts
-/// still wait in this loop's batch.
-///
-/// Decided after the push, never before: a loop woken before the push could look, find
-/// nothing, and park again (`loom_spawn_pings_after_the_push`); and a count read before it
-/// could drop to zero in between (another loop publishing a finish), letting an idle loop see
-/// zero and an empty queue and park while this spawn, having read the count above zero,
-/// pinged nobody (`loom_spawn_decides_after_the_push`). Against that one the `SeqCst` fence
-/// here pairs with the one in [`may_find_work`]: either this load sees the count the idle
-/// loop saw (zero or less: ping), or the idle loop's look at the queues sees the push.
-/// Cost: a fence (an `mfence` on x86) and a load of a line each loop writes once per turn.
-fn after_queueing(exec: &ExecShared, rose: bool) {
-    fence(SeqCst);
-    if rose || exec.migratable.live.load(Relaxed) <= 0 {
-        with_core(|core| {
-            if std::ptr::eq(Arc::as_ptr(&core.exec), exec) {
-                publish_batch(core);
-            }
-        });
-        exec.unpark_all();
+    if !core.spawning.get() {
+        show_spawning(core);
     }
 }
 
-/// [`after_queueing`] on a worker of the task's executor, after [`count_spawn_here`].
-#[inline]
-fn after_queueing_here(core: &Core) {
+/// Rule 4, at a loop's first spawn of a turn: raises its `spawning` flag, which keeps idle
+/// loops ticking until `flush_live` has published the batch, and pings the loops that parked
+/// without a tick. The store, a `SeqCst` fence, then the load of the tickless count, against
+/// the idle loop's increment of that count, its fence, then its loads of the flags
+/// ([`enter_tickless`]): one of the two sees the other (`loom_park.rs`,
+/// `loom_spawning_flag_*`). Cost: a store, a fence and a load per turn that spawns, plus a
+/// ping of every loop when one parked without a tick.
+#[cold]
+fn show_spawning(core: &Core) {
+    core.spawning.set(true);
+    core.shared.steal.spawning.store(true, SeqCst);
     fence(SeqCst);
-    if core.exec.migratable.live.load(Relaxed) <= 0 {
-        // The whole batch, whatever the count reads then: it may have held finishes too (a
-        // stolen child run before this spawn), so the count can still read zero or less with
-        // this task queued, and a ping only on leaving zero would reach nobody.
-        publish_batch(core);
+    if core.exec.migratable.tickless.load(SeqCst) > 0 {
         core.exec.unpark_all();
     }
 }
 
-/// Publishes this loop's batched count now (the rest of the turn batches afresh).
-fn publish_batch(core: &Core) {
-    let delta = core.migr_delta.replace(0);
-    if delta != 0 {
-        core.exec.migratable.live.fetch_add(delta, SeqCst);
-    }
-}
-
 /// Adds `delta` straight to the shared count. Returns whether it rose from zero or less, when
-/// idle loops parked without a tick must start looking (rule 4; also when the count stays at
-/// zero or below: it may read so with tasks queued, see [`after_queueing`]).
+/// idle loops parked without a tick must start looking (rule 4).
 fn live_add_shared(exec: &ExecShared, delta: i64) -> bool {
     let prev = exec.migratable.live.fetch_add(delta, SeqCst);
     delta > 0 && prev <= 0
@@ -427,25 +407,28 @@ pub(crate) fn flush_live(core: &Core) {
     if delta != 0 && live_add_shared(&core.exec, delta) {
         core.exec.unpark_all();
     }
+    // After the count: an idle loop that sees the flag down sees the count with this batch.
+    if core.spawning.replace(false) {
+        core.shared.steal.spawning.store(false, SeqCst);
+    }
 }
 
 /// Whether an idle loop may find migratable work to steal (rules 2 and 4): the shared count
-/// says a task is alive, or one of its victims has tasks queued. The count alone can read zero
-/// or less for a whole turn of a busy loop with its fresh spawns still queued (see
-/// `after_queueing`): a thief that stopped looking then left them there until that turn
-/// ended. Cost: a load, and two per victim when the count reads zero or less.
+/// says a task is alive, a loop holds spawns it has not counted yet (its `spawning` flag), or
+/// one of its victims has tasks queued. The count alone can read zero or less with tasks
+/// alive, for a whole turn of a busy loop whose fresh spawns are still in its batch: a thief
+/// that ran some of them publishes their ends first. Without a flag up, though, every live
+/// task's start is counted, so a count of zero or less means no migratable task is alive.
+/// Cost: a load, one per loop, and two per victim when the count reads zero or less.
 fn may_find_work(core: &Core) -> bool {
     let exec = &*core.exec;
-    if exec.migratable.live.load(SeqCst) > 0 {
-        return true;
-    }
-    // Pairs with the fence of `after_queueing`: a spawner that read the count above zero
-    // pushed before its fence, and this look at the queues comes after this one.
-    fence(SeqCst);
-    exec.victims(core.index()).iter().any(|&v| {
-        let vs = &exec.loops[v].steal;
-        !vs.stealer.is_empty() || !vs.injector.is_empty()
-    })
+    // In this order: the count, then the flags (see `flush_live`), then the queues.
+    exec.migratable.live.load(SeqCst) > 0
+        || exec.loops.iter().any(|l| l.steal.spawning.load(SeqCst))
+        || exec.victims(core.index()).iter().any(|&v| {
+            let vs = &exec.loops[v].steal;
+            !vs.stealer.is_empty() || !vs.injector.is_empty()
+        })
 }
 
 /// Builds a migratable task whose first loop is `home` (an index of `exec.loops`).
@@ -507,7 +490,9 @@ where
     } else {
         runnable.schedule();
     }
-    after_queueing(exec, rose);
+    if rose {
+        exec.unpark_all();
+    }
     JoinHandle::new(task)
 }
 
@@ -524,7 +509,6 @@ where
     if let Some(r) = queue_here(core, runnable) {
         r.schedule();
     }
-    after_queueing_here(core);
     JoinHandle::new(task)
 }
 
@@ -794,6 +778,27 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     }
     let shift = core.empty_ticks.get().saturating_sub(3).min(MAX_SHIFT);
     Some(TICK * (1 << shift))
+}
+
+/// Rule 4: an idle thief about to park without a tick (no sign of work) counts itself
+/// tickless, after announcing its sleep and before looking again; returns whether it did. A
+/// loop that would not steal anyway (policy, or no victims) is not counted: spawns need not
+/// ping it. Cost: a shared read-modify-write per tickless park, and one to leave.
+pub(crate) fn enter_tickless(core: &Core) -> bool {
+    let exec = &*core.exec;
+    if !would_steal(core) || !exec.stealing() || exec.victims(core.index()).is_empty() {
+        return false;
+    }
+    exec.migratable.tickless.fetch_add(1, SeqCst);
+    // Pairs with the fence of `show_spawning` (loom treats `SeqCst` accesses as `AcqRel`, but
+    // models fences: the fences make the argument one it checks).
+    fence(SeqCst);
+    true
+}
+
+/// Rule 4: the loop woke (or decided not to sleep) after [`enter_tickless`].
+pub(crate) fn leave_tickless(core: &Core) {
+    core.exec.migratable.tickless.fetch_sub(1, SeqCst);
 }
 
 /// End of turn with eager rebalance (rule 4): ping one idle peer.
