@@ -42,7 +42,8 @@
 //! with `EAGAIN`, honouring the eventfd's `O_NONBLOCK`, gets a `POLL_ADD` instead, and the
 //! parker drains the eventfd.) Entries queued during a turn are submitted at its end, before
 //! any spin-before-park, so a request never waits for the loop to go to sleep. Park timeouts use the
-//! `EXT_ARG` wait timeout (kernel 5.11+) or, before that, a `TIMEOUT` entry.
+//! `EXT_ARG` wait timeout (kernel 5.11+) or, before that, a `TIMEOUT` entry, removed
+//! (`TIMEOUT_REMOVE`) when the park ends before it fires.
 
 //!
 //! # Not used, and why
@@ -224,6 +225,10 @@ pub(crate) struct Uring {
     /// a temporary, because an entry left queued by a failed `io_uring_enter` is submitted by
     /// the next one, which reads it then.
     park_ts: Box<Cell<types::Timespec>>,
+    /// A park's `TIMEOUT` entry fired (`-ETIME`) in the latest dispatch; a park that ended
+    /// without it removes its entry, which otherwise stayed armed: one per early park piled up
+    /// in the kernel and each woke the loop for nothing when it expired.
+    park_timeout_fired: Cell<bool>,
     ping_armed: Cell<bool>,
     pinged: Cell<bool>,
     /// The kernel completed the ping read with `EAGAIN` (older kernels honour the eventfd's
@@ -302,6 +307,7 @@ impl Uring {
             ping_fd,
             ping_buf: Box::new(Cell::new(0)),
             park_ts: Box::new(Cell::new(types::Timespec::new())),
+            park_timeout_fired: Cell::new(false),
             ping_armed: Cell::new(false),
             pinged: Cell::new(false),
             ping_by_poll: Cell::new(false),
@@ -515,7 +521,12 @@ impl Uring {
                         self.pinged.set(true);
                     }
                 }
-                TIMEOUT | CANCEL => {}
+                TIMEOUT => {
+                    if res == -libc::ETIME {
+                        self.park_timeout_fired.set(true);
+                    }
+                }
+                CANCEL => {}
                 ud if ud & EXPIRY != 0 => expired.push(ud & !EXPIRY),
                 ud => {
                     let key = key_of(ud);
@@ -596,16 +607,20 @@ impl Uring {
             }
         }
         let want = if self.has_completions() { 0 } else { 1 };
+        let mut timeout_entry = false;
         let res = match timeout {
             Some(t) if !self.ext_arg && want > 0 && !t.is_zero() => {
                 self.park_ts.set(timespec(t));
                 let entry = opcode::Timeout::new(self.park_ts.as_ptr())
                     .build()
                     .user_data(TIMEOUT);
+                self.park_timeout_fired.set(false);
                 // SAFETY: the kernel copies the timespec while preparing the entry, when it is
                 // submitted (the enter below, or a later one if this one fails), and `park_ts`
                 // is a boxed field of the driver, which submits nothing after it is gone.
-                unsafe { self.push(&entry) }.and_then(|()| self.enter(want, None))
+                let pushed = unsafe { self.push(&entry) };
+                timeout_entry = pushed.is_ok();
+                pushed.and_then(|()| self.enter(want, None))
             }
             Some(t) if t.is_zero() => self.enter(0, None),
             t => self.enter(want, t),
@@ -614,6 +629,18 @@ impl Uring {
             tracing::warn!("xtc: io_uring wait failed: {e}");
         }
         let n = self.dispatch();
+        if timeout_entry && !self.park_timeout_fired.get() {
+            // Ended early (I/O or the ping): the entry goes, submitted with the next entries
+            // and ahead of the next park's (so that one is not the entry removed). Its
+            // completion (`-ECANCELED`, or `-ETIME` if it fired first) is ignored.
+            let remove = opcode::TimeoutRemove::new(TIMEOUT)
+                .build()
+                .user_data(CANCEL);
+            // SAFETY: a timeout removal carries no pointers.
+            if let Err(e) = unsafe { self.push(&remove) } {
+                tracing::warn!("xtc: could not remove a park's timeout: {e}");
+            }
+        }
         (self.pinged.get(), !self.ping_by_poll.get(), n)
     }
 
@@ -1111,5 +1138,50 @@ pub(crate) fn result(res: i32) -> io::Result<u32> {
         Err(io::Error::from_raw_os_error(-res))
     } else {
         Ok(res as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kernels without `EXT_ARG` (before 5.11) park with a `TIMEOUT` entry: a park that a
+    /// ping ends early must remove it. Forced here on a kernel that has `EXT_ARG`. Before the
+    /// fix, 50 pinged parks left 50 entries armed, whose expiry 100 ms later ended a long park
+    /// at once.
+    #[test]
+    fn early_parks_leave_no_timeout_entry_armed() {
+        // SAFETY: eventfd takes no pointers; the descriptor is ours and closed below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        let Ok(mut u) = Uring::new(efd) else {
+            return; // no io_uring here: nothing to check
+        };
+        u.ext_arg = false;
+        let ping = || {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from a live local to the eventfd.
+            let w = unsafe { libc::write(efd, (&one as *const u64).cast(), 8) };
+            assert_eq!(w, 8);
+        };
+        for _ in 0..50 {
+            ping();
+            let (pinged, _, _) = u.park(Some(Duration::from_millis(100)));
+            assert!(pinged);
+        }
+        // Whatever the removals completed with, reaped now.
+        std::thread::sleep(Duration::from_millis(20));
+        u.reap();
+        let t = std::time::Instant::now();
+        let (pinged, _, _) = u.park(Some(Duration::from_millis(600)));
+        let took = t.elapsed();
+        assert!(!pinged);
+        assert!(
+            took >= Duration::from_millis(400),
+            "a 600 ms park ended after {took:?}: an earlier park's timeout was still armed"
+        );
+        drop(u);
+        // SAFETY: the descriptor is ours; the ring that used it is gone.
+        unsafe { libc::close(efd) };
     }
 }
