@@ -761,3 +761,58 @@ fn a_task_woken_by_a_busy_loop_is_stolen_while_that_loop_computes() {
         "the woken waiter sat in the busy loop's deque while the other loop slept without a tick"
     );
 }
+
+/// A future dropped by shutdown after the loop's last count flush (a parked pinned task in a
+/// class lane, whose lane is drained after it) spawns a migratable task: that +1 stayed in the
+/// dropped loop's batch, so the count read one low in the next run, which then ended as
+/// quiescent with a migratable task parked, and cancelled it. (From a review.)
+#[test]
+fn a_spawn_from_a_drop_during_shutdown_is_counted() {
+    struct SpawnOnDrop(Option<xtc_shards::Handle>);
+    impl Drop for SpawnOnDrop {
+        fn drop(&mut self) {
+            if let Some(h) = self.0.take() {
+                drop(h.spawn(async {}));
+            }
+        }
+    }
+    let ex = exec(2);
+    let h = ex.handle();
+    // Round-robin: this takes home 0, so the Drop's spawn takes home 1 (another loop's
+    // injector, so the stopping loop has nothing of its own left to drop).
+    drop(ex.spawn(async {}));
+    ex.spawn_on(0, move || async move {
+        let c = shard::create_class(100, None).unwrap();
+        let guard = SpawnOnDrop(Some(h));
+        drop(task::Builder::new().class(c).spawn_local(async move {
+            let _g = guard;
+            std::future::pending::<()>().await;
+        }));
+        for _ in 0..10 {
+            xtc_shards::yield_now().await;
+        }
+        shard::stop();
+    })
+    .unwrap();
+    let _ = ex.run();
+    // Run 2 must not end (as quiescent) while this migratable task is parked.
+    let finished = Arc::new(AtomicBool::new(false));
+    let f = finished.clone();
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    let w = ex.spawn(async move {
+        rx.await.unwrap();
+        f.store(true, SeqCst);
+    });
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = tx.send(());
+    });
+    let r = run_within(&ex, Duration::from_secs(20));
+    t.join().unwrap();
+    let out = futures::executor::block_on(w);
+    assert!(
+        finished.load(SeqCst),
+        "run 2 ended ({r:?}) while a migratable task was parked: {:?}",
+        out.err()
+    );
+}

@@ -450,7 +450,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             shared.parker.announce();
             // Steal rule 4: a thief parking without a tick counts itself first, then looks
             // again (below), so a spawn either sees it counted and pings, or is seen.
-            let tickless = tick.is_none() && steal::enter_tickless(core);
+            let tickless = (tick.is_none() && steal::enter_tickless(core))
+                .then(|| steal::TicklessGuard(&core.exec));
             // Rule 1 of park.rs: recheck every source after announcing (rings: ring/mod.rs
             // rules 3 and 5).
             if shared.inbox.recheck()
@@ -464,9 +465,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 || (tick.is_none() && steal::idle_tick(core).is_some())
             {
                 shared.parker.cancel();
-                if tickless {
-                    steal::leave_tickless(core);
-                }
+                drop(tickless);
             } else {
                 shared.stats.park_begin(now);
                 let mut events = 0;
@@ -479,9 +478,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     timeout,
                 );
                 shared.stats.park_end(Instant::now());
-                if tickless {
-                    steal::leave_tickless(core);
-                }
+                drop(tickless);
                 // Steal rules 3 and 4: woken by work, or an idle tick that found nothing yet.
                 core.fresh_wake.set(pinged);
                 if !pinged {
@@ -668,5 +665,10 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     // leaves once they end, or after a second, as an io_uring driver's drop waits for its
     // operations.
     crate::io::blocking::settle();
+    // Futures dropped after the last flush above (a class lane's, evacuated wakes') may have
+    // spawned: publish that batch too, and lower the loop's `spawning` flag (steal rule 4).
+    // Left out, the count stayed one low into the next run, which could end as quiescent with
+    // a migratable task parked, and the flag kept idle loops ticking.
+    steal::flush_live(core);
     publish_counts(core, 0);
 }

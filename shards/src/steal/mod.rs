@@ -796,9 +796,15 @@ pub(crate) fn enter_tickless(core: &Core) -> bool {
     true
 }
 
-/// Rule 4: the loop woke (or decided not to sleep) after [`enter_tickless`].
-pub(crate) fn leave_tickless(core: &Core) {
-    core.exec.migratable.tickless.fetch_sub(1, SeqCst);
+/// Rule 4: held from [`enter_tickless`] until the loop woke (or decided not to sleep);
+/// dropped on unwind too, so a panic in the park cannot leave the count raised (every
+/// spawning turn would then ping every loop).
+pub(crate) struct TicklessGuard<'a>(pub(crate) &'a Arc<ExecShared>);
+
+impl Drop for TicklessGuard<'_> {
+    fn drop(&mut self) {
+        self.0.migratable.tickless.fetch_sub(1, SeqCst);
+    }
 }
 
 /// End of turn with eager rebalance (rule 4): ping one idle peer.
