@@ -241,6 +241,13 @@ impl ExecShared {
         self.service_mode.load(Relaxed)
     }
 
+    /// [`service_mode`](Self::service_mode) as the closing coordinator reads it: `SeqCst`,
+    /// paired with the setter's store, so a switch whose setter returned before the look is
+    /// seen.
+    pub(crate) fn service_mode_now(&self) -> bool {
+        self.service_mode.load(SeqCst)
+    }
+
     pub(crate) fn spin_before_park(&self) -> Duration {
         Duration::from_nanos(self.spin_before_park_ns.load(Relaxed))
     }
@@ -1299,6 +1306,45 @@ mod tests {
     };
 
     use crate::event_loop::status;
+
+    /// Service mode switched on (its setter returned) while the coordinator closes on a
+    /// quiescent verdict: the close takes the verdict back and `run()` waits for `stop()`.
+    /// It used to read service mode only before the check, and `run()` returned as quiescent.
+    /// (From a review.)
+    #[test]
+    fn service_mode_switched_on_while_closing_keeps_run_going() {
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let handle = exec.handle();
+        let fired = AtomicBool::new(false);
+        *crate::sync::lock(&exec.handle.shared.before_closing) =
+            Some(super::TestHook(Box::new(move || {
+                if !fired.swap(true, SeqCst) {
+                    handle.set_service_mode(true);
+                }
+            })));
+        exec.spawn_on(1, || async {}).unwrap();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (h, s) = (exec.handle(), stopped.clone());
+        let stopper = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            s.store(true, SeqCst);
+            h.stop();
+        });
+        exec.run().unwrap();
+        let by_stop = stopped.load(SeqCst);
+        stopper.join().unwrap();
+        // The hook holds a `Handle`: a cycle through the executor until it goes.
+        *crate::sync::lock(&exec.handle.shared.before_closing) = None;
+        assert!(exec.service_mode());
+        assert!(
+            by_stop,
+            "run() ended as quiescent although service mode was on"
+        );
+    }
 
     /// A loop that left the last run showing EMPTY (a stop landing just after an idle tick:
     /// planted here) must not look idle while its first turn of the next run works: the

@@ -175,7 +175,7 @@ pub(crate) fn coordinate(exec: &ExecShared) {
                             // foreign thread at this moment is not started and then dropped.
                             let stopped = close_with(
                                 &exec.closing,
-                                || Snapshot::take(exec) == snap,
+                                || !exec.service_mode_now() && Snapshot::take(exec) == snap,
                                 || {
                                     // The migratable tasks are listed now, while they are
                                     // parked: the loops' shutdown can wake and drop some (a
@@ -216,7 +216,9 @@ pub(crate) fn coordinate(exec: &ExecShared) {
 fn close(exec: &ExecShared, seen: &Snapshot) -> bool {
     close_with(
         &exec.closing,
-        || Snapshot::take(exec) == *seen,
+        // Service mode switched on since the verdict (its setter returned before this look)
+        // takes the verdict back too: `run()` then waits for `stop()`.
+        || !exec.service_mode_now() && Snapshot::take(exec) == *seen,
         || exec.request_stop(super::StopReason::Quiescent),
     )
 }
