@@ -594,6 +594,9 @@ fn publish_counts(core: &Core, polls: u64) {
 /// (fresh spawns too, at a quiescent stop).
 pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     let shared = &*core.shared;
+    // What the drops below send to loops that have stopped is dropped, not kept for their
+    // next run (ring::evacuate).
+    core.mesh.borrow_mut().begin_shutdown();
     // Waking schedules onto our own queue (task protocol rule 1) and never touches the registry.
     for (_, e) in core.registry.borrow().iter() {
         e.wake();
@@ -603,7 +606,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     crate::task::drop_wakers_guarded(timer_wakers);
     // Runnables of other loops' tasks go home; ours in the rings come in.
     core.run_flushes();
-    ring::evacuate(core);
+    let _ = ring::evacuate(core);
     let mut spare = Vec::new();
     loop {
         let mut dropped = 0;
@@ -633,14 +636,16 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         // thread, and its tasks' owners would wait for them forever
         // (`tests/ring_submit.rs`, a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop).
         core.run_flushes();
-        ring::evacuate(core);
+        // A backlog for a loop still shutting down waits for room in its ring, or for that loop
+        // to stop (ring::evacuate): we keep draining our own rings meanwhile.
+        let backlog_waits = ring::evacuate(core);
         let queued = core.pinned_queued() || (!keep_inbox && steal::has_local(core));
         if queued {
             // The evacuation drained our incoming rings: drop what came in.
             continue;
         }
         let live = core.registry.borrow().len();
-        if live == 0 && (keep_inbox || !shared.inbox.is_pending()) {
+        if live == 0 && !backlog_waits && (keep_inbox || !shared.inbox.is_pending()) {
             break;
         }
         if shared.inbox.drain_into(&mut spare) > 0 {

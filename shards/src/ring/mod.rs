@@ -144,6 +144,7 @@ impl Mesh {
             sent: 0,
             received: 0,
             rr: 0,
+            stopping: None,
         }
     }
 
@@ -164,15 +165,14 @@ impl Mesh {
         }
     }
 
-    /// Drops every message left in the rings while no loop runs, and returns how many. They can
-    /// only be fresh spawns sent to a loop after it had shut down (a task's `Drop` during a
-    /// loop's shutdown; the tasks of a stopped loop are gone, so nothing wakes them), which own
-    /// only their `Send` closures: any thread may drop them. Called when a run ends (left in
-    /// place they ran in a later `run()`, or not, by which loop finished first; a loop still
-    /// shutting down drops them, as it drops its inbox) and when the executor goes (one holding
-    /// a `Handle` would keep the executor, and so the ring holding it, alive for good). Each
-    /// counts as received by its target (`loops[to]`'s stats, from which its next run starts
-    /// counting), so a later run's quiescence check still balances (rule 6).
+    /// Drops every message left in the rings while no loop runs, and returns how many. When a
+    /// run ends the rings are empty (each loop's shutdown hands what it sent to a stopped loop
+    /// over to that loop's inbox, [`evacuate`]); this is the safety net there, and the sweep
+    /// when the executor goes (one holding a `Handle` would keep the executor, and so the ring
+    /// holding it, alive for good). What it finds can only be fresh spawns, which own only their
+    /// `Send` closures (the tasks of a stopped loop are gone, so nothing wakes them): any thread
+    /// may drop them. Each counts as received by its target (`loops[to]`'s stats, from which its
+    /// next run starts counting), so a later run's quiescence check still balances (rule 6).
     pub(crate) fn drop_queued(
         &self,
         loops: &[std::sync::Arc<crate::event_loop::LoopShared>],
@@ -222,6 +222,9 @@ pub(crate) struct LocalMesh {
     pub(crate) sent: u64,
     pub(crate) received: u64,
     rr: usize,
+    /// Since this loop's shutdown began ([`LocalMesh::begin_shutdown`]): messages pushed per
+    /// target, not yet handed over by [`evacuate`] (the drops of its tasks sending them).
+    stopping: Option<Vec<usize>>,
 }
 
 impl LocalMesh {
@@ -240,12 +243,22 @@ impl LocalMesh {
             sent: 0,
             received: 0,
             rr: 0,
+            stopping: None,
         }
+    }
+
+    /// This loop's shutdown begins: what it sends from now on comes from the drops of its tasks
+    /// ([`evacuate`]).
+    pub(crate) fn begin_shutdown(&mut self) {
+        self.stopping = Some(vec![0; self.backlog.len()]);
     }
 
     /// Rule 2: sends `r` to loop `to`. Never fails, never blocks.
     pub(crate) fn push(&mut self, to: usize, r: Runnable) {
         self.sent += 1;
+        if let Some(s) = self.stopping.as_mut() {
+            s[to] += 1;
+        }
         if !self.is_dirty[to] {
             self.is_dirty[to] = true;
             self.dirty.push(to);
@@ -445,40 +458,66 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
     false
 }
 
-/// Shutdown: moves backlogged `Runnable`s to their owners' inboxes (they must be dropped on
-/// their own loops) and drains incoming rings into the run queue.
+/// Shutdown: hands what this loop sent to loops that have stopped over to them, and drains
+/// incoming rings into the run queue. Returns whether a backlog still waits for an owner that
+/// is shutting down: the caller keeps looping (draining its own rings meanwhile, so two loops
+/// waiting on each other both progress) and calls again.
 ///
-/// Rule 2 holds across the move: if the owner has stopped already (its end of the ring is
-/// parked in the executor's mesh), what is still in the ring goes to its inbox first, then the
-/// backlog. Moved alone, the newer backlog came out of the inbox (drained first) ahead of the
-/// older messages in the ring, in the owner's next run. An owner still running takes the ring
-/// in its own shutdown.
-pub(crate) fn evacuate(core: &Core) {
+/// For an owner that has stopped (its end of the ring is parked in the executor's mesh),
+/// nothing will drain what this loop still has for it, the ring's content and then the
+/// backlog, in that order (rule 2). What this loop sent before its own shutdown began (a
+/// running task's spawns) moves to the owner's inbox for its next run, whether or not it
+/// overflowed the ring: only a backlog used to move, and what fitted in the ring was dropped
+/// when the run ended, so the same spawns survived or not by the ring's fill. What the drops
+/// of this loop's shutdown sent (the newest messages) is dropped here, as the stopped run's
+/// own tasks are, rather than run in the next, unrelated `run()`; an owner that has stopped
+/// has no live task, so these are spawns, whose `Send` closures any thread may drop. An owner
+/// that still holds its end drains the ring in its own shutdown (dropping what it takes, as a
+/// stopping loop drops its queue), and a backlog for it waits here until the ring has room or
+/// the owner has stopped: moved to the inbox while the owner still ran, or was past its last
+/// drain, it overtook the older messages in the ring, or those were lost.
+pub(crate) fn evacuate(core: &Core) -> bool {
     flush(core);
     let mesh = &core.exec.mesh;
     let mut m = core.mesh.borrow_mut();
     let me = m.me;
+    let mut waits = false;
+    let mut dropped = Vec::new();
     for to in 0..m.backlog.len() {
-        if m.backlog[to].is_empty() {
+        if to == me {
             continue;
         }
-        let owner = &core.exec.loops[to];
-        let mut ahead = Vec::new();
+        let mut moved = Vec::new();
         {
             // Held while popping: a next run of `to` taking its ends waits for it.
             let mut c = lock(&mesh.consumers[me * mesh.n + to]);
-            if let Some(c) = c.as_mut() {
-                while let Ok(r) = c.pop() {
-                    ahead.push(r);
-                }
+            let Some(c) = c.as_mut() else {
+                waits |= !m.backlog[to].is_empty();
+                continue;
+            };
+            while let Ok(r) = c.pop() {
+                moved.push(r);
             }
         }
         let backlog = std::mem::take(&mut m.backlog[to]);
         m.backlogged -= backlog.len();
-        for r in ahead.into_iter().chain(backlog) {
-            // It leaves the ring mesh: its push was counted as sent on the ring (rule 6), and
-            // the ring will never count it received; the inbox counts it from here.
-            m.sent -= 1;
+        moved.extend(backlog);
+        // The newest ones, up to what this shutdown sent, are its drops' (the owner may have
+        // taken some of those before it stopped: then all of these are).
+        let late = m
+            .stopping
+            .as_mut()
+            .map_or(0, |s| std::mem::take(&mut s[to]));
+        let keep = moved.len().saturating_sub(late);
+        // Each leaves the ring mesh: its push was counted as sent on the ring (rule 6), and
+        // the ring will never count it received; the inbox counts a kept one from here.
+        m.sent -= moved.len() as u64;
+        dropped.extend(moved.drain(keep..));
+        if moved.is_empty() {
+            continue;
+        }
+        let owner = &core.exec.loops[to];
+        for r in moved {
             owner.inbox.push(r);
         }
         owner.parker.unpark();
@@ -486,8 +525,11 @@ pub(crate) fn evacuate(core: &Core) {
     let wakers: Vec<Waker> = m.waiters.iter_mut().flat_map(std::mem::take).collect();
     m.waiting = 0;
     drop(m);
+    // Outside the mesh borrow: a closure's drop is user code that may send again.
+    crate::task::cancel_all(dropped);
     crate::task::drop_wakers_guarded(wakers);
     drain(core);
+    waits
 }
 
 /// Waits until loop `to` can take a message from this loop without backlog (rule 3).
