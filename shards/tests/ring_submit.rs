@@ -721,3 +721,58 @@ fn spawns_behind_a_full_ring_at_a_stop_keep_their_order_in_the_next_run() {
         "spawns from shard 0 to shard 1 ran out of order"
     );
 }
+
+/// `ring::evacuate` drops the spawns a shutdown's drops sent to a stopped shard after deciding
+/// whether its caller must come back; a closure's drop that spawns onto that shard again
+/// pushed into the ring just emptied and, past its capacity, into the backlog, and the
+/// shutdown loop left with that backlog: a debug assertion in debug builds, and in release
+/// the next run never reached quiescence (the pushes stayed counted as sent). (From a review.)
+#[test]
+fn spawns_from_a_closure_dropped_by_evacuate_leave_no_backlog() {
+    use std::sync::atomic::AtomicUsize;
+    /// Dropped on a loop: spawns `n` tasks onto shard 1, the first carrying `next`.
+    struct SpawnOnDrop(usize, Option<Box<SpawnOnDrop>>, Arc<AtomicUsize>);
+    impl Drop for SpawnOnDrop {
+        fn drop(&mut self) {
+            let Some(h) = shard::handle() else { return };
+            for _ in 0..self.0 {
+                let next = self.1.take();
+                let ran = self.2.clone();
+                let _ = h.spawn_on(1, move || {
+                    let _next = next;
+                    async move {
+                        ran.fetch_add(1, SeqCst);
+                    }
+                });
+            }
+        }
+    }
+    let ex = rings(2, 1).build().unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let g = SpawnOnDrop(
+        1,
+        Some(Box::new(SpawnOnDrop(3, None, ran.clone()))),
+        ran.clone(),
+    );
+    ex.spawn_on(0, move || async move {
+        let _g = g;
+        std::future::pending::<()>().await
+    })
+    .unwrap();
+    ex.spawn_on(0, || async {
+        shard::stop();
+        // Shard 1 sees the stop and shuts down while this poll keeps shard 0 busy.
+        std::thread::sleep(Duration::from_millis(300));
+    })
+    .unwrap();
+    let first = run_within(&ex, HANG).expect("run() hung: the stopped run");
+    first.expect("the stopped run");
+    ex.spawn_on(0, || async {
+        shard::submit_to(1, || async { 7 }).await.unwrap();
+    })
+    .unwrap();
+    run_within(&ex, Duration::from_secs(10))
+        .expect("run() hung: the next run (ring counts off, or ring ends lost)")
+        .unwrap();
+    assert_eq!(ran.load(SeqCst), 0, "a spawn of the stopped run ran");
+}

@@ -459,9 +459,10 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
 }
 
 /// Shutdown: hands what this loop sent to loops that have stopped over to them, and drains
-/// incoming rings into the run queue. Returns whether a backlog still waits for an owner that
-/// is shutting down: the caller keeps looping (draining its own rings meanwhile, so two loops
-/// waiting on each other both progress) and calls again.
+/// incoming rings into the run queue. Returns whether the caller must call again: a backlog
+/// still waits for an owner that is shutting down, or the drops here ran user code that may
+/// have sent more. The caller keeps looping (draining its own rings meanwhile, so two loops
+/// waiting on each other both progress).
 ///
 /// For an owner that has stopped (its end of the ring is parked in the executor's mesh),
 /// nothing will drain what this loop still has for it, the ring's content and then the
@@ -525,11 +526,13 @@ pub(crate) fn evacuate(core: &Core) -> bool {
     let wakers: Vec<Waker> = m.waiters.iter_mut().flat_map(std::mem::take).collect();
     m.waiting = 0;
     drop(m);
-    // Outside the mesh borrow: a closure's drop is user code that may send again.
+    // Outside the mesh borrow: a closure's or waker's drop is user code that may send again
+    // (into a ring just emptied, or a backlog): then the caller comes back for what it sent.
+    let again = !dropped.is_empty();
     crate::task::cancel_all(dropped);
     crate::task::drop_wakers_guarded(wakers);
     drain(core);
-    waits
+    waits || again || core.mesh.borrow().backlogged() > 0
 }
 
 /// Waits until loop `to` can take a message from this loop without backlog (rule 3).
