@@ -637,15 +637,16 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         // (`tests/ring_submit.rs`, a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop).
         core.run_flushes();
         // A backlog for a loop still shutting down waits for room in its ring, or for that loop
-        // to stop (ring::evacuate): we keep draining our own rings meanwhile.
-        let backlog_waits = ring::evacuate(core);
+        // to stop, and what the evacuation's drops sent needs another pass (ring::evacuate):
+        // we keep draining our own rings meanwhile.
+        let evacuate_again = ring::evacuate(core);
         let queued = core.pinned_queued() || (!keep_inbox && steal::has_local(core));
         if queued {
             // The evacuation drained our incoming rings: drop what came in.
             continue;
         }
         let live = core.registry.borrow().len();
-        if live == 0 && !backlog_waits && (keep_inbox || !shared.inbox.is_pending()) {
+        if live == 0 && !evacuate_again && (keep_inbox || !shared.inbox.is_pending()) {
             break;
         }
         if shared.inbox.drain_into(&mut spare) > 0 {

@@ -528,7 +528,7 @@ pub(crate) fn evacuate(core: &Core) -> bool {
     drop(m);
     // Outside the mesh borrow: a closure's or waker's drop is user code that may send again
     // (into a ring just emptied, or a backlog): then the caller comes back for what it sent.
-    let again = !dropped.is_empty();
+    let again = !dropped.is_empty() || !wakers.is_empty();
     crate::task::cancel_all(dropped);
     crate::task::drop_wakers_guarded(wakers);
     drain(core);
