@@ -658,9 +658,13 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         }
         if dropped == 0 {
             // A wake fired on another thread is on its way to the inbox (its task is already
-            // scheduled, so our wake above was a no-op): wait for it.
+            // scheduled, so our wake above was a no-op), or a backlog waits for room in a ring
+            // of a loop still shutting down (whose drain then pings us, ring rule 3): wait.
             shared.parker.announce();
-            if shared.inbox.recheck() || core.mesh.borrow().incoming_pending() {
+            if shared.inbox.recheck()
+                || core.mesh.borrow().incoming_pending()
+                || ring::prepare_park(core)
+            {
                 shared.parker.cancel();
             } else {
                 shared.parker.sleep(Some(Duration::from_millis(1)));
