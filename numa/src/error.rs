@@ -64,6 +64,18 @@ pub enum Error {
         allowed: Vec<usize>,
     },
 
+    /// An explicit CPU list puts more than [`MAX_SHARDS_PER_CPU`](crate::MAX_SHARDS_PER_CPU)
+    /// shards on one CPU, even with oversubscription.
+    #[error("CPU {cpu} is listed {listed} times; oversubscription allows at most {per_cpu} shards per CPU; spread the list over more CPUs")]
+    TooManyOnOneCpu {
+        /// OS index of the CPU.
+        cpu: usize,
+        /// How often the list names it.
+        listed: usize,
+        /// Shards allowed per CPU.
+        per_cpu: usize,
+    },
+
     /// A CPU appears twice in an explicit CPU list without oversubscription.
     #[error("CPU {cpu} is listed twice; list each CPU once or allow oversubscription")]
     DuplicateCpu {

@@ -205,7 +205,9 @@ impl Placement {
                 shards,
             });
         }
-        let mut seen = Vec::with_capacity(list.len());
+        // Shards listed per CPU: a duplicate needs oversubscription, and no CPU takes more than
+        // MAX_SHARDS_PER_CPU (the total alone let a list put them all on one CPU).
+        let mut listed = std::collections::HashMap::with_capacity(list.len());
         for &cpu in list {
             if !topo.is_allowed(cpu) {
                 return Err(Error::CpuNotAllowed {
@@ -213,10 +215,18 @@ impl Placement {
                     allowed: allowed.to_vec(),
                 });
             }
-            if seen.contains(&cpu) && !oversubscribe {
+            let n = listed.entry(cpu).or_insert(0usize);
+            *n += 1;
+            if *n > 1 && !oversubscribe {
                 return Err(Error::DuplicateCpu { cpu });
             }
-            seen.push(cpu);
+            if *n > MAX_SHARDS_PER_CPU {
+                return Err(Error::TooManyOnOneCpu {
+                    cpu,
+                    listed: list.iter().filter(|&&c| c == cpu).count(),
+                    per_cpu: MAX_SHARDS_PER_CPU,
+                });
+            }
         }
         Ok(list.to_vec())
     }

@@ -1,6 +1,6 @@
 //! Placement of shards on CPUs: policies, oversubscription, errors.
 
-use xtc_numa::{Error, Placement, Policy, Topology};
+use xtc_numa::{Error, Placement, Policy, Topology, MAX_SHARDS_PER_CPU};
 
 fn place(desc: &str, shards: usize, policy: &Policy, over: bool) -> Vec<usize> {
     let t = Topology::synthetic(desc).unwrap();
@@ -120,6 +120,18 @@ fn explicit_cpu_list() {
     assert!(matches!(e, Error::DuplicateCpu { cpu: 1 }), "{e}");
     let p = Placement::new(&t, 0, &Policy::Cpus(vec![1, 1]), true).unwrap();
     assert_eq!(p.cpus(), &[1, 1]);
+    // Oversubscription allows MAX_SHARDS_PER_CPU on one CPU, not the whole machine's
+    // allowance there (the list once passed with only its total checked; from a review).
+    let p = Placement::new(&t, 0, &Policy::Cpus(vec![1; MAX_SHARDS_PER_CPU]), true).unwrap();
+    assert_eq!(p.len(), MAX_SHARDS_PER_CPU);
+    let e =
+        Placement::new(&t, 0, &Policy::Cpus(vec![1; MAX_SHARDS_PER_CPU + 1]), true).unwrap_err();
+    assert!(
+        matches!(e, Error::TooManyOnOneCpu { cpu: 1, listed, per_cpu: MAX_SHARDS_PER_CPU }
+            if listed == MAX_SHARDS_PER_CPU + 1),
+        "{e}"
+    );
+    assert!(e.to_string().contains("CPU 1"), "{e}");
 }
 
 #[test]

@@ -70,6 +70,9 @@ fn env_variables() {
         ("XTC_DEADLOCK_GRACE", "5 parsecs"),
         ("XTC_RING_CAPACITY", "0"),
         ("XTC_SPIN_BEFORE_PARK", "soon"),
+        // Longer than MAX_SPIN_BEFORE_PARK: run() would wait that long after its last task
+        // (a spin of centuries was accepted and kept it from ever returning).
+        ("XTC_SPIN_BEFORE_PARK", "2s"),
         ("XTC_STEALING", "sometimes"),
         ("XTC_NUMA_SENSITIVITY", "3"),
         ("XTC_MIN_TASKS_TO_STEAL", "-1"),

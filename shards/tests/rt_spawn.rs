@@ -690,20 +690,36 @@ fn loops_going_idle_in_service_mode_do_not_wake_the_coordinator() {
 }
 
 /// Durations beyond u64 nanoseconds saturate instead of wrapping to something small (a grace
-/// of ~585 years read back as 0.29 s, a spin as 0).
+/// of ~585 years read back as 0.29 s, a spin as 0). A spin-before-park that long is refused
+/// by `build()` and clamped by the setter (`MAX_SPIN_BEFORE_PARK`): a spinning loop is busy,
+/// so it kept `run()`, and the deadlock report, from ever ending (from a review).
 #[test]
 fn huge_knob_durations_saturate() {
     let huge = Duration::new(18_446_744_073, 709_551_616); // 2^64 ns
     let ex = Executor::builder()
         .shards(1)
         .deadlock_grace(Some(huge))
-        .spin_before_park(huge)
         .build()
         .unwrap();
     assert!(ex.deadlock_grace().unwrap() > Duration::from_secs(86_400 * 365 * 100));
-    assert!(ex.spin_before_park() > Duration::from_secs(86_400 * 365 * 100));
+    let e = Executor::builder()
+        .shards(1)
+        .spin_before_park(huge)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("spin_before_park"), "{e}");
     ex.set_spin_before_park(huge);
-    assert!(ex.spin_before_park() > Duration::from_secs(86_400 * 365 * 100));
+    assert_eq!(ex.spin_before_park(), xtc_shards::MAX_SPIN_BEFORE_PARK);
+    // The longest accepted spin still lets a run end.
+    let ex = Executor::builder()
+        .shards(1)
+        .spin_before_park(xtc_shards::MAX_SPIN_BEFORE_PARK)
+        .build()
+        .unwrap();
+    ex.spawn_on(0, || async {}).unwrap();
+    run_within(&ex, Duration::from_secs(20))
+        .expect("run() hung with the longest spin-before-park")
+        .unwrap();
 }
 
 #[test]

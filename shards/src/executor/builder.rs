@@ -16,6 +16,12 @@ use crate::{Error, Result};
 /// the core (a client, another process) still runs. Set 0 to park at once.
 pub const DEFAULT_SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 
+/// Longest spin-before-park accepted (`Builder::spin_before_park`, `XTC_SPIN_BEFORE_PARK`;
+/// `Handle::set_spin_before_park` clamps to it). A spinning loop counts as busy, so `run()`
+/// returns up to one spin after the last task finished: a spin of centuries kept it, and the
+/// deadlock report, from ever ending.
+pub const MAX_SPIN_BEFORE_PARK: Duration = Duration::from_secs(1);
+
 /// Default grace period before an all-parked executor is reported as deadlocked.
 /// Long enough that a task waiting a moment on a foreign thread is no false alarm.
 pub const DEFAULT_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
@@ -181,11 +187,14 @@ impl Builder {
             self.io_driver = Some(c);
         }
         if let Some(v) = var("XTC_SPIN_BEFORE_PARK") {
-            self.spin_before_park = parse_duration(&v).ok_or_else(|| Error::Env {
-                var: "XTC_SPIN_BEFORE_PARK",
-                value: v.clone(),
-                expected: "a duration such as 0, 50us, 1ms (a bare number is milliseconds)",
-            })?;
+            self.spin_before_park = parse_duration(&v)
+                .filter(|d| *d <= MAX_SPIN_BEFORE_PARK)
+                .ok_or_else(|| Error::Env {
+                    var: "XTC_SPIN_BEFORE_PARK",
+                    value: v.clone(),
+                    expected: "a duration of at most 1s, such as 0, 50us, 1ms (a bare number is \
+                               milliseconds)",
+                })?;
         }
         Ok(self)
     }
@@ -310,7 +319,7 @@ impl Builder {
     }
 
     /// Initial spin-before-park time (see `Handle::set_spin_before_park`; default
-    /// [`DEFAULT_SPIN_BEFORE_PARK`]).
+    /// [`DEFAULT_SPIN_BEFORE_PARK`]). `build()` refuses more than [`MAX_SPIN_BEFORE_PARK`].
     pub fn spin_before_park(mut self, spin: Duration) -> Builder {
         self.spin_before_park = spin;
         self

@@ -12,7 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use builder::{Builder, DEFAULT_DEADLOCK_GRACE, DEFAULT_SPIN_BEFORE_PARK};
+pub use builder::{
+    Builder, DEFAULT_DEADLOCK_GRACE, DEFAULT_SPIN_BEFORE_PARK, MAX_SPIN_BEFORE_PARK,
+};
 
 /// The resolved settings an `ExecShared` starts from (the public `Builder` stays separate).
 #[derive(Debug, Clone)]
@@ -399,6 +401,13 @@ impl Executor {
                 "ring_capacity {} is not between 1 and {} messages (default 1024)",
                 b.ring_capacity,
                 crate::ring::MAX_RING_CAPACITY
+            )));
+        }
+        if b.spin_before_park > MAX_SPIN_BEFORE_PARK {
+            return Err(Error::InvalidArgument(format!(
+                "spin_before_park {:?} is longer than {:?} (MAX_SPIN_BEFORE_PARK): a spinning \
+                 loop is busy, so run() would wait that long after its last task; use 0 to 1s",
+                b.spin_before_park, MAX_SPIN_BEFORE_PARK
             )));
         }
         let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)
@@ -1049,12 +1058,14 @@ impl Handle {
     /// spinning one answers in well under a microsecond; the price is a full CPU for `spin`
     /// after every burst of work, less what other threads on that CPU take (the spin calls
     /// `sched_yield` every 64 polls). A loop whose turn ran nothing (an idle tick) parks at once.
-    /// Default [`DEFAULT_SPIN_BEFORE_PARK`] (20 µs; or `XTC_SPIN_BEFORE_PARK`); 0 parks at once.
-    /// Takes effect at the next idle period, from any thread.
+    /// Default [`DEFAULT_SPIN_BEFORE_PARK`] (20 µs; or `XTC_SPIN_BEFORE_PARK`); 0 parks at once;
+    /// more than [`MAX_SPIN_BEFORE_PARK`] (1 s) is clamped to it. A spinning loop is busy, so
+    /// `run()` returns up to one spin after the last task finished. Takes effect at the next
+    /// idle period, from any thread.
     pub fn set_spin_before_park(&self, spin: Duration) {
         self.shared
             .spin_before_park_ns
-            .store(duration_ns(spin), SeqCst);
+            .store(duration_ns(spin.min(MAX_SPIN_BEFORE_PARK)), SeqCst);
     }
 
     /// The spin-before-park time.
