@@ -187,7 +187,12 @@ impl Lanes {
 pub(crate) fn enqueue(core: &Core, r: Runnable) {
     let class = r.metadata().class.load(Relaxed) as usize;
     let mut lanes = core.lanes.borrow_mut();
-    // A class id from a lane this loop has not synced yet files under the default lane.
+    if class >= lanes.lanes.len() && class != crate::task::MIGRATABLE_CLASS as usize {
+        // A class created since the loop last looked, whose task arrived first: pick it up
+        // (rare: a lock).
+        lanes.sync(&core.shared);
+    }
+    // An id still unknown (another loop's) files under the default lane.
     let c = if class < lanes.lanes.len() { class } else { 0 };
     let was_empty = if c == 0 {
         core.queue.borrow().is_empty()

@@ -294,8 +294,37 @@ impl Core {
     pub(crate) fn enqueue(&self, r: Runnable) {
         if self.classes_active.get() {
             crate::class::enqueue(self, r);
-        } else {
-            self.queue.borrow_mut().push_back(r);
+            return;
+        }
+        let class = r
+            .metadata()
+            .class
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if class != 0 && class != crate::task::MIGRATABLE_CLASS {
+            // The loop's first class, created (from another thread, or by `Handle`) since the
+            // loop last looked, and a task of it arrived first: pick the class up now, or that
+            // task's poll ran in the default lane.
+            self.sync_classes(true);
+            if self.classes_active.get() {
+                crate::class::enqueue(self, r);
+                return;
+            }
+        }
+        self.queue.borrow_mut().push_back(r);
+    }
+
+    /// Picks up classes created on this loop since it last looked: when their count moved,
+    /// or at once with `force` (a task of an unknown class is being queued: its class is in
+    /// the list, which the count may not show yet). Cost: a load; a lock when something is new.
+    pub(crate) fn sync_classes(&self, force: bool) {
+        let created = self
+            .shared
+            .class_count
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if force || created != self.classes_seen.get() {
+            self.classes_seen.set(created);
+            let active = self.lanes.borrow_mut().sync(&self.shared);
+            self.classes_active.set(active);
         }
     }
 }

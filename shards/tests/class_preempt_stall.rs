@@ -115,6 +115,61 @@ fn preemption_makes_yield_if_due_yield_under_a_busy_loop() {
     assert!(on >= 3, "preempt 1 ms over 80 ms of CPU: {on} yields");
 }
 
+/// A caller that takes its signals with `sigwait` or `signalfd` blocks them first, and the
+/// workers `run()` starts inherit that mask: the tick stayed pending and preemption was
+/// silently off (0 yields). A worker now unblocks the tick signal when it arms its timer.
+/// (From a review.)
+#[test]
+fn preemption_works_when_the_caller_blocks_signals() {
+    let on = std::thread::spawn(|| {
+        // SAFETY: `all` is a live local filled by sigfillset; the old mask is not asked for.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            assert_eq!(
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut()),
+                0
+            );
+        }
+        yields_in_busy_loop(Duration::from_millis(1))
+    })
+    .join()
+    .unwrap();
+    assert!(
+        on >= 3,
+        "preempt 1 ms over 80 ms of CPU, signals blocked by the caller: {on} yields"
+    );
+}
+
+/// A class created through a `Handle` (from another shard) and its first task reach the
+/// owning loop in the same turn: the task's poll runs in its class. It was queued before the
+/// loop picked the class up, in the default lane, and `Class::runs()` stayed 0. (From a
+/// review.)
+#[test]
+fn a_class_and_its_first_task_arriving_in_one_turn() {
+    let ex = exec(2);
+    let h = ex.handle();
+    let runs = Arc::new(AtomicU64::new(u64::MAX));
+    // Shard 0 is busy (no yield) meanwhile, so both reach its next turn together.
+    ex.spawn_on(0, || async { burn(Duration::from_millis(150)) })
+        .unwrap();
+    let r = runs.clone();
+    ex.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(30)).await;
+        let c = h.create_class(0, 10, None).unwrap();
+        task::Builder::new()
+            .class(c)
+            .spawn_on(0, || async { burn(Duration::from_millis(1)) })
+            .unwrap()
+            .await
+            .unwrap();
+        r.store(c.runs(), SeqCst);
+    })
+    .unwrap();
+    run_or_fail(ex, HANG, "a class and its first task").unwrap();
+    assert_eq!(runs.load(SeqCst), 1, "the task's one poll ran in its class");
+}
+
 #[test]
 fn yield_if_due_does_not_yield_when_idle() {
     // The timer counts the worker's CPU time over the whole run, its own included: with a

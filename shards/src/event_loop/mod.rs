@@ -261,13 +261,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             }
         }
         ring::drain(core);
-        // Classes created since the last turn (possibly from another thread).
-        let created = shared.class_count.load(Relaxed);
-        if created != core.classes_seen.get() {
-            core.classes_seen.set(created);
-            let active = core.lanes.borrow_mut().sync(shared);
-            core.classes_active.set(active);
-        }
+        // Classes created since the last turn (possibly from another thread). A task of a
+        // class newer than this look that arrived above picks the class up as it is queued
+        // (`Core::enqueue`).
+        core.sync_classes(false);
         // Step 3.
         core.io.reap();
         if !core.timers.borrow().is_empty() {

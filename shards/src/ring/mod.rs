@@ -46,7 +46,10 @@ use rtrb::{Consumer, Producer, RingBuffer};
 use crate::{
     context::{with_core, Core},
     stats::bump,
-    sync::{lock, AtomicBool, Mutex, Ordering::SeqCst},
+    sync::{
+        lock, AtomicBool, Mutex,
+        Ordering::{Relaxed, SeqCst},
+    },
     task::Runnable,
 };
 
@@ -330,7 +333,9 @@ pub(crate) fn drain(core: &Core) -> usize {
             while got < DRAIN_PER_RING {
                 match c.pop() {
                     Ok(r) => {
-                        if classes {
+                        // A task of a class (the loop's first, created since it last looked)
+                        // goes through `Core::enqueue` too, which picks the class up.
+                        if classes || r.metadata().class.load(Relaxed) != 0 {
                             got_all.push(r);
                         } else {
                             q.push_back(r);

@@ -57,6 +57,24 @@ impl CpuTimer {
     /// Arms a timer that fires every `interval` of this thread's CPU time.
     pub(crate) fn arm(interval: Duration) -> io::Result<CpuTimer> {
         install_handler()?;
+        // A worker inherits the signal mask of the thread that called `run()`; a program that
+        // takes its signals with `sigwait` or `signalfd` blocks them all first, and then the
+        // tick stayed pending for good and preemption was silently off. Unblocked on this
+        // thread only (the signal targets it alone).
+        // SAFETY: `set` is a live local initialised by sigemptyset before use; the old mask is
+        // not asked for (null).
+        let rc = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, signal());
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        // The thread-local's first touch happens here, not in the handler, and a stale tick
+        // from an earlier timer on this thread is cleared.
+        DUE.with(|d| d.store(false, std::sync::atomic::Ordering::Relaxed));
         // SAFETY: a zeroed sigevent is a valid starting point; we fill the fields Linux reads for
         // SIGEV_THREAD_ID (signal number, target thread).
         let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
