@@ -289,7 +289,7 @@ impl Core {
     }
 
     /// Queues a runnable pinned task of this loop: the plain FIFO, or its class lane once the
-    /// loop has classes (one branch).
+    /// loop has classes (one branch, and a load of the task's class while it has none).
     #[inline]
     pub(crate) fn enqueue(&self, r: Runnable) {
         if self.classes_active.get() {
@@ -301,16 +301,24 @@ impl Core {
             .class
             .load(std::sync::atomic::Ordering::Relaxed);
         if class != 0 && class != crate::task::MIGRATABLE_CLASS {
-            // The loop's first class, created (from another thread, or by `Handle`) since the
-            // loop last looked, and a task of it arrived first: pick the class up now, or that
-            // task's poll ran in the default lane.
-            self.sync_classes(true);
-            if self.classes_active.get() {
-                crate::class::enqueue(self, r);
-                return;
-            }
+            self.enqueue_first_class(r);
+            return;
         }
         self.queue.borrow_mut().push_back(r);
+    }
+
+    /// [`enqueue`](Self::enqueue) of a task of a class while the loop has none: the loop's first
+    /// class, created (from another thread, or by `Handle`) since the loop last looked, whose
+    /// task arrived first. Picks the class up now; without this, that task's poll ran in the
+    /// default lane.
+    #[cold]
+    fn enqueue_first_class(&self, r: Runnable) {
+        self.sync_classes(true);
+        if self.classes_active.get() {
+            crate::class::enqueue(self, r);
+        } else {
+            self.queue.borrow_mut().push_back(r);
+        }
     }
 
     /// Picks up classes created on this loop since it last looked: when their count moved,

@@ -83,9 +83,11 @@
 //! `SIGRTMIN+1`, the CPU-time tick of `XTC_PREEMPT` (only when it is set), and `SIGRTMIN+2`,
 //! which interrupts a blocking-pool thread whose file operation was cancelled (epoll driver).
 //! An application that uses these numbers for its own purposes should pick others. Threads
-//! inherit their signal mask from the thread that calls `run()`: with `SIGRTMIN+2` blocked
-//! there, a cancelled blocking file operation on epoll is not interrupted, and the loop waits
-//! for it to end by itself.
+//! inherit their signal mask from the thread that calls `run()`. A worker unblocks
+//! `SIGRTMIN+1` for itself when it arms its preemption timer (a caller that blocks every
+//! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen). With
+//! `SIGRTMIN+2` blocked there, a cancelled blocking file operation on epoll is not
+//! interrupted, and the loop waits for it to end by itself.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
