@@ -817,3 +817,45 @@ fn a_later_block_on_does_not_wait_for_an_earlier_runs_live_file_op() {
         "an unrelated block_on took {worst:?}: it waited for an earlier run's file operation"
     );
 }
+
+/// More completions than the completion ring holds (2 × 256) overflow to the kernel's list,
+/// which only an enter with GETEVENTS brings back. The loop made one only when it parked, so
+/// while another task kept yielding the overflowed reads (and every completion after them)
+/// never arrived. (From a review.)
+#[test]
+fn overflowed_completions_reach_a_busy_loop() {
+    on_each_driver(
+        "overflowed_completions_reach_a_busy_loop",
+        1,
+        |_| async move {
+            let path = temp_path("cq-overflow");
+            let _c = Cleanup(path.clone());
+            std::fs::write(&path, vec![7u8; 4096]).unwrap();
+            let file = std::rc::Rc::new(File::open(&path).await.unwrap());
+            let done = std::rc::Rc::new(std::cell::Cell::new(false));
+            let (f2, d2) = (file.clone(), done.clone());
+            let reader = spawn_local(async move {
+                let reads = (0..700).map(|i| {
+                    let f = f2.clone();
+                    async move {
+                        let (r, _) = f.read_at(Vec::with_capacity(16), (i % 200) as u64).await;
+                        r.unwrap()
+                    }
+                });
+                futures::future::join_all(reads).await;
+                d2.set(true);
+            });
+            // A cooperative CPU-bound task: it yields, so the loop never parks.
+            let t = std::time::Instant::now();
+            while !done.get() && t.elapsed() < Duration::from_secs(5) {
+                xtc_shards::yield_now().await;
+            }
+            let finished = done.get();
+            reader.await.unwrap(); // the loop parks now, which flushes; the test ends either way
+            assert!(
+                finished,
+                "700 reads did not complete within 5 s while another task yielded"
+            );
+        },
+    );
+}

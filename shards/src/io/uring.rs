@@ -455,7 +455,15 @@ impl Uring {
     /// flags completion work it holds (`IORING_SQ_TASKRUN`), the entry asks for events
     /// (`GETEVENTS`, waiting for none) so that work runs and its completions can be reaped.
     pub(crate) fn reap(&self) -> usize {
-        let taskrun = self.ring.borrow_mut().submission().taskrun();
+        // Completion work pending in the kernel (TASKRUN), or completions the full ring pushed
+        // to the kernel's overflow list (CQ_OVERFLOW): only an enter with GETEVENTS brings
+        // them in. Overflowed ones waited for the loop to park, so a loop kept busy (one task
+        // yielding) never saw them, nor any later completion queued behind them.
+        let taskrun = {
+            let mut ring = self.ring.borrow_mut();
+            let sq = ring.submission();
+            sq.taskrun() || sq.cq_overflow()
+        };
         if taskrun {
             let mut ring = self.ring.borrow_mut();
             // Creating and dropping the queue view publishes its tail.
@@ -492,7 +500,11 @@ impl Uring {
     /// (`IORING_SQ_TASKRUN`, see [`setup_ring`]).
     pub(crate) fn has_completions(&self) -> bool {
         let mut ring = self.ring.borrow_mut();
-        !ring.completion().is_empty() || ring.submission().taskrun()
+        if !ring.completion().is_empty() {
+            return true;
+        }
+        let sq = ring.submission();
+        sq.taskrun() || sq.cq_overflow()
     }
 
     /// Moves every available completion to its slot (rule 3). Returns how many there were.
