@@ -1318,25 +1318,40 @@ mod tests {
 
     use crate::event_loop::status;
 
+    /// Two shards, oversubscribed so they run on any machine.
+    fn two_shards() -> super::Executor {
+        super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap()
+    }
+
+    /// Runs `hook` the first time the coordinator is about to close on a quiescent verdict.
+    fn before_closing_once(exec: &super::Executor, hook: impl FnOnce() + Send + 'static) {
+        let hook = std::sync::Mutex::new(Some(hook));
+        *crate::sync::lock(&exec.handle.shared.before_closing) =
+            Some(super::TestHook(Box::new(move || {
+                if let Some(h) = hook.lock().unwrap().take() {
+                    h();
+                }
+            })));
+    }
+
+    /// Removes the hook: it may hold a `Handle`, a cycle through the executor until it goes.
+    fn clear_before_closing(exec: &super::Executor) {
+        *crate::sync::lock(&exec.handle.shared.before_closing) = None;
+    }
+
     /// Service mode switched on (its setter returned) while the coordinator closes on a
     /// quiescent verdict: the close takes the verdict back and `run()` waits for `stop()`.
     /// It used to read service mode only before the check, and `run()` returned as quiescent.
     /// (From a review.)
     #[test]
     fn service_mode_switched_on_while_closing_keeps_run_going() {
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .build()
-            .unwrap();
+        let exec = two_shards();
         let handle = exec.handle();
-        let fired = AtomicBool::new(false);
-        *crate::sync::lock(&exec.handle.shared.before_closing) =
-            Some(super::TestHook(Box::new(move || {
-                if !fired.swap(true, SeqCst) {
-                    handle.set_service_mode(true);
-                }
-            })));
+        before_closing_once(&exec, move || handle.set_service_mode(true));
         exec.spawn_on(1, || async {}).unwrap();
         let stopped = Arc::new(AtomicBool::new(false));
         let (h, s) = (exec.handle(), stopped.clone());
@@ -1348,8 +1363,7 @@ mod tests {
         exec.run().unwrap();
         let by_stop = stopped.load(SeqCst);
         stopper.join().unwrap();
-        // The hook holds a `Handle`: a cycle through the executor until it goes.
-        *crate::sync::lock(&exec.handle.shared.before_closing) = None;
+        clear_before_closing(&exec);
         assert!(exec.service_mode());
         assert!(
             by_stop,
@@ -1362,11 +1376,7 @@ mod tests {
     /// coordinator saw every loop EMPTY with balanced counts and stopped the run under a task.
     #[test]
     fn a_stale_idle_status_from_the_last_run_is_not_quiescence() {
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .build()
-            .unwrap();
+        let exec = two_shards();
         for _ in 0..3 {
             let finished = Arc::new(AtomicBool::new(false));
             let f = finished.clone();
@@ -1398,37 +1408,26 @@ mod tests {
     /// its sleep, and be dropped by the stop.
     #[test]
     fn a_spawn_racing_the_quiescent_stop_is_not_cancelled() {
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .build()
-            .unwrap();
+        let exec = two_shards();
         let handle = exec.handle();
         let done = Arc::new(AtomicBool::new(false));
         let joined = Arc::new(std::sync::Mutex::new(None));
         let (d, j) = (done.clone(), joined.clone());
-        let fired = AtomicBool::new(false);
-        *crate::sync::lock(&exec.handle.shared.before_closing) =
-            Some(super::TestHook(Box::new(move || {
-                if fired.swap(true, SeqCst) {
-                    return;
-                }
-                let d = d.clone();
-                let h = handle
-                    .spawn_on(0, move || async move {
-                        // Longer than the hook's wait: still parked when the coordinator decides.
-                        crate::time::sleep(Duration::from_millis(200)).await;
-                        d.store(true, SeqCst);
-                    })
-                    .unwrap();
-                *j.lock().unwrap() = Some(h);
-                // Time for loop 0 to wake, take the task and park it on its sleep.
-                std::thread::sleep(Duration::from_millis(50));
-            })));
+        before_closing_once(&exec, move || {
+            let h = handle
+                .spawn_on(0, move || async move {
+                    // Longer than the hook's wait: still parked when the coordinator decides.
+                    crate::time::sleep(Duration::from_millis(200)).await;
+                    d.store(true, SeqCst);
+                })
+                .unwrap();
+            *j.lock().unwrap() = Some(h);
+            // Time for loop 0 to wake, take the task and park it on its sleep.
+            std::thread::sleep(Duration::from_millis(50));
+        });
         exec.spawn_on(1, || async {}).unwrap();
         exec.run().unwrap();
-        // The hook holds a `Handle`: a cycle through the executor until it goes.
-        *crate::sync::lock(&exec.handle.shared.before_closing) = None;
+        clear_before_closing(&exec);
         let h = joined.lock().unwrap().take().expect("the hook ran");
         assert!(
             futures::executor::block_on(h).is_ok(),
@@ -1442,11 +1441,7 @@ mod tests {
     /// loop started at once and, stopped by the failure, dropped them.
     #[test]
     fn a_run_that_fails_to_start_keeps_the_queued_work_for_the_next() {
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .build()
-            .unwrap();
+        let exec = two_shards();
         let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut handles = Vec::new();
         for shard in [0, 1, 0] {
@@ -1488,11 +1483,7 @@ mod tests {
     /// who got the `Err`) nor stop that later run when it is dropped there.
     #[test]
     fn a_failed_block_on_leaves_nothing_to_run_or_stop_a_later_run() {
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .build()
-            .unwrap();
+        let exec = two_shards();
         exec.handle.shared.fail_pin.store(0, SeqCst);
         let main_ran = Arc::new(AtomicBool::new(false));
         let m = main_ran.clone();
