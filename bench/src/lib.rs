@@ -103,6 +103,23 @@ pub fn record(h: &mut Histogram<u64>, d: Duration) {
 /// CPU time (user + system) consumed so far by every thread of this process, including threads
 /// that have already exited.
 pub fn cpu_time() -> Duration {
+    let usage = rusage_self();
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Context switches (voluntary and involuntary) of every thread of this process so far,
+/// including threads that have exited. An idle runtime that never wakes adds none; each
+/// wake-up of a parked thread adds at least one (it blocks again after).
+pub fn context_switches() -> u64 {
+    let usage = rusage_self();
+    (usage.ru_nvcsw + usage.ru_nivcsw) as u64
+}
+
+/// `getrusage(RUSAGE_SELF)`.
+fn rusage_self() -> libc::rusage {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: `usage` points to writable memory the size of a `rusage`; `getrusage` only writes
     // into it, and RUSAGE_SELF is a valid `who`.
@@ -114,11 +131,7 @@ pub fn cpu_time() -> Duration {
         std::io::Error::last_os_error()
     );
     // SAFETY: `getrusage` returned 0, so it filled the whole struct (and it was zeroed before).
-    let usage = unsafe { usage.assume_init() };
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    unsafe { usage.assume_init() }
 }
 
 /// CPU time consumed so far by the calling thread (`CLOCK_THREAD_CPUTIME_ID`), nanosecond
@@ -143,6 +156,7 @@ pub fn thread_cpu_time() -> Duration {
 #[derive(Debug, Clone, Copy)]
 pub struct CpuMeter {
     cpu0: Duration,
+    switches0: u64,
     wall0: Instant,
 }
 
@@ -153,6 +167,9 @@ pub struct CpuUsage {
     pub cpu: Duration,
     /// Wall-clock length of the window.
     pub wall: Duration,
+    /// Context switches of the whole process over the window ([`context_switches`]). The
+    /// thread that holds the meter and sleeps through the window adds one.
+    pub switches: u64,
 }
 
 impl CpuUsage {
@@ -170,6 +187,7 @@ impl CpuMeter {
     pub fn start() -> Self {
         CpuMeter {
             cpu0: cpu_time(),
+            switches0: context_switches(),
             wall0: Instant::now(),
         }
     }
@@ -180,6 +198,7 @@ impl CpuMeter {
         CpuUsage {
             cpu,
             wall: self.wall0.elapsed(),
+            switches: context_switches().saturating_sub(self.switches0),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! | `spawn` | spawn 1,000,000 trivial local tasks, then await every handle | M tasks/s |
 //! | `yield` | 1,000 tasks each `yield_now` 1,000 times, checked to interleave | M yield switches/s |
 //! | `sleep` | 2,000 sequential `sleep(1ms)`, overshoot past 1 ms | p50 and p99 in µs |
-//! | `idle`  | an idle two-thread runtime for 3 s | process CPU, % of one CPU |
+//! | `idle`  | an idle two-thread runtime for 3 s | process CPU, % of one CPU; context switches of the process in the window (the meter's own sleep is one) |
 //!
 //! Each runtime runs on a fresh thread (pinned to one CPU for the single-shard benchmarks), so
 //! one runtime's thread-locals and failures never reach the next. The runtimes:
@@ -796,7 +796,11 @@ fn run_one(bench: &str, rt: usize, p: Params, cpu: Option<usize>) -> Vec<Result<
                 monoio_rt::idle,
             ][rt];
             // Not pinned: the runtime's two threads must be free to sit on two CPUs.
-            vec![isolated(None, p.deadline, move || f(p.idle)).map(|u| u.percent_of_one_cpu())]
+            let u = isolated(None, p.deadline, move || f(p.idle));
+            vec![
+                u.clone().map(|u| u.percent_of_one_cpu()),
+                u.map(|u| u.switches as f64),
+            ]
         }
         _ => unreachable!("benchmark names are checked when parsing"),
     }
@@ -827,11 +831,18 @@ fn rows_of(bench: &str, p: Params) -> Vec<(String, &'static str, Better)> {
                 Better::Lower,
             ),
         ],
-        "idle" => vec![(
-            format!("idle 2 threads {:.1}s", p.idle.as_secs_f64()),
-            "% of 1 CPU",
-            Better::Lower,
-        )],
+        "idle" => vec![
+            (
+                format!("idle 2 threads {:.1}s", p.idle.as_secs_f64()),
+                "% of 1 CPU",
+                Better::Lower,
+            ),
+            (
+                format!("idle 2 threads {:.1}s", p.idle.as_secs_f64()),
+                "ctx switches",
+                Better::Lower,
+            ),
+        ],
         _ => unreachable!("benchmark names are checked when parsing"),
     }
 }
