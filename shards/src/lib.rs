@@ -82,7 +82,10 @@
 //! xtc installs handlers for two real-time signals, and sends them only to its own threads:
 //! `SIGRTMIN+1`, the CPU-time tick of `XTC_PREEMPT` (only when it is set), and `SIGRTMIN+2`,
 //! which interrupts a blocking-pool thread whose file operation was cancelled (epoll driver).
-//! An application that uses these numbers for its own purposes should pick others. Threads
+//! Neither replaces a handler the program installed itself: with `SIGRTMIN+1` taken, a worker
+//! runs without preemption and logs the error (`XTC_PREEMPT` stays without effect); with
+//! `SIGRTMIN+2` taken, cancelled blocking file operations are not interrupted. Both handlers
+//! run on the alternate signal stack where a thread has one (`SA_ONSTACK`). Threads
 //! inherit their signal mask from the thread that calls `run()`. A worker unblocks
 //! `SIGRTMIN+1` for itself when it arms its preemption timer (a caller that blocks every
 //! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen). With

@@ -141,23 +141,23 @@ extern "C" fn on_interrupt(_sig: libc::c_int) {
 fn interrupt_handler_installed() -> bool {
     static INSTALLED: OnceLock<bool> = OnceLock::new();
     *INSTALLED.get_or_init(|| {
-        // SAFETY: a zeroed sigaction is valid (empty mask); the handler is an async-signal-safe
-        // `extern "C" fn(c_int)` that does nothing, and no `SA_RESTART`, so the interrupted
-        // call returns `EINTR`. Only pool threads are ever sent this signal.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_interrupt as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(interrupt_signal(), &sa, std::ptr::null_mut())
-        };
-        if rc != 0 {
+        // No `SA_RESTART`, so the interrupted call returns `EINTR`. Only pool threads are
+        // ever sent this signal.
+        let installed = crate::sys::install_signal_handler(
+            interrupt_signal(),
+            "SIGRTMIN+2",
+            on_interrupt,
+            0,
+            "a dropped file operation that blocks on the epoll driver is not interrupted (move \
+             the program's handler to another signal to get that back)",
+        );
+        if let Err(e) = &installed {
             tracing::warn!(
-                "xtc: could not install the blocking pool's interrupt signal handler ({}); a \
-                 dropped file operation that blocks keeps its loop busy until it ends",
-                io::Error::last_os_error()
+                "xtc: could not install the blocking pool's interrupt signal handler ({e}); a \
+                 dropped file operation that blocks keeps its loop busy until it ends"
             );
         }
-        rc == 0
+        installed.is_ok()
     })
 }
 

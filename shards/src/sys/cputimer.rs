@@ -20,31 +20,28 @@ extern "C" fn on_tick(_sig: libc::c_int) {
     DUE.with(|d| d.store(true, std::sync::atomic::Ordering::Relaxed));
 }
 
-/// Installs the tick handler once per process. Every caller gets the outcome of that one
-/// attempt: a later worker that got `Ok` after a refused `sigaction` armed a timer whose signal
-/// still had its default action, which ends the process.
+/// Installs the tick handler once per process (`SA_RESTART`, so interrupted system calls of
+/// unrelated code restart). Every caller gets the outcome of that one attempt: a later worker
+/// that got `Ok` after a refused `sigaction` armed a timer whose signal still had its default
+/// action, which ends the process. A handler the program installed itself for the signal is
+/// kept, and preemption is refused with an error saying so.
 fn install_handler() -> io::Result<()> {
-    static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
+    static INSTALLED: OnceLock<Result<(), (io::ErrorKind, String)>> = OnceLock::new();
     let installed = INSTALLED.get_or_init(|| {
-        // SAFETY: a zeroed sigaction is valid (empty mask, no flags); we set the handler to an
-        // `extern "C" fn(c_int)` that is async-signal-safe, with SA_RESTART so interrupted
-        // syscalls of unrelated code restart.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_tick as extern "C" fn(libc::c_int) as usize;
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(signal(), &sa, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            Err(io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL))
-        } else {
-            Ok(())
-        }
+        super::install_signal_handler(
+            signal(),
+            "SIGRTMIN+1",
+            on_tick,
+            libc::SA_RESTART,
+            "leave XTC_PREEMPT (Builder::preempt) at 0, or move the program's handler to \
+             another signal",
+        )
+        .map_err(|e| (e.kind(), e.to_string()))
     });
-    installed.map_err(io::Error::from_raw_os_error)
+    installed
+        .as_ref()
+        .map(|_| ())
+        .map_err(|(kind, msg)| io::Error::new(*kind, msg.clone()))
 }
 
 /// An armed CPU-time timer of the calling thread; disarmed and deleted on drop.

@@ -7,6 +7,55 @@ mod eventfd;
 #[cfg_attr(loom, allow(unused_imports))]
 pub(crate) use eventfd::EventFd;
 
+/// Installs `handler` for signal `sig` (named `name` in errors) with `SA_ONSTACK` and `flags`,
+/// unless the program already installed a handler of its own there: then `Err`
+/// (`AlreadyExists`) naming the signal and `what_to_do`, and the program's handler stays (it
+/// was silently replaced before, and the program's own signal went to xtc's handler). The
+/// check and the install are two calls, so a handler another thread installs in between is
+/// still replaced. `SA_ONSTACK`: the handler runs on the thread's alternate signal stack where
+/// one is set up, as a handler that may interrupt any code should. Cost: two `sigaction`
+/// calls; call it once per process.
+pub(crate) fn install_signal_handler(
+    sig: libc::c_int,
+    name: &str,
+    handler: extern "C" fn(libc::c_int),
+    flags: libc::c_int,
+    what_to_do: &str,
+) -> std::io::Result<()> {
+    let ours = handler as usize;
+    // SAFETY: `old` is writable storage for one sigaction, which the call fills (a null new
+    // action only reads the current one); zeroed is a valid sigaction besides.
+    let old = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        old
+    };
+    if ![libc::SIG_DFL, libc::SIG_IGN, ours].contains(&old.sa_sigaction) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "signal {name} already has a handler installed by this program, and xtc \
+                 needs that signal: {what_to_do}"
+            ),
+        ));
+    }
+    // SAFETY: a zeroed sigaction is valid (empty mask, no flags); we set an `extern "C"
+    // fn(c_int)` handler, which the callers keep async-signal-safe.
+    let rc = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ours;
+        sa.sa_flags = libc::SA_ONSTACK | flags;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Lowers the calling thread's timer slack, so a loop parked until a timer deadline wakes within
 /// a few microseconds of it instead of the default 50 µs (see prctl(2), PR_SET_TIMERSLACK).
 /// Cost: the kernel may coalesce fewer wake-ups of this thread. Failure is harmless and ignored.
