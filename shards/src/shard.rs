@@ -105,6 +105,14 @@ where
 /// Fire-and-forget: sends `make` to run on `shard` and resolves once the message is enqueued
 /// (after waiting for ring space if the ring is full), not when it has run. Errors as
 /// [`submit_to`]; a panic on the target is caught there and not reported.
+///
+/// # Ordering
+/// Messages from one shard to another start in the order they were sent (one ring per
+/// ordered pair, FIFO), as with [`submit_to`]. Nothing more is promised: not between what
+/// different shards send, not between these ring messages and what a plain thread sends
+/// through [`Handle::send_to`] (the target's inbox), and not for a migratable task that is
+/// stolen between two sends (its sends then leave from two shards). A protocol that needs
+/// order across those awaits each [`submit_to`] before sending the next.
 #[track_caller]
 pub fn send_to<F, Fut>(shard: usize, make: F) -> impl Future<Output = Result<()>>
 where

@@ -1288,6 +1288,10 @@ impl Handle {
     /// [`spawn_on`](Handle::spawn_on): between runs, it runs when the next `run()` starts).
     /// `Err(InvalidShard)` out of range, `Err(Stopped)` once the `Executor` is dropped.
     /// Cost: as `spawn_on`.
+    ///
+    /// Order: what one thread sends to one shard this way starts in the order sent (the
+    /// target's inbox is FIFO); nothing is promised against what the shards send each other
+    /// over the ring mesh (see [`crate::shard::send_to`]).
     #[track_caller]
     pub fn send_to<F, Fut>(&self, shard: usize, make: F) -> Result<()>
     where
