@@ -56,6 +56,7 @@ impl LocalExecutor {
     pub fn new() -> Result<LocalExecutor> {
         let config = Config {
             io_driver: crate::executor::resolve_io(None)?,
+            local: true,
             ..Config::default()
         };
         Ok(LocalExecutor {
@@ -66,7 +67,9 @@ impl LocalExecutor {
 
     /// Runs `fut` (and the tasks it spawns) until `fut` completes, then drops the tasks still
     /// alive and returns its output. A panic in `fut` is re-raised here; panics in spawned tasks
-    /// go to their `JoinHandle`s.
+    /// go to their `JoinHandle`s. [`xtc::stop`](crate::stop) (or a `Handle`'s `stop`) inside
+    /// it does nothing, as in glommio, whose `LocalExecutor::run` also ends only with its future:
+    /// end the future to end the run. No stop carries over to a later `block_on`.
     ///
     /// # Panics
     /// If called on a thread that already runs an xtc loop (inside a task): blocking there

@@ -662,3 +662,35 @@ fn a_sleep_kept_from_a_run_2_24_runs_ago_cancels_nothing_of_a_later_run() {
         "a 20 ms sleep woke only after {took:?}: an old run's sleep cancelled its timer"
     );
 }
+
+/// How many timers fire on the `LocalExecutor`'s loop while a sleep registered there is
+/// dropped on another thread (its cancel goes to the loop) and then an 80 ms sleep runs: one
+/// (the 80 ms sleep's) when the cancel arrives.
+async fn timers_fired_around_a_sleep_dropped_off_its_loop() -> u64 {
+    let handle = xtc_shards::shard::handle().unwrap();
+    let before = handle.loop_stats(0).unwrap().timers_fired;
+    let mut s = Box::pin(time::sleep(Duration::from_millis(20)));
+    assert!(futures::poll!(s.as_mut()).is_pending());
+    std::thread::spawn(move || drop(s)).join().unwrap();
+    time::sleep(Duration::from_millis(80)).await;
+    handle.loop_stats(0).unwrap().timers_fired - before
+}
+
+/// `xtc::stop()` inside a `LocalExecutor` does nothing (its `block_on` ends when its future
+/// does), and leaves nothing behind: it used to set the executor's stop flag for good, so from
+/// then on (that `block_on` and every later one) the loop looked stopping, and a sleep dropped
+/// off the loop no longer sent its cancel: its timer stayed and fired for nothing.
+#[test]
+fn a_stop_inside_a_local_executor_is_not_kept() {
+    let ex = LocalExecutor::new().unwrap();
+    let same = ex.block_on(async {
+        xtc_shards::stop();
+        timers_fired_around_a_sleep_dropped_off_its_loop().await
+    });
+    assert_eq!(
+        same, 1,
+        "a stale timer fired in the block_on that called stop()"
+    );
+    let later = ex.block_on(timers_fired_around_a_sleep_dropped_off_its_loop());
+    assert_eq!(later, 1, "a stale timer fired in a later block_on");
+}

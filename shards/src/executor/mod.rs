@@ -32,6 +32,9 @@ pub(crate) struct Config {
     pub(crate) preempt: Duration,
     pub(crate) stall_budget: Duration,
     pub(crate) io_driver: crate::io::Driver,
+    /// A [`LocalExecutor`](crate::LocalExecutor)'s: stop requests do nothing
+    /// (`ExecShared::request_stop`).
+    pub(crate) local: bool,
 }
 
 impl Default for Config {
@@ -50,6 +53,7 @@ impl Default for Config {
             min_tasks_to_steal: 0,
             preempt: Duration::ZERO,
             stall_budget: Duration::ZERO,
+            local: false,
         }
     }
 }
@@ -121,6 +125,9 @@ pub(crate) struct ExecShared {
     /// The driver every loop of this executor creates (a loop whose io_uring setup fails falls
     /// back to epoll on its own, logged, and says so in its `LoopStats`).
     pub(crate) io_driver: crate::io::Driver,
+    /// A [`LocalExecutor`](crate::LocalExecutor)'s: its loop runs only inside `block_on`,
+    /// until the future ends, so a stop request does nothing (`request_stop`).
+    local: bool,
 }
 
 impl ExecShared {
@@ -174,6 +181,7 @@ impl ExecShared {
             min_tasks_to_steal: AtomicU64::new(config.min_tasks_to_steal as u64),
             preempt_ns: AtomicU64::new(duration_ns(config.preempt)),
             io_driver: config.io_driver,
+            local: config.local,
         })
     }
 
@@ -190,7 +198,15 @@ impl ExecShared {
         self.stop.load(Relaxed)
     }
 
+    /// Sets the stop flag (kept until the run it stops ends, `RunClaim`). Nothing for a
+    /// [`LocalExecutor`](crate::LocalExecutor): no run of its consumes the flag (its loop
+    /// ignores it, and `block_on` ends only with its future), so a stop asked inside one stayed
+    /// set for good, and its loop looked stopping ever after (a sleep dropped off the loop
+    /// sent no cancel, `timer/sleep.rs`).
     pub(crate) fn request_stop(&self, reason: StopReason) {
+        if self.local {
+            return;
+        }
         let _ = self.stop_reason.compare_exchange(
             StopReason::None as u32,
             reason as u32,
@@ -468,6 +484,7 @@ impl Executor {
                 preempt: b.preempt,
                 stall_budget: b.stall_budget,
                 io_driver: builder::resolve_io(b.io_driver)?,
+                local: false,
             },
         )?;
         tracing::debug!(shards = placement.len(), "xtc executor built");
@@ -1021,6 +1038,9 @@ impl Handle {
     /// which then stops at once and drops what was queued (its `JoinHandle`s report cancelled):
     /// a stop that races the start of `run()` from another thread is never lost. Each run
     /// clears it when it returns, so a stop is consumed by exactly one run.
+    ///
+    /// The handle of a [`LocalExecutor`](crate::LocalExecutor) stops nothing: its `block_on`
+    /// returns when its future does (it has no other output to give), and no stop is kept.
     pub fn stop(&self) {
         self.shared.request_stop(StopReason::Requested)
     }
