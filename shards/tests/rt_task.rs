@@ -593,3 +593,99 @@ fn is_finished_of_a_task_cancelled_by_a_stop_waits_for_its_drop() {
     assert!(jh.is_finished());
     assert!(futures::executor::block_on(jh).unwrap_err().is_cancelled());
 }
+
+/// Runs `body` in a child process (this test binary re-executed for `test` alone), and asserts
+/// that the child exits successfully: for a bug that aborts the process, which would take the
+/// whole test binary down.
+fn in_child(test: &str, body: impl FnOnce()) {
+    const ROLE: &str = "XTC_RT_TASK_CHILD";
+    if std::env::var(ROLE).as_deref() == Ok(test) {
+        body();
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("current_exe"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE, test)
+        .output()
+        .expect("spawn the child test process");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child {test} failed: {:?}\n--- stdout ---\n{stdout}--- stderr ---\n{stderr}",
+        out.status
+    );
+}
+
+/// A `JoinHandle` polled with a user's waker whose `wake` panics: the task completes on its
+/// loop, which wakes that waker (inside async-task, under its abort-on-panic guard: the process
+/// aborted). The panic is logged, the loop goes on, and the handle still gives the output.
+#[test]
+fn a_panicking_waker_of_a_join_handle_does_not_abort() {
+    in_child("a_panicking_waker_of_a_join_handle_does_not_abort", || {
+        let out = LocalExecutor::new().unwrap().block_on(async {
+            let mut h = Box::pin(spawn_local(async {
+                task::yield_now().await;
+                5
+            }));
+            let waker = panicking_waker();
+            assert!(matches!(poll_caught(h.as_mut(), &waker), Ok(true)));
+            // The task completes while this one yields: its loop wakes the panicking waker.
+            for _ in 0..4 {
+                task::yield_now().await;
+            }
+            assert!(h.is_finished());
+            h.await.unwrap()
+        });
+        assert_eq!(out, 5);
+    });
+}
+
+/// The same from a plain thread of an `Executor`'s: the shard's loop wakes the panicking waker
+/// and must go on (run() returns), and a handle registered with a waker whose drop panics is
+/// re-polled (async-task drops the old waker under its abort-on-panic guard).
+#[test]
+fn a_panicking_waker_of_a_join_handle_polled_off_the_loop_does_not_abort() {
+    in_child(
+        "a_panicking_waker_of_a_join_handle_polled_off_the_loop_does_not_abort",
+        || {
+            let ex = exec(1);
+            // Both tasks end once the plain thread has polled their handles.
+            let go = Arc::new(AtomicBool::new(false));
+            let task = |go: Arc<AtomicBool>, v: u32| {
+                move || async move {
+                    while !go.load(SeqCst) {
+                        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    v
+                }
+            };
+            let h = ex.spawn_on(0, task(go.clone(), 7)).unwrap();
+            let d = ex.spawn_on(0, task(go.clone(), 8)).unwrap();
+            let t = std::thread::spawn(move || {
+                let mut h = Box::pin(h);
+                assert!(matches!(
+                    poll_caught(h.as_mut(), &panicking_waker()),
+                    Ok(true)
+                ));
+                let mut d = Box::pin(d);
+                // This copy is never dropped (its drop would panic here, in the test).
+                let w = std::mem::ManuallyDrop::new(drop_panicking_waker());
+                assert!(matches!(poll_caught(d.as_mut(), &w), Ok(true)));
+                // The old waker is dropped when this poll registers a new one.
+                assert!(matches!(
+                    poll_caught(d.as_mut(), &Waker::noop().clone()),
+                    Ok(true)
+                ));
+                go.store(true, SeqCst);
+                while !h.is_finished() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let h = futures::executor::block_on(h).unwrap();
+                (h, futures::executor::block_on(d).unwrap())
+            });
+            run_or_fail(ex, Duration::from_secs(20), "after a join waker panicked").unwrap();
+            assert_eq!(t.join().unwrap(), (7, 8));
+        },
+    );
+}

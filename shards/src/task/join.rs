@@ -3,7 +3,8 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
-    task::{Context, Poll, Waker},
+    sync::{Arc, OnceLock},
+    task::{Context, Poll, Wake, Waker},
 };
 
 use super::Outcome;
@@ -26,9 +27,12 @@ use crate::JoinError;
 /// [`LoopStats::joins_inlined`](crate::LoopStats::joins_inlined)): no park, no wake-up. So polling a handle from a migratable task may run that task's code on the spot:
 /// do not poll it by hand (`now_or_never`) inside a critical section the task also enters.
 ///
-/// Limit: the task's completion wakes the awaiter inside async-task, under its abort-on-panic
-/// guard, so awaiting a handle from a future polled with a custom waker that panics when
-/// woken aborts the process (xtc's own wakers and those of mainstream executors never panic).
+/// The task's completion wakes the awaiter inside async-task, under its abort-on-panic guard.
+/// So a handle polled with any waker other than its polling task's own (a custom waker,
+/// `futures::executor::block_on`'s, a `FuturesUnordered`'s) registers a wrapper instead: a
+/// panic in that waker's `wake`, clone or drop is logged (`tracing`) and goes no further, and
+/// the loop goes on. Cost of that: one allocation per poll that returns `Pending`; none for a
+/// handle awaited by an xtc task itself, nor for one polled after the task finished.
 pub struct JoinHandle<T> {
     state: Cell<State<T>>,
 }
@@ -181,7 +185,20 @@ impl<T> Future for JoinHandle<T> {
                     // Steal rule 6: still queued on top of this loop's deque, it runs now.
                     crate::steal::join_inline(meta);
                 }
-                match Pin::new(&mut task).poll(cx) {
+                // async-task registers no waker for a task that is over; the one it may still
+                // hold (and wake or drop now) was guarded when it was registered.
+                // SAFETY: `meta` points into the header of the task this handle holds (see
+                // `State::Live`), and `TaskMeta`'s fields are atomics.
+                let guard = if task.is_finished() && !unsafe { &*meta }.cancel_dropping() {
+                    None
+                } else {
+                    guard_foreign(cx.waker())
+                };
+                let polled = match &guard {
+                    None => Pin::new(&mut task).poll(cx),
+                    Some(w) => Pin::new(&mut task).poll(&mut Context::from_waker(w)),
+                };
+                match polled {
                     Poll::Pending => {
                         self.state.set(State::Live(task, meta));
                         Poll::Pending
@@ -190,12 +207,13 @@ impl<T> Future for JoinHandle<T> {
                 }
             }
             State::Aborted(mut a) => {
-                if a.poll_over(cx) {
+                // The waker async-task may keep (see `guard_foreign`), also kept here for
+                // `is_finished`'s polls: an abort is rare, so it is made on every poll.
+                let waker = guard_foreign(cx.waker()).unwrap_or_else(|| cx.waker().clone());
+                if a.poll_over(&mut Context::from_waker(&waker)) {
                     return Poll::Ready(output(a.out.take()));
                 }
-                if !a.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    a.waker = Some(cx.waker().clone());
-                }
+                a.waker = Some(waker);
                 self.state.set(State::Aborted(a));
                 Poll::Pending
             }
@@ -219,5 +237,109 @@ impl<T> fmt::Debug for JoinHandle<T> {
         f.debug_struct("JoinHandle")
             .field("finished", &self.is_finished())
             .finish()
+    }
+}
+
+/// What async-task may keep as the awaiter of a handle polled with `waker`: `None` when that is
+/// `waker` itself, as for the waker of the xtc task being polled (its wake is xtc's schedule,
+/// which does not panic); otherwise `waker` inside a [`GuardedWaker`]. async-task wakes, clones
+/// and drops its awaiter under an abort-on-panic guard, on the loop that completes the task,
+/// so a panicking user waker there aborted the process. Cost: a thread-local read and two
+/// loads when it is the task's own waker; otherwise one allocation.
+fn guard_foreign(waker: &Waker) -> Option<Waker> {
+    let own = crate::context::with_core(|core| {
+        let meta = core.current.get();
+        !meta.is_null() && {
+            let offset = *META_OFFSET.get_or_init(|| meta_offset(core));
+            (waker.data() as usize).wrapping_add(offset) == meta as usize
+        }
+    });
+    if own == Some(true) {
+        return None;
+    }
+    Some(Waker::from(Arc::new(GuardedWaker(Some(waker.clone())))))
+}
+
+/// How far an async-task header's metadata lies from its start, which is the data pointer of
+/// the task's wakers (`Runnable::waker`, and the waker `Runnable::run` polls with). The same
+/// for every task: the header's type depends on the metadata type only. Measured once on a
+/// throwaway task, so [`guard_foreign`] can tell the polling task's own waker by its address
+/// (only an async-task waker of that very task has it; a wrong offset would only mean a
+/// wrapper every time).
+static META_OFFSET: OnceLock<usize> = OnceLock::new();
+
+fn meta_offset(core: &crate::context::Core) -> usize {
+    let meta = TaskMeta::new(
+        super::TaskInfo::here(None),
+        0,
+        core.shared.index,
+        core.shared.clone(),
+    );
+    let (runnable, task) = async_task::Builder::new()
+        .metadata(meta)
+        .spawn(|_: &TaskMeta| async {}, |r: super::Runnable| drop(r));
+    let waker = runnable.waker();
+    let offset =
+        (runnable.metadata() as *const TaskMeta as usize).wrapping_sub(waker.data() as usize);
+    drop(waker);
+    drop(task);
+    drop(runnable);
+    offset
+}
+
+/// A user's waker as a handle's awaiter (see [`guard_foreign`]): its `wake` and its drop run
+/// under [`guarded`](super::guarded), so a panic there is logged and goes no further; cloning
+/// it is a reference-count increment, no user code.
+struct GuardedWaker(Option<Waker>);
+
+impl Wake for GuardedWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(w) = &self.0 {
+            super::guarded("a JoinHandle's waker panicked when woken", || {
+                w.wake_by_ref()
+            });
+        }
+    }
+}
+
+impl Drop for GuardedWaker {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.take() {
+            super::guarded("a JoinHandle's waker panicked when dropped", || drop(w));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Poll, Waker};
+
+    use super::guard_foreign;
+
+    /// The polling task's own waker is used as it is (no allocation on a task's join), for a
+    /// pinned and a migratable task alike; any other waker gets the wrapper.
+    #[test]
+    fn only_foreign_wakers_are_wrapped() {
+        let own = || std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone()));
+        crate::LocalExecutor::new().unwrap().block_on(async move {
+            let w = own().await;
+            assert!(guard_foreign(&w).is_none(), "the main task's own waker");
+            let migratable = crate::spawn(async move {
+                let w = own().await;
+                guard_foreign(&w).is_none()
+            });
+            assert!(migratable.await.unwrap(), "a migratable task's own waker");
+            let pinned = crate::spawn_local(async move {
+                // Another task's waker is not this one's.
+                guard_foreign(&w).is_some()
+            });
+            assert!(pinned.await.unwrap());
+            assert!(guard_foreign(Waker::noop()).is_some());
+        });
+        assert!(guard_foreign(Waker::noop()).is_some(), "off any loop");
     }
 }
