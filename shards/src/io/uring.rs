@@ -29,7 +29,11 @@
 //!    wake-ping read) but the detached sends, whose bytes were reported written: those get up
 //!    to [`SHUTDOWN_WAIT`] (one second) to finish, a peer still reading, and are cancelled
 //!    only then. It waits up to that long again for the cancellations; what is still
-//!    outstanding then is leaked (logged), never freed under the kernel. An `Op` may outlive
+//!    outstanding then is leaked (logged), never freed under the kernel. That reaping runs
+//!    user code (a cancelled read's buffer's `Drop`, a waker), which may drop, poll or detach
+//!    another `Op` of the driver: the driver stays within its `Op`s' reach until its `Drop`
+//!    is done (a thread-local list of drivers being dropped), so such an `Op` is abandoned as
+//!    in rule 4, its data kept until its completion. An `Op` may outlive
 //!    its driver (a stream returned from `LocalExecutor::block_on` and used in the next one,
 //!    with a receive it kept): the driver leaves each live `Op`'s result in this thread's
 //!    [`ORPHANS`] (an `Op` is `!Send`, so it is polled and dropped on this thread), and the
@@ -242,6 +246,9 @@ pub(crate) struct Uring {
     completed: Cell<u64>,
     /// Slots in `Lifecycle::Waiting` or `Lifecycle::Ignored` ([`Uring::in_flight`]).
     waited: Cell<usize>,
+    /// The shutdown gave up on operations the kernel still held (rule 5): `ping_buf` is
+    /// leaked with them.
+    shutdown_leaked: Cell<bool>,
 }
 
 impl fmt::Debug for Uring {
@@ -262,8 +269,10 @@ fn timespec(d: Duration) -> types::Timespec {
 /// Creates the ring. Completions need not interrupt the loop (`COOP_TASKRUN`: the loop is the
 /// only thread that submits to and reaps its ring, and it enters the kernel every turn it has
 /// work), and the kernel flags pending completion work in the SQ ring (`TASKRUN_FLAG`), which
-/// `reap` and the spin check; one issuer. Kernels before 6.0 refuse some of these flags with
-/// `EINVAL`: then a plain ring.
+/// `reap` and the spin check; one issuer; and an entry the kernel refuses while preparing it
+/// (an `open` of the empty path) does not stop the batch (`SUBMIT_ALL`; [`Uring::enter`]
+/// submits the rest itself where that flag is missing). Kernels before 6.0 refuse some of
+/// these flags with `EINVAL`: then a plain ring.
 /// `IORING_ENTER_GETEVENTS` (the io-uring crate keeps its `sys` module private).
 const ENTER_GETEVENTS: u32 = 1;
 
@@ -273,6 +282,7 @@ fn setup_ring() -> io::Result<IoUring> {
         .setup_coop_taskrun()
         .setup_taskrun_flag()
         .setup_single_issuer()
+        .setup_submit_all()
         .build(ENTRIES);
     match tuned {
         Ok(r) => Ok(r),
@@ -317,6 +327,7 @@ impl Uring {
             submitted: Cell::new(0),
             completed: Cell::new(0),
             waited: Cell::new(0),
+            shutdown_leaked: Cell::new(false),
         })
     }
 
@@ -372,6 +383,13 @@ impl Uring {
     /// `EBUSY` (completions backed up) reaps and retries; timeouts and signals are `Ok`. The
     /// timeout needs `EXT_ARG` (Linux 5.11+); without it the wait has none, so callers then
     /// queue a `TIMEOUT` entry (`park`) or do not wait (`Drop`).
+    ///
+    /// Without `SUBMIT_ALL` (a plain ring, [`setup_ring`]) the kernel stops a batch at an entry
+    /// it refuses while preparing it (posting that entry's error as its completion) and
+    /// returns without waiting: the entries behind it stayed queued, the driver took them for
+    /// submitted, and they reached the kernel only at some later entry, after their callers
+    /// may have closed the descriptors they name (`cancel_now`), a number that may name a new
+    /// socket by then. So the enter is repeated while it makes progress and entries are left.
     fn enter(&self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         loop {
             let res = {
@@ -386,13 +404,17 @@ impl Uring {
                 }
             };
             match res {
-                Ok(_) => {
-                    self.unsubmitted.set(false);
+                Ok(n) => {
+                    let left = self.queued();
+                    if left > 0 && n > 0 {
+                        continue; // stopped at a refused entry: submit the rest (and wait)
+                    }
+                    self.unsubmitted.set(left > 0);
                     return Ok(());
                 }
                 Err(e) => match e.raw_os_error() {
                     Some(libc::ETIME) | Some(libc::EINTR) => {
-                        self.unsubmitted.set(false);
+                        self.unsubmitted.set(self.queued() > 0);
                         return Ok(());
                     }
                     Some(libc::EBUSY) | Some(libc::EAGAIN) => {
@@ -406,6 +428,11 @@ impl Uring {
                 },
             }
         }
+    }
+
+    /// Entries queued and not yet consumed by the kernel.
+    fn queued(&self) -> usize {
+        self.ring.borrow_mut().submission().len()
     }
 
     /// Starts an operation: `build` makes its entry from `data` (which the operation then owns).
@@ -476,6 +503,12 @@ impl Uring {
             };
             drop(ring);
             match r {
+                Ok(_) if self.queued() > 0 => {
+                    // Stopped at an entry refused while being prepared (see `enter`).
+                    if let Err(e) = self.enter(0, None) {
+                        tracing::warn!("xtc: io_uring submit failed: {e}");
+                    }
+                }
                 Ok(_) => self.unsubmitted.set(false),
                 Err(e) => tracing::warn!("xtc: io_uring enter failed: {e}"),
             }
@@ -863,7 +896,58 @@ impl Uring {
 
 impl Drop for Uring {
     fn drop(&mut self) {
-        // Rule 5. Detached operations are sends whose bytes a stream already reported
+        // Rule 5. The reaping below runs user code (a buffer's `Drop`, a waker), which may drop,
+        // poll or detach another `Op` of this driver: it still reaches the driver
+        // (`with_uring`), so such an `Op` is abandoned as on a running loop (rule 4) and its
+        // data lives until its completion, rather than taken for an orphan of a driver that is
+        // gone, with no record yet, and freed under the kernel.
+        {
+            let this: &Uring = self;
+            let frame = Dropping {
+                driver: this,
+                outer: DROPPING.with(Cell::get),
+            };
+            // Takes `frame` out of the list before it goes, also on unwind.
+            let _unlink = Unlink(frame.outer);
+            DROPPING.with(|d| d.set(&frame));
+            this.shut_down();
+        }
+        if self.shutdown_leaked.get() {
+            std::mem::forget(std::mem::replace(
+                &mut self.ping_buf,
+                Box::new(Cell::new(0)),
+            ));
+        }
+    }
+}
+
+thread_local! {
+    /// Drivers of this thread in their `Drop` (rule 5), innermost first: a list through the
+    /// `Dropping` nodes on their `drop` frames. A raw pointer, so the thread-local has no
+    /// destructor (an `Op` may be dropped by another thread-local's destructor at thread exit).
+    static DROPPING: Cell<*const Dropping> = const { Cell::new(std::ptr::null()) };
+}
+
+/// A driver in its `Drop`, in the `DROPPING` list.
+struct Dropping {
+    driver: *const Uring,
+    /// The next one out (a driver dropped by user code another driver's drop ran).
+    outer: *const Dropping,
+}
+
+/// Restores the `DROPPING` list to `self.0` when dropped.
+struct Unlink(*const Dropping);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        DROPPING.with(|d| d.set(self.0));
+    }
+}
+
+impl Uring {
+    /// Rule 5, run by `Drop` while the driver is in the `DROPPING` list.
+    fn shut_down(&self) {
+        // Detached operations are sends whose bytes a stream already reported
         // written: they get the first second to finish (a peer still reading), and only what
         // is left of them then is cancelled. Cancelled at once, as before, they lost those
         // bytes whenever the executor stopped while the peer's window was full.
@@ -919,10 +1003,7 @@ impl Drop for Uring {
             for slot in self.ops.borrow_mut().drain() {
                 std::mem::forget(slot);
             }
-            std::mem::forget(std::mem::replace(
-                &mut self.ping_buf,
-                Box::new(Cell::new(0)),
-            ));
+            self.shutdown_leaked.set(true);
         }
     }
 }
@@ -1063,15 +1144,35 @@ impl<T> Op<T> {
     }
 }
 
-/// Runs `f` on driver `id` if it is alive: the current loop's, or that of a loop of this
-/// thread hidden by `context::off_loop` (the only other place it can be: a driver belongs to
-/// one thread and `Op`s are `!Send`). `None` means the driver is gone (rule 5).
+/// Runs `f` on driver `id` if it is alive: the current loop's, that of a loop of this thread
+/// hidden by `context::off_loop`, or one in its `Drop` (rule 5: its loop has left, and its
+/// shutdown runs user code) (the only other places it can be: a driver belongs to one thread
+/// and `Op`s are `!Send`). `None` means the driver is gone (rule 5).
 fn with_uring<R>(id: u64, f: impl FnOnce(&Uring) -> R) -> Option<R> {
     let mut f = Some(f);
-    context::with_own_core(|c| match &c.io {
+    let on_loop = context::with_own_core(|c| match &c.io {
         super::Reactor::Uring(u) if u.id == id => f.take().map(|f| f(u)),
         _ => None,
-    })
+    });
+    if on_loop.is_some() {
+        return on_loop;
+    }
+    let mut node = DROPPING.with(Cell::get);
+    while !node.is_null() {
+        // SAFETY: `Uring::drop` put `node` in the list from its own stack frame and takes it
+        // out (its `Unlink` guard, also on unwind) before that frame goes; we are inside that
+        // call (`Op`s are `!Send`, so on its thread), so the node is alive. Its `driver` came
+        // from a shared borrow of the driver that `drop` holds, and uses only as shared, while
+        // the node is listed.
+        let (driver, outer) = unsafe { ((*node).driver, (*node).outer) };
+        // SAFETY: see above.
+        let u = unsafe { &*driver };
+        if u.id == id {
+            return f.take().map(|f| f(u));
+        }
+        node = outer;
+    }
+    None
 }
 
 impl<T: 'static> Future for Op<T> {
@@ -1156,6 +1257,170 @@ pub(crate) fn result(res: i32) -> io::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rule 5 with user code in the driver's drop: the cancelled read `a`'s buffer, dropped
+    /// when the shutdown reaps its completion, owns another operation `b` of the driver (a
+    /// buffer may own a stream, or a future, that keeps one). `b` is a large file read in a
+    /// kernel worker, which a cancellation does not stop. `b`'s data must live until `b`'s own
+    /// completion is reaped. Before the fix, the dropping driver was out of its `Op`s' reach
+    /// (`with_uring` found no loop) and had recorded nothing in `ORPHANS` yet: `b`'s data was
+    /// freed while the kernel was still copying the file into it.
+    #[test]
+    fn an_op_dropped_by_user_code_in_the_drivers_drop_keeps_its_data_until_it_completes() {
+        use std::{os::fd::AsRawFd, rc::Rc};
+        const N: usize = 64 << 20;
+        // The memory `b` reads into, lent from a region that outlives the test (so what the
+        // kernel does with it after `b`'s data let go of it is seen, not a crash).
+        let region: &'static mut [u8] = Box::leak(vec![0u8; N].into_boxed_slice());
+        let base = region.as_mut_ptr() as usize;
+        let path = std::env::temp_dir().join(format!("xtc-uring-drop-{}", std::process::id()));
+        std::fs::write(&path, vec![0xABu8; N]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // SAFETY: eventfd and pipe take no pointers but the live array; the descriptors are
+        // ours and closed below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        let mut pipe = [0; 2];
+        // SAFETY: as above.
+        let rc = unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(rc, 0);
+        let Ok(u) = Uring::new(efd) else {
+            return; // no io_uring here: nothing to check
+        };
+        /// `b`'s data: the lent region. Its drop gives the region back, whose owner reuses it
+        /// at once (zeroes it).
+        struct Lent {
+            base: usize,
+            released: Rc<Cell<bool>>,
+        }
+        impl Drop for Lent {
+            fn drop(&mut self) {
+                self.released.set(true);
+                // SAFETY: the region is leaked, so always mapped; only the kernel (if the
+                // driver let go of `b` too early) writes into it too.
+                unsafe { std::ptr::write_bytes(self.base as *mut u8, 0, N) };
+            }
+        }
+        /// `a`'s data: its buffer, and the operation `b` it owns.
+        struct Owner {
+            buf: Vec<u8>,
+            _b: Op<Lent>,
+        }
+        let released = Rc::new(Cell::new(false));
+        let lent = Lent {
+            base,
+            released: released.clone(),
+        };
+        let fd = file.as_raw_fd();
+        let b = u
+            .submit(lent, |l| {
+                opcode::Read::new(types::Fd(fd), l.base as *mut u8, N as u32)
+                    .build()
+                    .flags(squeue::Flags::ASYNC)
+            })
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let b_key = b.key;
+        u.submit_pending(); // `b` runs in a kernel worker from now
+        let owner = Owner {
+            buf: vec![0; 16],
+            _b: b,
+        };
+        let mut a = u
+            .submit(owner, |o| {
+                opcode::Read::new(types::Fd(pipe[0]), o.buf.as_mut_ptr(), 16).build()
+            })
+            .map_err(|(e, _)| e)
+            .unwrap();
+        // What `Op::drop` does on its loop: the data goes to the slot, the read is cancelled.
+        let data = a.data.take().unwrap();
+        u.abandon(a.key, Box::new(data), false);
+        drop(a);
+        let id = u.id;
+        drop(u);
+        assert!(
+            released.get(),
+            "`b`'s data was never freed, though its read completed"
+        );
+        assert!(
+            !region.contains(&0xAB),
+            "the kernel wrote into `b`'s data after it was freed"
+        );
+        assert_eq!(
+            take_orphan(id, b_key),
+            None,
+            "a record for an Op that is gone"
+        );
+        // SAFETY: the descriptors are ours; the ring that used them is gone.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+            libc::close(efd);
+        }
+    }
+
+    /// An entry the kernel refuses while preparing it (an `open` of the empty path fails in
+    /// `getname`) stops the batch there unless the ring has `IORING_SETUP_SUBMIT_ALL`: the
+    /// entries behind it stayed queued while the driver took the batch for submitted, until
+    /// some later `io_uring_enter`. A write queued behind it must be done after one submit.
+    #[test]
+    fn entries_behind_one_refused_at_setup_are_submitted_too() {
+        // The ring `setup_ring` makes, and a plain one (a kernel without `SUBMIT_ALL`).
+        for plain in [false, true] {
+            refused_entry_then_write(plain);
+        }
+    }
+
+    fn refused_entry_then_write(plain: bool) {
+        // SAFETY: eventfd and pipe2 take no pointers but the live array; the descriptors are
+        // ours and closed below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        let mut pipe = [0; 2];
+        // SAFETY: as above.
+        let rc = unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        assert_eq!(rc, 0);
+        let Ok(mut u) = Uring::new(efd) else {
+            return; // no io_uring here: nothing to check
+        };
+        if plain {
+            u.ring = RefCell::new(IoUring::new(ENTRIES).unwrap());
+        }
+        let open = u
+            .submit(std::ffi::CString::default(), |p| {
+                opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), p.as_ptr()).build()
+            })
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let write = u
+            .submit(b"x".to_vec(), |b| {
+                opcode::Write::new(types::Fd(pipe[1]), b.as_ptr(), 1).build()
+            })
+            .map_err(|(e, _)| e)
+            .unwrap();
+        u.submit_pending();
+        u.reap();
+        let queued = u.queued();
+        let mut got = 0u8;
+        // SAFETY: reads at most one byte into a live local.
+        let n = unsafe { libc::read(pipe[0], (&raw mut got).cast(), 1) };
+        assert_eq!(
+            (n, queued),
+            (1, 0),
+            "plain ring: {plain}: the write behind the refused open was left queued"
+        );
+        let open_res = u.peek_op(open.key);
+        assert!(matches!(open_res, Some(r) if r < 0), "{open_res:?}");
+        drop(u);
+        drop((open, write));
+        // SAFETY: the descriptors are ours; the ring that used them is gone.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+            libc::close(efd);
+        }
+    }
 
     /// Kernels without `EXT_ARG` (before 5.11) park with a `TIMEOUT` entry: a park that a
     /// ping ends early must remove it. Forced here on a kernel that has `EXT_ARG`. Before the
