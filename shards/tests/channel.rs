@@ -943,3 +943,68 @@ fn local_a_completed_waiting_senders_waker_is_dropped_outside_the_borrow() {
     );
     drop(b);
 }
+
+/// `shared`: a signal registered while the *shutdown* runs the end-of-turn flushes (a custom
+/// waker woken by one channel's signal sends on another) is run before the loop leaves. The
+/// shutdown ran its flushes once per pass and left when nothing was live, so a registration
+/// made by those very flushes stayed in the dropped loop's list: the other channel's receiver,
+/// waiting on a plain thread, was never woken.
+#[test]
+fn shared_a_signal_registered_while_the_shutdown_flushes_is_not_left_behind() {
+    use std::{
+        future::Future,
+        pin::pin,
+        sync::{mpsc, Arc, Mutex},
+        task::{Context, Wake, Waker},
+    };
+    struct SendsOn(Mutex<shared::Sender<u32>>);
+    impl Wake for SendsOn {
+        fn wake(self: Arc<Self>) {
+            self.0.lock().unwrap().try_send(42).unwrap();
+        }
+    }
+    /// Sends on drop (when the shutdown drops its task) without closing the channel.
+    struct SendOnDrop(Option<shared::Sender<u32>>);
+    impl Drop for SendOnDrop {
+        fn drop(&mut self) {
+            let mut tx = self.0.take().unwrap();
+            tx.try_send(1).unwrap();
+            // Kept open: a close would wake the receiver at once.
+            std::mem::forget(tx);
+        }
+    }
+    // Room for more than a quarter of a ring's pushes: signals wait for the end of the turn.
+    let (tx_a, mut rx_a) = shared::bounded::<u32>(64).unwrap();
+    let (tx_b, mut rx_b) = shared::bounded::<u32>(64).unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = done_tx.send(futures::executor::block_on(rx_a.recv()));
+        rx_a
+    });
+    // Let the plain thread's receiver wait first.
+    std::thread::sleep(Duration::from_millis(50));
+    LocalExecutor::new().unwrap().block_on(async move {
+        let sends = Arc::new(SendsOn(Mutex::new(tx_a)));
+        // Kept open past the wake, which consumes the waker's reference.
+        std::mem::forget(sends.clone());
+        let custom = Waker::from(sends);
+        assert!(pin!(rx_b.recv())
+            .poll(&mut Context::from_waker(&custom))
+            .is_pending());
+        std::mem::forget(rx_b);
+        // Dropped by the shutdown, unfinished: its drop pushes on `tx_b`.
+        let guard = SendOnDrop(Some(tx_b));
+        drop(xtc_shards::spawn_local(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        }));
+        xtc_shards::yield_now().await;
+    });
+    let got = done_rx.recv_timeout(Duration::from_secs(5));
+    assert_eq!(
+        got,
+        Ok(Some(42)),
+        "the plain thread's receiver was never woken"
+    );
+    drop(waiter.join());
+}

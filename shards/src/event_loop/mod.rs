@@ -642,6 +642,12 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             // The evacuation drained our incoming rings: drop what came in.
             continue;
         }
+        if core.has_flushes() {
+            // Signals registered while the flushes above ran (a channel's signal woke a
+            // custom waker that sent on another channel): the next pass runs them. Left in
+            // the list, they went with the loop, and that channel's receiver slept for good.
+            continue;
+        }
         let live = core.registry.borrow().len();
         if live == 0 && !evacuate_again && (keep_inbox || !shared.inbox.is_pending()) {
             break;
