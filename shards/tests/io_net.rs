@@ -333,7 +333,7 @@ fn tcp_from_std_into_std_round_trip() {
         let l = TcpListener::from_std(std_l).unwrap();
         assert_eq!(l.local_addr().unwrap(), addr);
         // And back and forth again: the listener still works after the round trip.
-        let l = TcpListener::from_std(l.into_std()).unwrap();
+        let l = TcpListener::from_std(l.into_std().unwrap()).unwrap();
 
         // A std client, connected before the accept (it waits in the backlog).
         let std_c = std::net::TcpStream::connect(addr).unwrap();
@@ -796,6 +796,68 @@ fn a_dropped_accept_loses_no_connection() {
     );
 }
 
+/// `into_std` after an `accept` future was dropped holding a connection (io_uring keeps that
+/// accept for the next `accept`) loses no connection: the connection comes out of the `std`
+/// listener (epoll, where the dropped accept took nothing) or, refused with the listener handed
+/// back (io_uring: the connection cannot go back to the kernel's queue), out of its next
+/// `accept`. `into_std` dropped the kept accept, closing the connection under its client.
+#[test]
+fn into_std_after_a_dropped_accept_loses_no_connection() {
+    on_each_driver(
+        "into_std_after_a_dropped_accept_loses_no_connection",
+        1,
+        |driver| async move {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let mut fut = Box::pin(l.accept());
+            assert!(poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await);
+            let client = client_that_writes(addr, b"hello");
+            sleep(Duration::from_millis(100)).await; // the loop reaps the accept's completion
+            drop(fut);
+            let _client = join_thread(client).await;
+            let std_l = match l.into_std() {
+                Ok(std_l) => std_l,
+                Err(e) => {
+                    assert_eq!(driver, Driver::IoUring, "only io_uring keeps an accept");
+                    let l = e.into_inner();
+                    let (s, _) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+                        .await
+                        .unwrap_or_else(|_| panic!("[{driver}] the kept connection was lost"))
+                        .unwrap();
+                    assert_eq!(read_n(&s, 5).await, b"hello");
+                    // Nothing kept any more: it unwraps, and that listener has no connection.
+                    let std_l = l.into_std().expect("nothing kept after the accept");
+                    assert_eq!(
+                        std_l.accept().map(drop).unwrap_err().kind(),
+                        io::ErrorKind::WouldBlock
+                    );
+                    return;
+                }
+            };
+            // In the `std` listener's queue (non-blocking): within 3 s.
+            let deadline = std::time::Instant::now() + Duration::from_secs(3);
+            let mut s = loop {
+                match std_l.accept() {
+                    Ok((s, _)) => break s,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "[{driver}] into_std lost the dropped accept's connection"
+                        );
+                        sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(e) => panic!("[{driver}] accept: {e}"),
+                }
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut b = [0u8; 5];
+            s.read_exact(&mut b).unwrap();
+            assert_eq!(&b, b"hello");
+        },
+    );
+}
+
 /// A `std` client on a thread of its own that connects to `addr` and writes `msg` (join it
 /// with [`join_thread`], which keeps the loop turning meanwhile).
 fn client_that_writes(
@@ -1241,7 +1303,7 @@ fn unix_listener_stream_and_pair() {
         assert!(UnixListener::bind(&path).is_err(), "the path exists now");
         assert_eq!(l.local_addr().unwrap().as_pathname(), Some(path.as_path()));
         // Through std and back, still listening on the same socket.
-        let l = UnixListener::from_std(l.into_std()).unwrap();
+        let l = UnixListener::from_std(l.into_std().unwrap()).unwrap();
         let server = spawn_local(async move {
             let s = l.accept().await.unwrap();
             echo(s).await

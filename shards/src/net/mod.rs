@@ -45,9 +45,58 @@ pub use tcp::{TcpListener, TcpStream};
 pub use udp::UdpSocket;
 pub use unix::{UnixListener, UnixStream};
 
-use std::{io, net::SocketAddr, time::Duration};
+use std::{fmt, io, net::SocketAddr, time::Duration};
 
 use socket2::SockAddr;
+
+/// The error of [`TcpListener::into_std`] and [`UnixListener::into_std`]: an `accept` future
+/// of the listener was dropped after the kernel had taken a connection for it (io_uring keeps
+/// that accept for the listener's next `accept`). The connection cannot go back to the
+/// kernel's listen queue, and unwrapping would close it under its client, so the listener comes
+/// back instead: [`into_inner`](Self::into_inner), `accept` (it returns that connection at
+/// once), and call `into_std` again. Never on epoll, where a dropped accept took nothing.
+pub struct IntoStdError<L> {
+    listener: L,
+    pending: bool,
+}
+
+impl<L> IntoStdError<L> {
+    pub(crate) fn new(listener: L, pending: bool) -> IntoStdError<L> {
+        IntoStdError { listener, pending }
+    }
+
+    /// The listener, unchanged (its kept accept included).
+    pub fn into_inner(self) -> L {
+        self.listener
+    }
+}
+
+impl<L> fmt::Debug for IntoStdError<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IntoStdError")
+            .field("pending", &self.pending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L> fmt::Display for IntoStdError<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.pending {
+            f.write_str(
+                "xtc: into_std refused: the cancellation of a dropped accept of this listener \
+                 has not settled (it may hold a connection); try again later",
+            )
+        } else {
+            f.write_str(
+                "xtc: into_std refused: a dropped accept of this listener holds a connection \
+                 the kernel already accepted; accept it (the next accept returns it), then \
+                 call into_std again",
+            )
+        }
+    }
+}
+
+impl<L> std::error::Error for IntoStdError<L> {}
 
 /// Converts a kernel socket address to an IP one.
 pub(crate) fn ip_addr(a: &SockAddr) -> io::Result<SocketAddr> {

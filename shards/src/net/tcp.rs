@@ -8,8 +8,10 @@ use std::{
 
 use socket2::{Domain, SockRef, Socket, Type};
 
-use super::{each_addr, ip_addr, is_exhaustion, is_transient, stream::StreamIo, Backoff};
-use crate::io::{ops, source::Source, BufResult, IoBuf, IoBufMut};
+use super::{
+    each_addr, ip_addr, is_exhaustion, is_transient, stream::StreamIo, Backoff, IntoStdError,
+};
+use crate::io::{ops, ops::accept::Settled, source::Source, BufResult, IoBuf, IoBufMut};
 
 /// A listening TCP socket on the current loop's driver. `!Send`.
 #[derive(Debug)]
@@ -89,13 +91,25 @@ impl TcpListener {
     }
 
     /// Unwraps into a `std` listener (left in non-blocking mode), e.g. to send it to another
-    /// shard. An accept kept from a dropped `accept` future (io_uring) is cancelled first; a
-    /// connection it had already taken is closed, as the listen queue's are when a listener
-    /// closes.
-    pub fn into_std(self) -> std::net::TcpListener {
+    /// shard. Loses no connection: an accept kept from a dropped `accept` future (io_uring
+    /// only) was cancelled when its future was dropped, and this waits for that cancellation
+    /// to settle. If the accept lost the race and took a connection, which cannot be put back
+    /// into the kernel's listen queue, the listener comes back in the error
+    /// ([`IntoStdError::into_inner`]): `accept` returns that connection at once, then call
+    /// `into_std` again. (Closing it, as before, reset a client that had connected.) The same
+    /// error, with nothing taken, if the cancellation has not settled within a second. Never
+    /// an error on epoll, where a dropped accept takes nothing. Cost: a borrow check without
+    /// a kept accept; with one, a non-blocking reap of the loop's ring per round until its
+    /// cancellation settles (usually none or one; the loop waits meanwhile, a second at most).
+    pub fn into_std(self) -> Result<std::net::TcpListener, IntoStdError<TcpListener>> {
+        match self.kept.settle() {
+            Settled::Empty => {}
+            Settled::Connection => return Err(IntoStdError::new(self, false)),
+            Settled::Pending => return Err(IntoStdError::new(self, true)),
+        }
         let TcpListener { kept, src } = self;
         drop(kept);
-        std::net::TcpListener::from(src.into_fd())
+        Ok(std::net::TcpListener::from(src.into_fd()))
     }
 }
 

@@ -9,8 +9,8 @@ use std::{
 
 use socket2::{Domain, SockAddr, Socket, Type};
 
-use super::{is_exhaustion, is_transient, stream::StreamIo, Backoff};
-use crate::io::{ops, source::Source, BufResult, IoBuf, IoBufMut};
+use super::{is_exhaustion, is_transient, stream::StreamIo, Backoff, IntoStdError};
+use crate::io::{ops, ops::accept::Settled, source::Source, BufResult, IoBuf, IoBufMut};
 
 /// A listening Unix-domain stream socket. `!Send`.
 #[derive(Debug)]
@@ -80,13 +80,19 @@ impl UnixListener {
     }
 
     /// Unwraps into a `std` listener (left in non-blocking mode). As
-    /// [`TcpListener::into_std`](super::TcpListener::into_std): an accept kept from a dropped
-    /// `accept` future (io_uring) is cancelled first, and a connection it had already taken
-    /// is closed.
-    pub fn into_std(self) -> std::os::unix::net::UnixListener {
+    /// [`TcpListener::into_std`](super::TcpListener::into_std): loses no connection; if an
+    /// accept kept from a dropped `accept` future (io_uring) took one, or its cancellation has
+    /// not settled within a second, the listener comes back in the error (`accept`, then try
+    /// again). Cost: as that one's.
+    pub fn into_std(self) -> Result<std::os::unix::net::UnixListener, IntoStdError<UnixListener>> {
+        match self.kept.settle() {
+            Settled::Empty => {}
+            Settled::Connection => return Err(IntoStdError::new(self, false)),
+            Settled::Pending => return Err(IntoStdError::new(self, true)),
+        }
         let UnixListener { kept, src } = self;
         drop(kept);
-        std::os::unix::net::UnixListener::from(src.into_fd())
+        Ok(std::os::unix::net::UnixListener::from(src.into_fd()))
     }
 }
 

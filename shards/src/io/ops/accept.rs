@@ -45,6 +45,83 @@ pub(crate) struct Kept {
     ops: RefCell<VecDeque<AcceptOp>>,
 }
 
+/// What [`Kept::settle`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// No accept is kept (none was, or each one kept resolved without a connection).
+    Empty,
+    /// A kept accept took a connection: it stays kept, for the next `accept`.
+    Connection,
+    /// A kept accept's cancellation had not resolved within [`SETTLE_WAIT`]; it stays kept.
+    Pending,
+}
+
+/// How long [`Kept::settle`] waits for the cancellations of kept accepts (submitted when their
+/// futures were dropped; the kernel answers them at once, so one reap usually suffices).
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Kept {
+    /// Waits for the kept accepts (cancelled when their futures were dropped) to resolve,
+    /// reaping this thread's loop's driver meanwhile, and drops those that took nothing. For
+    /// `into_std`, which must not close a connection a kept accept took. Cost: a borrow check
+    /// when none is kept (always on epoll); else a reap per round, usually one, up to
+    /// [`SETTLE_WAIT`].
+    pub(crate) fn settle(&self) -> Settled {
+        let deadline = std::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            // Taken out of the borrow, and dropped outside it: an `Op`'s drop may run user code
+            // (a buffer's, a waker's) that uses this listener.
+            let ops = match self.ops.try_borrow_mut() {
+                Ok(mut ops) => std::mem::take(&mut *ops),
+                // Borrowed by an accept's own call (user code inside it): nothing to settle now.
+                Err(_) => return Settled::Pending,
+            };
+            if ops.is_empty() {
+                return Settled::Empty;
+            }
+            let mut left = VecDeque::with_capacity(ops.len());
+            let (mut connection, mut pending) = (false, false);
+            let mut done = Vec::new();
+            for op in ops {
+                match op.completed() {
+                    // A connection (a descriptor): kept for the next `accept`.
+                    Some(res) if res >= 0 => {
+                        connection = true;
+                        left.push_back(op);
+                    }
+                    // Cancelled, or failed: the connection, if any, is still in the listen
+                    // queue, which moves with the descriptor.
+                    Some(_) => done.push(op),
+                    None => {
+                        pending = true;
+                        left.push_back(op);
+                    }
+                }
+            }
+            // Back in arrival order, ahead of any pushed meanwhile (there can be none: this
+            // runs on the listener's thread, in a synchronous call).
+            {
+                let mut ops = self.ops.borrow_mut();
+                left.append(&mut ops);
+                *ops = left;
+            }
+            drop(done);
+            if !pending {
+                return if connection {
+                    Settled::Connection
+                } else {
+                    Settled::Empty
+                };
+            }
+            if std::time::Instant::now() >= deadline {
+                return Settled::Pending;
+            }
+            crate::io::reap_now();
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// An accept being awaited; dropped unfinished, it is cancelled in place and kept.
 struct KeepOnDrop<'a> {
     kept: &'a Kept,
