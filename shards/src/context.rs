@@ -401,8 +401,10 @@ pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
 /// spawned put its task on that unrelated loop. Restores the loop (and its turn) afterwards,
 /// also on unwind. The hidden loop still owns its I/O driver: [`with_own_core`] finds it, so
 /// an I/O operation dropped meanwhile is cancelled on it rather than taken for an orphan of a
-/// driver that is gone (whose buffer was then freed under the kernel). Cost: two thread-local
-/// swaps and a push and pop each way.
+/// driver that is gone (whose buffer was then freed under the kernel). New I/O started
+/// meanwhile is not put on it (`io::with_running_reactor`): it would wait for the loop to turn
+/// again, so it fails as off any loop. Cost: two thread-local swaps and a push and pop each
+/// way.
 pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
     struct Restore {
         current: *const Core,
@@ -434,6 +436,12 @@ pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
         HIDDEN.with(|h| h.set(&node));
     }
     f()
+}
+
+/// Whether [`off_loop`] hides a loop of this thread (for the I/O error's wording). Cost: a
+/// thread-local read.
+pub(crate) fn loop_hidden() -> bool {
+    HIDDEN.with(|h| !h.get().is_null())
 }
 
 /// A loop hidden by [`off_loop`], in the `HIDDEN` list.

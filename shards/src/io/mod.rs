@@ -270,8 +270,16 @@ pub fn current_driver() -> Option<Driver> {
     context::with_core(|c| c.io.kind()).flatten()
 }
 
-/// The error of an I/O call made on a thread that runs no xtc loop.
+/// The error of an I/O call made on a thread that runs no xtc loop, or that starts new I/O
+/// while `context::off_loop` hides this thread's loop (see [`with_running_reactor`]).
 pub(crate) fn off_loop() -> io::Error {
+    if context::loop_hidden() {
+        return io::Error::other(
+            "xtc I/O used off any xtc loop: this thread's loop is hidden while an executor \
+             frees its tasks (a `Drop` run by an executor's drop or the end of its run), and \
+             cannot drive I/O started there; start it in a task (spawn_local / spawn_on)",
+        );
+    }
     io::Error::other(
         "xtc I/O used off any xtc loop: create and use sockets and files inside a task \
          (spawn_local / spawn_on)",
@@ -297,6 +305,24 @@ pub(crate) fn with_reactor<R>(f: impl FnOnce(&Reactor) -> io::Result<R>) -> io::
     }
 }
 
+/// Runs `f` with the reactor of the loop running on this thread, for starting new I/O (an
+/// operation, a readiness wait) that must be driven to its end; or returns the reason there is
+/// none. Unlike [`with_reactor`] it never reaches a loop `context::off_loop` hides: that loop
+/// does not turn until the hidden section ends, so an operation started on it there waited
+/// for good if the section waited for it (a `Drop` that blocks on I/O); instead the I/O fails
+/// at once with the off-loop error, as on a thread that runs no loop, which is what the
+/// section promises. A loop run inside the section (`LocalExecutor::block_on`) is the
+/// running one, and does the I/O. Cost: a thread-local read.
+pub(crate) fn with_running_reactor<R>(f: impl FnOnce(&Reactor) -> io::Result<R>) -> io::Result<R> {
+    match context::with_core(|c| match &c.io {
+        Reactor::None(why) => Err(io::Error::other(why.clone())),
+        r => f(r),
+    }) {
+        Some(r) => r,
+        None => Err(off_loop()),
+    }
+}
+
 /// Reaps this thread's loop's driver now: completions already in the kernel's queue reach
 /// their slots (and wake their tasks). For a drop deciding from whether its operation has
 /// finished (`Op::completed` sees only reaped completions). Nothing off a loop.
@@ -307,7 +333,8 @@ pub(crate) fn reap_now() {
     });
 }
 
-/// Which backend the current loop uses (for the `ops` dispatch).
+/// Which backend the running loop uses (for the `ops` dispatch, which starts new operations:
+/// not on a loop `context::off_loop` hides, see [`with_running_reactor`]).
 pub(crate) fn current_kind() -> io::Result<Driver> {
-    with_reactor(|r| Ok(r.kind().expect("with_reactor excludes None")))
+    with_running_reactor(|r| Ok(r.kind().expect("with_running_reactor excludes None")))
 }

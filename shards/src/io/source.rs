@@ -192,7 +192,9 @@ where
         let this = &mut *self;
         let drained = |r: &R| this.drained.as_ref().is_some_and(|d| d(r));
         let reg = &mut this.reg;
-        let res = super::with_reactor(|r| match r {
+        // A wait on the running loop only: a loop `context::off_loop` hides would not
+        // dispatch its event until the hidden section ends (`with_running_reactor`).
+        let res = super::with_running_reactor(|r| match r {
             Reactor::Epoll(e) => {
                 // One registration id per future and driver (a future polled on another loop
                 // registers anew there).

@@ -606,8 +606,10 @@ enum Kind {
     Epoll,
 }
 
+/// The running loop's driver kind, for a call that starts I/O (not a hidden loop's:
+/// `io::with_running_reactor`).
 fn kind() -> io::Result<Kind> {
-    crate::io::with_reactor(|r| {
+    crate::io::with_running_reactor(|r| {
         Ok(match r {
             Reactor::Uring(_) => Kind::Uring,
             _ => Kind::Epoll,
@@ -703,7 +705,8 @@ impl StreamIo {
         len: usize,
         syscall: &mut impl FnMut(i32) -> io::Result<usize>,
     ) -> io::Result<Poll<io::Result<usize>>> {
-        crate::io::with_reactor(|r| match r {
+        // A wait on the running loop only (not a hidden one, which would never wake it).
+        crate::io::with_running_reactor(|r| match r {
             Reactor::Epoll(e) => {
                 let id = self.trait_registration(e);
                 Ok(self
