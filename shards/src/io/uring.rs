@@ -261,8 +261,10 @@ impl fmt::Debug for Uring {
 }
 
 fn timespec(d: Duration) -> types::Timespec {
+    // The kernel reads the seconds as signed: beyond `i64::MAX` they would be negative, and
+    // the wait would fail with `EINVAL` at once (a park that never sleeps).
     types::Timespec::new()
-        .sec(d.as_secs())
+        .sec(d.as_secs().min(i64::MAX as u64))
         .nsec(d.subsec_nanos())
 }
 
@@ -1420,6 +1422,38 @@ mod tests {
             libc::close(pipe[1]);
             libc::close(efd);
         }
+    }
+
+    /// A park with a timeout beyond `i64::MAX` seconds (a timer as far away as `Duration`
+    /// goes) sleeps until pinged. The seconds used to reach the kernel as a negative number:
+    /// the wait failed with `EINVAL` at once, every park, a loop spinning instead of sleeping.
+    #[test]
+    fn a_park_with_a_huge_timeout_sleeps() {
+        // SAFETY: eventfd takes no pointers; the descriptor is ours and closed below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        let Ok(u) = Uring::new(efd) else {
+            return; // no io_uring here: nothing to check
+        };
+        let pinger = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from a live local to the eventfd, still open (closed
+            // only after this thread is joined).
+            let w = unsafe { libc::write(efd, (&one as *const u64).cast(), 8) };
+            assert_eq!(w, 8);
+        });
+        let t = std::time::Instant::now();
+        u.park(Some(Duration::MAX));
+        let took = t.elapsed();
+        pinger.join().unwrap();
+        assert!(
+            took >= Duration::from_millis(150),
+            "a park with timeout Duration::MAX returned after {took:?}, before the ping"
+        );
+        drop(u);
+        // SAFETY: the descriptor is ours; the ring that used it is gone.
+        unsafe { libc::close(efd) };
     }
 
     /// Kernels without `EXT_ARG` (before 5.11) park with a `TIMEOUT` entry: a park that a
