@@ -254,6 +254,12 @@ fn a_huge_synthetic_topology_is_an_error() {
         assert!(e.to_string().contains("PUs"), "{signed}: {e}");
     }
     assert!(Topology::synthetic("pack:+2 pu:+2").is_ok());
+    // A negative count is named as one, not as a 39-digit number of PUs.
+    let e = Topology::synthetic("pack:2 pu:-1").unwrap_err().to_string();
+    assert!(
+        e.contains("negative") && !e.contains(&u128::MAX.to_string()),
+        "{e}"
+    );
     // hwloc needs no space between levels, after a count or an attribute block: each of these
     // was read as one level and built (131,072 PUs).
     for glued in ["pack:4core:128pu:256", "pack:2(memory=1)core:200pu:170"] {
@@ -311,4 +317,24 @@ fn huge_synthetic_os_indexes_are_an_error() {
     }
     let t = Topology::synthetic("pack:1 pu:2(indexes=0,7)").unwrap();
     assert_eq!(t.pus().len(), 2);
+}
+
+/// `from_xml` reads a bounded amount: a path to an endless stream (`/dev/zero`) or an
+/// oversized file is an `Err` naming the limit, not a read that grows until the process is
+/// killed for memory.
+#[test]
+fn an_endless_or_huge_xml_file_is_an_error() {
+    let e = Topology::from_xml("/dev/zero").unwrap_err();
+    assert!(matches!(e, Error::XmlFile { .. }), "{e}");
+    assert!(e.to_string().contains("MiB"), "{e}");
+
+    // A sparse file just over the limit: no disk space used.
+    let big = temp_path("huge.xml");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(64 * 1024 * 1024 + 1).unwrap();
+    drop(f);
+    let e = Topology::from_xml(&big).unwrap_err();
+    let _ = std::fs::remove_file(&big);
+    assert!(matches!(e, Error::XmlFile { .. }), "{e}");
+    assert!(e.to_string().contains("64 MiB"), "{e}");
 }
