@@ -223,11 +223,18 @@ pub fn create_class(shares: u32, latency: Option<std::time::Duration>) -> Result
 }
 
 /// Moves the calling task into class `class` (it takes effect from the task's next wake).
-/// `Err` off any loop, for a class of another loop, or in a migratable task (classes order
-/// one loop's pinned tasks).
+/// `Err` off any loop, for a class of another loop (another shard, or another executor's), or
+/// in a migratable task (classes order one loop's pinned tasks).
 pub fn set_class(class: crate::Class) -> Result<()> {
     with_core(|c| {
-        if class.shard != c.index() || class.exec_id != c.shared.exec_id {
+        if class.exec_id != c.shared.exec_id {
+            return Err(Error::InvalidArgument(format!(
+                "set_class: the class belongs to shard {} of another executor; create it on \
+                 this one (shard::create_class here, or this executor's Handle::create_class)",
+                class.shard
+            )));
+        }
+        if class.shard != c.index() {
             return Err(Error::InvalidArgument(format!(
                 "set_class: the class belongs to shard {}, this task runs on shard {}",
                 class.shard,

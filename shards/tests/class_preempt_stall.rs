@@ -68,6 +68,20 @@ fn set_class_moves_the_running_task() {
     assert!(matches!(shard::set_class(c), Err(Error::OffLoop(_))));
 }
 
+/// A class of another executor, same shard index: the `Err` says so (it read "the class belongs
+/// to shard 0, this task runs on shard 0", which names no difference).
+#[test]
+fn set_class_names_a_class_of_another_executor() {
+    let other = Executor::builder().shards(1).build().unwrap();
+    let foreign = other.create_class(0, 10, None).unwrap();
+    let msg = LocalExecutor::new()
+        .unwrap()
+        .block_on(async move { shard::set_class(foreign) })
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("another executor"), "{msg}");
+}
+
 /// CPU time the calling thread has used.
 fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec {

@@ -45,14 +45,16 @@ impl Builder {
     /// belongs to the current loop.
     fn class_here(&self) -> u32 {
         if let Some(c) = self.class {
-            let ok = crate::context::with_core(|core| {
-                core.index() == c.shard && core.shared.exec_id == c.exec_id
+            let here = crate::context::with_core(|core| {
+                (core.index() == c.shard, core.shared.exec_id == c.exec_id)
             });
-            if ok == Some(true) {
-                return c.id;
-            }
+            let place = match here {
+                Some((true, true)) => return c.id,
+                Some((_, false)) => "of another executor",
+                _ => "used on another shard",
+            };
             tracing::warn!(
-                "task::Builder::class: class of shard {} used elsewhere; spawning in the default lane",
+                "task::Builder::class: class of shard {} {place}; spawning in the default lane",
                 c.shard
             );
         }
@@ -111,9 +113,11 @@ impl Builder {
                 c.id
             }
             Some(c) => {
+                let foreign = exec.loops.first().is_some_and(|l| l.exec_id != c.exec_id);
+                let whose = if foreign { " of another executor" } else { "" };
                 tracing::warn!(
-                    "task::Builder::class: class of shard {} used for a task on shard {shard}; \
-                     spawning in the default lane",
+                    "task::Builder::class: class of shard {}{whose} used for a task on shard \
+                     {shard}; spawning in the default lane",
                     c.shard
                 );
                 0
