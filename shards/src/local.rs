@@ -52,7 +52,9 @@ pub struct LocalExecutor {
 }
 
 impl LocalExecutor {
-    /// A new loop. `Err` only if the OS refuses an eventfd.
+    /// A new loop. `Err` if `XTC_IO` holds a bad value ([`Error::Env`](crate::Error::Env)) or
+    /// forces an io_uring this kernel refuses, or if the OS refuses an eventfd. The other
+    /// `XTC_*` variables are [`Builder`](crate::Builder)'s and not read here.
     pub fn new() -> Result<LocalExecutor> {
         let config = Config {
             io_driver: crate::executor::resolve_io(None)?,

@@ -22,6 +22,8 @@ fn env_variables() {
             "XTC_STEAL_BACKOFF",
             "XTC_NUMA_SENSITIVITY",
             "XTC_MIN_TASKS_TO_STEAL",
+            "XTC_PREEMPT",
+            "XTC_STALL_BUDGET",
         ] {
             std::env::remove_var(v);
         }
@@ -103,6 +105,34 @@ fn env_variables() {
             other => panic!("XTC_PLACEMENT not UTF-8: expected Err(Env), got {other:?}"),
         }
         clear();
+    }
+
+    // `LocalExecutor::new` reads XTC_IO too, and names it when it is bad.
+    clear();
+    std::env::set_var("XTC_IO", "bogus");
+    let r = xtc_shards::LocalExecutor::new();
+    std::env::remove_var("XTC_IO");
+    match r {
+        Err(e @ Error::Env { .. }) => assert!(e.to_string().contains("XTC_IO"), "{e}"),
+        other => panic!("LocalExecutor::new with XTC_IO=bogus: expected Err(Env), got {other:?}"),
+    }
+
+    // Every duration variable's error lists the units it takes and what a bare number means
+    // (XTC_PREEMPT's and XTC_STALL_BUDGET's said only "such as 0 (off), 1ms, 500us").
+    for var in [
+        "XTC_PREEMPT",
+        "XTC_STALL_BUDGET",
+        "XTC_DEADLOCK_GRACE",
+        "XTC_SPIN_BEFORE_PARK",
+    ] {
+        clear();
+        std::env::set_var(var, "1.5ms");
+        let msg = Builder::from_env().unwrap_err().to_string();
+        std::env::remove_var(var);
+        assert!(
+            msg.contains(var) && msg.contains("ns, us, ms or s") && msg.contains("bare number"),
+            "{msg}"
+        );
     }
 
     // Too many shards without oversubscription: an Err that says what to do, and names the

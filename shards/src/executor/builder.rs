@@ -173,14 +173,16 @@ impl Builder {
             self.preempt = parse_duration(&v).ok_or_else(|| Error::Env {
                 var: "XTC_PREEMPT",
                 value: v.clone(),
-                expected: "a duration such as 0 (off), 1ms, 500us",
+                expected: "a whole number with unit ns, us, ms or s, such as 0 (off), 1ms, \
+                           500us (a bare number is milliseconds)",
             })?;
         }
         if let Some(v) = var("XTC_STALL_BUDGET") {
             self.stall_budget = parse_duration(&v).ok_or_else(|| Error::Env {
                 var: "XTC_STALL_BUDGET",
                 value: v.clone(),
-                expected: "a duration such as 0 (off), 10ms",
+                expected: "a whole number with unit ns, us, ms or s, such as 0 (off), 10ms \
+                           (a bare number is milliseconds)",
             })?;
         }
         if let Some(c) = io_choice_from_env()? {
@@ -192,8 +194,8 @@ impl Builder {
                 .ok_or_else(|| Error::Env {
                     var: "XTC_SPIN_BEFORE_PARK",
                     value: v.clone(),
-                    expected: "a duration of at most 1s, such as 0, 50us, 1ms (a bare number is \
-                               milliseconds)",
+                    expected: "a duration of at most 1s, a whole number with unit ns, us, ms or \
+                               s, such as 0, 50us, 1ms (a bare number is milliseconds)",
                 })?;
         }
         Ok(self)
@@ -415,6 +417,7 @@ fn parse_grace(name: &'static str, v: &str) -> Result<Option<Duration>> {
     parse_duration(v).map(Some).ok_or_else(|| Error::Env {
         var: name,
         value: v.to_string(),
-        expected: "off, or a duration such as 500ms, 5s (a bare number is milliseconds)",
+        expected: "off, or a whole number with unit ns, us, ms or s, such as 500ms, 5s (a bare \
+                   number is milliseconds)",
     })
 }
