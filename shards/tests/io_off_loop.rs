@@ -140,3 +140,85 @@ fn io_on_a_loop_run_while_another_is_hidden_completes() {
         },
     );
 }
+
+thread_local! {
+    /// A stream the running task leaves for a swept drop of this thread to read.
+    static LEFT: std::cell::RefCell<Option<TcpStream>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Reads, once and without waiting, from the stream in `LEFT` when dropped.
+struct ReadBufferedOnDrop {
+    out: Arc<Mutex<Option<io::Result<Vec<u8>>>>>,
+}
+
+impl Drop for ReadBufferedOnDrop {
+    fn drop(&mut self) {
+        let Some(mut s) = LEFT.with(|l| l.borrow_mut().take()) else {
+            return;
+        };
+        let mut buf = [0u8; 8];
+        let mut cx = Context::from_waker(Waker::noop());
+        let r = match futures::io::AsyncRead::poll_read(
+            std::pin::Pin::new(&mut s),
+            &mut cx,
+            &mut buf,
+        ) {
+            Poll::Ready(r) => r.map(|n| buf[..n].to_vec()),
+            Poll::Pending => Err(io::Error::other("pending")),
+        };
+        *self.out.lock().unwrap() = Some(r);
+    }
+}
+
+/// Bytes an `AsyncRead` already took from the kernel (io_uring: in the stream's own buffer)
+/// are handed out under `off_loop` too: that is no new I/O, and the old code returned them.
+#[test]
+fn bytes_already_received_are_read_while_the_loop_is_hidden() {
+    on_each_driver("bytes_already_received_off_loop", 1, |driver| async move {
+        use futures::io::AsyncReadExt;
+        use xtc_shards::io::Driver;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.write_all(b"hello").unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        // An 8-byte read, left pending (io_uring: its receive in the stream's own buffer)...
+        let mut eight = [0u8; 8];
+        let first = std::future::poll_fn(|cx| {
+            Poll::Ready(futures::io::AsyncRead::poll_read(
+                std::pin::Pin::new(&mut s),
+                cx,
+                &mut eight,
+            ))
+        })
+        .await;
+        if driver == Driver::IoUring {
+            assert!(first.is_pending(), "submitted at the end of the turn");
+        }
+        xtc_shards::time::sleep(Duration::from_millis(100)).await;
+        // ... then a 2-byte one takes the first two of the five it received.
+        let mut two = [0u8; 2];
+        s.read_exact(&mut two).await.unwrap();
+        assert_eq!(&two, b"he");
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        let out = Arc::new(Mutex::new(None));
+        let b = Executor::builder().shards(1).build().unwrap();
+        let guard = ReadBufferedOnDrop { out: out.clone() };
+        b.spawn_on(0, move || {
+            let _g = guard;
+            async {}
+        })
+        .unwrap();
+        drop(b); // frees the queued task off the loop (`context::off_loop`)
+        let r = out.lock().unwrap().take().expect("the guard ran");
+        LEFT.with(|l| l.borrow_mut().take());
+        peer.join().unwrap();
+        if driver == Driver::IoUring {
+            // "llo" is in the stream's buffer already (the first read asked for 8 bytes).
+            assert_eq!(r.ok().as_deref(), Some(&b"llo"[..]), "[{driver}]");
+        }
+    });
+}

@@ -939,7 +939,29 @@ impl StreamIo {
             // At once on both drivers (epoll waited for data first).
             return Poll::Ready(Ok(0));
         }
-        match kind()? {
+        let kind = match kind() {
+            Ok(kind) => kind,
+            // This thread's loop is hidden (`context::off_loop`): no new I/O, but bytes a
+            // receive already brought (io_uring: in `rbuf`, or a reaped completion) are no
+            // I/O at all, and are handed out as before.
+            Err(e) => {
+                let st = self.poll.get_mut();
+                let received = st.rpos < st.rbuf.len()
+                    || st.read_error.is_some()
+                    || st
+                        .reading
+                        .as_ref()
+                        .is_some_and(|op| op.completed().is_some());
+                if !received {
+                    return Poll::Ready(Err(e));
+                }
+                return After::around(cx, |cx, after| {
+                    self.poll_read_uring(cx, out, after, Some(e))
+                })
+                .0;
+            }
+        };
+        match kind {
             Kind::Epoll => {
                 let (ptr, len) = (out.as_mut_ptr(), out.len());
                 self.poll_trait_epoll(Dir::Read, cx, len, &mut |fd| {
@@ -948,17 +970,21 @@ impl StreamIo {
                     ops::cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) }).map(|n| n as usize)
                 })?
             }
-            Kind::Uring => After::around(cx, |cx, after| self.poll_read_uring(cx, out, after)).0,
+            Kind::Uring => {
+                After::around(cx, |cx, after| self.poll_read_uring(cx, out, after, None)).0
+            }
         }
     }
 
     /// `poll_read` on io_uring; what must wait for the end of its use of the state goes to
-    /// `after`.
+    /// `after`. `no_new`: this thread's loop is hidden, and this error is the answer where a
+    /// new receive would be submitted.
     fn poll_read_uring(
         &mut self,
         cx: &mut Context<'_>,
         out: &mut [u8],
         after: &mut After,
+        mut no_new: Option<io::Error>,
     ) -> Poll<io::Result<usize>> {
         loop {
             let st = self.poll.get_mut();
@@ -982,6 +1008,9 @@ impl StreamIo {
             }
             if out.is_empty() {
                 return Poll::Ready(Ok(0));
+            }
+            if let Some(e) = no_new.take() {
+                return Poll::Ready(Err(e));
             }
             let mut buf = std::mem::take(&mut st.rbuf);
             buf.clear();
