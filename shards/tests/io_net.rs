@@ -2658,3 +2658,41 @@ fn accept_on_a_datagram_socket_reports_its_error() {
     }
     assert!(failed.is_empty(), "{failed:#?}");
 }
+
+/// The same with the listener's loop gone (a listener returned from `LocalExecutor::block_on`):
+/// its driver's shutdown left the kept accept's connection for the listener, and off any loop
+/// `into_std` refuses for it while `accept` fails (no loop), so the listener can never be
+/// unwrapped: the connection is only ever closed with it.
+#[test]
+fn into_std_off_the_loop_after_a_dropped_accept_can_unwrap() {
+    use std::io::Write as _;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (l, client) = ex.block_on(async {
+        if xtc_shards::io::current_driver() != Some(Driver::IoUring) {
+            return (None, None);
+        }
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut fut = Box::pin(l.accept());
+        assert!(poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await);
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(b"hello").unwrap();
+        sleep(Duration::from_millis(100)).await; // the loop reaps the accept's completion
+        drop(fut);
+        (Some(l), Some(c))
+    });
+    drop(ex);
+    let (Some(l), Some(_client)) = (l, client) else {
+        return;
+    };
+    let l = match l.into_std() {
+        Ok(_) => return, // nothing kept: unwrapped
+        Err(e) => e.into_inner(),
+    };
+    let accepted = futures::executor::block_on(l.accept());
+    assert!(
+        accepted.is_ok() || l.into_std().is_ok(),
+        "off the loop, into_std refuses and accept fails ({:?}): the listener is stuck",
+        accepted.err()
+    );
+}

@@ -122,6 +122,17 @@ impl Kept {
     }
 }
 
+impl Kept {
+    /// The first kept accept whose completion brought a connection, taken out.
+    fn take_connected(&self) -> Option<AcceptOp> {
+        let mut ops = self.ops.try_borrow_mut().ok()?;
+        let at = ops
+            .iter()
+            .position(|op| op.completed().is_some_and(|res| res >= 0))?;
+        ops.remove(at)
+    }
+}
+
 /// An accept being awaited; dropped unfinished, it is cancelled in place and kept.
 struct KeepOnDrop<'a> {
     kept: &'a Kept,
@@ -150,9 +161,19 @@ impl Drop for KeepOnDrop<'_> {
 pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, SockAddr)> {
     // Again after a shutdown-cancelled accept (`nothing_moved`), on the current loop's driver.
     loop {
-        match backend()? {
+        let (driver, connected) = match backend() {
+            Ok(driver) => (driver, None),
+            // Off the loop (stopped, or hidden): no new accept, but a kept one that took a
+            // connection still hands it over, which is no I/O (`into_std` refuses while one
+            // is kept, and says `accept` returns it: else the listener could never unwrap).
+            Err(e) => match kept.take_connected() {
+                Some(op) => (Driver::IoUring, Some(op)),
+                None => return Err(e),
+            },
+        };
+        match driver {
             Driver::IoUring => {
-                let taken = kept.ops.borrow_mut().pop_front();
+                let taken = connected.or_else(|| kept.ops.borrow_mut().pop_front());
                 let op = match taken {
                     Some(op) => op,
                     None => {
