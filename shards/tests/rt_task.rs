@@ -689,3 +689,20 @@ fn a_panicking_waker_of_a_join_handle_polled_off_the_loop_does_not_abort() {
         },
     );
 }
+
+/// A `JoinHandle` polled with a user's waker whose clone panics: the panic reaches the poller
+/// (the clone is the poller's own call), but the handle keeps its task, which runs on and
+/// gives its output to the next poll, rather than being cancelled by the unwind.
+#[test]
+fn a_join_handle_keeps_its_task_when_the_waker_clone_panics() {
+    let out = LocalExecutor::new().unwrap().block_on(async {
+        let mut h = Box::pin(spawn_local(async {
+            task::yield_now().await;
+            5
+        }));
+        let waker = hooked_waker(|| panic!("a user waker panics when cloned"));
+        assert!(poll_caught(h.as_mut(), &waker).is_err());
+        h.await
+    });
+    assert_eq!(out.ok(), Some(5));
+}

@@ -192,7 +192,14 @@ impl<T> Future for JoinHandle<T> {
                 let guard = if task.is_finished() && !unsafe { &*meta }.cancel_dropping() {
                     None
                 } else {
-                    guard_foreign(cx.waker())
+                    match self.guard_or_restore(cx.waker()) {
+                        Ok(guard) => guard,
+                        Err(panic) => {
+                            // The handle keeps its task (an unwind dropped it: cancelled).
+                            self.state.set(State::Live(task, meta));
+                            std::panic::resume_unwind(panic)
+                        }
+                    }
                 };
                 let polled = match &guard {
                     None => Pin::new(&mut task).poll(cx),
@@ -209,7 +216,13 @@ impl<T> Future for JoinHandle<T> {
             State::Aborted(mut a) => {
                 // The waker async-task may keep (see `guard_foreign`), also kept here for
                 // `is_finished`'s polls: an abort is rare, so it is made on every poll.
-                let waker = guard_foreign(cx.waker()).unwrap_or_else(|| cx.waker().clone());
+                let waker = match self.guard_or_restore(cx.waker()) {
+                    Ok(guard) => guard.unwrap_or_else(|| cx.waker().clone()),
+                    Err(panic) => {
+                        self.state.set(State::Aborted(a));
+                        std::panic::resume_unwind(panic)
+                    }
+                };
                 if a.poll_over(&mut Context::from_waker(&waker)) {
                     return Poll::Ready(output(a.out.take()));
                 }
@@ -219,6 +232,16 @@ impl<T> Future for JoinHandle<T> {
             }
             State::Taken => Poll::Ready(Err(JoinError::cancelled())),
         }
+    }
+}
+
+impl<T> JoinHandle<T> {
+    /// [`guard_foreign`], whose clone of a foreign waker is user code that may panic: the
+    /// panic comes back as `Err` (for `poll` to put its state back before it goes on to the
+    /// poller; taken out, the task was dropped, so cancelled, by the unwind). No cost without
+    /// a panic.
+    fn guard_or_restore(&self, waker: &Waker) -> std::thread::Result<Option<Waker>> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guard_foreign(waker)))
     }
 }
 
