@@ -185,17 +185,18 @@ fn bytes_already_received_are_read_while_the_loop_is_hidden() {
             std::thread::sleep(Duration::from_millis(500));
         });
         let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
-        // An 8-byte read, left pending (io_uring: its receive in the stream's own buffer)...
-        let mut eight = [0u8; 8];
-        let first = std::future::poll_fn(|cx| {
-            Poll::Ready(futures::io::AsyncRead::poll_read(
-                std::pin::Pin::new(&mut s),
-                cx,
-                &mut eight,
-            ))
-        })
-        .await;
+        // io_uring: an 8-byte read, left pending (its receive in the stream's own buffer)...
+        // (Not on epoll, which reads at once: had "hello" arrived, this read would take it.)
         if driver == Driver::IoUring {
+            let mut eight = [0u8; 8];
+            let first = std::future::poll_fn(|cx| {
+                Poll::Ready(futures::io::AsyncRead::poll_read(
+                    std::pin::Pin::new(&mut s),
+                    cx,
+                    &mut eight,
+                ))
+            })
+            .await;
             assert!(first.is_pending(), "submitted at the end of the turn");
         }
         xtc_shards::time::sleep(Duration::from_millis(100)).await;
