@@ -394,8 +394,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Unblocks the interrupt signal on the calling pool thread. A thread starts with the mask of
+/// the one that spawned it (a loop thread, which has that of the thread that called `run()` or
+/// `block_on`); a program that takes its signals with `signalfd` or `sigwait` blocks them all
+/// there first, and then a cancel's signal stayed pending for good: a dropped `open` of a FIFO
+/// that no peer came to kept its loop busy, and `run()` from returning, for good.
+fn unblock_interrupt() {
+    // SAFETY: `set` is a live local filled by `sigemptyset` before use; only this thread's mask
+    // changes, and the old one is not asked for (null).
+    let rc = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, interrupt_signal());
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        tracing::warn!(
+            "xtc: a blocking-pool thread could not unblock its interrupt signal ({}); a dropped \
+             file operation that blocks there is not interrupted",
+            io::Error::from_raw_os_error(rc)
+        );
+    }
+}
+
 fn worker() {
     unpin_from_loop();
+    unblock_interrupt();
     let pool = pool();
     let mut st = lock(&pool.state);
     loop {
