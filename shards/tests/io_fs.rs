@@ -298,6 +298,38 @@ fn fixed_buf_pool_on_a_file() {
     });
 }
 
+/// 16,384 buffers of 1 GiB pass the per-buffer checks; 16 TiB in all is more than any machine
+/// this runs on. It must be refused at once with an error that says so, on both drivers. It
+/// was accepted on epoll (16 TiB of address space, never backed), under an address-space
+/// limit (`ulimit -v`) the allocation aborted the process, and the io_uring registration
+/// (which pins, and so backs, every page; unaccounted for a root process) would have run the
+/// machine out of memory: the test was not run there before the fix.
+#[test]
+fn a_fixed_buf_pool_larger_than_the_machine_is_refused() {
+    on_each_driver(
+        "fixed_buf_pool_larger_than_the_machine",
+        1,
+        |driver| async move {
+            // SAFETY: `sysconf` takes no pointers.
+            let ram = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) as u128 }
+                * unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u128 };
+            if ram >= 16_384u128 << 30 {
+                println!("skipped: this machine has 16 TiB of memory or more");
+                return;
+            }
+            let e = FixedBufPool::register(16_384, 1 << 30).expect_err("a 16 TiB pool");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{driver}: {e}");
+            assert!(e.to_string().contains("memory"), "{driver}: {e}");
+            // A pool of a sane size still works, and is usable.
+            let pool = FixedBufPool::register(2, 4096).unwrap();
+            let mut b = pool.take().unwrap();
+            assert_eq!((b.len(), b.capacity()), (0, 4096));
+            assert_eq!(b.put_slice(&[7u8; 5000]), 4096);
+            assert!(b.iter().all(|&x| x == 7));
+        },
+    );
+}
+
 #[test]
 fn many_concurrent_file_operations() {
     on_each_driver("many_concurrent_file_operations", 1, |_| async {

@@ -157,8 +157,12 @@ impl fmt::Debug for FixedBufPool {
 
 impl FixedBufPool {
     /// Allocates `count` buffers of `size` bytes and registers them with this loop's driver.
-    /// `Err` off any loop, for `count` of 0 or above 16,384 or `size` of 0 or above 1 GiB, or
-    /// when this loop already has a registered pool (drop it first).
+    /// `Err` off any loop, for `count` of 0 or above 16,384 or `size` of 0 or above 1 GiB,
+    /// for a total (`count × size`) above the machine's physical memory (`InvalidInput`: the
+    /// kernel pins every page of a registered buffer, so such a pool can never be backed),
+    /// for memory the allocator refuses (`OutOfMemory`, not an abort), for pinned memory over
+    /// `RLIMIT_MEMLOCK` (io_uring, without `CAP_IPC_LOCK`), or when this loop already has a
+    /// registered pool (drop it first).
     pub fn register(count: usize, size: usize) -> io::Result<FixedBufPool> {
         if count == 0 || count > 16_384 || size == 0 || size > 1 << 30 {
             return Err(io::Error::new(
@@ -166,18 +170,33 @@ impl FixedBufPool {
                 format!("FixedBufPool::register({count}, {size}): need 1..=16384 buffers of 1 byte..=1 GiB"),
             ));
         }
-        let bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
+        // At most 16384 × 1 GiB (2^44): no overflow on a 64-bit target.
+        let total = count.saturating_mul(size);
+        if let Some(ram) = physical_memory().filter(|&ram| total > ram) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "FixedBufPool::register({count}, {size}): {total} bytes in all, more than \
+                     this machine's {ram} bytes of memory (registered buffers are pinned)"
+                ),
+            ));
+        }
+        let mut bufs: Vec<Vec<u8>> = Vec::new();
+        bufs.try_reserve_exact(count)
+            .map_err(|_| out_of_memory(count, size))?;
+        for _ in 0..count {
+            // Fallible, and empty (as the pool hands them out): the bytes past a buffer's
+            // length are only ever written (by the kernel or `put_slice`) before they are read.
+            let mut b = Vec::new();
+            b.try_reserve_exact(size)
+                .map_err(|_| out_of_memory(count, size))?;
+            bufs.push(b);
+        }
         let registered = super::with_reactor(|r| match r {
-            super::Reactor::Uring(u) => u.register_buffers(&bufs).map(Some),
+            super::Reactor::Uring(u) => u.register_buffers(&bufs, size).map(Some),
             _ => Ok(None),
         })?;
-        let slots = bufs
-            .into_iter()
-            .map(|mut b| {
-                b.clear();
-                Some(b)
-            })
-            .collect();
+        let slots = bufs.into_iter().map(Some).collect();
         Ok(FixedBufPool {
             inner: Rc::new(PoolInner {
                 slots: RefCell::new(slots),
@@ -209,6 +228,27 @@ impl FixedBufPool {
     pub fn is_registered(&self) -> bool {
         self.inner.registered.is_some()
     }
+}
+
+/// The `OutOfMemory` error of a pool whose buffers the allocator refused.
+fn out_of_memory(count: usize, size: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::OutOfMemory,
+        format!("FixedBufPool::register({count}, {size}): cannot allocate the buffers"),
+    )
+}
+
+/// The machine's physical memory in bytes, if the OS says. Cost: two `sysconf` calls.
+fn physical_memory() -> Option<usize> {
+    // SAFETY: `sysconf` takes no pointers and has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let (pages, page) = (usize::try_from(pages).ok()?, usize::try_from(page).ok()?);
+    (pages > 0 && page > 0).then(|| pages.saturating_mul(page))
 }
 
 /// A buffer of a [`FixedBufPool`]; goes back to the pool when dropped. Derefs to its

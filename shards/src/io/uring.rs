@@ -691,25 +691,33 @@ impl Uring {
         (self.pinged.get(), !self.ping_by_poll.get(), n)
     }
 
-    /// Registers the buffers of a `FixedBufPool`; returns this driver's id.
-    pub(crate) fn register_buffers(&self, bufs: &[Vec<u8>]) -> io::Result<u64> {
+    /// Registers the buffers of a `FixedBufPool`, `size` bytes each; returns this driver's id.
+    pub(crate) fn register_buffers(&self, bufs: &[Vec<u8>], size: usize) -> io::Result<u64> {
         let iov: Vec<libc::iovec> = bufs
             .iter()
             .map(|b| libc::iovec {
                 iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.capacity(),
+                iov_len: size.min(b.capacity()),
             })
             .collect();
-        // SAFETY: each iovec covers a live heap block of the pool, which keeps them (without
-        // reallocating) until it unregisters them in its Drop.
+        // SAFETY: each iovec covers (part of) a live heap block of the pool, which keeps them
+        // (without reallocating) until it unregisters them in its Drop.
         unsafe { self.ring.borrow().submitter().register_buffers(&iov) }.map_err(|e| {
-            if e.raw_os_error() == Some(libc::EBUSY) {
-                io::Error::new(
+            match e.raw_os_error() {
+                Some(libc::EBUSY) => io::Error::new(
                     io::ErrorKind::AlreadyExists,
                     "this loop already has a registered FixedBufPool: drop it first",
-                )
-            } else {
-                e
+                ),
+                Some(libc::ENOMEM) => io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    format!(
+                        "registering a FixedBufPool of {} x {size} bytes: {e} (registered \
+                         buffers are pinned, and count against RLIMIT_MEMLOCK, `ulimit -l`, \
+                         unless the process has CAP_IPC_LOCK)",
+                        bufs.len()
+                    ),
+                ),
+                _ => e,
             }
         })?;
         Ok(self.id)
