@@ -280,7 +280,8 @@ impl File {
 
     /// Writes all of `buf[..len]` starting at offset `pos`. Cost: as
     /// [`write_at`](Self::write_at), once unless the write comes back short; the rest then
-    /// goes through a copy of the remaining bytes per further write.
+    /// goes through a copy of the remaining bytes (at most 2 GiB, what one write moves) per
+    /// further write.
     pub async fn write_all_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<(), B> {
         // The offset too, before an empty `buf` writes nothing: as `write_at` does.
         if let Err(e) = self.check_seekable().and_then(|()| file::check_pos(pos)) {
@@ -304,10 +305,18 @@ impl File {
                     Err(e) => return (Err(e), buf),
                 }
             } else {
-                // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized.
-                let rest =
-                    unsafe { std::slice::from_raw_parts(buf.stable_ptr().add(done), total - done) }
-                        .to_vec();
+                // At most what one write moves (`file::MAX_RW`): a copy of all the rest of a
+                // huge buffer, again after each write, was allocated for bytes the write left.
+                let len = (total - done).min(file::MAX_RW);
+                let mut rest = Vec::new();
+                if rest.try_reserve_exact(len).is_err() {
+                    return (Err(file::no_memory(len)), buf);
+                }
+                // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized, and
+                // `done + len <= total`.
+                rest.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(buf.stable_ptr().add(done), len)
+                });
                 let at = match pos.map(|p| p.checked_add(done as u64)) {
                     None => None,
                     Some(Some(at)) => Some(at),

@@ -442,3 +442,64 @@ fn child_no_io_driver_at_all_fails_io_cleanly() {
     .unwrap();
     assert_eq!(exec.loop_stats(0).unwrap().io_driver, None);
 }
+
+// ---------------------------------------------------------------------------------------------
+// a file read into a huge buffer under RLIMIT_AS
+
+/// `read_at` into a `Vec` with 4 GiB of capacity, under an address-space limit that leaves
+/// room for that buffer plus 3 GiB: it reads the file, on both drivers. On epoll the pool job
+/// allocated a second buffer of the whole capacity (4 GiB) to read into, though one `pread`
+/// moves at most about 2 GiB; that allocation failed and aborted the process.
+#[test]
+fn child_a_file_read_into_a_huge_buffer_does_not_abort() {
+    const ROLE: &str = "huge-read";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_file_read_into_a_huge_buffer_does_not_abort",
+            ROLE,
+            &[],
+        );
+        return;
+    }
+    const CAP: usize = 4 << 30;
+    let path = std::env::temp_dir().join(format!("xtc-io-child-huge-{}", std::process::id()));
+    std::fs::write(&path, b"0123456789").unwrap();
+    each_driver(
+        "huge-read",
+        1,
+        |b| b,
+        |driver, exec| {
+            let p = path.clone();
+            exec.block_on(move || async move {
+                // Now, with the loop and its driver up: the limit is the address space in use
+                // plus the buffer and 3 GiB.
+                let status = std::fs::read_to_string("/proc/self/status").unwrap();
+                let vm_kib: u64 = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmSize:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                    .expect("VmSize in /proc/self/status");
+                let limit = (vm_kib << 10) + CAP as u64 + (3 << 30);
+                let rl = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                // SAFETY: a plain system call with a live struct.
+                assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) }, 0);
+                let f = xtc_shards::fs::File::open(&p).await.unwrap();
+                let (r, buf) = f.read_at(Vec::with_capacity(CAP), 0).await;
+                assert_eq!(r.unwrap(), 10, "{driver}");
+                assert_eq!(buf, b"0123456789");
+                drop(buf);
+                let rl = libc::rlimit {
+                    rlim_cur: libc::RLIM_INFINITY,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                // SAFETY: as above.
+                assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) }, 0);
+            })
+            .unwrap_or_else(|e| panic!("[{driver}]: {e}"));
+        },
+    );
+    std::fs::remove_file(&path).unwrap();
+}

@@ -66,6 +66,20 @@ pub(crate) fn check_pos(pos: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// The most one `read(2)`/`write(2)` moves on Linux (`MAX_RW_COUNT`: `INT_MAX` rounded down to
+/// a 4 KiB page). The epoll path's copy through a pool buffer is cut to it: the rest of a
+/// bigger buffer was allocated (and, for a write, copied) for nothing, which doubled the
+/// memory of a huge read or write and could abort the process on an allocation that failed.
+pub(crate) const MAX_RW: usize = 0x7fff_f000;
+
+/// The error of an epoll-path copy buffer the allocator refused.
+pub(crate) fn no_memory(len: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::OutOfMemory,
+        format!("xtc: cannot allocate the {len}-byte copy buffer of a file operation"),
+    )
+}
+
 /// io_uring's offset for "the file's current position" (-1), which is also how it reads and
 /// writes files without offsets (FIFOs).
 const CURRENT: u64 = u64::MAX;
@@ -111,12 +125,14 @@ pub(crate) async fn read_at<B: IoBufMut>(
         }
         Driver::Epoll => {
             let fd = fd.clone();
-            let len = buf.bytes_total();
+            let len = buf.bytes_total().min(MAX_RW);
             let r = blocking::run(move || {
-                let mut tmp = vec![0u8; len];
+                let mut tmp: Vec<u8> = Vec::new();
+                tmp.try_reserve_exact(len).map_err(|_| no_memory(len))?;
                 let (raw, dst) = (fd.as_raw_fd(), tmp.as_mut_ptr().cast());
                 let n = blocking::when_ready(raw, libc::POLLIN, || {
-                    // SAFETY: `tmp` has `len` writable bytes; the Arc keeps the fd open.
+                    // SAFETY: `tmp` has `len` writable bytes (its capacity); the Arc keeps the
+                    // fd open.
                     cvt(unsafe {
                         match pos {
                             Some(pos) => libc::pread(raw, dst, len, pos as i64),
@@ -124,7 +140,8 @@ pub(crate) async fn read_at<B: IoBufMut>(
                         }
                     })
                 })?;
-                tmp.truncate(n as usize);
+                // SAFETY: the read initialized the first `n <= len` bytes, within the capacity.
+                unsafe { tmp.set_len(n as usize) };
                 Ok(tmp)
             })
             .await;
@@ -181,9 +198,14 @@ pub(crate) async fn write_at<B: IoBuf>(
         }
         Driver::Epoll => {
             let fd = fd.clone();
-            // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized.
-            let data =
-                unsafe { std::slice::from_raw_parts(buf.stable_ptr(), buf.bytes_init()) }.to_vec();
+            let len = buf.bytes_init().min(MAX_RW);
+            let mut data: Vec<u8> = Vec::new();
+            if data.try_reserve_exact(len).is_err() {
+                return (Err(no_memory(len)), buf);
+            }
+            // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized, and we take
+            // at most that many.
+            data.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_ptr(), len) });
             let r = blocking::run(move || {
                 let (raw, src, len) = (fd.as_raw_fd(), data.as_ptr().cast(), data.len());
                 blocking::when_ready(raw, libc::POLLOUT, || {
