@@ -177,7 +177,8 @@ impl UdpSocket {
     /// (a [`FixedBuf`](crate::io::FixedBuf) too) is held until then. One cancelled with nothing
     /// is skipped, and the datagram goes to a fresh receive, as on epoll. Cost:
     /// one `RECVMSG` submission, or one `recvfrom` (the socket joins the loop's epoll set
-    /// once, at its first wait); a dropped receive costs a boxed handle.
+    /// once, at its first wait); a dropped receive costs a boxed handle. Dropping the socket,
+    /// or [`into_std`](Self::into_std), loses a datagram such a kept receive holds.
     pub async fn recv_from<B: IoBufMut>(&self, buf: B) -> BufResult<(usize, SocketAddr), B> {
         let (res, buf) = self.recv_raw(buf).await;
         (res.and_then(|(n, a)| Ok((n, ip_addr(&a)?))), buf)
@@ -287,7 +288,11 @@ impl UdpSocket {
         Ok(UdpSocket::new(OwnedFd::from(s)))
     }
 
-    /// Unwraps into a `std` socket (left non-blocking).
+    /// Unwraps into a `std` socket (left non-blocking). On io_uring, the receives that
+    /// dropped `recv_from`/`recv` futures left to this socket (see
+    /// [`recv_from`](Self::recv_from)) are cancelled first: a datagram one of them already
+    /// took, before its cancellation won, is lost, not handed to the `std` socket. Cost: a
+    /// cancellation per such receive.
     pub fn into_std(self) -> std::net::UdpSocket {
         let UdpSocket { stray, src, .. } = self;
         // Cancelled before the descriptor changes hands (a datagram it already took is lost,
