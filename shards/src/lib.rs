@@ -88,9 +88,9 @@
 //! run on the alternate signal stack where a thread has one (`SA_ONSTACK`). Threads
 //! inherit their signal mask from the thread that calls `run()`. A worker unblocks
 //! `SIGRTMIN+1` for itself when it arms its preemption timer (a caller that blocks every
-//! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen). With
-//! `SIGRTMIN+2` blocked there, a cancelled blocking file operation on epoll is not
-//! interrupted, and the loop waits for it to end by itself.
+//! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen), and each
+//! blocking-pool thread unblocks `SIGRTMIN+2` for itself when it starts (else a cancelled
+//! blocking file operation on epoll was never interrupted, and its loop waited for it).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
