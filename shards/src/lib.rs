@@ -89,7 +89,8 @@
 //! inherit their signal mask from the thread that calls `run()`. A worker unblocks
 //! `SIGRTMIN+1` for itself when it arms its preemption timer (a caller that blocks every
 //! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen), and each
-//! blocking-pool thread unblocks `SIGRTMIN+2` for itself when it starts (else a cancelled
+//! blocking-pool thread unblocks `SIGRTMIN+2` for itself when it starts, with xtc's handler
+//! installed first (never at the default action, which ends the process) (else a cancelled
 //! blocking file operation on epoll was never interrupted, and its loop waited for it).
 
 #![deny(unsafe_op_in_unsafe_fn)]

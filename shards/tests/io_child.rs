@@ -9,6 +9,8 @@
 //!   error that names io_uring;
 //! * with `SIGPIPE` at its default action (which kills), writes to a peer that went away are
 //!   plain errors;
+//! * a blocking-pool thread of a program that blocks every signal takes `SIGRTMIN+2` only
+//!   with xtc's handler installed (its default action ends the process);
 //! * with epoll denied too, a loop has no I/O driver: I/O calls fail with an error that says
 //!   so, and timers and tasks still run.
 //!
@@ -501,5 +503,72 @@ fn child_a_file_read_into_a_huge_buffer_does_not_abort() {
             .unwrap_or_else(|e| panic!("[{driver}]: {e}"));
         },
     );
+    std::fs::remove_file(&path).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// a blocking-pool thread unblocks SIGRTMIN+2 only with xtc's handler installed
+
+/// The ids of this process's threads named `name` (`/proc/self/task/*/comm`).
+fn threads_named(name: &str) -> Vec<libc::pid_t> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            (comm.trim() == name).then(|| e.file_name().to_str()?.parse().ok())?
+        })
+        .collect()
+}
+
+/// A program that takes its signals with `signalfd` or `sigwait` blocks them all and leaves
+/// their actions at the default, which for a real-time signal ends the process. A pool thread
+/// unblocked `SIGRTMIN+2` as it started, before xtc had installed its handler (that happens
+/// at the first read or write of a pipe, or the first cancel): a job that is neither (an
+/// `open`) left a thread on which that signal, routed there by the kernel as to the only
+/// thread that takes it, killed the process. Here it is sent to that thread directly.
+#[test]
+fn child_a_pool_thread_takes_its_interrupt_signal_only_with_the_handler_installed() {
+    const ROLE: &str = "pool-sigdfl";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_pool_thread_takes_its_interrupt_signal_only_with_the_handler_installed",
+            ROLE,
+            &[],
+        );
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("xtc-io-child-sigdfl-{}", std::process::id()));
+    std::fs::write(&path, b"x").unwrap();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        // SAFETY: a local set filled by `sigfillset`; only this thread's mask changes.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        }
+        let exec = Executor::builder()
+            .shards(1)
+            .oversubscribe(true)
+            .io_driver(DriverChoice::Epoll)
+            .build()
+            .unwrap();
+        exec.block_on(move || async move {
+            // A pool job that is no pipe read or write: it installs no handler.
+            drop(xtc_shards::fs::File::open(&p).await.unwrap());
+        })
+        .unwrap();
+    })
+    .join()
+    .unwrap();
+    let pool = threads_named("xtc-blocking");
+    assert!(!pool.is_empty(), "the open ran on a pool thread");
+    for tid in pool {
+        // SAFETY: plain system calls; `tid` is a thread of this process (an idle pool thread
+        // lives for 10 s).
+        unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGRTMIN() + 2) };
+    }
+    std::thread::sleep(Duration::from_millis(200));
     std::fs::remove_file(&path).unwrap();
 }

@@ -399,7 +399,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// `block_on`); a program that takes its signals with `signalfd` or `sigwait` blocks them all
 /// there first, and then a cancel's signal stayed pending for good: a dropped `open` of a FIFO
 /// that no peer came to kept its loop busy, and `run()` from returning, for good.
+///
+/// Only once xtc's handler is installed (as `CpuTimer::arm` does for its own signal): the
+/// default action of a real-time signal ends the process, and a thread that took the signal
+/// before the first pipe read or cancel installed the handler was one the kernel could route a
+/// `SIGRTMIN+2` sent to the process to. Without the handler (the program has its own) the
+/// thread keeps the program's mask, and cancels are not interrupted, as documented.
 fn unblock_interrupt() {
+    if !interrupt_handler_installed() {
+        return;
+    }
     // SAFETY: `set` is a live local filled by `sigemptyset` before use; only this thread's mask
     // changes, and the old one is not asked for (null).
     let rc = unsafe {
