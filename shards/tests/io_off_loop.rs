@@ -223,3 +223,48 @@ fn bytes_already_received_are_read_while_the_loop_is_hidden() {
         }
     });
 }
+
+/// Bytes a kept receive brought (an owned `read` dropped while pending, whose receive the
+/// stream keeps and which completed since) are received already too: an `AsyncRead` with the
+/// loop hidden hands them out, as it does those of its own receive, instead of failing.
+#[test]
+fn bytes_a_kept_receive_brought_are_read_while_the_loop_is_hidden() {
+    on_each_driver("kept_receive_off_loop", 1, |driver| async move {
+        use xtc_shards::io::Driver;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            wait.recv().unwrap();
+            s.write_all(b"hello").unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        {
+            // An owned read, polled once and dropped: io_uring keeps its receive.
+            let mut read = pin!(s.read(Vec::with_capacity(8)));
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(read.as_mut().poll(&mut cx).is_pending());
+        }
+        go.send(()).unwrap();
+        // The kept receive completes with the five bytes, and the loop reaps it.
+        xtc_shards::time::sleep(Duration::from_millis(100)).await;
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        let out = Arc::new(Mutex::new(None));
+        let b = Executor::builder().shards(1).build().unwrap();
+        let guard = ReadBufferedOnDrop { out: out.clone() };
+        b.spawn_on(0, move || {
+            let _g = guard;
+            async {}
+        })
+        .unwrap();
+        drop(b); // frees the queued task off the loop (`context::off_loop`)
+        let r = out.lock().unwrap().take().expect("the guard ran");
+        LEFT.with(|l| l.borrow_mut().take());
+        peer.join().unwrap();
+        if driver == Driver::IoUring {
+            assert_eq!(r.ok().as_deref(), Some(&b"hello"[..]), "[{driver}]");
+        }
+    });
+}

@@ -197,6 +197,8 @@ trait StrayRead {
     ) -> Poll<i32>;
     /// Nobody waits for it any more ([`Op::unwait`]).
     fn unwait(&self);
+    /// Its completion has been reaped ([`Op::completed`]).
+    fn completed(&self) -> bool;
 }
 
 impl<B: IoBufMut> StrayRead for Op<B> {
@@ -225,6 +227,10 @@ impl<B: IoBufMut> StrayRead for Op<B> {
 
     fn unwait(&self) {
         Op::unwait(self);
+    }
+
+    fn completed(&self) -> bool {
+        Op::completed(self).is_some()
     }
 }
 
@@ -945,14 +951,7 @@ impl StreamIo {
             // receive already brought (io_uring: in `rbuf`, or a reaped completion) are no
             // I/O at all, and are handed out as before.
             Err(e) => {
-                let st = self.poll.get_mut();
-                let received = st.rpos < st.rbuf.len()
-                    || st.read_error.is_some()
-                    || st
-                        .reading
-                        .as_ref()
-                        .is_some_and(|op| op.completed().is_some());
-                if !received {
+                if !already_received(self.poll.get_mut()) {
                     return Poll::Ready(Err(e));
                 }
                 return After::around(cx, |cx, after| {
@@ -998,6 +997,11 @@ impl StreamIo {
                 if let Some(e) = st.read_error.take() {
                     return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
                 }
+            }
+            // With the loop hidden, only a receive that already completed is taken: one still
+            // in the kernel would leave the task waiting for a loop that does not turn.
+            if no_new.is_some() && !already_received(st) {
+                return Poll::Ready(Err(no_new.take().expect("checked")));
             }
             if let Some(r) = ready!(poll_reading(st, cx, true, after)) {
                 match r {
@@ -1088,6 +1092,23 @@ impl StreamIo {
         ready!(self.poll_drain(cx))?;
         Poll::Ready(self.shutdown(Shutdown::Write))
     }
+}
+
+/// Whether a read of `st` has something to hand out without a receive still in the kernel:
+/// unread bytes, a stashed error it reports now, or, for the receive [`poll_reading`] takes
+/// next (a kept one first), a completion already reaped.
+fn already_received(st: &PollState) -> bool {
+    st.rpos < st.rbuf.len()
+        || match st.stray.as_ref() {
+            Some(stray) => stray.completed(),
+            None => {
+                st.read_error.is_some()
+                    || st
+                        .reading
+                        .as_ref()
+                        .is_some_and(|op| op.completed().is_some())
+            }
+        }
 }
 
 /// Completes the `AsyncRead` receive in flight (io_uring), if any: its bytes land in `rbuf`.
