@@ -409,19 +409,10 @@ fn unblock_interrupt() {
     if !interrupt_handler_installed() {
         return;
     }
-    // SAFETY: `set` is a live local filled by `sigemptyset` before use; only this thread's mask
-    // changes, and the old one is not asked for (null).
-    let rc = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, interrupt_signal());
-        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut())
-    };
-    if rc != 0 {
+    if let Err(e) = crate::sys::unblock_signal(interrupt_signal()) {
         tracing::warn!(
-            "xtc: a blocking-pool thread could not unblock its interrupt signal ({}); a dropped \
-             file operation that blocks there is not interrupted",
-            io::Error::from_raw_os_error(rc)
+            "xtc: a blocking-pool thread could not unblock its interrupt signal ({e}); a \
+             dropped file operation that blocks there is not interrupted"
         );
     }
 }

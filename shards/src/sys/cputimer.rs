@@ -58,17 +58,7 @@ impl CpuTimer {
         // takes its signals with `sigwait` or `signalfd` blocks them all first, and then the
         // tick stayed pending for good and preemption was silently off. Unblocked on this
         // thread only (the signal targets it alone).
-        // SAFETY: `set` is a live local initialised by sigemptyset before use; the old mask is
-        // not asked for (null).
-        let rc = unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, signal());
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
+        super::unblock_signal(signal())?;
         // The thread-local's first touch happens here, not in the handler, and a stale tick
         // from an earlier timer on this thread is cleared.
         DUE.with(|d| d.store(false, std::sync::atomic::Ordering::Relaxed));

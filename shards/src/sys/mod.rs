@@ -56,6 +56,24 @@ pub(crate) fn install_signal_handler(
     Ok(())
 }
 
+/// Unblocks signal `sig` on the calling thread only (a thread starts with the mask of the one
+/// that spawned it, and a program that takes its signals with `signalfd` or `sigwait` blocks
+/// them all first). Cost: one system call.
+pub(crate) fn unblock_signal(sig: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: `set` is a live local filled by `sigemptyset` before use; only this thread's mask
+    // changes, and the old one is not asked for (null).
+    let rc = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
 /// Lowers the calling thread's timer slack, so a loop parked until a timer deadline wakes within
 /// a few microseconds of it instead of the default 50 µs (see prctl(2), PR_SET_TIMERSLACK).
 /// Cost: the kernel may coalesce fewer wake-ups of this thread. Failure is harmless and ignored.
