@@ -88,10 +88,13 @@
 //! run on the alternate signal stack where a thread has one (`SA_ONSTACK`). Threads
 //! inherit their signal mask from the thread that calls `run()`. A worker unblocks
 //! `SIGRTMIN+1` for itself when it arms its preemption timer (a caller that blocks every
-//! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen), and each
-//! blocking-pool thread unblocks `SIGRTMIN+2` for itself when it starts, with xtc's handler
-//! installed first (never at the default action, which ends the process) (else a cancelled
-//! blocking file operation on epoll was never interrupted, and its loop waited for it).
+//! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen). Each
+//! blocking-pool thread unblocks `SIGRTMIN+2` for itself when it starts, once xtc's handler is
+//! installed (never at the default action, which ends the process); otherwise a cancelled
+//! blocking file operation on epoll was never interrupted, and its loop waited for it. So a
+//! `SIGRTMIN+2` sent to the whole process may land on a pool thread and be swallowed there: a
+//! program that wants these numbers for itself should install its handlers before starting
+//! xtc, or pick other signals.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
