@@ -1994,3 +1994,72 @@ fn a_stream_in_a_thread_local_is_dropped_at_thread_exit_after_a_read() {
 fn a_stream_in_a_thread_local_is_dropped_at_thread_exit_with_a_kept_receive() {
     a_stream_in_a_thread_local_is_dropped_at_thread_exit(true);
 }
+
+/// A write-behind send that found the socket full when its driver went (the shutdown cancelled
+/// it), then, in the next `block_on`, a read for the peer's answer, with no `flush` between:
+/// the peer answers only once it has every byte reported written. On epoll those bytes are in
+/// the socket already; on io_uring the cancelled send must go out again without waiting for a
+/// `flush`, or the request/response exchange hangs (the peer waits for the tail, the stream
+/// for the answer). Owned `read` and `AsyncRead` alike.
+fn a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_a_read(via_trait: bool) {
+    use std::io::{Read as _, Write as _};
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (mut a, b, filled, tail) = ex.block_on(async {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let (filled, tail) = fill_then_write_tail(&mut a).await;
+        (a, b, filled, tail)
+    });
+    let mut b = b.into_std();
+    b.set_nonblocking(false).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let peer = std::thread::spawn(move || {
+        let mut all = vec![0u8; filled + tail];
+        let got = b.read_exact(&mut all);
+        if got.is_ok() {
+            // Fails only if the stream was dropped first (the read gave up).
+            let _ = b.write_all(b"ok");
+        }
+        // Kept open until the reader is done (a read timeout ends it otherwise).
+        let mut rest = [0u8; 1];
+        let _ = b.read(&mut rest);
+        got.map(|()| all)
+    });
+    let answer = ex.block_on(async move {
+        let answer = xtc_shards::time::timeout(Duration::from_secs(5), async {
+            if via_trait {
+                let mut two = [0u8; 2];
+                futures::io::AsyncReadExt::read_exact(&mut a, &mut two)
+                    .await
+                    .map(|()| two.to_vec())
+            } else {
+                let (r, buf) = a.read(Vec::with_capacity(2)).await;
+                r.map(|n| buf[..n].to_vec())
+            }
+        })
+        .await;
+        drop(a);
+        answer
+    });
+    let all = peer.join().unwrap();
+    let answer = answer.unwrap_or_else(|_| {
+        panic!(
+            "the read hung: the peer got {:?} bytes of {} (tail {tail})",
+            all.as_ref().map(Vec::len),
+            filled + tail
+        )
+    });
+    assert_eq!(answer.unwrap(), b"ok");
+    let all = all.unwrap();
+    assert!(all[..filled].iter().all(|&x| x == 0));
+    assert_eq!(&all[filled..], &b"tail"[..tail]);
+}
+
+#[test]
+fn a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_an_owned_read() {
+    a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_a_read(false);
+}
+
+#[test]
+fn a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_an_async_read() {
+    a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_a_read(true);
+}

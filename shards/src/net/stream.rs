@@ -764,6 +764,7 @@ impl StreamIo {
             if !matches!(kind(), Ok(Kind::Uring)) {
                 return rw::recv(&self.src, buf).await;
             }
+            self.resume_write_behind();
             let op = match rw::submit_recv(&self.src, buf) {
                 Ok(op) => op,
                 Err((e, buf)) => return (Err(e), buf),
@@ -970,6 +971,7 @@ impl StreamIo {
                 })?
             }
             Kind::Uring => {
+                self.resume_write_behind();
                 After::around(cx, |cx, after| self.poll_read_uring(cx, out, after, None)).0
             }
         }
@@ -1036,6 +1038,51 @@ impl StreamIo {
                 }
             }
         }
+    }
+
+    /// Before a read waits (io_uring, on the running loop): a write-behind send that stopped
+    /// before the end of its buffer with nobody waiting for it, cancelled by the shutdown of
+    /// the driver it ran on (a stream returned from `LocalExecutor::block_on`) or short (a
+    /// kernel that ignores `MSG_WAITALL` on a send), is started again for the rest, as `drain`
+    /// would. Only `flush`, `close` or the next write did that, so a read for the answer to
+    /// bytes reported written waited for good while the peer waited for those bytes (epoll has
+    /// them in the socket already). A send still in flight, or one that finished (all sent,
+    /// or failed: its error is for the next flush, write or close), is left as it is. A
+    /// restart that cannot be submitted keeps the send's result for `drain` to report. Cost
+    /// when no send stopped: a `RefCell` borrow and a check (a slab lookup while one is in
+    /// flight).
+    fn resume_write_behind(&self) {
+        let fd = self.src.fd();
+        let Ok(mut st) = self.poll.try_borrow_mut() else {
+            return;
+        };
+        let st = &mut *st;
+        let Some(op) = st.writing.as_mut() else {
+            return;
+        };
+        let (Some(res), Some(buf)) = (op.completed(), op.data()) else {
+            return;
+        };
+        let Some(from) = resume_at(res, st.wsent, buf.len()) else {
+            return;
+        };
+        // The rest goes out from a copy, submitted before the old send's result is taken:
+        // if the submission fails, that send stays as it is, for `drain` to resume or report.
+        let rest = match start_send(fd, buf[from..].to_vec(), 0) {
+            Ok(rest) => rest,
+            Err(e) => {
+                tracing::debug!("xtc: resuming a write-behind send failed: {e}");
+                return;
+            }
+        };
+        // Completed: taking its result runs no user code and needs no waker. Whoever was
+        // listed for it was woken by its completion (or belonged to the loop that is gone),
+        // and finds the new send on its next poll (`drain`).
+        let mut noop = Context::from_waker(Waker::noop());
+        let old = Pin::new(op).poll(&mut noop);
+        debug_assert!(old.is_ready(), "a completed send resolves");
+        st.wsent = 0;
+        st.writing = Some(rest);
     }
 
     /// Waits for the write in flight (io_uring), completing partial sends.
