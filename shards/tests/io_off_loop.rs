@@ -268,3 +268,142 @@ fn bytes_a_kept_receive_brought_are_read_while_the_loop_is_hidden() {
         }
     });
 }
+
+/// What a swept drop's call on the stream in `LEFT` came to: `None` if it was still pending
+/// after 500 ms of polling (it waits for the hidden loop, which does not turn meanwhile).
+type Polled = Arc<Mutex<Option<Option<io::Result<()>>>>>;
+
+/// A call on a stream, as a boxed future borrowing it.
+type StreamCall =
+    fn(&mut TcpStream) -> std::pin::Pin<Box<dyn Future<Output = io::Result<()>> + '_>>;
+
+/// Runs `call` on the stream in `LEFT` in the drop of a task swept from an executor dropped
+/// here (`context::off_loop` hides this thread's loop meanwhile); returns what it came to.
+fn call_in_a_swept_drop(call: StreamCall) -> Option<io::Result<()>> {
+    struct CallOnDrop {
+        call: StreamCall,
+        out: Polled,
+    }
+    impl Drop for CallOnDrop {
+        fn drop(&mut self) {
+            let Some(mut s) = LEFT.with(|l| l.borrow_mut().take()) else {
+                return;
+            };
+            let r = poll_until(Duration::from_millis(500), (self.call)(&mut s));
+            LEFT.with(|l| *l.borrow_mut() = Some(s));
+            *self.out.lock().unwrap() = Some(r);
+        }
+    }
+    let out = Polled::default();
+    let b = Executor::builder().shards(1).build().unwrap();
+    let guard = CallOnDrop {
+        call,
+        out: out.clone(),
+    };
+    b.spawn_on(0, move || {
+        let _g = guard;
+        async {}
+    })
+    .unwrap();
+    drop(b); // frees the queued task off the loop (`context::off_loop`)
+    let r = out.lock().unwrap().take();
+    r.expect("the guard ran")
+}
+
+/// An owned `read` with the loop hidden, on a stream whose kept receive (an owned read
+/// dropped while pending) is still in the kernel: it fails at once as off any loop, as any
+/// new I/O does then, rather than waiting for that receive on the hidden loop, which does not
+/// turn until the section ends (a drop that blocked on it hung for good).
+#[test]
+fn an_owned_read_behind_a_kept_receive_fails_at_once_while_the_loop_is_hidden() {
+    on_each_driver(
+        "owned_read_behind_kept_receive_off_loop",
+        1,
+        |driver| async move {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let (done, wait) = std::sync::mpsc::channel::<()>();
+            let peer = std::thread::spawn(move || {
+                let (_s, _) = l.accept().unwrap();
+                let _ = wait.recv_timeout(Duration::from_secs(10)); // writes nothing
+            });
+            let s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+            {
+                // An owned read, polled once and dropped: io_uring keeps its receive.
+                let mut read = pin!(s.read(Vec::with_capacity(8)));
+                let mut cx = Context::from_waker(Waker::noop());
+                assert!(read.as_mut().poll(&mut cx).is_pending());
+            }
+            xtc_shards::time::sleep(Duration::from_millis(20)).await; // submitted
+            LEFT.with(|l| *l.borrow_mut() = Some(s));
+            let r = call_in_a_swept_drop(|s| {
+                Box::pin(async move {
+                    let (r, _) = s.read(Vec::with_capacity(8)).await;
+                    r.map(drop)
+                })
+            });
+            LEFT.with(|l| l.borrow_mut().take());
+            let _ = done.send(());
+            peer.join().unwrap();
+            match r {
+                Some(Err(e)) if e.to_string().contains("off any xtc loop") => {}
+                other => panic!("[{driver}] an owned read off the loop: {other:?}"),
+            }
+        },
+    );
+}
+
+/// `flush` with the loop hidden, on a stream whose write-behind send (io_uring) waits for
+/// room in a full socket: it fails at once as off any loop, leaving the send to a later
+/// flush, rather than waiting for the hidden loop. On epoll there is nothing to flush.
+#[test]
+fn a_flush_behind_a_send_in_flight_fails_at_once_while_the_loop_is_hidden() {
+    on_each_driver("flush_behind_send_off_loop", 1, |driver| async move {
+        use futures::io::AsyncWriteExt;
+        use xtc_shards::io::Driver;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let (_s, _) = l.accept().unwrap();
+            let _ = wait.recv_timeout(Duration::from_secs(10)); // reads nothing
+        });
+        let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        // Fill the socket, then one more write: on io_uring reported written at once, its send
+        // waiting for room; on epoll it waits itself, and times out unwritten.
+        let chunk = vec![0u8; 64 * 1024];
+        loop {
+            match xtc_shards::time::timeout(
+                Duration::from_millis(100),
+                AsyncWriteExt::write(&mut s, &chunk),
+            )
+            .await
+            {
+                Ok(w) => assert!(w.unwrap() > 0),
+                Err(_) => break, // epoll: the socket is full
+            }
+            // io_uring: the send behind the write stays in flight once the socket is full.
+            if driver == Driver::IoUring
+                && xtc_shards::time::timeout(
+                    Duration::from_millis(50),
+                    AsyncWriteExt::flush(&mut s),
+                )
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        let r = call_in_a_swept_drop(|s| Box::pin(futures::io::AsyncWriteExt::flush(s)));
+        LEFT.with(|l| l.borrow_mut().take());
+        let _ = done.send(());
+        peer.join().unwrap();
+        match r {
+            Some(Err(e))
+                if driver == Driver::IoUring && e.to_string().contains("off any xtc loop") => {}
+            Some(Ok(())) if driver == Driver::Epoll => {}
+            other => panic!("[{driver}] a flush off the loop: {other:?}"),
+        }
+    });
+}

@@ -746,6 +746,15 @@ impl StreamIo {
             // As `std`: at once (`rw::recv`), and without waiting for a read behind.
             return (Ok(0), buf);
         }
+        if let Err(e) = kind() {
+            // This thread's loop is hidden (`context::off_loop`), or there is none: bytes a
+            // receive already brought are handed out, but a receive still in the kernel (a
+            // kept one, an `AsyncRead`'s) is not waited for: that loop does not turn until
+            // the section ends, and the wait never ended (new I/O fails at once then).
+            if !self.poll.try_borrow().is_ok_and(|st| already_received(&st)) {
+                return (Err(e), buf);
+            }
+        }
         loop {
             // Bytes an `AsyncRead` (or a dropped owned read) already took from the kernel come
             // first (module doc).
@@ -821,6 +830,9 @@ impl StreamIo {
             let mut st = self.poll.borrow_mut();
             if st.writing.is_none() {
                 return Poll::Ready(Ok(()));
+            }
+            if let Err(e) = off_loop_drain(&st) {
+                return Poll::Ready(Err(e));
             }
             drain(fd, &mut st, cx, false, after)
         })
@@ -1088,10 +1100,11 @@ impl StreamIo {
     /// Waits for the write in flight (io_uring), completing partial sends.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let fd = self.src.fd();
-        After::around(cx, |cx, after| {
-            drain(fd, self.poll.get_mut(), cx, true, after)
-        })
-        .0
+        let st = self.poll.get_mut();
+        if st.writing.is_some() {
+            off_loop_drain(st)?;
+        }
+        After::around(cx, |cx, after| drain(fd, st, cx, true, after)).0
     }
 
     pub(crate) fn poll_write(
@@ -1138,6 +1151,30 @@ impl StreamIo {
     pub(crate) fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.poll_drain(cx))?;
         Poll::Ready(self.shutdown(Shutdown::Write))
+    }
+}
+
+/// Before `drain` (a flush, a close, an owned write) of `st`'s write-behind send: with this
+/// thread's loop hidden (`context::off_loop`), or none running, a send still in the kernel,
+/// or one to be resumed (new I/O), gives that loop's error at once and stays for a later
+/// flush: waiting for it waited for a loop that does not turn until the section ends (a drop
+/// that flushed hung for good). One that completed for good is taken as on the loop. Cost on
+/// a running loop: a thread-local read.
+fn off_loop_drain(st: &PollState) -> io::Result<()> {
+    let Err(e) = kind() else {
+        return Ok(());
+    };
+    let settled = st
+        .writing
+        .as_ref()
+        .is_none_or(|op| match (op.completed(), op.data()) {
+            (Some(res), Some(buf)) => resume_at(res, st.wsent, buf.len()).is_none(),
+            _ => false,
+        });
+    if settled {
+        Ok(())
+    } else {
+        Err(e)
     }
 }
 
