@@ -2063,3 +2063,31 @@ fn a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_an_owned_r
 fn a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_an_async_read() {
     a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_a_read(true);
 }
+
+/// `shutdown` is a plain system call, and works off any loop: on a stream returned from
+/// `LocalExecutor::block_on` whose write-behind send completed before its driver went, a
+/// `shutdown(Write)` made outside any loop goes out (the peer sees the end after the bytes).
+/// It failed as off any loop: the check that the send is done first reaped a driver, and
+/// there was none, although the send's result was there (the driver left it to the stream).
+#[test]
+fn shutdown_off_any_loop_after_a_write_behind_that_completed() {
+    use futures::io::AsyncWriteExt;
+    use std::io::Read as _;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (mut a, b) = ex.block_on(async {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        AsyncWriteExt::write(&mut a, b"x").await.unwrap();
+        sleep(Duration::from_millis(20)).await; // the send completes in the kernel
+        (a, b)
+    });
+    a.shutdown(std::net::Shutdown::Write)
+        .unwrap_or_else(|e| panic!("shutdown off any loop: {e}"));
+    let mut b = b.into_std();
+    b.set_nonblocking(false).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut all = Vec::new();
+    b.read_to_end(&mut all).unwrap();
+    assert_eq!(all, b"x");
+    ex.block_on(async move { AsyncWriteExt::flush(&mut a).await })
+        .unwrap_or_else(|e| panic!("flush of a delivered write: {e}"));
+}
