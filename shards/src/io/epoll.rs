@@ -278,9 +278,28 @@ impl Epoll {
             };
             // SAFETY: `ev` is a live local; the descriptors are open (the slot's fd is closed
             // only after `deregister`).
-            cvt(unsafe {
+            let added = cvt(unsafe {
                 libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, slot.fd, &mut ev)
-            })?;
+            });
+            match added {
+                Ok(_) => {}
+                // Already in the set under an earlier slot of this driver, which its source
+                // forgot for another driver's (waited on by a loop run while this one was
+                // hidden, `context::off_loop`): the entry is pointed at this slot instead. That
+                // slot gets no more events; it goes with the driver.
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    // SAFETY: as for the ADD above.
+                    cvt(unsafe {
+                        libc::epoll_ctl(
+                            self.epfd.as_raw_fd(),
+                            libc::EPOLL_CTL_MOD,
+                            slot.fd,
+                            &mut ev,
+                        )
+                    })?;
+                }
+                Err(e) => return Err(e),
+            }
             slot.added = true;
         }
         let list = match dir {
