@@ -96,6 +96,10 @@ pub(crate) fn report(shared: &LoopShared, info: &TaskInfo, budget: Duration, too
                 tracing::error!("xtc stall callback panicked (the loop goes on): {report}");
                 crate::task::drop_payload(payload);
             }
+            // This clone is the last one when the callback was replaced meanwhile (by itself,
+            // or from another thread during the call): its drop runs what the closure captured,
+            // user code too.
+            crate::task::guarded("a stall callback panicked while being dropped", || drop(cb));
         }
         None => {
             let bt = std::backtrace::Backtrace::force_capture();

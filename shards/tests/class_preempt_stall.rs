@@ -377,6 +377,35 @@ fn a_stall_callback_panic_whose_payload_drop_panics_does_not_kill_the_loop() {
     );
 }
 
+/// A stall callback that replaces itself (`set_stall_callback` from inside the call): the
+/// loop's clone is then the last, and its drop runs what the closure captured on the loop, user
+/// code too. A panic there unwound out of the loop after the guarded call, and `run()` reported
+/// "a shard thread panicked outside any task" with the shard's tasks dropped.
+#[test]
+fn a_stall_callback_whose_drop_panics_on_the_loop_does_not_kill_it() {
+    struct PanicOnDrop;
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                panic!("a captured value whose drop panics");
+            }
+        }
+    }
+    let slot: Arc<std::sync::Mutex<Option<xtc_shards::Handle>>> = Default::default();
+    let (s, captured) = (slot.clone(), PanicOnDrop);
+    overrun_with_stall_callback_and(
+        move |_| {
+            let _keep = &captured;
+            if let Some(h) = s.lock().unwrap().take() {
+                // Replaces this very callback: the loop's clone is now the last one.
+                h.set_stall_callback(0, |_| {}).unwrap();
+            }
+        },
+        |ex| *slot.lock().unwrap() = Some(ex.handle()),
+        "after the replaced stall callback's drop panicked",
+    );
+}
+
 /// Runs one task that overruns a 1 ms stall budget (so `callback` runs), then yields and
 /// finishes, on a 1-shard executor; fails naming `what` unless `run()` returns and the task
 /// went on after the callback.
@@ -384,7 +413,17 @@ fn overrun_with_stall_callback(
     callback: impl Fn(&xtc_shards::StallReport) + Send + Sync + 'static,
     what: &str,
 ) {
+    overrun_with_stall_callback_and(callback, |_| {}, what);
+}
+
+/// [`overrun_with_stall_callback`], with `setup` run on the executor before `run()`.
+fn overrun_with_stall_callback_and(
+    callback: impl Fn(&xtc_shards::StallReport) + Send + Sync + 'static,
+    setup: impl FnOnce(&Executor),
+    what: &str,
+) {
     let ex = exec(1);
+    setup(&ex);
     ex.set_stall_callback(0, callback).unwrap();
     ex.set_stall_budget(Duration::from_millis(1));
     let done = Arc::new(AtomicBool::new(false));
