@@ -552,3 +552,33 @@ fn set_class_in_a_stall_callback_after_the_task_finished() {
         "set_class in a stall callback, after the stalled task ended: {got:?}"
     );
 }
+
+/// Replacing a stall callback whose captured state's drop installs a callback of its own (a
+/// sink that re-registers a fallback as it goes): the old callback was dropped while the
+/// setter still held the callback's lock, so that nested `set_stall_callback` waited on its
+/// own thread's lock for good.
+#[test]
+fn replacing_a_stall_callback_whose_drop_sets_one_does_not_hang() {
+    struct Reinstall(xtc_shards::Handle);
+    impl Drop for Reinstall {
+        fn drop(&mut self) {
+            self.0.set_stall_callback(0, |_| {}).unwrap();
+        }
+    }
+    let ex = exec(1);
+    let state = Reinstall(ex.handle());
+    ex.set_stall_callback(0, move |_| {
+        let _keep = &state;
+    })
+    .unwrap();
+    let h = ex.handle();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        h.set_stall_callback(0, |_| {}).unwrap();
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(20)).is_ok(),
+        "set_stall_callback hung dropping the callback it replaced"
+    );
+}

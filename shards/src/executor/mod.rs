@@ -1184,7 +1184,10 @@ impl Handle {
     where
         F: Fn(&crate::StallReport) + Send + Sync + 'static,
     {
-        *lock(&self.shared.shard(shard)?.stall.callback) = Some(Arc::new(f));
+        let old = lock(&self.shared.shard(shard)?.stall.callback).replace(Arc::new(f));
+        // Dropped after the lock: the old callback's captured state is user code, which may
+        // install a callback itself (it waited on this thread's own lock for good).
+        drop(old);
         Ok(())
     }
 
