@@ -486,6 +486,44 @@ fn a_queued_task_holding_a_handle_is_freed_with_its_executor() {
     );
 }
 
+/// A stall callback holding a `Handle` (to stop the executor on a stall, say) is freed with its
+/// executor, and the executor with it: the callback sat in the loops the handle keeps alive, a
+/// cycle, so the whole executor (its rings, its eventfds) leaked once it was dropped.
+#[test]
+fn a_stall_callback_holding_a_handle_is_freed_with_its_executor() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    {
+        let ex = exec(2);
+        for shard in 0..2 {
+            let handle = ex.handle();
+            let guard = DropCount(dropped.clone());
+            ex.set_stall_callback(shard, move |_| {
+                let _keep = &guard;
+                handle.stop();
+            })
+            .unwrap();
+        }
+    }
+    assert_eq!(
+        dropped.load(SeqCst),
+        2,
+        "the callbacks and the handles they held were dropped"
+    );
+    // One installed through a handle after the executor is gone is dropped at once.
+    let h = exec(1).handle();
+    let (h2, guard) = (h.clone(), DropCount(dropped.clone()));
+    h.set_stall_callback(0, move |_| {
+        let _keep = (&h2, &guard);
+    })
+    .unwrap();
+    drop(h);
+    assert_eq!(
+        dropped.load(SeqCst),
+        3,
+        "a callback installed after the drop was kept"
+    );
+}
+
 /// A stopping loop's `Drop` code spawns onto a loop that has already shut down: the spawn waits
 /// in their ring. Holding a `Handle`, it kept the executor (and the ring) alive for good; it was
 /// then freed with the executor, and now already when the run ends, with the stopped run's

@@ -746,6 +746,17 @@ impl ExecShared {
     pub(crate) fn close(&self) {
         self.closed.store(true, SeqCst);
         self.drop_queued();
+        self.drop_stall_callbacks();
+    }
+
+    /// Drops every loop's stall callback (each after its lock is released: the closure's
+    /// captured state is user code). A callback holding a `Handle` kept the loops, and so the
+    /// whole executor, alive in a cycle once the `Executor` was dropped.
+    fn drop_stall_callbacks(&self) {
+        for l in &self.loops {
+            let cb = lock(&l.stall.callback).take();
+            drop(cb);
+        }
     }
 
     /// A `Handle` queued work after a check of `closed`: if the `Executor` was dropped
@@ -1179,7 +1190,8 @@ impl Handle {
 
     /// Installs the stall report sink of loop `shard`, called on that loop after the stalling
     /// poll. Without one, reports go to `tracing::warn!` with a backtrace of the loop.
-    /// `Err(InvalidShard)` out of range.
+    /// The callback is dropped with the `Executor` (at once, if that is already gone), so it
+    /// may hold a `Handle`. `Err(InvalidShard)` out of range.
     pub fn set_stall_callback<F>(&self, shard: usize, f: F) -> Result<()>
     where
         F: Fn(&crate::StallReport) + Send + Sync + 'static,
@@ -1188,6 +1200,12 @@ impl Handle {
         // Dropped after the lock: the old callback's captured state is user code, which may
         // install a callback itself (it waited on this thread's own lock for good).
         drop(old);
+        // Installed after the `Executor` was dropped (no run can come to call it): dropped at
+        // once, or a callback holding a `Handle` kept the executor alive in a cycle. SeqCst,
+        // paired with `close`'s store-then-drop: one of the two sees the other.
+        if self.shared.closed.load(SeqCst) {
+            self.shared.drop_stall_callbacks();
+        }
         Ok(())
     }
 
