@@ -527,8 +527,8 @@ impl Executor {
     /// processed when the loops start; the executor can be run again after `run` returns.
     /// Cost: one thread spawn and pin per shard; the calling thread sleeps meanwhile.
     pub fn run(&self) -> Result<()> {
-        let _claim = self.claim_run()?;
-        self.run_inner()
+        let claim = self.claim_run()?;
+        self.run_inner(&claim)
     }
 
     /// Marks the executor running, or `Err(AlreadyRunning)`; the claim ends (ready for another
@@ -539,10 +539,13 @@ impl Executor {
             return Err(Error::AlreadyRunning);
         }
         shared.runs.fetch_add(1, SeqCst);
-        Ok(RunClaim(shared))
+        Ok(RunClaim {
+            shared,
+            started: Cell::new(false),
+        })
     }
 
-    fn run_inner(&self) -> Result<()> {
+    fn run_inner(&self, claim: &RunClaim<'_>) -> Result<()> {
         let shared = &self.handle.shared;
         lock(&shared.deadlock_tasks).clear();
         // Every loop is BUSY, in a new epoch, before any thread of this run looks: a loop that
@@ -606,6 +609,7 @@ impl Executor {
         }
         gate.open(failure.is_none());
         if failure.is_none() {
+            claim.started.set(true);
             quiesce::coordinate(shared);
         }
         for t in threads {
@@ -670,7 +674,7 @@ impl Executor {
             },
             TaskInfo::here(Some(Arc::new("main".to_string()))),
         )?;
-        let ran = self.run_inner();
+        let ran = self.run_inner(&claim);
         if ran.is_err() && !main.is_finished() {
             // The run failed to start (a shard could not be pinned, a thread not spawned):
             // the main task may still sit in shard 0's inbox. Aborted, a later run drops it
@@ -692,13 +696,22 @@ impl Executor {
 
 /// A claim on [`Executor::run`]: while it lives, other `run` and `block_on` calls get
 /// `Err(AlreadyRunning)`. Dropping it readies the executor for another run.
-struct RunClaim<'a>(&'a ExecShared);
+struct RunClaim<'a> {
+    shared: &'a ExecShared,
+    /// Whether the loops started (`run_inner`). A run that failed to start ran nothing, so it
+    /// consumes no stop: that is kept for the next run with the queued work it is to drop.
+    started: Cell<bool>,
+}
 
 impl Drop for RunClaim<'_> {
     fn drop(&mut self) {
-        self.0.stop.store(false, SeqCst);
-        self.0.stop_reason.store(StopReason::None as u32, SeqCst);
-        self.0.running.store(false, SeqCst);
+        if self.started.get() {
+            self.shared.stop.store(false, SeqCst);
+            self.shared
+                .stop_reason
+                .store(StopReason::None as u32, SeqCst);
+        }
+        self.shared.running.store(false, SeqCst);
     }
 }
 
@@ -1048,7 +1061,8 @@ impl Handle {
     /// A stop asked while no `run()` (or `block_on`) is in progress is kept for the next one,
     /// which then stops at once and drops what was queued (its `JoinHandle`s report cancelled):
     /// a stop that races the start of `run()` from another thread is never lost. Each run
-    /// clears it when it returns, so a stop is consumed by exactly one run.
+    /// clears it when it returns, so a stop is consumed by exactly one run (a run that fails to
+    /// start runs nothing and keeps it, with the queued work, for the next).
     ///
     /// The handle of a [`LocalExecutor`](crate::LocalExecutor) stops nothing: its `block_on`
     /// returns when its future does (it has no other output to give), and no stop is kept.
@@ -1521,6 +1535,36 @@ mod tests {
             futures::executor::block_on(h).unwrap();
         }
         futures::executor::block_on(migratable).unwrap();
+    }
+
+    /// A stop asked before a run that then fails to start (shard 1 not pinned) is kept for
+    /// the next run, as the queued work is: that run stops at once and drops the work. The
+    /// failed run used to clear the stop, so the next one ran what the stop was to drop.
+    #[test]
+    fn a_stop_is_kept_across_a_run_that_fails_to_start() {
+        let exec = two_shards();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let h = exec
+            .spawn_on(1, move || async move { r.store(true, SeqCst) })
+            .unwrap();
+        exec.stop();
+        exec.handle.shared.fail_pin.store(1, SeqCst);
+        let failed = exec.run();
+        assert!(
+            matches!(failed, Err(crate::Error::Numa(_))),
+            "expected the pin failure, got {failed:?}"
+        );
+        exec.handle.shared.fail_pin.store(usize::MAX, SeqCst);
+        exec.run().unwrap();
+        assert!(!ran.load(SeqCst), "the stop was lost with the failed run");
+        assert!(futures::executor::block_on(h).unwrap_err().is_cancelled());
+        // Consumed by that run: the next one runs what is queued.
+        let r = ran.clone();
+        exec.spawn_on(0, move || async move { r.store(true, SeqCst) })
+            .unwrap();
+        exec.run().unwrap();
+        assert!(ran.load(SeqCst));
     }
 
     /// A `block_on` whose run fails to start (shard 0 not pinned) leaves its main task in
