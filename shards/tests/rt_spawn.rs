@@ -260,6 +260,55 @@ fn a_spawn_from_a_drop_during_a_stop_does_not_run_in_the_next_run() {
     );
 }
 
+/// The same with a migratable spawn (`Handle::spawn`, round-robin): it went into the
+/// injector of the next loop, which had already finished its shutdown (held up here by the
+/// drop's sleep), and ran in the next, unrelated `run()`. It stays on the stopping loop now,
+/// which drops it.
+#[test]
+fn a_migratable_spawn_from_a_drop_during_a_stop_does_not_run_in_the_next_run() {
+    struct SpawnOnDrop(Arc<AtomicUsize>);
+    impl Drop for SpawnOnDrop {
+        fn drop(&mut self) {
+            // Shard 1 finishes its shutdown meanwhile.
+            std::thread::sleep(Duration::from_millis(100));
+            if let Some(h) = shard::handle() {
+                // Round-robin: some go to shard 1.
+                for _ in 0..4 {
+                    let r = self.0.clone();
+                    drop(h.spawn(async move {
+                        r.fetch_add(1, SeqCst);
+                    }));
+                }
+            }
+        }
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    let ex = exec(2);
+    let h = ex.handle();
+    let r = ran.clone();
+    ex.spawn_on(0, move || async move {
+        let _g = SpawnOnDrop(r);
+        std::future::pending::<()>().await
+    })
+    .unwrap();
+    ex.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(50)).await;
+        h.stop();
+    })
+    .unwrap();
+    let first = run_within(&ex, HANG).expect("run() hung: the stopped run");
+    assert_eq!(ran.load(SeqCst), 0, "the spawn ran during the stopped run");
+    first.unwrap();
+    run_within(&ex, HANG)
+        .expect("run() hung: the next run")
+        .unwrap();
+    assert_eq!(
+        ran.load(SeqCst),
+        0,
+        "a spawn of the stopped run ran in the next run"
+    );
+}
+
 #[test]
 fn stop_inside_a_task_drops_the_rest() {
     let ex = exec(2);

@@ -256,6 +256,11 @@ impl LocalMesh {
         self.stopping = Some(vec![0; self.backlog.len()]);
     }
 
+    /// Whether this loop's shutdown has begun ([`begin_shutdown`](Self::begin_shutdown)).
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.is_some()
+    }
+
     /// Rule 2: sends `r` to loop `to`. Never fails, never blocks.
     pub(crate) fn push(&mut self, to: usize, r: Runnable) {
         self.sent += 1;

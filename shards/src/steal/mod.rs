@@ -485,7 +485,17 @@ where
     // at least one loop.
     let home = if home < exec.loops.len() { home } else { 0 };
     let (runnable, task) = build(exec, home, fut, info);
-    if placed && with_core(|c| Arc::ptr_eq(&c.exec, exec) && c.index() == home) != Some(true) {
+    // On a worker of the task's executor, it stays on this loop when that is `home`, or when
+    // the loop is shutting down (the spawn comes from a `Drop` its stop runs): that shutdown
+    // drops it, as it drops the pinned spawns such drops send (ring::evacuate). Injected into
+    // a loop that had already finished its own shutdown, it ran in the next, unrelated run.
+    let here = || {
+        with_core(|c| {
+            Arc::ptr_eq(&c.exec, exec)
+                && (c.index() == home || c.mesh.try_borrow().is_ok_and(|m| m.is_stopping()))
+        }) == Some(true)
+    };
+    if placed && !here() {
         inject(&exec.loops[home], runnable);
     } else {
         runnable.schedule();
