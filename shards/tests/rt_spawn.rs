@@ -309,6 +309,52 @@ fn a_migratable_spawn_from_a_drop_during_a_stop_does_not_run_in_the_next_run() {
     );
 }
 
+/// A parked migratable task is dropped after the loops stop, on the thread in `run()`; a
+/// `Drop` of its that spawns through a `Handle` it holds (a pinned task, a migratable one) put
+/// the pinned one in an inbox, and it ran in the next, unrelated `run()`. Such spawns are
+/// refused now, as those of the drops a stopping loop runs are dropped.
+#[test]
+fn a_spawn_from_the_drop_of_a_parked_migratable_task_at_a_stop_does_not_run_later() {
+    struct SpawnOnDrop(Arc<AtomicUsize>, xtc_shards::Handle);
+    impl Drop for SpawnOnDrop {
+        fn drop(&mut self) {
+            let r = self.0.clone();
+            let _ = self.1.spawn_on(0, move || async move {
+                r.fetch_add(1, SeqCst);
+            });
+            let r = self.0.clone();
+            drop(self.1.spawn(async move {
+                r.fetch_add(1, SeqCst);
+            }));
+        }
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    let ex = exec(2);
+    let h = ex.handle();
+    let g = SpawnOnDrop(ran.clone(), ex.handle());
+    ex.spawn(async move {
+        let _g = g;
+        std::future::pending::<()>().await
+    });
+    ex.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(50)).await;
+        h.stop();
+    })
+    .unwrap();
+    run_within(&ex, HANG)
+        .expect("run() hung: the stopped run")
+        .unwrap();
+    assert_eq!(ran.load(SeqCst), 0, "the spawn ran during the stopped run");
+    run_within(&ex, HANG)
+        .expect("run() hung: the next run")
+        .unwrap();
+    assert_eq!(
+        ran.load(SeqCst),
+        0,
+        "a spawn of the stopped run ran in the next run"
+    );
+}
+
 #[test]
 fn stop_inside_a_task_drops_the_rest() {
     let ex = exec(2);

@@ -320,7 +320,7 @@ impl ExecShared {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        if self.closed.load(SeqCst) {
+        if self.closed.load(SeqCst) || Discarding::active_for(self) {
             return Err(Error::Stopped);
         }
         let h = self.spawn_on(shard, make, info);
@@ -624,8 +624,13 @@ impl Executor {
         // decided on a deadlock; taken either way, so nothing carries over to a later run.
         let tasks = std::mem::take(&mut *lock(&shared.deadlock_tasks));
         // Off any loop: `run()` may be called inside another executor's task.
-        crate::context::off_loop(|| shared.mesh.drop_queued(&shared.loops));
-        drop_migratable(shared);
+        {
+            // What these drops spawn through a `Handle` is refused (`Discarding`), as what the
+            // loops' own shutdown drops spawn is dropped: it ran in the next, unrelated run.
+            let _discarding = Discarding::enter(shared);
+            crate::context::off_loop(|| shared.mesh.drop_queued(&shared.loops));
+            drop_migratable(shared);
+        }
         if let Some(e) = failure {
             return Err(e);
         }
@@ -794,6 +799,34 @@ impl ExecShared {
 thread_local! {
     /// Whether this thread is inside a sweep of queued tasks (`drop_queued`, `drop_if_closed`).
     static SWEEPING: Cell<bool> = const { Cell::new(false) };
+    /// The executor whose stopped run's leftovers this thread is dropping (`run_inner`, after
+    /// the loops stopped), or null.
+    static DISCARDING: Cell<*const ExecShared> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Marks this thread as dropping the leftovers of a stopped run of an executor (tasks left in
+/// the rings, parked migratable tasks) until dropped: a `Drop` there that spawns on that
+/// executor through a `Handle` is refused (`Err(Stopped)`, or a migratable task dropped at
+/// once), as the spawns of the drops a stopping loop runs are dropped. Queued, they ran in the
+/// next, unrelated run.
+struct Discarding(*const ExecShared);
+
+impl Discarding {
+    fn enter(exec: &ExecShared) -> Discarding {
+        Discarding(DISCARDING.with(|d| d.replace(exec)))
+    }
+
+    /// Whether this thread is dropping a stopped run's leftovers of `exec`. Cost: a
+    /// thread-local read.
+    fn active_for(exec: &ExecShared) -> bool {
+        DISCARDING.with(|d| std::ptr::eq(d.get(), exec))
+    }
+}
+
+impl Drop for Discarding {
+    fn drop(&mut self) {
+        DISCARDING.with(|d| d.set(self.0));
+    }
 }
 
 /// Marks this thread as sweeping until dropped (restoring what it found, for nesting).
@@ -1042,7 +1075,9 @@ impl Handle {
     /// before `run()` (the task starts when the loops do) and while it runs.
     ///
     /// `Err(InvalidShard)` for an out-of-range shard, `Err(Stopped)` once the `Executor` is
-    /// dropped (through a `Handle`: no run can come). Cost: one allocation; from the shard
+    /// dropped (through a `Handle`: no run can come), and from the `Drop` of a task that a
+    /// stopped run drops on the thread in `run()` (a parked migratable one, one left in a ring):
+    /// the spawns of the drops a stopping loop runs are dropped too. Cost: one allocation; from the shard
     /// itself a thread-local push, from elsewhere an inbox push (a short lock) plus a wake ping
     /// (an eventfd write) if the shard sleeps.
     #[track_caller]
@@ -1138,6 +1173,14 @@ impl Handle {
         // After the `Executor` is dropped the task is dropped at once: its handle reports
         // cancelled.
         self.shared.drop_if_closed();
+        if Discarding::active_for(&self.shared) {
+            // Spawned by the drop of a stopped run's task: dropped too (`Discarding`), with
+            // whatever else the injectors hold, as `drop_migratable` drops it (a foreign spawn
+            // that raced the stop).
+            for l in &self.shared.loops {
+                l.steal.drop_injected();
+            }
+        }
         h
     }
 
