@@ -482,3 +482,79 @@ fn a_stream_read_on_an_inner_loop_waits_on_its_outer_loop_again() {
         peer.join().unwrap();
     });
 }
+
+thread_local! {
+    static SHARED: std::cell::RefCell<Option<std::rc::Rc<TcpStream>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A task of the outer loop waits to read a stream; a loop run while the outer one is hidden
+/// (a swept drop's `LocalExecutor::block_on`) uses the stream; then another wait on the outer
+/// loop registers the descriptor there anew (epoll: `EPOLL_CTL_MOD` to a new slot). The first
+/// task's wait, left in the old slot, must still be woken by the data that comes next: the
+/// old slot no longer gets the descriptor's events, so it waited for good. (The inner
+/// `LocalExecutor` follows `XTC_IO`: the epoll case meets it with `XTC_IO=epoll`.)
+#[test]
+fn a_wait_left_on_the_outer_loop_is_woken_after_the_stream_registers_there_anew() {
+    on_each_driver("stale_slot_waiter", 1, |driver| async move {
+        use std::rc::Rc;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            wait.recv().unwrap();
+            s.write_all(b"late").unwrap();
+            // Takes what the inner loop wrote, then holds the connection open.
+            std::thread::sleep(Duration::from_millis(3000));
+        });
+        let s = Rc::new(TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap());
+        // The waiting task: its read waits on this loop (epoll: the first slot).
+        let done = Rc::new(std::cell::Cell::new(None::<io::Result<usize>>));
+        let (s1, d1) = (s.clone(), done.clone());
+        xtc_shards::spawn_local(async move {
+            let (r, _buf) = s1.read(Vec::with_capacity(8)).await;
+            d1.set(Some(r));
+        });
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        // A loop run while this one is hidden writes to the stream (epoll: its own slot).
+        SHARED.with(|l| *l.borrow_mut() = Some(s.clone()));
+        struct WriteOnAnInnerLoop(Arc<Mutex<Option<io::Result<()>>>>);
+        impl Drop for WriteOnAnInnerLoop {
+            fn drop(&mut self) {
+                let s = SHARED.with(|l| l.borrow_mut().take()).expect("left");
+                let r = LocalExecutor::new().unwrap().block_on(async move {
+                    let (r, _) = s.write_all(b"x".to_vec()).await;
+                    r
+                });
+                *self.0.lock().unwrap() = Some(r);
+            }
+        }
+        let out = Arc::new(Mutex::new(None));
+        let b = Executor::builder().shards(1).build().unwrap();
+        let writer = WriteOnAnInnerLoop(out.clone());
+        b.spawn_on(0, move || {
+            let _g = writer;
+            async {}
+        })
+        .unwrap();
+        drop(b); // frees the queued task off the loop (`context::off_loop`)
+        out.lock().unwrap().take().expect("the guard ran").unwrap();
+        {
+            // Another wait on this loop, given up at once (epoll: a new slot, `MOD`).
+            let mut read = pin!(s.read(Vec::with_capacity(8)));
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(read.as_mut().poll(&mut cx).is_pending());
+        }
+        go.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while done.take().map(|r| done.set(Some(r))).is_none() && Instant::now() < deadline {
+            xtc_shards::time::sleep(Duration::from_millis(10)).await;
+        }
+        match done.take() {
+            Some(Ok(4)) => {}
+            other => panic!("[{driver}] the first task's read: {other:?} (None: never woken)"),
+        }
+        peer.join().unwrap();
+    });
+}

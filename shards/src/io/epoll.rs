@@ -281,27 +281,35 @@ impl Epoll {
             let added = cvt(unsafe {
                 libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, slot.fd, &mut ev)
             });
+            let fd = slot.fd;
             match added {
-                Ok(_) => {}
+                Ok(_) => slot.added = true,
                 // Already in the set under an earlier slot of this driver, which its source
                 // forgot for another driver's (waited on by a loop run while this one was
-                // hidden, `context::off_loop`): the entry is pointed at this slot instead. That
-                // slot gets no more events; it goes with the driver.
+                // hidden, `context::off_loop`): the entry is pointed at this slot instead.
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                     // SAFETY: as for the ADD above.
                     cvt(unsafe {
-                        libc::epoll_ctl(
-                            self.epfd.as_raw_fd(),
-                            libc::EPOLL_CTL_MOD,
-                            slot.fd,
-                            &mut ev,
-                        )
+                        libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, &mut ev)
                     })?;
+                    slot.added = true;
+                    let stale = Self::retire_stale(&mut slots, fd, token);
+                    self.waiting.set(self.waiting.get() - stale.len());
+                    // The earlier slots get no more events: the futures still waiting there
+                    // poll again, and wait on this slot (their source's now). Woken after
+                    // the borrow (user code); this waiter is listed then.
+                    drop(slots);
+                    for w in stale {
+                        crate::task::wake_guarded(w);
+                    }
+                    slots = self.slots.borrow_mut();
                 }
                 Err(e) => return Err(e),
             }
-            slot.added = true;
         }
+        let slot = slots
+            .get_mut(token)
+            .ok_or_else(|| io::Error::other("xtc: I/O source used after it was closed"))?;
         let list = match dir {
             Dir::Read => &mut slot.readers,
             Dir::Write => &mut slot.writers,
@@ -320,6 +328,27 @@ impl Epoll {
         self.waiting.set(self.waiting.get() + 1);
         self.waits.set(self.waits.get() + 1);
         Ok(())
+    }
+
+    /// Removes the earlier slots for `fd` still in the epoll set (forgotten by their source for
+    /// another driver's), now that `EPOLL_CTL_MOD` points the descriptor at `token`, and
+    /// returns the wakers that waited in them. Left there, those waited for good for events
+    /// that now reach `token`, and counted as I/O in flight for good. Nothing names those slots
+    /// any more (their source names `token`; a waiting future's drop removes its entry from
+    /// its source's current slot), so their keys may be reused. Cost: a scan of the slots, on
+    /// this rare path only.
+    fn retire_stale(slots: &mut Slab<Slot>, fd: RawFd, token: usize) -> Vec<Waker> {
+        let keys: Vec<usize> = slots
+            .iter()
+            .filter(|(k, s)| *k != token && s.fd == fd && s.added)
+            .map(|(k, _)| k)
+            .collect();
+        let mut wakers = Vec::new();
+        for k in keys {
+            let s = slots.remove(k);
+            wakers.extend(s.readers.into_iter().chain(s.writers).map(|(_, w)| w));
+        }
+        wakers
     }
 
     /// Whether registration `id`'s entry in `list` is `w` (registered as `i`): the same id, or
