@@ -21,6 +21,19 @@ use std::{
 
 use xtc_shards::{net::TcpStream, Executor, LocalExecutor};
 
+/// Builds an executor, queues on it a task that owns `guard`, and drops the executor here: its
+/// drop frees the never-run task with this thread's loop hidden (`context::off_loop`), so
+/// `guard`'s `Drop` runs off the loop.
+fn drop_off_the_loop<G: Send + 'static>(guard: G) {
+    let b = Executor::builder().shards(1).build().unwrap();
+    b.spawn_on(0, move || {
+        let _g = guard;
+        async {}
+    })
+    .unwrap();
+    drop(b);
+}
+
 /// What a drop's I/O came to.
 type Outcome = Arc<Mutex<Option<Result<(), String>>>>;
 
@@ -91,18 +104,12 @@ fn read_in_a_swept_drop(nested: bool) -> Result<(), String> {
         let _ = done_rx.recv_timeout(Duration::from_secs(10));
     });
     let out = Outcome::default();
-    let b = Executor::builder().shards(1).build().unwrap();
     let guard = ReadOnDrop {
         addr,
         nested,
         out: out.clone(),
     };
-    b.spawn_on(0, move || {
-        let _g = guard;
-        async {}
-    })
-    .unwrap();
-    drop(b); // frees the queued task off the loop (`context::off_loop`)
+    drop_off_the_loop(guard);
     let _ = done_tx.send(());
     peer.join().unwrap();
     let r = out.lock().unwrap().take();
@@ -206,14 +213,8 @@ fn bytes_already_received_are_read_while_the_loop_is_hidden() {
         assert_eq!(&two, b"he");
         LEFT.with(|l| *l.borrow_mut() = Some(s));
         let out = Arc::new(Mutex::new(None));
-        let b = Executor::builder().shards(1).build().unwrap();
         let guard = ReadBufferedOnDrop { out: out.clone() };
-        b.spawn_on(0, move || {
-            let _g = guard;
-            async {}
-        })
-        .unwrap();
-        drop(b); // frees the queued task off the loop (`context::off_loop`)
+        drop_off_the_loop(guard);
         let r = out.lock().unwrap().take().expect("the guard ran");
         LEFT.with(|l| l.borrow_mut().take());
         peer.join().unwrap();
@@ -252,14 +253,8 @@ fn bytes_a_kept_receive_brought_are_read_while_the_loop_is_hidden() {
         xtc_shards::time::sleep(Duration::from_millis(100)).await;
         LEFT.with(|l| *l.borrow_mut() = Some(s));
         let out = Arc::new(Mutex::new(None));
-        let b = Executor::builder().shards(1).build().unwrap();
         let guard = ReadBufferedOnDrop { out: out.clone() };
-        b.spawn_on(0, move || {
-            let _g = guard;
-            async {}
-        })
-        .unwrap();
-        drop(b); // frees the queued task off the loop (`context::off_loop`)
+        drop_off_the_loop(guard);
         let r = out.lock().unwrap().take().expect("the guard ran");
         LEFT.with(|l| l.borrow_mut().take());
         peer.join().unwrap();
@@ -295,17 +290,11 @@ fn call_in_a_swept_drop(call: StreamCall) -> Option<io::Result<()>> {
         }
     }
     let out = Polled::default();
-    let b = Executor::builder().shards(1).build().unwrap();
     let guard = CallOnDrop {
         call,
         out: out.clone(),
     };
-    b.spawn_on(0, move || {
-        let _g = guard;
-        async {}
-    })
-    .unwrap();
-    drop(b); // frees the queued task off the loop (`context::off_loop`)
+    drop_off_the_loop(guard);
     let r = out.lock().unwrap().take();
     r.expect("the guard ran")
 }
@@ -460,14 +449,8 @@ fn a_stream_read_on_an_inner_loop_waits_on_its_outer_loop_again() {
             }
         }
         let out = Arc::new(Mutex::new(None));
-        let b = Executor::builder().shards(1).build().unwrap();
         let reader = ReadOnAnInnerLoop(out.clone());
-        b.spawn_on(0, move || {
-            let _g = reader;
-            async {}
-        })
-        .unwrap();
-        drop(b); // frees the queued task off the loop (`context::off_loop`)
+        drop_off_the_loop(reader);
         let r = out.lock().unwrap().take().expect("the guard ran");
         assert_eq!(r.unwrap(), b"a", "[{driver}] inner read");
         let s = LEFT.with(|l| l.borrow_mut().take()).expect("put back");
@@ -531,14 +514,8 @@ fn a_wait_left_on_the_outer_loop_is_woken_after_the_stream_registers_there_anew(
             }
         }
         let out = Arc::new(Mutex::new(None));
-        let b = Executor::builder().shards(1).build().unwrap();
         let writer = WriteOnAnInnerLoop(out.clone());
-        b.spawn_on(0, move || {
-            let _g = writer;
-            async {}
-        })
-        .unwrap();
-        drop(b); // frees the queued task off the loop (`context::off_loop`)
+        drop_off_the_loop(writer);
         out.lock().unwrap().take().expect("the guard ran").unwrap();
         {
             // Another wait on this loop, given up at once (epoll: a new slot, `MOD`).
