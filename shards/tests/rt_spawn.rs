@@ -214,6 +214,40 @@ fn service_mode_can_be_switched_off_while_running() {
     t.join().unwrap();
 }
 
+/// Parks a task on shard 0 that holds `guard(ran)`, stops the executor from shard 1 after
+/// 50 ms (so the stop's shutdown drops the guard), then runs again with nothing to do: what the
+/// guard's `Drop` spawned (each such task adds one to `ran`) must run in neither run, and the
+/// next run must still end at quiescence (dropped messages count as received).
+fn stop_with_a_parked_guard_then_run_again<G: Send + 'static>(
+    guard: impl FnOnce(Arc<AtomicUsize>) -> G + Send + 'static,
+) {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let ex = exec(2);
+    let h = ex.handle();
+    let r = ran.clone();
+    ex.spawn_on(0, move || async move {
+        let _g = guard(r);
+        std::future::pending::<()>().await
+    })
+    .unwrap();
+    ex.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(50)).await;
+        h.stop();
+    })
+    .unwrap();
+    let first = run_within(&ex, HANG).expect("run() hung: the stopped run");
+    assert_eq!(ran.load(SeqCst), 0, "the spawn ran during the stopped run");
+    first.unwrap();
+    run_within(&ex, HANG)
+        .expect("run() hung: the next run")
+        .unwrap();
+    assert_eq!(
+        ran.load(SeqCst),
+        0,
+        "a spawn of the stopped run ran in the next run"
+    );
+}
+
 /// A task's `Drop` during a stop's shutdown that spawns on a loop which already finished its
 /// own: the spawn went into the ring to that loop and stayed there, so it ran in the next,
 /// unrelated `run()` (or not, by which loop finished first). It is dropped with the stopped
@@ -231,33 +265,7 @@ fn a_spawn_from_a_drop_during_a_stop_does_not_run_in_the_next_run() {
             }
         }
     }
-    let ran = Arc::new(AtomicUsize::new(0));
-    let ex = exec(2);
-    let h = ex.handle();
-    let r = ran.clone();
-    ex.spawn_on(0, move || async move {
-        let _g = SpawnOnDrop(r);
-        std::future::pending::<()>().await
-    })
-    .unwrap();
-    ex.spawn_on(1, move || async move {
-        xtc_shards::time::sleep(Duration::from_millis(50)).await;
-        h.stop();
-    })
-    .unwrap();
-    let first = run_within(&ex, HANG).expect("run() hung: the stopped run");
-    assert_eq!(ran.load(SeqCst), 0, "the spawn ran during the stopped run");
-    first.unwrap();
-    // A later run with nothing to do: nothing of the stopped run may execute, and it ends at
-    // quiescence (the dropped messages count as received).
-    run_within(&ex, HANG)
-        .expect("run() hung: the next run")
-        .unwrap();
-    assert_eq!(
-        ran.load(SeqCst),
-        0,
-        "a spawn of the stopped run ran in the next run"
-    );
+    stop_with_a_parked_guard_then_run_again(SpawnOnDrop);
 }
 
 /// The same with a migratable spawn (`Handle::spawn`, round-robin): it went into the
@@ -282,31 +290,7 @@ fn a_migratable_spawn_from_a_drop_during_a_stop_does_not_run_in_the_next_run() {
             }
         }
     }
-    let ran = Arc::new(AtomicUsize::new(0));
-    let ex = exec(2);
-    let h = ex.handle();
-    let r = ran.clone();
-    ex.spawn_on(0, move || async move {
-        let _g = SpawnOnDrop(r);
-        std::future::pending::<()>().await
-    })
-    .unwrap();
-    ex.spawn_on(1, move || async move {
-        xtc_shards::time::sleep(Duration::from_millis(50)).await;
-        h.stop();
-    })
-    .unwrap();
-    let first = run_within(&ex, HANG).expect("run() hung: the stopped run");
-    assert_eq!(ran.load(SeqCst), 0, "the spawn ran during the stopped run");
-    first.unwrap();
-    run_within(&ex, HANG)
-        .expect("run() hung: the next run")
-        .unwrap();
-    assert_eq!(
-        ran.load(SeqCst),
-        0,
-        "a spawn of the stopped run ran in the next run"
-    );
+    stop_with_a_parked_guard_then_run_again(SpawnOnDrop);
 }
 
 /// A parked migratable task is dropped after the loops stop, on the thread in `run()`; a
