@@ -1063,3 +1063,41 @@ fn another_executors_queued_tasks_dropped_on_a_loop_do_not_count_there() {
     let st = a.loop_stats(0).unwrap();
     assert_eq!(st.tasks_run, 1, "{st:?}");
 }
+
+/// Panics in its `Drop` (what a stall callback captured).
+struct PanicOnDrop;
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("a stall callback's captured state panicked in its drop");
+    }
+}
+
+/// A stall callback whose captured state panics when dropped does not keep the executor from
+/// dropping the other loops' callbacks: that panic unwound out of the `Executor`'s drop, and
+/// the callback of loop 1, holding a `Handle`, kept the whole executor alive in a cycle.
+#[test]
+fn a_stall_callback_whose_drop_panics_does_not_leak_the_others() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let ex = exec(2);
+    let bomb = PanicOnDrop;
+    ex.set_stall_callback(0, move |_| {
+        let _keep = &bomb;
+    })
+    .unwrap();
+    let (handle, guard) = (ex.handle(), DropCount(dropped.clone()));
+    ex.set_stall_callback(1, move |_| {
+        let _keep = (&handle, &guard);
+    })
+    .unwrap();
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(ex)));
+    assert!(
+        out.is_ok(),
+        "the callback's panic unwound out of the executor's drop"
+    );
+    assert_eq!(
+        dropped.load(SeqCst),
+        1,
+        "loop 1's callback (and the executor it kept alive) leaked"
+    );
+}

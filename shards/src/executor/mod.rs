@@ -773,7 +773,9 @@ impl ExecShared {
     fn drop_stall_callbacks(&self) {
         for l in &self.loops {
             let cb = lock(&l.stall.callback).take();
-            drop(cb);
+            // Guarded: a panicking one unwound out of the `Executor`'s drop, and the later
+            // loops' callbacks (a `Handle` in them, say) leaked in their cycle.
+            crate::task::guarded("a stall callback panicked while being dropped", || drop(cb));
         }
     }
 
@@ -1254,15 +1256,19 @@ impl Handle {
         F: Fn(&crate::StallReport) + Send + Sync + 'static,
     {
         let old = lock(&self.shared.shard(shard)?.stall.callback).replace(Arc::new(f));
-        // Dropped after the lock: the old callback's captured state is user code, which may
-        // install a callback itself (it waited on this thread's own lock for good).
-        drop(old);
         // Installed after the `Executor` was dropped (no run can come to call it): dropped at
         // once, or a callback holding a `Handle` kept the executor alive in a cycle. SeqCst,
-        // paired with `close`'s store-then-drop: one of the two sees the other.
+        // paired with `close`'s store-then-drop: one of the two sees the other. Before the
+        // old one's drop, whose panic would skip it.
         if self.shared.closed.load(SeqCst) {
             self.shared.drop_stall_callbacks();
         }
+        // Dropped after the lock: the old callback's captured state is user code, which may
+        // install a callback itself (it waited on this thread's own lock for good). Guarded,
+        // as the loops and `close` drop theirs.
+        crate::task::guarded("a stall callback panicked while being dropped", || {
+            drop(old)
+        });
         Ok(())
     }
 
