@@ -1101,3 +1101,74 @@ fn a_stall_callback_whose_drop_panics_does_not_leak_the_others() {
         "loop 1's callback (and the executor it kept alive) leaked"
     );
 }
+
+/// The `Drop` of a parked migratable task of executor A, run by A's `run()` after its loops
+/// stopped, runs executor B (a nested `run()`), whose own stop drops B's parked task on this
+/// same thread; that task's `Drop` spawns on A. It is a spawn from A's stopped run's drops, as
+/// much as one made by the outer `Drop` itself: refused. B's marker replaced A's, so it was
+/// accepted and ran in A's next, unrelated run.
+#[test]
+fn a_spawn_on_a_from_a_nested_run_inside_a_discarding_drop_of_a_is_refused() {
+    /// Spawns on A when dropped; records whether the spawn was accepted.
+    struct SpawnOnA(Arc<AtomicUsize>, xtc_shards::Handle, Arc<AtomicUsize>);
+    impl Drop for SpawnOnA {
+        fn drop(&mut self) {
+            let r = self.0.clone();
+            if self
+                .1
+                .spawn_on(0, move || async move {
+                    r.fetch_add(1, SeqCst);
+                })
+                .is_ok()
+            {
+                self.2.fetch_add(1, SeqCst);
+            }
+        }
+    }
+    /// Runs B (until its own stop) when dropped, on the dropping thread.
+    struct RunB(Option<Executor>);
+    impl Drop for RunB {
+        fn drop(&mut self) {
+            // On this thread (the outer `run_within` guards against a hang).
+            let b = self.0.take().expect("present");
+            b.run().unwrap();
+        }
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let a = exec(2);
+    let b = exec(2);
+    let spawn_on_a = SpawnOnA(ran.clone(), a.handle(), accepted.clone());
+    b.spawn(async move {
+        let _g = spawn_on_a;
+        std::future::pending::<()>().await
+    });
+    let hb = b.handle();
+    b.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        hb.stop();
+    })
+    .unwrap();
+    let run_b = RunB(Some(b));
+    a.spawn(async move {
+        let _g = run_b;
+        std::future::pending::<()>().await
+    });
+    let ha = a.handle();
+    a.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        ha.stop();
+    })
+    .unwrap();
+    run_within(&a, HANG)
+        .expect("run() hung: A's stopped run")
+        .unwrap();
+    run_within(&a, HANG)
+        .expect("run() hung: A's next run")
+        .unwrap();
+    assert_eq!(
+        (accepted.load(SeqCst), ran.load(SeqCst)),
+        (0, 0),
+        "a spawn from A's stopped run's drops (in a nested run) was accepted / ran later"
+    );
+}

@@ -801,9 +801,10 @@ impl ExecShared {
 thread_local! {
     /// Whether this thread is inside a sweep of queued tasks (`drop_queued`, `drop_if_closed`).
     static SWEEPING: Cell<bool> = const { Cell::new(false) };
-    /// The executor whose stopped run's leftovers this thread is dropping (`run_inner`, after
-    /// the loops stopped), or null.
-    static DISCARDING: Cell<*const ExecShared> = const { Cell::new(std::ptr::null()) };
+    /// The executors whose stopped runs' leftovers this thread is dropping (`run_inner`, after
+    /// the loops stopped): a list through the `DiscardNode`s of the `Discarding` guards alive
+    /// on this thread, innermost first, or null.
+    static DISCARDING: Cell<*const DiscardNode> = const { Cell::new(std::ptr::null()) };
 }
 
 /// Marks this thread as dropping the leftovers of a stopped run of an executor (tasks left in
@@ -811,23 +812,50 @@ thread_local! {
 /// executor through a `Handle` is refused (`Err(Stopped)`, or a migratable task dropped at
 /// once), as the spawns of the drops a stopping loop runs are dropped. Queued, they ran in the
 /// next, unrelated run.
-struct Discarding(*const ExecShared);
+struct Discarding(Box<DiscardNode>);
+
+/// One entry of this thread's list of executors being discarded (`DISCARDING`). Every entry
+/// counts, not only the innermost: a `Drop` of executor A's leftovers may run executor B
+/// (a nested `run()`), whose own discarding then sits on top of A's, and a `Drop` of B's
+/// leftovers that spawns on A is still one of A's stopped run's drops (it was accepted, and
+/// ran in A's next run).
+struct DiscardNode {
+    exec: *const ExecShared,
+    prev: *const DiscardNode,
+}
 
 impl Discarding {
+    /// Cost: one allocation (a node with a stable address), once per `run()`.
     fn enter(exec: &ExecShared) -> Discarding {
-        Discarding(DISCARDING.with(|d| d.replace(exec)))
+        let node = Box::new(DiscardNode {
+            exec,
+            prev: DISCARDING.with(Cell::get),
+        });
+        DISCARDING.with(|d| d.set(&*node));
+        Discarding(node)
     }
 
     /// Whether this thread is dropping a stopped run's leftovers of `exec`. Cost: a
-    /// thread-local read.
+    /// thread-local read (the list is empty outside those drops).
     fn active_for(exec: &ExecShared) -> bool {
-        DISCARDING.with(|d| std::ptr::eq(d.get(), exec))
+        let mut p = DISCARDING.with(Cell::get);
+        while !p.is_null() {
+            // SAFETY: every node in the list is owned by a `Discarding` guard alive on this
+            // thread: guards are scoped locals (never moved out of `run_inner`, never
+            // forgotten), so they drop in reverse order, each unlinking its node first.
+            let node = unsafe { &*p };
+            if std::ptr::eq(node.exec, exec) {
+                return true;
+            }
+            p = node.prev;
+        }
+        false
     }
 }
 
 impl Drop for Discarding {
     fn drop(&mut self) {
-        DISCARDING.with(|d| d.set(self.0));
+        DISCARDING.with(|d| d.set(self.0.prev));
     }
 }
 
