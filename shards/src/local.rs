@@ -88,8 +88,13 @@ impl LocalExecutor {
         event_loop::run(&core, false, &|| main.is_finished());
         event_loop::shutdown(&core, false);
         drop(enter);
-        // Migratable tasks spawned here (`xtc::spawn`) that are still parked: dropped too.
-        crate::executor::drop_migratable(&self.shared);
+        // Migratable tasks spawned here (`xtc::spawn`) that are still parked: dropped too. What
+        // their drops spawn through a `Handle` is refused, as `Executor::run`'s are
+        // (`Discarding`): queued, it ran in the next, unrelated `block_on`.
+        {
+            let _discarding = crate::executor::Discarding::enter(&self.shared);
+            crate::executor::drop_migratable(&self.shared);
+        }
         match futures_lite::future::block_on(main) {
             Ok(v) => v,
             Err(e) => match e.into_panic() {

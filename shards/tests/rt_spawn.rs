@@ -1172,3 +1172,45 @@ fn a_spawn_on_a_from_a_nested_run_inside_a_discarding_drop_of_a_is_refused() {
         "a spawn from A's stopped run's drops (in a nested run) was accepted / ran later"
     );
 }
+
+/// The same for a `LocalExecutor`: a parked migratable task is dropped after its loop stopped,
+/// on the thread in `block_on` (`drop_migratable`); a `Drop` of its that spawns through a
+/// `Handle` is refused, as the spawns of the drops its loop's shutdown runs are dropped. It
+/// waited in the inbox and ran in the next, unrelated `block_on`.
+#[test]
+fn a_spawn_from_the_drop_of_a_parked_migratable_task_of_a_local_executor_does_not_run_later() {
+    struct SpawnOnDrop(Arc<AtomicUsize>, xtc_shards::Handle);
+    impl Drop for SpawnOnDrop {
+        fn drop(&mut self) {
+            let r = self.0.clone();
+            let _ = self.1.spawn_on(0, move || async move {
+                r.fetch_add(1, SeqCst);
+            });
+        }
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let r = ran.clone();
+    ex.block_on(async move {
+        let g = SpawnOnDrop(r, shard::handle().expect("on a loop"));
+        drop(xtc_shards::spawn(async move {
+            let _g = g;
+            std::future::pending::<()>().await
+        }));
+        // Let it start and park.
+        xtc_shards::time::sleep(Duration::from_millis(5)).await;
+    });
+    assert_eq!(
+        ran.load(SeqCst),
+        0,
+        "the spawn ran during the first block_on"
+    );
+    ex.block_on(async {
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+    });
+    assert_eq!(
+        ran.load(SeqCst),
+        0,
+        "a spawn of the first block_on's drops ran in the next one"
+    );
+}

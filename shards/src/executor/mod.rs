@@ -812,7 +812,7 @@ thread_local! {
 /// executor through a `Handle` is refused (`Err(Stopped)`, or a migratable task dropped at
 /// once), as the spawns of the drops a stopping loop runs are dropped. Queued, they ran in the
 /// next, unrelated run.
-struct Discarding(Box<DiscardNode>);
+pub(crate) struct Discarding(Box<DiscardNode>);
 
 /// One entry of this thread's list of executors being discarded (`DISCARDING`). Every entry
 /// counts, not only the innermost: a `Drop` of executor A's leftovers may run executor B
@@ -826,7 +826,7 @@ struct DiscardNode {
 
 impl Discarding {
     /// Cost: one allocation (a node with a stable address), once per `run()`.
-    fn enter(exec: &ExecShared) -> Discarding {
+    pub(crate) fn enter(exec: &ExecShared) -> Discarding {
         let node = Box::new(DiscardNode {
             exec,
             prev: DISCARDING.with(Cell::get),
@@ -1106,7 +1106,8 @@ impl Handle {
     ///
     /// `Err(InvalidShard)` for an out-of-range shard, `Err(Stopped)` once the `Executor` is
     /// dropped (through a `Handle`: no run can come), and from the `Drop` of a task that a
-    /// stopped run drops on the thread in `run()` (a parked migratable one, one left in a ring):
+    /// stopped run drops on the thread in `run()` or `LocalExecutor::block_on` (a parked
+    /// migratable one, one left in a ring):
     /// the spawns of the drops a stopping loop runs are dropped too. Cost: one allocation; from the shard
     /// itself a thread-local push, from elsewhere an inbox push (a short lock) plus a wake ping
     /// (an eventfd write) if the shard sleeps.
