@@ -378,10 +378,16 @@ impl Drop for Enter<'_> {
     }
 }
 
-/// Enters `core`. Returns `None` if this thread already runs a loop.
+/// Enters `core`. Returns `None` if this thread already runs a loop, or if [`off_loop`] hides
+/// a run of `core`'s own loop (a `LocalExecutor::block_on` re-entered from a `Drop` that a
+/// sweep runs inside one of its tasks): two `Core`s of one loop on one thread took each
+/// other's tasks (the loop's inbox and wakes are shared) and registry keys, and the outer run
+/// waited for good for a task the inner one had finished. Cost: a scan of the hidden loops,
+/// once per run.
 pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
+    let rerun = with_own_core(|c| Arc::ptr_eq(&c.shared, &core.shared).then_some(())).is_some();
     CURRENT.with(|c| {
-        if !c.get().is_null() {
+        if !c.get().is_null() || rerun {
             return None;
         }
         c.set(core as *const Core);

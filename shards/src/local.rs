@@ -75,7 +75,9 @@ impl LocalExecutor {
     ///
     /// # Panics
     /// If called on a thread that already runs an xtc loop (inside a task): blocking there
-    /// would stall every task of that loop.
+    /// would stall every task of that loop. So does a `block_on` of this executor re-entered
+    /// while its own run is in progress (from a `Drop` that another executor's sweep runs in
+    /// one of its tasks).
     pub fn block_on<F>(&self, fut: F) -> F::Output
     where
         F: Future + 'static,
@@ -112,5 +114,99 @@ impl Drop for LocalExecutor {
     /// `Handle` would otherwise keep the executor, and itself, alive for good.
     fn drop(&mut self) {
         self.shared.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        cell::RefCell,
+        sync::{mpsc, Arc},
+        task::Waker,
+        time::Duration,
+    };
+
+    use super::LocalExecutor;
+
+    thread_local! {
+        static EXEC: LocalExecutor = LocalExecutor::new().unwrap();
+        /// The waker of a task of the outer `block_on`, parked in it.
+        static PARKED: RefCell<Option<Waker>> = const { RefCell::new(None) };
+        static NESTED: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `EXEC.block_on` from a `Drop`, as a sweep of another executor (`off_loop`) runs it.
+    struct Reenter;
+    impl Drop for Reenter {
+        fn drop(&mut self) {
+            let r = std::panic::catch_unwind(|| {
+                EXEC.with(|ex| {
+                    ex.block_on(async {
+                        // Wakes the outer run's parked task: its loop is this one too, so the
+                        // task came here, to the nested run's queue.
+                        if let Some(w) = PARKED.with(|p| p.borrow_mut().take()) {
+                            w.wake();
+                        }
+                        for _ in 0..4 {
+                            crate::yield_now().await;
+                        }
+                    })
+                })
+            });
+            let msg = r.err().map(|p| {
+                crate::error::payload_message(&*p)
+                    .unwrap_or("?")
+                    .to_string()
+            });
+            NESTED.with(|n| *n.borrow_mut() = msg.or(Some(String::new())));
+        }
+    }
+
+    /// A `LocalExecutor::block_on` re-entered while its own loop runs, hidden by `off_loop`
+    /// (a task dropped another executor, whose sweep dropped a closure that called it through
+    /// a thread-local): two `Core`s of one loop on one thread took each other's tasks and
+    /// registry keys, and the outer run never ended. Refused like a `block_on` inside a task.
+    #[test]
+    fn block_on_reentered_through_off_loop_is_refused() {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            EXEC.with(|ex| {
+                ex.block_on(async {
+                    // A task parked in this run's registry, woken by the nested run.
+                    let parked = crate::spawn_local(async {
+                        let mut first = true;
+                        std::future::poll_fn(|cx| {
+                            if std::mem::take(&mut first) {
+                                PARKED.with(|p| *p.borrow_mut() = Some(cx.waker().clone()));
+                                std::task::Poll::Pending
+                            } else {
+                                std::task::Poll::Ready(())
+                            }
+                        })
+                        .await
+                    });
+                    crate::yield_now().await;
+                    let other = crate::Executor::builder().shards(1).build().unwrap();
+                    let guard = Arc::new(Reenter);
+                    other
+                        .spawn_on(0, move || {
+                            let _g = guard;
+                            async {}
+                        })
+                        .unwrap();
+                    drop(other);
+                    parked.abort();
+                });
+            });
+            let _ = tx.send(NESTED.with(|n| n.borrow_mut().take()));
+        });
+        let nested = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the outer block_on never returned");
+        let msg = nested.expect("the nested block_on ran");
+        assert!(
+            msg.contains("inside an xtc loop"),
+            "the nested block_on was not refused: {msg:?}"
+        );
     }
 }
