@@ -83,6 +83,9 @@ impl LocalExecutor {
         F: Future + 'static,
         F::Output: 'static,
     {
+        // Run again from a `Drop` of its own stopped run's leftovers (a nested `block_on`):
+        // this run is live, and what it spawns through a `Handle` is its own.
+        let live = crate::executor::Discarding::live(&self.shared);
         let core = Core::new(self.shared.loops[0].clone(), self.shared.clone());
         let enter = context::enter(&core)
             .expect("LocalExecutor::block_on called inside an xtc loop: spawn the future instead");
@@ -97,6 +100,7 @@ impl LocalExecutor {
             let _discarding = crate::executor::Discarding::enter(&self.shared);
             crate::executor::drop_migratable(&self.shared);
         }
+        drop(live);
         match futures_lite::future::block_on(main) {
             Ok(v) => v,
             Err(e) => match e.into_panic() {

@@ -1214,3 +1214,52 @@ fn a_spawn_from_the_drop_of_a_parked_migratable_task_of_a_local_executor_does_no
         "a spawn of the first block_on's drops ran in the next one"
     );
 }
+
+/// A `Drop` of a parked migratable task that `LocalExecutor::block_on` drops after its loop
+/// stopped runs the same `LocalExecutor` again (a nested `block_on`, through a thread-local
+/// runtime: a `Drop` that finishes its work synchronously). That nested run is live: a spawn
+/// through a `Handle` in it is one of its own tasks, not one of the stopped run's drops, and
+/// runs. The stopped run's `Discarding` marker stayed listed during it, so the spawn was
+/// refused (`Err(Stopped)`).
+#[test]
+fn a_nested_block_on_of_the_same_local_executor_in_its_own_post_stop_drop_accepts_spawns() {
+    type Out = Arc<Mutex<Option<Result<u32, String>>>>;
+    thread_local! {
+        static EX: xtc_shards::LocalExecutor = xtc_shards::LocalExecutor::new().unwrap();
+    }
+    struct BlockOnAgain(Out);
+    impl Drop for BlockOnAgain {
+        fn drop(&mut self) {
+            let got = EX.with(|ex| {
+                ex.block_on(async {
+                    let h = shard::handle().expect("on a loop");
+                    match h.spawn_on(0, || async { 7u32 }) {
+                        Ok(j) => j.await.map_err(|e| format!("join: {e}")),
+                        Err(e) => Err(format!("spawn_on: {e}")),
+                    }
+                })
+            });
+            *self.0.lock().unwrap() = Some(got);
+        }
+    }
+    let out = Out::default();
+    let o = out.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        EX.with(|ex| {
+            ex.block_on(async move {
+                let g = BlockOnAgain(o);
+                drop(xtc_shards::spawn(async move {
+                    let _g = g;
+                    std::future::pending::<()>().await
+                }));
+                // Let it start and park.
+                xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            })
+        });
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(HANG).expect("block_on hung (or panicked)");
+    let got = out.lock().unwrap().take().expect("the guard ran");
+    assert_eq!(got, Ok(7), "a spawn in a live nested block_on was refused");
+}

@@ -818,17 +818,34 @@ pub(crate) struct Discarding(Box<DiscardNode>);
 /// counts, not only the innermost: a `Drop` of executor A's leftovers may run executor B
 /// (a nested `run()`), whose own discarding then sits on top of A's, and a `Drop` of B's
 /// leftovers that spawns on A is still one of A's stopped run's drops (it was accepted, and
-/// ran in A's next run).
+/// ran in A's next run). Only the innermost entry of an executor decides, though: a
+/// `LocalExecutor` may be run again from one of its own stopped run's drops (a nested
+/// `block_on`), and that run is live (`Discarding::live`).
 struct DiscardNode {
     exec: *const ExecShared,
+    /// False for a live run nested inside a discarding of the same executor.
+    discarding: bool,
     prev: *const DiscardNode,
 }
 
 impl Discarding {
     /// Cost: one allocation (a node with a stable address), once per `run()`.
     pub(crate) fn enter(exec: &ExecShared) -> Discarding {
+        Discarding::push(exec, true)
+    }
+
+    /// For a run of `exec` starting on this thread (`LocalExecutor::block_on`): if this thread
+    /// is inside a discarding of `exec` (the run is nested in a `Drop` of its stopped run's
+    /// leftovers), hides it until dropped, since this run's spawns are its own. Cost: a
+    /// thread-local read; an allocation only in that nested case.
+    pub(crate) fn live(exec: &ExecShared) -> Option<Discarding> {
+        Discarding::active_for(exec).then(|| Discarding::push(exec, false))
+    }
+
+    fn push(exec: &ExecShared, discarding: bool) -> Discarding {
         let node = Box::new(DiscardNode {
             exec,
+            discarding,
             prev: DISCARDING.with(Cell::get),
         });
         DISCARDING.with(|d| d.set(&*node));
@@ -841,11 +858,12 @@ impl Discarding {
         let mut p = DISCARDING.with(Cell::get);
         while !p.is_null() {
             // SAFETY: every node in the list is owned by a `Discarding` guard alive on this
-            // thread: guards are scoped locals (never moved out of `run_inner`, never
-            // forgotten), so they drop in reverse order, each unlinking its node first.
+            // thread: guards are scoped locals (never moved out of `run_inner` or
+            // `LocalExecutor::block_on`, never forgotten), so they drop in reverse order, each
+            // unlinking its node first.
             let node = unsafe { &*p };
             if std::ptr::eq(node.exec, exec) {
-                return true;
+                return node.discarding;
             }
             p = node.prev;
         }
