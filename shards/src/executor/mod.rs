@@ -812,7 +812,12 @@ thread_local! {
 /// executor through a `Handle` is refused (`Err(Stopped)`, or a migratable task dropped at
 /// once), as the spawns of the drops a stopping loop runs are dropped. Queued, they ran in the
 /// next, unrelated run.
-pub(crate) struct Discarding(Box<DiscardNode>);
+///
+/// Holds its node as a raw pointer (`Box::leak`), not a `Box`: the list's pointer to it is
+/// a raw pointer too, and a `Box` moved after it was taken (into the guard, out of `enter`)
+/// asserted unique access, invalidating it for the reads in `active_for` (Stacked Borrows:
+/// Miri reported it in rt_spawn's `LocalExecutor` test).
+pub(crate) struct Discarding(std::ptr::NonNull<DiscardNode>);
 
 /// One entry of this thread's list of executors being discarded (`DISCARDING`). Every entry
 /// counts, not only the innermost: a `Drop` of executor A's leftovers may run executor B
@@ -843,12 +848,12 @@ impl Discarding {
     }
 
     fn push(exec: &ExecShared, discarding: bool) -> Discarding {
-        let node = Box::new(DiscardNode {
+        let node = std::ptr::NonNull::from(Box::leak(Box::new(DiscardNode {
             exec,
             discarding,
             prev: DISCARDING.with(Cell::get),
-        });
-        DISCARDING.with(|d| d.set(&*node));
+        })));
+        DISCARDING.with(|d| d.set(node.as_ptr()));
         Discarding(node)
     }
 
@@ -873,7 +878,16 @@ impl Discarding {
 
 impl Drop for Discarding {
     fn drop(&mut self) {
-        DISCARDING.with(|d| d.set(self.0.prev));
+        // SAFETY: the node came from `Box::leak` in `push` and only this guard frees it.
+        let node = unsafe { Box::from_raw(self.0.as_ptr()) };
+        // Guards drop in reverse order (see `active_for`): this node is the list's head.
+        DISCARDING.with(|d| {
+            debug_assert!(
+                std::ptr::eq(d.get(), self.0.as_ptr()),
+                "Discarding out of order"
+            );
+            d.set(node.prev)
+        });
     }
 }
 
