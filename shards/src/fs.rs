@@ -307,16 +307,10 @@ impl File {
             } else {
                 // At most what one write moves (`file::MAX_RW`): a copy of all the rest of a
                 // huge buffer, again after each write, was allocated for bytes the write left.
-                let len = (total - done).min(file::MAX_RW);
-                let mut rest = Vec::new();
-                if rest.try_reserve_exact(len).is_err() {
-                    return (Err(file::no_memory(len)), buf);
-                }
-                // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized, and
-                // `done + len <= total`.
-                rest.extend_from_slice(unsafe {
-                    std::slice::from_raw_parts(buf.stable_ptr().add(done), len)
-                });
+                let rest = match file::copy_for_write(&buf, done) {
+                    Ok(rest) => rest,
+                    Err(e) => return (Err(e), buf),
+                };
                 let at = match pos.map(|p| p.checked_add(done as u64)) {
                     None => None,
                     Some(Some(at)) => Some(at),

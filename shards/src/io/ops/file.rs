@@ -73,11 +73,30 @@ pub(crate) fn check_pos(pos: u64) -> io::Result<()> {
 pub(crate) const MAX_RW: usize = 0x7fff_f000;
 
 /// The error of an epoll-path copy buffer the allocator refused.
-pub(crate) fn no_memory(len: usize) -> io::Error {
+fn no_memory(len: usize) -> io::Error {
     io::Error::new(
         io::ErrorKind::OutOfMemory,
         format!("xtc: cannot allocate the {len}-byte copy buffer of a file operation"),
     )
+}
+
+/// An empty buffer with room for `len` bytes, allocated fallibly (`OutOfMemory`, not an abort).
+fn try_buffer(len: usize) -> io::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| no_memory(len))?;
+    Ok(v)
+}
+
+/// A copy of `buf`'s initialized bytes from `from`, at most one write's worth (`MAX_RW`),
+/// allocated fallibly: what a write goes out from on the epoll path, and what `write_all`
+/// resends after a short write. Cost: one allocation and a copy of up to `MAX_RW` bytes.
+pub(crate) fn copy_for_write<B: IoBuf>(buf: &B, from: usize) -> io::Result<Vec<u8>> {
+    let len = buf.bytes_init().saturating_sub(from).min(MAX_RW);
+    let mut v = try_buffer(len)?;
+    // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized, and
+    // `from + len <= bytes_init()`.
+    v.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_ptr().add(from), len) });
+    Ok(v)
 }
 
 /// io_uring's offset for "the file's current position" (-1), which is also how it reads and
@@ -127,8 +146,7 @@ pub(crate) async fn read_at<B: IoBufMut>(
             let fd = fd.clone();
             let len = buf.bytes_total().min(MAX_RW);
             let r = blocking::run(move || {
-                let mut tmp: Vec<u8> = Vec::new();
-                tmp.try_reserve_exact(len).map_err(|_| no_memory(len))?;
+                let mut tmp = try_buffer(len)?;
                 let (raw, dst) = (fd.as_raw_fd(), tmp.as_mut_ptr().cast());
                 let n = blocking::when_ready(raw, libc::POLLIN, || {
                     // SAFETY: `tmp` has `len` writable bytes (its capacity); the Arc keeps the
@@ -198,14 +216,10 @@ pub(crate) async fn write_at<B: IoBuf>(
         }
         Driver::Epoll => {
             let fd = fd.clone();
-            let len = buf.bytes_init().min(MAX_RW);
-            let mut data: Vec<u8> = Vec::new();
-            if data.try_reserve_exact(len).is_err() {
-                return (Err(no_memory(len)), buf);
-            }
-            // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized, and we take
-            // at most that many.
-            data.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_ptr(), len) });
+            let data = match copy_for_write(&buf, 0) {
+                Ok(data) => data,
+                Err(e) => return (Err(e), buf),
+            };
             let r = blocking::run(move || {
                 let (raw, src, len) = (fd.as_raw_fd(), data.as_ptr().cast(), data.len());
                 blocking::when_ready(raw, libc::POLLOUT, || {
