@@ -70,6 +70,20 @@ enum Source {
     Xml(PathBuf),
 }
 
+impl Source {
+    /// What loading a topology from here is, for an error message.
+    fn what(&self) -> String {
+        match self {
+            Source::Detected => "discover this machine".to_owned(),
+            Source::Synthetic(d) => format!("load the synthetic topology {d:?}"),
+            Source::Xml(p) => format!("load the XML topology {}", p.display()),
+        }
+    }
+}
+
+/// The largest OS index a PU may have: hwloc's CPU sets hold indexes up to `c_int::MAX`.
+const MAX_OS_INDEX: usize = std::ffi::c_int::MAX as usize;
+
 /// What we keep of one PU (hardware thread). Indices are hwloc logical indices.
 #[derive(Debug, Clone, Copy)]
 struct PuInfo {
@@ -253,7 +267,8 @@ impl Topology {
     /// [`Error::XmlFile`] if the file cannot be read, is not UTF-8, or is larger than
     /// 64 MiB (an `lstopo` export of 8,192 PUs is about 5 MiB; the cap keeps a wrong path
     /// such as `/dev/zero` from reading until memory runs out); [`Error::Hwloc`] if hwloc
-    /// cannot parse it.
+    /// cannot parse it, or if it gives a PU an OS index above 2^31 − 1 (more than a CPU set
+    /// holds).
     pub fn from_xml(path: impl AsRef<Path>) -> Result<Topology> {
         let path = path.as_ref();
         let xml = read_xml(path).map_err(|source| Error::XmlFile {
@@ -274,6 +289,22 @@ impl Topology {
 
     /// Extract the PU table, counts, allowed set and NUMA matrix.
     fn build(hw: hwlocality::Topology, source: Source) -> Result<Topology> {
+        // hwlocality panics on a CPU set index above `c_int::MAX` (a caller's bug, to it), and
+        // hwloc keeps the OS index an XML file gives a PU even where the PU's CPU set says
+        // otherwise: such a PU is refused before any CPU set lookup below.
+        if let Some(os) = hw
+            .objects_with_type(ObjectType::PU)
+            .filter_map(|pu| pu.os_index())
+            .find(|&os| os > MAX_OS_INDEX)
+        {
+            return Err(Error::hwloc(
+                source.what(),
+                format!(
+                    "a PU has OS index {os}, above {MAX_OS_INDEX}, the largest a CPU set holds"
+                ),
+                "give a file written by `lstopo file.xml` or Topology::export_xml",
+            ));
+        }
         let numa_objs: Vec<&TopologyObject> = hw.objects_with_type(ObjectType::NUMANode).collect();
         let mut pus: Vec<PuInfo> = hw
             .objects_with_type(ObjectType::PU)

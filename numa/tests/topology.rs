@@ -338,3 +338,36 @@ fn an_endless_or_huge_xml_file_is_an_error() {
     assert!(matches!(e, Error::XmlFile { .. }), "{e}");
     assert!(e.to_string().contains("64 MiB"), "{e}");
 }
+
+/// An XML file may name a PU OS index above what hwloc's CPU sets hold (2^31 − 1); hwloc keeps
+/// it (the PU's CPU set disagrees), and looking it up in a CPU set panicked in hwlocality
+/// ("Bitmap index is out of the accepted 0..=c_int::MAX range"): an `Err` naming the index
+/// now. Release builds only: in a debug build hwlocality runs hwloc's own consistency check on
+/// every topology it loads, whose assertion aborts the process on this file first.
+#[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "hwlocality's debug-build consistency check aborts on this file"
+)]
+fn an_xml_pu_os_index_beyond_cpu_sets_is_an_error() {
+    let good = temp_path("pu-index-good.xml");
+    Topology::synthetic("pu:2")
+        .unwrap()
+        .export_xml(&good)
+        .unwrap();
+    let xml = std::fs::read_to_string(&good).unwrap();
+    let _ = std::fs::remove_file(&good);
+    let edited = xml.replacen(
+        "type=\"PU\" os_index=\"1\"",
+        "type=\"PU\" os_index=\"3000000000\"",
+        1,
+    );
+    assert_ne!(edited, xml, "the export's format changed: {xml}");
+    let bad = temp_path("pu-index-bad.xml");
+    std::fs::write(&bad, edited).unwrap();
+    let res = Topology::from_xml(&bad);
+    let _ = std::fs::remove_file(&bad);
+    let e = res.unwrap_err();
+    assert!(matches!(e, Error::Hwloc { .. }), "{e}");
+    assert!(e.to_string().contains("3000000000"), "{e}");
+}
