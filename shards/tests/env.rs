@@ -157,5 +157,31 @@ fn env_variables() {
         .unwrap_err();
     assert!(matches!(e, Error::Numa(_)), "{e:?}");
     assert!(!e.to_string().contains("XTC_SHARDS"), "{e}");
+
+    // A shard count and a ring capacity each valid alone whose ring mesh is too large (64
+    // shards of 2^20-message rings: 32 GiB): the Err names the variables, as a placement
+    // error does (it said only "lower ring_capacity or the shard count").
+    clear();
+    std::env::set_var("XTC_SHARDS", "64");
+    std::env::set_var("XTC_OVERSUBSCRIBE", "yes");
+    std::env::set_var("XTC_RING_CAPACITY", "1048576");
+    let e = Builder::from_env().unwrap().build().unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("XTC_RING_CAPACITY=1048576") && msg.contains("XTC_SHARDS=64"),
+        "{msg}"
+    );
+    // The setter takes the variable's place; the placement error never names it.
+    let e = Builder::from_env()
+        .unwrap()
+        .ring_capacity(1 << 20)
+        .build()
+        .unwrap_err();
+    assert!(!e.to_string().contains("XTC_RING_CAPACITY"), "{e}");
+    std::env::set_var("XTC_OVERSUBSCRIBE", "no");
+    std::env::set_var("XTC_SHARDS", "4096");
+    let e = Builder::from_env().unwrap().build().unwrap_err();
+    assert!(matches!(e, Error::EnvPlacement { .. }), "{e:?}");
+    assert!(!e.to_string().contains("XTC_RING_CAPACITY"), "{e}");
     clear();
 }

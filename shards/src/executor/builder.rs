@@ -54,9 +54,10 @@ pub struct Builder {
     pub(crate) stall_budget: Duration,
     /// `None`: `XTC_IO` if set, else auto.
     pub(crate) io_driver: Option<crate::io::DriverChoice>,
-    /// The placement inputs that came from the environment (`XTC_SHARDS=4096`, ...), named in
-    /// the error when `build()` finds the placement impossible; a setter called after
-    /// [`env`](Builder::env) takes its variable off.
+    /// The placement and ring mesh inputs that came from the environment (`XTC_SHARDS=4096`,
+    /// `XTC_RING_CAPACITY`, ...), named in the error when `build()` finds the placement
+    /// impossible or the mesh too large; a setter called after [`env`](Builder::env) takes its
+    /// variable off.
     pub(crate) placement_env: Vec<(&'static str, String)>,
 }
 
@@ -140,6 +141,7 @@ impl Builder {
                     value: v.clone(),
                     expected: "a number of messages per ring from 1 to 1048576",
                 })?;
+            self.note_env("XTC_RING_CAPACITY", v);
         }
         if let Some(v) = var("XTC_STEALING") {
             self.stealing = parse_bool("XTC_STEALING", &v)?;
@@ -201,8 +203,8 @@ impl Builder {
         Ok(self)
     }
 
-    /// Records that placement input `var` came from the environment (or, with `None`, that a
-    /// setter replaced it).
+    /// Records that placement or mesh input `var` came from the environment (or, with `None`,
+    /// that a setter replaced it).
     fn note_env(&mut self, var: &'static str, value: impl Into<Option<String>>) {
         self.placement_env.retain(|(v, _)| *v != var);
         if let Some(value) = value.into() {
@@ -274,6 +276,7 @@ impl Builder {
     /// makes `submit_to` wait (backpressure).
     pub fn ring_capacity(mut self, messages: usize) -> Builder {
         self.ring_capacity = messages;
+        self.note_env("XTC_RING_CAPACITY", None);
         self
     }
 
@@ -350,6 +353,21 @@ impl Builder {
     pub fn build(self) -> Result<Executor> {
         Executor::from_builder(self)
     }
+}
+
+/// The inputs of `env` (a builder's `placement_env`) accepted by `keep`, as `NAME=value`
+/// separated by spaces, or `None` if there are none: for an error that their combination
+/// caused, each being valid alone.
+pub(crate) fn env_inputs(
+    env: &[(&'static str, String)],
+    keep: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let vars: Vec<String> = env
+        .iter()
+        .filter(|(k, _)| keep(k))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    (!vars.is_empty()).then(|| vars.join(" "))
 }
 
 /// `XTC_IO`, if set: `auto`, `io_uring` or `epoll`.

@@ -428,13 +428,10 @@ impl Executor {
         }
         let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)
             .map_err(|source| {
-                if b.placement_env.is_empty() {
-                    return Error::Numa(source);
-                }
-                let vars = b.placement_env.iter().map(|(k, v)| format!("{k}={v}"));
-                Error::EnvPlacement {
-                    vars: vars.collect::<Vec<_>>().join(" "),
-                    source,
+                // The ring capacity plays no part in the placement.
+                match builder::env_inputs(&b.placement_env, |k| k != "XTC_RING_CAPACITY") {
+                    Some(vars) => Error::EnvPlacement { vars, source },
+                    None => Error::Numa(source),
                 }
             })?;
         if !topology.is_synthetic() {
@@ -445,10 +442,14 @@ impl Executor {
         let n = placement.len();
         let mesh_bytes = crate::ring::mesh_bytes(n, b.ring_capacity);
         if mesh_bytes > crate::ring::MAX_MESH_BYTES as u128 {
+            // Each value may be valid alone: name the variables the sizes came from.
+            let from_env = builder::env_inputs(&b.placement_env, |_| true)
+                .map(|vars| format!(" (from the environment: {vars}; change or unset them)"))
+                .unwrap_or_default();
             return Err(Error::InvalidArgument(format!(
                 "{n} shards with ring_capacity {} need {} MiB of rings (N·(N−1) rings, 8 bytes a \
                  slot and {} per ring) and victim tables, over the {} MiB limit: lower \
-                 ring_capacity or the shard count",
+                 ring_capacity or the shard count{from_env}",
                 b.ring_capacity,
                 mesh_bytes >> 20,
                 crate::ring::PER_RING_BYTES,
