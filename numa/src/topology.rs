@@ -269,6 +269,11 @@ impl Topology {
     /// such as `/dev/zero` from reading until memory runs out); [`Error::Hwloc`] if hwloc
     /// cannot parse it, or if it gives a PU an OS index above 2^31 − 1 (more than a CPU set
     /// holds).
+    ///
+    /// A build of `hwlocality` with debug assertions runs hwloc's consistency check on every
+    /// topology it loads, which aborts the process (no `Err`, no panic) on a file whose
+    /// objects disagree (a hand-edited PU index); in a debug profile, build it without them:
+    /// `[profile.dev.package.hwlocality] debug-assertions = false`, as this workspace does.
     pub fn from_xml(path: impl AsRef<Path>) -> Result<Topology> {
         let path = path.as_ref();
         let xml = read_xml(path).map_err(|source| Error::XmlFile {
