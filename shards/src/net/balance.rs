@@ -139,8 +139,10 @@ impl ConnBalancer {
     /// for each as a task on the shard with the fewest open connections; the connection counts
     /// there until the handler's future completes. Transient accept errors are skipped and
     /// descriptor exhaustion backs off, as in [`TcpListener::accept`]; another error is
-    /// returned. A full ring to the chosen shard makes the acceptor wait (backpressure); a
-    /// connection handed over while the executor stops is closed with the other tasks.
+    /// returned. A full ring to the chosen shard makes the acceptor wait (backpressure). A
+    /// connection handed over while the executor stops goes the way of the other tasks: closed
+    /// with them, or, if its message reaches a loop that already left its shutdown, kept for
+    /// the next `run()` (and counted open) until that run serves it or the executor drops.
     ///
     /// Cost per connection: the counts read (one load per shard) and one atomic add and
     /// subtract; a handed-over connection adds one task allocation and one ring message.
