@@ -93,6 +93,16 @@ impl LocalExecutor {
         event_loop::run(&core, false, &|| main.is_finished());
         event_loop::shutdown(&core, false);
         drop(enter);
+        drop(live);
+        // The run is over: its `Core` gives the loop's deque back, and where its timer
+        // generations ended, before the drops below run user code, which may run this loop
+        // again (a nested `block_on`, from a leftover's `Drop`). Kept alive until the end,
+        // the outer `Core` still held the deque: the nested run had none, so a task it
+        // spawned with `xtc::spawn` sat in the injector, never run, and the loop spun on it
+        // for good; and the nested run's timers reused the outer run's generations. (After
+        // `live`, as before: what its driver's drop spawns through a `Handle` is treated as
+        // it was at the end.)
+        drop(core);
         // Migratable tasks spawned here (`xtc::spawn`) that are still parked: dropped too. What
         // their drops spawn through a `Handle` is refused, as `Executor::run`'s are
         // (`Discarding`): queued, it ran in the next, unrelated `block_on`.
@@ -100,7 +110,6 @@ impl LocalExecutor {
             let _discarding = crate::executor::Discarding::enter(&self.shared);
             crate::executor::drop_migratable(&self.shared);
         }
-        drop(live);
         match futures_lite::future::block_on(main) {
             Ok(v) => v,
             Err(e) => match e.into_panic() {

@@ -816,3 +816,45 @@ fn a_spawn_from_a_drop_during_shutdown_is_counted() {
         out.err()
     );
 }
+
+/// A `LocalExecutor::block_on` run again from the `Drop` of its own run's leftover (a parked
+/// migratable task, dropped after the run) is a live run: a task it spawns with `xtc::spawn`
+/// runs. The outer run's loop state was still alive then and held the loop's deque, so the
+/// nested run had none: its task sat in the injector, never run, and its loop spun on it for
+/// good. The run is on its own thread, so a hang fails the test instead of blocking it.
+#[test]
+fn a_block_on_run_again_from_a_leftovers_drop_runs_its_migratable_tasks() {
+    use xtc_shards::LocalExecutor;
+    thread_local! {
+        static EX: LocalExecutor = LocalExecutor::new().unwrap();
+    }
+    struct RunAgain(std::sync::mpsc::Sender<u32>);
+    impl Drop for RunAgain {
+        fn drop(&mut self) {
+            let v =
+                EX.with(|ex| ex.block_on(async { xtc_shards::spawn(async { 5 }).await.unwrap() }));
+            let _ = self.0.send(v);
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        EX.with(|ex| {
+            ex.block_on(async move {
+                let guard = RunAgain(tx);
+                // Parks, so it outlives the run and is dropped after it.
+                drop(xtc_shards::spawn(async move {
+                    let _g = guard;
+                    std::future::pending::<()>().await
+                }));
+                for _ in 0..4 {
+                    xtc_shards::yield_now().await;
+                }
+            })
+        });
+    });
+    assert_eq!(
+        rx.recv_timeout(HANG),
+        Ok(5),
+        "the nested run's migratable task never ran"
+    );
+}
