@@ -46,7 +46,9 @@
 //!    joins a sharded registry (waker, name, spawn site; the shard of the loop it parks on) the
 //!    first time it parks: the registry serves the deadlock report and lets `run()` drop every
 //!    parked migratable task when the executor stops (one never parked is in a queue, dropped
-//!    with it), and its waker keeps a parked task's future from being freed undropped. A task
+//!    with it), and its waker keeps a parked task's future from being freed undropped. It
+//!    leaves the registry as its future starts to drop: that drop is user code, which may run
+//!    the executor again and sweep the registry (a nested `LocalExecutor::block_on`). A task
 //!    that finishes in its first poll never takes the registry's lock.
 //! 6. **Work-first join.** Awaiting the [`JoinHandle`] of a migratable task that is the newest
 //!    entry of the awaiting loop's own deque (not started yet, or woken since and queued there
@@ -307,10 +309,45 @@ fn register_parked(meta: *const TaskMeta, waker: &Waker) -> Option<u64> {
     .flatten()
 }
 
+impl<F> MigrFuture<F> {
+    /// Rule 5: takes this task out of the registry, if it parked at some point.
+    fn unregister(&mut self) {
+        let Some((shard, k)) = unpack_key(std::mem::replace(&mut self.key, NO_KEY)) else {
+            return;
+        };
+        if self.meta.is_null() {
+            return;
+        }
+        // SAFETY: see the field: the header outlives the future.
+        let weak = unsafe { &*self.meta }.home.exec();
+        let remove = |exec: &ExecShared| drop(lock(&exec.migratable.registry[shard]).try_remove(k));
+        // On a loop of its executor (the usual case) no reference count is touched.
+        let here = with_core(|core| {
+            let mine = std::ptr::eq(Weak::as_ptr(weak), Arc::as_ptr(&core.exec));
+            if mine {
+                remove(&core.exec);
+            }
+            mine
+        });
+        if here != Some(true) {
+            if let Some(exec) = weak.upgrade() {
+                remove(&exec);
+            }
+        }
+    }
+}
+
 impl<F> Drop for MigrFuture<F> {
     fn drop(&mut self) {
-        // The user's future first (before leaving the registry, as pinned tasks do), guarded
-        // where it has drop code at all (`needs_drop` is a compile-time constant).
+        // Out of the registry first: the drop of the user's future is user code, which may
+        // run this executor again (a `LocalExecutor::block_on` from a `Drop`), and that run
+        // ends by sweeping the parked migratable tasks until none is registered. This one,
+        // its drop under way below it, stayed registered: the sweep waited for it for two
+        // seconds and then warned that it "could not be dropped". A task being dropped
+        // needs its entry no more (the entry's waker only served to surface it).
+        self.unregister();
+        // Then the user's future, guarded where it has drop code at all (`needs_drop` is a
+        // compile-time constant).
         if std::mem::needs_drop::<F>() {
             crate::task::drop_guarded(|| {
                 // SAFETY: dropped in place exactly once, here; `fut` is not touched afterwards.
@@ -322,27 +359,19 @@ impl<F> Drop for MigrFuture<F> {
             return;
         }
         // SAFETY: see the field: the header outlives the future.
-        let meta = unsafe { &*self.meta };
-        let weak = meta.home.exec();
-        let key = unpack_key(self.key);
-        let unregister = |exec: &ExecShared| {
-            if let Some((shard, k)) = key {
-                drop(lock(&exec.migratable.registry[shard]).try_remove(k));
-            }
-        };
+        let weak = unsafe { &*self.meta }.home.exec();
+        // Counted out after the drop, which may spawn: the task is alive until it ends.
         // On a loop of its executor (the usual case) no reference count is touched.
         let done_here = with_core(|core| {
             if !std::ptr::eq(Weak::as_ptr(weak), Arc::as_ptr(&core.exec)) {
                 return false;
             }
-            unregister(&core.exec);
             core.migr_delta.set(core.migr_delta.get() - 1);
             core.tasks_done.set(core.tasks_done.get() + 1);
             true
         });
         if done_here != Some(true) {
             if let Some(exec) = weak.upgrade() {
-                unregister(&exec);
                 exec.migratable.live.fetch_sub(1, SeqCst);
             }
         }
