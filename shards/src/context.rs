@@ -64,7 +64,9 @@ pub(crate) struct Core {
     pub(crate) stamps_end: Cell<u64>,
     /// End-of-turn signals registered this turn.
     pub(crate) flushes: RefCell<Vec<Arc<dyn Flush>>>,
-    /// This loop's deque of migratable tasks (steal/mod.rs); `None` in a lone loop.
+    /// This loop's deque of migratable tasks (steal/mod.rs); `None` only while another live
+    /// `Core` of the same loop holds it (none does once a run's `Core` is dropped before its
+    /// leftovers' drops, which may run the loop again).
     pub(crate) deque: RefCell<Option<Worker<Runnable>>>,
     /// A migratable task was queued this turn with eager rebalance on: ping an idle peer.
     pub(crate) nudge: Cell<bool>,
