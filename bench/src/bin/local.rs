@@ -179,35 +179,60 @@ fn record_overshoot(h: &mut Histogram<u64>, took: Duration) {
     xtc_bench::record(h, took.saturating_sub(SLEEP));
 }
 
+/// An idle thread's word to [`idle_pair`] that its runtime is up: [`Ready::signal`], once.
+/// Dropped unsignalled (the runtime could not start: no io_uring, too little locked memory; or
+/// the thread panicked), it says so instead, so that the harness stops waiting for the thread
+/// and reports its error rather than hanging until the run is abandoned.
+struct Ready(Option<std::sync::mpsc::Sender<bool>>);
+
+impl Ready {
+    /// The runtime is up. Returns at once.
+    fn signal(mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(true);
+        }
+    }
+}
+
+impl Drop for Ready {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(false);
+        }
+    }
+}
+
 /// Runs two idle "shards" (threads), each running `body(ready, hold)` which must signal `ready`
 /// once its runtime is up and then stay idle for `hold`; measures process CPU over `window`
-/// once both are ready.
+/// once both are ready. A thread whose runtime fails to start gives its error at once, and no
+/// window is measured.
 fn idle_pair<F>(window: Duration, body: F) -> Result<CpuUsage, String>
 where
-    F: Fn(std::sync::Arc<std::sync::Barrier>, Duration) -> Result<(), String>
-        + Send
-        + Sync
-        + 'static,
+    F: Fn(Ready, Duration) -> Result<(), String> + Send + Sync + 'static,
 {
-    use std::sync::{Arc, Barrier};
-    let ready = Arc::new(Barrier::new(3));
+    use std::sync::{mpsc, Arc};
+    let (ready_tx, ready_rx) = mpsc::channel();
     let body = Arc::new(body);
     let hold = window + IDLE_MARGIN;
     let threads: Vec<_> = (0..2)
         .map(|_| {
-            let ready = Arc::clone(&ready);
+            let ready = Ready(Some(ready_tx.clone()));
             let body = Arc::clone(&body);
             std::thread::spawn(move || body(ready, hold))
         })
         .collect();
-    ready.wait();
-    let meter = xtc_bench::CpuMeter::start();
-    std::thread::sleep(window);
-    let usage = meter.stop();
+    drop(ready_tx);
+    // Every `Ready` says true or false exactly once, so this takes two messages at most.
+    let up = (0..2).all(|_| ready_rx.recv() == Ok(true));
+    let usage = up.then(|| {
+        let meter = xtc_bench::CpuMeter::start();
+        std::thread::sleep(window);
+        meter.stop()
+    });
     for t in threads {
         t.join().map_err(|p| xtc_bench::panic_message(&*p))??;
     }
-    Ok(usage)
+    usage.ok_or_else(|| "an idle thread ended without starting its runtime".to_string())
 }
 
 /// The floor: the least a single-threaded executor can do.
@@ -391,7 +416,7 @@ mod raw {
 
     pub(super) fn idle(window: Duration) -> Result<CpuUsage, String> {
         idle_pair(window, |ready, hold| {
-            ready.wait();
+            ready.signal();
             std::thread::sleep(hold);
             Ok(())
         })
@@ -547,7 +572,7 @@ mod glommio_rt {
         idle_pair(window, |ready, hold| {
             let ex = executor()?;
             ex.run(async move {
-                ready.wait();
+                ready.signal();
                 glommio::timer::sleep(hold).await;
             });
             Ok(())
@@ -621,7 +646,7 @@ mod monoio_rt {
     pub(super) fn idle(window: Duration) -> Result<CpuUsage, String> {
         idle_pair(window, |ready, hold| {
             block_on(async move {
-                ready.wait();
+                ready.signal();
                 monoio::time::sleep(hold).await;
             })
         })
@@ -932,4 +957,51 @@ fn main() -> ExitCode {
         panels: table.panels(),
     };
     chart.write_and_report("local", &args.svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `idle_pair` under a hang guard: `Err` from the guard if it never returned.
+    fn guarded<F>(body: F) -> Result<Result<CpuUsage, String>, String>
+    where
+        F: Fn(Ready, Duration) -> Result<(), String> + Send + Sync + 'static,
+    {
+        isolated(None, Duration::from_secs(30), move || {
+            Ok(idle_pair(Duration::from_millis(10), body))
+        })
+    }
+
+    #[test]
+    fn idle_pair_reports_a_runtime_that_cannot_start() {
+        // As glommio's `make()` fails under a small RLIMIT_MEMLOCK: before its thread is ready.
+        let r = guarded(|_ready, _hold| Err("MemLockLimit".to_string()));
+        assert_eq!(r, Ok(Err("MemLockLimit".to_string())));
+    }
+
+    #[test]
+    fn idle_pair_reports_one_failed_thread_beside_a_ready_one() {
+        let started = std::sync::atomic::AtomicUsize::new(0);
+        let r = guarded(move |ready, hold| {
+            if started.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+                panic!("no io_uring");
+            }
+            ready.signal();
+            std::thread::sleep(hold);
+            Ok(())
+        });
+        assert_eq!(r, Ok(Err("panicked: no io_uring".to_string())));
+    }
+
+    #[test]
+    fn idle_pair_measures_when_both_are_up() {
+        let r = guarded(|ready, hold| {
+            ready.signal();
+            std::thread::sleep(hold);
+            Ok(())
+        });
+        let usage = r.unwrap().unwrap();
+        assert!(usage.wall >= Duration::from_millis(10), "{usage:?}");
+    }
 }
