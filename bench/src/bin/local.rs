@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `spawn` | spawn 1,000,000 trivial local tasks, then await every handle | M tasks/s |
 //! | `yield` | 1,000 tasks each `yield_now` 1,000 times, checked to interleave | M yield switches/s |
-//! | `sleep` | 2,000 sequential `sleep(1ms)`, overshoot past 1 ms | p50 and p99 in µs |
+//! | `sleep` | 2,000 sequential `sleep(1ms)`, overshoot past 1 ms (a sleep that returns early makes the column `n/a`) | p50 and p99 in µs |
 //! | `idle`  | an idle two-thread runtime for 3 s | process CPU, % of one CPU; context switches of the process in the window (the meter's own sleep is one) |
 //!
 //! Each runtime runs on a fresh thread (pinned to one CPU for the single-shard benchmarks), so
@@ -174,9 +174,17 @@ fn yield_now() -> YieldNow {
     YieldNow::default()
 }
 
-/// Records the overshoot of one `sleep(SLEEP)` that took `took`.
-fn record_overshoot(h: &mut Histogram<u64>, took: Duration) {
-    xtc_bench::record(h, took.saturating_sub(SLEEP));
+/// Records the overshoot of one `sleep(SLEEP)` that took `took`; `Err` if it returned before
+/// `SLEEP` had passed, so that a runtime whose timers fire early gets `n/a` with the reason
+/// instead of a perfect overshoot of 0.
+fn record_overshoot(h: &mut Histogram<u64>, took: Duration) -> Result<(), String> {
+    if took < SLEEP {
+        return Err(format!(
+            "sleep({SLEEP:?}) returned after {took:?}: early, so no overshoot to measure"
+        ));
+    }
+    xtc_bench::record(h, took - SLEEP);
+    Ok(())
 }
 
 /// An idle thread's word to [`idle_pair`] that its runtime is up: [`Ready::signal`], once.
@@ -406,7 +414,7 @@ mod raw {
             for _ in 0..p.sleeps {
                 let t0 = Instant::now();
                 std::thread::sleep(SLEEP);
-                record_overshoot(&mut h, t0.elapsed());
+                record_overshoot(&mut h, t0.elapsed())?;
             }
             Ok(h)
         })
@@ -480,10 +488,10 @@ mod tokio_rt {
             for _ in 0..p.sleeps {
                 let t0 = Instant::now();
                 tokio::time::sleep(SLEEP).await;
-                record_overshoot(&mut h, t0.elapsed());
+                record_overshoot(&mut h, t0.elapsed())?;
             }
-            h
-        })
+            Ok(h)
+        })?
     }
 
     /// A `multi_thread` runtime with 2 workers and nothing to do.
@@ -556,15 +564,15 @@ mod glommio_rt {
     }
 
     pub(super) fn sleeps(p: Params) -> Result<Histogram<u64>, String> {
-        Ok(executor()?.run(async move {
+        executor()?.run(async move {
             let mut h = xtc_bench::latency_histogram();
             for _ in 0..p.sleeps {
                 let t0 = Instant::now();
                 glommio::timer::sleep(SLEEP).await;
-                record_overshoot(&mut h, t0.elapsed());
+                record_overshoot(&mut h, t0.elapsed())?;
             }
-            h
-        }))
+            Ok(h)
+        })
     }
 
     /// Two `LocalExecutor`s, each awaiting one long sleep.
@@ -636,10 +644,10 @@ mod monoio_rt {
             for _ in 0..p.sleeps {
                 let t0 = Instant::now();
                 monoio::time::sleep(SLEEP).await;
-                record_overshoot(&mut h, t0.elapsed());
+                record_overshoot(&mut h, t0.elapsed())?;
             }
-            h
-        })
+            Ok(h)
+        })?
     }
 
     /// Two runtimes on two threads, each sleeping.
@@ -710,10 +718,10 @@ mod xtc_rt {
             for _ in 0..p.sleeps {
                 let t0 = Instant::now();
                 xtc::time::sleep(SLEEP).await;
-                record_overshoot(&mut h, t0.elapsed());
+                record_overshoot(&mut h, t0.elapsed())?;
             }
-            h
-        })
+            Ok(h)
+        })?
     }
 
     /// A 2-shard `Executor` in service mode with nothing to do, stopped from another thread.
@@ -992,6 +1000,17 @@ mod tests {
             Ok(())
         });
         assert_eq!(r, Ok(Err("panicked: no io_uring".to_string())));
+    }
+
+    #[test]
+    fn an_early_sleep_is_an_error_not_a_perfect_overshoot() {
+        let mut h = xtc_bench::latency_histogram();
+        let early = record_overshoot(&mut h, SLEEP - Duration::from_micros(1));
+        assert!(early.unwrap_err().contains("early"));
+        assert_eq!(h.len(), 0, "nothing recorded for an early sleep");
+        record_overshoot(&mut h, SLEEP + Duration::from_micros(7)).unwrap();
+        assert_eq!(h.len(), 1);
+        assert!(h.equivalent(LatencySummary::from_histogram(&h).p50_ns, 7_000));
     }
 
     #[test]
