@@ -26,7 +26,9 @@ use std::{
 };
 
 use rtrb::RingBuffer;
-use xtc_bench::{allowed_cpus, latency_histogram, pin_current_thread, record, LatencySummary};
+use xtc_bench::{
+    allowed_cpus, latency_histogram, pin_current_thread, pin_failures, record, LatencySummary,
+};
 
 const WARMUP: u64 = 10_000;
 const DEFAULT_ITERS: u64 = 1_000_000;
@@ -108,12 +110,14 @@ impl Wait {
 }
 
 /// Round trips: returns the histogram summary of `iters` timed round trips.
-fn round_trips(cpus: (usize, usize), iters: u64, wait: Wait) -> LatencySummary {
+fn round_trips(cpus: (usize, usize), pin: bool, iters: u64, wait: Wait) -> LatencySummary {
     let (mut ping_tx, mut ping_rx) = RingBuffer::<u64>::new(1);
     let (mut pong_tx, mut pong_rx) = RingBuffer::<u64>::new(1);
     let total = WARMUP + iters;
     let echo = std::thread::spawn(move || {
-        pin_current_thread(cpus.1);
+        if pin {
+            pin_current_thread(cpus.1);
+        }
         let mut seen = 0;
         while seen < total {
             match ping_rx.pop() {
@@ -127,7 +131,9 @@ fn round_trips(cpus: (usize, usize), iters: u64, wait: Wait) -> LatencySummary {
             }
         }
     });
-    pin_current_thread(cpus.0);
+    if pin {
+        pin_current_thread(cpus.0);
+    }
     let mut hist = latency_histogram();
     for i in 0..total {
         let t0 = Instant::now();
@@ -152,12 +158,14 @@ fn round_trips(cpus: (usize, usize), iters: u64, wait: Wait) -> LatencySummary {
 
 /// One-way stream: `msgs` single pushes on one CPU, single pops on the other. Returns the time
 /// from the common start to the last pop.
-fn stream(cpus: (usize, usize), msgs: u64, wait: Wait) -> Duration {
+fn stream(cpus: (usize, usize), pin: bool, msgs: u64, wait: Wait) -> Duration {
     let (mut tx, mut rx) = RingBuffer::<u64>::new(STREAM_CAP);
     let start = Arc::new(Barrier::new(2));
     let start2 = Arc::clone(&start);
     let producer = std::thread::spawn(move || {
-        pin_current_thread(cpus.0);
+        if pin {
+            pin_current_thread(cpus.0);
+        }
         start2.wait();
         for i in 0..msgs {
             while tx.push(i).is_err() {
@@ -165,7 +173,9 @@ fn stream(cpus: (usize, usize), msgs: u64, wait: Wait) -> Duration {
             }
         }
     });
-    pin_current_thread(cpus.1);
+    if pin {
+        pin_current_thread(cpus.1);
+    }
     start.wait();
     let t0 = Instant::now();
     let mut next = 0;
@@ -197,6 +207,8 @@ fn main() -> ExitCode {
         }
     };
     let allowed = allowed_cpus();
+    // `pin`: whether the threads are pinned at all (not when the allowed CPUs are unknown).
+    let pin = args.cpus.is_some() || !allowed.is_empty();
     let (cpus, wait, note) = match (args.cpus, allowed.as_slice()) {
         (Some((a, b)), _) if a == b => (
             (a, b),
@@ -236,7 +248,7 @@ fn main() -> ExitCode {
         println!("  NOTE: {note}");
     }
     println!("  round trips: {} timed after {WARMUP} warm-up", args.iters);
-    let rtt = round_trips(cpus, args.iters, wait);
+    let rtt = round_trips(cpus, pin, args.iters, wait);
     println!(
         "  round trip  p50 {} ns   p99 {} ns   p99.9 {} ns   (min {} ns, max {} ns, mean {:.1} ns)",
         rtt.p50_ns, rtt.p99_ns, rtt.p999_ns, rtt.min_ns, rtt.max_ns, rtt.mean_ns
@@ -244,7 +256,7 @@ fn main() -> ExitCode {
     println!("  one-way (half round trip) p50 ~{} ns", rtt.p50_ns / 2);
 
     let msgs = args.iters * 10;
-    let took = stream(cpus, msgs, wait);
+    let took = stream(cpus, pin, msgs, wait);
     let rate = msgs as f64 / took.as_secs_f64();
     println!(
         "  stream  {msgs} msgs in {:.1} ms: {:.2} M msgs/s ({:.1} ns/msg), cpu {} -> cpu {}",
@@ -254,5 +266,13 @@ fn main() -> ExitCode {
         cpus.0,
         cpus.1
     );
+    // A thread that could not be pinned ran wherever the kernel put it: the CPUs printed
+    // above are then a request, not what ran.
+    let unpinned = pin_failures();
+    if unpinned > 0 {
+        println!(
+            "  WARNING: {unpinned} thread(s) could not be pinned: the figures are from unpinned threads"
+        );
+    }
     ExitCode::SUCCESS
 }

@@ -110,6 +110,7 @@ const SERVE: &str = "--serve";
 /// Set (to anything) in the bench's environment, which the server children inherit: the xtc
 /// servers accept with `SO_REUSEPORT` alone, each shard serving what the kernel's hash gave it,
 /// instead of through `xtc::net::ConnBalancer`.
+#[cfg_attr(not(feature = "xtc"), allow(dead_code))] // used by the xtc server only
 const HASH_ENV: &str = "XTC_ECHO_HASH";
 /// The goals the issue states, printed beside the measured ratios (reported, not asserted).
 const GOAL_XTC_OVER_TOKIO: f64 = 1.2;
@@ -478,7 +479,7 @@ mod serve {
                 };
                 let driver = exec.io_driver();
                 // Connections go to the shard with the fewest open ones (xtc::net::ConnBalancer)
-                // unless the parent asked for the kernel's reuseport hash alone (`--xtc-hash`).
+                // unless the parent asked for the kernel's reuseport hash alone (`XTC_ECHO_HASH`).
                 let balancer = match std::env::var_os(HASH_ENV) {
                     Some(_) => None,
                     None => match xtc::net::ConnBalancer::new(shards) {
@@ -947,7 +948,7 @@ fn process_cpu(pid: u32) -> Option<Duration> {
 struct Measured {
     /// Round trips inside the window, all connections.
     msgs: u64,
-    /// The window's actual length.
+    /// The window's requested length (round trips are counted only inside it).
     window: Duration,
     /// Round-trip latencies inside the window, ns.
     hist: Histogram<u64>,
@@ -1235,7 +1236,7 @@ fn main() -> ExitCode {
             "  placement: servers on every allowed cpu, the client thread unpinned among them"
         ),
     }
-    if place.client.is_none() && allowed.len() <= 4 {
+    if place.client.is_none() && allowed.len() > 1 && allowed.len() <= 4 {
         println!(
             "  NOTE: {} allowed cpus: the client takes CPU from the server (a large share on 2 \
              cores); the pinned thread-per-core servers cannot move away from it, tokio's \

@@ -52,6 +52,7 @@ const BENCHES: [&str; 3] = ["fib", "unbalanced", "idle-steal"];
 const WORK_ITERS: u64 = 2_000;
 /// Extra time the idle executor runs before the measured window, so that its start (and, after
 /// the window, its stop) fall outside it.
+#[cfg_attr(not(feature = "xtc"), allow(dead_code))] // used by the xtc columns only
 const IDLE_MARGIN: Duration = Duration::from_millis(300);
 /// `fib(27)` as measured on this machine before xtc existed: (runtime, ms).
 const FIB27_BEFORE_XTC: [(&str, f64); 3] =
