@@ -71,7 +71,9 @@ impl LocalExecutor {
     /// alive and returns its output. A panic in `fut` is re-raised here; panics in spawned tasks
     /// go to their `JoinHandle`s. [`xtc::stop`](crate::stop) (or a `Handle`'s `stop`) inside
     /// it does nothing, as in glommio, whose `LocalExecutor::run` also ends only with its future:
-    /// end the future to end the run. No stop carries over to a later `block_on`.
+    /// end the future to end the run. No stop carries over to a later `block_on`. Run again
+    /// from the `Drop` of a task its previous run left behind, it first drops the rest of
+    /// them, unpolled: they never run on in it.
     ///
     /// # Panics
     /// If called on a thread that already runs an xtc loop (inside a task): blocking there
@@ -84,7 +86,13 @@ impl LocalExecutor {
         F::Output: 'static,
     {
         // Run again from a `Drop` of its own stopped run's leftovers (a nested `block_on`):
-        // this run is live, and what it spawns through a `Handle` is its own.
+        // the rest of those leftovers go first, still as that run's (their drops' `Handle`
+        // spawns refused). Its sweep woke them all to surface them, so they sat in the loop's
+        // injector, and this run polled them: a leftover ran on after its run had ended.
+        if crate::executor::Discarding::active_for(&self.shared) {
+            crate::executor::drop_migratable(&self.shared);
+        }
+        // Then this run is live, and what it spawns through a `Handle` is its own.
         let live = crate::executor::Discarding::live(&self.shared);
         let core = Core::new(self.shared.loops[0].clone(), self.shared.clone());
         let enter = context::enter(&core)

@@ -920,3 +920,56 @@ fn a_nested_runs_sweep_does_not_wait_for_the_task_whose_drop_runs_it() {
         "the nested run's sweep waited for the task being dropped"
     );
 }
+
+/// A `LocalExecutor::block_on` run again from the `Drop` of one of its run's leftovers (parked
+/// migratable tasks) is live, but the other leftovers are not its tasks: the outer run's sweep
+/// had woken them all to surface them for dropping, and the nested run found them in its
+/// loop's injector and polled them (and a leftover that completed there ran its code after
+/// the run that spawned it had ended). They are dropped unpolled. The leftover that counts
+/// its polls parks between two that run the executor again, so whichever order the sweep
+/// takes them in, a nested run comes before it.
+#[test]
+fn a_block_on_run_again_from_a_leftovers_drop_does_not_poll_the_other_leftovers() {
+    use xtc_shards::LocalExecutor;
+    thread_local! {
+        static EX: LocalExecutor = LocalExecutor::new().unwrap();
+    }
+    struct RunAgain;
+    impl Drop for RunAgain {
+        fn drop(&mut self) {
+            EX.with(|ex| {
+                ex.block_on(async {
+                    for _ in 0..8 {
+                        xtc_shards::yield_now().await;
+                    }
+                })
+            });
+        }
+    }
+    async fn park_forever(guard: RunAgain) {
+        let _g = guard;
+        std::future::pending::<()>().await
+    }
+    let polls = Arc::new(AtomicUsize::new(0));
+    let p = polls.clone();
+    EX.with(|ex| {
+        ex.block_on(async move {
+            drop(xtc_shards::spawn(park_forever(RunAgain)));
+            xtc_shards::yield_now().await;
+            drop(xtc_shards::spawn(std::future::poll_fn(move |_| {
+                p.fetch_add(1, SeqCst);
+                std::task::Poll::<()>::Pending
+            })));
+            xtc_shards::yield_now().await;
+            drop(xtc_shards::spawn(park_forever(RunAgain)));
+            for _ in 0..4 {
+                xtc_shards::yield_now().await;
+            }
+        })
+    });
+    assert_eq!(
+        polls.load(SeqCst),
+        1,
+        "a leftover of the run was polled again by a nested run"
+    );
+}

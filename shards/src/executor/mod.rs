@@ -860,7 +860,7 @@ impl Discarding {
 
     /// Whether this thread is dropping a stopped run's leftovers of `exec`. Cost: a
     /// thread-local read (the list is empty outside those drops).
-    fn active_for(exec: &ExecShared) -> bool {
+    pub(crate) fn active_for(exec: &ExecShared) -> bool {
         let mut p = DISCARDING.with(Cell::get);
         while !p.is_null() {
             // SAFETY: every node in the list is owned by a `Discarding` guard alive on this
