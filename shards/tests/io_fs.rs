@@ -891,3 +891,155 @@ fn overflowed_completions_reach_a_busy_loop() {
         },
     );
 }
+
+/// A waker for the pool-job tests below: wakes `task`, then keeps the pool thread inside
+/// `wake` until `finished` is set (by the test's task, at its end) and a little longer, for the
+/// loop to park: what a pool thread preempted after its job's result went out does on its own.
+struct Holding {
+    task: std::task::Waker,
+    finished: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::task::Wake for Holding {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.task.wake_by_ref();
+        let t0 = std::time::Instant::now();
+        while !self.finished.load(SeqCst) && t0.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // A hang guard, not a timing assertion: the tests pass however long this is.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A one-shard executor on the epoll driver (the blocking pool's).
+fn epoll_exec() -> xtc_shards::Executor {
+    match xtc_shards::Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .io_driver(xtc_shards::io::DriverChoice::Epoll)
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => panic!("build an epoll executor: {e}"),
+    }
+}
+
+/// A pool job's wake-up outran its end: the loop ran the woken task to completion and parked
+/// while the job still counted as in flight (the count dropped only after the wake, on the pool
+/// thread), so the loop published `WAITING`, parked without a timeout, and nothing woke it
+/// when the count reached zero: `run()` never returned. The waker holds the pool thread inside
+/// its `wake` until the task has finished, as a preempted pool thread may.
+#[test]
+fn run_returns_when_a_file_ops_wake_outruns_its_jobs_end() {
+    use std::future::Future;
+    use std::sync::{atomic::AtomicBool, Arc};
+    use std::task::{Context, Waker};
+
+    let exec = epoll_exec();
+    let path = temp_path("wake-outruns-end");
+    let _cleanup = Cleanup(path.clone());
+    std::fs::write(&path, b"hello").unwrap();
+    for round in 0..3 {
+        let finished = Arc::new(AtomicBool::new(false));
+        let (p, fin) = (path.clone(), finished.clone());
+        exec.spawn_on(0, move || async move {
+            let f = File::open(&p).await.unwrap();
+            let mut tries = 0;
+            // One whose first poll finds it unfinished, so that its job calls our waker.
+            let len = loop {
+                let mut op = Box::pin(f.metadata());
+                let holding = Waker::from(Arc::new(Holding {
+                    task: futures::task::noop_waker(),
+                    finished: fin.clone(),
+                }));
+                if op
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&holding))
+                    .is_ready()
+                {
+                    tries += 1;
+                    assert!(
+                        tries < 1000,
+                        "every metadata call finished at its first poll"
+                    );
+                    continue;
+                }
+                break std::future::poll_fn(|cx| {
+                    let holding = Waker::from(Arc::new(Holding {
+                        task: cx.waker().clone(),
+                        finished: fin.clone(),
+                    }));
+                    op.as_mut().poll(&mut Context::from_waker(&holding))
+                })
+                .await
+                .unwrap()
+                .len();
+            };
+            assert_eq!(len, 5);
+            fin.store(true, SeqCst);
+        })
+        .unwrap();
+        match run_within(&exec, Duration::from_secs(20)) {
+            Some(Ok(())) => {}
+            other => panic!("round {round}: run() did not return Ok ({other:?}; None: it hung)"),
+        }
+        assert!(finished.load(SeqCst));
+    }
+}
+
+/// The same race for a dropped (abandoned) job, which wakes no task when it ends: the loop
+/// looks at it again every millisecond only while it is listed as abandoned, and forgot it
+/// once it was `done`, which the job marked before it left the in-flight count. A loop that
+/// read the count before the job left it and the list after the job was done parked `WAITING`
+/// without a timeout, for good. Here the waker the job finds in its slot holds the pool thread
+/// between the two.
+#[test]
+fn run_returns_after_a_dropped_file_op_ends_while_its_loop_parks() {
+    use std::future::Future;
+    use std::sync::{atomic::AtomicBool, Arc};
+    use std::task::{Context, Waker};
+
+    let exec = epoll_exec();
+    let path = temp_path("abandoned-end");
+    let _cleanup = Cleanup(path.clone());
+    std::fs::write(&path, b"hello").unwrap();
+    for round in 0..3 {
+        let finished = Arc::new(AtomicBool::new(false));
+        let (p, fin) = (path.clone(), finished.clone());
+        exec.spawn_on(0, move || async move {
+            let f = File::open(&p).await.unwrap();
+            let mut tries = 0;
+            loop {
+                let mut op = Box::pin(f.metadata());
+                let holding = Waker::from(Arc::new(Holding {
+                    task: futures::task::noop_waker(),
+                    finished: fin.clone(),
+                }));
+                if op
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&holding))
+                    .is_pending()
+                {
+                    // Dropped unfinished (abandoned), or finished and never collected.
+                    break;
+                }
+                tries += 1;
+                assert!(
+                    tries < 1000,
+                    "every metadata call finished at its first poll"
+                );
+            }
+            fin.store(true, SeqCst);
+        })
+        .unwrap();
+        match run_within(&exec, Duration::from_secs(20)) {
+            Some(Ok(())) => {}
+            other => panic!("round {round}: run() did not return Ok ({other:?}; None: it hung)"),
+        }
+        assert!(finished.load(SeqCst));
+    }
+}

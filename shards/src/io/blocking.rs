@@ -91,8 +91,16 @@ fn pool() -> &'static Pool {
 thread_local! {
     /// Jobs started from this thread's loop that have not ended (queued or running, their
     /// future alive or abandoned): a loop with one is not idle for good, as its result (or its
-    /// effect on a file) is still to come. A job takes itself off when it ends, after its
-    /// wake-up went out (which the loop's inbox then counts). Counting until the result was
+    /// effect on a file) is still to come. A job takes itself off when it ends, once its result
+    /// is in its slot and before it marks itself `done` and sends its wake-up: nothing wakes a
+    /// loop when the count falls, so a loop that read the count before must hear of the end
+    /// afterwards. A live job's wake-up does that (taken off after it, the woken task could
+    /// end and its loop park `WAITING` for good); an abandoned job is looked at again until
+    /// the loop has seen it `done` ([`park_timeout`]), so its end never falls between a
+    /// loop's read of the count and its last look (forgotten once `done` while still counted,
+    /// it left the loop parked `WAITING` for good). In the gap before the wake-up the waiting
+    /// task is still registered, so its loop reads `PARKED`, never `EMPTY`. Counting until the
+    /// result was
     /// *taken* instead kept a loop whose task never polled a finished job busy for good: its
     /// deadlock was never reported.
     static PENDING: std::cell::OnceCell<Arc<AtomicUsize>> = const { std::cell::OnceCell::new() };
@@ -368,22 +376,32 @@ pub(crate) fn settle() {
 }
 
 /// Jobs of this thread's loop whose future is gone but which still run (those that ended
-/// are forgotten here). Cost: a thread-local borrow, and a lock per abandoned job.
+/// are forgotten here). Cost: as [`prune_abandoned`].
 fn abandoned() -> usize {
+    prune_abandoned().1
+}
+
+/// Forgets this loop's abandoned jobs that ended; how many were listed before and after.
+/// Cost: a thread-local borrow, and a lock per abandoned job.
+fn prune_abandoned() -> (usize, usize) {
     // `try_with`: at thread exit, after this thread-local is gone, nothing is abandoned.
     ABANDONED
         .try_with(|v| {
             let mut v = v.borrow_mut();
+            let before = v.len();
             v.retain(|ctl| !lock(&ctl.state).done);
-            v.len()
+            (before, v.len())
         })
-        .unwrap_or(0)
+        .unwrap_or((0, 0))
 }
 
 /// The loop's park `timeout`, cut to [`ABANDONED_RECHECK`] while an abandoned job runs: its
-/// end wakes nobody, so the loop looks again soon. Cost: as [`abandoned`].
+/// end wakes nobody, so the loop looks again soon. Also when the last ones were forgotten just
+/// now: the loop read its in-flight count (its status) before this look, maybe before they
+/// left it, and looks again so it does not park `WAITING` on them for good. Cost: as
+/// [`abandoned`].
 pub(crate) fn park_timeout(timeout: Option<Duration>) -> Option<Duration> {
-    if abandoned() == 0 {
+    if prune_abandoned().0 == 0 {
         return timeout;
     }
     interrupt_abandoned();
@@ -471,7 +489,7 @@ pub(crate) fn run<R: Send + 'static>(
     let ctl = Arc::new(Ctl::default());
     let their_ctl = ctl.clone();
     /// Takes its job off its loop's count when the job ends (runs, is skipped, or is dropped
-    /// unrun), after the job's wake-up went out.
+    /// unrun), before the job's wake-up goes out (see `PENDING`).
     struct Ended(Option<Arc<AtomicUsize>>);
     impl Drop for Ended {
         fn drop(&mut self) {
@@ -506,17 +524,20 @@ pub(crate) fn run<R: Send + 'static>(
         } else {
             Err(io::Error::from_raw_os_error(libc::ECANCELED))
         };
+        let waker = {
+            let mut s = lock(&theirs);
+            s.result = Some(r);
+            s.waker.take()
+        };
+        // Off the loop's count before the job is `done` and before its wake-up (see
+        // `PENDING`): a loop that sees either must read the count without this job.
+        drop(_ended);
         {
             // From here on no interrupt is sent to this thread for this job.
             let mut c = lock(&their_ctl.state);
             c.thread = None;
             c.done = true;
         }
-        let waker = {
-            let mut s = lock(&theirs);
-            s.result = Some(r);
-            s.waker.take()
-        };
         if let Some(w) = waker {
             crate::task::wake_guarded(w);
         }
