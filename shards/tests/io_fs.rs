@@ -1043,3 +1043,53 @@ fn run_returns_after_a_dropped_file_op_ends_while_its_loop_parks() {
         assert!(finished.load(SeqCst));
     }
 }
+
+/// A job whose future is kept but never polled again (its one poll gave it a waker that
+/// reaches no loop) and that ends after its loop parked: the loop had read the job in flight
+/// and parked `WAITING` with no timeout, and nothing woke it when the job ended, so the task
+/// stuck on the finished job was never reported as a deadlock and `run()` never returned.
+#[test]
+fn a_deadlock_behind_an_unpolled_file_op_that_ends_later_is_reported() {
+    use std::sync::{atomic::AtomicBool, Arc};
+
+    let (path, _cleanup) = fifo("unpolled-ends-later");
+    let exec = xtc_shards::Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .io_driver(xtc_shards::io::DriverChoice::Epoll)
+        .deadlock_grace(Some(Duration::from_millis(200)))
+        .build()
+        .unwrap();
+    let kept = Arc::new(AtomicBool::new(false));
+    let (p, k) = (path.clone(), kept.clone());
+    exec.spawn_on(0, move || async move {
+        // Blocks on the pool until a writer comes: its first poll finds it unfinished.
+        let mut open = Box::pin(async move { OpenOptions::new().read(true).open(&p).await });
+        assert!(futures::FutureExt::now_or_never(open.as_mut()).is_none());
+        k.store(true, SeqCst);
+        let _keep = open;
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    let writer = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while !kept.load(SeqCst) && t0.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Once the loop has parked (a hang guard, not a timing assertion: the test passes
+        // however long this is), a writer releases the open.
+        std::thread::sleep(Duration::from_millis(300));
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .expect("open the FIFO's write end (its reader waits)")
+    });
+    let r = run_within(&exec, Duration::from_secs(20));
+    drop(writer.join().unwrap());
+    match r {
+        Some(Err(xtc_shards::Error::Deadlock { .. })) => {}
+        other => panic!("expected a deadlock report, got {other:?} (None: hung)"),
+    }
+}

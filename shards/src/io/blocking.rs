@@ -92,15 +92,15 @@ thread_local! {
     /// Jobs started from this thread's loop that have not ended (queued or running, their
     /// future alive or abandoned): a loop with one is not idle for good, as its result (or its
     /// effect on a file) is still to come. A job takes itself off when it ends, once its result
-    /// is in its slot and before it marks itself `done` and sends its wake-up: nothing wakes a
-    /// loop when the count falls, so a loop that read the count before must hear of the end
-    /// afterwards. A live job's wake-up does that (taken off after it, the woken task could
-    /// end and its loop park `WAITING` for good); an abandoned job is looked at again until
-    /// the loop has seen it `done` ([`park_timeout`]), so its end never falls between a
-    /// loop's read of the count and its last look (forgotten once `done` while still counted,
-    /// it left the loop parked `WAITING` for good). In the gap before the wake-up the waiting
-    /// task is still registered, so its loop reads `PARKED`, never `EMPTY`. Counting until the
-    /// result was
+    /// is in its slot and before it marks itself `done` and sends its wake-up, and the job that
+    /// takes the count to zero then [`nudge`]s its loop: a loop that read the count before
+    /// must hear of the end afterwards, or it parks `WAITING` for good. A live job's wake-up
+    /// does that when its waker reaches the loop (taken off after it, the woken task could end
+    /// and its loop park first); an abandoned job is looked at again until the loop has seen
+    /// it `done` ([`park_timeout`]), so its end never falls between a loop's read of the count
+    /// and its last look; and the nudge covers a waker that reaches no loop. In the gap
+    /// before the wake-up the waiting task is still registered, so its loop reads `PARKED`,
+    /// never `EMPTY`. Counting until the result was
     /// *taken* instead kept a loop whose task never polled a finished job busy for good: its
     /// deadlock was never reported.
     static PENDING: std::cell::OnceCell<Arc<AtomicUsize>> = const { std::cell::OnceCell::new() };
@@ -491,20 +491,25 @@ pub(crate) fn run<R: Send + 'static>(
     /// Takes its job off its loop's count when the job ends (runs, is skipped, or is dropped
     /// unrun), before the job's wake-up goes out (see `PENDING`).
     struct Ended(Option<Arc<AtomicUsize>>);
+    impl Ended {
+        /// Takes the job off the count (once); whether it was the loop's last.
+        fn end(&mut self) -> bool {
+            self.0.take().is_some_and(|n| n.fetch_sub(1, SeqCst) == 1)
+        }
+    }
     impl Drop for Ended {
         fn drop(&mut self) {
-            if let Some(n) = &self.0 {
-                n.fetch_sub(1, SeqCst);
-            }
+            self.end();
         }
     }
     let counter = pending();
     if let Some(n) = &counter {
         n.fetch_add(1, SeqCst);
     }
-    let ended = Ended(counter);
+    let mut ended = Ended(counter);
+    // The loop to nudge when its last job ends (see `nudge`).
+    let home = crate::context::with_core(|c| Arc::downgrade(&c.shared));
     let job: Job = Box::new(move || {
-        let _ended = ended;
         let start = {
             let mut c = lock(&their_ctl.state);
             if !c.cancelled {
@@ -531,7 +536,7 @@ pub(crate) fn run<R: Send + 'static>(
         };
         // Off the loop's count before the job is `done` and before its wake-up (see
         // `PENDING`): a loop that sees either must read the count without this job.
-        drop(_ended);
+        let last = ended.end();
         {
             // From here on no interrupt is sent to this thread for this job.
             let mut c = lock(&their_ctl.state);
@@ -540,6 +545,11 @@ pub(crate) fn run<R: Send + 'static>(
         }
         if let Some(w) = waker {
             crate::task::wake_guarded(w);
+        }
+        if last {
+            if let Some(home) = &home {
+                nudge(home);
+            }
         }
     });
     static NEXT_JOB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -598,6 +608,29 @@ pub(crate) fn run<R: Send + 'static>(
         collected: false,
         _local: PhantomData,
     }
+}
+
+/// Makes the loop whose last pool job just ended take a turn, by a no-op task through its
+/// inbox: a loop that read the job in flight parked `WAITING`, with no timeout, and a job's
+/// end wakes nobody but the waker its future left in its slot, which may reach no loop (a
+/// future polled once with a no-op waker, then kept unpolled: a task stuck on it is a deadlock
+/// to report, and went unreported, `run()` hanging). A loop still busy just runs the task
+/// (and a loop stopping, or an executor gone, gets none). Cost, when a loop's count of jobs
+/// falls to zero: a task allocation, an inbox push and, if the loop sleeps, a wake ping.
+fn nudge(home: &std::sync::Weak<crate::event_loop::LoopShared>) {
+    let Some(home) = home.upgrade() else {
+        return;
+    };
+    let Some(exec) = home.exec().upgrade() else {
+        return;
+    };
+    if exec.stop_requested() {
+        // Stopping: the loop leaves without waiting for the count; a task sent now would
+        // only wait for the next run.
+        return;
+    }
+    let info = crate::task::TaskInfo::here(None);
+    drop(exec.spawn_on_open(home.index, || async {}, info));
 }
 
 impl<R> Future for Blocking<R> {
