@@ -1093,3 +1093,85 @@ fn a_deadlock_behind_an_unpolled_file_op_that_ends_later_is_reported() {
         other => panic!("expected a deadlock report, got {other:?} (None: hung)"),
     }
 }
+
+/// A pool op polled again with another waker cloned that waker under the op's slot lock, which
+/// its job takes to store its result and take the waker: a waker whose clone waits for the
+/// op's end (user code, as a custom waker's clone is) deadlocked the loop against the pool
+/// thread. The clone here waits (a hang guard: the test passes however long the job takes)
+/// until the first poll's waker is woken, which the job does only after that lock.
+#[test]
+fn a_waker_clone_that_waits_for_the_ops_end_does_not_deadlock_it() {
+    use std::{
+        future::Future,
+        sync::atomic::AtomicBool,
+        task::{Context, Poll, RawWaker, RawWakerVTable, Waker},
+    };
+
+    static IN_CLONE: AtomicBool = AtomicBool::new(false);
+    static FIRST_WOKEN: AtomicBool = AtomicBool::new(false);
+    static CLONE_TIMED_OUT: AtomicBool = AtomicBool::new(false);
+    const FIRST: RawWakerVTable = RawWakerVTable::new(
+        |p| RawWaker::new(p, &FIRST),
+        |_| FIRST_WOKEN.store(true, SeqCst),
+        |_| FIRST_WOKEN.store(true, SeqCst),
+        |_| {},
+    );
+    fn waiting_clone(p: *const ()) -> RawWaker {
+        IN_CLONE.store(true, SeqCst);
+        let t0 = std::time::Instant::now();
+        while !FIRST_WOKEN.load(SeqCst) {
+            if t0.elapsed() > Duration::from_secs(10) {
+                CLONE_TIMED_OUT.store(true, SeqCst);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        RawWaker::new(p, &SECOND)
+    }
+    const SECOND: RawWakerVTable = RawWakerVTable::new(waiting_clone, |_| {}, |_| {}, |_| {});
+
+    let (path, _cleanup) = fifo("clone-waits");
+    let exec = epoll_exec();
+    let p = path.clone();
+    let task = exec
+        .spawn_on(0, move || async move {
+            // Blocks on the pool until a writer comes.
+            let mut open = Box::pin(async move { OpenOptions::new().read(true).open(&p).await });
+            // SAFETY: the vtables' functions ignore the data pointer.
+            let first = unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &FIRST)) };
+            assert!(open
+                .as_mut()
+                .poll(&mut Context::from_waker(&first))
+                .is_pending());
+            // SAFETY: as above.
+            let second = unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &SECOND)) };
+            let polled = open.as_mut().poll(&mut Context::from_waker(&second));
+            // Whatever that poll returned, the op ends; the task's own waker takes over.
+            let file = match polled {
+                Poll::Ready(r) => r,
+                Poll::Pending => open.await,
+            };
+            file.map(drop).map_err(|e| e.to_string())
+        })
+        .unwrap();
+    let writer = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while !IN_CLONE.load(SeqCst) && t0.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .expect("open the FIFO's write end (its reader waits)")
+    });
+    let r = run_within(&exec, HANG);
+    drop(writer.join().unwrap());
+    assert!(matches!(r, Some(Ok(()))), "run: {r:?}");
+    assert_eq!(futures::executor::block_on(task).unwrap(), Ok(()));
+    assert!(
+        !CLONE_TIMED_OUT.load(SeqCst),
+        "the waker's clone ran under the lock the op's job needed to end"
+    );
+}

@@ -637,13 +637,36 @@ impl<R> Future for Blocking<R> {
     type Output = io::Result<R>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        // The waker is cloned, and a replaced one dropped, outside the slot's lock: both are
+        // user code for a future polled with a custom waker, and the job takes this lock to
+        // store its result and take the waker, so a clone that waits for the job's end held
+        // the pool thread and the loop against each other for good. Cost: a second lock only
+        // when the waker changed since the last poll.
         let r = {
             let mut s = lock(&self.slot);
             match s.result.take() {
                 Some(r) => Some(r),
+                None if s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) => None,
                 None => {
-                    s.waker = Some(cx.waker().clone());
-                    None
+                    drop(s);
+                    let fresh = cx.waker().clone();
+                    let mut s = lock(&self.slot);
+                    // The job may have ended meanwhile: then its result is here (and it woke
+                    // the old waker, if any).
+                    match s.result.take() {
+                        Some(r) => {
+                            let old = s.waker.take();
+                            drop(s);
+                            drop((old, fresh));
+                            Some(r)
+                        }
+                        None => {
+                            let old = s.waker.replace(fresh);
+                            drop(s);
+                            drop(old);
+                            None
+                        }
+                    }
                 }
             }
         };
