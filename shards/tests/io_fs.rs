@@ -1175,3 +1175,95 @@ fn a_waker_clone_that_waits_for_the_ops_end_does_not_deadlock_it() {
         "the waker's clone ran under the lock the op's job needed to end"
     );
 }
+
+/// A waker for the test below: from the pool thread, after its job ended, first makes the loop
+/// take a turn (a no-op task spawned on it), then holds the pool thread, as a preemption may,
+/// until `run()` returned (or for a while), and only then wakes `task`.
+struct TurnThenWake {
+    task: std::task::Waker,
+    handle: xtc_shards::Handle,
+    returned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::task::Wake for TurnThenWake {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        drop(self.handle.spawn_on(0, || async {}));
+        // A hang guard, not a timing assertion: the test passes however long this is (the
+        // loop waits for the wake-up to come); it only fails sooner on a false report.
+        let t0 = std::time::Instant::now();
+        while !self.returned.load(SeqCst) && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.task.wake_by_ref();
+    }
+}
+
+/// A pool job whose wake-up is still to go out is not a deadlock: the job left its loop's
+/// in-flight count before it woke its task, so a loop that took a turn in between (here a
+/// task spawned from the waker, before it wakes) read the task parked with nothing in flight,
+/// published `PARKED`, and after the grace period `run()` returned `Err(Deadlock)`, dropping
+/// the task its wake-up was coming to.
+#[test]
+fn a_file_ops_wake_still_to_come_is_not_a_deadlock() {
+    use std::future::Future;
+    use std::sync::{atomic::AtomicBool, Arc};
+    use std::task::Waker;
+
+    let (path, _cleanup) = fifo("wake-to-come");
+    let exec = xtc_shards::Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .io_driver(xtc_shards::io::DriverChoice::Epoll)
+        .deadlock_grace(Some(Duration::from_millis(200)))
+        .build()
+        .unwrap();
+    let returned = Arc::new(AtomicBool::new(false));
+    let pending = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicBool::new(false));
+    let (p, ret, pend, done, handle) = (
+        path.clone(),
+        returned.clone(),
+        pending.clone(),
+        opened.clone(),
+        exec.handle(),
+    );
+    exec.spawn_on(0, move || async move {
+        // Blocks on the pool until the writer below comes.
+        let mut open = Box::pin(async move { OpenOptions::new().read(true).open(&p).await });
+        let f = std::future::poll_fn(|cx| {
+            let w = Waker::from(Arc::new(TurnThenWake {
+                task: cx.waker().clone(),
+                handle: handle.clone(),
+                returned: ret.clone(),
+            }));
+            let r = open.as_mut().poll(&mut std::task::Context::from_waker(&w));
+            pend.store(r.is_pending(), SeqCst);
+            r
+        })
+        .await
+        .unwrap();
+        drop(f);
+        done.store(true, SeqCst);
+    })
+    .unwrap();
+    // Once the open waits for it (its waker is ours), a writer comes: it blocks until the pool
+    // job's open of the read end is there too (no timing involved).
+    let writer = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while !pending.load(SeqCst) && t0.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::fs::OpenOptions::new().write(true).open(&path)
+    });
+    let r = run_within(&exec, Duration::from_secs(20));
+    returned.store(true, SeqCst);
+    match r {
+        Some(Ok(())) => {}
+        other => panic!("expected Ok, got {other:?} (None: hung)"),
+    }
+    assert!(opened.load(SeqCst));
+    drop(writer.join().unwrap().unwrap());
+}

@@ -92,15 +92,14 @@ thread_local! {
     /// Jobs started from this thread's loop that have not ended (queued or running, their
     /// future alive or abandoned): a loop with one is not idle for good, as its result (or its
     /// effect on a file) is still to come. A job takes itself off when it ends, once its result
-    /// is in its slot and before it marks itself `done` and sends its wake-up, and the job that
-    /// takes the count to zero then [`nudge`]s its loop: a loop that read the count before
-    /// must hear of the end afterwards, or it parks `WAITING` for good. A live job's wake-up
-    /// does that when its waker reaches the loop (taken off after it, the woken task could end
-    /// and its loop park first); an abandoned job is looked at again until the loop has seen
-    /// it `done` ([`park_timeout`]), so its end never falls between a loop's read of the count
-    /// and its last look; and the nudge covers a waker that reaches no loop. In the gap
-    /// before the wake-up the waiting task is still registered, so its loop reads `PARKED`,
-    /// never `EMPTY`. Counting until the result was
+    /// is in its slot, it is marked `done` and its wake-up went out, and the job that takes the
+    /// count to zero then [`nudge`]s its loop: nothing else wakes a loop when the count falls,
+    /// and a loop that read the count before (its woken task ended meanwhile, or the job was
+    /// abandoned, or its waker reaches no loop) parked `WAITING` for good. Off the count
+    /// before its wake-up, a job left a gap in which a loop taking a turn read its waiting task
+    /// parked on nothing (`PARKED`, with the count at zero) and, the wake-up held up past the
+    /// grace period (a preempted pool thread), reported a deadlock. Counting until the
+    /// result was
     /// *taken* instead kept a loop whose task never polled a finished job busy for good: its
     /// deadlock was never reported.
     static PENDING: std::cell::OnceCell<Arc<AtomicUsize>> = const { std::cell::OnceCell::new() };
@@ -398,7 +397,7 @@ fn prune_abandoned() -> (usize, usize) {
 /// The loop's park `timeout`, cut to [`ABANDONED_RECHECK`] while an abandoned job runs: its
 /// end wakes nobody, so the loop looks again soon. Also when the last ones were forgotten just
 /// now: the loop read its in-flight count (its status) before this look, maybe before they
-/// left it, and looks again so it does not park `WAITING` on them for good. Cost: as
+/// left it, and looks again (the one that leaves it last also [`nudge`]s the loop). Cost: as
 /// [`abandoned`].
 pub(crate) fn park_timeout(timeout: Option<Duration>) -> Option<Duration> {
     if prune_abandoned().0 == 0 {
@@ -489,7 +488,7 @@ pub(crate) fn run<R: Send + 'static>(
     let ctl = Arc::new(Ctl::default());
     let their_ctl = ctl.clone();
     /// Takes its job off its loop's count when the job ends (runs, is skipped, or is dropped
-    /// unrun), before the job's wake-up goes out (see `PENDING`).
+    /// unrun), after the job's wake-up went out (see `PENDING`).
     struct Ended(Option<Arc<AtomicUsize>>);
     impl Ended {
         /// Takes the job off the count (once); whether it was the loop's last.
@@ -534,9 +533,6 @@ pub(crate) fn run<R: Send + 'static>(
             s.result = Some(r);
             s.waker.take()
         };
-        // Off the loop's count before the job is `done` and before its wake-up (see
-        // `PENDING`): a loop that sees either must read the count without this job.
-        let last = ended.end();
         {
             // From here on no interrupt is sent to this thread for this job.
             let mut c = lock(&their_ctl.state);
@@ -546,7 +542,10 @@ pub(crate) fn run<R: Send + 'static>(
         if let Some(w) = waker {
             crate::task::wake_guarded(w);
         }
-        if last {
+        // Off the loop's count only after its wake-up went out, then a nudge if it was the
+        // last (see `PENDING`): off before, a loop that took a turn in between read its task
+        // parked on nothing and reported a deadlock while the wake-up was still to come.
+        if ended.end() {
             if let Some(home) = &home {
                 nudge(home);
             }
