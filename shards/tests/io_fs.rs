@@ -1267,3 +1267,29 @@ fn a_file_ops_wake_still_to_come_is_not_a_deadlock() {
     assert!(opened.load(SeqCst));
     drop(writer.join().unwrap().unwrap());
 }
+
+/// File operations on the epoll driver run no task of their own: a loop's stats count the
+/// tasks its user spawned. The end of a loop's last pool job sent the loop a no-op task to
+/// make it look again (`blocking::nudge`), which `LoopStats::tasks_run`, `polls` and
+/// `inbox_received` counted: a task doing 20 file operations showed as 20 tasks and more.
+#[test]
+fn file_ops_on_the_pool_add_no_task_to_the_stats() {
+    let exec = epoll_exec();
+    let path = temp_path("no-task");
+    let _cleanup = Cleanup(path.clone());
+    std::fs::write(&path, b"hello").unwrap();
+    let p = path.clone();
+    exec.spawn_on(0, move || async move {
+        let f = File::open(&p).await.unwrap();
+        for _ in 0..20 {
+            assert_eq!(f.metadata().await.unwrap().len(), 5);
+        }
+    })
+    .unwrap();
+    match run_within(&exec, Duration::from_secs(20)) {
+        Some(Ok(())) => {}
+        other => panic!("run() did not return Ok ({other:?}; None: it hung)"),
+    }
+    let st = exec.loop_stats(0).unwrap();
+    assert_eq!(st.tasks_run, 1, "{st:?}");
+}

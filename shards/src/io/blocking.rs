@@ -93,13 +93,13 @@ thread_local! {
     /// future alive or abandoned): a loop with one is not idle for good, as its result (or its
     /// effect on a file) is still to come. A job takes itself off when it ends, once its result
     /// is in its slot, it is marked `done` and its wake-up went out, and the job that takes the
-    /// count to zero then [`nudge`]s its loop: nothing else wakes a loop when the count falls,
-    /// and a loop that read the count before (its woken task ended meanwhile, or the job was
-    /// abandoned, or its waker reaches no loop) parked `WAITING` for good. Off the count
-    /// before its wake-up, a job left a gap in which a loop taking a turn read its waiting task
-    /// parked on nothing (`PARKED`, with the count at zero) and, the wake-up held up past the
-    /// grace period (a preempted pool thread), reported a deadlock. Counting until the
-    /// result was
+    /// count to zero then [`nudge`]s its loop (its wake ping): nothing else wakes a loop when
+    /// the count falls, and a loop that read the count before (its woken task ended meanwhile,
+    /// or the job was abandoned, or its waker reaches no loop) parked `WAITING` for good. Off
+    /// the count before its wake-up, a job left a gap in which a loop taking a turn read its
+    /// waiting task parked on nothing (`PARKED`, with the count at zero) and, the wake-up held
+    /// up past the grace period (a preempted pool thread), reported a deadlock. Counting until
+    /// the result was
     /// *taken* instead kept a loop whose task never polled a finished job busy for good: its
     /// deadlock was never reported.
     static PENDING: std::cell::OnceCell<Arc<AtomicUsize>> = const { std::cell::OnceCell::new() };
@@ -609,27 +609,20 @@ pub(crate) fn run<R: Send + 'static>(
     }
 }
 
-/// Makes the loop whose last pool job just ended take a turn, by a no-op task through its
-/// inbox: a loop that read the job in flight parked `WAITING`, with no timeout, and a job's
-/// end wakes nobody but the waker its future left in its slot, which may reach no loop (a
-/// future polled once with a no-op waker, then kept unpolled: a task stuck on it is a deadlock
-/// to report, and went unreported, `run()` hanging). A loop still busy just runs the task
-/// (and a loop stopping, or an executor gone, gets none). Cost, when a loop's count of jobs
-/// falls to zero: a task allocation, an inbox push and, if the loop sleeps, a wake ping.
+/// Makes the loop whose last pool job just ended take a turn, by its wake ping: a loop that
+/// read the job in flight parked `WAITING`, with no timeout, and a job's end wakes nobody but
+/// the waker its future left in its slot, which may reach no loop (a future polled once with a
+/// no-op waker, then kept unpolled: a task stuck on it is a deadlock to report, and went
+/// unreported, `run()` hanging). The ping is written whatever the loop's state (as a stop's):
+/// a loop parked wakes and reads the count again, one not parked yet finds the ping when it
+/// parks, and a loop busy, stopping or between runs takes at most one spurious turn. A no-op
+/// task sent instead showed in the loop's stats (`tasks_run`, `polls`, `inbox_received`) as a
+/// task per file operation nobody spawned, and one sent as a run stopped ran in the next run.
+/// Cost, when a loop's count of jobs falls to zero: an eventfd write.
 fn nudge(home: &std::sync::Weak<crate::event_loop::LoopShared>) {
-    let Some(home) = home.upgrade() else {
-        return;
-    };
-    let Some(exec) = home.exec().upgrade() else {
-        return;
-    };
-    if exec.stop_requested() {
-        // Stopping: the loop leaves without waiting for the count; a task sent now would
-        // only wait for the next run.
-        return;
+    if let Some(home) = home.upgrade() {
+        home.parker.force_unpark();
     }
-    let info = crate::task::TaskInfo::here(None);
-    drop(exec.spawn_on_open(home.index, || async {}, info));
 }
 
 impl<R> Future for Blocking<R> {
