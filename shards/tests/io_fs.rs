@@ -687,6 +687,27 @@ fn a_dropped_fifo_read_takes_no_byte_written_after_the_drop() {
     );
 }
 
+/// Opens `path`'s write end once the reader's `open(2)` (a pool thread's, which may not have
+/// started yet) waits: a non-blocking open fails with `ENXIO` until then, so this tries again
+/// until [`HANG`].
+fn open_fifo_writer(path: &std::path::Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let t0 = std::time::Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => return f,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) && t0.elapsed() < HANG => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("open the FIFO's write end (its reader waits): {e}"),
+        }
+    }
+}
+
 /// A FIFO of `tag` with both ends held open, non-blocking, by the returned file (nobody reads
 /// until the test does): `fs`'s own opens of it never wait for a peer.
 fn fifo_held(tag: &str) -> (PathBuf, Cleanup, std::fs::File) {
@@ -1079,12 +1100,7 @@ fn a_deadlock_behind_an_unpolled_file_op_that_ends_later_is_reported() {
         // Once the loop has parked (a hang guard, not a timing assertion: the test passes
         // however long this is), a writer releases the open.
         std::thread::sleep(Duration::from_millis(300));
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path)
-            .expect("open the FIFO's write end (its reader waits)")
+        open_fifo_writer(&path)
     });
     let r = run_within(&exec, Duration::from_secs(20));
     drop(writer.join().unwrap());
@@ -1159,12 +1175,7 @@ fn a_waker_clone_that_waits_for_the_ops_end_does_not_deadlock_it() {
         while !IN_CLONE.load(SeqCst) && t0.elapsed() < HANG {
             std::thread::sleep(Duration::from_millis(1));
         }
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path)
-            .expect("open the FIFO's write end (its reader waits)")
+        open_fifo_writer(&path)
     });
     let r = run_within(&exec, HANG);
     drop(writer.join().unwrap());
