@@ -70,11 +70,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let exec = shared::executor()?;
     let shards = exec.shard_count();
     println!("{shards} shards, I/O driver {}", exec.io_driver());
-    let addr = shared::listen(&exec, args.addr, |stream, _| serve(stream))?;
+    let server = shared::listen(&exec, args.addr, |stream, _| serve(stream))?;
+    let addr = server.addr;
     if args.clients == 0 {
         println!("echo server on {addr} (Ctrl-C to stop)");
         exec.run()?;
-        return Ok(());
+        return server.check();
     }
     let rounds = args.per_client;
     let (failed, secs) = shared::drive(
@@ -83,6 +84,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         move |id| client(addr, id, rounds),
         || async { Ok(()) },
     )?;
+    server.check()?;
     let total = (args.clients * rounds) as f64;
     println!(
         "{} clients x {rounds} round trips in {secs:.2} s: {:.0} round trips/s, {failed} failed",

@@ -300,16 +300,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("{shards} shards, I/O driver {}", exec.io_driver());
     let store: Store = Arc::new(xtc::Sharded::new(shards, |_| RefCell::default()));
     let counts: Counts = Arc::new(xtc::Sharded::new(shards, |_| Default::default()));
-    let addr = {
+    let server = {
         let (store, counts) = (store.clone(), counts.clone());
         shared::listen(&exec, args.addr, move |stream, _| {
             serve(stream, store.clone(), counts.clone())
         })?
     };
+    let addr = server.addr;
     if args.clients == 0 {
         println!("key-value server on {addr} (Ctrl-C to stop)");
         exec.run()?;
-        return Ok(());
+        return server.check();
     }
     let (clients, ops) = (args.clients, args.per_client);
     let (failed, secs) = shared::drive(
@@ -319,6 +320,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         // Every odd key of every client must be left, spread over the shards.
         move || check_count(addr, clients * (ops / 2)),
     )?;
+    server.check()?;
     // Each client: ops SETs, one bad request, ops GETs, ops/2 DELs, ops GETs.
     let requests = (clients * (3 * ops + ops.div_ceil(2) + 1)) as f64;
     println!(

@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc,
+        Arc, OnceLock,
     },
     time::Instant,
 };
@@ -62,14 +62,33 @@ pub(crate) fn executor() -> xtc::Result<xtc::Executor> {
         .build()
 }
 
+/// A server [`listen`] started: the address it serves, and the failure of a shard that could
+/// not bind or accept.
+pub(crate) struct Server {
+    pub(crate) addr: SocketAddr,
+    failure: Arc<OnceLock<String>>,
+}
+
+impl Server {
+    /// `Err` with the first shard's failure, if one failed (which stopped the executor): check
+    /// it once `run()` has returned, or a server that never served exits as a success.
+    pub(crate) fn check(&self) -> Result<(), Box<dyn Error>> {
+        match self.failure.get() {
+            Some(e) => Err(e.clone().into()),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Has every shard of `exec` serve `addr` with `handler`: one `SO_REUSEPORT` listener per
 /// shard, each connection handled on the shard with the fewest open ones. Port 0 picks a free
-/// port; the address served is returned. A shard that cannot bind or accept stops the executor.
+/// port; the address served is in the `Server` returned. A shard that cannot bind or accept
+/// stops the executor, and [`Server::check`] then says why.
 pub(crate) fn listen<H, Fut>(
     exec: &xtc::Executor,
     addr: SocketAddr,
     handler: H,
-) -> Result<SocketAddr, Box<dyn Error>>
+) -> Result<Server, Box<dyn Error>>
 where
     H: Fn(TcpStream, SocketAddr) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + 'static,
@@ -81,29 +100,33 @@ where
         addr
     };
     let balancer = ConnBalancer::new(exec.shard_count())?;
+    let failure = Arc::new(OnceLock::new());
     for shard in 0..exec.shard_count() {
         let (balancer, handler) = (balancer.clone(), handler.clone());
+        let failure = failure.clone();
         exec.spawn_on(shard, move || async move {
+            let fail = |what: String| {
+                eprintln!("{what}");
+                let _ = failure.set(what);
+                xtc::stop();
+            };
             let listener = match TcpListener::bind_reuseport(addr) {
                 Ok(l) => l,
-                Err(e) => {
-                    eprintln!("shard {shard}: bind {addr}: {e}");
-                    xtc::stop();
-                    return;
-                }
+                Err(e) => return fail(format!("shard {shard}: bind {addr}: {e}")),
             };
             if let Err(e) = balancer.serve(listener, handler).await {
-                eprintln!("shard {shard}: accept: {e}");
-                xtc::stop();
+                fail(format!("shard {shard}: accept: {e}"));
             }
         })?;
     }
-    Ok(addr)
+    Ok(Server { addr, failure })
 }
 
 /// Runs `clients` clients on `exec` (pinned tasks spread over the shards), `client(id)` each;
 /// the last one to finish runs `last()` (a check of the server's state) and stops the
-/// executor. Returns how many clients (or the last check) failed, and the seconds it took.
+/// executor. Returns how many clients (or the last check) failed, those the executor stopped
+/// before they finished included (a server shard that failed stops it), and the seconds it
+/// took.
 pub(crate) fn drive<C, CF, L, LF>(
     exec: &xtc::Executor,
     clients: usize,
@@ -137,7 +160,14 @@ where
         })?;
     }
     exec.run()?;
-    Ok((failed.load(Ordering::Relaxed), t0.elapsed().as_secs_f64()))
+    let unfinished = left.load(Ordering::Acquire) as u64;
+    if unfinished > 0 {
+        eprintln!("{unfinished} clients did not finish: the executor stopped first");
+    }
+    Ok((
+        failed.load(Ordering::Relaxed) + unfinished,
+        t0.elapsed().as_secs_f64(),
+    ))
 }
 
 /// What `main` returns for `result`: an error is printed as its message (xtc's errors include
@@ -149,5 +179,44 @@ pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::Exi
             eprintln!("error: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server whose shards cannot bind (the port is taken by a socket without
+    /// `SO_REUSEPORT`) fails the run: `check` says why, and the clients the stop cut off count
+    /// as failed. The shards' stop ended `run()` with the clients dropped, and the example
+    /// printed "0 failed" (and a round-trip rate) and exited with success.
+    #[test]
+    fn a_server_that_cannot_bind_fails_the_run() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let exec = xtc::Executor::builder()
+            .shards(2)
+            .service_mode(true)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let server = listen(&exec, addr, |_, _| async {}).unwrap();
+        // Each client connects (the taken socket's backlog completes the handshake) and waits
+        // for a reply nobody sends, until the stop drops it.
+        let (failed, _) = drive(
+            &exec,
+            2,
+            move |_| async move {
+                let s = TcpStream::connect(addr).await?;
+                let (n, _) = s.read(Vec::with_capacity(1)).await;
+                n.map(drop)
+            },
+            || async { Ok(()) },
+        )
+        .unwrap();
+        assert_eq!(failed, 2, "the clients the stop cut off count as failed");
+        let err = server.check().expect_err("the bind failure is reported");
+        assert!(err.to_string().contains("bind"), "{err}");
+        drop(taken);
     }
 }
