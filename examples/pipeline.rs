@@ -33,13 +33,14 @@ struct Args {
     batch: usize,
 }
 
-fn parse() -> Result<Args, String> {
+/// Parses the flags (`args` without the program name).
+fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         items: 1_000_000,
         capacity: 1024,
         batch: 256,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         let number = |v: &str| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
@@ -56,6 +57,21 @@ fn parse() -> Result<Args, String> {
     }
     if a.batch == 0 {
         return Err("--batch must be at least 1".into());
+    }
+    // Each stage allocates its batch buffer, and `bounded` each ring, up front, and an
+    // allocation the machine cannot satisfy aborts the program: refuse such sizes here. A batch
+    // moves at most a ring's worth (`send_many` and `recv_many` stop at the ring's space).
+    if a.batch > a.capacity {
+        return Err(format!(
+            "--batch {} is larger than --capacity {}: a batch moves at most a ring's worth",
+            a.batch, a.capacity
+        ));
+    }
+    if Vec::<u64>::new().try_reserve_exact(a.capacity).is_err() {
+        return Err(format!(
+            "--capacity {}: a ring that large cannot be allocated; use a smaller one",
+            a.capacity
+        ));
     }
     Ok(a)
 }
@@ -126,7 +142,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let args = parse()?;
+    let args = parse(std::env::args().skip(1))?;
     let exec = xtc::Executor::from_env()?;
     let stages = exec.shard_count();
     // One channel between each pair of neighbouring stages.
@@ -182,5 +198,27 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     } else {
         println!("checksum {got:#018x}: WRONG, the serial run gives {want:#018x}");
         Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Sizes the machine cannot allocate are refused with a message: each stage allocated its
+    /// batch buffer, and `bounded` each ring, up front, and the failed allocation aborted the
+    /// program ("memory allocation of 800000000000000 bytes failed").
+    #[test]
+    fn sizes_that_cannot_be_allocated_are_refused() {
+        let err = parse(args(&["--batch", "100000000000000"])).err();
+        assert!(err.is_some_and(|e| e.contains("--batch")));
+        let err = parse(args(&["--capacity", "1000000000000000000", "--batch", "1"])).err();
+        assert!(err.is_some_and(|e| e.contains("--capacity")));
+        let a = parse(args(&["--capacity", "16", "--batch", "16"])).unwrap();
+        assert_eq!((a.capacity, a.batch), (16, 16));
     }
 }
