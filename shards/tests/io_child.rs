@@ -12,7 +12,9 @@
 //! * a blocking-pool thread of a program that blocks every signal takes `SIGRTMIN+2` only
 //!   with xtc's handler installed (its default action ends the process);
 //! * with epoll denied too, a loop has no I/O driver: I/O calls fail with an error that says
-//!   so, and timers and tasks still run.
+//!   so, and timers and tasks still run;
+//! * a connection an io_uring loop's dropped accept took is handed out by the listener's next
+//!   `accept` on an epoll loop (`XTC_IO` changed between two `LocalExecutor`s).
 //!
 //! Each body runs on both drivers (except where io_uring is denied on purpose).
 
@@ -21,9 +23,14 @@ use io_common::*;
 
 use std::{
     cell::Cell,
+    future::Future as _,
     io::{self, Read as _, Write as _},
     net::Shutdown,
     rc::Rc,
+    sync::{
+        atomic::{AtomicBool, Ordering::SeqCst},
+        Arc,
+    },
     time::Duration,
 };
 
@@ -443,6 +450,81 @@ fn child_no_io_driver_at_all_fails_io_cleanly() {
     })
     .unwrap();
     assert_eq!(exec.loop_stats(0).unwrap().io_driver, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// a kept accept's connection, handed out on an epoll loop
+
+/// An `accept` future dropped on an io_uring loop after the kernel took a connection for it
+/// (the listener keeps that accept, see `ops::accept`) loses no connection when the listener
+/// serves an epoll loop next (a `LocalExecutor` made after `XTC_IO` changed): its `accept`
+/// returns that connection. The epoll path waited for a new connection instead, and the kept
+/// one stayed with the listener until it closed, under its client.
+/// A waker that records that it was woken.
+struct Woken(AtomicBool);
+
+impl futures::task::ArcWake for Woken {
+    fn wake_by_ref(this: &Arc<Self>) {
+        this.0.store(true, SeqCst);
+    }
+}
+
+#[test]
+fn child_a_kept_accept_is_handed_out_on_an_epoll_loop() {
+    const ROLE: &str = "kept-to-epoll";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_kept_accept_is_handed_out_on_an_epoll_loop",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let uring = match LocalExecutor::new() {
+        Ok(ex) => ex,
+        Err(e) => {
+            println!("skipped: io_uring unavailable here: {e}");
+            return;
+        }
+    };
+    let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+    let addr = l.local_addr().unwrap();
+    let l1 = l.clone();
+    let client = uring.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
+        // Polled once with a waker that only records its wake: the loop reaping the accept's
+        // completion wakes it, and the future is dropped then, unpolled, holding the
+        // connection (which the listener keeps).
+        let woken = Arc::new(Woken(AtomicBool::new(false)));
+        let waker = futures::task::waker(woken.clone());
+        let mut accept = Box::pin(l1.accept());
+        let poll = accept
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker));
+        assert!(poll.is_pending());
+        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        client.write_all(b"kept").unwrap();
+        while !woken.0.load(SeqCst) {
+            sleep(Duration::from_millis(1)).await;
+        }
+        drop(accept);
+        client
+    });
+    drop(uring);
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    let got = epoll.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        let (s, _) = xtc_shards::time::timeout(HANG, l.accept())
+            .await
+            .expect("the kept accept's connection was lost on the epoll loop")
+            .unwrap();
+        let (n, b) = s.read(Vec::with_capacity(4)).await;
+        n.unwrap();
+        b
+    });
+    assert_eq!(got, b"kept");
+    drop(client);
 }
 
 // ---------------------------------------------------------------------------------------------

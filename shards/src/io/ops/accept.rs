@@ -8,7 +8,8 @@
 //! cancellation, or to the connection that won the race, which the listener's next `accept`
 //! takes. Nothing stays armed in the kernel for a dropped accept, so it cannot take a
 //! connection another listener of the same socket waits for. On epoll a dropped accept never
-//! took anything.
+//! took anything; a listener whose io_uring loop kept an accept that took a connection, used
+//! on an epoll loop (or off any loop) since, hands that connection out first.
 
 use std::{
     cell::RefCell,
@@ -162,13 +163,15 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
     // Again after a shutdown-cancelled accept (`nothing_moved`), on the current loop's driver.
     loop {
         let (driver, connected) = match backend() {
-            Ok(driver) => (driver, None),
-            // Off the loop (stopped, or hidden): no new accept, but a kept one that took a
-            // connection still hands it over, which is no I/O (`into_std` refuses while one
-            // is kept, and says `accept` returns it: else the listener could never unwrap).
-            Err(e) => match kept.take_connected() {
+            Ok(Driver::IoUring) => (Driver::IoUring, None),
+            // Off the loop (stopped, or hidden), or on an epoll loop (the io_uring loop that
+            // kept the accept has gone, and the listener serves an epoll one now): no new
+            // `ACCEPT`, but a kept one that took a connection still hands it over, which is no
+            // I/O (`into_std` refuses while one is kept, and says `accept` returns it: else the
+            // listener could never unwrap; epoll waited for a new connection meanwhile).
+            other => match kept.take_connected() {
                 Some(op) => (Driver::IoUring, Some(op)),
-                None => return Err(e),
+                None => (other?, None),
             },
         };
         match driver {
