@@ -62,6 +62,7 @@ async fn client(addr: SocketAddr, id: usize, rounds: usize) -> std::io::Result<(
 }
 
 fn main() -> std::process::ExitCode {
+    shared::logging();
     shared::exit_code(run())
 }
 

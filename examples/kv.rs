@@ -290,6 +290,7 @@ async fn check_count(addr: SocketAddr, want: usize) -> Result<(), String> {
 }
 
 fn main() -> std::process::ExitCode {
+    shared::logging();
     shared::exit_code(run())
 }
 

@@ -14,6 +14,20 @@ use std::{
 
 use xtc::net::{ConnBalancer, TcpListener, TcpStream};
 
+/// Shows xtc's log (warnings and errors by default; `RUST_LOG` sets it, e.g. `RUST_LOG=xtc=debug`)
+/// on stderr: the runtime logs what a server operator needs to see, such as accept backing off
+/// because the process ran out of descriptors ("raise RLIMIT_NOFILE"). Without a subscriber
+/// those lines go nowhere. Cost: once, at start.
+pub(crate) fn logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Err only if a subscriber is already installed (a test): that one stays.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// The flags: `--addr A --clients N` and one for the work each client does.
 pub(crate) struct Args {
     pub(crate) addr: SocketAddr,
