@@ -143,7 +143,10 @@ impl TcpStream {
 
     /// Connects to `addr` (each resolved address in turn, as `std`; the last error if none
     /// connects). Must run on a loop. Cost: a socket and one `CONNECT` submission (io_uring)
-    /// or a `connect` and a wait for writability (epoll) per address tried.
+    /// or a `connect` and a wait for writability (epoll) per address tried. A host name is
+    /// resolved synchronously on the loop's thread (`ToSocketAddrs`, as `bind`): a slow DNS
+    /// lookup holds the loop; give a `SocketAddr`, or resolve on the blocking pool or another
+    /// thread first, where that matters.
     pub async fn connect(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpStream> {
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
         let mut last = None;
