@@ -1967,27 +1967,6 @@ fn an_owned_read_after_a_dropped_trait_read_gets_its_bytes() {
     });
 }
 
-/// Counts the ERROR events logged on the thread it is the default subscriber of.
-struct CountErrors(Arc<AtomicUsize>);
-
-impl tracing::Subscriber for CountErrors {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::ERROR {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// A stream may outlive its loop (returned from `block_on`) with an operation that completed
 /// but was never polled: the driver's shutdown does not wait for it (it used to wait its full
 /// one-second grace for the slot to go, and then log a false "did not complete": an error
@@ -1995,17 +1974,20 @@ impl tracing::Subscriber for CountErrors {
 #[test]
 fn a_completed_operation_outliving_its_loop_does_not_stall_the_shutdown() {
     let errors = Arc::new(AtomicUsize::new(0));
-    let (a, b) = tracing::subscriber::with_default(CountErrors(errors.clone()), || {
-        tracing::error!("a probe: the counter sees this thread's errors");
-        assert_eq!(errors.load(SeqCst), 1, "the error counter is not installed");
-        LocalExecutor::new().unwrap().block_on(async {
-            let (mut a, b) = UnixStream::pair().unwrap();
-            // On io_uring: a write-behind send, completed by the kernel, never polled again.
-            AsyncWriteExt::write(&mut a, b"x").await.unwrap();
-            sleep(Duration::from_millis(20)).await;
-            (a, b)
-        })
-    });
+    let (a, b) = tracing::subscriber::with_default(
+        common::CountEvents(tracing::Level::ERROR, errors.clone()),
+        || {
+            tracing::error!("a probe: the counter sees this thread's errors");
+            assert_eq!(errors.load(SeqCst), 1, "the error counter is not installed");
+            LocalExecutor::new().unwrap().block_on(async {
+                let (mut a, b) = UnixStream::pair().unwrap();
+                // On io_uring: a write-behind send, completed by the kernel, never polled again.
+                AsyncWriteExt::write(&mut a, b"x").await.unwrap();
+                sleep(Duration::from_millis(20)).await;
+                (a, b)
+            })
+        },
+    );
     let mut b = b.into_std();
     let mut got = [0u8; 1];
     b.read_exact(&mut got).unwrap();

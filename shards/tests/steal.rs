@@ -859,27 +859,6 @@ fn a_block_on_run_again_from_a_leftovers_drop_runs_its_migratable_tasks() {
     );
 }
 
-/// Counts the WARN events logged on the thread it is the default subscriber of.
-struct CountWarnings(Arc<AtomicUsize>);
-
-impl tracing::Subscriber for CountWarnings {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::WARN {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// The same nested run, from the drop of a migratable task that was parked: that task was
 /// still registered while its future dropped, so the nested run's sweep of parked migratable
 /// tasks waited for it to go (2,000 rounds, two seconds), then logged that some "could not be
@@ -897,23 +876,26 @@ fn a_nested_runs_sweep_does_not_wait_for_the_task_whose_drop_runs_it() {
         }
     }
     let warnings = Arc::new(AtomicUsize::new(0));
-    tracing::subscriber::with_default(CountWarnings(warnings.clone()), || {
-        tracing::warn!("a probe: the counter sees this thread's warnings");
-        assert_eq!(warnings.load(SeqCst), 1, "the counter is not installed");
-        EX.with(|ex| {
-            ex.block_on(async {
-                let guard = RunAgain;
-                // Parks, so it outlives the run and is dropped after it.
-                drop(xtc_shards::spawn(async move {
-                    let _g = guard;
-                    std::future::pending::<()>().await
-                }));
-                for _ in 0..4 {
-                    xtc_shards::yield_now().await;
-                }
-            })
-        });
-    });
+    tracing::subscriber::with_default(
+        common::CountEvents(tracing::Level::WARN, warnings.clone()),
+        || {
+            tracing::warn!("a probe: the counter sees this thread's warnings");
+            assert_eq!(warnings.load(SeqCst), 1, "the counter is not installed");
+            EX.with(|ex| {
+                ex.block_on(async {
+                    let guard = RunAgain;
+                    // Parks, so it outlives the run and is dropped after it.
+                    drop(xtc_shards::spawn(async move {
+                        let _g = guard;
+                        std::future::pending::<()>().await
+                    }));
+                    for _ in 0..4 {
+                        xtc_shards::yield_now().await;
+                    }
+                })
+            });
+        },
+    );
     assert_eq!(
         warnings.load(SeqCst),
         1,

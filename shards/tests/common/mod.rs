@@ -300,3 +300,29 @@ pub fn deny_syscall(nr: libc::c_long, errno: u32) -> bool {
             ) == 0
     }
 }
+
+/// A tracing subscriber that counts the events of one level logged on the thread it is the
+/// default subscriber of (`tracing::subscriber::with_default`): a test can check that a
+/// warning or error was (or was not) logged instead of timing what would log it.
+pub struct CountEvents(
+    pub tracing::Level,
+    pub std::sync::Arc<std::sync::atomic::AtomicUsize>,
+);
+
+impl tracing::Subscriber for CountEvents {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == self.0 {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
