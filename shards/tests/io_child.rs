@@ -455,11 +455,6 @@ fn child_no_io_driver_at_all_fails_io_cleanly() {
 // ---------------------------------------------------------------------------------------------
 // a kept accept's connection, handed out on an epoll loop
 
-/// An `accept` future dropped on an io_uring loop after the kernel took a connection for it
-/// (the listener keeps that accept, see `ops::accept`) loses no connection when the listener
-/// serves an epoll loop next (a `LocalExecutor` made after `XTC_IO` changed): its `accept`
-/// returns that connection. The epoll path waited for a new connection instead, and the kept
-/// one stayed with the listener until it closed, under its client.
 /// A waker that records that it was woken.
 struct Woken(AtomicBool);
 
@@ -469,6 +464,12 @@ impl futures::task::ArcWake for Woken {
     }
 }
 
+/// An `accept` future dropped on an io_uring loop after the kernel took a connection for it
+/// (the listener keeps that accept, see `ops::accept`) loses no connection when the listener
+/// serves an epoll loop next (a `LocalExecutor` made after `XTC_IO` changed): `into_std`
+/// refuses there too, and its `accept` returns that connection. The epoll path waited for a
+/// new connection instead, and the kept one stayed with the listener until it closed, under
+/// its client.
 #[test]
 fn child_a_kept_accept_is_handed_out_on_an_epoll_loop() {
     const ROLE: &str = "kept-to-epoll";
@@ -515,12 +516,22 @@ fn child_a_kept_accept_is_handed_out_on_an_epoll_loop() {
     let epoll = LocalExecutor::new().unwrap();
     let got = epoll.block_on(async move {
         assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        // `into_std` refuses here too (closing the listener would close the kept connection
+        // under its client), and says to accept first.
+        let l = Rc::try_unwrap(l).expect("the io_uring run's clone is gone");
+        let err = l
+            .into_std()
+            .expect_err("into_std on epoll closed a connection a kept accept took");
+        assert!(err.to_string().contains("accept it"), "{err}");
+        let l = err.into_inner();
         let (s, _) = xtc_shards::time::timeout(HANG, l.accept())
             .await
             .expect("the kept accept's connection was lost on the epoll loop")
             .unwrap();
         let (n, b) = s.read(Vec::with_capacity(4)).await;
         n.unwrap();
+        l.into_std()
+            .expect("nothing is kept once the connection was accepted");
         b
     });
     assert_eq!(got, b"kept");

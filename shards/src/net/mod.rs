@@ -54,7 +54,8 @@ use socket2::SockAddr;
 /// that accept for the listener's next `accept`). The connection cannot go back to the
 /// kernel's listen queue, and unwrapping would close it under its client, so the listener comes
 /// back instead: [`into_inner`](Self::into_inner), `accept` (it returns that connection at
-/// once), and call `into_std` again. Never on epoll, where a dropped accept took nothing.
+/// once, on either driver), and call `into_std` again. On epoll a dropped accept takes
+/// nothing: there, only for an accept an earlier io_uring loop of the thread kept.
 pub struct IntoStdError<L> {
     listener: L,
     pending: bool,

@@ -97,10 +97,12 @@ impl TcpListener {
     /// into the kernel's listen queue, the listener comes back in the error
     /// ([`IntoStdError::into_inner`]): `accept` returns that connection at once, then call
     /// `into_std` again. (Closing it, as before, reset a client that had connected.) The same
-    /// error, with nothing taken, if the cancellation has not settled within a second. Never
-    /// an error on epoll, where a dropped accept takes nothing. Cost: a borrow check without
-    /// a kept accept; with one, a non-blocking reap of the loop's ring per round until its
-    /// cancellation settles (usually none or one; the loop waits meanwhile, a second at most).
+    /// error, with nothing taken, if the cancellation has not settled within a second. On
+    /// epoll a dropped accept takes nothing: there it is an error only for an accept that an
+    /// earlier io_uring loop of this thread kept, whose connection `accept` on epoll returns
+    /// too. Cost: a borrow check without a kept accept; with one, a non-blocking reap of the
+    /// loop's ring per round until its cancellation settles (usually none or one; the loop
+    /// waits meanwhile, a second at most).
     pub fn into_std(self) -> Result<std::net::TcpListener, IntoStdError<TcpListener>> {
         match self.kept.settle() {
             Settled::Empty => {}
