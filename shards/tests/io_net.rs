@@ -955,6 +955,72 @@ fn a_dropped_accepts_waker_is_dropped_outside_the_listeners_borrow() {
     });
 }
 
+/// Kept accepts are handed out oldest first (io_uring keeps a dropped accept, see
+/// `ops::accept`), also after an `accept` took the oldest one and was dropped before it
+/// resolved: that one went back behind the younger ones, so two connections the kernel had
+/// accepted in order came out of the next `accept`s swapped.
+#[test]
+fn an_accept_dropped_waiting_for_a_kept_one_keeps_the_kept_order() {
+    on_each_driver(
+        "an_accept_dropped_waiting_for_a_kept_one",
+        1,
+        |driver| async move {
+            if driver == Driver::Epoll {
+                return; // nothing is kept on epoll
+            }
+            // Which of two armed accepts takes which connection is the kernel's choice: the order
+            // without the extra dropped accept is the reference.
+            let plain = kept_pair_order(false).await;
+            let popped = kept_pair_order(true).await;
+            assert_eq!(
+                popped, plain,
+                "[{driver}] a kept accept taken and dropped again lost its place"
+            );
+        },
+    );
+}
+
+/// Two accepts in flight take two connections ("one", then "two") and are dropped before the
+/// loop reaps their completions (io_uring keeps both, in that order); with `pop`, another
+/// `accept` takes the oldest kept one and is dropped while it still waits for it. Returns what
+/// the next two `accept`s hand out, in order.
+async fn kept_pair_order(pop: bool) -> Vec<String> {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut cx = std::task::Context::from_waker(Waker::noop());
+    let mut a = Box::pin(l.accept());
+    let mut b = Box::pin(l.accept());
+    assert!(a.as_mut().poll(&mut cx).is_pending());
+    assert!(b.as_mut().poll(&mut cx).is_pending());
+    xtc_shards::yield_now().await; // both in the kernel
+
+    // No await from here to the accepts below: the loop reaps none of these completions.
+    let mut one = std::net::TcpStream::connect(addr).unwrap();
+    one.write_all(b"one").unwrap();
+    let mut two = std::net::TcpStream::connect(addr).unwrap();
+    two.write_all(b"two").unwrap();
+    drop(a);
+    drop(b);
+    if pop {
+        let mut c = Box::pin(l.accept());
+        assert!(
+            c.as_mut().poll(&mut cx).is_pending(),
+            "the oldest kept accept's completion is not reaped yet"
+        );
+        drop(c);
+    }
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let (s, _) = xtc_shards::time::timeout(Duration::from_secs(60), l.accept())
+            .await
+            .expect("a kept connection was lost")
+            .unwrap();
+        got.push(String::from_utf8(read_n(&s, 3).await).unwrap());
+    }
+    drop((one, two));
+    got
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. UDP, Unix sockets, futures::io, registered buffers
 

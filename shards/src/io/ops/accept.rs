@@ -12,7 +12,7 @@
 //! on an epoll loop (or off any loop) since, hands that connection out first.
 
 use std::{
-    cell::RefCell,
+    cell::{Cell, RefCell},
     collections::VecDeque,
     future::{poll_fn, Future},
     io,
@@ -39,11 +39,15 @@ type Storage = Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)>;
 type AcceptOp = Op<Storage>;
 
 /// A listener's accepts dropped unfinished on io_uring, cancelled in place and kept for its
-/// next `accept` (see the module docs). Declare it before the listener's descriptor: dropped
+/// next `accept` (see the module docs), oldest first: each with its number in the order it
+/// was first kept, so one taken by an `accept` that is dropped before it resolves goes back to
+/// its place, not behind younger ones. Declare it before the listener's descriptor: dropped
 /// first, a connection a kept accept took is closed before the listening socket closes.
 #[derive(Debug, Default)]
 pub(crate) struct Kept {
-    ops: RefCell<VecDeque<AcceptOp>>,
+    ops: RefCell<VecDeque<(u64, AcceptOp)>>,
+    /// The number of the next accept kept.
+    next: Cell<u64>,
 }
 
 /// What [`Kept::settle`] found.
@@ -83,19 +87,19 @@ impl Kept {
             let mut left = VecDeque::with_capacity(ops.len());
             let (mut connection, mut pending) = (false, false);
             let mut done = Vec::new();
-            for op in ops {
+            for (n, op) in ops {
                 match op.completed() {
                     // A connection (a descriptor): kept for the next `accept`.
                     Some(res) if res >= 0 => {
                         connection = true;
-                        left.push_back(op);
+                        left.push_back((n, op));
                     }
                     // Cancelled, or failed: the connection, if any, is still in the listen
                     // queue, which moves with the descriptor.
                     Some(_) => done.push(op),
                     None => {
                         pending = true;
-                        left.push_back(op);
+                        left.push_back((n, op));
                     }
                 }
             }
@@ -124,12 +128,13 @@ impl Kept {
 }
 
 impl Kept {
-    /// The first kept accept whose completion brought a connection, taken out.
-    fn take_connected(&self) -> Option<AcceptOp> {
+    /// The first kept accept whose completion brought a connection, taken out, with its
+    /// number.
+    fn take_connected(&self) -> Option<(u64, AcceptOp)> {
         let mut ops = self.ops.try_borrow_mut().ok()?;
         let at = ops
             .iter()
-            .position(|op| op.completed().is_some_and(|res| res >= 0))?;
+            .position(|(_, op)| op.completed().is_some_and(|res| res >= 0))?;
         ops.remove(at)
     }
 }
@@ -138,6 +143,8 @@ impl Kept {
 struct KeepOnDrop<'a> {
     kept: &'a Kept,
     op: Option<AcceptOp>,
+    /// Its number in `kept`, if it was taken from there (it goes back to its place).
+    number: Option<u64>,
 }
 
 impl Drop for KeepOnDrop<'_> {
@@ -148,7 +155,14 @@ impl Drop for KeepOnDrop<'_> {
         // code (which may use this listener).
         op.unwait();
         if let Ok(mut kept) = self.kept.ops.try_borrow_mut() {
-            kept.push_back(op);
+            let n = self.number.unwrap_or_else(|| {
+                let n = self.kept.next.get();
+                self.kept.next.set(n + 1);
+                n
+            });
+            // Behind every older one (at the back, unless it was kept before).
+            let at = kept.partition_point(|&(m, _)| m < n);
+            kept.insert(at, (n, op));
             return;
         }
         // Borrowed (a waker's or buffer's drop inside a `Kept` call): the `Op`'s own drop
@@ -177,8 +191,8 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
         match driver {
             Driver::IoUring => {
                 let taken = connected.or_else(|| kept.ops.borrow_mut().pop_front());
-                let op = match taken {
-                    Some(op) => op,
+                let (number, op) = match taken {
+                    Some((n, op)) => (Some(n), op),
                     None => {
                         // Zeroed, not uninit: the kernel writes only the address's own length
                         // (16 or 28 bytes), and `assume_init` below reads the whole storage.
@@ -192,11 +206,15 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                                 .flags(FLAGS)
                                 .build()
                         })
-                        .map(|op| op.result_is_fd())
+                        .map(|op| (None, op.result_is_fd()))
                         .map_err(|(e, _)| e)?
                     }
                 };
-                let mut keep = KeepOnDrop { kept, op: Some(op) };
+                let mut keep = KeepOnDrop {
+                    kept,
+                    op: Some(op),
+                    number,
+                };
                 let (res, storage) = poll_fn(|cx| {
                     Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx)
                 })
