@@ -38,8 +38,10 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         items: 1_000_000,
         capacity: 1024,
-        batch: 256,
+        batch: 0,
     };
+    // `--batch` unset: 256, or the ring's capacity if that is smaller.
+    let mut batch = None;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -47,7 +49,7 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         match flag.as_str() {
             "--items" => a.items = number(&value)?,
             "--capacity" => a.capacity = number(&value)? as usize,
-            "--batch" => a.batch = number(&value)? as usize,
+            "--batch" => batch = Some(number(&value)? as usize),
             _ => {
                 return Err(format!(
                     "unknown flag {flag}; use --items N --capacity N --batch N"
@@ -55,6 +57,10 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             }
         }
     }
+    if a.capacity == 0 {
+        return Err("--capacity must be at least 1".into());
+    }
+    a.batch = batch.unwrap_or(256.min(a.capacity));
     if a.batch == 0 {
         return Err("--batch must be at least 1".into());
     }
@@ -220,5 +226,10 @@ mod tests {
         assert!(err.is_some_and(|e| e.contains("--capacity")));
         let a = parse(args(&["--capacity", "16", "--batch", "16"])).unwrap();
         assert_eq!((a.capacity, a.batch), (16, 16));
+        // Unset, the batch is the default 256 or the ring's capacity if smaller.
+        let a = parse(args(&["--capacity", "64"])).unwrap();
+        assert_eq!((a.capacity, a.batch), (64, 64));
+        let a = parse(args(&[])).unwrap();
+        assert_eq!((a.capacity, a.batch), (1024, 256));
     }
 }
