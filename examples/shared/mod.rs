@@ -38,12 +38,27 @@ pub(crate) struct Args {
 /// Parses the command line. `per_flag` names the work per client (`per_default` without it);
 /// serving only (no `--clients`) and no `--addr` listens on `127.0.0.1:default_port`.
 pub(crate) fn parse(per_flag: &str, per_default: usize, default_port: u16) -> Result<Args, String> {
+    parse_from(
+        std::env::args().skip(1),
+        per_flag,
+        per_default,
+        default_port,
+    )
+}
+
+/// [`parse`] of `args` (without the program name).
+fn parse_from(
+    args: impl IntoIterator<Item = String>,
+    per_flag: &str,
+    per_default: usize,
+    default_port: u16,
+) -> Result<Args, String> {
     let mut a = Args {
         addr: "127.0.0.1:0".parse().expect("literal address"),
         clients: 0,
         per_client: per_default,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"));
         let number = |v: Result<String, String>| -> Result<usize, String> {
@@ -62,6 +77,18 @@ pub(crate) fn parse(per_flag: &str, per_default: usize, default_port: u16) -> Re
     }
     if a.clients == 0 && a.addr.port() == 0 {
         a.addr.set_port(default_port);
+    }
+    // The examples count the requests of all clients (kv: about 4 per unit of work): refuse
+    // values whose total does not fit a counter rather than overflow at the end of the run.
+    if a.clients
+        .checked_mul(a.per_client)
+        .and_then(|n| n.checked_mul(8))
+        .is_none()
+    {
+        return Err(format!(
+            "--clients {} x {per_flag} {} is more work than a counter holds; use smaller values",
+            a.clients, a.per_client
+        ));
     }
     Ok(a)
 }
@@ -199,6 +226,32 @@ pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::Exi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Work whose request count overflows a counter is refused at parse time: the examples
+    /// multiplied the flags at the end of the run and overflowed there (a panic in a debug
+    /// build, a wrong rate in release).
+    #[test]
+    fn flags_whose_total_overflows_are_refused() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let huge = usize::MAX.to_string();
+        let err = parse_from(
+            args(&["--clients", "4", "--rounds", &huge]),
+            "--rounds",
+            1,
+            7,
+        )
+        .err()
+        .expect("refused");
+        assert!(err.contains("--rounds"), "{err}");
+        let a = parse_from(
+            args(&["--clients", "4", "--rounds", "10"]),
+            "--rounds",
+            1,
+            7,
+        )
+        .unwrap();
+        assert_eq!((a.clients, a.per_client), (4, 10));
+    }
 
     /// A server whose shards cannot bind (the port is taken by a socket without
     /// `SO_REUSEPORT`) fails the run: `check` says why, and the clients the stop cut off count
