@@ -1133,6 +1133,71 @@ async fn datagram_outlives_its_dropped_receive(
     assert_eq!(&b[..n], b"one", "[{driver}]");
 }
 
+/// Kept receives are handed out oldest first (io_uring keeps a dropped `recv_from`, see
+/// `net::udp`), also after a `recv_from` took the oldest one and was dropped before it
+/// resolved: that one went back behind the younger ones, so two datagrams the kernel had
+/// received in order came out of the next `recv_from`s swapped.
+#[test]
+fn a_recv_from_dropped_waiting_for_a_kept_one_keeps_the_kept_order() {
+    on_each_driver(
+        "a_recv_from_dropped_waiting_for_a_kept_one",
+        1,
+        |driver| async move {
+            if driver == Driver::Epoll {
+                return; // nothing is kept on epoll
+            }
+            // Which of two armed receives takes which datagram is the kernel's choice: the order
+            // without the extra dropped receive is the reference.
+            let plain = kept_datagram_order(false).await;
+            let popped = kept_datagram_order(true).await;
+            assert_eq!(
+                popped, plain,
+                "[{driver}] a kept receive taken and dropped again lost its place"
+            );
+        },
+    );
+}
+
+/// Two receives in flight take two datagrams ("one", then "two") and are dropped before the
+/// loop reaps their completions (io_uring keeps both, in that order); with `pop`, another
+/// `recv_from` takes the oldest kept one and is dropped while it still waits for it. Returns
+/// what the next two `recv_from`s hand out, in order.
+async fn kept_datagram_order(pop: bool) -> Vec<String> {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = s.local_addr().unwrap();
+    let mut cx = std::task::Context::from_waker(Waker::noop());
+    let mut a = Box::pin(s.recv_from(vec![0u8; 16]));
+    let mut b = Box::pin(s.recv_from(vec![0u8; 16]));
+    assert!(a.as_mut().poll(&mut cx).is_pending());
+    assert!(b.as_mut().poll(&mut cx).is_pending());
+    xtc_shards::yield_now().await; // both in the kernel
+
+    // No await from here to the receives below: the loop reaps none of these completions.
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    tx.send_to(b"one", addr).unwrap();
+    tx.send_to(b"two", addr).unwrap();
+    drop(a);
+    drop(b);
+    if pop {
+        let mut c = Box::pin(s.recv_from(vec![0u8; 16]));
+        assert!(
+            c.as_mut().poll(&mut cx).is_pending(),
+            "the oldest kept receive's completion is not reaped yet"
+        );
+        drop(c);
+    }
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let (r, buf) =
+            xtc_shards::time::timeout(Duration::from_secs(60), s.recv_from(vec![0u8; 16]))
+                .await
+                .expect("a kept datagram was lost");
+        let (n, _) = r.unwrap();
+        got.push(String::from_utf8(buf[..n].to_vec()).unwrap());
+    }
+    got
+}
+
 #[test]
 fn udp_send_to_recv_from() {
     on_each_driver("udp_send_to_recv_from", 1, |_| async {

@@ -1,7 +1,7 @@
 //! UDP: [`UdpSocket`].
 
 use std::{
-    cell::RefCell,
+    cell::{Cell, RefCell},
     future::{poll_fn, Future},
     io,
     mem::MaybeUninit,
@@ -29,8 +29,12 @@ pub struct UdpSocket {
     /// cancellation or to the datagram the kernel gave it first, which the next `recv_from`
     /// takes over, oldest first, so a datagram the kernel already gave one is not lost, and
     /// nothing stays armed in the kernel for a receive nobody waits for (see `KeepOnDrop`).
+    /// Each with its number in the order it was first kept, so one taken by a `recv_from`
+    /// that is dropped before it resolves goes back to its place, not behind younger ones.
     /// Declared before `src`: dropped (cancelled) before the descriptor closes.
-    stray: RefCell<std::collections::VecDeque<Box<dyn StrayRecv>>>,
+    stray: RefCell<std::collections::VecDeque<(u64, Box<dyn StrayRecv>)>>,
+    /// The number of the next receive kept in `stray`.
+    next_stray: Cell<u64>,
     src: Source,
 }
 
@@ -108,17 +112,21 @@ impl IntoStray for Box<dyn StrayRecv> {
 /// A receive a `recv_from` future waits for until it is taken ([`done`](Self::done)) or
 /// dropped. Dropped unfinished, it is cancelled in place and kept in the socket's `stray`
 /// queue: it resolves to `-ECANCELED` (the next `recv_from` skips it) or to the datagram that
-/// won the race, which the next `recv_from` takes.
+/// won the race, which the next `recv_from` takes. One taken from the queue goes back to its
+/// place there, by its number.
 struct KeepOnDrop<'a, R: IntoStray> {
     socket: &'a UdpSocket,
     op: Option<R>,
+    /// Its number in `stray`, if it was taken from there.
+    number: Option<u64>,
 }
 
 impl<'a, R: IntoStray> KeepOnDrop<'a, R> {
-    fn new(socket: &'a UdpSocket, op: R) -> Self {
+    fn new(socket: &'a UdpSocket, op: R, number: Option<u64>) -> Self {
         KeepOnDrop {
             socket,
             op: Some(op),
+            number,
         }
     }
 
@@ -139,7 +147,14 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         // nothing).
         op.unwait();
         if let Ok(mut kept) = self.socket.stray.try_borrow_mut() {
-            kept.push_back(op);
+            let n = self.number.unwrap_or_else(|| {
+                let n = self.socket.next_stray.get();
+                self.socket.next_stray.set(n + 1);
+                n
+            });
+            // Behind every older one (at the back, unless it was kept before).
+            let at = kept.partition_point(|&(m, _)| m < n);
+            kept.insert(at, (n, op));
         }
     }
 }
@@ -164,6 +179,7 @@ impl UdpSocket {
     fn new(fd: OwnedFd) -> UdpSocket {
         UdpSocket {
             stray: RefCell::new(std::collections::VecDeque::new()),
+            next_stray: Cell::new(0),
             src: Source::new(fd),
         }
     }
@@ -171,13 +187,15 @@ impl UdpSocket {
     /// Receives one datagram into `buf` from its start (a `Vec`'s length becomes its size; a
     /// datagram longer than the capacity is truncated) and the sender's address. Dropping the
     /// future before it resolves loses no datagram on either driver: on io_uring the socket
-    /// cancels the receive it submitted but keeps it, and the next `recv_from` takes it over.
+    /// cancels the receive it submitted but keeps it, and the next `recv_from` takes it over
+    /// (kept ones oldest first, by when they were first kept, so datagrams keep their order).
     /// A datagram the kept receive already got (before its cancellation) comes back as it got
     /// it, truncated to the dropped buffer's capacity if that was smaller; the dropped buffer
     /// (a [`FixedBuf`](crate::io::FixedBuf) too) is held until then. One cancelled with nothing
     /// is skipped, and the datagram goes to a fresh receive, as on epoll. Cost:
     /// one `RECVMSG` submission, or one `recvfrom` (the socket joins the loop's epoll set
-    /// once, at its first wait); a dropped receive costs a boxed handle. Dropping the socket,
+    /// once, at its first wait); a dropped receive costs a boxed handle (and a search of the
+    /// kept ones, usually none or one, to keep them in order). Dropping the socket,
     /// or [`into_std`](Self::into_std), loses a datagram such a kept receive holds.
     pub async fn recv_from<B: IoBufMut>(&self, buf: B) -> BufResult<(usize, SocketAddr), B> {
         let (res, buf) = self.recv_raw(buf).await;
@@ -189,11 +207,12 @@ impl UdpSocket {
         // a driver's shutdown (nothing taken) starts the next turn.
         'fresh: loop {
             loop {
-                let Some(stray) = self.stray.borrow_mut().pop_front() else {
+                let Some((number, stray)) = self.stray.borrow_mut().pop_front() else {
                     break;
                 };
-                // Taken over: this future waits for it now (and gives it back if dropped too).
-                let mut keep = KeepOnDrop::new(self, stray);
+                // Taken over: this future waits for it now (and gives it back to its place if
+                // dropped too).
+                let mut keep = KeepOnDrop::new(self, stray, Some(number));
                 let res = poll_fn(|cx| {
                     let op = keep.op.as_mut().expect("present until it completes");
                     let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
@@ -220,7 +239,7 @@ impl UdpSocket {
                 Ok(op) => op,
                 Err((e, b)) => return (Err(e), b),
             };
-            let mut keep = KeepOnDrop::new(self, op);
+            let mut keep = KeepOnDrop::new(self, op, None);
             let (res, (b, h)) = poll_fn(|cx| {
                 Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx)
             })
