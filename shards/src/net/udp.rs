@@ -147,14 +147,7 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         // nothing).
         op.unwait();
         if let Ok(mut kept) = self.socket.stray.try_borrow_mut() {
-            let n = self.number.unwrap_or_else(|| {
-                let n = self.socket.next_stray.get();
-                self.socket.next_stray.set(n + 1);
-                n
-            });
-            // Behind every older one (at the back, unless it was kept before).
-            let at = kept.partition_point(|&(m, _)| m < n);
-            kept.insert(at, (n, op));
+            crate::io::ops::keep_in_order(&mut kept, &self.socket.next_stray, self.number, op);
         }
     }
 }

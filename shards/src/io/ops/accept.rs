@@ -155,14 +155,7 @@ impl Drop for KeepOnDrop<'_> {
         // code (which may use this listener).
         op.unwait();
         if let Ok(mut kept) = self.kept.ops.try_borrow_mut() {
-            let n = self.number.unwrap_or_else(|| {
-                let n = self.kept.next.get();
-                self.kept.next.set(n + 1);
-                n
-            });
-            // Behind every older one (at the back, unless it was kept before).
-            let at = kept.partition_point(|&(m, _)| m < n);
-            kept.insert(at, (n, op));
+            super::keep_in_order(&mut kept, &self.kept.next, self.number, op);
             return;
         }
         // Borrowed (a waker's or buffer's drop inside a `Kept` call): the `Op`'s own drop

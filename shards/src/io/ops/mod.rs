@@ -11,6 +11,27 @@ use std::io;
 
 use super::{current_kind, uring::Op, Driver};
 
+/// Puts `item`, a kept operation, into `kept`, oldest first: by `number`, its place from when
+/// it was first kept (an operation a later call took from `kept` and dropped again goes back
+/// there, not behind younger ones), or, kept for the first time, at the back with the next
+/// number from `next`. Shared by a listener's kept accepts (`accept::Kept`) and a UDP socket's
+/// kept receives: each hands them out oldest first, so connections and datagrams keep the
+/// kernel's order. Cost: a binary search of `kept` (usually empty or one long).
+pub(crate) fn keep_in_order<T>(
+    kept: &mut std::collections::VecDeque<(u64, T)>,
+    next: &std::cell::Cell<u64>,
+    number: Option<u64>,
+    item: T,
+) {
+    let n = number.unwrap_or_else(|| {
+        let n = next.get();
+        next.set(n + 1);
+        n
+    });
+    let at = kept.partition_point(|&(m, _)| m < n);
+    kept.insert(at, (n, item));
+}
+
 /// Which path to take: `Err` off any loop or on a loop without a driver.
 pub(crate) fn backend() -> io::Result<Driver> {
     current_kind()
