@@ -375,32 +375,23 @@ pub(crate) fn settle() {
 }
 
 /// Jobs of this thread's loop whose future is gone but which still run (those that ended
-/// are forgotten here). Cost: as [`prune_abandoned`].
+/// are forgotten here). Cost: a thread-local borrow, and a lock per abandoned job.
 fn abandoned() -> usize {
-    prune_abandoned().1
-}
-
-/// Forgets this loop's abandoned jobs that ended; how many were listed before and after.
-/// Cost: a thread-local borrow, and a lock per abandoned job.
-fn prune_abandoned() -> (usize, usize) {
     // `try_with`: at thread exit, after this thread-local is gone, nothing is abandoned.
     ABANDONED
         .try_with(|v| {
             let mut v = v.borrow_mut();
-            let before = v.len();
             v.retain(|ctl| !lock(&ctl.state).done);
-            (before, v.len())
+            v.len()
         })
-        .unwrap_or((0, 0))
+        .unwrap_or(0)
 }
 
 /// The loop's park `timeout`, cut to [`ABANDONED_RECHECK`] while an abandoned job runs: its
-/// end wakes nobody, so the loop looks again soon. Also when the last ones were forgotten just
-/// now: the loop read its in-flight count (its status) before this look, maybe before they
-/// left it, and looks again (the one that leaves it last also [`nudge`]s the loop). Cost: as
-/// [`abandoned`].
+/// end wakes nobody but the [`nudge`] of the job that empties the loop's count, so the loop
+/// looks again soon (to interrupt it, and see it go). Cost: as [`abandoned`].
 pub(crate) fn park_timeout(timeout: Option<Duration>) -> Option<Duration> {
-    if prune_abandoned().0 == 0 {
+    if abandoned() == 0 {
         return timeout;
     }
     interrupt_abandoned();
