@@ -93,6 +93,10 @@ pub(crate) struct Core {
     pub(crate) spawning: Cell<bool>,
     /// Set by `yield_if_due` when it yields: the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
+    /// A `submit_to` polled on this loop waits for its reply from another shard (set when its
+    /// join returns `Pending`, taken at the park decision): the loop spins up to the reply spin
+    /// before it parks, so the reply needs no wake-up of its own.
+    pub(crate) reply_awaited: Cell<bool>,
     /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6): set
     /// before each poll, read only while `current` names a task (never between polls).
     pub(crate) inline_left: Cell<u32>,
@@ -269,6 +273,7 @@ impl Core {
             migr_delta: Cell::new(0),
             spawning: Cell::new(false),
             end_batch: Cell::new(false),
+            reply_awaited: Cell::new(false),
             inline_left: Cell::new(0),
             inline_runs: Cell::new(0),
             inline_floor: Cell::new(usize::MAX),

@@ -17,6 +17,7 @@ fn env_variables() {
             "XTC_DEADLOCK_GRACE",
             "XTC_RING_CAPACITY",
             "XTC_SPIN_BEFORE_PARK",
+            "XTC_REPLY_SPIN",
             "XTC_STEALING",
             "XTC_EAGER_REBALANCE",
             "XTC_STEAL_BACKOFF",
@@ -37,6 +38,7 @@ fn env_variables() {
     std::env::set_var("XTC_PLACEMENT", "spread");
     std::env::set_var("XTC_RING_CAPACITY", "64");
     std::env::set_var("XTC_SPIN_BEFORE_PARK", "50us");
+    std::env::set_var("XTC_REPLY_SPIN", "0");
     std::env::set_var("XTC_STEALING", "off");
     std::env::set_var("XTC_EAGER_REBALANCE", "on");
     std::env::set_var("XTC_STEAL_BACKOFF", "true");
@@ -46,6 +48,7 @@ fn env_variables() {
     assert_eq!(ex.shard_count(), 3);
     assert_eq!(ex.ring_capacity(), 64);
     assert_eq!(ex.spin_before_park(), Duration::from_micros(50));
+    assert_eq!(ex.reply_spin(), Duration::ZERO);
     assert!(!ex.stealing() && ex.eager_rebalance() && ex.steal_backoff());
     assert_eq!(ex.numa_sensitivity(), 2);
     assert_eq!(ex.min_tasks_to_steal(), 8);
@@ -75,6 +78,8 @@ fn env_variables() {
         // Longer than MAX_SPIN_BEFORE_PARK: run() would wait that long after its last task
         // (a spin of centuries was accepted and kept it from ever returning).
         ("XTC_SPIN_BEFORE_PARK", "2s"),
+        ("XTC_REPLY_SPIN", "later"),
+        ("XTC_REPLY_SPIN", "2s"),
         ("XTC_STEALING", "sometimes"),
         ("XTC_NUMA_SENSITIVITY", "3"),
         ("XTC_MIN_TASKS_TO_STEAL", "-1"),
@@ -124,6 +129,7 @@ fn env_variables() {
         "XTC_STALL_BUDGET",
         "XTC_DEADLOCK_GRACE",
         "XTC_SPIN_BEFORE_PARK",
+        "XTC_REPLY_SPIN",
     ] {
         clear();
         std::env::set_var(var, "1.5ms");

@@ -320,6 +320,52 @@ fn spin_before_park_knob() {
     assert_eq!(v, 100);
 }
 
+/// The reply spin: a loop whose task awaits a `submit_to` reply polls for it instead of
+/// parking, so with the target asleep (no spin-before-park) a round trip pays the target's
+/// wake-up only. With the longest reply spin the caller's loop never parks during the round
+/// trips; with none it parks while it waits (the reply's own wake-up).
+#[test]
+fn a_loop_awaiting_a_reply_spins_for_it_instead_of_parking() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .spin_before_park(Duration::ZERO)
+        .build()
+        .unwrap();
+    assert_eq!(ex.reply_spin(), xtc_shards::DEFAULT_REPLY_SPIN);
+    let h = ex.handle();
+    let round_trips = move |spin: Duration| {
+        let h = h.clone();
+        async move {
+            h.set_reply_spin(spin);
+            let before = h.loop_stats(0).unwrap().parks;
+            for i in 0..100u64 {
+                let v = shard::submit_to(1, move || async move { i * 2 }).await;
+                assert_eq!(v.unwrap(), i * 2);
+            }
+            h.loop_stats(0).unwrap().parks - before
+        }
+    };
+    let (spinning, parking) = ex
+        .block_on(move || async move {
+            let spinning = round_trips(xtc_shards::MAX_SPIN_BEFORE_PARK).await;
+            let parking = round_trips(Duration::ZERO).await;
+            (spinning, parking)
+        })
+        .unwrap();
+    println!("caller parks over 100 round trips: {spinning} spinning, {parking} without");
+    assert_eq!(
+        spinning, 0,
+        "the caller parked while a reply was on its way"
+    );
+    assert!(
+        parking > 0,
+        "without the reply spin the caller never parked"
+    );
+    // The target parked between calls either way: the round trips woke it.
+    assert!(ex.loop_stats(1).unwrap().parks >= 50);
+}
+
 /// Shutdown, ring full: a future dropped by a stopping loop wakes a task of another loop whose
 /// incoming ring from it is full, so the wake lands in the stopping loop's backlog. That
 /// backlog must reach its owner (and the task be dropped there, on its own thread) before the

@@ -827,6 +827,14 @@ fn huge_knob_durations_saturate() {
     assert!(e.to_string().contains("spin_before_park"), "{e}");
     ex.set_spin_before_park(huge);
     assert_eq!(ex.spin_before_park(), xtc_shards::MAX_SPIN_BEFORE_PARK);
+    let e = Executor::builder()
+        .shards(1)
+        .reply_spin(huge)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("reply_spin"), "{e}");
+    ex.set_reply_spin(huge);
+    assert_eq!(ex.reply_spin(), xtc_shards::MAX_SPIN_BEFORE_PARK);
     // The longest accepted spin still lets a run end.
     let ex = Executor::builder()
         .shards(1)

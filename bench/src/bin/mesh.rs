@@ -11,9 +11,13 @@
 //! The runtimes:
 //!
 //! - **xtc**: a 2-shard `Executor` placed on the two CPUs. `rtt`: the main task on shard 0 awaits
-//!   `xtc::shard::submit_to(1, ..)` in a loop, once with `spin_before_park` 0 (the idle target
-//!   loop parks and is woken by a ping) and once with 50 ms (both loops spin between round trips
-//!   instead of parking). `stream`: `xtc::channel::shared::bounded` with the executor's default
+//!   `xtc::shard::submit_to(1, ..)` in a loop: with `spin_before_park` and `reply_spin` 0 (both
+//!   idle loops park: the reply wakes the caller as the request woke the target), with
+//!   `spin_before_park` 0 and the default reply spin (`xtc::DEFAULT_REPLY_SPIN`, 50 µs: the
+//!   target parks, the caller polls for the reply up to 50 µs before it parks; the row
+//!   "target parks, caller spins for reply" gives the peers' parked figures beside it, as they
+//!   have no such knob), and with 50 ms of both (both loops spin between round trips instead of
+//!   parking). `stream`: `xtc::channel::shared::bounded` with the executor's default
 //!   spin-before-park (`xtc::DEFAULT_SPIN_BEFORE_PARK`, 20 µs after a busy turn), the sender task
 //!   spawned on shard 0 and the receiver on shard 1. The loops' ring and wake counters are printed
 //!   under the table: they explain the figures;
@@ -693,12 +697,14 @@ mod xtc_rt {
         StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP, STREAM_SPIN,
     };
 
-    /// A 2-shard executor on the two CPUs, shard 0 on `cpus.0`.
+    /// A 2-shard executor on the two CPUs, shard 0 on `cpus.0`, with `spin` as both its
+    /// spin-before-park and its reply spin.
     fn executor(cpus: Cpus, spin: Duration) -> Result<xtc::Executor, String> {
         xtc::Executor::builder()
             .shards(2)
             .placement(xtc::numa::Policy::Cpus(vec![cpus.0, cpus.1]))
             .spin_before_park(spin)
+            .reply_spin(spin)
             .build()
             .map_err(|e| e.to_string())
     }
@@ -724,9 +730,18 @@ mod xtc_rt {
         Ok(line)
     }
 
-    /// The main task on shard 0 awaits `submit_to(1, ..)` in a loop.
-    pub(super) fn rtt(cpus: Cpus, p: Params, spin: Duration) -> RttOut {
+    /// The main task on shard 0 awaits `submit_to(1, ..)` in a loop; `reply_spin` replaces
+    /// the executor's reply spin when given.
+    pub(super) fn rtt(
+        cpus: Cpus,
+        p: Params,
+        spin: Duration,
+        reply_spin: Option<Duration>,
+    ) -> RttOut {
         let exec = executor(cpus, spin)?;
+        if let Some(r) = reply_spin {
+            exec.set_reply_spin(r);
+        }
         let h = exec
             .block_on(move || async move {
                 let mut h = xtc_bench::latency_histogram();
@@ -742,7 +757,10 @@ mod xtc_rt {
             })
             .map_err(|e| e.to_string())??;
         let what = if spin.is_zero() {
-            "rtt, target parks".to_string()
+            format!(
+                "rtt, target parks, caller's reply spin {} us",
+                exec.reply_spin().as_micros()
+            )
         } else {
             format!("rtt, spin {} ms", spin.as_millis())
         };
@@ -866,12 +884,17 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let xtc_park = run(
         "xtc",
         None,
-        Box::new(move || xtc_rt::rtt(cpus, p, Duration::ZERO)),
+        Box::new(move || xtc_rt::rtt(cpus, p, Duration::ZERO, None)),
+    );
+    let xtc_reply_spin = run(
+        "xtc reply spin",
+        None,
+        Box::new(move || xtc_rt::rtt(cpus, p, Duration::ZERO, Some(xtc::DEFAULT_REPLY_SPIN))),
     );
     let xtc_spin = run(
         "xtc spin",
         None,
-        Box::new(move || xtc_rt::rtt(cpus, p, SPIN)),
+        Box::new(move || xtc_rt::rtt(cpus, p, SPIN, None)),
     );
     let raw = run("raw", Some(cpus.0), Box::new(move || raw::rtt(cpus, p)));
     let raw_parked = run(
@@ -902,12 +925,25 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 
     let no_knob: Result<LatencySummary, String> =
         Err("no spin-before-park knob (it is in the parked row only)".into());
+    // The peers have no reply spin: their parked figures stand beside xtc's with it.
+    let target_parks = [
+        xtc_reply_spin,
+        raw_parked.clone(),
+        tokio.clone(),
+        glommio_park.clone(),
+        monoio.clone(),
+    ];
     let parked = [xtc_park, raw_parked, tokio, glommio_park, monoio];
     let spinning = [xtc_spin, raw, no_knob.clone(), glommio_spin, no_knob];
     let spin_label = format!("spin {}ms", SPIN.as_millis());
+    let reply_label = format!(
+        "target parks, xtc caller spins <={}us for reply",
+        xtc::DEFAULT_REPLY_SPIN.as_micros()
+    );
     let mut rows = Vec::new();
     for (label, set) in [
         ("idle loops park", &parked),
+        (reply_label.as_str(), &target_parks),
         (spin_label.as_str(), &spinning),
     ] {
         for q in ["p50", "p99"] {
@@ -1008,7 +1044,7 @@ fn chunked_note(chunked: &Result<f64, String>, xtc_batched: &Result<f64, String>
 /// Progress-bar steps of a benchmark.
 fn steps_of(bench: &str) -> u64 {
     match bench {
-        "rtt" => 8,
+        "rtt" => 9,
         "stream" => RUNTIMES.len() as u64 + 3,
         _ => unreachable!("benchmark names are checked when parsing"),
     }

@@ -414,8 +414,18 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // Spin only after a turn that did work: a loop in a conversation with a peer gets the
         // answer without a wake-up, an idle loop (woken by a tick that found nothing) parks at
         // once.
-        let spin = exec.spin_before_park();
-        if !spin.is_zero() && worked && spin_for_work(core, spin) {
+        let mut spin = if worked {
+            exec.spin_before_park()
+        } else {
+            Duration::ZERO
+        };
+        // A task here awaits a cross-shard reply (flagged by a poll of this turn or of one just
+        // before that took another turn): with its target asleep, the reply's own wake-up
+        // would double the round trip (Handle::set_reply_spin).
+        if core.reply_awaited.replace(false) {
+            spin = spin.max(exec.reply_spin());
+        }
+        if !spin.is_zero() && spin_for_work(core, spin) {
             continue;
         }
         let kind = {

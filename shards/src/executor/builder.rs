@@ -16,7 +16,16 @@ use crate::{Error, Result};
 /// the core (a client, another process) still runs. Set 0 to park at once.
 pub const DEFAULT_SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 
-/// Longest spin-before-park accepted (`Builder::spin_before_park`, `XTC_SPIN_BEFORE_PARK`;
+/// Default reply spin: how long a loop whose task awaits a `submit_to` reply from another
+/// shard polls before it parks (once per wait of the call's join; with the spin-before-park
+/// also due, the longer applies). Chosen above one wake-up of the target loop here (20–25 µs in
+/// a VM) plus its run: with the target asleep a round trip then pays one wake-up, not two
+/// (`scripts/bench --only rtt`, parked rows). Cost: up to 50 µs of CPU per cross-shard call
+/// that finds its caller with nothing else to do, yielded to other threads every 64 polls;
+/// nothing for loops that await no reply. Set 0 to park at once.
+pub const DEFAULT_REPLY_SPIN: Duration = Duration::from_micros(50);
+
+/// Longest spin-before-park (and reply spin) accepted (`Builder::spin_before_park`, `XTC_SPIN_BEFORE_PARK`;
 /// `Handle::set_spin_before_park` clamps to it). A spinning loop counts as busy, so `run()`
 /// returns up to one spin after the last task finished: a spin of centuries kept it, and the
 /// deadlock report, from ever ending.
@@ -45,6 +54,7 @@ pub struct Builder {
     pub(crate) topology: Option<std::sync::Arc<Topology>>,
     pub(crate) ring_capacity: usize,
     pub(crate) spin_before_park: Duration,
+    pub(crate) reply_spin: Duration,
     pub(crate) stealing: bool,
     pub(crate) eager_rebalance: bool,
     pub(crate) steal_backoff: bool,
@@ -73,6 +83,7 @@ impl Default for Builder {
             topology: None,
             ring_capacity: crate::ring::DEFAULT_RING_CAPACITY,
             spin_before_park: DEFAULT_SPIN_BEFORE_PARK,
+            reply_spin: DEFAULT_REPLY_SPIN,
             stealing: true,
             eager_rebalance: false,
             steal_backoff: false,
@@ -189,6 +200,16 @@ impl Builder {
         }
         if let Some(c) = io_choice_from_env()? {
             self.io_driver = Some(c);
+        }
+        if let Some(v) = var("XTC_REPLY_SPIN") {
+            self.reply_spin = parse_duration(&v)
+                .filter(|d| *d <= MAX_SPIN_BEFORE_PARK)
+                .ok_or_else(|| Error::Env {
+                    var: "XTC_REPLY_SPIN",
+                    value: v.clone(),
+                    expected: "a duration of at most 1s, a whole number with unit ns, us, ms or \
+                               s, such as 0, 50us, 1ms (a bare number is milliseconds)",
+                })?;
         }
         if let Some(v) = var("XTC_SPIN_BEFORE_PARK") {
             self.spin_before_park = parse_duration(&v)
@@ -327,6 +348,13 @@ impl Builder {
     /// [`DEFAULT_SPIN_BEFORE_PARK`]). `build()` refuses more than [`MAX_SPIN_BEFORE_PARK`].
     pub fn spin_before_park(mut self, spin: Duration) -> Builder {
         self.spin_before_park = spin;
+        self
+    }
+
+    /// Initial reply spin (see `Handle::set_reply_spin`; default [`DEFAULT_REPLY_SPIN`]).
+    /// `build()` refuses more than [`MAX_SPIN_BEFORE_PARK`].
+    pub fn reply_spin(mut self, spin: Duration) -> Builder {
+        self.reply_spin = spin;
         self
     }
 

@@ -13,7 +13,8 @@ use std::{
 };
 
 pub use builder::{
-    Builder, DEFAULT_DEADLOCK_GRACE, DEFAULT_SPIN_BEFORE_PARK, MAX_SPIN_BEFORE_PARK,
+    Builder, DEFAULT_DEADLOCK_GRACE, DEFAULT_REPLY_SPIN, DEFAULT_SPIN_BEFORE_PARK,
+    MAX_SPIN_BEFORE_PARK,
 };
 
 /// The resolved settings an `ExecShared` starts from (the public `Builder` stays separate).
@@ -23,6 +24,7 @@ pub(crate) struct Config {
     pub(crate) deadlock_grace: Option<Duration>,
     pub(crate) ring_capacity: usize,
     pub(crate) spin_before_park: Duration,
+    pub(crate) reply_spin: Duration,
     pub(crate) victims: [Vec<Vec<usize>>; 3],
     pub(crate) stealing: bool,
     pub(crate) eager_rebalance: bool,
@@ -44,6 +46,7 @@ impl Default for Config {
             deadlock_grace: None,
             ring_capacity: crate::ring::DEFAULT_RING_CAPACITY,
             spin_before_park: Duration::ZERO,
+            reply_spin: Duration::ZERO,
             victims: Default::default(),
             stealing: true,
             eager_rebalance: false,
@@ -88,6 +91,7 @@ pub(crate) struct ExecShared {
     pub(crate) loops: Vec<Arc<LoopShared>>,
     pub(crate) mesh: Mesh,
     spin_before_park_ns: AtomicU64,
+    reply_spin_ns: AtomicU64,
     pub(crate) stop: AtomicBool,
     stop_reason: AtomicU32,
     service_mode: AtomicBool,
@@ -157,6 +161,7 @@ impl ExecShared {
             loops,
             mesh: Mesh::new(n, config.ring_capacity),
             spin_before_park_ns: AtomicU64::new(duration_ns(config.spin_before_park)),
+            reply_spin_ns: AtomicU64::new(duration_ns(config.reply_spin)),
             stop: AtomicBool::new(false),
             stop_reason: AtomicU32::new(StopReason::None as u32),
             service_mode: AtomicBool::new(config.service_mode),
@@ -268,6 +273,10 @@ impl ExecShared {
 
     pub(crate) fn spin_before_park(&self) -> Duration {
         Duration::from_nanos(self.spin_before_park_ns.load(Relaxed))
+    }
+
+    pub(crate) fn reply_spin(&self) -> Duration {
+        Duration::from_nanos(self.reply_spin_ns.load(Relaxed))
     }
 
     pub(crate) fn stealing(&self) -> bool {
@@ -426,6 +435,13 @@ impl Executor {
                 b.spin_before_park, MAX_SPIN_BEFORE_PARK
             )));
         }
+        if b.reply_spin > MAX_SPIN_BEFORE_PARK {
+            return Err(Error::InvalidArgument(format!(
+                "reply_spin {:?} is longer than {:?} (MAX_SPIN_BEFORE_PARK): a spinning loop \
+                 is busy, so run() would wait that long after its last task; use 0 to 1s",
+                b.reply_spin, MAX_SPIN_BEFORE_PARK
+            )));
+        }
         let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)
             .map_err(|source| {
                 // The ring capacity plays no part in the placement.
@@ -476,6 +492,7 @@ impl Executor {
                 deadlock_grace: b.deadlock_grace,
                 ring_capacity: b.ring_capacity,
                 spin_before_park: b.spin_before_park,
+                reply_spin: b.reply_spin,
                 victims,
                 stealing: b.stealing,
                 eager_rebalance: b.eager_rebalance,
@@ -1215,6 +1232,31 @@ impl Handle {
     /// The spin-before-park time.
     pub fn spin_before_park(&self) -> Duration {
         self.shared.spin_before_park()
+    }
+
+    /// How long a loop polls before it parks when one of its tasks awaits a
+    /// [`submit_to`](crate::shard::submit_to) (or `submit_to_all`) reply from another shard:
+    /// with the target loop asleep, the reply then lands while the caller still polls and the
+    /// round trip pays one wake-up instead of two (`scripts/bench --only rtt` here: p50 from
+    /// 62–70 µs without it to 2 µs, the target still parking and pinged every round trip; a
+    /// thread woken while its waker's CPU stays busy wakes in about a microsecond on this VM,
+    /// against 25–35 µs when both CPUs went idle). Applies once per call, when the loop first
+    /// runs out of work after the call's join waited; with
+    /// [`set_spin_before_park`](Self::set_spin_before_park) also due, the longer is used.
+    /// Cost: up to `spin` of CPU per call that finds its caller with nothing else to do (the
+    /// spin ends when the reply, or any other work, arrives; it yields to other threads every
+    /// 64 polls); nothing for loops that await no reply. Default [`DEFAULT_REPLY_SPIN`] (50 µs;
+    /// or `XTC_REPLY_SPIN`); 0 parks at once; more than [`MAX_SPIN_BEFORE_PARK`] (1 s) is
+    /// clamped to it. Takes effect at the next idle period, from any thread.
+    pub fn set_reply_spin(&self, spin: Duration) {
+        self.shared
+            .reply_spin_ns
+            .store(duration_ns(spin.min(MAX_SPIN_BEFORE_PARK)), SeqCst);
+    }
+
+    /// The reply spin time.
+    pub fn reply_spin(&self) -> Duration {
+        self.shared.reply_spin()
     }
 
     /// Spawns a **migratable** task: a `Send` future placed round-robin over the loops, which
