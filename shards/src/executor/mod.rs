@@ -1240,12 +1240,12 @@ impl Handle {
     /// round trip pays one wake-up instead of two (`scripts/bench --only rtt` here: p50 from
     /// 62–70 µs without it to 2 µs, the target still parking and pinged every round trip; a
     /// thread woken while its waker's CPU stays busy wakes in about a microsecond on this VM,
-    /// against 25–35 µs when both CPUs went idle). Applies once per call, when the loop first
-    /// runs out of work after the call's join waited; with
-    /// [`set_spin_before_park`](Self::set_spin_before_park) also due, the longer is used.
-    /// Cost: up to `spin` of CPU per call that finds its caller with nothing else to do (the
-    /// spin ends when the reply, or any other work, arrives; it yields to other threads every
-    /// 64 polls); nothing for loops that await no reply. Default [`DEFAULT_REPLY_SPIN`] (50 µs;
+    /// against 25–35 µs when both CPUs went idle). Applies when the loop runs out of work
+    /// after a poll in which a call's join waited (once per such poll, so once per call for a
+    /// task that awaits it alone); with [`set_spin_before_park`](Self::set_spin_before_park)
+    /// also due, the longer is used. Cost: up to `spin` of CPU per such poll that leaves its
+    /// loop with nothing else to do (the spin ends when the reply, or any other work, arrives;
+    /// it yields to other threads every 64 polls); nothing for loops that await no reply. Default [`DEFAULT_REPLY_SPIN`] (50 µs;
     /// or `XTC_REPLY_SPIN`); 0 parks at once; more than [`MAX_SPIN_BEFORE_PARK`] (1 s) is
     /// clamped to it. Takes effect at the next idle period, from any thread.
     pub fn set_reply_spin(&self, spin: Duration) {
