@@ -27,7 +27,8 @@
 //!   `read_chunk` of all that is queued). In the parked `rtt` rows the
 //!   floor is two pinned threads that each block in `read(2)` on an eventfd until the other
 //!   writes it: the two wake-ups every runtime whose idle loops park pays per round trip, with
-//!   no channel or task around them;
+//!   no channel or task around them; in the "target parks" rows, the target thread blocks on
+//!   its eventfd while the pinger spins on an atomic for the answer (one wake-up);
 //! - **tokio**: two `current_thread` runtimes on two pinned threads, `tokio::sync::mpsc`
 //!   channels. No spin knob: it has no value in the spinning rows;
 //! - **glommio**: two `LocalExecutor`s with `Placement::Fixed(cpu)`, `shared_channel` channels;
@@ -294,6 +295,45 @@ mod raw {
             let t0 = Instant::now();
             ping.signal(i + 1)?;
             let v = pong.wait()?;
+            record_rtt(&mut h, p, i, t0.elapsed());
+            check_echo(i, v - 1)?;
+        }
+        join(echo)?;
+        Ok(Measured::plain(h))
+    }
+
+    /// The floor of a round trip whose target sleeps between messages while the caller spins
+    /// for the answer (xtc's reply spin): the echo thread blocks in `read(2)` on an eventfd,
+    /// the pinger writes it and then spins on an atomic the echo thread stores the value in.
+    /// One wake-up per round trip, the target's.
+    pub(super) fn rtt_target_parked(cpus: Cpus, p: Params) -> RttOut {
+        use std::sync::{
+            atomic::{AtomicU64, Ordering::Acquire, Ordering::Release},
+            Arc,
+        };
+        let ping = Arc::new(EventFd::new()?);
+        let pong = Arc::new(AtomicU64::new(0));
+        let total = p.rtt_total();
+        let (ping_rx, pong_tx) = (ping.clone(), pong.clone());
+        let echo = spawn_pinned("mesh-raw-target-parked-echo", cpus.1, move || {
+            for _ in 0..total {
+                let v = ping_rx.wait()?;
+                pong_tx.store(v, Release);
+            }
+            Ok(())
+        })?;
+        let mut h = xtc_bench::latency_histogram();
+        // The values travel as `i + 1`: an eventfd counter of 0 reads as "nothing yet".
+        for i in 0..total {
+            let t0 = Instant::now();
+            ping.signal(i + 1)?;
+            let v = loop {
+                let v = pong.load(Acquire);
+                if v == i + 1 {
+                    break v;
+                }
+                spin_loop();
+            };
             record_rtt(&mut h, p, i, t0.elapsed());
             check_echo(i, v - 1)?;
         }
@@ -902,6 +942,11 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         Some(cpus.0),
         Box::new(move || raw::rtt_parked(cpus, p)),
     );
+    let raw_target_parked = run(
+        "raw target parked",
+        Some(cpus.0),
+        Box::new(move || raw::rtt_target_parked(cpus, p)),
+    );
     let tokio = run(
         "tokio",
         Some(cpus.0),
@@ -925,10 +970,11 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 
     let no_knob: Result<LatencySummary, String> =
         Err("no spin-before-park knob (it is in the parked row only)".into());
-    // The peers have no reply spin: their parked figures stand beside xtc's with it.
+    // The peers have no reply spin: their parked figures stand beside xtc's with it. The raw
+    // floor is the one-wake-up pair (the pinger spins for the answer).
     let target_parks = [
         xtc_reply_spin,
-        raw_parked.clone(),
+        raw_target_parked,
         tokio.clone(),
         glommio_park.clone(),
         monoio.clone(),
@@ -1044,7 +1090,7 @@ fn chunked_note(chunked: &Result<f64, String>, xtc_batched: &Result<f64, String>
 /// Progress-bar steps of a benchmark.
 fn steps_of(bench: &str) -> u64 {
     match bench {
-        "rtt" => 9,
+        "rtt" => 10,
         "stream" => RUNTIMES.len() as u64 + 3,
         _ => unreachable!("benchmark names are checked when parsing"),
     }
@@ -1088,8 +1134,9 @@ fn main() -> ExitCode {
     );
     println!(
         "  xtc = submit_to (rtt) and channel::shared (stream) on a 2-shard Executor; raw = the floor: \
-         rtrb rings between two busy-polling threads (parked rtt rows: two threads blocking on \
-         eventfds, the cost of two wake-ups); tokio = mpsc, glommio = \
+         rtrb rings between two busy-polling threads (\"idle loops park\" rows: two threads \
+         blocking on eventfds, the cost of two wake-ups; \"target parks\" rows: the target \
+         blocks on an eventfd, the caller spins for the answer, one wake-up); tokio = mpsc, glommio = \
          shared_channel, monoio = flume"
     );
     if !cfg!(feature = "xtc") {
