@@ -770,6 +770,9 @@ mod xtc_rt {
         Ok(line)
     }
 
+    /// The executor's default reply spin (the "target parks" rows).
+    pub(super) const REPLY_SPIN: Duration = xtc::DEFAULT_REPLY_SPIN;
+
     /// The main task on shard 0 awaits `submit_to(1, ..)` in a loop; `reply_spin` replaces
     /// the executor's reply spin when given.
     pub(super) fn rtt(
@@ -879,7 +882,10 @@ mod xtc_rt {
 
     const NOT_BUILT: &str = "xtc-bench built without its `xtc` feature";
 
-    pub(super) fn rtt(_: Cpus, _: Params, _: Duration) -> RttOut {
+    /// xtc's default reply spin, for the row label.
+    pub(super) const REPLY_SPIN: Duration = Duration::from_micros(50);
+
+    pub(super) fn rtt(_: Cpus, _: Params, _: Duration, _: Option<Duration>) -> RttOut {
         Err(NOT_BUILT.into())
     }
 
@@ -929,7 +935,7 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let xtc_reply_spin = run(
         "xtc reply spin",
         None,
-        Box::new(move || xtc_rt::rtt(cpus, p, Duration::ZERO, Some(xtc::DEFAULT_REPLY_SPIN))),
+        Box::new(move || xtc_rt::rtt(cpus, p, Duration::ZERO, Some(xtc_rt::REPLY_SPIN))),
     );
     let xtc_spin = run(
         "xtc spin",
@@ -984,7 +990,7 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let spin_label = format!("spin {}ms", SPIN.as_millis());
     let reply_label = format!(
         "target parks, xtc caller spins <={}us for reply",
-        xtc::DEFAULT_REPLY_SPIN.as_micros()
+        xtc_rt::REPLY_SPIN.as_micros()
     );
     let mut rows = Vec::new();
     for (label, set) in [
