@@ -411,9 +411,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             let _ = status.busy();
             continue;
         }
-        // Spin only after a turn that did work: a loop in a conversation with a peer gets the
-        // answer without a wake-up, an idle loop (woken by a tick that found nothing) parks at
-        // once.
+        // Spin-before-park only after a turn that did work: a loop in a conversation with a
+        // peer gets the answer without a wake-up, an idle loop (woken by a tick that found
+        // nothing) parks at once.
         let mut spin = if worked {
             exec.spin_before_park()
         } else {
@@ -514,7 +514,6 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
 /// Spin-before-park: polls the loop's sources for up to `spin` before it parks, yielding the
 /// CPU (`sched_yield`) after every 64 polls. Returns whether work arrived. Costs a full CPU for
 /// the spin time of every idle period, unless another thread wants it.
-#[inline(never)]
 fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let deadline = Instant::now() + spin;
     let next_timer = core.timers.borrow_mut().next_deadline();
