@@ -1008,3 +1008,77 @@ fn shared_a_signal_registered_while_the_shutdown_flushes_is_not_left_behind() {
     );
     drop(waiter.join());
 }
+
+/// `local`: a waiting sender's waker that panics when the receiver's `try_recv` notifies it
+/// (user code: a future polled with a custom waker) does not take the received value with it.
+/// The value had been popped, then the wake unwound out of `try_recv` and dropped it: lost,
+/// and the receiver, whose own code was fine, saw the sender's panic.
+#[test]
+fn local_a_waiting_senders_panicking_waker_does_not_lose_the_received_value() {
+    use std::{future::Future, pin::Pin, task::Context};
+    let (tx, mut rx) = local::bounded::<u32>(1).unwrap();
+    tx.try_send(1).unwrap(); // full
+    let waker = panicking_waker();
+    let mut send = Box::pin(tx.send(2));
+    assert!(Pin::new(&mut send)
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rx.try_recv()));
+    assert!(
+        matches!(got, Ok(Ok(1))),
+        "the received value was lost to the sender's panicking waker"
+    );
+    // The notified sender still gets the freed slot.
+    assert!(matches!(
+        Pin::new(&mut send).poll(&mut noop_cx()),
+        std::task::Poll::Ready(Ok(()))
+    ));
+    assert_eq!(rx.try_recv(), Ok(2));
+}
+
+/// `local`: dropping the receiver wakes every waiting sender even if one's waker panics when
+/// woken. The wakes ran in a row, so the first panic left the senders after it asleep for good
+/// (taken off the line, marked notified: nothing else would wake them).
+#[test]
+fn local_receiver_drop_wakes_every_sender_past_a_panicking_waker() {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{
+            atomic::{AtomicBool, Ordering::SeqCst},
+            Arc,
+        },
+        task::{Context, Wake, Waker},
+    };
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, SeqCst);
+        }
+    }
+    let (tx, rx) = local::bounded::<u32>(1).unwrap();
+    tx.try_send(0).unwrap(); // full
+    let mut first = Box::pin(tx.send(1));
+    assert!(Pin::new(&mut first)
+        .poll(&mut Context::from_waker(&panicking_waker()))
+        .is_pending());
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let second_waker = Waker::from(flag.clone());
+    let mut second = Box::pin(tx.send(2));
+    assert!(Pin::new(&mut second)
+        .poll(&mut Context::from_waker(&second_waker))
+        .is_pending());
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(rx)));
+    assert!(
+        flag.0.load(SeqCst),
+        "the second waiting sender was never woken by the close"
+    );
+    assert!(matches!(
+        Pin::new(&mut second).poll(&mut noop_cx()),
+        std::task::Poll::Ready(Err(_))
+    ));
+    assert!(matches!(
+        Pin::new(&mut first).poll(&mut noop_cx()),
+        std::task::Poll::Ready(Err(_))
+    ));
+}

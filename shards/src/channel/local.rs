@@ -122,7 +122,9 @@ impl<T> Sender<T> {
         let w = st.rx_waker.take();
         drop(st);
         if let Some(w) = w {
-            w.wake();
+            // The receiver's waker, guarded: the value is sent, and a panic in someone else's
+            // waker (a custom one) must not reach this sender as if its send had failed.
+            crate::task::wake_guarded(w);
         }
         Ok(())
     }
@@ -240,10 +242,13 @@ impl<T> Drop for SendFut<'_, T> {
             return;
         };
         let (next, own) = self.tx.st.borrow_mut().leave(key, true);
-        drop(own);
+        // The next waiter is woken first, guarded: its waker is another sender's (user code,
+        // if custom), and a panic there, or in our own waker's drop, must not keep the
+        // notification, a freed slot, from it.
         if let Some(w) = next {
-            w.wake();
+            crate::task::wake_guarded(w);
         }
+        drop(own);
     }
 }
 
@@ -275,7 +280,7 @@ impl<T> Drop for Sender<T> {
         };
         drop(st);
         if let Some(w) = w {
-            w.wake();
+            crate::task::wake_guarded(w);
         }
     }
 }
@@ -289,7 +294,9 @@ impl<T> Receiver<T> {
                 let w = st.notify_one();
                 drop(st);
                 if let Some(w) = w {
-                    w.wake();
+                    // Guarded: a waiting sender's waker is user code (a custom one), and a
+                    // panic in it unwound out of here and dropped `v`, received and lost.
+                    crate::task::wake_guarded(w);
                 }
                 Ok(v)
             }
@@ -349,7 +356,9 @@ impl<T> Drop for Receiver<T> {
         drop(st);
         // Wake first: a queued value whose `Drop` panics must not leave the senders asleep
         // (they were marked notified and left the line above, so nothing else wakes them).
-        wakers.into_iter().for_each(Waker::wake);
+        // Each guarded, for the same reason: a waker that panics (a custom one) stopped the
+        // wakes of the senders after it.
+        wakers.into_iter().for_each(crate::task::wake_guarded);
         drop(items);
     }
 }
