@@ -1082,3 +1082,80 @@ fn local_receiver_drop_wakes_every_sender_past_a_panicking_waker() {
         std::task::Poll::Ready(Err(_))
     ));
 }
+
+/// A channel end that is dropped lets go of the waker it left in the channel (a `recv` or
+/// `send` that waited, then was dropped with its end: a task cancelled, a `select!`), rather
+/// than keep it until the other end goes too. The other end may live for good (a producer
+/// stored in a long-lived structure), and that waker held its task's allocation (and its
+/// loop's shared state) or, for a custom waker, whatever it owns: a `Sender` of another
+/// channel in it kept that channel open, so its receiver never saw it close.
+#[test]
+fn a_dropped_end_lets_go_of_the_waker_it_left() {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::Arc,
+        task::{Context, Wake, Waker},
+    };
+    struct Counted;
+    impl Wake for Counted {
+        fn wake(self: Arc<Self>) {}
+    }
+    let held = |w: &Arc<Counted>| Arc::strong_count(w) - 1;
+
+    // shared: a waiting receiver, dropped; the sender stays.
+    let (tx, mut rx) = shared::bounded::<u32>(4).unwrap();
+    let w = Arc::new(Counted);
+    {
+        let waker = Waker::from(w.clone());
+        let mut recv = rx.recv();
+        assert!(Pin::new(&mut recv)
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+    }
+    drop(rx);
+    assert_eq!(
+        held(&w),
+        0,
+        "shared: the dropped receiver's waker is still held"
+    );
+    drop(tx);
+
+    // shared: a waiting sender, dropped; the receiver stays.
+    let (mut tx, rx) = shared::bounded::<u32>(1).unwrap();
+    tx.try_send(0).unwrap(); // full
+    let w = Arc::new(Counted);
+    {
+        let waker = Waker::from(w.clone());
+        let mut send = tx.send(1);
+        assert!(Pin::new(&mut send)
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+    }
+    drop(tx);
+    assert_eq!(
+        held(&w),
+        0,
+        "shared: the dropped sender's waker is still held"
+    );
+    drop(rx);
+
+    // local: a waiting receiver, dropped; a sender stays.
+    let (tx, mut rx) = local::bounded::<u32>(4).unwrap();
+    let w = Arc::new(Counted);
+    {
+        let waker = Waker::from(w.clone());
+        let mut recv = Box::pin(rx.recv());
+        assert!(recv
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+    }
+    drop(rx);
+    assert_eq!(
+        held(&w),
+        0,
+        "local: the dropped receiver's waker is still held"
+    );
+    drop(tx);
+}

@@ -353,12 +353,16 @@ impl<T> Drop for Receiver<T> {
             })
             .collect();
         let items = std::mem::take(&mut st.queue);
+        // The waker a `recv` that waited left: kept, it lived as long as the senders.
+        let own = st.rx_waker.take();
         drop(st);
         // Wake first: a queued value whose `Drop` panics must not leave the senders asleep
         // (they were marked notified and left the line above, so nothing else wakes them).
         // Each guarded, for the same reason: a waker that panics (a custom one) stopped the
         // wakes of the senders after it.
         wakers.into_iter().for_each(crate::task::wake_guarded);
+        // Guarded, before the values: a panic in its drop must not keep them queued.
+        crate::task::drop_wakers_guarded(own);
         drop(items);
     }
 }

@@ -121,6 +121,14 @@ impl Side {
         self.closed.load(SeqCst)
     }
 
+    /// This side's end is gone: takes the waker its last wait left (nobody waits here any
+    /// more), for the caller to drop outside the lock. Left in place, it lived as long as the
+    /// other end, holding its task (or, for a custom waker, whatever that owns).
+    pub(crate) fn forget(&self) -> Option<Waker> {
+        self.waiting.swap(false, SeqCst);
+        lock(&self.waker).take()
+    }
+
     /// Wakes unconditionally (closing).
     pub(crate) fn wake_now(&self) {
         self.waiting.swap(false, SeqCst);
@@ -654,6 +662,8 @@ impl<T> Drop for Sender<T> {
         }
         self.chan.tx.close();
         self.chan.rx.wake_now();
+        // The waker a `send` that waited left: guarded, as a drop of user code in a `Drop`.
+        crate::task::drop_wakers_guarded(self.chan.tx.forget());
     }
 }
 
@@ -667,6 +677,9 @@ impl<T> Drop for Receiver<T> {
         self.chan.rx.close();
         // Wake first: a value whose `Drop` panics must not leave a waiting sender asleep.
         self.chan.tx.wake_now();
+        // The waker a `recv` that waited left, before the values (whose `Drop` may panic).
+        // Guarded: a panic in that drop must not keep the values below queued.
+        crate::task::drop_wakers_guarded(self.chan.rx.forget());
         while let Ok(v) = self.ring.pop() {
             drop(v);
         }
