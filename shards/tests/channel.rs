@@ -1159,3 +1159,23 @@ fn a_dropped_end_lets_go_of_the_waker_it_left() {
     );
     drop(tx);
 }
+
+/// A shared channel's capacity that passes the size check (its bytes fit in `isize::MAX`) but
+/// that no machine can allocate (2^60 bytes: past any address space) is an `Err` saying so,
+/// not an abort of the whole process: the ring is allocated up front, and its failed
+/// allocation called `handle_alloc_error`.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri does not model a failed allocation (rust-lang/miri#613)"
+)]
+fn a_shared_capacity_no_machine_can_allocate_is_an_error_not_an_abort() {
+    let Err(e) = shared::bounded::<u64>(1 << 57) else {
+        panic!("a ring of 2^60 bytes was allocated")
+    };
+    assert!(e.to_string().contains("capacity"), "{e}");
+    // Smaller rings are unaffected.
+    let (mut tx, mut rx) = shared::bounded::<u64>(1 << 18).unwrap();
+    tx.try_send(7).unwrap();
+    assert_eq!(rx.try_recv(), Ok(7));
+}

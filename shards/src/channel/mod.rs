@@ -57,8 +57,8 @@ pub enum TryRecvError {
 
 /// Checks a capacity argument: at least 1, and few enough slots of `T` that their bytes fit in
 /// an allocation (`isize::MAX`); beyond that rtrb and `Vec` would panic. Within it, a shared
-/// channel still allocates its ring up front, so a capacity the machine cannot hold fails as
-/// any oversized allocation does.
+/// channel still allocates its ring up front, and checks that a large one can be allocated
+/// (`shared::bounded`).
 fn check_capacity<T>(capacity: usize) -> crate::Result<usize> {
     let slot = std::mem::size_of::<T>().max(1);
     if capacity == 0 {

@@ -164,12 +164,25 @@ impl Flush for SignalTx {
     }
 }
 
-/// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0, or one
-/// whose slots' bytes exceed `isize::MAX`; below that the ring is allocated up front, and a
-/// capacity the machine cannot hold aborts as any failed allocation does.
-/// Cost: one allocation of `capacity` slots.
+/// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0, for one
+/// whose slots' bytes exceed `isize::MAX`, and for a ring the allocator refuses (it is
+/// allocated up front).
+/// Cost: one allocation of `capacity` slots; a ring over 1 MiB is allocated and freed once
+/// more first.
 pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
-    let (p, c) = RingBuffer::new(check_capacity::<T>(capacity)?);
+    let capacity = check_capacity::<T>(capacity)?;
+    let bytes = capacity.saturating_mul(std::mem::size_of::<T>());
+    // rtrb allocates with `Vec::with_capacity`, whose failure aborts the process: a large
+    // ring is first tried fallibly, so a capacity the machine cannot hold is an `Err`.
+    // Smaller rings skip the probe (an extra allocation per channel where failure is not
+    // plausible).
+    if bytes > PROBE_ABOVE && Vec::<T>::new().try_reserve_exact(capacity).is_err() {
+        return Err(crate::Error::InvalidArgument(format!(
+            "a channel capacity of {capacity} slots ({bytes} bytes) could not be allocated: \
+             use a smaller capacity"
+        )));
+    }
+    let (p, c) = RingBuffer::new(capacity);
     let chan = Arc::new(Chan {
         rx: Side::new(),
         tx: Side::new(),
@@ -188,6 +201,10 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
         },
     ))
 }
+
+/// Rings of more bytes than this are allocated fallibly once before the real allocation
+/// ([`bounded`]).
+const PROBE_ABOVE: usize = 1 << 20;
 
 /// One end's half of rules 2 and 3: when to signal the other side after it moved messages.
 struct Signaller {
