@@ -665,3 +665,84 @@ fn child_a_pool_thread_takes_its_interrupt_signal_only_with_the_handler_installe
     std::thread::sleep(Duration::from_millis(200));
     std::fs::remove_file(&path).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// a stream kept from an io_uring loop for an epoll one
+
+/// Polls `fut` once (it must be pending), lets the loop submit it, then drops it.
+async fn poll_once_then_drop<F: std::future::Future>(fut: F) {
+    let mut fut = Box::pin(fut);
+    let pending =
+        futures::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx).is_pending()))
+            .await;
+    assert!(pending, "the operation had nothing to complete with yet");
+    sleep(Duration::from_millis(2)).await;
+    drop(fut);
+}
+
+/// Bytes an io_uring loop's receive took for a stream (a dropped owned read's kept receive,
+/// an `AsyncRead`'s receive in flight) are handed out first by `AsyncRead` on the epoll loop
+/// the stream serves next (a `LocalExecutor` made after `XTC_IO` changed), as the owned
+/// `read` does there. The epoll `poll_read` went straight to the socket: those bytes were
+/// lost, and the read returned the ones sent after them.
+#[test]
+fn child_bytes_an_io_uring_receive_took_are_read_first_on_an_epoll_loop() {
+    use futures::io::AsyncReadExt;
+    const ROLE: &str = "received-to-epoll";
+    if !is_child(ROLE) {
+        run_child(
+            "child_bytes_an_io_uring_receive_took_are_read_first_on_an_epoll_loop",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let uring = match LocalExecutor::new() {
+        Ok(ex) => ex,
+        Err(e) => {
+            println!("skipped: io_uring unavailable here: {e}");
+            return;
+        }
+    };
+    let streams = uring.block_on(async {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
+        let (a, b) = UnixStream::pair().unwrap();
+        // A dropped owned read: its receive is kept by the stream.
+        poll_once_then_drop(a.read(Vec::with_capacity(16))).await;
+        let (mut c, d) = UnixStream::pair().unwrap();
+        // A dropped `AsyncRead`: its receive stays in flight.
+        let mut tmp = [0u8; 16];
+        poll_once_then_drop(AsyncReadExt::read(&mut c, &mut tmp)).await;
+        for s in [&b, &d] {
+            let (r, _) = s.write_all(b"first".to_vec()).await;
+            r.unwrap();
+        }
+        // Both receives complete and are reaped.
+        sleep(Duration::from_millis(50)).await;
+        (a, b, c, d)
+    });
+    drop(uring);
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    let got = epoll.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        let (mut a, b, mut c, d) = streams;
+        let mut got = Vec::new();
+        for (s, peer) in [(&mut a, &b), (&mut c, &d)] {
+            let (r, _) = peer.write_all(b"second".to_vec()).await;
+            r.unwrap();
+            let mut tmp = [0u8; 5];
+            let n = xtc_shards::time::timeout(HANG, AsyncReadExt::read(s, &mut tmp))
+                .await
+                .expect("AsyncRead on the epoll loop hung")
+                .unwrap();
+            got.push(String::from_utf8_lossy(&tmp[..n]).into_owned());
+        }
+        got
+    });
+    assert_eq!(
+        got,
+        ["first", "first"],
+        "bytes received on io_uring were lost"
+    );
+}

@@ -4,9 +4,10 @@
 //!
 //! `AsyncRead` on io_uring reads into an internal buffer of up to 8 KiB (the kernel needs
 //! memory that outlives the poll), never more than the caller's slice asks for, and copies
-//! out; on epoll it reads straight into the caller's slice. So no bytes wait in the internal
-//! buffer after a read returns (`into_std` loses none), except those of a read whose future
-//! was dropped before its data arrived and whose next read asked for less.
+//! out; on epoll it reads straight into the caller's slice (after any bytes the receives of an
+//! io_uring loop of this thread took for the stream before that loop went). So no bytes wait
+//! in the internal buffer after a read returns (`into_std` loses none), except those of a read
+//! whose future was dropped before its data arrived and whose next read asked for less.
 //! An owned `read` whose future is dropped unfinished on io_uring leaves its receive running,
 //! kept by the stream (`PollState::stray`), and its bytes go to the internal buffer for the
 //! next read: dropping a read loses nothing on either driver (epoll reads in the poll). Its
@@ -977,6 +978,18 @@ impl StreamIo {
         };
         match kind {
             Kind::Epoll => {
+                // A stream kept from an io_uring loop of this thread that has gone (a
+                // `LocalExecutor` made after `XTC_IO` changed): what its receives took (unread
+                // in `rbuf`, or completions its driver left) comes before the socket's next
+                // bytes, as for the owned `read`. Straight to the socket, they were lost.
+                if already_received(self.poll.get_mut()) {
+                    let (taken, _) = After::around(cx, |cx, after| {
+                        take_received(self.poll.get_mut(), cx, out, after)
+                    });
+                    if let Some(r) = taken {
+                        return Poll::Ready(r);
+                    }
+                }
                 let (ptr, len) = (out.as_mut_ptr(), out.len());
                 self.poll_trait_epoll(Dir::Read, cx, len, &mut |fd| {
                     // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed for
@@ -1195,6 +1208,46 @@ fn already_received(st: &PollState) -> bool {
                         .is_some_and(|op| op.completed().is_some())
             }
         }
+}
+
+/// `poll_read` on a loop that starts no receive of the stream's own (epoll): hands out what
+/// receives already brought (see [`already_received`]), in order; `None` once there is
+/// nothing left, for the caller to read the socket. What must wait for the end of the use of
+/// `st` goes to `after`.
+fn take_received(
+    st: &mut PollState,
+    cx: &mut Context<'_>,
+    out: &mut [u8],
+    after: &mut After,
+) -> Option<io::Result<usize>> {
+    loop {
+        if st.rpos < st.rbuf.len() {
+            let n = out.len().min(st.rbuf.len() - st.rpos);
+            out[..n].copy_from_slice(&st.rbuf[st.rpos..st.rpos + n]);
+            st.rpos += n;
+            return Some(Ok(n));
+        }
+        if st.stray.is_none() {
+            if let Some(e) = st.read_error.take() {
+                return Some(Err(io::Error::from_raw_os_error(-e)));
+            }
+        }
+        if !already_received(st) {
+            return None;
+        }
+        // A reaped completion: ready at once, so no task is listed.
+        match poll_reading(st, cx, true, after) {
+            Poll::Ready(Some(Ok(0))) => return Some(Ok(0)),
+            // Its bytes are in `rbuf` now, or it moved nothing (cancelled by its driver's
+            // shutdown): look again.
+            Poll::Ready(Some(Ok(_)) | None) => {}
+            Poll::Ready(Some(Err(e))) => return Some(Err(e)),
+            Poll::Pending => {
+                debug_assert!(false, "a completed receive resolves");
+                return None;
+            }
+        }
+    }
 }
 
 /// Completes the `AsyncRead` receive in flight (io_uring), if any: its bytes land in `rbuf`.
