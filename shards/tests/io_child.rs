@@ -14,7 +14,9 @@
 //! * with epoll denied too, a loop has no I/O driver: I/O calls fail with an error that says
 //!   so, and timers and tasks still run;
 //! * a connection an io_uring loop's dropped accept took is handed out by the listener's next
-//!   `accept` on an epoll loop (`XTC_IO` changed between two `LocalExecutor`s).
+//!   `accept` on an epoll loop (`XTC_IO` changed between two `LocalExecutor`s);
+//! * so are the bytes an io_uring loop's receives took for a stream, by `AsyncRead` there, and
+//!   the bytes a write-behind send left unsent, by the next flush or write there.
 //!
 //! Each body runs on both drivers (except where io_uring is denied on purpose).
 
@@ -745,4 +747,88 @@ fn child_bytes_an_io_uring_receive_took_are_read_first_on_an_epoll_loop() {
         ["first", "first"],
         "bytes received on io_uring were lost"
     );
+}
+
+/// Fills `a`'s socket with plain non-blocking sends of zeros until it refuses; the bytes sent.
+fn fill(a: &impl std::os::fd::AsRawFd) -> usize {
+    let zeros = [0u8; 4096];
+    let mut filled = 0usize;
+    loop {
+        // SAFETY: a send from a live local buffer on an open descriptor.
+        let n = unsafe {
+            libc::send(
+                a.as_raw_fd(),
+                zeros.as_ptr().cast(),
+                zeros.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        filled += n as usize;
+    }
+    filled
+}
+
+/// Bytes `AsyncWrite` reported written on an io_uring loop whose send that loop's shutdown cut
+/// (the socket was full) reach the peer, in order and once, when the stream serves an epoll
+/// loop next (a `LocalExecutor` made after `XTC_IO` changed): `flush` sends them, a later
+/// write goes after them, and `shutdown(Write)` waits for them. The epoll `flush` failed
+/// ("this loop has no io_uring") and dropped them, and `poll_write` sent ahead of them.
+#[test]
+fn child_a_write_behind_cut_on_io_uring_is_sent_on_an_epoll_loop() {
+    use futures::io::AsyncWriteExt;
+    const ROLE: &str = "write-behind-to-epoll";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_write_behind_cut_on_io_uring_is_sent_on_an_epoll_loop",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let uring = match LocalExecutor::new() {
+        Ok(ex) => ex,
+        Err(e) => {
+            println!("skipped: io_uring unavailable here: {e}");
+            return;
+        }
+    };
+    let (mut a, b, filled) = uring.block_on(async {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let filled = fill(&a);
+        // Reported written at once (write-behind); its send waits for room, which never
+        // comes in this run.
+        assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
+        (a, b, filled)
+    });
+    drop(uring);
+    let mut b = b.into_std();
+    b.set_nonblocking(false).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        b.read_to_end(&mut all).unwrap();
+        all
+    });
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    epoll.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        let written = xtc_shards::time::timeout(HANG, async {
+            AsyncWriteExt::write_all(&mut a, b"more").await?;
+            AsyncWriteExt::flush(&mut a).await?;
+            let (r, _) = a.write_all(b"owned".to_vec()).await;
+            r?;
+            AsyncWriteExt::close(&mut a).await
+        })
+        .await
+        .expect("the writes on the epoll loop hung");
+        written.unwrap_or_else(|e| panic!("writing on the epoll loop: {e}"));
+    });
+    let all = reader.join().unwrap();
+    assert_eq!(all.len(), filled + 13, "bytes lost or sent twice");
+    assert!(all[..filled].iter().all(|&x| x == 0));
+    assert_eq!(&all[filled..], b"tailmoreowned");
 }

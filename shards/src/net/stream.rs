@@ -18,7 +18,8 @@
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write, `flush` or
 //! `close` waits for it and reports its error, and a `shutdown` of the write half that would
-//! overtake it is refused with `WouldBlock`. On epoll it writes straight from the slice.
+//! overtake it is refused with `WouldBlock`. On epoll it writes straight from the slice,
+//! after the bytes such a send left unsent when its io_uring loop went (`PollState::unsent`).
 //!
 //! The two APIs can be mixed on one stream and keep the byte order: an owned `write` or
 //! `write_all` first waits for the `AsyncWrite` bytes still being sent (and reports their
@@ -85,6 +86,11 @@ struct PollState {
     rpos: usize,
     writing: Option<Op<Vec<u8>>>,
     wsent: usize,
+    /// Bytes a write-behind send reported written but left unsent from `wsent` on, when the
+    /// stream serves an epoll loop after its io_uring loop went (its shutdown cut the send, a
+    /// `LocalExecutor` made after `XTC_IO` changed): sent there by plain sends first
+    /// ([`StreamIo::poll_unsent`]), or on io_uring as a write-behind send again (`drain`).
+    unsent: Option<Vec<u8>>,
     wbuf: Vec<u8>,
     /// The tasks waiting for `reading` (created at the first wait).
     read_waiters: Option<Waiters>,
@@ -655,6 +661,13 @@ fn resume_at(res: i32, wsent: usize, len: usize) -> Option<usize> {
 
 impl Drop for PollState {
     fn drop(&mut self) {
+        if let (Some(buf), Some(fd)) = (self.unsent.take(), self.fd) {
+            // Sent detached on an io_uring loop; on epoll it cannot be, and is lost.
+            if let Ok(rest) = start_send(fd, buf, self.wsent) {
+                rest.detach();
+            }
+            return;
+        }
         let Some(mut op) = self.writing.take() else {
             return;
         };
@@ -826,6 +839,13 @@ impl StreamIo {
     /// Pending, with the waiter entry the task is listed under (`BehindWait::note`). Cost when
     /// there are none: a `RefCell` borrow and a check.
     fn poll_write_behind(&self, cx: &mut Context<'_>) -> (Poll<io::Result<()>>, Option<u64>) {
+        if matches!(kind(), Ok(Kind::Epoll)) {
+            // Waiting on the socket's readiness, not on the waiter list: no entry.
+            match self.poll_unsent(cx, false) {
+                Poll::Ready(Ok(())) => {}
+                other => return (other, None),
+            }
+        }
         let fd = self.src.fd();
         After::around(cx, |cx, after| {
             let mut st = self.poll.borrow_mut();
@@ -914,8 +934,14 @@ impl StreamIo {
     /// reaped, and if the send is still in flight or came back short, the shutdown is refused
     /// with `WouldBlock` (nothing is sent, nothing is lost; `flush` or `close` waits for them).
     fn check_write_behind(&self) -> io::Result<()> {
-        if self.poll.borrow().writing.is_none() {
-            return Ok(());
+        {
+            let st = self.poll.borrow();
+            if st.unsent.is_some() {
+                return Err(unsent_error());
+            }
+            if st.writing.is_none() {
+                return Ok(());
+            }
         }
         // Outside the borrow: the reap drops the buffers of cancelled operations and wakes
         // tasks, user code that may use this stream (a buffer whose `Drop` reads it). Off any
@@ -944,11 +970,99 @@ impl StreamIo {
         if sent_all {
             Ok(())
         } else {
-            Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                "xtc: bytes written through AsyncWrite are still being sent; \
-                 await flush() (or use close(), which flushes and shuts down) before shutdown()",
-            ))
+            Err(unsent_error())
+        }
+    }
+
+    /// On epoll (the caller checked): sends what a write-behind send of a gone io_uring loop
+    /// left unsent ([`PollState::unsent`]), taking over such a send first, by readiness under
+    /// the `futures::io` side's registration, or, for an owned call (`trait_side` false),
+    /// [`epoll::ANON`](crate::io::epoll::ANON) (its waker stays registered until the socket's
+    /// next writable event if the call is dropped). `Ready(Ok)` once nothing is left. No borrow
+    /// of the state is held while the waker is registered (user code). Cost when nothing is
+    /// left: a `RefCell` borrow and a check.
+    fn poll_unsent(&self, cx: &mut Context<'_>, trait_side: bool) -> Poll<io::Result<()>> {
+        loop {
+            let (buf, from) = {
+                let mut st = self.poll.borrow_mut();
+                let st = &mut *st;
+                if st.unsent.is_none() {
+                    let resume = st.writing.as_ref().and_then(|op| {
+                        let (res, buf) = (op.completed()?, op.data()?);
+                        resume_at(res, st.wsent, buf.len())
+                    });
+                    if let Some(from) = resume {
+                        // Completed: taking its result runs no user code and needs no waker.
+                        if let Some(mut op) = st.writing.take() {
+                            let mut noop = Context::from_waker(Waker::noop());
+                            match Pin::new(&mut op).poll(&mut noop) {
+                                Poll::Ready((_, buf)) => {
+                                    st.wsent = from;
+                                    st.unsent = Some(buf);
+                                }
+                                Poll::Pending => {
+                                    debug_assert!(false, "a completed send resolves");
+                                    st.writing = Some(op);
+                                }
+                            }
+                        }
+                    }
+                }
+                match st.unsent.take() {
+                    Some(buf) => (buf, st.wsent),
+                    None => return Poll::Ready(Ok(())),
+                }
+            };
+            let rest = &buf[from..];
+            let (ptr, len) = (rest.as_ptr(), rest.len());
+            let r = crate::io::with_running_reactor(|r| match r {
+                Reactor::Epoll(e) => {
+                    let id = if trait_side {
+                        self.trait_registration(e)
+                    } else {
+                        crate::io::epoll::ANON
+                    };
+                    Ok(self.src.poll_ready(
+                        e,
+                        Dir::Write,
+                        cx,
+                        &mut |fd| {
+                            // SAFETY: `ptr` points at the `len` initialized bytes of `buf` from
+                            // `from`, a local that is neither moved nor changed until this
+                            // call returns.
+                            ops::cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
+                                .map(|n| n as usize)
+                        },
+                        |&n| short(n, len),
+                        id,
+                    ))
+                }
+                _ => Err(io::Error::other("xtc: driver changed")),
+            });
+            let mut st = self.poll.borrow_mut();
+            match r {
+                Ok(Poll::Ready(Ok(n))) if n > 0 && from + n < buf.len() => {
+                    st.wsent = from + n;
+                    st.unsent = Some(buf);
+                }
+                Ok(Poll::Pending) => {
+                    st.unsent = Some(buf);
+                    return Poll::Pending;
+                }
+                // All sent, or an error (reported once, as `drain` reports a failed send).
+                Ok(Poll::Ready(r)) => {
+                    st.wbuf = buf;
+                    st.wbuf.clear();
+                    return Poll::Ready(match r {
+                        Ok(0) => Err(io::ErrorKind::WriteZero.into()),
+                        other => other.map(drop),
+                    });
+                }
+                Err(e) => {
+                    st.unsent = Some(buf);
+                    return Poll::Ready(Err(e));
+                }
+            }
         }
     }
 
@@ -1114,6 +1228,9 @@ impl StreamIo {
 
     /// Waits for the write in flight (io_uring), completing partial sends.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if matches!(kind(), Ok(Kind::Epoll)) {
+            ready!(self.poll_unsent(cx, true))?;
+        }
         let fd = self.src.fd();
         let st = self.poll.get_mut();
         if st.writing.is_some() {
@@ -1134,6 +1251,9 @@ impl StreamIo {
                     // readiness wait hung on a full socket whose peer never reads.
                     return Poll::Ready(Ok(0));
                 }
+                // After what an io_uring write-behind left unsent (`PollState::unsent`), and
+                // its error.
+                ready!(self.poll_drain(cx))?;
                 let (ptr, len) = (data.as_ptr(), data.len());
                 self.poll_trait_epoll(Dir::Write, cx, len, &mut |fd| {
                     // SAFETY: `ptr` points at the caller's `len` bytes, borrowed for this call.
@@ -1169,6 +1289,15 @@ impl StreamIo {
     }
 }
 
+/// `shutdown`'s refusal to overtake bytes `AsyncWrite` reported written.
+fn unsent_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::WouldBlock,
+        "xtc: bytes written through AsyncWrite are still being sent; \
+         await flush() (or use close(), which flushes and shuts down) before shutdown()",
+    )
+}
+
 /// Before `drain` (a flush, a close, an owned write) of `st`'s write-behind send: with this
 /// thread's loop hidden (`context::off_loop`), or none running, a send still in the kernel,
 /// or one to be resumed (new I/O), gives that loop's error at once and stays for a later
@@ -1179,13 +1308,14 @@ fn off_loop_drain(st: &PollState) -> io::Result<()> {
     let Err(e) = kind() else {
         return Ok(());
     };
-    let settled = st
-        .writing
-        .as_ref()
-        .is_none_or(|op| match (op.completed(), op.data()) {
-            (Some(res), Some(buf)) => resume_at(res, st.wsent, buf.len()).is_none(),
-            _ => false,
-        });
+    let settled = st.unsent.is_none()
+        && st
+            .writing
+            .as_ref()
+            .is_none_or(|op| match (op.completed(), op.data()) {
+                (Some(res), Some(buf)) => resume_at(res, st.wsent, buf.len()).is_none(),
+                _ => false,
+            });
     if settled {
         Ok(())
     } else {
@@ -1303,7 +1433,14 @@ fn drain(
     trait_side: bool,
     after: &mut After,
 ) -> Poll<io::Result<()>> {
-    while let Some(op) = st.writing.as_mut() {
+    loop {
+        if let Some(buf) = st.unsent.take() {
+            // Left by an epoll loop (see `PollState::unsent`): a write-behind send again.
+            st.writing = Some(start_send(fd, buf, st.wsent)?);
+        }
+        let Some(op) = st.writing.as_mut() else {
+            break;
+        };
         let (res, buf) = ready!(poll_shared(
             op,
             &mut st.write_waiters,
