@@ -706,3 +706,33 @@ fn a_join_handle_keeps_its_task_when_the_waker_clone_panics() {
     });
     assert_eq!(out.ok(), Some(5));
 }
+
+/// A handle polled again after it gave its output (a finished task's, or an aborted one's
+/// cancellation) panics, as tokio's does and as xtc's channel futures do: its output is gone.
+/// It answered a cancelled `JoinError` instead, a lie (the task ran to completion and was
+/// never aborted, nor dropped by a stop) that `submit_to`-style callers map to "stopped".
+#[test]
+fn a_join_handle_polled_after_it_completed_panics() {
+    for aborted in [false, true] {
+        let again = LocalExecutor::new().unwrap().block_on(async move {
+            let mut h = Box::pin(spawn_local(async { 5 }));
+            if aborted {
+                h.abort();
+                assert!(h.as_mut().await.unwrap_err().is_cancelled());
+            } else {
+                assert_eq!(h.as_mut().await.unwrap(), 5);
+            }
+            poll_caught(h.as_mut(), Waker::noop())
+        });
+        let payload = again.expect_err("a second poll after the output gave an answer");
+        let msg = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+        assert_eq!(
+            msg,
+            Some("xtc: JoinHandle polled after it completed"),
+            "aborted: {aborted}"
+        );
+    }
+}

@@ -15,7 +15,9 @@ use crate::JoinError;
 ///
 /// Awaiting gives `Ok(value)`, or `Err(JoinError)` if the task panicked (the panic was caught;
 /// its loop went on) or was cancelled (aborted, or dropped because its executor stopped).
-/// Dropping the handle detaches the task: it runs on, its output is discarded.
+/// Dropping the handle detaches the task: it runs on, its output is discarded. Like most
+/// futures it must not be polled after it completed (that panics, as tokio's does: its output
+/// is gone).
 ///
 /// The handle is `Send` when the output is, so a pinned task's result can be awaited from any
 /// thread, but it is not `Sync`: [`abort`](Self::abort) takes `&self` without a lock.
@@ -230,7 +232,9 @@ impl<T> Future for JoinHandle<T> {
                 self.state.set(State::Aborted(a));
                 Poll::Pending
             }
-            State::Taken => Poll::Ready(Err(JoinError::cancelled())),
+            // Its output went to the poll that returned `Ready`: a cancelled error now would
+            // be a lie (the task finished, or its cancellation was already reported).
+            State::Taken => panic!("xtc: JoinHandle polled after it completed"),
         }
     }
 }
