@@ -91,7 +91,8 @@ pub(crate) struct Core {
     pub(crate) migr_delta: Cell<i64>,
     /// This turn's `spawning` flag is up (steal/mod.rs rule 4; mirrors the shared one).
     pub(crate) spawning: Cell<bool>,
-    /// Set by `yield_if_due` when it yields: the batch ends after the current poll.
+    /// Set by `yield_if_due` when it yields (and by an `Interval` tick that yields before it
+    /// completes): the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
     /// A `submit_to` polled on this loop waits for its reply from another shard (set when its
     /// join returns `Pending`, taken at the park decision): the loop spins up to the reply spin

@@ -694,3 +694,47 @@ fn a_stop_inside_a_local_executor_is_not_kept() {
     let later = ex.block_on(timers_fired_around_a_sleep_dropped_off_its_loop());
     assert_eq!(later, 1, "a stale timer fired in a later block_on");
 }
+
+/// A tick of a zero period already due when polled yields to the *loop*, as the docs say (a
+/// loop turn per such tick): the turn ends, so a timer that came due meanwhile fires, and its
+/// task runs, within a few ticks. It yielded to the run queue only: the loop went on with the
+/// same batch of up to 128 polls, a tick each, before it looked at its timers (or its I/O and
+/// inbox) again. Counted in ticks after the timer was seen due, not in time.
+#[test]
+fn a_due_tick_yields_to_the_loop_so_due_timers_fire_between_ticks() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let mut worst = 0;
+        for _ in 0..20 {
+            let woke = std::rc::Rc::new(std::cell::Cell::new(false));
+            let w = woke.clone();
+            let deadline = Instant::now() + Duration::from_micros(200);
+            let mut sleeper = Box::pin(time::sleep_until(deadline));
+            if futures::poll!(sleeper.as_mut()).is_ready() {
+                continue; // this thread was descheduled past the deadline: no timer to watch
+            }
+            let sleeper = spawn_local(async move {
+                sleeper.await;
+                w.set(true);
+            });
+            let mut iv = time::interval(Duration::ZERO);
+            let mut due_at = None;
+            let mut ticks = 0u64;
+            while !woke.get() {
+                iv.tick().await;
+                ticks += 1;
+                if due_at.is_none() && Instant::now() >= deadline {
+                    due_at = Some(ticks);
+                }
+                assert!(ticks < 1_000_000, "the timer never fired");
+            }
+            sleeper.await.unwrap();
+            if let Some(at) = due_at {
+                worst = worst.max(ticks - at);
+            }
+        }
+        assert!(
+            worst <= 4,
+            "a due timer waited {worst} ticks of a zero-period interval to fire"
+        );
+    });
+}

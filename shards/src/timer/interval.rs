@@ -57,8 +57,12 @@ impl Interval {
         // Due at its first poll: wake and yield first, so other tasks run in between. Without
         // this a period shorter than a loop turn (the skip below then schedules a deadline
         // that has passed by the next poll) never returned `Pending` and held the loop for
-        // good; a zero period used to panic (tokio's does).
+        // good; a zero period used to panic (tokio's does). The yield ends the loop's batch
+        // (as `yield_if_due`'s does), so due timers, I/O and the inbox are served before the
+        // next tick: a wake alone re-queued the task in the same batch, which then ticked up
+        // to 128 times before the loop looked at anything else.
         if !std::mem::replace(&mut self.waited, true) {
+            crate::context::with_core(|c| c.end_batch.set(true));
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
