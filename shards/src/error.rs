@@ -76,15 +76,28 @@ pub enum Error {
     },
 }
 
-/// Why awaiting a [`JoinHandle`](crate::JoinHandle) gave no value.
+/// Why awaiting a [`JoinHandle`](crate::JoinHandle) gave no value. `Send + Sync`, like
+/// [`Error`], so `?` turns either into a `Box<dyn Error + Send + Sync>`.
 pub struct JoinError {
     repr: JoinRepr,
 }
 
 enum JoinRepr {
     Cancelled,
-    Panic(Box<dyn Any + Send + 'static>),
+    Panic(Payload),
 }
+
+/// A caught panic's payload, held so that [`JoinError`] is `Sync`: a `Box<dyn Any + Send>` is
+/// not, which made `JoinError` and [`Error`] `!Sync`, so neither converted into a
+/// `Box<dyn Error + Send + Sync>` (nor an `anyhow::Error`), and threads could not share one.
+struct Payload(Box<dyn Any + Send + 'static>);
+
+// SAFETY: through a shared `&Payload` the payload is only read by `payload_message`, which
+// calls `type_id` (the blanket `Any` impl, the only one there can be, returns the concrete
+// type's constant and reads no data) and then hands out a `&str` of a `&'static str` or a
+// `String`, both `Sync`. Everything else (`into_panic`) takes the payload by value, which
+// needs `Send` only. tokio's `JoinError` holds its payload the same way (`SyncWrapper`).
+unsafe impl Sync for Payload {}
 
 impl JoinError {
     pub(crate) fn cancelled() -> Self {
@@ -95,7 +108,7 @@ impl JoinError {
 
     pub(crate) fn panic(payload: Box<dyn Any + Send + 'static>) -> Self {
         JoinError {
-            repr: JoinRepr::Panic(payload),
+            repr: JoinRepr::Panic(Payload(payload)),
         }
     }
 
@@ -112,7 +125,7 @@ impl JoinError {
     /// The panic payload, to re-raise it with `std::panic::resume_unwind`.
     pub fn into_panic(self) -> Option<Box<dyn Any + Send + 'static>> {
         match self.repr {
-            JoinRepr::Panic(p) => Some(p),
+            JoinRepr::Panic(p) => Some(p.0),
             JoinRepr::Cancelled => None,
         }
     }
@@ -120,7 +133,7 @@ impl JoinError {
     /// The panic message when the payload is a string, as `panic!("..")` makes it.
     pub fn panic_message(&self) -> Option<&str> {
         match &self.repr {
-            JoinRepr::Panic(p) => payload_message(&**p),
+            JoinRepr::Panic(p) => payload_message(&*p.0),
             JoinRepr::Cancelled => None,
         }
     }
@@ -149,7 +162,8 @@ impl fmt::Display for JoinError {
 
 impl std::error::Error for JoinError {}
 
-/// A panic payload's message when it is a string, as `panic!("..")` makes it.
+/// A panic payload's message when it is a string, as `panic!("..")` makes it. Downcasts to
+/// `Sync` types only (`Payload`'s `Sync` relies on it).
 pub(crate) fn payload_message(p: &(dyn Any + Send)) -> Option<&str> {
     p.downcast_ref::<&'static str>()
         .copied()

@@ -736,3 +736,32 @@ fn a_join_handle_polled_after_it_completed_panics() {
         );
     }
 }
+
+/// `JoinError`, and so `xtc::Error`, is `Send + Sync` like `std::io::Error` and tokio's
+/// `JoinError`: `?` turns it into a `Box<dyn Error + Send + Sync>` (or an `anyhow::Error`), and
+/// threads may share one. It held the panic payload as a `Box<dyn Any + Send>`, which is not
+/// `Sync`, so neither compiled.
+#[test]
+fn join_error_and_error_are_send_and_sync() {
+    fn boxed(e: Error) -> Box<dyn std::error::Error + Send + Sync> {
+        e.into()
+    }
+    let e = LocalExecutor::new()
+        .unwrap()
+        .block_on(async { spawn_local(async { panic!("boom") }).await.unwrap_err() });
+    // Shared by reference with other threads, which read the message.
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| assert_eq!(e.panic_message(), Some("boom")));
+        }
+    });
+    let b = boxed(Error::Join(e));
+    assert_eq!(b.to_string(), "the main future failed: task panicked: boom");
+    let e = match b.downcast::<Error>().map(|b| *b) {
+        Ok(Error::Join(e)) => e,
+        other => panic!("not the join error: {other:?}"),
+    };
+    // The payload is still the panic's, to re-raise.
+    let p = e.into_panic().expect("a panic");
+    assert_eq!(p.downcast_ref::<&str>(), Some(&"boom"));
+}
