@@ -13,7 +13,6 @@ use crate::Result;
 /// assert_eq!(h.await.unwrap(), 1);
 /// # });
 /// ```
-/// # use xtc_shards as xtc;
 #[derive(Debug, Default, Clone)]
 #[must_use = "the builder must be used to spawn"]
 pub struct Builder {
@@ -76,6 +75,8 @@ impl Builder {
     }
 
     /// Like [`crate::spawn`] (a migratable task on the current loop), with this builder's options.
+    /// A class does not apply (classes order a shard's pinned tasks; a migratable task runs in
+    /// no lane): one set is ignored with a warning.
     ///
     /// # Panics
     /// Off any xtc loop.
@@ -85,6 +86,13 @@ impl Builder {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        if let Some(c) = self.class {
+            tracing::warn!(
+                "task::Builder::spawn: class of shard {} ignored: a migratable task runs in no \
+                 class lane (use spawn_local or spawn_on)",
+                c.shard
+            );
+        }
         crate::shard::spawn_with(fut, TaskInfo::here(self.name))
     }
 

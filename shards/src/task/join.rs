@@ -143,7 +143,10 @@ impl<T: 'static> JoinHandle<T> {
     /// if it is parked), and awaiting this handle then gives a cancelled [`JoinError`] once
     /// that drop has happened, so whatever the task held (a borrow, a lock, a socket) is
     /// released when the `.await` returns. As in tokio, aborting a task that already finished
-    /// changes nothing: awaiting gives its output. Cost: one async-task state update, two
+    /// changes nothing: awaiting gives its output. Unlike tokio, an abort from another thread
+    /// that lands while the task is in its last poll reports cancelled although the future ran
+    /// to completion (its side effects happened; its output is dropped): async-task closes a
+    /// running task at once. Cost: one async-task state update, two
     /// allocations and, for a parked task, one re-schedule on its loop.
     pub fn abort(&self) {
         self.with(|state| {

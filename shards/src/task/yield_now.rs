@@ -4,9 +4,11 @@ use std::{
     task::{Context, Poll},
 };
 
-/// Lets the other runnable tasks of this loop run once, then resumes.
+/// Lets the other runnable pinned tasks of this loop run once, then resumes.
 ///
-/// Cost: one re-queue at the back of the loop's run queue (a thread-local push); no syscall.
+/// The loop runs its pinned tasks before its migratable ones within a batch (of 128 polls), so
+/// a pinned task that yields in a loop lets queued migratable tasks run only when the batch
+/// ends; a migratable task's yield goes behind the other migratable tasks. Cost: one re-queue at the back of the loop's run queue (a thread-local push); no syscall.
 /// A loop with nothing else runnable resumes the task at once.
 #[inline]
 pub fn yield_now() -> YieldNow {

@@ -19,7 +19,8 @@ pub fn sleep(duration: Duration) -> Sleep {
 
 /// Completes at `deadline` (at once if it has passed).
 ///
-/// The timer lives on the loop that first polls the future, which parks until the earliest
+/// The timer lives on the loop that last polled the future (a migratable task that moves takes
+/// it along), which parks until the earliest
 /// deadline, so a sleep costs no CPU while it waits. Cost: one heap insert (O(log n)) and a
 /// weak reference to the loop (one uncontended atomic increment) on first poll, one removal
 /// when it fires or is dropped. Dropping the future cancels the timer, wherever it is dropped:
