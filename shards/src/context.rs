@@ -94,9 +94,10 @@ pub(crate) struct Core {
     /// Set by `yield_if_due` when it yields (and by an `Interval` tick that yields before it
     /// completes): the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
-    /// A `submit_to` polled on this loop waits for its reply from another shard (set when its
-    /// join returns `Pending`, taken at the park decision): the loop spins up to the reply spin
-    /// before it parks, so the reply needs no wake-up of its own.
+    /// A `submit_to` polled on this loop by a pinned task waits for its reply from another
+    /// shard (set when its join returns `Pending`, taken at the park decision): the loop spins
+    /// up to the reply spin before it parks, so the reply needs no wake-up of its own. (A
+    /// migratable caller's reply wakes it on the target's loop: nothing to spin for here.)
     pub(crate) reply_awaited: Cell<bool>,
     /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6): set
     /// before each poll, read only while `current` names a task (never between polls).

@@ -52,10 +52,12 @@ where
     }
 }
 
-/// The join of a cross-shard call: while it waits, the polling loop knows a reply is on its
-/// way and spins for it up to the reply spin before it parks
-/// ([`Handle::set_reply_spin`](crate::Handle::set_reply_spin)). Cost: one thread-local write
-/// per `Pending` poll of a remote call; none for a call to the caller's own shard.
+/// The join of a cross-shard call: while it waits in a pinned task, the polling loop knows a
+/// reply is on its way and spins for it up to the reply spin before it parks
+/// ([`Handle::set_reply_spin`](crate::Handle::set_reply_spin)); a migratable caller's reply
+/// wakes it on the target's loop instead. Cost: a thread-local read and a load per `Pending`
+/// poll of a remote call (and a write for a pinned caller); none for a call to the caller's
+/// own shard.
 struct AwaitReply<T> {
     join: JoinHandle<T>,
     remote: bool,
@@ -76,9 +78,22 @@ impl<T> Future for AwaitReply<T> {
     ) -> std::task::Poll<Self::Output> {
         let out = std::pin::Pin::new(&mut self.join).poll(cx);
         if out.is_pending() && self.remote {
-            // Read at the park decision of the loop polling now (a migratable caller that
-            // moved marks its new loop, where the reply now goes).
-            with_core(|c| c.reply_awaited.set(true));
+            // Read at the park decision of the loop polling now, where a pinned caller's reply
+            // comes back (over the ring from the target). A migratable caller's does not: the
+            // target's loop wakes it onto its own deque (steal/mod.rs rule 1), so its loop
+            // would spin for nothing (up to the whole reply spin, after every such poll).
+            with_core(|c| {
+                let meta = c.current.get();
+                // SAFETY: `current` points to the metadata of the task this loop is polling
+                // (set by the loop around the poll, null between polls), whose header is
+                // alive for the whole poll.
+                let pinned = !meta.is_null()
+                    && unsafe { &*meta }.class.load(crate::sync::Ordering::Relaxed)
+                        != task::MIGRATABLE_CLASS;
+                if pinned {
+                    c.reply_awaited.set(true);
+                }
+            });
         }
         out
     }
@@ -298,4 +313,70 @@ pub fn set_class(class: crate::Class) -> Result<()> {
 /// `block_on`. Cost: one wake ping per loop.
 pub fn stop() {
     with_core(|c| c.exec.request_stop(StopReason::Requested));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        sync::{
+            atomic::{AtomicBool, Ordering::SeqCst},
+            Arc,
+        },
+        time::Duration,
+    };
+
+    use futures_lite::future::poll_once;
+
+    use crate::context::with_core;
+
+    /// Polls a `submit_to` to shard 1 once (its closure waits for the returned flag, so the
+    /// poll finds no reply) and tells whether that poll asked this loop to spin for the reply.
+    async fn one_pending_call_asks_for_a_spin() -> (bool, Arc<AtomicBool>) {
+        let go = Arc::new(AtomicBool::new(false));
+        let g = go.clone();
+        let call = super::submit_to(1, move || async move {
+            while !g.load(SeqCst) {
+                crate::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        let mut call = std::pin::pin!(call);
+        with_core(|c| c.reply_awaited.set(false));
+        assert!(poll_once(call.as_mut()).await.is_none(), "no reply yet");
+        let asked = with_core(|c| c.reply_awaited.replace(false)).unwrap();
+        go.store(true, SeqCst);
+        call.await.unwrap();
+        (asked, go)
+    }
+
+    /// A migratable task awaiting a `submit_to` reply is woken onto the target's loop (steal
+    /// rule 1), not the one it polled on: that loop has no reply to spin for. It used to spin
+    /// the whole reply spin (up to 1 s) after every such poll, for nothing. A pinned caller's
+    /// reply does come back to its loop, which spins for it.
+    #[test]
+    fn only_a_pinned_caller_makes_its_loop_spin_for_the_reply() {
+        let exec = crate::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        // The migratable caller stays on shard 0 until the reply moves it.
+        exec.set_stealing(false);
+        let (pinned, migratable) = exec
+            .block_on(|| async {
+                let (pinned, _) = one_pending_call_asks_for_a_spin().await;
+                let migratable = super::spawn(async {
+                    assert_eq!(super::id(), 0);
+                    one_pending_call_asks_for_a_spin().await.0
+                })
+                .await
+                .unwrap();
+                (pinned, migratable)
+            })
+            .unwrap();
+        assert!(pinned, "a pinned caller's loop did not spin for its reply");
+        assert!(
+            !migratable,
+            "a migratable caller's loop spun for a reply that goes to the target's loop"
+        );
+    }
 }

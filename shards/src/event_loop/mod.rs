@@ -419,9 +419,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         } else {
             Duration::ZERO
         };
-        // A task here awaits a cross-shard reply (flagged by a poll of this turn or of one just
-        // before that took another turn): with its target asleep, the reply's own wake-up
-        // would double the round trip (Handle::set_reply_spin).
+        // A pinned task here awaits a cross-shard reply (flagged by a poll of this turn or of
+        // one just before that took another turn): with its target asleep, the reply's own
+        // wake-up would double the round trip (Handle::set_reply_spin).
         if core.reply_awaited.replace(false) {
             spin = spin.max(exec.reply_spin());
         }

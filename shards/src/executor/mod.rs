@@ -1234,8 +1234,9 @@ impl Handle {
         self.shared.spin_before_park()
     }
 
-    /// How long a loop polls before it parks when one of its tasks awaits a
-    /// [`submit_to`](crate::shard::submit_to) (or `submit_to_all`) reply from another shard:
+    /// How long a loop polls before it parks when one of its pinned tasks awaits a
+    /// [`submit_to`](crate::shard::submit_to) (or `submit_to_all`) reply from another shard (a
+    /// migratable task's reply wakes it on the target's loop, so its own loop does not spin):
     /// with the target loop asleep, the reply then lands while the caller still polls and the
     /// round trip pays one wake-up instead of two (`scripts/bench --only rtt` here: p50 from
     /// 62–70 µs without it to 2 µs, the target still parking and pinged every round trip; a
