@@ -514,6 +514,11 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
 /// Spin-before-park: polls the loop's sources for up to `spin` before it parks, yielding the
 /// CPU (`sched_yield`) after every 64 polls. Returns whether work arrived. Costs a full CPU for
 /// the spin time of every idle period, unless another thread wants it.
+///
+/// The sources are those a sender fills without pinging a loop that has not announced sleep
+/// (park.rs rule 2): the inbox, the rings, the I/O driver's completions, and the injector of
+/// migratable tasks (a plain thread's `Handle::spawn`, or its wake of a migratable task that
+/// last ran here), whose task otherwise waited out the whole spin.
 fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let deadline = Instant::now() + spin;
     let next_timer = core.timers.borrow_mut().next_deadline();
@@ -522,6 +527,7 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
             if core.shared.inbox.is_pending()
                 || core.mesh.borrow().incoming_pending()
                 || core.io.has_completions()
+                || !core.shared.steal.injector.is_empty()
             {
                 return true;
             }
@@ -694,4 +700,34 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     // a migratable task parked, and the flag kept idle loops ticking.
     steal::flush_live(core);
     publish_counts(core, 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{context::with_core, Executor, MAX_SPIN_BEFORE_PARK};
+
+    /// A migratable task queued from a plain thread lands in the loop's injector, with a wake
+    /// ping only for a loop that announced sleep: a spinning loop must see it itself. The spin
+    /// (a reply spin or spin-before-park, up to 1 s) looked at the inbox, the rings and the
+    /// I/O driver only, so the task waited out the whole spin.
+    #[test]
+    fn a_spin_ends_when_a_plain_thread_queues_a_migratable_task() {
+        let exec = Executor::builder()
+            .shards(1)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let seen = exec
+            .block_on(move || async move {
+                let task = std::thread::spawn(move || h.spawn(async {}))
+                    .join()
+                    .unwrap();
+                let seen = with_core(|c| super::spin_for_work(c, MAX_SPIN_BEFORE_PARK)).unwrap();
+                task.await.unwrap();
+                seen
+            })
+            .unwrap();
+        assert!(seen, "the spin did not see the queued task");
+    }
 }
