@@ -516,9 +516,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
 /// the spin time of every idle period, unless another thread wants it.
 ///
 /// The sources are those a sender fills without pinging a loop that has not announced sleep
-/// (park.rs rule 2): the inbox, the rings, the I/O driver's completions, and the injector of
-/// migratable tasks (a plain thread's `Handle::spawn`, or its wake of a migratable task that
-/// last ran here), whose task otherwise waited out the whole spin.
+/// (park.rs rule 2): the inbox, the rings, the I/O driver (io_uring's completion queue; on
+/// epoll, readiness, looked up every 64 polls), and the injector of migratable tasks (a plain
+/// thread's `Handle::spawn`, or its wake of a migratable task that last ran here). Each of
+/// these used to wait out the whole spin when it was missed.
 fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let deadline = Instant::now() + spin;
     let next_timer = core.timers.borrow_mut().next_deadline();
@@ -532,6 +533,12 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
                 return true;
             }
             std::hint::spin_loop();
+        }
+        // epoll has no completion queue in shared memory to look at: readiness takes a system
+        // call (`epoll_wait(0)`, only while a task waits on the driver), made here at the
+        // pace of the yield below. The events it dispatches wake their tasks onto this loop.
+        if core.io.kind() == Some(crate::io::Driver::Epoll) && core.io.reap() > 0 {
+            return true;
         }
         let now = Instant::now();
         if now >= deadline || next_timer.is_some_and(|t| now >= t) || core.exec.stop_requested() {
@@ -729,5 +736,46 @@ mod tests {
             })
             .unwrap();
         assert!(seen, "the spin did not see the queued task");
+    }
+
+    /// A socket a task waits on becomes readable while its loop spins: the spin ends (on
+    /// either driver), as it does for a ring message. On epoll it looked at io_uring's
+    /// completion queue only, so readiness waited out the whole spin (up to 1 s).
+    #[test]
+    fn a_spin_ends_when_a_socket_a_task_waits_on_becomes_ready() {
+        use std::io::Write;
+        for driver in [
+            crate::io::DriverChoice::Epoll,
+            crate::io::DriverChoice::Auto,
+        ] {
+            let exec = Executor::builder()
+                .shards(1)
+                .oversubscribe(true)
+                .io_driver(driver)
+                .build()
+                .unwrap();
+            let seen = exec
+                .block_on(|| async {
+                    let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+                    let a = crate::net::UnixStream::from_std(a).unwrap();
+                    let reader = crate::shard::spawn_local(async move {
+                        let (n, _) = a.read(vec![0u8; 8]).await;
+                        n.unwrap()
+                    });
+                    // The reader runs first and waits for data.
+                    crate::yield_now().await;
+                    b.write_all(b"x").unwrap();
+                    let seen = with_core(|c| {
+                        // As the loop does at the end of a turn that worked, before it spins.
+                        c.io.submit();
+                        super::spin_for_work(c, MAX_SPIN_BEFORE_PARK)
+                    })
+                    .unwrap();
+                    assert_eq!(reader.await.unwrap(), 1);
+                    seen
+                })
+                .unwrap();
+            assert!(seen, "{driver:?}: the spin did not see the socket's data");
+        }
     }
 }
