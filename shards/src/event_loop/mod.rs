@@ -517,9 +517,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
 ///
 /// The sources are those a sender fills without pinging a loop that has not announced sleep
 /// (park.rs rule 2): the inbox, the rings, the I/O driver (io_uring's completion queue; on
-/// epoll, readiness, looked up every 64 polls), and the injector of migratable tasks (a plain
-/// thread's `Handle::spawn`, or its wake of a migratable task that last ran here). Each of
-/// these used to wait out the whole spin when it was missed.
+/// epoll, readiness, looked up every 64 polls), the injector of migratable tasks (a plain
+/// thread's `Handle::spawn`, or its wake of a migratable task that last ran here), and room
+/// in a full ring this loop's backlog or ring-space waiters wait on (ring rule 3). Work from
+/// a source missed here waits out the whole spin (up to 1 s).
 fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let deadline = Instant::now() + spin;
     let next_timer = core.timers.borrow_mut().next_deadline();
@@ -529,6 +530,7 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
                 || core.mesh.borrow().incoming_pending()
                 || core.io.has_completions()
                 || !core.shared.steal.injector.is_empty()
+                || ring::space_freed(core)
             {
                 return true;
             }
@@ -736,6 +738,63 @@ mod tests {
             })
             .unwrap();
         assert!(seen, "the spin did not see the queued task");
+    }
+
+    /// A task waits for room in a full ring (ring rule 3) while its loop spins: the consumer's
+    /// drain tells the producer through `want_space`, whose ping reaches only a loop that
+    /// announced sleep, so the spin must see the room itself. It waited out the whole spin.
+    #[test]
+    fn a_spin_ends_when_a_full_ring_a_task_waits_on_gets_room() {
+        use std::sync::{
+            atomic::{AtomicBool, Ordering::SeqCst},
+            Arc,
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .ring_capacity(1)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let seen = exec
+            .block_on(move || async move {
+                // Shard 1 is held in a poll, so the ring to it stays full.
+                let (started, release) = (
+                    Arc::new(AtomicBool::new(false)),
+                    Arc::new(AtomicBool::new(false)),
+                );
+                let (s, r) = (started.clone(), release.clone());
+                crate::shard::send_to(1, move || async move {
+                    s.store(true, SeqCst);
+                    while !r.load(SeqCst) {
+                        std::thread::yield_now();
+                    }
+                })
+                .await
+                .unwrap();
+                while !started.load(SeqCst) {
+                    crate::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                crate::shard::send_to(1, || async {}).await.unwrap();
+                // A sender waiting for room (the ring's one slot is taken).
+                let sender = crate::shard::spawn_local(async {
+                    crate::shard::send_to(1, || async {}).await.unwrap();
+                });
+                crate::yield_now().await;
+                assert_eq!(h.loop_stats(0).unwrap().ring_full_waits, 1);
+                release.store(true, SeqCst);
+                // Shard 1 drains the ring (room for the sender), then we spin.
+                let limit = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                while h.loop_stats(1).unwrap().messages_received < 2 {
+                    assert!(std::time::Instant::now() < limit, "shard 1 did not drain");
+                    std::thread::yield_now();
+                }
+                let seen = with_core(|c| super::spin_for_work(c, MAX_SPIN_BEFORE_PARK)).unwrap();
+                sender.await.unwrap();
+                seen
+            })
+            .unwrap();
+        assert!(seen, "the spin did not see the room in the ring");
     }
 
     /// A socket a task waits on becomes readable while its loop spins: the spin ends (on

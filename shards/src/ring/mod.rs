@@ -22,7 +22,8 @@
 //!    which on its next turn wakes the waiters whose ring has space. Both sides use a
 //!    read-modify-write on the flag, so whichever comes second in its modification order sees the
 //!    other's ring update (the same argument as `event_loop/park.rs`). A loop with waiters or a
-//!    backlog rechecks ring space after announcing sleep.
+//!    backlog rechecks ring space after announcing sleep, and looks at it while it spins before
+//!    parking ([`space_freed`]: the ping reaches only a loop that announced sleep).
 //! 4. **Fair draining.** Each turn a loop pops at most [`DRAIN_PER_RING`] messages from each
 //!    incoming ring, starting one ring further on each turn, so no peer can starve another.
 //!    Draining never depends on ring space, so two loops that fill each other's rings still make
@@ -447,6 +448,19 @@ pub(crate) fn flush(core: &Core) {
         m.dirty = dirty;
         m.dirty.clear();
     }
+}
+
+/// Whether a ring this loop holds a backlog or waiters for has room again: what rule 3's
+/// ping tells a loop that announced sleep, looked at by one that spins instead (its flush
+/// then moves the backlog and wakes the waiters). Cost: two field reads while nothing is
+/// blocked on space.
+pub(crate) fn space_freed(core: &Core) -> bool {
+    let m = core.mesh.borrow();
+    m.blocked_on_space()
+        && (0..m.out.len()).any(|to| {
+            (!m.backlog[to].is_empty() || !m.waiters[to].is_empty())
+                && m.out[to].as_ref().is_some_and(|p| !p.is_full())
+        })
 }
 
 /// Before parking with a backlog or waiters: rule 3's producer side for every blocked ring.
