@@ -115,6 +115,11 @@ pub(crate) struct Core {
     /// Inline joins of the current poll that overran the stall budget: reported by the loop
     /// after the poll, under their own name (the stall watchdog's, while armed).
     pub(crate) inline_stalls: RefCell<Vec<(crate::task::TaskInfo, std::time::Duration)>>,
+    /// The interval (ns, 0 = off) this loop last armed its CPU-time preemption timer for, or
+    /// tried to (`preempt::sync_timer` compares it with the executor's setting).
+    pub(crate) preempt_ns: Cell<u64>,
+    /// This loop's CPU-time preemption timer, while armed (`sys/cputimer.rs`).
+    pub(crate) preempt_timer: RefCell<Option<crate::sys::cputimer::CpuTimer>>,
     /// The loop's I/O driver, which is also its park (io/mod.rs). Declared last: dropped after
     /// the tasks' state above, it cancels and waits out what is still in flight.
     pub(crate) io: crate::io::Reactor,
@@ -282,6 +287,8 @@ impl Core {
             stall_ns: Cell::new(0),
             inline_time: Cell::new(std::time::Duration::ZERO),
             inline_stalls: RefCell::new(Vec::new()),
+            preempt_ns: Cell::new(0),
+            preempt_timer: RefCell::new(None),
         }
     }
 

@@ -9,13 +9,17 @@ use std::{
     task::{Context, Poll},
 };
 
-use crate::{context::with_core, sys::cputimer::DUE};
+use crate::{
+    context::{with_core, Core},
+    sys::cputimer::{CpuTimer, DUE},
+};
 
 /// Yields if this loop's preemption tick has fired since the last yield, or if a task of a
 /// latency class is runnable and the current task has run longer than that class's bound;
 /// otherwise completes at once.
 ///
-/// Cost when not due: one thread-local load (plus, when a latency class exists, one clock read).
+/// Cost when not due: two thread-local reads and a load of the executor's interval (plus, when
+/// a latency class exists, one clock read).
 /// When due: one re-queue, as [`yield_now`](crate::yield_now).
 pub fn yield_if_due() -> YieldIfDue {
     YieldIfDue { yielded: false }
@@ -42,7 +46,42 @@ pub(crate) fn is_due() -> bool {
     if due {
         return true;
     }
-    with_core(crate::class::latency_due).unwrap_or(false)
+    with_core(|core| {
+        // A poll that loops on `yield_if_due` never lets its loop turn: the interval set
+        // meanwhile is picked up here too, or switching preemption on never reached it.
+        sync_timer(core);
+        crate::class::latency_due(core)
+    })
+    .unwrap_or(false)
+}
+
+/// Arms, re-arms or disarms this loop's CPU-time timer when the executor's interval
+/// (`Handle::set_preempt`) differs from the one it armed: at each loop turn and each
+/// `yield_if_due` that is not due, so a change reaches running loops. A `LocalExecutor`
+/// arms none. Cost: a load and a compare.
+pub(crate) fn sync_timer(core: &Core) {
+    let want = core.exec.preempt_ns();
+    if want != core.preempt_ns.get() {
+        rearm(core, want);
+    }
+}
+
+#[cold]
+fn rearm(core: &Core, want: u64) {
+    // Recorded first, failure or not: a refused timer is tried again only for a new interval,
+    // not every turn (one warning per setting).
+    core.preempt_ns.set(want);
+    // Deleted before the new one is made (and outside the borrow: nothing here is user code,
+    // but the cell is not borrowed across a system call either).
+    let old = core.preempt_timer.borrow_mut().take();
+    drop(old);
+    if want == 0 || core.exec.is_local() {
+        return;
+    }
+    match CpuTimer::arm(std::time::Duration::from_nanos(want)) {
+        Ok(t) => *core.preempt_timer.borrow_mut() = Some(t),
+        Err(e) => tracing::warn!("xtc: could not arm the preemption timer: {e}"),
+    }
 }
 
 impl Future for YieldIfDue {

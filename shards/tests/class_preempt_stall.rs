@@ -129,6 +129,38 @@ fn preemption_makes_yield_if_due_yield_under_a_busy_loop() {
     assert!(on >= 3, "preempt 1 ms over 80 ms of CPU: {on} yields");
 }
 
+/// `set_preempt` while the executor runs reaches its running loops (knobs take effect at
+/// once): a task that busy-loops on `yield_if_due` in an executor started without preemption
+/// switches it on and is then time-sliced. The workers read the interval only when `run()`
+/// started them, so the task never yielded (it ran on to its 2 s hang guard).
+#[test]
+fn preemption_switched_on_while_running_takes_effect() {
+    let ex = Executor::builder().shards(1).build().unwrap();
+    let h = ex.handle();
+    let t = ex
+        .spawn_on(0, move || async move {
+            h.set_preempt(Duration::from_millis(1)).unwrap();
+            let mut yields = 0;
+            let start = thread_cpu_time();
+            // A hang guard, not a timing assertion: 1 ms ticks come long before 2 s of CPU.
+            while yields == 0 && thread_cpu_time() - start < Duration::from_secs(2) {
+                burn(Duration::from_micros(50));
+                let mut f = yield_if_due();
+                if futures::poll!(&mut f).is_pending() {
+                    yields += 1;
+                    f.await;
+                }
+            }
+            yields
+        })
+        .unwrap();
+    run_or_fail(ex, HANG, "preemption switched on while running").unwrap();
+    assert!(
+        futures::executor::block_on(t).unwrap() > 0,
+        "preemption switched on while running never made yield_if_due yield"
+    );
+}
+
 /// A caller that takes its signals with `sigwait` or `signalfd` blocks them first, and the
 /// workers `run()` starts inherit that mask: the tick stayed pending and preemption was
 /// silently off (0 yields). A worker now unblocks the tick signal when it arms its timer.

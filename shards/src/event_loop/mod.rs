@@ -279,6 +279,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // need a clock read per poll; with neither armed the path is the plain FIFO.
         let budget = shared.stall.budget_ns.load(Relaxed);
         core.stall_ns.set(budget);
+        // `Handle::set_preempt` reaches running loops (one load a turn).
+        crate::preempt::sync_timer(core);
         let classes = core.classes_active.get();
         let timed = budget != 0 || classes;
         let mut t0 = if timed { Some(Instant::now()) } else { None };

@@ -279,6 +279,16 @@ impl ExecShared {
         Duration::from_nanos(self.reply_spin_ns.load(Relaxed))
     }
 
+    /// The preemption interval in ns (0: off), as last set (`Handle::set_preempt`).
+    pub(crate) fn preempt_ns(&self) -> u64 {
+        self.preempt_ns.load(Relaxed)
+    }
+
+    /// Whether this is a [`LocalExecutor`](crate::LocalExecutor)'s (it arms no CPU timer).
+    pub(crate) fn is_local(&self) -> bool {
+        self.local
+    }
+
     pub(crate) fn stealing(&self) -> bool {
         self.stealing.load(Relaxed)
     }
@@ -1055,19 +1065,10 @@ fn worker(
         return;
     }
     crate::sys::set_timer_slack_ns(1_000);
-    let preempt = Duration::from_nanos(exec.preempt_ns.load(Relaxed));
-    let _preempt_timer = if preempt.is_zero() {
-        None
-    } else {
-        match crate::sys::cputimer::CpuTimer::arm(preempt) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                tracing::warn!("xtc: could not arm the preemption timer: {e}");
-                None
-            }
-        }
-    };
     let core = Core::new(ls, exec.clone());
+    // Armed here, before the first turn, and re-armed by the loop when the interval changes
+    // (`preempt::sync_timer`).
+    crate::preempt::sync_timer(&core);
     let Some(_enter) = context::enter(&core) else {
         return;
     };
@@ -1307,9 +1308,12 @@ impl Handle {
 
     /// CPU-time preemption: each worker arms a timer on its own thread's CPU time at this
     /// interval, and a tick makes [`crate::yield_if_due`] yield. Zero disables (the default, or
-    /// `XTC_PREEMPT`). Workers read the setting when `run()` starts them. Cost when on: one
-    /// signal per interval of CPU time per busy worker (idle workers use no CPU time, so their
-    /// timers do not fire); code that never calls `yield_if_due` is unaffected.
+    /// `XTC_PREEMPT`). Takes effect while the executor runs too: a worker re-arms its timer at
+    /// its next loop turn, or at the next `yield_if_due` of the poll it is running, whichever
+    /// comes first (a parked worker uses no CPU time, so its timer would not fire anyway).
+    /// Cost when on: one signal per interval of CPU time per busy worker (idle workers use no
+    /// CPU time, so their timers do not fire); code that never calls `yield_if_due` is
+    /// unaffected.
     /// `Err(Unsupported)` where the platform lacks per-thread CPU-time timers (the setting is
     /// stored anyway). A worker whose timer cannot be created at run time (`timer_create`
     /// refused, e.g. by a seccomp filter) logs a warning and runs without preemption. A
