@@ -535,3 +535,64 @@ fn a_wait_left_on_the_outer_loop_is_woken_after_the_stream_registers_there_anew(
         peer.join().unwrap();
     });
 }
+
+/// Writes a byte to the stream in `SHARED` when dropped, on a `LocalExecutor` of its own.
+struct WriteOnAnInnerLoop(Arc<Mutex<Option<io::Result<()>>>>);
+
+impl Drop for WriteOnAnInnerLoop {
+    fn drop(&mut self) {
+        let s = SHARED.with(|l| l.borrow_mut().take()).expect("left");
+        let r = LocalExecutor::new().unwrap().block_on(async move {
+            let (r, _) = s.write_all(b"x".to_vec()).await;
+            r
+        });
+        *self.0.lock().unwrap() = Some(r);
+    }
+}
+
+/// A read waits on this loop, its stream is then used on a loop run while this one is hidden
+/// (a swept drop's `LocalExecutor::block_on`), and the read is dropped, then the stream: the
+/// loop must not keep the read's wait as I/O in flight. On epoll the read's future removed
+/// its waker from the slot its stream named at the drop, the inner loop's, not from the one
+/// it waited in: its entry stayed in this loop's slot, counted as a wait for good, so the loop
+/// never went idle and `run()` never returned. Both loops run epoll here (a child process
+/// with `XTC_IO=epoll`).
+#[test]
+fn a_read_dropped_after_its_stream_was_used_on_an_inner_loop_leaves_no_wait_behind() {
+    const TEST: &str =
+        "a_read_dropped_after_its_stream_was_used_on_an_inner_loop_leaves_no_wait_behind";
+    if !is_child("stale_wait") {
+        run_child(TEST, "stale_wait", &[("XTC_IO", "epoll")]);
+        return;
+    }
+    let exec = Executor::builder().shards(1).build().unwrap();
+    assert_eq!(exec.io_driver(), xtc_shards::io::Driver::Epoll);
+    exec.spawn_on(0, || async {
+        use std::rc::Rc;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        // A silent peer (no event wakes the read), until the stream closes.
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 16];
+            while std::io::Read::read(&mut s, &mut b).is_ok_and(|n| n > 0) {}
+        });
+        let s = Rc::new(TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap());
+        {
+            // Waits on this loop.
+            let mut read = pin!(s.read(Vec::with_capacity(8)));
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(read.as_mut().poll(&mut cx).is_pending());
+            // The stream is used on a loop run while this one is hidden.
+            SHARED.with(|l| *l.borrow_mut() = Some(s.clone()));
+            let out = Arc::new(Mutex::new(None));
+            drop_off_the_loop(WriteOnAnInnerLoop(out.clone()));
+            out.lock().unwrap().take().expect("the guard ran").unwrap();
+            // The read is dropped here.
+        }
+        drop(s);
+        peer.join().unwrap();
+    })
+    .unwrap();
+    run_or_fail(&exec, "a run whose one task ended");
+}

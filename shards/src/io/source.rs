@@ -137,8 +137,12 @@ pub(crate) struct Ready<'a, F, D> {
     dir: Dir,
     f: F,
     drained: Option<D>,
-    /// `(driver id, registration id)` while this future has a waker registered.
-    reg: Option<(u64, u64)>,
+    /// `(driver id, registration id, token)` while this future may have a waker registered:
+    /// the slot it waited in, which its drop clears. Not the slot its source names at the
+    /// drop: a source used on another loop since (one run while this loop was hidden,
+    /// `context::off_loop`) names that loop's slot, and the waker left here counted as a wait
+    /// for good, so the loop never went idle.
+    reg: Option<(u64, u64, usize)>,
 }
 
 impl<F, D> Unpin for Ready<'_, F, D> {}
@@ -199,13 +203,11 @@ where
                 // One registration id per future and driver (a future polled on another loop
                 // registers anew there).
                 let id = match *reg {
-                    Some((driver, id)) if driver == e.id() => id,
-                    _ => {
-                        let id = e.new_registration();
-                        *reg = Some((e.id(), id));
-                        id
-                    }
+                    Some((driver, id, _)) if driver == e.id() => id,
+                    _ => e.new_registration(),
                 };
+                // The slot `poll_ready` waits in (registered now if the source has none here).
+                *reg = Some((e.id(), id, this.src.token(e)));
                 Ok(this
                     .src
                     .poll_ready(e, this.dir, cx, &mut this.f, drained, id))
@@ -228,16 +230,17 @@ where
 
 impl<F, D> Drop for Ready<'_, F, D> {
     fn drop(&mut self) {
-        if let Some((driver, reg)) = self.reg.take() {
-            if let Some((id, t)) = self.src.reg.get() {
-                context::with_own_core(|c| match &c.io {
-                    Reactor::Epoll(e) if e.id() == id && id == driver => {
-                        e.remove_waiter(t, self.dir, reg);
-                        Some(())
-                    }
-                    _ => None,
-                });
-            }
+        if let Some((driver, reg, t)) = self.reg.take() {
+            // Registration ids are unique in their driver: if slot `t` went meanwhile (its
+            // source registered anew there, `Epoll::retire_stale`) and its key was reused,
+            // nothing of another waiter is removed.
+            context::with_own_core(|c| match &c.io {
+                Reactor::Epoll(e) if e.id() == driver => {
+                    e.remove_waiter(t, self.dir, reg);
+                    Some(())
+                }
+                _ => None,
+            });
         }
     }
 }
