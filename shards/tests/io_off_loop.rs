@@ -596,3 +596,66 @@ fn a_read_dropped_after_its_stream_was_used_on_an_inner_loop_leaves_no_wait_behi
     .unwrap();
     run_or_fail(&exec, "a run whose one task ended");
 }
+
+thread_local! {
+    static KEPT: std::cell::RefCell<Option<TcpStream>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Writes a byte to the stream in `KEPT` when dropped, on a `LocalExecutor` of its own, and
+/// puts the stream back.
+struct WriteKeptOnAnInnerLoop(Arc<Mutex<Option<io::Result<()>>>>);
+
+impl Drop for WriteKeptOnAnInnerLoop {
+    fn drop(&mut self) {
+        let s = KEPT.with(|l| l.borrow_mut().take()).expect("left");
+        let (r, s) = LocalExecutor::new().unwrap().block_on(async move {
+            let (r, _) = s.write_all(b"x".to_vec()).await;
+            (r, s)
+        });
+        KEPT.with(|l| *l.borrow_mut() = Some(s));
+        *self.0.lock().unwrap() = Some(r);
+    }
+}
+
+/// A stream's `AsyncRead` waits on this loop (its waker stays registered until the next
+/// event or the stream's close), the stream is then used on a loop run while this one is
+/// hidden (a swept drop's `LocalExecutor::block_on`), and dropped: its close must take the
+/// wait with it. On epoll the stream forgot this loop's slot for the inner loop's, and its
+/// close deregistered only that one: the wait stayed in this loop's slot, counted as I/O in
+/// flight for good, so the loop never went idle and `run()` never returned. Both loops run
+/// epoll here (a child process with `XTC_IO=epoll`).
+#[test]
+fn a_stream_used_on_an_inner_loop_takes_its_waits_here_with_it_when_closed() {
+    const TEST: &str = "a_stream_used_on_an_inner_loop_takes_its_waits_here_with_it_when_closed";
+    if !is_child("stale_slot") {
+        run_child(TEST, "stale_slot", &[("XTC_IO", "epoll")]);
+        return;
+    }
+    let exec = Executor::builder().shards(1).build().unwrap();
+    assert_eq!(exec.io_driver(), xtc_shards::io::Driver::Epoll);
+    exec.spawn_on(0, || async {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        // A silent peer (no event wakes the read), until the stream closes.
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 16];
+            while std::io::Read::read(&mut s, &mut b).is_ok_and(|n| n > 0) {}
+        });
+        let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        // Waits on this loop.
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut b = [0u8; 8];
+        let polled = futures::io::AsyncRead::poll_read(std::pin::Pin::new(&mut s), &mut cx, &mut b);
+        assert!(polled.is_pending());
+        // The stream is used on a loop run while this one is hidden.
+        KEPT.with(|l| *l.borrow_mut() = Some(s));
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(WriteKeptOnAnInnerLoop(out.clone()));
+        out.lock().unwrap().take().expect("the guard ran").unwrap();
+        drop(KEPT.with(|l| l.borrow_mut().take()).expect("put back"));
+        peer.join().unwrap();
+    })
+    .unwrap();
+    run_or_fail(&exec, "a run whose one task ended");
+}

@@ -199,6 +199,11 @@ impl Epoll {
         })
     }
 
+    /// Whether slot `token` exists and is `fd`'s (a source taking up its earlier slot here).
+    pub(crate) fn holds(&self, token: usize, fd: RawFd) -> bool {
+        self.slots.borrow().get(token).is_some_and(|s| s.fd == fd)
+    }
+
     /// Rule 1: whether `dir` may be ready (a system call is worth trying).
     pub(crate) fn is_ready(&self, token: usize, dir: Dir) -> bool {
         self.slots
@@ -284,9 +289,10 @@ impl Epoll {
             let fd = slot.fd;
             match added {
                 Ok(_) => slot.added = true,
-                // Already in the set under an earlier slot of this driver, which its source
-                // forgot for another driver's (waited on by a loop run while this one was
-                // hidden, `context::off_loop`): the entry is pointed at this slot instead.
+                // Already in the set under an earlier slot of this driver that its source no
+                // longer names (a guard: a source that waited on a loop run while this one
+                // was hidden, `context::off_loop`, takes up its earlier slot here again,
+                // `Source::token`): the entry is pointed at this slot instead.
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                     // SAFETY: as for the ADD above.
                     cvt(unsafe {
@@ -330,13 +336,12 @@ impl Epoll {
         Ok(())
     }
 
-    /// Removes the earlier slots for `fd` still in the epoll set (forgotten by their source for
-    /// another driver's), now that `EPOLL_CTL_MOD` points the descriptor at `token`, and
-    /// returns the wakers that waited in them. Left there, those waited for good for events
-    /// that now reach `token`, and counted as I/O in flight for good. Nothing names those slots
-    /// any more (their source names `token`; a waiting future's drop removes its entry from
-    /// its source's current slot), so their keys may be reused. Cost: a scan of the slots, on
-    /// this rare path only.
+    /// Removes the earlier slots for `fd` still in the epoll set (which their source no longer
+    /// names), now that `EPOLL_CTL_MOD` points the descriptor at `token`, and returns the
+    /// wakers that waited in them. Left there, those waited for good for events that now
+    /// reach `token`, and counted as I/O in flight for good. Their keys may be reused: a
+    /// waiting future that still names one removes only its own entry, by its registration
+    /// id, which is unique in this driver. Cost: a scan of the slots, on this rare path only.
     fn retire_stale(slots: &mut Slab<Slot>, fd: RawFd, token: usize) -> Vec<Waker> {
         let keys: Vec<usize> = slots
             .iter()

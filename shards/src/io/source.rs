@@ -2,7 +2,7 @@
 //! future of the epoll path (epoll.rs, rules 1–4).
 
 use std::{
-    cell::Cell,
+    cell::{Cell, RefCell},
     future::Future,
     io,
     marker::PhantomData,
@@ -25,8 +25,15 @@ pub(crate) struct Source {
     /// where a read also stops at a message carrying descriptors or other credentials, with
     /// data queued behind it and no new event to come.
     short_read_drains: bool,
-    /// `(driver id, token)` of the epoll registration.
+    /// `(driver id, token)` of the epoll registration in use.
     reg: Cell<Option<(u64, usize)>>,
+    /// Its registrations in other drivers of this thread, left for `reg` when it waited on
+    /// another loop (one run while theirs was hidden, `context::off_loop`): taken up again
+    /// when it waits on such a driver again (the descriptor is still in that epoll set under
+    /// that slot, whose waiters wait on), and deregistered with `reg` when it closes. Forgotten,
+    /// such a slot and the waits left in it stayed in its driver for good, counted as I/O in
+    /// flight, so that loop never went idle.
+    others: RefCell<Vec<(u64, usize)>>,
     _local: PhantomData<*const ()>,
 }
 
@@ -36,6 +43,7 @@ impl Source {
             fd: Some(fd),
             short_read_drains: true,
             reg: Cell::new(None),
+            others: RefCell::new(Vec::new()),
             _local: PhantomData,
         }
     }
@@ -47,6 +55,7 @@ impl Source {
             fd: Some(fd),
             short_read_drains: false,
             reg: Cell::new(None),
+            others: RefCell::new(Vec::new()),
             _local: PhantomData,
         }
     }
@@ -59,8 +68,22 @@ impl Source {
     pub(crate) fn token(&self, e: &Epoll) -> usize {
         match self.reg.get() {
             Some((id, t)) if id == e.id() => t,
-            _ => {
-                let t = e.register(self.fd());
+            current => {
+                // Another driver (rare: a loop run while another was hidden, or a later run):
+                // the one in use joins `others`, which forgets the drivers that are gone, and
+                // a slot this source already has in `e` is taken up again.
+                let mut others = self.others.borrow_mut();
+                others.extend(current);
+                others.retain(|&(id, _)| reachable(id));
+                let earlier = others
+                    .iter()
+                    .position(|&(id, _)| id == e.id())
+                    .map(|i| others.swap_remove(i).1);
+                drop(others);
+                let t = match earlier {
+                    Some(t) if e.holds(t, self.fd()) => t,
+                    _ => e.register(self.fd()),
+                };
                 self.reg.set(Some((e.id(), t)));
                 t
             }
@@ -68,7 +91,8 @@ impl Source {
     }
 
     fn deregister(&self) {
-        if let Some((id, t)) = self.reg.take() {
+        let regs = self.reg.take().into_iter().chain(self.others.take());
+        for (id, t) in regs {
             // Also on a loop `off_loop` hides: it still owns the registration.
             context::with_own_core(|c| match &c.io {
                 Reactor::Epoll(e) if e.id() == id => {
@@ -128,6 +152,16 @@ impl Drop for Source {
     fn drop(&mut self) {
         self.deregister();
     }
+}
+
+/// Whether epoll driver `id` is alive on this thread (its loop running, or hidden by
+/// `context::off_loop`).
+fn reachable(id: u64) -> bool {
+    context::with_own_core(|c| match &c.io {
+        Reactor::Epoll(e) if e.id() == id => Some(()),
+        _ => None,
+    })
+    .is_some()
 }
 
 /// A future running `f` on `src` by the readiness protocol; removes its waker when dropped
