@@ -659,3 +659,64 @@ fn a_stream_used_on_an_inner_loop_takes_its_waits_here_with_it_when_closed() {
     .unwrap();
     run_or_fail(&exec, "a run whose one task ended");
 }
+
+thread_local! {
+    static FIXED: std::cell::RefCell<Option<xtc_shards::io::FixedBuf>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Writes the buffer in `FIXED` to a new file at `path` when dropped, on a `LocalExecutor` of
+/// its own; records what the write came to.
+struct WriteFixedOnAnInnerLoop(std::path::PathBuf, Arc<Mutex<Option<io::Result<usize>>>>);
+
+impl Drop for WriteFixedOnAnInnerLoop {
+    fn drop(&mut self) {
+        let buf = FIXED.with(|b| b.borrow_mut().take()).expect("left");
+        let path = self.0.clone();
+        let r = LocalExecutor::new().unwrap().block_on(async move {
+            if xtc_shards::io::current_driver() != Some(xtc_shards::io::Driver::IoUring) {
+                return None;
+            }
+            let f = match xtc_shards::fs::File::create(&path).await {
+                Ok(f) => f,
+                Err(e) => return Some(Err(e)),
+            };
+            Some(f.write_at(buf, 0).await.0)
+        });
+        *self.1.lock().unwrap() = r;
+    }
+}
+
+/// A buffer of a `FixedBufPool` registered with this loop's io_uring, written on a loop run
+/// while this one is hidden (a swept drop's `LocalExecutor::block_on`): the inner loop's ring
+/// has no such registration, so the write must be a plain one. `fixed_index` looked for the
+/// pool's driver among every loop of the thread, found the hidden one, and the inner loop
+/// submitted a `WRITE_FIXED` naming a buffer its ring never registered: the write failed
+/// (`EFAULT`) instead of writing.
+#[test]
+fn a_fixed_buffer_written_on_a_loop_run_inside_its_own_is_a_plain_write_there() {
+    on_each_driver("fixed_buf_inner_loop", 1, |driver| async move {
+        if driver != xtc_shards::io::Driver::IoUring {
+            return; // registered buffers are io_uring's
+        }
+        let pool = xtc_shards::io::FixedBufPool::register(1, 64).unwrap();
+        assert!(pool.is_registered());
+        let mut buf = pool.take().unwrap();
+        assert_eq!(buf.put_slice(b"fixed"), 5);
+        FIXED.with(|b| *b.borrow_mut() = Some(buf));
+        let path = std::env::temp_dir().join(format!("xtc-fixed-inner-{}", std::process::id()));
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(WriteFixedOnAnInnerLoop(path.clone(), out.clone()));
+        let r = out.lock().unwrap().take();
+        let written = std::fs::read(&path);
+        let _ = std::fs::remove_file(&path);
+        match r {
+            None => println!("skipped: the inner loop does not run io_uring"),
+            Some(r) => {
+                assert_eq!(r.unwrap(), 5, "the write on the inner loop");
+                assert_eq!(written.unwrap(), b"fixed");
+            }
+        }
+        drop(pool);
+    });
+}

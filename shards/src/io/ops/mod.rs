@@ -79,13 +79,20 @@ pub(crate) fn submit<T: 'static>(
     }
 }
 
-/// The registered-buffer index of `buf` if it is registered with this loop's io_uring.
+/// The registered-buffer index of `buf` if it is registered with the io_uring that [`submit`]
+/// uses (the first loop `with_own_core` finds: the running one, if any). Only that ring:
+/// with a loop run while the pool's own was hidden (`context::off_loop`), the pool's driver
+/// was found among the hidden loops, and the running loop submitted a fixed operation naming
+/// a buffer its ring never registered (`EFAULT`).
 pub(crate) fn fixed_index<B: super::IoBuf>(buf: &B) -> Option<u16> {
     let (id, index) = buf.fixed_index()?;
-    crate::context::with_own_core(|c| match &c.io {
-        super::Reactor::Uring(u) if u.id() == id => Some(index),
-        _ => None,
+    crate::context::with_own_core(|c| {
+        Some(match &c.io {
+            super::Reactor::Uring(u) if u.id() == id => Some(index),
+            _ => None,
+        })
     })
+    .flatten()
 }
 
 /// `-1` → the thread's errno as `io::Error`.
