@@ -832,3 +832,71 @@ fn child_a_write_behind_cut_on_io_uring_is_sent_on_an_epoll_loop() {
     assert!(all[..filled].iter().all(|&x| x == 0));
     assert_eq!(&all[filled..], b"tailmoreowned");
 }
+
+/// `into_std` after a write-behind cut on io_uring became `unsent` on an epoll loop: those
+/// bytes are discarded with the stream's other unflushed bytes (`into_std` says: flush
+/// first), not sent detached on the descriptor its new owner now writes on. Back on an
+/// io_uring loop, the stream's drop sent them behind the std stream's back, after its bytes.
+#[test]
+fn child_into_std_does_not_send_unsent_bytes_behind_the_new_owner() {
+    const ROLE: &str = "into-std-unsent";
+    if !is_child(ROLE) {
+        run_child(
+            "child_into_std_does_not_send_unsent_bytes_behind_the_new_owner",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let uring = match LocalExecutor::new() {
+        Ok(ex) => ex,
+        Err(e) => {
+            println!("skipped: io_uring unavailable here: {e}");
+            return;
+        }
+    };
+    let (mut a, b, filled) = uring.block_on(async {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let filled = fill(&a);
+        // Reported written at once; its send waits for room, cut when this loop goes.
+        assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
+        (a, b, filled)
+    });
+    drop(uring);
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    let a = epoll.block_on(async move {
+        // The flush takes the cut send over (the socket is still full): it waits, and is
+        // given up.
+        let flushed =
+            xtc_shards::time::timeout(Duration::from_millis(20), AsyncWriteExt::flush(&mut a))
+                .await;
+        assert!(flushed.is_err(), "the flush finished with the socket full");
+        a
+    });
+    drop(epoll);
+    let mut b = b.into_std();
+    b.set_nonblocking(false).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        b.read_to_end(&mut all).unwrap();
+        all
+    });
+    std::env::set_var("XTC_IO", "io_uring");
+    let uring = LocalExecutor::new().unwrap();
+    uring.block_on(async move {
+        let mut s = a.into_std();
+        s.set_nonblocking(false).unwrap();
+        s.write_all(b"X").unwrap();
+        // Time for a send left behind to land (the reader drains the socket meanwhile).
+        xtc_shards::time::sleep(Duration::from_millis(100)).await;
+        drop(s);
+    });
+    let all = reader.join().unwrap();
+    assert!(all[..filled].iter().all(|&x| x == 0));
+    assert_eq!(
+        &all[filled..],
+        b"X",
+        "bytes sent behind the std stream's back"
+    );
+}

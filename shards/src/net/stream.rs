@@ -750,7 +750,10 @@ impl StreamIo {
         let mut poll = poll.into_inner();
         // Cancelled, not detached: the descriptor's next owner writes on, and a send left to
         // finish behind its back could land after its bytes (`into_std` says: flush first).
+        // So are bytes a cut send left unsent (an epoll loop took them over): the state's
+        // drop sent them detached on an io_uring loop, behind the new owner's back.
         drop(poll.writing.take());
+        drop(poll.unsent.take());
         drop(poll);
         src.into_fd()
     }
