@@ -27,6 +27,12 @@ use std::{
 use super::{TcpListener, TcpStream};
 use crate::task::TaskInfo;
 
+/// More shards than any executor can have: `MAX_SHARDS_PER_CPU` on each of the 8192 CPUs
+/// Linux supports at most (`CONFIG_NR_CPUS`). A larger count given to
+/// [`ConnBalancer::new`] panicked (capacity overflow) or aborted the process (the allocation
+/// of its counts failed) instead of being refused.
+const MAX_SHARDS: usize = xtc_numa::MAX_SHARDS_PER_CPU * 8192;
+
 /// One shard's count on a cache line of its own (each acceptor writes only the counts of the
 /// shards it places connections on, and every connection's end writes its shard's).
 #[repr(align(128))]
@@ -101,12 +107,13 @@ impl Drop for Open {
 
 impl ConnBalancer {
     /// Counts for `shards` shards (the executor's `shard_count()`). `Err(InvalidArgument)` for
-    /// 0. Cost: one allocation of 128 bytes per shard.
+    /// 0, and for more shards than any executor can have (`MAX_SHARDS_PER_CPU` times the
+    /// 8192 CPUs Linux supports at most). Cost: one allocation of 128 bytes per shard.
     pub fn new(shards: usize) -> crate::Result<ConnBalancer> {
-        if shards == 0 {
-            return Err(crate::Error::InvalidArgument(
-                "ConnBalancer::new(0): give the executor's shard_count()".into(),
-            ));
+        if shards == 0 || shards > MAX_SHARDS {
+            return Err(crate::Error::InvalidArgument(format!(
+                "ConnBalancer::new({shards}): give the executor's shard_count() (1 to {MAX_SHARDS})"
+            )));
         }
         Ok(ConnBalancer {
             open: (0..shards).map(|_| Count::default()).collect(),
@@ -229,7 +236,18 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::pick;
+    use super::{pick, ConnBalancer};
+
+    /// A count no executor can have is refused with an error, as 0 is: it panicked (capacity
+    /// overflow) or aborted the process (an allocation of 128 bytes per count that failed).
+    #[test]
+    fn new_refuses_a_count_no_executor_has() {
+        for n in [usize::MAX, usize::MAX / 128, 1 << 40] {
+            let e = ConnBalancer::new(n).expect_err("no executor has that many shards");
+            assert!(matches!(e, crate::Error::InvalidArgument(_)), "{n}: {e}");
+        }
+        assert_eq!(ConnBalancer::new(3).unwrap().open_connections(), [0, 0, 0]);
+    }
 
     #[test]
     fn pick_keeps_ties_local_and_moves_to_the_least_loaded() {
