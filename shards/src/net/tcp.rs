@@ -242,6 +242,10 @@ impl TcpStream {
     /// Unwraps into a `std` stream (left non-blocking), e.g. to hand it to another shard.
     /// Buffered `AsyncWrite` bytes still in flight are cancelled: flush first. So is the
     /// receive of a dropped read still kept by the stream (io_uring), with any bytes it took.
+    /// Bytes an `AsyncRead` receive took that no read has returned yet are dropped too
+    /// (io_uring): a receive asks for at most what its read's buffer holds, but one whose read
+    /// was dropped while it waited (a `timeout` around it) is left, sized for that buffer, to
+    /// the next read, which may take less. On epoll nothing received is lost here.
     pub fn into_std(self) -> std::net::TcpStream {
         std::net::TcpStream::from(self.into_fd())
     }

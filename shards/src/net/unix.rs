@@ -209,7 +209,9 @@ impl UnixStream {
         })
     }
 
-    /// Unwraps into a `std` stream (left non-blocking).
+    /// Unwraps into a `std` stream (left non-blocking). What it drops on io_uring (unsent
+    /// `AsyncWrite` bytes, and received bytes no read has returned yet) is as for
+    /// [`TcpStream::into_std`](super::TcpStream::into_std).
     pub fn into_std(self) -> std::os::unix::net::UnixStream {
         std::os::unix::net::UnixStream::from(self.io.into_fd())
     }
