@@ -369,8 +369,10 @@ impl Topology {
         Ok(topo)
     }
 
-    /// The first complete NUMA latency matrix hwloc has (bandwidth matrices are skipped:
-    /// there a larger value means nearer).
+    /// The last complete NUMA latency matrix hwloc has (bandwidth matrices are skipped:
+    /// there a larger value means nearer). hwloc keeps every matrix added, in the order added
+    /// (an XML export keeps that order), so the newest one, from
+    /// [`Topology::with_numa_distances`], wins over the firmware's or an earlier one.
     fn numa_matrix(hw: &hwlocality::Topology, nodes: usize) -> Option<Vec<u64>> {
         if nodes < 2 {
             return None;
@@ -382,7 +384,7 @@ impl Topology {
                 return None;
             }
         };
-        for d in &all {
+        for d in all.iter().rev() {
             if d.kind().contains(DistancesKind::MEANS_BANDWIDTH) {
                 continue;
             }
@@ -410,8 +412,9 @@ impl Topology {
     ///
     /// `matrix` has `numa_nodes()²` values in sender-major order by NUMA logical index:
     /// `matrix[i * n + j]` is the latency from node `i` to node `j` (e.g. 10 on the
-    /// diagonal, 20 or 30 elsewhere). Useful to test [`Topology::distance`] and to write
-    /// XML fixtures with [`Topology::export_xml`].
+    /// diagonal, 20 or 30 elsewhere). It replaces any matrix the topology had (from
+    /// firmware, an XML file or an earlier call) for [`Topology::distance`]. Useful to test
+    /// [`Topology::distance`] and to write XML fixtures with [`Topology::export_xml`].
     ///
     /// Cost: one hwloc topology edit and a rebuild of the PU table.
     ///

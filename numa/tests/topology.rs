@@ -152,6 +152,33 @@ fn matrix_distances_survive_xml() {
     assert!(x.render_tree().contains("NUMA latency matrix"));
 }
 
+/// A second matrix replaces the first, as it does once exported and loaded again: hwloc keeps
+/// every matrix added, and the first one found was used, so the new one was accepted (`Ok`)
+/// and ignored.
+#[test]
+fn a_second_matrix_replaces_the_first() {
+    let t = Topology::synthetic(FOUR_NODES)
+        .unwrap()
+        .with_numa_distances(&MATRIX)
+        .unwrap();
+    assert_eq!(t.distance(0, 16), MATRIX_BASE + 15);
+    let flat: Vec<u64> = (0..16).map(|k| if k % 5 == 0 { 10 } else { 40 }).collect();
+    let t = t.with_numa_distances(&flat).unwrap();
+    let path = temp_path("second-matrix.xml");
+    t.export_xml(&path).unwrap();
+    let x = Topology::from_xml(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    for topo in [&t, &x] {
+        assert_eq!(topo.distance(0, 16), MATRIX_BASE + 40);
+        assert_eq!(topo.distance(0, 8), MATRIX_BASE + 40);
+        assert!(
+            topo.render_tree().contains("   40"),
+            "{}",
+            topo.render_tree()
+        );
+    }
+}
+
 #[test]
 fn bad_matrix_and_inputs_are_errors() {
     let t = Topology::synthetic(FOUR_NODES).unwrap();
