@@ -182,8 +182,13 @@ impl Placement {
         };
         check_ceiling(cpus.len(), allowed.len())?;
         let numa = cpus.iter().map(|&c| topo.numa_node_of(c)).collect();
+        // Some CPU carries two shards: more shards than allowed CPUs, or a CPU list that
+        // repeats one (comparing the totals alone missed the latter).
+        let mut distinct = cpus.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
         let placement = Placement {
-            oversubscribed: cpus.len() > allowed.len(),
+            oversubscribed: distinct.len() < cpus.len(),
             cpus,
             numa,
             policy: policy.clone(),
@@ -264,8 +269,8 @@ impl Placement {
         &self.policy
     }
 
-    /// True if some CPU carries more than one shard because there are more shards than
-    /// allowed PUs. Cost: none.
+    /// True if some CPU carries more than one shard: there are more shards than allowed PUs,
+    /// or a CPU list names a CPU more than once. Cost: none.
     pub fn is_oversubscribed(&self) -> bool {
         self.oversubscribed
     }

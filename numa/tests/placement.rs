@@ -206,6 +206,19 @@ fn oversubscription_shares_evenly() {
     assert!(!p.is_oversubscribed());
 }
 
+/// A CPU list that names a CPU twice (allowed only with oversubscription) puts two shards on
+/// it: the placement is oversubscribed, though it has fewer shards than allowed CPUs (only the
+/// total was compared, so it said it was not, and its render hid it).
+#[test]
+fn a_repeated_cpu_is_oversubscription() {
+    let t = Topology::synthetic("pack:1 core:4 pu:2").unwrap();
+    let p = Placement::new(&t, 0, &Policy::Cpus(vec![1, 1]), true).unwrap();
+    assert!(p.is_oversubscribed());
+    assert!(p.render(&t).contains("oversubscribed"), "{}", p.render(&t));
+    let p = Placement::new(&t, 0, &Policy::Cpus(vec![1, 3]), true).unwrap();
+    assert!(!p.is_oversubscribed());
+}
+
 #[test]
 fn policy_strings() {
     assert_eq!("compact".parse::<Policy>().unwrap(), Policy::Compact);
