@@ -191,7 +191,8 @@ impl Topology {
     /// # Errors
     ///
     /// [`Error::Hwloc`] if hwloc rejects the description, or if it describes more than 8,192
-    /// PUs, a level of more than 1,024 objects under one parent, or names an OS index
+    /// PUs, a level of more than 1,024 objects under one parent, more than 8,192 NUMA nodes
+    /// attached with `[numa]` blocks, or names an OS index
     /// (`indexes=`) of 8,192 or more: hwloc would spend seconds to minutes and gigabytes
     /// building it (it inserts siblings one at a time: `pu:4096` took 0.9 s here, `pu:16384`
     /// 42 s, and 16,384 PUs in small groups 0.4 s). Real machines stay far below these.
@@ -201,7 +202,7 @@ impl Topology {
             "write levels from the top as type:count, e.g. \"pack:2 numa:2 l3:1 core:4 pu:2\"";
         // hwloc builds every object of the description: a few huge counts ran for minutes and
         // ended in an out-of-memory kill, which no error handling survives.
-        let (objects, widest) = synthetic_leaves(desc);
+        let (objects, widest, attached) = synthetic_leaves(desc);
         if objects > MAX_SYNTHETIC_PUS {
             // A negative count saturates (hwloc's `strtoul` reads `-1` as nearly 2^64): the
             // 39-digit total named nothing the user wrote.
@@ -230,6 +231,19 @@ impl Topology {
                      {MAX_SYNTHETIC_ARITY} a synthetic topology may have"
                 ),
                 "split the level in two, e.g. \"core:4096 pu:1\" as \"numa:4 core:1024 pu:1\"",
+            ));
+        }
+        // NUMA nodes attached with `[numa]` (one per object of the level before the block)
+        // cost hwloc as much: 16,000 took 11 s, and each is 7 bytes of description.
+        if attached > MAX_SYNTHETIC_PUS {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "its [numa] blocks attach {attached} NUMA nodes, more than the \
+                     {MAX_SYNTHETIC_PUS} a synthetic topology may have"
+                ),
+                "attach fewer NUMA nodes (each [numa] adds one under every object of the level \
+                 before it), or make them a level, e.g. \"pack:2 numa:2 core:4 pu:2\"",
             ));
         }
         // And every object's CPU set is as large as the largest OS index named.
@@ -724,20 +738,23 @@ const MAX_SYNTHETIC_PUS: u128 = 1 << 13;
 const MAX_SYNTHETIC_ARITY: u128 = 1 << 10;
 
 /// The product of the level counts of a synthetic description (how many leaves hwloc would
-/// build) and the largest count (its widest level under one parent). Walked as hwloc walks it: levels need no space between them (`pack:2core:2pu:2` is
+/// build), the largest count (its widest level under one parent) and how many NUMA nodes its
+/// `[numa]` blocks attach. Walked as hwloc walks it: levels need no space between them (`pack:2core:2pu:2` is
 /// three), after an optional root `(attributes)` block, each an optional `type:` then a count read as [`strtoul_prefix`] reads it, then an
-/// optional `(attributes)` block; a `[...]` block is skipped. A count too large for `u128`
-/// saturates, as does the product. Where hwloc would stop with a syntax error, so does this.
-fn synthetic_leaves(desc: &str) -> (u128, u128) {
+/// optional `(attributes)` block; a `[...]` block attaches one NUMA node to every object of the
+/// level before it (as many as the product so far). A count too large for `u128` saturates, as
+/// do the product and the sum. Where hwloc would stop with a syntax error, so does this.
+fn synthetic_leaves(desc: &str) -> (u128, u128, u128) {
     let b = desc.as_bytes();
     let mut i = 0;
     let mut product = 1u128;
     let mut widest = 1u128;
+    let mut attached = 0u128;
     // A root attribute block, `(memory=1GB)2 256 256`, as hwloc reads one first.
     if b.first() == Some(&b'(') {
         match desc.find(')') {
             Some(end) => i = end + 1,
-            None => return (product, widest),
+            None => return (product, widest, attached),
         }
     }
     loop {
@@ -752,6 +769,7 @@ fn synthetic_leaves(desc: &str) -> (u128, u128) {
                 Some(end) => i += end + 1,
                 None => break,
             }
+            attached = attached.saturating_add(product);
             continue;
         }
         if !b[i].is_ascii_digit() {
@@ -774,7 +792,7 @@ fn synthetic_leaves(desc: &str) -> (u128, u128) {
             }
         }
     }
-    (product, widest)
+    (product, widest, attached)
 }
 
 /// Largest XML topology [`Topology::from_xml`] reads: far above any machine's export (8,192

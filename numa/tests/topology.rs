@@ -329,6 +329,29 @@ fn a_wide_or_large_synthetic_topology_is_an_error() {
     );
 }
 
+/// NUMA nodes attached with `[numa]` count too: each block adds one node under every object of
+/// the level before it, and hwloc's cost grows faster than their number (16,000 took 11 s
+/// here, 7 bytes of description each). The guard skipped the blocks, so a long description of
+/// them ran for hours; it is refused at once now, and a few attached nodes still load.
+#[test]
+fn many_attached_numa_nodes_are_an_error() {
+    let many = format!("pack:8 core:2 {}pu:1", "[numa] ".repeat(20_000));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(Topology::synthetic(&many).map(|t| t.numa_nodes()));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("320,000 attached NUMA nodes were built, not refused");
+    let e = got.unwrap_err();
+    assert!(e.to_string().contains("NUMA nodes"), "{e}");
+    // One per object of the level before each block: 2 x 8,000 nodes.
+    let e = Topology::synthetic("pack:8 core:1000 [numa] [numa] pu:1").unwrap_err();
+    assert!(e.to_string().contains("NUMA nodes"), "{e}");
+    let t = Topology::synthetic("pack:4 [numa] [numa] core:2 pu:1").unwrap();
+    assert_eq!(t.numa_nodes(), 8);
+}
+
 /// A synthetic description naming huge OS indexes is an error at once: hwloc sizes every
 /// object's CPU set to the largest index, and two PUs numbered 0 and 10^9 took 2.7 s and
 /// 1.2 GB (a few dozen near 2^32, tens of GB).
