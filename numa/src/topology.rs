@@ -281,8 +281,8 @@ impl Topology {
     /// [`Error::XmlFile`] if the file cannot be read, is not UTF-8, or is larger than
     /// 64 MiB (an `lstopo` export of 8,192 PUs is about 5 MiB; the cap keeps a wrong path
     /// such as `/dev/zero` from reading until memory runs out); [`Error::Hwloc`] if hwloc
-    /// cannot parse it, or if it gives a PU an OS index above 2^31 − 1 (more than a CPU set
-    /// holds).
+    /// cannot parse it, if it gives a PU an OS index above 2^31 − 1 (more than a CPU set
+    /// holds), or if it gives two PUs the same OS index.
     ///
     /// A build of `hwlocality` with debug assertions runs hwloc's consistency check on every
     /// topology it loads, which aborts the process (no `Err`, no panic) on a file whose
@@ -345,6 +345,16 @@ impl Topology {
             })
             .collect();
         pus.sort_by_key(|p| p.os);
+        // hwloc keeps the OS indexes an XML file gives too when two PUs share one: that CPU was
+        // listed twice among the allowed ones, and placements put two shards on it without
+        // oversubscription.
+        if let Some(w) = pus.windows(2).find(|w| w[0].os == w[1].os) {
+            return Err(Error::hwloc(
+                source.what(),
+                format!("two PUs have OS index {}; every PU needs its own", w[0].os),
+                "give a file written by `lstopo file.xml` or Topology::export_xml",
+            ));
+        }
 
         let hw_allowed = hw.allowed_cpuset();
         let mut allowed: Vec<usize> = pus

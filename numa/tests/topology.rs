@@ -417,3 +417,31 @@ fn an_xml_pu_os_index_beyond_cpu_sets_is_an_error() {
     assert!(matches!(e, Error::Hwloc { .. }), "{e}");
     assert!(e.to_string().contains("3000000000"), "{e}");
 }
+
+/// An XML file may give two PUs the same OS index (hwloc keeps what the file says); the
+/// topology listed that CPU twice among the allowed ones, and a placement without
+/// oversubscription put two shards on it (8 shards on 7 CPUs passed). An `Err` naming the
+/// index now.
+#[test]
+fn an_xml_pu_os_index_given_twice_is_an_error() {
+    let good = temp_path("pu-twice-good.xml");
+    Topology::synthetic("core:4 pu:2")
+        .unwrap()
+        .export_xml(&good)
+        .unwrap();
+    let xml = std::fs::read_to_string(&good).unwrap();
+    let _ = std::fs::remove_file(&good);
+    let edited = xml.replacen(
+        "type=\"PU\" os_index=\"5\"",
+        "type=\"PU\" os_index=\"4\"",
+        1,
+    );
+    assert_ne!(edited, xml, "the export's format changed: {xml}");
+    let bad = temp_path("pu-twice-bad.xml");
+    std::fs::write(&bad, edited).unwrap();
+    let res = Topology::from_xml(&bad);
+    let _ = std::fs::remove_file(&bad);
+    let e = res.unwrap_err();
+    assert!(matches!(e, Error::Hwloc { .. }), "{e}");
+    assert!(e.to_string().contains("OS index 4"), "{e}");
+}
