@@ -749,28 +749,6 @@ fn child_bytes_an_io_uring_receive_took_are_read_first_on_an_epoll_loop() {
     );
 }
 
-/// Fills `a`'s socket with plain non-blocking sends of zeros until it refuses; the bytes sent.
-fn fill(a: &impl std::os::fd::AsRawFd) -> usize {
-    let zeros = [0u8; 4096];
-    let mut filled = 0usize;
-    loop {
-        // SAFETY: a send from a live local buffer on an open descriptor.
-        let n = unsafe {
-            libc::send(
-                a.as_raw_fd(),
-                zeros.as_ptr().cast(),
-                zeros.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n <= 0 {
-            break;
-        }
-        filled += n as usize;
-    }
-    filled
-}
-
 /// Bytes `AsyncWrite` reported written on an io_uring loop whose send that loop's shutdown cut
 /// (the socket was full) reach the peer, in order and once, when the stream serves an epoll
 /// loop next (a `LocalExecutor` made after `XTC_IO` changed): `flush` sends them, a later
@@ -788,23 +766,9 @@ fn child_a_write_behind_cut_on_io_uring_is_sent_on_an_epoll_loop() {
         );
         return;
     }
-    let uring = match LocalExecutor::new() {
-        Ok(ex) => ex,
-        Err(e) => {
-            println!("skipped: io_uring unavailable here: {e}");
-            return;
-        }
+    let Some((mut a, b, filled)) = cut_write_behind() else {
+        return;
     };
-    let (mut a, b, filled) = uring.block_on(async {
-        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
-        let (mut a, b) = UnixStream::pair().unwrap();
-        let filled = fill(&a);
-        // Reported written at once (write-behind); its send waits for room, which never
-        // comes in this run.
-        assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
-        (a, b, filled)
-    });
-    drop(uring);
     let mut b = b.into_std();
     b.set_nonblocking(false).unwrap();
     let reader = std::thread::spawn(move || {
@@ -833,6 +797,31 @@ fn child_a_write_behind_cut_on_io_uring_is_sent_on_an_epoll_loop() {
     assert_eq!(&all[filled..], b"tailmoreowned");
 }
 
+/// On an io_uring `LocalExecutor` (the process's `XTC_IO`): a Unix stream pair whose first
+/// end's socket is full (`fill`, the bytes returned) and whose `AsyncWrite` reported
+/// `b"tail"` written, its write-behind send still waiting for room when the executor is
+/// dropped (which cuts it). `None` (skipped) where io_uring is unavailable.
+fn cut_write_behind() -> Option<(UnixStream, UnixStream, usize)> {
+    let uring = match LocalExecutor::new() {
+        Ok(ex) => ex,
+        Err(e) => {
+            println!("skipped: io_uring unavailable here: {e}");
+            return None;
+        }
+    };
+    let out = uring.block_on(async {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let filled = fill(&a);
+        // Reported written at once (write-behind); its send waits for room, which never
+        // comes in this run.
+        assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
+        (a, b, filled)
+    });
+    drop(uring);
+    Some(out)
+}
+
 /// `into_std` after a write-behind cut on io_uring became `unsent` on an epoll loop: those
 /// bytes are discarded with the stream's other unflushed bytes (`into_std` says: flush
 /// first), not sent detached on the descriptor its new owner now writes on. Back on an
@@ -848,21 +837,9 @@ fn child_into_std_does_not_send_unsent_bytes_behind_the_new_owner() {
         );
         return;
     }
-    let uring = match LocalExecutor::new() {
-        Ok(ex) => ex,
-        Err(e) => {
-            println!("skipped: io_uring unavailable here: {e}");
-            return;
-        }
+    let Some((mut a, b, filled)) = cut_write_behind() else {
+        return;
     };
-    let (mut a, b, filled) = uring.block_on(async {
-        let (mut a, b) = UnixStream::pair().unwrap();
-        let filled = fill(&a);
-        // Reported written at once; its send waits for room, cut when this loop goes.
-        assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
-        (a, b, filled)
-    });
-    drop(uring);
     std::env::set_var("XTC_IO", "epoll");
     let epoll = LocalExecutor::new().unwrap();
     let a = epoll.block_on(async move {

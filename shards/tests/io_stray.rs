@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use io_common::{each_driver, guard, on_each_driver, tcp_pair, Stream};
+use io_common::{each_driver, fill, guard, on_each_driver, tcp_pair, Stream};
 use xtc_shards::{
     net::{TcpListener, TcpStream, UdpSocket, UnixStream},
     spawn_local,
@@ -956,28 +956,6 @@ fn a_kept_read_cancelled_by_its_drivers_shutdown_is_not_an_error() {
     });
     assert_eq!(owned.unwrap(), b"late");
     assert_eq!(via_trait.unwrap(), b"late");
-}
-
-/// Fills `a`'s socket with plain non-blocking sends of zeros until it refuses; the bytes sent.
-fn fill(a: &impl std::os::fd::AsRawFd) -> usize {
-    let zeros = [0u8; 4096];
-    let mut filled = 0usize;
-    loop {
-        // SAFETY: a send from a live local buffer on an open descriptor.
-        let n = unsafe {
-            libc::send(
-                std::os::fd::AsRawFd::as_raw_fd(a),
-                zeros.as_ptr().cast(),
-                zeros.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n <= 0 {
-            break;
-        }
-        filled += n as usize;
-    }
-    filled
 }
 
 /// Fills `a`'s socket (`fill`), then writes `b"tail"` through `AsyncWrite`: on io_uring it is

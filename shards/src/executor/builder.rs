@@ -201,25 +201,11 @@ impl Builder {
         if let Some(c) = io_choice_from_env()? {
             self.io_driver = Some(c);
         }
-        if let Some(v) = var("XTC_REPLY_SPIN") {
-            self.reply_spin = parse_duration(&v)
-                .filter(|d| *d <= MAX_SPIN_BEFORE_PARK)
-                .ok_or_else(|| Error::Env {
-                    var: "XTC_REPLY_SPIN",
-                    value: v.clone(),
-                    expected: "a duration of at most 1s, a whole number with unit ns, us, ms or \
-                               s, such as 0, 50us, 1ms (a bare number is milliseconds)",
-                })?;
+        if let Some(spin) = spin_from_env("XTC_REPLY_SPIN")? {
+            self.reply_spin = spin;
         }
-        if let Some(v) = var("XTC_SPIN_BEFORE_PARK") {
-            self.spin_before_park = parse_duration(&v)
-                .filter(|d| *d <= MAX_SPIN_BEFORE_PARK)
-                .ok_or_else(|| Error::Env {
-                    var: "XTC_SPIN_BEFORE_PARK",
-                    value: v.clone(),
-                    expected: "a duration of at most 1s, a whole number with unit ns, us, ms or \
-                               s, such as 0, 50us, 1ms (a bare number is milliseconds)",
-                })?;
+        if let Some(spin) = spin_from_env("XTC_SPIN_BEFORE_PARK")? {
+            self.spin_before_park = spin;
         }
         Ok(self)
     }
@@ -396,6 +382,24 @@ pub(crate) fn env_inputs(
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     (!vars.is_empty()).then(|| vars.join(" "))
+}
+
+/// A spin duration (`XTC_SPIN_BEFORE_PARK`, `XTC_REPLY_SPIN`) from the environment: `None`
+/// when unset, `Err(Env)` naming `name` when it does not parse or exceeds
+/// [`MAX_SPIN_BEFORE_PARK`].
+fn spin_from_env(name: &'static str) -> Result<Option<Duration>> {
+    let Some(v) = var(name) else {
+        return Ok(None);
+    };
+    parse_duration(&v)
+        .filter(|d| *d <= MAX_SPIN_BEFORE_PARK)
+        .map(Some)
+        .ok_or(Error::Env {
+            var: name,
+            value: v,
+            expected: "a duration of at most 1s, a whole number with unit ns, us, ms or s, such \
+                       as 0, 50us, 1ms (a bare number is milliseconds)",
+        })
 }
 
 /// `XTC_IO`, if set: `auto`, `io_uring` or `epoll`.

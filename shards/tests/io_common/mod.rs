@@ -325,3 +325,25 @@ macro_rules! stream_by_deref {
     )*};
 }
 stream_by_deref!(&T, std::rc::Rc<T>);
+
+/// Fills `a`'s socket with plain non-blocking sends of zeros until it refuses; the bytes sent.
+pub fn fill(a: &impl std::os::fd::AsRawFd) -> usize {
+    let zeros = [0u8; 4096];
+    let mut filled = 0usize;
+    loop {
+        // SAFETY: a send from a live local buffer on an open descriptor.
+        let n = unsafe {
+            libc::send(
+                std::os::fd::AsRawFd::as_raw_fd(a),
+                zeros.as_ptr().cast(),
+                zeros.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        filled += n as usize;
+    }
+    filled
+}
