@@ -16,7 +16,8 @@
 //! * a connection an io_uring loop's dropped accept took is handed out by the listener's next
 //!   `accept` on an epoll loop (`XTC_IO` changed between two `LocalExecutor`s);
 //! * so are the bytes an io_uring loop's receives took for a stream, by `AsyncRead` there, and
-//!   the bytes a write-behind send left unsent, by the next flush or write there.
+//!   the bytes a write-behind send left unsent, by the next flush or write there, and by a
+//!   read (there, or back on io_uring), which may wait for their answer.
 //!
 //! Each body runs on both drivers (except where io_uring is denied on purpose).
 
@@ -876,4 +877,176 @@ fn child_into_std_does_not_send_unsent_bytes_behind_the_new_owner() {
         b"X",
         "bytes sent behind the std stream's back"
     );
+}
+
+/// A peer that reads `expect` bytes (checking they end with `tail`), then answers `reply`
+/// and reads on to the end: a request/response exchange over `b`.
+fn answer_after(
+    b: UnixStream,
+    expect: usize,
+    tail: &'static [u8],
+    reply: &'static [u8],
+) -> std::thread::JoinHandle<()> {
+    let mut b = b.into_std();
+    b.set_nonblocking(false).unwrap();
+    std::thread::spawn(move || {
+        let mut got = vec![0u8; expect];
+        b.read_exact(&mut got).unwrap();
+        assert!(got.ends_with(tail), "the request came in the wrong order");
+        b.write_all(reply).unwrap();
+        let mut rest = Vec::new();
+        let _ = b.read_to_end(&mut rest);
+    })
+}
+
+/// Bytes `AsyncWrite` reported written on an io_uring loop whose send that loop's shutdown
+/// cut (the socket was full) reach the peer when the stream next only reads, on an epoll
+/// loop (a `LocalExecutor` made after `XTC_IO` changed), by `AsyncRead` or an owned `read`:
+/// a request whose answer the read waits for, as on io_uring (`resume_write_behind`). On
+/// epoll only a write, flush or close sent them, so the read and the peer waited for each
+/// other for good.
+#[test]
+fn child_a_read_on_an_epoll_loop_sends_what_a_cut_write_behind_left() {
+    use futures::io::AsyncReadExt;
+    const ROLE: &str = "read-sends-unsent-epoll";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_read_on_an_epoll_loop_sends_what_a_cut_write_behind_left",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let uring = match LocalExecutor::new() {
+        Ok(ex) => ex,
+        Err(e) => {
+            println!("skipped: io_uring unavailable here: {e}");
+            return;
+        }
+    };
+    let pairs = uring.block_on(async {
+        let mut pairs = Vec::new();
+        for _ in 0..2 {
+            let (mut a, b) = UnixStream::pair().unwrap();
+            let filled = fill(&a);
+            // Reported written at once; its send waits for room, cut when this loop goes.
+            assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
+            pairs.push((a, b, filled));
+        }
+        pairs
+    });
+    drop(uring);
+    let mut peers = Vec::new();
+    let mut streams = Vec::new();
+    for (a, b, filled) in pairs {
+        peers.push(answer_after(b, filled + 4, b"tail", b"ok"));
+        streams.push(a);
+    }
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    epoll.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        let mut owned = streams.pop().unwrap();
+        let mut traits = streams.pop().unwrap();
+        let mut tmp = [0u8; 2];
+        let n = xtc_shards::time::timeout(HANG, AsyncReadExt::read(&mut traits, &mut tmp))
+            .await
+            .expect("AsyncRead on the epoll loop waited for an answer to bytes never sent")
+            .unwrap();
+        assert_eq!(&tmp[..n], b"ok");
+        let (r, got) = xtc_shards::time::timeout(HANG, owned.read(Vec::with_capacity(2)))
+            .await
+            .expect("an owned read on the epoll loop waited for an answer to bytes never sent");
+        assert_eq!(r.unwrap(), 2);
+        assert_eq!(got, b"ok");
+        // Nothing is sent twice: the close after them sends nothing more.
+        for s in [&mut traits, &mut owned] {
+            AsyncWriteExt::close(s).await.unwrap();
+        }
+    });
+    for p in peers {
+        p.join().unwrap();
+    }
+}
+
+/// Bytes a cut write-behind left unsent that an epoll loop took over (`PollState::unsent`,
+/// its flush given up with the socket full) are sent by a read when the stream is back on
+/// an io_uring loop, as a cut send is there (`resume_write_behind`): the read may wait for
+/// their answer. Only a write, flush or close resubmitted them, so the read and its peer
+/// waited for each other for good.
+#[test]
+fn child_a_read_back_on_io_uring_sends_what_an_epoll_loop_left_unsent() {
+    use futures::io::AsyncReadExt;
+    const ROLE: &str = "read-sends-unsent-uring";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_read_back_on_io_uring_sends_what_an_epoll_loop_left_unsent",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let uring = match LocalExecutor::new() {
+        Ok(ex) => ex,
+        Err(e) => {
+            println!("skipped: io_uring unavailable here: {e}");
+            return;
+        }
+    };
+    let pairs = uring.block_on(async {
+        let mut pairs = Vec::new();
+        for _ in 0..2 {
+            let (mut a, b) = UnixStream::pair().unwrap();
+            let filled = fill(&a);
+            // Reported written at once; its send waits for room, cut when this loop goes.
+            assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
+            pairs.push((a, b, filled));
+        }
+        pairs
+    });
+    drop(uring);
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    let pairs = epoll.block_on(async move {
+        let mut pairs = pairs;
+        for (a, _, _) in &mut pairs {
+            // The flush takes the cut send over (the socket is still full): it waits, and is
+            // given up.
+            let flushed =
+                xtc_shards::time::timeout(Duration::from_millis(20), AsyncWriteExt::flush(a)).await;
+            assert!(flushed.is_err(), "the flush finished with the socket full");
+        }
+        pairs
+    });
+    drop(epoll);
+    let mut peers = Vec::new();
+    let mut streams = Vec::new();
+    for (a, b, filled) in pairs {
+        peers.push(answer_after(b, filled + 4, b"tail", b"ok"));
+        streams.push(a);
+    }
+    std::env::set_var("XTC_IO", "io_uring");
+    let uring = LocalExecutor::new().unwrap();
+    uring.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
+        let mut owned = streams.pop().unwrap();
+        let mut traits = streams.pop().unwrap();
+        let mut tmp = [0u8; 2];
+        let n = xtc_shards::time::timeout(HANG, AsyncReadExt::read(&mut traits, &mut tmp))
+            .await
+            .expect("AsyncRead on io_uring waited for an answer to bytes never sent")
+            .unwrap();
+        assert_eq!(&tmp[..n], b"ok");
+        let (r, got) = xtc_shards::time::timeout(HANG, owned.read(Vec::with_capacity(2)))
+            .await
+            .expect("an owned read on io_uring waited for an answer to bytes never sent");
+        assert_eq!(r.unwrap(), 2);
+        assert_eq!(got, b"ok");
+        for s in [&mut traits, &mut owned] {
+            AsyncWriteExt::close(s).await.unwrap();
+        }
+    });
+    for p in peers {
+        p.join().unwrap();
+    }
 }

@@ -89,7 +89,9 @@ struct PollState {
     /// Bytes a write-behind send reported written but left unsent from `wsent` on, when the
     /// stream serves an epoll loop after its io_uring loop went (its shutdown cut the send, a
     /// `LocalExecutor` made after `XTC_IO` changed): sent there by plain sends first
-    /// ([`StreamIo::poll_unsent`]), or on io_uring as a write-behind send again (`drain`).
+    /// ([`StreamIo::poll_unsent`]; a read starts them without waiting,
+    /// [`StreamIo::push_unsent`]), or on io_uring as a write-behind send again (`drain`, and
+    /// a read's `resume_write_behind`).
     unsent: Option<Vec<u8>>,
     wbuf: Vec<u8>,
     /// The tasks waiting for `reading` (created at the first wait).
@@ -788,7 +790,14 @@ impl StreamIo {
                 other => return (other, buf),
             }
             if !matches!(kind(), Ok(Kind::Uring)) {
-                return rw::recv(&self.src, buf).await;
+                // On epoll, with a request a cut write-behind left unsent sent meanwhile
+                // (`push_unsent`).
+                let mut recv = std::pin::pin!(rw::recv(&self.src, buf));
+                return poll_fn(|cx| {
+                    self.push_unsent(cx);
+                    recv.as_mut().poll(cx)
+                })
+                .await;
             }
             self.resume_write_behind();
             let op = match rw::submit_recv(&self.src, buf) {
@@ -985,6 +994,35 @@ impl StreamIo {
     /// of the state is held while the waker is registered (user code). Cost when nothing is
     /// left: a `RefCell` borrow and a check.
     fn poll_unsent(&self, cx: &mut Context<'_>, trait_side: bool) -> Poll<io::Result<()>> {
+        self.send_unsent(cx, trait_side, false)
+    }
+
+    /// Before a read waits on epoll: starts sending what a write-behind send of a gone io_uring
+    /// loop left unsent (`poll_unsent`), without waiting for it, as `resume_write_behind` does
+    /// on io_uring: the read may wait for the answer to those bytes (a request). Unsent, the
+    /// read and its peer waited for each other for good. The task waits for writability too
+    /// (under [`ANON`](crate::io::epoll::ANON): the `futures::io` side's registration is the
+    /// `AsyncWrite` waiter's, which another task may be), so the rest goes out as the socket
+    /// drains while the read waits. A failed send stays unsent, for the next write, flush or
+    /// close to report. Cost when nothing is left: a `RefCell` borrow and a check.
+    fn push_unsent(&self, cx: &mut Context<'_>) {
+        let pending = self
+            .poll
+            .try_borrow()
+            .is_ok_and(|st| st.unsent.is_some() || st.writing.is_some());
+        if pending && matches!(kind(), Ok(Kind::Epoll)) {
+            let _ = self.send_unsent(cx, false, true);
+        }
+    }
+
+    /// [`poll_unsent`](Self::poll_unsent); `keep_failed`: a send that fails leaves the bytes
+    /// unsent and reports nothing ([`push_unsent`](Self::push_unsent)).
+    fn send_unsent(
+        &self,
+        cx: &mut Context<'_>,
+        trait_side: bool,
+        keep_failed: bool,
+    ) -> Poll<io::Result<()>> {
         loop {
             let (buf, from) = {
                 let mut st = self.poll.borrow_mut();
@@ -1052,6 +1090,10 @@ impl StreamIo {
                     st.unsent = Some(buf);
                     return Poll::Pending;
                 }
+                Ok(Poll::Ready(Err(_) | Ok(0))) if keep_failed => {
+                    st.unsent = Some(buf);
+                    return Poll::Ready(Ok(()));
+                }
                 // All sent, or an error (reported once, as `drain` reports a failed send).
                 Ok(Poll::Ready(r)) => {
                     st.wbuf = buf;
@@ -1107,6 +1149,9 @@ impl StreamIo {
                         return Poll::Ready(r);
                     }
                 }
+                // A request a cut write-behind left unsent goes out before the read waits
+                // for its answer.
+                self.push_unsent(cx);
                 let (ptr, len) = (out.as_mut_ptr(), out.len());
                 self.poll_trait_epoll(Dir::Read, cx, len, &mut |fd| {
                     // SAFETY: `ptr` points at the caller's `len` writable bytes, borrowed for
@@ -1202,6 +1247,19 @@ impl StreamIo {
         };
         let st = &mut *st;
         let Some(op) = st.writing.as_mut() else {
+            // Left unsent by an epoll loop (`PollState::unsent`): sent again as a write-behind
+            // send, from a copy, as below; a submission that fails leaves it for `drain`.
+            if let Some(buf) = st.unsent.as_ref() {
+                match start_send(fd, buf[st.wsent..].to_vec(), 0) {
+                    Ok(rest) => {
+                        st.wbuf = st.unsent.take().unwrap_or_default();
+                        st.wbuf.clear();
+                        st.wsent = 0;
+                        st.writing = Some(rest);
+                    }
+                    Err(e) => tracing::debug!("xtc: resuming unsent bytes failed: {e}"),
+                }
+            }
             return;
         };
         let (Some(res), Some(buf)) = (op.completed(), op.data()) else {
