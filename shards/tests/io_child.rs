@@ -798,11 +798,11 @@ fn child_a_write_behind_cut_on_io_uring_is_sent_on_an_epoll_loop() {
     assert_eq!(&all[filled..], b"tailmoreowned");
 }
 
-/// On an io_uring `LocalExecutor` (the process's `XTC_IO`): a Unix stream pair whose first
-/// end's socket is full (`fill`, the bytes returned) and whose `AsyncWrite` reported
-/// `b"tail"` written, its write-behind send still waiting for room when the executor is
-/// dropped (which cuts it). `None` (skipped) where io_uring is unavailable.
-fn cut_write_behind() -> Option<(UnixStream, UnixStream, usize)> {
+/// On an io_uring `LocalExecutor` (the process's `XTC_IO`): `n` Unix stream pairs, each
+/// with its first end's socket full (`fill`, the bytes returned) and its `AsyncWrite` having
+/// reported `b"tail"` written, the write-behind send still waiting for room when the
+/// executor is dropped (which cuts it). `None` (skipped) where io_uring is unavailable.
+fn cut_write_behinds(n: usize) -> Option<Vec<(UnixStream, UnixStream, usize)>> {
     let uring = match LocalExecutor::new() {
         Ok(ex) => ex,
         Err(e) => {
@@ -810,17 +810,26 @@ fn cut_write_behind() -> Option<(UnixStream, UnixStream, usize)> {
             return None;
         }
     };
-    let out = uring.block_on(async {
+    let pairs = uring.block_on(async move {
         assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
-        let (mut a, b) = UnixStream::pair().unwrap();
-        let filled = fill(&a);
-        // Reported written at once (write-behind); its send waits for room, which never
-        // comes in this run.
-        assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
-        (a, b, filled)
+        let mut pairs = Vec::new();
+        for _ in 0..n {
+            let (mut a, b) = UnixStream::pair().unwrap();
+            let filled = fill(&a);
+            // Reported written at once (write-behind); its send waits for room, which never
+            // comes in this run.
+            assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
+            pairs.push((a, b, filled));
+        }
+        pairs
     });
     drop(uring);
-    Some(out)
+    Some(pairs)
+}
+
+/// [`cut_write_behinds`] of one pair.
+fn cut_write_behind() -> Option<(UnixStream, UnixStream, usize)> {
+    cut_write_behinds(1)?.pop()
 }
 
 /// `into_std` after a write-behind cut on io_uring became `unsent` on an epoll loop: those
@@ -917,25 +926,9 @@ fn child_a_read_on_an_epoll_loop_sends_what_a_cut_write_behind_left() {
         );
         return;
     }
-    let uring = match LocalExecutor::new() {
-        Ok(ex) => ex,
-        Err(e) => {
-            println!("skipped: io_uring unavailable here: {e}");
-            return;
-        }
+    let Some(pairs) = cut_write_behinds(2) else {
+        return;
     };
-    let pairs = uring.block_on(async {
-        let mut pairs = Vec::new();
-        for _ in 0..2 {
-            let (mut a, b) = UnixStream::pair().unwrap();
-            let filled = fill(&a);
-            // Reported written at once; its send waits for room, cut when this loop goes.
-            assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
-            pairs.push((a, b, filled));
-        }
-        pairs
-    });
-    drop(uring);
     let mut peers = Vec::new();
     let mut streams = Vec::new();
     for (a, b, filled) in pairs {
@@ -986,25 +979,9 @@ fn child_a_read_back_on_io_uring_sends_what_an_epoll_loop_left_unsent() {
         );
         return;
     }
-    let uring = match LocalExecutor::new() {
-        Ok(ex) => ex,
-        Err(e) => {
-            println!("skipped: io_uring unavailable here: {e}");
-            return;
-        }
+    let Some(pairs) = cut_write_behinds(2) else {
+        return;
     };
-    let pairs = uring.block_on(async {
-        let mut pairs = Vec::new();
-        for _ in 0..2 {
-            let (mut a, b) = UnixStream::pair().unwrap();
-            let filled = fill(&a);
-            // Reported written at once; its send waits for room, cut when this loop goes.
-            assert_eq!(AsyncWriteExt::write(&mut a, b"tail").await.unwrap(), 4);
-            pairs.push((a, b, filled));
-        }
-        pairs
-    });
-    drop(uring);
     std::env::set_var("XTC_IO", "epoll");
     let epoll = LocalExecutor::new().unwrap();
     let pairs = epoll.block_on(async move {
