@@ -231,6 +231,10 @@ impl Core {
             .stats
             .messages_received
             .load(std::sync::atomic::Ordering::Relaxed);
+        mesh.handed_over = shared
+            .stats
+            .messages_handed_over
+            .load(std::sync::atomic::Ordering::Relaxed);
         // Like the ring counts, `LoopStats` totals continue across runs.
         let stats = &shared.stats;
         let tasks_done = stats.tasks_run.load(std::sync::atomic::Ordering::Relaxed);

@@ -88,6 +88,10 @@ pub(crate) struct StatsCell {
     pub(crate) live_tasks: AtomicU64,
     pub(crate) messages_sent: AtomicU64,
     pub(crate) messages_received: AtomicU64,
+    /// Of `messages_sent`, those the loop's shutdown took out of the mesh for a loop that had
+    /// stopped (`ring::evacuate`): never received over a ring, so the quiescence check takes
+    /// them off the sent ones. Not in [`LoopStats`].
+    pub(crate) messages_handed_over: AtomicU64,
     pub(crate) ring_full_waits: AtomicU64,
     pub(crate) notifications_sent: AtomicU64,
     pub(crate) steals: AtomicU64,
@@ -134,6 +138,7 @@ impl StatsCell {
             live_tasks: AtomicU64::new(0),
             messages_sent: AtomicU64::new(0),
             messages_received: AtomicU64::new(0),
+            messages_handed_over: AtomicU64::new(0),
             ring_full_waits: AtomicU64::new(0),
             notifications_sent: AtomicU64::new(0),
             steals: AtomicU64::new(0),

@@ -1271,3 +1271,78 @@ fn a_nested_block_on_of_the_same_local_executor_in_its_own_post_stop_drop_accept
     let got = out.lock().unwrap().take().expect("the guard ran");
     assert_eq!(got, Ok(7), "a spawn in a live nested block_on was refused");
 }
+
+/// Sets its flag when dropped.
+struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, SeqCst);
+    }
+}
+
+/// Records loop 0's published `messages_sent` when dropped.
+struct SentWhenDropped(xtc_shards::Handle, Arc<Mutex<Option<u64>>>);
+
+impl Drop for SentWhenDropped {
+    fn drop(&mut self) {
+        *self.1.lock().unwrap() = Some(self.0.loop_stats(0).unwrap().messages_sent);
+    }
+}
+
+thread_local! {
+    /// Set on shard 1's thread: dropped when that thread exits, after its loop has stopped
+    /// and handed its ring ends back.
+    static AT_THREAD_EXIT: std::cell::RefCell<Option<SetOnDrop>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `messages_sent` is a total and never goes down. A loop's shutdown that handed what it had
+/// sent over the ring to a loop already stopped over to that loop's inbox took those messages
+/// off its published count (the balance the quiescence check needs), so a snapshot taken
+/// after the run read less than one taken during it, and `later - earlier` underflowed.
+#[test]
+fn messages_sent_never_goes_down_when_a_stop_hands_ring_messages_over() {
+    let ex = exec(2);
+    let h = ex.handle();
+    let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g1 = gone.clone();
+    ex.spawn_on(1, move || async move {
+        AT_THREAD_EXIT.with(|t| *t.borrow_mut() = Some(SetOnDrop(g1)));
+    })
+    .unwrap();
+    let during = Arc::new(Mutex::new(None));
+    let d = during.clone();
+    ex.spawn_on(0, move || async move {
+        // Dropped by this loop's shutdown, after it handed the ring's content over.
+        let snap = SentWhenDropped(h.clone(), d);
+        spawn_local(async move {
+            let _snap = snap;
+            std::future::pending::<()>().await;
+        });
+        // Shard 1 has run its task (it is spawned before this one reaches it).
+        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        h.stop();
+        let limit = Instant::now() + HANG;
+        while !gone.load(SeqCst) {
+            assert!(Instant::now() < limit, "shard 1 never stopped");
+            std::thread::yield_now();
+        }
+        // Over the ring to a loop that has stopped: handed over to its inbox at shutdown.
+        for _ in 0..3 {
+            h.spawn_on(1, || async {}).unwrap();
+        }
+    })
+    .unwrap();
+    run_or_fail_keep(&ex, "a stop with ring messages for a stopped loop");
+    let during = during.lock().unwrap().expect("the parked task was dropped");
+    let after = ex.loop_stats(0).unwrap().messages_sent;
+    assert_eq!(during, 3, "the three spawns were counted as sent");
+    assert!(
+        after >= during,
+        "messages_sent went down from {during} to {after}"
+    );
+    // The handed-over spawns run in the next run, which still ends (quiescence balances).
+    run_or_fail_keep(&ex, "the run after");
+    assert_eq!(ex.loop_stats(1).unwrap().tasks_run, 4);
+}

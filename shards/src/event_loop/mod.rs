@@ -595,6 +595,9 @@ fn publish_counts(core: &Core, polls: u64) {
         stats
             .messages_received
             .store(m.received, crate::sync::Ordering::Relaxed);
+        stats
+            .messages_handed_over
+            .store(m.handed_over, crate::sync::Ordering::Relaxed);
     }
     stats
         .tasks_run

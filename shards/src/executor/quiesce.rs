@@ -68,7 +68,14 @@ impl Snapshot {
                 let st = l.status.load(SeqCst);
                 let (pushed, popped) = l.inbox.counts();
                 ring.1 += l.stats.messages_received.load(SeqCst);
-                ring.0 += l.stats.messages_sent.load(SeqCst);
+                // Sent over a ring, less what a shutdown took out of the mesh unreceived
+                // (saturating: the two are published one after the other, and a mixed read
+                // only makes this snapshot unbalanced).
+                ring.0 += l
+                    .stats
+                    .messages_sent
+                    .load(SeqCst)
+                    .saturating_sub(l.stats.messages_handed_over.load(SeqCst));
                 (st, pushed, popped)
             })
             .collect();

@@ -32,7 +32,8 @@
 //!    parking) the loop unparks each dirty target once (`park.rs` rule 2: a ping only if it
 //!    announced sleep).
 //! 6. **Counting.** Each loop publishes how many messages it has sent (ring or backlog) and
-//!    received, for the quiescence check (`executor/quiesce.rs`).
+//!    received, for the quiescence check (`executor/quiesce.rs`), and how many of those it sent
+//!    left the mesh unreceived at its shutdown ([`evacuate`]), which the check takes off.
 
 use std::{
     collections::VecDeque,
@@ -147,6 +148,7 @@ impl Mesh {
             is_dirty: vec![false; n],
             sent: 0,
             received: 0,
+            handed_over: 0,
             rr: 0,
             stopping: None,
         }
@@ -225,6 +227,10 @@ pub(crate) struct LocalMesh {
     is_dirty: Vec<bool>,
     pub(crate) sent: u64,
     pub(crate) received: u64,
+    /// Of `sent`, the messages [`evacuate`] took out of the mesh for a loop that had stopped
+    /// (handed to its inbox, or dropped): the ring never counts them received. Kept apart
+    /// from `sent`, which is `LoopStats::messages_sent`, a total that must not go down.
+    pub(crate) handed_over: u64,
     rr: usize,
     /// Since this loop's shutdown began ([`LocalMesh::begin_shutdown`]): messages pushed per
     /// target, not yet handed over by [`evacuate`] (the drops of its tasks sending them).
@@ -246,6 +252,7 @@ impl LocalMesh {
             is_dirty: Vec::new(),
             sent: 0,
             received: 0,
+            handed_over: 0,
             rr: 0,
             stopping: None,
         }
@@ -535,8 +542,10 @@ pub(crate) fn evacuate(core: &Core) -> bool {
             .map_or(0, |s| std::mem::take(&mut s[to]));
         let keep = moved.len().saturating_sub(late);
         // Each leaves the ring mesh: its push was counted as sent on the ring (rule 6), and
-        // the ring will never count it received; the inbox counts a kept one from here.
-        m.sent -= moved.len() as u64;
+        // the ring will never count it received; the inbox counts a kept one from here. Counted
+        // as handed over, which the quiescence check takes off the sent ones: taken off `sent`
+        // itself, the published `messages_sent` went down.
+        m.handed_over += moved.len() as u64;
         dropped.extend(moved.drain(keep..));
         if moved.is_empty() {
             continue;
