@@ -1346,3 +1346,54 @@ fn messages_sent_never_goes_down_when_a_stop_hands_ring_messages_over() {
     run_or_fail_keep(&ex, "the run after");
     assert_eq!(ex.loop_stats(1).unwrap().tasks_run, 4);
 }
+
+/// Spawns a migratable task holding `1` on `0`'s executor when dropped; its handle goes to `2`.
+struct SpawnOnDrop(
+    xtc_shards::Handle,
+    Option<CountDrop>,
+    Arc<Mutex<Option<xtc_shards::JoinHandle<()>>>>,
+);
+
+impl Drop for SpawnOnDrop {
+    fn drop(&mut self) {
+        let guard = self.1.take();
+        let j = self.0.spawn(async move {
+            let _g = guard;
+        });
+        *self.2.lock().unwrap() = Some(j);
+    }
+}
+
+/// A migratable spawn through the `Handle` of an executor already dropped is dropped at once,
+/// also from the `Drop` of a task that another executor's drop sweeps. The sweeping thread
+/// skipped the drop of what it had just queued for any executor (a guard against a sweep
+/// recursing into itself, meant for the executor being swept): the task stayed in the dropped
+/// executor's injector, its handle never resolved, and, holding a `Handle`, it leaked with
+/// that executor.
+#[test]
+fn a_spawn_on_a_dropped_executor_from_a_drop_another_executors_drop_sweeps_is_dropped() {
+    let b = exec(1);
+    let hb = b.handle();
+    drop(b);
+    let drops = Arc::new(AtomicUsize::new(0));
+    let handle = Arc::new(Mutex::new(None));
+    let a = exec(1);
+    let g = SpawnOnDrop(hb.clone(), Some(CountDrop(drops.clone())), handle.clone());
+    a.spawn_on(0, move || {
+        let _g = g;
+        async {}
+    })
+    .unwrap();
+    // A never-run task: swept (dropped) here, and its guard spawns on `b`.
+    drop(a);
+    assert_eq!(
+        drops.load(SeqCst),
+        1,
+        "the task spawned on b was not dropped"
+    );
+    let j = handle.lock().unwrap().take().expect("the guard spawned");
+    assert!(j.is_finished(), "its handle does not resolve");
+    let e = futures::executor::block_on(j).unwrap_err();
+    assert!(e.is_cancelled(), "{e:?}");
+    drop(hb);
+}

@@ -767,7 +767,12 @@ impl ExecShared {
     /// Off any loop (`context::off_loop`): it may run inside a task of another executor's loop
     /// (an executor dropped there), which these tasks are nothing to.
     fn sweep(&self, all: bool) {
-        let _sweep = Sweeping::enter();
+        // On this frame, and declared before the guard, which unlinks it (also on unwind).
+        let node = SweepNode {
+            exec: self,
+            prev: SWEEPING.with(Cell::get),
+        };
+        let _sweep = Sweeping::enter(&node);
         crate::context::off_loop(|| {
             let mut batch = Vec::new();
             for _ in 0..8 {
@@ -818,8 +823,10 @@ impl ExecShared {
         }
         // A task dropped here (or by `drop_queued`) whose `Drop` spawns again lands in the
         // queue being swept, which the outer sweep's loop drains: recursing instead overflowed
-        // the stack on a chain of such drops.
-        if SWEEPING.with(Cell::get) {
+        // the stack on a chain of such drops. Only a sweep of this executor: one of another
+        // executor (whose swept task's `Drop` spawned here) drains nothing of this one, and
+        // what was just queued stayed, its handle unresolved, leaked with this executor.
+        if Sweeping::active_for(self) {
             return;
         }
         self.sweep(false);
@@ -827,8 +834,11 @@ impl ExecShared {
 }
 
 thread_local! {
-    /// Whether this thread is inside a sweep of queued tasks (`drop_queued`, `drop_if_closed`).
-    static SWEEPING: Cell<bool> = const { Cell::new(false) };
+    /// The executors whose queued tasks this thread is sweeping (`drop_queued`,
+    /// `drop_if_closed`): a list through the `SweepNode`s on the stack frames of those sweeps,
+    /// innermost first, or null. A raw pointer, so the thread-local has no destructor (an
+    /// executor may be dropped, and swept, by another thread-local's destructor).
+    static SWEEPING: Cell<*const SweepNode> = const { Cell::new(std::ptr::null()) };
     /// The executors whose stopped runs' leftovers this thread is dropping (`run_inner`, after
     /// the loops stopped): a list through the `DiscardNode`s of the `Discarding` guards alive
     /// on this thread, innermost first, or null.
@@ -919,16 +929,41 @@ impl Drop for Discarding {
     }
 }
 
-/// Marks this thread as sweeping until dropped (restoring what it found, for nesting).
-struct Sweeping(bool);
+/// One entry of this thread's list of executors being swept (`SWEEPING`).
+struct SweepNode {
+    exec: *const ExecShared,
+    prev: *const SweepNode,
+}
 
-impl Sweeping {
-    fn enter() -> Sweeping {
-        Sweeping(SWEEPING.with(|s| s.replace(true)))
+/// Marks this thread as sweeping `node`'s executor until dropped (then the list is as it was
+/// found, for nesting). Borrows the node, so it cannot outlive it; never forgotten.
+struct Sweeping<'a>(*const SweepNode, std::marker::PhantomData<&'a SweepNode>);
+
+impl Sweeping<'_> {
+    /// Links `node` (a local of the caller's frame) until the guard drops.
+    fn enter(node: &SweepNode) -> Sweeping<'_> {
+        Sweeping(SWEEPING.with(|s| s.replace(node)), std::marker::PhantomData)
+    }
+
+    /// Whether this thread is sweeping `exec`. Cost: a thread-local read (the list is empty
+    /// outside sweeps).
+    fn active_for(exec: &ExecShared) -> bool {
+        let mut p = SWEEPING.with(Cell::get);
+        while !p.is_null() {
+            // SAFETY: every node in the list lives on the frame of a `sweep` call still
+            // running on this thread: its `Sweeping` guard, declared after it, unlinks it
+            // before the frame ends (also on unwind), and guards drop in reverse order.
+            let node = unsafe { &*p };
+            if std::ptr::eq(node.exec, exec) {
+                return true;
+            }
+            p = node.prev;
+        }
+        false
     }
 }
 
-impl Drop for Sweeping {
+impl Drop for Sweeping<'_> {
     fn drop(&mut self) {
         SWEEPING.with(|s| s.set(self.0));
     }
