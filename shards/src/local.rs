@@ -80,6 +80,10 @@ impl LocalExecutor {
     /// would stall every task of that loop. So does a `block_on` of this executor re-entered
     /// while its own run is in progress (from a `Drop` that another executor's sweep runs in
     /// one of its tasks).
+    ///
+    /// `fut` runs as the loop's main task, spawned here, at the caller's `block_on` call (the
+    /// spawn site a stall report names).
+    #[track_caller]
     pub fn block_on<F>(&self, fut: F) -> F::Output
     where
         F: Future + 'static,

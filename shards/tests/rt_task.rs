@@ -215,6 +215,47 @@ fn deadlock_report_names_the_stuck_task() {
     assert!(msg.contains("XTC_DEADLOCK_GRACE"));
 }
 
+/// The main task of `block_on` is spawned at the caller's `block_on` call: a deadlock report
+/// (and a stall report) names that line, as it names a `spawn_on` call for any other task. It
+/// named a line inside xtc (`executor/mod.rs`, `local.rs`), the same for every program.
+#[test]
+fn the_main_tasks_spawn_site_is_the_block_on_call() {
+    let ex = exec_with_grace(1, Duration::from_millis(200));
+    let line = line!() + 1;
+    let r = ex.block_on(std::future::pending::<()>);
+    match r {
+        Err(Error::Deadlock { tasks }) => {
+            let all = tasks.join("\n");
+            assert_eq!(tasks.len(), 1, "{all}");
+            assert!(all.contains("'main'"), "{all}");
+            assert!(
+                all.contains(&format!("rt_task.rs:{line}:")),
+                "the spawn site is not the block_on call (line {line}): {all}"
+            );
+        }
+        other => panic!("expected a deadlock report, got {other:?}"),
+    }
+    // A LocalExecutor's main task, named in a stall report.
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let r = reports.clone();
+    let line = line!() + 1;
+    LocalExecutor::new().unwrap().block_on(async move {
+        let h = xtc_shards::shard::handle().unwrap();
+        h.set_stall_callback(0, move |rep| r.lock().unwrap().push(rep.clone()))
+            .unwrap();
+        h.set_stall_budget(Duration::from_millis(5));
+        // The budget is read once per loop turn: a sleep ends this one.
+        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        std::thread::sleep(Duration::from_millis(20)); // holds the loop past the budget
+    });
+    let reps = reports.lock().unwrap().clone();
+    assert!(!reps.is_empty(), "no stall reported");
+    assert!(
+        reps.iter()
+            .all(|r| r.spawned_at.file().ends_with("rt_task.rs") && r.spawned_at.line() == line),
+        "the spawn site is not the block_on call (line {line}): {reps:?}"
+    );
+}
 #[test]
 fn no_deadlock_report_within_the_grace_for_a_foreign_waker() {
     let ex = Executor::builder()

@@ -671,7 +671,9 @@ impl Executor {
     /// Runs `make()`'s future on shard 0 as the main task, runs the executor, and returns the
     /// future's output. When it completes the executor stops and the remaining tasks are
     /// dropped. `Err(Join)` if the main future panicked, `Err(Stopped)` if the executor stopped
-    /// before it completed, `Err(Deadlock)` as for [`run`](Self::run).
+    /// before it completed, `Err(Deadlock)` as for [`run`](Self::run). The main task is named
+    /// `main` and spawned here, at the caller's `block_on` call (deadlock and stall reports).
+    #[track_caller]
     pub fn block_on<F, Fut>(&self, make: F) -> Result<Fut::Output>
     where
         F: FnOnce() -> Fut + Send + 'static,
