@@ -26,7 +26,8 @@ use crate::io::{
 /// reports the kernel's error.
 #[derive(Debug)]
 pub struct File {
-    // An Arc so a blocking-pool job (epoll path) keeps the descriptor open while it runs.
+    // An Arc so an operation in flight (a blocking-pool job on epoll, an `Op`'s data on
+    // io_uring) keeps the descriptor open, and its number taken, until it ends.
     fd: Arc<OwnedFd>,
     /// Whether the descriptor takes offsets (not a FIFO, socket or tty), asked once with
     /// `lseek` at the first positioned call: io_uring's `READ`/`WRITE` ignore the offset of a
@@ -347,9 +348,10 @@ impl File {
         file::stat(&self.fd).await.map(|stat| Metadata { stat })
     }
 
-    /// Closes the file and reports the kernel's error. If an operation of the epoll path is
-    /// still running on the pool, the descriptor closes when it ends. Cost: one `CLOSE`
-    /// submission, or one `close` on epoll.
+    /// Closes the file and reports the kernel's error. If an operation is still in flight (one
+    /// whose future was dropped: on the epoll driver's pool, or in the kernel on io_uring), the
+    /// descriptor closes when it ends, and this returns `Ok`. Cost: one `CLOSE` submission, or
+    /// one `close` on epoll.
     pub async fn close(self) -> io::Result<()> {
         match Arc::try_unwrap(self.fd) {
             Ok(fd) => file::close(fd).await,

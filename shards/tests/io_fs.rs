@@ -1304,3 +1304,38 @@ fn file_ops_on_the_pool_add_no_task_to_the_stats() {
     let st = exec.loop_stats(0).unwrap();
     assert_eq!(st.tasks_run, 1, "{st:?}");
 }
+
+/// A file write whose future is forgotten (`mem::forget`, safe code) after its first poll, and
+/// then its file dropped: the write must not land in whatever file next takes the descriptor's
+/// number. On io_uring the write's entry named the descriptor by number only and sat in the
+/// submission queue until the end of the turn: the drop closed the number, the next open took
+/// it, and the write went into that file (on epoll the pool job kept the descriptor open).
+#[test]
+fn a_forgotten_write_does_not_land_in_a_file_opened_after_its_files_drop() {
+    on_each_driver(
+        "a_forgotten_write_does_not_land_elsewhere",
+        1,
+        |driver| async move {
+            let (path, victim) = (temp_path("forgotten"), temp_path("victim"));
+            let (_c, _v) = (Cleanup(path.clone()), Cleanup(victim.clone()));
+            let f = open_scratch(&path).await;
+            let mut write = Box::pin(f.write_at(b"stray".to_vec(), 0));
+            // One poll (queued on io_uring, on the pool on epoll), then forgotten.
+            let _ = futures::FutureExt::now_or_never(write.as_mut());
+            std::mem::forget(write);
+            drop(f);
+            // Takes the lowest free number: the dropped file's, if that was closed.
+            let other = std::fs::File::create(&victim).unwrap();
+            // Let the loop turn (and submit what it queued), and the write land if it does.
+            for _ in 0..10 {
+                xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            }
+            drop(other);
+            assert_eq!(
+                std::fs::read(&victim).unwrap(),
+                b"",
+                "{driver}: a forgotten write landed in a file opened after its own was dropped"
+            );
+        },
+    );
+}

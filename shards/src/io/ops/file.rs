@@ -1,6 +1,15 @@
 //! Files: open, positional read and write, fsync, statx, close. io_uring does them in the
 //! kernel; on epoll they run on the blocking pool (`io/blocking.rs`), with a copy through a
 //! pool-owned buffer because the caller's buffer need not be `Send`.
+//!
+//! Every operation on an open file holds the file's descriptor (`Arc<OwnedFd>`) until it ends,
+//! on both drivers: the pool job's closure on epoll, the `Op`'s data on io_uring (which the
+//! driver keeps until the completion if the `Op` is dropped). An io_uring entry names the
+//! descriptor by number only and waits in the submission queue until the end of the turn: a
+//! future polled once and forgotten (`mem::forget`, safe code), its file then dropped, left
+//! the entry naming a closed number, and the next file opened took it, so the write landed in
+//! that file (or the read took its bytes). The number stays taken now until the operation ends
+//! (for good, for a forgotten one: a leak, as of its buffer).
 
 use std::{
     ffi::CString,
@@ -118,7 +127,8 @@ pub(crate) async fn read_at<B: IoBufMut>(
         Driver::IoUring => {
             let raw = fd.as_raw_fd();
             let fixed = fixed_index(&buf);
-            let op = submit(buf, |b| {
+            // The descriptor travels with the operation (see the module docs).
+            let op = submit((buf, fd.clone()), |(b, _)| {
                 let (ptr, len) = (
                     b.stable_mut_ptr(),
                     b.bytes_total().min(u32::MAX as usize) as u32,
@@ -135,11 +145,11 @@ pub(crate) async fn read_at<B: IoBufMut>(
             });
             match op {
                 Ok(op) => {
-                    let (res, b) = op.await;
+                    let (res, (b, _fd)) = op.await;
                     buf = b;
                     result(res).map(|n| n as usize)
                 }
-                Err((e, b)) => return (Err(e), b),
+                Err((e, (b, _fd))) => return (Err(e), b),
             }
         }
         Driver::Epoll => {
@@ -194,7 +204,8 @@ pub(crate) async fn write_at<B: IoBuf>(
         Driver::IoUring => {
             let raw = fd.as_raw_fd();
             let fixed = fixed_index(&buf);
-            let op = submit(buf, |b| {
+            // The descriptor travels with the operation (see the module docs).
+            let op = submit((buf, fd.clone()), |(b, _)| {
                 let (ptr, len) = (b.stable_ptr(), b.bytes_init().min(u32::MAX as usize) as u32);
                 let at = pos.unwrap_or(CURRENT);
                 match fixed {
@@ -208,10 +219,10 @@ pub(crate) async fn write_at<B: IoBuf>(
             });
             match op {
                 Ok(op) => {
-                    let (res, b) = op.await;
+                    let (res, (b, _fd)) = op.await;
                     (result(res).map(|n| n as usize), b)
                 }
-                Err((e, b)) => (Err(e), b),
+                Err((e, (b, _fd))) => (Err(e), b),
             }
         }
         Driver::Epoll => {
@@ -249,7 +260,8 @@ pub(crate) async fn fsync(fd: &Arc<OwnedFd>, data_only: bool) -> io::Result<()> 
             } else {
                 types::FsyncFlags::empty()
             };
-            let op = submit((), |_| {
+            // The descriptor travels with the operation (see the module docs).
+            let op = submit(fd.clone(), |_| {
                 opcode::Fsync::new(types::Fd(raw)).flags(flags).build()
             })
             .map_err(|(e, _)| e)?;
@@ -292,14 +304,15 @@ pub(crate) async fn stat(fd: &Arc<OwnedFd>) -> io::Result<Stat> {
         Driver::IoUring => {
             let raw = fd.as_raw_fd();
             let data: Box<MaybeUninit<libc::statx>> = Box::new(MaybeUninit::zeroed());
-            let op = submit(data, |d| {
+            // The descriptor travels with the operation (see the module docs).
+            let op = submit((data, fd.clone()), |(d, _)| {
                 opcode::Statx::new(types::Fd(raw), c"".as_ptr(), d.as_mut_ptr().cast())
                     .flags(libc::AT_EMPTY_PATH)
                     .mask(libc::STATX_BASIC_STATS)
                     .build()
             })
             .map_err(|(e, _)| e)?;
-            let (res, d) = op.await;
+            let (res, (d, _fd)) = op.await;
             result(res)?;
             // SAFETY: statx succeeded, so the kernel filled the struct (it started zeroed).
             let s = unsafe { d.assume_init() };
