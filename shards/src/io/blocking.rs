@@ -107,7 +107,8 @@ thread_local! {
     /// before their result came) that may still run. Their `pwrite` or `open` may still land,
     /// so the loop is not idle until they end ([`abandoned`]); nothing wakes the loop then, so
     /// while one runs the loop parks for at most [`ABANDONED_RECHECK`], signals them again (a
-    /// signal can land just before the blocking call) and looks again.
+    /// signal can land just before the blocking call) and looks again. Those that ended are
+    /// forgotten there, and by a drop that finds the list doubled (a busy loop never parks).
     static ABANDONED: RefCell<Vec<Arc<Ctl>>> = const { RefCell::new(Vec::new()) };
     /// Pool threads: the control of the job this thread runs ([`retrying`]).
     static RUNNING: RefCell<Option<Arc<Ctl>>> = const { RefCell::new(None) };
@@ -674,7 +675,17 @@ impl<R> Drop for Blocking<R> {
                 wait_call(&self.ctl);
                 // `try_with`: a future dropped by another thread-local's destructor at thread
                 // exit, after this one's, must not panic there (that aborts the process).
-                let _ = ABANDONED.try_with(|v| v.borrow_mut().push(self.ctl.clone()));
+                let _ = ABANDONED.try_with(|v| {
+                    let mut v = v.borrow_mut();
+                    // Forget those that ended whenever the list has doubled, not only when the
+                    // loop parks (`park_timeout`): a loop kept busy never parks, and its list
+                    // grew by one per dropped job for as long as it stayed busy. Cost:
+                    // amortized one lock per drop.
+                    if v.len() >= 64 && v.len().is_power_of_two() {
+                        v.retain(|ctl| !lock(&ctl.state).done);
+                    }
+                    v.push(self.ctl.clone());
+                });
             }
         }
     }
@@ -697,6 +708,44 @@ mod tests {
                 .filter(|&c| libc::CPU_ISSET(c, &set))
                 .collect()
         }
+    }
+
+    /// Abandoned jobs that ended are forgotten as more jobs are abandoned, not only when the
+    /// loop parks (`park_timeout`) or stops (`settle`): a loop kept busy never parks, and its
+    /// list of abandoned jobs (a file operation under a timeout that fires, each) grew for as
+    /// long as it stayed busy.
+    #[test]
+    fn ended_abandoned_jobs_are_forgotten_on_a_loop_that_never_parks() {
+        const ROUNDS: usize = 1000;
+        let len = std::thread::spawn(|| {
+            for _ in 0..ROUNDS {
+                let gate = Arc::new((Mutex::new(false), Condvar::new()));
+                let g = gate.clone();
+                let job = run(move || {
+                    let (open, cv) = &*g;
+                    let timeout = Duration::from_secs(60);
+                    drop(cv.wait_timeout_while(lock(open), timeout, |o| !*o).unwrap());
+                    Ok(())
+                });
+                let ctl = job.ctl.clone();
+                // Dropped while it waits on the gate: abandoned.
+                drop(job);
+                *lock(&gate.0) = true;
+                gate.1.notify_all();
+                let t0 = std::time::Instant::now();
+                while !lock(&ctl.state).done {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "a job never ended");
+                    std::thread::yield_now();
+                }
+            }
+            ABANDONED.with(|v| v.borrow().len())
+        })
+        .join()
+        .unwrap();
+        assert!(
+            len < 128,
+            "{len} ended jobs of {ROUNDS} abandoned still listed (nothing parked to forget them)"
+        );
     }
 
     /// A pool thread started from a pinned loop thread runs on every allowed CPU, not on the
