@@ -5,17 +5,22 @@
 //!
 //! Each loop publishes `status = epoch << 2 | kind` (SeqCst) before it parks, and
 //! `epoch + 1 | BUSY` as soon as it wakes, before it drains its inbox. `kind` is `EMPTY` (no live
-//! task, no timer), `PARKED` (live tasks, none runnable, no timer) or `WAITING` (a timer is
-//! pending). Each inbox counts messages pushed (before the push) and popped.
+//! task, no timer), `PARKED` (live tasks, none runnable, no timer) or `WAITING` (something will
+//! wake it: a pending timer, I/O or a blocking-pool job in flight, a ring backlog). Each inbox
+//! counts messages pushed (before the push) and popped; each ring counts messages sent and
+//! received.
 //!
 //! The coordinator (the thread in `run()`) takes a snapshot of every loop's status and inbox
 //! counts, then a second one. The executor is **quiescent** when both snapshots are equal, every
-//! loop is `EMPTY`, and every inbox has popped all it was pushed. Why that is exact: a loop that
+//! loop is `EMPTY`, every inbox has popped all it was pushed, every ring has received all it
+//! was sent, and no migratable task is alive (the live count of steal/mod.rs rule 5, which
+//! covers tasks in deques and injectors). Why that is exact: a loop that
 //! did anything between the two reads of its status has a new epoch, so equal snapshots mean no
 //! loop ran in between; a message pushed before the first read shows up as pushed > popped; one
 //! pushed after it is a fresh spawn from a foreign thread racing with the end of `run()`, which
 //! stays in the inbox for the next `run()` (it is not lost). Work moves between loops only through
-//! inboxes (and, later, rings with the same counters), so no task can be in flight unseen.
+//! inboxes, rings (counted the same way) and the migratable deques and injectors (covered by
+//! the live count), so no task can be in flight unseen.
 //!
 //! # Who pokes
 //!
@@ -32,8 +37,9 @@
 //!
 //! # Deadlock
 //!
-//! If two equal snapshots show every loop `EMPTY` or `PARKED`, at least one `PARKED`, and balanced
-//! inboxes, nothing inside the executor can wake the parked tasks. The coordinator checks again
+//! If two equal snapshots show every loop `EMPTY` or `PARKED`, balanced inboxes and rings, and
+//! at least one `PARKED` loop or a live migratable task (a loop's status counts only its
+//! pinned tasks), nothing inside the executor can wake the parked tasks. The coordinator checks again
 //! after the grace period (a task may wait on a foreign thread); if no epoch moved it stops the
 //! executor and `run()` returns [`Error::Deadlock`](crate::Error::Deadlock) naming each task.
 //! The coordinator polls for this every `min(grace / 2, 1 s)`: deadlocks need no prompt answer.
