@@ -163,23 +163,69 @@ where
     Ok(Server { addr, failure })
 }
 
+/// Makes sure this process may open the descriptors that `clients` connections to its own
+/// server take: two each (the client's end and the server's), a few per shard (its listener,
+/// io_uring or epoll, eventfd) and some for the process. A soft `RLIMIT_NOFILE` below that is
+/// raised to it where the hard limit allows; `Err` says what to do where it does not. Without
+/// the room, the clients' connections used every descriptor, the server's accept failed with
+/// EMFILE and backed off until descriptors freed up, and none did (the connected clients
+/// waited for its replies): the run hung.
+fn room_for(clients: usize, shards: usize) -> Result<(), String> {
+    let need = clients
+        .saturating_mul(2)
+        .saturating_add(shards.saturating_mul(4))
+        .saturating_add(64);
+    let need = libc::rlim_t::try_from(need).unwrap_or(libc::RLIM_INFINITY);
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` through the pointer, which is valid and exclusive
+    // for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Ok(()); // no limit to read: run, and let the server's warnings tell
+    }
+    let fits = |l: libc::rlim_t| l == libc::RLIM_INFINITY || l >= need;
+    if fits(limit.rlim_cur) {
+        return Ok(());
+    }
+    if fits(limit.rlim_max) {
+        let raised = libc::rlimit {
+            rlim_cur: need,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads one `rlimit` through the pointer, valid for the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "--clients {clients} needs about {need} file descriptors (two per client, as the \
+         clients and the server run in this process), over this process's limit of {} (hard \
+         limit {}): raise it with `ulimit -n {need}` or use fewer clients",
+        limit.rlim_cur, limit.rlim_max
+    ))
+}
+
 /// Runs `clients` clients on `exec` (pinned tasks spread over the shards), `client(id)` each;
 /// the last one to finish runs `last()` (a check of the server's state) and stops the
 /// executor. Returns how many clients (or the last check) failed, those the executor stopped
 /// before they finished included (a server shard that failed stops it), and the seconds it
-/// took.
+/// took; `Err` before any client starts if the process may not open the descriptors they
+/// need (see [`room_for`]).
 pub(crate) fn drive<C, CF, L, LF>(
     exec: &xtc::Executor,
     clients: usize,
     client: C,
     last: L,
-) -> xtc::Result<(u64, f64)>
+) -> Result<(u64, f64), Box<dyn Error>>
 where
     C: Fn(usize) -> CF + Clone + Send + 'static,
     CF: Future<Output = std::io::Result<()>> + 'static,
     L: Fn() -> LF + Clone + Send + 'static,
     LF: Future<Output = Result<(), String>> + 'static,
 {
+    room_for(clients, exec.shard_count())?;
     let left = Arc::new(AtomicUsize::new(clients));
     let failed = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
@@ -251,6 +297,80 @@ mod tests {
         )
         .unwrap();
         assert_eq!((a.clients, a.per_client), (4, 10));
+    }
+
+    /// Clients that need more descriptors than `RLIMIT_NOFILE` allows are refused before the
+    /// run, and a soft limit below the need is raised to it where the hard limit allows. The
+    /// clients and the server share the process: once the clients' connections had used every
+    /// descriptor, the server's accept failed with EMFILE and backed off until descriptors
+    /// freed up, which never happened (the connected clients waited for its replies), so the
+    /// example hung. Run in a child process under `ulimit`, so the lowered limit stays there.
+    #[test]
+    fn more_clients_than_descriptors_are_refused_not_hung() {
+        const CHILD: &str = "XTC_EXAMPLE_NOFILE_CHILD";
+        let name = "shared::tests::more_clients_than_descriptors_are_refused_not_hung";
+        if let Some(mode) = std::env::var_os(CHILD) {
+            let exec = xtc::Executor::builder()
+                .shards(2)
+                .service_mode(true)
+                .oversubscribe(true)
+                .build()
+                .unwrap();
+            let server = listen(&exec, "127.0.0.1:0".parse().unwrap(), |s, _| async move {
+                let _ = s.write_all(b"x".to_vec()).await;
+            })
+            .unwrap();
+            let addr = server.addr;
+            let result = drive(
+                &exec,
+                100,
+                move |_| async move {
+                    let s = TcpStream::connect(addr).await?;
+                    let (n, _) = s.read(Vec::with_capacity(1)).await;
+                    n.map(drop)
+                },
+                || async { Ok(()) },
+            );
+            match (mode.to_str(), result) {
+                (Some("hard"), Err(e)) if e.to_string().contains("ulimit -n") => {}
+                (Some("soft"), Ok((0, _))) => {}
+                (mode, r) => panic!("{mode:?}: unexpected {:?}", r.map(|(failed, _)| failed)),
+            }
+            return;
+        }
+        // `ulimit -n` sets the soft and the hard limit, `-S` the soft one alone (raising it
+        // needs a hard limit with room for the 100 clients).
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one `rlimit` through the pointer, valid for the call.
+        let hard_room = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0
+            && (limit.rlim_max == libc::RLIM_INFINITY || limit.rlim_max >= 1024);
+        let modes = [("hard", "ulimit -n 64"), ("soft", "ulimit -S -n 64")];
+        for (mode, ulimit) in modes.into_iter().take(if hard_room { 2 } else { 1 }) {
+            let mut child = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("{ulimit} && exec \"$0\" \"$@\""))
+                .arg(std::env::current_exe().unwrap())
+                .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+                .env(CHILD, mode)
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + std::time::Duration::from_secs(60);
+            let status = loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    break status;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("{mode}: the run hung");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            };
+            assert!(status.success(), "{mode}: {status}");
+        }
     }
 
     /// A server whose shards cannot bind (the port is taken by a socket without
