@@ -58,6 +58,7 @@ fn parse_from(
         clients: 0,
         per_client: per_default,
     };
+    let mut addr_given = false;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"));
@@ -65,7 +66,10 @@ fn parse_from(
             v?.parse().map_err(|e| format!("{flag}: {e}"))
         };
         match flag.as_str() {
-            "--addr" => a.addr = value?.parse().map_err(|e| format!("--addr: {e}"))?,
+            "--addr" => {
+                a.addr = value?.parse().map_err(|e| format!("--addr: {e}"))?;
+                addr_given = true;
+            }
             "--clients" => a.clients = number(value)?,
             f if f == per_flag => a.per_client = number(value)?,
             other => {
@@ -75,7 +79,7 @@ fn parse_from(
             }
         }
     }
-    if a.clients == 0 && a.addr.port() == 0 {
+    if a.clients == 0 && !addr_given {
         a.addr.set_port(default_port);
     }
     // The examples count the requests of all clients (kv: about 4 per unit of work): refuse
@@ -371,6 +375,20 @@ mod tests {
             };
             assert!(status.success(), "{mode}: {status}");
         }
+    }
+
+    /// Serving only, the default port applies when no `--addr` is given; an `--addr` with port 0
+    /// (any free port, which the server prints) is kept. It was replaced by the default port,
+    /// so `--addr 127.0.0.1:0` failed where that port was taken.
+    #[test]
+    fn an_explicit_port_0_is_kept() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let a = parse_from(args(&[]), "--rounds", 1, 7).unwrap();
+        assert_eq!(a.addr.to_string(), "127.0.0.1:7");
+        let a = parse_from(args(&["--addr", "127.0.0.2:0"]), "--rounds", 1, 7).unwrap();
+        assert_eq!(a.addr.to_string(), "127.0.0.2:0");
+        let a = parse_from(args(&["--clients", "2"]), "--rounds", 1, 7).unwrap();
+        assert_eq!(a.addr.port(), 0, "clients run against a free port");
     }
 
     /// A server whose shards cannot bind (the port is taken by a socket without
