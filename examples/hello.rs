@@ -3,7 +3,19 @@
 
 use std::{cell::Cell, sync::Arc, time::Duration};
 
-fn main() -> xtc::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The message (xtc's errors include their causes), not the `Debug` form that a
+            // `Result` returned from `main` prints.
+            eprintln!("hello: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> xtc::Result<()> {
     // One shard per allowed physical core by default; XTC_SHARDS etc. override it.
     let exec = xtc::Executor::from_env()?;
     let hits = Arc::new(xtc::Sharded::new(exec.shard_count(), |_| Cell::new(0u64)));
@@ -35,4 +47,36 @@ fn main() -> xtc::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Command, ExitCode, Termination};
+
+    /// A failure is printed as its message, and the exit status says it failed: `main`
+    /// returned `xtc::Result`, whose error std prints in its `Debug` form (`Error: Env { var:
+    /// "XTC_SHARDS", value: "abc", expected: ... }`). Runs `main` in a child process (this test
+    /// binary again) with `XTC_SHARDS=abc`.
+    #[test]
+    fn an_error_is_printed_as_its_message() {
+        const CHILD: &str = "XTC_EXAMPLE_HELLO_CHILD";
+        let name = "tests::an_error_is_printed_as_its_message";
+        if std::env::var_os(CHILD).is_some() {
+            let failed = super::main().report() != ExitCode::SUCCESS;
+            std::process::exit(if failed { 1 } else { 0 });
+        }
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+            .env(CHILD, "1")
+            .env("XTC_SHARDS", "abc")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("environment variable XTC_SHARDS=\"abc\" is invalid"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("Env {"), "{stderr}");
+    }
 }
