@@ -54,17 +54,20 @@
 //!
 //! # Environment variables
 //!
-//! Read by [`Builder::from_env`] / [`Executor::from_env`] (and [`Builder::env`]). A variable that
-//! is set but holds a bad value is an [`Error::Env`] naming it, never a silent default; an
-//! empty or unset variable leaves the builder's value.
+//! Read by [`Builder::from_env`] / [`Executor::from_env`] (and [`Builder::env`]); `XTC_IO` also
+//! by [`Builder::build`] and [`LocalExecutor::new`]. A variable that is set but holds a bad
+//! value is an [`Error::Env`] naming it, never a silent default; an empty or unset variable
+//! leaves the builder's value. A bool is `1`/`0`, `true`/`false`, `on`/`off` or `yes`/`no`,
+//! and such words (`spread`, `epoll`, `off`) are case-insensitive; a duration is a whole number
+//! with unit `ns`, `us`, `ms` or `s` (a bare number is milliseconds).
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |
 //! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core |
-//! | `XTC_PLACEMENT` | `compact`, `spread`, `cpus:0,2,4` | `compact` | how shards map to CPUs (see `xtc_numa::Policy`) |
-//! | `XTC_PIN` | `1`/`0`, `true`/`false`, `on`/`off` | on | bind each shard thread to its placed CPU; off: to all the placement's CPUs, moved by the OS (`Builder::pin`) |
-//! | `XTC_OVERSUBSCRIBE` | `1`/`0`, `true`/`false`, `on`/`off` | off | allow more shards than allowed CPUs |
-//! | `XTC_SERVICE_MODE` | as above | off | `run()` returns only after `stop()` |
+//! | `XTC_PLACEMENT` | `compact`, `spread`, a CPU list `cpus:0,2,4` or `0-3,8` | `compact` | how shards map to CPUs (see `xtc_numa::Policy`) |
+//! | `XTC_PIN` | bool | on | bind each shard thread to its placed CPU; off: to all the placement's CPUs, moved by the OS (`Builder::pin`) |
+//! | `XTC_OVERSUBSCRIBE` | bool | off | allow more shards than allowed CPUs |
+//! | `XTC_SERVICE_MODE` | bool | off | `run()` returns only after `stop()` |
 //! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (bare number = ms) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
 //! | `XTC_RING_CAPACITY` | integer 1 ..= 1048576 | `1024` | messages per ring of the cross-shard mesh |
 //! | `XTC_STEALING` | bool | on | idle loops steal migratable tasks |
@@ -74,7 +77,7 @@
 //! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |
 //! | `XTC_PREEMPT` | duration (`0`, `1ms`) | `0` | CPU-time preemption tick for `yield_if_due` |
 //! | `XTC_STALL_BUDGET` | duration (`0`, `10ms`) | `0` | stall watchdog budget of every loop |
-//! | `XTC_IO` | `auto`, `io_uring`, `epoll` | `auto` | I/O driver: auto probes io_uring once and falls back to epoll (see [`io`]); read by every builder unless `Builder::io_driver` is set |
+//! | `XTC_IO` | `auto`, `io_uring` (or `uring`), `epoll` | `auto` | I/O driver: auto probes io_uring once and falls back to epoll (see [`io`]); read by every builder unless `Builder::io_driver` is set |
 //! | `XTC_REPLY_SPIN` | duration (`0`, `50us`; at most `1s`) | `50us` | how long a loop whose task awaits a `submit_to` reply from another shard polls before parking: the reply then needs no wake-up of its own |
 //! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`; at most `1s`) | `20us` | how long a loop that just did work polls before parking: lower cross-shard latency for a full CPU while it spins (it yields to other threads every 64 polls) |
 //!
