@@ -851,7 +851,13 @@ impl StreamIo {
     /// Pending, with the waiter entry the task is listed under (`BehindWait::note`). Cost when
     /// there are none: a `RefCell` borrow and a check.
     fn poll_write_behind(&self, cx: &mut Context<'_>) -> (Poll<io::Result<()>>, Option<u64>) {
-        if matches!(kind(), Ok(Kind::Epoll)) {
+        // Only a stream with a send of its own left (rare on epoll) looks up the driver: this
+        // runs before every owned write.
+        let leftover = {
+            let st = self.poll.borrow();
+            st.unsent.is_some() || st.writing.is_some()
+        };
+        if leftover && matches!(kind(), Ok(Kind::Epoll)) {
             // Waiting on the socket's readiness, not on the waiter list: no entry.
             match self.poll_unsent(cx, false) {
                 Poll::Ready(Ok(())) => {}
