@@ -888,6 +888,53 @@ fn child_into_std_does_not_send_unsent_bytes_behind_the_new_owner() {
     );
 }
 
+/// Each pair's peer waits for the request (`filled` bytes and `b"tail"`) and answers `b"ok"`;
+/// on a fresh `LocalExecutor` of driver `io` (`XTC_IO` set to it), an `AsyncRead` on the
+/// first stream and an owned read on the second must get that answer, which they get only if
+/// the bytes a cut write-behind left were sent before they waited. Nothing is sent twice: the
+/// closes after them send nothing more (the peers check what they read).
+fn reads_get_their_answers(
+    pairs: Vec<(UnixStream, UnixStream, usize)>,
+    io: &'static str,
+    want: Driver,
+) {
+    use futures::io::AsyncReadExt;
+    let mut peers = Vec::new();
+    let mut streams = Vec::new();
+    for (a, b, filled) in pairs {
+        peers.push(answer_after(b, filled + 4, b"tail", b"ok"));
+        streams.push(a);
+    }
+    std::env::set_var("XTC_IO", io);
+    let ex = LocalExecutor::new().unwrap();
+    ex.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(want));
+        let mut owned = streams.pop().unwrap();
+        let mut traits = streams.pop().unwrap();
+        let mut tmp = [0u8; 2];
+        let n = xtc_shards::time::timeout(HANG, AsyncReadExt::read(&mut traits, &mut tmp))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("AsyncRead on {io} waited for an answer to bytes never sent")
+            })
+            .unwrap();
+        assert_eq!(&tmp[..n], b"ok");
+        let (r, got) = xtc_shards::time::timeout(HANG, owned.read(Vec::with_capacity(2)))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("an owned read on {io} waited for an answer to bytes never sent")
+            });
+        assert_eq!(r.unwrap(), 2);
+        assert_eq!(got, b"ok");
+        for s in [&mut traits, &mut owned] {
+            AsyncWriteExt::close(s).await.unwrap();
+        }
+    });
+    for p in peers {
+        p.join().unwrap();
+    }
+}
+
 /// A peer that reads `expect` bytes (checking they end with `tail`), then answers `reply`
 /// and reads on to the end: a request/response exchange over `b`.
 fn answer_after(
@@ -916,7 +963,6 @@ fn answer_after(
 /// other for good.
 #[test]
 fn child_a_read_on_an_epoll_loop_sends_what_a_cut_write_behind_left() {
-    use futures::io::AsyncReadExt;
     const ROLE: &str = "read-sends-unsent-epoll";
     if !is_child(ROLE) {
         run_child(
@@ -929,37 +975,7 @@ fn child_a_read_on_an_epoll_loop_sends_what_a_cut_write_behind_left() {
     let Some(pairs) = cut_write_behinds(2) else {
         return;
     };
-    let mut peers = Vec::new();
-    let mut streams = Vec::new();
-    for (a, b, filled) in pairs {
-        peers.push(answer_after(b, filled + 4, b"tail", b"ok"));
-        streams.push(a);
-    }
-    std::env::set_var("XTC_IO", "epoll");
-    let epoll = LocalExecutor::new().unwrap();
-    epoll.block_on(async move {
-        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
-        let mut owned = streams.pop().unwrap();
-        let mut traits = streams.pop().unwrap();
-        let mut tmp = [0u8; 2];
-        let n = xtc_shards::time::timeout(HANG, AsyncReadExt::read(&mut traits, &mut tmp))
-            .await
-            .expect("AsyncRead on the epoll loop waited for an answer to bytes never sent")
-            .unwrap();
-        assert_eq!(&tmp[..n], b"ok");
-        let (r, got) = xtc_shards::time::timeout(HANG, owned.read(Vec::with_capacity(2)))
-            .await
-            .expect("an owned read on the epoll loop waited for an answer to bytes never sent");
-        assert_eq!(r.unwrap(), 2);
-        assert_eq!(got, b"ok");
-        // Nothing is sent twice: the close after them sends nothing more.
-        for s in [&mut traits, &mut owned] {
-            AsyncWriteExt::close(s).await.unwrap();
-        }
-    });
-    for p in peers {
-        p.join().unwrap();
-    }
+    reads_get_their_answers(pairs, "epoll", Driver::Epoll);
 }
 
 /// Bytes a cut write-behind left unsent that an epoll loop took over (`PollState::unsent`,
@@ -969,7 +985,6 @@ fn child_a_read_on_an_epoll_loop_sends_what_a_cut_write_behind_left() {
 /// waited for each other for good.
 #[test]
 fn child_a_read_back_on_io_uring_sends_what_an_epoll_loop_left_unsent() {
-    use futures::io::AsyncReadExt;
     const ROLE: &str = "read-sends-unsent-uring";
     if !is_child(ROLE) {
         run_child(
@@ -996,34 +1011,5 @@ fn child_a_read_back_on_io_uring_sends_what_an_epoll_loop_left_unsent() {
         pairs
     });
     drop(epoll);
-    let mut peers = Vec::new();
-    let mut streams = Vec::new();
-    for (a, b, filled) in pairs {
-        peers.push(answer_after(b, filled + 4, b"tail", b"ok"));
-        streams.push(a);
-    }
-    std::env::set_var("XTC_IO", "io_uring");
-    let uring = LocalExecutor::new().unwrap();
-    uring.block_on(async move {
-        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
-        let mut owned = streams.pop().unwrap();
-        let mut traits = streams.pop().unwrap();
-        let mut tmp = [0u8; 2];
-        let n = xtc_shards::time::timeout(HANG, AsyncReadExt::read(&mut traits, &mut tmp))
-            .await
-            .expect("AsyncRead on io_uring waited for an answer to bytes never sent")
-            .unwrap();
-        assert_eq!(&tmp[..n], b"ok");
-        let (r, got) = xtc_shards::time::timeout(HANG, owned.read(Vec::with_capacity(2)))
-            .await
-            .expect("an owned read on io_uring waited for an answer to bytes never sent");
-        assert_eq!(r.unwrap(), 2);
-        assert_eq!(got, b"ok");
-        for s in [&mut traits, &mut owned] {
-            AsyncWriteExt::close(s).await.unwrap();
-        }
-    });
-    for p in peers {
-        p.join().unwrap();
-    }
+    reads_get_their_answers(pairs, "io_uring", Driver::IoUring);
 }

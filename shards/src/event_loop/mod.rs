@@ -531,7 +531,7 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
             if core.shared.inbox.is_pending()
                 || core.mesh.borrow().incoming_pending()
                 || core.io.has_completions()
-                || !core.shared.steal.injector.is_empty()
+                || steal::has_local(core)
                 || ring::space_freed(core)
             {
                 return true;
