@@ -35,7 +35,9 @@
 //! client reads until it has them all), with `TCP_NODELAY` on both ends.
 //!
 //! The load generator is the same for every server: one thread of the bench process running a
-//! tokio `current_thread` runtime. It opens every connection first (the kernel's reuseport hash
+//! tokio `current_thread` runtime (or `--clients N` such threads, the connections dealt out
+//! among them round-robin: on a machine with CPUs to spare one client thread is the bottleneck
+//! and every server looks the same). It opens every connection first (the kernel's reuseport hash
 //! spreads them over the server's listeners), lets them run a warm-up (0.5 s; 0.2 s with
 //! `--quick`), then measures a window of `--secs` (3 s; 0.5 s with `--quick`). A round trip
 //! counts when it starts and ends inside the window; its latency goes to an hdrhistogram and the
@@ -52,11 +54,12 @@
 //! workers can: the slowest connections are then those of the shard that shares its CPU with
 //! the client. With `--shards N` below the number of allowed CPUs, each server child is
 //! confined to the first `N` allowed CPUs (`sched_setaffinity` before its threads start; xtc's
-//! shards placed on them with `Policy::Cpus`) and the client is pinned to the next one. Only the
+//! shards placed on them with `Policy::Cpus`) and the client threads are pinned to the next ones
+//! (one CPU each, as far as the allowed CPUs go; the others float). Only the
 //! ratios, taken in the same run under the same load, mean much. Nothing here asserts on time.
 //!
 //! ```text
-//! echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N]
+//! echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N] [--clients N]
 //!      [--servers xtc,tokio,monoio,glommio,xtc-epoll,xtc-float,threads] [--svg PATH]
 //! ```
 
@@ -132,11 +135,12 @@ struct EchoArgs {
     conns: Vec<usize>,
     secs: Option<f64>,
     shards: Option<usize>,
+    clients: usize,
     servers: Vec<usize>,
 }
 
 fn usage() -> &'static str {
-    "usage: echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N]\n\
+    "usage: echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N] [--clients N]\n\
      \x20           [--servers xtc,tokio,monoio,glommio,xtc-epoll,xtc-float,threads]\n\
      \x20           [--svg PATH]\n\
      \n  --only echo      run the one benchmark (there is no other)\
@@ -144,6 +148,7 @@ fn usage() -> &'static str {
      \n  --conns A,B,..   connection counts, one run of every server each (default 64,256)\
      \n  --secs S         length of the measured window in seconds (default 3, 0.5 with --quick)\
      \n  --shards N       threads (shards, workers) of every server (default: one per allowed CPU)\
+     \n  --clients N      load generator threads, the connections dealt out among them (default 1)\
      \n  --servers LIST   which servers to run (default: all)\
      \n  --svg PATH       where to write the bar chart (default: <workspace>/target/bench-echo.svg)"
 }
@@ -180,6 +185,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<EchoArgs, String
     let mut conns = vec![64, 256];
     let mut secs = None;
     let mut shards = None;
+    let mut clients = 1;
     let mut servers: Vec<usize> = (0..SERVERS.len()).collect();
     let mut rest = Vec::new();
     let mut it = args.into_iter();
@@ -199,6 +205,10 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<EchoArgs, String
             "--shards" => {
                 let v = value()?;
                 shards = Some(parse_list("--shards", &v)?[0]);
+            }
+            "--clients" => {
+                let v = value()?;
+                clients = parse_list("--clients", &v)?[0];
             }
             "--servers" => {
                 let v = value()?;
@@ -230,6 +240,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<EchoArgs, String
         conns,
         secs,
         shards,
+        clients,
         servers,
     })
 }
@@ -775,23 +786,26 @@ mod serve {
 struct Placement {
     /// The CPUs a server child is confined to; `None`: every allowed CPU.
     server: Option<Vec<usize>>,
-    /// The CPU the client thread is pinned to; `None`: unpinned, sharing the servers' CPUs.
-    client: Option<usize>,
+    /// The CPU each client thread is pinned to; `None`: unpinned, sharing the servers' CPUs.
+    clients: Vec<Option<usize>>,
 }
 
 impl Placement {
     /// With fewer shards than allowed CPUs the servers get the first `shards` CPUs and the
-    /// client the next one; else everything shares every allowed CPU.
-    fn new(shards: usize, allowed: &[usize]) -> Placement {
+    /// client threads the next ones, one each as far as they go (the others float); else
+    /// everything shares every allowed CPU.
+    fn new(shards: usize, clients: usize, allowed: &[usize]) -> Placement {
         if shards < allowed.len() {
             Placement {
                 server: Some(allowed[..shards].to_vec()),
-                client: Some(allowed[shards]),
+                clients: (0..clients)
+                    .map(|t| allowed.get(shards + t).copied())
+                    .collect(),
             }
         } else {
             Placement {
                 server: None,
-                client: None,
+                clients: vec![None; clients],
             }
         }
     }
@@ -956,20 +970,23 @@ struct Measured {
     per_conn: Vec<u64>,
     /// CPU of the server process over the window (`None` if `/proc` could not be read).
     server_cpu: Option<Duration>,
-    /// CPU of the client thread over the window.
+    /// CPU of the client threads over the window, summed.
     client_cpu: Duration,
 }
 
-/// The shared state of the connection loops of one run (one thread: plain cells).
+/// The shared state of the connection loops of one client thread (one thread: plain cells).
 struct Tally {
     hist: RefCell<Histogram<u64>>,
+    /// Round trips inside the window, per connection of this thread (by its slot).
     per_conn: Vec<Cell<u64>>,
     errors: RefCell<Vec<String>>,
 }
 
-/// One connection: request, wait for the whole echo, check it, again, until the window ends.
+/// One connection (number `id` of the run, `slot` of its thread's tally): request, wait for
+/// the whole echo, check it, again, until the window ends.
 async fn conn_loop(
-    i: usize,
+    id: usize,
+    slot: usize,
     mut stream: tokio::net::TcpStream,
     start: Instant,
     end: Instant,
@@ -979,9 +996,9 @@ async fn conn_loop(
 
     let mut msg = [0u8; MSG];
     for (k, b) in msg.iter_mut().enumerate() {
-        *b = (k as u8).wrapping_mul(31) ^ (i as u8);
+        *b = (k as u8).wrapping_mul(31) ^ (id as u8);
     }
-    msg[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    msg[..8].copy_from_slice(&(id as u64).to_le_bytes());
     let mut back = [0u8; MSG];
     let mut seq = 0u64;
     loop {
@@ -996,14 +1013,14 @@ async fn conn_loop(
             tally
                 .errors
                 .borrow_mut()
-                .push(format!("connection {i}, round trip {seq}: {e}"));
+                .push(format!("connection {id}, round trip {seq}: {e}"));
             return;
         }
         if back != msg {
             tally
                 .errors
                 .borrow_mut()
-                .push(format!("connection {i}, round trip {seq}: wrong echo"));
+                .push(format!("connection {id}, round trip {seq}: wrong echo"));
             return;
         }
         if t1 >= end {
@@ -1011,68 +1028,94 @@ async fn conn_loop(
         }
         if t0 >= start {
             xtc_bench::record(&mut tally.hist.borrow_mut(), t1 - t0);
-            tally.per_conn[i].set(tally.per_conn[i].get() + 1);
+            tally.per_conn[slot].set(tally.per_conn[slot].get() + 1);
         }
         seq += 1;
     }
 }
 
-/// The load generator: a `current_thread` runtime on the calling thread opens `load.conns`
-/// connections to `port`, then runs them through the warm-up and the window.
-fn run_load(port: u16, server_pid: u32, load: Load) -> Result<Measured, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// What one client thread measured: its connections' ids with their round trips in the
+/// window, their latencies, and the thread's CPU over the window.
+struct Part {
+    per_conn: Vec<(usize, u64)>,
+    hist: Histogram<u64>,
+    cpu: Duration,
+}
+
+/// One client thread: a `current_thread` runtime on the calling thread opens connections
+/// `ids` to `port`, says so on `connected`, waits for the window's edges on `window` (`None`:
+/// the run is off), and runs its connections through the warm-up and the window.
+fn client_thread(
+    port: u16,
+    ids: Vec<usize>,
+    conns: usize,
+    connected: mpsc::Sender<Result<(), String>>,
+    window: mpsc::Receiver<Option<(Instant, Instant)>>,
+) -> Result<Part, String> {
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("client runtime: {e}"))?;
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let e = format!("client runtime: {e}");
+            let _ = connected.send(Err(e.clone()));
+            return Err(e);
+        }
+    };
     rt.block_on(async move {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut streams = Vec::with_capacity(load.conns);
-        for i in 0..load.conns {
-            let s = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("connection {i} of {}: connect: {e}", load.conns))?;
-            s.set_nodelay(true)
-                .map_err(|e| format!("connection {i}: TCP_NODELAY: {e}"))?;
+        let mut streams = Vec::with_capacity(ids.len());
+        for &i in &ids {
+            let s = match tokio::net::TcpStream::connect(addr).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let e = format!("connection {i} of {conns}: connect: {e}");
+                    let _ = connected.send(Err(e.clone()));
+                    return Err(e);
+                }
+            };
+            if let Err(e) = s.set_nodelay(true) {
+                let e = format!("connection {i}: TCP_NODELAY: {e}");
+                let _ = connected.send(Err(e.clone()));
+                return Err(e);
+            }
             streams.push(s);
         }
-        let start = Instant::now() + load.warmup;
-        let end = start + load.window;
+        let _ = connected.send(Ok(()));
+        let Ok(Some((start, end))) = window.recv() else {
+            return Err("the run was called off (another client thread failed)".into());
+        };
         let tally = Tally {
             hist: RefCell::new(xtc_bench::latency_histogram()),
-            per_conn: (0..load.conns).map(|_| Cell::new(0)).collect(),
+            per_conn: ids.iter().map(|_| Cell::new(0)).collect(),
             errors: RefCell::new(Vec::new()),
         };
-        // CPU of both sides, sampled at the window's edges.
+        // This thread's CPU, sampled at the window's edges.
         let meter = async {
             tokio::time::sleep_until(start.into()).await;
-            let t0 = Instant::now();
-            let s0 = process_cpu(server_pid);
             let c0 = xtc_bench::thread_cpu_time();
             tokio::time::sleep_until(end.into()).await;
-            let s1 = process_cpu(server_pid);
-            let c1 = xtc_bench::thread_cpu_time();
-            let server = s0.zip(s1).map(|(a, b)| b.saturating_sub(a));
-            (server, c1.saturating_sub(c0), t0.elapsed())
+            xtc_bench::thread_cpu_time().saturating_sub(c0)
         };
         let loops = futures::future::join_all(
             streams
                 .into_iter()
+                .zip(&ids)
                 .enumerate()
-                .map(|(i, s)| conn_loop(i, s, start, end, &tally)),
+                .map(|(slot, (s, &id))| conn_loop(id, slot, s, start, end, &tally)),
         );
         // Unconstrained: tokio's cooperative budget would otherwise make the connections past
         // the 128th I/O of a poll wait a turn, an unfairness of the client's own; the join polls
         // every ready connection once a turn instead.
         let all = tokio::task::unconstrained(futures::future::join(loops, meter));
-        let Ok((_, (server_cpu, client_cpu, _))) =
-            tokio::time::timeout_at((end + GRACE).into(), all).await
-        else {
+        let Ok((_, cpu)) = tokio::time::timeout_at((end + GRACE).into(), all).await else {
             let stalled = tally.per_conn.iter().filter(|c| c.get() == 0).count();
             return Err(format!(
                 "server stalled: connections still awaiting an echo {} s after the window \
-                 ({stalled} of {} made no round trip in it)",
+                 ({stalled} of this client thread's {} made no round trip in it)",
                 GRACE.as_secs(),
-                load.conns
+                ids.len()
             ));
         };
         let errors = tally.errors.into_inner();
@@ -1082,15 +1125,114 @@ fn run_load(port: u16, server_pid: u32, load: Load) -> Result<Measured, String> 
                 errors.len()
             ));
         }
-        let per_conn: Vec<u64> = tally.per_conn.iter().map(Cell::get).collect();
-        Ok(Measured {
-            msgs: per_conn.iter().sum(),
-            window: load.window,
+        Ok(Part {
+            per_conn: ids
+                .iter()
+                .zip(&tally.per_conn)
+                .map(|(&id, n)| (id, n.get()))
+                .collect(),
             hist: tally.hist.into_inner(),
-            per_conn,
-            server_cpu,
-            client_cpu,
+            cpu,
         })
+    })
+}
+
+/// The load generator: one thread per entry of `clients` (pinned to its CPU, if any; no more
+/// threads than connections), the connections dealt out among them round-robin. Once every
+/// thread has opened its connections, they all run the same warm-up and window; this thread
+/// samples the server's CPU at the window's edges.
+fn run_load(
+    port: u16,
+    server_pid: u32,
+    load: Load,
+    clients: &[Option<usize>],
+) -> Result<Measured, String> {
+    let threads = clients.len().clamp(1, load.conns.max(1));
+    let (connected_tx, connected_rx) = mpsc::channel();
+    let mut handles = Vec::with_capacity(threads);
+    let mut windows = Vec::with_capacity(threads);
+    for t in 0..threads {
+        let ids: Vec<usize> = (t..load.conns).step_by(threads).collect();
+        let cpu = clients.get(t).copied().flatten();
+        let connected = connected_tx.clone();
+        let (window_tx, window_rx) = mpsc::channel();
+        windows.push(window_tx);
+        let conns = load.conns;
+        let h = std::thread::Builder::new()
+            .name(format!("echo-client-{t}"))
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    // Not pinned is still a valid (noisier) run.
+                    let _ = xtc_bench::pin_current_thread(cpu);
+                }
+                client_thread(port, ids, conns, connected, window_rx)
+            })
+            .map_err(|e| format!("could not spawn client thread {t}: {e}"))?;
+        handles.push(h);
+    }
+    drop(connected_tx);
+    // Every thread connected (or one failed: then the others are told the run is off).
+    let mut failed = None;
+    for _ in 0..threads {
+        match connected_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                failed = Some(e);
+                break;
+            }
+            Err(_) => {
+                failed = Some("a client thread ended before it connected".into());
+                break;
+            }
+        }
+    }
+    let start = Instant::now() + load.warmup;
+    let end = start + load.window;
+    for w in &windows {
+        let _ = w.send(failed.is_none().then_some((start, end)));
+    }
+    let server_cpu = if failed.is_none() {
+        std::thread::sleep(start.saturating_duration_since(Instant::now()));
+        let s0 = process_cpu(server_pid);
+        std::thread::sleep(end.saturating_duration_since(Instant::now()));
+        let s1 = process_cpu(server_pid);
+        s0.zip(s1).map(|(a, b)| b.saturating_sub(a))
+    } else {
+        None
+    };
+    let mut per_conn = vec![0u64; load.conns];
+    let mut hist = xtc_bench::latency_histogram();
+    let mut client_cpu = Duration::ZERO;
+    let mut first_err = None;
+    for h in handles {
+        let part = h
+            .join()
+            .map_err(|p| format!("client thread {}", xtc_bench::panic_message(&*p)))
+            .and_then(|r| r);
+        match part {
+            Ok(p) => {
+                for (id, n) in p.per_conn {
+                    per_conn[id] = n;
+                }
+                hist.add(&p.hist)
+                    .map_err(|e| format!("merging client histograms: {e}"))?;
+                client_cpu += p.cpu;
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = failed.or(first_err) {
+        return Err(e);
+    }
+    Ok(Measured {
+        msgs: per_conn.iter().sum(),
+        window: load.window,
+        hist,
+        per_conn,
+        server_cpu,
+        client_cpu,
     })
 }
 
@@ -1137,7 +1279,8 @@ fn measure(server: usize, shards: usize, place: &Placement, load: Load) -> Resul
     let srv = start_server(server, shards, place)?;
     let (port, pid) = (srv.port, srv.child.id());
     let guard = load.warmup + load.window + GRACE + Duration::from_secs(30);
-    let m = isolated(place.client, guard, move || run_load(port, pid, load));
+    let clients = place.clients.clone();
+    let m = isolated(None, guard, move || run_load(port, pid, load, &clients));
     let detail = srv.detail.clone();
     drop(srv);
     Figures::of(&m?, &detail)
@@ -1209,9 +1352,13 @@ fn main() -> ExitCode {
     );
     println!(
         "  every server: {shards} threads, in a child process; window {:.2} s after {:.1} s of \
-         warm-up; one client thread (tokio current_thread) drives all connections",
+         warm-up; {} (tokio current_thread) drive the connections, dealt out round-robin",
         window.as_secs_f64(),
-        warmup.as_secs_f64()
+        warmup.as_secs_f64(),
+        match args.clients {
+            1 => "one client thread".to_string(),
+            n => format!("{n} client threads"),
+        }
     );
     println!(
         "  xtc = a shard per thread, a SO_REUSEPORT listener each, connections balanced over the \
@@ -1226,17 +1373,23 @@ fn main() -> ExitCode {
             avg.join(" ")
         );
     }
-    let place = Placement::new(shards, &allowed);
-    match (&place.server, place.client) {
-        (Some(server), Some(client)) => println!(
-            "  placement: every server confined to cpus {server:?}, the client pinned to cpu \
-             {client}"
+    let place = Placement::new(shards, args.clients, &allowed);
+    let pinned: Vec<usize> = place.clients.iter().flatten().copied().collect();
+    let floating = place.clients.len() - pinned.len();
+    match &place.server {
+        Some(server) => println!(
+            "  placement: every server confined to cpus {server:?}; client threads pinned to \
+             cpus {pinned:?}{}",
+            match floating {
+                0 => String::new(),
+                n => format!(", {n} unpinned (no cpu left for them)"),
+            }
         ),
-        _ => println!(
-            "  placement: servers on every allowed cpu, the client thread unpinned among them"
+        None => println!(
+            "  placement: servers on every allowed cpu, the client threads unpinned among them"
         ),
     }
-    if place.client.is_none() && allowed.len() > 1 && allowed.len() <= 4 {
+    if pinned.is_empty() && allowed.len() > 1 && allowed.len() <= 4 {
         println!(
             "  NOTE: {} allowed cpus: the client takes CPU from the server (a large share on 2 \
              cores); the pinned thread-per-core servers cannot move away from it, tokio's \
@@ -1413,9 +1566,11 @@ mod tests {
         assert_eq!(a.conns, vec![8, 16]);
         assert_eq!(a.secs, Some(0.25));
         assert_eq!(a.servers, (0..SERVERS.len()).collect::<Vec<_>>());
-        let a = parse(&["--servers", "tokio,xtc", "--shards", "3"]).unwrap();
+        assert_eq!(a.clients, 1);
+        let a = parse(&["--servers", "tokio,xtc", "--shards", "3", "--clients", "4"]).unwrap();
         assert_eq!(a.servers, vec![XTC, TOKIO]);
         assert_eq!(a.shards, Some(3));
+        assert_eq!(a.clients, 4);
         assert!(a.common.svg.ends_with("bench-echo.svg"));
     }
 
@@ -1423,11 +1578,22 @@ mod tests {
     fn bad_options() {
         assert!(parse(&["--conns", "0"]).is_err());
         assert!(parse(&["--conns", "x"]).is_err());
+        assert!(parse(&["--clients", "0"]).is_err());
         assert!(parse(&["--secs", "-1"]).is_err());
         assert!(parse(&["--servers", "nginx"]).is_err());
         assert!(parse(&["--only", "rtt"]).is_err());
         assert!(parse(&["--cpu", "0"]).is_err());
         assert_eq!(parse(&["--help"]).unwrap_err(), "");
+    }
+
+    #[test]
+    fn placement() {
+        let p = Placement::new(2, 3, &[0, 1, 2, 3]);
+        assert_eq!(p.server, Some(vec![0, 1]));
+        assert_eq!(p.clients, vec![Some(2), Some(3), None]);
+        let p = Placement::new(2, 2, &[4, 5]);
+        assert_eq!(p.server, None);
+        assert_eq!(p.clients, vec![None, None]);
     }
 
     #[test]
