@@ -964,6 +964,33 @@ fn a_chain_of_respawning_drops_at_executor_drop_is_swept_flat() {
     assert_eq!(n.load(SeqCst), 100_001);
 }
 
+/// The same chain over two loops: `Handle::spawn` places round robin, so each respawn lands in
+/// the other loop's injector, and the sweep's rounds (one pass over the loops each) drop two
+/// links a round. They stopped after 8 rounds: the rest of the chain stayed queued, its last
+/// task holding a `Handle`, and leaked with the executor in that cycle.
+#[test]
+fn a_chain_of_respawning_drops_across_loops_at_executor_drop_is_swept_whole() {
+    struct Respawn(xtc_shards::Handle, Arc<AtomicUsize>);
+    impl Drop for Respawn {
+        fn drop(&mut self) {
+            if self.1.fetch_add(1, SeqCst) < 100 {
+                let g = Respawn(self.0.clone(), self.1.clone());
+                drop(self.0.spawn(async move {
+                    let _g = g;
+                }));
+            }
+        }
+    }
+    let ex = exec(2);
+    let n = Arc::new(AtomicUsize::new(0));
+    let g = Respawn(ex.handle(), n.clone());
+    drop(ex.handle().spawn(async move {
+        let _g = g;
+    }));
+    drop(ex);
+    assert_eq!(n.load(SeqCst), 101, "part of the chain was left queued");
+}
+
 /// The CPUs the calling thread may run on.
 fn affinity() -> Vec<usize> {
     // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel fills at most `size_of`

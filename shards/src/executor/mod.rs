@@ -761,10 +761,14 @@ impl ExecShared {
         self.sweep(true);
     }
 
-    /// Drops queued tasks until a round finds none (at most 8: dropping a closure may queue
-    /// more, a `Drop` that spawns): every inbox and injector (where a foreign thread's pushes
-    /// go), and with `all` the parked deques and the ring mesh, which only a thread that no
-    /// run can race may drain (`drop_queued`).
+    /// Drops queued tasks until a round finds none (dropping a closure may queue more, a
+    /// `Drop` that spawns): every inbox and injector (where a foreign thread's pushes go), and
+    /// with `all` the parked deques and the ring mesh, which only a thread that no run can
+    /// race may drain (`drop_queued`). No cap on the rounds: a chain of such drops moves from
+    /// loop to loop (`Handle::spawn` places round robin), a round or so per link, and a capped
+    /// sweep (it was 8 rounds) left the rest of the chain queued, leaked with the executor
+    /// when a task held a `Handle` (the same chain within one loop's injector was already
+    /// drained whole by one round).
     ///
     /// Off any loop (`context::off_loop`): it may run inside a task of another executor's loop
     /// (an executor dropped there), which these tasks are nothing to.
@@ -777,7 +781,7 @@ impl ExecShared {
         let _sweep = Sweeping::enter(&node);
         crate::context::off_loop(|| {
             let mut batch = Vec::new();
-            for _ in 0..8 {
+            loop {
                 let mut dropped = if all {
                     self.migratable.drop_parked_queues() + self.mesh.drop_queued(&self.loops)
                 } else {
