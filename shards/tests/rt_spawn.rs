@@ -339,6 +339,43 @@ fn a_spawn_from_the_drop_of_a_parked_migratable_task_at_a_stop_does_not_run_late
     );
 }
 
+/// A parked migratable task dropped after a stop, on the thread in `run()`, whose `Drop`
+/// spawns another through a `Handle`, whose drop spawns again, 100,000 deep: each spawn is
+/// dropped in turn (refused, `Discarding`) without recursing. `Handle::spawn` dropped the
+/// injectors from inside the spawn, so each link ran its successor's drop on its own stack
+/// frame, and the chain overflowed the stack.
+#[test]
+fn a_chain_of_respawning_drops_of_a_stopped_run_is_dropped_flat() {
+    struct Respawn(xtc_shards::Handle, Arc<AtomicUsize>);
+    impl Drop for Respawn {
+        fn drop(&mut self) {
+            if self.1.fetch_add(1, SeqCst) < 100_000 {
+                let g = Respawn(self.0.clone(), self.1.clone());
+                drop(self.0.spawn(async move {
+                    let _g = g;
+                }));
+            }
+        }
+    }
+    let n = Arc::new(AtomicUsize::new(0));
+    let ex = exec(2);
+    let h = ex.handle();
+    let g = Respawn(ex.handle(), n.clone());
+    ex.spawn(async move {
+        let _g = g;
+        std::future::pending::<()>().await
+    });
+    ex.spawn_on(1, move || async move {
+        xtc_shards::time::sleep(Duration::from_millis(50)).await;
+        h.stop();
+    })
+    .unwrap();
+    run_within(&ex, HANG)
+        .expect("run() hung: the stopped run")
+        .unwrap();
+    assert_eq!(n.load(SeqCst), 100_001, "part of the chain was left");
+}
+
 #[test]
 fn stop_inside_a_task_drops_the_rest() {
     let ex = exec(2);

@@ -874,6 +874,9 @@ struct DiscardNode {
     exec: *const ExecShared,
     /// False for a live run nested inside a discarding of the same executor.
     discarding: bool,
+    /// Whether `Discarding::drop_injected` is draining the injectors for this node: a spawn
+    /// made by one of its drops leaves its task queued for that drain's next look.
+    draining: Cell<bool>,
     prev: *const DiscardNode,
 }
 
@@ -895,6 +898,7 @@ impl Discarding {
         let node = std::ptr::NonNull::from(Box::leak(Box::new(DiscardNode {
             exec,
             discarding,
+            draining: Cell::new(false),
             prev: DISCARDING.with(Cell::get),
         })));
         DISCARDING.with(|d| d.set(node.as_ptr()));
@@ -904,19 +908,53 @@ impl Discarding {
     /// Whether this thread is dropping a stopped run's leftovers of `exec`. Cost: a
     /// thread-local read (the list is empty outside those drops).
     pub(crate) fn active_for(exec: &ExecShared) -> bool {
+        Discarding::with_innermost(exec, |node| node.discarding).unwrap_or(false)
+    }
+
+    /// `f` on this thread's innermost entry for `exec`, if any.
+    fn with_innermost<R>(exec: &ExecShared, f: impl FnOnce(&DiscardNode) -> R) -> Option<R> {
         let mut p = DISCARDING.with(Cell::get);
         while !p.is_null() {
             // SAFETY: every node in the list is owned by a `Discarding` guard alive on this
             // thread: guards are scoped locals (never moved out of `run_inner` or
             // `LocalExecutor::block_on`, never forgotten), so they drop in reverse order, each
-            // unlinking its node first.
+            // unlinking its node first. `f` runs while the caller's frame, below that guard's,
+            // is still on the stack, so the node outlives it.
             let node = unsafe { &*p };
             if std::ptr::eq(node.exec, exec) {
-                return node.discarding;
+                return Some(f(node));
             }
             p = node.prev;
         }
-        false
+        None
+    }
+
+    /// If this thread is dropping a stopped run's leftovers of `exec` (`active_for`), drops
+    /// every task its injectors hold (a migratable spawn made by one of those drops), until
+    /// none is left. Flat: a spawn made by a drop this drain runs (a `Drop` that spawns
+    /// again) leaves its task queued for this drain's next look; dropping the injectors from
+    /// inside each such spawn ran every link of a chain of them on its predecessor's stack,
+    /// and a long chain overflowed it. Cost: a thread-local read outside those drops.
+    pub(crate) fn drop_injected(exec: &ExecShared) {
+        Discarding::with_innermost(exec, |node| {
+            if !node.discarding || node.draining.replace(true) {
+                return;
+            }
+            // Lowered also on unwind (the drops are guarded, so none is expected).
+            struct Lower<'a>(&'a Cell<bool>);
+            impl Drop for Lower<'_> {
+                fn drop(&mut self) {
+                    self.0.set(false);
+                }
+            }
+            let _lower = Lower(&node.draining);
+            loop {
+                let dropped: usize = exec.loops.iter().map(|l| l.steal.drop_injected()).sum();
+                if dropped == 0 {
+                    break;
+                }
+            }
+        });
     }
 }
 
@@ -1322,14 +1360,10 @@ impl Handle {
         // After the `Executor` is dropped the task is dropped at once: its handle reports
         // cancelled.
         self.shared.drop_if_closed();
-        if Discarding::active_for(&self.shared) {
-            // Spawned by the drop of a stopped run's task: dropped too (`Discarding`), with
-            // whatever else the injectors hold, as `drop_migratable` drops it (a foreign spawn
-            // that raced the stop).
-            for l in &self.shared.loops {
-                l.steal.drop_injected();
-            }
-        }
+        // Spawned by the drop of a stopped run's task: dropped too (`Discarding`), with
+        // whatever else the injectors hold, as `drop_migratable` drops it (a foreign spawn
+        // that raced the stop).
+        Discarding::drop_injected(&self.shared);
         h
     }
 
