@@ -1309,6 +1309,58 @@ fn udp_connect_send_recv() {
     });
 }
 
+/// Many receives waiting on one UDP socket at once (a server with a task per expected
+/// request): each gets a datagram, never `WouldBlock`. io_uring wakes every receive armed on
+/// the socket for each datagram, and after 128 wake-ups that found nothing (another receive
+/// took the datagram) it gives up polling and completes the receive with `-EAGAIN` (the
+/// socket is non-blocking), which reached the caller as an error where epoll waits on.
+#[test]
+fn many_receives_waiting_on_one_udp_socket_all_get_a_datagram() {
+    on_each_driver(
+        "many_receives_waiting_on_one_udp_socket",
+        1,
+        |driver| async move {
+            // Well above the kernel's 128 retries of a polled operation.
+            const N: usize = 300;
+            let rx = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let addr = rx.local_addr().unwrap();
+            let results = Rc::new(std::cell::RefCell::new(Vec::new()));
+            for _ in 0..N {
+                let (rx, results) = (rx.clone(), results.clone());
+                spawn_local(async move {
+                    let (r, _) = rx.recv_from(Vec::with_capacity(16)).await;
+                    results
+                        .borrow_mut()
+                        .push(r.map(|(n, _)| n).map_err(|e| e.to_string()));
+                });
+            }
+            sleep(Duration::from_millis(10)).await; // every receive armed
+            let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            for i in 0..N {
+                let (r, _) = tx.send_to(pattern(i, 8), addr).await;
+                assert_eq!(r.unwrap(), 8);
+                // One at a time, each taken before the next is sent: the socket's receive
+                // buffer never fills (a full one drops datagrams, as UDP may).
+                guard("a receive completes", async {
+                    while results.borrow().len() <= i {
+                        xtc_shards::yield_now().await;
+                    }
+                })
+                .await;
+            }
+            let results = results.borrow();
+            let failed: Vec<_> = results.iter().filter(|r| r.is_err()).collect();
+            assert!(
+                failed.is_empty(),
+                "[{driver}] {} of {N} receives failed: {:?}",
+                failed.len(),
+                failed.first()
+            );
+            assert!(results.iter().all(|r| *r == Ok(8)), "[{driver}]");
+        },
+    );
+}
+
 /// TCP urgent data: a read stops short at the urgent mark, with the bytes behind it queued.
 /// On epoll that short read cleared the ready bit, and the bytes behind the mark waited for an
 /// edge that never came (any peer could stall a connection with one `MSG_OOB` byte).

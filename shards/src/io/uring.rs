@@ -187,14 +187,20 @@ thread_local! {
         RefCell::new(std::collections::HashMap::new());
 }
 
-/// Whether `res` is the result of an operation its driver's shutdown cancelled (rule 5: the
-/// `Op` outlived its loop): nothing was transferred. Nothing else cancels an operation whose
-/// `Op` is still there to see the result, so a stream or socket that kept one (a receive, a
-/// write-behind send), and an owned-buffer call still awaited (a stream's `read`, `write`,
-/// `write_all`, a socket's `recv_from`, `send_to`, a listener's `accept`), starts it again on
-/// the current loop rather than report the `ECANCELED` (epoll, which waits on, never does).
+/// Whether `res` says the operation transferred nothing and must simply be started again:
+/// its driver's shutdown cancelled it (`ECANCELED`, rule 5: the `Op` outlived its loop), or
+/// the kernel gave up waiting for its socket (`EAGAIN`). The latter: io_uring polls a socket
+/// operation that would block and retries it at each wake-up, but after 128 wake-ups that
+/// found nothing (many receives armed on one socket, each datagram waking them all) it runs
+/// the operation once more in a kernel worker, where the socket's `O_NONBLOCK` answers
+/// `EAGAIN`; a transfer that moved some bytes first completes with their count instead.
+/// Nothing else cancels an operation whose `Op` is still there to see the result, so a stream
+/// or socket that kept one (a receive, a write-behind send), and an owned-buffer call still
+/// awaited (a stream's `read`, `write`, `write_all`, a socket's `recv_from`, `send_to`, a
+/// listener's `accept`), starts it again on the current loop (with fresh retries) rather than
+/// report the `ECANCELED` or `EAGAIN` (epoll, which waits on, never does).
 pub(crate) fn nothing_moved(res: i32) -> bool {
-    res == -libc::ECANCELED
+    res == -libc::ECANCELED || res == -libc::EAGAIN
 }
 
 /// Rule 5: takes the result a dropped driver left for operation `key`, if any.

@@ -241,8 +241,9 @@ impl UdpSocket {
             buf = b;
             if nothing_moved(res) {
                 // Cancelled by the shutdown of the driver it was submitted to (this future
-                // outlived its loop, uring.rs rule 5): no datagram was taken, so it is received
-                // again on the current loop, as a kept receive is (above) and as epoll would.
+                // outlived its loop, uring.rs rule 5), or given up by the kernel (`EAGAIN`, see
+                // `nothing_moved`): no datagram was taken, so it is received again on the
+                // current loop, as a kept receive is (above) and as epoll would.
                 continue 'fresh;
             }
             let res = msg::received_from(res, &h);
