@@ -99,6 +99,10 @@ pub(crate) struct Core {
     /// up to the reply spin before it parks, so the reply needs no wake-up of its own. (A
     /// migratable caller's reply wakes it on the target's loop: nothing to spin for here.)
     pub(crate) reply_awaited: Cell<bool>,
+    /// How many of those joins still wait (counted at their first waiting poll here, uncounted
+    /// when they resolve or are dropped): the reply spin is due only while one does, or a
+    /// reply handled before the loop ran out of work left it spinning for nothing.
+    pub(crate) replies_awaited: Cell<usize>,
     /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6): set
     /// before each poll, read only while `current` names a task (never between polls).
     pub(crate) inline_left: Cell<u32>,
@@ -285,6 +289,7 @@ impl Core {
             spawning: Cell::new(false),
             end_batch: Cell::new(false),
             reply_awaited: Cell::new(false),
+            replies_awaited: Cell::new(0),
             inline_left: Cell::new(0),
             inline_runs: Cell::new(0),
             inline_floor: Cell::new(usize::MAX),

@@ -56,16 +56,38 @@ where
 /// reply is on its way and spins for it up to the reply spin before it parks
 /// ([`Handle::set_reply_spin`](crate::Handle::set_reply_spin)); a migratable caller's reply
 /// wakes it on the target's loop instead. Cost: a thread-local read and a load per `Pending`
-/// poll of a remote call (and a write for a pinned caller); none for a call to the caller's
-/// own shard.
+/// poll of a remote call (and two writes for a pinned caller, one more when it resolves or is
+/// dropped); none for a call to the caller's own shard.
 struct AwaitReply<T> {
     join: JoinHandle<T>,
     remote: bool,
+    /// The loop (`LoopShared::uid`) whose `Core::replies_awaited` counts this join, from its
+    /// first waiting poll in a pinned task until it resolves or is dropped.
+    counted_on: Option<u64>,
 }
 
 impl<T> AwaitReply<T> {
     fn new(join: JoinHandle<T>, remote: bool) -> Self {
-        AwaitReply { join, remote }
+        AwaitReply {
+            join,
+            remote,
+            counted_on: None,
+        }
+    }
+
+    /// Takes this join off the count of the loop that counted it. Off that loop (the future
+    /// moved to another loop, or is dropped off any loop) there is nothing to take it from:
+    /// that loop's count then stays high, which only lets a later waiting poll there spin as
+    /// it did before the count existed.
+    fn uncount(&mut self) {
+        if let Some(uid) = self.counted_on.take() {
+            with_core(|c| {
+                if c.shared.uid() == uid {
+                    c.replies_awaited
+                        .set(c.replies_awaited.get().saturating_sub(1));
+                }
+            });
+        }
     }
 }
 
@@ -76,26 +98,45 @@ impl<T> Future for AwaitReply<T> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let out = std::pin::Pin::new(&mut self.join).poll(cx);
-        if out.is_pending() && self.remote {
-            // Read at the park decision of the loop polling now, where a pinned caller's reply
-            // comes back (over the ring from the target). A migratable caller's does not: the
-            // target's loop wakes it onto its own deque (steal/mod.rs rule 1), so its loop
-            // would spin for nothing (up to the whole reply spin, after every such poll).
-            with_core(|c| {
-                let meta = c.current.get();
-                // SAFETY: `current` points to the metadata of the task this loop is polling
-                // (set by the loop around the poll, null between polls), whose header is
-                // alive for the whole poll.
-                let pinned = !meta.is_null()
-                    && unsafe { &*meta }.class.load(crate::sync::Ordering::Relaxed)
-                        != task::MIGRATABLE_CLASS;
-                if pinned {
-                    c.reply_awaited.set(true);
-                }
-            });
+        let this = &mut *self;
+        let out = std::pin::Pin::new(&mut this.join).poll(cx);
+        if !this.remote {
+            return out;
         }
+        if out.is_ready() {
+            // Answered: its loop no longer spins for it (event_loop::reply_spin_due).
+            this.uncount();
+            return out;
+        }
+        // Read at the park decision of the loop polling now, where a pinned caller's reply
+        // comes back (over the ring from the target). A migratable caller's does not: the
+        // target's loop wakes it onto its own deque (steal/mod.rs rule 1), so its loop would
+        // spin for nothing (up to the whole reply spin, after every such poll).
+        let counted = &mut this.counted_on;
+        with_core(|c| {
+            let meta = c.current.get();
+            // SAFETY: `current` points to the metadata of the task this loop is polling (set
+            // by the loop around the poll, null between polls), whose header is alive for the
+            // whole poll.
+            let pinned = !meta.is_null()
+                && unsafe { &*meta }.class.load(crate::sync::Ordering::Relaxed)
+                    != task::MIGRATABLE_CLASS;
+            if pinned {
+                c.reply_awaited.set(true);
+                if counted.is_none() {
+                    c.replies_awaited.set(c.replies_awaited.get() + 1);
+                    *counted = Some(c.shared.uid());
+                }
+            }
+        });
         out
+    }
+}
+
+impl<T> Drop for AwaitReply<T> {
+    fn drop(&mut self) {
+        // Given up while it waited (a timeout, a `select!`): nothing to spin for any more.
+        self.uncount();
     }
 }
 
@@ -346,6 +387,54 @@ mod tests {
         go.store(true, SeqCst);
         call.await.unwrap();
         (asked, go)
+    }
+
+    /// A pinned task whose `submit_to` join waited (flagging its loop for the reply spin) and
+    /// then got its reply before the loop ran out of work (other tasks kept it busy) awaits
+    /// nothing any more: the loop must not spin for that reply at its next park decision. It
+    /// did: the flag stayed up, so the loop spun the whole reply spin (up to 1 s) for a reply
+    /// it had already handled (the spin ends only when something new arrives).
+    #[test]
+    fn a_reply_handled_before_the_loop_idles_leaves_no_reply_spin_due() {
+        let exec = crate::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let (due_while_waiting, due_after) = exec
+            .block_on(|| async {
+                let go = Arc::new(AtomicBool::new(false));
+                let g = go.clone();
+                let call = super::submit_to(1, move || async move {
+                    while !g.load(SeqCst) {
+                        crate::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    7
+                });
+                let mut call = std::pin::pin!(call);
+                assert!(poll_once(call.as_mut()).await.is_none(), "no reply yet");
+                // Another call still waits: a spin for it is due (then taken).
+                let due_while_waiting = with_core(crate::event_loop::reply_spin_due).unwrap();
+                assert!(poll_once(call.as_mut()).await.is_none(), "no reply yet");
+                go.store(true, SeqCst);
+                // Busy until the reply is in: each yield requeues this task, so the loop
+                // reaches no park decision in between.
+                let out = loop {
+                    if let Some(out) = poll_once(call.as_mut()).await {
+                        break out;
+                    }
+                    crate::yield_now().await;
+                };
+                assert_eq!(out.unwrap(), 7);
+                let due_after = with_core(crate::event_loop::reply_spin_due).unwrap();
+                (due_while_waiting, due_after)
+            })
+            .unwrap();
+        assert!(due_while_waiting, "a waiting call asked for no reply spin");
+        assert!(
+            !due_after,
+            "the loop would spin for a reply it has already handled"
+        );
     }
 
     /// A migratable task awaiting a `submit_to` reply is woken onto the target's loop (steal

@@ -422,9 +422,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             Duration::ZERO
         };
         // A pinned task here awaits a cross-shard reply (flagged by a poll of this turn or of
-        // one just before that took another turn): with its target asleep, the reply's own
-        // wake-up would double the round trip (Handle::set_reply_spin).
-        if core.reply_awaited.replace(false) {
+        // one just before that took another turn, and not answered since): with its target
+        // asleep, the reply's own wake-up would double the round trip (Handle::set_reply_spin).
+        if reply_spin_due(core) {
             spin = spin.max(exec.reply_spin());
         }
         if !spin.is_zero() && spin_for_work(core, spin) {
@@ -511,6 +511,14 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     };
     shared.stats.stopped(Instant::now());
     exit
+}
+
+/// The park decision's question about the reply spin (the flag is taken: answered once per
+/// waiting poll): did a pinned task's `submit_to` join wait here since the last park decision,
+/// and does one still wait? A join whose reply came in while other work kept the loop busy
+/// awaits nothing: spun for, its reply could not end the spin, which ran its whole length.
+pub(crate) fn reply_spin_due(core: &Core) -> bool {
+    core.reply_awaited.replace(false) && core.replies_awaited.get() > 0
 }
 
 /// Spin-before-park: polls the loop's sources for up to `spin` before it parks, yielding the

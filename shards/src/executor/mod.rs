@@ -1323,7 +1323,7 @@ impl Handle {
     /// thread woken while its waker's CPU stays busy wakes in about a microsecond on this VM,
     /// against 25–35 µs when both CPUs went idle). Applies when the loop runs out of work
     /// after a poll in which a call's join waited (once per such poll, so once per call for a
-    /// task that awaits it alone); with [`set_spin_before_park`](Self::set_spin_before_park)
+    /// task that awaits it alone), unless every such call got its reply meanwhile; with [`set_spin_before_park`](Self::set_spin_before_park)
     /// also due, the longer is used. Cost: up to `spin` of CPU per such poll that leaves its
     /// loop with nothing else to do (the spin ends when the reply, or any other work, arrives;
     /// it yields to other threads every 64 polls); nothing for loops that await no reply. Default [`DEFAULT_REPLY_SPIN`] (50 µs;
