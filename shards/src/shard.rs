@@ -370,16 +370,25 @@ mod tests {
 
     use crate::context::with_core;
 
+    /// A `submit_to` to shard 1 whose closure answers `v` once `go` is set.
+    fn call_answering_once<T: Send + 'static>(
+        go: &Arc<AtomicBool>,
+        v: T,
+    ) -> impl std::future::Future<Output = crate::Result<T>> {
+        let g = go.clone();
+        super::submit_to(1, move || async move {
+            while !g.load(SeqCst) {
+                crate::time::sleep(Duration::from_millis(1)).await;
+            }
+            v
+        })
+    }
+
     /// Polls a `submit_to` to shard 1 once (its closure waits for the returned flag, so the
     /// poll finds no reply) and tells whether that poll asked this loop to spin for the reply.
     async fn one_pending_call_asks_for_a_spin() -> (bool, Arc<AtomicBool>) {
         let go = Arc::new(AtomicBool::new(false));
-        let g = go.clone();
-        let call = super::submit_to(1, move || async move {
-            while !g.load(SeqCst) {
-                crate::time::sleep(Duration::from_millis(1)).await;
-            }
-        });
+        let call = call_answering_once(&go, ());
         let mut call = std::pin::pin!(call);
         with_core(|c| c.reply_awaited.set(false));
         assert!(poll_once(call.as_mut()).await.is_none(), "no reply yet");
@@ -404,13 +413,7 @@ mod tests {
         let (due_while_waiting, due_after) = exec
             .block_on(|| async {
                 let go = Arc::new(AtomicBool::new(false));
-                let g = go.clone();
-                let call = super::submit_to(1, move || async move {
-                    while !g.load(SeqCst) {
-                        crate::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    7
-                });
+                let call = call_answering_once(&go, 7);
                 let mut call = std::pin::pin!(call);
                 assert!(poll_once(call.as_mut()).await.is_none(), "no reply yet");
                 // Another call still waits: a spin for it is due (then taken).

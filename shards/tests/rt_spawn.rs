@@ -314,20 +314,7 @@ fn a_spawn_from_the_drop_of_a_parked_migratable_task_at_a_stop_does_not_run_late
     }
     let ran = Arc::new(AtomicUsize::new(0));
     let ex = exec(2);
-    let h = ex.handle();
-    let g = SpawnOnDrop(ran.clone(), ex.handle());
-    ex.spawn(async move {
-        let _g = g;
-        std::future::pending::<()>().await
-    });
-    ex.spawn_on(1, move || async move {
-        xtc_shards::time::sleep(Duration::from_millis(50)).await;
-        h.stop();
-    })
-    .unwrap();
-    run_within(&ex, HANG)
-        .expect("run() hung: the stopped run")
-        .unwrap();
+    run_stopped_holding(&ex, SpawnOnDrop(ran.clone(), ex.handle()));
     assert_eq!(ran.load(SeqCst), 0, "the spawn ran during the stopped run");
     run_within(&ex, HANG)
         .expect("run() hung: the next run")
@@ -339,6 +326,35 @@ fn a_spawn_from_the_drop_of_a_parked_migratable_task_at_a_stop_does_not_run_late
     );
 }
 
+/// A link of a chain of drops that spawn again: dropping one spawns a migratable task (through
+/// its `Handle`) holding the next, until `dropped` reaches `links`.
+struct Respawn {
+    handle: xtc_shards::Handle,
+    links: usize,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl Respawn {
+    fn chain(handle: xtc_shards::Handle, links: usize, dropped: Arc<AtomicUsize>) -> Respawn {
+        Respawn {
+            handle,
+            links,
+            dropped,
+        }
+    }
+}
+
+impl Drop for Respawn {
+    fn drop(&mut self) {
+        if self.dropped.fetch_add(1, SeqCst) < self.links {
+            let g = Respawn::chain(self.handle.clone(), self.links, self.dropped.clone());
+            drop(self.handle.spawn(async move {
+                let _g = g;
+            }));
+        }
+    }
+}
+
 /// A parked migratable task dropped after a stop, on the thread in `run()`, whose `Drop`
 /// spawns another through a `Handle`, whose drop spawns again, 100,000 deep: each spawn is
 /// dropped in turn (refused, `Discarding`) without recursing. `Handle::spawn` dropped the
@@ -346,21 +362,16 @@ fn a_spawn_from_the_drop_of_a_parked_migratable_task_at_a_stop_does_not_run_late
 /// frame, and the chain overflowed the stack.
 #[test]
 fn a_chain_of_respawning_drops_of_a_stopped_run_is_dropped_flat() {
-    struct Respawn(xtc_shards::Handle, Arc<AtomicUsize>);
-    impl Drop for Respawn {
-        fn drop(&mut self) {
-            if self.1.fetch_add(1, SeqCst) < 100_000 {
-                let g = Respawn(self.0.clone(), self.1.clone());
-                drop(self.0.spawn(async move {
-                    let _g = g;
-                }));
-            }
-        }
-    }
     let n = Arc::new(AtomicUsize::new(0));
     let ex = exec(2);
+    run_stopped_holding(&ex, Respawn::chain(ex.handle(), 100_000, n.clone()));
+    assert_eq!(n.load(SeqCst), 100_001, "part of the chain was left");
+}
+
+/// Runs `ex` with a parked migratable task holding `g` until a task stops the run (after
+/// 50 ms), so `g` is dropped with the stopped run's leftovers.
+fn run_stopped_holding(ex: &Executor, g: impl Send + 'static) {
     let h = ex.handle();
-    let g = Respawn(ex.handle(), n.clone());
     ex.spawn(async move {
         let _g = g;
         std::future::pending::<()>().await
@@ -370,10 +381,9 @@ fn a_chain_of_respawning_drops_of_a_stopped_run_is_dropped_flat() {
         h.stop();
     })
     .unwrap();
-    run_within(&ex, HANG)
+    run_within(ex, HANG)
         .expect("run() hung: the stopped run")
         .unwrap();
-    assert_eq!(n.load(SeqCst), 100_001, "part of the chain was left");
 }
 
 #[test]
@@ -980,25 +990,20 @@ fn handle_of_a_dropped_executor_queues_nothing(h: xtc_shards::Handle) {
 /// after the `Executor`'s drop recursed into itself and overflowed the stack.
 #[test]
 fn a_chain_of_respawning_drops_at_executor_drop_is_swept_flat() {
-    struct Respawn(xtc_shards::Handle, Arc<AtomicUsize>);
-    impl Drop for Respawn {
-        fn drop(&mut self) {
-            if self.1.fetch_add(1, SeqCst) < 100_000 {
-                let g = Respawn(self.0.clone(), self.1.clone());
-                drop(self.0.spawn(async move {
-                    let _g = g;
-                }));
-            }
-        }
-    }
-    let ex = exec(1);
+    assert_eq!(links_dropped_with_the_executor(1, 100_000), 100_001);
+}
+
+/// How many links of a `Respawn` chain of `links` are dropped when an executor of `shards`
+/// loops is dropped with its first link in a never-run migratable task.
+fn links_dropped_with_the_executor(shards: usize, links: usize) -> usize {
+    let ex = exec(shards);
     let n = Arc::new(AtomicUsize::new(0));
-    let g = Respawn(ex.handle(), n.clone());
+    let g = Respawn::chain(ex.handle(), links, n.clone());
     drop(ex.handle().spawn(async move {
         let _g = g;
     }));
     drop(ex);
-    assert_eq!(n.load(SeqCst), 100_001);
+    n.load(SeqCst)
 }
 
 /// The same chain over two loops: `Handle::spawn` places round robin, so each respawn lands in
@@ -1007,25 +1012,11 @@ fn a_chain_of_respawning_drops_at_executor_drop_is_swept_flat() {
 /// task holding a `Handle`, and leaked with the executor in that cycle.
 #[test]
 fn a_chain_of_respawning_drops_across_loops_at_executor_drop_is_swept_whole() {
-    struct Respawn(xtc_shards::Handle, Arc<AtomicUsize>);
-    impl Drop for Respawn {
-        fn drop(&mut self) {
-            if self.1.fetch_add(1, SeqCst) < 100 {
-                let g = Respawn(self.0.clone(), self.1.clone());
-                drop(self.0.spawn(async move {
-                    let _g = g;
-                }));
-            }
-        }
-    }
-    let ex = exec(2);
-    let n = Arc::new(AtomicUsize::new(0));
-    let g = Respawn(ex.handle(), n.clone());
-    drop(ex.handle().spawn(async move {
-        let _g = g;
-    }));
-    drop(ex);
-    assert_eq!(n.load(SeqCst), 101, "part of the chain was left queued");
+    assert_eq!(
+        links_dropped_with_the_executor(2, 100),
+        101,
+        "part of the chain was left queued"
+    );
 }
 
 /// The CPUs the calling thread may run on.
