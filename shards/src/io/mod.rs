@@ -33,7 +33,8 @@
 //! [`Builder::io_driver`](crate::Builder::io_driver) or `XTC_IO=auto|io_uring|epoll`; auto
 //! probes io_uring once per process (ring setup and an opcode probe) and falls back to epoll
 //! when setup fails (`ENOSYS`, `EPERM` under Docker's default seccomp profile,
-//! `kernel.io_uring_disabled`) or an opcode xtc needs is missing. The choice is logged once and
+//! `kernel.io_uring_disabled`), an opcode xtc needs is missing, or the kernel lacks fast poll
+//! (before 5.7, a socket operation with nothing to do answers `EAGAIN` instead of waiting). The choice is logged once and
 //! readable with [`Handle::io_driver`](crate::Handle::io_driver) and [`current_driver`].
 //!
 //! # Types are `!Send`

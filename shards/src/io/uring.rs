@@ -130,6 +130,16 @@ pub(crate) fn probe() -> Result<(), String> {
     ring.submitter()
         .register_probe(&mut probe)
         .map_err(|e| format!("IORING_REGISTER_PROBE failed: {e} (kernel older than 5.6)"))?;
+    // Without fast poll (Linux 5.6) a socket operation with nothing to do yet goes to a
+    // kernel worker, where the socket's `O_NONBLOCK` answers `EAGAIN` at once: the operations
+    // would start again every turn (`nothing_moved`), a busy loop, where epoll waits.
+    if !ring.params().is_feature_fast_poll() {
+        return Err(
+            "the kernel lacks IORING_FEAT_FAST_POLL (Linux before 5.7): socket \
+                    operations would answer EAGAIN instead of waiting"
+                .into(),
+        );
+    }
     for &(code, name) in REQUIRED {
         if !probe.is_supported(code) {
             return Err(format!("the kernel lacks IORING_OP_{name}"));
