@@ -15,7 +15,10 @@
 //!    while idle and then monopolise the loop. (A task re-queued by its own running lane is not
 //!    an idle lane waking up.)
 //! 4. A class with a latency bound makes [`yield_if_due`](crate::yield_if_due) yield once the
-//!    running task has run longer than the smallest bound among runnable latency lanes.
+//!    running task has run longer than the smallest bound among runnable latency lanes, or
+//!    longer than the smallest bound of any latency class while a wake waits for the loop to
+//!    turn (a due timer, the inbox, an incoming ring, an io_uring completion): its task may be
+//!    of a latency class.
 
 use std::{
     collections::VecDeque,
@@ -301,9 +304,12 @@ pub(crate) fn drain(core: &Core) -> Vec<Runnable> {
 }
 
 /// Rule 4: should the running task yield for a latency class? Yes once it has run past the
-/// smallest bound among the loop's latency classes while a task of one is runnable, or while a
-/// timer is due (a sleeper of a latency class is still in the timer heap until the loop turns;
-/// which class the timer wakes is not known there, so any due timer counts).
+/// smallest bound among the loop's latency classes while a task of one is runnable, or while
+/// a wake may be on its way to one: a due timer (a sleeper of a latency class is still in the
+/// timer heap until the loop turns), a message in the inbox or an incoming ring (a task woken
+/// from a plain thread or another shard), or an io_uring completion not yet reaped. Which
+/// class such a wake is for is not known before the loop turns, so any counts. (Readiness on
+/// the epoll driver takes a system call to see and is not looked at.)
 pub(crate) fn latency_due(core: &Core) -> bool {
     if !core.classes_active.get() {
         return false;
@@ -331,12 +337,23 @@ pub(crate) fn latency_due(core: &Core) -> bool {
     if runnable_bound.is_some_and(|b| ran >= b) {
         return true;
     }
-    ran >= any
-        && core
-            .timers
-            .borrow_mut()
-            .next_deadline()
-            .is_some_and(|d| d <= now)
+    ran >= any && (wake_pending(core) || timer_due(core, now))
+}
+
+/// Rule 4: whether a wake waits for the loop to turn: in the inbox, an incoming ring, or the
+/// io_uring completion queue (loads, no system call). Without this a task woken from
+/// elsewhere waited, in or out of a latency class, until the running task ended its poll.
+fn wake_pending(core: &Core) -> bool {
+    core.shared.inbox.is_pending()
+        || core.mesh.try_borrow().is_ok_and(|m| m.incoming_pending())
+        || core.io.has_completions()
+}
+
+/// Rule 4: whether a timer is due at `now`.
+fn timer_due(core: &Core, now: Instant) -> bool {
+    core.timers
+        .try_borrow_mut()
+        .is_ok_and(|mut t| t.next_deadline().is_some_and(|d| d <= now))
 }
 
 /// Creates a class on the current loop (see [`crate::shard::create_class`]).

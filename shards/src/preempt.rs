@@ -15,8 +15,9 @@ use crate::{
 };
 
 /// Yields if this loop's preemption tick has fired since the last yield, or if a task of a
-/// latency class is runnable and the current task has run longer than that class's bound;
-/// otherwise completes at once.
+/// latency class is runnable and the current task has run longer than that class's bound (a
+/// wake still on its way to the loop counts: a due timer, a message in the inbox or a ring, an
+/// io_uring completion); otherwise completes at once.
 ///
 /// Cost when not due: two thread-local reads and a load of the executor's interval (plus, when
 /// a latency class exists, one clock read).

@@ -614,3 +614,91 @@ fn replacing_a_stall_callback_whose_drop_sets_one_does_not_hang() {
         "set_stall_callback hung dropping the callback it replaced"
     );
 }
+
+/// A latency class's task woken from elsewhere (over the ring from another shard, or through
+/// the inbox from a plain thread) while a default-lane task computes on its loop, calling
+/// `yield_if_due` between slices (preemption off). The wake is not in the class's lane until
+/// the loop turns, so only a yield lets it in: `yield_if_due` must count a pending wake as a
+/// possibly runnable latency task, as it counts a due timer. It looked at the lanes and the
+/// timers only, never yielded, and the latency task waited for the whole computation.
+fn latency_task_woken_from_elsewhere_preempts_a_busy_loop(from_shard: bool) {
+    type Tx = futures::channel::oneshot::Sender<()>;
+    let ex = exec(2);
+    let waited = Arc::new(Mutex::new(None));
+    let w = waited.clone();
+    // The sender: a task of shard 1 (its wake crosses the ring) or a plain thread (the inbox).
+    // It looks for the channel by itself: a busy shard 0 pings no peer before its turn ends.
+    let slot: Arc<Mutex<Option<Tx>>> = Arc::new(Mutex::new(None));
+    let sl = slot.clone();
+    let send = move || match sl.lock().unwrap().take() {
+        Some(tx) => {
+            let _ = tx.send(());
+            true
+        }
+        None => false,
+    };
+    if from_shard {
+        ex.spawn_on(1, move || async move {
+            while !send() {
+                xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .unwrap();
+    } else {
+        std::thread::spawn(move || {
+            while !send() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+    }
+    ex.spawn_on(0, move || async move {
+        let c = shard::create_class(100, Some(Duration::from_millis(1))).unwrap();
+        let (tx, rx) = futures::channel::oneshot::channel::<()>();
+        let (started, woke) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (s, f) = (started.clone(), woke.clone());
+        let lat = task::Builder::new().class(c).spawn_local(async move {
+            s.store(true, SeqCst);
+            let _ = rx.await;
+            f.store(true, SeqCst);
+        });
+        while !started.load(SeqCst) {
+            xtc_shards::yield_now().await;
+        }
+        // The latency task is parked on the receiver: the send wakes it from elsewhere.
+        *slot.lock().unwrap() = Some(tx);
+        let t = std::time::Instant::now();
+        let give_up = Duration::from_secs(5);
+        while !woke.load(SeqCst) && t.elapsed() < give_up {
+            burn(Duration::from_micros(100));
+            yield_if_due().await;
+        }
+        *w.lock().unwrap() = Some(woke.load(SeqCst));
+        lat.await.unwrap();
+    })
+    .unwrap();
+    run_or_fail(ex, HANG, "a latency task woken from elsewhere").unwrap();
+    assert_eq!(
+        *waited.lock().unwrap(),
+        Some(true),
+        "the latency task did not run while the busy task called yield_if_due for 5 s \
+         (woken {})",
+        if from_shard {
+            "over the ring"
+        } else {
+            "through the inbox"
+        }
+    );
+}
+
+#[test]
+fn a_latency_task_woken_over_the_ring_preempts_a_busy_loop() {
+    latency_task_woken_from_elsewhere_preempts_a_busy_loop(true);
+}
+
+#[test]
+fn a_latency_task_woken_through_the_inbox_preempts_a_busy_loop() {
+    latency_task_woken_from_elsewhere_preempts_a_busy_loop(false);
+}
