@@ -56,8 +56,8 @@
 //!
 //! Read by [`Builder::from_env`] / [`Executor::from_env`] (and [`Builder::env`]); `XTC_IO` also
 //! by [`Builder::build`] and [`LocalExecutor::new`]. A variable that is set but holds a bad
-//! value is an [`Error::Env`] naming it, never a silent default; an empty or unset variable
-//! leaves the builder's value. A bool is `1`/`0`, `true`/`false`, `on`/`off` or `yes`/`no`,
+//! value is an [`Error::Env`] naming it, never a silent default (so is one of blanks only);
+//! an empty or unset variable leaves the builder's value. A bool is `1`/`0`, `true`/`false`, `on`/`off` or `yes`/`no`,
 //! and such words (`spread`, `epoll`, `off`) are case-insensitive; a duration is a whole number
 //! with unit `ns`, `us`, `ms` or `s` (a bare number is milliseconds).
 //!

@@ -83,6 +83,13 @@ fn env_variables() {
         ("XTC_STEALING", "sometimes"),
         ("XTC_NUMA_SENSITIVITY", "3"),
         ("XTC_MIN_TASKS_TO_STEAL", "-1"),
+        // Set, but only blanks: a bad value like any other, not unset (it read as unset, and
+        // the builder's value stood in silently).
+        ("XTC_SHARDS", " "),
+        ("XTC_PIN", "   "),
+        ("XTC_DEADLOCK_GRACE", "  "),
+        ("XTC_SPIN_BEFORE_PARK", " "),
+        ("XTC_IO", "  "),
     ] {
         let old = std::env::var(var).ok();
         std::env::set_var(var, bad);
@@ -98,6 +105,19 @@ fn env_variables() {
             None => std::env::remove_var(var),
         }
     }
+
+    // An empty variable is unset, as the crate docs say: the builder's value stays.
+    clear();
+    std::env::set_var("XTC_SHARDS", "");
+    let io = std::env::var_os("XTC_IO");
+    std::env::set_var("XTC_IO", "");
+    let b = Builder::new().shards(2).oversubscribe(true).env().unwrap();
+    match io {
+        Some(v) => std::env::set_var("XTC_IO", v),
+        None => std::env::remove_var("XTC_IO"),
+    }
+    assert_eq!(b.build().unwrap().shard_count(), 2);
+    clear();
 
     // A value that is not UTF-8 is an error too, not unset.
     {

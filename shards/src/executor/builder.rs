@@ -423,13 +423,16 @@ pub(crate) fn resolve_io(choice: Option<crate::io::DriverChoice>) -> Result<crat
     crate::io::resolve(choice).map_err(Error::InvalidArgument)
 }
 
-/// The value of variable `name`, if set and not blank. A value that is not UTF-8 comes back
-/// with its bad bytes replaced by U+FFFD, which no parser accepts: an `Err` naming the
-/// variable, not a silent default (`std::env::var(..).ok()` read it as unset).
+/// The value of variable `name`, if set and not empty (the crate docs: an empty variable leaves
+/// the builder's value). A value of blanks only is returned, and no parser accepts it: an
+/// `Err` naming the variable, as for any other bad value (it read as unset, and the builder's
+/// value stood in silently). A value that is not UTF-8 comes back with its bad bytes replaced
+/// by U+FFFD, which no parser accepts either: an `Err` naming the variable, not a silent
+/// default (`std::env::var(..).ok()` read it as unset).
 fn var(name: &'static str) -> Option<String> {
     std::env::var_os(name)
+        .filter(|v| !v.is_empty())
         .map(|v| v.to_string_lossy().into_owned())
-        .filter(|v| !v.trim().is_empty())
 }
 
 fn parse_bool(name: &'static str, v: &str) -> Result<bool> {
