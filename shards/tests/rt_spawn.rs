@@ -1077,6 +1077,27 @@ fn pin_binds_each_shard_to_its_cpu_or_all_to_the_placements() {
     }
 }
 
+/// On a topology that is not this machine's (synthetic or XML) no shard thread is pinned
+/// (`Builder::topology`): `is_pinned` says so. It answered the builder's `pin` setting, on by
+/// default, so it said pinned while every thread ran where the caller's affinity let it.
+#[test]
+fn is_pinned_is_false_on_a_synthetic_topology() {
+    let topo = xtc_numa::Topology::synthetic("pack:1 core:2 pu:1").unwrap();
+    let ex = Executor::builder()
+        .shards(2)
+        .topology(topo)
+        .build()
+        .unwrap();
+    let mine = affinity();
+    for (shard, got) in shard_affinities(&ex).iter().enumerate() {
+        assert_eq!(
+            got, &mine,
+            "shard {shard} kept the caller's affinity: not pinned"
+        );
+    }
+    assert!(!ex.is_pinned(), "no thread was pinned");
+}
+
 /// A waker whose drop panics, stored by a sleep of a task parked at the stop, does not kill
 /// the loop's thread: the loop drops its timers' wakers at shutdown, and did so unguarded, so
 /// the thread died halfway through its shutdown and `run()` reported an internal error.

@@ -540,9 +540,10 @@ impl Executor {
     }
 
     /// Whether shard threads are pinned each to its own CPU ([`Builder::pin`], `XTC_PIN`).
-    /// Cost: a field read.
+    /// Always false on a topology that is not this machine's ([`Builder::topology`] with a
+    /// synthetic or XML one), where no thread is pinned. Cost: a field read.
     pub fn is_pinned(&self) -> bool {
-        self.pin
+        self.pin && !self.topology.is_synthetic()
     }
 
     /// Starts one OS thread per shard, each pinned to its CPU (or, with [`Builder::pin`] off,
