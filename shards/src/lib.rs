@@ -63,10 +63,10 @@
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |
-//! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core |
+//! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core (with a CPU list in `XTC_PLACEMENT`: one per listed CPU) |
 //! | `XTC_PLACEMENT` | `compact`, `spread`, a CPU list `cpus:0,2,4` or `0-3,8` | `compact` | how shards map to CPUs (see `xtc_numa::Policy`) |
 //! | `XTC_PIN` | bool | on | bind each shard thread to its placed CPU; off: to all the placement's CPUs, moved by the OS (`Builder::pin`) |
-//! | `XTC_OVERSUBSCRIBE` | bool | off | allow more shards than allowed CPUs |
+//! | `XTC_OVERSUBSCRIBE` | bool | off | allow more shards than allowed CPUs (and a CPU list that repeats a CPU), at most 64 per CPU |
 //! | `XTC_SERVICE_MODE` | bool | off | `run()` returns only after `stop()` |
 //! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (bare number = ms) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
 //! | `XTC_RING_CAPACITY` | integer 1 ..= 1048576 | `1024` | messages per ring of the cross-shard mesh |

@@ -219,7 +219,8 @@ impl Builder {
         }
     }
 
-    /// Number of shards (loops); 0 means one per allowed physical core.
+    /// Number of shards (loops); 0 means one per allowed physical core, or with a CPU list
+    /// ([`Policy::Cpus`]) one per listed CPU.
     pub fn shards(mut self, n: usize) -> Builder {
         self.shards = n;
         self.note_env("XTC_SHARDS", None);
@@ -227,7 +228,7 @@ impl Builder {
     }
 
     /// Allows more shards than allowed CPUs; they then share CPUs evenly. Needed for 3+ shards
-    /// on a 2-CPU machine. Cost: shards on one CPU time-slice through the OS scheduler. At
+    /// on a 2-CPU machine, and for a CPU list ([`Policy::Cpus`]) that names a CPU twice. Cost: shards on one CPU time-slice through the OS scheduler. At
     /// most [`MAX_SHARDS_PER_CPU`](xtc_numa::MAX_SHARDS_PER_CPU) shards per allowed CPU;
     /// `build()` fails beyond that.
     pub fn oversubscribe(mut self, yes: bool) -> Builder {
