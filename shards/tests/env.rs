@@ -106,6 +106,17 @@ fn env_variables() {
         }
     }
 
+    // A CPU list too wide to take: the error says what a list may hold (it said only
+    // "compact, spread, or cpus:0,2,4", which reads as if this list were fine).
+    clear();
+    std::env::set_var("XTC_PLACEMENT", "0-70000");
+    let msg = Builder::from_env().unwrap_err().to_string();
+    assert!(
+        msg.contains("XTC_PLACEMENT") && msg.contains("0-3,8") && msg.contains("65536"),
+        "{msg}"
+    );
+    clear();
+
     // An empty variable is unset, as the crate docs say: the builder's value stays.
     clear();
     std::env::set_var("XTC_SHARDS", "");

@@ -124,7 +124,8 @@ impl Builder {
             self.placement = v.trim().parse().map_err(|_| Error::Env {
                 var: "XTC_PLACEMENT",
                 value: v.clone(),
-                expected: "compact, spread, or cpus:0,2,4",
+                expected: "compact, spread, or a list of CPU numbers and ranges such as \
+                           cpus:0,2,4 or 0-3,8 (at most 65536 CPUs in a range and in all)",
             })?;
             self.note_env("XTC_PLACEMENT", v);
         }
