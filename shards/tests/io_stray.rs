@@ -2069,3 +2069,68 @@ fn shutdown_off_any_loop_after_a_write_behind_that_completed() {
     ex.block_on(async move { AsyncWriteExt::flush(&mut a).await })
         .unwrap_or_else(|e| panic!("flush of a delivered write: {e}"));
 }
+
+/// A TCP `connect` still awaited when its `block_on` returns (the listener's accept queue
+/// full, so its handshake waits for a SYN retransmit), awaited to its end in the next one: it
+/// connects once the listener has room, as on epoll. On io_uring the driver's shutdown
+/// cancels its `CONNECT` (the socket's handshake goes on), and it failed with that
+/// `ECANCELED`.
+#[test]
+fn a_connect_that_outlives_its_driver_still_connects() {
+    type ConnectFut = std::pin::Pin<Box<dyn Future<Output = std::io::Result<TcpStream>>>>;
+    let listener =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    listener
+        .bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+    listener.listen(0).unwrap();
+    let listener = std::net::TcpListener::from(listener);
+    let addr = listener.local_addr().unwrap();
+    // Fill the accept queue (one connection): the next connection's SYN is dropped until it
+    // has room again.
+    let fillers: Vec<std::net::TcpStream> = (0..1)
+        .map(|_| {
+            let s =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.set_nonblocking(true).unwrap();
+            let _ = s.connect(&addr.into()); // EINPROGRESS
+            s.into()
+        })
+        .collect();
+    for s in &fillers {
+        // Until its handshake is done (writable), so the queue is full.
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(s),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: a live local pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, 60_000) };
+        assert_eq!(rc, 1, "the filler did not connect");
+    }
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (mut f, _) = ex.block_on(async move {
+        let mut f: ConnectFut = Box::pin(TcpStream::connect(addr));
+        poll_pending(f.as_mut()).await;
+        sleep(Duration::from_millis(20)).await; // submitted, waiting for the handshake
+        (f, ())
+    });
+    let r = ex.block_on(async move {
+        // Room in the queue: the connection's next SYN is taken.
+        listener.set_nonblocking(true).unwrap();
+        let mut taken = Vec::new();
+        while let Ok((s, _)) = listener.accept() {
+            taken.push(s);
+        }
+        let r = guard("connect", f.as_mut()).await;
+        drop((fillers, taken, listener));
+        r
+    });
+    let s = r.expect("a connect awaited across block_on");
+    drop(s);
+}

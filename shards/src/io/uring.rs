@@ -208,7 +208,9 @@ thread_local! {
 /// or socket that kept one (a receive, a write-behind send), and an owned-buffer call still
 /// awaited (a stream's `read`, `write`, `write_all`, a socket's `recv_from`, `send_to`, a
 /// listener's `accept`), starts it again on the current loop (with fresh retries) rather than
-/// report the `ECANCELED` or `EAGAIN` (epoll, which waits on, never does).
+/// report the `ECANCELED` or `EAGAIN` (epoll, which waits on, never does). A `connect` goes on
+/// after an `ECANCELED` too (its handshake runs on in the kernel: `ops/connect.rs`); its
+/// `EAGAIN` is a Unix listener's full backlog, an answer (`UnixStream::connect` retries it).
 pub(crate) fn nothing_moved(res: i32) -> bool {
     res == -libc::ECANCELED || res == -libc::EAGAIN
 }

@@ -14,53 +14,88 @@ use crate::io::{
 };
 
 /// Connects `src` to `addr`.
+///
+/// On io_uring a `CONNECT` cut by its driver's shutdown (`-ECANCELED`: the future outlived its
+/// loop, a `LocalExecutor::block_on` that returned while it waited) is no answer: the
+/// socket's handshake goes on in the kernel, so the call goes on too, on the loop that polls
+/// it now, as on epoll (see [`nothing_moved`](crate::io::uring::nothing_moved)). Connecting
+/// again answers where the handshake stands: `EALREADY` while it runs (the call then waits for
+/// writability and asks again), its outcome once it ended, `EISCONN` if an earlier ask
+/// already took it (connected).
 pub(crate) async fn connect(src: &Source, addr: SockAddr) -> io::Result<()> {
-    match backend()? {
-        Driver::IoUring => {
-            let fd = src.fd();
-            let op = submit(Box::new(addr), |a| {
-                opcode::Connect::new(types::Fd(fd), a.as_ptr().cast(), a.len()).build()
-            })
-            .map_err(|(e, _)| e)?;
-            let (res, _addr) = op.await;
-            result(res).map(drop)
-        }
-        Driver::Epoll => {
-            // SAFETY: `addr` is a live socket address of `len()` bytes.
-            let rc = unsafe { libc::connect(src.fd(), addr.as_ptr().cast(), addr.len()) };
-            if rc == 0 {
-                return Ok(());
-            }
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EINPROGRESS) {
-                return Err(err);
-            }
-            // Writable = the handshake ended; SO_ERROR says how.
-            ready(src, Dir::Write, |fd| {
-                let mut pfd = libc::pollfd {
-                    fd,
-                    events: libc::POLLOUT,
-                    revents: 0,
-                };
-                loop {
-                    // SAFETY: a live local pollfd; zero timeout.
-                    match unsafe { libc::poll(&mut pfd, 1, 0) } {
-                        0 => return Err(io::ErrorKind::WouldBlock.into()),
-                        // A failed poll is not "connected" (SO_ERROR stays 0 while the
-                        // handshake runs). Interrupted: ask again (an edge already reported
-                        // would not come back to a wait).
-                        rc if rc < 0 => {
-                            let e = io::Error::last_os_error();
-                            if e.kind() != io::ErrorKind::Interrupted {
-                                return Err(e);
-                            }
-                        }
-                        _ => break,
-                    }
+    // A connect of this call was cut by its driver's shutdown: the handshake may run.
+    let mut resumed = false;
+    loop {
+        match backend()? {
+            Driver::IoUring => {
+                let fd = src.fd();
+                let op = submit(Box::new(addr.clone()), |a| {
+                    opcode::Connect::new(types::Fd(fd), a.as_ptr().cast(), a.len()).build()
+                })
+                .map_err(|(e, _)| e)?;
+                let (res, _addr) = op.await;
+                if res == -libc::ECANCELED {
+                    resumed = true;
+                    continue;
                 }
-                take_error(fd)
-            })
-            .await
+                if resumed && res == -libc::EISCONN {
+                    return Ok(());
+                }
+                if resumed && res == -libc::EALREADY {
+                    // Still under way: wait for its end (writable, or an error), then ask.
+                    let op = submit((), |_| {
+                        opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32).build()
+                    })
+                    .map_err(|(e, _)| e)?;
+                    let (res, ()) = op.await;
+                    if res < 0 && res != -libc::ECANCELED {
+                        return result(res).map(drop);
+                    }
+                    continue;
+                }
+                return result(res).map(drop);
+            }
+            Driver::Epoll => {
+                // SAFETY: `addr` is a live socket address of `len()` bytes.
+                let rc = unsafe { libc::connect(src.fd(), addr.as_ptr().cast(), addr.len()) };
+                if rc == 0 {
+                    return Ok(());
+                }
+                let err = io::Error::last_os_error();
+                match err.raw_os_error() {
+                    Some(libc::EINPROGRESS) => {}
+                    // Resumed from a cut io_uring `CONNECT` (above).
+                    Some(libc::EALREADY) if resumed => {}
+                    Some(libc::EISCONN) if resumed => return Ok(()),
+                    _ => return Err(err),
+                }
+                // Writable = the handshake ended; SO_ERROR says how.
+                return ready(src, Dir::Write, |fd| {
+                    let mut pfd = libc::pollfd {
+                        fd,
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    loop {
+                        // SAFETY: a live local pollfd; zero timeout.
+                        match unsafe { libc::poll(&mut pfd, 1, 0) } {
+                            0 => return Err(io::ErrorKind::WouldBlock.into()),
+                            // A failed poll is not "connected" (SO_ERROR stays 0 while the
+                            // handshake runs). Interrupted: ask again (an edge already
+                            // reported would not come back to a wait).
+                            rc if rc < 0 => {
+                                let e = io::Error::last_os_error();
+                                if e.kind() != io::ErrorKind::Interrupted {
+                                    return Err(e);
+                                }
+                            }
+                            _ => break,
+                        }
+                    }
+                    take_error(fd)
+                })
+                .await;
+            }
         }
     }
 }
