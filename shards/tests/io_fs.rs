@@ -1339,3 +1339,28 @@ fn a_forgotten_write_does_not_land_in_a_file_opened_after_its_files_drop() {
         },
     );
 }
+
+/// An `open` still awaited when its `block_on` returns (a FIFO without a writer), awaited to
+/// its end in the next one: it opens once a writer comes. On io_uring the driver's shutdown
+/// cancels its `OPENAT` (nothing opened), and it failed with that `ECANCELED`.
+#[test]
+fn an_open_that_outlives_its_driver_still_opens() {
+    type OpenFut = std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<fs::File>>>>;
+    let (path, _c) = fifo("outlives");
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let p = path.clone();
+    let (mut f, _) = ex.block_on(async move {
+        let mut f: OpenFut = Box::pin(async move { OpenOptions::new().read(true).open(&p).await });
+        let pending =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx).is_pending()))
+                .await;
+        assert!(pending, "a FIFO without a writer opened");
+        xtc_shards::time::sleep(Duration::from_millis(20)).await; // submitted, waiting for a writer
+        (f, ())
+    });
+    let writer = std::thread::spawn(move || std::fs::write(&path, b"late"));
+    let r = ex.block_on(async move { guard("open", f.as_mut()).await });
+    let file = r.expect("an open awaited across block_on");
+    drop(file);
+    writer.join().unwrap().unwrap();
+}

@@ -27,41 +27,59 @@ use crate::io::{blocking, uring::result, BufResult, Driver, IoBuf, IoBufMut};
 /// Opens `path` with `open(2)` flags and mode (`O_CLOEXEC` is added).
 pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     let flags = flags | libc::O_CLOEXEC;
-    match backend()? {
-        Driver::IoUring => {
-            // `IOSQE_ASYNC`: straight to the kernel's worker threads, which open as `open(2)`
-            // does. Issued inline, the kernel first tries with `O_NONBLOCK` and returns that
-            // result: a write-only open of a FIFO without a reader failed with `ENXIO`, and a
-            // read-only one returned before any writer came (its first read: end of file),
-            // where `std` and the epoll driver wait. The cost is a hop to a kernel worker per
-            // open (tokio runs every open on its blocking pool); a worker blocked in an open
-            // is interrupted by the cancel of a dropped `open` future.
-            let op = submit(path, |p| {
-                opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), p.as_ptr())
-                    .flags(flags)
-                    .mode(mode)
-                    .build()
-                    .flags(io_uring::squeue::Flags::ASYNC)
-            })
-            .map(|op| op.result_is_fd())
-            .map_err(|(e, _)| e)?;
-            let (res, _) = op.await;
-            // SAFETY: the kernel returned a fresh descriptor that we now own.
-            result(res).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as i32) })
-        }
-        Driver::Epoll => {
-            blocking::run(move || {
-                let fd = blocking::retrying(|| {
-                    // SAFETY: `path` is a live NUL-terminated string.
-                    cvt(unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) })
-                })?;
-                // SAFETY: open returned a fresh descriptor that we now own.
-                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-            })
-            .await
+    let mut path = path;
+    loop {
+        match backend()? {
+            Driver::IoUring => {
+                // `IOSQE_ASYNC`: straight to the kernel's worker threads, which open as
+                // `open(2)` does. Issued inline, the kernel first tries with `O_NONBLOCK` and
+                // returns that result: a write-only open of a FIFO without a reader failed
+                // with `ENXIO`, and a read-only one returned before any writer came (its first
+                // read: end of file), where `std` and the epoll driver wait. The cost is a hop
+                // to a kernel worker per open (tokio runs every open on its blocking pool); a
+                // worker blocked in an open is interrupted by the cancel of a dropped `open`
+                // future.
+                let op = submit(path, |p| {
+                    opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), p.as_ptr())
+                        .flags(flags)
+                        .mode(mode)
+                        .build()
+                        .flags(io_uring::squeue::Flags::ASYNC)
+                })
+                .map(|op| op.result_is_fd())
+                .map_err(|(e, _)| e)?;
+                let (res, p) = op.await;
+                // Interrupted with nothing opened: an `open` still awaited whose driver's
+                // shutdown cancelled it (the future outlived its loop: `ECANCELED`, or, from
+                // the kernel worker it waited in, `EINTR` or the kernel's own `ERESTARTSYS`,
+                // 512, which it lets through), or a signal (`std` retries `EINTR` too): opened
+                // again, on the loop that polls it now. It failed with that error, where
+                // epoll's pool job went on and opened.
+                if matches!(-res, libc::ECANCELED | libc::EINTR | ERESTARTSYS) {
+                    path = p;
+                    continue;
+                }
+                // SAFETY: the kernel returned a fresh descriptor that we now own.
+                return result(res).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as i32) });
+            }
+            Driver::Epoll => {
+                return blocking::run(move || {
+                    let fd = blocking::retrying(|| {
+                        // SAFETY: `path` is a live NUL-terminated string.
+                        cvt(unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) })
+                    })?;
+                    // SAFETY: open returned a fresh descriptor that we now own.
+                    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+                })
+                .await;
+            }
         }
     }
 }
+
+/// The kernel's internal "restart the system call" error, which an io_uring worker's
+/// interrupted call can complete with (never a real answer).
+const ERESTARTSYS: i32 = 512;
 
 /// A file offset both drivers take the same way. Past `i64::MAX` `pread` fails with `EINVAL`,
 /// while io_uring reads `u64::MAX` as "the file's current position" and writes there.
