@@ -21,7 +21,8 @@ use crate::{
 pub struct StallReport {
     /// The loop that stalled.
     pub shard: usize,
-    /// The task's name, if it was given one (`task::Builder::name`).
+    /// The task's name, if it was given one (`task::Builder::name`), as given (the report's
+    /// `Display` escapes its control characters, so the report stays on one line).
     pub task_name: Option<String>,
     /// Where the task was spawned.
     pub spawned_at: &'static Location<'static>,
@@ -37,7 +38,7 @@ impl fmt::Display for StallReport {
             f,
             "shard {}: task '{}' (spawned at {}) ran {:?} without yielding, over the {:?} stall budget",
             self.shard,
-            self.task_name.as_deref().unwrap_or("<unnamed>"),
+            crate::task::report_name(self.task_name.as_deref()),
             self.spawned_at,
             self.took,
             self.budget

@@ -215,6 +215,67 @@ fn deadlock_report_names_the_stuck_task() {
     assert!(msg.contains("XTC_DEADLOCK_GRACE"));
 }
 
+/// A task name is user input: one with a line break or another control character made its
+/// deadlock report entry ("one line per parked task") span several lines, so a name could
+/// pass for another task's entry; a stall report's text likewise. Reports escape them.
+#[test]
+fn a_task_name_with_control_characters_stays_on_its_report_line() {
+    let ex = exec_with_grace(2, Duration::from_millis(200));
+    ex.spawn_on(1, || async {
+        let pinned = task::Builder::new()
+            .name("two\nlines")
+            .spawn_local(std::future::pending::<()>());
+        let migratable = task::Builder::new()
+            .name("tab\tand\rreturn\u{2028}")
+            .spawn(std::future::pending::<()>());
+        let _ = futures::join!(pinned, migratable);
+    })
+    .unwrap();
+    match ex.run() {
+        Err(Error::Deadlock { tasks }) => {
+            let all = tasks.join(" | ");
+            assert_eq!(tasks.len(), 3, "{all}");
+            assert!(
+                tasks.iter().all(|t| !t.chars().any(char::is_control)),
+                "a report line holds a control character: {all:?}"
+            );
+            assert!(all.contains(r"'two\nlines'"), "{all}");
+            assert!(all.contains(r"'tab\tand\rreturn\u{2028}'"), "{all}");
+        }
+        other => panic!("expected a deadlock report, got {other:?}"),
+    }
+    // A stall report's text.
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let r = reports.clone();
+    LocalExecutor::new().unwrap().block_on(async move {
+        let h = xtc_shards::shard::handle().unwrap();
+        h.set_stall_callback(0, move |rep| r.lock().unwrap().push(rep.clone()))
+            .unwrap();
+        h.set_stall_budget(Duration::from_millis(5));
+        task::Builder::new()
+            .name("stall\nname")
+            .spawn_local(async {
+                // The budget is read once per loop turn: a sleep ends this one.
+                xtc_shards::time::sleep(Duration::from_millis(1)).await;
+                std::thread::sleep(Duration::from_millis(20)); // holds the loop past the budget
+            })
+            .await
+            .unwrap();
+    });
+    let reps = reports.lock().unwrap().clone();
+    assert!(!reps.is_empty(), "no stall reported");
+    for rep in &reps {
+        assert_eq!(
+            rep.task_name.as_deref(),
+            Some("stall\nname"),
+            "the name as given"
+        );
+        let text = rep.to_string();
+        assert!(!text.contains('\n'), "{text:?}");
+        assert!(text.contains(r"'stall\nname'"), "{text}");
+    }
+}
+
 /// The main task of `block_on` is spawned at the caller's `block_on` call: a deadlock report
 /// (and a stall report) names that line, as it names a `spawn_on` call for any other task. It
 /// named a line inside xtc (`executor/mod.rs`, `local.rs`), the same for every program.

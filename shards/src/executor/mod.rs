@@ -1180,7 +1180,7 @@ fn worker(
             .iter()
             .map(|(_, e)| {
                 let info = e.info();
-                let name = info.name().unwrap_or("<unnamed>");
+                let name = info.report_name();
                 format!(
                     "task '{name}' spawned at {} on shard {}",
                     info.location,

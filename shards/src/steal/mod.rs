@@ -185,7 +185,7 @@ impl Migratable {
         let mut out = Vec::new();
         for r in &self.registry {
             for (_, e) in lock(r).iter() {
-                let name = e.info.name().unwrap_or("<unnamed>");
+                let name = e.info.report_name();
                 out.push(format!(
                     "migratable task '{name}' spawned at {}",
                     e.info.location

@@ -26,8 +26,9 @@ impl Builder {
         Builder::default()
     }
 
-    /// Names the task. Cost: one allocation per builder (the name, behind an `Arc`), shared by
-    /// its spawns.
+    /// Names the task. Any text will do: the reports print control characters in it escaped
+    /// (`\n`), so each task keeps its one line. Cost: one allocation per builder (the name,
+    /// behind an `Arc`), shared by its spawns.
     pub fn name(mut self, name: &str) -> Builder {
         self.name = Some(Arc::new(name.to_string()));
         self

@@ -191,6 +191,37 @@ impl TaskInfo {
     pub(crate) fn name(&self) -> Option<&str> {
         self.name.as_deref().map(String::as_str)
     }
+
+    /// The name as the deadlock and stall reports print it: [`report_name`] of it, or
+    /// `<unnamed>`.
+    pub(crate) fn report_name(&self) -> std::borrow::Cow<'_, str> {
+        report_name(self.name())
+    }
+}
+
+/// A task name as a report prints it (`<unnamed>` for none): control characters and the
+/// Unicode line and paragraph separators escaped (`\n`, `\t`, `\u{1b}`, `\u{2028}`). A name
+/// is user input, and a line break in one made a deadlock report entry, one line per parked
+/// task, span several lines (so a name could pass for another task's entry). Cost: a scan of
+/// the name; an allocation only for a name that holds such a character.
+pub(crate) fn report_name(name: Option<&str>) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    let Some(name) = name else {
+        return Cow::Borrowed("<unnamed>");
+    };
+    let breaks = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if !name.chars().any(breaks) {
+        return Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if breaks(c) {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 enum Stage<F, Fut> {
