@@ -121,7 +121,8 @@ impl Builder {
             {
                 c.id
             }
-            Some(c) => {
+            // An out-of-range shard is refused below (`spawn_on_in`): nothing to warn about.
+            Some(c) if shard < exec.loops.len() => {
                 let foreign = exec.loops.first().is_some_and(|l| l.exec_id != c.exec_id);
                 let whose = if foreign { " of another executor" } else { "" };
                 tracing::warn!(
@@ -131,7 +132,7 @@ impl Builder {
                 );
                 0
             }
-            None => 0,
+            Some(_) | None => 0,
         };
         exec.spawn_on_in(shard, make, info, class)
     }
