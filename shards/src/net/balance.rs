@@ -79,14 +79,20 @@ impl fmt::Debug for ConnBalancer {
 
 /// Where a connection accepted on `here` goes, given each shard's open count: the least-loaded
 /// shard (lowest index among equals) when it serves fewer than `here`, else `here`.
-fn pick(open: &[usize], here: usize) -> usize {
-    let (min_shard, &min) = open
-        .iter()
-        .enumerate()
-        .min_by_key(|&(_, n)| *n)
-        .expect("a balancer has at least one shard");
-    if open[here] > min {
-        min_shard
+fn pick(open: impl IntoIterator<Item = usize>, here: usize) -> usize {
+    // The first least-loaded shard, and here's own count: each count read once.
+    let mut min = (usize::MAX, here);
+    let mut at_here = 0;
+    for (shard, n) in open.into_iter().enumerate() {
+        if shard == here {
+            at_here = n;
+        }
+        if n < min.0 {
+            min = (n, shard);
+        }
+    }
+    if at_here > min.0 {
+        min.1
     } else {
         here
     }
@@ -129,7 +135,8 @@ impl ConnBalancer {
     /// Counts a new connection accepted on `here` on the shard that should serve it, and
     /// returns that shard with the count's guard.
     fn place(&self, here: usize) -> Open {
-        self.count_on(pick(&self.open_connections(), here))
+        // Read in place: `open_connections` allocates, once per accepted connection here.
+        self.count_on(pick(self.open.iter().map(|c| c.0.load(Relaxed)), here))
     }
 
     /// Counts one more open connection on `shard`; the guard uncounts it.
@@ -251,16 +258,12 @@ mod tests {
 
     #[test]
     fn pick_keeps_ties_local_and_moves_to_the_least_loaded() {
-        assert_eq!(pick(&[0], 0), 0);
-        assert_eq!(pick(&[3, 3, 3], 1), 1, "a tie stays where it was accepted");
-        assert_eq!(
-            pick(&[4, 3, 3], 0),
-            1,
-            "lowest index among the least loaded"
-        );
-        assert_eq!(pick(&[4, 5, 2], 1), 2);
-        assert_eq!(pick(&[2, 5, 2], 2), 2, "here is among the least loaded");
-        assert_eq!(pick(&[1, 0], 0), 1);
-        assert_eq!(pick(&[0, 1], 0), 0);
+        assert_eq!(pick([0], 0), 0);
+        assert_eq!(pick([3, 3, 3], 1), 1, "a tie stays where it was accepted");
+        assert_eq!(pick([4, 3, 3], 0), 1, "lowest index among the least loaded");
+        assert_eq!(pick([4, 5, 2], 1), 2);
+        assert_eq!(pick([2, 5, 2], 2), 2, "here is among the least loaded");
+        assert_eq!(pick([1, 0], 0), 1);
+        assert_eq!(pick([0, 1], 0), 0);
     }
 }
