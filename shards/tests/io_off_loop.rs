@@ -720,3 +720,97 @@ fn a_fixed_buffer_written_on_a_loop_run_inside_its_own_is_a_plain_write_there() 
         drop(pool);
     });
 }
+
+/// A boxed read of a stream, kept between the loops that poll it.
+type KeptRead = std::pin::Pin<Box<dyn Future<Output = io::Result<usize>>>>;
+
+thread_local! {
+    static READ: std::cell::RefCell<Option<KeptRead>> = const { std::cell::RefCell::new(None) };
+    static STREAM: std::cell::RefCell<Option<std::rc::Rc<TcpStream>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Polls the read in `READ` once on a `LocalExecutor` of its own (it waits there too, on
+/// epoll), and puts it back. `Some(pending)`.
+struct PollReadOnAnInnerLoop(Arc<Mutex<Option<bool>>>);
+
+impl Drop for PollReadOnAnInnerLoop {
+    fn drop(&mut self) {
+        let mut read = READ.with(|r| r.borrow_mut().take()).expect("left");
+        let (pending, read) = LocalExecutor::new().unwrap().block_on(async move {
+            let pending =
+                std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx).is_pending())).await;
+            (pending, read)
+        });
+        READ.with(|r| *r.borrow_mut() = Some(read));
+        *self.0.lock().unwrap() = Some(pending);
+    }
+}
+
+/// One read future waits on this loop (epoll), then is polled on a loop run while this one is
+/// hidden (a swept drop's `LocalExecutor::block_on`, on the driver `XTC_IO` picks), then is
+/// dropped here, its stream kept: the loop must not keep the read's first wait as I/O in
+/// flight. The future took a registration in the inner loop's driver (epoll), or finished
+/// there (io_uring, where it only tries its call), and forgot the one it had here, whose entry
+/// stayed in this loop's slot (nothing removed it: the drop looked for the inner driver, gone,
+/// or for nothing), counted as a wait for as long as the stream lived, so `run()` never
+/// returned. The outer loop runs epoll, the inner one epoll (`XTC_IO=epoll`) or the default
+/// (io_uring where the kernel has it), each in a child process.
+fn read_polled_on_an_inner_loop(test: &str, role: &str, env: &[(&str, &str)]) {
+    if !is_child(role) {
+        run_child(test, role, env);
+        return;
+    }
+    let exec = Executor::builder()
+        .shards(1)
+        .io_driver(xtc_shards::io::DriverChoice::Epoll)
+        .build()
+        .unwrap();
+    assert_eq!(exec.io_driver(), xtc_shards::io::Driver::Epoll);
+    exec.spawn_on(0, || async {
+        use std::rc::Rc;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        // A silent peer (no event wakes the read), until the stream closes.
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 16];
+            while std::io::Read::read(&mut s, &mut b).is_ok_and(|n| n > 0) {}
+        });
+        let s = Rc::new(TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap());
+        let s2 = s.clone();
+        let mut read: KeptRead = Box::pin(async move { s2.read(Vec::with_capacity(8)).await.0 });
+        // Waits on this loop.
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(read.as_mut().poll(&mut cx).is_pending());
+        // Polled again on a loop run while this one is hidden.
+        READ.with(|r| *r.borrow_mut() = Some(read));
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(PollReadOnAnInnerLoop(out.clone()));
+        assert!(out.lock().unwrap().take().is_some(), "the guard ran");
+        // Dropped here; the stream lives on (past this task, until the thread ends).
+        drop(READ.with(|r| r.borrow_mut().take()));
+        STREAM.with(|k| *k.borrow_mut() = Some(s));
+        drop(peer);
+    })
+    .unwrap();
+    run_or_fail(&exec, "a run whose one task ended");
+}
+
+#[test]
+fn a_read_polled_on_an_inner_loop_leaves_no_wait_on_its_outer_loop() {
+    read_polled_on_an_inner_loop(
+        "a_read_polled_on_an_inner_loop_leaves_no_wait_on_its_outer_loop",
+        "repolled_wait",
+        &[("XTC_IO", "epoll")],
+    );
+}
+
+#[test]
+fn a_read_polled_on_an_inner_default_loop_leaves_no_wait_on_its_outer_epoll_loop() {
+    read_polled_on_an_inner_loop(
+        "a_read_polled_on_an_inner_default_loop_leaves_no_wait_on_its_outer_epoll_loop",
+        "repolled_wait_default",
+        &[],
+    );
+}

@@ -172,7 +172,8 @@ pub(crate) struct Ready<'a, F, D> {
     f: F,
     drained: Option<D>,
     /// `(driver id, registration id, token)` while this future may have a waker registered:
-    /// the slot it waited in, which its drop clears. Not the slot its source names at the
+    /// the slot it waited in, which its drop (or a poll on another loop) clears. Not the slot
+    /// its source names at the
     /// drop: a source used on another loop since (one run while this loop was hidden,
     /// `context::off_loop`) names that loop's slot, and the waker left here counted as a wait
     /// for good, so the loop never went idle.
@@ -229,16 +230,25 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
         let this = &mut *self;
         let drained = |r: &R| this.drained.as_ref().is_some_and(|d| d(r));
+        let dir = this.dir;
         let reg = &mut this.reg;
         // A wait on the running loop only: a loop `context::off_loop` hides would not
         // dispatch its event until the hidden section ends (`with_running_reactor`).
         let res = super::with_running_reactor(|r| match r {
             Reactor::Epoll(e) => {
                 // One registration id per future and driver (a future polled on another loop
-                // registers anew there).
+                // registers anew there). Its wait in the driver it left goes first: that entry
+                // is this future's only, and its drop clears only the registration it holds
+                // last, so the entry stayed, counted as a wait for as long as the source
+                // lived (a future polled on a loop run while its own was hidden,
+                // `context::off_loop`, then dropped on its own: that loop never went idle).
                 let id = match *reg {
                     Some((driver, id, _)) if driver == e.id() => id,
-                    _ => e.new_registration(),
+                    Some((driver, id, t)) => {
+                        remove_wait(driver, t, dir, id);
+                        e.new_registration()
+                    }
+                    None => e.new_registration(),
                 };
                 // The slot `poll_ready` waits in (registered now if the source has none here).
                 *reg = Some((e.id(), id, this.src.token(e)));
@@ -246,7 +256,14 @@ where
                     .src
                     .poll_ready(e, this.dir, cx, &mut this.f, drained, id))
             }
-            _ => Ok(Poll::Ready((this.f)(this.src.fd()))),
+            _ => {
+                // Not epoll (a later io_uring loop of this thread): the call is tried once, and
+                // a wait left on the epoll loop this future came from goes, as above.
+                if let Some((driver, id, t)) = reg.take() {
+                    remove_wait(driver, t, dir, id);
+                }
+                Ok(Poll::Ready((this.f)(this.src.fd())))
+            }
         });
         match res {
             Ok(Poll::Pending) => Poll::Pending,
@@ -265,16 +282,22 @@ where
 impl<F, D> Drop for Ready<'_, F, D> {
     fn drop(&mut self) {
         if let Some((driver, reg, t)) = self.reg.take() {
-            // Registration ids are unique in their driver: if slot `t` went meanwhile (its
-            // source registered anew there, `Epoll::retire_stale`) and its key was reused,
-            // nothing of another waiter is removed.
-            context::with_own_core(|c| match &c.io {
-                Reactor::Epoll(e) if e.id() == driver => {
-                    e.remove_waiter(t, self.dir, reg);
-                    Some(())
-                }
-                _ => None,
-            });
+            remove_wait(driver, t, self.dir, reg);
         }
     }
+}
+
+/// Removes the wait of registration `reg` for `dir` from slot `t` of epoll driver `driver`, if
+/// that driver is alive on this thread (its loop running, or hidden by `context::off_loop`).
+/// Registration ids are unique in their driver: if slot `t` went meanwhile (its source
+/// registered anew there, `Epoll::retire_stale`) and its key was reused, nothing of another
+/// waiter is removed.
+fn remove_wait(driver: u64, t: usize, dir: Dir, reg: u64) {
+    context::with_own_core(|c| match &c.io {
+        Reactor::Epoll(e) if e.id() == driver => {
+            e.remove_waiter(t, dir, reg);
+            Some(())
+        }
+        _ => None,
+    });
 }
