@@ -671,9 +671,9 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         // thread, and its tasks' owners would wait for them forever
         // (`tests/ring_submit.rs`, a_wake_sent_while_stopping_into_a_full_ring_reaches_its_loop).
         core.run_flushes();
-        // A backlog for a loop still shutting down waits for room in its ring, or for that loop
-        // to stop, and what the evacuation's drops sent needs another pass (ring::evacuate):
-        // we keep draining our own rings meanwhile.
+        // What we have for a loop still shutting down (in its ring or a backlog) waits for
+        // that loop to drain it or to stop, and what the evacuation's drops sent needs another
+        // pass (ring::evacuate): we keep draining our own rings meanwhile.
         let evacuate_again = ring::evacuate(core);
         let queued = core.pinned_queued() || (!keep_inbox && steal::has_local(core));
         if queued {
@@ -700,7 +700,9 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         if dropped == 0 {
             // A wake fired on another thread is on its way to the inbox (its task is already
             // scheduled, so our wake above was a no-op), or a backlog waits for room in a ring
-            // of a loop still shutting down (whose drain then pings us, ring rule 3): wait.
+            // of a loop still shutting down (whose drain then pings us, ring rule 3), or what we
+            // left in such a ring waits for its drain or its leaving (seen by the next pass,
+            // within the 1 ms below): wait.
             shared.parker.announce();
             if shared.inbox.recheck()
                 || core.mesh.borrow().incoming_pending()

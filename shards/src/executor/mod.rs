@@ -108,6 +108,10 @@ pub(crate) struct ExecShared {
     /// the window in which a foreign spawn races the decision.
     #[cfg(test)]
     pub(crate) before_closing: Mutex<Option<TestHook>>,
+    /// Tests only: run by each shard thread after its loop's shutdown, before it gives its
+    /// ring ends back, to widen the window in which a peer finds the loop still holding them.
+    #[cfg(test)]
+    pub(crate) after_shutdown: Mutex<Option<Arc<TestHook>>>,
     /// Set by the coordinator while it confirms a quiescent stop (`quiesce.rs`, closing): a
     /// loop leaving idle meanwhile waits for the decision before it takes any work.
     pub(crate) closing: quiesce::Closing,
@@ -172,6 +176,8 @@ impl ExecShared {
             fail_pin: std::sync::atomic::AtomicUsize::new(usize::MAX),
             #[cfg(test)]
             before_closing: Mutex::new(None),
+            #[cfg(test)]
+            after_shutdown: Mutex::new(None),
             closing: quiesce::Closing::default(),
             closed: AtomicBool::new(false),
             coord_dirty: Mutex::new(false),
@@ -1064,9 +1070,9 @@ fn drop_registered_migratable(shared: &ExecShared) {
     tracing::warn!("some migratable tasks could not be dropped at stop (a bug in xtc)");
 }
 
-/// Tests only: a callback the coordinator runs at a point of its protocol.
+/// Tests only: a callback the coordinator (or a shard thread) runs at a point of its protocol.
 #[cfg(test)]
-pub(crate) struct TestHook(pub(crate) Box<dyn Fn() + Send>);
+pub(crate) struct TestHook(pub(crate) Box<dyn Fn() + Send + Sync>);
 
 #[cfg(test)]
 impl std::fmt::Debug for TestHook {
@@ -1191,6 +1197,14 @@ fn worker(
         lock(&exec.deadlock_tasks).extend(lines);
     }
     event_loop::shutdown(&core, reason == StopReason::Quiescent as u32);
+    #[cfg(test)]
+    {
+        // Outside the lock: the hooks of two shards may run at once.
+        let hook = lock(&exec.after_shutdown).clone();
+        if let Some(hook) = hook {
+            (hook.0)();
+        }
+    }
     tracing::trace!(shard = core.index(), "shard loop stopped");
 }
 
@@ -1727,6 +1741,58 @@ mod tests {
             "the racing task was cancelled by the stop"
         );
         assert!(done.load(SeqCst));
+    }
+
+    /// A spawn a running loop sends to a peer that has finished its shutdown but still holds
+    /// its ring ends (past its last drain, not yet given back: widened here by a hook) is kept
+    /// for the peer's next run, as it is once the peer gave its ends back. The sender's
+    /// shutdown found the ring's consumer still taken, waited only for a backlog, and left the
+    /// spawn in the ring, where `run()`'s sweep (`Mesh::drop_queued`) dropped it unrun.
+    #[test]
+    fn a_spawn_left_in_the_ring_of_a_peer_still_leaving_is_kept_for_its_next_run() {
+        let exec = two_shards();
+        let peer_leaving = Arc::new(AtomicBool::new(false));
+        let sender_left = Arc::new(AtomicBool::new(false));
+        let (p, l) = (peer_leaving.clone(), sender_left.clone());
+        *crate::sync::lock(&exec.handle.shared.after_shutdown) =
+            Some(Arc::new(super::TestHook(Box::new(move || {
+                if crate::shard::try_id() == Some(0) {
+                    l.store(true, SeqCst);
+                    return;
+                }
+                p.store(true, SeqCst);
+                // Shard 1 keeps its ring ends until shard 0 has left, or for a while: a
+                // sender that waits for them (as it should) is not held for good.
+                let t = std::time::Instant::now();
+                while !l.load(SeqCst) && t.elapsed() < Duration::from_millis(500) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }))));
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        exec.spawn_on(0, move || async move {
+            crate::shard::stop();
+            // Shard 1 shuts down while this poll keeps shard 0 busy.
+            while !peer_leaving.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Sent before shard 0's own shutdown began: a running task's spawn, onto ring
+            // 0 -> 1.
+            let h = crate::shard::handle().unwrap();
+            drop(
+                h.spawn_on(1, move || async move { r.store(true, SeqCst) })
+                    .unwrap(),
+            );
+        })
+        .unwrap();
+        exec.run().unwrap();
+        *crate::sync::lock(&exec.handle.shared.after_shutdown) = None;
+        assert!(!ran.load(SeqCst), "shard 1 had stopped");
+        exec.run().unwrap();
+        assert!(
+            ran.load(SeqCst),
+            "the spawn sent before the sender's shutdown did not run in the next run"
+        );
     }
 
     /// A run that fails to start (shard 1 not pinned) runs nothing: the tasks queued for it,

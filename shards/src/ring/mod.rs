@@ -505,9 +505,11 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
 /// own tasks are, rather than run in the next, unrelated `run()`; an owner that has stopped
 /// has no live task, so these are spawns, whose `Send` closures any thread may drop. An owner
 /// that still holds its end drains the ring in its own shutdown (dropping what it takes, as a
-/// stopping loop drops its queue), and a backlog for it waits here until the ring has room or
-/// the owner has stopped: moved to the inbox while the owner still ran, or was past its last
-/// drain, it overtook the older messages in the ring, or those were lost.
+/// stopping loop drops its queue), and while this loop has anything for it, in the ring or a
+/// backlog, the caller comes back until the owner drained it or has stopped: moved to the
+/// inbox while the owner still ran, or was past its last drain, a backlog overtook the older
+/// messages in the ring, or those were lost; and what this loop left in the ring of an owner
+/// past its last drain was dropped unrun when the run ended (`Mesh::drop_queued`).
 pub(crate) fn evacuate(core: &Core) -> bool {
     flush(core);
     let mesh = &core.exec.mesh;
@@ -524,7 +526,15 @@ pub(crate) fn evacuate(core: &Core) -> bool {
             // Held while popping: a next run of `to` taking its ends waits for it.
             let mut c = lock(&mesh.consumers[me * mesh.n + to]);
             let Some(c) = c.as_mut() else {
-                waits |= !m.backlog[to].is_empty();
+                // The owner still holds its end: it drains the ring in its shutdown, unless it
+                // is past its last drain (leaving, its end not yet given back). So wait while
+                // this loop has anything for it, in the ring too: left there, what was sent
+                // before this shutdown was dropped by `run()`'s sweep (`Mesh::drop_queued`),
+                // not kept for the owner's next run.
+                waits |= !m.backlog[to].is_empty()
+                    || m.out[to]
+                        .as_ref()
+                        .is_some_and(|p| p.slots() < p.buffer().capacity());
                 continue;
             };
             while let Ok(r) = c.pop() {
