@@ -814,3 +814,98 @@ fn a_read_polled_on_an_inner_default_loop_leaves_no_wait_on_its_outer_epoll_loop
         &[],
     );
 }
+
+/// Awaits the read in `READ` on a `LocalExecutor` of its own (3 s at most); records what it
+/// came to (`None`: timed out).
+struct AwaitReadOnAnInnerLoop(Arc<Mutex<Option<Option<io::Result<usize>>>>>);
+
+impl Drop for AwaitReadOnAnInnerLoop {
+    fn drop(&mut self) {
+        let read = READ.with(|r| r.borrow_mut().take()).expect("left");
+        let inner = match LocalExecutor::new() {
+            Ok(l) => l,
+            Err(e) => {
+                println!("skipped: no inner loop ({e})");
+                return;
+            }
+        };
+        let r = inner.block_on(async move {
+            if xtc_shards::io::current_driver() != Some(xtc_shards::io::Driver::IoUring) {
+                println!("skipped: the inner loop does not run io_uring");
+                return None;
+            }
+            Some(
+                xtc_shards::time::timeout(Duration::from_secs(3), read)
+                    .await
+                    .ok(),
+            )
+        });
+        if let Some(r) = r {
+            *self.0.lock().unwrap() = Some(r);
+        }
+    }
+}
+
+/// A read future waits on this loop (epoll), then is awaited on an io_uring loop run while
+/// this one is hidden (a swept drop's `LocalExecutor::block_on`), before its data has come:
+/// it must wait there for the data. It tried its call once on the io_uring loop and returned
+/// that call's `EAGAIN` (`WouldBlock`) to the caller, who had asked to wait. The outer loop
+/// runs epoll, the inner one io_uring (`XTC_IO=io_uring`, skipped where the kernel refuses
+/// it), in a child process.
+#[test]
+fn a_read_awaited_on_an_inner_io_uring_loop_waits_for_its_data() {
+    const TEST: &str = "a_read_awaited_on_an_inner_io_uring_loop_waits_for_its_data";
+    if !is_child("await_on_uring") {
+        run_child(TEST, "await_on_uring", &[("XTC_IO", "io_uring")]);
+        return;
+    }
+    let exec = Executor::builder()
+        .shards(1)
+        .io_driver(xtc_shards::io::DriverChoice::Epoll)
+        .build()
+        .unwrap();
+    assert_eq!(exec.io_driver(), xtc_shards::io::Driver::Epoll);
+    // What the read came to, checked after the run (a panic in the task would not fail it).
+    let verdict = Arc::new(Mutex::new(None::<Result<(), String>>));
+    let v = verdict.clone();
+    exec.spawn_on(0, move || async move {
+        use std::rc::Rc;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        // Writes once the inner loop awaits the read (after a pause), then holds on.
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            wait.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            s.write_all(b"hi").unwrap();
+            std::thread::sleep(Duration::from_millis(3000));
+        });
+        let s = Rc::new(TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap());
+        let s2 = s.clone();
+        let mut read: KeptRead = Box::pin(async move {
+            let (r, buf) = s2.read(Vec::with_capacity(8)).await;
+            r.inspect(|&n| assert_eq!(&buf[..n], b"hi"))
+        });
+        // Waits on this loop.
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(read.as_mut().poll(&mut cx).is_pending());
+        READ.with(|r| *r.borrow_mut() = Some(read));
+        go.send(()).unwrap();
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(AwaitReadOnAnInnerLoop(out.clone()));
+        let r = out.lock().unwrap().take();
+        drop(s);
+        peer.join().unwrap();
+        *v.lock().unwrap() = Some(match r {
+            None | Some(Some(Ok(2))) => Ok(()), // None: skipped
+            Some(other) => Err(format!("{other:?} (None: timed out)")),
+        });
+    })
+    .unwrap();
+    run_or_fail(&exec, "a run whose one task ended");
+    let r = verdict.lock().unwrap().take().expect("the task ran");
+    if let Err(e) = r {
+        panic!("the read on the inner loop: {e}");
+    }
+}

@@ -11,8 +11,12 @@ use std::{
     task::{Context, Poll},
 };
 
+use io_uring::{opcode, types};
+
 use super::{
     epoll::{Dir, Epoll},
+    ops::submit,
+    uring::Op,
     Reactor,
 };
 use crate::context;
@@ -178,6 +182,9 @@ pub(crate) struct Ready<'a, F, D> {
     /// `context::off_loop`) names that loop's slot, and the waker left here counted as a wait
     /// for good, so the loop never went idle.
     reg: Option<(u64, u64, usize)>,
+    /// On an io_uring loop (one run while this future's epoll loop was hidden,
+    /// `context::off_loop`): the `POLL_ADD` it waits on after its call got `EAGAIN`.
+    poll_op: Option<Op<()>>,
 }
 
 impl<F, D> Unpin for Ready<'_, F, D> {}
@@ -194,6 +201,7 @@ pub(crate) fn ready<R, F: FnMut(RawFd) -> io::Result<R>>(
         f,
         drained: None,
         reg: None,
+        poll_op: None,
     }
 }
 
@@ -211,6 +219,7 @@ pub(crate) fn ready_stream<F: FnMut(RawFd) -> io::Result<usize>>(
         f,
         drained: Some(move |n: &usize| short(*n, len)),
         reg: None,
+        poll_op: None,
     }
 }
 
@@ -252,19 +261,31 @@ where
                 };
                 // The slot `poll_ready` waits in (registered now if the source has none here).
                 *reg = Some((e.id(), id, this.src.token(e)));
-                Ok(this
-                    .src
-                    .poll_ready(e, this.dir, cx, &mut this.f, drained, id))
+                // A `POLL_ADD` of an io_uring loop it waited on before is no longer waited for.
+                this.poll_op = None;
+                Ok(Some(this.src.poll_ready(
+                    e,
+                    this.dir,
+                    cx,
+                    &mut this.f,
+                    drained,
+                    id,
+                )))
             }
             _ => {
-                // Not epoll (a later io_uring loop of this thread): the call is tried once, and
-                // a wait left on the epoll loop this future came from goes, as above.
+                // Not epoll (a later io_uring loop of this thread): a wait left on the epoll
+                // loop this future came from goes, as above; the call is made below.
                 if let Some((driver, id, t)) = reg.take() {
                     remove_wait(driver, t, dir, id);
                 }
-                Ok(Poll::Ready((this.f)(this.src.fd())))
+                Ok(None)
             }
         });
+        let res = match res {
+            Ok(None) => Ok(this.poll_uring(cx)),
+            Ok(Some(p)) => Ok(p),
+            Err(e) => Err(e),
+        };
         match res {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(r)) => {
@@ -275,6 +296,45 @@ where
                 Poll::Ready(r)
             }
             Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl<R, F, D> Ready<'_, F, D>
+where
+    F: FnMut(RawFd) -> io::Result<R>,
+{
+    /// The call on an io_uring loop: made, and on `EAGAIN` a `POLL_ADD` for the direction is
+    /// waited on before it is made again. Returned as it was, that `EAGAIN` reached a caller
+    /// who had asked to wait (`WouldBlock` from an `await`).
+    fn poll_uring(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        loop {
+            if let Some(op) = self.poll_op.as_mut() {
+                let (res, ()) = std::task::ready!(Pin::new(op).poll(cx));
+                self.poll_op = None;
+                // Cancelled by its driver's shutdown (this future outlived that loop): the
+                // call answers where the fd stands.
+                if res < 0 && res != -libc::ECANCELED {
+                    return Poll::Ready(Err(io::Error::from_raw_os_error(-res)));
+                }
+            }
+            match (self.f)(self.src.fd()) {
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    let fd = self.src.fd();
+                    let events = match self.dir {
+                        Dir::Read => libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP,
+                        Dir::Write => libc::POLLOUT,
+                    };
+                    match submit((), |_| {
+                        opcode::PollAdd::new(types::Fd(fd), events as u32).build()
+                    }) {
+                        Ok(op) => self.poll_op = Some(op),
+                        Err((e, ())) => return Poll::Ready(Err(e)),
+                    }
+                }
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                r => return Poll::Ready(r),
+            }
         }
     }
 }
