@@ -1013,3 +1013,75 @@ fn child_a_read_back_on_io_uring_sends_what_an_epoll_loop_left_unsent() {
     drop(epoll);
     reads_get_their_answers(pairs, "io_uring", Driver::IoUring);
 }
+
+/// A stream's `AsyncRead` waits on one epoll loop (its waiter id taken from that loop's
+/// driver), then the stream goes to a later epoll loop of this thread (a second
+/// `LocalExecutor`), where a task waits through `AsyncRead` again and an owned `read` of the
+/// same stream is polled once and dropped: the task must still be woken by the data that
+/// comes next. Waiter ids are unique only within one driver, and the `AsyncRead` side kept
+/// the first driver's for good: the owned read's fresh id in the second driver was the same
+/// number, so it took the task's entry over (one id, one entry) and its drop removed it: the
+/// task waited for good.
+#[test]
+fn an_async_read_wait_on_a_later_loop_survives_an_owned_read_dropped_there() {
+    const TEST: &str = "an_async_read_wait_on_a_later_loop_survives_an_owned_read_dropped_there";
+    if !is_child("trait_id_later_loop") {
+        run_child(TEST, "trait_id_later_loop", &[("XTC_IO", "epoll")]);
+        return;
+    }
+    use std::{cell::RefCell, pin::pin, task::Poll};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        wait.recv().unwrap();
+        s.write_all(b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(3000));
+    });
+    let first = LocalExecutor::new().unwrap();
+    let s = first.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        // Waits on this loop (nothing has come): the `AsyncRead` side's waiter id is taken.
+        let mut b = [0u8; 8];
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let polled = futures::io::AsyncRead::poll_read(std::pin::Pin::new(&mut s), &mut cx, &mut b);
+        assert!(polled.is_pending());
+        s
+    });
+    drop(first);
+    let second = LocalExecutor::new().unwrap();
+    let got = second.block_on(async move {
+        let s = Rc::new(RefCell::new(s));
+        let s2 = s.clone();
+        // A task waits through `AsyncRead`, borrowing the stream only while it polls.
+        let reader = xtc_shards::spawn_local(async move {
+            let mut b = [0u8; 8];
+            let n = std::future::poll_fn(|cx| {
+                futures::io::AsyncRead::poll_read(
+                    std::pin::Pin::new(&mut *s2.borrow_mut()),
+                    cx,
+                    &mut b,
+                )
+            })
+            .await;
+            n.map(|n| b[..n].to_vec())
+        });
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        {
+            // An owned read of the same stream, polled once and dropped.
+            let st = s.borrow();
+            let mut read = pin!(st.read(Vec::with_capacity(8)));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(matches!(read.as_mut().poll(&mut cx), Poll::Pending));
+        }
+        go.send(()).unwrap();
+        xtc_shards::time::timeout(Duration::from_secs(3), reader).await
+    });
+    peer.join().unwrap();
+    match got {
+        Ok(Ok(Ok(b))) => assert_eq!(b, b"x"),
+        other => panic!("the AsyncRead waiter: {other:?} (Err(Elapsed): never woken)"),
+    }
+}

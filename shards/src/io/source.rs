@@ -160,7 +160,7 @@ impl Drop for Source {
 
 /// Whether epoll driver `id` is alive on this thread (its loop running, or hidden by
 /// `context::off_loop`).
-fn reachable(id: u64) -> bool {
+pub(crate) fn reachable(id: u64) -> bool {
     context::with_own_core(|c| match &c.io {
         Reactor::Epoll(e) if e.id() == id => Some(()),
         _ => None,

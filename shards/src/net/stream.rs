@@ -609,10 +609,15 @@ pub(crate) struct StreamIo {
     /// dropped one is kept (`PollState::stray`) only when it is the last. A `Cell` beside the
     /// `RefCell`, so that a drop inside a stream call, which cannot borrow it, still counts.
     owned_reads: std::cell::Cell<usize>,
-    /// The epoll waiter id of the `futures::io` side (0 until its first wait): it has
-    /// `&mut self`, so one waiter per direction, whose re-polls with a new waker (a combinator
-    /// making one per attempt) replace its entry instead of adding one each.
-    trait_id: std::cell::Cell<u64>,
+    /// The epoll waiter ids of the `futures::io` side, one per driver it waited in, as
+    /// `(driver id, waiter id)` (none until its first wait): it has `&mut self`, so one waiter
+    /// per direction, whose re-polls with a new waker (a combinator making one per attempt)
+    /// replace its entry instead of adding one each. Per driver: ids are unique only within
+    /// their driver, and one kept from the first driver for the stream's life could be the
+    /// id a later driver (a loop run while the first was hidden, or a later `LocalExecutor`)
+    /// gave an owned operation's wait on this stream, which then took over this side's entry,
+    /// and its drop removed it: that waiter was never woken.
+    trait_ids: RefCell<Vec<(u64, u64)>>,
     pub(crate) src: Source,
 }
 
@@ -712,7 +717,7 @@ impl StreamIo {
                 st
             }),
             owned_reads: std::cell::Cell::new(0),
-            trait_id: std::cell::Cell::new(0),
+            trait_ids: RefCell::new(Vec::new()),
             src,
         }
     }
@@ -739,12 +744,19 @@ impl StreamIo {
         })
     }
 
-    /// The `futures::io` side's epoll waiter id ([`StreamIo::trait_id`]), taken at first use.
+    /// The `futures::io` side's epoll waiter id in `e` ([`StreamIo::trait_ids`]), taken at
+    /// its first use there. Cost: a scan of a list that is one long but for a stream used on
+    /// several loops of its thread.
     fn trait_registration(&self, e: &crate::io::epoll::Epoll) -> u64 {
-        if self.trait_id.get() == 0 {
-            self.trait_id.set(e.new_registration());
+        let mut ids = self.trait_ids.borrow_mut();
+        if let Some(&(_, id)) = ids.iter().find(|&&(driver, _)| driver == e.id()) {
+            return id;
         }
-        self.trait_id.get()
+        // A driver not met before: those that are gone are forgotten.
+        ids.retain(|&(driver, _)| crate::io::source::reachable(driver));
+        let id = e.new_registration();
+        ids.push((e.id(), id));
+        id
     }
 
     pub(crate) fn into_fd(self) -> OwnedFd {
