@@ -1085,3 +1085,116 @@ fn an_async_read_wait_on_a_later_loop_survives_an_owned_read_dropped_there() {
         other => panic!("the AsyncRead waiter: {other:?} (Err(Elapsed): never woken)"),
     }
 }
+
+thread_local! {
+    /// What the clone of [`flag_waker`] runs, once.
+    static ON_CLONE: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Set by a wake of [`flag_waker`].
+static FLAG_WOKEN: AtomicBool = AtomicBool::new(false);
+
+/// A waker whose next clone runs `hook` (user code inside `Waker::clone`) and whose wake sets
+/// [`FLAG_WOKEN`].
+fn flag_waker(hook: impl FnOnce() + 'static) -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    fn clone(p: *const ()) -> RawWaker {
+        if let Some(hook) = ON_CLONE.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+        RawWaker::new(p, &VTABLE)
+    }
+    fn wake(_: *const ()) {
+        FLAG_WOKEN.store(true, SeqCst);
+    }
+    fn drop_it(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, drop_it);
+    ON_CLONE.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    // SAFETY: the vtable's functions never dereference the (null) data pointer.
+    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
+thread_local! {
+    static BEHIND: std::cell::RefCell<Option<TcpStream>> = const { std::cell::RefCell::new(None) };
+    static PEER: std::cell::RefCell<Option<std::net::TcpStream>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// An owned read on epoll, polled again with a new waker whose clone (user code) makes the
+/// read's data arrive and reaps the loop's epoll driver (`shutdown` of another stream, which
+/// carries a write-behind send from an earlier io_uring loop, reaps to see whether that send
+/// finished): the event that data brings is dispatched between the read's failed readiness
+/// check and the listing of its new waker, and must not be lost. It set the ready bit and
+/// woke the waker listed before (the first poll's), and the new waker was listed after it for
+/// an event that never came: the read waited for good with its data there. (io_uring, for the
+/// earlier loop, is skipped where the kernel refuses it.)
+#[test]
+fn a_readiness_event_dispatched_while_a_waker_is_cloned_is_not_lost() {
+    const TEST: &str = "a_readiness_event_dispatched_while_a_waker_is_cloned_is_not_lost";
+    if !is_child("event_during_clone") {
+        run_child(TEST, "event_during_clone", &[]);
+        return;
+    }
+    use std::{pin::pin, task::Poll};
+    let lb = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr_b = lb.local_addr().unwrap();
+    std::env::set_var("XTC_IO", "io_uring");
+    let Ok(uring) = LocalExecutor::new() else {
+        println!("skipped: no io_uring");
+        return;
+    };
+    // A stream with a write-behind send (`AsyncWrite` on io_uring), kept for the epoll loop.
+    let b = uring.block_on(async move {
+        let mut b = TcpStream::from_std(std::net::TcpStream::connect(addr_b).unwrap()).unwrap();
+        AsyncWriteExt::write(&mut b, b"z").await.unwrap();
+        b
+    });
+    drop(uring);
+    let (_peer_b, _) = lb.accept().unwrap();
+    BEHIND.with(|s| *s.borrow_mut() = Some(b));
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    let (pending, woken_or_read) = epoll.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        let la = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a =
+            TcpStream::from_std(std::net::TcpStream::connect(la.local_addr().unwrap()).unwrap())
+                .unwrap();
+        let (peer_a, _) = la.accept().unwrap();
+        PEER.with(|p| *p.borrow_mut() = Some(peer_a));
+        let mut read = pin!(a.read(Vec::with_capacity(8)));
+        // Waits (the descriptor joins the epoll set), with a no-op waker.
+        let noop = std::task::Waker::noop();
+        assert!(read
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(noop))
+            .is_pending());
+        // Polled again with a new waker, whose clone brings the data and reaps the driver.
+        let waker = flag_waker(|| {
+            PEER.with(|p| p.borrow_mut().as_mut().unwrap().write_all(b"y").unwrap());
+            let b = BEHIND.with(|s| s.borrow_mut().take()).unwrap();
+            let _ = b.shutdown(Shutdown::Write);
+            BEHIND.with(|s| *s.borrow_mut() = Some(b));
+        });
+        let polled = read
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker));
+        if let Poll::Ready((r, _)) = polled {
+            return (false, r.is_ok_and(|n| n == 1));
+        }
+        // Pending: the new waker must be woken (the data is there).
+        for _ in 0..100 {
+            if FLAG_WOKEN.load(SeqCst) {
+                break;
+            }
+            xtc_shards::time::sleep(Duration::from_millis(10)).await;
+        }
+        (true, FLAG_WOKEN.load(SeqCst))
+    });
+    BEHIND.with(|s| s.borrow_mut().take());
+    assert!(
+        woken_or_read,
+        "the read (pending: {pending}) was neither done nor woken: the event was lost"
+    );
+}

@@ -17,7 +17,9 @@
 //!    wait on an fd adds it to the epoll set, once, for input, output and hang-up, with
 //!    `EPOLLET`. Adding reports readiness the fd already has, and edge-triggered epoll reports
 //!    every later arrival of data or buffer space, so a bit cleared by rule 1 is set again by
-//!    the next event: no readiness is lost between the failed call and the wait.
+//!    the next event: no readiness is lost between the failed call and the wait. User code
+//!    run before the waker is listed (its clone) may dispatch an event meanwhile (a reap):
+//!    the wait then finds the bit set again, lists nothing and tries again.
 //! 3. **Fire.** An event sets the bits of the directions it reports (errors and hang-ups set
 //!    both), takes their lists and wakes the takers, which retry (rule 1). Events for an fd
 //!    nobody waits on only set bits. A reported end of input (`EPOLLRDHUP`), error or hang-up
@@ -255,15 +257,22 @@ impl Epoll {
     /// [`new_registration`](Self::new_registration), or [`ANON`]). A future polled again
     /// keeps one entry (its waker refreshed); two futures of one task waiting on the same fd
     /// and direction have one entry each, so dropping one leaves the other registered.
+    ///
+    /// `Ok(false)`: nothing registered, `dir` became ready meanwhile (the caller tries its
+    /// call again). The waker's clone is user code, run after the caller found `dir` not
+    /// ready and before the waker is listed; code that reaps this driver there (a stream's
+    /// `shutdown` does, to see whether its write-behind send finished) dispatched the event
+    /// then: it set the ready bit and found no waiter, and the waker listed after it waited
+    /// for an edge that had come already.
     pub(crate) fn add_waiter(
         &self,
         token: usize,
         dir: Dir,
         waker: &Waker,
         id: u64,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         if self.is_waiting(token, dir, waker, id)? {
-            return Ok(());
+            return Ok(true);
         }
         // A waker's clone (and drop) is user code (a custom waker) that may drop another
         // source's future of this loop, which borrows `slots` again: cloned before the borrow.
@@ -316,6 +325,12 @@ impl Epoll {
         let slot = slots
             .get_mut(token)
             .ok_or_else(|| io::Error::other("xtc: I/O source used after it was closed"))?;
+        if slot.ready & bits_of(dir) != 0 {
+            // An event came during the user code above (the clone, a stale waiter's wake).
+            drop(slots);
+            drop(waker);
+            return Ok(false);
+        }
         let list = match dir {
             Dir::Read => &mut slot.readers,
             Dir::Write => &mut slot.writers,
@@ -328,12 +343,12 @@ impl Epoll {
             // Dropped after the borrow, for the same reason as the clone.
             drop(slots);
             drop(old);
-            return Ok(());
+            return Ok(true);
         }
         list.push((id, waker));
         self.waiting.set(self.waiting.get() + 1);
         self.waits.set(self.waits.get() + 1);
-        Ok(())
+        Ok(true)
     }
 
     /// Removes the earlier slots for `fd` still in the epoll set (which their source no longer

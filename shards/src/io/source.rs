@@ -130,24 +130,28 @@ impl Source {
         id: u64,
     ) -> Poll<io::Result<R>> {
         let token = self.token(e);
-        while e.is_ready(token, dir) {
-            match f(self.fd()) {
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                    e.clear_would_block(token, dir);
-                }
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                Ok(r) => {
-                    if drained(&r) && (dir == Dir::Write || self.short_read_drains) {
-                        e.clear_ready(token, dir);
+        loop {
+            while e.is_ready(token, dir) {
+                match f(self.fd()) {
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                        e.clear_would_block(token, dir);
                     }
-                    return Poll::Ready(Ok(r));
+                    Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                    Ok(r) => {
+                        if drained(&r) && (dir == Dir::Write || self.short_read_drains) {
+                            e.clear_ready(token, dir);
+                        }
+                        return Poll::Ready(Ok(r));
+                    }
+                    Err(err) => return Poll::Ready(Err(err)),
                 }
+            }
+            match e.add_waiter(token, dir, cx.waker(), id) {
+                Ok(true) => return Poll::Pending,
+                // Ready meanwhile (an event dispatched by user code in the waker's clone).
+                Ok(false) => continue,
                 Err(err) => return Poll::Ready(Err(err)),
             }
-        }
-        match e.add_waiter(token, dir, cx.waker(), id) {
-            Ok(()) => Poll::Pending,
-            Err(err) => Poll::Ready(Err(err)),
         }
     }
 }
