@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `rtt` | 20,000 timed round trips (after 1,000 warm-up) from CPU A to CPU B and back | p50 and p99 in ns |
 //! | `stream` | 10,000,000 `u64` messages one way, producer on CPU A, consumer on CPU B | M msgs/s |
-//! | `stream` (batched row) | the same with batch calls: xtc `send_many` of 256 / `recv_many` of up to 1,024, tokio `recv_many`, raw chunked rtrb; glommio and monoio have none | M msgs/s |
+//! | `stream` (batched row) | the same with batch calls: xtc `send_many` of 256 / `recv_many` of up to 1,024, tokio `reserve_many` of 256 / `recv_many` of up to 1,024, raw chunked rtrb; glommio and monoio have none | M msgs/s |
 //!
 //! The runtimes:
 //!
@@ -483,7 +483,7 @@ mod tokio_rt {
 
     use super::{
         check_batch, check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured,
-        Params, RttOut, StreamClock, StreamOut, STREAM_CAP,
+        Params, RttOut, StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP,
     };
 
     fn block_on<T>(fut: impl Future<Output = T>) -> Result<T, String> {
@@ -522,15 +522,30 @@ mod tokio_rt {
     }
 
     /// Producer on `cpus.0`, consumer on the caller's thread (pinned to `cpus.1`). `batched`:
-    /// the consumer takes up to `STREAM_CAP` at a time with `recv_many` (tokio has no batch
-    /// send).
+    /// the producer reserves `STREAM_BATCH` slots at a time with `reserve_many` (one wait on
+    /// the channel's semaphore per batch, as xtc's `send_many`) and sends through the permits,
+    /// the consumer takes up to `STREAM_CAP` at a time with `recv_many`.
     pub(super) fn stream(cpus: Cpus, p: Params, batched: bool) -> StreamOut {
         let (tx, mut rx) = mpsc::channel::<u64>(STREAM_CAP);
         let msgs = p.stream_msgs;
         let producer = spawn_pinned("mesh-tokio-producer", cpus.0, move || {
             block_on(async move {
-                for i in 0..msgs {
-                    tx.send(i).await.map_err(|_| "consumer gone")?;
+                let mut next = 0;
+                while next < msgs {
+                    if batched {
+                        let end = (next + STREAM_BATCH as u64).min(msgs);
+                        let permits = tx
+                            .reserve_many((end - next) as usize)
+                            .await
+                            .map_err(|_| "consumer gone")?;
+                        for (permit, v) in permits.zip(next..end) {
+                            permit.send(v);
+                        }
+                        next = end;
+                    } else {
+                        tx.send(next).await.map_err(|_| "consumer gone")?;
+                        next += 1;
+                    }
                 }
                 Ok::<_, String>(())
             })?
@@ -1041,8 +1056,8 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let chunked = isolated(Some(cpus.1), guard, move || raw::stream_chunked(cpus, p));
     bar.inc(1);
     let chunked = keep(&mut notes, chunked).map(rate);
-    // The batched row: xtc's send_many/recv_many, tokio's recv_many, raw chunked; glommio's
-    // and monoio's channels have no batch calls.
+    // The batched row: xtc's send_many/recv_many, tokio's reserve_many/recv_many, raw chunked;
+    // glommio's and monoio's channels have no batch calls.
     bar.set_message("stream batched / xtc");
     let xtc_batched = isolated(None, guard, move || xtc_rt::stream(cpus, p, true));
     bar.inc(1);
