@@ -211,9 +211,11 @@ impl Drop for Ready {
 }
 
 /// Runs two idle "shards" (threads), each running `body(ready, hold)` which must signal `ready`
-/// once its runtime is up and then stay idle for `hold`; measures process CPU over `window`
-/// once both are ready. A thread whose runtime fails to start gives its error at once, and no
-/// window is measured.
+/// once its runtime is up and then stay idle for `hold`; measures process CPU over `window`,
+/// which opens [`IDLE_MARGIN`] after both are ready (as xtc's and tokio's idle runs wait
+/// before theirs), so that what a runtime does between its signal and its first park (arming
+/// its timer, blocking: a context switch) falls outside it. A thread whose runtime fails to
+/// start gives its error at once, and no window is measured.
 fn idle_pair<F>(window: Duration, body: F) -> Result<CpuUsage, String>
 where
     F: Fn(Ready, Duration) -> Result<(), String> + Send + Sync + 'static,
@@ -221,7 +223,7 @@ where
     use std::sync::{mpsc, Arc};
     let (ready_tx, ready_rx) = mpsc::channel();
     let body = Arc::new(body);
-    let hold = window + IDLE_MARGIN;
+    let hold = IDLE_MARGIN + window + IDLE_MARGIN;
     let threads: Vec<_> = (0..2)
         .map(|_| {
             let ready = Ready(Some(ready_tx.clone()));
@@ -233,6 +235,7 @@ where
     // Every `Ready` says true or false exactly once, so this takes two messages at most.
     let up = (0..2).all(|_| ready_rx.recv() == Ok(true));
     let usage = up.then(|| {
+        std::thread::sleep(IDLE_MARGIN);
         let meter = xtc_bench::CpuMeter::start();
         std::thread::sleep(window);
         meter.stop()
@@ -501,8 +504,8 @@ mod tokio_rt {
             .enable_time()
             .build()
             .map_err(|e| e.to_string())?;
-        // Let the workers start and park before measuring.
-        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+        // Let the workers start and park before measuring, as long as every idle run does.
+        rt.block_on(async { tokio::time::sleep(super::IDLE_MARGIN).await });
         let meter = xtc_bench::CpuMeter::start();
         std::thread::sleep(window);
         let usage = meter.stop();
@@ -1011,6 +1014,22 @@ mod tests {
         record_overshoot(&mut h, SLEEP + Duration::from_micros(7)).unwrap();
         assert_eq!(h.len(), 1);
         assert!(h.equivalent(LatencySummary::from_histogram(&h).p50_ns, 7_000));
+    }
+
+    #[test]
+    fn idle_pair_leaves_the_start_of_the_runtimes_out_of_the_window() {
+        // Work a runtime does right after its signal (its first park) is no idle cost.
+        let r = guarded(|ready, hold| {
+            ready.signal();
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < Duration::from_millis(50) {
+                std::hint::spin_loop();
+            }
+            std::thread::sleep(hold);
+            Ok(())
+        });
+        let usage = r.unwrap().unwrap();
+        assert!(usage.cpu < Duration::from_millis(5), "{usage:?}");
     }
 
     #[test]
