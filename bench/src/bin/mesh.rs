@@ -4,7 +4,7 @@
 //!
 //! | benchmark | what each runtime does | reported |
 //! |---|---|---|
-//! | `rtt` | 20,000 timed round trips (after 1,000 warm-up) from CPU A to CPU B and back | p50 and p99 in ns |
+//! | `rtt` | 20,000 timed round trips (after 1,000 warm-up) from CPU A to CPU B and back; 2,000 for the "target asleep" rows | p50 and p99 in ns |
 //! | `stream` | 10,000,000 `u64` messages one way, producer on CPU A, consumer on CPU B | M msgs/s |
 //! | `stream` (batched row) | the same with batch calls: xtc `send_many` of 256 / `recv_many` of up to 1,024, tokio `reserve_many` of 256 / `recv_many` of up to 1,024, raw chunked rtrb; glommio and monoio have none | M msgs/s |
 //!
@@ -17,7 +17,13 @@
 //!   target parks, the caller polls for the reply up to 50 µs before it parks; the row
 //!   "target parks, caller spins for reply" gives the peers' parked figures beside it, as they
 //!   have no such knob), and with 50 ms of both (both loops spin between round trips instead of
-//!   parking). `stream`: `xtc::channel::shared::bounded` with the executor's default
+//!   parking). Back to back, a target that has just answered may still be on its way to sleep
+//!   when the next request comes (the caller, spinning, answers within a microsecond or two),
+//!   so the "target parks" pair is a conversation's figure; the "target asleep" pair makes a
+//!   tenth as many round trips with the caller pausing 500 µs (a thread sleep, the same for
+//!   every runtime) before each, so the target has parked for good and every round trip pays
+//!   its real wake-up (xtc with the default reply spin; the raw floor and the peers as in the
+//!   parked rows). `stream`: `xtc::channel::shared::bounded` with the executor's default
 //!   spin-before-park (`xtc::DEFAULT_SPIN_BEFORE_PARK`, 20 µs after a busy turn), the sender task
 //!   spawned on shard 0 and the receiver on shard 1. The loops' ring and wake counters are printed
 //!   under the table: they explain the figures;
@@ -85,6 +91,9 @@ type Cpus = (usize, usize);
 struct Params {
     rtt_warmup: u64,
     rtt_iters: u64,
+    /// Pause of the caller before each round trip (zero: back to back): long enough, the
+    /// target has gone to sleep for good by the next message.
+    gap: Duration,
     stream_msgs: u64,
     /// Hang guard: a run with no result by then is abandoned and reported as hung.
     deadline: Duration,
@@ -95,6 +104,7 @@ impl Params {
         Params {
             rtt_warmup: 1_000,
             rtt_iters: 20_000,
+            gap: Duration::ZERO,
             stream_msgs: 10_000_000,
             deadline: Duration::from_secs(60),
         }
@@ -105,6 +115,7 @@ impl Params {
         Params {
             rtt_warmup: 100,
             rtt_iters: 2_000,
+            gap: Duration::ZERO,
             stream_msgs: 1_000_000,
             deadline: Duration::from_secs(20),
         }
@@ -113,6 +124,30 @@ impl Params {
     /// Round trips made in all, warm-up included.
     fn rtt_total(&self) -> u64 {
         self.rtt_warmup + self.rtt_iters
+    }
+
+    /// The "target asleep" rows: a tenth of the round trips, each after [`ASLEEP_GAP`].
+    fn asleep(self) -> Self {
+        Params {
+            rtt_warmup: (self.rtt_warmup / 10).max(10),
+            rtt_iters: (self.rtt_iters / 10).max(100),
+            gap: ASLEEP_GAP,
+            ..self
+        }
+    }
+}
+
+/// The caller's pause before each round trip of the "target asleep" rows: the target loop
+/// has long parked (its spin-before-park is 20 µs at most here, its OS thread blocked), so
+/// every round trip pays a real wake-up of it. Back to back, a target that has just answered
+/// may still be on its way to sleep when the next message comes.
+const ASLEEP_GAP: Duration = Duration::from_micros(500);
+
+/// The caller's pause before a round trip ([`Params::gap`]): a plain thread sleep, the same
+/// for every runtime (the caller's own wake-up from it is not timed).
+fn pause(p: Params) {
+    if !p.gap.is_zero() {
+        std::thread::sleep(p.gap);
     }
 }
 
@@ -229,8 +264,8 @@ mod raw {
     use rtrb::RingBuffer;
 
     use super::{
-        check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured, Params, RttOut,
-        StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP,
+        check_echo, check_order, join, pause, record_rtt, spawn_pinned, Cpus, Measured, Params,
+        RttOut, StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP,
     };
 
     /// A ring pair of one slot each; the caller's thread (pinned to `cpus.0`) pings.
@@ -255,6 +290,7 @@ mod raw {
         })?;
         let mut h = xtc_bench::latency_histogram();
         for i in 0..total {
+            pause(p);
             let t0 = Instant::now();
             while ping_tx.push(i).is_err() {
                 spin_loop();
@@ -292,6 +328,7 @@ mod raw {
         let mut h = xtc_bench::latency_histogram();
         // The values travel as `i + 1`: an eventfd counter of 0 reads as "nothing yet".
         for i in 0..total {
+            pause(p);
             let t0 = Instant::now();
             ping.signal(i + 1)?;
             let v = pong.wait()?;
@@ -325,6 +362,7 @@ mod raw {
         let mut h = xtc_bench::latency_histogram();
         // The values travel as `i + 1`: an eventfd counter of 0 reads as "nothing yet".
         for i in 0..total {
+            pause(p);
             let t0 = Instant::now();
             ping.signal(i + 1)?;
             let v = loop {
@@ -482,8 +520,8 @@ mod tokio_rt {
     use tokio::sync::mpsc;
 
     use super::{
-        check_batch, check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured,
-        Params, RttOut, StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP,
+        check_batch, check_echo, check_order, join, pause, record_rtt, spawn_pinned, Cpus,
+        Measured, Params, RttOut, StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP,
     };
 
     fn block_on<T>(fut: impl Future<Output = T>) -> Result<T, String> {
@@ -509,6 +547,7 @@ mod tokio_rt {
         let h = block_on(async move {
             let mut h = xtc_bench::latency_histogram();
             for i in 0..p.rtt_total() {
+                pause(p);
                 let t0 = Instant::now();
                 ping_tx.send(i).await.map_err(|_| "echo side closed")?;
                 let v = pong_rx.recv().await.ok_or("echo side closed")?;
@@ -584,7 +623,7 @@ mod glommio_rt {
     use glommio::{channels::shared_channel, LocalExecutorBuilder, Placement};
 
     use super::{
-        check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut, StreamClock,
+        check_echo, check_order, pause, record_rtt, Cpus, Measured, Params, RttOut, StreamClock,
         StreamOut, STREAM_CAP, STREAM_SPIN,
     };
 
@@ -617,6 +656,7 @@ mod glommio_rt {
                 let rx = pong_rx.connect().await;
                 let mut h = xtc_bench::latency_histogram();
                 for i in 0..p.rtt_total() {
+                    pause(p);
                     let t0 = Instant::now();
                     tx.send(i).await.map_err(|_| "echo side closed")?;
                     let v = rx.recv().await.ok_or("echo side closed")?;
@@ -670,8 +710,8 @@ mod monoio_rt {
     use std::{future::Future, time::Instant};
 
     use super::{
-        check_echo, check_order, join, record_rtt, spawn_pinned, Cpus, Measured, Params, RttOut,
-        StreamClock, StreamOut, STREAM_CAP,
+        check_echo, check_order, join, pause, record_rtt, spawn_pinned, Cpus, Measured, Params,
+        RttOut, StreamClock, StreamOut, STREAM_CAP,
     };
 
     fn block_on<T>(fut: impl Future<Output = T>) -> Result<T, String> {
@@ -697,6 +737,7 @@ mod monoio_rt {
         let h = block_on(async move {
             let mut h = xtc_bench::latency_histogram();
             for i in 0..p.rtt_total() {
+                pause(p);
                 let t0 = Instant::now();
                 ping_tx
                     .send_async(i)
@@ -748,7 +789,7 @@ mod xtc_rt {
     use std::time::{Duration, Instant};
 
     use super::{
-        check_batch, check_echo, check_order, record_rtt, Cpus, Measured, Params, RttOut,
+        check_batch, check_echo, check_order, pause, record_rtt, Cpus, Measured, Params, RttOut,
         StreamClock, StreamOut, STREAM_BATCH, STREAM_CAP, STREAM_SPIN,
     };
 
@@ -804,6 +845,7 @@ mod xtc_rt {
             .block_on(move || async move {
                 let mut h = xtc_bench::latency_histogram();
                 for i in 0..p.rtt_total() {
+                    pause(p);
                     let t0 = Instant::now();
                     let v = xtc::shard::submit_to(1, move || async move { i })
                         .await
@@ -988,6 +1030,35 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         Some(cpus.0),
         Box::new(move || monoio_rt::rtt(cpus, p)),
     );
+    // The same, the caller pausing before each round trip so the target is asleep for good.
+    let pa = p.asleep();
+    let asleep = [
+        run(
+            "xtc, target asleep",
+            None,
+            Box::new(move || xtc_rt::rtt(cpus, pa, Duration::ZERO, Some(xtc_rt::REPLY_SPIN))),
+        ),
+        run(
+            "raw, target asleep",
+            Some(cpus.0),
+            Box::new(move || raw::rtt_target_parked(cpus, pa)),
+        ),
+        run(
+            "tokio, target asleep",
+            Some(cpus.0),
+            Box::new(move || tokio_rt::rtt(cpus, pa)),
+        ),
+        run(
+            "glommio, target asleep",
+            None,
+            Box::new(move || glommio_rt::rtt(cpus, pa, Duration::ZERO)),
+        ),
+        run(
+            "monoio, target asleep",
+            Some(cpus.0),
+            Box::new(move || monoio_rt::rtt(cpus, pa)),
+        ),
+    ];
 
     let no_knob: Result<LatencySummary, String> =
         Err("no spin-before-park knob (it is in the parked row only)".into());
@@ -1007,16 +1078,21 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         "target parks, xtc caller spins <={}us for reply",
         xtc_rt::REPLY_SPIN.as_micros()
     );
+    let asleep_label = format!(
+        "target asleep ({}us pause before each), xtc caller spins for reply",
+        ASLEEP_GAP.as_micros()
+    );
     let mut rows = Vec::new();
-    for (label, set) in [
-        ("idle loops park", &parked),
-        (reply_label.as_str(), &target_parks),
-        (spin_label.as_str(), &spinning),
+    for (label, set, iters) in [
+        ("idle loops park", &parked, p.rtt_iters),
+        (reply_label.as_str(), &target_parks, p.rtt_iters),
+        (asleep_label.as_str(), &asleep, pa.rtt_iters),
+        (spin_label.as_str(), &spinning, p.rtt_iters),
     ] {
         for q in ["p50", "p99"] {
             let pick = |s: &LatencySummary| if q == "p50" { s.p50_ns } else { s.p99_ns };
             rows.push(Row {
-                name: format!("rtt x{} {q}, {label}", p.rtt_iters),
+                name: format!("rtt x{iters} {q}, {label}"),
                 unit: "ns".into(),
                 better: Better::Lower,
                 values: set
@@ -1111,7 +1187,7 @@ fn chunked_note(chunked: &Result<f64, String>, xtc_batched: &Result<f64, String>
 /// Progress-bar steps of a benchmark.
 fn steps_of(bench: &str) -> u64 {
     match bench {
-        "rtt" => 10,
+        "rtt" => 15,
         "stream" => RUNTIMES.len() as u64 + 3,
         _ => unreachable!("benchmark names are checked when parsing"),
     }
