@@ -551,6 +551,37 @@ fn a_panicking_queued_value_still_lets_a_waiting_sender_see_the_close() {
     sender.join().unwrap();
 }
 
+/// A queued value whose `Drop` panics does not keep the values queued behind it alive: the
+/// receiver's drop drops them all (as `channel::local`'s does), and the first panic reaches the
+/// dropper. They used to stay in the ring, alive as long as the `Sender`: a reply sender among
+/// them kept its channel open for good.
+#[test]
+fn a_panicking_queued_value_does_not_keep_the_values_behind_it_alive() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    /// Counts its drop, and panics in it when asked to.
+    struct V(std::sync::Arc<AtomicUsize>, bool);
+    impl Drop for V {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, SeqCst);
+            if self.1 {
+                panic!("a queued value's drop panics");
+            }
+        }
+    }
+    let drops = std::sync::Arc::new(AtomicUsize::new(0));
+    let (mut tx, rx) = shared::bounded::<V>(4).unwrap();
+    tx.try_send(V(drops.clone(), true)).unwrap();
+    tx.try_send(V(drops.clone(), false)).unwrap();
+    tx.try_send(V(drops.clone(), true)).unwrap();
+    tx.try_send(V(drops.clone(), false)).unwrap();
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(rx)));
+    assert!(dropped.is_err(), "the value's panic reaches the dropper");
+    assert_eq!(drops.load(SeqCst), 4, "every queued value was dropped");
+    assert!(tx.is_closed());
+    drop(tx);
+    assert_eq!(drops.load(SeqCst), 4, "each exactly once");
+}
+
 /// `channel::local`: dropping the receiver wakes the waiting senders before it drops the
 /// queued values, so a value whose `Drop` panics does not leave them asleep for good (they
 /// had been taken off the waiting line, and nothing else would wake them).

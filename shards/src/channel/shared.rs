@@ -689,7 +689,8 @@ impl<T> Drop for Receiver<T> {
     /// the ring, the values lived as long as the `Sender` (rtrb frees its slots with its last
     /// end), and a value holding the sender of a reply channel kept that channel open for
     /// good, so whoever awaited the reply never saw it close. A send racing the close may
-    /// still land after the drain; its value goes with the `Sender`.
+    /// still land after the drain; its value goes with the `Sender`. A value whose `Drop`
+    /// panics does not stop the drain: every value is dropped, then the first panic goes on.
     fn drop(&mut self) {
         self.chan.rx.close();
         // Wake first: a value whose `Drop` panics must not leave a waiting sender asleep.
@@ -697,8 +698,20 @@ impl<T> Drop for Receiver<T> {
         // The waker a `recv` that waited left, before the values (whose `Drop` may panic).
         // Guarded: a panic in that drop must not keep the values below queued.
         crate::task::drop_wakers_guarded(self.chan.rx.forget());
+        // Each value dropped under `catch_unwind`: a panic that stopped the drain left the
+        // values behind it alive as long as the `Sender` (a reply sender among them kept its
+        // channel open), and a second such value then panicked in the `Sender`'s drop.
+        let mut first_panic = None;
         while let Ok(v) = self.ring.pop() {
-            drop(v);
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(v))) {
+                match first_panic {
+                    None => first_panic = Some(p),
+                    Some(_) => crate::task::drop_payload(p),
+                }
+            }
+        }
+        if let Some(p) = first_panic {
+            std::panic::resume_unwind(p);
         }
     }
 }
