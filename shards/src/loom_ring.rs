@@ -1,5 +1,5 @@
 //! Loom models of the ring-mesh and shared-channel protocols (`ring/mod.rs` rules 2, 3 and 5,
-//! `channel/shared.rs` rules 1–3).
+//! `channel/shared.rs` rules 1–3 and the close of either end).
 //!
 //! rtrb is not loom-instrumented, so the rings here are a minimal SPSC stand-in with rtrb's
 //! memory orderings (the producer publishes `tail` with Release, the consumer `head` with
@@ -254,6 +254,78 @@ fn loom_channel_receiver_never_misses_a_send() {
 #[test]
 fn loom_channel_receiver_never_misses_the_close() {
     channel_model(true);
+}
+
+/// Shared channel rule 3 on the shipping `Side`, the mirror of [`channel_model`]: the sender
+/// finds the ring full, waits (stores its waker, swaps the sender side's `waiting`), rechecks
+/// (the close flag first, as `try_send`), and parks; the receiver pops and signals at the end
+/// of its turn, or (with `close`) drops its end instead (`Receiver::drop`: close, wake the
+/// sender, drain). The sender must get its value in, or with `close` see the channel end,
+/// without a lost wake-up.
+fn channel_space_model(close: bool) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(move || {
+        use crate::channel::shared::Side;
+        let ring = Arc::new(Ring::new(1));
+        assert!(ring.push(1));
+        // The receiver's side (closed by its drop) and the sender's (signalled by the receiver).
+        let rx_side = Arc::new(Side::new());
+        let tx_side = Arc::new(Side::new());
+        let (r2, rx2, tx2) = (ring.clone(), rx_side.clone(), tx_side.clone());
+        let receiver = thread::spawn(move || {
+            if close {
+                rx2.close();
+                tx2.wake_now();
+                while r2.pop().is_some() {}
+            } else {
+                assert_eq!(r2.pop(), Some(1));
+                // End of the receiver's turn: the pop is news for a waiting sender.
+                tx2.signal();
+            }
+        });
+        let parker = Arc::new(Parker::new().unwrap());
+        let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(parker.clone())));
+        // `Sender::try_send`: `Some(true)` sent, `Some(false)` closed, `None` full.
+        let try_send = || -> Option<bool> {
+            if rx_side.is_closed() {
+                return Some(false);
+            }
+            ring.push(2).then_some(true)
+        };
+        // `SendFut::poll` as a loop: try, wait, recheck, park until woken.
+        let sent = loop {
+            if let Some(sent) = try_send() {
+                break sent;
+            }
+            parker.announce();
+            tx_side.wait(&waker);
+            match try_send() {
+                None => {
+                    parker.sleep(None);
+                }
+                Some(sent) => {
+                    parker.cancel();
+                    break sent;
+                }
+            }
+        };
+        receiver.join().unwrap();
+        if !close {
+            assert!(sent);
+            assert_eq!(ring.pop(), Some(2));
+        }
+    });
+}
+
+#[test]
+fn loom_channel_sender_never_misses_freed_space() {
+    channel_space_model(false);
+}
+
+#[test]
+fn loom_channel_sender_never_misses_the_receivers_close() {
+    channel_space_model(true);
 }
 
 /// Ring rules 2, 3 and 5 together: a wake that finds the ring full goes to the producer's
