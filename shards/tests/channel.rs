@@ -616,6 +616,34 @@ fn local_receiver_drop_with_a_panicking_value_still_wakes_waiting_senders() {
     }
 }
 
+/// `channel::local`: two queued values whose `Drop` panics do not abort the process when the
+/// receiver drops (as they did, the second panicking while the first unwound through the
+/// queue's drop); every value is dropped and the first panic reaches the dropper, as with
+/// `channel::shared`.
+#[test]
+fn local_receiver_drop_with_two_panicking_values_drops_all_without_abort() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    /// Counts its drop, and panics in it when asked to.
+    struct V(std::rc::Rc<AtomicUsize>, bool);
+    impl Drop for V {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, SeqCst);
+            if self.1 {
+                panic!("a queued value's drop panics");
+            }
+        }
+    }
+    let drops = std::rc::Rc::new(AtomicUsize::new(0));
+    let (tx, rx) = local::bounded::<V>(4).unwrap();
+    for panics in [true, false, true, false] {
+        tx.try_send(V(drops.clone(), panics)).ok().unwrap();
+    }
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(rx)));
+    assert!(dropped.is_err(), "the value's panic reaches the dropper");
+    assert_eq!(drops.load(SeqCst), 4, "every queued value was dropped");
+    drop(tx);
+}
+
 fn noop_cx() -> std::task::Context<'static> {
     std::task::Context::from_waker(std::task::Waker::noop())
 }

@@ -352,7 +352,7 @@ impl<T> Drop for Receiver<T> {
                 std::mem::replace(&mut w.waker, Waker::noop().clone())
             })
             .collect();
-        let items = std::mem::take(&mut st.queue);
+        let mut items = std::mem::take(&mut st.queue);
         // The waker a `recv` that waited left: kept, it lived as long as the senders.
         let own = st.rx_waker.take();
         drop(st);
@@ -363,7 +363,16 @@ impl<T> Drop for Receiver<T> {
         wakers.into_iter().for_each(crate::task::wake_guarded);
         // Guarded, before the values: a panic in its drop must not keep them queued.
         crate::task::drop_wakers_guarded(own);
-        drop(items);
+        // Each value dropped even if one's `Drop` panics, and the first panic goes on: the
+        // queue's own drop aborted the process at a second panicking value. A one-value drain
+        // drops it in place and leaves the queue without it even if its `Drop` panics.
+        super::drop_queued(|| {
+            let queued = !items.is_empty();
+            if queued {
+                drop(items.drain(..1));
+            }
+            queued
+        });
     }
 }
 

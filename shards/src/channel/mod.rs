@@ -74,3 +74,26 @@ fn check_capacity<T>(capacity: usize) -> crate::Result<usize> {
         Ok(capacity)
     }
 }
+
+/// Drops a dropped receiver's queued values, each in place (a value may be larger than a
+/// stack) by `drop_one`, which drops the oldest and returns whether there was one. Each drop
+/// runs under `catch_unwind`; the first panic a value's `Drop` raised resumes once all are
+/// gone (later payloads are dropped, guarded). A plain drain stopped at the first panic and
+/// left the values behind it queued; a collection's own drop goes on after it, but a second
+/// panic then aborts the process.
+fn drop_queued(mut drop_one: impl FnMut() -> bool) {
+    let mut first_panic = None;
+    loop {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut drop_one)) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(p) => match first_panic {
+                None => first_panic = Some(p),
+                Some(_) => crate::task::drop_payload(p),
+            },
+        }
+    }
+    if let Some(p) = first_panic {
+        std::panic::resume_unwind(p);
+    }
+}

@@ -698,21 +698,18 @@ impl<T> Drop for Receiver<T> {
         // The waker a `recv` that waited left, before the values (whose `Drop` may panic).
         // Guarded: a panic in that drop must not keep the values below queued.
         crate::task::drop_wakers_guarded(self.chan.rx.forget());
-        // Each value dropped under `catch_unwind`: a panic that stopped the drain left the
-        // values behind it alive as long as the `Sender` (a reply sender among them kept its
-        // channel open), and a second such value then panicked in the `Sender`'s drop.
-        let mut first_panic = None;
-        while let Ok(v) = self.ring.pop() {
-            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(v))) {
-                match first_panic {
-                    None => first_panic = Some(p),
-                    Some(_) => crate::task::drop_payload(p),
-                }
+        // Each value dropped even if one's `Drop` panics: a panic that stopped the drain left
+        // the values behind it alive as long as the `Sender` (a reply sender among them kept
+        // its channel open), and a second such value then panicked in the `Sender`'s drop.
+        // rtrb's `commit` drops the slot in place and marks it read even if that panics.
+        let ring = &mut self.ring;
+        super::drop_queued(|| match ring.read_chunk(1) {
+            Ok(one) => {
+                one.commit_all();
+                true
             }
-        }
-        if let Some(p) = first_panic {
-            std::panic::resume_unwind(p);
-        }
+            Err(_) => false,
+        });
     }
 }
 
