@@ -19,7 +19,7 @@
 //! modification order either sees `true` (and wakes) or synchronizes with the earlier one, whose
 //! side's ring update (push or pop) it then sees on the recheck. No wake-up is lost, and a stream
 //! costs one RMW per side per loop turn, plus one per `capacity / 4` messages, rather than one
-//! per message (a ring of fewer than 8 slots signals every message or two). Closing (dropping an end) sets a
+//! per message (a ring of fewer than 8 slots signals every message, one of 8 to 11 every second). Closing (dropping an end) sets a
 //! flag and wakes the other side at once.
 //!
 //! The batch calls ([`Sender::send_many`], [`Receiver::recv_many`] and their `try_` forms) move
@@ -329,7 +329,7 @@ impl<T> Sender<T> {
 
     /// Pushes as many items of `items` as the ring has room for, in order, without waiting,
     /// and returns how many: 0 when it is full (or `items` is empty). Items not pushed stay in
-    /// `items`. `Err(())` if the receiver is gone (nothing is taken from `items` then).
+    /// `items`. `Err(TrySendError::Closed(()))` if the receiver is gone (nothing is taken from `items` then).
     ///
     /// Cost: one chunk reservation and one publish of the ring's tail for the whole batch, and
     /// the per-turn signal bookkeeping once, where [`try_send`](Self::try_send) pays each per
