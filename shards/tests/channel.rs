@@ -1238,3 +1238,40 @@ fn a_shared_capacity_no_machine_can_allocate_is_an_error_not_an_abort() {
     tx.try_send(7).unwrap();
     assert_eq!(rx.try_recv(), Ok(7));
 }
+
+/// A `send_many` over a long iterator to a receiver that keeps up (here the iterator itself
+/// drains the channel, so the ring never fills) never found the ring full, so it sent the
+/// whole iterator in one poll: the loop's other tasks waited for all of it, and for an
+/// endless one for good. It yields after a ring's worth per poll now.
+#[test]
+fn a_long_send_many_to_a_receiver_that_keeps_up_lets_other_tasks_run() {
+    use std::{cell::Cell, rc::Rc};
+    const LIMIT: u64 = 1_000_000;
+    let ex = exec(1);
+    let h = ex
+        .spawn_on(0, || async {
+            let (mut tx, mut rx) = shared::bounded::<u64>(8).unwrap();
+            let ran = Rc::new(Cell::new(false));
+            let r = ran.clone();
+            drop(xtc_shards::spawn_local(async move { r.set(true) }));
+            let sent = Rc::new(Cell::new(0u64));
+            let s = sent.clone();
+            let items = std::iter::from_fn(move || {
+                while rx.try_recv().is_ok() {}
+                if ran.get() || s.get() == LIMIT {
+                    return None;
+                }
+                s.set(s.get() + 1);
+                Some(s.get())
+            });
+            tx.send_many(items).await.unwrap();
+            sent.get()
+        })
+        .unwrap();
+    run_or_fail(ex, HANG, "send_many").unwrap();
+    let sent = futures::executor::block_on(h).unwrap();
+    assert!(
+        sent < LIMIT,
+        "the other task ran only after send_many had sent all {sent} items"
+    );
+}

@@ -383,7 +383,9 @@ impl<T> Sender<T> {
     /// does (backpressure), in batches as large as the free space. Resolves once the last
     /// item is in the ring. If the receiver goes away, the items not yet sent come back in the
     /// [`SendError`], as the iterator itself (the next item first): `items` may be endless,
-    /// and the caller decides whether to collect the rest.
+    /// and the caller decides whether to collect the rest. After a ring's worth of items in
+    /// one poll it yields to the loop's other tasks (and is polled again at once), so a long
+    /// or endless iterator to a receiver that keeps up does not hold its loop.
     ///
     /// Cancel safety: a `send_many(iter.by_ref())` dropped while it waits (a `select!` with a
     /// timer) has sent a prefix and left the other items in `iter`, but for the one it took
@@ -466,6 +468,10 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let mut announced = false;
+        // Items sent by this poll: after a ring's worth it yields (waking itself at once), so
+        // an endless iterator to a receiver that keeps up cannot hold its loop for good.
+        let mut sent = 0;
+        let budget = this.tx.ring.buffer().capacity();
         loop {
             let Some(items) = this.items.as_mut() else {
                 // It gave its items back in an `Err`: reporting success now would be a lie.
@@ -488,16 +494,27 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             };
             if n > 0 {
                 announced = false;
-                continue;
+                sent += n;
+                if sent < budget {
+                    continue;
+                }
             }
-            // Full, or finished. An item a cancelled send left comes first: while the
-            // `Sender` still holds one, nothing is peeked (it could hold only one).
+            // Full, finished, or a ring's worth sent by this poll. An item a cancelled send
+            // left comes first: while the `Sender` still holds one, nothing is peeked (it
+            // could hold only one).
             if this.tx.held.is_none() && items.peek().is_none() {
                 return Poll::Ready(Ok(()));
             }
             // An item sits peeked in `items` (unless the `Sender` holds one): from here on, a
             // drop (a cancel, or the unwind of a waker's panic) hands it to the `Sender`.
             this.peeked = this.tx.held.is_none();
+            if n > 0 {
+                // A ring's worth sent by this poll, to a receiver that keeps up: the loop's
+                // other tasks get their turn (an endless iterator held the loop for good), and
+                // this future is polled again right after them.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             // Full. Rule 3: announce, then recheck (the next round of the loop); a second
             // full ring after the announcement waits.
             if announced {
