@@ -103,6 +103,17 @@ pub enum Error {
         given: u8,
     },
 
+    /// A victim order was asked for more shards than
+    /// [`MAX_VICTIM_SHARDS`](crate::MAX_VICTIM_SHARDS): its tables grow with the square of the
+    /// shard count.
+    #[error("a victim order for {shards} shards is too large (its tables grow with the square of the count); use at most {max} shards")]
+    TooManyForVictims {
+        /// Shards in the placement.
+        shards: usize,
+        /// The most allowed.
+        max: usize,
+    },
+
     /// Binding a thread to a CPU failed in the operating system.
     #[error("pinning the current thread to CPU {cpu} failed (errno {errno}); check the CPU is online and in this process's cpuset")]
     PinFailed {

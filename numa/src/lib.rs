@@ -59,4 +59,4 @@ pub use error::{Error, Result};
 pub use pin::{bind_current_thread, pin_current_thread};
 pub use placement::{Placement, Policy, MAX_SHARDS_PER_CPU};
 pub use topology::{Level, Topology, MATRIX_BASE};
-pub use victims::{VictimOrder, DEFAULT_NUMA_SENSITIVITY};
+pub use victims::{VictimOrder, DEFAULT_NUMA_SENSITIVITY, MAX_VICTIM_SHARDS};

@@ -11,6 +11,13 @@ use crate::topology::Topology;
 /// The default NUMA sensitivity: only the first shard of each node steals across nodes.
 pub const DEFAULT_NUMA_SENSITIVITY: u8 = 1;
 
+/// Most shards a [`VictimOrder`] is built for: one per PU of the largest machine a synthetic
+/// topology may describe. Its tables hold N·(N−1) entries of 16 bytes (1 GiB at this bound),
+/// so an oversubscribed placement of hundreds of thousands of shards, which
+/// [`Placement::new`] accepts on a large topology, would otherwise compute for hours and end
+/// in an out-of-memory kill.
+pub const MAX_VICTIM_SHARDS: usize = 8192;
+
 /// For every shard, the shards it may steal from, nearest first.
 ///
 /// # Rules
@@ -56,7 +63,8 @@ impl VictimOrder {
     ///
     /// # Errors
     ///
-    /// [`Error::BadSensitivity`] if `numa_sensitivity > 2`.
+    /// [`Error::BadSensitivity`] if `numa_sensitivity > 2`; [`Error::TooManyForVictims`] if
+    /// the placement has more than [`MAX_VICTIM_SHARDS`] shards.
     pub fn new(
         topo: &Topology,
         placement: &Placement,
@@ -68,6 +76,12 @@ impl VictimOrder {
             });
         }
         let n = placement.len();
+        if n > MAX_VICTIM_SHARDS {
+            return Err(Error::TooManyForVictims {
+                shards: n,
+                max: MAX_VICTIM_SHARDS,
+            });
+        }
         let numa: Vec<Option<usize>> = (0..n).map(|s| placement.numa_node(s)).collect();
         let first_of_node = |s: usize| numa[..s].iter().all(|&m| m != numa[s]);
         let mut lists = Vec::with_capacity(n);

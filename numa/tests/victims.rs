@@ -136,3 +136,35 @@ fn render_groups_by_distance() {
         "{text}"
     );
 }
+
+/// A placement of far more shards than any executor runs (oversubscribed on a large topology,
+/// as the demo's `--shards N --oversubscribe` allows) is refused at once: the N·(N−1) victim
+/// tables of 65,536 shards computed for hours and ended in an out-of-memory kill.
+#[test]
+fn a_huge_placement_is_refused_not_computed() {
+    let t = Topology::synthetic("pu:1024").unwrap();
+    let p = Placement::new(&t, 65_536, &Policy::Compact, true).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(VictimOrder::new(&t, &p, 1).map(|v| v.len()));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the victim tables of 65,536 shards were computed, not refused");
+    let e = got.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::TooManyForVictims {
+                shards: 65_536,
+                max: xtc_numa::MAX_VICTIM_SHARDS
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("at most"), "{e}");
+    // Up to the bound still works (one per PU of an 8,192-PU machine is the largest).
+    let t = Topology::synthetic("pu:16").unwrap();
+    let p = Placement::new(&t, 32, &Policy::Compact, true).unwrap();
+    assert_eq!(VictimOrder::new(&t, &p, 1).unwrap().len(), 32);
+}
