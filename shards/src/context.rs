@@ -58,6 +58,10 @@ pub(crate) struct Core {
     pub(crate) registry: RefCell<Slab<Entry>>,
     pub(crate) mesh: RefCell<LocalMesh>,
     pub(crate) tasks_done: Cell<u64>,
+    /// [`task::cancel`](crate::task::cancel) is dropping a pinned task of another loop here (a
+    /// spawn for a stopped peer that this loop's shutdown drops, `ring::evacuate`): its end is
+    /// not this loop's to count, nor its registry key this loop's to remove (`task_dropped`).
+    pub(crate) dropping_foreign: Cell<bool>,
     /// The I/O counts of earlier runs (this run's reactor counts from zero).
     pub(crate) io_base: (u64, u64),
     /// End (exclusive) of the block of turn stamps this loop reserved ([`TURN`]).
@@ -271,6 +275,7 @@ impl Core {
             timers: RefCell::new(Timers::new(first_timer)),
             registry: RefCell::new(Slab::with_capacity(1024)),
             tasks_done: Cell::new(tasks_done),
+            dropping_foreign: Cell::new(false),
             io_base,
             stamps_end: Cell::new(0),
             flushes: RefCell::new(Vec::new()),
@@ -585,6 +590,10 @@ pub(crate) fn register_current(waker: &Waker) -> Option<u32> {
 /// Task protocol rule 3: the task's future was dropped (with its registry key, if it had one).
 pub(crate) fn task_dropped(key: Option<usize>) {
     with_core(|core| {
+        if core.dropping_foreign.get() {
+            // Another loop's task, dropped unrun here (`task::cancel`): not one of ours.
+            return;
+        }
         let entry = key.and_then(|k| core.registry.borrow_mut().try_remove(k));
         core.tasks_done.set(core.tasks_done.get() + 1);
         drop(entry);

@@ -1473,3 +1473,52 @@ fn a_spawn_on_a_dropped_executor_from_a_drop_another_executors_drop_sweeps_is_dr
     assert!(e.is_cancelled(), "{e:?}");
     drop(hb);
 }
+
+/// A spawn onto a peer that has stopped, made by a `Drop` that this loop's shutdown runs, is
+/// dropped here, unrun (`ring::evacuate`): it counted as a task finished on this loop
+/// (`LoopStats::tasks_run` 2 instead of 1), though it was the peer's and never ran here.
+#[test]
+fn a_peers_spawn_dropped_by_this_loops_shutdown_does_not_count_here() {
+    use std::sync::atomic::AtomicBool;
+    /// Sets its flag when dropped.
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+        }
+    }
+    /// Spawns on shard 1 once shard 1 has dropped its task (and then had time to leave).
+    struct SpawnOnDrop(Arc<AtomicBool>);
+    impl Drop for SpawnOnDrop {
+        fn drop(&mut self) {
+            let until = Instant::now() + Duration::from_secs(5);
+            while !self.0.load(SeqCst) && Instant::now() < until {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let h = shard::handle().unwrap();
+            let _ = h.spawn_on(1, || async {});
+        }
+    }
+    let ex = exec(2);
+    let gone = Arc::new(AtomicBool::new(false));
+    let g = gone.clone();
+    ex.spawn_on(1, move || async move {
+        let _flag = Flag(g);
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    ex.spawn_on(0, move || async move {
+        let _spawn = SpawnOnDrop(gone);
+        // Shard 1's task is parked by now (a yield lets the other loop start).
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        shard::stop();
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    run_within(&ex, HANG)
+        .expect("run() hung: a spawn made by a shutdown's drop")
+        .unwrap();
+    let s0 = ex.loop_stats(0).unwrap();
+    assert_eq!(s0.tasks_run, 1, "shard 0 ran one task: {s0:?}");
+}

@@ -377,10 +377,33 @@ pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
 /// while the future's `Drop` (a lock, a socket it releases) still ran; as for an aborted
 /// handle, and as in tokio, finished means dropped. Every site that drops a `Runnable` goes
 /// through here. Cost: a waker clone and drop (two reference-count updates, so the header
-/// outlives the drop) and two stores; never on the path of a task that runs.
+/// outlives the drop), two stores and two thread-local reads; never on the path of a task that
+/// runs.
 pub(crate) fn cancel(r: Runnable) {
     let keep = r.waker();
     let meta: *const TaskMeta = r.metadata();
+    // A pinned task of another loop dropped on this one (a spawn for a stopped peer that this
+    // loop's shutdown drops, `ring::evacuate`) is not this loop's: its drop counted as a task
+    // that finished here (`LoopStats::tasks_run`), and a registry key of its own loop would
+    // have been taken out of this one's registry (`context::task_dropped`). A migratable
+    // task's end is counted by its executor, not its loop (`steal/mod.rs`).
+    let home = Arc::as_ptr(&r.metadata().home);
+    let pinned = r.metadata().class.load(Relaxed) != MIGRATABLE_CLASS;
+    let foreign = crate::context::with_core(|c| {
+        let foreign = pinned && !std::ptr::eq(Arc::as_ptr(&c.shared), home);
+        c.dropping_foreign.replace(foreign)
+    });
+    /// Restores the loop's `dropping_foreign` (also on unwind; the flag of an outer cancel
+    /// that this one's drop code nested in).
+    struct Restore(Option<bool>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0 {
+                crate::context::with_core(|c| c.dropping_foreign.set(outer));
+            }
+        }
+    }
+    let _restore = Restore(foreign);
     // SAFETY: `meta` points into the header of `r`'s task, which `keep` (a reference) keeps
     // alive until after the last use below; `TaskMeta`'s fields are atomics, and only the
     // holder of the `Runnable` (this function, until the drop) writes `last`.
