@@ -42,7 +42,9 @@ pub struct LoopStats {
     pub messages_received: u64,
     /// Times a task of this loop waited for space on a full ring.
     pub ring_full_waits: u64,
-    /// Wake pings this loop sent to sleeping peers.
+    /// Wake pings this loop sent to sleeping peers for the ring mesh (messages it pushed, room
+    /// it freed in a full ring). Pings for migratable work (a nudge of an idle peer, a spawn
+    /// placed on a sleeping loop) and stop requests are not counted here.
     pub notifications_sent: u64,
     /// Migratable tasks this loop stole from peers.
     pub steals: u64,
