@@ -569,15 +569,8 @@ fn a_read_dropped_after_its_stream_was_used_on_an_inner_loop_leaves_no_wait_behi
     assert_eq!(exec.io_driver(), xtc_shards::io::Driver::Epoll);
     exec.spawn_on(0, || async {
         use std::rc::Rc;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        // A silent peer (no event wakes the read), until the stream closes.
-        let peer = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut b = [0u8; 16];
-            while std::io::Read::read(&mut s, &mut b).is_ok_and(|n| n > 0) {}
-        });
-        let s = Rc::new(TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap());
+        let (std_s, peer) = silent_peer();
+        let s = Rc::new(TcpStream::from_std(std_s).unwrap());
         {
             // Waits on this loop.
             let mut read = pin!(s.read(Vec::with_capacity(8)));
@@ -634,15 +627,8 @@ fn a_stream_used_on_an_inner_loop_takes_its_waits_here_with_it_when_closed() {
     let exec = Executor::builder().shards(1).build().unwrap();
     assert_eq!(exec.io_driver(), xtc_shards::io::Driver::Epoll);
     exec.spawn_on(0, || async {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        // A silent peer (no event wakes the read), until the stream closes.
-        let peer = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut b = [0u8; 16];
-            while std::io::Read::read(&mut s, &mut b).is_ok_and(|n| n > 0) {}
-        });
-        let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        let (std_s, peer) = silent_peer();
+        let mut s = TcpStream::from_std(std_s).unwrap();
         // Waits on this loop.
         let mut cx = Context::from_waker(Waker::noop());
         let mut b = [0u8; 8];
@@ -769,15 +755,8 @@ fn read_polled_on_an_inner_loop(test: &str, role: &str, env: &[(&str, &str)]) {
     assert_eq!(exec.io_driver(), xtc_shards::io::Driver::Epoll);
     exec.spawn_on(0, || async {
         use std::rc::Rc;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        // A silent peer (no event wakes the read), until the stream closes.
-        let peer = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut b = [0u8; 16];
-            while std::io::Read::read(&mut s, &mut b).is_ok_and(|n| n > 0) {}
-        });
-        let s = Rc::new(TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap());
+        let (std_s, peer) = silent_peer();
+        let s = Rc::new(TcpStream::from_std(std_s).unwrap());
         let s2 = s.clone();
         let mut read: KeptRead = Box::pin(async move { s2.read(Vec::with_capacity(8)).await.0 });
         // Waits on this loop.
@@ -908,4 +887,17 @@ fn a_read_awaited_on_an_inner_io_uring_loop_waits_for_its_data() {
     if let Err(e) = r {
         panic!("the read on the inner loop: {e}");
     }
+}
+
+/// A loopback connection to a silent peer (no event wakes a read) that lives until the
+/// stream closes: the client end, and the peer's thread.
+fn silent_peer() -> (std::net::TcpStream, std::thread::JoinHandle<()>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 16];
+        while std::io::Read::read(&mut s, &mut b).is_ok_and(|n| n > 0) {}
+    });
+    (std::net::TcpStream::connect(addr).unwrap(), peer)
 }
