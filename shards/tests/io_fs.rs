@@ -1364,3 +1364,152 @@ fn an_open_that_outlives_its_driver_still_opens() {
     drop(file);
     writer.join().unwrap().unwrap();
 }
+
+/// Descriptors of this process open on `path` (its `/proc/self/fd` links).
+fn fds_on(path: &std::path::Path) -> usize {
+    let path = std::fs::canonicalize(path).unwrap();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| *l == path)
+        .count()
+}
+
+/// A waker that, woken (from the pool thread, once the job is done), holds that thread inside
+/// its `wake` until `release`, as a preemption may, and says so through `woken`.
+struct HoldingWake {
+    woken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    release: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::task::Wake for HoldingWake {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.woken.store(true, SeqCst);
+        // A hang guard, not a timing assertion: the test passes however long this is.
+        let t0 = std::time::Instant::now();
+        while !self.release.load(SeqCst) && t0.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// An `open` whose pool job is done, and whose future is then dropped unpolled: the descriptor
+/// it opened is closed by the drop, so by the time `block_on` returns, as io_uring's driver
+/// closes a finished open's descriptor when its `Op` is dropped. The job held the result until
+/// its own end, after its wake-up (here a waker that holds the pool thread, as a preemption
+/// may), so the file stayed open after `block_on` returned (a FIFO peer saw no end of file, a
+/// lock stayed held); a cancelled job that never started held its file's descriptor that way.
+#[test]
+fn a_dropped_finished_opens_descriptor_is_closed_when_block_on_returns() {
+    use std::future::Future;
+    use std::sync::{atomic::AtomicBool, Arc};
+    use std::task::{Context, Waker};
+
+    let path = temp_path("dropped-finished-open");
+    let _cleanup = Cleanup(path.clone());
+    std::fs::write(&path, b"x").unwrap();
+    let exec = epoll_exec();
+    let release = Arc::new(AtomicBool::new(false));
+    let (p, rel) = (path.clone(), release.clone());
+    let r = exec.block_on(move || async move {
+        for _ in 0..1000 {
+            let woken = Arc::new(AtomicBool::new(false));
+            let waker = Waker::from(Arc::new(HoldingWake {
+                woken: woken.clone(),
+                release: rel.clone(),
+            }));
+            let p = p.clone();
+            let mut open = Box::pin(async move { OpenOptions::new().read(true).open(&p).await });
+            if open
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_ready()
+            {
+                // Finished at its first poll (a pool job can be that quick): again.
+                continue;
+            }
+            // The job is done once it wakes (the result is in; the loop waits for nothing).
+            let t0 = std::time::Instant::now();
+            while !woken.load(SeqCst) {
+                assert!(t0.elapsed() < HANG, "the open never ended");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(open);
+            return true;
+        }
+        false
+    });
+    let open_after = fds_on(&path);
+    release.store(true, SeqCst);
+    assert!(
+        r.unwrap(),
+        "every open finished at its first poll: nothing was checked"
+    );
+    assert_eq!(
+        open_after, 0,
+        "the dropped open's descriptor was still open after block_on returned"
+    );
+}
+
+/// A write whose future is dropped before its pool job starts (the job is then skipped), its
+/// `File` dropped too: once the job is done (here, its wake-up held by the waker, as a
+/// preemption may hold the pool thread), the file is closed. The skipped job kept its closure,
+/// with the file's descriptor, until its own end, after the wake-up, so `block_on` or `run()`
+/// could return with the file of a dropped operation still open (on the old code most rounds
+/// found it open; a job that started first lets go of it either way).
+#[test]
+fn a_skipped_jobs_file_is_closed_once_the_job_is_done() {
+    use std::future::Future;
+    use std::sync::{atomic::AtomicBool, Arc};
+    use std::task::{Context, Waker};
+
+    let path = temp_path("skipped-job");
+    let _cleanup = Cleanup(path.clone());
+    std::fs::write(&path, b"x").unwrap();
+    let exec = epoll_exec();
+    let p = path.clone();
+    let held = exec
+        .block_on(move || async move {
+            let mut held = 0;
+            for _ in 0..200 {
+                let f = OpenOptions::new().write(true).open(&p).await.unwrap();
+                let (woken, release) = (
+                    Arc::new(AtomicBool::new(false)),
+                    Arc::new(AtomicBool::new(false)),
+                );
+                let waker = Waker::from(Arc::new(HoldingWake {
+                    woken: woken.clone(),
+                    release: release.clone(),
+                }));
+                let mut write = Box::pin(f.write_at(vec![1u8], 0));
+                let pending = write
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending();
+                // Dropped at once: the job most often has not started, and is skipped.
+                drop(write);
+                drop(f);
+                if pending {
+                    let t0 = std::time::Instant::now();
+                    while !woken.load(SeqCst) {
+                        assert!(t0.elapsed() < HANG, "the write's job never ended");
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                    if fds_on(&p) > 0 {
+                        held += 1;
+                    }
+                }
+                release.store(true, SeqCst);
+                xtc_shards::yield_now().await;
+            }
+            held
+        })
+        .unwrap();
+    assert_eq!(
+        held, 0,
+        "{held} of 200 rounds found the dropped file still open once its job was done"
+    );
+}

@@ -518,6 +518,8 @@ pub(crate) fn run<R: Send + 'static>(
             RUNNING.with(|r| *r.borrow_mut() = None);
             r
         } else {
+            // Its captures (the file's descriptor) go now, before the job counts as done.
+            drop(f);
             Err(io::Error::from_raw_os_error(libc::ECANCELED))
         };
         let waker = {
@@ -525,6 +527,11 @@ pub(crate) fn run<R: Send + 'static>(
             s.result = Some(r);
             s.waker.take()
         };
+        // The result is the future's from here on: dropped with it (a descriptor an `open`
+        // opened closes at the future's drop, or here, before the job counts as done, if the
+        // future is gone). Kept until the job's end, after its wake-up (user code, or a
+        // preemption), it stayed open after a dropped future's `block_on` or `run()` returned.
+        drop(theirs);
         {
             // From here on no interrupt is sent to this thread for this job.
             let mut c = lock(&their_ctl.state);
