@@ -44,17 +44,19 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut batch = None;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
+        // The flag first: an unknown one is reported as such, not as one that "needs a value".
+        if !matches!(flag.as_str(), "--items" | "--capacity" | "--batch") {
+            return Err(format!(
+                "unknown flag {flag}; use --items N --capacity N --batch N"
+            ));
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let number = |v: &str| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
+        let number = value.parse::<u64>().map_err(|e| format!("{flag}: {e}"))?;
+        let size = usize::try_from(number).map_err(|_| format!("{flag} {number}: too large"))?;
         match flag.as_str() {
-            "--items" => a.items = number(&value)?,
-            "--capacity" => a.capacity = number(&value)? as usize,
-            "--batch" => batch = Some(number(&value)? as usize),
-            _ => {
-                return Err(format!(
-                    "unknown flag {flag}; use --items N --capacity N --batch N"
-                ))
-            }
+            "--items" => a.items = number,
+            "--capacity" => a.capacity = size,
+            _ => batch = Some(size),
         }
     }
     if a.capacity == 0 {
@@ -231,5 +233,17 @@ mod tests {
         assert_eq!((a.capacity, a.batch), (64, 64));
         let a = parse(args(&[])).unwrap();
         assert_eq!((a.capacity, a.batch), (1024, 256));
+    }
+
+    /// An unknown flag is named as unknown: it was taken for a known one without its value
+    /// ("--foo needs a value"), and with a value after it, the same message never came.
+    #[test]
+    fn an_unknown_flag_is_reported_as_unknown() {
+        for a in [&["--foo"][..], &["--foo", "1"], &["--items", "5", "--foo"]] {
+            let err = parse(args(a)).err().expect("refused");
+            assert!(err.starts_with("unknown flag --foo"), "{a:?}: {err}");
+        }
+        let err = parse(args(&["--items"])).err().expect("refused");
+        assert_eq!(err, "--items needs a value");
     }
 }
