@@ -4,6 +4,17 @@
 use std::{cell::Cell, sync::Arc, time::Duration};
 
 fn main() -> std::process::ExitCode {
+    main_with(std::env::args_os().skip(1))
+}
+
+/// `main` for the arguments `args` (without the program name).
+fn main_with(mut args: impl Iterator<Item = std::ffi::OsString>) -> std::process::ExitCode {
+    // No flags: the environment (XTC_SHARDS, XTC_IO, ...) is its configuration. An argument
+    // was ignored, so a mistyped `--shards 4` ran with the default count and exited 0.
+    if let Some(arg) = args.next() {
+        eprintln!("hello: unexpected argument {arg:?}; it takes none (set XTC_SHARDS instead)");
+        return std::process::ExitCode::from(2);
+    }
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -62,7 +73,7 @@ mod tests {
         const CHILD: &str = "XTC_EXAMPLE_HELLO_CHILD";
         let name = "tests::an_error_is_printed_as_its_message";
         if std::env::var_os(CHILD).is_some() {
-            let failed = super::main().report() != ExitCode::SUCCESS;
+            let failed = super::main_with(std::iter::empty()).report() != ExitCode::SUCCESS;
             std::process::exit(if failed { 1 } else { 0 });
         }
         let out = Command::new(std::env::current_exe().unwrap())
@@ -78,5 +89,13 @@ mod tests {
             "{stderr}"
         );
         assert!(!stderr.contains("Env {"), "{stderr}");
+    }
+
+    /// An argument is refused (exit status 2) before anything runs: `hello` takes none, and a
+    /// flag such as `--shards 4` was ignored, the run going ahead with the default count.
+    #[test]
+    fn an_argument_is_refused() {
+        let code = super::main_with(["--shards".into(), "4".into()].into_iter());
+        assert_eq!(code, ExitCode::from(2));
     }
 }
