@@ -98,12 +98,14 @@ fn parse_from(
 }
 
 /// An executor from the environment (`XTC_SHARDS`, `XTC_IO`, ...), in service mode: it runs
-/// until a stop.
+/// until a stop. It may oversubscribe the CPUs (so `XTC_SHARDS=3` runs on two) unless
+/// `XTC_OVERSUBSCRIBE=0` says otherwise: that default is set before the environment is read,
+/// not after, which had overridden an explicit `XTC_OVERSUBSCRIBE=0`.
 pub(crate) fn executor() -> xtc::Result<xtc::Executor> {
     xtc::Executor::builder()
+        .oversubscribe(true)
         .env()?
         .service_mode(true)
-        .oversubscribe(true)
         .build()
 }
 
@@ -373,6 +375,48 @@ mod tests {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(50));
             };
+            assert!(status.success(), "{mode}: {status}");
+        }
+    }
+
+    /// `XTC_OVERSUBSCRIBE=0` is honoured: more shards than allowed CPUs is then an error. The
+    /// examples' own default (oversubscription allowed) was set after reading the environment
+    /// and overrode it. Run in a child process, so the variables stay there.
+    #[test]
+    fn xtc_oversubscribe_0_is_honoured() {
+        const CHILD: &str = "XTC_EXAMPLE_OVERSUB_CHILD";
+        let name = "shared::tests::xtc_oversubscribe_0_is_honoured";
+        if let Some(mode) = std::env::var_os(CHILD) {
+            let result = executor().map(|e| e.shard_count());
+            match (mode.to_str(), result) {
+                (Some("0"), Err(e)) if e.to_string().contains("XTC_OVERSUBSCRIBE=0") => {}
+                (Some("default"), Ok(_)) => {}
+                (mode, r) => panic!("{mode:?}: unexpected {r:?}"),
+            }
+            return;
+        }
+        // The CPUs this process may run on (not `available_parallelism`, which a cgroup
+        // quota can lower below them).
+        // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity writes at most its size
+        // through the pointer, valid for the call, and CPU_COUNT reads it.
+        let cpus = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+                0
+            );
+            libc::CPU_COUNT(&set) as usize
+        };
+        for (mode, oversubscribe) in [("0", Some("0")), ("default", None)] {
+            let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+            cmd.args([name, "--exact", "--nocapture", "--test-threads", "1"])
+                .env(CHILD, mode)
+                .env("XTC_SHARDS", (cpus + 1).to_string());
+            match oversubscribe {
+                Some(v) => cmd.env("XTC_OVERSUBSCRIBE", v),
+                None => cmd.env_remove("XTC_OVERSUBSCRIBE"),
+            };
+            let status = cmd.status().unwrap();
             assert!(status.success(), "{mode}: {status}");
         }
     }
