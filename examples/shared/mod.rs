@@ -141,8 +141,11 @@ where
     Fut: Future<Output = ()> + 'static,
 {
     // Port 0: learn a free port once, then every shard binds that port with SO_REUSEPORT.
+    // An error names the address: alone, "Cannot assign requested address" did not say which.
     let addr = if addr.port() == 0 {
-        std::net::TcpListener::bind(addr)?.local_addr()?
+        std::net::TcpListener::bind(addr)
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("bind {addr}: {e}"))?
     } else {
         addr
     };
@@ -419,6 +422,22 @@ mod tests {
             let status = cmd.status().unwrap();
             assert!(status.success(), "{mode}: {status}");
         }
+    }
+
+    /// An address no interface holds (port 0, so `listen` binds it up front) fails with a
+    /// message naming it: "Cannot assign requested address (os error 99)" alone named nothing.
+    #[test]
+    fn an_address_that_cannot_be_bound_is_named() {
+        let exec = xtc::Executor::builder()
+            .shards(1)
+            .service_mode(true)
+            .build()
+            .unwrap();
+        // 192.0.2.0/24 is TEST-NET-1 (RFC 5737): no interface of a test machine holds it.
+        let err = listen(&exec, "192.0.2.1:0".parse().unwrap(), |_, _| async {})
+            .err()
+            .expect("refused");
+        assert!(err.to_string().starts_with("bind 192.0.2.1:0: "), "{err}");
     }
 
     /// Serving only, the default port applies when no `--addr` is given; an `--addr` with port 0
