@@ -70,11 +70,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = shared::parse("--rounds", 1000, 7000)?;
     let exec = shared::executor()?;
     let shards = exec.shard_count();
-    println!("{shards} shards, I/O driver {}", exec.io_driver());
+    shared::out(format_args!(
+        "{shards} shards, I/O driver {}",
+        exec.io_driver()
+    ));
     let server = shared::listen(&exec, args.addr, |stream, _| serve(stream))?;
     let addr = server.addr;
     if args.clients == 0 {
-        println!("echo server on {addr} (Ctrl-C to stop)");
+        shared::out(format_args!("echo server on {addr} (Ctrl-C to stop)"));
         exec.run()?;
         return server.check();
     }
@@ -87,14 +90,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     server.check()?;
     let total = (args.clients * rounds) as f64;
-    println!(
+    shared::out(format_args!(
         "{} clients x {rounds} round trips in {secs:.2} s: {:.0} round trips/s, {failed} failed",
         args.clients,
         total / secs,
-    );
+    ));
     for shard in 0..shards {
         let s = exec.loop_stats(shard)?;
-        println!(
+        shared::out(format_args!(
             "shard {shard}: {} tasks, {} I/O submitted, {} completed, {} polls, {} parks, idle {:.0}%",
             s.tasks_run,
             s.io_submitted,
@@ -102,7 +105,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             s.polls,
             s.parks,
             100.0 * s.idle_rate()
-        );
+        ));
     }
     if failed > 0 {
         return Err("some clients failed".into());

@@ -26,6 +26,13 @@ fn main_with(mut args: impl Iterator<Item = std::ffi::OsString>) -> std::process
     }
 }
 
+/// Prints `args` and a newline on stdout, ignoring a closed pipe (`hello | head -1`), where
+/// `println!` panics ("failed printing to stdout: Broken pipe").
+fn out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{args}");
+}
+
 fn run() -> xtc::Result<()> {
     // One shard per allowed physical core by default; XTC_SHARDS etc. override it.
     let exec = xtc::Executor::from_env()?;
@@ -40,22 +47,22 @@ fn run() -> xtc::Result<()> {
             hits.get().set(hits.get().get() + 1); // no lock: this slot is this shard's
             let next = (shard + 1) % xtc::shard::count();
             let there = xtc::shard::submit_to(next, || async { xtc::shard::id() }).await;
-            println!(
+            out(format_args!(
                 "hello from shard {shard} of {}; shard {next} answered {there:?}",
                 xtc::shard::count()
-            );
+            ));
         })?;
     }
     exec.run()?; // returns when every task is done and every timer fired
     for shard in 0..exec.shard_count() {
         let s = exec.loop_stats(shard)?;
-        println!(
+        out(format_args!(
             "shard {shard}: {} tasks, {} polls, {} ring messages sent, idle {:.0}%",
             s.tasks_run,
             s.polls,
             s.messages_sent,
             s.idle_rate() * 100.0
-        );
+        ));
     }
     Ok(())
 }
@@ -89,6 +96,36 @@ mod tests {
             "{stderr}"
         );
         assert!(!stderr.contains("Env {"), "{stderr}");
+    }
+
+    /// A closed stdout (`hello | head -1`) is no failure: `println!` panicked there ("failed
+    /// printing to stdout: Broken pipe") and the run exited 101. The child points its stdout at
+    /// a pipe whose read end it closed, then runs `main`.
+    #[test]
+    fn a_closed_stdout_is_not_a_failure() {
+        const CHILD: &str = "XTC_EXAMPLE_HELLO_PIPE_CHILD";
+        let name = "tests::a_closed_stdout_is_not_a_failure";
+        if std::env::var_os(CHILD).is_some() {
+            let mut fds = [0; 2];
+            // SAFETY: pipe writes two descriptors into the array, valid for the call; closing
+            // the read end and putting the write end on fd 1 touch descriptors this process
+            // owns (the test harness prints nothing more: the child exits below).
+            unsafe {
+                assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+                libc::close(fds[0]);
+                assert_eq!(libc::dup2(fds[1], 1), 1);
+            }
+            let ok = super::main_with(std::iter::empty()).report() == ExitCode::SUCCESS;
+            std::process::exit(if ok { 0 } else { 1 });
+        }
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+            .env(CHILD, "1")
+            .env_remove("XTC_SHARDS")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {stderr}", out.status);
     }
 
     /// An argument is refused (exit status 2) before anything runs: `hello` takes none, and a

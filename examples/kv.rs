@@ -282,7 +282,7 @@ async fn check_count(addr: SocketAddr, want: usize) -> Result<(), String> {
         .skip(1)
         .filter_map(|n| n.parse().ok())
         .collect();
-    println!("keys left per shard: {per_shard:?}");
+    shared::out(format_args!("keys left per shard: {per_shard:?}"));
     if per_shard.len() != xtc::shard::count() || per_shard.iter().sum::<usize>() != want {
         return Err(format!("COUNT replied {reply:?}: want {want} keys in all"));
     }
@@ -298,7 +298,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = shared::parse("--ops", 1000, 7001)?;
     let exec = shared::executor()?;
     let shards = exec.shard_count();
-    println!("{shards} shards, I/O driver {}", exec.io_driver());
+    shared::out(format_args!(
+        "{shards} shards, I/O driver {}",
+        exec.io_driver()
+    ));
     let store: Store = Arc::new(xtc::Sharded::new(shards, |_| RefCell::default()));
     let counts: Counts = Arc::new(xtc::Sharded::new(shards, |_| Default::default()));
     let server = {
@@ -309,7 +312,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let addr = server.addr;
     if args.clients == 0 {
-        println!("key-value server on {addr} (Ctrl-C to stop)");
+        shared::out(format_args!("key-value server on {addr} (Ctrl-C to stop)"));
         exec.run()?;
         return server.check();
     }
@@ -324,21 +327,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     server.check()?;
     // Each client: ops SETs, one bad request, ops GETs, ops/2 DELs, ops GETs.
     let requests = (clients * (3 * ops + ops.div_ceil(2) + 1)) as f64;
-    println!(
+    shared::out(format_args!(
         "{clients} clients, {requests} requests in {secs:.2} s: {:.0} requests/s, {failed} failed",
         requests / secs,
-    );
+    ));
     let counts = Arc::into_inner(counts).ok_or("the shards still hold the counters")?;
     for (shard, (local, remote)) in counts.into_inner().into_iter().enumerate() {
         let s = exec.loop_stats(shard)?;
-        println!(
+        shared::out(format_args!(
             "shard {shard}: {} requests for its own keys, {} sent to their owner; \
              {} ring messages sent, {} received",
             local.into_inner(),
             remote.into_inner(),
             s.messages_sent,
             s.messages_received,
-        );
+        ));
     }
     if failed > 0 {
         return Err("some checks failed".into());

@@ -149,6 +149,13 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Prints `args` and a newline on stdout, ignoring a closed pipe (`pipeline ... | head -1`), where
+/// `println!` panics ("failed printing to stdout: Broken pipe").
+fn out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{args}");
+}
+
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let args = parse(std::env::args().skip(1))?;
     let exec = xtc::Executor::from_env()?;
@@ -180,17 +187,17 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let want = (0..args.items)
         .map(|v| (0..stages).fold(v, |v, s| transform(s, v)))
         .fold(0, fold);
-    println!(
+    out(format_args!(
         "{} items through {stages} stages (capacity {}, batch {}) in {:.1} ms: {:.1} M items/s",
         args.items,
         args.capacity,
         args.batch,
         took.as_secs_f64() * 1e3,
         args.items as f64 / took.as_secs_f64() / 1e6
-    );
+    ));
     for shard in 0..stages {
         let s = exec.loop_stats(shard)?;
-        println!(
+        out(format_args!(
             "shard {shard}: {} polls, {} wakes sent over the ring mesh, {} wake pings, {} parks, \
              idle {:.0}%",
             s.polls,
@@ -198,13 +205,15 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
             s.notifications_sent,
             s.parks,
             s.idle_rate() * 100.0
-        );
+        ));
     }
     if got == want {
-        println!("checksum {got:#018x}: matches the serial run");
+        out(format_args!("checksum {got:#018x}: matches the serial run"));
         Ok(true)
     } else {
-        println!("checksum {got:#018x}: WRONG, the serial run gives {want:#018x}");
+        out(format_args!(
+            "checksum {got:#018x}: WRONG, the serial run gives {want:#018x}"
+        ));
         Ok(false)
     }
 }

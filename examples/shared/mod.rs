@@ -28,6 +28,13 @@ pub(crate) fn logging() {
         .try_init();
 }
 
+/// Prints `args` and a newline on stdout, ignoring a closed pipe (`kv ... | head -1`), where
+/// `println!` panics ("failed printing to stdout: Broken pipe").
+pub(crate) fn out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{args}");
+}
+
 /// The flags: `--addr A --clients N` and one for the work each client does.
 pub(crate) struct Args {
     pub(crate) addr: SocketAddr,
