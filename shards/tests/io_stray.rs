@@ -195,6 +195,79 @@ fn a_dropped_recv_from_loses_no_datagram() {
     });
 }
 
+/// An empty buffer with no memory behind it: a null pointer, as the traits allow for 0 bytes
+/// (the kernel takes a null, 0-byte iovec).
+struct NoMemory;
+
+// SAFETY: 0 bytes, none initialized: there is nothing to point at.
+unsafe impl xtc_shards::io::IoBuf for NoMemory {
+    fn stable_ptr(&self) -> *const u8 {
+        std::ptr::null()
+    }
+    fn bytes_init(&self) -> usize {
+        0
+    }
+    fn bytes_total(&self) -> usize {
+        0
+    }
+}
+
+// SAFETY: as above.
+unsafe impl xtc_shards::io::IoBufMut for NoMemory {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        std::ptr::null_mut()
+    }
+    unsafe fn set_init(&mut self, _n: usize) {}
+}
+
+/// A `recv_from` into an empty buffer with a null pointer takes over a kept receive's
+/// datagram (truncated to nothing), and one kept with such a buffer hands over its datagram
+/// (as received: nothing), without making a slice of the null pointer (undefined behaviour;
+/// a debug build aborted on it).
+#[test]
+fn a_recv_from_into_a_null_empty_buffer_takes_a_kept_datagram() {
+    on_each_driver(
+        "a_recv_from_into_a_null_empty_buffer_takes_a_kept_datagram",
+        1,
+        |driver| async move {
+            let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let (to_a, from_b) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+            for dgram in [b"dgram".to_vec(), Vec::new()] {
+                let sent = dgram.clone();
+                poll_once_then_drop(a.recv_from(Vec::with_capacity(64)), async {
+                    let (w, _) = b.send_to(sent, to_a).await;
+                    w.unwrap();
+                    sleep(Duration::from_millis(5)).await;
+                })
+                .await;
+                let (r, _) = guard("recv_from", a.recv_from(NoMemory)).await;
+                assert_eq!(r.unwrap(), (0, from_b), "{dgram:?}");
+            }
+            // A kept receive into such a buffer hands over its (truncated) datagram too.
+            poll_once_then_drop(a.recv_from(NoMemory), async {
+                let (w, _) = b.send_to(b"lost".to_vec(), to_a).await;
+                w.unwrap();
+                sleep(Duration::from_millis(5)).await;
+            })
+            .await;
+            let (r, got) = guard("recv_from", a.recv_from(Vec::with_capacity(64))).await;
+            // On epoll the dropped receive never took the datagram.
+            let want: &[u8] = if driver == xtc_shards::io::Driver::IoUring {
+                b""
+            } else {
+                b"lost"
+            };
+            assert_eq!((r.unwrap(), &got[..]), ((want.len(), from_b), want));
+            // Nothing is left behind.
+            let (w, _) = b.send_to(b"next".to_vec(), to_a).await;
+            w.unwrap();
+            let (r, got) = guard("recv_from", a.recv_from(Vec::with_capacity(64))).await;
+            assert_eq!((r.unwrap().0, &got[..]), (4, &b"next"[..]));
+        },
+    );
+}
+
 /// An empty buffer reads `Ok(0)` at once, as `std` does, on both drivers (io_uring waited for
 /// data, then reported 0, the end-of-stream value).
 #[test]

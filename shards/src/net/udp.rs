@@ -62,13 +62,16 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
         let (res, (mut buf, h)) = ready!(Pin::new(self).poll(cx));
         let r = msg::received_from(res, &h).map(|(n, addr)| {
             let n = n.min(buf.bytes_total()).min(dst.len());
-            // SAFETY: the kernel wrote the datagram's first `n <= bytes_total()` bytes at the
-            // buffer's stable mutable pointer, where the receive was submitted
-            // (`msg::submit_recv_from`; `stable_ptr` may be another view), and the completion
-            // was reaped before this result.
-            let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
-            for (d, &b) in dst.iter_mut().zip(got) {
-                d.write(b);
+            if n > 0 {
+                // SAFETY: the kernel wrote the datagram's first `n <= bytes_total()` bytes at
+                // the buffer's stable mutable pointer, where the receive was submitted
+                // (`msg::submit_recv_from`; `stable_ptr` may be another view), and the
+                // completion was reaped before this result. Not for `n == 0`: an empty
+                // buffer's pointer may be null, which no slice may have.
+                let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
+                for (d, &b) in dst.iter_mut().zip(got) {
+                    d.write(b);
+                }
             }
             (n, addr)
         });
@@ -209,9 +212,15 @@ impl UdpSocket {
                 let res = poll_fn(|cx| {
                     let op = keep.op.as_mut().expect("present until it completes");
                     let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
-                    // SAFETY: `buf` owns `len` writable bytes at its stable pointer, borrowed for
-                    // this call only; as `MaybeUninit` nothing is read from them.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) };
+                    let dst: &mut [MaybeUninit<u8>] = if len == 0 {
+                        // An empty buffer's pointer may be null, which no slice may have.
+                        &mut []
+                    } else {
+                        // SAFETY: `buf` owns `len` writable bytes at its stable pointer,
+                        // borrowed for this call only; as `MaybeUninit` nothing is read from
+                        // them.
+                        unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) }
+                    };
                     op.poll_into(cx, dst)
                 })
                 .await;
