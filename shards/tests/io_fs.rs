@@ -1513,3 +1513,30 @@ fn a_skipped_jobs_file_is_closed_once_the_job_is_done() {
         "{held} of 200 rounds found the dropped file still open once its job was done"
     );
 }
+
+/// A write and a read of an empty buffer whose pointer is null (as the traits allow for 0
+/// bytes) move nothing, on both drivers. The epoll path copied the buffer through a slice of
+/// that pointer (the write's copy for the pool job, the read's copy back): undefined
+/// behaviour, and a debug build aborted on it.
+#[test]
+fn a_null_empty_buffer_writes_and_reads_nothing() {
+    on_each_driver(
+        "a_null_empty_buffer_writes_and_reads_nothing",
+        1,
+        |_| async move {
+            let path = temp_path("null-empty");
+            let _c = Cleanup(path.clone());
+            let f = open_scratch(&path).await;
+            let (r, _) = f.write_at(NoMemory, 0).await;
+            assert_eq!(r.unwrap(), 0);
+            let (r, _) = f.write_all_at(NoMemory, 0).await;
+            r.unwrap();
+            let (r, _) = f.write_all_at(b"data".to_vec(), 0).await;
+            r.unwrap();
+            let (r, _) = f.read_at(NoMemory, 0).await;
+            assert_eq!(r.unwrap(), 0);
+            let (r, got) = f.read_at(Vec::with_capacity(16), 0).await;
+            assert_eq!((r.unwrap(), &got[..]), (4, &b"data"[..]));
+        },
+    );
+}

@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use io_common::{each_driver, fill, guard, on_each_driver, tcp_pair, Stream};
+use io_common::{each_driver, fill, guard, on_each_driver, tcp_pair, NoMemory, Stream};
 use xtc_shards::{
     net::{TcpListener, TcpStream, UdpSocket, UnixStream},
     spawn_local,
@@ -193,31 +193,6 @@ fn a_dropped_recv_from_loses_no_datagram() {
             recv(second, round).await;
         }
     });
-}
-
-/// An empty buffer with no memory behind it: a null pointer, as the traits allow for 0 bytes
-/// (the kernel takes a null, 0-byte iovec).
-struct NoMemory;
-
-// SAFETY: 0 bytes, none initialized: there is nothing to point at.
-unsafe impl xtc_shards::io::IoBuf for NoMemory {
-    fn stable_ptr(&self) -> *const u8 {
-        std::ptr::null()
-    }
-    fn bytes_init(&self) -> usize {
-        0
-    }
-    fn bytes_total(&self) -> usize {
-        0
-    }
-}
-
-// SAFETY: as above.
-unsafe impl xtc_shards::io::IoBufMut for NoMemory {
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        std::ptr::null_mut()
-    }
-    unsafe fn set_init(&mut self, _n: usize) {}
 }
 
 /// A `recv_from` into an empty buffer with a null pointer takes over a kept receive's

@@ -347,3 +347,28 @@ pub fn fill(a: &impl std::os::fd::AsRawFd) -> usize {
     }
     filled
 }
+
+/// An empty buffer with no memory behind it: a null pointer, as the traits allow for 0 bytes
+/// (the kernel takes a null, 0-byte iovec).
+pub struct NoMemory;
+
+// SAFETY: 0 bytes, none initialized: there is nothing to point at.
+unsafe impl xtc_shards::io::IoBuf for NoMemory {
+    fn stable_ptr(&self) -> *const u8 {
+        std::ptr::null()
+    }
+    fn bytes_init(&self) -> usize {
+        0
+    }
+    fn bytes_total(&self) -> usize {
+        0
+    }
+}
+
+// SAFETY: as above.
+unsafe impl xtc_shards::io::IoBufMut for NoMemory {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        std::ptr::null_mut()
+    }
+    unsafe fn set_init(&mut self, _n: usize) {}
+}

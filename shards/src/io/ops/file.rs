@@ -120,9 +120,12 @@ fn try_buffer(len: usize) -> io::Result<Vec<u8>> {
 pub(crate) fn copy_for_write<B: IoBuf>(buf: &B, from: usize) -> io::Result<Vec<u8>> {
     let len = buf.bytes_init().saturating_sub(from).min(MAX_RW);
     let mut v = try_buffer(len)?;
-    // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized, and
-    // `from + len <= bytes_init()`.
-    v.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_ptr().add(from), len) });
+    if len > 0 {
+        // SAFETY: the first `bytes_init()` bytes of an IoBuf are initialized, and
+        // `from + len <= bytes_init()`. Not for `len == 0`: an empty buffer's pointer may be
+        // null, which no slice may have.
+        v.extend_from_slice(unsafe { std::slice::from_raw_parts(buf.stable_ptr().add(from), len) });
+    }
     Ok(v)
 }
 
@@ -192,10 +195,14 @@ pub(crate) async fn read_at<B: IoBufMut>(
             })
             .await;
             r.map(|tmp| {
-                // SAFETY: `tmp.len() <= bytes_total()`, and the regions do not overlap.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), buf.stable_mut_ptr(), tmp.len())
-                };
+                if !tmp.is_empty() {
+                    // SAFETY: `tmp.len() <= bytes_total()`, and the regions do not overlap
+                    // (and are non-null: not for 0 bytes, where an empty buffer's pointer may
+                    // be null).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), buf.stable_mut_ptr(), tmp.len())
+                    };
+                }
                 tmp.len()
             })
         }
