@@ -337,16 +337,10 @@ pub(crate) fn latency_due(core: &Core) -> bool {
     if runnable_bound.is_some_and(|b| ran >= b) {
         return true;
     }
-    ran >= any && (wake_pending(core) || timer_due(core, now))
-}
-
-/// Rule 4: whether a wake waits for the loop to turn: in the inbox, an incoming ring, or the
-/// io_uring completion queue (loads, no system call). Without this a task woken from
-/// elsewhere waited, in or out of a latency class, until the running task ended its poll.
-fn wake_pending(core: &Core) -> bool {
-    core.shared.inbox.is_pending()
-        || core.mesh.try_borrow().is_ok_and(|m| m.incoming_pending())
-        || core.io.has_completions()
+    // A wake waiting for the loop to turn (`event_loop::turn_pending`): without this a task
+    // woken from elsewhere waited, in or out of a latency class, until the running task
+    // ended its poll.
+    ran >= any && (crate::event_loop::turn_pending(core) || timer_due(core, now))
 }
 
 /// Rule 4: whether a timer is due at `now`.

@@ -521,6 +521,15 @@ pub(crate) fn reply_spin_due(core: &Core) -> bool {
     core.reply_awaited.replace(false) && core.replies_awaited.get() > 0
 }
 
+/// Whether a wake or a message waits for this loop's next turn in a source a sender fills
+/// without pinging a loop that is awake: the inbox, an incoming ring, io_uring's completion
+/// queue. Loads only, no system call (epoll readiness is not seen). Cost: three loads.
+pub(crate) fn turn_pending(core: &Core) -> bool {
+    core.shared.inbox.is_pending()
+        || core.mesh.try_borrow().is_ok_and(|m| m.incoming_pending())
+        || core.io.has_completions()
+}
+
 /// Spin-before-park: polls the loop's sources for up to `spin` before it parks, yielding the
 /// CPU (`sched_yield`) after every 64 polls. Returns whether work arrived. Costs a full CPU for
 /// the spin time of every idle period, unless another thread wants it.
@@ -536,12 +545,7 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let next_timer = core.timers.borrow_mut().next_deadline();
     loop {
         for _ in 0..64 {
-            if core.shared.inbox.is_pending()
-                || core.mesh.borrow().incoming_pending()
-                || core.io.has_completions()
-                || steal::has_local(core)
-                || ring::space_freed(core)
-            {
+            if turn_pending(core) || steal::has_local(core) || ring::space_freed(core) {
                 return true;
             }
             std::hint::spin_loop();

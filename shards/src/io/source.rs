@@ -11,11 +11,9 @@ use std::{
     task::{Context, Poll},
 };
 
-use io_uring::{opcode, types};
-
 use super::{
     epoll::{Dir, Epoll},
-    ops::submit,
+    ops::poll_add,
     uring::Op,
     Reactor,
 };
@@ -329,11 +327,9 @@ where
                         Dir::Read => libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP,
                         Dir::Write => libc::POLLOUT,
                     };
-                    match submit((), |_| {
-                        opcode::PollAdd::new(types::Fd(fd), events as u32).build()
-                    }) {
+                    match poll_add(fd, events) {
                         Ok(op) => self.poll_op = Some(op),
-                        Err((e, ())) => return Poll::Ready(Err(e)),
+                        Err(e) => return Poll::Ready(Err(e)),
                     }
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}

@@ -43,11 +43,7 @@ pub(crate) async fn connect(src: &Source, addr: SockAddr) -> io::Result<()> {
                 }
                 if resumed && res == -libc::EALREADY {
                     // Still under way: wait for its end (writable, or an error), then ask.
-                    let op = submit((), |_| {
-                        opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32).build()
-                    })
-                    .map_err(|(e, _)| e)?;
-                    let (res, ()) = op.await;
+                    let (res, ()) = super::poll_add(fd, libc::POLLOUT)?.await;
                     if res < 0 && res != -libc::ECANCELED {
                         return result(res).map(drop);
                     }

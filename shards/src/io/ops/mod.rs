@@ -79,6 +79,16 @@ pub(crate) fn submit<T: 'static>(
     }
 }
 
+/// Starts an io_uring `POLL_ADD` for `events` (`POLLIN`, `POLLOUT`, ..) on `fd`: its
+/// completion says the descriptor became ready (or failed). For a call that must wait on an
+/// io_uring loop where xtc has no operation of its own for it.
+pub(crate) fn poll_add(fd: std::os::fd::RawFd, events: i16) -> io::Result<Op<()>> {
+    submit((), |_| {
+        io_uring::opcode::PollAdd::new(io_uring::types::Fd(fd), events as u16 as u32).build()
+    })
+    .map_err(|(e, ())| e)
+}
+
 /// The registered-buffer index of `buf` if it is registered with the io_uring that [`submit`]
 /// uses (the first loop `with_own_core` finds: the running one, if any). Only that ring:
 /// with a loop run while the pool's own was hidden (`context::off_loop`), the pool's driver
