@@ -351,7 +351,8 @@ impl File {
     /// Closes the file and reports the kernel's error. If an operation is still in flight (one
     /// whose future was dropped: on the epoll driver's pool, or in the kernel on io_uring), the
     /// descriptor closes when it ends, and this returns `Ok`. Cost: one `CLOSE` submission, or
-    /// one `close` on epoll.
+    /// one `close` on epoll and off any loop (where, unlike the other calls, it works: a
+    /// `File` kept past its loop closes as its drop would, reporting the kernel's error).
     pub async fn close(self) -> io::Result<()> {
         match Arc::try_unwrap(self.fd) {
             Ok(fd) => file::close(fd).await,

@@ -1540,3 +1540,20 @@ fn a_null_empty_buffer_writes_and_reads_nothing() {
         },
     );
 }
+
+/// `File::close` off any loop (a file kept past its `LocalExecutor::block_on`) closes the
+/// file, as a drop does there, and reports what `close(2)` answered. It returned the off-loop
+/// error ("use files inside a task") after its drop had closed the file anyway: the caller,
+/// its `File` consumed, could do nothing the error said, and the kernel's answer was lost.
+#[test]
+fn close_off_any_loop_closes_and_reports_the_kernels_answer() {
+    let path = temp_path("close-off-loop");
+    let _c = Cleanup(path.clone());
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let p = path.clone();
+    let f = ex.block_on(async move { File::create(&p).await.unwrap() });
+    assert_eq!(fds_on(&path), 1, "the file is open");
+    let r = futures::executor::block_on(f.close());
+    assert!(r.is_ok(), "close off any loop: {r:?}");
+    assert_eq!(fds_on(&path), 0, "the file is closed");
+}

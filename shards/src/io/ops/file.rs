@@ -370,10 +370,13 @@ pub(crate) async fn stat(fd: &Arc<OwnedFd>) -> io::Result<Stat> {
     }
 }
 
-/// Closes `fd`, reporting the kernel's error (unlike a drop).
+/// Closes `fd`, reporting the kernel's error (unlike a drop). Off any loop (or on one without a
+/// driver) with a plain `close(2)`, as on epoll: the descriptor is ours and closes either way
+/// (the off-loop error, returned after the drop had closed it, told the caller to do what it
+/// no longer could, and lost the kernel's answer).
 pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
-    match backend()? {
-        Driver::IoUring => {
+    match backend() {
+        Ok(Driver::IoUring) => {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             let op = submit((), |_| opcode::Close::new(types::Fd(raw)).build());
             match op {
@@ -385,7 +388,7 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
                 }
             }
         }
-        Driver::Epoll => {
+        Ok(Driver::Epoll) | Err(_) => {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             // SAFETY: we own `raw`; close on a regular file does not block for long.
             cvt(unsafe { libc::close(raw) }).map(drop)
