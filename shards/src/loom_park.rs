@@ -298,3 +298,114 @@ fn loom_closing_never_stops_a_loop_that_took_work() {
         );
     });
 }
+
+/// Quiescence (`executor/quiesce.rs`) against a foreign push into an idle loop's inbox, over
+/// the shipping `Inbox` counts, `Status` and `close_with`: a loop that kept its idle status
+/// after an idle tick (event loop step 2) publishes BUSY before it drains, and the coordinator
+/// takes `check`'s two snapshots (status, then the inbox counts, as `Snapshot::take`) and,
+/// on a quiescent verdict, `close`'s third. The stop must never come while the loop runs what
+/// it took (a verdict of quiescence with a task in flight), and the message is run or stays
+/// queued for the next run, never lost. With `drain_first` the loop drains before publishing
+/// BUSY (the broken order), which the model must catch.
+fn quiescence_vs_inbox_model(drain_first: bool) {
+    use crate::{
+        event_loop::{status, Inbox, Status},
+        executor::quiesce::{close_with, Closing},
+        sync::{AtomicBool, AtomicU64, Ordering::SeqCst},
+    };
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(move || {
+        let word = Arc::new(AtomicU64::new(0));
+        let closing = Arc::new(Closing::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let inbox = Arc::new(Inbox::<u32>::new());
+        // The loop went idle (EMPTY, epoch 0) and kept that status through an idle tick.
+        let _ = Status::new(&word, &closing, &stop).idle(status::EMPTY);
+        let sender = {
+            let inbox = inbox.clone();
+            thread::spawn(move || inbox.push(7))
+        };
+        let looper = {
+            let (word, closing, stop, inbox) =
+                (word.clone(), closing.clone(), stop.clone(), inbox.clone());
+            thread::spawn(move || {
+                let mut st = Status::new(&word, &closing, &stop);
+                let mut idle = true;
+                let mut spare = Vec::new();
+                let mut ran = 0;
+                // Two turns, each after an idle tick that kept the status when idle.
+                for _ in 0..2 {
+                    // Step 1.
+                    if stop.load(SeqCst) {
+                        break;
+                    }
+                    // Step 2.
+                    if drain_first && inbox.drain_into(&mut spare) > 0 {
+                        idle = false;
+                        if st.busy() {
+                            // Stopping: what it took is dropped unrun.
+                            break;
+                        }
+                    } else if idle && inbox.is_pending() {
+                        idle = false;
+                        if st.busy() {
+                            continue;
+                        }
+                    }
+                    if !idle && (!spare.is_empty() || inbox.drain_into(&mut spare) > 0) {
+                        // Step 4: the task runs; a quiescent stop must not have been decided.
+                        assert!(
+                            !stop.load(SeqCst),
+                            "the loop took a task and a quiescent stop was decided while it ran"
+                        );
+                        ran += spare.len();
+                        spare.clear();
+                    }
+                    if !idle {
+                        let _ = st.idle(status::EMPTY);
+                        idle = true;
+                    }
+                }
+                assert!(
+                    spare.is_empty(),
+                    "the loop took a message and the stop dropped it"
+                );
+                ran
+            })
+        };
+        // The coordinator: `check`, then `close`.
+        let snap = || {
+            let st = word.load(SeqCst);
+            let (pushed, popped) = inbox.counts();
+            (st, pushed, popped)
+        };
+        let a = snap();
+        let quiescent = status::kind(a.0) == status::EMPTY && a.1 == a.2 && snap() == a;
+        let stopped =
+            quiescent && close_with(&closing, || snap() == a, || stop.store(true, SeqCst));
+        sender.join().unwrap();
+        let ran = looper.join().unwrap();
+        let mut left = Vec::new();
+        inbox.drain_into(&mut left);
+        assert_eq!(
+            ran + left.len(),
+            1,
+            "the message was lost (stopped: {stopped})"
+        );
+    });
+}
+
+/// The inbox's pop count and the status word never let the coordinator stop a loop that took
+/// a foreign push (event loop step 2: BUSY first, then the drain).
+#[test]
+fn loom_quiescence_never_stops_a_loop_running_inbox_work() {
+    quiescence_vs_inbox_model(false);
+}
+
+/// The broken order (drain while the status still reads idle): the model must catch it.
+#[test]
+#[should_panic(expected = "the loop took")]
+fn loom_quiescence_draining_before_busy_is_caught() {
+    quiescence_vs_inbox_model(true);
+}
