@@ -409,3 +409,107 @@ fn loom_quiescence_never_stops_a_loop_running_inbox_work() {
 fn loom_quiescence_draining_before_busy_is_caught() {
     quiescence_vs_inbox_model(true);
 }
+
+/// The whole idle cycle of one loop against a foreign push and the coordinator, over the
+/// shipping `Inbox`, `Parker`, `Status` and `close_with`: the loop publishes EMPTY, announces,
+/// rechecks (the inbox, the stop flag) and sleeps, and after waking publishes BUSY (which
+/// waits out a closing coordinator) before its step 1 and its drain. The coordinator takes
+/// `check`'s snapshots and closes on a quiescent verdict, which sets the stop flag and then
+/// pings the loop unconditionally (`request_stop`); otherwise it leaves the loop alone, which
+/// ends once it ran the message. No wake-up is lost (the push's nor the stop's: a loom
+/// deadlock otherwise), a quiescent stop never comes while the loop runs what it took, and
+/// the message is run or stays queued, never lost.
+#[test]
+fn loom_idle_cycle_against_a_push_and_the_stop() {
+    use crate::{
+        event_loop::{status, Inbox, Status},
+        executor::quiesce::{close_with, Closing},
+        sync::{
+            AtomicBool, AtomicU64,
+            Ordering::{Relaxed, SeqCst},
+        },
+    };
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let word = Arc::new(AtomicU64::new(0));
+        let closing = Arc::new(Closing::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let quiescent_stop = Arc::new(AtomicBool::new(false));
+        let inbox = Arc::new(Inbox::<u32>::new());
+        let parker = Arc::new(Parker::new().unwrap());
+        let sender = {
+            let (inbox, parker) = (inbox.clone(), parker.clone());
+            thread::spawn(move || {
+                inbox.push(7);
+                parker.unpark();
+            })
+        };
+        let looper = {
+            let (word, closing, stop, quiescent_stop, inbox, parker) = (
+                word.clone(),
+                closing.clone(),
+                stop.clone(),
+                quiescent_stop.clone(),
+                inbox.clone(),
+                parker.clone(),
+            );
+            thread::spawn(move || {
+                // BUSY at epoch 0, as `restart_status` leaves it.
+                let mut st = Status::new(&word, &closing, &stop);
+                let mut spare = Vec::new();
+                let mut ran = 0;
+                loop {
+                    // Step 1 (`stop_requested`); the model ends once the message ran.
+                    if stop.load(Relaxed) || ran > 0 {
+                        break;
+                    }
+                    // Steps 2 and 4.
+                    if inbox.drain_into(&mut spare) > 0 {
+                        assert!(
+                            !quiescent_stop.load(SeqCst),
+                            "the loop took a task and a quiescent stop was decided while it ran"
+                        );
+                        ran += spare.len();
+                        spare.clear();
+                        continue;
+                    }
+                    // Step 5.
+                    let _ = st.idle(status::EMPTY);
+                    parker.announce();
+                    if inbox.recheck() || stop.load(Relaxed) {
+                        parker.cancel();
+                    } else {
+                        parker.sleep(None);
+                    }
+                    // Step 1 comes next either way.
+                    let _ = st.busy();
+                }
+                ran
+            })
+        };
+        // The coordinator: `check`, then `close`.
+        let snap = || {
+            let st = word.load(SeqCst);
+            let (pushed, popped) = inbox.counts();
+            (st, pushed, popped)
+        };
+        let a = snap();
+        let quiescent = status::kind(a.0) == status::EMPTY && a.1 == a.2 && snap() == a;
+        let _ = quiescent
+            && close_with(
+                &closing,
+                || snap() == a,
+                || {
+                    quiescent_stop.store(true, SeqCst);
+                    stop.store(true, SeqCst);
+                    parker.force_unpark();
+                },
+            );
+        sender.join().unwrap();
+        let ran = looper.join().unwrap();
+        let mut left = Vec::new();
+        inbox.drain_into(&mut left);
+        assert_eq!(ran + left.len(), 1, "the message was lost");
+    });
+}
