@@ -738,3 +738,29 @@ fn a_due_tick_yields_to_the_loop_so_due_timers_fire_between_ticks() {
         );
     });
 }
+
+/// A `timeout` whose future completed gives its timer up at once, not when the `Timeout` is
+/// dropped: kept (a pinned `Timeout` awaited by reference, then held while the task waits on
+/// something else), its hour-long timer kept the loop `WAITING`, so the task's deadlock below
+/// went unreported for that hour (and the loop woke at the deadline for nothing).
+#[test]
+fn a_completed_timeout_releases_its_timer() {
+    let ex = common::exec_with_grace(1, Duration::from_millis(200));
+    ex.spawn_on(0, || async {
+        // Pending at its first poll (which registers the timer), done at its second.
+        let mut t = Box::pin(time::timeout(Duration::from_secs(3600), async {
+            xtc_shards::yield_now().await;
+            3
+        }));
+        assert_eq!(t.as_mut().await, Ok(3));
+        // Deadlocked, still holding the completed timeout.
+        std::future::pending::<()>().await;
+        drop(t);
+    })
+    .unwrap();
+    match common::run_within(&ex, Duration::from_secs(20)) {
+        Some(Err(xtc_shards::Error::Deadlock { .. })) => {}
+        Some(r) => panic!("expected a deadlock report, got {r:?}"),
+        None => panic!("no deadlock report: the completed timeout's timer kept its loop waiting"),
+    }
+}

@@ -227,7 +227,8 @@ impl fmt::Debug for Sleep {
 }
 
 /// Runs `fut` for at most `duration`: `Err(Elapsed)` if the time runs out first (the future is
-/// then dropped). Cost: one timer, as [`sleep`].
+/// dropped with the `Timeout`). Cost: one timer, as [`sleep`], given up as soon as either
+/// completes.
 pub fn timeout<F: Future>(duration: Duration, fut: F) -> Timeout<F> {
     Timeout {
         fut,
@@ -252,6 +253,10 @@ impl<F: Future> Future for Timeout<F> {
         // SAFETY: see above.
         let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
         if let Poll::Ready(v) = fut.poll(cx) {
+            // Its timer goes now, not when the `Timeout` is dropped: a completed timeout kept
+            // (pinned and awaited by reference, then held) kept its loop `WAITING` until the
+            // deadline, a deadlock meanwhile unreported, and woke the loop for nothing.
+            this.sleep.cancel();
             return Poll::Ready(Ok(v));
         }
         match Pin::new(&mut this.sleep).poll(cx) {
