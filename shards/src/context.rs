@@ -528,6 +528,28 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
     })
 }
 
+/// Runs `f` with no task marked as being polled on this thread's loop (`Core::current` null,
+/// restored afterwards, also on unwind): for user code that is not the polled task's own, a
+/// `JoinHandle`'s foreign waker. async-task wakes a handle's awaiter after it dropped its own
+/// reference to the task that just ended, which frees that task when its handle is gone; the
+/// loop still names it as current until `run` returns, and code reading `current` there
+/// (`shard::set_class`, a handle's work-first join) read and wrote the freed task. Cost: two
+/// thread-local reads.
+pub(crate) fn outside_task<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<*const TaskMeta>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(meta) = self.0 {
+                // The same loop: `f` leaves this thread's current loop as it found it (loops
+                // entered or hidden inside it are restored by their own guards).
+                with_core(|c| c.current.set(meta));
+            }
+        }
+    }
+    let _restore = Restore(with_core(|c| c.current.replace(ptr::null())));
+    f()
+}
+
 /// The executor of the current loop.
 pub(crate) fn exec() -> Option<Arc<ExecShared>> {
     with_core(|c| c.exec.clone())

@@ -4,6 +4,8 @@ mod common;
 use common::*;
 
 use std::{
+    cell::RefCell,
+    rc::Rc,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
         Arc, Mutex,
@@ -866,4 +868,76 @@ fn join_error_and_error_are_send_and_sync() {
     // The payload is still the panic's, to re-raise.
     let p = e.into_panic().expect("a panic");
     assert_eq!(p.downcast_ref::<&str>(), Some(&"boom"));
+}
+
+/// A user's waker that, when woken, tries `shard::set_class` (which acts on the task being
+/// polled, through the loop's pointer to its metadata) and records whether it was accepted.
+struct SetClassWaker {
+    class: xtc_shards::Class,
+    accepted: Mutex<Vec<bool>>,
+}
+
+impl std::task::Wake for SetClassWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let ok = xtc_shards::shard::set_class(self.class).is_ok();
+        self.accepted.lock().unwrap().push(ok);
+    }
+}
+
+/// async-task wakes a handle's awaiter after it dropped its own reference to the task; when the
+/// handle is gone already (dropped by the task itself in its last poll, or an aborted handle
+/// dropped before its task was), that frees the task first. The loop still named the freed
+/// task as the one being polled while the awaiter, a user's waker, ran: `shard::set_class`
+/// there read and wrote the freed task's class (valgrind: an invalid read 32 bytes inside a
+/// block freed by `RawTask::destroy`). A `JoinHandle`'s foreign waker is not the polled task's
+/// code: it runs with no task current, so `set_class` is refused there.
+#[test]
+fn a_join_handle_waker_woken_after_its_task_was_freed_sees_no_current_task() {
+    for aborted in [false, true] {
+        let accepted = LocalExecutor::new().unwrap().block_on(async move {
+            let class = xtc_shards::shard::create_class(100, None).unwrap();
+            let w = Arc::new(SetClassWaker {
+                class,
+                accepted: Mutex::new(Vec::new()),
+            });
+            let waker = Waker::from(w.clone());
+            let slot: Rc<RefCell<Option<xtc_shards::JoinHandle<u32>>>> = Rc::default();
+            let in_task = slot.clone();
+            let mut h = spawn_local(async move {
+                task::yield_now().await;
+                // The handle goes before the task ends: its end frees the task.
+                drop(in_task.borrow_mut().take());
+                1u32
+            });
+            if aborted {
+                h.abort();
+            }
+            // Registers the guarded user waker as the task's awaiter.
+            assert!(matches!(
+                poll_caught(std::pin::Pin::new(&mut h), &waker),
+                Ok(true)
+            ));
+            if aborted {
+                // Dropped at once: the task, closed, is dropped unrun and freed by its loop.
+                drop(h);
+            } else {
+                *slot.borrow_mut() = Some(h);
+            }
+            drop(waker);
+            for _ in 0..4 {
+                task::yield_now().await;
+            }
+            let accepted = w.accepted.lock().unwrap().clone();
+            accepted
+        });
+        assert_eq!(
+            accepted,
+            vec![false],
+            "aborted {aborted}: the waker ran with the freed task as the current one"
+        );
+    }
 }

@@ -318,8 +318,10 @@ fn meta_offset(core: &crate::context::Core) -> usize {
 }
 
 /// A user's waker as a handle's awaiter (see [`guard_foreign`]): its `wake` and its drop run
-/// under [`guarded`](super::guarded), so a panic there is logged and goes no further; cloning
-/// it is a reference-count increment, no user code.
+/// under [`guarded`](super::guarded), so a panic there is logged and goes no further, and with
+/// no task current on the loop ([`outside_task`](crate::context::outside_task)): async-task
+/// wakes and drops it after it may have freed the task that just ended, which the loop still
+/// names as the one being polled. Cloning it is a reference-count increment, no user code.
 struct GuardedWaker(Option<Waker>);
 
 impl Wake for GuardedWaker {
@@ -329,8 +331,10 @@ impl Wake for GuardedWaker {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if let Some(w) = &self.0 {
-            super::guarded("a JoinHandle's waker panicked when woken", || {
-                w.wake_by_ref()
+            crate::context::outside_task(|| {
+                super::guarded("a JoinHandle's waker panicked when woken", || {
+                    w.wake_by_ref()
+                })
             });
         }
     }
@@ -339,7 +343,9 @@ impl Wake for GuardedWaker {
 impl Drop for GuardedWaker {
     fn drop(&mut self) {
         if let Some(w) = self.0.take() {
-            super::guarded("a JoinHandle's waker panicked when dropped", || drop(w));
+            crate::context::outside_task(|| {
+                super::guarded("a JoinHandle's waker panicked when dropped", || drop(w))
+            });
         }
     }
 }
