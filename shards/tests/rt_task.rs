@@ -941,3 +941,16 @@ fn a_join_handle_waker_woken_after_its_task_was_freed_sees_no_current_task() {
         );
     }
 }
+
+/// `task::Builder::spawn_on` off any loop fails with `Error::OffLoop`, as `submit_to`,
+/// `set_class` and `create_class` do there. It gave `Error::InvalidArgument` (documented as a
+/// builder or knob argument out of range), so a caller telling the off-loop case apart by its
+/// variant missed it.
+#[test]
+fn task_builder_spawn_on_off_any_loop_is_an_off_loop_error() {
+    let r = task::Builder::new().name("off").spawn_on(0, || async { 1 });
+    match r {
+        Err(Error::OffLoop(what)) => assert!(what.contains("spawn_on"), "{what}"),
+        other => panic!("not an off-loop error: {:?}", other.map(|_| ())),
+    }
+}

@@ -98,7 +98,8 @@ impl Builder {
     }
 
     /// Like [`crate::Handle::spawn_on`] on the current executor, with this builder's options.
-    /// `Err` off any loop, or for an out-of-range shard.
+    /// `Err(OffLoop)` off any loop (use [`Handle::spawn_on`](crate::Handle::spawn_on) there),
+    /// `Err(InvalidShard)` for an out-of-range shard.
     #[track_caller]
     pub fn spawn_on<F, Fut>(self, shard: usize, make: F) -> Result<JoinHandle<Fut::Output>>
     where
@@ -107,9 +108,8 @@ impl Builder {
         Fut::Output: Send + 'static,
     {
         let info = TaskInfo::here(self.name);
-        let exec = crate::context::exec().ok_or(crate::Error::InvalidArgument(
-            "task::Builder::spawn_on outside an xtc loop: use Handle::spawn_on".into(),
-        ))?;
+        let exec =
+            crate::context::exec().ok_or(crate::Error::OffLoop("xtc::task::Builder::spawn_on"))?;
         // The class goes with the task when it belongs to the target shard (of this executor).
         let class = match self.class {
             Some(c)
