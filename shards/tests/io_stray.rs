@@ -2182,3 +2182,55 @@ fn a_connect_that_outlives_its_driver_still_connects() {
     let s = r.expect("a connect awaited across block_on");
     drop(s);
 }
+
+/// A read dropped alone whose task's waker, dropped when the receive is kept (`Op::unwait`),
+/// runs user code that starts and drops another read of the same stream: that read was kept
+/// first, then the first one took its place, and the second receive, already queued to the
+/// kernel, was cancelled behind it; the bytes it took (those behind the first one's) were lost,
+/// and the next read waited for them for good.
+#[test]
+fn a_read_kept_while_its_wakers_drop_keeps_another_loses_nothing() {
+    on_each_driver(
+        "a_read_kept_while_its_wakers_drop_keeps_another_loses_nothing",
+        1,
+        |driver| async move {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let a = Rc::new(TcpStream::from_std(l.accept().unwrap().0).unwrap());
+            let a2 = a.clone();
+            let waker = common::drop_hooked_waker(move || {
+                let mut again = Box::pin(a2.read(Vec::with_capacity(64)));
+                let _ = again.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            });
+            let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+            assert!(first
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending());
+            drop(waker); // the driver's slot holds the only clone now
+            sleep(Duration::from_millis(5)).await; // the receive reaches the kernel
+            use std::io::Write as _;
+            (&peer).write_all(b"one").unwrap();
+            std::thread::sleep(Duration::from_millis(50)); // completed, not reaped
+            (&peer).write_all(b"two").unwrap();
+            drop(first);
+            let mut got = Vec::new();
+            while got.len() < 6 {
+                let r = xtc_shards::time::timeout(
+                    Duration::from_secs(5),
+                    a.read(Vec::with_capacity(64)),
+                )
+                .await;
+                let Ok((r, b)) = r else {
+                    panic!(
+                        "[{driver}] bytes lost: got only {:?}",
+                        String::from_utf8_lossy(&got)
+                    );
+                };
+                assert!(r.unwrap() > 0, "[{driver}] end of stream");
+                got.extend_from_slice(&b);
+            }
+            assert_eq!(got, b"onetwo", "[{driver}]");
+        },
+    );
+}

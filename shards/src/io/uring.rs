@@ -786,14 +786,17 @@ impl Uring {
 
     /// Forgets the waker of an operation nobody waits for any more (rule 3's `Waiting` back
     /// to `Submitted`): it stops counting as I/O in flight.
-    fn unwait(&self, key: usize) {
+    /// Puts operation `key` back to `Submitted` and hands out the waker it held, for the
+    /// caller to drop after the slab's borrow (and any borrow of its own).
+    fn unwait(&self, key: usize) -> Option<Waker> {
         let mut ops = self.ops.borrow_mut();
-        if let Some(slot) = ops.get_mut(key) {
-            if matches!(slot, Lifecycle::Waiting(_)) {
-                let old = self.set(slot, Lifecycle::Submitted);
-                drop(ops);
-                drop(old);
-            }
+        let slot = ops.get_mut(key)?;
+        if !matches!(slot, Lifecycle::Waiting(_)) {
+            return None;
+        }
+        match self.set(slot, Lifecycle::Submitted) {
+            Lifecycle::Waiting(w) => Some(w),
+            _ => None,
         }
     }
 
@@ -1152,8 +1155,15 @@ impl<T> Op<T> {
     /// send). For a receive kept by its stream after its future was dropped. Cost: one slab
     /// lookup.
     pub(crate) fn unwait(&self) {
+        drop(self.unwait_later());
+    }
+
+    /// [`unwait`](Self::unwait), handing out the waker it forgets instead of dropping it: a
+    /// waker's drop is user code, which the caller runs once it has put this `Op` where that
+    /// code finds it (a stream's kept receive). Runs no user code itself.
+    pub(crate) fn unwait_later(&self) -> Option<Waker> {
         let key = self.key;
-        let _ = with_uring(self.driver, |u| u.unwait(key));
+        with_uring(self.driver, |u| u.unwait(key)).flatten()
     }
 
     /// Cancels the operation if it is still in the kernel, and keeps this `Op`: it resolves to

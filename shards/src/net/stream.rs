@@ -292,11 +292,16 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
         };
         if keep {
             // Nobody waits for it until the next read: it must not keep the loop from
-            // quiescence, nor wake the task that dropped it.
-            op.unwait();
+            // quiescence, nor wake the task that dropped it. The waker it forgets is dropped
+            // only once the receive is kept: its drop is user code, which may read this
+            // stream (and then waits behind the kept receive). Dropped before, that code could
+            // start and keep a read of its own, which this one then displaced: cancelled
+            // behind it, with the bytes it took already.
+            let waker = op.unwait_later();
             if let Ok(mut st) = self.io.poll.try_borrow_mut() {
                 st.stray = Some(Box::new(op));
             }
+            drop(waker);
             return;
         }
         // Not kept: another owned read is in flight (kept, this one could take the bytes that
