@@ -955,6 +955,53 @@ fn a_dropped_accepts_waker_is_dropped_outside_the_listeners_borrow() {
     });
 }
 
+/// An accept dropped after its connection arrived (not reaped yet) is kept (io_uring) before
+/// the waker it forgets is dropped: that drop is user code, and this one starts and drops an
+/// accept of its own, which took the next connection. Kept first, that newer accept was handed
+/// out first, so the next `accept`s returned two connections in the reverse of the kernel's
+/// order.
+#[test]
+fn an_accept_kept_while_its_wakers_drop_keeps_another_stays_first() {
+    on_each_driver(
+        "an_accept_kept_while_its_wakers_drop",
+        1,
+        |driver| async move {
+            let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+            let addr = l.local_addr().unwrap();
+            let l2 = l.clone();
+            let waker = common::drop_hooked_waker(move || {
+                let mut again = Box::pin(l2.accept());
+                let _ = again
+                    .as_mut()
+                    .poll(&mut std::task::Context::from_waker(Waker::noop()));
+            });
+            let mut fut = Box::pin(l.accept());
+            assert!(fut
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+                .is_pending());
+            drop(waker); // the driver's slot holds the only clone now
+            sleep(Duration::from_millis(5)).await; // the accept reaches the kernel
+            let mut one = std::net::TcpStream::connect(addr).unwrap();
+            one.write_all(b"one").unwrap();
+            thread::sleep(Duration::from_millis(50)); // accepted in the kernel, not reaped
+            let mut two = std::net::TcpStream::connect(addr).unwrap();
+            two.write_all(b"two").unwrap();
+            drop(fut);
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                let (s, _) = xtc_shards::time::timeout(Duration::from_secs(60), l.accept())
+                    .await
+                    .expect("a connection was lost")
+                    .unwrap();
+                got.push(String::from_utf8(read_n(&s, 3).await).unwrap());
+            }
+            assert_eq!(got, ["one", "two"], "[{driver}] connections out of order");
+            drop((one, two));
+        },
+    );
+}
+
 /// Kept accepts are handed out oldest first (io_uring keeps a dropped accept, see
 /// `ops::accept`), also after an `accept` took the oldest one and was dropped before it
 /// resolved: that one went back behind the younger ones, so two connections the kernel had
