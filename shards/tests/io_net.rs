@@ -286,6 +286,44 @@ fn an_empty_write_returns_at_once_even_on_a_full_socket() {
     );
 }
 
+/// The same behind an `AsyncWrite` send still in flight (io_uring write-behind) on a full
+/// socket: an empty write, owned or through `AsyncWrite`, waited for that send, so it hung
+/// while the peer did not read (on epoll those bytes sit in the socket's buffer, and an empty
+/// write returns at once).
+#[test]
+fn an_empty_write_returns_at_once_behind_a_stuck_async_write() {
+    on_each_driver(
+        "an_empty_write_returns_at_once_behind_a_stuck_async_write",
+        1,
+        |driver| async move {
+            let (mut a, _b) = tcp_pair().await;
+            // Until a write does not finish within 100 ms: on io_uring each write waits for
+            // the send of the one before, so the last send reported written is stuck.
+            loop {
+                let chunk = [7u8; 1 << 16];
+                let w = AsyncWriteExt::write(&mut a, &chunk);
+                match xtc_shards::time::timeout(Duration::from_millis(100), w).await {
+                    Ok(r) => assert!(r.unwrap() > 0),
+                    Err(_) => break,
+                }
+            }
+            let limit = Duration::from_secs(3);
+            let r = xtc_shards::time::timeout(limit, AsyncWriteExt::write(&mut a, &[]))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] AsyncWrite::write(&[]) hung"));
+            assert_eq!(r.unwrap(), 0, "[{driver}]");
+            let (r, _) = xtc_shards::time::timeout(limit, a.write(Vec::new()))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] write(empty) hung"));
+            assert_eq!(r.unwrap(), 0, "[{driver}]");
+            let (r, _) = xtc_shards::time::timeout(limit, a.write_all(Vec::new()))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] write_all(empty) hung"));
+            r.unwrap();
+        },
+    );
+}
+
 #[test]
 fn tcp_bind_reuseport_on_two_shards_both_accept() {
     each_driver(

@@ -16,16 +16,17 @@
 //! in the kernel, would otherwise wait while the kept one took the bytes); and `into_std`
 //! cancels a kept read, so bytes it already took are lost, like those in the internal buffer.
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
-//! written at once (write-behind, like a `BufWriter` of one write); the next write, `flush` or
-//! `close` waits for it and reports its error, and a `shutdown` of the write half that would
-//! overtake it is refused with `WouldBlock`. On epoll it writes straight from the slice,
-//! after the bytes such a send left unsent when its io_uring loop went (`PollState::unsent`).
+//! written at once (write-behind, like a `BufWriter` of one write); the next write (of at
+//! least one byte: an empty one returns at once, as on epoll), `flush` or `close` waits for
+//! it and reports its error, and a `shutdown` of the write half that would overtake it is
+//! refused with `WouldBlock`. On epoll it writes straight from the slice, after the bytes
+//! such a send left unsent when its io_uring loop went (`PollState::unsent`).
 //!
 //! The two APIs can be mixed on one stream and keep the byte order: an owned `write` or
-//! `write_all` first waits for the `AsyncWrite` bytes still being sent (and reports their
-//! error), and an owned `read` first returns bytes an `AsyncRead` already took from the kernel
-//! (a dropped read's, or waits for that read). Without this, io_uring could put a `write_all`
-//! ahead of the rest of a short write-behind send at the peer.
+//! `write_all` of at least one byte first waits for the `AsyncWrite` bytes still being sent
+//! (and reports their error), and an owned `read` first returns bytes an `AsyncRead` already
+//! took from the kernel (a dropped read's, or waits for that read). Without this, io_uring
+//! could put a `write_all` ahead of the rest of a short write-behind send at the peer.
 
 use std::{
     cell::RefCell,
@@ -837,13 +838,21 @@ impl StreamIo {
     }
 
     pub(crate) async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
-        if let Err(e) = self.wait_write_behind().await {
-            return (Err(e), buf);
+        // An empty write sends nothing that could overtake `AsyncWrite` bytes: it does not
+        // wait for them (that wait hung on a full socket whose peer never reads), as on epoll.
+        if buf.bytes_init() > 0 {
+            if let Err(e) = self.wait_write_behind().await {
+                return (Err(e), buf);
+            }
         }
         rw::send(&self.src, buf, 0).await
     }
 
     pub(crate) async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
+        if buf.bytes_init() == 0 {
+            // Nothing to send (see `write`).
+            return (Ok(()), buf);
+        }
         if let Err(e) = self.wait_write_behind().await {
             return (Err(e), buf);
         }
@@ -1346,10 +1355,13 @@ impl StreamIo {
                 })?
             }
             Kind::Uring => {
-                ready!(self.poll_drain(cx))?;
                 if data.is_empty() {
+                    // At once, as on epoll: not behind the write-behind send, whose bytes
+                    // count as in the socket's buffer (on a full socket whose peer never reads
+                    // that wait never ended; `flush` reports that send).
                     return Poll::Ready(Ok(0));
                 }
+                ready!(self.poll_drain(cx))?;
                 let n = data.len().min(WRITE_BUF);
                 let fd = self.src.fd();
                 let st = self.poll.get_mut();

@@ -189,9 +189,9 @@ impl TcpStream {
         self.io.read(buf).await
     }
 
-    /// Writes `buf[..len]` once; returns the count written (possibly less than all). Cost: one
-    /// `SEND` submission (io_uring) or one `send` (epoll), after any `AsyncWrite` bytes still
-    /// being sent.
+    /// Writes `buf[..len]` once; returns the count written (possibly less than all); an empty
+    /// `buf` gets `Ok(0)` at once. Cost: one `SEND` submission (io_uring) or one `send`
+    /// (epoll), after any `AsyncWrite` bytes still being sent.
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         self.io.write(buf).await
     }
