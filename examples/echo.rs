@@ -5,7 +5,7 @@
 //! it also runs N clients (pinned tasks spread over the shards) that each do `--rounds`
 //! request/response exchanges, checks every echo, prints per-shard I/O stats and exits.
 //!
-//! Run: `cargo run --release --example echo -- --clients 64 --rounds 1000`
+//! Run: `cargo run --release --example echo -- --clients 64 --rounds 1000` (`--help` lists the flags)
 //! or serve forever: `cargo run --release --example echo -- --addr 127.0.0.1:7000`
 //! (`XTC_IO=epoll` picks the epoll driver, `XTC_SHARDS` the shard count.)
 

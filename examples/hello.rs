@@ -12,6 +12,14 @@ fn main_with(mut args: impl Iterator<Item = std::ffi::OsString>) -> std::process
     // No flags: the environment (XTC_SHARDS, XTC_IO, ...) is its configuration. An argument
     // was ignored, so a mistyped `--shards 4` ran with the default count and exited 0.
     if let Some(arg) = args.next() {
+        if arg == "--help" || arg == "-h" {
+            out(format_args!(
+                "usage: hello\n\nTakes no flags: the environment is its configuration, such as \
+                 XTC_SHARDS (shard count,\ndefault one per physical core) and XTC_IO=epoll|io_uring \
+                 (I/O driver); see the xtc crate docs\nfor every XTC_* variable."
+            ));
+            return std::process::ExitCode::SUCCESS;
+        }
         eprintln!("hello: unexpected argument {arg:?}; it takes none (set XTC_SHARDS instead)");
         return std::process::ExitCode::from(2);
     }
@@ -134,5 +142,15 @@ mod tests {
     fn an_argument_is_refused() {
         let code = super::main_with(["--shards".into(), "4".into()].into_iter());
         assert_eq!(code, ExitCode::from(2));
+    }
+
+    /// `--help` (or `-h`) prints the usage and succeeds: it was refused like any argument
+    /// (exit status 2), so asking how to run the example failed.
+    #[test]
+    fn help_succeeds() {
+        for a in ["--help", "-h"] {
+            let code = super::main_with([a.into()].into_iter());
+            assert_eq!(code, ExitCode::SUCCESS, "{a}");
+        }
     }
 }

@@ -19,7 +19,7 @@
 //! shards' key counts, prints where the keys lived and how many requests crossed shards, and
 //! exits (non-zero if any check failed).
 //!
-//! Run: `cargo run --release --example kv -- --clients 32 --ops 1000`
+//! Run: `cargo run --release --example kv -- --clients 32 --ops 1000` (`--help` lists the flags)
 //! or serve forever: `cargo run --release --example kv -- --addr 127.0.0.1:7001`, then
 //! `printf 'SET a 1\nGET a\n' | nc 127.0.0.1 7001`.
 //! (`XTC_SHARDS` sets the shard count, `XTC_IO=epoll` picks the epoll driver.)

@@ -5,8 +5,9 @@
 //! Values move in batches (`send_many` / `recv_many`), a ring chunk per call; `--batch 1`
 //! moves them one at a time (`send` / `recv`) for comparison.
 //!
-//! Run: `cargo run --release --example pipeline -- --items 10000000` (one stage per shard;
-//! `XTC_SHARDS=4 XTC_OVERSUBSCRIBE=1` for four stages on any machine). It prints the items per
+//! Run: `cargo run --release --example pipeline -- --items 10000000` (`--help` lists the
+//! flags; one stage per shard: `XTC_SHARDS=4 XTC_OVERSUBSCRIBE=1` for four stages on any
+//! machine). It prints the items per
 //! second and each shard's polls, wakes and parks, and exits non-zero if the checksum is wrong.
 
 use std::{
@@ -31,7 +32,21 @@ struct Args {
     items: u64,
     capacity: usize,
     batch: usize,
+    /// `--help` or `-h` was given: print [`USAGE`], run nothing.
+    help: bool,
 }
+
+/// What `--help` prints.
+const USAGE: &str = "usage: pipeline [--items N] [--capacity N] [--batch N]
+
+  --items N      numbers the first stage produces (default 1000000)
+  --capacity N   messages per channel between two stages (default 1024)
+  --batch N      values moved per send_many / recv_many, at most --capacity (default 256, or
+                 --capacity if smaller); 1 moves them one at a time with send / recv
+  -h, --help     print this and exit
+
+One stage per shard: XTC_SHARDS sets the count (XTC_SHARDS=4 XTC_OVERSUBSCRIBE=1 for four
+stages on any machine); see the xtc crate docs for every XTC_* variable.";
 
 /// Parses the flags (`args` without the program name).
 fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
@@ -39,15 +54,20 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         items: 1_000_000,
         capacity: 1024,
         batch: 0,
+        help: false,
     };
     // `--batch` unset: 256, or the ring's capacity if that is smaller.
     let mut batch = None;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
+        if matches!(flag.as_str(), "--help" | "-h") {
+            a.help = true;
+            continue;
+        }
         // The flag first: an unknown one is reported as such, not as one that "needs a value".
         if !matches!(flag.as_str(), "--items" | "--capacity" | "--batch") {
             return Err(format!(
-                "unknown flag {flag}; use --items N --capacity N --batch N"
+                "unknown flag {flag}; use --items N --capacity N --batch N (--help says more)"
             ));
         }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -158,6 +178,10 @@ fn out(args: std::fmt::Arguments<'_>) {
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let args = parse(std::env::args().skip(1))?;
+    if args.help {
+        out(format_args!("{USAGE}"));
+        return Ok(true);
+    }
     let exec = xtc::Executor::from_env()?;
     let stages = exec.shard_count();
     // One channel between each pair of neighbouring stages.
@@ -254,5 +278,19 @@ mod tests {
         }
         let err = parse(args(&["--items"])).err().expect("refused");
         assert_eq!(err, "--items needs a value");
+    }
+
+    /// `--help` (or `-h`) asks for the usage, not a run: it was refused as an unknown flag.
+    #[test]
+    fn help_is_a_flag() {
+        for a in [&["--help"][..], &["-h"], &["--items", "5", "--help"]] {
+            let parsed = parse(args(a));
+            assert!(
+                parsed.as_ref().is_ok_and(|p| p.help),
+                "{a:?}: {:?}",
+                parsed.err()
+            );
+        }
+        assert!(!parse(args(&["--items", "5"])).unwrap().help);
     }
 }

@@ -40,16 +40,48 @@ pub(crate) struct Args {
     pub(crate) addr: SocketAddr,
     pub(crate) clients: usize,
     pub(crate) per_client: usize,
+    /// `--help` or `-h` was given: print the usage, run nothing.
+    pub(crate) help: bool,
 }
 
 /// Parses the command line. `per_flag` names the work per client (`per_default` without it);
-/// serving only (no `--clients`) and no `--addr` listens on `127.0.0.1:default_port`.
+/// serving only (no `--clients`) and no `--addr` listens on `127.0.0.1:default_port`. With
+/// `--help` (or `-h`) it prints the usage on stdout and exits with success.
 pub(crate) fn parse(per_flag: &str, per_default: usize, default_port: u16) -> Result<Args, String> {
-    parse_from(
+    let a = parse_from(
         std::env::args().skip(1),
         per_flag,
         per_default,
         default_port,
+    )?;
+    if a.help {
+        let program = std::env::args_os()
+            .next()
+            .map(std::path::PathBuf::from)
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "example".into());
+        out(format_args!(
+            "{}",
+            usage(&program, per_flag, per_default, default_port)
+        ));
+        std::process::exit(0);
+    }
+    Ok(a)
+}
+
+/// The text `--help` prints.
+fn usage(program: &str, per_flag: &str, per_default: usize, default_port: u16) -> String {
+    let per = format!("{per_flag} K");
+    format!(
+        "usage: {program} [--addr A] [--clients N] [{per}]\n\
+         \n  --addr A      address to serve (default 127.0.0.1:{default_port}; with --clients,\
+         \n                a free port on 127.0.0.1)\
+         \n  --clients N   also run N clients against the server, check every reply, print\
+         \n                per-shard stats and exit (default 0: serve until Ctrl-C)\
+         \n  {per:<13} work per client (default {per_default})\
+         \n  -h, --help    print this and exit\n\
+         \nXTC_SHARDS sets the shard count, XTC_IO=epoll|io_uring the I/O driver and RUST_LOG the\
+         \nlog level (default warn); see the xtc crate docs for every XTC_* variable."
     )
 }
 
@@ -64,10 +96,15 @@ fn parse_from(
         addr: "127.0.0.1:0".parse().expect("literal address"),
         clients: 0,
         per_client: per_default,
+        help: false,
     };
     let mut addr_given = false;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
+        if matches!(flag.as_str(), "--help" | "-h") {
+            a.help = true;
+            continue;
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"));
         let number = |v: Result<String, String>| -> Result<usize, String> {
             v?.parse().map_err(|e| format!("{flag}: {e}"))
@@ -81,7 +118,8 @@ fn parse_from(
             f if f == per_flag => a.per_client = number(value)?,
             other => {
                 return Err(format!(
-                    "unknown flag {other}; flags: --addr A --clients N {per_flag} K"
+                    "unknown flag {other}; flags: --addr A --clients N {per_flag} K (--help \
+                     says more)"
                 ))
             }
         }
@@ -459,6 +497,34 @@ mod tests {
         assert_eq!(a.addr.to_string(), "127.0.0.2:0");
         let a = parse_from(args(&["--clients", "2"]), "--rounds", 1, 7).unwrap();
         assert_eq!(a.addr.port(), 0, "clients run against a free port");
+    }
+
+    /// `--help` (or `-h`) anywhere on the command line asks for the usage, not a run: it was
+    /// refused as an unknown flag, so a new user learnt the flags only from the error.
+    #[test]
+    fn help_is_a_flag() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for a in [&["--help"][..], &["-h"], &["--clients", "2", "--help"]] {
+            let parsed = parse_from(args(a), "--rounds", 1, 7);
+            assert!(
+                parsed.as_ref().is_ok_and(|p| p.help),
+                "{a:?}: {:?}",
+                parsed.err()
+            );
+        }
+        let a = parse_from(args(&["--clients", "2"]), "--rounds", 1, 7).unwrap();
+        assert!(!a.help);
+        let text = usage("echo", "--rounds", 1000, 7000);
+        for flag in [
+            "--addr",
+            "--clients",
+            "--rounds",
+            "--help",
+            "7000",
+            "XTC_SHARDS",
+        ] {
+            assert!(text.contains(flag), "{flag} missing from {text}");
+        }
     }
 
     /// A server whose shards cannot bind (the port is taken by a socket without
