@@ -23,10 +23,10 @@ struct Slot<T> {
 /// shard uses; no lock, no read-modify-write after the first access. Slots are cache-line padded
 /// so shards do not false-share.
 ///
-/// ```no_run
+/// ```
 /// # use xtc_shards as xtc;
 /// use std::{cell::Cell, sync::Arc};
-/// let exec = xtc::Executor::builder().shards(2).build()?;
+/// let exec = xtc::Executor::builder().shards(2).oversubscribe(true).build()?;
 /// let hits = Arc::new(xtc::Sharded::new(2, |_| Cell::new(0u64)));
 /// for i in 0..2 {
 ///     let hits = hits.clone();

@@ -37,7 +37,7 @@ pub const DEFAULT_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
 
 /// Configures and builds an [`Executor`].
 ///
-/// ```no_run
+/// ```
 /// # use xtc_shards as xtc;
 /// let exec = xtc::Executor::builder().shards(4).oversubscribe(true).build()?;
 /// # Ok::<(), xtc::Error>(())

@@ -400,9 +400,9 @@ fn grace_to_ns(g: Option<Duration>) -> u64 {
 /// [`spawn_on`](Handle::spawn_on), then [`run`](Self::run) it, or run one main future with
 /// [`block_on`](Self::block_on).
 ///
-/// ```no_run
+/// ```
 /// # use xtc_shards as xtc;
-/// let exec = xtc::Executor::builder().shards(2).build()?;
+/// let exec = xtc::Executor::builder().shards(2).oversubscribe(true).build()?;
 /// for i in 0..2 {
 ///     exec.spawn_on(i, move || async move {
 ///         assert_eq!(xtc::shard::id(), i);

@@ -6,7 +6,7 @@ use crate::Result;
 /// Spawns tasks with options: for now a name, shown in deadlock reports (and later in stall
 /// reports and traces).
 ///
-/// ```no_run
+/// ```
 /// # use xtc_shards as xtc;
 /// # xtc::LocalExecutor::new().unwrap().block_on(async {
 /// let h = xtc::task::Builder::new().name("flusher").spawn_local(async { 1 });
