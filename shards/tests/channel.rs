@@ -87,6 +87,29 @@ fn shared_try_apis_and_close() {
     assert!(shared::bounded::<u8>(0).is_err());
 }
 
+/// The try forms' errors are errors: `?` turns them into a `Box<dyn Error + Send + Sync>` (as
+/// `SendError` and std's and tokio's try errors do), with a message saying what happened. They
+/// had only `Debug`, so a caller could not `?` them.
+#[test]
+fn try_errors_are_std_errors_with_a_message() {
+    fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> String {
+        let b: Box<dyn std::error::Error + Send + Sync> = e.into();
+        b.to_string()
+    }
+    let (mut tx, mut rx) = shared::bounded::<u32>(1).unwrap();
+    assert!(boxed(rx.try_recv().unwrap_err()).contains("empty"));
+    tx.try_send(1).unwrap();
+    let full = boxed(tx.try_send(2).unwrap_err());
+    assert!(full.contains("full"), "{full}");
+    drop(rx);
+    let closed = boxed(tx.try_send(3).unwrap_err());
+    assert!(closed.contains("receiver"), "{closed}");
+    let (tx, mut rx) = shared::bounded::<u32>(1).unwrap();
+    drop(tx);
+    let closed = boxed(rx.try_recv().unwrap_err());
+    assert!(closed.contains("sender"), "{closed}");
+}
+
 /// A receiver parked on an empty channel is woken by a sender on another shard, and a sender
 /// parked on a full one by the receiver; dropping the sender ends the receiver's loop.
 #[test]

@@ -46,6 +46,17 @@ impl<T> fmt::Debug for TrySendError<T> {
     }
 }
 
+impl<T> fmt::Display for TrySendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TrySendError::Full(_) => "the channel is full: retry later, or await send",
+            TrySendError::Closed(_) => "sending on a channel whose receiver was dropped",
+        })
+    }
+}
+
+impl<T> std::error::Error for TrySendError<T> {}
+
 /// Why [`try_recv`](shared::Receiver::try_recv) gave nothing.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub enum TryRecvError {
@@ -54,6 +65,17 @@ pub enum TryRecvError {
     /// Nothing queued and every sender is gone.
     Closed,
 }
+
+impl fmt::Display for TryRecvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TryRecvError::Empty => "the channel is empty: retry later, or await recv",
+            TryRecvError::Closed => "the channel is empty and every sender was dropped",
+        })
+    }
+}
+
+impl std::error::Error for TryRecvError {}
 
 /// Checks a capacity argument: at least 1, and few enough slots of `T` that their bytes fit in
 /// an allocation (`isize::MAX`); beyond that rtrb and `Vec` would panic. Within it, a shared
