@@ -14,6 +14,12 @@ use crate::{
 /// Inside it the shard API answers shard 0 of 1, so shared-nothing code runs unchanged.
 /// The thread is not pinned.
 ///
+/// Unlike an [`Executor`](crate::Executor) it has no coordinator: no deadlock report (a
+/// `block_on` whose future waits for something that can never come waits forever; the
+/// deadlock grace of its [`Handle`](crate::Handle), from [`shard::handle`](crate::shard::handle),
+/// is `None` and setting it has no effect), and its loop parks at once when it runs out of
+/// work (spin-before-park and reply spin start at 0; its `Handle` can set them).
+///
 /// ```
 /// # use xtc_shards as xtc;
 /// let v = xtc::LocalExecutor::new()?.block_on(async {

@@ -1522,3 +1522,19 @@ fn a_peers_spawn_dropped_by_this_loops_shutdown_does_not_count_here() {
     let s0 = ex.loop_stats(0).unwrap();
     assert_eq!(s0.tasks_run, 1, "shard 0 ran one task: {s0:?}");
 }
+
+/// A `LocalExecutor`'s knobs, as its docs state them: it neither spins before parking nor
+/// spins for replies (one loop: no peer to converse with), and it has no deadlock report (no
+/// coordinator). The `Handle` docs stated 20 µs, 50 µs and 5 s as every executor's defaults,
+/// and the `LocalExecutor` docs said nothing of it.
+#[test]
+fn local_executor_knobs_start_as_documented() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (spin, reply, grace) = ex.block_on(async {
+        let h = xtc_shards::shard::handle().unwrap();
+        (h.spin_before_park(), h.reply_spin(), h.deadlock_grace())
+    });
+    assert_eq!(spin, std::time::Duration::ZERO);
+    assert_eq!(reply, std::time::Duration::ZERO);
+    assert_eq!(grace, None);
+}

@@ -1295,7 +1295,8 @@ impl Handle {
     }
 
     /// Sets the deadlock grace period (`None`: never report). Default 5 s (or
-    /// `XTC_DEADLOCK_GRACE`). Cost: while all loops idle with parked tasks the coordinator wakes
+    /// `XTC_DEADLOCK_GRACE`); a [`LocalExecutor`](crate::LocalExecutor)'s is `None`, and
+    /// setting it there has no effect (it has no coordinator to report). Cost: while all loops idle with parked tasks the coordinator wakes
     /// every `min(grace / 2, 1 s)` to recheck.
     pub fn set_deadlock_grace(&self, grace: Option<Duration>) {
         self.shared
@@ -1314,7 +1315,8 @@ impl Handle {
     /// spinning one answers in well under a microsecond; the price is a full CPU for `spin`
     /// after every burst of work, less what other threads on that CPU take (the spin calls
     /// `sched_yield` every 64 polls). A loop whose turn ran nothing (an idle tick) parks at once.
-    /// Default [`DEFAULT_SPIN_BEFORE_PARK`] (20 µs; or `XTC_SPIN_BEFORE_PARK`); 0 parks at once;
+    /// Default [`DEFAULT_SPIN_BEFORE_PARK`] (20 µs; or `XTC_SPIN_BEFORE_PARK`; 0 in a
+    /// [`LocalExecutor`](crate::LocalExecutor)); 0 parks at once;
     /// more than [`MAX_SPIN_BEFORE_PARK`] (1 s) is clamped to it. A spinning loop is busy, so
     /// `run()` returns up to one spin after the last task finished. Takes effect at the next
     /// idle period, from any thread.
@@ -1342,7 +1344,7 @@ impl Handle {
     /// also due, the longer is used. Cost: up to `spin` of CPU per such poll that leaves its
     /// loop with nothing else to do (the spin ends when the reply, or any other work, arrives;
     /// it yields to other threads every 64 polls); nothing for loops that await no reply. Default [`DEFAULT_REPLY_SPIN`] (50 µs;
-    /// or `XTC_REPLY_SPIN`); 0 parks at once; more than [`MAX_SPIN_BEFORE_PARK`] (1 s) is
+    /// or `XTC_REPLY_SPIN`; 0 in a [`LocalExecutor`](crate::LocalExecutor)); 0 parks at once; more than [`MAX_SPIN_BEFORE_PARK`] (1 s) is
     /// clamped to it. Takes effect at the next idle period, from any thread.
     pub fn set_reply_spin(&self, spin: Duration) {
         self.shared
