@@ -24,8 +24,9 @@
 //! ```
 //!
 //! The engine lives in `xtc-shards` (re-exported here at the root) and the topology, placement
-//! and victim orders in `xtc-numa` (re-exported as [`numa`]). See the `xtc-shards` crate docs for
-//! the environment variables, and ARCHITECTURE.md for the loop step and the wake protocol.
+//! and victim orders in `xtc-numa` (re-exported as [`numa`]). See the
+//! [`xtc-shards` crate docs](xtc_shards#environment-variables) for the environment variables,
+//! and ARCHITECTURE.md for the loop step and the wake protocol.
 
 pub use xtc_numa as numa;
 
