@@ -1296,8 +1296,9 @@ impl Handle {
 
     /// Sets the deadlock grace period (`None`: never report). Default 5 s (or
     /// `XTC_DEADLOCK_GRACE`); a [`LocalExecutor`](crate::LocalExecutor)'s is `None`, and
-    /// setting it there has no effect (it has no coordinator to report). Cost: while all loops idle with parked tasks the coordinator wakes
-    /// every `min(grace / 2, 1 s)` to recheck.
+    /// setting it there has no effect (it has no coordinator to report). Cost: while all loops
+    /// idle with parked tasks the coordinator wakes every `grace / 2` (at least 1 ms, at most
+    /// 1 s) to recheck.
     pub fn set_deadlock_grace(&self, grace: Option<Duration>) {
         self.shared
             .deadlock_grace_ns

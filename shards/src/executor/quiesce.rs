@@ -42,7 +42,8 @@
 //! pinned tasks), nothing inside the executor can wake the parked tasks. The coordinator checks again
 //! after the grace period (a task may wait on a foreign thread); if no epoch moved it stops the
 //! executor and `run()` returns [`Error::Deadlock`](crate::Error::Deadlock) naming each task.
-//! The coordinator polls for this every `min(grace / 2, 1 s)`: deadlocks need no prompt answer.
+//! The coordinator polls for this every `grace / 2`, at least 1 ms and at most 1 s: deadlocks
+//! need no prompt answer.
 //! In service mode it does not poll at all; switching service mode or the grace period pokes it.
 
 use std::time::{Duration, Instant};
