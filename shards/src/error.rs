@@ -1,4 +1,4 @@
-//! Errors: values whose message says what to do (DESIGN.md invariant 9).
+//! Errors: values whose message says what to do (invariant 9 in the crate docs).
 
 use std::{any::Any, fmt};
 

@@ -33,7 +33,7 @@
 //! - [`shard`]: `id()`, `count()`, `spawn_local`, `submit_to`, `stop`; [`Sharded`]: per-shard state;
 //!   [`time`]: `sleep`, `timeout`, `interval`; [`LocalExecutor`]: one loop on this thread.
 //!
-//! # Invariants (DESIGN.md)
+//! # Invariants
 //!
 //! 1. Shared-nothing by default: a task spawned with [`spawn_local`] or [`Handle::spawn_on`]
 //!    never leaves its loop and may be `!Send` (task protocol rule 1).

@@ -1,7 +1,7 @@
 //! The per-shard API for code running inside a task: who am I, how many are we, spawn here.
 //!
 //! `shard::id()` is 0-based and `shard::count()` sizes per-core state; a standalone
-//! [`LocalExecutor`](crate::LocalExecutor) is shard 0 of 1 (DESIGN.md invariant 1).
+//! [`LocalExecutor`](crate::LocalExecutor) is shard 0 of 1 (invariant 1 in the crate docs).
 
 use std::future::Future;
 

@@ -1,5 +1,5 @@
 //! Parking an idle loop and waking it: the announce → recheck → sleep protocol
-//! (DESIGN.md invariant 4).
+//! (invariant 4 in the crate docs).
 //!
 //! # Sleep protocol
 //!

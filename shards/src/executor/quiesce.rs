@@ -1,4 +1,4 @@
-//! Exact quiescence and the deadlock report (DESIGN.md invariant 8), without a shared counter on
+//! Exact quiescence and the deadlock report (invariant 8 in the crate docs), without a shared counter on
 //! the spawn path.
 //!
 //! # Termination detection

@@ -1,5 +1,5 @@
 //! I/O: one driver per loop, io_uring by default, epoll where io_uring is unavailable or
-//! forced (DESIGN.md invariant 10).
+//! forced (invariant 10 in the crate docs).
 //!
 //! # How a loop does I/O
 //!

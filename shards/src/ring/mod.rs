@@ -1,5 +1,5 @@
 //! The SPSC ring mesh: one rtrb ring per ordered pair of shards (N·(N−1) rings), carrying task
-//! `Runnable`s between worker loops (DESIGN.md invariant 3).
+//! `Runnable`s between worker loops (invariant 3 in the crate docs).
 //!
 //! Everything crossing from worker `i` to worker `j` travels on ring `i→j`: spawns
 //! (`spawn_on`, `submit_to`), and wakes of `j`'s pinned tasks fired on `i` — including the wake

@@ -1,4 +1,4 @@
-//! Migratable tasks and work stealing (DESIGN.md invariant 2).
+//! Migratable tasks and work stealing (invariant 2 in the crate docs).
 //!
 //! Eligibility is fixed at spawn: only tasks spawned with [`spawn`](crate::spawn) /
 //! [`Executor::spawn`](crate::Executor::spawn) (`Send` futures) are ever moved. They live on

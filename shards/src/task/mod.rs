@@ -63,7 +63,7 @@ use crate::{
 /// Dropped under [`guarded`] when nobody takes it (a detached task, or one aborted after it
 /// finished): async-task drops an untaken output inside `Runnable::run` (or where the last
 /// handle goes) under its abort-on-panic guard, so a value whose `Drop` panics aborted the
-/// whole process (DESIGN.md invariant 9). Same size as the `Result` it holds; an output
+/// whole process (invariant 9 in the crate docs). Same size as the `Result` it holds; an output
 /// without drop code costs one check.
 pub(crate) struct Outcome<T>(ManuallyDrop<Result<T, Panic>>);
 
@@ -335,7 +335,7 @@ pub(crate) fn drop_guarded(drop: impl FnOnce()) {
 /// Wakes `waker` under `catch_unwind`, for the loop's own wake-ups (timers, I/O completions,
 /// ring space, the blocking pool): a waker is user code when a future was polled with a
 /// custom one, and a panic in it unwound out of the loop, whose status stayed BUSY so `run()`
-/// never returned (DESIGN.md invariant 9). Logged and dropped instead. Costs nothing extra when
+/// never returned (invariant 9 in the crate docs). Logged and dropped instead. Costs nothing extra when
 /// the wake does not panic (a landing pad, no work on the normal path).
 pub(crate) fn wake_guarded(waker: std::task::Waker) {
     guarded("a waker panicked when woken", || waker.wake());
