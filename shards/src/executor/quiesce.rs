@@ -1,5 +1,5 @@
-//! Exact quiescence and the deadlock report (invariant 8 in the crate docs), without a shared counter on
-//! the spawn path.
+//! Exact quiescence and the deadlock report (invariant 8 in the crate docs), without a shared
+//! counter on the spawn path.
 //!
 //! # Termination detection
 //!

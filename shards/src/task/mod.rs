@@ -335,8 +335,8 @@ pub(crate) fn drop_guarded(drop: impl FnOnce()) {
 /// Wakes `waker` under `catch_unwind`, for the loop's own wake-ups (timers, I/O completions,
 /// ring space, the blocking pool): a waker is user code when a future was polled with a
 /// custom one, and a panic in it unwound out of the loop, whose status stayed BUSY so `run()`
-/// never returned (invariant 9 in the crate docs). Logged and dropped instead. Costs nothing extra when
-/// the wake does not panic (a landing pad, no work on the normal path).
+/// never returned (invariant 9 in the crate docs). Logged and dropped instead. Costs nothing
+/// extra when the wake does not panic (a landing pad, no work on the normal path).
 pub(crate) fn wake_guarded(waker: std::task::Waker) {
     guarded("a waker panicked when woken", || waker.wake());
 }
