@@ -2946,3 +2946,56 @@ fn into_std_off_the_loop_after_a_dropped_accept_can_unwrap() {
         accepted.err()
     );
 }
+
+/// A stream send whose future is forgotten (`mem::forget`, safe code) after its first poll,
+/// and then its stream dropped: the send must not go out on whatever socket next takes the
+/// descriptor's number. On io_uring the `SEND` entry named the descriptor by number only and
+/// sat in the submission queue until the end of the turn: the stream's drop closed the
+/// number, a `std` connect made in the same turn took it, and the stray bytes went to that
+/// connection's peer (the same race `io_fs.rs` checks for files). On epoll the send is made in
+/// the poll, on the stream's own socket.
+#[test]
+fn a_forgotten_send_does_not_go_out_on_a_socket_made_after_its_streams_drop() {
+    on_each_driver(
+        "a_forgotten_send_does_not_go_out_elsewhere",
+        1,
+        |driver| async move {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            // Other tests' threads open descriptors too: retried until the victim took the
+            // dropped stream's number (at the first try, nearly always).
+            for attempt in 0.. {
+                assert!(attempt < 50, "{driver}: the number was never reused");
+                let a = guard("connect", TcpStream::connect(addr)).await.unwrap();
+                let (_peer_a, _) = listener.accept().unwrap();
+                let number = a.as_raw_fd();
+                let mut write = Box::pin(a.write(b"stray".to_vec()));
+                // One poll (queued on io_uring, sent at once on epoll), then forgotten.
+                let _ = futures::FutureExt::now_or_never(write.as_mut());
+                std::mem::forget(write);
+                drop(a);
+                // Takes the lowest free number: the dropped stream's, if that was closed.
+                let victim = std::net::TcpStream::connect(addr).unwrap();
+                let (mut peer, _) = listener.accept().unwrap();
+                let reused = victim.as_raw_fd() == number;
+                // Let the loop turn (and submit what it queued), and the send land if it does.
+                for _ in 0..5 {
+                    sleep(Duration::from_millis(5)).await;
+                }
+                drop(victim);
+                let mut got = Vec::new();
+                peer.set_read_timeout(Some(Duration::from_secs(10)))
+                    .unwrap();
+                peer.read_to_end(&mut got).unwrap();
+                assert_eq!(
+                    got, b"",
+                    "{driver}: a forgotten send went out on a socket made after its stream \
+                     was dropped"
+                );
+                if reused {
+                    break;
+                }
+            }
+        },
+    );
+}

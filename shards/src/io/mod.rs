@@ -334,6 +334,22 @@ pub(crate) fn reap_now() {
     });
 }
 
+/// Hands the io_uring entries this thread's loops queued (the running one's, and those of loops
+/// `context::off_loop` hides) to the kernel now, before a descriptor they may name closes or
+/// changes hands: an entry names its descriptor by number only until it is submitted (then
+/// the operation holds the file itself), and one left queued until the end of the turn, after
+/// its `Op` was forgotten (`mem::forget`, safe code) and its socket closed, went to whatever
+/// the number meant by then (a socket made in the same turn). Cost: a thread-local read and a
+/// flag per io_uring loop; one `io_uring_enter` only where entries are queued.
+pub(crate) fn submit_queued() {
+    context::with_own_core(|c| {
+        if let Reactor::Uring(u) = &c.io {
+            u.submit_pending();
+        }
+        None::<()>
+    });
+}
+
 /// Which backend the running loop uses (for the `ops` dispatch, which starts new operations:
 /// not on a loop `context::off_loop` hides, see [`with_running_reactor`]).
 pub(crate) fn current_kind() -> io::Result<Driver> {

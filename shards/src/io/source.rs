@@ -106,9 +106,11 @@ impl Source {
         }
     }
 
-    /// Gives up the descriptor (deregistered).
+    /// Gives up the descriptor (deregistered; io_uring entries naming it submitted first, see
+    /// [`submit_queued`](super::submit_queued): its next owner may close it).
     pub(crate) fn into_fd(mut self) -> OwnedFd {
         self.deregister();
+        super::submit_queued();
         self.fd.take().expect("a Source holds its fd until dropped")
     }
 
@@ -157,6 +159,11 @@ impl Source {
 impl Drop for Source {
     fn drop(&mut self) {
         self.deregister();
+        if self.fd.is_some() {
+            // Before the descriptor closes, so that no entry still queued names its number
+            // (`submit_queued`).
+            super::submit_queued();
+        }
     }
 }
 
