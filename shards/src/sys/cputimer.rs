@@ -1,7 +1,7 @@
 //! A per-thread CPU-time interval timer (`timer_create(CLOCK_THREAD_CPUTIME_ID)`) that delivers a
 //! signal to its own thread, whose handler only sets a thread-local flag (`preempt.rs`).
 
-use std::{io, sync::OnceLock, time::Duration};
+use std::{io, time::Duration};
 
 /// The signal the timers use: the second real-time signal glibc leaves to applications.
 fn signal() -> libc::c_int {
@@ -20,28 +20,23 @@ extern "C" fn on_tick(_sig: libc::c_int) {
     DUE.with(|d| d.store(true, std::sync::atomic::Ordering::Relaxed));
 }
 
-/// Installs the tick handler once per process (`SA_RESTART`, so interrupted system calls of
-/// unrelated code restart). Every caller gets the outcome of that one attempt: a later worker
-/// that got `Ok` after a refused `sigaction` armed a timer whose signal still had its default
-/// action, which ends the process. A handler the program installed itself for the signal is
-/// kept, and preemption is refused with an error saying so.
+/// Installs the tick handler (`SA_RESTART`, so interrupted system calls of unrelated code
+/// restart), at every arm: the disposition is looked at each time, not once per process, as the
+/// program may change it after an earlier run installed xtc's handler (decided once, a handler
+/// the program installed since then received every tick of the later timers, and a disposition
+/// reset to the default ended the process at the first tick). Each caller gets the outcome of
+/// its own attempt, so no timer is armed after a refused `sigaction` (its signal would still
+/// have the default action). A handler the program installed itself is kept, and preemption is
+/// refused with an error saying so. Cost: two `sigaction` calls per arm.
 fn install_handler() -> io::Result<()> {
-    static INSTALLED: OnceLock<Result<(), (io::ErrorKind, String)>> = OnceLock::new();
-    let installed = INSTALLED.get_or_init(|| {
-        super::install_signal_handler(
-            signal(),
-            "SIGRTMIN+1",
-            on_tick,
-            libc::SA_RESTART,
-            "leave XTC_PREEMPT (Builder::preempt) at 0, or move the program's handler to \
-             another signal",
-        )
-        .map_err(|e| (e.kind(), e.to_string()))
-    });
-    installed
-        .as_ref()
-        .map(|_| ())
-        .map_err(|(kind, msg)| io::Error::new(*kind, msg.clone()))
+    super::install_signal_handler(
+        signal(),
+        "SIGRTMIN+1",
+        on_tick,
+        libc::SA_RESTART,
+        "leave XTC_PREEMPT (Builder::preempt) at 0, or move the program's handler to \
+         another signal",
+    )
 }
 
 /// An armed CPU-time timer of the calling thread; disarmed and deleted on drop.

@@ -14,7 +14,7 @@ pub(crate) use eventfd::EventFd;
 /// check and the install are two calls, so a handler another thread installs in between is
 /// still replaced. `SA_ONSTACK`: the handler runs on the thread's alternate signal stack where
 /// one is set up, as a handler that may interrupt any code should. Cost: two `sigaction`
-/// calls; call it once per process.
+/// calls.
 pub(crate) fn install_signal_handler(
     sig: libc::c_int,
     name: &str,
