@@ -144,21 +144,26 @@ extern "C" fn on_interrupt(_sig: libc::c_int) {
     // Nothing: the signal exists to make the blocking call return `EINTR`.
 }
 
+/// Installs the interrupt signal's handler, unless the program has one of its own there.
+fn install_interrupt_handler() -> io::Result<()> {
+    // No `SA_RESTART`, so the interrupted call returns `EINTR`. Only pool threads are ever
+    // sent this signal.
+    crate::sys::install_signal_handler(
+        interrupt_signal(),
+        "SIGRTMIN+2",
+        on_interrupt,
+        0,
+        "a dropped file operation that blocks on the epoll driver is not interrupted (move \
+         the program's handler to another signal to get that back)",
+    )
+}
+
 /// Installs the interrupt signal's handler once; `false` if that failed (jobs are then not
 /// interrupted, only skipped when not started).
 fn interrupt_handler_installed() -> bool {
     static INSTALLED: OnceLock<bool> = OnceLock::new();
     *INSTALLED.get_or_init(|| {
-        // No `SA_RESTART`, so the interrupted call returns `EINTR`. Only pool threads are
-        // ever sent this signal.
-        let installed = crate::sys::install_signal_handler(
-            interrupt_signal(),
-            "SIGRTMIN+2",
-            on_interrupt,
-            0,
-            "a dropped file operation that blocks on the epoll driver is not interrupted (move \
-             the program's handler to another signal to get that back)",
-        );
+        let installed = install_interrupt_handler();
         if let Err(e) = &installed {
             tracing::warn!(
                 "xtc: could not install the blocking pool's interrupt signal handler ({e}); a \
@@ -169,6 +174,33 @@ fn interrupt_handler_installed() -> bool {
     })
 }
 
+/// Whether a job may be sent the interrupt signal now: xtc's handler was installed, and still
+/// is, or is again where the program gave the signal back (its default action, or ignored)
+/// since. Looked at before each signal, as the program may change the disposition after xtc
+/// installed its handler: decided once, a handler the program installed since then got xtc's
+/// interrupts, and a disposition reset to the default (which ends the process) ended it at the
+/// next cancel. A handler the program installed itself is kept, and the job is not
+/// interrupted (one warning). Cost: two `sigaction` calls.
+fn interrupt_handler_current() -> bool {
+    if !interrupt_handler_installed() {
+        return false;
+    }
+    match install_interrupt_handler() {
+        Ok(()) => true,
+        Err(e) => {
+            static WARNED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    "xtc: the blocking pool's interrupt signal is no longer xtc's ({e}); a \
+                     dropped file operation that blocks keeps its loop busy until it ends"
+                );
+            }
+            false
+        }
+    }
+}
+
 /// Signals the pool thread running `ctl`'s job, if it still runs; `false` once it ended.
 fn interrupt(ctl: &Ctl) -> bool {
     let st = lock(&ctl.state);
@@ -176,9 +208,9 @@ fn interrupt(ctl: &Ctl) -> bool {
         return false;
     }
     if let Some(thread) = st.thread {
-        if interrupt_handler_installed() {
+        if interrupt_handler_current() {
             // SAFETY: `thread` runs this job (it clears the field under this lock before it
-            // moves on), so it is a live thread; the signal has a handler installed.
+            // moves on), so it is a live thread; the signal has xtc's handler installed.
             unsafe { libc::pthread_kill(thread, interrupt_signal()) };
         }
     }

@@ -1,0 +1,120 @@
+//! The epoll driver's blocking pool when the program changes the interrupt signal's
+//! (`SIGRTMIN+2`) disposition after xtc installed its handler: each interrupt looks at the
+//! disposition again. Its own test binary: the disposition is process-wide, so no other test
+//! may run in it.
+//!
+//! xtc decided once per process and then sent the signal for good: a handler the program
+//! installed after an earlier run got the interrupts of the later runs' cancels (contrary to
+//! "with `SIGRTMIN+2` taken, cancelled blocking file operations are not interrupted"), and a
+//! disposition reset to the default made the next cancel end the process.
+
+mod common;
+
+use std::{
+    os::unix::fs::OpenOptionsExt,
+    sync::atomic::{AtomicUsize, Ordering::SeqCst},
+    time::Duration,
+};
+
+use xtc_shards::{fs::OpenOptions, io::DriverChoice, Executor};
+
+static MINE: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn mine(_sig: libc::c_int) {
+    MINE.fetch_add(1, SeqCst);
+}
+
+/// Sets the disposition of `sig` to `handler` (a function address, `SIG_DFL` or `SIG_IGN`).
+fn set_handler(sig: libc::c_int, handler: libc::sighandler_t) {
+    // SAFETY: a zeroed sigaction is valid; `handler` is `mine` (async-signal-safe: one atomic
+    // add) or a special disposition.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+/// The handler now installed for `sig`.
+fn handler_of(sig: libc::c_int) -> usize {
+    // SAFETY: `old` is writable storage for one sigaction; a null new action only reads.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
+        old.sa_sigaction
+    }
+}
+
+/// A fresh FIFO path in the temp dir.
+fn fifo(tag: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("xtc-pool-handler-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain system call with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    path
+}
+
+/// One epoll run whose task drops an `open` for writing of a FIFO nobody reads (a pool job
+/// blocked in `open(2)`, cancelled), then lets it end by opening the FIFO for reading (so a
+/// job that was not interrupted ends too, and `run()` returns either way).
+fn dropped_fifo_open(tag: &str) {
+    let path = fifo(tag);
+    let ex = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .io_driver(DriverChoice::Epoll)
+        .build()
+        .unwrap();
+    let p = path.clone();
+    ex.spawn_on(0, move || async move {
+        let mut o = OpenOptions::new();
+        o.write(true);
+        let open = xtc_shards::time::timeout(Duration::from_millis(50), o.open(&p));
+        assert!(open.await.is_err(), "nobody reads the FIFO: the open waits");
+        xtc_shards::time::sleep(Duration::from_millis(50)).await;
+        // Not blocking: a reader's open of a FIFO returns at once with O_NONBLOCK.
+        drop(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&p)
+                .unwrap(),
+        );
+    })
+    .unwrap();
+    common::run_or_fail(ex, common::HANG, "a dropped FIFO open").unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn interrupts_follow_the_programs_later_changes_to_the_signal() {
+    let sig = libc::SIGRTMIN() + 2;
+    // A first run installs xtc's handler.
+    dropped_fifo_open("first");
+
+    // The program takes the signal for itself afterwards: xtc must not signal into its
+    // handler.
+    set_handler(
+        sig,
+        mine as extern "C" fn(libc::c_int) as libc::sighandler_t,
+    );
+    dropped_fifo_open("theirs");
+    assert_eq!(
+        handler_of(sig),
+        mine as extern "C" fn(libc::c_int) as usize,
+        "the program's SIGRTMIN+2 handler was replaced"
+    );
+    assert_eq!(
+        MINE.load(SeqCst),
+        0,
+        "xtc's interrupt reached the handler the program installed after xtc's"
+    );
+
+    // The program gives the signal back (the default action, which ends the process): the
+    // next cancel installs xtc's handler again rather than signal a thread to death.
+    set_handler(sig, libc::SIG_DFL);
+    dropped_fifo_open("default");
+    assert_eq!(MINE.load(SeqCst), 0);
+}
