@@ -955,3 +955,94 @@ fn a_block_on_run_again_from_a_leftovers_drop_does_not_poll_the_other_leftovers(
         "a leftover of the run was polled again by a nested run"
     );
 }
+
+/// Many short runs with traffic between loops (migratable spawns that idle loops steal,
+/// `submit_to` round trips, some through a timer, and fire-and-forget `send_to`s, from pinned
+/// and migratable tasks alike) and no deadlock grace, so the coordinator checks only when the
+/// last loop to go `EMPTY` pokes it: each run must return on its own, quiescent, with every
+/// effect done exactly once (none still in a ring, a deque or an injector when `run()`
+/// returned).
+fn runs_with_traffic_between_loops(
+    driver: xtc_shards::io::DriverChoice,
+    ring: usize,
+    eager: bool,
+    runs: u64,
+) {
+    use std::sync::atomic::AtomicU64;
+    const SHARDS: usize = 4;
+    const ROOTS: usize = 4;
+    const FANOUT: u64 = 6;
+    let ex = Executor::builder()
+        .shards(SHARDS)
+        .oversubscribe(true)
+        .deadlock_grace(None)
+        .io_driver(driver)
+        .ring_capacity(ring)
+        .build()
+        .unwrap();
+    ex.set_eager_rebalance(eager);
+    ex.set_min_tasks_to_steal(1);
+    for run in 0..runs {
+        let hits = Arc::new(AtomicU64::new(0));
+        for root in 0..ROOTS {
+            let hits = hits.clone();
+            ex.spawn_on(root % SHARDS, move || async move {
+                for i in 0..FANOUT {
+                    let hits = hits.clone();
+                    // Detached, migratable: stolen by idle loops, and a source of ring traffic
+                    // from whichever loop it runs on.
+                    drop(xtc_shards::spawn(async move {
+                        let to = (i as usize + 1) % SHARDS;
+                        let h = hits.clone();
+                        let v = shard::submit_to(to, move || async move {
+                            h.fetch_add(1, SeqCst);
+                            if i % 3 == 0 {
+                                xtc_shards::time::sleep(Duration::from_micros(200)).await;
+                            }
+                            xtc_shards::yield_now().await;
+                            1u64
+                        })
+                        .await
+                        .unwrap();
+                        let h = hits.clone();
+                        shard::send_to((to + 1) % SHARDS, move || async move {
+                            h.fetch_add(1, SeqCst);
+                        })
+                        .await
+                        .unwrap();
+                        hits.fetch_add(v, SeqCst);
+                    }));
+                }
+                let h = hits.clone();
+                shard::send_to((root + 1) % SHARDS, move || async move {
+                    h.fetch_add(1, SeqCst);
+                })
+                .await
+                .unwrap();
+            })
+            .unwrap();
+        }
+        let r = run_within(&ex, Duration::from_secs(30));
+        let got = hits.load(SeqCst);
+        let r = r.unwrap_or_else(|| panic!("run {run} hung with {got} effects done"));
+        r.unwrap();
+        assert_eq!(
+            got,
+            ROOTS as u64 * (FANOUT * 3 + 1),
+            "run {run}: run() returned before every effect was done"
+        );
+    }
+}
+
+#[test]
+fn quiescence_with_traffic_between_loops_loses_nothing() {
+    runs_with_traffic_between_loops(xtc_shards::io::DriverChoice::Auto, 1024, false, 150);
+}
+
+/// The same with eager rebalance (loops with parked tasks or timers tick and steal too, their
+/// idle status kept across ticks that find nothing), one-slot rings (backlogs, waits for ring
+/// space) and the epoll driver.
+#[test]
+fn quiescence_with_traffic_between_loops_loses_nothing_eager_tiny_rings_epoll() {
+    runs_with_traffic_between_loops(xtc_shards::io::DriverChoice::Epoll, 1, true, 150);
+}
