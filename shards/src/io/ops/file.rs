@@ -380,7 +380,7 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             let op = submit((), |_| opcode::Close::new(types::Fd(raw)).build());
             match op {
-                Ok(op) => result(op.await.0).map(drop),
+                Ok(op) => closed(result(op.await.0).map(drop)),
                 Err((e, _)) => {
                     // SAFETY: we own `raw` (taken from the OwnedFd) and the op never ran.
                     unsafe { libc::close(raw) };
@@ -391,7 +391,34 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
         Ok(Driver::Epoll) | Err(_) => {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             // SAFETY: we own `raw`; close on a regular file does not block for long.
-            cvt(unsafe { libc::close(raw) }).map(drop)
+            closed(cvt(unsafe { libc::close(raw) }).map(drop))
         }
+    }
+}
+
+/// `close`'s answer as the caller should see it: `EINTR` (a signal, such as xtc's preemption
+/// tick, during the `->flush` of NFS or FUSE) is success. Linux has released the descriptor by
+/// then, whatever the result (close(2)); reported as an error, it invited a retry that could
+/// close an unrelated descriptor that reused the number meanwhile.
+fn closed(r: io::Result<()>) -> io::Result<()> {
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+        r => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::closed;
+    use std::io;
+
+    /// No file here makes `close(2)` return `EINTR` (it takes a filesystem with a `->flush`
+    /// and a signal in it), so the mapping is checked on its own.
+    #[test]
+    fn close_interrupted_is_closed() {
+        assert!(closed(Err(io::Error::from_raw_os_error(libc::EINTR))).is_ok());
+        assert!(closed(Ok(())).is_ok());
+        let bad = closed(Err(io::Error::from_raw_os_error(libc::EBADF))).unwrap_err();
+        assert_eq!(bad.raw_os_error(), Some(libc::EBADF));
     }
 }
