@@ -764,3 +764,30 @@ fn a_completed_timeout_releases_its_timer() {
         None => panic!("no deadlock report: the completed timeout's timer kept its loop waiting"),
     }
 }
+
+/// A sleep whose deadline has passed, polled on another loop than the one holding its timer
+/// (which fired there meanwhile), sends no cancel home: there is nothing left to cancel, and
+/// the cancel task cost that loop a task, and a wake-up if it was parked (the common case of a
+/// migratable task woken by its timer and then stolen).
+#[test]
+fn a_sleep_due_when_it_moves_sends_no_cancel_home() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    ex.spawn_on(0, || async {
+        let mut due = Box::pin(time::sleep(Duration::from_millis(1)));
+        // Registers its timer on shard 0.
+        assert!(futures::poll!(due.as_mut()).is_pending());
+        // The timer fires meanwhile (waking this task once, for nothing).
+        time::sleep(Duration::from_millis(20)).await;
+        xtc_shards::shard::submit_to(1, move || due).await.unwrap();
+    })
+    .unwrap();
+    common::run_within(&ex, common::HANG)
+        .expect("run() hung")
+        .unwrap();
+    // Shard 0 finished its one task, and no cancel task after it.
+    assert_eq!(ex.loop_stats(0).unwrap().tasks_run, 1);
+}

@@ -179,12 +179,18 @@ impl Future for Sleep {
                 }
             }
             other => {
+                let due = Instant::now() >= deadline;
                 if let Some((owner, k)) = other {
                     // The task moved to this loop: the old timer goes (its loop cancels it),
-                    // a new one is made here.
-                    cancel_elsewhere(owner, *k, false);
+                    // a new one is made here. Not if the deadline has passed: the old timer
+                    // has fired, or fires at its loop's next turn (a spurious wake-up, which
+                    // wakers allow), where a cancel cost that loop a task and, if it slept,
+                    // a wake-up (a migratable task woken by its timer, then stolen).
+                    if !due {
+                        cancel_elsewhere(owner, *k, false);
+                    }
                 }
-                if Instant::now() >= deadline {
+                if due {
                     None
                 } else {
                     let w = cx.waker().clone();
