@@ -550,6 +550,55 @@ fn a_finished_read_dropped_beside_another_keeps_its_bytes() {
     );
 }
 
+/// A read dropped while another owned read of the stream is in flight is not left armed (it
+/// could take the bytes the other one waits for), but cancelled. Bytes that reach the socket
+/// after the drop looked for a completion and before the kernel handles that cancel still go
+/// to its receive (here sent by its waker's drop, which the drop runs in between): its
+/// completion was discarded with the receive, and those bytes were lost from the middle of
+/// the stream. Now it is cancelled in place and kept, and the next read takes them.
+#[test]
+fn a_read_dropped_beside_another_keeps_the_bytes_that_beat_its_cancel() {
+    on_each_driver(
+        "a_read_dropped_beside_another_keeps_the_bytes_that_beat_its_cancel",
+        1,
+        |driver| async move {
+            let (a_std, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+            let a = UnixStream::from_std(a_std).unwrap();
+            let peer = Rc::new(RefCell::new(Some(peer)));
+            let mut first = Box::pin(a.read(Vec::with_capacity(4)));
+            poll_pending(first.as_mut()).await;
+            let sender = peer.clone();
+            // Its last clone, the one its receive holds, is dropped with the read.
+            let waker = common::drop_hooked_waker(move || {
+                use std::io::Write as _;
+                if let Some(p) = sender.borrow_mut().as_mut() {
+                    // Enough for both receives, whichever the kernel serves first.
+                    p.write_all(b"abcdefgh").unwrap();
+                }
+            });
+            let mut second = Box::pin(a.read(Vec::with_capacity(4)));
+            let polled = second.as_mut().poll(&mut Context::from_waker(&waker));
+            assert!(polled.is_pending(), "[{driver}] nothing was sent yet");
+            drop(waker);
+            sleep(Duration::from_millis(2)).await; // both receives submitted
+            drop(second);
+            let (r, mut all) = guard("the read in flight", first).await;
+            assert_eq!(r.unwrap(), 4, "[{driver}]");
+            // The end of the stream after the 8 bytes: a lost chunk reads as the end.
+            drop(peer.borrow_mut().take());
+            let (r, next) = guard("the next read", a.read(Vec::with_capacity(8))).await;
+            r.unwrap();
+            all.extend_from_slice(&next);
+            // Which of two concurrent reads gets which bytes is arbitrary; none may be lost.
+            assert!(
+                all == b"abcdefgh" || all == b"efghabcd",
+                "[{driver}] got {:?}",
+                String::from_utf8_lossy(&all)
+            );
+        },
+    );
+}
+
 /// A `recv_from` whose datagram the kernel delivered but the loop has not reaped yet, dropped
 /// while another receive is in flight: the datagram still arrives.
 #[test]
@@ -731,7 +780,9 @@ fn a_kept_reads_buffer_drop_that_reads_the_stream_finds_it_whole() {
 /// `shutdown` with a write-behind send in flight submits and reaps the ring to see whether the
 /// send is done; a cancelled read's buffer dropped by that reap, whose `Drop` reads the
 /// stream, must find it whole. The reap ran while `shutdown` held the stream's state borrowed:
-/// the buffer's read panicked (`already borrowed`, caught and logged).
+/// the buffer's read panicked (`already borrowed`, caught and logged). The cancelled read is
+/// one of another stream, dropped with it (a read of this one dropped beside another is kept
+/// by the stream until its next read, its buffer with it).
 #[test]
 fn a_buffer_dropped_by_shutdowns_reap_finds_the_stream_whole() {
     use futures::io::AsyncWriteExt;
@@ -749,9 +800,10 @@ fn a_buffer_dropped_by_shutdowns_reap_finds_the_stream_whole() {
                 .unwrap();
             assert_eq!(n, 4); // reported written; its send waits for room
             let a = std::rc::Rc::new(a);
+            let (c, _d) = tcp_pair().await;
             let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
             let mut r1 = Box::pin(a.read(Vec::with_capacity(64)));
-            let mut r2 = Box::pin(a.read(ReadingOnDrop {
+            let mut r2 = Box::pin(c.read(ReadingOnDrop {
                 v: Vec::with_capacity(64),
                 stream: Some(a.clone()),
                 seen: seen.clone(),
@@ -759,7 +811,8 @@ fn a_buffer_dropped_by_shutdowns_reap_finds_the_stream_whole() {
             poll_pending(r1.as_mut()).await;
             poll_pending(r2.as_mut()).await;
             xtc_shards::yield_now().await; // both submitted
-            drop(r2); // beside r1: cancelled, its buffer held until the cancel completes
+            drop(r2); // kept by `c`...
+            drop(c); // ...and cancelled with it, its buffer held until the cancel completes
             sleep(Duration::from_millis(0)).await;
             std::thread::sleep(Duration::from_millis(20)); // the cancel completes in the kernel
             let shut = a.shutdown(std::net::Shutdown::Write); // reaps: drops r2's buffer

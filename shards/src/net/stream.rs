@@ -11,10 +11,12 @@
 //! An owned `read` whose future is dropped unfinished on io_uring leaves its receive running,
 //! kept by the stream (`PollState::stray`), and its bytes go to the internal buffer for the
 //! next read: dropping a read loses nothing on either driver (epoll reads in the poll). Its
-//! buffer (a `FixedBuf` too) is held until then. Two exceptions: a read dropped while another
-//! owned read of the same stream is in flight is cancelled, as before (the other one, already
-//! in the kernel, would otherwise wait while the kept one took the bytes); and `into_std`
-//! cancels a kept read, so bytes it already took are lost, like those in the internal buffer.
+//! buffer (a `FixedBuf` too) is held until then. A read dropped while another owned read of
+//! the same stream is in flight (or behind another kept one) is not left running (the other
+//! one, already in the kernel, would otherwise wait while the kept one took the bytes): it is
+//! cancelled in place and kept all the same, so bytes that reached it before the cancel go
+//! to the next read too. `into_std` cancels kept reads, so bytes they already took are lost,
+//! like those in the internal buffer.
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write (of at
 //! least one byte: an empty one returns at once, as on epoll), `flush` or `close` waits for
@@ -71,15 +73,18 @@ struct PollState {
     /// one (a default-built state never restarts a send on descriptor 0).
     fd: Option<i32>,
     reading: Option<Op<Vec<u8>>>,
-    /// An owned `read` whose future was dropped before it took its result (a `select!` whose
-    /// other branch won): its receive is kept running here instead of cancelled, and what it
-    /// read goes to `rbuf`, where the next read (owned or `AsyncRead`) finds it first. Dropping
-    /// it instead lost those bytes from the middle of the stream (the epoll driver, which
-    /// reads in the poll, never had them taken). Kept only on io_uring, one at a time, and
-    /// only when no other owned receive is in flight on the stream: the kernel may hand the
-    /// next bytes to the kept one while that other read, already in the kernel, waits for
-    /// more (a request/response exchange would hang), so then it is cancelled instead.
-    stray: Option<Box<dyn StrayRead>>,
+    /// Owned `read`s whose futures were dropped before they took their result (a `select!`
+    /// whose other branch won), oldest first: each receive is kept here instead of dropped,
+    /// and what it read goes to `rbuf`, where the next read (owned or `AsyncRead`) finds it
+    /// first. Dropping it instead lost those bytes from the middle of the stream (the epoll
+    /// driver, which reads in the poll, never had them taken). Kept only on io_uring. Left
+    /// running only when it is the only one and no other owned receive is in flight on the
+    /// stream: the kernel may hand the next bytes to a kept one while that other read, already
+    /// in the kernel, waits for more (a request/response exchange would hang), so then it is
+    /// cancelled in place (`Op::cancel_in_place`) and kept all the same: it resolves to the
+    /// cancellation, which the next read skips, or to the bytes that reached it before the
+    /// kernel handled the cancel (dropped, its completion was discarded, and they were lost).
+    stray: std::collections::VecDeque<Box<dyn StrayRead>>,
     /// The error (`-errno`) a finished receive brought after its future was dropped, for the
     /// next read to report once the unread bytes before it are taken.
     read_error: Option<i32>,
@@ -109,7 +114,8 @@ struct PollState {
 /// waker).
 #[derive(Default)]
 struct After {
-    spent: Option<Box<dyn std::any::Any>>,
+    /// The buffers of kept receives that resolved in this poll.
+    spent: Vec<Box<dyn std::any::Any>>,
     listing: Option<Listing>,
     /// The owned waiter entry ([`Owned::id`]) the task was found listed under.
     entry: Option<u64>,
@@ -134,7 +140,7 @@ impl After {
     /// Returns the owned waiter entry the task is listed under, if it waits in an owned call
     /// and was not woken instead ([`BehindWait::note`] counts on it).
     fn finish(self, cx: &Context<'_>) -> Option<u64> {
-        if let Some(buf) = self.spent {
+        for buf in self.spent {
             // A user buffer's `Drop` is user code, here possibly in another task's poll.
             crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
         }
@@ -207,8 +213,8 @@ trait StrayRead {
     ) -> Poll<i32>;
     /// Nobody waits for it any more ([`Op::unwait`]).
     fn unwait(&self);
-    /// Its completion has been reaped ([`Op::completed`]).
-    fn completed(&self) -> bool;
+    /// Its result, once its completion has been reaped ([`Op::completed`]).
+    fn completed(&self) -> Option<i32>;
 }
 
 impl<B: IoBufMut> StrayRead for Op<B> {
@@ -231,7 +237,7 @@ impl<B: IoBufMut> StrayRead for Op<B> {
         }
         // Not dropped here: the caller holds the stream's state borrowed (`poll_read_behind`
         // mutably), and the buffer's `Drop` (user code) may read that stream.
-        after.spent = Some(Box::new(buf));
+        after.spent.push(Box::new(buf));
         Poll::Ready(res)
     }
 
@@ -239,8 +245,8 @@ impl<B: IoBufMut> StrayRead for Op<B> {
         Op::unwait(self);
     }
 
-    fn completed(&self) -> bool {
-        Op::completed(self).is_some()
+    fn completed(&self) -> Option<i32> {
+        Op::completed(self)
     }
 }
 
@@ -279,61 +285,74 @@ impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
 
 impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
     fn drop(&mut self) {
-        let Some(mut op) = self.op.take() else { return };
+        let Some(op) = self.op.take() else { return };
         // Outside the `RefCell`, so the count stays right whatever happens below.
         let others = self.io.owned_reads.get() - 1;
         self.io.owned_reads.set(others);
-        let keep = {
+        let running = {
             let Ok(st) = self.io.poll.try_borrow() else {
                 // Borrowed: this drop runs inside a stream call (a buffer's `Drop` under
                 // `poll_reading`); the receive is cancelled (the `Op`'s own drop).
                 return;
             };
-            st.stray.is_none() && others == 0
+            st.stray.is_empty() && others == 0
         };
-        if keep {
-            // Nobody waits for it until the next read: it must not keep the loop from
-            // quiescence, nor wake the task that dropped it. The waker it forgets is dropped
-            // only once the receive is kept: its drop is user code, which may read this
-            // stream (and then waits behind the kept receive). Dropped before, that code could
-            // start and keep a read of its own, which this one then displaced: cancelled
-            // behind it, with the bytes it took already.
-            let waker = op.unwait_later();
-            if let Ok(mut st) = self.io.poll.try_borrow_mut() {
-                st.stray = Some(Box::new(op));
+        if !running {
+            // Not left running: another owned read is in flight (running, this one could take
+            // the bytes that one waits for), or other kept reads are pending (two reads of one
+            // stream shared through an `Rc`, both dropped). If it has finished, its bytes are
+            // taken now. Completions the loop has not reaped yet count too.
+            crate::io::reap_now();
+            if op.completed().is_some() {
+                self.take_finished(op);
+                return;
             }
-            drop(waker);
+            // Still in the kernel: cancelled in place and kept all the same. Bytes that reach
+            // the socket before the kernel handles the cancel still go to this receive (the
+            // cancel loses that race), and a plain drop discarded its completion with them,
+            // from the middle of the stream. The next read takes them (two concurrent reads'
+            // bytes come in an arbitrary order anyway), or skips the cancellation. Outside the
+            // borrow: the submission may reap, which runs user code.
+            op.cancel_in_place();
+        }
+        // Nobody waits for it until the next read: it must not keep the loop from quiescence,
+        // nor wake the task that dropped it. The waker it forgets is dropped only once the
+        // receive is kept: its drop is user code, which may read this stream (and then waits
+        // behind the kept receive). Dropped before, that code could start and keep a read of
+        // its own, which then came before this one.
+        let waker = op.unwait_later();
+        if let Ok(mut st) = self.io.poll.try_borrow_mut() {
+            st.stray.push_back(Box::new(op));
+        }
+        drop(waker);
+    }
+}
+
+impl<B: IoBufMut> OwnedRecv<'_, B> {
+    /// A dropped receive whose completion was reaped: its bytes go to the stream's buffer,
+    /// after the unread ones already there, or its error is stashed for the next read.
+    fn take_finished(&self, mut op: Op<B>) {
+        // Taking a completed result runs no user code; the buffer's `Drop` (user code, which
+        // may use this stream) runs after the poll state is whole again.
+        let mut noop = Context::from_waker(Waker::noop());
+        let Poll::Ready((res, mut buf)) = Pin::new(&mut op).poll(&mut noop) else {
             return;
-        }
-        // Not kept: another owned read is in flight (kept, this one could take the bytes that
-        // one waits for), or another kept read is pending (two reads of one stream shared
-        // through an `Rc`, both dropped). Unless it has finished: then its bytes are taken now
-        // (cancelled, they were lost). Completions the loop has not reaped yet count too.
-        crate::io::reap_now();
-        if op.completed().is_some() {
-            // Taking a completed result runs no user code; the buffer's `Drop` (user code,
-            // which may use this stream) runs after the poll state is whole again.
-            let mut noop = Context::from_waker(Waker::noop());
-            if let Poll::Ready((res, mut buf)) = Pin::new(&mut op).poll(&mut noop) {
-                if let Ok(mut st) = self.io.poll.try_borrow_mut() {
-                    if res > 0 {
-                        let n = (res as usize).min(buf.bytes_total());
-                        // SAFETY: as in `StrayRead::poll_into`: the kernel wrote these `n`
-                        // bytes at the stable mutable pointer, and the completion was reaped.
-                        let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
-                        // After the unread bytes already there: these were received after.
-                        st.rbuf.extend_from_slice(got);
-                    } else if res < 0 && !nothing_moved(res) {
-                        // An error (a reset) is the stream's: the next read reports it, rather
-                        // than a clean end that would make a cut stream look complete.
-                        st.read_error.get_or_insert(res);
-                    }
-                }
-                crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+        };
+        if let Ok(mut st) = self.io.poll.try_borrow_mut() {
+            if res > 0 {
+                let n = (res as usize).min(buf.bytes_total());
+                // SAFETY: as in `StrayRead::poll_into`: the kernel wrote these `n` bytes at the
+                // stable mutable pointer, and the completion was reaped.
+                let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
+                // After the unread bytes already there: these were received after.
+                st.rbuf.extend_from_slice(got);
+            } else if res < 0 && !nothing_moved(res) {
+                // An error (a reset) is the stream's: the next read reports it, rather than a
+                // clean end that would make a cut stream look complete.
+                st.read_error.get_or_insert(res);
             }
         }
-        // Still in the kernel: cancelled (the `Op`'s drop). Two concurrent reads' bytes come
-        // in an arbitrary order anyway.
+        crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
     }
 }
 
@@ -470,7 +489,7 @@ fn release_if_empty(listed: &mut Listed, st: &PollState, write: bool) -> bool {
             op.unwait();
         }
     } else {
-        if let Some(stray) = st.stray.as_ref() {
+        for stray in &st.stray {
             stray.unwait();
         }
         if let Some(op) = st.reading.as_ref() {
@@ -612,7 +631,8 @@ pub(crate) struct StreamIo {
     // `&mut self` and uses `get_mut`, and never holds a borrow across a suspension.
     poll: RefCell<PollState>,
     /// Owned receives in flight (submitted by `read`, neither taken nor dropped yet); a
-    /// dropped one is kept (`PollState::stray`) only when it is the last. A `Cell` beside the
+    /// dropped one is kept running (`PollState::stray`) only when it is the last, else
+    /// cancelled in place and kept. A `Cell` beside the
     /// `RefCell`, so that a drop inside a stream call, which cannot borrow it, still counts.
     owned_reads: std::cell::Cell<usize>,
     /// The epoll waiter ids of the `futures::io` side, one per driver it waited in, as
@@ -932,7 +952,7 @@ impl StreamIo {
         if st.rpos == st.rbuf.len() {
             // A stashed error comes after the bytes of a kept receive, which were received
             // before it.
-            if st.stray.is_none() {
+            if st.stray.is_empty() {
                 if let Some(e) = st.read_error.take() {
                     return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
                 }
@@ -1216,7 +1236,7 @@ impl StreamIo {
                 st.rpos += n;
                 return Poll::Ready(Ok(n));
             }
-            if st.stray.is_none() {
+            if st.stray.is_empty() {
                 if let Some(e) = st.read_error.take() {
                     return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
                 }
@@ -1423,17 +1443,22 @@ fn off_loop_drain(st: &PollState) -> io::Result<()> {
 /// unread bytes, a stashed error it reports now, or, for the receive [`poll_reading`] takes
 /// next (a kept one first), a completion already reaped.
 fn already_received(st: &PollState) -> bool {
-    st.rpos < st.rbuf.len()
-        || match st.stray.as_ref() {
-            Some(stray) => stray.completed(),
-            None => {
-                st.read_error.is_some()
-                    || st
-                        .reading
-                        .as_ref()
-                        .is_some_and(|op| op.completed().is_some())
-            }
+    if st.rpos < st.rbuf.len() {
+        return true;
+    }
+    // Kept reads first, in order: one that moved nothing is skipped.
+    for stray in &st.stray {
+        match stray.completed() {
+            None => return false,
+            Some(res) if nothing_moved(res) => {}
+            Some(_) => return true,
         }
+    }
+    st.read_error.is_some()
+        || st
+            .reading
+            .as_ref()
+            .is_some_and(|op| op.completed().is_some())
 }
 
 /// `poll_read` on a loop that starts no receive of the stream's own (epoll): hands out what
@@ -1453,7 +1478,7 @@ fn take_received(
             st.rpos += n;
             return Some(Ok(n));
         }
-        if st.stray.is_none() {
+        if st.stray.is_empty() {
             if let Some(e) = st.read_error.take() {
                 return Some(Err(io::Error::from_raw_os_error(-e)));
             }
@@ -1486,16 +1511,16 @@ fn poll_reading(
     trait_side: bool,
     after: &mut After,
 ) -> Poll<Option<io::Result<u32>>> {
-    if let Some(stray) = st.stray.as_mut() {
+    while let Some(stray) = st.stray.front_mut() {
         // Its bytes go after those still unread in `rbuf` (none, in practice: a read starts
         // only once `rbuf` is drained).
         st.rbuf.drain(..st.rpos);
         st.rpos = 0;
         let res =
             ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf, after));
-        st.stray = None;
+        st.stray.pop_front();
         if nothing_moved(res) {
-            return Poll::Ready(None); // the caller reads afresh
+            continue; // the next kept one, else the caller reads afresh
         }
         return Poll::Ready(Some(result(res)));
     }

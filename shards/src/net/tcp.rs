@@ -181,8 +181,9 @@ impl TcpStream {
     /// stream; an empty `buf` gets `Ok(0)` at once, as with `std`. Dropping the future before
     /// it resolves (a `select!` whose other branch won) loses no bytes on either driver: on
     /// io_uring the stream keeps the receive it submitted running (and `buf` with it), and the
-    /// next read (owned or `AsyncRead`) gets what it read first; only a read dropped while
-    /// another read of the stream is in flight is cancelled (see `into_std` too). Cost: one `RECV` (or `READ_FIXED` for a
+    /// next read (owned or `AsyncRead`) gets what it read first; a read dropped while another
+    /// read of the stream is in flight is cancelled, but kept too, so bytes that reached it
+    /// before the cancel still go to the next read (see `into_std` too). Cost: one `RECV` (or `READ_FIXED` for a
     /// [`FixedBuf`](crate::io::FixedBuf)) submission, or one `recv` (the socket joins the
     /// loop's epoll set once, at its first wait); a dropped read costs a boxed handle.
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
