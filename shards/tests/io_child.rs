@@ -798,6 +798,114 @@ fn child_a_write_behind_cut_on_io_uring_is_sent_on_an_epoll_loop() {
     assert_eq!(&all[filled..], b"tailmoreowned");
 }
 
+/// On an epoll loop, an owned write first sends what a cut write-behind left unsent
+/// (`PollState::unsent`); with the socket full it registers its waker, whose clone is user
+/// code: here one that makes room, reaps the driver (a `shutdown` of another such stream),
+/// and polls an owned write of its own once. The unsent bytes were out of the stream's state
+/// while the waker was cloned, so that write found nothing ahead of it and went out before
+/// them: the peer read `X` ahead of `tail`, the bytes reported written first.
+#[test]
+fn child_a_write_in_a_wakers_clone_does_not_overtake_unsent_bytes() {
+    const ROLE: &str = "unsent-order-clone";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_write_in_a_wakers_clone_does_not_overtake_unsent_bytes",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let Some(mut pairs) = cut_write_behinds(2) else {
+        return;
+    };
+    let (c, _c_peer, _) = pairs.pop().unwrap();
+    let (a, a_peer, _) = pairs.pop().unwrap();
+    let mut a_peer = a_peer.into_std();
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    let mut a_peer = epoll.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        let a = Rc::new(a);
+        let mut w = Box::pin(a.write_all(b"Y".to_vec()));
+        // Takes the cut send over, finds the socket full and waits (the descriptor joins
+        // the epoll set).
+        let noop = std::task::Waker::noop();
+        let first = w.as_mut().poll(&mut std::task::Context::from_waker(noop));
+        assert!(first.is_pending(), "the socket is full");
+        let user = a.clone();
+        let waker = clone_hooked_waker(move || {
+            // Room for the unsent bytes...
+            a_peer.set_nonblocking(true).unwrap();
+            let mut sink = [0u8; 65536];
+            while a_peer.read(&mut sink).is_ok_and(|n| n > 0) {}
+            // ...seen by the driver (`c`'s shutdown is refused, bytes behind, but reaps)...
+            let _ = c.shutdown(Shutdown::Write);
+            // ...and a write of the waker's own.
+            let mut x = Box::pin(user.write(b"X".to_vec()));
+            let _ = x.as_mut().poll(&mut std::task::Context::from_waker(noop));
+            a_peer
+        });
+        let second = w.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+        let a_peer = take_hook_result();
+        let (r, _) = xtc_shards::time::timeout(HANG, async {
+            match second {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => w.await,
+            }
+        })
+        .await
+        .expect("the owned write hung");
+        r.unwrap();
+        drop(a);
+        a_peer
+    });
+    drop(epoll);
+    a_peer.set_nonblocking(false).unwrap();
+    let mut rest = Vec::new();
+    a_peer.read_to_end(&mut rest).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&rest),
+        "tailXY",
+        "the bytes reported written first must reach the peer first"
+    );
+}
+
+thread_local! {
+    /// What [`clone_hooked_waker`]'s hook returned.
+    static HOOK_RESULT: std::cell::RefCell<Option<std::os::unix::net::UnixStream>> =
+        const { std::cell::RefCell::new(None) };
+    /// What the next clone of a [`clone_hooked_waker`] runs.
+    static CLONE_HOOK: std::cell::RefCell<Option<Box<dyn FnOnce() -> std::os::unix::net::UnixStream>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A no-op waker whose next clone runs `hook` (once), keeping what it returns for
+/// [`take_hook_result`].
+fn clone_hooked_waker(
+    hook: impl FnOnce() -> std::os::unix::net::UnixStream + 'static,
+) -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    fn clone(p: *const ()) -> RawWaker {
+        if let Some(hook) = CLONE_HOOK.with(|h| h.borrow_mut().take()) {
+            let r = hook();
+            HOOK_RESULT.with(|h| *h.borrow_mut() = Some(r));
+        }
+        RawWaker::new(p, &VTABLE)
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
+    CLONE_HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    // SAFETY: the vtable's functions never dereference the (null) data pointer.
+    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
+/// What the hook of a [`clone_hooked_waker`] returned; panics if it did not run.
+fn take_hook_result() -> std::os::unix::net::UnixStream {
+    HOOK_RESULT
+        .with(|h| h.borrow_mut().take())
+        .expect("the waker's clone ran its hook")
+}
+
 /// On an io_uring `LocalExecutor` (the process's `XTC_IO`): `n` Unix stream pairs, each
 /// with its first end's socket full (`fill`, the bytes returned) and its `AsyncWrite` having
 /// reported `b"tail"` written, the write-behind send still waiting for room when the

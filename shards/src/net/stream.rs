@@ -1043,7 +1043,8 @@ impl StreamIo {
     /// the `futures::io` side's registration, or, for an owned call (`trait_side` false),
     /// [`epoll::ANON`](crate::io::epoll::ANON) (its waker stays registered until the socket's
     /// next writable event if the call is dropped). `Ready(Ok)` once nothing is left. No borrow
-    /// of the state is held while the waker is registered (user code). Cost when nothing is
+    /// of the state is held while the waker is registered (user code), and the bytes stay in
+    /// the state meanwhile, so a write that code starts goes after them. Cost when nothing is
     /// left: a `RefCell` borrow and a check.
     fn poll_unsent(&self, cx: &mut Context<'_>, trait_side: bool) -> Poll<io::Result<()>> {
         self.send_unsent(cx, trait_side, false)
@@ -1076,7 +1077,7 @@ impl StreamIo {
         keep_failed: bool,
     ) -> Poll<io::Result<()>> {
         loop {
-            let (buf, from) = {
+            {
                 let mut st = self.poll.borrow_mut();
                 let st = &mut *st;
                 if st.unsent.is_none() {
@@ -1101,13 +1102,40 @@ impl StreamIo {
                         }
                     }
                 }
-                match st.unsent.take() {
-                    Some(buf) => (buf, st.wsent),
+                match st.unsent.as_ref() {
+                    Some(buf) if st.wsent < buf.len() => {}
+                    Some(_) => {
+                        // All sent.
+                        st.wbuf = st.unsent.take().unwrap_or_default();
+                        st.wbuf.clear();
+                        return Poll::Ready(Ok(()));
+                    }
                     None => return Poll::Ready(Ok(())),
                 }
+            }
+            // The bytes stay in the state while the waker may be registered (its clone is user
+            // code, which may start an owned write: taken out, they were not there for it to
+            // wait for, and it went ahead of them). Sent from there, `wsent` moved at once,
+            // with no user code in between; `None`: nothing left (such user code sent it).
+            let mut send = |fd: i32| -> io::Result<Option<(usize, usize)>> {
+                let mut st = self.poll.borrow_mut();
+                let st = &mut *st;
+                let Some(buf) = st.unsent.as_ref() else {
+                    return Ok(None);
+                };
+                let rest = &buf[st.wsent.min(buf.len())..];
+                if rest.is_empty() {
+                    return Ok(None);
+                }
+                // SAFETY: `rest` is `len` initialized bytes of the state's buffer, borrowed
+                // for this call.
+                let n = ops::cvt(unsafe {
+                    libc::send(fd, rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL)
+                })? as usize;
+                let len = rest.len();
+                st.wsent += n;
+                Ok(Some((n, len)))
             };
-            let rest = &buf[from..];
-            let (ptr, len) = (rest.as_ptr(), rest.len());
             let r = crate::io::with_running_reactor(|r| match r {
                 Reactor::Epoll(e) => {
                     let id = if trait_side {
@@ -1119,46 +1147,35 @@ impl StreamIo {
                         e,
                         Dir::Write,
                         cx,
-                        &mut |fd| {
-                            // SAFETY: `ptr` points at the `len` initialized bytes of `buf` from
-                            // `from`, a local that is neither moved nor changed until this
-                            // call returns.
-                            ops::cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
-                                .map(|n| n as usize)
-                        },
-                        |&n| short(n, len),
+                        &mut send,
+                        |sent| sent.is_some_and(|(n, len)| short(n, len)),
                         id,
                     ))
                 }
                 _ => Err(io::Error::other("xtc: driver changed")),
             });
-            let mut st = self.poll.borrow_mut();
             match r {
-                Ok(Poll::Ready(Ok(n))) if n > 0 && from + n < buf.len() => {
-                    st.wsent = from + n;
-                    st.unsent = Some(buf);
-                }
-                Ok(Poll::Pending) => {
-                    st.unsent = Some(buf);
-                    return Poll::Pending;
-                }
-                Ok(Poll::Ready(Err(_) | Ok(0))) if keep_failed => {
-                    st.unsent = Some(buf);
+                // Some sent (`wsent` moved), or nothing left: look again.
+                Ok(Poll::Ready(Ok(Some((n, _))))) if n > 0 => {}
+                Ok(Poll::Ready(Ok(None))) => {}
+                Ok(Poll::Pending) => return Poll::Pending,
+                Ok(Poll::Ready(Err(_) | Ok(Some(_)))) if keep_failed => {
                     return Poll::Ready(Ok(()));
                 }
-                // All sent, or an error (reported once, as `drain` reports a failed send).
+                // An error, or no progress (reported once, as `drain` reports a failed send):
+                // the bytes are given up.
                 Ok(Poll::Ready(r)) => {
-                    st.wbuf = buf;
-                    st.wbuf.clear();
+                    let mut st = self.poll.borrow_mut();
+                    if let Some(buf) = st.unsent.take() {
+                        st.wbuf = buf;
+                        st.wbuf.clear();
+                    }
                     return Poll::Ready(match r {
-                        Ok(0) => Err(io::ErrorKind::WriteZero.into()),
-                        other => other.map(drop),
+                        Ok(_) => Err(io::ErrorKind::WriteZero.into()),
+                        Err(e) => Err(e),
                     });
                 }
-                Err(e) => {
-                    st.unsent = Some(buf);
-                    return Poll::Ready(Err(e));
-                }
+                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }
