@@ -191,15 +191,26 @@ impl TcpStream {
     }
 
     /// Writes `buf[..len]` once; returns the count written (possibly less than all); an empty
-    /// `buf` gets `Ok(0)` at once. Cost: one `SEND` submission (io_uring) or one `send`
-    /// (epoll), after any `AsyncWrite` bytes still being sent.
+    /// `buf` gets `Ok(0)` at once. Not cancellation safe on io_uring: dropping the future
+    /// before it resolves (a `select!` whose other branch won) cancels its `SEND`, but one
+    /// that completed already, or completes before the kernel handles the cancel, has sent
+    /// a prefix of `buf`, and that count is lost with the future (as with tokio-uring's and
+    /// monoio's owned writes). Writing the same bytes again after such a drop may send them
+    /// twice: treat the stream's position as unknown (close it), or keep the future. On
+    /// epoll the send runs in the poll that returns its count, so a dropped `write` sent
+    /// nothing. Cost: one `SEND` submission (io_uring) or one `send` (epoll), after any
+    /// `AsyncWrite` bytes still being sent.
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         self.io.write(buf).await
     }
 
     /// Writes all of `buf[..len]`, completing partial writes. `EPIPE` / `ECONNRESET` when the
-    /// peer went away. Cost: as [`write`](Self::write) per partial write (one, unless the
-    /// socket buffer fills).
+    /// peer went away. Not cancellation safe on either driver: dropped before it resolves, it
+    /// may have sent a prefix of `buf` (the partial writes it completed, and on io_uring a
+    /// `SEND` its drop cancelled too late, see [`write`](Self::write)), and how much is not
+    /// reported; a new `write_all` of the same buffer starts from its beginning, so the peer
+    /// gets that prefix twice (as with tokio's `write_all`). Cost: as
+    /// [`write`](Self::write) per partial write (one, unless the socket buffer fills).
     pub async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
         self.io.write_all(buf).await
     }

@@ -169,13 +169,16 @@ impl UnixStream {
         self.io.read(buf).await
     }
 
-    /// Writes `buf[..len]` once, as [`TcpStream::write`](super::TcpStream::write) (same cost).
+    /// Writes `buf[..len]` once, as [`TcpStream::write`](super::TcpStream::write) (same cost,
+    /// and not cancellation safe on io_uring either: a dropped write may have sent a prefix of
+    /// `buf`).
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         self.io.write(buf).await
     }
 
     /// Writes all of `buf[..len]`, as [`TcpStream::write_all`](super::TcpStream::write_all)
-    /// (same cost).
+    /// (same cost, and not cancellation safe either: a dropped `write_all` may have sent a
+    /// prefix of `buf`, which writing it again sends twice).
     pub async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
         self.io.write_all(buf).await
     }

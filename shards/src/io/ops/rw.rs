@@ -91,6 +91,11 @@ pub(crate) async fn send<B: IoBuf>(src: &Source, mut buf: B, from: usize) -> Buf
                 });
                 match op {
                     Ok(op) => {
+                        // Dropped here, the `Op` is cancelled; a `SEND` that completed first,
+                        // or beats the cancel, sent bytes whose count goes with the future (no
+                        // one is left to report it to). The public `write` and `write_all`
+                        // document it: a caller that writes the same bytes again after such a
+                        // drop may send them twice.
                         let (res, b) = op.await;
                         buf = b;
                         if nothing_moved(res) {
