@@ -455,6 +455,48 @@ fn deadlock_report_resumes_when_service_mode_is_switched_off() {
 /// A task's future whose `Drop` panics, dropped when the task is aborted: the panic is logged
 /// and the loop goes on, so the run still ends at quiescence (the loop's thread used to die
 /// with its status BUSY, and `run()` never returned).
+/// A task future's `Drop` panics with a payload whose own drop panics again: the loop logs
+/// both and goes on, and the second payload is dropped too. It was forgotten (its allocation
+/// leaked, its `Drop` never ran: memcheck's "definitely lost" for each such panic).
+#[test]
+fn the_payload_of_a_panic_in_a_payloads_drop_is_dropped() {
+    static INNER_DROPS: AtomicUsize = AtomicUsize::new(0);
+    struct Inner;
+    impl Drop for Inner {
+        fn drop(&mut self) {
+            INNER_DROPS.fetch_add(1, SeqCst);
+        }
+    }
+    struct Outer;
+    impl Drop for Outer {
+        fn drop(&mut self) {
+            std::panic::panic_any(Inner);
+        }
+    }
+    struct PanicsWithOuter;
+    impl Drop for PanicsWithOuter {
+        fn drop(&mut self) {
+            std::panic::panic_any(Outer);
+        }
+    }
+    let out = LocalExecutor::new().unwrap().block_on(async {
+        let t = spawn_local(async {
+            let _p = PanicsWithOuter;
+            std::future::pending::<()>().await;
+        });
+        xtc_shards::yield_now().await;
+        t.abort();
+        assert!(t.await.unwrap_err().is_cancelled());
+        7
+    });
+    assert_eq!(out, 7, "the loop went on");
+    assert_eq!(
+        INNER_DROPS.load(SeqCst),
+        1,
+        "the payload of the panic in the payload's drop was not dropped"
+    );
+}
+
 #[test]
 fn a_panicking_drop_of_a_task_future_does_not_kill_the_loop() {
     struct PanicOnDrop;
