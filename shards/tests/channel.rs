@@ -1045,16 +1045,20 @@ fn shared_a_signal_registered_while_the_shutdown_flushes_is_not_left_behind() {
             self.0.lock().unwrap().try_send(42).unwrap();
         }
     }
+    /// Ends kept open until the test's end (a close would wake the receiver at once), and
+    /// dropped then rather than forgotten: Miri's leak check runs on this test too.
+    type Kept = Arc<Mutex<Vec<Box<dyn Send>>>>;
     /// Sends on drop (when the shutdown drops its task) without closing the channel.
-    struct SendOnDrop(Option<shared::Sender<u32>>);
+    struct SendOnDrop(Option<shared::Sender<u32>>, Kept);
     impl Drop for SendOnDrop {
         fn drop(&mut self) {
             let mut tx = self.0.take().unwrap();
             tx.try_send(1).unwrap();
             // Kept open: a close would wake the receiver at once.
-            std::mem::forget(tx);
+            self.1.lock().unwrap().push(Box::new(tx));
         }
     }
+    let kept = Kept::default();
     // Room for more than a quarter of a ring's pushes: signals wait for the end of the turn.
     let (tx_a, mut rx_a) = shared::bounded::<u32>(64).unwrap();
     let (tx_b, mut rx_b) = shared::bounded::<u32>(64).unwrap();
@@ -1065,17 +1069,19 @@ fn shared_a_signal_registered_while_the_shutdown_flushes_is_not_left_behind() {
     });
     // Let the plain thread's receiver wait first.
     std::thread::sleep(Duration::from_millis(50));
+    let in_run = kept.clone();
     LocalExecutor::new().unwrap().block_on(async move {
+        let kept = in_run;
         let sends = Arc::new(SendsOn(Mutex::new(tx_a)));
         // Kept open past the wake, which consumes the waker's reference.
-        std::mem::forget(sends.clone());
+        kept.lock().unwrap().push(Box::new(sends.clone()));
         let custom = Waker::from(sends);
         assert!(pin!(rx_b.recv())
             .poll(&mut Context::from_waker(&custom))
             .is_pending());
-        std::mem::forget(rx_b);
+        kept.lock().unwrap().push(Box::new(rx_b));
         // Dropped by the shutdown, unfinished: its drop pushes on `tx_b`.
-        let guard = SendOnDrop(Some(tx_b));
+        let guard = SendOnDrop(Some(tx_b), kept.clone());
         drop(xtc_shards::spawn_local(async move {
             let _guard = guard;
             std::future::pending::<()>().await;
@@ -1089,6 +1095,7 @@ fn shared_a_signal_registered_while_the_shutdown_flushes_is_not_left_behind() {
         "the plain thread's receiver was never woken"
     );
     drop(waiter.join());
+    drop(kept);
 }
 
 /// `local`: a waiting sender's waker that panics when the receiver's `try_recv` notifies it
