@@ -62,8 +62,9 @@ pub enum Error {
         /// One line per parked task: name (if any), spawn location, shard.
         tasks: Vec<String>,
     },
-    /// The main future of `block_on` panicked or was cancelled.
-    #[error("the main future failed: {0}")]
+    /// A task this call waited for panicked or was cancelled: the main future of `block_on`,
+    /// the closure or future of a `submit_to`, or a [`JoinError`] converted with `?`.
+    #[error("a task failed: {0}")]
     Join(#[from] JoinError),
     /// An operating-system call failed.
     #[error("{what}: {source}")]

@@ -66,6 +66,25 @@ fn submit_to_with_a_panicking_closure_keeps_the_target_alive() {
     assert_eq!(second.unwrap(), 1);
 }
 
+/// The error of a `submit_to` whose closure panicked says what failed: its message read "the
+/// main future failed", which sent a reader looking at `block_on`'s future, not at the call.
+#[test]
+fn a_submit_to_panic_error_does_not_blame_the_main_future() {
+    let ex = exec(2);
+    let e = ex
+        .block_on(|| async {
+            shard::submit_to(1, || async {
+                panic!("remote boom");
+            })
+            .await
+            .unwrap_err()
+        })
+        .unwrap();
+    let msg = e.to_string();
+    assert!(!msg.contains("main future"), "{msg}");
+    assert!(msg.contains("task panicked: remote boom"), "{msg}");
+}
+
 #[test]
 fn submit_to_off_loop_is_an_error() {
     let r = futures::executor::block_on(shard::submit_to(0, || async {}));

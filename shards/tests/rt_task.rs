@@ -902,7 +902,7 @@ fn join_error_and_error_are_send_and_sync() {
         }
     });
     let b = boxed(Error::Join(e));
-    assert_eq!(b.to_string(), "the main future failed: task panicked: boom");
+    assert_eq!(b.to_string(), "a task failed: task panicked: boom");
     let e = match b.downcast::<Error>().map(|b| *b) {
         Ok(Error::Join(e)) => e,
         other => panic!("not the join error: {other:?}"),
