@@ -35,8 +35,11 @@ fn listener(addr: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
 
 impl TcpListener {
     /// Binds and listens (backlog 1024, `SO_REUSEADDR`). Synchronous, like `std` and Glommio:
-    /// it may be called off any loop, and the listener may then be used by a task of any one
-    /// loop. Host names are resolved synchronously.
+    /// it may be called off any loop. The listener is `!Send`: one bound on a plain thread
+    /// serves a [`LocalExecutor`](crate::LocalExecutor) of that thread; to hand it to a shard,
+    /// send [`into_std`](Self::into_std)'s listener and rebuild it there with
+    /// [`from_std`](Self::from_std) (or bind inside the shard's task). Host names are resolved
+    /// synchronously.
     pub fn bind(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, false)).map(|s| TcpListener {
             kept: Default::default(),
@@ -47,7 +50,9 @@ impl TcpListener {
     /// As [`bind`](Self::bind) with `SO_REUSEPORT`: every shard binds its own listener to the
     /// same address and the kernel spreads incoming connections over them, so each shard
     /// accepts its own (the Seastar / Glommio server layout). Connections never move between
-    /// listeners afterwards.
+    /// listeners afterwards. Port 0 gives each call a port of its own: to share an ephemeral
+    /// port, bind one listener first, read its [`local_addr`](Self::local_addr), and bind the
+    /// others to that address.
     pub fn bind_reuseport(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, true)).map(|s| TcpListener {
             kept: Default::default(),
