@@ -104,13 +104,36 @@ impl<T> Sharded<T> {
     /// The current shard's value.
     ///
     /// # Panics
-    /// Where [`try_get`](Self::try_get) gives `None`: off any loop, or on a shard the value
-    /// was not made for.
+    /// Where [`try_get`](Self::try_get) gives `None`: off any loop, on a shard the value
+    /// was not made for, or where another executor's loop claimed the slot first; the message
+    /// says which.
     pub fn get(&self) -> &T {
-        self.try_get().expect(
-            "Sharded::get: no slot for this thread: call it inside a task of the executor it was \
-             sized for (Sharded::new(shard::count(), ..))",
-        )
+        match self.try_get() {
+            Some(v) => v,
+            None => self.no_slot(),
+        }
+    }
+
+    /// `get`'s panic, naming which of `try_get`'s causes it met and what to do.
+    #[cold]
+    #[inline(never)]
+    #[track_caller]
+    fn no_slot(&self) -> ! {
+        let len = self.slots.len();
+        match with_core(|c| c.index()) {
+            None => panic!(
+                "Sharded::get called off any xtc loop: call it inside a task (size the value \
+                 with the executor's shard_count(); shard::count() is 0 off any loop)"
+            ),
+            Some(i) if i >= len => panic!(
+                "Sharded::get runs on shard {i}, but this value has {len} slots: size it with \
+                 the executor's shard_count() (shard::count() is 0 off any loop)"
+            ),
+            Some(i) => panic!(
+                "Sharded::get: slot {i} was claimed first by another loop (another executor's \
+                 shard {i}, or a LocalExecutor's): give each executor its own Sharded"
+            ),
+        }
     }
 
     /// Every slot, mutably: exclusive access makes the ownership check unnecessary.

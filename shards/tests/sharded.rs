@@ -106,3 +106,39 @@ fn a_slot_stays_with_its_first_loop_after_that_loop_is_gone() {
         );
     }
 }
+
+/// `get`'s panic says which of its three causes it met, and what to do about it: it named
+/// none and advised `Sharded::new(shard::count(), ..)`, which is exactly the mistake when
+/// made off any loop (`count()` is 0 there, so the value has no slot at all).
+#[test]
+fn get_panics_with_its_cause() {
+    fn get_message<T>(s: &Sharded<T>) -> String {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.get();
+        }));
+        let p = r.expect_err("get did not panic");
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap()
+    }
+    let empty = Sharded::new(shard::count(), |_| 0u8);
+    let off = get_message(&empty);
+    assert!(off.contains("off any xtc loop"), "{off}");
+    let short = LocalExecutor::new()
+        .unwrap()
+        .block_on(async move { get_message(&empty) });
+    assert!(
+        short.contains("runs on shard 0") && short.contains("0 slots"),
+        "{short}"
+    );
+    let small = Arc::new(Sharded::new(1, |_| 0u8));
+    let s = small.clone();
+    LocalExecutor::new()
+        .unwrap()
+        .block_on(async move { assert_eq!(*s.get(), 0) });
+    let taken = LocalExecutor::new()
+        .unwrap()
+        .block_on(async move { get_message(&small) });
+    assert!(taken.contains("another loop"), "{taken}");
+}
