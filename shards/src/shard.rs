@@ -28,7 +28,10 @@ pub(crate) fn join_result<T>(r: std::result::Result<T, JoinError>) -> Result<T> 
 /// `!Send`; the output travels back with the wake of the awaiting task, over the reverse ring.
 ///
 /// On the caller's own shard it runs as a local task, without a ring. If the ring to `shard`
-/// is full the caller waits for space first (backpressure). `Err(InvalidShard)` for an
+/// is full the caller waits for space first (backpressure). Nothing is sent before the first
+/// poll, nor while the call waits for ring space; once sent, dropping the future (a
+/// [`timeout`](crate::time::timeout) around it, a `select!`) does not cancel the call: the
+/// closure still runs on `shard`, and its output is dropped. `Err(InvalidShard)` for an
 /// out-of-range shard, `Err(Join)` if the closure or its future panicked (the target loop goes
 /// on), `Err(Stopped)` if the executor stopped before it completed, `Err(OffLoop)` off any loop
 /// (use [`Handle::submit_to`] there).
@@ -157,8 +160,9 @@ pub(crate) async fn reserve_on(
 }
 
 /// Runs `make` on every shard (the closure is cloned once per shard) and collects the outputs
-/// in shard order (Seastar's `invoke_on_all`). The calls run concurrently. Off any loop the
-/// result is a single `Err(OffLoop)`.
+/// in shard order (Seastar's `invoke_on_all`). The calls run concurrently; dropping the
+/// future does not cancel those already sent (as [`submit_to`]). Off any loop the result is a
+/// single `Err(OffLoop)`.
 #[track_caller]
 pub fn submit_to_all<F, Fut>(make: F) -> impl Future<Output = Vec<Result<Fut::Output>>>
 where
