@@ -31,7 +31,7 @@ pub enum Error {
     },
 
     /// More shards were asked than there are allowed CPUs, and oversubscription is off.
-    #[error("{asked} shards asked but only {allowed} CPUs allowed; lower shards() or allow oversubscription")]
+    #[error("{asked} shards asked but only {allowed} CPUs allowed; lower shards() or allow oversubscription (in xtc: `Builder::oversubscribe(true)` or `XTC_OVERSUBSCRIBE=1`)")]
     TooManyShards {
         /// Shards asked for.
         asked: usize,
@@ -77,7 +77,7 @@ pub enum Error {
     },
 
     /// A CPU appears twice in an explicit CPU list without oversubscription.
-    #[error("CPU {cpu} is listed twice; list each CPU once or allow oversubscription")]
+    #[error("CPU {cpu} is listed twice; list each CPU once or allow oversubscription (in xtc: `Builder::oversubscribe(true)` or `XTC_OVERSUBSCRIBE=1`)")]
     DuplicateCpu {
         /// OS index of the repeated CPU.
         cpu: usize,

@@ -150,7 +150,8 @@ fn too_many_shards() {
     );
     assert_eq!(
         e.to_string(),
-        "12 shards asked but only 8 CPUs allowed; lower shards() or allow oversubscription"
+        "12 shards asked but only 8 CPUs allowed; lower shards() or allow oversubscription \
+         (in xtc: `Builder::oversubscribe(true)` or `XTC_OVERSUBSCRIBE=1`)"
     );
     let e = Placement::new(&t, 9, &Policy::Spread, false).unwrap_err();
     assert!(
