@@ -54,7 +54,10 @@ pub enum Error {
     #[error("the executor is already running: call run()/block_on() from one thread at a time")]
     AlreadyRunning,
     /// The executor stopped (or was stopped) before the operation could complete.
-    #[error("the executor stopped before this completed")]
+    #[error(
+        "the executor stopped before this completed (a stop(), or block_on returned): run it \
+         again to go on, or build a new one if it was dropped"
+    )]
     Stopped,
     /// Every loop went idle while tasks stayed parked with nothing that could wake them.
     #[error("deadlock: every loop is idle but {} task(s) are parked with no timer, I/O or message that could wake them:\n  {}\n(raise XTC_DEADLOCK_GRACE or Builder::deadlock_grace if they wait on a foreign thread)", tasks.len(), tasks.join("\n  "))]
