@@ -811,3 +811,95 @@ fn spawns_from_a_closure_dropped_by_evacuate_leave_no_backlog() {
         .unwrap();
     assert_eq!(ran.load(SeqCst), 0, "a spawn of the stopped run ran");
 }
+
+/// A loop whose tasks wait for room in a full ring (`submit_to`'s backpressure) is not part of
+/// a deadlock: the consumer drains rings whatever its tasks do, and its drain pings the
+/// waiting loop (ring rule 3), a wake-up no message count shows. Such a loop published
+/// `PARKED`, so while its thread was held off the CPU after the ping (or between publishing
+/// its status and the recheck that finds the room), two balanced, all-idle snapshots a grace
+/// period apart made the coordinator stop a healthy run with `Error::Deadlock`. Threads that
+/// keep the CPUs busy make that pause likely; a short grace makes it long enough. (Before the
+/// fix about half of the 6-second runs failed on a loaded 2-CPU machine; it is a stress test,
+/// so a pass on the old code was possible.)
+#[test]
+fn tasks_waiting_for_ring_space_are_not_reported_as_a_deadlock() {
+    const NOISE: usize = 2;
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(1)
+        .deadlock_grace(Some(Duration::from_micros(250)))
+        .build()
+        .unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let noise: Vec<_> = (0..NOISE)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(SeqCst) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    let mut outcome = Ok(());
+    let mut rounds = 0;
+    while rounds < 2000 && t0.elapsed() < Duration::from_secs(6) {
+        rounds += 1;
+        let done = Arc::new(AtomicU64::new(0));
+        for s in 0..2 {
+            let done = done.clone();
+            ex.spawn_on(s, move || async move {
+                let calls: Vec<_> = (0..24u64)
+                    .map(|k| {
+                        let done = done.clone();
+                        shard::spawn_local(async move {
+                            let to = 1 - shard::id();
+                            let got = shard::submit_to(to, move || async move {
+                                if k % 2 == 0 {
+                                    xtc_shards::yield_now().await;
+                                }
+                                shard::id()
+                            })
+                            .await
+                            .unwrap();
+                            assert_eq!(got, to);
+                            done.fetch_add(1, SeqCst);
+                        })
+                    })
+                    .collect();
+                for c in calls {
+                    c.await.unwrap();
+                }
+            })
+            .unwrap();
+        }
+        match run_within(&ex, Duration::from_secs(10)) {
+            Some(Ok(())) if done.load(SeqCst) == 48 => {}
+            Some(Ok(())) => {
+                outcome = Err(format!(
+                    "round {rounds}: {} of 48 calls done",
+                    done.load(SeqCst)
+                ));
+                break;
+            }
+            Some(Err(e)) => {
+                outcome = Err(format!("round {rounds}: {e}"));
+                break;
+            }
+            None => {
+                outcome = Err(format!("round {rounds}: run() hung"));
+                break;
+            }
+        }
+    }
+    stop.store(true, SeqCst);
+    for t in noise {
+        t.join().unwrap();
+    }
+    println!("{rounds} rounds");
+    if let Err(e) = outcome {
+        panic!("{e}");
+    }
+}

@@ -430,9 +430,13 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         if !spin.is_zero() && spin_for_work(core, spin) {
             continue;
         }
+        // A task waiting for ring space (`ring::reserve`) is woken once the consumer drains
+        // the ring, which it does whatever its tasks do, and that drain's ping moves no count
+        // the quiescence check reads: as `PARKED`, a loop whose thread was slow to take that
+        // ping (or paused before its recheck found the room) looked deadlocked.
         let kind = {
             if !core.timers.borrow().is_empty()
-                || core.mesh.borrow().backlogged() > 0
+                || core.mesh.borrow().blocked_on_space()
                 || core.io.in_flight() > 0
             {
                 status::WAITING

@@ -6,7 +6,8 @@
 //! Each loop publishes `status = epoch << 2 | kind` (SeqCst) before it parks, and
 //! `epoch + 1 | BUSY` as soon as it wakes, before it drains its inbox. `kind` is `EMPTY` (no live
 //! task, no timer), `PARKED` (live tasks, none runnable, no timer) or `WAITING` (something will
-//! wake it: a pending timer, I/O or a blocking-pool job in flight, a ring backlog). Each inbox
+//! wake it: a pending timer, I/O or a blocking-pool job in flight, a ring backlog, a task
+//! waiting for ring space, which the consumer's drain pings without any count moving). Each inbox
 //! counts messages pushed (before the push) and popped; each ring counts messages sent and
 //! received.
 //!
