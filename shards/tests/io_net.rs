@@ -1218,6 +1218,52 @@ async fn datagram_outlives_its_dropped_receive(
     assert_eq!(&b[..n], b"one", "[{driver}]");
 }
 
+/// A `recv_from` dropped alone, its datagram ("one") taken in the kernel but not reaped, whose
+/// task's waker, dropped when the receive is kept (`Op::unwait`), runs user code that starts
+/// and drops another `recv_from` of the same socket: the waker was dropped before the first
+/// receive was kept, so the second one (which took "two") was kept first, and the next
+/// `recv_from`s handed out "two" before "one".
+#[test]
+fn a_recv_from_kept_while_its_wakers_drop_keeps_another_stays_first() {
+    on_each_driver(
+        "a_recv_from_kept_while_its_wakers_drop",
+        1,
+        |driver| async move {
+            let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let addr = s.local_addr().unwrap();
+            let s2 = s.clone();
+            let waker = common::drop_hooked_waker(move || {
+                let mut again = Box::pin(s2.recv_from(vec![0u8; 16]));
+                let _ = again
+                    .as_mut()
+                    .poll(&mut std::task::Context::from_waker(Waker::noop()));
+            });
+            let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
+            assert!(fut
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+                .is_pending());
+            drop(waker); // the driver's slot holds the only clone now
+            sleep(Duration::from_millis(5)).await; // the receive reaches the kernel
+            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            tx.send_to(b"one", addr).unwrap();
+            thread::sleep(Duration::from_millis(50)); // completed in the kernel, not reaped
+            tx.send_to(b"two", addr).unwrap();
+            drop(fut);
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                let (r, buf) =
+                    xtc_shards::time::timeout(Duration::from_secs(60), s.recv_from(vec![0u8; 16]))
+                        .await
+                        .expect("a datagram was lost");
+                let (n, _) = r.unwrap();
+                got.push(String::from_utf8(buf[..n].to_vec()).unwrap());
+            }
+            assert_eq!(got, ["one", "two"], "[{driver}] datagrams out of order");
+        },
+    );
+}
+
 /// Kept receives are handed out oldest first (io_uring keeps a dropped `recv_from`, see
 /// `net::udp`), also after a `recv_from` took the oldest one and was dropped before it
 /// resolved: that one went back behind the younger ones, so two datagrams the kernel had

@@ -47,8 +47,9 @@ trait StrayRecv {
         cx: &mut Context<'_>,
         dst: &mut [MaybeUninit<u8>],
     ) -> Poll<io::Result<(usize, SockAddr)>>;
-    /// Nobody waits for it until a `recv_from` takes it over (`Op::unwait`).
-    fn unwait(&self);
+    /// Nobody waits for it until a `recv_from` takes it over (`Op::unwait_later`): hands out
+    /// the waker it forgets, for the caller to drop once the receive is kept.
+    fn unwait_later(&self) -> Option<std::task::Waker>;
     /// Cancels it if still in the kernel, keeping its result (`Op::cancel_in_place`).
     fn cancel_in_place(&self);
 }
@@ -80,8 +81,8 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
         Poll::Ready(r)
     }
 
-    fn unwait(&self) {
-        Op::unwait(self);
+    fn unwait_later(&self) -> Option<std::task::Waker> {
+        Op::unwait_later(self)
     }
 
     fn cancel_in_place(&self) {
@@ -144,14 +145,20 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         let Some(op) = self.op.take() else { return };
         let op = op.into_stray();
         op.cancel_in_place();
-        // Outside the `stray` borrow: forgetting the waker drops it, and a waker's drop is
-        // user code (which may use this socket: it may keep receives of its own, queued
-        // ahead of this one; with nothing left armed, order among kept receives loses
-        // nothing).
-        op.unwait();
-        if let Ok(mut kept) = self.socket.stray.try_borrow_mut() {
-            crate::io::ops::keep_in_order(&mut kept, &self.socket.next_stray, self.number, op);
-        }
+        // The waker it forgets is dropped outside the `stray` borrow, and only once the
+        // receive is kept: a waker's drop is user code, which may use this socket. Dropped
+        // before, that code could keep a receive of its own first (one that took the next
+        // datagram), and the next `recv_from`s handed out the two datagrams swapped.
+        let waker = op.unwait_later();
+        let op = match self.socket.stray.try_borrow_mut() {
+            Ok(mut kept) => {
+                crate::io::ops::keep_in_order(&mut kept, &self.socket.next_stray, self.number, op);
+                None
+            }
+            Err(_) => Some(op),
+        };
+        drop(waker);
+        drop(op);
     }
 }
 
