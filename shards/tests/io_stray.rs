@@ -1999,6 +1999,69 @@ fn reads_dropped_while_their_loop_is_hidden_keep_their_bytes() {
     );
 }
 
+thread_local! {
+    /// A socket of this loop, for [`RecvsFromStash`] to receive on.
+    static UDP: RefCell<Option<Rc<UdpSocket>>> = const { RefCell::new(None) };
+    /// What that receive's first poll gave.
+    static RECV_OUTCOME: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Polls a `recv_from` of the stashed socket once and records what it gave.
+struct RecvsFromStash;
+
+impl Drop for RecvsFromStash {
+    fn drop(&mut self) {
+        let s = UDP.with(|u| u.borrow_mut().take()).expect("stashed");
+        let mut fut = Box::pin(s.recv_from(vec![0u8; 16]));
+        let outcome = match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Pending => "pending".to_string(),
+            Poll::Ready((Ok((n, _)), _)) => format!("a datagram of {n} bytes"),
+            Poll::Ready((Err(e), _)) => format!("error: {e}"),
+        };
+        RECV_OUTCOME.with(|o| *o.borrow_mut() = Some(outcome));
+    }
+}
+
+/// A `recv_from` made while its loop is hidden (a `Drop` run by another executor's sweep),
+/// with a receive a dropped `recv_from` left kept and still in the kernel: it took the kept
+/// receive over and waited for it, on a loop that does not turn until the section ends (a
+/// `Drop` that blocked on it waited for good), where a stream's read, and an `accept` with a
+/// kept accept, fail at once with the off-loop error. Nothing is lost: the kept receive stays
+/// for the next `recv_from`.
+#[test]
+fn a_recv_from_while_its_loop_is_hidden_does_not_wait_for_a_kept_receive() {
+    on_each_driver(
+        "a_recv_from_while_its_loop_is_hidden",
+        1,
+        |driver| async move {
+            let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let addr = s.local_addr().unwrap();
+            let mut kept = Box::pin(s.recv_from(vec![0u8; 16]));
+            poll_pending(kept.as_mut()).await;
+            sleep(Duration::from_millis(5)).await; // the receive reaches the kernel
+                                                   // No await from here to the sweep: its cancellation is not reaped.
+            drop(kept);
+            UDP.with(|u| *u.borrow_mut() = Some(s.clone()));
+            drop_in_a_sweep(RecvsFromStash);
+            let outcome = RECV_OUTCOME
+                .with(|o| o.borrow_mut().take())
+                .expect("the sweep ran the drop");
+            assert!(
+                outcome.starts_with("error: xtc I/O used off any xtc loop"),
+                "[{driver}] a recv_from on a hidden loop gave {outcome:?}"
+            );
+            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            tx.send_to(b"one", addr).unwrap();
+            let (r, b) =
+                xtc_shards::time::timeout(Duration::from_secs(5), s.recv_from(vec![0u8; 16]))
+                    .await
+                    .unwrap_or_else(|_| panic!("[{driver}] the datagram was lost"));
+            let (n, _) = r.unwrap();
+            assert_eq!(&b[..n], b"one", "[{driver}]");
+        },
+    );
+}
+
 /// A registered buffer pool dropped while its loop is hidden is unregistered: the lookup saw
 /// no loop and left the registration, so no pool could be registered on that loop again.
 #[test]

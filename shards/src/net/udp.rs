@@ -52,6 +52,8 @@ trait StrayRecv {
     fn unwait_later(&self) -> Option<std::task::Waker>;
     /// Cancels it if still in the kernel, keeping its result (`Op::cancel_in_place`).
     fn cancel_in_place(&self);
+    /// Whether its completion was reaped (`Op::completed`): taking it is no I/O.
+    fn completed(&self) -> bool;
 }
 
 impl<B: IoBufMut> StrayRecv for RecvOp<B> {
@@ -87,6 +89,10 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
 
     fn cancel_in_place(&self) {
         Op::cancel_in_place(self);
+    }
+
+    fn completed(&self) -> bool {
+        Op::completed(self).is_some()
     }
 }
 
@@ -213,6 +219,22 @@ impl UdpSocket {
                 let Some((number, stray)) = self.stray.borrow_mut().pop_front() else {
                     break;
                 };
+                // With this thread's loop hidden (`context::off_loop`), or none running, only
+                // a receive that already completed is taken, as a stream's read and an
+                // `accept` do: one still in the kernel would leave the caller waiting for a
+                // loop that does not turn. It stays first in line for the next call.
+                if !stray.completed() {
+                    if let Err(e) = crate::io::ops::backend() {
+                        let mut kept = self.stray.borrow_mut();
+                        crate::io::ops::keep_in_order(
+                            &mut kept,
+                            &self.next_stray,
+                            Some(number),
+                            stray,
+                        );
+                        return (Err(e), buf);
+                    }
+                }
                 // Taken over: this future waits for it now (and gives it back to its place if
                 // dropped too).
                 let mut keep = KeepOnDrop::new(self, stray, Some(number));
