@@ -2,7 +2,7 @@
 //! [`UnixStream`](super::UnixStream): owned-buffer reads and writes, and the `futures::io`
 //! traits through an internal buffer.
 //!
-//! `AsyncRead` on io_uring reads into an internal buffer of up to 8 KiB (the kernel needs
+//! `AsyncRead` on io_uring reads into an internal buffer of up to 256 KiB (the kernel needs
 //! memory that outlives the poll), never more than the caller's slice asks for, and copies
 //! out; on epoll it reads straight into the caller's slice (after any bytes the receives of an
 //! io_uring loop of this thread took for the stream before that loop went). So no bytes wait
@@ -52,8 +52,16 @@ use crate::io::{
 };
 use crate::sync::{lock, Mutex};
 
-/// Internal read buffer of the `AsyncRead` path on io_uring.
-const READ_BUF: usize = 8 * 1024;
+/// Most bytes one receive of the `AsyncRead` path takes on io_uring (never more than the
+/// caller's slice holds). Each receive is a `Pending` and a loop turn, and futures'
+/// `read_to_end` zero-fills its whole spare capacity again after every `Pending`: at 8 KiB a
+/// receive, reading a 4 MiB body took 521 of them (epoll, which reads straight into the
+/// caller's slice: 20), and the zero-filling grew with the square of the body.
+const READ_MAX: usize = 256 * 1024;
+/// Capacity of the internal read buffer kept between receives: a larger one, left by a large
+/// read, is given back at the next receive that needs less, so a stream that once read a big
+/// body does not hold `READ_MAX` for its life.
+const READ_KEEP: usize = 16 * 1024;
 /// Most bytes one `poll_write` takes on io_uring (bounds the internal copy).
 const WRITE_BUF: usize = 64 * 1024;
 
@@ -1283,7 +1291,10 @@ impl StreamIo {
             st.rpos = 0;
             // No read-ahead past what the caller asked for: bytes left in `rbuf` would be
             // invisible to the next owner of the descriptor (`into_std`).
-            let want = out.len().min(READ_BUF);
+            let want = out.len().min(READ_MAX);
+            if buf.capacity() > want.max(READ_KEEP) {
+                buf = Vec::new();
+            }
             buf.reserve(want);
             let fd = self.src.fd();
             match ops::submit(buf, |b| {
@@ -1616,7 +1627,7 @@ fn drain(
 macro_rules! impl_async_io {
     ($t:ty) => {
         /// `futures::io` reads. Cost: on io_uring one `RECV` into an internal buffer (at most
-        /// 8 KiB, never more than asked) whenever it is empty, plus a copy out; on epoll one
+        /// 256 KiB, never more than asked) whenever it is empty, plus a copy out; on epoll one
         /// `recv` straight into the caller's slice. Mixes with the owned calls in byte order.
         impl futures_io::AsyncRead for $t {
             fn poll_read(
