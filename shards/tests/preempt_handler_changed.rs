@@ -8,41 +8,11 @@
 //! timer"), and a disposition reset to the default made the first tick end the process.
 
 mod common;
+use common::signals::{handler_of, mine, set_handler, MINE};
 
-use std::{
-    sync::atomic::{AtomicUsize, Ordering::SeqCst},
-    time::Duration,
-};
+use std::{sync::atomic::Ordering::SeqCst, time::Duration};
 
 use xtc_shards::{yield_if_due, Executor};
-
-static MINE: AtomicUsize = AtomicUsize::new(0);
-
-extern "C" fn mine(_sig: libc::c_int) {
-    MINE.fetch_add(1, SeqCst);
-}
-
-/// Sets the disposition of `sig` to `handler` (a function address, `SIG_DFL` or `SIG_IGN`).
-fn set_handler(sig: libc::c_int, handler: libc::sighandler_t) {
-    // SAFETY: a zeroed sigaction is valid; `handler` is `mine` (async-signal-safe: one atomic
-    // add) or a special disposition.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
-    }
-}
-
-/// The handler now installed for `sig`.
-fn handler_of(sig: libc::c_int) -> usize {
-    // SAFETY: `old` is writable storage for one sigaction; a null new action only reads.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
-        old.sa_sigaction
-    }
-}
 
 /// Runs one shard with 1 ms preemption and a task that burns CPU for `ms` milliseconds,
 /// checking `yield_if_due` as it goes; returns how often it yielded.

@@ -326,3 +326,40 @@ impl tracing::Subscriber for CountEvents {
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
 }
+
+/// A signal handler of the test's own, and the calls to install and inspect one: for the tests
+/// that check how xtc treats a handler the program installed (`preempt_handler_changed`,
+/// `io_pool_handler_changed`).
+pub mod signals {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    /// How often [`mine`] ran.
+    pub static MINE: AtomicUsize = AtomicUsize::new(0);
+
+    /// The program's own handler: counts its deliveries in [`MINE`].
+    pub extern "C" fn mine(_sig: libc::c_int) {
+        MINE.fetch_add(1, SeqCst);
+    }
+
+    /// Sets the disposition of `sig` to `handler` (a function address, `SIG_DFL` or `SIG_IGN`).
+    pub fn set_handler(sig: libc::c_int, handler: libc::sighandler_t) {
+        // SAFETY: a zeroed sigaction is valid; `handler` is `mine` (async-signal-safe: one
+        // atomic add) or a special disposition.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = handler;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+        }
+    }
+
+    /// The handler now installed for `sig`.
+    pub fn handler_of(sig: libc::c_int) -> usize {
+        // SAFETY: `old` is writable storage for one sigaction; a null new action only reads.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
+            old.sa_sigaction
+        }
+    }
+}
