@@ -114,8 +114,10 @@ pub enum Error {
         max: usize,
     },
 
-    /// Binding a thread to a CPU failed in the operating system.
-    #[error("pinning the current thread to CPU {cpu} failed (errno {errno}); check the CPU is online and in this process's cpuset")]
+    /// Binding a thread to a CPU failed in the operating system. With `EPERM` the system
+    /// forbids changing thread affinity at all (a seccomp filter such as systemd's
+    /// `SystemCallFilter=~@resources`, a sandbox): the message says to turn pinning off.
+    #[error("pinning the current thread to CPU {cpu} failed (errno {errno}); {}", pin_hint(*errno))]
     PinFailed {
         /// OS index of the CPU.
         cpu: usize,
@@ -146,6 +148,17 @@ pub enum Error {
         /// Values given.
         given: usize,
     },
+}
+
+/// What to do about a failed bind, by its errno.
+fn pin_hint(errno: i32) -> &'static str {
+    if errno == libc::EPERM {
+        "this system forbids setting thread affinity (a seccomp filter or a sandbox); turn \
+         pinning off (in xtc: `Builder::pin(false)` or `XTC_PIN=0`, which keeps the CPUs the \
+         threads inherit)"
+    } else {
+        "check the CPU is online and in this process's cpuset"
+    }
 }
 
 impl Error {

@@ -1538,3 +1538,55 @@ fn local_executor_knobs_start_as_documented() {
     assert_eq!(reply, std::time::Duration::ZERO);
     assert_eq!(grace, None);
 }
+
+/// Where a seccomp filter (systemd's `SystemCallFilter=~@resources`, a sandbox) refuses
+/// `sched_setaffinity` with `EPERM`: a pinned run fails with an error that says to turn
+/// pinning off, and a run with pinning off works, its shards left on the CPUs they inherited
+/// (all allowed ones). Both failed before with "check the CPU is online and in this process's
+/// cpuset": no executor on the real machine could run there at all.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn pinning_refused_by_seccomp_is_reported_and_pin_false_still_runs() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mine = affinity();
+        if !deny_syscall(libc::SYS_sched_setaffinity, libc::EPERM as u32) {
+            let _ = tx.send(None);
+            return;
+        }
+        let pinned = Executor::builder().shards(1).build().unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        pinned
+            .spawn_on(0, move || async move {
+                r.fetch_add(1, SeqCst);
+            })
+            .unwrap();
+        let refused = run_within(&pinned, HANG).map(|r| r.map_err(|e| e.to_string()));
+        let floating = Executor::builder().shards(1).pin(false).build().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        floating
+            .spawn_on(0, move || async move {
+                *s.lock().unwrap() = affinity();
+            })
+            .unwrap();
+        let floated = run_within(&floating, HANG).map(|r| r.map_err(|e| e.to_string()));
+        let seen = seen.lock().unwrap().clone();
+        let _ = tx.send(Some((refused, ran.load(SeqCst), floated, seen, mine)));
+    });
+    let Some((refused, ran, floated, seen, mine)) =
+        rx.recv_timeout(HANG * 3).expect("the runs hung")
+    else {
+        println!("no seccomp here; skipped");
+        return;
+    };
+    let e = refused.expect("the pinned run hung").unwrap_err();
+    assert!(
+        e.contains("pin(false)") && e.contains("XTC_PIN=0"),
+        "the error says to turn pinning off: {e}"
+    );
+    assert_eq!(ran, 0, "a run that failed to start runs nothing");
+    assert_eq!(floated.expect("the floating run hung"), Ok(()));
+    assert_eq!(seen, mine, "the shard kept the CPUs it inherited");
+}

@@ -249,7 +249,9 @@ impl Builder {
     ///
     /// Off, every shard thread is bound to the placement's CPUs together and the OS scheduler
     /// moves shards among them, as Glommio's `Placement::Unbound` or Seastar's
-    /// `--thread-affinity=0` do. Shard indices, per-shard state and the ring mesh are the same
+    /// `--thread-affinity=0` do. Where the system refuses to set affinity (a seccomp filter),
+    /// a shard thread instead keeps the CPUs it inherited, if every one is allowed (with a
+    /// warning); pinned, such a run fails to start with an error saying to turn pinning off. Shard indices, per-shard state and the ring mesh are the same
     /// either way; stealing still tries victims in the placement's NUMA order. Use it when the
     /// shards' CPUs are shared with other busy threads (a load generator on the same cores, a
     /// container whose CPU quota is below its CPU count): a pinned shard cannot leave a CPU

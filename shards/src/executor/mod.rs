@@ -1118,6 +1118,25 @@ enum Binding {
     None,
 }
 
+/// Whether every CPU the calling thread may run on is allowed in `topo` (false if the mask
+/// cannot be read, or names a CPU beyond `cpu_set_t`'s 1,024).
+fn inherited_cpus_allowed(topo: &Topology) -> bool {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel writes at most `size_of`
+    // bytes of it, and `CPU_ISSET` reads indices below `CPU_SETSIZE` only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return false;
+        }
+        let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set));
+        let mut any = false;
+        cpus.all(|c| {
+            any = true;
+            topo.is_allowed(c)
+        }) && any
+    }
+}
+
 fn worker(
     ls: Arc<LoopShared>,
     exec: Arc<ExecShared>,
@@ -1128,7 +1147,22 @@ fn worker(
 ) {
     let pinned = match &cpu {
         Binding::Cpu(cpu) => xtc_numa::pin_current_thread(&topo, *cpu),
-        Binding::Cpus(cpus) => xtc_numa::bind_current_thread(&topo, cpus),
+        Binding::Cpus(cpus) => xtc_numa::bind_current_thread(&topo, cpus).or_else(|e| {
+            // `pin(false)` asks for no CPU of its own: where the system forbids setting
+            // affinity (a seccomp filter refusing it with EPERM), the CPUs the thread inherited
+            // do, if they are all allowed. Failing here left no way to run on this machine.
+            if inherited_cpus_allowed(&topo) {
+                tracing::warn!(
+                    shard = ls.index,
+                    error = %e,
+                    "xtc: cannot bind the shard thread to the placement's CPUs; it keeps the \
+                     allowed CPUs it inherited"
+                );
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }),
         Binding::None => Ok(()),
     };
     #[cfg(test)]
