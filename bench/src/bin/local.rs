@@ -2,8 +2,8 @@
 //!
 //! | benchmark | what each runtime does | reported |
 //! |---|---|---|
-//! | `spawn` | spawn 1,000,000 trivial local tasks, then await every handle | M tasks/s |
-//! | `yield` | 1,000 tasks each `yield_now` 1,000 times, checked to interleave | M yield switches/s |
+//! | `spawn` | spawn 1,000,000 trivial local tasks, then await every handle | M tasks/s (median of 5 runs after a warm-up) |
+//! | `yield` | 1,000 tasks each `yield_now` 1,000 times, checked to interleave | M yield switches/s (median of 5 runs after a warm-up) |
 //! | `sleep` | 2,000 sequential `sleep(1ms)`, overshoot past 1 ms (a sleep that returns early makes the column `n/a`) | p50 and p99 in µs |
 //! | `idle`  | an idle two-thread runtime for 3 s | process CPU, % of one CPU; context switches of the process in the window (the meter's own sleep is one) |
 //!
@@ -127,8 +127,8 @@ impl Future for YieldNow {
 }
 
 thread_local! {
-    /// Yields done so far by the `yield` benchmark's tasks on this thread (each runtime runs
-    /// on a fresh thread).
+    /// Yields done so far by the `yield` benchmark's tasks in this run (each runtime runs on a
+    /// fresh thread; its runs reset the count).
     static YIELD_STEPS: Cell<u64> = const { Cell::new(0) };
     /// Yields after which another task had yielded since this task's previous one: switches.
     static SWITCHED: Cell<u64> = const { Cell::new(0) };
@@ -781,7 +781,51 @@ mod xtc_rt {
 }
 
 /// Runs benchmark `bench` on runtime column `rt`; returns the table rows' values for it.
-fn run_one(bench: &str, rt: usize, p: Params, cpu: Option<usize>) -> Vec<Result<f64, String>> {
+/// Timed runs of `spawn` and `yield`, after one warm-up run on the same fresh thread; the
+/// median is reported, as `steal` and `sched` report theirs. The warm-up leaves the heap a
+/// million tasks' worth of freed memory, which the timed runs reuse as a long-running program
+/// would: a single cold run measured mostly the kernel faulting fresh pages in (xtc's
+/// spawn+join: 169 ms cold, 92 ms warm, in `sched`'s runs), and that for every runtime.
+const RUNS: usize = 5;
+
+/// Runs `f` once to warm up, then [`RUNS`] times; the median of the timed runs, and every run
+/// (the warm-up first).
+fn median_of_runs(
+    f: impl Fn() -> Result<Duration, String>,
+) -> Result<(Duration, Vec<Duration>), String> {
+    let all = (0..=RUNS).map(|_| f()).collect::<Result<Vec<_>, _>>()?;
+    let mut timed = all[1..].to_vec();
+    timed.sort();
+    Ok((timed[RUNS / 2], all))
+}
+
+/// The median of [`median_of_runs`]; its runs go to `notes`.
+fn note_runs(
+    r: Result<(Duration, Vec<Duration>), String>,
+    bench: &str,
+    rt: usize,
+    notes: &mut Vec<String>,
+) -> Result<Duration, String> {
+    let (median, all) = r?;
+    let ms: Vec<String> = all
+        .iter()
+        .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
+        .collect();
+    notes.push(format!(
+        "{bench} / {} runs, the first a warm-up: {} ms",
+        RUNTIMES[rt],
+        ms.join(" ")
+    ));
+    Ok(median)
+}
+
+fn run_one(
+    bench: &str,
+    rt: usize,
+    p: Params,
+    cpu: Option<usize>,
+    notes: &mut Vec<String>,
+) -> Vec<Result<f64, String>> {
     let per_sec = |n: usize| move |d: Duration| n as f64 / d.as_secs_f64() / 1e6;
     match bench {
         "spawn" => {
@@ -792,7 +836,8 @@ fn run_one(bench: &str, rt: usize, p: Params, cpu: Option<usize>) -> Vec<Result<
                 glommio_rt::spawn_join,
                 monoio_rt::spawn_join,
             ][rt];
-            vec![isolated(cpu, p.deadline, move || f(p)).map(per_sec(p.spawn_tasks))]
+            let r = isolated(cpu, p.deadline, move || median_of_runs(|| f(p)));
+            vec![note_runs(r, "spawn", rt, notes).map(per_sec(p.spawn_tasks))]
         }
         "yield" => {
             let f = [
@@ -803,11 +848,17 @@ fn run_one(bench: &str, rt: usize, p: Params, cpu: Option<usize>) -> Vec<Result<
                 monoio_rt::yields,
             ][rt];
             let checked = move || {
-                let took = f(p)?;
-                check_interleaved(p)?;
-                Ok(took)
+                median_of_runs(|| {
+                    // Counted per run: every run on this thread adds to the same counters.
+                    YIELD_STEPS.with(|c| c.set(0));
+                    SWITCHED.with(|c| c.set(0));
+                    let took = f(p)?;
+                    check_interleaved(p)?;
+                    Ok(took)
+                })
             };
-            vec![isolated(cpu, p.deadline, checked).map(per_sec(p.yield_tasks * p.yields_per_task))]
+            let r = isolated(cpu, p.deadline, checked);
+            vec![note_runs(r, "yield", rt, notes).map(per_sec(p.yield_tasks * p.yields_per_task))]
         }
         "sleep" => {
             let f = [
@@ -930,12 +981,16 @@ fn main() -> ExitCode {
         0,
         RATIOS_VS.to_vec(),
     );
+    let mut notes = Vec::new();
     for bench in &benches {
         let specs = rows_of(bench, p);
         let mut values: Vec<Vec<Result<f64, String>>> = vec![Vec::new(); specs.len()];
         for (rt, name) in RUNTIMES.iter().enumerate() {
             bar.set_message(format!("{bench} / {name}"));
-            for (i, v) in run_one(bench, rt, p, cpu).into_iter().enumerate() {
+            for (i, v) in run_one(bench, rt, p, cpu, &mut notes)
+                .into_iter()
+                .enumerate()
+            {
                 values[i].push(v);
             }
             bar.inc(1);
@@ -957,6 +1012,9 @@ fn main() -> ExitCode {
         "  ratios are xtc/peer of the values: above 1 is better for xtc where `better` is higher, \
          below 1 where it is lower"
     );
+    for n in &notes {
+        println!("  {n}");
+    }
 
     let chart = Chart {
         title: "xtc local benchmarks".into(),
