@@ -158,8 +158,11 @@ impl ConnBalancer {
     /// with them, or, if its message reaches a loop that already left its shutdown, kept for
     /// the next `run()` (and counted open) until that run serves it or the executor drops.
     ///
-    /// Cost per connection: the counts read (one load per shard) and one atomic add and
-    /// subtract; a handed-over connection adds one task allocation and one ring message.
+    /// Cost per connection: the counts read (one relaxed load per shard), an atomic add and
+    /// subtract on the count and another pair on its guard's `Arc`, one task allocation and a
+    /// clone of `handler`, wherever it is served; a handed-over connection adds one ring
+    /// message (a wait for room in that ring when it is full) and a reference count on the
+    /// tasks' shared name.
     /// `Err` at once off any xtc loop, or if the balancer was made for another number of shards
     /// than the executor has.
     pub async fn serve<H, Fut>(&self, listener: TcpListener, handler: H) -> io::Result<()>
