@@ -140,7 +140,9 @@ impl Drop for PoolInner {
 /// cannot raise `SIGPIPE`). On the epoll driver they are plain buffers.
 ///
 /// One pool per loop (io_uring allows one registered set per ring); `!Send`, like the loop's
-/// other I/O objects. Cost: `count × size` bytes allocated and pinned once.
+/// other I/O objects. Cost: `count × size` bytes allocated once (`count + 1` allocations);
+/// on io_uring one `io_uring_register` system call pins them, and another unregisters them
+/// when the pool (and every buffer taken from it) is dropped; on epoll nothing is pinned.
 #[derive(Clone)]
 pub struct FixedBufPool {
     inner: Rc<PoolInner>,
@@ -162,7 +164,8 @@ impl FixedBufPool {
     /// kernel pins every page of a registered buffer, so such a pool can never be backed),
     /// for memory the allocator refuses (`OutOfMemory`, not an abort), for pinned memory over
     /// `RLIMIT_MEMLOCK` (io_uring, without `CAP_IPC_LOCK`), or when this loop already has a
-    /// registered pool (drop it first).
+    /// registered pool (io_uring, `AlreadyExists`: drop it first). The buffers are allocated
+    /// before the driver is looked at, and freed again on any of these errors.
     pub fn register(count: usize, size: usize) -> io::Result<FixedBufPool> {
         if count == 0 || count > 16_384 || size == 0 || size > 1 << 30 {
             return Err(io::Error::new(
@@ -207,7 +210,7 @@ impl FixedBufPool {
     }
 
     /// A free buffer (empty, capacity `size`), or `None` if all are in use. Cost: a scan of
-    /// the free list.
+    /// the free list (up to `count` slots) and a reference count.
     pub fn take(&self) -> Option<FixedBuf> {
         let mut slots = self.inner.slots.borrow_mut();
         let (index, slot) = slots.iter_mut().enumerate().find(|(_, s)| s.is_some())?;
