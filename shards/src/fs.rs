@@ -1,7 +1,8 @@
 //! Files on the current loop's I/O driver: [`File`], [`read()`], [`write()`], [`OpenOptions`].
 //!
 //! On io_uring every call is one submission; on epoll each runs on a small blocking thread
-//! pool (epoll cannot wait on regular files), with one copy through a pool buffer. Positional
+//! pool (epoll cannot wait on regular files), with one copy through a pool buffer. A file's
+//! first positioned call adds one `lseek` system call (whether it takes offsets). Positional
 //! I/O only (`read_at`, `write_at`): there is no shared cursor, so concurrent operations on one
 //! file never race on it. `!Send`, like the other I/O types.
 
@@ -22,8 +23,9 @@ use crate::io::{
     BufResult, IoBuf, IoBufMut,
 };
 
-/// An open file. Dropping it closes the descriptor synchronously; [`close`](Self::close)
-/// reports the kernel's error.
+/// An open file. Dropping it closes the descriptor synchronously (or, while an operation whose
+/// future was dropped still runs, when that ends); [`close`](Self::close) reports the kernel's
+/// error.
 #[derive(Debug)]
 pub struct File {
     // An Arc so an operation in flight (a blocking-pool job on epoll, an `Op`'s data on
@@ -36,7 +38,8 @@ pub struct File {
     _local: std::marker::PhantomData<*const ()>,
 }
 
-/// Size, kind, permissions and modification time of a file ([`File::metadata`]).
+/// Size, kind, permissions and modification time of a file ([`File::metadata`]). Plain data:
+/// its accessors read fields, with no system call.
 #[derive(Debug, Clone, Copy)]
 pub struct Metadata {
     stat: Stat,
@@ -87,7 +90,8 @@ impl Metadata {
     }
 }
 
-/// How to open a file, as [`std::fs::OpenOptions`].
+/// How to open a file, as [`std::fs::OpenOptions`]. Its setters only record the choice; the
+/// combination is checked by [`open`](Self::open).
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
     read: bool,
@@ -199,7 +203,11 @@ impl OpenOptions {
         Ok(acc | creation)
     }
 
-    /// Opens `path`. Cost: one `OPENAT` submission, or a blocking-pool job on epoll.
+    /// Opens `path`. `InvalidInput` for a combination `std` refuses (see [`new`](Self::new))
+    /// or a path with a NUL byte; otherwise the kernel's error (`NotFound`, `AlreadyExists`
+    /// for `create_new`, ..). Cost: a copy of the path, and one `OPENAT` submission (run on a
+    /// kernel worker thread, `IOSQE_ASYNC`, so a FIFO's open waits as `open(2)` does), or a
+    /// blocking-pool job on epoll.
     pub async fn open(&self, path: impl AsRef<Path>) -> io::Result<File> {
         let flags = self.flags()?;
         let path = cstr(path.as_ref())?;
@@ -259,8 +267,10 @@ impl File {
 
     /// Reads into `buf` from its start at offset `pos`, up to its capacity; a `Vec`'s length
     /// becomes the count read (0 at end of file). A file without offsets (a FIFO) is
-    /// `Err(ESPIPE)` on both drivers. Cost: one `READ` (`READ_FIXED` for a
-    /// [`FixedBuf`](crate::io::FixedBuf)) submission, or a pool job plus a copy on epoll.
+    /// `Err(ESPIPE)` on both drivers, an offset past `i64::MAX` is `InvalidInput`. Cost: one
+    /// `READ` (`READ_FIXED` for a [`FixedBuf`](crate::io::FixedBuf)) submission, or on epoll
+    /// a pool job that reads into a buffer it allocates (up to the capacity, at most 2 GiB)
+    /// and a copy out of it.
     pub async fn read_at<B: IoBufMut>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
         if let Err(e) = self.check_seekable() {
             return (Err(e), buf);
@@ -269,9 +279,10 @@ impl File {
     }
 
     /// Writes `buf[..len]` at offset `pos` once; returns the count written. A file without
-    /// offsets (a FIFO) is `Err(ESPIPE)` on both drivers. Cost: one `WRITE` (`WRITE_FIXED`
-    /// for a [`FixedBuf`](crate::io::FixedBuf)) submission, or a copy into a pool job on
-    /// epoll.
+    /// offsets (a FIFO) is `Err(ESPIPE)` on both drivers, an offset past `i64::MAX` is
+    /// `InvalidInput`. Cost: one `WRITE` (`WRITE_FIXED` for a
+    /// [`FixedBuf`](crate::io::FixedBuf)) submission, or on epoll a copy (one allocation, at
+    /// most 2 GiB) into a pool job.
     pub async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
         if let Err(e) = self.check_seekable() {
             return (Err(e), buf);
@@ -279,7 +290,8 @@ impl File {
         file::write_at(&self.fd, buf, Some(pos)).await
     }
 
-    /// Writes all of `buf[..len]` starting at offset `pos`. Cost: as
+    /// Writes all of `buf[..len]` starting at offset `pos`; `WriteZero` if a write takes no
+    /// byte, and otherwise the errors of [`write_at`](Self::write_at). Cost: as
     /// [`write_at`](Self::write_at), once unless the write comes back short; the rest then
     /// goes through a copy of the remaining bytes (at most 2 GiB, what one write moves) per
     /// further write.
@@ -342,8 +354,8 @@ impl File {
         file::fsync(&self.fd, true).await
     }
 
-    /// Size, kind, permissions, modification time. Cost: one `STATX` submission (io_uring)
-    /// or an `fstat` on the blocking pool (epoll).
+    /// Size, kind, permissions, modification time. Cost: one `STATX` submission and a boxed
+    /// result (io_uring) or an `fstat` on the blocking pool (epoll).
     pub async fn metadata(&self) -> io::Result<Metadata> {
         file::stat(&self.fd).await.map(|stat| Metadata { stat })
     }
@@ -368,9 +380,11 @@ impl AsRawFd for File {
     }
 }
 
-/// Reads a whole file (a FIFO: to its end). Cost: open, one `metadata`, reads of up to the file's size (in chunks
-/// of at most 16 MiB), close. As [`std::fs::read`], a size that cannot be allocated (a huge
-/// sparse file) is an `Err(OutOfMemory)`, not an abort.
+/// Reads a whole file (a FIFO: to its end). Cost: open, an `lseek`, one `metadata` (not for
+/// a FIFO), the result allocated at the file's size, then reads into a fresh chunk of 64 KiB
+/// to 16 MiB each, copied into the result, until one returns 0 (so at least two), and close.
+/// As [`std::fs::read`], a size that cannot be allocated (a huge sparse file) is an
+/// `Err(OutOfMemory)`, not an abort.
 pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     const MIN_CHUNK: usize = 64 * 1024;
     const MAX_CHUNK: usize = 16 * 1024 * 1024;
@@ -404,8 +418,9 @@ pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Creates or truncates `path` and writes `data` to it (a FIFO: writes to it). Cost: open,
-/// one [`File::write_all_at`], close.
+/// Creates or truncates `path` and writes `data` to it (a FIFO: writes to it). Cost: a copy
+/// of `data` unless it is a `Vec<u8>` or `String` already, open, an `lseek`, one
+/// [`File::write_all_at`], close.
 pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Result<()> {
     let f = File::create(path).await?;
     // At offset 0, or, for a FIFO (no offsets), where it is, as `std::fs::write` does.
