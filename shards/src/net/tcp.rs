@@ -39,7 +39,9 @@ impl TcpListener {
     /// serves a [`LocalExecutor`](crate::LocalExecutor) of that thread; to hand it to a shard,
     /// send [`into_std`](Self::into_std)'s listener and rebuild it there with
     /// [`from_std`](Self::from_std) (or bind inside the shard's task). Host names are resolved
-    /// synchronously.
+    /// synchronously. `Err`: the last address's error (`AddrInUse`, ..), or `InvalidInput` if
+    /// `addr` resolves to nothing. Cost per address tried: `socket`, one `setsockopt`, `bind`
+    /// and `listen` system calls.
     pub fn bind(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, false)).map(|s| TcpListener {
             kept: Default::default(),
@@ -52,7 +54,7 @@ impl TcpListener {
     /// accepts its own (the Seastar / Glommio server layout). Connections never move between
     /// listeners afterwards. Port 0 gives each call a port of its own: to share an ephemeral
     /// port, bind one listener first, read its [`local_addr`](Self::local_addr), and bind the
-    /// others to that address.
+    /// others to that address. Errors as `bind`'s; cost one `setsockopt` more.
     pub fn bind_reuseport(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, true)).map(|s| TcpListener {
             kept: Default::default(),
@@ -63,8 +65,8 @@ impl TcpListener {
     /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`) or memory it logs once and
     /// backs off (1 ms doubling to 100 ms) instead of spinning or failing; connections aborted
     /// before they were accepted are skipped. Other errors are returned. Cost: one `ACCEPT`
-    /// submission (io_uring) or one `accept4` (the listener joins the loop's epoll set once, at
-    /// its first wait).
+    /// submission and a boxed peer address (io_uring) or one `accept4` (the listener joins the
+    /// loop's epoll set once, at its first wait).
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let mut backoff = Backoff::new();
         loop {
@@ -77,7 +79,8 @@ impl TcpListener {
         }
     }
 
-    /// The bound address (with the port the OS chose for port 0).
+    /// The bound address (with the port the OS chose for port 0). Cost: one `getsockname`
+    /// system call.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         ip_addr(&SockRef::from(&self.src_fd()).local_addr()?)
     }
@@ -86,7 +89,7 @@ impl TcpListener {
         BorrowedRaw(self.src.fd())
     }
 
-    /// Wraps a listener from `std` (switched to non-blocking mode).
+    /// Wraps a listener from `std` (switched to non-blocking mode). Cost: one system call.
     pub fn from_std(l: std::net::TcpListener) -> io::Result<TcpListener> {
         l.set_nonblocking(true)?;
         Ok(TcpListener {
@@ -149,11 +152,11 @@ impl TcpStream {
     }
 
     /// Connects to `addr` (each resolved address in turn, as `std`; the last error if none
-    /// connects). Must run on a loop. Cost: a socket and one `CONNECT` submission (io_uring)
-    /// or a `connect` and a wait for writability (epoll) per address tried. A host name is
-    /// resolved synchronously on the loop's thread (`ToSocketAddrs`, as `bind`): a slow DNS
-    /// lookup holds the loop; give a `SocketAddr`, or resolve on the blocking pool or another
-    /// thread first, where that matters.
+    /// connects). Must run on a loop. Cost: a socket and one `CONNECT` submission with a boxed
+    /// address (io_uring) or a `connect` and a wait for writability (epoll) per address tried. A
+    /// host name is resolved synchronously on the loop's thread (`ToSocketAddrs`, as `bind`): a
+    /// slow DNS lookup holds the loop; give a `SocketAddr`, or resolve on the blocking pool or
+    /// another thread first, where that matters.
     pub async fn connect(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpStream> {
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
         let mut last = None;
@@ -195,16 +198,16 @@ impl TcpStream {
         self.io.read(buf).await
     }
 
-    /// Writes `buf[..len]` once; returns the count written (possibly less than all); an empty
-    /// `buf` gets `Ok(0)` at once. Not cancellation safe on io_uring: dropping the future
-    /// before it resolves (a `select!` whose other branch won) cancels its `SEND`, but one
-    /// that completed already, or completes before the kernel handles the cancel, has sent
-    /// a prefix of `buf`, and that count is lost with the future (as with tokio-uring's and
-    /// monoio's owned writes). Writing the same bytes again after such a drop may send them
-    /// twice: treat the stream's position as unknown (close it), or keep the future. On
-    /// epoll the send runs in the poll that returns its count, so a dropped `write` sent
-    /// nothing. Cost: one `SEND` submission (io_uring) or one `send` (epoll), after any
-    /// `AsyncWrite` bytes still being sent.
+    /// Writes `buf[..len]` once; returns the count written (possibly less than all); an empty `buf`
+    /// does not wait: one zero-length send answers `Ok(0)`, or the socket's error (`ECONNRESET`,
+    /// then `EPIPE`, after a reset), as `std`'s. Not cancellation safe on io_uring: dropping the
+    /// future before it resolves (a `select!` whose other branch won) cancels its `SEND`, but one
+    /// that completed already, or completes before the kernel handles the cancel, has sent a prefix
+    /// of `buf`, and that count is lost with the future (as with tokio-uring's and monoio's owned
+    /// writes). Writing the same bytes again after such a drop may send them twice: treat the
+    /// stream's position as unknown (close it), or keep the future. On epoll the send runs in the
+    /// poll that returns its count, so a dropped `write` sent nothing. Cost: one `SEND` submission
+    /// (io_uring) or one `send` (epoll), after any `AsyncWrite` bytes still being sent.
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         self.io.write(buf).await
     }
@@ -229,28 +232,28 @@ impl TcpStream {
         self.io.shutdown(how)
     }
 
-    /// Sets `TCP_NODELAY` (no Nagle batching of small writes).
+    /// Sets `TCP_NODELAY` (no Nagle batching of small writes). Cost: one `setsockopt`.
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         SockRef::from(&BorrowedRaw(self.io.src.fd())).set_nodelay(on)
     }
 
-    /// Whether `TCP_NODELAY` is set.
+    /// Whether `TCP_NODELAY` is set. Cost: one `getsockopt`.
     pub fn nodelay(&self) -> io::Result<bool> {
         SockRef::from(&BorrowedRaw(self.io.src.fd())).nodelay()
     }
 
-    /// The peer's address.
+    /// The peer's address. Cost: one `getpeername`.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         ip_addr(&SockRef::from(&BorrowedRaw(self.io.src.fd())).peer_addr()?)
     }
 
-    /// This end's address.
+    /// This end's address. Cost: one `getsockname`.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         ip_addr(&SockRef::from(&BorrowedRaw(self.io.src.fd())).local_addr()?)
     }
 
     /// Wraps a connected `std` stream (switched to non-blocking mode): the way to receive a
-    /// connection another shard accepted.
+    /// connection another shard accepted. Cost: one system call.
     pub fn from_std(s: std::net::TcpStream) -> io::Result<TcpStream> {
         s.set_nonblocking(true)?;
         Ok(TcpStream::from_fd(OwnedFd::from(s)))

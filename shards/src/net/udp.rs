@@ -169,7 +169,9 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
 }
 
 impl UdpSocket {
-    /// Binds a socket (synchronous). Port 0 picks a free port.
+    /// Binds a socket (synchronous). Port 0 picks a free port. `Err`: the last address's
+    /// error (`AddrInUse`, ..), or `InvalidInput` if `addr` resolves to nothing. Cost per
+    /// address tried: a `socket` and a `bind` system call.
     pub fn bind(addr: impl std::net::ToSocketAddrs) -> io::Result<UdpSocket> {
         each_addr(addr, |a| {
             let s = Socket::new(Domain::for_address(a), Type::DGRAM.nonblocking(), None)?;
@@ -179,8 +181,9 @@ impl UdpSocket {
         .map(|s| UdpSocket::new(OwnedFd::from(s)))
     }
 
-    /// Sends `buf[..len]` as one datagram to `addr`; returns the bytes sent. Cost: one
-    /// `SENDMSG` submission, or one `sendto`.
+    /// Sends `buf[..len]` as one datagram to `addr`; returns the bytes sent. A datagram larger
+    /// than the protocol allows fails (`EMSGSIZE`), nothing is split. Cost: one `SENDMSG`
+    /// submission with two boxes (the message header and the address), or one `sendto`.
     pub async fn send_to<B: IoBuf>(&self, buf: B, addr: SocketAddr) -> BufResult<usize, B> {
         msg::send_to(&self.src, buf, addr.into()).await
     }
@@ -201,10 +204,10 @@ impl UdpSocket {
     /// A datagram the kept receive already got (before its cancellation) comes back as it got
     /// it, truncated to the dropped buffer's capacity if that was smaller; the dropped buffer
     /// (a [`FixedBuf`](crate::io::FixedBuf) too) is held until then. One cancelled with nothing
-    /// is skipped, and the datagram goes to a fresh receive, as on epoll. Cost:
-    /// one `RECVMSG` submission, or one `recvfrom` (the socket joins the loop's epoll set
-    /// once, at its first wait); a dropped receive costs a boxed handle (and a search of the
-    /// kept ones, usually none or one, to keep them in order). Dropping the socket,
+    /// is skipped, and the datagram goes to a fresh receive, as on epoll. Cost: one `RECVMSG`
+    /// submission with a boxed message header, or one `recvfrom` (the socket joins the loop's
+    /// epoll set once, at its first wait); a dropped receive costs a boxed handle (and a search
+    /// of the kept ones, usually none or one, to keep them in order). Dropping the socket,
     /// or [`into_std`](Self::into_std), loses a datagram such a kept receive holds.
     pub async fn recv_from<B: IoBufMut>(&self, buf: B) -> BufResult<(usize, SocketAddr), B> {
         let (res, buf) = self.recv_raw(buf).await;
@@ -328,12 +331,12 @@ impl UdpSocket {
         (res.map(|(n, _)| n), buf)
     }
 
-    /// The bound address.
+    /// The bound address. Cost: one `getsockname` system call.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         ip_addr(&SockRef::from(&BorrowedRaw(self.src.fd())).local_addr()?)
     }
 
-    /// Wraps a `std` socket (switched to non-blocking mode).
+    /// Wraps a `std` socket (switched to non-blocking mode). Cost: one system call.
     pub fn from_std(s: std::net::UdpSocket) -> io::Result<UdpSocket> {
         s.set_nonblocking(true)?;
         Ok(UdpSocket::new(OwnedFd::from(s)))

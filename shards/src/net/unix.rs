@@ -35,7 +35,9 @@ fn unix_addr(path: &Path) -> io::Result<SockAddr> {
 }
 
 impl UnixListener {
-    /// Binds to `path` and listens (backlog 1024). Synchronous. The path must not exist.
+    /// Binds to `path` and listens (backlog 1024). Synchronous. The path must not exist
+    /// (`AddrInUse`); a path with a NUL byte is `InvalidInput`. Cost: `socket`, `bind` and
+    /// `listen` system calls.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
         let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
         s.bind(&unix_addr(path.as_ref())?)?;
@@ -70,7 +72,7 @@ impl UnixListener {
         with_std(self.src.fd(), |s| s.local_addr())
     }
 
-    /// Wraps a listener from `std` (switched to non-blocking mode).
+    /// Wraps a listener from `std` (switched to non-blocking mode). Cost: one system call.
     pub fn from_std(l: std::os::unix::net::UnixListener) -> io::Result<UnixListener> {
         l.set_nonblocking(true)?;
         Ok(UnixListener {
@@ -128,7 +130,8 @@ impl UnixStream {
     /// full (`EAGAIN`, where a blocking `connect` would wait) is tried again after a pause
     /// (1 ms doubling to 100 ms) until it takes the connection or fails otherwise: wrap the
     /// call in [`timeout`](crate::time::timeout) to bound the wait. Cost: a socket and one
-    /// `CONNECT` submission (io_uring) or `connect` (epoll) per attempt.
+    /// `CONNECT` submission with a boxed address (io_uring) or `connect` (epoll) per attempt;
+    /// a path with a NUL byte is `InvalidInput`.
     pub async fn connect(path: impl AsRef<Path>) -> io::Result<UnixStream> {
         let addr = unix_addr(path.as_ref())?;
         let mut backoff = Backoff::new();
@@ -150,7 +153,8 @@ impl UnixStream {
         }
     }
 
-    /// A connected pair (`socketpair`), e.g. for tests or to talk to a child process.
+    /// A connected pair (`socketpair`), e.g. for tests or to talk to a child process. Cost:
+    /// one system call.
     pub fn pair() -> io::Result<(UnixStream, UnixStream)> {
         let (a, b) = Socket::pair(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
         Ok((
@@ -204,7 +208,7 @@ impl UnixStream {
         with_std(self.io.src.fd(), |s| s.peer_addr())
     }
 
-    /// Wraps a `std` stream (switched to non-blocking mode).
+    /// Wraps a `std` stream (switched to non-blocking mode). Cost: one system call.
     pub fn from_std(s: std::os::unix::net::UnixStream) -> io::Result<UnixStream> {
         s.set_nonblocking(true)?;
         Ok(UnixStream {
