@@ -1,10 +1,10 @@
 //! Files on the current loop's I/O driver: [`File`], [`read()`], [`write()`], [`OpenOptions`].
 //!
-//! On io_uring every call is one submission; on epoll each runs on a small blocking thread
-//! pool (epoll cannot wait on regular files), with one copy through a pool buffer. A file's
-//! first positioned call adds one `lseek` system call (whether it takes offsets). Positional
-//! I/O only (`read_at`, `write_at`): there is no shared cursor, so concurrent operations on one
-//! file never race on it. `!Send`, like the other I/O types.
+//! On io_uring every call is one submission; on epoll each runs on a blocking thread pool (up
+//! to 512 threads, started on demand: epoll cannot wait on regular files), with one copy
+//! through a pool buffer. A file's first positioned call adds one `lseek` system call (whether
+//! it takes offsets). Positional I/O only (`read_at`, `write_at`): there is no shared cursor,
+//! so concurrent operations on one file never race on it. `!Send`, like the other I/O types.
 
 use std::{
     ffi::CString,

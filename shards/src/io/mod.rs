@@ -22,8 +22,9 @@
 //! * **epoll** (`epoll.rs`): readiness, edge-triggered, each fd added once. An operation tries
 //!   its non-blocking system call while its direction's ready bit is set; `EAGAIN` or a short
 //!   stream transfer clears the bit, and the waker waits for the next event, which sets it
-//!   again (end of input and errors set sticky bits). Files go to a small blocking thread pool
-//!   (`blocking.rs`), as tokio does, because epoll cannot wait on regular files.
+//!   again (end of input and errors set sticky bits). Files go to a blocking thread pool
+//!   (`blocking.rs`, up to 512 threads, started on demand), as tokio does, because epoll
+//!   cannot wait on regular files.
 //!
 //! Each operation lives in one file with both backends (`ops/`), so the two paths are read side
 //! by side.
@@ -101,7 +102,9 @@ pub enum DriverChoice {
 impl FromStr for DriverChoice {
     type Err = ();
 
-    /// `auto`, `io_uring` (or `uring`, `iouring`), `epoll`; case-insensitive.
+    /// `auto`, `io_uring` (or `uring`, `iouring`, `io-uring`), `epoll`; case-insensitive,
+    /// surrounding blanks ignored. `Err(())` for anything else (`XTC_IO` turns it into an
+    /// [`Error::Env`](crate::Error::Env) naming the variable). Cost: one lowercased copy.
     fn from_str(s: &str) -> Result<Self, ()> {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(DriverChoice::Auto),
