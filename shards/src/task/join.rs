@@ -2,6 +2,7 @@ use std::{
     cell::Cell,
     fmt,
     future::Future,
+    mem::ManuallyDrop,
     pin::Pin,
     sync::{Arc, OnceLock},
     task::{Context, Poll, Wake, Waker},
@@ -36,7 +37,10 @@ use crate::JoinError;
 /// the loop goes on. Cost of that: one allocation per poll that returns `Pending`; none for a
 /// handle awaited by an xtc task itself, nor for one polled after the task finished.
 pub struct JoinHandle<T> {
-    state: Cell<State<T>>,
+    /// Never dropped as a field: `Drop` takes the state out and drops what it held itself.
+    /// Left to the drop glue, the emptied state was dropped again by an out-of-line call on
+    /// every handle (callgrind: about 16 instructions per handle).
+    state: ManuallyDrop<Cell<State<T>>>,
 }
 
 /// Where a handle is: holding the live task, or aborted (rule 5 of the task protocol). Two
@@ -109,7 +113,7 @@ impl<T> JoinHandle<T> {
     pub(crate) fn new(task: async_task::Task<Outcome<T>, TaskMeta>) -> Self {
         let meta: *const TaskMeta = task.metadata();
         JoinHandle {
-            state: Cell::new(State::Live(task.fallible(), meta)),
+            state: ManuallyDrop::new(Cell::new(State::Live(task.fallible(), meta))),
         }
     }
 
@@ -255,9 +259,12 @@ impl<T> JoinHandle<T> {
 impl<T> Drop for JoinHandle<T> {
     fn drop(&mut self) {
         // A live task is detached; an aborted one stays cancelled (dropping async-task's
-        // handle does that); an untaken output is dropped under `Outcome`'s guard.
-        if let State::Live(task, _) = self.state.replace(State::Taken) {
-            task.detach();
+        // handle does that); an untaken output is dropped under `Outcome`'s guard. What the
+        // state held is dropped here: the field itself is `ManuallyDrop`.
+        match self.state.replace(State::Taken) {
+            State::Live(task, _) => task.detach(),
+            State::Aborted(aborted) => drop(aborted),
+            State::Taken => {}
         }
     }
 }
