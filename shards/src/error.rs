@@ -69,7 +69,9 @@ pub enum Error {
     /// the closure or future of a `submit_to`, or a [`JoinError`] converted with `?`.
     #[error("a task failed: {0}")]
     Join(#[from] JoinError),
-    /// An operating-system call failed.
+    /// An operating-system call failed. A `std::io::Error` converts into this with `?` (its
+    /// `what` then reads "I/O"), so a task returning `xtc::Result` can use `?` on the
+    /// `std::io::Result`s of [`net`](crate::net) and [`fs`](crate::fs).
     #[error("{what}: {source}")]
     Io {
         /// What xtc was doing.
@@ -78,6 +80,17 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<std::io::Error> for Error {
+    /// [`Error::Io`] with `what` "I/O": the error's own message names the failure. Cost: none
+    /// beyond the move.
+    fn from(source: std::io::Error) -> Self {
+        Error::Io {
+            what: "I/O",
+            source,
+        }
+    }
 }
 
 /// Why awaiting a [`JoinHandle`](crate::JoinHandle) gave no value. `Send + Sync`, like

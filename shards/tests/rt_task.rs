@@ -996,3 +996,22 @@ fn task_builder_spawn_on_off_any_loop_is_an_off_loop_error() {
         other => panic!("not an off-loop error: {:?}", other.map(|_| ())),
     }
 }
+
+/// `?` on a `std::io::Result` inside a function returning `xtc::Result` (a task's body, a
+/// server's `main`): the error converts into `Error::Io`, keeping the OS error.
+#[test]
+fn io_errors_convert_into_xtc_errors_with_the_question_mark() {
+    fn bind_twice() -> xtc_shards::Result<()> {
+        let first = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let _second = std::net::TcpListener::bind(first.local_addr()?)?;
+        Ok(())
+    }
+    match bind_twice() {
+        Err(xtc_shards::Error::Io { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
+        }
+        other => panic!("expected Error::Io(AddrInUse), got {other:?}"),
+    }
+    let e = xtc_shards::Error::from(std::io::Error::from(std::io::ErrorKind::NotFound));
+    assert!(e.to_string().starts_with("I/O: "), "{e}");
+}
