@@ -785,9 +785,8 @@ impl Uring {
     }
 
     /// Forgets the waker of an operation nobody waits for any more (rule 3's `Waiting` back
-    /// to `Submitted`): it stops counting as I/O in flight.
-    /// Puts operation `key` back to `Submitted` and hands out the waker it held, for the
-    /// caller to drop after the slab's borrow (and any borrow of its own).
+    /// to `Submitted`), so it stops counting as I/O in flight, and hands that waker out for
+    /// the caller to drop after the slab's borrow (and any borrow of its own).
     fn unwait(&self, key: usize) -> Option<Waker> {
         let mut ops = self.ops.borrow_mut();
         let slot = ops.get_mut(key)?;
