@@ -151,20 +151,16 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
         let Some(op) = self.op.take() else { return };
         let op = op.into_stray();
         op.cancel_in_place();
-        // The waker it forgets is dropped outside the `stray` borrow, and only once the
-        // receive is kept: a waker's drop is user code, which may use this socket. Dropped
-        // before, that code could keep a receive of its own first (one that took the next
-        // datagram), and the next `recv_from`s handed out the two datagrams swapped.
+        // Kept before the waker it forgets is dropped (user code, which may use this
+        // socket): see `ops::keep_dropped`.
         let waker = op.unwait_later();
-        let op = match self.socket.stray.try_borrow_mut() {
-            Ok(mut kept) => {
-                crate::io::ops::keep_in_order(&mut kept, &self.socket.next_stray, self.number, op);
-                None
-            }
-            Err(_) => Some(op),
-        };
-        drop(waker);
-        drop(op);
+        crate::io::ops::keep_dropped(
+            &self.socket.stray,
+            &self.socket.next_stray,
+            self.number,
+            op,
+            waker,
+        );
     }
 }
 

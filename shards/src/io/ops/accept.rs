@@ -151,22 +151,10 @@ impl Drop for KeepOnDrop<'_> {
     fn drop(&mut self) {
         let Some(op) = self.op.take() else { return };
         op.cancel_in_place();
-        // The waker it forgets is dropped outside the `Kept` borrow, and only once the accept
-        // is kept: a waker's drop is user code, which may use this listener. Dropped before,
-        // that code could keep an accept of its own first (it took the next connection), and
-        // the next `accept`s handed out the two connections in the reverse order.
+        // Kept before the waker it forgets is dropped (user code, which may use this
+        // listener): see `keep_dropped`.
         let waker = op.unwait_later();
-        let op = match self.kept.ops.try_borrow_mut() {
-            Ok(mut kept) => {
-                super::keep_in_order(&mut kept, &self.kept.next, self.number, op);
-                None
-            }
-            // Borrowed (a waker's or buffer's drop inside a `Kept` call): the `Op`'s own drop
-            // closes a connection that won the cancel's race.
-            Err(_) => Some(op),
-        };
-        drop(waker);
-        drop(op);
+        super::keep_dropped(&self.kept.ops, &self.kept.next, self.number, op, waker);
     }
 }
 

@@ -32,6 +32,31 @@ pub(crate) fn keep_in_order<T>(
     kept.insert(at, (n, item));
 }
 
+/// The end of a dropped, cancelled-in-place operation that is kept (a listener's accept, a UDP
+/// socket's receive): [`keep_in_order`] in `kept`, and only then drops `waker`, the one the
+/// operation forgot (`Op::unwait_later`). A waker's drop is user code, which may use the same
+/// socket: dropped first, it could keep an operation of its own ahead of this one (which took
+/// the next connection or datagram), and the next calls handed the two out swapped. If `kept`
+/// is borrowed (a waker's or buffer's drop inside a call that holds it), `item` is dropped
+/// instead, after the waker: its `Op`'s own drop then ends what won the cancel's race.
+pub(crate) fn keep_dropped<T>(
+    kept: &std::cell::RefCell<std::collections::VecDeque<(u64, T)>>,
+    next: &std::cell::Cell<u64>,
+    number: Option<u64>,
+    item: T,
+    waker: Option<std::task::Waker>,
+) {
+    let item = match kept.try_borrow_mut() {
+        Ok(mut kept) => {
+            keep_in_order(&mut kept, next, number, item);
+            None
+        }
+        Err(_) => Some(item),
+    };
+    drop(waker);
+    drop(item);
+}
+
 /// Which path to take: `Err` off any loop or on a loop without a driver.
 pub(crate) fn backend() -> io::Result<Driver> {
     current_kind()
