@@ -1590,3 +1590,125 @@ fn pinning_refused_by_seccomp_is_reported_and_pin_false_still_runs() {
     assert_eq!(floated.expect("the floating run hung"), Ok(()));
     assert_eq!(seen, mine, "the shard kept the CPUs it inherited");
 }
+
+/// Dropped slowly (a 200 µs sleep), counting its drop: the body of the spawns below, which a
+/// stopping loop drops more slowly than foreign threads make them.
+struct SlowDrop(Arc<AtomicUsize>);
+
+impl Drop for SlowDrop {
+    fn drop(&mut self) {
+        std::thread::sleep(Duration::from_micros(200));
+        self.0.fetch_add(1, SeqCst);
+    }
+}
+
+/// Three plain threads spawn (pinned with `spawn_on`, or migratable with `spawn`) in a tight
+/// loop, each spawn's closure or future holding a [`SlowDrop`], while a
+/// fourth thread stops the service run. The stopping loops' shutdown drained the inbox (and
+/// the injector) until it found it empty, which the spawners never let happen, and so did
+/// `run()`'s drop of a parked migratable task (and the drain that a spawn from its `Drop`
+/// starts): `run()` never returned while they spawned. It returns now; every spawn that raced the stop was dropped
+/// (its handle reports cancelled) or kept for the next run, which runs it; nothing leaks.
+fn a_stop_ends_while_plain_threads_keep_spawning(migratable: bool) {
+    // Spawns made but not dropped yet, at most: the spawners keep up with the drops without
+    // queueing without bound (the old code's endless drain would fill the memory). One shard,
+    // so none of them waits on a loop that has left already (which holds them all up).
+    const OUTSTANDING: usize = 256;
+    let ex = exec(1);
+    ex.set_service_mode(true);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let spawned = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    /// Spawns a migratable [`SlowDrop`] through its `Handle` when dropped.
+    struct Respawn(xtc_shards::Handle, Arc<AtomicUsize>, Arc<AtomicUsize>);
+    impl Drop for Respawn {
+        fn drop(&mut self) {
+            self.2.fetch_add(1, SeqCst);
+            let g = SlowDrop(self.1.clone());
+            drop(self.0.spawn(async move { drop(g) }));
+        }
+    }
+    // A migratable task parked through the stop: `run()` drops it after the loops stopped,
+    // draining the injectors the spawners fill, and its drop's spawn drains them again.
+    let parked = migratable.then(|| {
+        let g = SlowDrop(dropped.clone());
+        let again = Respawn(ex.handle(), dropped.clone(), spawned.clone());
+        spawned.fetch_add(1, SeqCst);
+        ex.spawn(async move {
+            let _g = (g, again);
+            std::future::pending::<()>().await
+        })
+    });
+    // The spawners give up after this, so a hang fails the test instead of blocking it.
+    let give_up = Instant::now() + Duration::from_secs(25);
+    let spawners: Vec<_> = (0..3)
+        .map(|_| {
+            let (h, dropped, spawned, go) =
+                (ex.handle(), dropped.clone(), spawned.clone(), go.clone());
+            std::thread::spawn(move || {
+                let mut handles = Vec::new();
+                while go.load(SeqCst) && Instant::now() < give_up {
+                    if spawned.load(SeqCst).saturating_sub(dropped.load(SeqCst)) >= OUTSTANDING {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    spawned.fetch_add(1, SeqCst);
+                    let g = SlowDrop(dropped.clone());
+                    if migratable {
+                        handles.push(h.spawn(async move { drop(g) }));
+                    } else {
+                        let j = h.spawn_on(0, move || async move { drop(g) });
+                        handles.push(j.expect("the executor is alive"));
+                    }
+                }
+                handles
+            })
+        })
+        .collect();
+    let h = ex.handle();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        h.stop();
+    });
+    let ran = run_within(&ex, Duration::from_secs(20));
+    go.store(false, SeqCst);
+    stopper.join().unwrap();
+    let handles: Vec<_> = spawners
+        .into_iter()
+        .flat_map(|s| s.join().unwrap())
+        .collect();
+    ran.expect("run() hung: a stop while plain threads kept spawning")
+        .unwrap();
+    // What the stop kept runs in the next run (to quiescence now).
+    ex.set_service_mode(false);
+    run_within(&ex, HANG)
+        .expect("run() hung: the run after the stop")
+        .unwrap();
+    drop(ex);
+    let mut outcomes = (0, 0);
+    for j in handles.into_iter().chain(parked) {
+        assert!(j.is_finished(), "a handle was left unresolved");
+        match futures::executor::block_on(j) {
+            Ok(()) => outcomes.0 += 1,
+            Err(e) => {
+                assert!(e.is_cancelled(), "{e:?}");
+                outcomes.1 += 1;
+            }
+        }
+    }
+    assert_eq!(
+        dropped.load(SeqCst),
+        spawned.load(SeqCst),
+        "a spawn leaked (ran, cancelled: {outcomes:?})"
+    );
+}
+
+#[test]
+fn a_stop_ends_while_plain_threads_keep_spawning_pinned_tasks() {
+    a_stop_ends_while_plain_threads_keep_spawning(false);
+}
+
+#[test]
+fn a_stop_ends_while_plain_threads_keep_spawning_migratable_tasks() {
+    a_stop_ends_while_plain_threads_keep_spawning(true);
+}

@@ -69,6 +69,17 @@ impl<T> Inbox<T> {
         n as usize
     }
 
+    /// Messages ever pushed, counting pushes still in flight (a stopping loop's bound on what
+    /// it drains, `event_loop::shutdown`).
+    pub(crate) fn pushed(&self) -> u64 {
+        self.pushed.load(SeqCst)
+    }
+
+    /// Whether the consumer has taken at least `n` messages in all.
+    pub(crate) fn popped_at_least(&self, n: u64) -> bool {
+        self.popped.load(SeqCst) >= n
+    }
+
     /// (pushed, popped), for the quiescence double collect.
     pub(crate) fn counts(&self) -> (u64, u64) {
         // popped first: a message popped after this read was pushed before the pushed read, so

@@ -634,9 +634,19 @@ fn publish_counts(core: &Core, polls: u64) {
 /// Drops every task this loop owns, on this thread (task protocol rule 3). With `keep_inbox`,
 /// messages still in the inbox that are not needed to finish that (fresh spawns, which own only
 /// their `Send` closure) are left for a later `run()`, and so are migratable tasks still queued
-/// (fresh spawns too, at a quiescent stop).
+/// (fresh spawns too, at a quiescent stop). Without it, what was queued when this shutdown
+/// began is dropped; spawns that other threads make meanwhile (into the inbox or the
+/// injector) are dropped or left for the next run, as spawns made after `run()` returned are:
+/// a drain that waited for an empty inbox never ended while they spawned faster than the loop
+/// dropped.
 pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     let shared = &*core.shared;
+    // Counted before the push: every message pushed before this point, in flight included,
+    // is among the first `inbox_before` the loop takes. Once no task is registered, whatever
+    // comes later is a fresh spawn from another thread, which may wait for the next run: a
+    // registered task's entry leaves only as its `Runnable` is dropped here, so a wake of one
+    // fired elsewhere has arrived before the registry can read empty.
+    let inbox_before = shared.inbox.pushed();
     // What the drops below send to loops that have stopped is dropped, not kept for their
     // next run (ring::evacuate).
     core.mesh.borrow_mut().begin_shutdown();
@@ -683,7 +693,9 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         // that loop to drain it or to stop, and what the evacuation's drops sent needs another
         // pass (ring::evacuate): we keep draining our own rings meanwhile.
         let evacuate_again = ring::evacuate(core);
-        let queued = core.pinned_queued() || (!keep_inbox && steal::has_local(core));
+        // The deque only: the injector's fresh spawns from other threads need not wait
+        // (`steal::drop_local`), and this loop's drops queue on its deque.
+        let queued = core.pinned_queued() || (!keep_inbox && steal::deque_queued(core));
         if queued {
             // The evacuation drained our incoming rings: drop what came in.
             continue;
@@ -695,7 +707,10 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             continue;
         }
         let live = core.registry.borrow().len();
-        if live == 0 && !evacuate_again && (keep_inbox || !shared.inbox.is_pending()) {
+        if live == 0
+            && !evacuate_again
+            && (keep_inbox || shared.inbox.popped_at_least(inbox_before))
+        {
             break;
         }
         if shared.inbox.drain_into(&mut spare) > 0 {

@@ -884,6 +884,8 @@ struct DiscardNode {
     /// Whether `Discarding::drop_injected` is draining the injectors for this node: a spawn
     /// made by one of its drops leaves its task queued for that drain's next look.
     draining: Cell<bool>,
+    /// Set by such a spawn: the drain looks again.
+    respawned: Cell<bool>,
     prev: *const DiscardNode,
 }
 
@@ -906,6 +908,7 @@ impl Discarding {
             exec,
             discarding,
             draining: Cell::new(false),
+            respawned: Cell::new(false),
             prev: DISCARDING.with(Cell::get),
         })));
         DISCARDING.with(|d| d.set(node.as_ptr()));
@@ -937,14 +940,22 @@ impl Discarding {
     }
 
     /// If this thread is dropping a stopped run's leftovers of `exec` (`active_for`), drops
-    /// every task its injectors hold (a migratable spawn made by one of those drops), until
-    /// none is left. Flat: a spawn made by a drop this drain runs (a `Drop` that spawns
-    /// again) leaves its task queued for this drain's next look; dropping the injectors from
-    /// inside each such spawn ran every link of a chain of them on its predecessor's stack,
-    /// and a long chain overflowed it. Cost: a thread-local read outside those drops.
+    /// the tasks its injectors hold (a migratable spawn made by one of those drops), until a
+    /// look finds that none of its drops spawned again. Flat: a spawn made by a drop this
+    /// drain runs (a `Drop` that spawns again) leaves its task queued for this drain's next
+    /// look; dropping the injectors from inside each such spawn ran every link of a chain of
+    /// them on its predecessor's stack, and a long chain overflowed it. Each look drops what
+    /// the injectors held when it began (`StealShared::drop_injected`): plain threads that
+    /// kept spawning (`Handle::spawn`) kept a drain "until none is left" going, and `run()`
+    /// never returned; their spawns wait for the next run. Cost: a thread-local read outside
+    /// those drops.
     pub(crate) fn drop_injected(exec: &ExecShared) {
         Discarding::with_innermost(exec, |node| {
-            if !node.discarding || node.draining.replace(true) {
+            if !node.discarding {
+                return;
+            }
+            if node.draining.replace(true) {
+                node.respawned.set(true);
                 return;
             }
             // Lowered also on unwind (the drops are guarded, so none is expected).
@@ -956,8 +967,11 @@ impl Discarding {
             }
             let _lower = Lower(&node.draining);
             loop {
-                let dropped: usize = exec.loops.iter().map(|l| l.steal.drop_injected()).sum();
-                if dropped == 0 {
+                node.respawned.set(false);
+                for l in &exec.loops {
+                    l.steal.drop_injected();
+                }
+                if !node.respawned.get() {
                     break;
                 }
             }
@@ -1308,6 +1322,12 @@ impl Handle {
     /// a stop that races the start of `run()` from another thread is never lost. Each run
     /// clears it when it returns, so a stop is consumed by exactly one run (a run that fails to
     /// start runs nothing and keeps it, with the queued work, for the next).
+    ///
+    /// What was queued when a loop begins to stop is dropped (its `JoinHandle` reports
+    /// cancelled). A spawn from another thread that races the stop ([`spawn_on`](Self::spawn_on),
+    /// [`spawn`](Self::spawn)) is lost neither way: it is dropped with the run's tasks, or kept
+    /// for the next run, as a spawn made after `run()` returned is (and dropped with the
+    /// `Executor` if none comes). Threads that keep spawning do not hold the stop up.
     ///
     /// The handle of a [`LocalExecutor`](crate::LocalExecutor) stops nothing: its `block_on`
     /// returns when its future does (it has no other output to give), and no stop is kept.

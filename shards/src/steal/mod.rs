@@ -102,20 +102,27 @@ pub(crate) struct StealShared {
 }
 
 impl StealShared {
-    /// Drops every `Runnable` in this loop's injector and returns how many: shutdown and
-    /// teardown, off any worker (migratable futures are `Send`, so any thread may).
+    /// Drops the `Runnable`s in this loop's injector, as many as it held when called (what a
+    /// drop here pushes, or another thread meanwhile, waits for the caller's next call), and
+    /// returns how many: shutdown and teardown, off any worker (migratable futures are `Send`,
+    /// so any thread may). Bounded: plain threads that spawn (`Handle::spawn`) faster than
+    /// the futures drop kept a drain "until empty" going for as long as they spawned, and a
+    /// stopping `run()` never returned.
     pub(crate) fn drop_injected(&self) -> usize {
+        let mut left = self.injector.len();
         let mut dropped = 0;
-        loop {
+        while left > 0 {
             match self.injector.steal() {
                 crossbeam_deque::Steal::Success(r) => {
                     crate::task::cancel(r);
                     dropped += 1;
+                    left -= 1;
                 }
                 crossbeam_deque::Steal::Retry => continue,
-                crossbeam_deque::Steal::Empty => return dropped,
+                crossbeam_deque::Steal::Empty => break,
             }
         }
+        dropped
     }
 }
 
@@ -861,11 +868,27 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
     }
 }
 
-/// Drops every migratable task queued on this loop (stop).
+/// Drops the migratable tasks queued on this loop (a requested stop): every one on its deque,
+/// which only this loop fills (its drops' spawns and wakes, `queue_here`), and those its
+/// injector holds now (`StealShared::drop_injected`). Plain threads keep filling the
+/// injector (`Handle::spawn`): emptying it, a stop never ended while they spawned faster than
+/// the loop dropped; what they push from here on is kept for the next run, or dropped by
+/// `run()` (`executor::drop_migratable`) or with the executor.
 pub(crate) fn drop_local(core: &Core) {
-    while let Some(r) = next_local(core) {
-        crate::task::cancel(r);
+    loop {
+        // The borrow ends before the drop, which may queue here again.
+        let next = core.deque.borrow().as_ref().and_then(Worker::pop);
+        match next {
+            Some(r) => crate::task::cancel(r),
+            None => break,
+        }
     }
+    core.shared.steal.drop_injected();
+}
+
+/// Whether this loop's deque holds a task (a stopping loop's drops may queue there).
+pub(crate) fn deque_queued(core: &Core) -> bool {
+    core.deque.borrow().as_ref().is_some_and(|w| !w.is_empty())
 }
 
 #[cfg(test)]
