@@ -127,7 +127,9 @@ impl LoopShared {
     }
 
     /// The executor this loop belongs to, weakly; a dangling `Weak` before `set_exec`.
-    /// Cost: one atomic load.
+    /// Cost: one atomic load. Inline: every migratable task's drop and schedule call it,
+    /// from code generic over the future and so built in the user's crate.
+    #[inline]
     pub(crate) fn exec(&self) -> &std::sync::Weak<crate::executor::ExecShared> {
         static NONE: std::sync::Weak<crate::executor::ExecShared> = std::sync::Weak::new();
         self.exec.get().unwrap_or(&NONE)
