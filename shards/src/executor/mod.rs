@@ -299,6 +299,9 @@ impl ExecShared {
         self.stealing.load(Relaxed)
     }
 
+    /// Inline: `xtc::spawn` (`steal::spawn_here`, generic over the future, so built in the
+    /// user's crate) reads it on every spawn.
+    #[inline]
     pub(crate) fn eager_rebalance(&self) -> bool {
         self.eager_rebalance.load(Relaxed)
     }
