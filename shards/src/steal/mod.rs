@@ -721,24 +721,30 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
         core.inline_runs.set(core.inline_runs.get() + 1);
         r.metadata().last.store(core.index() as u32, Relaxed);
         core.current.set(r.metadata());
-        // With the stall watchdog armed, the child's own time (less its own inline joins) is
-        // measured and, over budget, reported under its name after the loop's poll ends.
         let budget = core.stall_ns.get();
-        let timed = (budget != 0).then(|| {
-            let outer = core.inline_time.replace(std::time::Duration::ZERO);
-            (std::time::Instant::now(), r.metadata().info.clone(), outer)
-        });
-        r.run();
-        if let Some((start, info, outer)) = timed {
-            let took = start.elapsed();
-            let own = took.saturating_sub(core.inline_time.get());
-            if own > std::time::Duration::from_nanos(budget) {
-                core.inline_stalls.borrow_mut().push((info, own));
-            }
-            core.inline_time.set(outer + took);
+        if budget == 0 {
+            r.run();
+        } else {
+            run_timed(core, r, budget);
         }
         core.current.set(parent);
     });
+}
+
+/// Rule 6 with the stall watchdog armed: runs `r` inline, measuring the child's own time
+/// (less its own inline joins), reported under its name after the loop's poll ends when over
+/// `budget` ns. Out of line, so that the unwatched join does not carry its frame.
+#[inline(never)]
+fn run_timed(core: &Core, r: Runnable, budget: u64) {
+    let outer = core.inline_time.replace(std::time::Duration::ZERO);
+    let (start, info) = (std::time::Instant::now(), r.metadata().info.clone());
+    r.run();
+    let took = start.elapsed();
+    let own = took.saturating_sub(core.inline_time.get());
+    if own > std::time::Duration::from_nanos(budget) {
+        core.inline_stalls.borrow_mut().push((info, own));
+    }
+    core.inline_time.set(outer + took);
 }
 
 /// Local picks between two looks at the loop's own injector before its deque (rule 1); tokio
