@@ -467,10 +467,9 @@ fn may_find_work(core: &Core) -> bool {
         })
 }
 
-/// Builds a migratable task whose first loop is `home` (an index of `exec.loops`).
+/// Builds a migratable task whose first loop is `home` (one of its executor's `loops`).
 fn build<F>(
-    exec: &ExecShared,
-    home: usize,
+    home: &Arc<crate::event_loop::LoopShared>,
     fut: F,
     info: TaskInfo,
 ) -> (Runnable, async_task::Task<Outcome<F::Output>, TaskMeta>)
@@ -487,8 +486,8 @@ where
         .metadata(TaskMeta::new(
             info,
             crate::task::MIGRATABLE_CLASS,
-            home,
-            exec.loops[home].clone(),
+            home.index,
+            home.clone(),
         ))
         .spawn(
             move |meta: &TaskMeta| {
@@ -520,7 +519,7 @@ where
     // Callers pass a loop index (a round-robin one taken modulo the count); an executor has
     // at least one loop.
     let home = if home < exec.loops.len() { home } else { 0 };
-    let (runnable, task) = build(exec, home, fut, info);
+    let (runnable, task) = build(&exec.loops[home], fut, info);
     // On a worker of the task's executor, it stays on this loop when that is `home`, or when
     // the loop is shutting down (the spawn comes from a `Drop` its stop runs): that shutdown
     // drops it, as it drops the pinned spawns such drops send (ring::evacuate). Injected into
@@ -551,7 +550,9 @@ where
     F::Output: Send + 'static,
 {
     count_spawn_here(core);
-    let (runnable, task) = build(&core.exec, core.index(), fut, info);
+    // `core.shared` is `core.exec.loops[core.index()]`, without the two loads and the
+    // bounds check.
+    let (runnable, task) = build(&core.shared, fut, info);
     // Rule 1, as `queue_here` does it, less its yield check: a task made just now is not the
     // one being polled. Inline here: out of line, the call and `queue_here`'s check cost
     // about 20 instructions per spawn (callgrind).
