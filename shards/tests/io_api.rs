@@ -182,3 +182,31 @@ fn a_replaced_waker_may_drop_an_operation_of_the_same_loop() {
         .await;
     });
 }
+
+/// A driver name that is not one of the accepted ones is an `Err` that names the value and
+/// the accepted names (the error type was `()`, which said nothing); the accepted names parse
+/// whatever their case and surrounding blanks.
+#[test]
+fn a_bad_driver_name_is_an_error_that_names_it() {
+    use xtc_shards::{io::DriverChoice, Error};
+    for (s, want) in [
+        ("auto", DriverChoice::Auto),
+        (" EPOLL ", DriverChoice::Epoll),
+        ("io-uring", DriverChoice::IoUring),
+        ("Uring", DriverChoice::IoUring),
+    ] {
+        assert_eq!(s.parse::<DriverChoice>().unwrap(), want, "{s:?}");
+    }
+    for bad in ["bogus", "", "epol"] {
+        match bad.parse::<DriverChoice>() {
+            Err(e @ Error::InvalidArgument(_)) => {
+                let msg = e.to_string();
+                assert!(msg.contains(&format!("{bad:?}")), "{msg}");
+                for name in ["auto", "io_uring", "epoll"] {
+                    assert!(msg.contains(name), "{msg}");
+                }
+            }
+            other => panic!("{bad:?}: expected Err(InvalidArgument), got {other:?}"),
+        }
+    }
+}

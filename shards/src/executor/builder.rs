@@ -410,10 +410,10 @@ fn spin_from_env(name: &'static str) -> Result<Option<Duration>> {
 pub(crate) fn io_choice_from_env() -> Result<Option<crate::io::DriverChoice>> {
     match var("XTC_IO") {
         None => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|()| Error::Env {
+        Some(v) => v.parse().map(Some).map_err(|_| Error::Env {
             var: "XTC_IO",
             value: v.clone(),
-            expected: "auto, io_uring or epoll",
+            expected: crate::io::DRIVER_CHOICES,
         }),
     }
 }

@@ -99,18 +99,25 @@ pub enum DriverChoice {
     Epoll,
 }
 
+/// What [`DriverChoice`]'s `FromStr` accepts, for error messages.
+pub(crate) const DRIVER_CHOICES: &str = "auto, io_uring (or uring, iouring, io-uring) or epoll";
+
 impl FromStr for DriverChoice {
-    type Err = ();
+    type Err = crate::Error;
 
     /// `auto`, `io_uring` (or `uring`, `iouring`, `io-uring`), `epoll`; case-insensitive,
-    /// surrounding blanks ignored. `Err(())` for anything else (`XTC_IO` turns it into an
-    /// [`Error::Env`](crate::Error::Env) naming the variable). Cost: one lowercased copy.
-    fn from_str(s: &str) -> Result<Self, ()> {
+    /// surrounding blanks ignored. Anything else is an
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) that names the value and the
+    /// accepted ones (`XTC_IO` turns it into an [`Error::Env`](crate::Error::Env) naming the
+    /// variable). Cost: one lowercased copy.
+    fn from_str(s: &str) -> crate::Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(DriverChoice::Auto),
             "io_uring" | "uring" | "iouring" | "io-uring" => Ok(DriverChoice::IoUring),
             "epoll" => Ok(DriverChoice::Epoll),
-            _ => Err(()),
+            _ => Err(crate::Error::InvalidArgument(format!(
+                "unknown I/O driver {s:?}: expected {DRIVER_CHOICES}"
+            ))),
         }
     }
 }
