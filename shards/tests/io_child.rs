@@ -770,7 +770,7 @@ fn child_a_write_behind_cut_on_io_uring_is_sent_on_an_epoll_loop() {
     let Some((mut a, b, filled)) = cut_write_behind() else {
         return;
     };
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
     let reader = std::thread::spawn(move || {
         let mut all = Vec::new();
@@ -820,7 +820,7 @@ fn child_a_write_in_a_wakers_clone_does_not_overtake_unsent_bytes() {
     };
     let (c, _c_peer, _) = pairs.pop().unwrap();
     let (a, a_peer, _) = pairs.pop().unwrap();
-    let mut a_peer = a_peer.into_std();
+    let mut a_peer = a_peer.into_std().unwrap();
     std::env::set_var("XTC_IO", "epoll");
     let epoll = LocalExecutor::new().unwrap();
     let mut a_peer = epoll.block_on(async move {
@@ -970,7 +970,7 @@ fn child_into_std_does_not_send_unsent_bytes_behind_the_new_owner() {
         a
     });
     drop(epoll);
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
     let reader = std::thread::spawn(move || {
         let mut all = Vec::new();
@@ -980,7 +980,7 @@ fn child_into_std_does_not_send_unsent_bytes_behind_the_new_owner() {
     std::env::set_var("XTC_IO", "io_uring");
     let uring = LocalExecutor::new().unwrap();
     uring.block_on(async move {
-        let mut s = a.into_std();
+        let mut s = a.into_std().unwrap();
         s.set_nonblocking(false).unwrap();
         s.write_all(b"X").unwrap();
         // Time for a send left behind to land (the reader drains the socket meanwhile).
@@ -1051,7 +1051,7 @@ fn answer_after(
     tail: &'static [u8],
     reply: &'static [u8],
 ) -> std::thread::JoinHandle<()> {
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
     std::thread::spawn(move || {
         let mut got = vec![0u8; expect];

@@ -383,7 +383,7 @@ fn tcp_from_std_into_std_round_trip() {
         assert_eq!(read_n(&s, 4).await, b"ping");
 
         // Server stream out to std (non-blocking), then back.
-        let std_s = s.into_std();
+        let std_s = s.into_std().unwrap();
         assert_eq!(std_s.peer_addr().unwrap(), peer);
         std_s.set_nonblocking(false).unwrap();
         (&std_s).write_all(b"pong").unwrap();
@@ -394,7 +394,7 @@ fn tcp_from_std_into_std_round_trip() {
         assert_eq!(read_n(&c, 70_000).await, pattern(5, 70_000));
 
         // The client out to std: a blocking read sees what the server sends.
-        let mut std_c = c.into_std();
+        let mut std_c = c.into_std().unwrap();
         std_c.set_nonblocking(false).unwrap();
         let (w, _) = s.write_all(&b"bye"[..]).await;
         w.unwrap();
@@ -1645,7 +1645,7 @@ fn unix_listener_stream_and_pair() {
         assert_eq!(read_n(&a, 100_000).await, pattern(14, 100_000));
 
         // std round trip.
-        let a = UnixStream::from_std(a.into_std()).unwrap();
+        let a = UnixStream::from_std(a.into_std().unwrap()).unwrap();
         let (w, _) = a.write_all(&b"again"[..]).await;
         w.unwrap();
         assert_eq!(read_n(&b, 5).await, b"again");
@@ -1978,7 +1978,7 @@ fn tcp_stream_handed_to_another_shard() {
                 let (s, _) = l.accept().await.unwrap();
                 // Used here first, so it has a registration on this loop (epoll).
                 let first = read_n(&s, 10).await;
-                let std_s = s.into_std();
+                let std_s = s.into_std().unwrap();
                 let served = submit_to(1, move || async move {
                     assert_eq!(shard::id(), 1);
                     let s = TcpStream::from_std(std_s).unwrap();
@@ -2009,7 +2009,7 @@ fn async_read_then_into_std_loses_no_bytes() {
             let mut head = vec![0u8; head_len];
             AsyncReadExt::read_exact(&mut c, &mut head).await.unwrap();
             assert_eq!(head[..], msg[..head_len]);
-            let c = TcpStream::from_std(c.into_std()).unwrap();
+            let c = TcpStream::from_std(c.into_std().unwrap()).unwrap();
             let rest = xtc_shards::time::timeout(
                 Duration::from_secs(10),
                 read_n(&c, msg.len() - head_len),
@@ -2221,7 +2221,7 @@ fn mixed_trait_and_owned_io_keep_the_byte_order() {
             small_sndbuf(a.as_raw_fd());
             let head = pattern(40, 64 * 1024);
             let body = pattern(41, 64 * 1024);
-            let b = b.into_std();
+            let b = b.into_std().unwrap();
             let peer = thread::spawn(move || {
                 let mut b = b;
                 b.set_nonblocking(false).unwrap();
@@ -2302,7 +2302,7 @@ fn a_completed_operation_outliving_its_loop_does_not_stall_the_shutdown() {
             })
         },
     );
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     let mut got = [0u8; 1];
     b.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"x");

@@ -1018,7 +1018,7 @@ fn a_write_behind_that_outlives_its_driver_flushes_cleanly() {
         sleep(Duration::from_millis(20)).await; // the send completes in the kernel
         (a, b)
     });
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
     let mut got = [0u8; 1];
     b.read_exact(&mut got).unwrap();
@@ -1091,7 +1091,7 @@ fn a_write_behind_cancelled_by_its_drivers_shutdown_is_sent_again_before_the_fin
         let (filled, tail) = fill_then_write_tail(&mut a).await;
         (a, b, filled, tail)
     });
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
     let reader = std::thread::spawn(move || {
         let mut all = Vec::new();
@@ -1234,7 +1234,7 @@ fn owned_writes_that_outlive_their_driver_still_send() {
     let mut writers = Vec::new();
     let mut readers = Vec::new();
     for (a, b, filled) in streams {
-        let mut b = b.into_std();
+        let mut b = b.into_std().unwrap();
         b.set_nonblocking(false).unwrap();
         b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         readers.push((
@@ -1355,7 +1355,7 @@ fn a_cancelled_write_behind_is_delivered_when_the_stream_is_dropped_in_the_next_
         (a, b, filled, tail)
     });
     let _ = &mut a;
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
     b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let reader = std::thread::spawn(move || {
@@ -2151,7 +2151,7 @@ fn a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_a_read(via
         let (filled, tail) = fill_then_write_tail(&mut a).await;
         (a, b, filled, tail)
     });
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
     b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let peer = std::thread::spawn(move || {
@@ -2224,7 +2224,7 @@ fn shutdown_off_any_loop_after_a_write_behind_that_completed() {
     });
     a.shutdown(std::net::Shutdown::Write)
         .unwrap_or_else(|e| panic!("shutdown off any loop: {e}"));
-    let mut b = b.into_std();
+    let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
     b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut all = Vec::new();
@@ -2379,4 +2379,220 @@ fn an_async_read_takes_what_is_queued_in_one_receive() {
             assert_eq!(got[..n], sent[..], "[{driver}]");
         },
     );
+}
+
+/// Unwraps `a` with `into_std`, reading (with `read`) whatever it refuses for: bytes it holds
+/// that no read has returned. Returns the `std` socket and what those reads got.
+async fn into_std_reading_first<S, T, F: Future<Output = Vec<u8>>>(
+    mut a: S,
+    into_std: impl Fn(S) -> Result<T, xtc_shards::net::IntoStdError<S>>,
+    read: impl Fn(Rc<S>) -> F,
+) -> (T, Vec<u8>) {
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        match into_std(a) {
+            Ok(s) => return (s, got),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("into_std again") || msg.contains("later"),
+                    "{msg}"
+                );
+                let s = Rc::new(e.into_inner());
+                got.extend(guard("read the refused bytes", read(s.clone())).await);
+                a = Rc::into_inner(s).unwrap();
+            }
+        }
+    }
+    panic!("into_std refused ten times");
+}
+
+/// `into_std` loses no byte a dropped read's kept receive took (io_uring): it refuses, the
+/// next read returns them, and then it unwraps. It used to cancel that receive and drop what
+/// it held, so the `std` stream went on from the middle.
+#[test]
+fn into_std_loses_no_byte_of_a_dropped_read() {
+    use std::io::Read;
+    on_each_driver(
+        "into_std_loses_no_byte_of_a_dropped_read",
+        1,
+        |driver| async move {
+            let (a, b) = UnixStream::pair().unwrap();
+            poll_once_then_drop(a.read(Vec::with_capacity(64)), async {
+                let (w, _) = b.write_all(b"kept".to_vec()).await;
+                w.unwrap();
+                sleep(Duration::from_millis(5)).await;
+            })
+            .await;
+            let (w, _) = b.write_all(b" rest".to_vec()).await;
+            w.unwrap();
+            drop(b);
+            let (s, mut got) = into_std_reading_first(a, UnixStream::into_std, |s| async move {
+                let (r, buf) = s.read(Vec::with_capacity(64)).await;
+                r.unwrap();
+                buf
+            })
+            .await;
+            s.set_nonblocking(false).unwrap();
+            (&s).read_to_end(&mut got).unwrap();
+            assert_eq!(got, b"kept rest", "[{driver}]");
+        },
+    );
+}
+
+/// A dropped read whose receive is still in the kernel (nothing sent yet) does not stop
+/// `into_std`: its cancellation settles with nothing taken, and the bytes sent after go to
+/// the `std` stream.
+#[test]
+fn into_std_after_a_read_dropped_in_flight_unwraps() {
+    use std::io::Read;
+    on_each_driver(
+        "into_std_after_a_read_dropped_in_flight_unwraps",
+        1,
+        |driver| async move {
+            let (a, b) = UnixStream::pair().unwrap();
+            poll_once_then_drop(
+                a.read(Vec::with_capacity(64)),
+                sleep(Duration::from_millis(2)),
+            )
+            .await;
+            let s = a
+                .into_std()
+                .unwrap_or_else(|e| panic!("[{driver}] refused with nothing received: {e}"));
+            let (w, _) = b.write_all(b"after".to_vec()).await;
+            w.unwrap();
+            drop(b);
+            let mut got = Vec::new();
+            s.set_nonblocking(false).unwrap();
+            (&s).read_to_end(&mut got).unwrap();
+            assert_eq!(got, b"after", "[{driver}]");
+        },
+    );
+}
+
+/// Bytes the `AsyncRead` side read ahead (a read dropped while it waited leaves its receive,
+/// sized for its buffer, to the next read, which asked for less) are not lost by `into_std`
+/// either (TCP this time).
+#[test]
+fn into_std_loses_no_byte_of_the_async_read_ahead() {
+    use futures::io::AsyncReadExt;
+    use std::io::Read;
+    on_each_driver(
+        "into_std_loses_no_byte_of_the_async_read_ahead",
+        1,
+        |driver| async move {
+            let (mut a, b) = tcp_pair().await;
+            let mut big = [0u8; 64];
+            let dropped = xtc_shards::time::timeout(
+                Duration::from_millis(10),
+                AsyncReadExt::read(&mut a, &mut big),
+            )
+            .await;
+            assert!(dropped.is_err(), "nothing was sent yet");
+            let (w, _) = b.write_all(b"hello world".to_vec()).await;
+            w.unwrap();
+            sleep(Duration::from_millis(5)).await;
+            let mut small = [0u8; 4];
+            guard("small read", AsyncReadExt::read_exact(&mut a, &mut small))
+                .await
+                .unwrap();
+            assert_eq!(&small, b"hell");
+            drop(b);
+            let (s, mut got) = into_std_reading_first(a, TcpStream::into_std, |s| async move {
+                let (r, buf) = s.read(Vec::with_capacity(64)).await;
+                r.unwrap();
+                buf
+            })
+            .await;
+            s.set_nonblocking(false).unwrap();
+            (&s).read_to_end(&mut got).unwrap();
+            assert_eq!(got, b"o world", "[{driver}]");
+        },
+    );
+}
+
+/// A datagram a dropped `recv_from`'s kept receive took is not lost by `into_std`: it
+/// refuses, `recv_from` returns it, and then it unwraps.
+#[test]
+fn udp_into_std_loses_no_kept_datagram() {
+    on_each_driver(
+        "udp_into_std_loses_no_kept_datagram",
+        1,
+        |driver| async move {
+            let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let to_a = a.local_addr().unwrap();
+            poll_once_then_drop(a.recv_from(Vec::with_capacity(64)), async {
+                let (w, _) = b.send_to(b"kept".to_vec(), to_a).await;
+                w.unwrap();
+                sleep(Duration::from_millis(5)).await;
+            })
+            .await;
+            let (w, _) = b.send_to(b"next".to_vec(), to_a).await;
+            w.unwrap();
+            let (s, got) = into_std_reading_first(a, UdpSocket::into_std, |s| async move {
+                let (r, buf) = s.recv_from(Vec::with_capacity(64)).await;
+                r.unwrap();
+                buf
+            })
+            .await;
+            let mut rest = Vec::new();
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            while rest.len() + got.len() < 8 {
+                let mut buf = [0u8; 64];
+                let n = s.recv(&mut buf).unwrap();
+                rest.extend_from_slice(&buf[..n]);
+            }
+            let mut all = got;
+            all.extend(rest);
+            assert_eq!(all, b"keptnext", "[{driver}]");
+        },
+    );
+}
+
+/// `into_std` off any loop, on a stream whose loop has gone: a kept receive that took bytes
+/// makes it refuse (and a read there hands them out), one the driver's shutdown cancelled
+/// with nothing does not; neither waits for a loop that no longer turns.
+#[test]
+fn into_std_off_the_loop_settles_kept_reads() {
+    use std::io::Read;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (full, full_peer, empty, _empty_peer) = ex.block_on(async {
+        let (a, b) = UnixStream::pair().unwrap();
+        poll_once_then_drop(a.read(Vec::with_capacity(16)), async {}).await;
+        let (r, _) = b.write_all(b"hello".to_vec()).await;
+        r.unwrap();
+        let (c, d) = UnixStream::pair().unwrap();
+        poll_once_then_drop(c.read(Vec::with_capacity(16)), async {}).await;
+        sleep(Duration::from_millis(50)).await; // the first kept receive completes
+        (a, b, c, d)
+    });
+    drop(ex);
+    let s = empty
+        .into_std()
+        .unwrap_or_else(|e| panic!("refused with nothing received: {e}"));
+    drop(s);
+    let mut got = Vec::new();
+    let full = match full.into_std() {
+        Ok(s) => s, // epoll: nothing was read ahead
+        Err(e) => {
+            assert!(e.to_string().contains("into_std again"), "{e}");
+            let a = e.into_inner();
+            {
+                let mut read = std::pin::pin!(a.read(Vec::with_capacity(16)));
+                let mut cx = Context::from_waker(Waker::noop());
+                let Poll::Ready((r, buf)) = read.as_mut().poll(&mut cx) else {
+                    panic!("the kept bytes were not handed out at once off the loop");
+                };
+                r.unwrap();
+                got.extend_from_slice(&buf);
+            }
+            a.into_std().unwrap()
+        }
+    };
+    drop(full_peer);
+    full.set_nonblocking(false).unwrap();
+    (&full).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"hello");
 }

@@ -195,7 +195,16 @@ impl ConnBalancer {
             }
             match crate::shard::reserve_on(open.shard, "xtc::net::ConnBalancer::serve").await {
                 Ok(owner) => {
-                    let fd: OwnedFd = stream.into_fd();
+                    let fd: OwnedFd = match stream.into_fd() {
+                        Ok(fd) => fd,
+                        Err(e) => {
+                            // Not reached (a stream just accepted has read nothing); if it
+                            // ever is, the connection is served here, its bytes kept.
+                            drop((owner, open));
+                            serve_here(e.into_inner(), peer, self.count_on(here), &handler);
+                            continue;
+                        }
+                    };
                     let handler = handler.clone();
                     // `make` captures only `Send` values (the descriptor, the address, the
                     // handler and the count guard's `Arc`), as `spawn_raw` requires of a task

@@ -49,51 +49,110 @@ use std::{fmt, io, net::SocketAddr, time::Duration};
 
 use socket2::SockAddr;
 
-/// The error of [`TcpListener::into_std`] and [`UnixListener::into_std`]: an `accept` future
-/// of the listener was dropped after the kernel had taken a connection for it (io_uring keeps
-/// that accept for the listener's next `accept`). The connection cannot go back to the
-/// kernel's listen queue, and unwrapping would close it under its client, so the listener comes
-/// back instead: [`into_inner`](Self::into_inner), `accept` (it returns that connection at
-/// once, on either driver), and call `into_std` again. On epoll a dropped accept takes
-/// nothing: there, only for an accept an earlier io_uring loop of the thread kept.
+/// The error of `into_std` when unwrapping would lose something the kernel already handed
+/// over; the socket comes back unchanged ([`into_inner`](Self::into_inner)).
+///
+/// - [`TcpListener::into_std`] and [`UnixListener::into_std`]: an `accept` future of the
+///   listener was dropped after the kernel had taken a connection for it (io_uring keeps
+///   that accept for the listener's next `accept`). The connection cannot go back to the
+///   kernel's listen queue, and unwrapping would close it under its client: `accept` (it
+///   returns that connection at once, on either driver), and call `into_std` again. On epoll
+///   a dropped accept takes nothing: there, only for an accept an earlier io_uring loop of
+///   the thread kept.
+/// - [`TcpStream::into_std`], [`UnixStream::into_std`] and [`UdpSocket::into_std`]: the
+///   socket holds received bytes (a datagram) that no read has returned yet: those of a read
+///   whose future was dropped (io_uring keeps its receive for the next read), or the
+///   `AsyncRead` side's read-ahead. They cannot go back to the kernel, and unwrapping would
+///   drop them: read them (the next read returns them at once, on either driver), and call
+///   `into_std` again.
+///
+/// Either way, the same error with nothing taken if the cancellation of such a kept
+/// operation has not settled within a second: try again later.
 pub struct IntoStdError<L> {
-    listener: L,
-    pending: bool,
+    /// Boxed: a stream is large, and the `Ok` side of a `Result` should not pay for it.
+    inner: Box<L>,
+    why: Refused,
+}
+
+/// Why an `into_std` refused ([`IntoStdError`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// A kept accept's cancellation has not settled.
+    AcceptPending,
+    /// A kept accept holds a connection.
+    Connection,
+    /// A kept receive's cancellation has not settled.
+    ReadPending,
+    /// Received bytes (a datagram) no read has returned.
+    Unread,
 }
 
 impl<L> IntoStdError<L> {
+    /// A listener's: its kept accept is `pending`, or holds a connection.
     pub(crate) fn new(listener: L, pending: bool) -> IntoStdError<L> {
-        IntoStdError { listener, pending }
+        let why = if pending {
+            Refused::AcceptPending
+        } else {
+            Refused::Connection
+        };
+        IntoStdError {
+            inner: Box::new(listener),
+            why,
+        }
     }
 
-    /// The listener, unchanged (its kept accept included).
+    /// A stream's or a datagram socket's: a kept receive is `pending`, or it holds bytes no
+    /// read has returned.
+    pub(crate) fn unread(socket: L, pending: bool) -> IntoStdError<L> {
+        let why = if pending {
+            Refused::ReadPending
+        } else {
+            Refused::Unread
+        };
+        IntoStdError {
+            inner: Box::new(socket),
+            why,
+        }
+    }
+
+    /// The socket, unchanged (its kept accept or receives, and unread bytes, included).
     pub fn into_inner(self) -> L {
-        self.listener
+        *self.inner
     }
 }
 
 impl<L> fmt::Debug for IntoStdError<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IntoStdError")
-            .field("pending", &self.pending)
+            .field("why", &self.why)
             .finish_non_exhaustive()
     }
 }
 
 impl<L> fmt::Display for IntoStdError<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.pending {
-            f.write_str(
+        f.write_str(match self.why {
+            Refused::AcceptPending => {
                 "xtc: into_std refused: the cancellation of a dropped accept of this listener \
-                 has not settled (it may hold a connection); try again later",
-            )
-        } else {
-            f.write_str(
+                 has not settled (it may hold a connection); try again later"
+            }
+            Refused::Connection => {
                 "xtc: into_std refused: a dropped accept of this listener holds a connection \
                  the kernel already accepted; accept it (the next accept returns it), then \
-                 call into_std again",
-            )
-        }
+                 call into_std again"
+            }
+            Refused::ReadPending => {
+                "xtc: into_std refused: the cancellation of a receive this socket keeps (a \
+                 dropped read's, or the AsyncRead read-ahead) has not settled (it may bring \
+                 bytes); try again later"
+            }
+            Refused::Unread => {
+                "xtc: into_std refused: this socket holds received bytes no read has returned \
+                 yet (a dropped read's, or the AsyncRead read-ahead), which the std socket \
+                 would lose; read them first (the next read returns them at once), then call \
+                 into_std again"
+            }
+        })
     }
 }
 

@@ -6,8 +6,8 @@
 //! memory that outlives the poll), never more than the caller's slice asks for, and copies
 //! out; on epoll it reads straight into the caller's slice (after any bytes the receives of an
 //! io_uring loop of this thread took for the stream before that loop went). So no bytes wait
-//! in the internal buffer after a read returns (`into_std` loses none), except those of a read
-//! whose future was dropped before its data arrived and whose next read asked for less.
+//! in the internal buffer after a read returns, except those of a read whose future was
+//! dropped before its data arrived and whose next read asked for less.
 //! An owned `read` whose future is dropped unfinished on io_uring leaves its receive running,
 //! kept by the stream (`PollState::stray`), and its bytes go to the internal buffer for the
 //! next read: dropping a read loses nothing on either driver (epoll reads in the poll). Its
@@ -15,8 +15,10 @@
 //! the same stream is in flight (or behind another kept one) is not left running (the other
 //! one, already in the kernel, would otherwise wait while the kept one took the bytes): it is
 //! cancelled in place and kept all the same, so bytes that reached it before the cancel go
-//! to the next read too. `into_std` cancels kept reads, so bytes they already took are lost,
-//! like those in the internal buffer.
+//! to the next read too. `into_std` cancels kept reads (and the `AsyncRead` receive in flight)
+//! and waits for them to settle; if one took bytes, or bytes wait in the internal buffer, it
+//! refuses (`IntoStdError`, the stream given back) rather than lose them: the next read
+//! returns them.
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write (of at
 //! least one byte: an empty one returns at once, as on epoll), `flush` or `close` waits for
@@ -221,6 +223,8 @@ trait StrayRead {
     ) -> Poll<i32>;
     /// Nobody waits for it any more ([`Op::unwait`]).
     fn unwait(&self);
+    /// Cancels it if still in the kernel, keeping its result ([`Op::cancel_in_place`]).
+    fn cancel_in_place(&self);
     /// Its result, once its completion has been reaped ([`Op::completed`]).
     fn completed(&self) -> Option<i32>;
 }
@@ -251,6 +255,10 @@ impl<B: IoBufMut> StrayRead for Op<B> {
 
     fn unwait(&self) {
         Op::unwait(self);
+    }
+
+    fn cancel_in_place(&self) {
+        Op::cancel_in_place(self);
     }
 
     fn completed(&self) -> Option<i32> {
@@ -793,6 +801,8 @@ impl StreamIo {
         id
     }
 
+    /// Unwraps into the descriptor. Received bytes no read has returned yet are lost: call
+    /// [`settle_reads`](Self::settle_reads) first.
     pub(crate) fn into_fd(self) -> OwnedFd {
         let StreamIo { poll, src, .. } = self;
         let mut poll = poll.into_inner();
@@ -804,6 +814,90 @@ impl StreamIo {
         drop(poll.unsent.take());
         drop(poll);
         src.into_fd()
+    }
+
+    /// Before the descriptor changes hands: `Ok` if no received byte would be lost, else
+    /// `Err(pending)`. Receives still in the kernel (a kept one, an `AsyncRead`'s) are
+    /// cancelled in place and waited for (reaping the loop's ring, a second at most:
+    /// `Err(true)` after that); the bytes any of them took go to the internal buffer, where
+    /// the next read finds them, as do unread bytes already there: `Err(false)`. Runs no user
+    /// code under the state's borrow (a kept read's buffer is dropped after it). Cost: a
+    /// borrow and two checks without such receives or bytes.
+    pub(crate) fn settle_reads(&self) -> Result<(), bool> {
+        const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+        let deadline = std::time::Instant::now() + SETTLE_WAIT;
+        let mut cancelled = false;
+        loop {
+            let mut after = After::default();
+            let r = {
+                let Ok(mut st) = self.poll.try_borrow_mut() else {
+                    return Err(true);
+                };
+                Self::settle_step(&mut st, &mut cancelled, &mut after)
+            };
+            // A kept read's buffer's `Drop` is user code: run outside the borrow. (Nothing
+            // is listed: only completed receives are polled, with a no-op waker.)
+            for buf in after.spent {
+                crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+            }
+            match r {
+                Some(r) => return r,
+                None if std::time::Instant::now() >= deadline => return Err(true),
+                None => {
+                    crate::io::reap_now();
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// One round of [`settle_reads`](Self::settle_reads): `None` while a receive is still in
+    /// the kernel.
+    fn settle_step(
+        st: &mut PollState,
+        cancelled: &mut bool,
+        after: &mut After,
+    ) -> Option<Result<(), bool>> {
+        if st.rpos < st.rbuf.len() {
+            return Some(Err(false));
+        }
+        if st.stray.is_empty() && st.reading.is_none() {
+            return Some(Ok(()));
+        }
+        if !std::mem::replace(cancelled, true) {
+            for stray in &st.stray {
+                stray.cancel_in_place();
+            }
+            if let Some(op) = &st.reading {
+                op.cancel_in_place();
+            }
+        }
+        let in_kernel = st.stray.iter().any(|s| s.completed().is_none())
+            || st
+                .reading
+                .as_ref()
+                .is_some_and(|op| op.completed().is_none());
+        if in_kernel {
+            return None;
+        }
+        // All reaped: each resolves at once; the bytes of the first that took any land in
+        // `rbuf` (`poll_reading`), ahead of the later ones, which stay kept.
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            match poll_reading(st, &mut cx, false, after) {
+                Poll::Pending => return None,
+                Poll::Ready(None) => return Some(Ok(())),
+                Poll::Ready(Some(Ok(_))) if st.rpos < st.rbuf.len() => return Some(Err(false)),
+                // The end of the stream, or an error: no bytes to lose (an error is the
+                // socket's, which the kernel reported once; kept for the next read).
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => {
+                    if st.read_error.is_none() {
+                        st.read_error = e.raw_os_error().map(|c| -c);
+                    }
+                }
+            }
+        }
     }
 
     pub(crate) async fn read<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
@@ -1289,8 +1383,8 @@ impl StreamIo {
             // `rpos` indexes `rbuf`, now empty (also if the submit below fails and gives
             // it back): an owned `read` must not copy from a stale position.
             st.rpos = 0;
-            // No read-ahead past what the caller asked for: bytes left in `rbuf` would be
-            // invisible to the next owner of the descriptor (`into_std`).
+            // No read-ahead past what the caller asked for: bytes left in `rbuf` would make
+            // `into_std` refuse until a read took them.
             let want = out.len().min(READ_MAX);
             if buf.capacity() > want.max(READ_KEEP) {
                 buf = Vec::new();

@@ -260,19 +260,29 @@ impl TcpStream {
     }
 
     /// Unwraps into a `std` stream (left non-blocking), e.g. to hand it to another shard.
-    /// Buffered `AsyncWrite` bytes still in flight are cancelled: flush first. So is the
-    /// receive of a dropped read still kept by the stream (io_uring), with any bytes it took.
-    /// Bytes an `AsyncRead` receive took that no read has returned yet are dropped too
-    /// (io_uring): a receive asks for at most what its read's buffer holds, but one whose read
-    /// was dropped while it waited (a `timeout` around it) is left, sized for that buffer, to
-    /// the next read, which may take less. On epoll nothing received is lost here.
-    pub fn into_std(self) -> std::net::TcpStream {
-        std::net::TcpStream::from(self.into_fd())
+    /// Buffered `AsyncWrite` bytes still in flight are cancelled: flush first. Loses no
+    /// received byte: a receive the stream keeps (io_uring: a dropped read's, left to the next
+    /// read, or the `AsyncRead` side's read ahead of its caller) is cancelled, and this waits
+    /// for the cancellation to settle. If it, or an earlier one, took bytes that no read has
+    /// returned yet, which cannot go back to the kernel, the stream comes back in the error
+    /// ([`IntoStdError::into_inner`]): read them (the next read returns them at once), then
+    /// call `into_std` again. (Dropping them, as before, lost them from the middle of the
+    /// stream.) The same error, with nothing lost, if the cancellation has not settled within
+    /// a second. On epoll nothing is read ahead: there it is an error only for bytes that an
+    /// earlier io_uring loop of this thread took. Cost: a borrow and two checks without such
+    /// receives or bytes; with a receive in flight, a non-blocking reap of the loop's ring per
+    /// round until its cancellation settles (usually none or one; the loop waits meanwhile).
+    pub fn into_std(self) -> Result<std::net::TcpStream, IntoStdError<TcpStream>> {
+        self.into_fd().map(std::net::TcpStream::from)
     }
 
-    /// Unwraps into the descriptor (deregistered from this loop's driver).
-    pub(crate) fn into_fd(self) -> OwnedFd {
-        self.io.into_fd()
+    /// Unwraps into the descriptor (deregistered from this loop's driver); as
+    /// [`into_std`](Self::into_std).
+    pub(crate) fn into_fd(self) -> Result<OwnedFd, IntoStdError<TcpStream>> {
+        match self.io.settle_reads() {
+            Ok(()) => Ok(self.io.into_fd()),
+            Err(pending) => Err(IntoStdError::unread(self, pending)),
+        }
     }
 }
 

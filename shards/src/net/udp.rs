@@ -13,7 +13,7 @@ use std::{
 
 use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 
-use super::{each_addr, ip_addr, tcp::BorrowedRaw};
+use super::{each_addr, ip_addr, tcp::BorrowedRaw, IntoStdError};
 use crate::io::{
     ops::msg::{self, RecvOp},
     source::Source,
@@ -52,8 +52,8 @@ trait StrayRecv {
     fn unwait_later(&self) -> Option<std::task::Waker>;
     /// Cancels it if still in the kernel, keeping its result (`Op::cancel_in_place`).
     fn cancel_in_place(&self);
-    /// Whether its completion was reaped (`Op::completed`): taking it is no I/O.
-    fn completed(&self) -> bool;
+    /// Its result once its completion was reaped (`Op::completed`): taking it is no I/O.
+    fn completed(&self) -> Option<i32>;
 }
 
 impl<B: IoBufMut> StrayRecv for RecvOp<B> {
@@ -91,8 +91,8 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
         Op::cancel_in_place(self);
     }
 
-    fn completed(&self) -> bool {
-        Op::completed(self).is_some()
+    fn completed(&self) -> Option<i32> {
+        Op::completed(self)
     }
 }
 
@@ -203,8 +203,9 @@ impl UdpSocket {
     /// is skipped, and the datagram goes to a fresh receive, as on epoll. Cost: one `RECVMSG`
     /// submission with a boxed message header, or one `recvfrom` (the socket joins the loop's
     /// epoll set once, at its first wait); a dropped receive costs a boxed handle (and a search
-    /// of the kept ones, usually none or one, to keep them in order). Dropping the socket,
-    /// or [`into_std`](Self::into_std), loses a datagram such a kept receive holds.
+    /// of the kept ones, usually none or one, to keep them in order). Dropping the socket
+    /// loses a datagram such a kept receive holds; [`into_std`](Self::into_std) refuses
+    /// while one holds one.
     pub async fn recv_from<B: IoBufMut>(&self, buf: B) -> BufResult<(usize, SocketAddr), B> {
         let (res, buf) = self.recv_raw(buf).await;
         (res.and_then(|(n, a)| Ok((n, ip_addr(&a)?))), buf)
@@ -222,7 +223,7 @@ impl UdpSocket {
                 // a receive that already completed is taken, as a stream's read and an
                 // `accept` do: one still in the kernel would leave the caller waiting for a
                 // loop that does not turn. It stays first in line for the next call.
-                if !stray.completed() {
+                if stray.completed().is_none() {
                     if let Err(e) = crate::io::ops::backend() {
                         let mut kept = self.stray.borrow_mut();
                         crate::io::ops::keep_in_order(
@@ -338,17 +339,58 @@ impl UdpSocket {
         Ok(UdpSocket::new(OwnedFd::from(s)))
     }
 
-    /// Unwraps into a `std` socket (left non-blocking). On io_uring, the receives that
-    /// dropped `recv_from`/`recv` futures left to this socket (see
-    /// [`recv_from`](Self::recv_from)) are cancelled first: a datagram one of them already
-    /// took, before its cancellation won, is lost, not handed to the `std` socket. Cost: a
-    /// cancellation per such receive.
-    pub fn into_std(self) -> std::net::UdpSocket {
+    /// Unwraps into a `std` socket (left non-blocking). Loses no datagram: the receives that
+    /// dropped `recv_from`/`recv` futures left to this socket (io_uring; see
+    /// [`recv_from`](Self::recv_from)) were cancelled then, and this waits for those
+    /// cancellations to settle. If one of them lost the race and took a datagram, which
+    /// cannot go back to the kernel, the socket comes back in the error
+    /// ([`IntoStdError::into_inner`]): `recv_from` (it returns that datagram at once), then
+    /// call `into_std` again. (Dropping it, as before, lost the datagram.) The same error,
+    /// with nothing lost, if a cancellation has not settled within a second. Cost: a borrow
+    /// check without such receives; with one, a non-blocking reap of the loop's ring per
+    /// round until its cancellation settles (usually none or one; the loop waits meanwhile).
+    pub fn into_std(self) -> Result<std::net::UdpSocket, IntoStdError<UdpSocket>> {
+        if let Err(pending) = self.settle() {
+            return Err(IntoStdError::unread(self, pending));
+        }
         let UdpSocket { stray, src, .. } = self;
-        // Cancelled before the descriptor changes hands (a datagram it already took is lost,
-        // as one still in flight would be).
+        // Each cancelled with nothing taken (or failed): dropped before the descriptor
+        // changes hands.
         drop(stray);
-        std::net::UdpSocket::from(src.into_fd())
+        Ok(std::net::UdpSocket::from(src.into_fd()))
+    }
+
+    /// Waits (reaping the loop's ring, a second at most) until every kept receive has
+    /// resolved: `Ok` if none took a datagram, `Err(false)` if one did, `Err(true)` if one
+    /// is still in the kernel after that.
+    fn settle(&self) -> Result<(), bool> {
+        const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+        let deadline = std::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let (mut got, mut pending) = (false, false);
+            {
+                let Ok(kept) = self.stray.try_borrow() else {
+                    return Err(true);
+                };
+                for (_, stray) in kept.iter() {
+                    match stray.completed() {
+                        Some(res) => got |= res >= 0,
+                        None => pending = true,
+                    }
+                }
+            }
+            if got {
+                return Err(false);
+            }
+            if !pending {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(true);
+            }
+            crate::io::reap_now();
+            std::thread::yield_now();
+        }
     }
 }
 

@@ -216,11 +216,15 @@ impl UnixStream {
         })
     }
 
-    /// Unwraps into a `std` stream (left non-blocking). What it drops on io_uring (unsent
-    /// `AsyncWrite` bytes, and received bytes no read has returned yet) is as for
-    /// [`TcpStream::into_std`](super::TcpStream::into_std).
-    pub fn into_std(self) -> std::os::unix::net::UnixStream {
-        std::os::unix::net::UnixStream::from(self.io.into_fd())
+    /// Unwraps into a `std` stream (left non-blocking). As
+    /// [`TcpStream::into_std`](super::TcpStream::into_std): unsent `AsyncWrite` bytes are
+    /// cancelled (flush first), and received bytes no read has returned yet make it an
+    /// [`IntoStdError`] that gives the stream back (read them first).
+    pub fn into_std(self) -> Result<std::os::unix::net::UnixStream, IntoStdError<UnixStream>> {
+        match self.io.settle_reads() {
+            Ok(()) => Ok(std::os::unix::net::UnixStream::from(self.io.into_fd())),
+            Err(pending) => Err(IntoStdError::unread(self, pending)),
+        }
     }
 }
 
