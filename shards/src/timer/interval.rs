@@ -27,7 +27,8 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
 /// A periodic timer: `tick().await` completes at `start`, `start + period`, `start + 2·period`…
 ///
 /// Missed ticks (a loop busy for longer than a period) are skipped: the next tick is the first
-/// multiple of the period after now, so a slow consumer does not get a burst. This is tokio's
+/// on the schedule at or after now (one exactly at now is due, not missed), so a slow
+/// consumer does not get a burst. This is tokio's
 /// `MissedTickBehavior::Skip`. A tick that is already due when first polled (after the first
 /// one) yields to the loop once before it completes, so other tasks run between ticks however
 /// short the period or slow the consumer. Cost: one timer, as [`sleep`](super::sleep), and a
@@ -73,17 +74,7 @@ impl Interval {
             return Poll::Ready(fired);
         }
         let fired = self.next;
-        let now = Instant::now();
-        let mut next = super::deadline_after(fired, self.period);
-        if next <= now {
-            // Skip the missed ticks: the next one on the schedule after `now`, counted from
-            // `now` (from `fired`, the distance of a start centuries back overflowed a
-            // `Duration` of nanoseconds, and the next tick came 30 years later). In u128
-            // nanoseconds: a tiny period after a long stall is many periods behind.
-            let rem = now.duration_since(fired).as_nanos() % self.period.as_nanos();
-            let rem = Duration::new((rem / 1_000_000_000) as u64, (rem % 1_000_000_000) as u32);
-            next = super::deadline_after(now, self.period - rem);
-        }
+        let next = next_tick(fired, Instant::now(), self.period);
         self.next = next;
         self.sleep.reset(next);
         Poll::Ready(fired)
@@ -95,4 +86,46 @@ impl Interval {
     }
 }
 
+/// The tick after the one at `fired`, as seen at `now` (`period` not zero): `fired + period`,
+/// or, if that has passed, the first tick on the schedule at or after `now` (the ones before
+/// `now` were missed and are skipped). A tick that falls exactly on `now` is due, not missed.
+fn next_tick(fired: Instant, now: Instant, period: Duration) -> Instant {
+    let next = super::deadline_after(fired, period);
+    if next >= now {
+        return next;
+    }
+    // Skip the missed ticks: the next one on the schedule at or after `now`, counted from
+    // `now` (from `fired`, the distance of a start centuries back overflowed a `Duration` of
+    // nanoseconds, and the next tick came 30 years later). In u128 nanoseconds: a tiny period
+    // after a long stall is many periods behind.
+    let rem = now.duration_since(fired).as_nanos() % period.as_nanos();
+    if rem == 0 {
+        // `now` is on the schedule: that tick is due now.
+        return now;
+    }
+    let rem = Duration::new((rem / 1_000_000_000) as u64, (rem % 1_000_000_000) as u32);
+    super::deadline_after(now, period - rem)
+}
+
 use std::future::Future;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tick that lands exactly on `now` is due, not missed: it was skipped (the comparison
+    /// `next <= now` sent it to the skip, whose remainder 0 gave `now + period`).
+    #[test]
+    fn a_tick_exactly_at_now_is_not_skipped() {
+        let p = Duration::from_millis(10);
+        let t0 = Instant::now();
+        // On time: the next tick is `fired + period`.
+        assert_eq!(next_tick(t0, t0 + p / 2, p), t0 + p);
+        // Exactly at the next tick.
+        assert_eq!(next_tick(t0, t0 + p, p), t0 + p);
+        // Late by whole periods: the tick at `now` is on the schedule.
+        assert_eq!(next_tick(t0, t0 + 3 * p, p), t0 + 3 * p);
+        // Late by a fraction: the next tick on the schedule after `now`.
+        assert_eq!(next_tick(t0, t0 + p * 5 / 2, p), t0 + 3 * p);
+    }
+}
