@@ -74,3 +74,67 @@ fn epoll_falls_back_when_pwait2_is_refused_with_enosys() {
 fn epoll_falls_back_when_pwait2_is_refused_with_eperm() {
     udp_wait_with_pwait2_failing(libc::EPERM);
 }
+
+/// A stream dropped while `io_uring_enter` fails to submit (here a seccomp filter; in the
+/// field `EAGAIN`/`EBUSY` under memory pressure) leaves its receive, and that receive's
+/// cancel, queued, naming the descriptor by number. The descriptor used to close anyway: the
+/// next socket took its number, and the next enter (the loop's park) started the receive
+/// there, which took that socket's bytes and threw them away. The number must stay taken
+/// until the entries naming it are submitted.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_stream_dropped_while_submits_fail_does_not_lend_its_number_to_queued_entries() {
+    use std::{future::Future, io::Write, os::fd::AsRawFd, task::Poll};
+    use xtc_shards::net::UnixStream;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if !common::deny_uring_submit_without_wait(libc::EAGAIN as u32) {
+            let _ = tx.send(None);
+            return;
+        }
+        let exec = match Executor::builder()
+            .shards(1)
+            .io_driver(DriverChoice::IoUring)
+            .build()
+        {
+            Ok(exec) => exec,
+            Err(e) => {
+                let _ = tx.send(Some(Err(e.to_string())));
+                return;
+            }
+        };
+        let r = exec.block_on(|| async {
+            let (a, _a_peer) = UnixStream::pair().unwrap();
+            let old = a.as_raw_fd();
+            let mut read = Box::pin(a.read(Vec::with_capacity(64)));
+            let pending =
+                std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx).is_pending())).await;
+            assert!(pending, "nothing was sent");
+            drop(read); // kept by the stream, its receive queued
+            drop(a); // the cancel queued too: neither submitted
+            let (b, mut b_peer) = std::os::unix::net::UnixStream::pair().unwrap();
+            let reused = b.as_raw_fd() == old;
+            b_peer.write_all(b"hello").unwrap();
+            let b = UnixStream::from_std(b).unwrap();
+            // The loop parks: what is queued is submitted.
+            xtc_shards::time::sleep(Duration::from_millis(20)).await;
+            let got =
+                xtc_shards::time::timeout(Duration::from_secs(2), b.read(Vec::with_capacity(64)))
+                    .await;
+            (reused, got.map(|(r, buf)| (r.ok(), buf)).ok())
+        });
+        let _ = tx.send(Some(Ok(r.expect("the test task failed"))));
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(None) => println!("no seccomp here; skipped"),
+        Ok(Some(Err(e))) => println!("no io_uring here ({e}); skipped"),
+        Ok(Some(Ok((reused, got)))) => {
+            assert_eq!(
+                got,
+                Some((Some(5), b"hello".to_vec())),
+                "the new socket's bytes went to a stale receive (its number reused: {reused})"
+            );
+        }
+        Err(_) => panic!("the test hung, or its thread panicked"),
+    }
+}

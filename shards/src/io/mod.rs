@@ -351,10 +351,34 @@ pub(crate) fn reap_now() {
 /// its `Op` was forgotten (`mem::forget`, safe code) and its socket closed, went to whatever
 /// the number meant by then (a socket made in the same turn). Cost: a thread-local read and a
 /// flag per io_uring loop; one `io_uring_enter` only where entries are queued.
-pub(crate) fn submit_queued() {
+///
+/// Returns whether every such entry was handed over (`false` after a failed
+/// `io_uring_enter`: see [`close_after_submit`]).
+pub(crate) fn submit_queued() -> bool {
+    let mut all = true;
     context::with_own_core(|c| {
         if let Reactor::Uring(u) = &c.io {
-            u.submit_pending();
+            all &= u.submit_pending();
+        }
+        None::<()>
+    });
+    all
+}
+
+/// Closes `fd` once no io_uring entry this thread's loops queued can name it: at once if
+/// [`submit_queued`] hands them all to the kernel, else when each loop whose submit failed has
+/// submitted what it had queued (its next successful `io_uring_enter`, at the latest its
+/// park), or has gone. Closed at once, its number went to the next socket or file opened,
+/// and the entry started there (a dropped read's receive took that socket's bytes). Cost: a
+/// thread-local read and a flag per io_uring loop; after a failed submit, an `Rc` per loop.
+pub(crate) fn close_after_submit(fd: std::os::fd::OwnedFd) {
+    if submit_queued() {
+        return;
+    }
+    let fd = std::rc::Rc::new(fd);
+    context::with_own_core(|c| {
+        if let Reactor::Uring(u) = &c.io {
+            u.hold(&fd);
         }
         None::<()>
     });

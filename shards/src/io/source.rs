@@ -110,7 +110,8 @@ impl Source {
     /// [`submit_queued`](super::submit_queued): its next owner may close it).
     pub(crate) fn into_fd(mut self) -> OwnedFd {
         self.deregister();
-        super::submit_queued();
+        // Not kept for a failed submit (its new owner takes it): nothing more to do here.
+        let _ = super::submit_queued();
         self.fd.take().expect("a Source holds its fd until dropped")
     }
 
@@ -159,10 +160,10 @@ impl Source {
 impl Drop for Source {
     fn drop(&mut self) {
         self.deregister();
-        if self.fd.is_some() {
-            // Before the descriptor closes, so that no entry still queued names its number
-            // (`submit_queued`).
-            super::submit_queued();
+        if let Some(fd) = self.fd.take() {
+            // Not before the entries still queued that may name its number are submitted
+            // (`close_after_submit`).
+            super::close_after_submit(fd);
         }
     }
 }

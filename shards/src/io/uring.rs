@@ -259,6 +259,11 @@ pub(crate) struct Uring {
     ext_arg: bool,
     /// Entries pushed since the last `io_uring_enter`.
     unsubmitted: Cell<bool>,
+    /// Descriptors whose owners closed them while entries were still queued (a failed
+    /// `io_uring_enter`), kept open until the queue is empty: a queued entry names its
+    /// descriptor by number, which closed would go to the next socket or file opened, and
+    /// the entry would then read that one's bytes or write into it ([`Uring::hold`]).
+    held: RefCell<Vec<std::rc::Rc<std::os::fd::OwnedFd>>>,
     scratch: RefCell<Vec<(u64, i32)>>,
     submitted: Cell<u64>,
     completed: Cell<u64>,
@@ -343,6 +348,7 @@ impl Uring {
             ping_by_poll: Cell::new(false),
             ext_arg,
             unsubmitted: Cell::new(false),
+            held: RefCell::new(Vec::new()),
             scratch: RefCell::new(Vec::with_capacity(64)),
             submitted: Cell::new(0),
             completed: Cell::new(0),
@@ -429,12 +435,12 @@ impl Uring {
                     if left > 0 && n > 0 {
                         continue; // stopped at a refused entry: submit the rest (and wait)
                     }
-                    self.unsubmitted.set(left > 0);
+                    self.set_unsubmitted(left > 0);
                     return Ok(());
                 }
                 Err(e) => match e.raw_os_error() {
                     Some(libc::ETIME) | Some(libc::EINTR) => {
-                        self.unsubmitted.set(self.queued() > 0);
+                        self.set_unsubmitted(self.queued() > 0);
                         return Ok(());
                     }
                     Some(libc::EBUSY) | Some(libc::EAGAIN) => {
@@ -529,7 +535,7 @@ impl Uring {
                         tracing::warn!("xtc: io_uring submit failed: {e}");
                     }
                 }
-                Ok(_) => self.unsubmitted.set(false),
+                Ok(_) => self.set_unsubmitted(false),
                 Err(e) => tracing::warn!("xtc: io_uring enter failed: {e}"),
             }
         } else if self.unsubmitted.get() {
@@ -540,12 +546,34 @@ impl Uring {
         self.dispatch()
     }
 
-    /// Submits queued entries, if any, without waiting.
-    pub(crate) fn submit_pending(&self) {
+    /// Submits queued entries, if any, without waiting. Returns whether none is left queued
+    /// (`false` after a failed `io_uring_enter`).
+    pub(crate) fn submit_pending(&self) -> bool {
         if self.unsubmitted.get() {
             if let Err(e) = self.enter(0, None) {
                 tracing::warn!("xtc: io_uring submit failed: {e}");
             }
+        }
+        !self.unsubmitted.get()
+    }
+
+    /// Records whether entries are left queued; once none is, the descriptors held for them
+    /// ([`hold`](Self::hold)) close.
+    fn set_unsubmitted(&self, left: bool) {
+        self.unsubmitted.set(left);
+        if !left && !self.held.borrow().is_empty() {
+            // Taken out first: closing is a system call, not user code, but the borrow ends
+            // before it all the same.
+            let held = std::mem::take(&mut *self.held.borrow_mut());
+            drop(held);
+        }
+    }
+
+    /// Keeps `fd` open until the entries queued now are submitted, if any are (see
+    /// [`held`](Self::held)). Cost: a push, only after a failed submit.
+    pub(crate) fn hold(&self, fd: &std::rc::Rc<std::os::fd::OwnedFd>) {
+        if self.unsubmitted.get() {
+            self.held.borrow_mut().push(fd.clone());
         }
     }
 

@@ -301,6 +301,61 @@ pub fn deny_syscall(nr: libc::c_long, errno: u32) -> bool {
     }
 }
 
+/// Makes `io_uring_enter` fail with `errno` on this thread and the threads it starts when it
+/// only submits (no `IORING_ENTER_GETEVENTS` in its flags), so a loop's submits fail while
+/// its parks (which wait, and submit what is queued) still work; `false` if this machine does
+/// not let the process install a filter (the test then skips).
+#[cfg(target_arch = "x86_64")]
+pub fn deny_uring_submit_without_wait(errno: u32) -> bool {
+    /// `struct sock_filter`.
+    #[repr(C)]
+    struct SockFilter {
+        code: u16,
+        jt: u8,
+        jf: u8,
+        k: u32,
+    }
+    /// `struct sock_fprog`.
+    #[repr(C)]
+    struct SockFprog {
+        len: u16,
+        filter: *const SockFilter,
+    }
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const AND_K: u16 = 0x54;
+    const RET_K: u16 = 0x06;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    // `seccomp_data`: `nr` at 0, `args[3]` (the flags) at 16 + 3 * 8 (low half, x86_64).
+    let f = |code, jt, jf, k| SockFilter { code, jt, jf, k };
+    let filter = [
+        f(LD_W_ABS, 0, 0, 0),
+        f(JEQ_K, 0, 4, libc::SYS_io_uring_enter as u32),
+        f(LD_W_ABS, 0, 0, 40),
+        f(AND_K, 0, 0, 1), // IORING_ENTER_GETEVENTS
+        f(JEQ_K, 0, 1, 0),
+        f(RET_K, 0, 0, SECCOMP_RET_ERRNO | errno),
+        f(RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    ];
+    let prog = SockFprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr(),
+    };
+    // SAFETY: plain prctl calls; `prog` and the filter it points to outlive the call, which
+    // copies them.
+    unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const SockFprog as usize,
+                0,
+                0,
+            ) == 0
+    }
+}
+
 /// A tracing subscriber that counts the events of one level logged on the thread it is the
 /// default subscriber of (`tracing::subscriber::with_default`): a test can check that a
 /// warning or error was (or was not) logged instead of timing what would log it.
