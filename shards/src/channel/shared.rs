@@ -213,7 +213,8 @@ const PROBE_ABOVE: usize = 1 << 20;
 struct Signaller {
     /// This end's end-of-turn signal (`context::schedule_flush`).
     signal: Arc<dyn Flush>,
-    /// The turn stamp of the last registration of `signal`.
+    /// The turn stamp of the last registration of `signal` (`context::NEVER_FLUSHED` before
+    /// the first).
     flush_key: u64,
     /// Messages still to move before the next early signal (counts down from `every`).
     left: usize,
@@ -230,7 +231,7 @@ impl Signaller {
         let every = (capacity / 4).max(1);
         Signaller {
             signal,
-            flush_key: 0,
+            flush_key: context::NEVER_FLUSHED,
             left: every,
             every,
         }
