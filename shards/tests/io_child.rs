@@ -940,16 +940,17 @@ fn cut_write_behind() -> Option<(UnixStream, UnixStream, usize)> {
     cut_write_behinds(1)?.pop()
 }
 
-/// `into_std` after a write-behind cut on io_uring became `unsent` on an epoll loop: those
-/// bytes are discarded with the stream's other unflushed bytes (`into_std` says: flush
-/// first), not sent detached on the descriptor its new owner now writes on. Back on an
-/// io_uring loop, the stream's drop sent them behind the std stream's back, after its bytes.
+/// `into_std` after a write-behind cut on io_uring became `unsent` on an epoll loop: it
+/// refuses, saying to flush, there and back on an io_uring loop, and loses none of those
+/// bytes; after a flush it unwraps, and the std stream's bytes come after them. It discarded
+/// them (bytes reported written, never sent). Sending them instead at the stream's drop, back
+/// on an io_uring loop, put them behind the std stream's back, after its bytes.
 #[test]
-fn child_into_std_does_not_send_unsent_bytes_behind_the_new_owner() {
+fn child_into_std_refuses_for_unsent_bytes_until_flushed() {
     const ROLE: &str = "into-std-unsent";
     if !is_child(ROLE) {
         run_child(
-            "child_into_std_does_not_send_unsent_bytes_behind_the_new_owner",
+            "child_into_std_refuses_for_unsent_bytes_until_flushed",
             ROLE,
             &[("XTC_IO", "io_uring")],
         );
@@ -967,32 +968,43 @@ fn child_into_std_does_not_send_unsent_bytes_behind_the_new_owner() {
             xtc_shards::time::timeout(Duration::from_millis(20), AsyncWriteExt::flush(&mut a))
                 .await;
         assert!(flushed.is_err(), "the flush finished with the socket full");
-        a
+        let e = a
+            .into_std()
+            .expect_err("into_std on epoll unwrapped with bytes reported written unsent");
+        assert!(e.to_string().contains("flush()"), "{e}");
+        e.into_inner()
     });
     drop(epoll);
     let mut b = b.into_std().unwrap();
     b.set_nonblocking(false).unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut all = Vec::new();
-        b.read_to_end(&mut all).unwrap();
-        all
-    });
     std::env::set_var("XTC_IO", "io_uring");
     let uring = LocalExecutor::new().unwrap();
-    uring.block_on(async move {
+    let all = uring.block_on(async move {
+        let mut a = a
+            .into_std()
+            .map(drop)
+            .expect_err("into_std on io_uring unwrapped with bytes reported written unsent")
+            .into_inner();
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            b.read_to_end(&mut all).unwrap();
+            all
+        });
+        xtc_shards::time::timeout(HANG, AsyncWriteExt::flush(&mut a))
+            .await
+            .expect("the flush hung")
+            .unwrap();
         let mut s = a.into_std().unwrap();
         s.set_nonblocking(false).unwrap();
         s.write_all(b"X").unwrap();
-        // Time for a send left behind to land (the reader drains the socket meanwhile).
-        xtc_shards::time::sleep(Duration::from_millis(100)).await;
         drop(s);
+        reader.join().unwrap()
     });
-    let all = reader.join().unwrap();
     assert!(all[..filled].iter().all(|&x| x == 0));
     assert_eq!(
         &all[filled..],
-        b"X",
-        "bytes sent behind the std stream's back"
+        b"tailX",
+        "bytes reported written lost, or sent behind the std stream's back"
     );
 }
 

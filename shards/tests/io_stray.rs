@@ -2470,6 +2470,172 @@ fn into_std_after_a_read_dropped_in_flight_unwraps() {
     );
 }
 
+/// `into_std` with bytes `AsyncWrite` reported written still being sent (io_uring's
+/// write-behind send, waiting for room in a full socket): it refuses, saying to flush, and
+/// leaves the send running; after `flush` it unwraps, and the peer gets every byte reported
+/// written, then the `std` stream's. It cancelled that send, so bytes `poll_write` had
+/// reported written never reached the peer. On epoll `AsyncWrite` writes straight into the
+/// socket (a full one: nothing reported written), so nothing is held and it unwraps at once.
+#[test]
+fn into_std_loses_no_byte_reported_written() {
+    on_each_driver(
+        "into_std_loses_no_byte_reported_written",
+        1,
+        |driver| async move {
+            let (a, b) = UnixStream::pair().unwrap();
+            let b = b.into_std().unwrap();
+            b.set_nonblocking(false).unwrap();
+            unwrap_after_write_behind(driver, "unix", a, b, |a| {
+                UnixStream::into_std(a).inspect(|s| s.set_nonblocking(false).unwrap())
+            })
+            .await;
+            let (a, b) = tcp_pair().await;
+            let b = b.into_std().unwrap();
+            b.set_nonblocking(false).unwrap();
+            unwrap_after_write_behind(driver, "tcp", a, b, |a| {
+                TcpStream::into_std(a).inspect(|s| s.set_nonblocking(false).unwrap())
+            })
+            .await;
+        },
+    );
+}
+
+/// `into_std` after a write-behind send failed (its peer gone: `EPIPE`) with nobody told yet:
+/// it refuses, saying to flush, and the flush reports the error; then it unwraps. It dropped
+/// the send, error and all, so the caller never learned that bytes reported written were
+/// not delivered. On epoll the write itself reports the error.
+#[test]
+fn into_std_loses_no_failed_write_behind_error() {
+    use futures::io::AsyncWriteExt;
+    on_each_driver(
+        "into_std_loses_no_failed_write_behind_error",
+        1,
+        |driver| async move {
+            let (mut a, b) = UnixStream::pair().unwrap();
+            drop(b);
+            let wrote = poll_fn(|cx| {
+                Poll::Ready(futures::io::AsyncWrite::poll_write(
+                    Pin::new(&mut a),
+                    cx,
+                    b"lost",
+                ))
+            })
+            .await;
+            let a = match wrote {
+                // io_uring: reported written; its send fails in the kernel.
+                Poll::Ready(Ok(4)) => {
+                    let e = a
+                        .into_std()
+                        .map(drop)
+                        .expect_err("into_std dropped a failed send's error");
+                    assert!(e.to_string().contains("flush()"), "[{driver}] {e}");
+                    let mut a = e.into_inner();
+                    let flushed = guard("the flush", AsyncWriteExt::flush(&mut a)).await;
+                    assert_eq!(
+                        flushed.unwrap_err().raw_os_error(),
+                        Some(libc::EPIPE),
+                        "[{driver}]"
+                    );
+                    a
+                }
+                Poll::Ready(Err(e)) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "[{driver}]");
+                    a
+                }
+                other => panic!("[{driver}] write to a closed peer: {other:?}"),
+            };
+            a.into_std().expect("nothing left to report");
+        },
+    );
+}
+
+/// [`into_std_loses_no_byte_reported_written`] on one stream `a` whose peer is `peer`: fills
+/// `a`'s socket, writes `b"tail"` through `AsyncWrite`, unwraps `a` (flushing while it
+/// refuses, with the peer reading), writes `b"X"` on the `std` stream (`into_std` makes it
+/// blocking), and checks what the peer got.
+async fn unwrap_after_write_behind<S, T, P>(
+    driver: xtc_shards::io::Driver,
+    kind: &str,
+    mut a: S,
+    peer: P,
+    into_std: impl Fn(S) -> Result<T, xtc_shards::net::IntoStdError<S>>,
+) where
+    S: futures::io::AsyncWrite + Unpin + std::os::fd::AsRawFd,
+    T: std::io::Write,
+    P: std::io::Read + Send + 'static,
+{
+    use futures::io::AsyncWriteExt;
+    let filled = fill(&a);
+    // One poll: io_uring reports it written at once (its send waits for room); epoll finds
+    // the socket full, and the write is dropped unwritten.
+    let reported = poll_fn(|cx| {
+        Poll::Ready(match Pin::new(&mut a).poll_write(cx, b"tail") {
+            Poll::Ready(r) => r.unwrap(),
+            Poll::Pending => 0,
+        })
+    })
+    .await;
+    if driver == xtc_shards::io::Driver::IoUring {
+        assert_eq!(reported, 4, "[{driver} {kind}] write-behind");
+    }
+    let read_all = |mut p: P| {
+        std::thread::spawn(move || {
+            let mut all = Vec::new();
+            p.read_to_end(&mut all).unwrap();
+            all
+        })
+    };
+    let mut peer = Some(peer);
+    let mut reader = None;
+    let mut refusals = 0;
+    let mut s = loop {
+        match into_std(a) {
+            Ok(s) => break s,
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.contains("flush"), "[{driver} {kind}] {msg}");
+                refusals += 1;
+                assert!(refusals < 10, "[{driver} {kind}] refused ten times: {msg}");
+                a = e.into_inner();
+                // The peer reads from now on, so the send can finish.
+                if let Some(p) = peer.take() {
+                    reader = Some(read_all(p));
+                }
+                guard("the flush", AsyncWriteExt::flush(&mut a))
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    if driver == xtc_shards::io::Driver::IoUring && kind == "unix" {
+        // A Unix socket's buffer does not grow: the send still waited for room.
+        assert!(
+            refusals > 0,
+            "[{driver} {kind}] into_std unwrapped with a send in flight"
+        );
+    }
+    let reader = match peer.take() {
+        Some(p) => read_all(p),
+        None => reader.expect("started at the refusal"),
+    };
+    s.write_all(b"X").unwrap();
+    drop(s);
+    let all = reader.join().unwrap();
+    assert_eq!(
+        all.len(),
+        filled + reported + 1,
+        "[{driver} {kind}] the peer got {} bytes; {filled} filled, {reported} reported written, 1 written on the std stream",
+        all.len()
+    );
+    assert!(all[..filled].iter().all(|&x| x == 0), "[{driver} {kind}]");
+    assert_eq!(
+        &all[filled..filled + reported],
+        &b"tail"[..reported],
+        "[{driver} {kind}]"
+    );
+    assert_eq!(all[filled + reported], b'X', "[{driver} {kind}]");
+}
+
 /// Bytes the `AsyncRead` side read ahead (a read dropped while it waited leaves its receive,
 /// sized for its buffer, to the next read, which asked for less) are not lost by `into_std`
 /// either (TCP this time).

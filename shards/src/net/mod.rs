@@ -65,6 +65,13 @@ use socket2::SockAddr;
 ///   `AsyncRead` side's read-ahead. They cannot go back to the kernel, and unwrapping would
 ///   drop them: read them (the next read returns them at once, on either driver), and call
 ///   `into_std` again.
+/// - [`TcpStream::into_std`] and [`UnixStream::into_std`] also: bytes the `AsyncWrite` side
+///   reported written are still being sent (io_uring's write-behind send, in flight toward a
+///   full socket, or a rest it left), or that send failed with an error no `flush` has
+///   reported yet. The send is left running: `flush().await` (it waits for the bytes, or
+///   reports the error), and call `into_std` again. `into_std` does not wait for the send
+///   itself: a peer that does not read would make it wait for good, on the loop. (Cancelling
+///   it, as before, lost bytes the caller had been told were written.)
 ///
 /// Either way, the same error with nothing taken if the cancellation of such a kept
 /// operation has not settled within a second: try again later.
@@ -85,6 +92,9 @@ enum Refused {
     ReadPending,
     /// Received bytes (a datagram) no read has returned.
     Unread,
+    /// Bytes `AsyncWrite` reported written are still to be sent, or its send's error is still
+    /// to be reported.
+    Unflushed,
 }
 
 impl<L> IntoStdError<L> {
@@ -112,6 +122,15 @@ impl<L> IntoStdError<L> {
         IntoStdError {
             inner: Box::new(socket),
             why,
+        }
+    }
+
+    /// A stream's: bytes `AsyncWrite` reported written are still to be sent, or its failed
+    /// send's error is still to be reported.
+    pub(crate) fn unflushed(socket: L) -> IntoStdError<L> {
+        IntoStdError {
+            inner: Box::new(socket),
+            why: Refused::Unflushed,
         }
     }
 
@@ -151,6 +170,12 @@ impl<L> fmt::Display for IntoStdError<L> {
                  yet (a dropped read's, or the AsyncRead read-ahead), which the std socket \
                  would lose; read them first (the next read returns them at once), then call \
                  into_std again"
+            }
+            Refused::Unflushed => {
+                "xtc: into_std refused: bytes written through AsyncWrite (reported written) \
+                 are still being sent, or their send failed with an error not reported yet, \
+                 and the std stream would lose them; await flush() (it waits for them, or \
+                 reports the error), then call into_std again"
             }
         })
     }

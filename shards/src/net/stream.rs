@@ -24,7 +24,11 @@
 //! least one byte: an empty one returns at once, as on epoll), `flush` or `close` waits for
 //! it and reports its error, and a `shutdown` of the write half that would overtake it is
 //! refused with `WouldBlock`. On epoll it writes straight from the slice, after the bytes
-//! such a send left unsent when its io_uring loop went (`PollState::unsent`).
+//! such a send left unsent when its io_uring loop went (`PollState::unsent`). `into_std`
+//! refuses (`IntoStdError`, the stream given back) while such a send is in flight, bytes it
+//! left are unsent, or its error is unreported, and leaves the send running: `flush` first.
+//! It does not wait for the send itself: that may wait for good on a peer that does not read,
+//! and `into_std` is synchronous, on the loop.
 //!
 //! The two APIs can be mixed on one stream and keep the byte order: an owned `write` or
 //! `write_all` of at least one byte first waits for the `AsyncWrite` bytes still being sent
@@ -75,7 +79,11 @@ const WRITE_BUF: usize = 64 * 1024;
 /// them. The send holds its own reference to the socket, which closes after it; a peer that
 /// does not take them within `uring::DETACH_LIMIT_SECS` (10 s) gets them cancelled, and the
 /// socket closes then (a slower reader sees the stream end early: flush before dropping where
-/// every byte must arrive whatever the peer's pace). (`into_std` cancels instead: the descriptor lives on.)
+/// every byte must arrive whatever the peer's pace). `into_std` refuses while such a send (or
+/// an unsent rest, or a failed send's unreported error) is left, and leaves it running, for a
+/// `flush` to wait for: the descriptor lives on, and neither cancelling the send (the bytes
+/// were reported written) nor letting it finish behind the new owner's back (after its bytes)
+/// would do.
 #[derive(Debug, Default)]
 struct PollState {
     /// The stream's descriptor (owned by its `Source`, which outlives this state: it is
@@ -801,15 +809,15 @@ impl StreamIo {
         id
     }
 
-    /// Unwraps into the descriptor. Received bytes no read has returned yet are lost: call
-    /// [`settle_reads`](Self::settle_reads) first.
+    /// Unwraps into the descriptor. Bytes `AsyncWrite` reported written and not sent yet, and
+    /// received bytes no read has returned yet, are lost: call
+    /// [`settle_writes`](Self::settle_writes) and [`settle_reads`](Self::settle_reads) first.
     pub(crate) fn into_fd(self) -> OwnedFd {
         let StreamIo { poll, src, .. } = self;
         let mut poll = poll.into_inner();
-        // Cancelled, not detached: the descriptor's next owner writes on, and a send left to
-        // finish behind its back could land after its bytes (`into_std` says: flush first).
-        // So are bytes a cut send left unsent (an epoll loop took them over): the state's
-        // drop sent them detached on an io_uring loop, behind the new owner's back.
+        // After `settle_writes`, a send left here has finished, every byte sent. Taken out, not
+        // left to the state's drop, which would send what one left unsent detached, behind
+        // the new owner's back (after its bytes).
         drop(poll.writing.take());
         drop(poll.unsent.take());
         drop(poll);
@@ -1099,20 +1107,45 @@ impl StreamIo {
     /// (io_uring write-behind) would be lost behind it, so they are submitted, the driver is
     /// reaped, and if the send is still in flight or came back short, the shutdown is refused
     /// with `WouldBlock` (nothing is sent, nothing is lost; `flush` or `close` waits for them).
+    /// A failed send is reported by the next flush, write or close; the shutdown itself loses
+    /// nothing more.
     fn check_write_behind(&self) -> io::Result<()> {
+        match self.write_behind() {
+            WriteBehind::Held => Err(unsent_error()),
+            WriteBehind::Clear | WriteBehind::Failed => Ok(()),
+        }
+    }
+
+    /// Before the descriptor changes hands (`into_std`): `true` if no byte `AsyncWrite`
+    /// reported written is still to be sent, and no failed send's error is still to be
+    /// reported ([`write_behind`](Self::write_behind)). Else nothing is touched: the send
+    /// runs on (not cancelled: the caller was told those bytes were written), for `flush` to
+    /// wait for and report. Not waited for here: a send may wait for good on a peer that does
+    /// not read, and this runs on the loop.
+    pub(crate) fn settle_writes(&self) -> bool {
+        matches!(self.write_behind(), WriteBehind::Clear)
+    }
+
+    /// Where the write-behind send stands: the send is submitted and the driver reaped
+    /// first (when a loop runs), so one the kernel has finished counts as such. Runs no user
+    /// code under the state's borrow. Cost: a borrow and two checks with no send left.
+    fn write_behind(&self) -> WriteBehind {
         {
-            let st = self.poll.borrow();
+            let Ok(st) = self.poll.try_borrow() else {
+                // Borrowed: inside a stream call (user code under it); nothing is certain.
+                return WriteBehind::Held;
+            };
             if st.unsent.is_some() {
-                return Err(unsent_error());
+                return WriteBehind::Held;
             }
             if st.writing.is_none() {
-                return Ok(());
+                return WriteBehind::Clear;
             }
         }
         // Outside the borrow: the reap drops the buffers of cancelled operations and wakes
         // tasks, user code that may use this stream (a buffer whose `Drop` reads it). Off any
         // loop there is nothing to reap, and no error: the send's driver is gone and left its
-        // result to it (`Op::completed` finds it), and `shutdown` is a plain system call.
+        // result to it (`Op::completed` finds it).
         let _ = crate::io::with_reactor(|r| {
             r.submit();
             r.reap();
@@ -1120,23 +1153,24 @@ impl StreamIo {
         });
         // Looked at anew: that user code may have taken the send (an owned write waiting for
         // it), which then reported its outcome, and nothing is left behind.
-        let st = self.poll.borrow();
+        let Ok(st) = self.poll.try_borrow() else {
+            return WriteBehind::Held;
+        };
+        if st.unsent.is_some() {
+            return WriteBehind::Held;
+        }
         let Some(op) = st.writing.as_ref() else {
-            return Ok(());
+            return WriteBehind::Clear;
         };
-        let sent_all = match op.completed() {
-            // Nothing sent: `drain` sends it again, and the FIN must wait for it.
-            Some(res) if nothing_moved(res) => false,
-            // A failed send is reported by the next flush, write or close; the shutdown itself
-            // loses nothing more.
-            Some(res) if res < 0 => true,
-            Some(n) => op.data().is_some_and(|b| st.wsent + n as usize >= b.len()),
-            None => false,
-        };
-        if sent_all {
-            Ok(())
-        } else {
-            Err(unsent_error())
+        match op.completed() {
+            // Nothing sent: `drain` sends it again.
+            Some(res) if nothing_moved(res) => WriteBehind::Held,
+            Some(res) if res < 0 => WriteBehind::Failed,
+            Some(n) if op.data().is_some_and(|b| st.wsent + n as usize >= b.len()) => {
+                WriteBehind::Clear
+            }
+            // Short (`drain` sends the rest), or still in the kernel.
+            _ => WriteBehind::Held,
         }
     }
 
@@ -1534,6 +1568,18 @@ fn unsent_error() -> io::Error {
         "xtc: bytes written through AsyncWrite are still being sent; \
          await flush() (or use close(), which flushes and shuts down) before shutdown()",
     )
+}
+
+/// Where a stream's write-behind send stands ([`StreamIo::write_behind`]).
+enum WriteBehind {
+    /// No byte reported written is left to send (none was, or its send finished).
+    Clear,
+    /// Its send failed, with an error the next flush, write or close reports.
+    Failed,
+    /// Bytes reported written are still to be sent: a send in flight, one that came back
+    /// short or was cut (`drain` sends the rest), or bytes an epoll loop took over
+    /// (`PollState::unsent`).
+    Held,
 }
 
 /// Before `drain` (a flush, a close, an owned write) of `st`'s write-behind send: with this

@@ -260,7 +260,11 @@ impl TcpStream {
     }
 
     /// Unwraps into a `std` stream (left non-blocking), e.g. to hand it to another shard.
-    /// Buffered `AsyncWrite` bytes still in flight are cancelled: flush first. Loses no
+    /// Loses no byte `AsyncWrite` reported written: while its write-behind send (io_uring) is
+    /// still in flight, or left bytes unsent, or failed with an error not reported yet, the
+    /// stream comes back in the error, its send still running: `flush().await`, then call
+    /// `into_std` again. (It does not wait for the send itself: a peer that does not read
+    /// would hold the loop for good. Cancelling it, as before, lost those bytes.) Loses no
     /// received byte: a receive the stream keeps (io_uring: a dropped read's, left to the next
     /// read, or the `AsyncRead` side's read ahead of its caller) is cancelled, and this waits
     /// for the cancellation to settle. If it, or an earlier one, took bytes that no read has
@@ -279,6 +283,10 @@ impl TcpStream {
     /// Unwraps into the descriptor (deregistered from this loop's driver); as
     /// [`into_std`](Self::into_std).
     pub(crate) fn into_fd(self) -> Result<OwnedFd, IntoStdError<TcpStream>> {
+        // Writes first: a refusal for them cancels no kept receive.
+        if !self.io.settle_writes() {
+            return Err(IntoStdError::unflushed(self));
+        }
         match self.io.settle_reads() {
             Ok(()) => Ok(self.io.into_fd()),
             Err(pending) => Err(IntoStdError::unread(self, pending)),

@@ -217,10 +217,15 @@ impl UnixStream {
     }
 
     /// Unwraps into a `std` stream (left non-blocking). As
-    /// [`TcpStream::into_std`](super::TcpStream::into_std): unsent `AsyncWrite` bytes are
-    /// cancelled (flush first), and received bytes no read has returned yet make it an
-    /// [`IntoStdError`] that gives the stream back (read them first).
+    /// [`TcpStream::into_std`](super::TcpStream::into_std): `AsyncWrite` bytes still being
+    /// sent (or a failed send's unreported error), and received bytes no read has returned
+    /// yet, make it an [`IntoStdError`] that gives the stream back (flush first, or read them
+    /// first).
     pub fn into_std(self) -> Result<std::os::unix::net::UnixStream, IntoStdError<UnixStream>> {
+        // Writes first: a refusal for them cancels no kept receive.
+        if !self.io.settle_writes() {
+            return Err(IntoStdError::unflushed(self));
+        }
         match self.io.settle_reads() {
             Ok(()) => Ok(std::os::unix::net::UnixStream::from(self.io.into_fd())),
             Err(pending) => Err(IntoStdError::unread(self, pending)),
