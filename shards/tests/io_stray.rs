@@ -2500,6 +2500,80 @@ fn into_std_loses_no_byte_reported_written() {
     );
 }
 
+/// `into_std` after a receive brought a connection reset that no read has reported yet (a
+/// dropped owned read's kept receive, and the `AsyncRead` side's receive, io_uring): it
+/// refuses, and the next read reports the reset; then it unwraps. It unwrapped at once,
+/// dropping the error the kernel had handed over only once, so the `std` stream read a clean
+/// end of stream (a cut stream that looked complete). On epoll nothing takes the error: the
+/// `std` stream reports it.
+#[test]
+fn into_std_loses_no_read_error() {
+    use futures::io::AsyncReadExt;
+    on_each_driver("into_std_loses_no_read_error", 1, |driver| async move {
+        for trait_side in [false, true] {
+            let (mut a, b) = tcp_pair().await;
+            let reset = async {
+                // A reset, not a FIN: an abortive close.
+                set_sockopt(
+                    &b,
+                    libc::SO_LINGER,
+                    libc::linger {
+                        l_onoff: 1,
+                        l_linger: 0,
+                    },
+                );
+                drop(b);
+                // The loop reaps the receive's completion meanwhile.
+                sleep(Duration::from_millis(20)).await;
+            };
+            if trait_side {
+                let mut buf = [0u8; 16];
+                let mut read = AsyncReadExt::read(&mut a, &mut buf);
+                poll_pending(Pin::new(&mut read)).await;
+                drop(read);
+                reset.await;
+            } else {
+                poll_once_then_drop(a.read(Vec::with_capacity(16)), reset).await;
+            }
+            let mut reported = false;
+            let mut refusals = 0;
+            let s = loop {
+                match a.into_std() {
+                    Ok(s) => break s,
+                    Err(e) => {
+                        let msg = e.to_string();
+                        assert!(msg.contains("into_std again"), "[{driver}] {msg}");
+                        refusals += 1;
+                        assert!(refusals < 10, "[{driver}] refused ten times: {msg}");
+                        a = e.into_inner();
+                        let r = if trait_side {
+                            let mut buf = [0u8; 16];
+                            guard("the read", AsyncReadExt::read(&mut a, &mut buf)).await
+                        } else {
+                            guard("the read", a.read(Vec::with_capacity(16))).await.0
+                        };
+                        match r {
+                            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {
+                                reported = true;
+                            }
+                            other => panic!("[{driver}] the read after a refusal: {other:?}"),
+                        }
+                    }
+                }
+            };
+            if !reported {
+                let r = std::io::Read::read(&mut &s, &mut [0u8; 16]);
+                assert_eq!(
+                    r.as_ref().map_err(|e| e.raw_os_error()),
+                    Err(Some(libc::ECONNRESET)),
+                    "[{driver}, trait side {trait_side}] the connection reset was lost: \
+                     the std stream read {r:?}"
+                );
+            }
+        }
+    });
+}
+
 /// `into_std` after a write-behind send failed (its peer gone: `EPIPE`) with nobody told yet:
 /// it refuses, saying to flush, and the flush reports the error; then it unwraps. It dropped
 /// the send, error and all, so the caller never learned that bytes reported written were
@@ -2715,6 +2789,56 @@ fn udp_into_std_loses_no_kept_datagram() {
             assert_eq!(all, b"keptnext", "[{driver}]");
         },
     );
+}
+
+/// An error a dropped `recv`'s kept receive got (`ECONNREFUSED`: a connected socket's
+/// datagram met a closed port) is not lost by `into_std`: it refuses, `recv` returns the
+/// error, and then it unwraps. It dropped the kept receive, error and all, and the kernel
+/// reports such an error once: the `std` socket never saw it. On epoll nothing takes it: the
+/// `std` socket reports it.
+#[test]
+fn udp_into_std_loses_no_kept_error() {
+    on_each_driver("udp_into_std_loses_no_kept_error", 1, |driver| async move {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        a.connect(closed.local_addr().unwrap()).unwrap();
+        drop(closed);
+        poll_once_then_drop(a.recv(Vec::with_capacity(64)), async {
+            let (w, _) = a.send(b"anyone?".to_vec()).await;
+            w.unwrap();
+            // The port unreachable comes back; the loop reaps the receive's completion.
+            sleep(Duration::from_millis(20)).await;
+        })
+        .await;
+        let mut a = a;
+        let mut reported = false;
+        let mut refusals = 0;
+        let s = loop {
+            match a.into_std() {
+                Ok(s) => break s,
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains("into_std again"), "[{driver}] {msg}");
+                    refusals += 1;
+                    assert!(refusals < 10, "[{driver}] refused ten times: {msg}");
+                    a = e.into_inner();
+                    let (r, _) = guard("the recv", a.recv(Vec::with_capacity(64))).await;
+                    match r {
+                        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => reported = true,
+                        other => panic!("[{driver}] the recv after a refusal: {other:?}"),
+                    }
+                }
+            }
+        };
+        if !reported {
+            let r = s.recv(&mut [0u8; 64]);
+            assert_eq!(
+                r.as_ref().map_err(|e| e.raw_os_error()),
+                Err(Some(libc::ECONNREFUSED)),
+                "[{driver}] the refused connection's error was lost: the std socket read {r:?}"
+            );
+        }
+    });
 }
 
 /// `into_std` off any loop, on a stream whose loop has gone: a kept receive that took bytes

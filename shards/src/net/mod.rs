@@ -64,7 +64,10 @@ use socket2::SockAddr;
 ///   whose future was dropped (io_uring keeps its receive for the next read), or the
 ///   `AsyncRead` side's read-ahead. They cannot go back to the kernel, and unwrapping would
 ///   drop them: read them (the next read returns them at once, on either driver), and call
-///   `into_std` again.
+///   `into_std` again. The same for an error such a receive got (a connection reset) that
+///   no read has reported yet: the kernel reports it only once, so the `std` socket would
+///   not see it (a reset stream would read as ended cleanly): read (the next read returns
+///   the error at once), and call `into_std` again.
 /// - [`TcpStream::into_std`] and [`UnixStream::into_std`] also: bytes the `AsyncWrite` side
 ///   reported written are still being sent (io_uring's write-behind send, in flight toward a
 ///   full socket, or a rest it left), or that send failed with an error no `flush` has
@@ -81,6 +84,18 @@ pub struct IntoStdError<L> {
     why: Refused,
 }
 
+/// What keeps a socket's receives from handing its descriptor over (`StreamIo::settle_reads`,
+/// `UdpSocket::settle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unsettled {
+    /// A kept receive's cancellation has not settled.
+    Pending,
+    /// Received bytes (a datagram) no read has returned.
+    Unread,
+    /// A receive's error (a reset) no read has reported.
+    Error,
+}
+
 /// Why an `into_std` refused ([`IntoStdError`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refused {
@@ -92,6 +107,8 @@ enum Refused {
     ReadPending,
     /// Received bytes (a datagram) no read has returned.
     Unread,
+    /// A receive's error no read has reported.
+    ReadError,
     /// Bytes `AsyncWrite` reported written are still to be sent, or its send's error is still
     /// to be reported.
     Unflushed,
@@ -111,13 +128,12 @@ impl<L> IntoStdError<L> {
         }
     }
 
-    /// A stream's or a datagram socket's: a kept receive is `pending`, or it holds bytes no
-    /// read has returned.
-    pub(crate) fn unread(socket: L, pending: bool) -> IntoStdError<L> {
-        let why = if pending {
-            Refused::ReadPending
-        } else {
-            Refused::Unread
+    /// A stream's or a datagram socket's: its receives are `why` unsettled.
+    pub(crate) fn unread(socket: L, why: Unsettled) -> IntoStdError<L> {
+        let why = match why {
+            Unsettled::Pending => Refused::ReadPending,
+            Unsettled::Unread => Refused::Unread,
+            Unsettled::Error => Refused::ReadError,
         };
         IntoStdError {
             inner: Box::new(socket),
@@ -170,6 +186,13 @@ impl<L> fmt::Display for IntoStdError<L> {
                  yet (a dropped read's, or the AsyncRead read-ahead), which the std socket \
                  would lose; read them first (the next read returns them at once), then call \
                  into_std again"
+            }
+            Refused::ReadError => {
+                "xtc: into_std refused: a receive of this socket (a dropped read's, or the \
+                 AsyncRead read-ahead) got an error (such as a connection reset) that no read \
+                 has reported yet, and the kernel reports it only once: the std socket would \
+                 not see it (a reset stream would read as ended cleanly); read first (the next \
+                 read returns the error at once), then call into_std again"
             }
             Refused::Unflushed => {
                 "xtc: into_std refused: bytes written through AsyncWrite (reported written) \

@@ -16,9 +16,9 @@
 //! one, already in the kernel, would otherwise wait while the kept one took the bytes): it is
 //! cancelled in place and kept all the same, so bytes that reached it before the cancel go
 //! to the next read too. `into_std` cancels kept reads (and the `AsyncRead` receive in flight)
-//! and waits for them to settle; if one took bytes, or bytes wait in the internal buffer, it
-//! refuses (`IntoStdError`, the stream given back) rather than lose them: the next read
-//! returns them.
+//! and waits for them to settle; if one took bytes, or bytes wait in the internal buffer, or
+//! one got an error (a reset) no read has reported, it refuses (`IntoStdError`, the stream
+//! given back) rather than lose them: the next read returns them.
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write (of at
 //! least one byte: an empty one returns at once, as on epoll), `flush` or `close` waits for
@@ -49,6 +49,7 @@ use std::{
 
 use io_uring::{opcode, types};
 
+use super::Unsettled;
 use crate::io::{
     epoll::Dir,
     ops::{self, rw},
@@ -824,14 +825,17 @@ impl StreamIo {
         src.into_fd()
     }
 
-    /// Before the descriptor changes hands: `Ok` if no received byte would be lost, else
-    /// `Err(pending)`. Receives still in the kernel (a kept one, an `AsyncRead`'s) are
+    /// Before the descriptor changes hands: `Ok` if no received byte, and no error a receive
+    /// got, would be lost. Receives still in the kernel (a kept one, an `AsyncRead`'s) are
     /// cancelled in place and waited for (reaping the loop's ring, a second at most:
-    /// `Err(true)` after that); the bytes any of them took go to the internal buffer, where
-    /// the next read finds them, as do unread bytes already there: `Err(false)`. Runs no user
-    /// code under the state's borrow (a kept read's buffer is dropped after it). Cost: a
-    /// borrow and two checks without such receives or bytes.
-    pub(crate) fn settle_reads(&self) -> Result<(), bool> {
+    /// `Pending` after that); the bytes any of them took go to the internal buffer, where
+    /// the next read finds them, as do unread bytes already there: `Unread`. An error one of
+    /// them got (a reset), or one a dropped read's receive stashed, waits for the next read
+    /// too (`read_error`): `Error`, since the kernel reports a socket error once, and the
+    /// descriptor's next owner would read a clean end of stream instead. Runs no user code
+    /// under the state's borrow (a kept read's buffer is dropped after it). Cost: a borrow
+    /// and three checks without such receives, bytes or error.
+    pub(crate) fn settle_reads(&self) -> Result<(), Unsettled> {
         const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
         let deadline = std::time::Instant::now() + SETTLE_WAIT;
         let mut cancelled = false;
@@ -839,7 +843,7 @@ impl StreamIo {
             let mut after = After::default();
             let r = {
                 let Ok(mut st) = self.poll.try_borrow_mut() else {
-                    return Err(true);
+                    return Err(Unsettled::Pending);
                 };
                 Self::settle_step(&mut st, &mut cancelled, &mut after)
             };
@@ -850,7 +854,7 @@ impl StreamIo {
             }
             match r {
                 Some(r) => return r,
-                None if std::time::Instant::now() >= deadline => return Err(true),
+                None if std::time::Instant::now() >= deadline => return Err(Unsettled::Pending),
                 None => {
                     crate::io::reap_now();
                     std::thread::yield_now();
@@ -865,12 +869,17 @@ impl StreamIo {
         st: &mut PollState,
         cancelled: &mut bool,
         after: &mut After,
-    ) -> Option<Result<(), bool>> {
+    ) -> Option<Result<(), Unsettled>> {
+        // What is left once no receive is: an error waits for the next read.
+        let settled = |st: &PollState| match st.read_error {
+            Some(_) => Err(Unsettled::Error),
+            None => Ok(()),
+        };
         if st.rpos < st.rbuf.len() {
-            return Some(Err(false));
+            return Some(Err(Unsettled::Unread));
         }
         if st.stray.is_empty() && st.reading.is_none() {
-            return Some(Ok(()));
+            return Some(settled(st));
         }
         if !std::mem::replace(cancelled, true) {
             for stray in &st.stray {
@@ -894,11 +903,14 @@ impl StreamIo {
         loop {
             match poll_reading(st, &mut cx, false, after) {
                 Poll::Pending => return None,
-                Poll::Ready(None) => return Some(Ok(())),
-                Poll::Ready(Some(Ok(_))) if st.rpos < st.rbuf.len() => return Some(Err(false)),
-                // The end of the stream, or an error: no bytes to lose (an error is the
-                // socket's, which the kernel reported once; kept for the next read).
+                Poll::Ready(None) => return Some(settled(st)),
+                Poll::Ready(Some(Ok(_))) if st.rpos < st.rbuf.len() => {
+                    return Some(Err(Unsettled::Unread))
+                }
+                // The end of the stream: nothing to lose (the next owner reads it too).
                 Poll::Ready(Some(Ok(_))) => {}
+                // An error is the socket's, which the kernel reported once: kept for the next
+                // read, and the descriptor stays (`settled`).
                 Poll::Ready(Some(Err(e))) => {
                     if st.read_error.is_none() {
                         st.read_error = e.raw_os_error().map(|c| -c);

@@ -271,8 +271,10 @@ impl TcpStream {
     /// returned yet, which cannot go back to the kernel, the stream comes back in the error
     /// ([`IntoStdError::into_inner`]): read them (the next read returns them at once), then
     /// call `into_std` again. (Dropping them, as before, lost them from the middle of the
-    /// stream.) The same error, with nothing lost, if the cancellation has not settled within
-    /// a second. On epoll nothing is read ahead: there it is an error only for bytes that an
+    /// stream.) The same for an error such a receive got (a connection reset) that no read
+    /// has reported: the kernel reports it once, and the `std` stream would read a clean end
+    /// of stream instead; the next read returns it. The same error, with nothing lost, if the
+    /// cancellation has not settled within a second. On epoll nothing is read ahead: there it is an error only for bytes that an
     /// earlier io_uring loop of this thread took. Cost: a borrow and two checks without such
     /// receives or bytes; with a receive in flight, a non-blocking reap of the loop's ring per
     /// round until its cancellation settles (usually none or one; the loop waits meanwhile).
@@ -289,7 +291,7 @@ impl TcpStream {
         }
         match self.io.settle_reads() {
             Ok(()) => Ok(self.io.into_fd()),
-            Err(pending) => Err(IntoStdError::unread(self, pending)),
+            Err(why) => Err(IntoStdError::unread(self, why)),
         }
     }
 }

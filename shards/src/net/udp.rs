@@ -13,7 +13,7 @@ use std::{
 
 use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 
-use super::{each_addr, ip_addr, tcp::BorrowedRaw, IntoStdError};
+use super::{each_addr, ip_addr, tcp::BorrowedRaw, IntoStdError, Unsettled};
 use crate::io::{
     ops::msg::{self, RecvOp},
     source::Source,
@@ -345,48 +345,55 @@ impl UdpSocket {
     /// cancellations to settle. If one of them lost the race and took a datagram, which
     /// cannot go back to the kernel, the socket comes back in the error
     /// ([`IntoStdError::into_inner`]): `recv_from` (it returns that datagram at once), then
-    /// call `into_std` again. (Dropping it, as before, lost the datagram.) The same error,
-    /// with nothing lost, if a cancellation has not settled within a second. Cost: a borrow
+    /// call `into_std` again. (Dropping it, as before, lost the datagram.) The same for an
+    /// error one of them got (`ECONNREFUSED` on a connected socket), which the kernel
+    /// reports once, so the `std` socket would not see it: the next `recv` returns it. The
+    /// same error, with nothing lost, if a cancellation has not settled within a second. Cost: a borrow
     /// check without such receives; with one, a non-blocking reap of the loop's ring per
     /// round until its cancellation settles (usually none or one; the loop waits meanwhile).
     pub fn into_std(self) -> Result<std::net::UdpSocket, IntoStdError<UdpSocket>> {
-        if let Err(pending) = self.settle() {
-            return Err(IntoStdError::unread(self, pending));
+        if let Err(why) = self.settle() {
+            return Err(IntoStdError::unread(self, why));
         }
         let UdpSocket { stray, src, .. } = self;
-        // Each cancelled with nothing taken (or failed): dropped before the descriptor
-        // changes hands.
+        // Each cancelled with nothing taken: dropped before the descriptor changes hands.
         drop(stray);
         Ok(std::net::UdpSocket::from(src.into_fd()))
     }
 
     /// Waits (reaping the loop's ring, a second at most) until every kept receive has
-    /// resolved: `Ok` if none took a datagram, `Err(false)` if one did, `Err(true)` if one
-    /// is still in the kernel after that.
-    fn settle(&self) -> Result<(), bool> {
+    /// resolved: `Ok` if each was cancelled with nothing taken; `Unread` if one took a
+    /// datagram, `Error` if one got an error (`ECONNREFUSED` after an ICMP port unreachable,
+    /// which the kernel reports once: the next `recv` returns it, the `std` socket would not
+    /// see it), `Pending` if one is still in the kernel after that.
+    fn settle(&self) -> Result<(), Unsettled> {
         const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
         let deadline = std::time::Instant::now() + SETTLE_WAIT;
         loop {
-            let (mut got, mut pending) = (false, false);
+            let (mut got, mut error, mut pending) = (false, false, false);
             {
                 let Ok(kept) = self.stray.try_borrow() else {
-                    return Err(true);
+                    return Err(Unsettled::Pending);
                 };
                 for (_, stray) in kept.iter() {
                     match stray.completed() {
-                        Some(res) => got |= res >= 0,
+                        Some(res) if res >= 0 => got = true,
+                        Some(res) => error |= !nothing_moved(res),
                         None => pending = true,
                     }
                 }
             }
             if got {
-                return Err(false);
+                return Err(Unsettled::Unread);
+            }
+            if error {
+                return Err(Unsettled::Error);
             }
             if !pending {
                 return Ok(());
             }
             if std::time::Instant::now() >= deadline {
-                return Err(true);
+                return Err(Unsettled::Pending);
             }
             crate::io::reap_now();
             std::thread::yield_now();

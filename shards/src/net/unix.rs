@@ -218,9 +218,9 @@ impl UnixStream {
 
     /// Unwraps into a `std` stream (left non-blocking). As
     /// [`TcpStream::into_std`](super::TcpStream::into_std): `AsyncWrite` bytes still being
-    /// sent (or a failed send's unreported error), and received bytes no read has returned
-    /// yet, make it an [`IntoStdError`] that gives the stream back (flush first, or read them
-    /// first).
+    /// sent (or a failed send's unreported error), and received bytes (or a receive's error)
+    /// no read has returned yet, make it an [`IntoStdError`] that gives the stream back
+    /// (flush first, or read them first).
     pub fn into_std(self) -> Result<std::os::unix::net::UnixStream, IntoStdError<UnixStream>> {
         // Writes first: a refusal for them cancels no kept receive.
         if !self.io.settle_writes() {
@@ -228,7 +228,7 @@ impl UnixStream {
         }
         match self.io.settle_reads() {
             Ok(()) => Ok(std::os::unix::net::UnixStream::from(self.io.into_fd())),
-            Err(pending) => Err(IntoStdError::unread(self, pending)),
+            Err(why) => Err(IntoStdError::unread(self, why)),
         }
     }
 }
