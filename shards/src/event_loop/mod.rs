@@ -546,6 +546,9 @@ pub(crate) fn turn_pending(core: &Core) -> bool {
 /// thread's `Handle::spawn`, or its wake of a migratable task that last ran here), and room
 /// in a full ring this loop's backlog or ring-space waiters wait on (ring rule 3). Work from
 /// a source missed here waits out the whole spin (up to 1 s).
+// Out of line: it runs once per idle period, and a profile then tells the spin (time spent
+// waiting) from the loop turn (work).
+#[inline(never)]
 fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let deadline = Instant::now() + spin;
     let next_timer = core.timers.borrow_mut().next_deadline();
