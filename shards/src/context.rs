@@ -205,6 +205,10 @@ impl Core {
     /// Runs and clears the end-of-turn flushes, then starts a new turn.
     pub(crate) fn run_flushes(&self) {
         self.next_turn();
+        if self.flushes.borrow().is_empty() {
+            // The common turn: nothing registered, no list to take, drain and put back.
+            return;
+        }
         let mut list = std::mem::take(&mut *self.flushes.borrow_mut());
         for f in list.drain(..) {
             f.flush();
