@@ -328,9 +328,9 @@ pub(crate) fn drain(core: &Core) -> usize {
     }
     let me = m.me;
     let start = m.rr;
-    m.rr = (m.rr + 1) % n;
+    // Wrapped by a compare, not `%`: a division per ring and per turn (`n` is not a constant).
+    m.rr = if start + 1 == n { 0 } else { start + 1 };
     let mut total = 0;
-    let mut unpark = Vec::new();
     // With classes, tasks go to their lanes after the mesh borrow ends; without, straight to
     // the FIFO (no allocation on the common path).
     let classes = core.classes_active.get();
@@ -338,7 +338,12 @@ pub(crate) fn drain(core: &Core) -> usize {
     {
         let mut q = core.queue.borrow_mut();
         for k in 0..n {
-            let from = (start + k) % n;
+            // `start + k < 2n`: one compare wraps it.
+            let from = if start + k >= n {
+                start + k - n
+            } else {
+                start + k
+            };
             let Some(c) = m.inc[from].as_mut() else {
                 continue;
             };
@@ -360,20 +365,21 @@ pub(crate) fn drain(core: &Core) -> usize {
             }
             if got > 0 {
                 total += got;
-                // Rule 3, consumer side.
+                // Rule 3, consumer side. The ping touches no loop-local state (no borrow
+                // held here is at risk), so it goes out at once rather than through a list.
                 if exec.mesh.want_space(from, me).swap(false, SeqCst) {
-                    unpark.push(from);
+                    notify(core, from);
                 }
             }
         }
     }
     m.received += total as u64;
     drop(m);
-    for r in got_all {
-        core.enqueue(r);
-    }
-    for from in unpark {
-        notify(core, from);
+    // Looked at first: consuming an empty vector still calls its iterator's drop.
+    if !got_all.is_empty() {
+        for r in got_all {
+            core.enqueue(r);
+        }
     }
     total
 }
@@ -429,14 +435,20 @@ pub(crate) fn flush(core: &Core) {
                 }
             }
         }
+        if wake.is_empty() && m.dirty.is_empty() {
+            // Nothing to wake, nobody to ping: the common turn of a loop that sent nothing.
+            return;
+        }
     }
     // The waiters are woken before the dirty list is taken: a waker may route a task onto one
     // of this loop's rings (a waker that wakes a task of another shard), which marks that ring
     // dirty, and its consumer must get this flush's ping. Woken after the pings, that task sat
     // in the ring of a sleeping consumer for good (rule 5), and the unbalanced message counts
     // kept `run()` from ever returning.
-    for w in wake {
-        crate::task::wake_guarded(w);
+    if !wake.is_empty() {
+        for w in wake {
+            crate::task::wake_guarded(w);
+        }
     }
     let dirty = {
         let mut m = core.mesh.borrow_mut();
@@ -460,14 +472,20 @@ pub(crate) fn flush(core: &Core) {
 /// Whether a ring this loop holds a backlog or waiters for has room again: what rule 3's
 /// ping tells a loop that announced sleep, looked at by one that spins instead (its flush
 /// then moves the backlog and wakes the waiters). Cost: two field reads while nothing is
-/// blocked on space.
+/// blocked on space (inlined into the spin: each poll of a spinning loop pays it).
+#[inline]
 pub(crate) fn space_freed(core: &Core) -> bool {
     let m = core.mesh.borrow();
-    m.blocked_on_space()
-        && (0..m.out.len()).any(|to| {
-            (!m.backlog[to].is_empty() || !m.waiters[to].is_empty())
-                && m.out[to].as_ref().is_some_and(|p| !p.is_full())
-        })
+    m.blocked_on_space() && space_freed_slow(&m)
+}
+
+/// [`space_freed`] once something is blocked on space: which ring has room again.
+#[inline(never)]
+fn space_freed_slow(m: &LocalMesh) -> bool {
+    (0..m.out.len()).any(|to| {
+        (!m.backlog[to].is_empty() || !m.waiters[to].is_empty())
+            && m.out[to].as_ref().is_some_and(|p| !p.is_full())
+    })
 }
 
 /// Before parking with a backlog or waiters: rule 3's producer side for every blocked ring.
