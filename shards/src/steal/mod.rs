@@ -629,6 +629,7 @@ fn queue_here(core: &Core, r: Runnable) -> Option<Runnable> {
 }
 
 /// The next migratable task of this loop: its deque, then its own injector.
+#[inline]
 pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
     let d = core.deque.borrow();
     let w = d.as_ref()?;
