@@ -596,11 +596,18 @@ impl Uring {
     /// and the entries this pass itself queues (expiry cancels, timer removals) are pushed
     /// after it.
     fn dispatch(&self) -> usize {
-        let mut batch = std::mem::take(&mut *self.scratch.borrow_mut());
-        {
+        let mut batch = {
             let mut ring = self.ring.borrow_mut();
-            batch.extend(ring.completion().map(|c| (c.user_data(), c.result())));
-        }
+            let cq = ring.completion();
+            if cq.is_empty() {
+                // The common reap of a busy loop: nothing completed, no batch to take out
+                // and put back (every turn reaps, `Reactor::reap`).
+                return 0;
+            }
+            let mut batch = std::mem::take(&mut *self.scratch.borrow_mut());
+            batch.extend(cq.map(|c| (c.user_data(), c.result())));
+            batch
+        };
         let mut expired = Vec::new();
         let mut settled = Vec::new();
         let mut n = 0;
