@@ -934,6 +934,42 @@ fn an_accept_dropped_beside_another_leaves_it_the_connection() {
     });
 }
 
+/// An `accept` dropped holding a connection (io_uring keeps it for the listener) while another
+/// `accept` of the listener already waits in the kernel: the waiting one gets that connection,
+/// as on epoll, where the dropped accept took nothing. The kept connection woke nobody, so it
+/// waited for the next `accept` call, which the waiting one only made after yet another client
+/// came: under connection churn, a client parked there for good once the others stopped.
+#[test]
+fn a_connection_kept_from_a_dropped_accept_reaches_an_accept_already_waiting() {
+    on_each_driver(
+        "kept_connection_reaches_a_waiting_accept",
+        1,
+        |driver| async move {
+            let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+            let addr = l.local_addr().unwrap();
+            let mut dropped = Box::pin(l.accept());
+            assert!(poll_fn(|cx| Poll::Ready(dropped.as_mut().poll(cx).is_pending())).await);
+            let client = client_that_writes(addr, b"hi");
+            let _client = join_thread(client).await;
+            sleep(Duration::from_millis(100)).await; // the loop reaps the accept's completion
+            let l2 = l.clone();
+            let waiting = spawn_local(async move { l2.accept().await.map(|(s, _)| s) });
+            xtc_shards::yield_now().await; // the second accept waits (in the kernel, on io_uring)
+            drop(dropped);
+            let s = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "[{driver}] the waiting accept never got the dropped accept's connection"
+                    )
+                })
+                .unwrap()
+                .unwrap();
+            assert_eq!(read_n(&s, 2).await, b"hi");
+        },
+    );
+}
+
 /// A dropped accept left nothing armed for another listener of the same socket (each shard's
 /// `from_std` of a `try_clone`): kept in the kernel, it took the connection the other
 /// listener's accept waited for, which then waited for good.

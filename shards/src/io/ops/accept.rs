@@ -6,8 +6,10 @@
 //! that connection under its client. So a dropped accept is cancelled in place
 //! ([`Op::cancel_in_place`]) and its `Op` kept by the listener ([`Kept`]): it resolves to the
 //! cancellation, or to the connection that won the race, which the listener's next `accept`
-//! takes. Nothing stays armed in the kernel for a dropped accept, so it cannot take a
-//! connection another listener of the same socket waits for. On epoll a dropped accept never
+//! takes, or an `accept` of the listener already waiting on an `ACCEPT` of its own, which the
+//! keep wakes to take it over (else that connection waited for yet another client). Nothing
+//! stays armed in the kernel for a dropped accept, so it cannot take a connection another
+//! listener of the same socket waits for. On epoll a dropped accept never
 //! took anything; a listener whose io_uring loop kept an accept that took a connection, used
 //! on an epoll loop (or off any loop) since, hands that connection out first.
 
@@ -19,6 +21,7 @@ use std::{
     mem::MaybeUninit,
     os::fd::{FromRawFd, OwnedFd},
     pin::Pin,
+    task::Poll,
 };
 
 use io_uring::{opcode, types};
@@ -43,11 +46,22 @@ type AcceptOp = Op<Storage>;
 /// was first kept, so one taken by an `accept` that is dropped before it resolves goes back to
 /// its place, not behind younger ones. Declare it before the listener's descriptor: dropped
 /// first, a connection a kept accept took is closed before the listening socket closes.
+///
+/// An accept kept while other accepts of the listener wait on `ACCEPT`s of their own wakes
+/// them (`waiting`): the kept one may hold a connection (or get one before its cancel lands)
+/// and, unwaited, woke nobody when it did, so that connection sat until the next `accept`
+/// call, which a waiting accept made only after yet another client came. A woken one that
+/// finds accepts kept cancels its own in place and, once that resolved with nothing, takes
+/// the kept ones over, oldest first, as the next `accept` call would (a connection its own
+/// won the race with comes first).
 #[derive(Debug, Default)]
 pub(crate) struct Kept {
     ops: RefCell<VecDeque<(u64, AcceptOp)>>,
     /// The number of the next accept kept.
     next: Cell<u64>,
+    /// The accepts waiting on an `ACCEPT` of their own (not a kept one): woken when an accept
+    /// is kept.
+    waiting: super::OwnWaiters,
 }
 
 /// What [`Kept::settle`] found.
@@ -128,6 +142,11 @@ impl Kept {
 }
 
 impl Kept {
+    /// Whether any accept is kept. Cost: a borrow check.
+    fn any_kept(&self) -> bool {
+        self.ops.try_borrow().is_ok_and(|ops| !ops.is_empty())
+    }
+
     /// The first kept accept whose completion brought a connection, taken out, with its
     /// number.
     fn take_connected(&self) -> Option<(u64, AcceptOp)> {
@@ -145,16 +164,23 @@ struct KeepOnDrop<'a> {
     op: Option<AcceptOp>,
     /// Its number in `kept`, if it was taken from there (it goes back to its place).
     number: Option<u64>,
+    /// Its entry in `kept.waiting`, while it waits on an `ACCEPT` of its own.
+    waiter: Option<u64>,
 }
 
 impl Drop for KeepOnDrop<'_> {
     fn drop(&mut self) {
+        if let Some(id) = self.waiter.take() {
+            self.kept.waiting.leave(id);
+        }
         let Some(op) = self.op.take() else { return };
         op.cancel_in_place();
         // Kept before the waker it forgets is dropped (user code, which may use this
         // listener): see `keep_dropped`.
         let waker = op.unwait_later();
         super::keep_dropped(&self.kept.ops, &self.kept.next, self.number, op, waker);
+        // The accepts still waiting take it over (see `Kept`).
+        self.kept.waiting.wake_all();
     }
 }
 
@@ -197,16 +223,41 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                         .map_err(|(e, _)| e)?
                     }
                 };
+                // An accept of its own (not a kept one): it lists itself while it waits, and
+                // gives way to accepts kept meanwhile (see `Kept`).
+                let own = number.is_none();
                 let mut keep = KeepOnDrop {
                     kept,
                     op: Some(op),
                     number,
+                    waiter: None,
                 };
+                // Whether this accept gave way to accepts kept meanwhile: cancelled in place,
+                // it resolves to the cancellation (then the kept ones are taken over, oldest
+                // first) or to a connection that won the race.
+                let mut gave_way = false;
                 let (res, storage) = poll_fn(|cx| {
-                    Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx)
+                    let op = keep.op.as_mut().expect("present until it completes");
+                    let done = Pin::new(&mut *op).poll(cx);
+                    if done.is_ready() || !own || gave_way {
+                        return done;
+                    }
+                    // Listed first, then checked: a keep made by the clone's user code wakes
+                    // the entry or is seen here.
+                    keep.waiter = Some(kept.waiting.wait(keep.waiter, cx.waker()));
+                    if kept.any_kept() {
+                        gave_way = true;
+                        op.cancel_in_place();
+                        // Its own completion wakes it from now on.
+                        if let Some(id) = keep.waiter.take() {
+                            kept.waiting.leave(id);
+                        }
+                    }
+                    Poll::Pending
                 })
                 .await;
                 keep.op = None;
+                drop(keep);
                 if nothing_moved(res) {
                     // See `nothing_moved`: an accept that took a connection completes with it.
                     continue;

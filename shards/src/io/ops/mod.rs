@@ -57,6 +57,77 @@ pub(crate) fn keep_dropped<T>(
     drop(item);
 }
 
+/// The calls of a socket that keeps dropped operations (a listener's accepts, a UDP socket's
+/// receives) that wait on an operation of their own, by id: each kept operation wakes them
+/// ([`wake_all`](Self::wake_all)), since it may hold (or still get, before its cancel lands)
+/// what one of them waits for, a connection or a datagram, and, unwaited, wakes nobody when
+/// it does; a woken call that finds operations kept cancels its own in place (so it keeps
+/// its buffer) and, once that resolved with nothing, takes the kept ones over, oldest first,
+/// as the next call would. Cost: nothing while no operation is kept; a waker clone per
+/// waiting call, and a vector scan per poll, while some calls wait.
+#[derive(Debug, Default)]
+pub(crate) struct OwnWaiters {
+    waiting: std::cell::RefCell<Vec<(u64, std::task::Waker)>>,
+    /// The id of the next entry.
+    next: std::cell::Cell<u64>,
+}
+
+impl OwnWaiters {
+    /// Lists `waker` as a call waiting on an operation of its own, under `id` if it has one
+    /// already; returns its id. The clone and a replaced waker's drop (user code) run outside
+    /// the borrow.
+    pub(crate) fn wait(&self, id: Option<u64>, waker: &std::task::Waker) -> u64 {
+        if let Some(id) = id {
+            let same = self
+                .waiting
+                .borrow()
+                .iter()
+                .any(|(i, w)| *i == id && w.will_wake(waker));
+            if same {
+                return id;
+            }
+        }
+        let id = id.unwrap_or_else(|| {
+            let id = self.next.get();
+            self.next.set(id + 1);
+            id
+        });
+        let waker = waker.clone();
+        let mut waiting = self.waiting.borrow_mut();
+        let old = match waiting.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, w)) => Some(std::mem::replace(w, waker)),
+            None => {
+                waiting.push((id, waker));
+                None
+            }
+        };
+        drop(waiting);
+        drop(old);
+        id
+    }
+
+    /// Takes entry `id` off the list, if it is still there (a wake takes them all); its waker
+    /// is dropped outside the borrow.
+    pub(crate) fn leave(&self, id: u64) {
+        let mut waiting = self.waiting.borrow_mut();
+        let old = waiting
+            .iter()
+            .position(|(i, _)| *i == id)
+            .map(|at| waiting.swap_remove(at));
+        drop(waiting);
+        drop(old);
+    }
+
+    /// Wakes every listed call (an operation was just kept); each lists itself again when it
+    /// waits on.
+    pub(crate) fn wake_all(&self) {
+        let waiting = std::mem::take(&mut *self.waiting.borrow_mut());
+        for (_, w) in waiting {
+            crate::task::wake_guarded(w);
+        }
+    }
+}
+
 /// Which path to take: `Err` off any loop or on a loop without a driver.
 pub(crate) fn backend() -> io::Result<Driver> {
     current_kind()
