@@ -1145,6 +1145,43 @@ async fn kept_pair_order(pop: bool) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // 7. UDP, Unix sockets, futures::io, registered buffers
 
+/// A `recv_from` dropped holding a datagram (io_uring keeps its receive for the socket) while
+/// another `recv_from` of the socket already waits in the kernel: the waiting one gets that
+/// datagram, as on epoll, where the dropped receive took nothing. The kept receive woke nobody,
+/// so the datagram waited for the next `recv_from` call, which the waiting one only made after
+/// yet another datagram came.
+#[test]
+fn a_datagram_kept_from_a_dropped_recv_from_reaches_a_recv_already_waiting() {
+    on_each_driver(
+        "kept_datagram_reaches_a_waiting_recv",
+        1,
+        |driver| async move {
+            let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let addr = s.local_addr().unwrap();
+            let mut dropped = Box::pin(s.recv_from(vec![0u8; 16]));
+            assert!(poll_fn(|cx| Poll::Ready(dropped.as_mut().poll(cx).is_pending())).await);
+            let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            peer.send_to(b"hi", addr).unwrap();
+            sleep(Duration::from_millis(100)).await; // the loop reaps the receive's completion
+            let s2 = s.clone();
+            let waiting = spawn_local(async move {
+                let (r, b) = s2.recv_from(vec![0u8; 16]).await;
+                r.map(|(n, _)| b[..n].to_vec())
+            });
+            xtc_shards::yield_now().await; // the second receive waits (in the kernel, on io_uring)
+            drop(dropped);
+            let got = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("[{driver}] the waiting recv_from never got the dropped one's datagram")
+                })
+                .unwrap()
+                .unwrap();
+            assert_eq!(got, b"hi");
+        },
+    );
+}
+
 /// The waker a dropped `recv_from` forgets (its receive kept by the socket) is dropped outside
 /// the socket's borrows, and the receive that drop starts (user code) pushes out no receive
 /// holding a datagram. The waker was dropped under the borrow ("already borrowed"); then,

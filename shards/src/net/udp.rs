@@ -35,6 +35,11 @@ pub struct UdpSocket {
     stray: RefCell<std::collections::VecDeque<(u64, Box<dyn StrayRecv>)>>,
     /// The number of the next receive kept in `stray`.
     next_stray: Cell<u64>,
+    /// The `recv_from`s waiting on a receive of their own (not a kept one): a receive kept
+    /// meanwhile wakes them, and a woken one takes the kept ones over first (see
+    /// `ops::OwnWaiters`). Unwoken, a datagram a kept receive took waited for the next
+    /// `recv_from` call while one already waited on the kernel.
+    waiting: crate::io::ops::OwnWaiters,
     src: Source,
 }
 
@@ -129,6 +134,8 @@ struct KeepOnDrop<'a, R: IntoStray> {
     op: Option<R>,
     /// Its number in `stray`, if it was taken from there.
     number: Option<u64>,
+    /// Its entry in the socket's `waiting`, while it waits on a receive of its own.
+    waiter: Option<u64>,
 }
 
 impl<'a, R: IntoStray> KeepOnDrop<'a, R> {
@@ -137,6 +144,7 @@ impl<'a, R: IntoStray> KeepOnDrop<'a, R> {
             socket,
             op: Some(op),
             number,
+            waiter: None,
         }
     }
 
@@ -148,6 +156,9 @@ impl<'a, R: IntoStray> KeepOnDrop<'a, R> {
 
 impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
     fn drop(&mut self) {
+        if let Some(id) = self.waiter.take() {
+            self.socket.waiting.leave(id);
+        }
         let Some(op) = self.op.take() else { return };
         let op = op.into_stray();
         op.cancel_in_place();
@@ -161,6 +172,8 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
             op,
             waker,
         );
+        // The receives still waiting take it over (see `UdpSocket::waiting`).
+        self.socket.waiting.wake_all();
     }
 }
 
@@ -188,6 +201,7 @@ impl UdpSocket {
         UdpSocket {
             stray: RefCell::new(std::collections::VecDeque::new()),
             next_stray: Cell::new(0),
+            waiting: Default::default(),
             src: Source::new(fd),
         }
     }
@@ -271,11 +285,32 @@ impl UdpSocket {
                 Err((e, b)) => return (Err(e), b),
             };
             let mut keep = KeepOnDrop::new(self, op, None);
+            // Whether this receive gave way to receives kept meanwhile: cancelled in place, it
+            // resolves to the cancellation (then the kept ones are taken over, oldest first)
+            // or to a datagram that won the race.
+            let mut gave_way = false;
             let (res, (b, h)) = poll_fn(|cx| {
-                Pin::new(keep.op.as_mut().expect("present until it completes")).poll(cx)
+                let op = keep.op.as_mut().expect("present until it completes");
+                let done = Pin::new(&mut *op).poll(cx);
+                if done.is_ready() || gave_way {
+                    return done;
+                }
+                // Listed first, then checked: a receive kept by the clone's user code wakes
+                // the entry or is seen here.
+                keep.waiter = Some(self.waiting.wait(keep.waiter, cx.waker()));
+                if self.stray.try_borrow().is_ok_and(|kept| !kept.is_empty()) {
+                    gave_way = true;
+                    op.cancel_in_place();
+                    // Its own completion wakes it from now on.
+                    if let Some(id) = keep.waiter.take() {
+                        self.waiting.leave(id);
+                    }
+                }
+                Poll::Pending
             })
             .await;
             keep.done();
+            drop(keep);
             buf = b;
             if nothing_moved(res) {
                 // Cancelled by the shutdown of the driver it was submitted to (this future
