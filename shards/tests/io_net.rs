@@ -498,6 +498,192 @@ fn tcp_echo_1000_concurrent_connections() {
     );
 }
 
+/// A small xorshift, seeded per task.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Reads a few bytes, writes them back, closes.
+async fn echo_once(s: TcpStream) {
+    let (r, b) = s.read(Vec::with_capacity(64)).await;
+    if matches!(r, Ok(n) if n > 0) {
+        let _ = s.write_all(b).await;
+    }
+}
+
+/// The accepting tasks of one shard's listener for [`churn_dropped_accepts`]: accepts cut by
+/// short timeouts, raced against yields and sleeps, and in tasks aborted while accepting,
+/// beside a plain accept loop that always waits.
+fn serve_churn(l: TcpListener, seed: u64, accepted: Arc<AtomicUsize>) {
+    let l = Rc::new(l);
+    let got = move |s: TcpStream, acc: &AtomicUsize| {
+        acc.fetch_add(1, SeqCst);
+        spawn_local(echo_once(s));
+    };
+    let (l1, a1) = (l.clone(), accepted.clone());
+    spawn_local(async move {
+        let mut rng = Rng(0x9E37_79B9 ^ seed);
+        loop {
+            let d = Duration::from_micros(rng.below(500));
+            if let Ok(r) = xtc_shards::time::timeout(d, l1.accept()).await {
+                got(r.expect("accept").0, &a1);
+            }
+        }
+    });
+    let (l2, a2) = (l.clone(), accepted.clone());
+    spawn_local(async move {
+        let mut rng = Rng(0x1234_5678 ^ seed);
+        loop {
+            let yielded = rng.below(2) == 0;
+            let pause = Duration::from_micros(rng.below(300));
+            let other = std::pin::pin!(async move {
+                if yielded {
+                    xtc_shards::yield_now().await
+                } else {
+                    sleep(pause).await
+                }
+            });
+            let accept = std::pin::pin!(l2.accept());
+            if let futures::future::Either::Left((r, _)) =
+                futures::future::select(accept, other).await
+            {
+                got(r.expect("accept").0, &a2);
+            }
+        }
+    });
+    let (l3, a3) = (l.clone(), accepted.clone());
+    spawn_local(async move {
+        let mut rng = Rng(0xDEAD_BEEF ^ seed);
+        loop {
+            let (l, acc) = (l3.clone(), a3.clone());
+            // The echo is spawned in the accept's poll: an abort after it cuts no echo.
+            let t = spawn_local(async move { got(l.accept().await.expect("accept").0, &acc) });
+            sleep(Duration::from_micros(rng.below(400))).await;
+            t.abort();
+        }
+    });
+    spawn_local(async move {
+        loop {
+            got(l.accept().await.expect("accept").0, &accepted);
+        }
+    });
+}
+
+/// Connection churn with accepts dropped mid-flight on a 2-shard `SO_REUSEPORT` server, so
+/// kept accepts (io_uring) are taken, dropped again and handed over all the time: every
+/// connection of clients on plain threads (connect, send 8 bytes, read the echo, close) gets
+/// its echo. `XTC_CHURN_CONNS` sets the number of connections (default 4,000) for longer
+/// stress runs; a watchdog prints each loop's `LoopStats` while no connection completes.
+#[test]
+fn churn_dropped_accepts() {
+    const CLIENTS: usize = 4;
+    let total: usize = std::env::var("XTC_CHURN_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4_000);
+    let limit = Duration::from_secs(120);
+    each_driver(
+        "churn_dropped_accepts",
+        2,
+        |b| b,
+        |driver, exec| {
+            let done = Arc::new(AtomicUsize::new(0));
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let watchdog = {
+                let (done, finished, handle) = (done.clone(), finished.clone(), exec.handle());
+                thread::spawn(move || {
+                    let mut last = (0, std::time::Instant::now());
+                    while !finished.load(SeqCst) {
+                        thread::sleep(Duration::from_millis(50));
+                        let d = done.load(SeqCst);
+                        if d != last.0 {
+                            last = (d, std::time::Instant::now());
+                        } else if last.1.elapsed() > Duration::from_secs(5) {
+                            eprintln!(
+                                "churn_dropped_accepts [{driver}] pid {}: no connection done \
+                                 for {:?}, at {d} of {total}",
+                                std::process::id(),
+                                last.1.elapsed()
+                            );
+                            for i in 0..2 {
+                                eprintln!("  shard {i}: {:?}", handle.loop_stats(i));
+                            }
+                            last.1 = std::time::Instant::now();
+                        }
+                    }
+                })
+            };
+            let (d, s) = (done.clone(), stop.clone());
+            let r = exec.block_on(move || async move {
+                let accepted = Arc::new(AtomicUsize::new(0));
+                let l0 = TcpListener::bind_reuseport("127.0.0.1:0").unwrap();
+                let addr = l0.local_addr().unwrap();
+                let a1 = accepted.clone();
+                submit_to(1, move || async move {
+                    serve_churn(TcpListener::bind_reuseport(addr).unwrap(), 1, a1);
+                })
+                .await
+                .unwrap();
+                serve_churn(l0, 0, accepted.clone());
+                let clients: Vec<_> = (0..CLIENTS)
+                    .map(|id| {
+                        let (d, s) = (d.clone(), s.clone());
+                        thread::spawn(move || {
+                            for i in 0..total / CLIENTS {
+                                if s.load(SeqCst) {
+                                    return;
+                                }
+                                let mut c = std::net::TcpStream::connect(addr)
+                                    .unwrap_or_else(|e| panic!("client {id}: connect {i}: {e}"));
+                                c.set_read_timeout(Some(limit + Duration::from_secs(10)))
+                                    .unwrap();
+                                let msg = ((id << 32 | i) as u64).to_le_bytes();
+                                c.write_all(&msg).unwrap();
+                                let mut back = [0u8; 8];
+                                match c.read_exact(&mut back) {
+                                    Ok(()) => assert_eq!(back, msg, "client {id}: echo {i}"),
+                                    Err(_) if s.load(SeqCst) => return,
+                                    Err(e) => panic!("client {id}: connection {i}: no echo: {e}"),
+                                }
+                                d.fetch_add(1, SeqCst);
+                            }
+                        })
+                    })
+                    .collect();
+                let start = std::time::Instant::now();
+                while !clients.iter().all(|c| c.is_finished()) {
+                    if start.elapsed() > limit {
+                        s.store(true, SeqCst);
+                        panic!(
+                            "[{driver}] churn_dropped_accepts stalled: {} of {total} connections \
+                             echoed after {limit:?} ({} accepted)",
+                            d.load(SeqCst),
+                            accepted.load(SeqCst)
+                        );
+                    }
+                    sleep(Duration::from_millis(5)).await;
+                }
+                for c in clients {
+                    c.join().expect("a client thread panicked");
+                }
+                assert_eq!(accepted.load(SeqCst), total / CLIENTS * CLIENTS);
+            });
+            finished.store(true, SeqCst);
+            watchdog.join().unwrap();
+            r.unwrap_or_else(|e| panic!("churn_dropped_accepts [{driver}]: {e}"));
+            assert_eq!(done.load(SeqCst), total / CLIENTS * CLIENTS);
+        },
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Peers that go away
 
