@@ -632,14 +632,30 @@ pub(crate) fn register_current(waker: &Waker) -> Option<u32> {
 }
 
 /// Task protocol rule 3: the task's future was dropped (with its registry key, if it had one).
+///
+/// Inlined into the task's drop (generic code, built in the user's crate): a task that
+/// finished in its first poll never registered (rule 3), and its end is then a thread-local
+/// read, a flag check and a counter increment. Out of line, the call cost 12 instructions
+/// per spawned task (callgrind). The registry removal stays a call ([`leave_registry`]).
+#[inline]
 pub(crate) fn task_dropped(key: Option<usize>) {
     with_core(|core| {
         if core.dropping_foreign.get() {
             // Another loop's task, dropped unrun here (`task::cancel`): not one of ours.
             return;
         }
-        let entry = key.and_then(|k| core.registry.borrow_mut().try_remove(k));
-        core.tasks_done.set(core.tasks_done.get() + 1);
-        drop(entry);
+        match key {
+            Some(k) => leave_registry(core, k),
+            None => core.tasks_done.set(core.tasks_done.get() + 1),
+        }
     });
+}
+
+/// [`task_dropped`] for a registered task: its entry leaves, the task counts as done, and the
+/// entry's waker is dropped last, after the registry's borrow ended.
+#[inline(never)]
+fn leave_registry(core: &Core, key: usize) {
+    let entry = core.registry.borrow_mut().try_remove(key);
+    core.tasks_done.set(core.tasks_done.get() + 1);
+    drop(entry);
 }
