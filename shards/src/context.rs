@@ -605,6 +605,29 @@ pub(crate) fn route(owner: &LoopShared, runnable: Runnable) -> Option<Runnable> 
     }
 }
 
+/// Task protocol rule 1, its first case alone: queues `runnable` locally if this thread runs
+/// its owner's loop (the owner is its metadata's `home`), else hands it back for [`route`].
+/// Inlined into every schedule call site (see `task::schedule`): a thread-local read, a
+/// pointer compare and [`Core::enqueue`].
+#[inline]
+pub(crate) fn enqueue_at_home(runnable: Runnable) -> Option<Runnable> {
+    let p = current_core();
+    if p.is_null() {
+        return Some(runnable);
+    }
+    // SAFETY: as in `with_core`.
+    let core = unsafe { &*p };
+    if ptr::eq(
+        Arc::as_ptr(&core.shared),
+        Arc::as_ptr(&runnable.metadata().home),
+    ) {
+        core.enqueue(runnable);
+        None
+    } else {
+        Some(runnable)
+    }
+}
+
 /// Task protocol rule 3: registers the task being polled (always on its owner's loop), whose
 /// waker is `waker`; the caller (its future) calls [`task_dropped`] with the key when it is
 /// dropped. The metadata pointer is the loop's `current`, set around every `Runnable::run`.
