@@ -189,6 +189,41 @@ impl<T> Future for JoinHandle<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.state.replace(State::Taken) {
+            // The usual join of a task that is over (and whose future no cancel is dropping):
+            // no work-first join to try, and async-task registers no waker for it, so the
+            // poller's own is passed as it is (see `poll_slow`, which checks the same).
+            State::Live(mut task, meta) if over(&task, meta) => {
+                match Pin::new(&mut task).poll(cx) {
+                    Poll::Pending => {
+                        self.state.set(State::Live(task, meta));
+                        Poll::Pending
+                    }
+                    Poll::Ready(out) => Poll::Ready(output(out)),
+                }
+            }
+            state => self.poll_slow(state, cx),
+        }
+    }
+}
+
+/// Whether the task of a live handle (`State::Live(task, meta)`) is over: finished, and its
+/// future not being dropped by [`cancel`](super::cancel) right now.
+#[inline]
+fn over<T>(task: &async_task::FallibleTask<Outcome<T>, TaskMeta>, meta: *const TaskMeta) -> bool {
+    // SAFETY: `meta` points into the header of the task this handle holds (see `State::Live`),
+    // and `TaskMeta`'s fields are atomics.
+    task.is_finished() && !unsafe { &*meta }.cancel_dropping()
+}
+
+impl<T> JoinHandle<T> {
+    /// [`JoinHandle::poll`] of a task not over yet (or being dropped by a cancel), of an
+    /// aborted handle, or of one already polled to completion, with the state taken out of the
+    /// handle. Out of line, so that the join of a finished task (most joins of short tasks)
+    /// does not carry this path's frame: callgrind counted 60 instructions per join with it
+    /// inline.
+    #[inline(never)]
+    fn poll_slow(&self, state: State<T>, cx: &mut Context<'_>) -> Poll<Result<T, JoinError>> {
+        match state {
             State::Live(mut task, meta) => {
                 if !task.is_finished() {
                     // Steal rule 6: still queued on top of this loop's deque, it runs now.
