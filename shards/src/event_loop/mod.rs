@@ -321,7 +321,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // the reap interval like the loop's own polls: a turn runs at most BATCH tasks plus
         // one poll's inline budget before it looks at timers, I/O, the inbox and stop again.
         let mut reap_at = crate::io::REAP_EVERY;
-        while ran + (core.inline_runs.get() as usize) < BATCH {
+        // `ran` plus the inline runs so far, updated after each poll (only a poll runs tasks
+        // inline, so the count moves nowhere else).
+        let mut polled = core.inline_runs.get() as usize;
+        while polled < BATCH {
             if status.is_idle() {
                 // Nothing was queued when the batch began; what came since waits for the next
                 // turn, which publishes the new epoch (above) before it runs anything.
@@ -372,9 +375,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             }
             core.current.set(std::ptr::null());
             ran += 1;
-            let done = ran + core.inline_runs.get() as usize;
-            if done >= reap_at {
-                reap_at = done + crate::io::REAP_EVERY;
+            polled = ran + core.inline_runs.get() as usize;
+            if polled >= reap_at {
+                reap_at = polled + crate::io::REAP_EVERY;
                 core.io.reap();
                 if t0.is_some() {
                     // Nor is the reap's (the wakes it dispatches) the next poll's.
