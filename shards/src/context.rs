@@ -108,7 +108,9 @@ pub(crate) struct Core {
     /// reply handled before the loop ran out of work left it spinning for nothing.
     pub(crate) replies_awaited: Cell<usize>,
     /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6): set
-    /// before each poll, read only while `current` names a task (never between polls).
+    /// before each poll of a migratable task, which the loop picks from its deque or
+    /// injector only; read only while `current` names a task (never between polls), and of
+    /// no use to a pinned one, whose joins run nothing inline.
     pub(crate) inline_left: Cell<u32>,
     /// Work-first joins run this turn (counted as polls at the end of the turn).
     pub(crate) inline_runs: Cell<u64>,

@@ -292,6 +292,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             steal::next_local(core).map(|m| {
                 // Steal protocol rule 1: where a migratable task last ran.
                 m.metadata().last.store(shared.index as u32, Relaxed);
+                // Steal rule 6: the work-first joins its poll may run (a pinned task's joins
+                // run nothing inline, so its polls leave the count alone).
+                core.inline_left.set(steal::INLINE_BUDGET);
                 (m, 0, true)
             })
         };
@@ -342,7 +345,6 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             let meta: *const crate::task::TaskMeta = r.metadata();
             core.current.set(meta);
             core.poll_started.set(t0);
-            core.inline_left.set(steal::INLINE_BUDGET);
             if let Some(start) = t0 {
                 // The metadata is needed after `run`, when the task may be gone: keep a copy
                 // of the info only while the watchdog is armed.
