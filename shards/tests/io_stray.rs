@@ -550,6 +550,39 @@ fn a_finished_read_dropped_beside_another_keeps_its_bytes() {
     );
 }
 
+/// A read whose bytes arrived is dropped while another read of the stream already waits on a
+/// receive of its own, and the peer sends nothing more until it gets a reply (one request,
+/// one response): the waiting read gets those bytes, as on epoll, where the dropped read took
+/// nothing. Kept for the next read call, they woke nobody, so the waiting read slept on while
+/// the peer waited for the reply: the conversation hung.
+#[test]
+fn a_finished_read_dropped_beside_a_waiting_one_wakes_it() {
+    on_each_driver(
+        "a_finished_read_dropped_beside_a_waiting_one_wakes_it",
+        1,
+        |driver| async move {
+            let (a, b) = tcp_pair().await;
+            let a = Rc::new(a);
+            let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+            poll_pending(first.as_mut()).await;
+            let (w, _) = b.write_all(b"ping".to_vec()).await;
+            w.unwrap();
+            sleep(Duration::from_millis(5)).await; // the loop reaps the first read's bytes
+            let a2 = a.clone();
+            let waiting = spawn_local(async move { a2.read(Vec::with_capacity(64)).await });
+            sleep(Duration::from_millis(5)).await; // the second read waits in the kernel
+            drop(first);
+            let (r, got) = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("[{driver}] the waiting read never got the dropped read's bytes")
+                })
+                .unwrap();
+            assert_eq!((r.unwrap(), &got[..]), (4, &b"ping"[..]), "[{driver}]");
+        },
+    );
+}
+
 /// A read dropped while another owned read of the stream is in flight is not left armed (it
 /// could take the bytes the other one waits for), but cancelled. Bytes that reach the socket
 /// after the drop looked for a completion and before the kernel handles that cancel still go

@@ -15,10 +15,12 @@
 //! the same stream is in flight (or behind another kept one) is not left running (the other
 //! one, already in the kernel, would otherwise wait while the kept one took the bytes): it is
 //! cancelled in place and kept all the same, so bytes that reached it before the cancel go
-//! to the next read too. `into_std` cancels kept reads (and the `AsyncRead` receive in flight)
-//! and waits for them to settle; if one took bytes, or bytes wait in the internal buffer, or
-//! one got an error (a reset) no read has reported, it refuses (`IntoStdError`, the stream
-//! given back) rather than lose them: the next read returns them.
+//! to the next read too; a read already waiting on a receive of its own is woken to take
+//! them first (else they waited for yet another read). `into_std` cancels kept reads (and
+//! the `AsyncRead` receive in flight) and waits for them to settle; if one took bytes, or
+//! bytes wait in the internal buffer, or one got an error (a reset) no read has reported, it
+//! refuses (`IntoStdError`, the stream given back) rather than lose them: the next read
+//! returns them.
 //! `AsyncWrite` on io_uring copies the caller's bytes into an internal buffer and reports them
 //! written at once (write-behind, like a `BufWriter` of one write); the next write (of at
 //! least one byte: an empty one returns at once, as on epoll), `flush` or `close` waits for
@@ -103,6 +105,8 @@ struct PollState {
     /// cancelled in place (`Op::cancel_in_place`) and kept all the same: it resolves to the
     /// cancellation, which the next read skips, or to the bytes that reached it before the
     /// kernel handled the cancel (dropped, its completion was discarded, and they were lost).
+    /// Either way the owned reads waiting on receives of their own are woken to take it over
+    /// (`StreamIo::own_waiting`).
     stray: std::collections::VecDeque<Box<dyn StrayRead>>,
     /// The error (`-errno`) a finished receive brought after its future was dropped, for the
     /// next read to report once the unread bytes before it are taken.
@@ -283,16 +287,38 @@ impl std::fmt::Debug for dyn StrayRead {
 
 /// An owned `read`'s receive while its future waits for it; dropped unfinished, it gives the
 /// receive to its stream (`PollState::stray`).
+///
+/// While it waits it is listed in the stream's `own_waiting`: a read dropped beside it keeps
+/// its receive (or the bytes that receive took) for the stream and wakes it, and, woken, it
+/// gives way to them (see [`StreamIo::own_waiting`]).
 struct OwnedRecv<'a, B: IoBufMut> {
     io: &'a StreamIo,
     op: Option<Op<B>>,
+    /// Its entry in the stream's `own_waiting`, while it waits.
+    waiter: Option<u64>,
+    /// Whether it gave way to what a dropped read kept: cancelled in place, it resolves to
+    /// the cancellation (the read then takes the kept bytes first) or to bytes that won the
+    /// race.
+    gave_way: bool,
 }
 
 impl<'a, B: IoBufMut> OwnedRecv<'a, B> {
     /// Counts `op` among the stream's owned receives in flight until it is taken or dropped.
     fn new(io: &'a StreamIo, op: Op<B>) -> Self {
         io.owned_reads.set(io.owned_reads.get() + 1);
-        OwnedRecv { io, op: Some(op) }
+        OwnedRecv {
+            io,
+            op: Some(op),
+            waiter: None,
+            gave_way: false,
+        }
+    }
+
+    /// Takes its entry off the stream's `own_waiting`, if it has one.
+    fn leave(&mut self) {
+        if let Some(id) = self.waiter.take() {
+            self.io.own_waiting.leave(id);
+        }
     }
 }
 
@@ -300,16 +326,32 @@ impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
     type Output = (i32, B);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(i32, B)> {
-        let op = self.op.as_mut().expect("polled after it completed");
-        let r = ready!(Pin::new(op).poll(cx));
-        self.op = None;
-        self.io.owned_reads.set(self.io.owned_reads.get() - 1);
+        let this = &mut *self;
+        let op = this.op.as_mut().expect("polled after it completed");
+        let Poll::Ready(r) = Pin::new(&mut *op).poll(cx) else {
+            if !this.gave_way {
+                // Listed first, then checked: a read kept by the clone's user code wakes the
+                // entry or is seen here.
+                this.waiter = Some(this.io.own_waiting.wait(this.waiter, cx.waker()));
+                if this.io.kept_reads() {
+                    this.gave_way = true;
+                    op.cancel_in_place();
+                    // Its own completion wakes it from now on.
+                    this.leave();
+                }
+            }
+            return Poll::Pending;
+        };
+        this.leave();
+        this.op = None;
+        this.io.owned_reads.set(this.io.owned_reads.get() - 1);
         Poll::Ready(r)
     }
 }
 
 impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
     fn drop(&mut self) {
+        self.leave();
         let Some(op) = self.op.take() else { return };
         // Outside the `RefCell`, so the count stays right whatever happens below.
         let others = self.io.owned_reads.get() - 1;
@@ -330,6 +372,9 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
             crate::io::reap_now();
             if op.completed().is_some() {
                 self.take_finished(op);
+                // The reads still waiting on receives of their own take its bytes over (see
+                // `StreamIo::own_waiting`).
+                self.io.own_waiting.wake_all();
                 return;
             }
             // Still in the kernel: cancelled in place and kept all the same. Bytes that reach
@@ -350,6 +395,9 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
             st.stray.push_back(Box::new(op));
         }
         drop(waker);
+        // The reads still waiting on receives of their own take it over (see
+        // `StreamIo::own_waiting`).
+        self.io.own_waiting.wake_all();
     }
 }
 
@@ -660,6 +708,15 @@ pub(crate) struct StreamIo {
     /// cancelled in place and kept. A `Cell` beside the
     /// `RefCell`, so that a drop inside a stream call, which cannot borrow it, still counts.
     owned_reads: std::cell::Cell<usize>,
+    /// The owned reads waiting on a receive of their own (`OwnedRecv`, not behind a kept
+    /// one): a read dropped beside them (its receive kept in `PollState::stray`, or the bytes
+    /// it took put in `rbuf`) wakes them, and a woken one that finds reads kept
+    /// ([`kept_reads`](Self::kept_reads)) cancels its own receive in place and, once that
+    /// resolved with nothing, takes what they kept first, as the next read would (see
+    /// `ops::OwnWaiters`). Unwoken, bytes a kept read took waited for the next read call
+    /// while one already waited on the kernel for more: a peer that sent one request and
+    /// waited for the reply hung.
+    own_waiting: ops::OwnWaiters,
     /// The epoll waiter ids of the `futures::io` side, one per driver it waited in, as
     /// `(driver id, waiter id)` (none until its first wait): it has `&mut self`, so one waiter
     /// per direction, whose re-polls with a new waker (a combinator making one per attempt)
@@ -768,9 +825,19 @@ impl StreamIo {
                 st
             }),
             owned_reads: std::cell::Cell::new(0),
+            own_waiting: ops::OwnWaiters::default(),
             trait_ids: RefCell::new(Vec::new()),
             src,
         }
+    }
+
+    /// Whether a dropped read left something for the next read to take first: a receive kept
+    /// in `stray`, unread bytes or an unreported error. `false` while the state is borrowed
+    /// (inside a stream call). Cost: a borrow check.
+    fn kept_reads(&self) -> bool {
+        self.poll.try_borrow().is_ok_and(|st| {
+            !st.stray.is_empty() || st.rpos < st.rbuf.len() || st.read_error.is_some()
+        })
     }
 
     /// One `futures::io` call on epoll, straight on the caller's `len` bytes: `syscall` while
