@@ -895,6 +895,12 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
 /// injector (`Handle::spawn`): emptying it, a stop never ended while they spawned faster than
 /// the loop dropped; what they push from here on is kept for the next run, or dropped by
 /// `run()` (`executor::drop_migratable`) or with the executor.
+///
+/// This bound relies on every migratable task that another thread can wake being registered
+/// (`MigrFuture::poll` registers on every `Pending`): `run()`'s rounds over the registered
+/// ones then drop what such a wake pushes after this pass, so only fresh spawns, which may
+/// wait for the next run, can be left in an injector. A task that parks unregistered would
+/// break that.
 pub(crate) fn drop_local(core: &Core) {
     loop {
         // The borrow ends before the drop, which may queue here again.
