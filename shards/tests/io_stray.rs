@@ -583,6 +583,43 @@ fn a_finished_read_dropped_beside_a_waiting_one_wakes_it() {
     );
 }
 
+/// As above, and the peer sends more bytes before the waiting read runs again: those reach
+/// the waiting read's own receive, after the dropped read's bytes were already received and
+/// kept. The stream's order holds: the dropped read's bytes come first. The waiting read
+/// returned its own, later bytes, and the next read the earlier, kept ones (the peer's
+/// "ping" "pong" read as "pong" "ping"); on epoll, where the dropped read took nothing, the
+/// waiting read gets "ping" first.
+#[test]
+fn bytes_kept_from_a_dropped_read_come_before_a_waiting_reads_own() {
+    on_each_driver(
+        "bytes_kept_from_a_dropped_read_come_before_a_waiting_reads_own",
+        1,
+        |driver| async move {
+            let (a, b) = tcp_pair().await;
+            let b = b.into_std().unwrap();
+            let a = Rc::new(a);
+            let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+            poll_pending(first.as_mut()).await;
+            std::io::Write::write_all(&mut &b, b"ping").unwrap();
+            sleep(Duration::from_millis(5)).await; // the loop reaps the first read's bytes
+            let a2 = a.clone();
+            let waiting = spawn_local(async move { a2.read(Vec::with_capacity(64)).await });
+            sleep(Duration::from_millis(5)).await; // the second read waits in the kernel
+            drop(first);
+            // Before the waiting read runs again: these reach its own receive.
+            std::io::Write::write_all(&mut &b, b"pong").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            let (r, got) = guard("the waiting read", waiting).await.unwrap();
+            let mut seen = got[..r.unwrap()].to_vec();
+            while seen.len() < 8 {
+                let (r, got) = guard("a read", a.read(Vec::with_capacity(64))).await;
+                seen.extend_from_slice(&got[..r.unwrap()]);
+            }
+            assert_eq!(&seen[..], b"pingpong", "[{driver}]");
+        },
+    );
+}
+
 /// A read dropped while another owned read of the stream is in flight is not left armed (it
 /// could take the bytes the other one waits for), but cancelled. Bytes that reach the socket
 /// after the drop looked for a completion and before the kernel handles that cancel still go

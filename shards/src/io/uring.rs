@@ -239,6 +239,9 @@ pub(crate) struct Uring {
     /// Generation of each slot (`user_data = generation << 32 | key`): a cancellation names
     /// exactly one operation even after its slot was freed and reused.
     gens: RefCell<Vec<u32>>,
+    /// Of each slot that completed: its place in the order completions were reaped (the
+    /// `completed` count then), while its result waits to be taken ([`Op::completed_at`]).
+    done_at: RefCell<Vec<u64>>,
     next_gen: Cell<u32>,
     ping_fd: RawFd,
     /// Target of the wake-ping read; boxed so its address is stable.
@@ -338,6 +341,7 @@ impl Uring {
             ring: RefCell::new(ring),
             ops: RefCell::new(Slab::with_capacity(256)),
             gens: RefCell::new(Vec::with_capacity(256)),
+            done_at: RefCell::new(Vec::with_capacity(256)),
             next_gen: Cell::new(0),
             ping_fd,
             ping_buf: Box::new(Cell::new(0)),
@@ -635,6 +639,13 @@ impl Uring {
                     }
                     n += 1;
                     self.completed.set(self.completed.get() + 1);
+                    {
+                        let mut done_at = self.done_at.borrow_mut();
+                        if done_at.len() <= key {
+                            done_at.resize(key + 1, 0);
+                        }
+                        done_at[key] = self.completed.get();
+                    }
                     let mut ops = self.ops.borrow_mut();
                     let Some(slot) = ops.get_mut(key) else {
                         continue;
@@ -1208,6 +1219,20 @@ impl<T> Op<T> {
     pub(crate) fn cancel_in_place(&self) {
         let key = self.key;
         let _ = with_uring(self.driver, |u| u.cancel_in_place(key));
+    }
+
+    /// Where its completion, once reaped and until its result is taken, stands in the order
+    /// its driver reaped completions: `(driver id, place)`. Of two operations of one driver
+    /// on one socket, the one with the lower place completed first (a stream socket hands
+    /// its bytes out in that order). `None` before the completion was reaped, after the
+    /// result was taken, or once the driver is gone. Cost: two borrows.
+    pub(crate) fn completed_at(&self) -> Option<(u64, u64)> {
+        let key = self.key;
+        with_uring(self.driver, |u| {
+            u.peek_op(key)?;
+            u.done_at.borrow().get(key).map(|&at| (u.id, at))
+        })
+        .flatten()
     }
 
     /// The data the operation holds (its buffer), until it resolves.

@@ -111,6 +111,11 @@ struct PollState {
     /// The error (`-errno`) a finished receive brought after its future was dropped, for the
     /// next read to report once the unread bytes before it are taken.
     read_error: Option<i32>,
+    /// Where the newest completion whose bytes a kept read put in `rbuf` stands in its
+    /// driver's order of completions (`Op::completed_at`), while those bytes are unread:
+    /// an owned read whose own receive completed after it puts its bytes behind them
+    /// ([`StreamIo::queue_behind_kept`]). `None` when unknown.
+    kept_at: Option<(u64, u64)>,
     rbuf: Vec<u8>,
     rpos: usize,
     writing: Option<Op<Vec<u8>>>,
@@ -240,6 +245,8 @@ trait StrayRead {
     fn cancel_in_place(&self);
     /// Its result, once its completion has been reaped ([`Op::completed`]).
     fn completed(&self) -> Option<i32>;
+    /// Where its reaped completion stands in its driver's order ([`Op::completed_at`]).
+    fn completed_at(&self) -> Option<(u64, u64)>;
 }
 
 impl<B: IoBufMut> StrayRead for Op<B> {
@@ -276,6 +283,10 @@ impl<B: IoBufMut> StrayRead for Op<B> {
 
     fn completed(&self) -> Option<i32> {
         Op::completed(self)
+    }
+
+    fn completed_at(&self) -> Option<(u64, u64)> {
+        Op::completed_at(self)
     }
 }
 
@@ -323,12 +334,16 @@ impl<'a, B: IoBufMut> OwnedRecv<'a, B> {
 }
 
 impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
-    type Output = (i32, B);
+    /// The result, the buffer, and where the completion stood in its driver's order
+    /// ([`Op::completed_at`]).
+    type Output = (i32, B, Option<(u64, u64)>);
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(i32, B)> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let op = this.op.as_mut().expect("polled after it completed");
-        let Poll::Ready(r) = Pin::new(&mut *op).poll(cx) else {
+        // Before the poll takes the result (and with it the slot).
+        let at = op.completed_at();
+        let Poll::Ready((res, buf)) = Pin::new(&mut *op).poll(cx) else {
             if !this.gave_way {
                 // Listed first, then checked: a read kept by the clone's user code wakes the
                 // entry or is seen here.
@@ -345,7 +360,7 @@ impl<B: IoBufMut> Future for OwnedRecv<'_, B> {
         this.leave();
         this.op = None;
         this.io.owned_reads.set(this.io.owned_reads.get() - 1);
-        Poll::Ready(r)
+        Poll::Ready((res, buf, at))
     }
 }
 
@@ -408,11 +423,13 @@ impl<B: IoBufMut> OwnedRecv<'_, B> {
         // Taking a completed result runs no user code; the buffer's `Drop` (user code, which
         // may use this stream) runs after the poll state is whole again.
         let mut noop = Context::from_waker(Waker::noop());
+        let at = op.completed_at();
         let Poll::Ready((res, mut buf)) = Pin::new(&mut op).poll(&mut noop) else {
             return;
         };
         if let Ok(mut st) = self.io.poll.try_borrow_mut() {
             if res > 0 {
+                note_kept(&mut st, at);
                 let n = (res as usize).min(buf.bytes_total());
                 // SAFETY: as in `StrayRead::poll_into`: the kernel wrote these `n` bytes at the
                 // stable mutable pointer, and the completion was reaped.
@@ -1031,10 +1048,15 @@ impl StreamIo {
                 Ok(op) => op,
                 Err((e, buf)) => return (Err(e), buf),
             };
-            let (res, b) = OwnedRecv::new(self, op).await;
+            let (res, b, at) = OwnedRecv::new(self, op).await;
             buf = b;
             if nothing_moved(res) {
                 // See `nothing_moved`: read again, as a kept read is (`poll_reading`).
+                continue;
+            }
+            if res > 0 && self.queue_behind_kept(&mut buf, res as usize, at) {
+                // Behind bytes a dropped read kept, which were received before them: handed
+                // out from `rbuf`, in order (`poll_read_behind`).
                 continue;
             }
             let r = result(res).map(|n| n as usize);
@@ -1044,6 +1066,76 @@ impl StreamIo {
             }
             return (r, buf);
         }
+    }
+
+    /// An owned read's own receive brought `n` bytes into `buf`, its completion at `at` in its
+    /// driver's order: if a dropped read kept bytes whose receive completed before it (in
+    /// `rbuf`, or a kept receive reaped earlier, which go there first), those were received
+    /// first, and these go to `rbuf` behind them: `true`, and the read hands out from
+    /// `rbuf`. Returned at once, they came before bytes the peer had sent earlier (the
+    /// dropped read's completed while this one waited, and the peer's next bytes reached
+    /// this one before it ran). Bytes of a kept receive that completed after these stay
+    /// behind them. Cost: a borrow check and a comparison when nothing is kept.
+    fn queue_behind_kept<B: IoBufMut>(
+        &self,
+        buf: &mut B,
+        n: usize,
+        at: Option<(u64, u64)>,
+    ) -> bool {
+        let Some((driver, own)) = at else {
+            return false;
+        };
+        let earlier = |a: Option<(u64, u64)>| a.is_some_and(|(d, p)| d == driver && p < own);
+        let mut after = After::default();
+        let queued = {
+            let Ok(mut st) = self.poll.try_borrow_mut() else {
+                return false;
+            };
+            let st = &mut *st;
+            // Kept receives that completed with bytes before this one: theirs first, in
+            // `rbuf` (each resolves at once; nothing is listed).
+            let mut noop = Context::from_waker(Waker::noop());
+            while let Some(stray) = st.stray.front() {
+                let at = stray.completed_at();
+                if !(earlier(at) && stray.completed().is_some_and(|res| res > 0)) {
+                    break;
+                }
+                st.rbuf.drain(..st.rpos);
+                st.rpos = 0;
+                note_kept(st, at);
+                let Some(stray) = st.stray.front_mut() else {
+                    break;
+                };
+                let r = stray.poll_into(
+                    &mut st.read_waiters,
+                    &mut noop,
+                    false,
+                    &mut st.rbuf,
+                    &mut after,
+                );
+                debug_assert!(r.is_ready(), "a completed receive resolves");
+                st.stray.pop_front();
+            }
+            if st.rpos < st.rbuf.len() && earlier(st.kept_at) {
+                st.rbuf.drain(..st.rpos);
+                st.rpos = 0;
+                let n = n.min(buf.bytes_total());
+                // SAFETY: the kernel wrote the first `n <= bytes_total()` bytes at the
+                // buffer's stable mutable pointer, where the receive was submitted
+                // (`rw::submit_recv`), and its completion was reaped before this result.
+                let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
+                st.rbuf.extend_from_slice(got);
+                st.kept_at = at;
+                true
+            } else {
+                false
+            }
+        };
+        // A kept read's buffer's `Drop` is user code: run outside the borrow.
+        for b in after.spent {
+            crate::task::guarded("an I/O buffer panicked while being dropped", || drop(b));
+        }
+        queued
     }
 
     pub(crate) async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
@@ -1686,6 +1778,19 @@ fn off_loop_drain(st: &PollState) -> io::Result<()> {
     }
 }
 
+/// Bytes of a kept read whose completion stood at `at` in its driver's order are about to be
+/// appended to `st.rbuf`: `kept_at` becomes the newest such place (unknown if either is).
+fn note_kept(st: &mut PollState, at: Option<(u64, u64)>) {
+    st.kept_at = if st.rpos == st.rbuf.len() {
+        at
+    } else {
+        match (st.kept_at, at) {
+            (Some((d, p)), Some((e, q))) if d == e => Some((d, p.max(q))),
+            _ => None,
+        }
+    };
+}
+
 /// Whether a read of `st` has something to hand out without a receive still in the kernel:
 /// unread bytes, a stashed error it reports now, or, for the receive [`poll_reading`] takes
 /// next (a kept one first), a completion already reaped.
@@ -1763,9 +1868,14 @@ fn poll_reading(
         // only once `rbuf` is drained).
         st.rbuf.drain(..st.rpos);
         st.rpos = 0;
+        let at = stray.completed_at();
         let res =
             ready!(stray.poll_into(&mut st.read_waiters, cx, trait_side, &mut st.rbuf, after));
         st.stray.pop_front();
+        if res > 0 {
+            // `rbuf` held no unread byte (drained above): these are all it holds.
+            st.kept_at = at;
+        }
         if nothing_moved(res) {
             continue; // the next kept one, else the caller reads afresh
         }
@@ -1776,6 +1886,7 @@ fn poll_reading(
     };
     let (res, mut got) = ready!(poll_shared(op, &mut st.read_waiters, cx, trait_side, after));
     st.reading = None;
+    st.kept_at = None;
     if nothing_moved(res) {
         got.clear();
         st.rbuf = got;
