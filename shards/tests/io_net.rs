@@ -1368,6 +1368,46 @@ fn a_datagram_kept_from_a_dropped_recv_from_reaches_a_recv_already_waiting() {
     );
 }
 
+/// As above, and the peer sends a second datagram before the waiting `recv_from` runs again:
+/// it reaches the waiting one's own receive, after the dropped one's datagram was received
+/// and kept. The datagrams keep the order the kernel received them in: the kept one first.
+#[test]
+fn a_datagram_kept_from_a_dropped_recv_from_comes_before_a_waiting_ones_own() {
+    on_each_driver("kept_datagram_comes_first", 1, |driver| async move {
+        let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let addr = s.local_addr().unwrap();
+        let mut dropped = Box::pin(s.recv_from(vec![0u8; 16]));
+        assert!(poll_fn(|cx| Poll::Ready(dropped.as_mut().poll(cx).is_pending())).await);
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.send_to(b"one", addr).unwrap();
+        sleep(Duration::from_millis(100)).await; // the loop reaps the receive's completion
+        let s2 = s.clone();
+        let waiting = spawn_local(async move {
+            let (r, b) = s2.recv_from(vec![0u8; 16]).await;
+            r.map(|(n, _)| b[..n].to_vec())
+        });
+        xtc_shards::yield_now().await; // the second receive waits (in the kernel, on io_uring)
+        drop(dropped);
+        // Before the waiting receive runs again: this reaches its own receive.
+        peer.send_to(b"two", addr).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let first = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("[{driver}] the waiting recv_from never finished"))
+            .unwrap()
+            .unwrap();
+        let (r, b) = xtc_shards::time::timeout(Duration::from_secs(3), s.recv_from(vec![0u8; 16]))
+            .await
+            .unwrap_or_else(|_| panic!("[{driver}] the second datagram never came"));
+        let second = b[..r.unwrap().0].to_vec();
+        assert_eq!(
+            (&first[..], &second[..]),
+            (&b"one"[..], &b"two"[..]),
+            "[{driver}]"
+        );
+    });
+}
+
 /// The waker a dropped `recv_from` forgets (its receive kept by the socket) is dropped outside
 /// the socket's borrows, and the receive that drop starts (user code) pushes out no receive
 /// holding a datagram. The waker was dropped under the borrow ("already borrowed"); then,

@@ -59,6 +59,8 @@ trait StrayRecv {
     fn cancel_in_place(&self);
     /// Its result once its completion was reaped (`Op::completed`): taking it is no I/O.
     fn completed(&self) -> Option<i32>;
+    /// Where its reaped completion stands in its driver's order (`Op::completed_at`).
+    fn completed_at(&self) -> Option<(u64, u64)>;
 }
 
 impl<B: IoBufMut> StrayRecv for RecvOp<B> {
@@ -98,6 +100,49 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
 
     fn completed(&self) -> Option<i32> {
         Op::completed(self)
+    }
+
+    fn completed_at(&self) -> Option<(u64, u64)> {
+        Op::completed_at(self)
+    }
+}
+
+/// A datagram a `recv_from`'s own receive got after a kept receive had got an earlier one:
+/// copied out and kept behind that one ([`UdpSocket::keep_behind_earlier`]), as a receive
+/// that has completed.
+struct Received {
+    data: Vec<u8>,
+    addr: SockAddr,
+    /// Where the receive's completion stood in its driver's order.
+    at: Option<(u64, u64)>,
+}
+
+impl StrayRecv for Received {
+    fn poll_into(
+        &mut self,
+        _cx: &mut Context<'_>,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Poll<io::Result<(usize, SockAddr)>> {
+        let n = self.data.len().min(dst.len());
+        for (d, &b) in dst.iter_mut().zip(&self.data[..n]) {
+            d.write(b);
+        }
+        Poll::Ready(Ok((n, self.addr.clone())))
+    }
+
+    fn unwait_later(&self) -> Option<std::task::Waker> {
+        None
+    }
+
+    fn cancel_in_place(&self) {}
+
+    fn completed(&self) -> Option<i32> {
+        // A datagram (`>= 0`): its length, which fits, as the receive's result did.
+        Some(self.data.len() as i32)
+    }
+
+    fn completed_at(&self) -> Option<(u64, u64)> {
+        self.at
     }
 }
 
@@ -289,8 +334,12 @@ impl UdpSocket {
             // resolves to the cancellation (then the kept ones are taken over, oldest first)
             // or to a datagram that won the race.
             let mut gave_way = false;
+            // Where its completion stood in its driver's order, taken before the poll that
+            // takes its result.
+            let mut own_at = None;
             let (res, (b, h)) = poll_fn(|cx| {
                 let op = keep.op.as_mut().expect("present until it completes");
+                own_at = op.completed_at();
                 let done = Pin::new(&mut *op).poll(cx);
                 if done.is_ready() || gave_way {
                     return done;
@@ -320,12 +369,69 @@ impl UdpSocket {
                 continue 'fresh;
             }
             let res = msg::received_from(res, &h);
-            if let Ok((n, _)) = &res {
+            if let Ok((n, addr)) = &res {
+                if self.keep_behind_earlier(&mut buf, *n, addr, own_at) {
+                    // Behind a datagram a kept receive got first: that one comes first.
+                    continue 'fresh;
+                }
                 // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
                 unsafe { buf.set_init(*n) };
             }
             return (res, buf);
         }
+    }
+
+    /// A `recv_from`'s own receive got a datagram of `n` bytes into `buf` from `addr`, its
+    /// completion at `at` in its driver's order: if a kept receive got one before it (its
+    /// completion reaped earlier), that one was received first, and this one is copied out
+    /// and kept right behind the last such (`true`: the call takes the kept ones over, in
+    /// order). Returned at once, it came before a datagram the kernel had received earlier
+    /// (the dropped receive's, reaped while this one waited, when the next datagram reached
+    /// this one before it ran). Cost: a borrow check and a scan of the kept receives
+    /// (usually none).
+    fn keep_behind_earlier<B: IoBufMut>(
+        &self,
+        buf: &mut B,
+        n: usize,
+        addr: &SockAddr,
+        at: Option<(u64, u64)>,
+    ) -> bool {
+        let Some((driver, own)) = at else {
+            return false;
+        };
+        let Ok(mut kept) = self.stray.try_borrow_mut() else {
+            return false;
+        };
+        let earlier = kept.iter().rposition(|(_, stray)| {
+            stray.completed().is_some_and(|res| res >= 0)
+                && stray
+                    .completed_at()
+                    .is_some_and(|(d, p)| d == driver && p < own)
+        });
+        let Some(i) = earlier else {
+            return false;
+        };
+        let n = n.min(buf.bytes_total());
+        let data = if n == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the kernel wrote the datagram's first `n <= bytes_total()` bytes at the
+            // buffer's stable mutable pointer, where the receive was submitted, and the
+            // completion was reaped before this result. Not for `n == 0`: an empty buffer's
+            // pointer may be null.
+            unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) }.to_vec()
+        };
+        // Its number is that one's, placed right behind it: the queue stays in number order
+        // (`keep_in_order` puts a receive given back before those of an equal number, so
+        // that one, taken and dropped again, goes back ahead of this datagram).
+        let number = kept[i].0;
+        let received = Received {
+            data,
+            addr: addr.clone(),
+            at,
+        };
+        kept.insert(i + 1, (number, Box::new(received)));
+        true
     }
 
     /// Connects the socket to `addr`, the first address it resolves to that connects:
