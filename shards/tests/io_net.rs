@@ -1156,6 +1156,40 @@ fn a_connection_kept_from_a_dropped_accept_reaches_an_accept_already_waiting() {
     );
 }
 
+/// As above, and a second client connects before the waiting accept runs again: its
+/// connection reaches the waiting accept's own `ACCEPT`, after the dropped accept's was
+/// accepted and kept. Connections come out in the order the kernel accepted them: the kept
+/// one first (on epoll, where the dropped accept took nothing, the waiting one gets it).
+#[test]
+fn a_connection_kept_from_a_dropped_accept_comes_before_a_waiting_accepts_own() {
+    on_each_driver("kept_connection_comes_first", 1, |driver| async move {
+        let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let addr = l.local_addr().unwrap();
+        let mut dropped = Box::pin(l.accept());
+        assert!(poll_fn(|cx| Poll::Ready(dropped.as_mut().poll(cx).is_pending())).await);
+        let first = join_thread(client_that_writes(addr, b"1")).await;
+        sleep(Duration::from_millis(100)).await; // the loop reaps the accept's completion
+        let l2 = l.clone();
+        let waiting = spawn_local(async move { l2.accept().await.map(|(_, peer)| peer) });
+        xtc_shards::yield_now().await; // the second accept waits (in the kernel, on io_uring)
+        drop(dropped);
+        // Before the waiting accept runs again: this reaches its own `ACCEPT`.
+        let _second = std::net::TcpStream::connect(addr).unwrap();
+        thread::sleep(Duration::from_millis(20));
+        let peer = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("[{driver}] the waiting accept never finished"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(peer, first.local_addr().unwrap(), "[{driver}]");
+        let (_, next) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+            .await
+            .unwrap_or_else(|_| panic!("[{driver}] the second connection never came"))
+            .unwrap();
+        assert_eq!(next, _second.local_addr().unwrap(), "[{driver}]");
+    });
+}
+
 /// A dropped accept left nothing armed for another listener of the same socket (each shard's
 /// `from_std` of a `try_clone`): kept in the kernel, it took the connection the other
 /// listener's accept waited for, which then waited for good.

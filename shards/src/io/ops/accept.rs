@@ -41,6 +41,39 @@ const FLAGS: libc::c_int = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
 type Storage = Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)>;
 type AcceptOp = Op<Storage>;
 
+/// What a listener keeps for its next `accept` ([`Kept`]).
+#[derive(Debug)]
+enum KeptAccept {
+    /// A dropped accept's `ACCEPT`, cancelled in place.
+    Op(AcceptOp),
+    /// A connection an accept's own `ACCEPT` took after a kept one had taken an earlier one:
+    /// kept right behind it ([`Kept::keep_behind_earlier`]).
+    Accepted {
+        fd: OwnedFd,
+        addr: SockAddr,
+        /// Where the `ACCEPT`'s completion stood in its driver's order.
+        at: Option<(u64, u64)>,
+    },
+}
+
+impl KeptAccept {
+    /// Its result once reaped (`Op::completed`): a connection is a descriptor (`>= 0`).
+    fn completed(&self) -> Option<i32> {
+        match self {
+            KeptAccept::Op(op) => op.completed(),
+            KeptAccept::Accepted { fd, .. } => Some(std::os::fd::AsRawFd::as_raw_fd(fd)),
+        }
+    }
+
+    /// Where its completion stands in its driver's order (`Op::completed_at`).
+    fn completed_at(&self) -> Option<(u64, u64)> {
+        match self {
+            KeptAccept::Op(op) => op.completed_at(),
+            KeptAccept::Accepted { at, .. } => *at,
+        }
+    }
+}
+
 /// A listener's accepts dropped unfinished on io_uring, cancelled in place and kept for its
 /// next `accept` (see the module docs), oldest first: each with its number in the order it
 /// was first kept, so one taken by an `accept` that is dropped before it resolves goes back to
@@ -53,10 +86,11 @@ type AcceptOp = Op<Storage>;
 /// call, which a waiting accept made only after yet another client came. A woken one that
 /// finds accepts kept cancels its own in place and, once that resolved with nothing, takes
 /// the kept ones over, oldest first, as the next `accept` call would (a connection its own
-/// won the race with comes first).
+/// took comes first if the kernel accepted it first, else right behind the kept one that
+/// took an earlier one: [`Kept::keep_behind_earlier`]).
 #[derive(Debug, Default)]
 pub(crate) struct Kept {
-    ops: RefCell<VecDeque<(u64, AcceptOp)>>,
+    ops: RefCell<VecDeque<(u64, KeptAccept)>>,
     /// The number of the next accept kept.
     next: Cell<u64>,
     /// The accepts waiting on an `ACCEPT` of their own (not a kept one): woken when an accept
@@ -149,12 +183,48 @@ impl Kept {
 
     /// The first kept accept whose completion brought a connection, taken out, with its
     /// number.
-    fn take_connected(&self) -> Option<(u64, AcceptOp)> {
+    fn take_connected(&self) -> Option<(u64, KeptAccept)> {
         let mut ops = self.ops.try_borrow_mut().ok()?;
         let at = ops
             .iter()
             .position(|(_, op)| op.completed().is_some_and(|res| res >= 0))?;
         ops.remove(at)
+    }
+
+    /// An accept's own `ACCEPT` took the connection `fd` from `addr`, its completion at `at`
+    /// in its driver's order: if a kept accept took one before it (its completion reaped
+    /// earlier), that one was accepted first, and this one is kept right behind the last
+    /// such (`None`: the call takes the kept ones over, in order); else it comes back. Handed
+    /// out at once, it came before a client the kernel had accepted earlier (the dropped
+    /// accept's, reaped while this one waited, when the next client reached this one before
+    /// it ran). Cost: a borrow check and a scan of the kept accepts (usually none).
+    fn keep_behind_earlier(
+        &self,
+        fd: OwnedFd,
+        addr: SockAddr,
+        at: Option<(u64, u64)>,
+    ) -> Option<(OwnedFd, SockAddr)> {
+        let Some((driver, own)) = at else {
+            return Some((fd, addr));
+        };
+        let Ok(mut ops) = self.ops.try_borrow_mut() else {
+            return Some((fd, addr));
+        };
+        let earlier = ops.iter().rposition(|(_, op)| {
+            op.completed().is_some_and(|res| res >= 0)
+                && op
+                    .completed_at()
+                    .is_some_and(|(d, p)| d == driver && p < own)
+        });
+        let Some(i) = earlier else {
+            return Some((fd, addr));
+        };
+        // Its number is that one's, placed right behind it: the queue stays in number order
+        // (`keep_in_order` puts an accept given back before those of an equal number, so
+        // that one, taken and dropped again, goes back ahead of this connection).
+        let number = ops[i].0;
+        ops.insert(i + 1, (number, KeptAccept::Accepted { fd, addr, at }));
+        None
     }
 }
 
@@ -178,7 +248,13 @@ impl Drop for KeepOnDrop<'_> {
         // Kept before the waker it forgets is dropped (user code, which may use this
         // listener): see `keep_dropped`.
         let waker = op.unwait_later();
-        super::keep_dropped(&self.kept.ops, &self.kept.next, self.number, op, waker);
+        super::keep_dropped(
+            &self.kept.ops,
+            &self.kept.next,
+            self.number,
+            KeptAccept::Op(op),
+            waker,
+        );
         // The accepts still waiting take it over (see `Kept`).
         self.kept.waiting.wake_all();
     }
@@ -205,7 +281,9 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
             Driver::IoUring => {
                 let taken = connected.or_else(|| kept.ops.borrow_mut().pop_front());
                 let (number, op) = match taken {
-                    Some((n, op)) => (Some(n), op),
+                    // Kept behind an earlier one, which was taken before it: no I/O.
+                    Some((_, KeptAccept::Accepted { fd, addr, .. })) => return Ok((fd, addr)),
+                    Some((n, KeptAccept::Op(op))) => (Some(n), op),
                     None => {
                         // Zeroed, not uninit: the kernel writes only the address's own length
                         // (16 or 28 bytes), and `assume_init` below reads the whole storage.
@@ -236,8 +314,12 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                 // it resolves to the cancellation (then the kept ones are taken over, oldest
                 // first) or to a connection that won the race.
                 let mut gave_way = false;
+                // Where its completion stood in its driver's order, taken before the poll
+                // that takes its result.
+                let mut own_at = None;
                 let (res, storage) = poll_fn(|cx| {
                     let op = keep.op.as_mut().expect("present until it completes");
+                    own_at = op.completed_at();
                     let done = Pin::new(&mut *op).poll(cx);
                     if done.is_ready() || !own || gave_way {
                         return done;
@@ -268,7 +350,14 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                 // SAFETY: `storage.0` was zeroed (every byte initialized, a valid `sockaddr_storage`)
                 // and the kernel wrote a socket address of `storage.1` bytes over its start.
                 let addr = unsafe { SockAddr::new(storage.0.assume_init(), storage.1) };
-                return Ok((fd, addr));
+                if !own {
+                    return Ok((fd, addr));
+                }
+                match kept.keep_behind_earlier(fd, addr, own_at) {
+                    // Behind a connection a kept accept took first: that one comes first.
+                    None => continue,
+                    Some((fd, addr)) => return Ok((fd, addr)),
+                }
             }
             Driver::Epoll => {
                 return ready(src, Dir::Read, |fd| {
