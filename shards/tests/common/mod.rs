@@ -233,56 +233,47 @@ impl Drop for Watchdog {
     }
 }
 
-/// Makes syscall `nr` fail with `errno` on this thread and the threads it starts (a seccomp
-/// filter, which stays inside the test that installs it); `false` if this machine does not
-/// let the process install a filter (the test then skips).
+/// `struct sock_filter`: one classic BPF instruction of a seccomp filter.
 #[cfg(target_arch = "x86_64")]
-pub fn deny_syscall(nr: libc::c_long, errno: u32) -> bool {
-    /// `struct sock_filter`.
-    #[repr(C)]
-    struct SockFilter {
-        code: u16,
-        jt: u8,
-        jf: u8,
-        k: u32,
-    }
-    /// `struct sock_fprog`.
-    #[repr(C)]
-    struct SockFprog {
-        len: u16,
-        filter: *const SockFilter,
-    }
-    const LD_W_ABS: u16 = 0x20; // A = seccomp_data.nr (offset 0)
-    const JEQ_K: u16 = 0x15;
-    const RET_K: u16 = 0x06;
-    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-    let filter = [
-        SockFilter {
-            code: LD_W_ABS,
-            jt: 0,
-            jf: 0,
-            k: 0,
-        },
-        SockFilter {
-            code: JEQ_K,
-            jt: 0,
-            jf: 1,
-            k: nr as u32,
-        },
-        SockFilter {
-            code: RET_K,
-            jt: 0,
-            jf: 0,
-            k: SECCOMP_RET_ERRNO | errno,
-        },
-        SockFilter {
-            code: RET_K,
-            jt: 0,
-            jf: 0,
-            k: SECCOMP_RET_ALLOW,
-        },
-    ];
+#[repr(C)]
+struct SockFilter {
+    code: u16,
+    jt: u8,
+    jf: u8,
+    k: u32,
+}
+
+/// `struct sock_fprog`.
+#[cfg(target_arch = "x86_64")]
+#[repr(C)]
+struct SockFprog {
+    len: u16,
+    filter: *const SockFilter,
+}
+
+#[cfg(target_arch = "x86_64")]
+const LD_W_ABS: u16 = 0x20; // A = the word of seccomp_data at offset k
+#[cfg(target_arch = "x86_64")]
+const JEQ_K: u16 = 0x15;
+#[cfg(target_arch = "x86_64")]
+const AND_K: u16 = 0x54;
+#[cfg(target_arch = "x86_64")]
+const RET_K: u16 = 0x06;
+#[cfg(target_arch = "x86_64")]
+const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+#[cfg(target_arch = "x86_64")]
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+
+/// One filter instruction.
+#[cfg(target_arch = "x86_64")]
+fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> SockFilter {
+    SockFilter { code, jt, jf, k }
+}
+
+/// Installs `filter` on this thread (and the threads it starts); `false` if this machine does
+/// not let the process install one.
+#[cfg(target_arch = "x86_64")]
+fn install_filter(filter: &[SockFilter]) -> bool {
     let prog = SockFprog {
         len: filter.len() as u16,
         filter: filter.as_ptr(),
@@ -301,59 +292,35 @@ pub fn deny_syscall(nr: libc::c_long, errno: u32) -> bool {
     }
 }
 
+/// Makes syscall `nr` fail with `errno` on this thread and the threads it starts (a seccomp
+/// filter, which stays inside the test that installs it); `false` if this machine does not
+/// let the process install a filter (the test then skips).
+#[cfg(target_arch = "x86_64")]
+pub fn deny_syscall(nr: libc::c_long, errno: u32) -> bool {
+    install_filter(&[
+        bpf(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        bpf(JEQ_K, 0, 1, nr as u32),
+        bpf(RET_K, 0, 0, SECCOMP_RET_ERRNO | errno),
+        bpf(RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    ])
+}
+
 /// Makes `io_uring_enter` fail with `errno` on this thread and the threads it starts when it
 /// only submits (no `IORING_ENTER_GETEVENTS` in its flags), so a loop's submits fail while
 /// its parks (which wait, and submit what is queued) still work; `false` if this machine does
 /// not let the process install a filter (the test then skips).
 #[cfg(target_arch = "x86_64")]
 pub fn deny_uring_submit_without_wait(errno: u32) -> bool {
-    /// `struct sock_filter`.
-    #[repr(C)]
-    struct SockFilter {
-        code: u16,
-        jt: u8,
-        jf: u8,
-        k: u32,
-    }
-    /// `struct sock_fprog`.
-    #[repr(C)]
-    struct SockFprog {
-        len: u16,
-        filter: *const SockFilter,
-    }
-    const LD_W_ABS: u16 = 0x20;
-    const JEQ_K: u16 = 0x15;
-    const AND_K: u16 = 0x54;
-    const RET_K: u16 = 0x06;
-    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
     // `seccomp_data`: `nr` at 0, `args[3]` (the flags) at 16 + 3 * 8 (low half, x86_64).
-    let f = |code, jt, jf, k| SockFilter { code, jt, jf, k };
-    let filter = [
-        f(LD_W_ABS, 0, 0, 0),
-        f(JEQ_K, 0, 4, libc::SYS_io_uring_enter as u32),
-        f(LD_W_ABS, 0, 0, 40),
-        f(AND_K, 0, 0, 1), // IORING_ENTER_GETEVENTS
-        f(JEQ_K, 0, 1, 0),
-        f(RET_K, 0, 0, SECCOMP_RET_ERRNO | errno),
-        f(RET_K, 0, 0, SECCOMP_RET_ALLOW),
-    ];
-    let prog = SockFprog {
-        len: filter.len() as u16,
-        filter: filter.as_ptr(),
-    };
-    // SAFETY: plain prctl calls; `prog` and the filter it points to outlive the call, which
-    // copies them.
-    unsafe {
-        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-            && libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &prog as *const SockFprog as usize,
-                0,
-                0,
-            ) == 0
-    }
+    install_filter(&[
+        bpf(LD_W_ABS, 0, 0, 0),
+        bpf(JEQ_K, 0, 4, libc::SYS_io_uring_enter as u32),
+        bpf(LD_W_ABS, 0, 0, 40),
+        bpf(AND_K, 0, 0, 1), // IORING_ENTER_GETEVENTS
+        bpf(JEQ_K, 0, 1, 0),
+        bpf(RET_K, 0, 0, SECCOMP_RET_ERRNO | errno),
+        bpf(RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    ])
 }
 
 /// A tracing subscriber that counts the events of one level logged on the thread it is the
