@@ -583,6 +583,54 @@ fn a_finished_read_dropped_beside_a_waiting_one_wakes_it() {
     );
 }
 
+/// Two owned reads, each of which took bytes ("ping" the first, "pong" the second, started
+/// while the first had completed unpolled), dropped youngest first: the stream keeps both, and hands their bytes out in
+/// the order the socket gave them, not the order they were dropped. Kept in drop order, the
+/// next reads got "pong" then "ping" on io_uring; on epoll, where neither took anything, the
+/// next read gets "pingpong".
+#[test]
+fn bytes_of_reads_dropped_in_reverse_come_in_the_order_they_were_received() {
+    on_each_driver(
+        "bytes_of_reads_dropped_in_reverse_come_in_the_order_they_were_received",
+        1,
+        |driver| async move {
+            let (a, b) = tcp_pair().await;
+            let b = b.into_std().unwrap();
+            let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+            poll_pending(first.as_mut()).await;
+            std::io::Write::write_all(&mut &b, b"ping").unwrap();
+            sleep(Duration::from_millis(5)).await; // the first takes "ping"
+            let mut seen = Vec::new();
+            let mut second = Box::pin(a.read(Vec::with_capacity(64)));
+            // On epoll, where the first took nothing, the second reads "ping" at once.
+            let polled = poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx))).await;
+            if let Poll::Ready((r, got)) = polled {
+                assert_eq!(
+                    driver.to_string(),
+                    "epoll",
+                    "the first read's bytes overtaken"
+                );
+                seen.extend_from_slice(&got[..r.unwrap()]);
+            }
+            sleep(Duration::from_millis(5)).await; // the second waits in the kernel
+            std::io::Write::write_all(&mut &b, b"pong").unwrap();
+            sleep(Duration::from_millis(5)).await; // the second takes "pong"
+            drop(second);
+            drop(first);
+            while seen.len() < 8 {
+                let (r, got) = guard("a read", a.read(Vec::with_capacity(64))).await;
+                let n = r.unwrap();
+                assert_ne!(n, 0, "{driver}: the stream ended early");
+                seen.extend_from_slice(&got[..n]);
+            }
+            assert_eq!(
+                seen, b"pingpong",
+                "{driver}: bytes came out of the stream's order"
+            );
+        },
+    );
+}
+
 /// As above, and the peer sends more bytes before the waiting read runs again: those reach
 /// the waiting read's own receive, after the dropped read's bytes were already received and
 /// kept. The stream's order holds: the dropped read's bytes come first. The waiting read

@@ -95,9 +95,10 @@ struct PollState {
     fd: Option<i32>,
     reading: Option<Op<Vec<u8>>>,
     /// Owned `read`s whose futures were dropped before they took their result (a `select!`
-    /// whose other branch won), oldest first: each receive is kept here instead of dropped,
-    /// and what it read goes to `rbuf`, where the next read (owned or `AsyncRead`) finds it
-    /// first. Dropping it instead lost those bytes from the middle of the stream (the epoll
+    /// whose other branch won), in the order the socket gave them their bytes (`order_stray`;
+    /// one that finished before its drop is kept as what it brought, [`Received`]): each
+    /// receive is kept here instead of dropped, and what it read goes to `rbuf`, where the
+    /// next read (owned or `AsyncRead`) finds it first. Dropping it instead lost those bytes from the middle of the stream (the epoll
     /// driver, which reads in the poll, never had them taken). Kept only on io_uring. Left
     /// running only when it is the only one and no other owned receive is in flight on the
     /// stream: the kernel may hand the next bytes to a kept one while that other read, already
@@ -382,8 +383,9 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
         if !running {
             // Not left running: another owned read is in flight (running, this one could take
             // the bytes that one waits for), or other kept reads are pending (two reads of one
-            // stream shared through an `Rc`, both dropped). If it has finished, its bytes are
-            // taken now. Completions the loop has not reaped yet count too.
+            // stream shared through an `Rc`, both dropped). If it has finished, what it
+            // brought is kept (`take_finished`). Completions the loop has not reaped yet
+            // count too.
             crate::io::reap_now();
             if op.completed().is_some() {
                 self.take_finished(op);
@@ -417,8 +419,11 @@ impl<B: IoBufMut> Drop for OwnedRecv<'_, B> {
 }
 
 impl<B: IoBufMut> OwnedRecv<'_, B> {
-    /// A dropped receive whose completion was reaped: its bytes go to the stream's buffer,
-    /// after the unread ones already there, or its error is stashed for the next read.
+    /// A dropped receive whose completion was reaped: what it brought (its bytes, or its
+    /// result) is kept in `stray` ([`Received`]), handed out in the order the socket gave the
+    /// kept receives their bytes (`order_stray`), and its buffer is dropped now. Put in
+    /// `rbuf` at once, its bytes went ahead of those of a kept receive that took earlier
+    /// bytes (dropped after it, or kept behind one still in the kernel).
     fn take_finished(&self, mut op: Op<B>) {
         // Taking a completed result runs no user code; the buffer's `Drop` (user code, which
         // may use this stream) runs after the poll state is whole again.
@@ -428,21 +433,51 @@ impl<B: IoBufMut> OwnedRecv<'_, B> {
             return;
         };
         if let Ok(mut st) = self.io.poll.try_borrow_mut() {
+            let mut bytes = Vec::new();
             if res > 0 {
-                note_kept(&mut st, at);
                 let n = (res as usize).min(buf.bytes_total());
                 // SAFETY: as in `StrayRead::poll_into`: the kernel wrote these `n` bytes at the
                 // stable mutable pointer, and the completion was reaped.
                 let got = unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) };
-                // After the unread bytes already there: these were received after.
-                st.rbuf.extend_from_slice(got);
-            } else if res < 0 && !nothing_moved(res) {
-                // An error (a reset) is the stream's: the next read reports it, rather than a
-                // clean end that would make a cut stream look complete.
-                st.read_error.get_or_insert(res);
+                bytes.extend_from_slice(got);
             }
+            st.stray.push_back(Box::new(Received { res, bytes, at }));
         }
         crate::task::guarded("an I/O buffer panicked while being dropped", || drop(buf));
+    }
+}
+
+/// A kept receive whose completion was reaped when its `read` was dropped: its result, the
+/// bytes it brought, and where its completion stands in its driver's order.
+struct Received {
+    res: i32,
+    bytes: Vec<u8>,
+    at: Option<(u64, u64)>,
+}
+
+impl StrayRead for Received {
+    fn poll_into(
+        &mut self,
+        _waiters: &mut Option<Waiters>,
+        _cx: &mut Context<'_>,
+        _trait_side: bool,
+        out: &mut Vec<u8>,
+        _after: &mut After,
+    ) -> Poll<i32> {
+        out.append(&mut self.bytes);
+        Poll::Ready(self.res)
+    }
+
+    fn unwait(&self) {}
+
+    fn cancel_in_place(&self) {}
+
+    fn completed(&self) -> Option<i32> {
+        Some(self.res)
+    }
+
+    fn completed_at(&self) -> Option<(u64, u64)> {
+        self.at
     }
 }
 
@@ -1095,6 +1130,7 @@ impl StreamIo {
             // Kept receives that completed with bytes before this one: theirs first, in
             // `rbuf` (each resolves at once; nothing is listed).
             let mut noop = Context::from_waker(Waker::noop());
+            order_stray(st);
             while let Some(stray) = st.stray.front() {
                 let at = stray.completed_at();
                 if !(earlier(at) && stray.completed().is_some_and(|res| res > 0)) {
@@ -1778,6 +1814,32 @@ fn off_loop_drain(st: &PollState) -> io::Result<()> {
     }
 }
 
+/// Puts the kept receives of `st` in the order the socket gave them their bytes: those whose
+/// completion was reaped first, by where it stands in their driver's order
+/// (`Op::completed_at`), then those still in the kernel (which get bytes, if any, only after
+/// every reaped one), in the order they were kept. A read takes them from the front. Kept in
+/// the order they were dropped, two reads that took "ping" and "pong", dropped youngest first,
+/// handed out "pong" "ping", and a kept receive that completed behind one still in the kernel
+/// waited for it. Completions of different drivers (or with no place known) keep their order
+/// among themselves. Cost: nothing while fewer than two are kept.
+fn order_stray(st: &mut PollState) {
+    if st.stray.len() < 2 {
+        return;
+    }
+    let mut driver = None;
+    let one_driver = st.stray.iter().all(|s| match s.completed_at() {
+        Some((d, _)) => *driver.get_or_insert(d) == d,
+        None => true,
+    });
+    st.stray.make_contiguous().sort_by_key(|s| {
+        let place = match s.completed_at() {
+            Some((_, p)) if one_driver => p,
+            _ => 0,
+        };
+        (s.completed().is_none(), place)
+    });
+}
+
 /// Bytes of a kept read whose completion stood at `at` in its driver's order are about to be
 /// appended to `st.rbuf`: `kept_at` becomes the newest such place (unknown if either is).
 fn note_kept(st: &mut PollState, at: Option<(u64, u64)>) {
@@ -1798,13 +1860,18 @@ fn already_received(st: &PollState) -> bool {
     if st.rpos < st.rbuf.len() {
         return true;
     }
-    // Kept reads first, in order: one that moved nothing is skipped.
+    // Kept reads first, those reaped ahead of those still in the kernel (`order_stray`): one
+    // that moved nothing is skipped.
+    let mut in_kernel = false;
     for stray in &st.stray {
         match stray.completed() {
-            None => return false,
+            None => in_kernel = true,
             Some(res) if nothing_moved(res) => {}
             Some(_) => return true,
         }
+    }
+    if in_kernel {
+        return false;
     }
     st.read_error.is_some()
         || st
@@ -1863,6 +1930,7 @@ fn poll_reading(
     trait_side: bool,
     after: &mut After,
 ) -> Poll<Option<io::Result<u32>>> {
+    order_stray(st);
     while let Some(stray) = st.stray.front_mut() {
         // Its bytes go after those still unread in `rbuf` (none, in practice: a read starts
         // only once `rbuf` is drained).
