@@ -1190,6 +1190,50 @@ fn a_connection_kept_from_a_dropped_accept_comes_before_a_waiting_accepts_own() 
     });
 }
 
+/// Two accepts, each of which took a connection (the first client the first, the second
+/// client the second, started while the first had completed unpolled), dropped youngest
+/// first: the listener keeps both and hands the connections out in the kernel's accept
+/// order, not the order they were dropped (kept in drop order, the second client came first
+/// on io_uring; on epoll the second accept takes the first client at once).
+#[test]
+fn connections_of_accepts_dropped_in_reverse_come_in_the_order_accepted() {
+    on_each_driver("connections_dropped_in_reverse", 1, |driver| async move {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut first = Box::pin(l.accept());
+        assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+        let one = std::net::TcpStream::connect(addr).unwrap();
+        sleep(Duration::from_millis(5)).await; // the first takes it
+        let mut seen = Vec::new();
+        let mut second = Box::pin(l.accept());
+        if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx))).await {
+            assert_eq!(
+                driver,
+                Driver::Epoll,
+                "the first accept's client was overtaken"
+            );
+            seen.push(r.unwrap().1);
+        }
+        sleep(Duration::from_millis(5)).await; // the second waits (in the kernel, on io_uring)
+        let two = std::net::TcpStream::connect(addr).unwrap();
+        sleep(Duration::from_millis(5)).await; // the second takes it
+        drop(second);
+        drop(first);
+        while seen.len() < 2 {
+            let (_, peer) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] a connection never came"))
+                .unwrap();
+            seen.push(peer);
+        }
+        assert_eq!(
+            seen,
+            [one.local_addr().unwrap(), two.local_addr().unwrap()],
+            "[{driver}]"
+        );
+    });
+}
+
 /// A dropped accept left nothing armed for another listener of the same socket (each shard's
 /// `from_std` of a `try_clone`): kept in the kernel, it took the connection the other
 /// listener's accept waited for, which then waited for good.
@@ -1439,6 +1483,47 @@ fn a_datagram_kept_from_a_dropped_recv_from_comes_before_a_waiting_ones_own() {
             (&b"one"[..], &b"two"[..]),
             "[{driver}]"
         );
+    });
+}
+
+/// Two `recv_from`s, each of which got a datagram ("one" the first, "two" the second, started
+/// while the first had completed unpolled), dropped youngest first: the socket keeps both and
+/// hands their datagrams out in the order the kernel received them, not the order they were
+/// dropped. Kept in drop order, the next calls got "two" then "one" on io_uring; on epoll,
+/// where the first took nothing, the second gets "one" at once.
+#[test]
+fn datagrams_of_recv_froms_dropped_in_reverse_come_in_the_order_received() {
+    on_each_driver("datagrams_dropped_in_reverse", 1, |driver| async move {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = s.local_addr().unwrap();
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut first = Box::pin(s.recv_from(vec![0u8; 16]));
+        assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+        peer.send_to(b"one", addr).unwrap();
+        sleep(Duration::from_millis(5)).await; // the first gets "one"
+        let mut seen = Vec::new();
+        let mut second = Box::pin(s.recv_from(vec![0u8; 16]));
+        if let Poll::Ready((r, b)) = poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx))).await {
+            assert_eq!(
+                driver,
+                Driver::Epoll,
+                "the first one's datagram was overtaken"
+            );
+            seen.push(b[..r.unwrap().0].to_vec());
+        }
+        sleep(Duration::from_millis(5)).await; // the second waits (in the kernel, on io_uring)
+        peer.send_to(b"two", addr).unwrap();
+        sleep(Duration::from_millis(5)).await; // the second gets "two"
+        drop(second);
+        drop(first);
+        while seen.len() < 2 {
+            let (r, b) =
+                xtc_shards::time::timeout(Duration::from_secs(3), s.recv_from(vec![0u8; 16]))
+                    .await
+                    .unwrap_or_else(|_| panic!("[{driver}] a datagram never came"));
+            seen.push(b[..r.unwrap().0].to_vec());
+        }
+        assert_eq!(seen, [&b"one"[..], &b"two"[..]], "[{driver}]");
     });
 }
 

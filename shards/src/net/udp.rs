@@ -27,8 +27,9 @@ pub struct UdpSocket {
     /// `recv_from`s whose futures were dropped unfinished on io_uring (a `select!` whose other
     /// branch won), cancelled in place and kept here rather than dropped: each resolves to the
     /// cancellation or to the datagram the kernel gave it first, which the next `recv_from`
-    /// takes over, oldest first, so a datagram the kernel already gave one is not lost, and
-    /// nothing stays armed in the kernel for a receive nobody waits for (see `KeepOnDrop`).
+    /// takes over, in the kernel's order (`ops::next_kept`), so a datagram the kernel already
+    /// gave one is not lost, and nothing stays armed in the kernel for a receive nobody waits
+    /// for (see `KeepOnDrop`).
     /// Each with its number in the order it was first kept, so one taken by a `recv_from`
     /// that is dropped before it resolves goes back to its place, not behind younger ones.
     /// Declared before `src`: dropped (cancelled) before the descriptor closes.
@@ -255,7 +256,8 @@ impl UdpSocket {
     /// datagram longer than the capacity is truncated) and the sender's address. Dropping the
     /// future before it resolves loses no datagram on either driver: on io_uring the socket
     /// cancels the receive it submitted but keeps it, and the next `recv_from` takes it over
-    /// (kept ones oldest first, by when they were first kept, so datagrams keep their order).
+    /// (kept ones in the order their receives completed, else by when they were first kept,
+    /// so datagrams keep their order).
     /// A datagram the kept receive already got (before its cancellation) comes back as it got
     /// it, truncated to the dropped buffer's capacity if that was smaller; the dropped buffer
     /// (a [`FixedBuf`](crate::io::FixedBuf) too) is held until then. One cancelled with nothing
@@ -275,7 +277,13 @@ impl UdpSocket {
         // a driver's shutdown (nothing taken) starts the next turn.
         'fresh: loop {
             loop {
-                let Some((number, stray)) = self.stray.borrow_mut().pop_front() else {
+                // The one that completed first (the kernel's order), else the oldest.
+                let taken = {
+                    let mut kept = self.stray.borrow_mut();
+                    crate::io::ops::next_kept(&kept, |s| s.completed_at())
+                        .and_then(|i| kept.remove(i))
+                };
+                let Some((number, stray)) = taken else {
                     break;
                 };
                 // With this thread's loop hidden (`context::off_loop`), or none running, only
@@ -331,7 +339,7 @@ impl UdpSocket {
             };
             let mut keep = KeepOnDrop::new(self, op, None);
             // Whether this receive gave way to receives kept meanwhile: cancelled in place, it
-            // resolves to the cancellation (then the kept ones are taken over, oldest first)
+            // resolves to the cancellation (then the kept ones are taken over, in order)
             // or to a datagram that won the race.
             let mut gave_way = false;
             // Where its completion stood in its driver's order, taken before the poll that

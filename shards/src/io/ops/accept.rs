@@ -75,9 +75,10 @@ impl KeptAccept {
 }
 
 /// A listener's accepts dropped unfinished on io_uring, cancelled in place and kept for its
-/// next `accept` (see the module docs), oldest first: each with its number in the order it
-/// was first kept, so one taken by an `accept` that is dropped before it resolves goes back to
-/// its place, not behind younger ones. Declare it before the listener's descriptor: dropped
+/// next `accept` (see the module docs), handed out in the order they completed, else oldest
+/// first (`ops::next_kept`): each with its number in the order it was first kept, so one
+/// taken by an `accept` that is dropped before it resolves goes back to its place, not behind
+/// younger ones. Declare it before the listener's descriptor: dropped
 /// first, a connection a kept accept took is closed before the listening socket closes.
 ///
 /// An accept kept while other accepts of the listener wait on `ACCEPT`s of their own wakes
@@ -85,7 +86,7 @@ impl KeptAccept {
 /// and, unwaited, woke nobody when it did, so that connection sat until the next `accept`
 /// call, which a waiting accept made only after yet another client came. A woken one that
 /// finds accepts kept cancels its own in place and, once that resolved with nothing, takes
-/// the kept ones over, oldest first, as the next `accept` call would (a connection its own
+/// the kept ones over, in order, as the next `accept` call would (a connection its own
 /// took comes first if the kernel accepted it first, else right behind the kept one that
 /// took an earlier one: [`Kept::keep_behind_earlier`]).
 #[derive(Debug, Default)]
@@ -181,13 +182,14 @@ impl Kept {
         self.ops.try_borrow().is_ok_and(|ops| !ops.is_empty())
     }
 
-    /// The first kept accept whose completion brought a connection, taken out, with its
+    /// The kept accept whose completion brought the first connection, taken out, with its
     /// number.
     fn take_connected(&self) -> Option<(u64, KeptAccept)> {
         let mut ops = self.ops.try_borrow_mut().ok()?;
-        let at = ops
-            .iter()
-            .position(|(_, op)| op.completed().is_some_and(|res| res >= 0))?;
+        let connected = |op: &KeptAccept| op.completed().is_some_and(|res| res >= 0);
+        // The one that completed first (the kernel's order), else the first in line.
+        let at = super::earliest(&ops, |op| op.completed_at().filter(|_| connected(op)))
+            .or_else(|| ops.iter().position(|(_, op)| connected(op)))?;
         ops.remove(at)
     }
 
@@ -279,7 +281,11 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
         };
         match driver {
             Driver::IoUring => {
-                let taken = connected.or_else(|| kept.ops.borrow_mut().pop_front());
+                // The one that completed first (the kernel's order), else the oldest.
+                let taken = connected.or_else(|| {
+                    let mut ops = kept.ops.borrow_mut();
+                    super::next_kept(&ops, |op| op.completed_at()).and_then(|i| ops.remove(i))
+                });
                 let (number, op) = match taken {
                     // Kept behind an earlier one, which was taken before it: no I/O.
                     Some((_, KeptAccept::Accepted { fd, addr, .. })) => return Ok((fd, addr)),

@@ -15,8 +15,8 @@ use super::{current_kind, uring::Op, Driver};
 /// it was first kept (an operation a later call took from `kept` and dropped again goes back
 /// there, not behind younger ones), or, kept for the first time, at the back with the next
 /// number from `next`. Shared by a listener's kept accepts (`accept::Kept`) and a UDP socket's
-/// kept receives: each hands them out oldest first, so connections and datagrams keep the
-/// kernel's order. Cost: a binary search of `kept` (usually empty or one long).
+/// kept receives: each hands out the one that completed first ([`next_kept`]), else the
+/// oldest, so connections and datagrams keep the kernel's order. Cost: a binary search of `kept` (usually empty or one long).
 pub(crate) fn keep_in_order<T>(
     kept: &mut std::collections::VecDeque<(u64, T)>,
     next: &std::cell::Cell<u64>,
@@ -30,6 +30,41 @@ pub(crate) fn keep_in_order<T>(
     });
     let at = kept.partition_point(|&(m, _)| m < n);
     kept.insert(at, (n, item));
+}
+
+/// Of the operations in `kept`, the one to hand out next: the one whose completion was reaped
+/// first (`place`: `Op::completed_at`, compared within the driver of the first one known), or,
+/// with none reaped, the front one. Kept in the order they were dropped, two operations that
+/// completed in the other order came out swapped (a receive that took "one", dropped after
+/// one that took "two" from the same socket, came second), and a reaped one waited behind
+/// one still in the kernel, which can only complete after it. `None` when `kept` is empty.
+/// Cost: a scan of `kept` (usually empty or one long).
+pub(crate) fn next_kept<T>(
+    kept: &std::collections::VecDeque<(u64, T)>,
+    place: impl Fn(&T) -> Option<(u64, u64)>,
+) -> Option<usize> {
+    if kept.is_empty() {
+        return None;
+    }
+    Some(earliest(kept, place).unwrap_or(0))
+}
+
+/// Of the operations in `kept`, the one whose completion `place` reaped first, within the
+/// driver of the first one known; `None` with none known.
+pub(crate) fn earliest<T>(
+    kept: &std::collections::VecDeque<(u64, T)>,
+    place: impl Fn(&T) -> Option<(u64, u64)>,
+) -> Option<usize> {
+    let mut best: Option<(usize, u64, u64)> = None;
+    for (i, (_, item)) in kept.iter().enumerate() {
+        let Some((d, p)) = place(item) else { continue };
+        match best {
+            None => best = Some((i, d, p)),
+            Some((_, bd, bp)) if bd == d && p < bp => best = Some((i, d, p)),
+            Some(_) => {}
+        }
+    }
+    best.map(|(i, _, _)| i)
 }
 
 /// The end of a dropped, cancelled-in-place operation that is kept (a listener's accept, a UDP
@@ -62,7 +97,7 @@ pub(crate) fn keep_dropped<T>(
 /// ([`wake_all`](Self::wake_all)), since it may hold (or still get, before its cancel lands)
 /// what one of them waits for, a connection or a datagram, and, unwaited, wakes nobody when
 /// it does; a woken call that finds operations kept cancels its own in place (so it keeps
-/// its buffer) and, once that resolved with nothing, takes the kept ones over, oldest first,
+/// its buffer) and, once that resolved with nothing, takes the kept ones over, in order,
 /// as the next call would. Cost: nothing while no operation is kept; a waker clone per
 /// waiting call, and a vector scan per poll, while some calls wait.
 #[derive(Debug, Default)]
