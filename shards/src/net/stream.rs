@@ -109,8 +109,10 @@ struct PollState {
     /// Either way the owned reads waiting on receives of their own are woken to take it over
     /// (`StreamIo::own_waiting`).
     stray: std::collections::VecDeque<Box<dyn StrayRead>>,
-    /// The error (`-errno`) a finished receive brought after its future was dropped, for the
-    /// next read to report once the unread bytes before it are taken.
+    /// An error (`-errno`) taken out of a kept receive without a read to report it (an
+    /// `into_std` settling the receives, `settle_step`), for the next read to report once the
+    /// unread bytes before it are taken. A receive that had finished when its read was
+    /// dropped is kept in `stray` instead (`Received`), its error in its place in the order.
     read_error: Option<i32>,
     /// Where the newest completion whose bytes a kept read put in `rbuf` stands in its
     /// driver's order of completions (`Op::completed_at`), while those bytes are unread:
