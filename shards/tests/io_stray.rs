@@ -668,6 +668,50 @@ fn bytes_kept_from_a_dropped_read_come_before_a_waiting_reads_own() {
     );
 }
 
+/// A read cancelled (dropped beside others in flight) whose cancellation was reaped, then a
+/// read that took "ping" dropped, while a third read's own receive took the next bytes,
+/// "pong": the third read hands out "ping" first. The kept cancellation, ordered ahead of the
+/// kept "ping", stopped the third read from queueing behind it: "pong" came first on
+/// io_uring (the kernel serves the receive armed last first, here the one that takes "ping").
+#[test]
+fn bytes_kept_behind_a_kept_cancellation_come_before_a_waiting_reads_own() {
+    on_each_driver(
+        "bytes_kept_behind_a_kept_cancellation_come_before_a_waiting_reads_own",
+        1,
+        |driver| async move {
+            let (a, b) = tcp_pair().await;
+            let b = b.into_std().unwrap();
+            let mut waiting = Box::pin(a.read(Vec::with_capacity(64)));
+            poll_pending(waiting.as_mut()).await;
+            let mut cancelled = Box::pin(a.read(Vec::with_capacity(64)));
+            poll_pending(cancelled.as_mut()).await;
+            let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+            poll_pending(first.as_mut()).await;
+            sleep(Duration::from_millis(5)).await; // all three in the kernel
+            drop(cancelled);
+            sleep(Duration::from_millis(5)).await; // its cancellation is reaped
+            std::io::Write::write_all(&mut &b, b"ping").unwrap();
+            sleep(Duration::from_millis(5)).await; // one of the other two takes "ping"
+            std::io::Write::write_all(&mut &b, b"pong").unwrap();
+            sleep(Duration::from_millis(5)).await; // and the other "pong"
+            drop(first);
+            let (r, got) = guard("the waiting read", waiting).await;
+            let mut seen = got[..r.unwrap()].to_vec();
+            while seen.len() < 8 {
+                let (r, got) = guard("a read", a.read(Vec::with_capacity(64))).await;
+                let n = r.unwrap();
+                assert_ne!(n, 0, "{driver}: the stream ended early");
+                seen.extend_from_slice(&got[..n]);
+            }
+            assert_eq!(
+                String::from_utf8_lossy(&seen),
+                "pingpong",
+                "{driver}: bytes came out of the stream's order"
+            );
+        },
+    );
+}
+
 /// A read dropped while another owned read of the stream is in flight is not left armed (it
 /// could take the bytes the other one waits for), but cancelled. Bytes that reach the socket
 /// after the drop looked for a completion and before the kernel handles that cancel still go

@@ -1130,17 +1130,26 @@ impl StreamIo {
             };
             let st = &mut *st;
             // Kept receives that completed with bytes before this one: theirs first, in
-            // `rbuf` (each resolves at once; nothing is listed).
+            // `rbuf`, past those that moved nothing (each resolves at once; nothing is
+            // listed).
             let mut noop = Context::from_waker(Waker::noop());
             order_stray(st);
             while let Some(stray) = st.stray.front() {
                 let at = stray.completed_at();
-                if !(earlier(at) && stray.completed().is_some_and(|res| res > 0)) {
+                if !earlier(at) {
                     break;
                 }
-                st.rbuf.drain(..st.rpos);
-                st.rpos = 0;
-                note_kept(st, at);
+                match stray.completed() {
+                    Some(res) if res > 0 => {
+                        st.rbuf.drain(..st.rpos);
+                        st.rpos = 0;
+                        note_kept(st, at);
+                    }
+                    // One that moved nothing (a cancellation) is skipped, as a read skips it:
+                    // the kept bytes behind it were still received before these.
+                    Some(res) if nothing_moved(res) => {}
+                    _ => break,
+                }
                 let Some(stray) = st.stray.front_mut() else {
                     break;
                 };
