@@ -3048,3 +3048,86 @@ fn into_std_off_the_loop_settles_kept_reads() {
     (&full).read_to_end(&mut got).unwrap();
     assert_eq!(got, b"hello");
 }
+
+/// Two owned reads in flight: the one armed last takes "ping" and is dropped (kept as what it
+/// brought), the other takes "pong" just before its driver goes, and is dropped in the next
+/// `block_on`, where its completion has no place in any driver's order. The stream hands out
+/// "ping" first. The receive with no place was ordered ahead of every placed one ("pongping"
+/// on io_uring), though a driver's shutdown comes after every completion it reaped.
+#[test]
+fn a_read_that_outlived_its_driver_comes_after_bytes_kept_before_it_went() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (a, peer, first) = ex.block_on(async {
+        let (a, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let a = std::rc::Rc::new(UnixStream::from_std(a).unwrap());
+        let mut first = owned_read(&a);
+        poll_pending(first.as_mut()).await;
+        let mut second = owned_read(&a);
+        poll_pending(second.as_mut()).await;
+        sleep(Duration::from_millis(5)).await; // both in the kernel
+        std::io::Write::write_all(&mut &peer, b"ping").unwrap();
+        sleep(Duration::from_millis(5)).await; // one takes "ping", reaped
+        drop(second);
+        std::io::Write::write_all(&mut &peer, b"pong").unwrap();
+        std::thread::sleep(Duration::from_millis(20)); // the other may take "pong", unreaped
+        (a, peer, first)
+    });
+    let seen = ex.block_on(async move {
+        drop(first);
+        let mut seen = Vec::new();
+        while seen.len() < 8 {
+            let (r, got) = guard("a read", a.read(Vec::with_capacity(16))).await;
+            let n = r.unwrap();
+            assert_ne!(n, 0, "the stream ended early");
+            seen.extend_from_slice(&got[..n]);
+        }
+        drop(peer);
+        seen
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        "pingpong",
+        "bytes came out of the stream's order"
+    );
+}
+
+/// As above, but the read that took "pong" is awaited in the next `block_on`, not dropped:
+/// it puts its bytes behind the kept "ping" (`queue_behind_kept`). With no place for its
+/// completion once the driver was gone, it returned "pong" first.
+#[test]
+fn a_read_awaited_after_its_driver_went_comes_after_bytes_kept_before_it_went() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (a, peer, first) = ex.block_on(async {
+        let (a, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let a = std::rc::Rc::new(UnixStream::from_std(a).unwrap());
+        let mut first = owned_read(&a);
+        poll_pending(first.as_mut()).await;
+        let mut second = owned_read(&a);
+        poll_pending(second.as_mut()).await;
+        sleep(Duration::from_millis(5)).await; // both in the kernel
+        std::io::Write::write_all(&mut &peer, b"ping").unwrap();
+        sleep(Duration::from_millis(5)).await; // one takes "ping", reaped
+        drop(second);
+        std::io::Write::write_all(&mut &peer, b"pong").unwrap();
+        std::thread::sleep(Duration::from_millis(20)); // the other may take "pong", unreaped
+        (a, peer, first)
+    });
+    let seen = ex.block_on(async move {
+        let mut seen = guard("the read that outlived its driver", first)
+            .await
+            .unwrap();
+        while seen.len() < 8 {
+            let (r, got) = guard("a read", a.read(Vec::with_capacity(16))).await;
+            let n = r.unwrap();
+            assert_ne!(n, 0, "the stream ended early");
+            seen.extend_from_slice(&got[..n]);
+        }
+        drop(peer);
+        seen
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        "pingpong",
+        "bytes came out of the stream's order"
+    );
+}

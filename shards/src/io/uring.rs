@@ -195,6 +195,11 @@ thread_local! {
     /// drops; only a leaked (`mem::forget`) `Op` leaves one behind.
     static ORPHANS: RefCell<std::collections::HashMap<(u64, usize), Option<i32>>> =
         RefCell::new(std::collections::HashMap::new());
+    /// Rule 5: where each completed orphan's completion stood in its driver's order
+    /// (`Uring::done_at`), by the same key, for [`Op::completed_at`] once the driver is gone;
+    /// an entry goes with its `ORPHANS` one ([`take_orphan`]).
+    static ORPHAN_AT: RefCell<std::collections::HashMap<(u64, usize), u64>> =
+        RefCell::new(std::collections::HashMap::new());
 }
 
 /// Whether `res` says the operation transferred nothing and must simply be started again:
@@ -217,6 +222,7 @@ pub(crate) fn nothing_moved(res: i32) -> bool {
 
 /// Rule 5: takes the result a dropped driver left for operation `key`, if any.
 fn take_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
+    let _ = ORPHAN_AT.try_with(|o| o.borrow_mut().remove(&(driver, key)));
     ORPHANS
         .try_with(|o| o.borrow_mut().remove(&(driver, key)))
         .ok()
@@ -1057,6 +1063,11 @@ impl Uring {
                 match l {
                     Lifecycle::Completed(res) => {
                         o.insert((self.id, key), Some(*res));
+                        // Its place too: a stream's kept receives are ordered by it.
+                        if let Some(&at) = self.done_at.borrow().get(key) {
+                            let _ =
+                                ORPHAN_AT.try_with(|a| a.borrow_mut().insert((self.id, key), at));
+                        }
                     }
                     Lifecycle::Submitted | Lifecycle::Waiting(_) => {
                         o.insert((self.id, key), None);
@@ -1224,15 +1235,20 @@ impl<T> Op<T> {
     /// Where its completion, once reaped and until its result is taken, stands in the order
     /// its driver reaped completions: `(driver id, place)`. Of two operations of one driver
     /// on one socket, the one with the lower place completed first (a stream socket hands
-    /// its bytes out in that order). `None` before the completion was reaped, after the
-    /// result was taken, or once the driver is gone. Cost: two borrows.
+    /// its bytes out in that order). Once the driver is gone, the place it had when the
+    /// driver went (rule 5: a completion its shutdown reaped has one too). `None` before the
+    /// completion was reaped, or after the result was taken. Cost: two borrows.
     pub(crate) fn completed_at(&self) -> Option<(u64, u64)> {
-        let key = self.key;
-        with_uring(self.driver, |u| {
+        let (driver, key) = (self.driver, self.key);
+        with_uring(driver, |u| {
             u.peek_op(key)?;
             u.done_at.borrow().get(key).map(|&at| (u.id, at))
         })
-        .flatten()
+        .unwrap_or_else(|| {
+            peek_orphan(driver, key).flatten()?;
+            let at = ORPHAN_AT.try_with(|a| a.borrow().get(&(driver, key)).copied());
+            at.ok().flatten().map(|at| (driver, at))
+        })
     }
 
     /// The data the operation holds (its buffer), until it resolves.

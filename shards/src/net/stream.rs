@@ -1827,28 +1827,20 @@ fn off_loop_drain(st: &PollState) -> io::Result<()> {
 
 /// Puts the kept receives of `st` in the order the socket gave them their bytes: those whose
 /// completion was reaped first, by where it stands in their driver's order
-/// (`Op::completed_at`), then those still in the kernel (which get bytes, if any, only after
-/// every reaped one), in the order they were kept. A read takes them from the front. Kept in
-/// the order they were dropped, two reads that took "ping" and "pong", dropped youngest first,
-/// handed out "pong" "ping", and a kept receive that completed behind one still in the kernel
-/// waited for it. Completions of different drivers (or with no place known) keep their order
-/// among themselves. Cost: nothing while fewer than two are kept.
+/// (`Op::completed_at`, kept once the driver is gone), then those still in the kernel (which
+/// get bytes, if any, only after every reaped one), in the order they were kept. A read takes
+/// them from the front. Kept in the order they were dropped, two reads that took "ping" and
+/// "pong", dropped youngest first, handed out "pong" "ping", and a kept receive that completed
+/// behind one still in the kernel waited for it. Completions of different drivers go by the
+/// driver's id: a stream moves to a loop made after the one it leaves (`next_driver_id`
+/// counts up). Cost: nothing while fewer than two are kept.
 fn order_stray(st: &mut PollState) {
     if st.stray.len() < 2 {
         return;
     }
-    let mut driver = None;
-    let one_driver = st.stray.iter().all(|s| match s.completed_at() {
-        Some((d, _)) => *driver.get_or_insert(d) == d,
-        None => true,
-    });
-    st.stray.make_contiguous().sort_by_key(|s| {
-        let place = match s.completed_at() {
-            Some((_, p)) if one_driver => p,
-            _ => 0,
-        };
-        (s.completed().is_none(), place)
-    });
+    st.stray
+        .make_contiguous()
+        .sort_by_key(|s| (s.completed().is_none(), s.completed_at().unwrap_or((0, 0))));
 }
 
 /// Bytes of a kept read whose completion stood at `at` in its driver's order are about to be
