@@ -1234,6 +1234,56 @@ fn connections_of_accepts_dropped_in_reverse_come_in_the_order_accepted() {
     });
 }
 
+/// An accept in flight when its loop's driver goes takes the first client just before (its
+/// completion reaped by the shutdown); in the next `block_on` a second accept takes the next
+/// client, and both are dropped, the second first. The first client comes out first: the
+/// completions of the earlier driver came before any of the next one's. Only the driver of
+/// the first kept accept with a known place was looked at, so the second client came first.
+#[test]
+fn a_connection_accepted_before_its_driver_went_comes_before_a_later_drivers() {
+    type AcceptFut = std::pin::Pin<Box<dyn Future<Output = io::Result<(TcpStream, SocketAddr)>>>>;
+    fn accept(l: &Rc<TcpListener>) -> AcceptFut {
+        let l = l.clone();
+        Box::pin(async move { l.accept().await })
+    }
+    let ex = LocalExecutor::new().unwrap();
+    let (l, first, one) = ex.block_on(async {
+        let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let mut first = accept(&l);
+        assert!(poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await);
+        sleep(Duration::from_millis(5)).await; // submitted
+        let one = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        std::thread::sleep(Duration::from_millis(20)); // taken, reaped by the shutdown
+        (l, first, one)
+    });
+    let (seen, two) = ex.block_on(async move {
+        let mut seen = Vec::new();
+        let mut second = accept(&l);
+        // On epoll, where nothing was taken, the second accept takes the first client.
+        if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx))).await {
+            seen.push(r.unwrap().1);
+        }
+        sleep(Duration::from_millis(5)).await; // the second waits
+        let two = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        sleep(Duration::from_millis(5)).await; // the second takes it
+        drop(second);
+        drop(first);
+        while seen.len() < 2 {
+            let (_, peer) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+                .await
+                .unwrap_or_else(|_| panic!("a connection never came"))
+                .unwrap();
+            seen.push(peer);
+        }
+        (seen, two)
+    });
+    assert_eq!(
+        seen,
+        [one.local_addr().unwrap(), two.local_addr().unwrap()],
+        "connections came out of the kernel's accept order"
+    );
+}
+
 /// A dropped accept left nothing armed for another listener of the same socket (each shard's
 /// `from_std` of a `try_clone`): kept in the kernel, it took the connection the other
 /// listener's accept waited for, which then waited for good.

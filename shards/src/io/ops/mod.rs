@@ -33,7 +33,7 @@ pub(crate) fn keep_in_order<T>(
 }
 
 /// Of the operations in `kept`, the one to hand out next: the one whose completion was reaped
-/// first (`place`: `Op::completed_at`, compared within the driver of the first one known), or,
+/// first (`place`: `Op::completed_at`, see [`earliest`]), or,
 /// with none reaped, the front one. Kept in the order they were dropped, two operations that
 /// completed in the other order came out swapped (a receive that took "one", dropped after
 /// one that took "two" from the same socket, came second), and a reaped one waited behind
@@ -49,22 +49,24 @@ pub(crate) fn next_kept<T>(
     Some(earliest(kept, place).unwrap_or(0))
 }
 
-/// Of the operations in `kept`, the one whose completion `place` reaped first, within the
-/// driver of the first one known; `None` with none known.
+/// Of the operations in `kept`, the one whose completion `place` reaped first: by driver,
+/// then by place in that driver's order (a socket moves to a loop made after the one it
+/// left, and driver ids count up: `next_driver_id`, so the completions of an earlier driver,
+/// reaped by its shutdown at the latest, came first); `None` with none known. Compared only
+/// within the first known one's driver, an accept that took the first client just before
+/// its driver went came after one a later driver reaped.
 pub(crate) fn earliest<T>(
     kept: &std::collections::VecDeque<(u64, T)>,
     place: impl Fn(&T) -> Option<(u64, u64)>,
 ) -> Option<usize> {
-    let mut best: Option<(usize, u64, u64)> = None;
+    let mut best: Option<(usize, (u64, u64))> = None;
     for (i, (_, item)) in kept.iter().enumerate() {
-        let Some((d, p)) = place(item) else { continue };
-        match best {
-            None => best = Some((i, d, p)),
-            Some((_, bd, bp)) if bd == d && p < bp => best = Some((i, d, p)),
-            Some(_) => {}
+        let Some(at) = place(item) else { continue };
+        if best.is_none_or(|(_, b)| at < b) {
+            best = Some((i, at));
         }
     }
-    best.map(|(i, _, _)| i)
+    best.map(|(i, _)| i)
 }
 
 /// The end of a dropped, cancelled-in-place operation that is kept (a listener's accept, a UDP
