@@ -12,8 +12,9 @@
 //! 2. **Wait.** Polling the `Op` stores its waker: `Waiting(waker)`. [`Op::unwait`] puts it
 //!    back to `Submitted` (an owned stream read whose future was dropped and whose stream
 //!    keeps it running: nobody waits for it until the next read polls it).
-//! 3. **Complete.** Reaping a completion turns the slot into `Completed(result)` and wakes the
-//!    waiter; the next poll removes the slot and returns the result with the data.
+//! 3. **Complete.** Reaping a completion turns the slot into `Completed(result, place)` (its
+//!    place in the order the driver reaped completions) and wakes the waiter; the next poll
+//!    removes the slot and returns the result with the data.
 //! 4. **Drop early.** An `Op` dropped before its completion moves its data into the slot,
 //!    `Ignored(data)`, and submits an `AsyncCancel` for it. The data lives until the
 //!    completion (of the operation or of its cancellation) is reaped, so the kernel never
@@ -175,7 +176,9 @@ enum Lifecycle {
     /// The Op let its operation run on without it (`Op::detach`, rule 4b): its data, kept
     /// until the completion, whose result nobody reads.
     Detached(#[allow(dead_code)] Box<dyn Any>),
-    Completed(i32),
+    /// Its result, and its place in the order the driver reaped completions (the `completed`
+    /// count then, [`Op::completed_at`]).
+    Completed(i32, u64),
 }
 
 /// Closes the descriptor a dropped `accept` or `open` got from the kernel (`res >= 0`), which
@@ -188,17 +191,17 @@ fn close_orphan(res: i32, is_fd: bool) {
     }
 }
 
+/// What a dropped driver left for one of its live `Op`s ([`ORPHANS`]): `Some((result, place))`,
+/// or `None` if the kernel still held the operation.
+type Orphan = Option<(i32, u64)>;
+
 thread_local! {
     /// Rule 5: results of operations whose driver was dropped while their `Op` lived, by
-    /// (driver id, slot key). `Some(res)`: completed with `res`; `None`: the kernel still held
-    /// the operation when the driver gave up on it. An entry goes when its `Op` resolves or
-    /// drops; only a leaked (`mem::forget`) `Op` leaves one behind.
-    static ORPHANS: RefCell<std::collections::HashMap<(u64, usize), Option<i32>>> =
-        RefCell::new(std::collections::HashMap::new());
-    /// Rule 5: where each completed orphan's completion stood in its driver's order
-    /// (`Uring::done_at`), by the same key, for [`Op::completed_at`] once the driver is gone;
-    /// an entry goes with its `ORPHANS` one ([`take_orphan`]).
-    static ORPHAN_AT: RefCell<std::collections::HashMap<(u64, usize), u64>> =
+    /// (driver id, slot key). `Some((res, place))`: completed with `res`, at `place` in its
+    /// driver's order ([`Op::completed_at`]); `None`: the kernel still held the operation when
+    /// the driver gave up on it. An entry goes when its `Op` resolves or drops; only a leaked
+    /// (`mem::forget`) `Op` leaves one behind.
+    static ORPHANS: RefCell<std::collections::HashMap<(u64, usize), Orphan>> =
         RefCell::new(std::collections::HashMap::new());
 }
 
@@ -222,15 +225,15 @@ pub(crate) fn nothing_moved(res: i32) -> bool {
 
 /// Rule 5: takes the result a dropped driver left for operation `key`, if any.
 fn take_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
-    let _ = ORPHAN_AT.try_with(|o| o.borrow_mut().remove(&(driver, key)));
     ORPHANS
         .try_with(|o| o.borrow_mut().remove(&(driver, key)))
         .ok()
         .flatten()
+        .map(|r| r.map(|(res, _)| res))
 }
 
 /// Rule 5: the result a dropped driver left for operation `key`, if any, without taking it.
-fn peek_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
+fn peek_orphan(driver: u64, key: usize) -> Option<Orphan> {
     ORPHANS
         .try_with(|o| o.borrow().get(&(driver, key)).copied())
         .ok()
@@ -245,9 +248,6 @@ pub(crate) struct Uring {
     /// Generation of each slot (`user_data = generation << 32 | key`): a cancellation names
     /// exactly one operation even after its slot was freed and reused.
     gens: RefCell<Vec<u32>>,
-    /// Of each slot that completed: its place in the order completions were reaped (the
-    /// `completed` count then), while its result waits to be taken ([`Op::completed_at`]).
-    done_at: RefCell<Vec<u64>>,
     next_gen: Cell<u32>,
     ping_fd: RawFd,
     /// Target of the wake-ping read; boxed so its address is stable.
@@ -347,7 +347,6 @@ impl Uring {
             ring: RefCell::new(ring),
             ops: RefCell::new(Slab::with_capacity(256)),
             gens: RefCell::new(Vec::with_capacity(256)),
-            done_at: RefCell::new(Vec::with_capacity(256)),
             next_gen: Cell::new(0),
             ping_fd,
             ping_buf: Box::new(Cell::new(0)),
@@ -645,18 +644,11 @@ impl Uring {
                     }
                     n += 1;
                     self.completed.set(self.completed.get() + 1);
-                    {
-                        let mut done_at = self.done_at.borrow_mut();
-                        if done_at.len() <= key {
-                            done_at.resize(key + 1, 0);
-                        }
-                        done_at[key] = self.completed.get();
-                    }
                     let mut ops = self.ops.borrow_mut();
                     let Some(slot) = ops.get_mut(key) else {
                         continue;
                     };
-                    match self.set(slot, Lifecycle::Completed(res)) {
+                    match self.set(slot, Lifecycle::Completed(res, self.completed.get())) {
                         Lifecycle::Waiting(w) => {
                             drop(ops);
                             crate::task::wake_guarded(w);
@@ -673,7 +665,7 @@ impl Uring {
                             settled.push(ud);
                             drop_buffer(data);
                         }
-                        Lifecycle::Submitted | Lifecycle::Completed(_) => {}
+                        Lifecycle::Submitted | Lifecycle::Completed(..) => {}
                     }
                 }
             }
@@ -805,7 +797,7 @@ impl Uring {
         let slot = ops
             .get_mut(key)
             .expect("an Op's slot lives until the Op takes its result");
-        if let Lifecycle::Completed(res) = slot {
+        if let Lifecycle::Completed(res, _) = slot {
             let res = *res;
             ops.remove(key);
             drop(ops);
@@ -826,7 +818,7 @@ impl Uring {
             .get_mut(key)
             .expect("an Op's slot lives until the Op takes its result");
         match slot {
-            Lifecycle::Completed(res) => {
+            Lifecycle::Completed(res, _) => {
                 let res = *res;
                 ops.remove(key);
                 Some(Poll::Ready(res))
@@ -889,7 +881,7 @@ impl Uring {
     /// The result of a reaped completion, without taking it.
     fn peek_op(&self, key: usize) -> Option<i32> {
         match self.ops.borrow().get(key) {
-            Some(Lifecycle::Completed(res)) => Some(*res),
+            Some(Lifecycle::Completed(res, _)) => Some(*res),
             _ => None,
         }
     }
@@ -906,7 +898,7 @@ impl Uring {
     ) -> bool {
         let mut ops = self.ops.borrow_mut();
         match ops.get_mut(key) {
-            Some(Lifecycle::Completed(res)) => {
+            Some(Lifecycle::Completed(res, _)) => {
                 let res = *res;
                 ops.remove(key);
                 drop(ops);
@@ -1061,13 +1053,9 @@ impl Uring {
             let mut o = o.borrow_mut();
             for (key, l) in self.ops.borrow().iter() {
                 match l {
-                    Lifecycle::Completed(res) => {
-                        o.insert((self.id, key), Some(*res));
+                    Lifecycle::Completed(res, at) => {
                         // Its place too: a stream's kept receives are ordered by it.
-                        if let Some(&at) = self.done_at.borrow().get(key) {
-                            let _ =
-                                ORPHAN_AT.try_with(|a| a.borrow_mut().insert((self.id, key), at));
-                        }
+                        o.insert((self.id, key), Some((*res, *at)));
                     }
                     Lifecycle::Submitted | Lifecycle::Waiting(_) => {
                         o.insert((self.id, key), None);
@@ -1080,7 +1068,7 @@ impl Uring {
             .ops
             .borrow()
             .iter()
-            .filter(|(_, l)| !matches!(l, Lifecycle::Completed(_)))
+            .filter(|(_, l)| !matches!(l, Lifecycle::Completed(..)))
             .count();
         if left > 0 || self.ping_armed.get() {
             tracing::error!(
@@ -1118,7 +1106,7 @@ impl Uring {
     fn settle(&self, deadline: Instant) {
         let in_kernel = |ops: &Slab<Lifecycle>| {
             ops.iter()
-                .any(|(_, l)| !matches!(l, Lifecycle::Completed(_)))
+                .any(|(_, l)| !matches!(l, Lifecycle::Completed(..)))
         };
         while (in_kernel(&self.ops.borrow()) || self.ping_armed.get()) && Instant::now() < deadline
         {
@@ -1184,7 +1172,9 @@ impl<T> Op<T> {
     pub(crate) fn completed(&self) -> Option<i32> {
         match with_uring(self.driver, |u| u.peek_op(self.key)) {
             Some(res) => res,
-            None => peek_orphan(self.driver, self.key).flatten(),
+            None => peek_orphan(self.driver, self.key)
+                .flatten()
+                .map(|(res, _)| res),
         }
     }
 
@@ -1240,14 +1230,14 @@ impl<T> Op<T> {
     /// completion was reaped, or after the result was taken. Cost: two borrows.
     pub(crate) fn completed_at(&self) -> Option<(u64, u64)> {
         let (driver, key) = (self.driver, self.key);
-        with_uring(driver, |u| {
-            u.peek_op(key)?;
-            u.done_at.borrow().get(key).map(|&at| (u.id, at))
+        with_uring(driver, |u| match u.ops.borrow().get(key) {
+            Some(Lifecycle::Completed(_, at)) => Some((u.id, *at)),
+            _ => None,
         })
         .unwrap_or_else(|| {
-            peek_orphan(driver, key).flatten()?;
-            let at = ORPHAN_AT.try_with(|a| a.borrow().get(&(driver, key)).copied());
-            at.ok().flatten().map(|at| (driver, at))
+            peek_orphan(driver, key)
+                .flatten()
+                .map(|(_, at)| (driver, at))
         })
     }
 
