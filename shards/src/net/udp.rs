@@ -404,19 +404,18 @@ impl UdpSocket {
         addr: &SockAddr,
         at: Option<(u64, u64)>,
     ) -> bool {
-        let Some((driver, own)) = at else {
+        let Some(own) = at else {
             return false;
         };
         let Ok(mut kept) = self.stray.try_borrow_mut() else {
             return false;
         };
-        let earlier = kept.iter().rposition(|(_, stray)| {
-            stray.completed().is_some_and(|res| res >= 0)
-                && stray
-                    .completed_at()
-                    .is_some_and(|(d, p)| d == driver && p < own)
-        });
-        let Some(i) = earlier else {
+        let Some((i, number)) = crate::io::ops::behind_earlier(
+            &kept,
+            own,
+            |stray| stray.completed().is_some_and(|res| res >= 0),
+            |stray| stray.completed_at(),
+        ) else {
             return false;
         };
         let n = n.min(buf.bytes_total());
@@ -429,16 +428,12 @@ impl UdpSocket {
             // pointer may be null.
             unsafe { std::slice::from_raw_parts(buf.stable_mut_ptr(), n) }.to_vec()
         };
-        // Its number is that one's, placed right behind it: the queue stays in number order
-        // (`keep_in_order` puts a receive given back before those of an equal number, so
-        // that one, taken and dropped again, goes back ahead of this datagram).
-        let number = kept[i].0;
         let received = Received {
             data,
             addr: addr.clone(),
             at,
         };
-        kept.insert(i + 1, (number, Box::new(received)));
+        kept.insert(i, (number, Box::new(received)));
         true
     }
 

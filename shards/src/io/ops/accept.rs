@@ -206,26 +206,21 @@ impl Kept {
         addr: SockAddr,
         at: Option<(u64, u64)>,
     ) -> Option<(OwnedFd, SockAddr)> {
-        let Some((driver, own)) = at else {
+        let Some(own) = at else {
             return Some((fd, addr));
         };
         let Ok(mut ops) = self.ops.try_borrow_mut() else {
             return Some((fd, addr));
         };
-        let earlier = ops.iter().rposition(|(_, op)| {
-            op.completed().is_some_and(|res| res >= 0)
-                && op
-                    .completed_at()
-                    .is_some_and(|(d, p)| d == driver && p < own)
-        });
-        let Some(i) = earlier else {
+        let Some((i, number)) = super::behind_earlier(
+            &ops,
+            own,
+            |op| op.completed().is_some_and(|res| res >= 0),
+            KeptAccept::completed_at,
+        ) else {
             return Some((fd, addr));
         };
-        // Its number is that one's, placed right behind it: the queue stays in number order
-        // (`keep_in_order` puts an accept given back before those of an equal number, so
-        // that one, taken and dropped again, goes back ahead of this connection).
-        let number = ops[i].0;
-        ops.insert(i + 1, (number, KeptAccept::Accepted { fd, addr, at }));
+        ops.insert(i, (number, KeptAccept::Accepted { fd, addr, at }));
         None
     }
 }

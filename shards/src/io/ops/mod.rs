@@ -69,6 +69,26 @@ pub(crate) fn earliest<T>(
     best.map(|(i, _)| i)
 }
 
+/// Where a call's own result, reaped at `own` (`Op::completed_at`), goes in `kept` when a
+/// kept operation of the same driver that `took` something (a connection, a datagram) was
+/// reaped before it: `(index, number)`, right behind the last such one and with its number,
+/// so the queue stays in number order ([`keep_in_order`] puts one given back before those of
+/// an equal number). `None` if none was: the result is the call's to return. Handed out at
+/// once, it came before what the kernel had handed the kept one earlier. Shared by a
+/// listener's accepts and a UDP socket's receives. Cost: a scan of `kept` (usually empty).
+pub(crate) fn behind_earlier<T>(
+    kept: &std::collections::VecDeque<(u64, T)>,
+    own: (u64, u64),
+    took: impl Fn(&T) -> bool,
+    place: impl Fn(&T) -> Option<(u64, u64)>,
+) -> Option<(usize, u64)> {
+    let (driver, own) = own;
+    let i = kept.iter().rposition(|(_, item)| {
+        took(item) && place(item).is_some_and(|(d, p)| d == driver && p < own)
+    })?;
+    Some((i + 1, kept[i].0))
+}
+
 /// The end of a dropped, cancelled-in-place operation that is kept (a listener's accept, a UDP
 /// socket's receive): [`keep_in_order`] in `kept`, and only then drops `waker`, the one the
 /// operation forgot (`Op::unwait_later`). A waker's drop is user code, which may use the same
