@@ -1361,8 +1361,10 @@ fn an_open_that_outlives_its_driver_still_opens() {
     let writer = std::thread::spawn(move || std::fs::write(&path, b"late"));
     let r = ex.block_on(async move { guard("open", f.as_mut()).await });
     let file = r.expect("an open awaited across block_on");
-    drop(file);
+    // The writer first: its open returns once ours has, and its write fails with EPIPE if
+    // no reader is left by then (the pipe's buffer takes the four bytes unread).
     writer.join().unwrap().unwrap();
+    drop(file);
 }
 
 /// Descriptors of this process open on `path` (its `/proc/self/fd` links).
