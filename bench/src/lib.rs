@@ -11,7 +11,8 @@
 //! - [`cpu_time`] and [`CpuMeter`]: process CPU time (user + system) from `getrusage`;
 //! - [`thread_cpu_time`]: the calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`);
 //! - [`Table`]: an aligned table of results with `xtc/peer` ratio columns;
-//! - [`svg`]: a dependency-free SVG bar-chart writer;
+//! - [`svg`]: a dependency-free SVG bar-chart writer, and [`heatmap`] one for square matrices
+//!   (`c2c --matrix`);
 //! - [`isolated`] and [`pin_current_thread`]: run each runtime on a fresh, optionally pinned,
 //!   thread so thread-locals and panics of one runtime cannot leak into the next;
 //! - [`allowed_cpus`], [`parse_cpu_pair`] and [`pick_cpu_pair`]: which CPUs to run on;
@@ -24,6 +25,7 @@ use std::{
 
 use hdrhistogram::Histogram;
 
+pub mod heatmap;
 pub mod svg;
 
 /// Percentiles of a latency histogram recorded in nanoseconds.

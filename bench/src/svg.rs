@@ -80,26 +80,37 @@ impl Chart {
     /// Writes the chart to `path` and says where on stdout (or why not on stderr, as binary
     /// `bin`); the exit code a benchmark binary ends with.
     pub fn write_and_report(&self, bin: &str, path: &Path) -> std::process::ExitCode {
-        match self.write(path) {
-            Ok(()) => {
-                let shown = std::fs::canonicalize(path).unwrap_or(path.to_path_buf());
-                println!("  chart written to {}", shown.display());
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{bin}: could not write {}: {e}", path.display());
-                std::process::ExitCode::FAILURE
-            }
-        }
+        report_written(bin, path, self.write(path))
     }
 
     /// Writes [`Chart::render`] to `path`, creating its parent directory if needed.
     pub fn write(&self, path: &Path) -> io::Result<()> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(path, self.render())
+        write_file(path, &self.render())
     }
+}
+
+/// Says on stdout where a chart went (`written` is the outcome of writing it to `path`), or
+/// why not on stderr, as binary `bin`; the exit code a benchmark binary ends with.
+pub fn report_written(bin: &str, path: &Path, written: io::Result<()>) -> std::process::ExitCode {
+    match written {
+        Ok(()) => {
+            let shown = std::fs::canonicalize(path).unwrap_or(path.to_path_buf());
+            println!("  chart written to {}", shown.display());
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{bin}: could not write {}: {e}", path.display());
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes an SVG document to `path`, creating its parent directory if needed.
+pub(crate) fn write_file(path: &Path, svg: &str) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, svg)
 }
 
 fn render_panel(s: &mut String, p: &Panel, x0: f64, y0: f64) {
@@ -179,7 +190,8 @@ fn render_panel(s: &mut String, p: &Panel, x0: f64, y0: f64) {
 }
 
 /// Escapes text for SVG element content.
-fn esc(t: &str) -> String {
+/// `t` with the characters SVG text cannot hold as they are (`&`, `<`, `>`) escaped.
+pub(crate) fn esc(t: &str) -> String {
     t.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -10,16 +10,27 @@
 //! This is the floor under any runtime's cross-shard message: xtc's `submit_to` rides the same
 //! kind of ring, so its latency is judged against this number.
 //!
+//! With `--matrix` it measures the round trip between **every pair** of CPUs instead (all
+//! allowed ones, or a `--cpus` list such as `0-7,16-23`), orders them by package, NUMA node and
+//! core from the hwloc topology, prints the matrix of medians and a summary per level of the
+//! machine the pair shares (SMT siblings, shared L3, same NUMA node, other package), and draws
+//! it as an SVG heatmap with lines between NUMA nodes: the picture of a host's NUMA effects.
+//!
 //! ```text
 //! c2c [--cpus A,B] [--iters N] [--quick]
+//! c2c --matrix [--cpus LIST] [--iters N] [--quick] [--svg PATH]
 //! ```
 //!
 //! `--iters` (default 1,000,000) round trips follow 10,000 warm-up ones; the stream sends ten
 //! times as many messages. `--quick` divides both by ten. With only one CPU allowed, both threads
 //! share it and yield to each other while waiting instead of spinning; the output says so.
+//! In matrix mode `--iters` counts per pair (default 100,000, so 120 pairs of 16 CPUs take a few
+//! seconds), a progress bar shows the pairs done, and the heatmap goes to
+//! `target/bench-c2c-matrix.svg` unless `--svg` says otherwise. It needs two allowed CPUs.
 
 use std::{
     hint::spin_loop,
+    path::PathBuf,
     process::ExitCode,
     sync::{Arc, Barrier},
     time::{Duration, Instant},
@@ -32,6 +43,8 @@ use xtc_bench::{
 
 const WARMUP: u64 = 10_000;
 const DEFAULT_ITERS: u64 = 1_000_000;
+/// Timed round trips per pair in `--matrix` mode: a hundredth of a second or so per pair.
+const DEFAULT_MATRIX_ITERS: u64 = 100_000;
 /// Ring capacity for the stream phase; large enough that the producer rarely sees it full, small
 /// enough to stay in L2.
 const STREAM_CAP: usize = 4096;
@@ -39,48 +52,94 @@ const STREAM_CAP: usize = 4096;
 #[derive(Debug)]
 struct Args {
     cpus: Option<(usize, usize)>,
+    /// `--matrix`: every pair of these CPUs (empty: every allowed one).
+    matrix: Option<Vec<usize>>,
     iters: u64,
     quick: bool,
+    svg: PathBuf,
 }
 
 fn usage() -> &'static str {
     "usage: c2c [--cpus A,B] [--iters N] [--quick]\n\
+     \x20      c2c --matrix [--cpus LIST] [--iters N] [--quick] [--svg PATH]\n\
      \n  --cpus A,B   the two logical CPUs to pin to (default: the first two allowed)\
-     \n  --iters N    timed round trips after 10,000 warm-up ones (default 1000000)\
-     \n  --quick      ten times fewer iterations"
+     \n  --iters N    timed round trips after 10,000 warm-up ones (default 1000000; per pair\
+     \n               with --matrix, default 100000)\
+     \n  --quick      ten times fewer iterations\
+     \n  --matrix     round trips between every pair of CPUs, as a table and an SVG heatmap\
+     \n  --cpus LIST  with --matrix: the CPUs, e.g. 0-7,16-23 (default: every allowed one)\
+     \n  --svg PATH   with --matrix: where the heatmap goes (default target/bench-c2c-matrix.svg)"
+}
+
+/// Parses a CPU list such as `0-3,8,10-11` into sorted, distinct ids.
+fn parse_cpu_list(v: &str) -> Result<Vec<usize>, String> {
+    let num = |s: &str| {
+        s.trim()
+            .parse::<usize>()
+            .map_err(|e| format!("--cpus {v}: {s:?} is not a CPU number: {e}"))
+    };
+    let mut cpus = Vec::new();
+    for part in v.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("--cpus {v}: the range {a}-{b} runs backwards"));
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(num(part)?),
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         cpus: None,
+        matrix: None,
         iters: DEFAULT_ITERS,
         quick: false,
+        svg: xtc_bench::default_svg("c2c-matrix"),
     };
+    let (mut cpus, mut iters, mut svg) = (None, None, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--cpus" => {
-                let v = it.next().ok_or("--cpus needs a value like 0,1")?;
-                let (a, b) = v.split_once(',').ok_or("--cpus wants two CPUs: A,B")?;
-                let p = |s: &str| {
-                    s.trim()
-                        .parse::<usize>()
-                        .map_err(|e| format!("--cpus {v}: {e}"))
-                };
-                args.cpus = Some((p(a)?, p(b)?));
-            }
+            "--cpus" => cpus = Some(it.next().ok_or("--cpus needs a value like 0,1")?),
             "--iters" => {
                 let v = it.next().ok_or("--iters needs a number")?;
-                args.iters = v
-                    .replace('_', "")
-                    .parse()
-                    .map_err(|e| format!("--iters {v}: {e}"))?;
+                iters = Some(
+                    v.replace('_', "")
+                        .parse()
+                        .map_err(|e| format!("--iters {v}: {e}"))?,
+                );
             }
             "--quick" => args.quick = true,
+            "--matrix" => args.matrix = Some(Vec::new()),
+            "--svg" => svg = Some(PathBuf::from(it.next().ok_or("--svg needs a path")?)),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    match (&mut args.matrix, cpus) {
+        (Some(list), Some(v)) => *list = parse_cpu_list(&v)?,
+        (None, Some(v)) => {
+            args.cpus = Some(xtc_bench::parse_cpu_pair(&v).map_err(|e| format!("--cpus {v}: {e}"))?)
+        }
+        (_, None) => {}
+    }
+    if args.matrix.is_some() {
+        args.iters = iters.unwrap_or(DEFAULT_MATRIX_ITERS);
+    } else {
+        if svg.is_some() {
+            return Err("--svg goes with --matrix (the pair mode draws nothing)".into());
+        }
+        args.iters = iters.unwrap_or(DEFAULT_ITERS);
+    }
+    args.svg = svg.unwrap_or(args.svg);
     if args.quick {
         args.iters = (args.iters / 10).max(1);
     }
@@ -194,7 +253,7 @@ fn stream(cpus: (usize, usize), pin: bool, msgs: u64, wait: Wait) -> Duration {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
+    let mut args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
             if e.is_empty() {
@@ -207,6 +266,15 @@ fn main() -> ExitCode {
         }
     };
     let allowed = allowed_cpus();
+    if let Some(list) = args.matrix.take() {
+        return match matrix::run(list, &allowed, &args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("c2c: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     // `pin`: whether the threads are pinned at all (not when the allowed CPUs are unknown).
     let pin = args.cpus.is_some() || !allowed.is_empty();
     let (cpus, wait, note) = match (args.cpus, allowed.as_slice()) {
@@ -275,4 +343,286 @@ fn main() -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `--matrix`: the round trip between every pair of CPUs, grouped by the topology.
+mod matrix {
+    use std::process::ExitCode;
+
+    use indicatif::{ProgressBar, ProgressStyle};
+    use xtc_bench::{heatmap::Heatmap, pin_failures, svg::report_written};
+
+    use super::{round_trips, Args, Wait, WARMUP};
+
+    /// Where a CPU sits in the machine, as far as hwloc says (all `None` without it).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+    pub(super) struct Place {
+        pub(super) package: Option<usize>,
+        pub(super) numa: Option<usize>,
+        pub(super) core: Option<usize>,
+    }
+
+    /// The topology's view of the measured CPUs: each one's place, and the level of the
+    /// machine a pair shares (`None` when hwloc could not be read or the `xtc` feature, which
+    /// brings xtc-numa, is off).
+    struct View {
+        places: Vec<Place>,
+        #[cfg(feature = "xtc")]
+        topo: Option<xtc::numa::Topology>,
+    }
+
+    impl View {
+        fn of(cpus: &[usize]) -> View {
+            #[cfg(feature = "xtc")]
+            {
+                match xtc::numa::Topology::detect() {
+                    Ok(t) => View {
+                        places: cpus
+                            .iter()
+                            .map(|&c| Place {
+                                package: t.package_of(c),
+                                numa: t.numa_node_of(c),
+                                core: t.core_of(c),
+                            })
+                            .collect(),
+                        topo: Some(t),
+                    },
+                    Err(e) => {
+                        println!(
+                            "  NOTE: the topology could not be read ({e}): CPUs are not grouped"
+                        );
+                        View {
+                            places: vec![Place::default(); cpus.len()],
+                            topo: None,
+                        }
+                    }
+                }
+            }
+            #[cfg(not(feature = "xtc"))]
+            {
+                println!(
+                    "  NOTE: built without the xtc feature (no topology): CPUs are not grouped"
+                );
+                View {
+                    places: vec![Place::default(); cpus.len()],
+                }
+            }
+        }
+
+        /// What two CPUs share, in words, or `None` without a topology.
+        fn shared(&self, a: usize, b: usize) -> Option<String> {
+            #[cfg(feature = "xtc")]
+            {
+                self.topo.as_ref()?.level(a, b).map(|l| l.to_string())
+            }
+            #[cfg(not(feature = "xtc"))]
+            {
+                let _ = (a, b);
+                None
+            }
+        }
+    }
+
+    /// CPUs in the order the matrix shows them: by package, NUMA node, core, then id, so a
+    /// node's CPUs are neighbours and SMT siblings sit side by side.
+    pub(super) fn order(cpus: &[usize], places: &[Place]) -> Vec<usize> {
+        let mut idx: Vec<usize> = (0..cpus.len()).collect();
+        idx.sort_by_key(|&i| (places[i], cpus[i]));
+        idx
+    }
+
+    /// The median of `v`, sorted in place (the upper middle one for an even count).
+    pub(super) fn median(v: &mut [u64]) -> Option<u64> {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied()
+    }
+
+    pub(super) fn run(
+        list: Vec<usize>,
+        allowed: &[usize],
+        args: &Args,
+    ) -> Result<ExitCode, String> {
+        let cpus = if list.is_empty() {
+            allowed.to_vec()
+        } else {
+            list
+        };
+        if let Some(c) = cpus
+            .iter()
+            .find(|c| !allowed.is_empty() && !allowed.contains(c))
+        {
+            return Err(format!(
+                "--matrix: CPU {c} is not in the allowed set {allowed:?}: pick CPUs from it"
+            ));
+        }
+        if cpus.len() < 2 {
+            return Err(format!(
+                "--matrix needs at least two CPUs, and has {cpus:?} (allowed: {allowed:?}): \
+                 run it where two CPUs are allowed, or give them with --cpus"
+            ));
+        }
+        println!(
+            "c2c --matrix: round trips between every pair of CPUs (rtrb ring pair, busy-polling)"
+        );
+        println!(
+            "  cpus: {cpus:?}   {} timed round trips per pair after {WARMUP} warm-up",
+            args.iters
+        );
+        let view = View::of(&cpus);
+        let shown = order(&cpus, &view.places);
+        let n = cpus.len();
+        let pairs = n * (n - 1) / 2;
+        let bar = ProgressBar::new(pairs as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} pairs {msg} [{elapsed}<{eta}]")
+                .expect("static progress template is valid"),
+        );
+        // p50 and p99 per pair, in `shown` order, symmetric.
+        let mut p50 = vec![None; n * n];
+        let mut p99 = vec![None; n * n];
+        for i in 0..n {
+            for j in i + 1..n {
+                let (a, b) = (cpus[shown[i]], cpus[shown[j]]);
+                bar.set_message(format!("cpu {a} <-> cpu {b}"));
+                let rtt = round_trips((a, b), true, args.iters, Wait::Spin);
+                for (r, c) in [(i, j), (j, i)] {
+                    p50[r * n + c] = Some(rtt.p50_ns);
+                    p99[r * n + c] = Some(rtt.p99_ns);
+                }
+                bar.inc(1);
+            }
+        }
+        bar.finish_and_clear();
+
+        println!("\n  round trip p50, ns (row: pinger, column: echoer; the matrix is symmetric)");
+        let width = 7;
+        let mut head = format!("  {:>width$}", "cpu");
+        for &i in &shown {
+            head.push_str(&format!(" {:>width$}", cpus[i]));
+        }
+        println!("{head}");
+        for (r, &i) in shown.iter().enumerate() {
+            let mut line = format!("  {:>width$}", cpus[i]);
+            for c in 0..n {
+                match p50[r * n + c] {
+                    Some(v) => line.push_str(&format!(" {v:>width$}")),
+                    None => line.push_str(&format!(" {:>width$}", "-")),
+                }
+            }
+            println!("{line}");
+        }
+
+        // What a pair shares (SMT siblings, an L3, a node, nothing) against what it costs.
+        let mut by_level: Vec<(String, Vec<u64>, Vec<u64>)> = Vec::new();
+        for r in 0..n {
+            for c in r + 1..n {
+                let Some(level) = view.shared(cpus[shown[r]], cpus[shown[c]]) else {
+                    continue;
+                };
+                let (m, w) = (p50[r * n + c].unwrap_or(0), p99[r * n + c].unwrap_or(0));
+                match by_level.iter_mut().find(|(l, ..)| *l == level) {
+                    Some((_, ms, ws)) => {
+                        ms.push(m);
+                        ws.push(w);
+                    }
+                    None => by_level.push((level, vec![m], vec![w])),
+                }
+            }
+        }
+        if !by_level.is_empty() {
+            by_level.sort_by_key(|(_, ms, _)| ms.iter().sum::<u64>() / ms.len() as u64);
+            println!("\n  by what the pair shares (median over its pairs, nearest first):");
+            for (level, ms, ws) in &mut by_level {
+                let (lo, hi) = (ms.iter().min().copied(), ms.iter().max().copied());
+                println!(
+                    "    {level:<16} {:>4} pairs   p50 {} ns ({}..{})   p99 {} ns",
+                    ms.len(),
+                    median(ms).unwrap_or(0),
+                    lo.unwrap_or(0),
+                    hi.unwrap_or(0),
+                    median(ws).unwrap_or(0)
+                );
+            }
+        }
+        let unpinned = pin_failures();
+        if unpinned > 0 {
+            println!(
+                "  WARNING: {unpinned} thread(s) could not be pinned: the figures are from unpinned threads"
+            );
+        }
+
+        let groups: Vec<usize> = if view.places.iter().any(|p| p.numa.is_some()) {
+            shown
+                .iter()
+                .map(|&i| view.places[i].numa.unwrap_or(usize::MAX))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let labels = shown
+            .iter()
+            .map(|&i| match view.places[i].numa {
+                Some(node) => format!("{} (n{node})", cpus[i]),
+                None => cpus[i].to_string(),
+            })
+            .collect();
+        let map = Heatmap {
+            title: "c2c: core-to-core round trip, p50".into(),
+            subtitle: format!(
+                "rtrb ring pair, busy-polling, {} round trips per pair; lines between NUMA nodes",
+                args.iters
+            ),
+            unit: "ns".into(),
+            labels,
+            groups,
+            values: p50.iter().map(|v| v.map(|v| v as f64)).collect(),
+        };
+        Ok(report_written("c2c", &args.svg, map.write(&args.svg)))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn nodes_come_together_and_siblings_side_by_side() {
+            let p = |numa, core| Place {
+                package: Some(0),
+                numa: Some(numa),
+                core: Some(core),
+            };
+            // CPUs 0..4: node of each alternates, as on hosts that number CPUs round-robin.
+            let cpus = [0, 1, 2, 3];
+            let places = [p(0, 0), p(1, 2), p(0, 1), p(1, 2)];
+            let shown: Vec<usize> = order(&cpus, &places).iter().map(|&i| cpus[i]).collect();
+            assert_eq!(shown, [0, 2, 1, 3]);
+            // Without a topology: by id.
+            let shown = order(&[5, 1, 3], &[Place::default(); 3]);
+            assert_eq!(shown, [1, 2, 0]);
+        }
+
+        #[test]
+        fn median_takes_the_upper_middle() {
+            assert_eq!(median(&mut []), None);
+            assert_eq!(median(&mut [7]), Some(7));
+            assert_eq!(median(&mut [9, 1, 5, 3]), Some(5));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cpu_list;
+
+    #[test]
+    fn cpu_lists_take_ranges_and_singles_sorted_without_repeats() {
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11").unwrap(),
+            [0, 1, 2, 3, 8, 10, 11]
+        );
+        assert_eq!(parse_cpu_list("3,1,1-2").unwrap(), [1, 2, 3]);
+        assert!(parse_cpu_list("4-2").unwrap_err().contains("backwards"));
+        assert!(parse_cpu_list("0,x").unwrap_err().contains("\"x\""));
+        assert!(parse_cpu_list("").is_err());
+    }
 }

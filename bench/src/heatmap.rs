@@ -1,0 +1,360 @@
+//! A small, dependency-free SVG heatmap writer, for square matrices such as `c2c --matrix`'s
+//! core-to-core round trips.
+//!
+//! Each cell is coloured on one linear scale from the smallest value (light) to the largest
+//! (dark), with its value printed inside when the cells are large enough to read. Rows and
+//! columns may be split into groups (NUMA nodes): a line is drawn where the group changes,
+//! so the blocks a multi-socket host shows stand out. A missing value (the diagonal: a CPU
+//! with itself) is drawn grey and labelled `-`.
+
+use std::{fmt::Write as _, io, path::Path};
+
+use crate::{fmt_num, svg::esc};
+
+/// A value as a cell prints it: whole numbers from 10 up, about four figures below.
+fn num(v: f64) -> String {
+    if v.abs() >= 10.0 {
+        format!("{v:.0}")
+    } else {
+        fmt_num(v)
+    }
+}
+
+/// A square matrix to draw: `values[row * n + col]`, `n = labels.len()`.
+#[derive(Debug, Clone)]
+pub struct Heatmap {
+    /// Title at the top of the image.
+    pub title: String,
+    /// Smaller text under the title (machine, date, how it was measured).
+    pub subtitle: String,
+    /// Unit of the values, printed on the legend, e.g. `ns`.
+    pub unit: String,
+    /// One label per row (and the same per column), e.g. `cpu 3`.
+    pub labels: Vec<String>,
+    /// One group id per row, or empty for no grouping: a separator is drawn between two
+    /// neighbouring rows (and columns) whose groups differ.
+    pub groups: Vec<usize>,
+    /// Row-major values, `labels.len()²` of them; `None` where nothing was measured.
+    pub values: Vec<Option<f64>>,
+}
+
+/// Light end of the colour scale (smallest value).
+const LIGHT: (f64, f64, f64) = (255.0, 245.0, 235.0);
+/// Dark end of the colour scale (largest value).
+const DARK: (f64, f64, f64) = (127.0, 39.0, 4.0);
+/// Colour of a cell without a value.
+const MISSING: &str = "#dddddd";
+/// Narrowest image: the subtitle and the legend need the room.
+const MIN_WIDTH: f64 = 640.0;
+/// Left and top margins that hold the labels.
+const MARGIN_LEFT: f64 = 70.0;
+const MARGIN_TOP: f64 = 110.0;
+
+impl Heatmap {
+    /// Side of a cell in pixels: large enough to print the value up to 16 rows, smaller
+    /// beyond so that the whole image stays under about 1,000 pixels.
+    fn cell(n: usize) -> f64 {
+        match n {
+            0..=16 => 48.0,
+            17..=32 => 28.0,
+            _ => (900.0 / n as f64).max(4.0),
+        }
+    }
+
+    /// Checks the shape: `n²` values, `n` or no groups, at least one row.
+    fn check(&self) -> io::Result<usize> {
+        let n = self.labels.len();
+        let bad = |what: String| Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+        if n == 0 {
+            return bad("heatmap: no rows to draw".into());
+        }
+        if self.values.len() != n * n {
+            return bad(format!(
+                "heatmap: {} values for {n} labels (wants {})",
+                self.values.len(),
+                n * n
+            ));
+        }
+        if !self.groups.is_empty() && self.groups.len() != n {
+            return bad(format!(
+                "heatmap: {} groups for {n} labels (wants {n}, or none)",
+                self.groups.len()
+            ));
+        }
+        Ok(n)
+    }
+
+    /// The smallest and largest finite value, or `None` when there is none.
+    fn range(&self) -> Option<(f64, f64)> {
+        self.values
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|v| v.is_finite())
+            .fold(None, |acc, v| match acc {
+                None => Some((v, v)),
+                Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
+            })
+    }
+
+    /// Renders the heatmap as a standalone SVG document; `Err(InvalidInput)` when the shape
+    /// is wrong (see the fields).
+    pub fn render(&self) -> io::Result<String> {
+        let n = self.check()?;
+        let cell = Self::cell(n);
+        let side = cell * n as f64;
+        // Wide enough for the title, the subtitle and the legend however few the rows.
+        let width = (MARGIN_LEFT + side + 20.0).max(MIN_WIDTH);
+        let height = MARGIN_TOP + side + 70.0;
+        let (lo, hi) = self.range().unwrap_or((0.0, 0.0));
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif">"#
+        );
+        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+        let _ = writeln!(
+            s,
+            r#"<text x="10" y="24" font-size="18" font-weight="bold">{}</text>"#,
+            esc(&self.title)
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="10" y="44" font-size="12" fill="#555">{}</text>"##,
+            esc(&self.subtitle)
+        );
+        let label_size = (cell * 0.3).clamp(5.0, 12.0);
+        for (i, label) in self.labels.iter().enumerate() {
+            let mid = i as f64 * cell + cell / 2.0;
+            // Row labels right-aligned left of the grid; column labels turned up above it.
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" font-size="{label_size:.1}" text-anchor="end" dominant-baseline="middle">{}</text>"#,
+                MARGIN_LEFT - 6.0,
+                MARGIN_TOP + mid,
+                esc(label)
+            );
+            let (x, y) = (MARGIN_LEFT + mid, MARGIN_TOP - 6.0);
+            let _ = writeln!(
+                s,
+                r#"<text x="{x:.1}" y="{y:.1}" font-size="{label_size:.1}" transform="rotate(-60 {x:.1} {y:.1})" dominant-baseline="middle">{}</text>"#,
+                esc(label)
+            );
+        }
+        let value_size = (cell * 0.26).min(12.0);
+        for row in 0..n {
+            for col in 0..n {
+                let (x, y) = (
+                    MARGIN_LEFT + col as f64 * cell,
+                    MARGIN_TOP + row as f64 * cell,
+                );
+                let v = self.values[row * n + col].filter(|v| v.is_finite());
+                let (fill, ink) = match v {
+                    Some(v) => {
+                        let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+                        (colour(t), if t > 0.55 { "white" } else { "black" })
+                    }
+                    None => (MISSING.to_string(), "#555"),
+                };
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{x:.1}" y="{y:.1}" width="{cell:.1}" height="{cell:.1}" fill="{fill}" stroke="white" stroke-width="0.5"/>"#
+                );
+                if cell >= 24.0 {
+                    let text = v.map_or_else(|| "-".to_string(), num);
+                    let _ = writeln!(
+                        s,
+                        r#"<text x="{:.1}" y="{:.1}" font-size="{value_size:.1}" fill="{ink}" text-anchor="middle" dominant-baseline="middle">{text}</text>"#,
+                        x + cell / 2.0,
+                        y + cell / 2.0
+                    );
+                }
+            }
+        }
+        // Group separators, across the whole grid in both directions.
+        for i in 1..self.groups.len() {
+            if self.groups[i] != self.groups[i - 1] {
+                let at = i as f64 * cell;
+                let _ = writeln!(
+                    s,
+                    r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black" stroke-width="2"/>"#,
+                    MARGIN_LEFT + at,
+                    MARGIN_TOP,
+                    MARGIN_LEFT + at,
+                    MARGIN_TOP + side
+                );
+                let _ = writeln!(
+                    s,
+                    r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black" stroke-width="2"/>"#,
+                    MARGIN_LEFT,
+                    MARGIN_TOP + at,
+                    MARGIN_LEFT + side,
+                    MARGIN_TOP + at
+                );
+            }
+        }
+        legend(
+            &mut s,
+            MARGIN_LEFT,
+            MARGIN_TOP + side + 20.0,
+            (lo, hi),
+            &self.unit,
+        );
+        s.push_str("</svg>\n");
+        Ok(s)
+    }
+
+    /// Writes [`Heatmap::render`] to `path`, creating its parent directory if needed.
+    pub fn write(&self, path: &Path) -> io::Result<()> {
+        crate::svg::write_file(path, &self.render()?)
+    }
+}
+
+/// The scale under the grid: ten steps from light to dark, the smallest and largest value
+/// at its ends.
+fn legend(s: &mut String, x0: f64, y0: f64, (lo, hi): (f64, f64), unit: &str) {
+    const STEPS: usize = 10;
+    const STEP_W: f64 = 20.0;
+    for i in 0..STEPS {
+        let t = i as f64 / (STEPS - 1) as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{:.1}" y="{y0:.1}" width="{STEP_W}" height="12" fill="{}"/>"#,
+            x0 + i as f64 * STEP_W,
+            colour(t)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{x0:.1}" y="{:.1}" font-size="11">{} {}</text>"#,
+        y0 + 28.0,
+        num(lo),
+        esc(unit)
+    );
+    if hi == lo {
+        // One value: one label.
+        return;
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{} {}</text>"#,
+        x0 + STEPS as f64 * STEP_W,
+        y0 + 28.0,
+        num(hi),
+        esc(unit)
+    );
+}
+
+/// The colour at `t` in 0..=1 (clamped) on the light-to-dark scale, as `#rrggbb`.
+fn colour(t: f64) -> String {
+    let t = if t.is_nan() { 0.0 } else { t.clamp(0.0, 1.0) };
+    let mix = |a: f64, b: f64| (a + (b - a) * t).round() as u8;
+    format!(
+        "#{:02x}{:02x}{:02x}",
+        mix(LIGHT.0, DARK.0),
+        mix(LIGHT.1, DARK.1),
+        mix(LIGHT.2, DARK.2)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_by_two() -> Heatmap {
+        Heatmap {
+            title: "c2c <matrix>".into(),
+            subtitle: "test".into(),
+            unit: "ns".into(),
+            labels: vec!["cpu 0".into(), "cpu 1".into()],
+            groups: vec![0, 1],
+            values: vec![None, Some(100.0), Some(300.0), None],
+        }
+    }
+
+    #[test]
+    fn renders_one_cell_per_value_with_the_scale_and_separators() {
+        let svg = two_by_two().render().unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+        // The background, four cells and the ten-step legend.
+        assert_eq!(svg.matches("<rect ").count(), 1 + 4 + 10);
+        // The smallest value gets the light end, the largest the dark end.
+        assert!(svg.contains(&format!(r#"fill="{}""#, colour(0.0))));
+        assert!(svg.contains(&format!(r#"fill="{}""#, colour(1.0))));
+        assert_eq!(svg.matches(&format!(r#"fill="{MISSING}""#)).count(), 2);
+        assert!(svg.contains(">100<") && svg.contains(">300<"));
+        // One group change: a vertical and a horizontal separator.
+        assert_eq!(svg.matches("<line ").count(), 2);
+        assert!(svg.contains("c2c &lt;matrix&gt;"));
+    }
+
+    #[test]
+    fn no_separators_without_groups_or_within_one() {
+        let mut h = two_by_two();
+        h.groups.clear();
+        assert_eq!(h.render().unwrap().matches("<line ").count(), 0);
+        h.groups = vec![3, 3];
+        assert_eq!(h.render().unwrap().matches("<line ").count(), 0);
+    }
+
+    #[test]
+    fn refuses_a_wrong_shape() {
+        let mut h = two_by_two();
+        h.values.pop();
+        let e = h.render().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("3 values for 2 labels"), "{e}");
+        let mut h = two_by_two();
+        h.groups = vec![0];
+        assert!(h.render().is_err());
+        let mut h = two_by_two();
+        h.labels.clear();
+        h.values.clear();
+        assert!(h.render().is_err());
+    }
+
+    #[test]
+    fn equal_values_and_no_values_still_render() {
+        let mut h = two_by_two();
+        h.values = vec![None, Some(5.0), Some(5.0), None];
+        let svg = h.render().unwrap();
+        assert_eq!(
+            svg.matches(&format!(r#"fill="{}""#, colour(0.5))).count(),
+            2
+        );
+        // The legend names the one value once.
+        assert_eq!(svg.matches(">5.000 ns<").count(), 1);
+        h.values = vec![None; 4];
+        assert!(h.render().is_ok());
+    }
+
+    #[test]
+    fn colours_run_from_light_to_dark_and_clamp() {
+        assert_eq!(colour(0.0), "#fff5eb");
+        assert_eq!(colour(1.0), "#7f2704");
+        assert_eq!(colour(-1.0), colour(0.0));
+        assert_eq!(colour(2.0), colour(1.0));
+        assert_eq!(colour(f64::NAN), colour(0.0));
+    }
+
+    #[test]
+    fn large_matrices_drop_the_printed_values() {
+        let n = 40;
+        let h = Heatmap {
+            title: "big".into(),
+            subtitle: String::new(),
+            unit: "ns".into(),
+            labels: (0..n).map(|i| format!("{i}")).collect(),
+            groups: (0..n).map(|i| i / 10).collect(),
+            values: (0..n * n).map(|i| Some(i as f64)).collect(),
+        };
+        let svg = h.render().unwrap();
+        assert_eq!(svg.matches("<rect ").count(), 1 + n * n + 10);
+        // Only labels and the legend's two ends are text; no cell values.
+        assert_eq!(svg.matches("<text ").count(), 2 + 2 * n + 2);
+        assert!(svg.contains(">0.000 ns<") && svg.contains(">1599 ns<"));
+        // Three group changes, two lines each.
+        assert_eq!(svg.matches("<line ").count(), 6);
+    }
+}
