@@ -1,4 +1,4 @@
-//! What the example servers (`echo`, `kv`) share: their flags, one `SO_REUSEPORT` listener per
+//! What the example servers (`echo`, `kv`, `proxy`) share: their flags, one `SO_REUSEPORT` listener per
 //! shard behind a `ConnBalancer`, and the clients that drive a server and check its replies.
 
 use std::{
@@ -224,7 +224,7 @@ where
 /// the room, the clients' connections used every descriptor, the server's accept failed with
 /// EMFILE and backed off until descriptors freed up, and none did (the connected clients
 /// waited for its replies): the run hung.
-fn room_for(clients: usize, shards: usize) -> Result<(), String> {
+pub(crate) fn room_for(clients: usize, shards: usize) -> Result<(), String> {
     let need = clients
         .saturating_mul(2)
         .saturating_add(shards.saturating_mul(4))

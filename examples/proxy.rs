@@ -1,0 +1,252 @@
+//! A sharded TCP proxy: every shard accepts on its own `SO_REUSEPORT` listener (behind the
+//! shared `ConnBalancer`), opens a connection to the upstream server from the same shard and
+//! pipes bytes both ways, so a connection's two sockets, its buffers and both directions' tasks
+//! live on one shard, with no lock and no cross-shard traffic. A half-close is passed on: when
+//! one side ends its writes, the proxy shuts down writing on the other side and keeps piping
+//! the opposite direction until it ends too, as a TCP proxy must for request/response
+//! protocols that close their sending half to say "done".
+//!
+//! The upstream here is an echo server on the same executor (its own listener on a free port),
+//! so the example is self-contained. With `--clients N` it also runs N clients (pinned tasks
+//! spread over the shards) that each stream `--bytes` pseudo-random bytes through the proxy in
+//! chunks of varied sizes while reading the echo, then close their sending half, read to the
+//! end, and check the echo byte for byte (length and checksum); it prints the throughput and
+//! per-shard I/O stats and exits (non-zero if any check failed).
+//!
+//! Run: `cargo run --release --example proxy -- --clients 32 --bytes 1000000` (`--help` lists
+//! the flags) or serve forever: `cargo run --release --example proxy -- --addr 127.0.0.1:7002`,
+//! then `echo hello | nc -N 127.0.0.1 7002`.
+//! (`XTC_SHARDS` sets the shard count, `XTC_IO=epoll` picks the epoll driver.)
+
+mod shared;
+
+use std::{io, net::Shutdown, net::SocketAddr, rc::Rc};
+
+use xtc::net::TcpStream;
+
+/// Size of each direction's buffer.
+const BUF: usize = 16 * 1024;
+
+/// Copies `from` to `to` until `from` ends, then shuts down `to`'s writing half (the
+/// half-close passed on). Returns the bytes copied. On an error both sockets are shut down
+/// in both directions, so the opposite direction's read, which may be waiting on either,
+/// ends too instead of keeping the connection's task alive.
+async fn pipe(from: Rc<TcpStream>, to: Rc<TcpStream>) -> io::Result<u64> {
+    let result = async {
+        let mut buf = Vec::with_capacity(BUF);
+        let mut total = 0u64;
+        loop {
+            let (n, b) = from.read(buf).await;
+            let n = n?;
+            if n == 0 {
+                to.shutdown(Shutdown::Write)?;
+                return Ok(total);
+            }
+            let (w, b) = to.write_all(b).await;
+            w?;
+            total += n as u64;
+            buf = b;
+        }
+    }
+    .await;
+    if result.is_err() {
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
+    }
+    result
+}
+
+/// Serves one client connection: connects upstream from this shard, then pipes both ways, the
+/// upstream-to-client direction in a task of its own on the same shard.
+async fn proxy(client: TcpStream, upstream: SocketAddr) {
+    let up = match TcpStream::connect(upstream).await {
+        Ok(up) => up,
+        Err(e) => {
+            eprintln!("proxy: connect to upstream {upstream}: {e}");
+            return;
+        }
+    };
+    let _ = client.set_nodelay(true);
+    let _ = up.set_nodelay(true);
+    let (client, up) = (Rc::new(client), Rc::new(up));
+    let back = xtc::spawn_local(pipe(up.clone(), client.clone()));
+    // An error (a peer that reset its connection) ends both directions (see `pipe`); it is
+    // that peer's business, not the proxy's, so it is not reported.
+    let _ = pipe(client, up).await;
+    let _ = back.await;
+}
+
+/// The upstream: echoes until the peer ends its writes, then closes.
+async fn echo(stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let mut buf = Vec::with_capacity(BUF);
+    loop {
+        let (n, b) = stream.read(buf).await;
+        match n {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+        let (w, b) = stream.write_all(b).await;
+        if w.is_err() {
+            return;
+        }
+        buf = b;
+    }
+}
+
+/// FNV-1a over a byte stream, fed in pieces.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift64*), so every client's bytes and chunk sizes
+/// differ and a run can be repeated.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// One client: streams `bytes` bytes through the proxy in chunks of 1 B to 16 KiB while a
+/// task of its own reads the echo, closes its sending half, and checks that the echo, read to
+/// its end, has the same length and checksum.
+async fn client(addr: SocketAddr, id: usize, bytes: usize) -> io::Result<()> {
+    let s = Rc::new(TcpStream::connect(addr).await?);
+    s.set_nodelay(true)?;
+    let reader = {
+        let s = s.clone();
+        xtc::spawn_local(async move {
+            let (mut sum, mut total) = (Fnv::new(), 0usize);
+            let mut buf = Vec::with_capacity(BUF);
+            loop {
+                let (n, b) = s.read(buf).await;
+                let n = n?;
+                if n == 0 {
+                    return Ok::<_, io::Error>((total, sum));
+                }
+                sum.feed(&b[..n]);
+                total += n;
+                buf = b;
+            }
+        })
+    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (id as u64 + 1));
+    let mut sent = Fnv::new();
+    let mut left = bytes;
+    let mut chunk = Vec::with_capacity(BUF);
+    while left > 0 {
+        let len = (1 + (rng.next() % BUF as u64) as usize).min(left);
+        chunk.clear();
+        chunk.extend((0..len).map(|_| rng.next() as u8));
+        sent.feed(&chunk);
+        let (w, c) = s.write_all(chunk).await;
+        w?;
+        chunk = c;
+        left -= len;
+    }
+    s.shutdown(Shutdown::Write)?;
+    let (got, sum) = reader.await.map_err(io::Error::other)??;
+    if got != bytes || sum != sent {
+        return Err(io::Error::other(format!(
+            "client {id}: sent {bytes} bytes (checksum {:x}), the echo had {got} (checksum {:x})",
+            sent.0, sum.0
+        )));
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    shared::logging();
+    shared::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = shared::parse("--bytes", 1_000_000, 7002)?;
+    let exec = shared::executor()?;
+    let shards = exec.shard_count();
+    shared::out(format_args!(
+        "{shards} shards, I/O driver {}",
+        exec.io_driver()
+    ));
+    let upstream = shared::listen(&exec, "127.0.0.1:0".parse()?, |stream, _| echo(stream))?;
+    let up = upstream.addr;
+    let server = shared::listen(&exec, args.addr, move |stream, _| proxy(stream, up))?;
+    let addr = server.addr;
+    if args.clients == 0 {
+        shared::out(format_args!(
+            "proxy on {addr} to the echo server on {up} (Ctrl-C to stop)"
+        ));
+        exec.run()?;
+        upstream.check()?;
+        return server.check();
+    }
+    let (clients, bytes) = (args.clients, args.per_client);
+    // Each client's connection takes four descriptors here, twice what `drive` counts (a
+    // client's end and the server's): the proxy's connection upstream and the upstream's end.
+    shared::room_for(2 * clients, shards)?;
+    let (failed, secs) = shared::drive(
+        &exec,
+        clients,
+        move |id| client(addr, id, bytes),
+        || async { Ok(()) },
+    )?;
+    upstream.check()?;
+    server.check()?;
+    let total = (clients * bytes) as f64;
+    shared::out(format_args!(
+        "{clients} clients x {bytes} bytes through the proxy and back in {secs:.2} s: \
+         {:.1} MB/s each way, {failed} failed",
+        total / secs / 1e6,
+    ));
+    for shard in 0..shards {
+        let s = exec.loop_stats(shard)?;
+        shared::out(format_args!(
+            "shard {shard}: {} tasks, {} I/O submitted, {} completed, {} polls, {} parks, idle {:.0}%",
+            s.tasks_run,
+            s.io_submitted,
+            s.io_completed,
+            s.polls,
+            s.parks,
+            100.0 * s.idle_rate()
+        ));
+    }
+    if failed > 0 {
+        return Err("some clients failed".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checksum_does_not_depend_on_how_the_bytes_are_cut() {
+        let bytes: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let mut whole = Fnv::new();
+        whole.feed(&bytes);
+        let mut pieces = Fnv::new();
+        for c in bytes.chunks(37) {
+            pieces.feed(c);
+        }
+        assert_eq!(whole, pieces);
+        let mut other = Fnv::new();
+        other.feed(&bytes[1..]);
+        assert_ne!(whole, other);
+    }
+}
