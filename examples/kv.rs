@@ -343,6 +343,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             s.messages_received,
         ));
     }
+    shared::shard_stats(&exec)?;
     if failed > 0 {
         return Err("some checks failed".into());
     }

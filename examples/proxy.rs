@@ -213,18 +213,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
          {:.1} MB/s each way, {failed} failed",
         total / secs / 1e6,
     ));
-    for shard in 0..shards {
-        let s = exec.loop_stats(shard)?;
-        shared::out(format_args!(
-            "shard {shard}: {} tasks, {} I/O submitted, {} completed, {} polls, {} parks, idle {:.0}%",
-            s.tasks_run,
-            s.io_submitted,
-            s.io_completed,
-            s.polls,
-            s.parks,
-            100.0 * s.idle_rate()
-        ));
-    }
+    shared::shard_stats(&exec)?;
     if failed > 0 {
         return Err("some clients failed".into());
     }

@@ -107,22 +107,7 @@ impl Heatmap {
         let width = (MARGIN_LEFT + side + 20.0).max(MIN_WIDTH);
         let height = MARGIN_TOP + side + 70.0;
         let (lo, hi) = self.range().unwrap_or((0.0, 0.0));
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif">"#
-        );
-        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            s,
-            r#"<text x="10" y="24" font-size="18" font-weight="bold">{}</text>"#,
-            esc(&self.title)
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="10" y="44" font-size="12" fill="#555">{}</text>"##,
-            esc(&self.subtitle)
-        );
+        let mut s = crate::svg::open(width, height, &self.title, &self.subtitle);
         let label_size = (cell * 0.3).clamp(5.0, 12.0);
         for (i, label) in self.labels.iter().enumerate() {
             let mid = i as f64 * cell + cell / 2.0;

@@ -52,22 +52,7 @@ impl Chart {
         let rows = n.div_ceil(Self::PER_ROW);
         let width = PANEL_W * cols as f64 + 20.0;
         let height = TOP + PANEL_H * rows as f64 + 10.0;
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif">"#
-        );
-        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            s,
-            r#"<text x="10" y="24" font-size="18" font-weight="bold">{}</text>"#,
-            esc(&self.title)
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="10" y="44" font-size="12" fill="#555">{}</text>"##,
-            esc(&self.subtitle)
-        );
+        let mut s = open(width, height, &self.title, &self.subtitle);
         for (i, panel) in self.panels.iter().enumerate() {
             let x0 = 10.0 + PANEL_W * (i % Self::PER_ROW) as f64;
             let y0 = TOP + PANEL_H * (i / Self::PER_ROW) as f64;
@@ -87,6 +72,28 @@ impl Chart {
     pub fn write(&self, path: &Path) -> io::Result<()> {
         write_file(path, &self.render())
     }
+}
+
+/// Starts an SVG document of `width` x `height` pixels: a white background, `title` in bold at
+/// the top left and `subtitle` under it. The caller appends the drawing and `</svg>`.
+pub(crate) fn open(width: f64, height: f64, title: &str, subtitle: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="10" y="24" font-size="18" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="10" y="44" font-size="12" fill="#555">{}</text>"##,
+        esc(subtitle)
+    );
+    s
 }
 
 /// Says on stdout where a chart went (`written` is the outcome of writing it to `path`), or

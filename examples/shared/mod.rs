@@ -311,6 +311,24 @@ where
     ))
 }
 
+/// Prints each shard's I/O and scheduling counts after a run: tasks, I/O operations submitted
+/// and completed, polls, parks and idle share.
+pub(crate) fn shard_stats(exec: &xtc::Executor) -> xtc::Result<()> {
+    for shard in 0..exec.shard_count() {
+        let s = exec.loop_stats(shard)?;
+        out(format_args!(
+            "shard {shard}: {} tasks, {} I/O submitted, {} completed, {} polls, {} parks, idle {:.0}%",
+            s.tasks_run,
+            s.io_submitted,
+            s.io_completed,
+            s.polls,
+            s.parks,
+            100.0 * s.idle_rate()
+        ));
+    }
+    Ok(())
+}
+
 /// What `main` returns for `result`: an error is printed as its message (xtc's errors include
 /// their causes), not as the `Debug` form a `Result` returned from `main` prints.
 pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::ExitCode {
