@@ -1046,3 +1046,105 @@ fn quiescence_with_traffic_between_loops_loses_nothing() {
 fn quiescence_with_traffic_between_loops_loses_nothing_eager_tiny_rings_epoll() {
     runs_with_traffic_between_loops(xtc_shards::io::DriverChoice::Epoll, 1, true, 150);
 }
+
+/// Rule 3: only a thief woken by new work ignores `min_tasks_to_steal` for its first steal. A
+/// knob setter pings every loop too (so idle loops re-read the policy at once), and that ping
+/// counted as such a wake: switching stealing on (or setting the minimum itself) made every
+/// idle loop steal at once from a victim below the minimum, which the starvation override
+/// allows only after 16 short looks in a row, each one idle tick apart. Counted by parks, not
+/// timed: the thief must park between its looks.
+#[test]
+fn a_knob_ping_does_not_waive_the_steal_minimum() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .stealing(false)
+        .min_tasks_to_steal(1000)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let spawned = Arc::new(AtomicBool::new(false));
+    // (shard, shard 1's parks) as the migratable task ran.
+    let ran: Arc<Mutex<Option<(usize, u64)>>> = Arc::new(Mutex::new(None));
+    let (sp, r, hh) = (spawned.clone(), ran.clone(), h.clone());
+    ex.spawn_on(0, move || async move {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let child = xtc_shards::spawn(async move {
+            *r.lock().unwrap() = Some((shard::id(), hh.loop_stats(1).unwrap().parks));
+            d.store(true, SeqCst);
+        });
+        sp.store(true, SeqCst);
+        // Shard 0 stays busy until another loop took the child (or the hang guard ends it).
+        let t = std::time::Instant::now();
+        while !done.load(SeqCst) && t.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        child.await.unwrap();
+    })
+    .unwrap();
+    std::thread::scope(|s| {
+        let parks_before = s.spawn(|| {
+            while !spawned.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Shard 1 parks without a tick while stealing is off: this count holds until the
+            // knob's ping.
+            let before = h.loop_stats(1).unwrap().parks;
+            h.set_stealing(true);
+            before
+        });
+        run_or_fail(ex, HANG * 2, "a stolen task under a minimum").unwrap();
+        let before = parks_before.join().unwrap();
+        let (shard, parks) = ran.lock().unwrap().expect("the child ran");
+        assert_eq!(shard, 1, "nobody stole the child");
+        assert!(
+            parks - before >= 10,
+            "stolen after {} parks of the thief: the knob's ping waived the minimum",
+            parks - before
+        );
+    });
+}
+
+/// Rule 3, the other side: a thief parked without a tick and woken by a spawn's ping (new
+/// migratable work) still takes its first steal below the minimum, at once.
+#[test]
+fn a_spawn_ping_still_waives_the_steal_minimum_for_the_first_steal() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .min_tasks_to_steal(1000)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    // (parks of shard 1 before the spawn, then as the child ran, and the child's shard).
+    let ran: Arc<Mutex<Option<(u64, u64, usize)>>> = Arc::new(Mutex::new(None));
+    let r = ran.clone();
+    ex.spawn_on(0, move || async move {
+        let t = std::time::Instant::now();
+        // Shard 1 has parked (without a tick: no migratable task exists yet).
+        while h.loop_stats(1).unwrap().parks == 0 && t.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let before = h.loop_stats(1).unwrap().parks;
+        let done = Arc::new(AtomicBool::new(false));
+        let (d, hh) = (done.clone(), h.clone());
+        let child = xtc_shards::spawn(async move {
+            *r.lock().unwrap() = Some((before, hh.loop_stats(1).unwrap().parks, shard::id()));
+            d.store(true, SeqCst);
+        });
+        while !done.load(SeqCst) && t.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        child.await.unwrap();
+    })
+    .unwrap();
+    run_or_fail(ex, HANG * 2, "a spawn ping").unwrap();
+    let (before, parks, shard) = ran.lock().unwrap().expect("the child ran");
+    assert_eq!(shard, 1, "nobody stole the child");
+    assert!(
+        parks - before <= 1,
+        "the woken thief waited {} parks for the starvation override",
+        parks - before
+    );
+}

@@ -25,7 +25,11 @@
 //!    (`steal_batch_and_pop`), then the victim's injector.
 //! 3. **Thresholds (HPX).** A victim is stolen from only if it has at least `min_tasks_to_steal`
 //!    queued, unless this thief found it short but non-empty [`STARVATION_LOOKS`] times in a row,
-//!    or this is the thief's first steal after being woken by new work.
+//!    or this is the thief's first steal after being woken by new work: a ping for migratable
+//!    work (rule 4's spawn pings, eager rebalance's nudge), marked in the loop's `work_ping`.
+//!    Other pings end a park too (a knob setter's, pinned work's, a stop's) and waive nothing:
+//!    when they did, switching stealing on or setting the minimum made every idle loop steal
+//!    at once from a victim below it.
 //! 4. **Finding work while parked.** While any migratable task is alive (the count of rule 5 is
 //!    above zero), a loop holds spawns it has not counted yet (its `spawning` flag, raised at
 //!    its first spawn of a turn and lowered once its batch is published), or a victim has
@@ -99,6 +103,11 @@ pub(crate) struct StealShared {
     /// Rule 4: this loop spawned migratable tasks this turn whose count it has not published
     /// yet (set at its first spawn of a turn, cleared by `flush_live` after publishing).
     pub(crate) spawning: CachePadded<AtomicBool>,
+    /// Rule 3: a ping for new migratable work was sent to this loop since its last park
+    /// decision (set before the ping by [`ping_all_for_work`] and [`nudge_idle_peer`], cleared
+    /// by [`idle_tick`]). Relaxed: the ping's read-modify-write on the parker's state (`SeqCst`)
+    /// orders it before the woken loop's look.
+    pub(crate) work_ping: AtomicBool,
 }
 
 impl StealShared {
@@ -160,6 +169,7 @@ impl Migratable {
                 injector: Injector::new(),
                 stolen_from: AtomicU64::new(0),
                 spawning: CachePadded::new(AtomicBool::new(false)),
+                work_ping: AtomicBool::new(false),
             });
             workers.push(Mutex::new(Some(w)));
         }
@@ -423,8 +433,17 @@ fn show_spawning(core: &Core) {
     core.shared.steal.spawning.store(true, SeqCst);
     fence(SeqCst);
     if core.exec.migratable.tickless.load(SeqCst) > 0 {
-        core.exec.unpark_all();
+        ping_all_for_work(&core.exec);
     }
+}
+
+/// Rules 3 and 4: pings every loop for new migratable work, marking each ping as such, so a
+/// thief it wakes takes its first steal even from a victim below the minimum.
+fn ping_all_for_work(exec: &ExecShared) {
+    for l in &exec.loops {
+        l.steal.work_ping.store(true, Relaxed);
+    }
+    exec.unpark_all();
 }
 
 /// Adds `delta` straight to the shared count. Returns whether it rose from zero or less, when
@@ -441,7 +460,7 @@ pub(crate) fn flush_live(core: &Core) {
     let delta = core.migr_delta.replace(0);
     // The batch's spawns are queued by now (or already ran).
     if delta != 0 && live_add_shared(&core.exec, delta) {
-        core.exec.unpark_all();
+        ping_all_for_work(&core.exec);
     }
     // After the count: an idle loop that sees the flag down sees the count with this batch.
     if core.spawning.replace(false) {
@@ -536,7 +555,7 @@ where
         runnable.schedule();
     }
     if rose {
-        exec.unpark_all();
+        ping_all_for_work(exec);
     }
     JoinHandle::new(task)
 }
@@ -783,7 +802,8 @@ pub(crate) fn try_steal(core: &Core) -> bool {
         return false;
     };
     let min = exec.min_tasks_to_steal();
-    let fresh = core.fresh_wake.replace(false);
+    // Rule 3: woken by a ping (`fresh_wake`), and that ping was for new migratable work.
+    let fresh = core.fresh_wake.replace(false) && core.shared.steal.work_ping.swap(false, Relaxed);
     let mut looks = core.short_looks.borrow_mut();
     looks.resize(exec.loops.len(), 0);
     let stats = &core.shared.stats;
@@ -833,6 +853,15 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     const TICK: std::time::Duration = std::time::Duration::from_millis(1); // xtc_exec(3)
     const MAX_SHIFT: u32 = 5; // 1 ms << 5 = 32 ms, xtc_exec(3)'s cap
     let exec = &*core.exec;
+    // Rule 3: called at each park decision, so a work ping that came while the loop was
+    // awake (and woke nothing) does not make a later wake, by another ping, look like one.
+    // (The park's recheck calls this again: a work ping between the two calls is then
+    // forgotten, but that recheck sees its work and the loop does not sleep; its next steal
+    // just keeps to the minimum, as a ticking thief's does.)
+    let ping = &core.shared.steal.work_ping;
+    if ping.load(Relaxed) {
+        ping.store(false, Relaxed);
+    }
     if !would_steal(core)
         || !exec.stealing()
         || exec.victims(core.index()).is_empty()
@@ -883,6 +912,7 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
     for &v in core.exec.victims(me) {
         let st = core.exec.loops[v].status.load(Relaxed);
         if crate::event_loop::status::kind(st) != crate::event_loop::status::BUSY {
+            core.exec.loops[v].steal.work_ping.store(true, Relaxed);
             core.exec.loops[v].parker.unpark();
             return;
         }
