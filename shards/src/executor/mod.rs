@@ -1608,7 +1608,7 @@ impl Handle {
 
     /// A victim must have at least this many queued tasks to be stolen from (HPX's
     /// `min_tasks_to_steal`), except after 16 short looks in a row or on a thief's first steal
-    /// after a wake. Default 0 (`XTC_MIN_TASKS_TO_STEAL`). Higher keeps small bursts local.
+    /// after a wake by new migratable work (not by a knob setter's ping). Default 0 (`XTC_MIN_TASKS_TO_STEAL`). Higher keeps small bursts local.
     pub fn set_min_tasks_to_steal(&self, n: usize) {
         self.shared.min_tasks_to_steal.store(n as u64, SeqCst);
         // Idle loops re-read the policy now, not at their next wake.
