@@ -845,8 +845,8 @@ pub(crate) fn try_steal(core: &Core) -> bool {
     false
 }
 
-/// Rule 4: the idle tick while migratable tasks exist: 1 ms, or with backoff 1 ms doubling after
-/// three empty ticks up to 32 ms. `None`: park until pinged, also for a loop that would not steal
+/// Rule 4: the idle tick while migratable tasks exist: 1 ms, or with backoff 1 ms until four
+/// ticks in a row found nothing, then doubling with each further empty one up to 32 ms. `None`: park until pinged, also for a loop that would not steal
 /// on waking (it owns parked tasks or timers and eager rebalance is off): ticking there woke it
 /// every millisecond for nothing.
 pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
