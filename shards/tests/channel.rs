@@ -703,6 +703,71 @@ fn a_cancelled_send_many_loses_no_item() {
     }
 }
 
+/// A `send_many` cancelled at a full ring leaves the item it peeked in the `Sender`; a
+/// `Sender` then dropped while the ring is still full dropped that item: the receiver got the
+/// ring's items, then `Closed`, one item short, though the receiver was alive and the items
+/// behind it were still in the caller's iterator. It is received after the ring's items now
+/// (by `recv` and `recv_many` alike), and a receiver dropped without taking it drops it once.
+#[test]
+fn a_held_item_is_received_after_its_sender_dropped_on_a_full_ring() {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{
+            atomic::{AtomicUsize, Ordering::SeqCst},
+            Arc,
+        },
+    };
+    // Sends 0 and 1 into a ring of 2, peeks 2, waits; dropped: 2 is held, 3.. stay in `it`.
+    let cancelled = |tx: &mut shared::Sender<u64>, it: &mut std::ops::Range<u64>| {
+        let mut fut = tx.send_many(it.by_ref());
+        assert!(Pin::new(&mut fut).poll(&mut noop_cx()).is_pending());
+    };
+    let (mut tx, mut rx) = shared::bounded::<u64>(2).unwrap();
+    let mut it = 0..5u64;
+    cancelled(&mut tx, &mut it);
+    drop(tx);
+    assert_eq!(rx.try_recv(), Ok(0));
+    assert_eq!(rx.try_recv(), Ok(1));
+    assert_eq!(
+        rx.try_recv(),
+        Ok(2),
+        "the held item was lost with its Sender"
+    );
+    assert_eq!(rx.try_recv().err(), Some(TryRecvError::Closed));
+    assert_eq!(it.collect::<Vec<_>>(), vec![3, 4]);
+
+    // The same through recv_many, awaited.
+    let (mut tx, mut rx) = shared::bounded::<u64>(2).unwrap();
+    let mut it = 0..5u64;
+    cancelled(&mut tx, &mut it);
+    drop(tx);
+    let got = futures::executor::block_on(async {
+        let mut buf = Vec::new();
+        while rx.recv_many(&mut buf, 8).await > 0 {}
+        buf
+    });
+    assert_eq!(got, vec![0, 1, 2]);
+
+    // A receiver dropped with the held item still there drops it, once.
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (mut tx, rx) = shared::bounded::<CountDrop>(1).unwrap();
+    let mut items = (0..3).map(|_| CountDrop(drops.clone()));
+    {
+        let mut fut = tx.send_many(items.by_ref());
+        assert!(Pin::new(&mut fut).poll(&mut noop_cx()).is_pending());
+    }
+    drop(items);
+    drop(tx);
+    assert_eq!(drops.load(SeqCst), 0, "the held item went with its Sender");
+    drop(rx);
+    assert_eq!(
+        drops.load(SeqCst),
+        2,
+        "the queued and the held item are dropped"
+    );
+}
+
 /// Items that fill the ring exactly resolve at once, also from an iterator that cannot tell
 /// it is finished before it is asked (a `filter` that drops the last items): no wait for the
 /// receiver, which may run later in the same task.

@@ -169,9 +169,10 @@ impl Flush for SignalTx {
 /// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0, for one
 /// whose slots' bytes exceed `isize::MAX`, and for a ring over 1 MiB the allocator refuses
 /// (it is allocated up front; a smaller ring the allocator refuses aborts, as `Vec` does).
-/// Cost: five allocations: the ring's `capacity` slots (none for a zero-sized `T`), rtrb's
-/// shared head and tail, the two ends' wake state, and each end's end-of-turn signal; a ring
-/// over 1 MiB is allocated and freed once more first.
+/// Cost: six allocations: the ring's `capacity` slots (none for a zero-sized `T`), rtrb's
+/// shared head and tail, the two ends' wake state, each end's end-of-turn signal, and the slot
+/// for an item a dropped `Sender` could not push (`Sender::last`); a ring over 1 MiB is
+/// allocated and freed once more first.
 pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
     let capacity = check_capacity::<T>(capacity)?;
     let bytes = capacity.saturating_mul(std::mem::size_of::<T>());
@@ -190,17 +191,20 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
         rx: Side::new(),
         tx: Side::new(),
     });
+    let last = Arc::new(Mutex::new(None));
     Ok((
         Sender {
             ring: p,
             signaller: Signaller::new(Arc::new(SignalRx(chan.clone())), capacity),
             chan: chan.clone(),
             held: None,
+            last: last.clone(),
         },
         Receiver {
             ring: c,
             signaller: Signaller::new(Arc::new(SignalTx(chan.clone())), capacity),
             chan,
+            last,
         },
     ))
 }
@@ -263,6 +267,12 @@ pub struct Sender<T> {
     /// coming) but not sent: it goes before anything sent after it. Boxed, so a `Sender` of a
     /// large `T` stays small (the box is made on that rare path only).
     held: Option<Box<T>>,
+    /// Where [`held`](Self::held) goes if this `Sender` drops while the ring is full: the
+    /// receiver takes it after the ring's items (it is the newest item: nothing is sent while
+    /// one is held). Dropped with the ring full, it was lost though the receiver was alive.
+    /// Not in `Chan`, which is not generic (its end-of-turn signals are `'static` trait
+    /// objects, and a channel's `T` need not be `'static`).
+    last: Arc<Mutex<Option<Box<T>>>>,
 }
 
 /// The receiving end. `Send`, not `Clone`: exactly one consumer.
@@ -270,6 +280,8 @@ pub struct Receiver<T> {
     ring: Consumer<T>,
     chan: Arc<Chan>,
     signaller: Signaller,
+    /// The item the `Sender` held when it dropped with the ring full (`Sender::last`).
+    last: Arc<Mutex<Option<Box<T>>>>,
 }
 
 impl<T> Sender<T> {
@@ -397,7 +409,7 @@ impl<T> Sender<T> {
     /// Cancel safety: a `send_many(iter.by_ref())` dropped while it waits (a `select!` with a
     /// timer) has sent a prefix and left the other items in `iter`, but for the one it took
     /// to learn that more were coming: that one stays in the `Sender` and goes first, before
-    /// anything sent after it (or when the `Sender` drops, if the ring has room then).
+    /// anything sent after it (or, if the `Sender` drops first, after what the ring holds).
     ///
     /// Cost per batch: as [`try_send_many`](Self::try_send_many); a stream sent this way costs
     /// a fraction of per-message `send`s (see `mesh`'s batched stream row in bench/).
@@ -572,16 +584,25 @@ impl<T> Receiver<T> {
             }
             Err(_) => {
                 if self.chan.tx.is_closed() {
-                    // Everything pushed before the close is visible now.
+                    // Everything pushed before the close is visible now, and so is the item
+                    // the `Sender` left for after them.
                     match self.ring.pop() {
                         Ok(v) => Ok(v),
-                        Err(_) => Err(TryRecvError::Closed),
+                        Err(_) => self.take_last().ok_or(TryRecvError::Closed),
                     }
                 } else {
                     Err(TryRecvError::Empty)
                 }
             }
         }
+    }
+
+    /// The item a dropped `Sender` left after the ring's (`Sender::last`), once the sender is
+    /// gone and the ring drained.
+    #[cold]
+    fn take_last(&mut self) -> Option<T> {
+        let last = lock(&self.last).take();
+        last.map(|v| *v)
     }
 
     /// Rule 3's bookkeeping after `n` pops.
@@ -606,10 +627,17 @@ impl<T> Receiver<T> {
             if !self.chan.tx.is_closed() {
                 return Err(TryRecvError::Empty);
             }
-            // Everything pushed before the close is visible now.
+            // Everything pushed before the close is visible now, and so is the item the
+            // `Sender` left for after them.
             queued = self.ring.slots();
             if queued == 0 {
-                return Err(TryRecvError::Closed);
+                return match self.take_last() {
+                    Some(v) => {
+                        buf.push(v);
+                        Ok(1)
+                    }
+                    None => Err(TryRecvError::Closed),
+                };
             }
         }
         let n = queued.min(limit);
@@ -700,9 +728,12 @@ impl<T> fmt::Debug for RecvMany<'_, T> {
 
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
-        // An item a cancelled `send_many` left goes if there is room (else it goes with us).
-        if self.held.is_some() && !self.chan.rx.is_closed() {
-            let _ = self.send_held();
+        // An item a cancelled `send_many` left goes if there is room, else after what the ring
+        // holds (`last`); stored before the close, which the receiver reads before it looks.
+        if self.held.is_some() && !self.chan.rx.is_closed() && !self.send_held() {
+            let held = self.held.take();
+            // Empty before: only this drop fills it. (Nothing of `T` is dropped under the lock.)
+            *lock(&self.last) = held;
         }
         self.chan.tx.close();
         self.chan.rx.wake_now();
@@ -716,7 +747,8 @@ impl<T> Drop for Receiver<T> {
     /// the ring, the values lived as long as the `Sender` (rtrb frees its slots with its last
     /// end), and a value holding the sender of a reply channel kept that channel open for
     /// good, so whoever awaited the reply never saw it close. A send racing the close may
-    /// still land after the drain; its value goes with the `Sender`. A value whose `Drop`
+    /// still land after the drain; its value goes with the `Sender`. The item a dropped
+    /// `Sender` left after the ring's (`Sender::last`) is dropped last. A value whose `Drop`
     /// panics does not stop the drain: every value is dropped, then the first panic goes on.
     fn drop(&mut self) {
         self.chan.rx.close();
@@ -730,12 +762,18 @@ impl<T> Drop for Receiver<T> {
         // its channel open), and a second such value then panicked in the `Sender`'s drop.
         // rtrb's `commit` drops the slot in place and marks it read even if that panics.
         let ring = &mut self.ring;
+        let last = &self.last;
         super::drop_queued(|| match ring.read_chunk(1) {
             Ok(one) => {
                 one.commit_all();
                 true
             }
-            Err(_) => false,
+            Err(_) => {
+                // Taken out of the lock first: its `Drop` is user code (it may hold a
+                // `Sender` of this channel, whose drop takes the lock).
+                let v = lock(last).take();
+                v.is_some()
+            }
         });
     }
 }
