@@ -1370,3 +1370,39 @@ fn a_long_send_many_to_a_receiver_that_keeps_up_lets_other_tasks_run() {
         "the other task ran only after send_many had sent all {sent} items"
     );
 }
+
+/// The same on a ring of zero-sized values as large as an allocation may be (`bounded`
+/// accepts it): the ring never fills, and a ring's worth per poll is `isize::MAX` items, so
+/// an endless iterator held the loop for good (here a long one held it until its end). A
+/// poll's batch has a fixed cap now, whatever the capacity.
+#[test]
+fn a_send_many_into_a_huge_ring_lets_other_tasks_run() {
+    use std::{cell::Cell, rc::Rc};
+    const LIMIT: u64 = 1 << 22;
+    let ex = exec(1);
+    let h = ex
+        .spawn_on(0, || async {
+            let (mut tx, _rx) = shared::bounded::<()>(isize::MAX as usize).unwrap();
+            let ran = Rc::new(Cell::new(false));
+            let r = ran.clone();
+            drop(xtc_shards::spawn_local(async move { r.set(true) }));
+            let sent = Rc::new(Cell::new(0u64));
+            let s = sent.clone();
+            let items = std::iter::from_fn(move || {
+                if ran.get() || s.get() == LIMIT {
+                    return None;
+                }
+                s.set(s.get() + 1);
+                Some(())
+            });
+            tx.send_many(items).await.unwrap();
+            sent.get()
+        })
+        .unwrap();
+    run_or_fail(ex, HANG, "send_many into a huge ring").unwrap();
+    let sent = futures::executor::block_on(h).unwrap();
+    assert!(
+        sent < LIMIT,
+        "the other task ran only after send_many had sent all {sent} items"
+    );
+}

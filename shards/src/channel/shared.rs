@@ -353,9 +353,21 @@ impl<T> Sender<T> {
     /// Cost: one chunk reservation and one publish of the ring's tail for the whole batch, and
     /// the per-turn signal bookkeeping once, where [`try_send`](Self::try_send) pays each per
     /// message.
+    #[inline]
     pub fn try_send_many<I: Iterator<Item = T>>(
         &mut self,
         items: &mut std::iter::Peekable<I>,
+    ) -> Result<usize, TrySendError<()>> {
+        self.send_up_to(items, usize::MAX)
+    }
+
+    /// [`try_send_many`](Self::try_send_many), pushing at most `max` items (the held one
+    /// aside): a poll of [`SendMany`] stops at its budget even on a ring whose free space is
+    /// larger.
+    fn send_up_to<I: Iterator<Item = T>>(
+        &mut self,
+        items: &mut std::iter::Peekable<I>,
+        max: usize,
     ) -> Result<usize, TrySendError<()>> {
         if self.chan.rx.is_closed() {
             return Err(TrySendError::Closed(()));
@@ -363,7 +375,7 @@ impl<T> Sender<T> {
         if self.held.is_some() && !self.send_held() {
             return Ok(0);
         }
-        let free = self.ring.slots();
+        let free = self.ring.slots().min(max);
         if free == 0 || items.peek().is_none() {
             return Ok(0);
         }
@@ -402,9 +414,10 @@ impl<T> Sender<T> {
     /// does (backpressure), in batches as large as the free space. Resolves once the last
     /// item is in the ring. If the receiver goes away, the items not yet sent come back in the
     /// [`SendError`], as the iterator itself (the next item first): `items` may be endless,
-    /// and the caller decides whether to collect the rest. After a ring's worth of items in
-    /// one poll it yields to the loop's other tasks (and is polled again at once), so a long
-    /// or endless iterator to a receiver that keeps up does not hold its loop.
+    /// and the caller decides whether to collect the rest. After a ring's worth of items (at
+    /// most 65,536, whatever the capacity) in one poll it yields to the loop's other tasks
+    /// (and is polled again at once), so a long or endless iterator to a receiver that keeps
+    /// up does not hold its loop.
     ///
     /// Cancel safety: a `send_many(iter.by_ref())` dropped while it waits (a `select!` with a
     /// timer) has sent a prefix and left the other items in `iter`, but for the one it took
@@ -468,6 +481,10 @@ impl<T> Future for SendFut<'_, T> {
     }
 }
 
+/// The most items a poll of [`SendMany`] sends before it yields: a ring's worth, up to this.
+/// Above the rings of the benchmarks (1,024 slots), so their batches are unchanged.
+const SEND_MANY_BUDGET: usize = 1 << 16;
+
 /// Future of [`Sender::send_many`].
 #[must_use = "futures do nothing unless awaited"]
 pub struct SendMany<'a, T, I: Iterator<Item = T>> {
@@ -487,10 +504,12 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let mut announced = false;
-        // Items sent by this poll: after a ring's worth it yields (waking itself at once), so
-        // an endless iterator to a receiver that keeps up cannot hold its loop for good.
+        // Items sent by this poll: after a ring's worth (at most `SEND_MANY_BUDGET`) it yields
+        // (waking itself at once), so an endless iterator to a receiver that keeps up cannot
+        // hold its loop for good. Without the cap, a huge ring (zero-sized values, up to
+        // `isize::MAX` slots) never filled, and one poll, one chunk even, never ended.
         let mut sent = 0;
-        let budget = this.tx.ring.buffer().capacity();
+        let budget = this.tx.ring.buffer().capacity().min(SEND_MANY_BUDGET);
         loop {
             let Some(items) = this.items.as_mut() else {
                 // It gave its items back in an `Err`: reporting success now would be a lie.
@@ -502,7 +521,8 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             // therefore never leaves `peeked` set for an item already sent (the drop would
             // pull a fresh one from an iterator that just panicked).
             this.peeked = false;
-            let Ok(n) = this.tx.try_send_many(items) else {
+            // `sent < budget` here: it never asks for 0 (which would read as a full ring).
+            let Ok(n) = this.tx.send_up_to(items, budget - sent) else {
                 let mut rest = this.items.take().expect("present: borrowed just above");
                 // Closed. Everything may have been sent already (the last items filled the
                 // ring exactly, and the receiver went before the end was known).
