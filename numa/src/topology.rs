@@ -196,13 +196,27 @@ impl Topology {
     /// (`indexes=`) of 8,192 or more: hwloc would spend seconds to minutes and gigabytes
     /// building it (it inserts siblings one at a time: `pu:4096` took 0.9 s here, `pu:16384`
     /// 42 s, and 16,384 PUs in small groups 0.4 s). Real machines stay far below these.
+    /// [`Error::Hwloc`] too for a level of memory-side caches (`memcache:2`), which hwloc
+    /// parses and then aborts the process on while building it.
     pub fn synthetic(desc: &str) -> Result<Topology> {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
             "write levels from the top as type:count, e.g. \"pack:2 numa:2 l3:1 core:4 pu:2\"";
         // hwloc builds every object of the description: a few huge counts ran for minutes and
         // ended in an out-of-memory kill, which no error handling survives.
-        let (objects, widest, attached) = synthetic_leaves(desc);
+        let (objects, widest, attached, memcache) = synthetic_leaves(desc);
+        // hwloc parses a memory-side cache level, then aborts the process on an assertion
+        // while it builds the tree (hwloc 2.9): refused before hwloc sees it.
+        if let Some(level) = memcache {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "its level {level:?} is a memory-side cache, which hwloc cannot build in a \
+                     synthetic topology (it aborts the process)"
+                ),
+                "leave memory-side caches out: use levels such as pack, numa, l3, l2, core and pu",
+            ));
+        }
         if objects > MAX_SYNTHETIC_PUS {
             // A negative count saturates (hwloc's `strtoul` reads `-1` as nearly 2^64): the
             // 39-digit total named nothing the user wrote.
@@ -753,18 +767,21 @@ const MAX_SYNTHETIC_ARITY: u128 = 1 << 10;
 /// three), after an optional root `(attributes)` block, each an optional `type:` then a count read as [`strtoul_prefix`] reads it, then an
 /// optional `(attributes)` block; a `[...]` block attaches one NUMA node to every object of the
 /// level before it (as many as the product so far). A count too large for `u128` saturates, as
-/// do the product and the sum. Where hwloc would stop with a syntax error, so does this.
-fn synthetic_leaves(desc: &str) -> (u128, u128, u128) {
+/// do the product and the sum. Where hwloc would stop with a syntax error, so does this. The
+/// fourth value is the type of the first level hwloc reads as a memory-side cache
+/// ([`names_memcache`]), if any.
+fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>) {
     let b = desc.as_bytes();
     let mut i = 0;
     let mut product = 1u128;
     let mut widest = 1u128;
     let mut attached = 0u128;
+    let mut memcache = None;
     // A root attribute block, `(memory=1GB)2 256 256`, as hwloc reads one first.
     if b.first() == Some(&b'(') {
         match desc.find(')') {
             Some(end) => i = end + 1,
-            None => return (product, widest, attached),
+            None => return (product, widest, attached, memcache),
         }
     }
     loop {
@@ -785,7 +802,12 @@ fn synthetic_leaves(desc: &str) -> (u128, u128, u128) {
         if !b[i].is_ascii_digit() {
             // A level type, up to its ':'.
             match desc[i..].find(':') {
-                Some(colon) => i += colon + 1,
+                Some(colon) => {
+                    if memcache.is_none() && names_memcache(&b[i..]) {
+                        memcache = Some(&desc[i..i + colon]);
+                    }
+                    i += colon + 1;
+                }
                 None => break,
             }
         }
@@ -802,7 +824,28 @@ fn synthetic_leaves(desc: &str) -> (u128, u128, u128) {
             }
         }
     }
-    (product, widest, attached)
+    (product, widest, attached, memcache)
+}
+
+/// Whether hwloc reads the object type at the start of `s` as a memory-side cache
+/// (`HWLOC_OBJ_MEMCACHE`), as its `hwloc_type_sscanf` does: a prefix of `memcache` of at least
+/// 5 letters or of `memory-side cache` of at least 8 characters, in any case, ending at a
+/// character that is neither a letter nor `-` (`memca:2`, `MemCache:2`, `memory-side:2`). Such a
+/// level passes hwloc's synthetic parser, and then hwloc's tree builder fails an assertion that
+/// aborts the process (hwloc 2.9): no `Err`, no panic to catch.
+fn names_memcache(s: &[u8]) -> bool {
+    /// hwloc's `hwloc__type_match(s, ty, min_len) == 0`; `ty` is lowercase. hwloc takes a byte
+    /// equal to the type's byte minus 32 as a match (the uppercase letter, and `\r` for `-`).
+    fn type_match(s: &[u8], ty: &[u8], min_len: usize) -> bool {
+        for (i, &c) in s.iter().enumerate() {
+            match ty.get(i) {
+                Some(&t) if c == t || c == t.wrapping_sub(32) => {}
+                _ => return !(c.is_ascii_alphabetic() || c == b'-') && i >= min_len,
+            }
+        }
+        s.len() >= min_len
+    }
+    type_match(s, b"memcache", 5) || type_match(s, b"memory-side cache", 8)
 }
 
 /// Largest XML topology [`Topology::from_xml`] reads: far above any machine's export (8,192

@@ -445,3 +445,62 @@ fn an_xml_pu_os_index_given_twice_is_an_error() {
     assert!(matches!(e, Error::Hwloc { .. }), "{e}");
     assert!(e.to_string().contains("OS index 4"), "{e}");
 }
+
+/// Set in the child process that `a_memory_side_cache_level_is_an_error` starts.
+const MEMCACHE_CHILD_ENV: &str = "XTC_NUMA_MEMCACHE_CHILD";
+
+/// A synthetic level of memory-side caches, under any spelling hwloc takes for one, is an
+/// `Err`: hwloc parsed it and then aborted the process on an assertion while building the tree
+/// (no `Err`, no panic to catch), so a mistyped `--synthetic` ended the whole program. Run in
+/// a child process, so that the abort fails this test alone.
+#[test]
+fn a_memory_side_cache_level_is_an_error() {
+    if std::env::var_os(MEMCACHE_CHILD_ENV).is_some() {
+        for desc in [
+            "memcache:2 pu:2",
+            "pack:2 MemCache:1 core:2 pu:1",
+            "memca:1 pu:1",
+            "pack:1memca:1pu:1",
+            "(memory=1GB)memcache:1 pu:1",
+            "pack:2 memcache:2 [numa] pu:2",
+            "memory-side:1 pu:1",
+            "Memory-Side Cache:1 pu:1",
+        ] {
+            match Topology::synthetic(desc) {
+                Err(e @ Error::Hwloc { .. }) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains("memory-side cache"), "{desc}: {msg}");
+                }
+                other => panic!("{desc}: expected Err(Hwloc), got {other:?}"),
+            }
+        }
+        // Names hwloc does not take for a memory-side cache are left to hwloc, as before.
+        assert!(Topology::synthetic("memc:2 pu:2").is_err());
+        assert!(Topology::synthetic("memory:2 pu:2").is_err());
+        assert_eq!(
+            Topology::synthetic("pack:2 [numa] core:2 pu:2")
+                .unwrap()
+                .pus()
+                .len(),
+            8
+        );
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_memory_side_cache_level_is_an_error",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env(MEMCACHE_CHILD_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 passed"), "child ran no test:\n{stdout}");
+}
