@@ -197,7 +197,10 @@ impl Topology {
     /// building it (it inserts siblings one at a time: `pu:4096` took 0.9 s here, `pu:16384`
     /// 42 s, and 16,384 PUs in small groups 0.4 s). Real machines stay far below these.
     /// [`Error::Hwloc`] too for a level of memory-side caches (`memcache:2`), which hwloc
-    /// parses and then aborts the process on while building it.
+    /// parses and then aborts the process on while building it, and for an `indexes=`
+    /// interleaving pattern by type (`indexes=core:pack`), or by `step*count` loops whose
+    /// counts multiply to a multiple of 2^64, on which hwloc aborts the process too: list the
+    /// indexes (`indexes=0,2,1,3`) or give `step*count` loops (`indexes=2*2:1*2`).
     pub fn synthetic(desc: &str) -> Result<Topology> {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
@@ -270,6 +273,18 @@ impl Topology {
                      {MAX_SYNTHETIC_PUS}"
                 ),
                 "use smaller indexes; real machines number their PUs below a few thousand",
+            ));
+        }
+        // hwloc asserts on (and so aborts the process for) some interleaved index patterns.
+        if let Some(indexes) = synthetic_unsafe_interleave(desc) {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "its indexes={indexes} is an interleaving pattern that hwloc cannot build (it \
+                     aborts the process, or reads memory it never set)"
+                ),
+                "list the OS indexes instead, e.g. indexes=0,2,1,3, or give step*count loops \
+                 whose counts multiply to the level's width, e.g. indexes=2*2:1*2",
             ));
         }
         let hw = guarded(&what, hint, || {
@@ -873,6 +888,74 @@ fn read_xml(path: &Path) -> std::io::Result<String> {
     }
     String::from_utf8(bytes)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
+}
+
+/// The first `indexes=` value of a synthetic description that hwloc (2.9) cannot process
+/// safely, if any. hwloc reads a value up to a space or `)`; one of digits and commas only is
+/// an explicit list, which is safe. Any other is an interleaving pattern:
+/// - `type:type:...` (`indexes=core:pack`): hwloc looks the types up among levels whose child
+///   count it has not all set yet (the PU level's, and beyond it levels never written), and a
+///   type that matches a level deeper than the indexed one fails an assertion
+///   (`step`), which aborts the process: refused whatever it names;
+/// - `step*count:...` (`indexes=2*2:1*2`): hwloc multiplies the counts, each read as `strtol`
+///   reads it and cast to 32 bits, in 64 bits, and asserts that the product is not 0; counts
+///   whose product wraps to 0 (`1*65536` four times) are refused. A pattern hwloc rejects
+///   gracefully (a missing `*`, a zero step or count) is left to it: it ignores the indexes.
+fn synthetic_unsafe_interleave(desc: &str) -> Option<&str> {
+    desc.split("indexes=").skip(1).find_map(|rest| {
+        let value = &rest[..rest.find([' ', ')']).unwrap_or(rest.len())];
+        if value.bytes().all(|c| c.is_ascii_digit() || c == b',') {
+            return None;
+        }
+        if !value.as_bytes()[0].is_ascii_digit() {
+            return Some(value);
+        }
+        // hwloc's loop over `step*count` pairs, each ended by ':', or by ')' or ' ' for the
+        // last (the value's end here).
+        let mut product = 1u64;
+        let mut tmp = value;
+        loop {
+            let (step, used) = strtol_u32(tmp)?;
+            if step == 0 || tmp.as_bytes().get(used) != Some(&b'*') {
+                return None;
+            }
+            let after = &tmp[used + 1..];
+            let (count, used) = strtol_u32(after)?;
+            if count == 0 {
+                return None;
+            }
+            product = product.wrapping_mul(u64::from(count));
+            match after.as_bytes().get(used) {
+                None => break,
+                Some(b':') => tmp = &after[used + 1..],
+                Some(_) => return None,
+            }
+        }
+        (product == 0).then_some(value)
+    })
+}
+
+/// The number at the start of `s` as `(unsigned) strtol(s, .., 0)` reads it in C (a 64-bit
+/// `long`, saturated, then cut to 32 bits), and how many bytes it took; `None` without digits.
+fn strtol_u32(s: &str) -> Option<(u32, usize)> {
+    let start = s.len() - s.trim_start().len();
+    let t = &s[start..];
+    let (negative, sign) = match t.as_bytes().first() {
+        Some(b'-') => (true, 1),
+        Some(b'+') => (false, 1),
+        _ => (false, 0),
+    };
+    let digits = &t[sign..];
+    if digits.starts_with(|c: char| c.is_whitespace() || c == '+' || c == '-') {
+        return None;
+    }
+    let (magnitude, used) = strtoul_prefix(digits, 0)?;
+    let value = if negative {
+        i64::try_from(magnitude).map_or(i64::MIN, |m| -m)
+    } else {
+        i64::try_from(magnitude).unwrap_or(i64::MAX)
+    };
+    Some((value as u32, start + sign + used))
 }
 
 /// The largest OS index an explicit `indexes=a,b,...` list of a synthetic description names

@@ -446,53 +446,19 @@ fn an_xml_pu_os_index_given_twice_is_an_error() {
     assert!(e.to_string().contains("OS index 4"), "{e}");
 }
 
-/// Set in the child process that `a_memory_side_cache_level_is_an_error` starts.
-const MEMCACHE_CHILD_ENV: &str = "XTC_NUMA_MEMCACHE_CHILD";
+/// Set, to the test's name, in the child process that [`in_child`] starts.
+const CHILD_ENV: &str = "XTC_NUMA_TEST_CHILD";
 
-/// A synthetic level of memory-side caches, under any spelling hwloc takes for one, is an
-/// `Err`: hwloc parsed it and then aborted the process on an assertion while building the tree
-/// (no `Err`, no panic to catch), so a mistyped `--synthetic` ended the whole program. Run in
-/// a child process, so that the abort fails this test alone.
-#[test]
-fn a_memory_side_cache_level_is_an_error() {
-    if std::env::var_os(MEMCACHE_CHILD_ENV).is_some() {
-        for desc in [
-            "memcache:2 pu:2",
-            "pack:2 MemCache:1 core:2 pu:1",
-            "memca:1 pu:1",
-            "pack:1memca:1pu:1",
-            "(memory=1GB)memcache:1 pu:1",
-            "pack:2 memcache:2 [numa] pu:2",
-            "memory-side:1 pu:1",
-            "Memory-Side Cache:1 pu:1",
-        ] {
-            match Topology::synthetic(desc) {
-                Err(e @ Error::Hwloc { .. }) => {
-                    let msg = e.to_string();
-                    assert!(msg.contains("memory-side cache"), "{desc}: {msg}");
-                }
-                other => panic!("{desc}: expected Err(Hwloc), got {other:?}"),
-            }
-        }
-        // Names hwloc does not take for a memory-side cache are left to hwloc, as before.
-        assert!(Topology::synthetic("memc:2 pu:2").is_err());
-        assert!(Topology::synthetic("memory:2 pu:2").is_err());
-        assert_eq!(
-            Topology::synthetic("pack:2 [numa] core:2 pu:2")
-                .unwrap()
-                .pus()
-                .len(),
-            8
-        );
-        return;
+/// Whether this is the child process of test `name`. In the parent, runs that test again in a
+/// child process, fails unless it passed there, and returns false: a description on which
+/// hwloc aborts the process then fails that test alone, with hwloc's message.
+fn in_child(name: &str) -> bool {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
+        return true;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_memory_side_cache_level_is_an_error",
-            "--exact",
-            "--test-threads=1",
-        ])
-        .env(MEMCACHE_CHILD_ENV, "1")
+        .args([name, "--exact", "--test-threads=1"])
+        .env(CHILD_ENV, name)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -503,4 +469,83 @@ fn a_memory_side_cache_level_is_an_error() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("1 passed"), "child ran no test:\n{stdout}");
+    false
+}
+
+/// A synthetic level of memory-side caches, under any spelling hwloc takes for one, is an
+/// `Err`: hwloc parsed it and then aborted the process on an assertion while building the tree
+/// (no `Err`, no panic to catch), so a mistyped `--synthetic` ended the whole program.
+#[test]
+fn a_memory_side_cache_level_is_an_error() {
+    if !in_child("a_memory_side_cache_level_is_an_error") {
+        return;
+    }
+    for desc in [
+        "memcache:2 pu:2",
+        "pack:2 MemCache:1 core:2 pu:1",
+        "memca:1 pu:1",
+        "pack:1memca:1pu:1",
+        "(memory=1GB)memcache:1 pu:1",
+        "pack:2 memcache:2 [numa] pu:2",
+        "memory-side:1 pu:1",
+        "Memory-Side Cache:1 pu:1",
+    ] {
+        match Topology::synthetic(desc) {
+            Err(e @ Error::Hwloc { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("memory-side cache"), "{desc}: {msg}");
+            }
+            other => panic!("{desc}: expected Err(Hwloc), got {other:?}"),
+        }
+    }
+    // Names hwloc does not take for a memory-side cache are left to hwloc, as before.
+    assert!(Topology::synthetic("memc:2 pu:2").is_err());
+    assert!(Topology::synthetic("memory:2 pu:2").is_err());
+    assert_eq!(
+        Topology::synthetic("pack:2 [numa] core:2 pu:2")
+            .unwrap()
+            .pus()
+            .len(),
+        8
+    );
+}
+
+/// An `indexes=` interleaving pattern hwloc cannot process is an `Err`: by type
+/// (`indexes=core` on a level above the cores) hwloc failed its `step` assertion, and by
+/// `step*count` loops whose counts multiply to 2^64 its `nbs` one, either way aborting the
+/// process. Explicit lists and ordinary loops still work.
+#[test]
+fn an_index_interleaving_hwloc_aborts_on_is_an_error() {
+    if !in_child("an_index_interleaving_hwloc_aborts_on_is_an_error") {
+        return;
+    }
+    for desc in [
+        "pack:2(indexes=core) core:2 pu:2",
+        "pack:2 [numa(indexes=core)] core:2 pu:1",
+        "pack:2 core:2 pu:2(indexes=core:pack)",
+        "pu:2(indexes=1*65536:1*65536:1*65536:1*65536)",
+        "pu:4(indexes=1*0x10000:1*0200000:1*65536:1*65536)",
+        "pu:4(indexes=1*-65536:1*65536:1*65536:1*65536)",
+    ] {
+        match Topology::synthetic(desc) {
+            Err(e @ Error::Hwloc { .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("interleaving") && msg.contains("indexes=0,2,1,3"),
+                    "{desc}: {msg}"
+                );
+            }
+            other => panic!("{desc}: expected Err(Hwloc), got {other:?}"),
+        }
+    }
+    // An explicit list renumbers the PUs; step*count loops are taken as before.
+    let t = Topology::synthetic("pack:1 core:2 pu:2(indexes=0,2,1,3)").unwrap();
+    assert_eq!(t.core_of(2), Some(0));
+    assert_eq!(
+        Topology::synthetic("pack:2 core:2 pu:2(indexes=2*2:1*2:4*2)")
+            .unwrap()
+            .pus(),
+        (0..8).collect::<Vec<_>>()
+    );
+    assert!(Topology::synthetic("pu:4(indexes=1*2:2*2)").is_ok());
 }
