@@ -56,6 +56,13 @@ fn env_variables() {
     assert!(!ex.is_pinned());
     assert_eq!(ex.deadlock_grace(), Some(Duration::from_millis(250)));
 
+    // Units are case-insensitive, as every word a variable takes.
+    std::env::set_var("XTC_DEADLOCK_GRACE", "2S");
+    std::env::set_var("XTC_SPIN_BEFORE_PARK", "7US");
+    let ex = Builder::from_env().unwrap().build().unwrap();
+    assert_eq!(ex.deadlock_grace(), Some(Duration::from_secs(2)));
+    assert_eq!(ex.spin_before_park(), Duration::from_micros(7));
+
     std::env::set_var("XTC_DEADLOCK_GRACE", "off");
     assert_eq!(
         Builder::from_env()

@@ -458,7 +458,8 @@ fn parse_duration(v: &str) -> Option<Duration> {
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
     let (num, unit) = v.split_at(split);
     let n: u64 = num.parse().ok()?;
-    match unit.trim() {
+    // Case-insensitive, as the crate docs say of every word a variable takes (`5MS`).
+    match unit.trim().to_lowercase().as_str() {
         "" | "ms" => Some(Duration::from_millis(n)),
         "s" => Some(Duration::from_secs(n)),
         "us" | "µs" => Some(Duration::from_micros(n)),
