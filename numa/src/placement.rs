@@ -147,7 +147,8 @@ impl Placement {
     /// - [`Error::TooManyShards`] if `shards` exceeds the allowed PUs and `oversubscribe`
     ///   is off;
     /// - [`Error::CpuListLength`], [`Error::CpuNotAllowed`], [`Error::DuplicateCpu`] for a
-    ///   CPU list that does not fit;
+    ///   CPU list that does not fit, and [`Error::TooManyOnOneCpu`] for one that names a CPU
+    ///   more than [`MAX_SHARDS_PER_CPU`] times;
     /// - [`Error::OversubscribedTooFar`] beyond [`MAX_SHARDS_PER_CPU`] shards per allowed CPU.
     pub fn new(
         topo: &Topology,
