@@ -76,8 +76,10 @@ impl Class {
         self.stats.runs.load(Relaxed)
     }
 
-    /// Accumulated virtual runtime (scaled nanoseconds, rule 2). Lowered together with every
-    /// lane of its loop when one nears 2^62 (only differences between lanes matter).
+    /// Virtual runtime accumulated in the current (or last) `run()` or `block_on` of its loop
+    /// (scaled nanoseconds, rule 2): each run starts its lanes at 0, while [`runs`](Self::runs)
+    /// counts on across runs. Lowered together with every lane of its loop when one nears 2^62
+    /// (only differences between lanes matter).
     pub fn vruntime(&self) -> u64 {
         self.stats.vruntime.load(Relaxed)
     }
