@@ -170,23 +170,31 @@ pub(crate) const NEVER_FLUSHED: u64 = u64::MAX;
 /// of the turn it was last registered in, [`NEVER_FLUSHED`] for never); off any loop it runs at
 /// once.
 ///
-/// Cost: one thread-local read and a compare when `f` is already registered this turn (the
-/// per-message path of a channel), else a reference-count increment and a push. The check is
-/// inlined into the channel's generic code (a GOT load and an `%fs`-relative load, checked
-/// with objdump in a user's binary); the registration stays a call. As a call the check cost
-/// ~21 instructions per message (send plus recv, callgrind: 150 -> 129 per message).
+/// Cost: one thread-local read and a compare when `f` is already registered this turn, else a
+/// reference-count increment and a push. A channel's per-message path makes the check alone
+/// ([`flush_scheduled`], inlined into its generic code: a GOT load and an `%fs`-relative load,
+/// checked with objdump in a user's binary) and calls this only when it fails; the
+/// registration stays a call. As a call the check cost ~21 instructions per message (send
+/// plus recv, callgrind: 150 -> 129 per message).
 #[inline]
 pub(crate) fn schedule_flush(key: &mut u64, f: &Arc<dyn Flush>) {
-    let stamp = TURN.with(Cell::get);
+    if flush_scheduled(*key) {
+        return;
+    }
+    schedule_flush_slow(key, f, TURN.with(Cell::get));
+}
+
+/// Whether the flush whose key is `key` ([`schedule_flush`]) is registered in the current loop
+/// turn: false off any loop. The per-message check of [`schedule_flush`], for a caller that
+/// keeps the registration itself out of line.
+#[inline]
+pub(crate) fn flush_scheduled(key: u64) -> bool {
     // A key is only ever `NEVER_FLUSHED` or a stamp taken on a loop (never 0: the slow path
     // stores a stamp only when it registered on a loop), so an equal stamp is never the 0 of
     // off any loop, where the flush must run every time: no separate test for 0 (two
     // instructions per message per side, callgrind).
-    debug_assert_ne!(*key, 0);
-    if stamp == *key {
-        return;
-    }
-    schedule_flush_slow(key, f, stamp);
+    debug_assert_ne!(key, 0);
+    TURN.with(Cell::get) == key
 }
 
 /// The first registration in a turn (or the flush itself, off any loop).
