@@ -332,9 +332,11 @@ pub(crate) fn drain(core: &Core) -> usize {
     m.rr = if start + 1 == n { 0 } else { start + 1 };
     let mut total = 0;
     // With classes, tasks go to their lanes after the mesh borrow ends; without, straight to
-    // the FIFO (no allocation on the common path).
+    // the FIFO (no allocation on the common path). `None` until a task goes that way: an
+    // empty `Vec` left to its drop glue still cost an out-of-line call per turn (callgrind:
+    // about 25 instructions per loop turn).
     let classes = core.classes_active.get();
-    let mut got_all = Vec::new();
+    let mut got_all: Option<Vec<Runnable>> = None;
     {
         let mut q = core.queue.borrow_mut();
         for k in 0..n {
@@ -354,7 +356,7 @@ pub(crate) fn drain(core: &Core) -> usize {
                         // A task of a class (the loop's first, created since it last looked)
                         // goes through `Core::enqueue` too, which picks the class up.
                         if classes || r.metadata().class.load(Relaxed) != 0 {
-                            got_all.push(r);
+                            got_all.get_or_insert_with(Vec::new).push(r);
                         } else {
                             q.push_back(r);
                         }
@@ -375,8 +377,7 @@ pub(crate) fn drain(core: &Core) -> usize {
     }
     m.received += total as u64;
     drop(m);
-    // Looked at first: consuming an empty vector still calls its iterator's drop.
-    if !got_all.is_empty() {
+    if let Some(got_all) = got_all {
         for r in got_all {
             core.enqueue(r);
         }
