@@ -296,6 +296,7 @@ impl LocalMesh {
     }
 
     /// Whether a [`reserve`] for `to` would succeed now.
+    #[inline]
     fn has_space(&self, to: usize) -> bool {
         self.backlog[to].is_empty() && self.out[to].as_ref().is_some_and(|p| !p.is_full())
     }
@@ -606,6 +607,14 @@ pub(crate) fn evacuate(core: &Core) -> bool {
     crate::task::drop_wakers_guarded(wakers);
     drain(core);
     waits || again || core.mesh.borrow().backlogged() > 0
+}
+
+/// Whether loop `to` can take a message from this loop now, without backlog: what
+/// [`reserve`] waits for (rule 3), false for this loop itself or a loop it has no ring to.
+#[inline]
+pub(crate) fn has_space(core: &Core, to: usize) -> bool {
+    let m = core.mesh.borrow();
+    to < m.out.len() && m.has_space(to)
 }
 
 /// Waits until loop `to` can take a message from this loop without backlog (rule 3).
