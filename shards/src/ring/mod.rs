@@ -269,7 +269,10 @@ impl LocalMesh {
         self.stopping.is_some()
     }
 
-    /// Rule 2: sends `r` to loop `to`. Never fails, never blocks.
+    /// Rule 2: sends `r` to loop `to`. Never fails, never blocks. Inline: its one caller is
+    /// `context::route`, inside the out-of-line `task::schedule_away`, so this saves a call
+    /// frame (four registers saved and restored) per cross-shard message.
+    #[inline]
     pub(crate) fn push(&mut self, to: usize, r: Runnable) {
         self.sent += 1;
         if let Some(s) = self.stopping.as_mut() {
