@@ -324,8 +324,8 @@ impl LocalMesh {
 /// Loop step 2 for rings: drains incoming rings into the run queue (rule 4) and signals
 /// producers waiting for space (rule 3). Returns how many messages it took.
 pub(crate) fn drain(core: &Core) -> usize {
-    let exec = &*core.exec;
-    let mut m = core.mesh.borrow_mut();
+    let mut guard = core.mesh.borrow_mut();
+    let m = &mut *guard;
     let n = m.inc.len();
     if n == 0 {
         return 0;
@@ -343,50 +343,69 @@ pub(crate) fn drain(core: &Core) -> usize {
     let mut got_all: Option<Vec<Runnable>> = None;
     {
         let mut q = core.queue.borrow_mut();
-        for k in 0..n {
-            // `start + k < 2n`: one compare wraps it.
-            let from = if start + k >= n {
-                start + k - n
-            } else {
-                start + k
-            };
-            let Some(c) = m.inc[from].as_mut() else {
-                continue;
-            };
-            let mut got = 0;
-            while got < DRAIN_PER_RING {
-                match c.pop() {
-                    Ok(r) => {
-                        // A task of a class (the loop's first, created since it last looked)
-                        // goes through `Core::enqueue` too, which picks the class up.
-                        if classes || r.metadata().class.load(Relaxed) != 0 {
-                            got_all.get_or_insert_with(Vec::new).push(r);
-                        } else {
-                            q.push_back(r);
-                        }
-                        got += 1;
-                    }
-                    Err(_) => break,
-                }
+        // From `start` to the end, then from the first ring to `start`: two plain walks, not
+        // one with a wrapped index and a bounds check per ring (callgrind: about 20
+        // instructions per turn with two shards).
+        let (wrapped, first) = m.inc.split_at_mut(start);
+        for (k, c) in first.iter_mut().enumerate() {
+            if let Some(c) = c {
+                total += drain_ring(core, start + k, me, c, classes, &mut q, &mut got_all);
             }
-            if got > 0 {
-                total += got;
-                // Rule 3, consumer side. The ping touches no loop-local state (no borrow
-                // held here is at risk), so it goes out at once rather than through a list.
-                if exec.mesh.want_space(from, me).swap(false, SeqCst) {
-                    notify(core, from);
-                }
+        }
+        for (from, c) in wrapped.iter_mut().enumerate() {
+            if let Some(c) = c {
+                total += drain_ring(core, from, me, c, classes, &mut q, &mut got_all);
             }
         }
     }
     m.received += total as u64;
-    drop(m);
+    drop(guard);
     if let Some(got_all) = got_all {
         for r in got_all {
             core.enqueue(r);
         }
     }
     total
+}
+
+/// [`drain`] of ring `from → me`, consumer `c`: at most [`DRAIN_PER_RING`] messages into the
+/// FIFO `q` (or into `got_all`, for `Core::enqueue` after the mesh borrow), then rule 3's
+/// consumer side. Returns how many it took. Inlined into both of `drain`'s walks (as a
+/// call, or a closure LLVM kept out of line, it cost more than the walks saved).
+#[inline(always)]
+fn drain_ring(
+    core: &Core,
+    from: usize,
+    me: usize,
+    c: &mut Consumer<Runnable>,
+    classes: bool,
+    q: &mut VecDeque<Runnable>,
+    got_all: &mut Option<Vec<Runnable>>,
+) -> usize {
+    let mut got = 0;
+    while got < DRAIN_PER_RING {
+        match c.pop() {
+            Ok(r) => {
+                // A task of a class (the loop's first, created since it last looked) goes
+                // through `Core::enqueue` too, which picks the class up.
+                if classes || r.metadata().class.load(Relaxed) != 0 {
+                    got_all.get_or_insert_with(Vec::new).push(r);
+                } else {
+                    q.push_back(r);
+                }
+                got += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    if got > 0 {
+        // Rule 3, consumer side. The ping touches no loop-local state (no borrow held here is
+        // at risk), so it goes out at once rather than through a list.
+        if core.exec.mesh.want_space(from, me).swap(false, SeqCst) {
+            notify(core, from);
+        }
+    }
+    got
 }
 
 fn notify(core: &Core, to: usize) {
