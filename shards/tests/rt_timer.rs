@@ -791,3 +791,28 @@ fn a_sleep_due_when_it_moves_sends_no_cancel_home() {
     // Shard 0 finished its one task, and no cancel task after it.
     assert_eq!(ex.loop_stats(0).unwrap().tasks_run, 1);
 }
+
+/// A `timeout` whose future is ready at the poll where its deadline has passed gives the
+/// future's output, as documented (and as tokio's does): the future is polled first. Here the
+/// future registers no wake-up of its own and is ready from the deadline on, so the poll that
+/// the timeout's own timer causes finds both done. A zero duration and a ready future: `Ok`.
+#[test]
+fn a_timeout_whose_future_is_ready_at_the_deadline_gives_its_output() {
+    LocalExecutor::new().unwrap().block_on(async {
+        assert_eq!(time::timeout(Duration::ZERO, async { 1 }).await, Ok(1));
+        assert!(time::timeout(Duration::ZERO, std::future::pending::<()>())
+            .await
+            .is_err());
+        let deadline = Instant::now() + Duration::from_millis(20);
+        let ready_from_deadline = std::future::poll_fn(move |_| {
+            if Instant::now() >= deadline {
+                std::task::Poll::Ready(7)
+            } else {
+                std::task::Poll::Pending
+            }
+        });
+        // The timeout's deadline is at or after `deadline` (made after it).
+        let r = time::timeout(Duration::from_millis(20), ready_from_deadline).await;
+        assert_eq!(r, Ok(7), "the deadline won over a ready future");
+    });
+}

@@ -45,11 +45,17 @@ pub struct Interval {
 
 impl Interval {
     /// Waits for the next tick and returns its scheduled instant.
+    ///
+    /// # Panics
+    /// When polled off any xtc loop (its timer needs a loop, as [`sleep`](super::sleep)'s).
     pub async fn tick(&mut self) -> Instant {
         poll_fn(|cx| self.poll_tick(cx)).await
     }
 
     /// Polls for the next tick.
+    ///
+    /// # Panics
+    /// When called off any xtc loop, as [`tick`](Self::tick).
     pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
         if Pin::new(&mut self.sleep).poll(cx).is_pending() {
             self.waited = true;

@@ -233,8 +233,14 @@ impl fmt::Debug for Sleep {
 }
 
 /// Runs `fut` for at most `duration`: `Err(Elapsed)` if the time runs out first (the future is
-/// dropped with the `Timeout`). Cost: one timer, as [`sleep`], given up as soon as either
+/// dropped with the `Timeout`). Each poll polls `fut` first: a future that is ready at the poll
+/// where the deadline has passed (or becomes ready at once with a zero `duration`) gives
+/// `Ok` with its output, as tokio's does; `Err(Elapsed)` only when `fut` is still pending at
+/// a poll at or after the deadline. Cost: one timer, as [`sleep`], given up as soon as either
 /// completes.
+///
+/// # Panics
+/// When polled off any xtc loop while `fut` is pending (its timer needs a loop, as [`sleep`]'s).
 pub fn timeout<F: Future>(duration: Duration, fut: F) -> Timeout<F> {
     Timeout {
         fut,
