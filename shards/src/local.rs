@@ -95,6 +95,18 @@ impl LocalExecutor {
         F: Future + 'static,
         F::Output: 'static,
     {
+        // Refused before anything is set up: a `Core` made first (as `context::enter`, which
+        // refuses too, needs one) set up a second I/O driver for the running loop, took and gave
+        // back its ring ends and deque, and stored its timer generation and driver kind over
+        // the running run's (a second io_uring refused fell back to epoll, and the running
+        // loop's `LoopStats::io_driver` said epoll). The same test as `enter`'s: a loop runs on
+        // this thread, or this executor's loop is hidden here by `off_loop`.
+        let this_loop = &self.shared.loops[0];
+        if context::with_core(|_| ()).is_some()
+            || context::with_own_core(|c| Arc::ptr_eq(&c.shared, this_loop).then_some(())).is_some()
+        {
+            panic!("{NESTED}");
+        }
         // Run again from a `Drop` of its own stopped run's leftovers (a nested `block_on`):
         // the rest of those leftovers go first, still as that run's (their drops' `Handle`
         // spawns refused). Its sweep woke them all to surface them, so they sat in the loop's
@@ -105,8 +117,7 @@ impl LocalExecutor {
         // Then this run is live, and what it spawns through a `Handle` is its own.
         let live = crate::executor::Discarding::live(&self.shared);
         let core = Core::new(self.shared.loops[0].clone(), self.shared.clone());
-        let enter = context::enter(&core)
-            .expect("LocalExecutor::block_on called inside an xtc loop: spawn the future instead");
+        let enter = context::enter(&core).expect(NESTED);
         let main = task::spawn_raw(core.shared.clone(), move || fut, TaskInfo::here(None), 0);
         event_loop::run(&core, false, &|| main.is_finished());
         event_loop::shutdown(&core, false);
@@ -137,6 +148,9 @@ impl LocalExecutor {
         }
     }
 }
+
+/// The panic of a `block_on` called where it may not run (see its `# Panics`).
+const NESTED: &str = "LocalExecutor::block_on called inside an xtc loop: spawn the future instead";
 
 impl Drop for LocalExecutor {
     /// Closes the executor as `Executor`'s drop does: a `Handle` spawning afterwards gets

@@ -1015,3 +1015,52 @@ fn io_errors_convert_into_xtc_errors_with_the_question_mark() {
     let e = xtc_shards::Error::from(std::io::Error::from(std::io::ErrorKind::NotFound));
     assert!(e.to_string().starts_with("I/O: "), "{e}");
 }
+
+/// A `block_on` inside a task of its own `LocalExecutor` is refused (it would block the loop it
+/// runs on), and the refusal leaves the running loop alone. It used to build a whole second
+/// `Core` for that loop first, and only then find it could not enter: a second I/O driver set
+/// up and torn down (an io_uring ring), the loop's ring ends and deque taken and given back, its
+/// timer generation and driver kind stored over the running run's. Here the second ring is
+/// refused (a seccomp filter on this thread, as a memlock limit could), so that driver fell
+/// back to epoll: it warned that "this loop uses epoll", and the running io_uring loop's
+/// `LoopStats::io_driver` said epoll from then on.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_refused_nested_block_on_leaves_the_running_loop_alone() {
+    use xtc_shards::io::Driver;
+    // A thread of its own: the filter stays on the thread that installs it.
+    std::thread::spawn(|| {
+        let ex = Rc::new(LocalExecutor::new().unwrap());
+        let inner = ex.clone();
+        ex.block_on(async move {
+            let h = xtc_shards::shard::handle().unwrap();
+            let before = h.loop_stats(0).unwrap().io_driver;
+            if before != Some(Driver::IoUring) {
+                println!("skipped: the loop does not run io_uring here ({before:?})");
+                return;
+            }
+            if !deny_syscall(libc::SYS_io_uring_setup, libc::EPERM as u32) {
+                println!("skipped: no seccomp filter can be installed here");
+                return;
+            }
+            let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                inner.block_on(async {});
+            }));
+            let payload =
+                refused.expect_err("a block_on inside its own running loop was not refused");
+            let msg = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or_default();
+            assert!(msg.contains("inside an xtc loop"), "{msg:?}");
+            assert_eq!(
+                h.loop_stats(0).unwrap().io_driver,
+                before,
+                "the refused block_on changed the running loop's driver kind"
+            );
+        });
+    })
+    .join()
+    .unwrap();
+}
