@@ -816,3 +816,40 @@ fn a_timeout_whose_future_is_ready_at_the_deadline_gives_its_output() {
         assert_eq!(r, Ok(7), "the deadline won over a ready future");
     });
 }
+
+/// The same for a sleep (here also a timeout's) dropped, not polled, on another loop after its
+/// deadline passed (a `select!` whose other branch won once the task, woken by this timer, was
+/// stolen; a `timeout` whose future was ready at that poll, which gives its timer up the same
+/// way): nothing is left to cancel, since the home loop fires a due timer (step 3 of its turn)
+/// before it runs any task of that turn, the cancel included. The drop still sent the cancel
+/// task, which cost shard 0 a task and, asleep, a wake-up, and found nothing.
+#[test]
+fn a_due_sleep_dropped_on_another_loop_sends_no_cancel_home() {
+    let ex = common::exec(2);
+    ex.spawn_on(0, || async {
+        let mut due = Box::pin(time::sleep(Duration::from_millis(1)));
+        // Registers its timer on shard 0.
+        assert!(futures::poll!(due.as_mut()).is_pending());
+        // The timer fires meanwhile (waking this task once, for nothing).
+        time::sleep(Duration::from_millis(20)).await;
+        xtc_shards::shard::submit_to(1, move || async move { drop(due) })
+            .await
+            .unwrap();
+        // A completed timeout whose timer fired on shard 0, given up on shard 1.
+        let mut t = Box::pin(time::timeout(
+            Duration::from_millis(1),
+            std::future::pending::<()>(),
+        ));
+        assert!(futures::poll!(t.as_mut()).is_pending());
+        time::sleep(Duration::from_millis(20)).await;
+        xtc_shards::shard::submit_to(1, move || async move { drop(t) })
+            .await
+            .unwrap();
+    })
+    .unwrap();
+    common::run_within(&ex, common::HANG)
+        .expect("run() hung")
+        .unwrap();
+    // Shard 0 finished its one task, and no cancel task after it.
+    assert_eq!(ex.loop_stats(0).unwrap().tasks_run, 1);
+}

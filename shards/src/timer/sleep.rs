@@ -24,7 +24,8 @@ pub fn sleep(duration: Duration) -> Sleep {
 /// deadline, so a sleep costs no CPU while it waits. Cost: one heap insert (O(log n)) and a
 /// weak reference to the loop (one uncontended atomic increment) on first poll, one removal
 /// when it fires or is dropped. Dropping the future cancels the timer, wherever it is dropped:
-/// away from its loop, the cancel is sent there as a small task.
+/// away from its loop, the cancel is sent there as a small task (none once the deadline has
+/// passed: that loop fires the timer at its next turn, before it could run the cancel).
 ///
 /// # Panics
 /// When polled off any xtc loop.
@@ -100,7 +101,11 @@ impl Sleep {
                 }
                 here
             });
-            if here != Some(true) {
+            // Elsewhere, not once the deadline has passed (as `poll` does): the home loop
+            // fires a due timer (step 3 of its turn) before it runs any task of that turn, so
+            // the cancel task found nothing, and cost that loop a task and, if it slept, a
+            // wake-up.
+            if here != Some(true) && Instant::now() < self.deadline {
                 cancel_elsewhere(&owner, k, false);
             }
         }
