@@ -5,7 +5,8 @@
 //! entry is removed; its heap node is skipped when it surfaces, or dropped by a rebuild once
 //! such nodes outnumber the live timers). A hashed wheel would make insert O(1) but
 //! costs a tick granularity and a scan of empty slots; with the loop parking precisely until the
-//! heap's earliest deadline (ppoll has nanosecond resolution) the heap gives exact deadlines, and
+//! heap's earliest deadline (its I/O driver's wait, `io_uring_enter` with a timeout or
+//! `epoll_pwait2`, takes nanoseconds) the heap gives exact deadlines, and
 //! `sleep(1ms)` overshoot is dominated by the thread wake-up, not the structure
 //! (`scripts/bench --only sleep`).
 

@@ -205,7 +205,10 @@ impl Future for Sleep {
             }
         });
         match registered {
-            None => panic!("xtc::time::sleep polled outside an xtc loop: await it inside a task"),
+            None => panic!(
+                "xtc::time timer (a sleep, timeout or interval) polled outside an xtc loop: \
+                 await it inside a task"
+            ),
             Some(None) => {
                 self.key = None;
                 Poll::Ready(())
