@@ -42,7 +42,8 @@
 //!    flag and then pings every loop if any is tickless; the idle loop counts itself tickless
 //!    before it looks at the flags, so one side always sees the other (`loom_park.rs`). A
 //!    woken task needs no ping: it is alive, so the idle loops tick. With eager rebalance on,
-//!    a loop that queues a migratable task also pings one idle peer at the end of its turn.
+//!    a loop that queues a migratable task also pings one idle peer at the end of its turn:
+//!    the nearest in its victim order that may steal from it (`policy::nudge_target`).
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
@@ -908,14 +909,14 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
     if !core.nudge.replace(false) {
         return;
     }
-    let me = core.index();
-    for &v in core.exec.victims(me) {
-        let st = core.exec.loops[v].status.load(Relaxed);
-        if crate::event_loop::status::kind(st) != crate::event_loop::status::BUSY {
-            core.exec.loops[v].steal.work_ping.store(true, Relaxed);
-            core.exec.loops[v].parker.unpark();
-            return;
-        }
+    let exec = &*core.exec;
+    let busy = |v: usize| {
+        let st = exec.loops[v].status.load(Relaxed);
+        crate::event_loop::status::kind(st) == crate::event_loop::status::BUSY
+    };
+    if let Some(v) = policy::nudge_target(core.index(), |l| exec.victims(l), busy) {
+        exec.loops[v].steal.work_ping.store(true, Relaxed);
+        exec.loops[v].parker.unpark();
     }
 }
 

@@ -11,9 +11,59 @@ pub(crate) fn should_steal(queued: usize, min: usize, short_looks: u32, fresh_wa
     queued > 0 && (queued >= min || fresh_wake || short_looks + 1 >= STARVATION_LOOKS)
 }
 
+/// Eager rebalance's nudge (steal rule 4): which idle peer loop `me` pings for the migratable
+/// work it just queued: the nearest in `me`'s victim order (`victims(me)`) that is not busy and
+/// may steal from `me` (`me` is in its own victim list). At NUMA sensitivity 1 a loop of
+/// another node steals across nodes only if it is its node's first, so the nearest idle loop
+/// there may be one that cannot take the work; pinging it woke a loop for nothing while an
+/// idle loop that could steal slept on. `None` when no idle loop can steal from `me`. Cost: a
+/// walk of `me`'s list, and of each idle candidate's list until one names `me` (at most
+/// N·(N−1) compares; at once for a same-node candidate, which is always allowed).
+pub(crate) fn nudge_target<'a>(
+    me: usize,
+    victims: impl Fn(usize) -> &'a [usize],
+    busy: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    victims(me)
+        .iter()
+        .copied()
+        .find(|&v| !busy(v) && victims(v).contains(&me))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Victim lists of six loops on three NUMA nodes of two ({0,1}, {2,3}, {4,5}) at
+    /// sensitivity 1: a node's first loop also steals from the other nodes, the others only
+    /// within their node.
+    fn three_nodes(me: usize) -> &'static [usize] {
+        const LISTS: [&[usize]; 6] = [
+            &[1, 2, 3, 4, 5],
+            &[0],
+            &[3, 4, 5, 0, 1],
+            &[2],
+            &[5, 0, 1, 2, 3],
+            &[4],
+        ];
+        LISTS[me]
+    }
+
+    #[test]
+    fn the_nudge_goes_to_the_nearest_idle_loop_that_may_steal() {
+        // Loop 1 idle: the same node's loop, always allowed.
+        assert_eq!(nudge_target(0, three_nodes, |_| false), Some(1));
+        // Loop 1 busy, loop 2 (node 1's first) idle: it may steal across nodes.
+        assert_eq!(nudge_target(0, three_nodes, |v| v == 1), Some(2));
+        // Loops 1 and 2 busy: loop 3 is idle but steals only within its node; loop 4, the
+        // first of node 2, gets the ping.
+        assert_eq!(nudge_target(0, three_nodes, |v| v <= 2), Some(4));
+        // Only non-first loops of other nodes idle: nobody can take the work.
+        assert_eq!(nudge_target(0, three_nodes, |v| v != 3 && v != 5), None);
+        // A non-first loop nudges within its node only.
+        assert_eq!(nudge_target(3, three_nodes, |_| false), Some(2));
+        assert_eq!(nudge_target(3, three_nodes, |v| v == 2), None);
+    }
 
     #[test]
     fn empty_victims_are_never_stolen_from() {
