@@ -530,7 +530,7 @@ mod matrix {
             }
         }
         if !by_level.is_empty() {
-            by_level.sort_by_key(|(_, ms, _)| ms.iter().sum::<u64>() / ms.len() as u64);
+            by_level.sort_by_key(|(_, ms, _)| median(&mut ms.clone()));
             println!("\n  by what the pair shares (median over its pairs, nearest first):");
             for (level, ms, ws) in &mut by_level {
                 let (lo, hi) = (ms.iter().min().copied(), ms.iter().max().copied());
