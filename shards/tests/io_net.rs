@@ -2122,6 +2122,39 @@ fn unix_listener_stream_and_pair() {
     });
 }
 
+/// A Unix stream's write waiting for room fails with `BrokenPipe` once its own write half is
+/// shut down, as a blocking `write` does, on both drivers. A Unix socket reports no readiness
+/// for that (its poll has no `EPOLLOUT` for a shut write half, unlike TCP's), so on epoll the
+/// write waited for good for room the peer never made.
+#[test]
+fn a_waiting_unix_write_fails_once_its_write_half_shuts() {
+    on_each_driver(
+        "a_waiting_unix_write_fails_once_its_write_half_shuts",
+        1,
+        |_| async {
+            let (mine, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+            mine.set_nonblocking(true).unwrap();
+            loop {
+                match (&mine).write(&[0u8; 64 * 1024]) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("filling the socket: {e}"),
+                }
+            }
+            let a = UnixStream::from_std(mine).unwrap();
+            let mut write = pin!(a.write(vec![1u8; 64 * 1024]));
+            poll_fn(|cx| {
+                assert!(write.as_mut().poll(cx).is_pending(), "the socket is full");
+                Poll::Ready(())
+            })
+            .await;
+            a.shutdown(Shutdown::Write).unwrap();
+            let (r, _) = guard("a write behind a shut write half", write).await;
+            assert_eq!(r.unwrap_err().kind(), io::ErrorKind::BrokenPipe);
+        },
+    );
+}
+
 /// 1 MiB through `futures::io::{AsyncWriteExt::write_all, AsyncReadExt::read_exact}` in both
 /// directions at once, on a TCP connection and a Unix pair.
 #[test]

@@ -29,7 +29,9 @@
 //!    direction neither ended (a read at the end returns 0) nor failing (an error that is
 //!    reported once, such as a UDP socket's ICMP error, has been consumed), so it clears the
 //!    sticky bit too; kept, it made every later call retry `EAGAIN` without ever waiting.
-//!    Urgent data (`EPOLLPRI`, registered too) sets a sticky read bit the same way.
+//!    Urgent data (`EPOLLPRI`, registered too) sets a sticky read bit the same way, and so
+//!    does a shutdown of this end's write half for writes, with no event ([`Epoll::shut`]: a
+//!    Unix stream reports none for it).
 //! 4. A waiting future that is dropped removes its waker; a closed source removes its slot and
 //!    leaves the epoll set. Entries carry the future's registration id, so a future polled
 //!    again keeps one entry and two futures of one task (one waker) on the same fd and
@@ -229,6 +231,36 @@ impl Epoll {
     pub(crate) fn clear_would_block(&self, token: usize, dir: Dir) {
         if let Some(s) = self.slots.borrow_mut().get_mut(token) {
             s.ready &= !bits_of(dir);
+        }
+    }
+
+    /// Rule 3 without an event: this end shut `dir` down (`shutdown(2)`), so calls in that
+    /// direction fail at once from now on. Sets the sticky closed bit and wakes the waiters,
+    /// which retry (rule 1) and get the error. For what the kernel does not report: a Unix
+    /// stream's poll shows no `EPOLLOUT` for a shut write half (TCP's does), so a write that
+    /// waited for room waited for good, where a blocking one (and io_uring's) fails with
+    /// `EPIPE`. The wakers are woken after the borrow (user code).
+    pub(crate) fn shut(&self, token: usize, dir: Dir) {
+        let woken: Vec<Waker> = {
+            let mut slots = self.slots.borrow_mut();
+            let Some(slot) = slots.get_mut(token) else {
+                return;
+            };
+            let list = match dir {
+                Dir::Read => {
+                    slot.ready |= READY_READ | CLOSED_READ;
+                    &mut slot.readers
+                }
+                Dir::Write => {
+                    slot.ready |= READY_WRITE | CLOSED_WRITE;
+                    &mut slot.writers
+                }
+            };
+            list.drain(..).map(|(_, w)| w).collect()
+        };
+        self.waiting.set(self.waiting.get() - woken.len());
+        for w in woken {
+            crate::task::wake_guarded(w);
         }
     }
 

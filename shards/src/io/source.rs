@@ -106,6 +106,28 @@ impl Source {
         }
     }
 
+    /// This end shut `dir` down: on each epoll driver of this thread where it is registered,
+    /// the direction turns ready for good and its waiters are woken to fail
+    /// ([`Epoll::shut`]). Nothing on io_uring, whose waiting operations see it themselves.
+    pub(crate) fn shut(&self, dir: Dir) {
+        // Collected first: the wake-ups are user code, which may use this source again.
+        let regs: Vec<(u64, usize)> = self
+            .reg
+            .get()
+            .into_iter()
+            .chain(self.others.borrow().iter().copied())
+            .collect();
+        for (id, t) in regs {
+            context::with_own_core(|c| match &c.io {
+                Reactor::Epoll(e) if e.id() == id => {
+                    e.shut(t, dir);
+                    Some(())
+                }
+                _ => None,
+            });
+        }
+    }
+
     /// Gives up the descriptor (deregistered; io_uring entries naming it submitted first, see
     /// [`submit_queued`](super::submit_queued): its next owner may close it).
     pub(crate) fn into_fd(mut self) -> OwnedFd {
