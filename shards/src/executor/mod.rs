@@ -104,6 +104,10 @@ pub(crate) struct ExecShared {
     /// failed-start paths can be exercised on any machine.
     #[cfg(test)]
     pub(crate) fail_pin: std::sync::atomic::AtomicUsize,
+    /// Tests only: the shard whose worker panics before it reports its pinning (`usize::MAX`:
+    /// none), as a panic in the pinning (or in a tracing subscriber handling its event) would.
+    #[cfg(test)]
+    pub(crate) panic_pin: std::sync::atomic::AtomicUsize,
     /// Tests only: run by the coordinator between finding quiescence and closing, to widen
     /// the window in which a foreign spawn races the decision.
     #[cfg(test)]
@@ -174,6 +178,8 @@ impl ExecShared {
             runs: AtomicU64::new(0),
             #[cfg(test)]
             fail_pin: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            #[cfg(test)]
+            panic_pin: std::sync::atomic::AtomicUsize::new(usize::MAX),
             #[cfg(test)]
             before_closing: Mutex::new(None),
             #[cfg(test)]
@@ -644,7 +650,15 @@ impl Executor {
                 Ok(Err(e)) => {
                     failure.get_or_insert(Error::Numa(e));
                 }
-                Err(_) => break,
+                // Every sender is gone with a report missing: a shard thread died (panicked)
+                // before it reported. Its loop will never run, so none may start: opened, the
+                // gate let the others run, and `run()` waited for good on the dead one.
+                Err(_) => {
+                    failure.get_or_insert(Error::InvalidArgument(
+                        "a shard thread panicked before it started its loop".into(),
+                    ));
+                    break;
+                }
             }
         }
         gate.open(failure.is_none());
@@ -1197,6 +1211,13 @@ fn worker(
     } else {
         pinned
     };
+    #[cfg(test)]
+    if exec.panic_pin.load(SeqCst) == ls.index {
+        panic!(
+            "planted: shard {} dies before it reports its pinning",
+            ls.index
+        );
+    }
     let ok = pinned.is_ok();
     let _ = tx.send(pinned);
     drop(tx);
@@ -1960,5 +1981,57 @@ mod tests {
             finished.load(SeqCst),
             "the later run stopped under a live task"
         );
+    }
+
+    /// A shard thread that dies before it reports its pinning (a panic there, in the pinning
+    /// or in a tracing subscriber handling its event: planted here) fails the start as a pin
+    /// failure does: no loop runs, `run()` returns an error, and the queued work stays for
+    /// the next run. The closed channel was taken for "every thread reported": the gate
+    /// opened, the other loop ran, and `run()` waited for good on the dead loop's BUSY status.
+    #[test]
+    fn a_shard_thread_dying_before_it_reports_fails_the_start() {
+        let exec = two_shards();
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut handles = Vec::new();
+        for shard in [0, 1] {
+            let r = ran.clone();
+            handles.push(
+                exec.spawn_on(shard, move || async move {
+                    r.fetch_add(1, SeqCst);
+                })
+                .unwrap(),
+            );
+        }
+        exec.handle.shared.panic_pin.store(1, SeqCst);
+        let handle = exec.handle();
+        let failed = std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let exec = &exec;
+            s.spawn(move || {
+                let _ = tx.send(exec.run());
+            });
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(r) => Ok(r),
+                Err(_) => {
+                    // Hung: stop it, so the test fails instead of hanging.
+                    handle.stop();
+                    let _ = rx.recv_timeout(Duration::from_secs(60));
+                    Err(())
+                }
+            }
+        });
+        exec.handle.shared.panic_pin.store(usize::MAX, SeqCst);
+        let failed = failed.expect("run() hung after a shard thread died before it started");
+        assert!(failed.is_err(), "the start did not fail: {failed:?}");
+        assert_eq!(ran.load(SeqCst), 0, "a loop ran work in a run that failed");
+        exec.run().unwrap();
+        assert_eq!(
+            ran.load(SeqCst),
+            2,
+            "queued work was lost with the failed run"
+        );
+        for h in handles {
+            futures::executor::block_on(h).unwrap();
+        }
     }
 }
