@@ -1,5 +1,7 @@
 //! The real machine: detection, the allowed set under `taskset`, pinning.
 
+mod common;
+
 use std::process::Command;
 
 use xtc_numa::{pin_current_thread, Error, Placement, Policy, Topology};
@@ -63,14 +65,7 @@ fn allowed_set_follows_taskset() {
         .env(CHILD_ENV, "1")
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("1 passed"), "child ran no test:\n{stdout}");
+    common::assert_child_passed(&out);
 }
 
 #[test]

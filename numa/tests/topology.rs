@@ -1,5 +1,7 @@
 //! Topology queries and distances on synthetic and XML topologies.
 
+mod common;
+
 use xtc_numa::{Error, Level, Placement, Policy, Topology, VictimOrder, MATRIX_BASE};
 
 /// A unique temporary file path for this test process.
@@ -461,14 +463,7 @@ fn in_child(name: &str) -> bool {
         .env(CHILD_ENV, name)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("1 passed"), "child ran no test:\n{stdout}");
+    common::assert_child_passed(&out);
     false
 }
 
