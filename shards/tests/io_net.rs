@@ -1908,6 +1908,45 @@ fn udp_connect_send_recv() {
     });
 }
 
+/// An empty datagram on a socket whose send buffer is full waits for room, as any datagram
+/// does (and as on io_uring, whose `SEND` the kernel parks until the socket is writable). On
+/// epoll the connected `send` took a stream's shortcut for an empty buffer (a plain `send(2)`
+/// that never waits) and returned `WouldBlock` from an `await`. Loopback UDP never fills its
+/// send buffer (the kernel drops a datagram's charge as it hands it over), so the datagram
+/// socket here is a Unix one wrapped by `from_std`, whose `send` takes the same path.
+#[test]
+fn an_empty_datagram_on_a_full_socket_waits_for_room() {
+    on_each_driver(
+        "an_empty_datagram_on_a_full_socket_waits_for_room",
+        1,
+        |driver| async move {
+            let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+            a.set_nonblocking(true).unwrap();
+            let mut queued = 0;
+            while a.send(b"").is_ok() {
+                queued += 1;
+            }
+            let s = UdpSocket::from_std(std::net::UdpSocket::from(std::os::fd::OwnedFd::from(a)))
+                .unwrap();
+            let mut send = Box::pin(s.send(Vec::new()));
+            if let Poll::Ready((r, _)) = poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await {
+                panic!("[{driver}] an empty send on a full socket did not wait: {r:?}");
+            }
+            // Only now does the peer drain the socket: the waiting send gets room.
+            let reader = thread::spawn(move || {
+                let mut buf = [0u8; 8];
+                for _ in 0..=queued {
+                    assert_eq!(b.recv(&mut buf).unwrap(), 0);
+                }
+                b
+            });
+            let (r, _) = guard("the empty send", send).await;
+            assert_eq!(r.unwrap(), 0, "[{driver}]");
+            drop(join_thread(reader).await);
+        },
+    );
+}
+
 /// Many receives waiting on one UDP socket at once (a server with a task per expected
 /// request): each gets a datagram, never `WouldBlock`. io_uring wakes every receive armed on
 /// the socket for each datagram, and after 128 wake-ups that found nothing (another receive

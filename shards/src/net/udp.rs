@@ -458,10 +458,10 @@ impl UdpSocket {
 
     /// Sends `buf[..len]` as one datagram to the connected peer; returns the bytes sent.
     /// Before [`connect`](Self::connect) it fails (`EDESTADDRREQ`); a datagram larger than the
-    /// protocol allows fails (`EMSGSIZE`), nothing is split. Cost: one `SEND` submission, or
-    /// one `send`.
+    /// protocol allows fails (`EMSGSIZE`), nothing is split. A full send buffer makes it wait
+    /// for room, an empty datagram too. Cost: one `SEND` submission, or one `send`.
     pub async fn send<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
-        crate::io::ops::rw::send(&self.src, buf, 0).await
+        msg::send(&self.src, buf).await
     }
 
     /// Receives one datagram from the connected peer into `buf`, as
