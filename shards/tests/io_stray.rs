@@ -1453,6 +1453,62 @@ fn a_recv_from_that_outlives_its_driver_still_receives() {
     assert_eq!(r.expect("a recv_from awaited across block_on"), b"dgram");
 }
 
+/// A `recv_from` whose datagram ("one") its driver reaped is carried into the next
+/// `block_on` and dropped there while another `recv_from` waits on the new driver, which then
+/// takes "two": the datagrams come out in the order the socket gave them. Kept results are
+/// placed by (driver id, place), but the waiting call compared its own result only with kept
+/// ones of its own driver, so "two" came out before the earlier driver's "one".
+#[test]
+fn a_datagram_kept_from_an_earlier_driver_comes_before_a_waiting_recv_froms_own() {
+    type RecvFut = Pin<Box<dyn Future<Output = std::io::Result<Vec<u8>>>>>;
+    fn recv(s: &Rc<UdpSocket>) -> RecvFut {
+        let s = s.clone();
+        Box::pin(async move {
+            let (r, b) = s.recv_from(Vec::with_capacity(64)).await;
+            r.map(|(n, _)| b[..n].to_vec())
+        })
+    }
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (s, addr, first) = ex.block_on(async {
+        let s = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let addr = s.local_addr().unwrap();
+        let mut first = recv(&s);
+        poll_pending(first.as_mut()).await;
+        sleep(Duration::from_millis(5)).await; // in the kernel
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.send_to(b"one", addr).unwrap();
+        sleep(Duration::from_millis(5)).await; // received and reaped; not polled again
+        (s, addr, first)
+    });
+    let got = ex.block_on(async move {
+        let mut second = recv(&s);
+        // On epoll "one" is still in the socket (nothing took it), and this takes it at once.
+        let mut early = None;
+        poll_fn(|cx| {
+            if let Poll::Ready(r) = second.as_mut().poll(cx) {
+                early = Some(r);
+            }
+            Poll::Ready(())
+        })
+        .await;
+        sleep(Duration::from_millis(5)).await; // in the kernel
+        drop(first); // its "one" is kept (io_uring)
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.send_to(b"two", addr).unwrap();
+        let a = match early {
+            Some(r) => r.unwrap(),
+            None => guard("the waiting recv_from", second).await.unwrap(),
+        };
+        let b = guard("the next recv_from", recv(&s)).await.unwrap();
+        [a, b]
+    });
+    assert_eq!(
+        got,
+        [b"one".to_vec(), b"two".to_vec()],
+        "datagrams came out of the socket's order"
+    );
+}
+
 /// An `accept` still awaited when its `block_on` returns, awaited to its end in the next one:
 /// it takes the connection made meanwhile, as on epoll. On io_uring it failed with the driver
 /// shutdown's `ECANCELED` (no connection taken).

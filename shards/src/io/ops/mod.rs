@@ -70,8 +70,10 @@ pub(crate) fn earliest<T>(
 }
 
 /// Where a call's own result, reaped at `own` (`Op::completed_at`), goes in `kept` when a
-/// kept operation of the same driver that `took` something (a connection, a datagram) was
-/// reaped before it: `(index, number)`, right behind the last such one and with its number,
+/// kept operation that `took` something (a connection, a datagram) was reaped before it, by
+/// its driver or by an earlier one of the thread (places compare as (driver id, place), as in
+/// [`earliest`]; compared within one driver only, a datagram an earlier driver reaped came
+/// after a later driver's): `(index, number)`, right behind the last such one and with its number,
 /// so the queue stays in number order ([`keep_in_order`] puts one given back before those of
 /// an equal number). `None` if none was: the result is the call's to return. Handed out at
 /// once, it came before what the kernel had handed the kept one earlier. Shared by a
@@ -82,10 +84,9 @@ pub(crate) fn behind_earlier<T>(
     took: impl Fn(&T) -> bool,
     place: impl Fn(&T) -> Option<(u64, u64)>,
 ) -> Option<(usize, u64)> {
-    let (driver, own) = own;
-    let i = kept.iter().rposition(|(_, item)| {
-        took(item) && place(item).is_some_and(|(d, p)| d == driver && p < own)
-    })?;
+    let i = kept
+        .iter()
+        .rposition(|(_, item)| took(item) && place(item).is_some_and(|at| at < own))?;
     Some((i + 1, kept[i].0))
 }
 
