@@ -3147,6 +3147,57 @@ fn a_read_that_outlived_its_driver_comes_after_bytes_kept_before_it_went() {
     );
 }
 
+/// A read whose receive took "ping" (reaped by its driver) is carried into the next
+/// `block_on` and dropped there while another read waits on the new driver, which then takes
+/// "pong": the stream hands out "ping" first. The waiting read compared its own completion only
+/// with kept bytes of its own driver, so "pong" came first.
+#[test]
+fn bytes_kept_from_an_earlier_driver_come_before_a_waiting_reads_own() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let (a, peer, first) = ex.block_on(async {
+        let (a, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let a = std::rc::Rc::new(UnixStream::from_std(a).unwrap());
+        let mut first = owned_read(&a);
+        poll_pending(first.as_mut()).await;
+        sleep(Duration::from_millis(5)).await; // in the kernel
+        std::io::Write::write_all(&mut &peer, b"ping").unwrap();
+        sleep(Duration::from_millis(5)).await; // received and reaped; not polled again
+        (a, peer, first)
+    });
+    let seen = ex.block_on(async move {
+        let mut second = owned_read(&a);
+        // On epoll "ping" is still in the socket (nothing took it), and this takes it at once.
+        let mut early = None;
+        poll_fn(|cx| {
+            if let Poll::Ready(r) = second.as_mut().poll(cx) {
+                early = Some(r);
+            }
+            Poll::Ready(())
+        })
+        .await;
+        sleep(Duration::from_millis(5)).await; // in the kernel
+        drop(first); // its "ping" is kept (io_uring)
+        std::io::Write::write_all(&mut &peer, b"pong").unwrap();
+        let mut seen = match early {
+            Some(r) => r.unwrap(),
+            None => guard("the waiting read", second).await.unwrap(),
+        };
+        while seen.len() < 8 {
+            let (r, got) = guard("a read", a.read(Vec::with_capacity(16))).await;
+            let n = r.unwrap();
+            assert_ne!(n, 0, "the stream ended early");
+            seen.extend_from_slice(&got[..n]);
+        }
+        drop(peer);
+        seen
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        "pingpong",
+        "bytes came out of the stream's order"
+    );
+}
+
 /// As above, but the read that took "pong" is awaited in the next `block_on`, not dropped:
 /// it puts its bytes behind the kept "ping" (`queue_behind_kept`). With no place for its
 /// completion once the driver was gone, it returned "pong" first.

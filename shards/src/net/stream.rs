@@ -1119,10 +1119,13 @@ impl StreamIo {
         n: usize,
         at: Option<(u64, u64)>,
     ) -> bool {
-        let Some((driver, own)) = at else {
+        let Some(own) = at else {
             return false;
         };
-        let earlier = |a: Option<(u64, u64)>| a.is_some_and(|(d, p)| d == driver && p < own);
+        // By (driver id, place): bytes an earlier driver of the thread reaped came first too
+        // (compared within this read's driver only, "pong" came before an earlier driver's
+        // "ping").
+        let earlier = |a: Option<(u64, u64)>| a.is_some_and(|a| a < own);
         let mut after = After::default();
         let queued = {
             let Ok(mut st) = self.poll.try_borrow_mut() else {
