@@ -740,6 +740,65 @@ fn is_finished_of_a_task_cancelled_by_a_stop_waits_for_its_drop() {
     assert!(futures::executor::block_on(jh).unwrap_err().is_cancelled());
 }
 
+/// A handle polled once (its waker registered) and then aborted while a stop drops its task's
+/// future: the waker is still woken when that drop ends. The abort's own poll of async-task's
+/// cancel future registered a no-op waker in its place, and a task closed by the stop (not by
+/// the abort) had not woken the old one first, so a poller waiting for the end (a plain thread
+/// parked until woken) waited for good.
+#[test]
+fn aborting_a_task_a_stop_is_dropping_keeps_the_handles_waker() {
+    struct SlowDrop(Arc<AtomicBool>);
+    impl Drop for SlowDrop {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    struct FlagWaker(AtomicBool);
+    impl std::task::Wake for FlagWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, SeqCst);
+        }
+    }
+    let ex = exec(2);
+    ex.set_service_mode(true);
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let jh = ex
+        .spawn_on(1, move || async move {
+            let _slow = SlowDrop(s);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+    let h = ex.handle();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || tx.send(ex.run()).unwrap());
+    while h.loop_stats(1).unwrap().polls < 1 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let flag = Arc::new(FlagWaker(AtomicBool::new(false)));
+    let mut jh = Box::pin(jh);
+    assert!(matches!(
+        poll_caught(jh.as_mut(), &Waker::from(flag.clone())),
+        Ok(true)
+    ));
+    h.stop();
+    let t0 = std::time::Instant::now();
+    while !started.load(SeqCst) {
+        assert!(t0.elapsed() < HANG, "the future was never dropped");
+        std::hint::spin_loop();
+    }
+    // The future's drop is under way on shard 1 (it takes 300 ms).
+    jh.abort();
+    rx.recv_timeout(HANG).expect("run() hung").unwrap();
+    runner.join().unwrap();
+    assert!(
+        flag.0.load(SeqCst),
+        "the waker of the handle's last poll was never woken"
+    );
+    assert!(futures::executor::block_on(jh).unwrap_err().is_cancelled());
+}
+
 /// Runs `body` in a child process (this test binary re-executed for `test` alone), and asserts
 /// that the child exits successfully: for a bug that aborts the process, which would take the
 /// whole test binary down.

@@ -150,11 +150,27 @@ impl<T: 'static> JoinHandle<T> {
     /// changes nothing: awaiting gives its output. Unlike tokio, an abort from another thread
     /// that lands while the task is in its last poll reports cancelled although the future ran
     /// to completion (its side effects happened; its output is dropped): async-task closes a
-    /// running task at once. Cost: one async-task state update, two
-    /// allocations and, for a parked task, one re-schedule on its loop.
+    /// running task at once. Nor does an abort of a task that a stop is dropping, or has
+    /// dropped: awaiting gives cancelled once that drop is over, and a waker the handle was
+    /// polled with before is still woken then. Cost: one async-task state update, two
+    /// allocations and, for a parked task, one re-schedule on its loop; two loads for a task
+    /// already over.
     pub fn abort(&self) {
         self.with(|state| {
-            if !matches!(state, State::Live(..)) {
+            let State::Live(task, meta) = state else {
+                return;
+            };
+            // Over already, or being closed by a stop (`task::cancel` sets its bit before
+            // async-task closes the task): left as it is, which awaits the same outcome. The
+            // cancel future's first poll below registers its own waker as the awaiter, in place
+            // of the one a poll of this handle left there; a task it closes itself wakes that
+            // one first, but a closed one still being dropped did not, so a poller waiting for
+            // the end of that drop (a plain thread in `block_on`) waited for good. A stop that
+            // closes the task between this check and the poll below still displaces it (the
+            // handle does not keep that waker to wake it itself).
+            // SAFETY: `meta` points into the header of the task this handle holds (see
+            // `State::Live`), and `TaskMeta`'s fields are atomics.
+            if task.is_finished() || unsafe { &**meta }.cancel_dropping() {
                 return;
             }
             let State::Live(task, _) = std::mem::replace(state, State::Taken) else {
