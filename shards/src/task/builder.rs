@@ -3,8 +3,8 @@ use std::{future::Future, sync::Arc};
 use super::{JoinHandle, TaskInfo};
 use crate::Result;
 
-/// Spawns tasks with options: for now a name, shown in deadlock reports (and later in stall
-/// reports and traces).
+/// Spawns tasks with options: a name, shown in deadlock and stall reports, and a scheduling
+/// class ([`class`](Self::class)).
 ///
 /// ```
 /// # use xtc_shards as xtc;

@@ -8,7 +8,10 @@ use std::{
 ///
 /// The loop runs its pinned tasks before its migratable ones within a batch (of 128 polls), so
 /// a pinned task that yields in a loop lets queued migratable tasks run only when the batch
-/// ends; a migratable task's yield goes behind the other migratable tasks. Cost: one re-queue at the back of the loop's run queue (a thread-local push); no syscall.
+/// ends; a migratable task's yield goes behind the other migratable tasks. Cost: one re-queue at
+/// the back of the loop's run queue (a thread-local push) for a pinned task; a migratable task,
+/// woken during its own poll, goes to its loop's injector (a push on a shared lock-free
+/// queue, where thieves can take it); no syscall.
 /// A loop with nothing else runnable resumes the task at once.
 #[inline]
 pub fn yield_now() -> YieldNow {
