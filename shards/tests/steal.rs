@@ -1122,8 +1122,17 @@ fn a_spawn_ping_still_waives_the_steal_minimum_for_the_first_steal() {
     let r = ran.clone();
     ex.spawn_on(0, move || async move {
         let t = std::time::Instant::now();
-        // Shard 1 has parked (without a tick: no migratable task exists yet).
-        while h.loop_stats(1).unwrap().parks == 0 && t.elapsed() < HANG {
+        // Shard 1 has parked (without a tick: no migratable task exists yet) and stays
+        // parked: its count holds for 20 ms. (Awake when the spawn's ping comes, it would
+        // take that ping for one that came while it was busy, which waives nothing.)
+        let mut seen = (0, std::time::Instant::now());
+        while t.elapsed() < HANG {
+            let parks = h.loop_stats(1).unwrap().parks;
+            if parks != seen.0 {
+                seen = (parks, std::time::Instant::now());
+            } else if parks > 0 && seen.1.elapsed() >= Duration::from_millis(20) {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(1));
         }
         let before = h.loop_stats(1).unwrap().parks;

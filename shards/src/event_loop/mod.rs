@@ -460,6 +460,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let next = core.timers.borrow_mut().next_deadline();
         let mut timeout = timer::park_timeout(next, now);
         let mut tick_driven = false;
+        steal::forget_work_ping(core);
         let tick = steal::idle_tick(core);
         if let Some(tick) = tick {
             tick_driven = timeout.is_none_or(|t| t > tick);
@@ -486,6 +487,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             {
                 shared.parker.cancel();
                 drop(tickless);
+                // Steal rule 3: a spawn's ping that came in the window counts as a wake by
+                // new work (its `work_ping` kept), as it would have had the loop slept first.
+                core.fresh_wake.set(true);
             } else {
                 shared.stats.park_begin(now);
                 let mut events = 0;

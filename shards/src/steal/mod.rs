@@ -854,15 +854,6 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     const TICK: std::time::Duration = std::time::Duration::from_millis(1); // xtc_exec(3)
     const MAX_SHIFT: u32 = 5; // 1 ms << 5 = 32 ms, xtc_exec(3)'s cap
     let exec = &*core.exec;
-    // Rule 3: called at each park decision, so a work ping that came while the loop was
-    // awake (and woke nothing) does not make a later wake, by another ping, look like one.
-    // (The park's recheck calls this again: a work ping between the two calls is then
-    // forgotten, but that recheck sees its work and the loop does not sleep; its next steal
-    // just keeps to the minimum, as a ticking thief's does.)
-    let ping = &core.shared.steal.work_ping;
-    if ping.load(Relaxed) {
-        ping.store(false, Relaxed);
-    }
     if !would_steal(core)
         || !exec.stealing()
         || exec.victims(core.index()).is_empty()
@@ -875,6 +866,19 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     }
     let shift = core.empty_ticks.get().saturating_sub(3).min(MAX_SHIFT);
     Some(TICK * (1 << shift))
+}
+
+/// Rule 3, at the start of each park decision: forgets a work ping that came while the loop
+/// was awake (it woke nothing), so a later wake by another ping does not look like one. Not
+/// in the decision's recheck: a spawn ping that lands between the two is what that recheck
+/// looks again for, and the loop that sees it then does not sleep, as one woken by it would
+/// not; the flag kept, its first steal ignores the minimum as that one's does (cleared there,
+/// it waited for the starvation override, 16 idle ticks).
+pub(crate) fn forget_work_ping(core: &Core) {
+    let ping = &core.shared.steal.work_ping;
+    if ping.load(Relaxed) {
+        ping.store(false, Relaxed);
+    }
 }
 
 /// Rule 4: an idle thief about to park without a tick (no sign of work) counts itself
