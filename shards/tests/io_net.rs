@@ -2194,6 +2194,61 @@ fn a_waiting_unix_write_fails_once_its_write_half_shuts() {
     );
 }
 
+/// A write after `AsyncWriteExt::close` of a Unix stream fails with `BrokenPipe` at once, as
+/// after `shutdown(Shutdown::Write)`, on both drivers (on io_uring `AsyncWrite` reports it at the
+/// flush). On epoll `close` shut the write half without marking it so, and a Unix socket
+/// reports no readiness for that: with its send buffer full, the write waited for good for
+/// room the peer never made.
+#[test]
+fn a_unix_write_after_close_fails_instead_of_waiting() {
+    on_each_driver(
+        "a_unix_write_after_close_fails_instead_of_waiting",
+        1,
+        |driver| async move {
+            let (mine, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+            mine.set_nonblocking(true).unwrap();
+            loop {
+                match (&mine).write(&[0u8; 64 * 1024]) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("filling the socket: {e}"),
+                }
+            }
+            let mut a = UnixStream::from_std(mine).unwrap();
+            // A write that finds the socket full, and is given up.
+            {
+                let mut write = pin!(a.write(vec![1u8; 64 * 1024]));
+                poll_fn(|cx| {
+                    assert!(write.as_mut().poll(cx).is_pending(), "the socket is full");
+                    Poll::Ready(())
+                })
+                .await;
+            }
+            guard("close", AsyncWriteExt::close(&mut a)).await.unwrap();
+            let limit = Duration::from_secs(10);
+            let (r, _) = xtc_shards::time::timeout(limit, a.write(vec![2u8; 1]))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] an owned write after close hung"));
+            assert_eq!(
+                r.unwrap_err().kind(),
+                io::ErrorKind::BrokenPipe,
+                "[{driver}]"
+            );
+            let r = xtc_shards::time::timeout(limit, async {
+                AsyncWriteExt::write_all(&mut a, b"x").await?;
+                AsyncWriteExt::flush(&mut a).await
+            })
+            .await
+            .unwrap_or_else(|_| panic!("[{driver}] an AsyncWrite write after close hung"));
+            assert_eq!(
+                r.unwrap_err().kind(),
+                io::ErrorKind::BrokenPipe,
+                "[{driver}]"
+            );
+        },
+    );
+}
+
 /// 1 MiB through `futures::io::{AsyncWriteExt::write_all, AsyncReadExt::read_exact}` in both
 /// directions at once, on a TCP connection and a Unix pair.
 #[test]

@@ -1778,7 +1778,13 @@ impl StreamIo {
 
     pub(crate) fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.poll_drain(cx))?;
-        Poll::Ready(self.shutdown(Shutdown::Write))
+        self.shutdown(Shutdown::Write)?;
+        // As `UnixStream::shutdown` does: a Unix stream reports no readiness for its shut
+        // write half, so on epoll a later write on a full socket (its direction not ready)
+        // waited for good instead of failing with `EPIPE`. TCP's is reported; marking it too
+        // changes nothing there (its writes fail at once either way).
+        self.src.shut(Dir::Write);
+        Poll::Ready(Ok(()))
     }
 }
 
