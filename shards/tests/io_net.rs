@@ -2249,6 +2249,36 @@ fn a_unix_write_after_close_fails_instead_of_waiting() {
     );
 }
 
+/// `AsyncWrite` after the write half is shut (`close`, or `shutdown(Write)`) fails with
+/// `BrokenPipe` at once on both drivers, as on epoll and in `std`. On io_uring the write-behind
+/// copy reported the bytes written, and only a later flush said otherwise: a stream dropped
+/// then, as code written for tokio does, lost them without any error.
+#[test]
+fn an_async_write_after_the_write_half_shuts_is_refused() {
+    on_each_driver(
+        "an_async_write_after_the_write_half_shuts_is_refused",
+        1,
+        |driver| async move {
+            let (mut a, _b) = tcp_pair().await;
+            guard("close", AsyncWriteExt::close(&mut a)).await.unwrap();
+            let r = guard("write", AsyncWriteExt::write(&mut a, b"late")).await;
+            assert_eq!(
+                r.map_err(|e| e.kind()),
+                Err(io::ErrorKind::BrokenPipe),
+                "[{driver}] after close"
+            );
+            let (mut u, _v) = UnixStream::pair().unwrap();
+            u.shutdown(Shutdown::Both).unwrap();
+            let r = guard("write", AsyncWriteExt::write(&mut u, b"late")).await;
+            assert_eq!(
+                r.map_err(|e| e.kind()),
+                Err(io::ErrorKind::BrokenPipe),
+                "[{driver}] after shutdown"
+            );
+        },
+    );
+}
+
 /// 1 MiB through `futures::io::{AsyncWriteExt::write_all, AsyncReadExt::read_exact}` in both
 /// directions at once, on a TCP connection and a Unix pair.
 #[test]

@@ -25,7 +25,8 @@
 //! written at once (write-behind, like a `BufWriter` of one write); the next write (of at
 //! least one byte: an empty one returns at once, as on epoll), `flush` or `close` waits for
 //! it and reports its error, and a `shutdown` of the write half that would overtake it is
-//! refused with `WouldBlock`. On epoll it writes straight from the slice, after the bytes
+//! refused with `WouldBlock`; once the write half is shut, a write fails with `EPIPE` at once,
+//! as on epoll. On epoll it writes straight from the slice, after the bytes
 //! such a send left unsent when its io_uring loop went (`PollState::unsent`). `into_std`
 //! refuses (`IntoStdError`, the stream given back) while such a send is in flight, bytes it
 //! left are unsent, or its error is unreported, and leaves the send running: `flush` first.
@@ -762,6 +763,12 @@ pub(crate) struct StreamIo {
     /// cancelled in place and kept. A `Cell` beside the
     /// `RefCell`, so that a drop inside a stream call, which cannot borrow it, still counts.
     owned_reads: std::cell::Cell<usize>,
+    /// Whether this stream shut its write half (`shutdown` of `Write` or `Both`, `close`):
+    /// `AsyncWrite` on io_uring then refuses bytes with `EPIPE` at once, as the kernel does on
+    /// epoll, instead of reporting them written and failing only at the next flush (a stream
+    /// dropped before that lost them with no error). A `Cell` beside the `RefCell`, so that a
+    /// shutdown inside a stream call, which cannot borrow it, still counts.
+    write_shut: std::cell::Cell<bool>,
     /// The owned reads waiting on a receive of their own (`OwnedRecv`, not behind a kept
     /// one): a read dropped beside them (its receive kept in `PollState::stray`, or the bytes
     /// it took put in `rbuf`) wakes them, and a woken one that finds reads kept
@@ -879,6 +886,7 @@ impl StreamIo {
                 st
             }),
             owned_reads: std::cell::Cell::new(0),
+            write_shut: std::cell::Cell::new(false),
             own_waiting: ops::OwnWaiters::default(),
             trait_ids: RefCell::new(Vec::new()),
             src,
@@ -1321,7 +1329,11 @@ impl StreamIo {
             Shutdown::Both => libc::SHUT_RDWR,
         };
         // SAFETY: plain syscall on our open descriptor.
-        ops::cvt(unsafe { libc::shutdown(self.src.fd(), how) }).map(drop)
+        ops::cvt(unsafe { libc::shutdown(self.src.fd(), how) })?;
+        if how != libc::SHUT_RD {
+            self.write_shut.set(true);
+        }
+        Ok(())
     }
 
     /// Before a FIN: bytes `AsyncWrite` reported written but the kernel has not taken yet
@@ -1759,6 +1771,11 @@ impl StreamIo {
                     return Poll::Ready(Ok(0));
                 }
                 ready!(self.poll_drain(cx))?;
+                if self.write_shut.get() {
+                    // The kernel would refuse them (`EPIPE`, as on epoll): not reported
+                    // written, to fail only at the next flush, or never if that never comes.
+                    return Poll::Ready(Err(io::Error::from_raw_os_error(libc::EPIPE)));
+                }
                 let n = data.len().min(WRITE_BUF);
                 let fd = self.src.fd();
                 let st = self.poll.get_mut();
