@@ -1283,6 +1283,16 @@ fn a_write_behind_cancelled_by_its_drivers_shutdown_is_sent_again_before_the_fin
 
 type ReadFut = std::pin::Pin<Box<dyn Future<Output = std::io::Result<Vec<u8>>>>>;
 
+/// Reads `a` into `seen` until it holds `len` bytes; the stream must not end first.
+async fn read_up_to(a: &UnixStream, seen: &mut Vec<u8>, len: usize) {
+    while seen.len() < len {
+        let (r, got) = guard("a read", a.read(Vec::with_capacity(16))).await;
+        let n = r.unwrap();
+        assert_ne!(n, 0, "the stream ended early");
+        seen.extend_from_slice(&got[..n]);
+    }
+}
+
 fn owned_read(s: &std::rc::Rc<UnixStream>) -> ReadFut {
     let s = s.clone();
     Box::pin(async move {
@@ -3131,12 +3141,7 @@ fn a_read_that_outlived_its_driver_comes_after_bytes_kept_before_it_went() {
     let seen = ex.block_on(async move {
         drop(first);
         let mut seen = Vec::new();
-        while seen.len() < 8 {
-            let (r, got) = guard("a read", a.read(Vec::with_capacity(16))).await;
-            let n = r.unwrap();
-            assert_ne!(n, 0, "the stream ended early");
-            seen.extend_from_slice(&got[..n]);
-        }
+        read_up_to(&a, &mut seen, 8).await;
         drop(peer);
         seen
     });
@@ -3182,12 +3187,7 @@ fn bytes_kept_from_an_earlier_driver_come_before_a_waiting_reads_own() {
             Some(r) => r.unwrap(),
             None => guard("the waiting read", second).await.unwrap(),
         };
-        while seen.len() < 8 {
-            let (r, got) = guard("a read", a.read(Vec::with_capacity(16))).await;
-            let n = r.unwrap();
-            assert_ne!(n, 0, "the stream ended early");
-            seen.extend_from_slice(&got[..n]);
-        }
+        read_up_to(&a, &mut seen, 8).await;
         drop(peer);
         seen
     });
@@ -3223,12 +3223,7 @@ fn a_read_awaited_after_its_driver_went_comes_after_bytes_kept_before_it_went() 
         let mut seen = guard("the read that outlived its driver", first)
             .await
             .unwrap();
-        while seen.len() < 8 {
-            let (r, got) = guard("a read", a.read(Vec::with_capacity(16))).await;
-            let n = r.unwrap();
-            assert_ne!(n, 0, "the stream ended early");
-            seen.extend_from_slice(&got[..n]);
-        }
+        read_up_to(&a, &mut seen, 8).await;
         drop(peer);
         seen
     });
