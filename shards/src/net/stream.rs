@@ -1332,6 +1332,11 @@ impl StreamIo {
         ops::cvt(unsafe { libc::shutdown(self.src.fd(), how) })?;
         if how != libc::SHUT_RD {
             self.write_shut.set(true);
+            // A Unix stream reports no readiness for its shut write half (TCP's is reported,
+            // and marking it changes nothing there): on epoll a write waiting for room (or
+            // a later one on a full socket) waited for good; it is woken to fail with
+            // `BrokenPipe`, as a blocking one does. Here, so `shutdown` and `close` both do it.
+            self.src.shut(Dir::Write);
         }
         Ok(())
     }
@@ -1795,13 +1800,7 @@ impl StreamIo {
 
     pub(crate) fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.poll_drain(cx))?;
-        self.shutdown(Shutdown::Write)?;
-        // As `UnixStream::shutdown` does: a Unix stream reports no readiness for its shut
-        // write half, so on epoll a later write on a full socket (its direction not ready)
-        // waited for good instead of failing with `EPIPE`. TCP's is reported; marking it too
-        // changes nothing there (its writes fail at once either way).
-        self.src.shut(Dir::Write);
-        Poll::Ready(Ok(()))
+        Poll::Ready(self.shutdown(Shutdown::Write))
     }
 }
 

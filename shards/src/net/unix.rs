@@ -194,13 +194,7 @@ impl UnixStream {
     /// `WouldBlock` rather than lose them. `flush().await` (or `close().await`) waits for them.
     /// A write waiting for room when the write half shuts fails with `BrokenPipe`.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        self.io.shutdown(how)?;
-        if how != Shutdown::Read {
-            // No readiness event reports a shut write half of a Unix stream: a write waiting
-            // for room on epoll is woken here to fail with `BrokenPipe`, as a blocking one does.
-            self.io.src.shut(crate::io::epoll::Dir::Write);
-        }
-        Ok(())
+        self.io.shutdown(how)
     }
 
     /// This end's address (usually unnamed for a connecting end or a pair). Cost: one
