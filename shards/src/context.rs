@@ -433,6 +433,15 @@ impl Drop for Enter<'_> {
     }
 }
 
+/// Whether a run of loop `shared` may start on this thread: no loop runs here, and no run of
+/// `shared` is hidden here by [`off_loop`] (see [`enter`], which asks this; a caller may ask
+/// before it builds the `Core` to enter). Cost: a thread-local read and a scan of the hidden
+/// loops.
+pub(crate) fn may_enter(shared: &Arc<LoopShared>) -> bool {
+    CURRENT.with(Cell::get).is_null()
+        && with_own_core(|c| Arc::ptr_eq(&c.shared, shared).then_some(())).is_none()
+}
+
 /// Enters `core`. Returns `None` if this thread already runs a loop, or if [`off_loop`] hides
 /// a run of `core`'s own loop (a `LocalExecutor::block_on` re-entered from a `Drop` that a
 /// sweep runs inside one of its tasks): two `Core`s of one loop on one thread took each
@@ -440,11 +449,10 @@ impl Drop for Enter<'_> {
 /// waited for good for a task the inner one had finished. Cost: a scan of the hidden loops,
 /// once per run.
 pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
-    let rerun = with_own_core(|c| Arc::ptr_eq(&c.shared, &core.shared).then_some(())).is_some();
+    if !may_enter(&core.shared) {
+        return None;
+    }
     CURRENT.with(|c| {
-        if !c.get().is_null() || rerun {
-            return None;
-        }
         c.set(core as *const Core);
         // A fresh turn: stamps of an earlier run of this core (or of any loop) never recur.
         core.stamps_end.set(0);

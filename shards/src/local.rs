@@ -99,12 +99,8 @@ impl LocalExecutor {
         // refuses too, needs one) set up a second I/O driver for the running loop, took and gave
         // back its ring ends and deque, and stored its timer generation and driver kind over
         // the running run's (a second io_uring refused fell back to epoll, and the running
-        // loop's `LoopStats::io_driver` said epoll). The same test as `enter`'s: a loop runs on
-        // this thread, or this executor's loop is hidden here by `off_loop`.
-        let this_loop = &self.shared.loops[0];
-        if context::with_core(|_| ()).is_some()
-            || context::with_own_core(|c| Arc::ptr_eq(&c.shared, this_loop).then_some(())).is_some()
-        {
+        // loop's `LoopStats::io_driver` said epoll). `enter` asks the same.
+        if !context::may_enter(&self.shared.loops[0]) {
             panic!("{NESTED}");
         }
         // Run again from a `Drop` of its own stopped run's leftovers (a nested `block_on`):
