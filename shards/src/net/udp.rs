@@ -461,7 +461,7 @@ impl UdpSocket {
     /// protocol allows fails (`EMSGSIZE`), nothing is split. A full send buffer makes it wait
     /// for room, an empty datagram too. Cost: one `SEND` submission, or one `send`.
     pub async fn send<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
-        msg::send(&self.src, buf).await
+        crate::io::ops::rw::send_datagram(&self.src, buf).await
     }
 
     /// Receives one datagram from the connected peer into `buf`, as

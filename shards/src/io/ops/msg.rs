@@ -1,5 +1,5 @@
-//! Datagrams: `recv_from` (`RECVMSG` / `recvfrom`), `send_to` (`SENDMSG` / `sendto`) and a
-//! connected socket's `send` (`SEND` / `send`), owned buffers.
+//! Datagrams with addresses: `recv_from` (`RECVMSG` / `recvfrom`) and `send_to` (`SENDMSG` /
+//! `sendto`), owned buffers. A connected socket's `send` is `rw::send_datagram`.
 
 use std::{io, mem::MaybeUninit};
 
@@ -165,52 +165,6 @@ pub(crate) async fn send_to<B: IoBuf>(
                         )
                     })
                     .map(|n| n as usize)
-                })
-                .await;
-                return (res, buf);
-            }
-        }
-    }
-}
-
-/// Sends `buf[..bytes_init()]` as one datagram to the connected peer. Not a stream's send
-/// (`rw::send`): an empty datagram is a datagram, which a full socket answers with `EAGAIN`
-/// as any other, so it waits for room like any other (the stream path sends an empty buffer
-/// without waiting, and on epoll returned that `EAGAIN` from an `await`, where io_uring waits).
-pub(crate) async fn send<B: IoBuf>(src: &Source, mut buf: B) -> BufResult<usize, B> {
-    // Again after a shutdown-cancelled send (`nothing_moved`), on the current loop's driver.
-    loop {
-        let kind = backend_or_give_back!(buf);
-        match kind {
-            Driver::IoUring => {
-                let fd = src.fd();
-                // A length past `u32::MAX` is no datagram (the kernel refuses anything over
-                // 64 KiB, `EMSGSIZE`): clamped, it still fails, and nothing is cut short.
-                let op = submit(buf, |b| {
-                    let len = b.bytes_init().min(u32::MAX as usize) as u32;
-                    opcode::Send::new(types::Fd(fd), b.stable_ptr(), len)
-                        .flags(libc::MSG_NOSIGNAL)
-                        .build()
-                });
-                match op {
-                    Ok(op) => {
-                        let (res, b) = op.await;
-                        if nothing_moved(res) {
-                            // See `nothing_moved`: a datagram goes whole or not at all.
-                            buf = b;
-                            continue;
-                        }
-                        return (result(res).map(|n| n as usize), b);
-                    }
-                    Err((e, b)) => return (Err(e), b),
-                }
-            }
-            Driver::Epoll => {
-                let (ptr, len) = (buf.stable_ptr(), buf.bytes_init());
-                let res = ready(src, Dir::Write, |fd| {
-                    // SAFETY: `ptr` points at `len` initialized bytes of the owned buffer.
-                    cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })
-                        .map(|n| n as usize)
                 })
                 .await;
                 return (res, buf);

@@ -72,7 +72,26 @@ pub(crate) fn submit_recv<B: IoBufMut>(src: &Source, buf: B) -> Result<Op<B>, (i
 }
 
 /// Writes `buf[from..bytes_init()]` once; returns how many bytes went out.
-pub(crate) async fn send<B: IoBuf>(src: &Source, mut buf: B, from: usize) -> BufResult<usize, B> {
+pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B, from: usize) -> BufResult<usize, B> {
+    send_on(src, buf, from, false).await
+}
+
+/// Sends `buf[..bytes_init()]` as one datagram to a connected socket's peer. Unlike a stream's,
+/// an empty one is a datagram, which a full socket refuses (`EAGAIN`) as any other: it waits
+/// for room like any other (a stream's empty send returned that `EAGAIN` on epoll, where
+/// io_uring waits).
+pub(crate) async fn send_datagram<B: IoBuf>(src: &Source, buf: B) -> BufResult<usize, B> {
+    send_on(src, buf, 0, true).await
+}
+
+/// [`send`], and with `datagram` [`send_datagram`]: the two differ only in an empty send on
+/// epoll, which a stream makes without waiting.
+async fn send_on<B: IoBuf>(
+    src: &Source,
+    mut buf: B,
+    from: usize,
+    datagram: bool,
+) -> BufResult<usize, B> {
     let from = from.min(buf.bytes_init());
     loop {
         let kind = backend_or_give_back!(buf);
@@ -112,7 +131,7 @@ pub(crate) async fn send<B: IoBuf>(src: &Source, mut buf: B, from: usize) -> Buf
                 // SAFETY: `from <= bytes_init()`.
                 let ptr = unsafe { buf.stable_ptr().add(from) };
                 let len = buf.bytes_init() - from;
-                if len == 0 {
+                if len == 0 && !datagram {
                     // An empty send never waits, as on io_uring (whose `SEND` of 0 bytes the
                     // kernel answers at once: 0, or the socket's error). Through readiness it
                     // hung on a full socket: a drained write interest waits for room that an
