@@ -157,7 +157,7 @@ pub(crate) async fn reserve_on(
     let (owner, wait) = with_core(|c| {
         c.exec
             .shard(shard)
-            .map(|o| (o.clone(), shard != c.index() && !ring::has_space(c, shard)))
+            .map(|o| (o.clone(), !ring::reserved(c, shard)))
     })
     .ok_or_else(|| Error::OffLoop(what))??;
     if wait {

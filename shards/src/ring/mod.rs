@@ -298,7 +298,13 @@ impl LocalMesh {
         self.backlog[to].push_back(r);
     }
 
-    /// Whether a [`reserve`] for `to` would succeed now.
+    /// [`reserved`]: no ring to `to` to wait on, or room in it.
+    #[inline]
+    fn reserved(&self, to: usize) -> bool {
+        to == self.me || to >= self.out.len() || self.has_space(to)
+    }
+
+    /// Whether `to` can take a message from this loop now, without backlog.
     #[inline]
     fn has_space(&self, to: usize) -> bool {
         self.backlog[to].is_empty() && self.out[to].as_ref().is_some_and(|p| !p.is_full())
@@ -631,12 +637,12 @@ pub(crate) fn evacuate(core: &Core) -> bool {
     waits || again || core.mesh.borrow().backlogged() > 0
 }
 
-/// Whether loop `to` can take a message from this loop now, without backlog: what
-/// [`reserve`] waits for (rule 3), false for this loop itself or a loop it has no ring to.
+/// Whether a [`reserve`] for loop `to` would be ready now (rule 3): `to` can take a message
+/// from this loop without backlog, or there is no ring to wait on (`to` is this loop, or out
+/// of range). Cost: a borrow and two loads.
 #[inline]
-pub(crate) fn has_space(core: &Core, to: usize) -> bool {
-    let m = core.mesh.borrow();
-    to < m.out.len() && m.has_space(to)
+pub(crate) fn reserved(core: &Core, to: usize) -> bool {
+    core.mesh.borrow().reserved(to)
 }
 
 /// Waits until loop `to` can take a message from this loop without backlog (rule 3).
@@ -657,7 +663,7 @@ impl Future for Reserve {
         let to = self.to;
         let ready = with_core(|core| {
             let m = core.mesh.borrow();
-            if to == m.me || to >= m.out.len() || m.has_space(to) {
+            if m.reserved(to) {
                 return true;
             }
             // One entry per task: a `Reserve` polled again while it waits (a `select!` with a
