@@ -391,7 +391,7 @@ pub fn pick_cpu_pair(
 }
 
 /// The median of `samples` (the upper middle one for an even count); `None` when empty.
-pub fn median(samples: &[Duration]) -> Option<Duration> {
+pub fn median<T: Ord + Copy>(samples: &[T]) -> Option<T> {
     let mut sorted = samples.to_vec();
     sorted.sort_unstable();
     sorted.get(sorted.len() / 2).copied()
@@ -647,6 +647,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn median_takes_the_upper_middle() {
+        assert_eq!(median::<u64>(&[]), None);
+        assert_eq!(median(&[7]), Some(7));
+        assert_eq!(median(&[9, 1, 5, 3]), Some(5));
+    }
+
+    #[test]
     fn summary_of_known_samples() {
         let mut h = latency_histogram();
         for v in 1..=1000u64 {
@@ -699,7 +706,7 @@ mod tests {
     #[test]
     fn medians() {
         let ms = Duration::from_millis;
-        assert_eq!(median(&[]), None);
+        assert_eq!(median::<Duration>(&[]), None);
         assert_eq!(median(&[ms(5), ms(1), ms(3)]), Some(ms(3)));
         assert_eq!(median(&[ms(4), ms(1), ms(3), ms(2)]), Some(ms(3)));
     }

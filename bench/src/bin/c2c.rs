@@ -350,7 +350,7 @@ mod matrix {
     use std::process::ExitCode;
 
     use indicatif::{ProgressBar, ProgressStyle};
-    use xtc_bench::{heatmap::Heatmap, pin_failures, svg::report_written};
+    use xtc_bench::{heatmap::Heatmap, median, pin_failures, svg::report_written};
 
     use super::{round_trips, Args, Wait, WARMUP};
 
@@ -429,12 +429,6 @@ mod matrix {
         let mut idx: Vec<usize> = (0..cpus.len()).collect();
         idx.sort_by_key(|&i| (places[i], cpus[i]));
         idx
-    }
-
-    /// The median of `v`, sorted in place (the upper middle one for an even count).
-    pub(super) fn median(v: &mut [u64]) -> Option<u64> {
-        v.sort_unstable();
-        v.get(v.len() / 2).copied()
     }
 
     pub(super) fn run(
@@ -530,9 +524,9 @@ mod matrix {
             }
         }
         if !by_level.is_empty() {
-            by_level.sort_by_key(|(_, ms, _)| median(&mut ms.clone()));
+            by_level.sort_by_key(|(_, ms, _)| median(ms));
             println!("\n  by what the pair shares (median over its pairs, nearest first):");
-            for (level, ms, ws) in &mut by_level {
+            for (level, ms, ws) in &by_level {
                 let (lo, hi) = (ms.iter().min().copied(), ms.iter().max().copied());
                 println!(
                     "    {level:<16} {:>4} pairs   p50 {} ns ({}..{})   p99 {} ns",
@@ -599,13 +593,6 @@ mod matrix {
             // Without a topology: by id.
             let shown = order(&[5, 1, 3], &[Place::default(); 3]);
             assert_eq!(shown, [1, 2, 0]);
-        }
-
-        #[test]
-        fn median_takes_the_upper_middle() {
-            assert_eq!(median(&mut []), None);
-            assert_eq!(median(&mut [7]), Some(7));
-            assert_eq!(median(&mut [9, 1, 5, 3]), Some(5));
         }
     }
 }
