@@ -178,12 +178,17 @@ impl StatsCell {
         self.write_clock(|| self.running_since.store(now, Relaxed));
     }
 
+    /// Ends the current run; a park still open (a panic unwound out of it) ends with it.
     pub(crate) fn stopped(&self, now: Instant) {
         let now = self.ns(now);
         self.write_clock(|| {
             let since = self.running_since.swap(0, Relaxed);
             if since != 0 {
                 bump(&self.run_ns, now.saturating_sub(since));
+            }
+            let parked = self.parked_since.swap(0, Relaxed);
+            if parked != 0 {
+                bump(&self.idle_ns, now.saturating_sub(parked));
             }
         });
     }

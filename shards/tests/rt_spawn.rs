@@ -564,6 +564,35 @@ fn busy_and_idle_never_go_backwards() {
     );
 }
 
+/// A loop that panics (here a tracing subscriber that panics on the stall watchdog's
+/// warning, in the loop's step) ends its run all the same: its busy time stops counting. The
+/// run's start stayed recorded, so `busy` went on growing after `block_on` (or `run()`, whose
+/// worker catches such a panic) had returned, and the next run's start overwrote it.
+#[test]
+fn busy_time_stops_counting_when_a_loop_panics() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let h = ex.block_on(async { shard::handle().expect("on a loop") });
+    h.set_stall_budget(Duration::from_millis(1));
+    let ran = tracing::subscriber::with_default(PanicOnEvents(tracing::Level::WARN), || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ex.block_on(async {
+                // Over the budget: the poll's end reports it, and the report panics.
+                burn(Duration::from_millis(5));
+                xtc_shards::yield_now().await;
+            })
+        }))
+    });
+    assert!(ran.is_err(), "the loop did not panic");
+    h.set_stall_budget(Duration::ZERO);
+    let before = h.loop_stats(0).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let after = h.loop_stats(0).unwrap();
+    assert_eq!(
+        after.busy, before.busy,
+        "busy time went on counting after the run had ended"
+    );
+}
+
 /// Counts its drops: what a leaked task would never do.
 struct DropCount(Arc<AtomicUsize>);
 

@@ -236,6 +236,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     let allowance = steal::inline_stack(here, crate::sys::thread_stack());
     core.inline_floor.set(here - allowance);
     shared.stats.started(Instant::now());
+    // Ends the run's clock however `run` ends: a loop that panicked (its worker catches the
+    // panic and still shuts the loop down) kept its run open, so its busy time went on growing
+    // after `run()` returned, and the next run's start overwrote it.
+    let _stopped = RunClock(&shared.stats);
     let exit = loop {
         // Step 1.
         if stop_aware && exec.stop_requested() {
@@ -524,8 +528,17 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             let _ = status.busy();
         }
     };
-    shared.stats.stopped(Instant::now());
     exit
+}
+
+/// Closes the loop's run in its stats when dropped (`StatsCell::stopped`): at `run`'s end, or
+/// as a panic unwinds out of it.
+struct RunClock<'a>(&'a StatsCell);
+
+impl Drop for RunClock<'_> {
+    fn drop(&mut self) {
+        self.0.stopped(Instant::now());
+    }
 }
 
 /// The park decision's question about the reply spin (the flag is taken: answered once per

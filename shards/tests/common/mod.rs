@@ -349,6 +349,29 @@ impl tracing::Subscriber for CountEvents {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
+/// A tracing subscriber whose `event` panics for events of one level (on the thread it is the
+/// default subscriber of): user code that panics inside the loop, where xtc logs (the stall
+/// watchdog's warning, the one report sink it does not guard as it guards a stall callback).
+pub struct PanicOnEvents(pub tracing::Level);
+
+impl tracing::Subscriber for PanicOnEvents {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == self.0 {
+            panic!("planted: the subscriber panics on a {} event", self.0);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 /// A signal handler of the test's own, and the calls to install and inspect one: for the tests
 /// that check how xtc treats a handler the program installed (`preempt_handler_changed`,
 /// `io_pool_handler_changed`).
