@@ -85,7 +85,9 @@ impl LocalExecutor {
     /// If called on a thread that already runs an xtc loop (inside a task): blocking there
     /// would stall every task of that loop. So does a `block_on` of this executor re-entered
     /// while its own run is in progress (from a `Drop` that another executor's sweep runs in
-    /// one of its tasks).
+    /// one of its tasks). A panic out of the loop itself, outside any task (user code xtc
+    /// does not guard, such as a panicking `tracing` subscriber), is re-raised here once the
+    /// run's tasks have been dropped.
     ///
     /// `fut` runs as the loop's main task, spawned here, at the caller's `block_on` call (the
     /// spawn site a stall report names).
@@ -115,8 +117,25 @@ impl LocalExecutor {
         let core = Core::new(self.shared.loops[0].clone(), self.shared.clone());
         let enter = context::enter(&core).expect(NESTED);
         let main = task::spawn_raw(core.shared.clone(), move || fut, TaskInfo::here(None), 0);
-        event_loop::run(&core, false, &|| main.is_finished());
-        event_loop::shutdown(&core, false);
+        // A panic out of the loop step (a bug in xtc, or user code xtc does not guard, such as
+        // a tracing subscriber handling a stall warning) still shuts the loop down, as a shard's
+        // worker does (tasks dropped on this thread, counts published), before it is re-raised
+        // below: let through at once, it left the run's parked tasks alive and their handles
+        // unresolved until a later `block_on` dropped them.
+        let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            event_loop::run(&core, false, &|| main.is_finished())
+        }));
+        if looped.is_err() {
+            core.current.set(std::ptr::null());
+            let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                event_loop::shutdown(&core, false)
+            }));
+            if closed.is_err() {
+                tracing::error!("xtc: a LocalExecutor's loop panicked, and so did its shutdown");
+            }
+        } else {
+            event_loop::shutdown(&core, false);
+        }
         drop(enter);
         drop(live);
         // The run is over: its `Core` gives the loop's deque back, and where its timer
@@ -134,6 +153,9 @@ impl LocalExecutor {
         {
             let _discarding = crate::executor::Discarding::enter(&self.shared);
             crate::executor::drop_migratable(&self.shared);
+        }
+        if let Err(payload) = looped {
+            resume_unwind(payload);
         }
         match futures_lite::future::block_on(main) {
             Ok(v) => v,

@@ -593,6 +593,47 @@ fn busy_time_stops_counting_when_a_loop_panics() {
     );
 }
 
+/// A `LocalExecutor` whose loop panics (as above) drops the run's tasks, on its thread,
+/// before the panic leaves `block_on`, as a shard's worker does for its loop. `block_on` let
+/// the panic through at once: a task parked in that run stayed alive, its handle unresolved,
+/// until a later, unrelated `block_on` on the executor dropped it (or never, if none came
+/// and the executor was kept).
+#[test]
+fn a_local_executor_whose_loop_panics_still_drops_its_tasks() {
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let h = ex.block_on(async { shard::handle().expect("on a loop") });
+    h.set_stall_budget(Duration::from_millis(1));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let parked = Rc::new(Cell::new(None));
+    let (d, p) = (dropped.clone(), parked.clone());
+    let ran = tracing::subscriber::with_default(PanicOnEvents(tracing::Level::WARN), || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ex.block_on(async move {
+                let guard = DropCount(d);
+                p.set(Some(spawn_local(async move {
+                    let _guard = guard;
+                    std::future::pending::<()>().await
+                })));
+                // The task parks, then an overlong poll's report panics.
+                xtc_shards::yield_now().await;
+                burn(Duration::from_millis(5));
+                xtc_shards::yield_now().await;
+            })
+        }))
+    });
+    assert!(ran.is_err(), "the loop did not panic");
+    assert_eq!(
+        dropped.load(SeqCst),
+        1,
+        "the parked task outlived its run's end"
+    );
+    let handle = parked.take().expect("the task was spawned");
+    assert!(handle.is_finished(), "its handle is unresolved");
+    assert!(futures::executor::block_on(handle)
+        .unwrap_err()
+        .is_cancelled());
+}
+
 /// Counts its drops: what a leaked task would never do.
 struct DropCount(Arc<AtomicUsize>);
 
