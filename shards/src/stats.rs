@@ -69,11 +69,12 @@ pub struct LoopStats {
 impl LoopStats {
     /// Fraction of time spent idle, 0.0–1.0 (HPX's idle rate); 0 before the loop ever ran.
     pub fn idle_rate(&self) -> f64 {
-        let total = self.busy + self.idle;
-        if total.is_zero() {
+        // In floating point: the fields are public, and a sum of two `Duration`s can overflow.
+        let (idle, busy) = (self.idle.as_secs_f64(), self.busy.as_secs_f64());
+        if idle + busy == 0.0 {
             0.0
         } else {
-            self.idle.as_secs_f64() / total.as_secs_f64()
+            idle / (idle + busy)
         }
     }
 }

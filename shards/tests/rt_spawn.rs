@@ -517,6 +517,21 @@ fn idle_loops_report_idle_time() {
     assert!(s0.parks >= 1);
 }
 
+/// `idle_rate` of any `LoopStats` a program builds (its fields are public: a sum or a
+/// difference of snapshots, or saturated values) is a rate, never a panic: it added the two
+/// `Duration`s, which overflowed.
+#[test]
+fn idle_rate_of_huge_durations_does_not_panic() {
+    let mut s = xtc_shards::LoopStats::default();
+    assert_eq!(s.idle_rate(), 0.0);
+    s.busy = Duration::MAX;
+    s.idle = Duration::MAX;
+    let rate = std::panic::catch_unwind(|| s.idle_rate()).expect("idle_rate panicked");
+    assert!((rate - 0.5).abs() < 1e-9, "{rate}");
+    s.busy = Duration::ZERO;
+    assert_eq!(s.idle_rate(), 1.0);
+}
+
 /// Snapshots taken from another thread while a loop parks and wakes thousands of times:
 /// `idle` and `busy` never go backwards (a snapshot between the two stores of a park's end
 /// used to miss the whole park, so `later.idle - earlier.idle` could panic).
