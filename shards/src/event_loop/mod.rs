@@ -289,7 +289,6 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         crate::preempt::sync_timer(core);
         let classes = core.classes_active.get();
         let timed = budget != 0 || classes;
-        let mut t0 = if timed { Some(Instant::now()) } else { None };
         let mut ran = 0;
         // Each pick: the runnable, its class lane, and whether it is migratable.
         let migratable = || {
@@ -323,6 +322,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             // sees whether it stopped.
             continue;
         }
+        // Read after the busy check above, which may wait for the coordinator's decision: that
+        // wait is not the first poll's time (a false stall report, a class charged for it).
+        let mut t0 = if timed { Some(Instant::now()) } else { None };
         let first_migratable = !std::mem::take(&mut migratable_ran);
         // Tasks run inline at joins (steal rule 6, `inline_runs`) count toward the batch and
         // the reap interval like the loop's own polls: a turn runs at most BATCH tasks plus
