@@ -273,7 +273,9 @@ pub(crate) struct Uring {
     /// descriptor by number, which closed would go to the next socket or file opened, and
     /// the entry would then read that one's bytes or write into it ([`Uring::hold`]).
     held: RefCell<Vec<std::rc::Rc<std::os::fd::OwnedFd>>>,
-    scratch: RefCell<Vec<(u64, i32)>>,
+    /// Completions taken from the completion ring and not yet dispatched, in the kernel's
+    /// order ([`Uring::dispatch`]).
+    pending: RefCell<std::collections::VecDeque<(u64, i32)>>,
     submitted: Cell<u64>,
     completed: Cell<u64>,
     /// Slots in `Lifecycle::Waiting` or `Lifecycle::Ignored` ([`Uring::in_flight`]).
@@ -358,7 +360,7 @@ impl Uring {
             ext_arg,
             unsubmitted: Cell::new(false),
             held: RefCell::new(Vec::new()),
-            scratch: RefCell::new(Vec::with_capacity(64)),
+            pending: RefCell::new(std::collections::VecDeque::with_capacity(64)),
             submitted: Cell::new(0),
             completed: Cell::new(0),
             waited: Cell::new(0),
@@ -601,26 +603,33 @@ impl Uring {
     ///
     /// Re-entrant: dropping an abandoned operation's buffer is user code, which may drop a
     /// stream and so submit (`abandon`, `detach`), and a submit into a backed-up ring reaps,
-    /// which dispatches again. So the batch is taken out of `scratch` rather than borrowed,
-    /// and the entries this pass itself queues (expiry cancels, timer removals) are pushed
-    /// after it.
+    /// which dispatches again; so does a waker (user code) that reaps (`io::reap_now`). So
+    /// the completions wait in `pending`, each taken out (not borrowed) as it is dispatched,
+    /// and a nested pass appends what the kernel posted since behind those its outer pass has
+    /// not dispatched yet, and dispatches from the front: completions get their places in the
+    /// kernel's order (a nested pass that took its own batch first placed newer completions
+    /// before older ones, and a stream handed out two receives' bytes swapped); with nothing
+    /// new it still dispatches those, so a nested reap (a drop that asks whether its operation
+    /// finished) sees every completion taken from the ring. The entries this pass itself
+    /// queues (expiry cancels, timer removals) are pushed after it.
     fn dispatch(&self) -> usize {
-        let mut batch = {
+        {
             let mut ring = self.ring.borrow_mut();
             let cq = ring.completion();
-            if cq.is_empty() {
-                // The common reap of a busy loop: nothing completed, no batch to take out
-                // and put back (every turn reaps, `Reactor::reap`).
+            let mut pending = self.pending.borrow_mut();
+            if cq.is_empty() && pending.is_empty() {
+                // The common reap of a busy loop: nothing completed (every turn reaps,
+                // `Reactor::reap`).
                 return 0;
             }
-            let mut batch = std::mem::take(&mut *self.scratch.borrow_mut());
-            batch.extend(cq.map(|c| (c.user_data(), c.result())));
-            batch
-        };
+            pending.extend(cq.map(|c| (c.user_data(), c.result())));
+        }
         let mut expired = Vec::new();
         let mut settled = Vec::new();
         let mut n = 0;
-        for (ud, res) in batch.drain(..) {
+        loop {
+            let next = self.pending.borrow_mut().pop_front();
+            let Some((ud, res)) = next else { break };
             match ud {
                 PING => {
                     self.ping_armed.set(false);
@@ -668,12 +677,6 @@ impl Uring {
                         Lifecycle::Submitted | Lifecycle::Completed(..) => {}
                     }
                 }
-            }
-        }
-        {
-            let mut scratch = self.scratch.borrow_mut();
-            if scratch.capacity() < batch.capacity() {
-                *scratch = batch; // empty: keep the larger buffer for the next pass
             }
         }
         for ud in expired {
@@ -1595,5 +1598,96 @@ mod tests {
         drop(u);
         // SAFETY: the descriptor is ours; the ring that used it is gone.
         unsafe { libc::close(efd) };
+    }
+    /// Completions are places in the order the driver reaped them (`Op::completed_at`), which
+    /// must be the kernel's: a stream hands out the bytes of two receives in that order. A
+    /// waker woken by `dispatch` is user code that may reap again (a drop that calls
+    /// `io::reap_now`): that nested pass took the completions posted since and placed them
+    /// before those still waiting in the outer pass's batch, which the kernel completed first.
+    #[test]
+    fn a_reap_nested_in_a_dispatch_keeps_the_kernels_order() {
+        use std::{rc::Rc, sync::Arc, task::Wake};
+        thread_local! {
+            static HOOK: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+        }
+        struct Hooked;
+        impl Wake for Hooked {
+            fn wake(self: Arc<Self>) {
+                if let Some(h) = HOOK.with(|h| h.borrow_mut().take()) {
+                    h();
+                }
+            }
+        }
+        // SAFETY: eventfd and pipe2 take no pointers but the live arrays; the descriptors are
+        // ours and closed below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        let mut pipes = [[0; 2]; 3];
+        for p in &mut pipes {
+            // SAFETY: as above.
+            let rc = unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) };
+            assert_eq!(rc, 0);
+        }
+        let Ok(u) = Uring::new(efd) else {
+            return; // no io_uring here: nothing to check
+        };
+        let u = Rc::new(u);
+        let read = |fd: RawFd| {
+            u.submit(vec![0u8; 1], |b| {
+                opcode::Read::new(types::Fd(fd), b.as_mut_ptr(), 1).build()
+            })
+            .map_err(|(e, _)| e)
+            .unwrap()
+        };
+        let (a, b, c) = (read(pipes[0][0]), read(pipes[1][0]), read(pipes[2][0]));
+        u.submit_pending();
+        let write = |fd: RawFd| {
+            // SAFETY: writes one byte from a live static.
+            let w = unsafe { libc::write(fd, b"x".as_ptr().cast(), 1) };
+            assert_eq!(w, 1);
+        };
+        // `a`'s waker: `c` completes now, after `b`, and is reaped at once.
+        let waker = Waker::from(Arc::new(Hooked));
+        let mut cx = Context::from_waker(&waker);
+        assert!(u.poll_op(a.key, &mut cx).is_pending());
+        let nested = u.clone();
+        let wfd = pipes[2][1];
+        HOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                write(wfd);
+                nested.reap();
+            }))
+        });
+        // `a` then `b` complete, and both completions are in the queue before one dispatch.
+        write(pipes[0][1]);
+        write(pipes[1][1]);
+        u.enter(2, None).unwrap();
+        u.dispatch();
+        for _ in 0..100 {
+            if u.peek_op(c.key).is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            u.reap();
+        }
+        let at = |op: &Op<Vec<u8>>| match u.ops.borrow().get(op.key) {
+            Some(Lifecycle::Completed(_, at)) => *at,
+            _ => panic!("not completed"),
+        };
+        let (at_a, at_b, at_c) = (at(&a), at(&b), at(&c));
+        assert!(
+            at_a < at_b && at_b < at_c,
+            "completions placed out of the kernel's order: a {at_a}, b {at_b}, c {at_c}"
+        );
+        drop((a, b, c));
+        drop(u);
+        // SAFETY: the descriptors are ours; the ring that used them is gone.
+        unsafe {
+            for p in pipes {
+                libc::close(p[0]);
+                libc::close(p[1]);
+            }
+            libc::close(efd);
+        }
     }
 }
