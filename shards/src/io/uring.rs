@@ -890,15 +890,17 @@ impl Uring {
     }
 
     /// Rules 4 and 4b: an Op gives its data to its slot, which `keep` makes of it, while the
-    /// operation is in flight (`true`). Already completed (or gone), the slot is freed, a
-    /// descriptor it returned closed (`is_fd`), the data dropped, and `false` returned.
+    /// operation is in flight: `Some(old state)`, whose waker (user code, which may panic)
+    /// the caller drops once it has done what the kernel needs (the cancel, the expiry).
+    /// Already completed (or gone), the slot is freed, a descriptor it returned closed
+    /// (`is_fd`), the data dropped, and `None` returned.
     fn hand_over(
         &self,
         key: usize,
         data: Box<dyn Any>,
         is_fd: bool,
         keep: impl FnOnce(Box<dyn Any>) -> Lifecycle,
-    ) -> bool {
+    ) -> Option<Lifecycle> {
         let mut ops = self.ops.borrow_mut();
         match ops.get_mut(key) {
             Some(Lifecycle::Completed(res, _)) => {
@@ -911,13 +913,12 @@ impl Uring {
                 // A replaced waker is dropped after the borrow, as in `poll_op`.
                 let old = self.set(slot, keep(data));
                 drop(ops);
-                drop(old);
-                return true;
+                return Some(old);
             }
             None => drop(ops),
         }
         drop_buffer(data);
-        false
+        None
     }
 
     /// Whether the slot of operation `ud` still holds it, detached (not settled, not reused).
@@ -931,9 +932,9 @@ impl Uring {
     /// driver until the completion, and nothing is cancelled. Submitted now, as in `abandon`:
     /// the caller may close the descriptor next.
     fn detach(&self, key: usize, data: Box<dyn Any>) {
-        if !self.hand_over(key, data, false, Lifecycle::Detached) {
+        let Some(old) = self.hand_over(key, data, false, Lifecycle::Detached) else {
             return;
-        }
+        };
         let ud = self.user_data(key);
         let expiry = opcode::Timeout::new(&DETACH_LIMIT)
             .build()
@@ -951,6 +952,8 @@ impl Uring {
         if let Err(e) = self.enter(0, None) {
             tracing::warn!("xtc: io_uring submit of a detached operation failed: {e}");
         }
+        // The waker it replaced, last: its drop may panic (see `abandon`).
+        drop(old);
     }
 
     /// Rule 4b: a detached operation's time is up: cancel it if it still runs (the slot may
@@ -964,10 +967,13 @@ impl Uring {
 
     /// Rule 4: the Op gave up. `is_fd`: a successful result is a descriptor to close.
     fn abandon(&self, key: usize, data: Box<dyn Any>, is_fd: bool) {
-        if !self.hand_over(key, data, is_fd, |d| Lifecycle::Ignored(d, is_fd)) {
+        let Some(old) = self.hand_over(key, data, is_fd, |d| Lifecycle::Ignored(d, is_fd)) else {
             return;
-        }
+        };
         self.cancel_now(self.user_data(key));
+        // The waker it replaced, last: its drop is user code, and a panic in it (which goes on
+        // to the Op's owner) must not skip the cancel, or the operation stayed armed for good.
+        drop(old);
     }
 }
 
@@ -1687,6 +1693,71 @@ mod tests {
                 libc::close(p[0]);
                 libc::close(p[1]);
             }
+            libc::close(efd);
+        }
+    }
+    /// Rule 4 with a waker whose drop panics (user code): the dropped `Op`'s slot let go of
+    /// that waker before the `AsyncCancel` was queued, so the panic skipped the cancel, and the
+    /// receive stayed armed in the kernel for good: `Ignored`, counted as I/O in flight (the
+    /// loop never quiescent), its socket held open by the kernel.
+    #[test]
+    fn an_op_dropped_with_a_waker_that_panics_when_dropped_is_still_cancelled() {
+        use std::{sync::Arc, task::Wake};
+        struct Panicky;
+        impl Wake for Panicky {
+            fn wake(self: Arc<Self>) {}
+        }
+        impl Drop for Panicky {
+            fn drop(&mut self) {
+                panic!("a waker that panics when dropped");
+            }
+        }
+        // SAFETY: eventfd and pipe2 take no pointers but the live array; the descriptors are
+        // ours and closed below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        let mut pipe = [0; 2];
+        // SAFETY: as above.
+        let rc = unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(rc, 0);
+        let Ok(u) = Uring::new(efd) else {
+            return; // no io_uring here: nothing to check
+        };
+        let mut a = u
+            .submit(vec![0u8; 16], |b| {
+                opcode::Read::new(types::Fd(pipe[0]), b.as_mut_ptr(), 16).build()
+            })
+            .map_err(|(e, _)| e)
+            .unwrap();
+        u.submit_pending();
+        {
+            // The slot's clone is the last one once this one goes.
+            let waker = Waker::from(Arc::new(Panicky));
+            let mut cx = Context::from_waker(&waker);
+            assert!(u.poll_op(a.key, &mut cx).is_pending());
+        }
+        assert_eq!(u.in_flight(), 1);
+        // What `Op::drop` does on its loop; the waker's drop panics in it.
+        let data = a.data.take().unwrap();
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            u.abandon(a.key, Box::new(data), false)
+        }));
+        assert!(dropped.is_err(), "the waker's drop did not panic");
+        drop(a);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while u.in_flight() > 0 && Instant::now() < deadline {
+            u.park(Some(Duration::from_millis(10)));
+        }
+        assert_eq!(
+            u.in_flight(),
+            0,
+            "the dropped read was never cancelled: it stays armed in the kernel"
+        );
+        drop(u);
+        // SAFETY: the descriptors are ours; the ring that used them is gone.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
             libc::close(efd);
         }
     }
