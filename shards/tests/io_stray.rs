@@ -3233,3 +3233,66 @@ fn a_read_awaited_after_its_driver_went_comes_after_bytes_kept_before_it_went() 
         "bytes came out of the stream's order"
     );
 }
+
+/// An `fs::read` of a FIFO still awaited (not dropped) when its `block_on` returns, and
+/// awaited to its end in the next one: it gets the bytes written meanwhile, as on epoll
+/// (whose pool job goes on). On io_uring the driver's shutdown cancels its `READ` (nothing
+/// read), and the read failed with that `ECANCELED`, where `open` and the socket calls start
+/// again on the new loop.
+#[test]
+fn a_fifo_read_that_outlives_its_driver_still_reads() {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    let path = std::env::temp_dir().join(format!("xtc-io-stray-fifo-{}", std::process::id()));
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain system call with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(path.clone());
+    // Both ends held open (non-blocking), so `fs::read`'s own open never waits for a peer.
+    let mut writer = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .unwrap();
+    type ReadAll = Pin<Box<dyn Future<Output = std::io::Result<Vec<u8>>>>>;
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    let p = path.clone();
+    // How many of this process's descriptors name the FIFO (the writer's, then the read's).
+    let opened = move || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| *l == p)
+            .count()
+    };
+    let p = path.clone();
+    let (mut f, ()) = ex.block_on(async move {
+        let mut f: ReadAll = Box::pin(xtc_shards::fs::read(p));
+        // Its open (in a kernel worker), then its read of the empty FIFO, which waits in the
+        // kernel.
+        let deadline = std::time::Instant::now() + io_common::HANG;
+        poll_pending(f.as_mut()).await;
+        while opened() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the open never finished"
+            );
+            sleep(Duration::from_millis(10)).await;
+        }
+        sleep(Duration::from_millis(20)).await; // the open's completion reaped
+        poll_pending(f.as_mut()).await; // the read, submitted at the end of this turn
+        sleep(Duration::from_millis(20)).await;
+        (f, ())
+    });
+    // The bytes, then the end of the FIFO (its last writer gone; the read holds it open).
+    writer.write_all(b"hello").unwrap();
+    drop(writer);
+    let r = ex.block_on(async move { guard("the read", f.as_mut()).await });
+    assert_eq!(r.expect("a FIFO read awaited across block_on"), b"hello");
+}

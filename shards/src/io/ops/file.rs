@@ -55,7 +55,7 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
                 // 512, which it lets through), or a signal (`std` retries `EINTR` too): opened
                 // again, on the loop that polls it now. It failed with that error, where
                 // epoll's pool job went on and opened.
-                if matches!(-res, libc::ECANCELED | libc::EINTR | ERESTARTSYS) {
+                if cut_by_shutdown(res) {
                     path = p;
                     continue;
                 }
@@ -80,6 +80,16 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
 /// The kernel's internal "restart the system call" error, which an io_uring worker's
 /// interrupted call can complete with (never a real answer).
 const ERESTARTSYS: i32 = 512;
+
+/// Whether an io_uring file operation still awaited ended with nothing done because its
+/// driver's shutdown cancelled it (the future outlived its loop: `ECANCELED`, or, from the
+/// kernel worker it waited in, `EINTR` or `ERESTARTSYS`): nothing else cancels an operation
+/// whose future is still there. It starts again on the loop that polls it now, as epoll's
+/// pool job, which a shutdown does not stop, goes on (a read of a FIFO then gets the bytes
+/// written meanwhile, where it failed with `ECANCELED`).
+fn cut_by_shutdown(res: i32) -> bool {
+    matches!(-res, libc::ECANCELED | libc::EINTR | ERESTARTSYS)
+}
 
 /// A file offset both drivers take the same way. Past `i64::MAX` `pread` fails with `EINVAL`,
 /// while io_uring reads `u64::MAX` as "the file's current position" and writes there.
@@ -143,68 +153,79 @@ pub(crate) async fn read_at<B: IoBufMut>(
     if let Some(Err(e)) = pos.map(check_pos) {
         return (Err(e), buf);
     }
-    let kind = backend_or_give_back!(buf);
-    let res = match kind {
-        Driver::IoUring => {
-            let raw = fd.as_raw_fd();
-            let fixed = fixed_index(&buf);
-            // The descriptor travels with the operation (see the module docs).
-            let op = submit((buf, fd.clone()), |(b, _)| {
-                let (ptr, len) = (
-                    b.stable_mut_ptr(),
-                    b.bytes_total().min(u32::MAX as usize) as u32,
-                );
-                let at = pos.unwrap_or(CURRENT);
-                match fixed {
-                    Some(i) => opcode::ReadFixed::new(types::Fd(raw), ptr, len, i)
-                        .offset(at)
-                        .build(),
-                    None => opcode::Read::new(types::Fd(raw), ptr, len)
-                        .offset(at)
-                        .build(),
-                }
-            });
-            match op {
-                Ok(op) => {
-                    let (res, (b, _fd)) = op.await;
-                    buf = b;
-                    result(res).map(|n| n as usize)
-                }
-                Err((e, (b, _fd))) => return (Err(e), b),
-            }
-        }
-        Driver::Epoll => {
-            let fd = fd.clone();
-            let len = buf.bytes_total().min(MAX_RW);
-            let r = blocking::run(move || {
-                let mut tmp = try_buffer(len)?;
-                let (raw, dst) = (fd.as_raw_fd(), tmp.as_mut_ptr().cast());
-                let n = blocking::when_ready(raw, libc::POLLIN, || {
-                    // SAFETY: `tmp` has `len` writable bytes (its capacity); the Arc keeps the
-                    // fd open.
-                    cvt(unsafe {
-                        match pos {
-                            Some(pos) => libc::pread(raw, dst, len, pos as i64),
-                            None => libc::read(raw, dst, len),
+    // Again after a read its driver's shutdown cancelled (`cut_by_shutdown`), on the current
+    // loop's driver.
+    let res = loop {
+        let kind = backend_or_give_back!(buf);
+        match kind {
+            Driver::IoUring => {
+                let raw = fd.as_raw_fd();
+                let fixed = fixed_index(&buf);
+                // The descriptor travels with the operation (see the module docs).
+                let op = submit((buf, fd.clone()), |(b, _)| {
+                    let (ptr, len) = (
+                        b.stable_mut_ptr(),
+                        b.bytes_total().min(u32::MAX as usize) as u32,
+                    );
+                    let at = pos.unwrap_or(CURRENT);
+                    match fixed {
+                        Some(i) => opcode::ReadFixed::new(types::Fd(raw), ptr, len, i)
+                            .offset(at)
+                            .build(),
+                        None => opcode::Read::new(types::Fd(raw), ptr, len)
+                            .offset(at)
+                            .build(),
+                    }
+                });
+                match op {
+                    Ok(op) => {
+                        let (res, (b, _fd)) = op.await;
+                        buf = b;
+                        if cut_by_shutdown(res) {
+                            continue;
                         }
-                    })
-                })?;
-                // SAFETY: the read initialized the first `n <= len` bytes, within the capacity.
-                unsafe { tmp.set_len(n as usize) };
-                Ok(tmp)
-            })
-            .await;
-            r.map(|tmp| {
-                if !tmp.is_empty() {
-                    // SAFETY: `tmp.len() <= bytes_total()`, and the regions do not overlap
-                    // (and are non-null: not for 0 bytes, where an empty buffer's pointer may
-                    // be null).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), buf.stable_mut_ptr(), tmp.len())
-                    };
+                        break result(res).map(|n| n as usize);
+                    }
+                    Err((e, (b, _fd))) => return (Err(e), b),
                 }
-                tmp.len()
-            })
+            }
+            Driver::Epoll => {
+                let fd = fd.clone();
+                let len = buf.bytes_total().min(MAX_RW);
+                let r = blocking::run(move || {
+                    let mut tmp = try_buffer(len)?;
+                    let (raw, dst) = (fd.as_raw_fd(), tmp.as_mut_ptr().cast());
+                    let n = blocking::when_ready(raw, libc::POLLIN, || {
+                        // SAFETY: `tmp` has `len` writable bytes (its capacity); the Arc keeps the
+                        // fd open.
+                        cvt(unsafe {
+                            match pos {
+                                Some(pos) => libc::pread(raw, dst, len, pos as i64),
+                                None => libc::read(raw, dst, len),
+                            }
+                        })
+                    })?;
+                    // SAFETY: the read initialized the first `n <= len` bytes, within the capacity.
+                    unsafe { tmp.set_len(n as usize) };
+                    Ok(tmp)
+                })
+                .await;
+                break r.map(|tmp| {
+                    if !tmp.is_empty() {
+                        // SAFETY: `tmp.len() <= bytes_total()`, and the regions do not overlap
+                        // (and are non-null: not for 0 bytes, where an empty buffer's pointer may
+                        // be null).
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                tmp.as_ptr(),
+                                buf.stable_mut_ptr(),
+                                tmp.len(),
+                            )
+                        };
+                    }
+                    tmp.len()
+                });
+            }
         }
     };
     if let Ok(n) = res {
@@ -218,59 +239,67 @@ pub(crate) async fn read_at<B: IoBufMut>(
 /// `write(2)`) once; returns the count written.
 pub(crate) async fn write_at<B: IoBuf>(
     fd: &Arc<OwnedFd>,
-    buf: B,
+    mut buf: B,
     pos: Option<u64>,
 ) -> BufResult<usize, B> {
     if let Some(Err(e)) = pos.map(check_pos) {
         return (Err(e), buf);
     }
-    let kind = backend_or_give_back!(buf);
-    match kind {
-        Driver::IoUring => {
-            let raw = fd.as_raw_fd();
-            let fixed = fixed_index(&buf);
-            // The descriptor travels with the operation (see the module docs).
-            let op = submit((buf, fd.clone()), |(b, _)| {
-                let (ptr, len) = (b.stable_ptr(), b.bytes_init().min(u32::MAX as usize) as u32);
-                let at = pos.unwrap_or(CURRENT);
-                match fixed {
-                    Some(i) => opcode::WriteFixed::new(types::Fd(raw), ptr, len, i)
-                        .offset(at)
-                        .build(),
-                    None => opcode::Write::new(types::Fd(raw), ptr, len)
-                        .offset(at)
-                        .build(),
-                }
-            });
-            match op {
-                Ok(op) => {
-                    let (res, (b, _fd)) = op.await;
-                    (result(res).map(|n| n as usize), b)
-                }
-                Err((e, (b, _fd))) => (Err(e), b),
-            }
-        }
-        Driver::Epoll => {
-            let fd = fd.clone();
-            let data = match copy_for_write(&buf, 0) {
-                Ok(data) => data,
-                Err(e) => return (Err(e), buf),
-            };
-            let r = blocking::run(move || {
-                let (raw, src, len) = (fd.as_raw_fd(), data.as_ptr().cast(), data.len());
-                blocking::when_ready(raw, libc::POLLOUT, || {
-                    // SAFETY: `data` is a live buffer of its length; the Arc keeps the fd open.
-                    cvt(unsafe {
-                        match pos {
-                            Some(pos) => libc::pwrite(raw, src, len, pos as i64),
-                            None => libc::write(raw, src, len),
+    // Again after a write its driver's shutdown cancelled (`cut_by_shutdown`: nothing was
+    // written), on the current loop's driver.
+    loop {
+        let kind = backend_or_give_back!(buf);
+        match kind {
+            Driver::IoUring => {
+                let raw = fd.as_raw_fd();
+                let fixed = fixed_index(&buf);
+                // The descriptor travels with the operation (see the module docs).
+                let op = submit((buf, fd.clone()), |(b, _)| {
+                    let (ptr, len) = (b.stable_ptr(), b.bytes_init().min(u32::MAX as usize) as u32);
+                    let at = pos.unwrap_or(CURRENT);
+                    match fixed {
+                        Some(i) => opcode::WriteFixed::new(types::Fd(raw), ptr, len, i)
+                            .offset(at)
+                            .build(),
+                        None => opcode::Write::new(types::Fd(raw), ptr, len)
+                            .offset(at)
+                            .build(),
+                    }
+                });
+                match op {
+                    Ok(op) => {
+                        let (res, (b, _fd)) = op.await;
+                        if cut_by_shutdown(res) {
+                            buf = b;
+                            continue;
                         }
+                        return (result(res).map(|n| n as usize), b);
+                    }
+                    Err((e, (b, _fd))) => return (Err(e), b),
+                }
+            }
+            Driver::Epoll => {
+                let fd = fd.clone();
+                let data = match copy_for_write(&buf, 0) {
+                    Ok(data) => data,
+                    Err(e) => return (Err(e), buf),
+                };
+                let r = blocking::run(move || {
+                    let (raw, src, len) = (fd.as_raw_fd(), data.as_ptr().cast(), data.len());
+                    blocking::when_ready(raw, libc::POLLOUT, || {
+                        // SAFETY: `data` is a live buffer of its length; the Arc keeps the fd open.
+                        cvt(unsafe {
+                            match pos {
+                                Some(pos) => libc::pwrite(raw, src, len, pos as i64),
+                                None => libc::write(raw, src, len),
+                            }
+                        })
                     })
+                    .map(|n| n as usize)
                 })
-                .map(|n| n as usize)
-            })
-            .await;
-            (r, buf)
+                .await;
+                return (r, buf);
+            }
         }
     }
 }
