@@ -102,6 +102,9 @@ static DETACH_LIMIT: types::Timespec = types::Timespec::new().sec(DETACH_LIMIT_S
 /// entries one turn queues before an early submit.
 const ENTRIES: u32 = 256;
 
+/// Longest park while the wake-ping read could not be armed ([`Uring::park`]).
+const PING_RETRY: Duration = Duration::from_millis(1);
+
 /// The opcodes xtc's operations use; a kernel lacking one gets the epoll driver.
 const REQUIRED: &[(u8, &str)] = &[
     (opcode::Read::CODE, "READ"),
@@ -116,6 +119,7 @@ const REQUIRED: &[(u8, &str)] = &[
     (opcode::Connect::CODE, "CONNECT"),
     (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
     (opcode::Timeout::CODE, "TIMEOUT"),
+    (opcode::TimeoutRemove::CODE, "TIMEOUT_REMOVE"),
     (opcode::OpenAt::CODE, "OPENAT"),
     (opcode::Statx::CODE, "STATX"),
     (opcode::Fsync::CODE, "FSYNC"),
@@ -261,6 +265,10 @@ pub(crate) struct Uring {
     /// in the kernel and each woke the loop for nothing when it expired.
     park_timeout_fired: Cell<bool>,
     ping_armed: Cell<bool>,
+    /// Tests: the next attempts to arm the wake-ping read fail (as a push into a full ring
+    /// whose submit fails does).
+    #[cfg(test)]
+    fail_ping_arm: Cell<bool>,
     pinged: Cell<bool>,
     /// The kernel completed the ping read with `EAGAIN` (older kernels honour the eventfd's
     /// `O_NONBLOCK` in io_uring reads): wait with `POLL_ADD` instead and let the parker drain.
@@ -355,6 +363,8 @@ impl Uring {
             park_ts: Box::new(Cell::new(types::Timespec::new())),
             park_timeout_fired: Cell::new(false),
             ping_armed: Cell::new(false),
+            #[cfg(test)]
+            fail_ping_arm: Cell::new(false),
             pinged: Cell::new(false),
             ping_by_poll: Cell::new(false),
             ext_arg,
@@ -711,13 +721,30 @@ impl Uring {
                 opcode::Read::new(types::Fd(self.ping_fd), self.ping_buf.as_ptr().cast(), 8).build()
             }
             .user_data(PING);
-            // SAFETY: `ping_buf` is a boxed field of the driver, alive until the driver's Drop
-            // has reaped this read's completion (rule 5); the eventfd outlives the loop.
-            match unsafe { self.push(&entry) } {
+            #[cfg(test)]
+            let refused = self.fail_ping_arm.get();
+            #[cfg(not(test))]
+            let refused = false;
+            let pushed = if refused {
+                Err(io::Error::from_raw_os_error(libc::EBUSY))
+            } else {
+                // SAFETY: `ping_buf` is a boxed field of the driver, alive until the driver's
+                // Drop has reaped this read's completion (rule 5); the eventfd outlives the loop.
+                unsafe { self.push(&entry) }
+            };
+            match pushed {
                 Ok(()) => self.ping_armed.set(true),
                 Err(e) => tracing::warn!("xtc: could not arm the wake-ping read: {e}"),
             }
         }
+        // Without the ping read a cross-shard wake (an eventfd write) ends no wait: the park
+        // is bounded instead, and the next one arms it again, so a wake is late by at most
+        // PING_RETRY rather than lost until some I/O completes.
+        let timeout = if self.ping_armed.get() {
+            timeout
+        } else {
+            Some(timeout.map_or(PING_RETRY, |t| t.min(PING_RETRY)))
+        };
         let want = if self.has_completions() { 0 } else { 1 };
         let mut timeout_entry = false;
         let res = match timeout {
@@ -1696,6 +1723,49 @@ mod tests {
             libc::close(efd);
         }
     }
+    /// A park whose wake-ping read could not be armed (a push into a full ring whose submit
+    /// failed) waited with nothing watching the eventfd: with no timer, a cross-shard wake
+    /// (the eventfd write of a waker that saw the loop announce sleep) was lost until some
+    /// I/O completed. The park is bounded then, and the wake is seen.
+    #[test]
+    fn a_park_whose_ping_read_could_not_be_armed_still_sees_a_wake() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: eventfd takes no pointers; the descriptor is ours, closed below.
+            let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+            let Ok(u) = Uring::new(efd) else {
+                let _ = tx.send(()); // no io_uring here: nothing to check
+                return;
+            };
+            u.fail_ping_arm.set(true);
+            let waker = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                let one = 1u64;
+                // SAFETY: writes 8 bytes from a live local to our eventfd.
+                let w = unsafe { libc::write(efd, (&one as *const u64).cast(), 8) };
+                assert_eq!(w, 8);
+            });
+            loop {
+                u.park(None);
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into a live local from our (non-blocking) eventfd.
+                if unsafe { libc::read(efd, (&mut v as *mut u64).cast(), 8) } == 8 {
+                    break;
+                }
+            }
+            waker.join().unwrap();
+            drop(u);
+            // SAFETY: the descriptor is ours; the ring that watched it is gone.
+            unsafe { libc::close(efd) };
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "a park without its ping read never saw the wake"
+        );
+    }
+
     /// Rule 4 with a waker whose drop panics (user code): the dropped `Op`'s slot let go of
     /// that waker before the `AsyncCancel` was queued, so the panic skipped the cancel, and the
     /// receive stayed armed in the kernel for good: `Ignored`, counted as I/O in flight (the
