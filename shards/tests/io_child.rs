@@ -3,7 +3,9 @@
 //! status):
 //!
 //! * `accept` under `RLIMIT_NOFILE` = 64 backs off on `EMFILE` without crashing or spinning,
-//!   and accepts the pending connections once descriptors free up;
+//!   and accepts the pending connections once descriptors free up; a server that stays at the
+//!   limit, each accept taking the one descriptor just freed, logs one warning, not one per
+//!   connection;
 //! * a seccomp filter that denies `io_uring_setup` (as Docker's default profile does) makes the
 //!   auto choice fall back to epoll, which serves connections, while a forced io_uring is an
 //!   error that names io_uring;
@@ -21,6 +23,7 @@
 //!
 //! Each body runs on both drivers (except where io_uring is denied on purpose).
 
+mod common;
 mod io_common;
 use io_common::*;
 
@@ -134,6 +137,108 @@ fn child_accept_backs_off_at_the_descriptor_limit() {
             })
             .unwrap();
         },
+    );
+}
+
+/// A server that stays at the descriptor limit, each accept taking the one descriptor a client
+/// just freed and the next accept meeting `EMFILE` again, is in one episode of exhaustion:
+/// it logs one warning, not one per connection. Each `accept` call began its own episode, so
+/// a server at its limit under churn logged a warning for every connection it accepted (a
+/// log flood of up to a thousand lines a second per listener, with the 1 ms first pause). An
+/// accept that finds a descriptor free ends the episode: the next one is warned about again.
+#[test]
+fn child_accept_warns_once_while_it_stays_at_the_descriptor_limit() {
+    const ROLE: &str = "rlimit-warn";
+    const TEST: &str = "child_accept_warns_once_while_it_stays_at_the_descriptor_limit";
+    if !is_child(ROLE) {
+        // One child per driver: each is a `LocalExecutor` on the test's own thread, where the
+        // warning counter is installed.
+        for driver in ["io_uring", "epoll"] {
+            run_child(TEST, ROLE, &[("XTC_IO", driver)]);
+        }
+        return;
+    }
+    lower_nofile(64);
+    let warnings = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tracing::subscriber::with_default(
+        common::CountEvents(tracing::Level::WARN, warnings.clone()),
+        || {
+            tracing::warn!("a probe: the counter sees this thread's warnings");
+            assert_eq!(warnings.load(SeqCst), 1, "the counter is not installed");
+            let ex = match LocalExecutor::new() {
+                Ok(ex) => ex,
+                Err(e) => panic!("LocalExecutor: {e}"),
+            };
+            let seen = warnings.clone();
+            ex.block_on(async move {
+                let driver = xtc_shards::io::current_driver().expect("a driver");
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = l.local_addr().unwrap();
+                // Fill the descriptor table with connections that wait in the backlog.
+                let mut clients = Vec::new();
+                loop {
+                    match std::net::TcpStream::connect(addr) {
+                        Ok(c) => clients.push(c),
+                        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
+                        Err(e) => panic!("connect: {e}"),
+                    }
+                    assert!(clients.len() < 64, "RLIMIT_NOFILE did not apply");
+                }
+                assert!(
+                    clients.len() >= 20,
+                    "too few descriptors: {}",
+                    clients.len()
+                );
+                // The server keeps every connection it accepts: each takes the descriptor a
+                // client freed, and the table is full again for its next accept.
+                let accepted = Rc::new(Cell::new(0usize));
+                let acc = accepted.clone();
+                let server = spawn_local(async move {
+                    let mut held = Vec::new();
+                    loop {
+                        let (s, _) = l.accept().await.expect("accept gave up");
+                        held.push(s);
+                        acc.set(acc.get() + 1);
+                    }
+                });
+                const ROUNDS: usize = 6;
+                for round in 1..=ROUNDS {
+                    // Let the server meet the full table (its accept backs off), then free one
+                    // descriptor for it.
+                    sleep(Duration::from_millis(20)).await;
+                    drop(clients.pop());
+                    guard("the connection a freed descriptor lets in", async {
+                        while accepted.get() < round {
+                            sleep(Duration::from_millis(1)).await;
+                        }
+                    })
+                    .await;
+                }
+                sleep(Duration::from_millis(20)).await;
+                assert!(!server.is_finished(), "the accept loop ended at EMFILE");
+                println!(
+                    "{driver}: {} warnings over {ROUNDS} connections accepted at the limit",
+                    seen.load(SeqCst) - 1
+                );
+                assert_eq!(seen.load(SeqCst), 2, "{driver}: one warning per episode");
+                // Three descriptors free at once: the accepts after the first find room at
+                // their first try (the episode is over), until the table is full again: a
+                // new episode, warned about again.
+                clients.truncate(clients.len() - 3);
+                guard("the warning of the next episode", async {
+                    while accepted.get() < ROUNDS + 3 || seen.load(SeqCst) < 3 {
+                        sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await;
+                server.abort();
+            });
+        },
+    );
+    assert_eq!(
+        warnings.load(SeqCst),
+        3,
+        "each episode at the descriptor limit logs one warning (plus the probe)"
     );
 }
 

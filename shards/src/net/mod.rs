@@ -45,7 +45,12 @@ pub use tcp::{TcpListener, TcpStream};
 pub use udp::UdpSocket;
 pub use unix::{UnixListener, UnixStream};
 
-use std::{fmt, io, net::SocketAddr, time::Duration};
+use std::{
+    fmt, io,
+    net::SocketAddr,
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+    time::Duration,
+};
 
 use socket2::SockAddr;
 
@@ -303,32 +308,86 @@ mod tests {
     }
 }
 
+/// When this process's accepts last warned of exhaustion (descriptors, memory): [`since`]'s
+/// milliseconds plus one; 0 once an episode is over. Set by the first accept that
+/// meets exhaustion, which alone warns, and cleared by an accept that gets a connection
+/// without meeting it (a descriptor was free). Process-wide, as the limits are
+/// (`RLIMIT_NOFILE` per process, `ENFILE` per system): a server that stays at its limit, each
+/// accept taking the descriptor just freed and the next one meeting the limit again, and the
+/// shards or listeners that meet it together, log one warning per episode, repeated once a
+/// minute while it lasts ([`REWARN`]: an episode no accept ended, its server gone, does not
+/// silence the next one for good). Kept per `accept` call, each call began an episode, and a
+/// server at its limit logged a warning for every connection it accepted. A heuristic for the
+/// log only (relaxed).
+static WARNED_AT: AtomicU64 = AtomicU64::new(0);
+
+/// How long an episode of exhaustion goes without another warning.
+const REWARN: Duration = Duration::from_secs(60);
+
+/// Milliseconds since the first call (the clock of [`WARNED_AT`]).
+fn since() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
 /// The accept loop's back-off while out of descriptors (and a Unix connect's while the
 /// listener's backlog is full): doubles from 1 ms to 100 ms.
 #[derive(Debug)]
 pub(crate) struct Backoff {
     next: Duration,
-    warned: bool,
+    /// This call met exhaustion ([`wait`](Self::wait)).
+    met: bool,
 }
 
 impl Backoff {
     pub(crate) fn new() -> Backoff {
         Backoff {
             next: Duration::from_millis(1),
-            warned: false,
+            met: false,
         }
     }
 
-    /// Logs once per episode, then sleeps.
+    /// Logs a warning once per episode of exhaustion ([`WARNED_AT`]), then sleeps.
     pub(crate) async fn wait(&mut self, e: &io::Error) {
-        if !self.warned {
-            self.warned = true;
-            tracing::warn!(
-                "xtc: accept failed: {e}; backing off (1 ms doubling to 100 ms) until descriptors \
-                 free up (raise RLIMIT_NOFILE / ulimit -n for more connections)"
-            );
+        if !self.met {
+            self.met = true;
+            let now = since() + 1;
+            let last = WARNED_AT.load(Relaxed);
+            let due = last == 0 || now.saturating_sub(last) >= REWARN.as_millis() as u64;
+            if due
+                && WARNED_AT
+                    .compare_exchange(last, now, Relaxed, Relaxed)
+                    .is_ok()
+            {
+                let what = match e.raw_os_error() {
+                    Some(libc::EMFILE) => {
+                        "until descriptors free up (raise RLIMIT_NOFILE / ulimit -n for more \
+                         connections)"
+                    }
+                    Some(libc::ENFILE) => {
+                        "until descriptors free up (the system's file table is full: raise \
+                         fs.file-max)"
+                    }
+                    _ => "until memory frees up",
+                };
+                tracing::warn!(
+                    "xtc: accept failed: {e}; backing off (1 ms doubling to 100 ms) {what}; \
+                     warned again once an accept finds room, or in a minute"
+                );
+            }
         }
         self.pause().await;
+    }
+
+    /// An accept got a connection: if this call met no exhaustion, the episode (if any) is
+    /// over, and the next one is warned about again.
+    pub(crate) fn connected(&self) {
+        if !self.met && WARNED_AT.load(Relaxed) != 0 {
+            WARNED_AT.store(0, Relaxed);
+        }
     }
 
     /// Sleeps the next pause, silently.

@@ -62,16 +62,22 @@ impl TcpListener {
         })
     }
 
-    /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`) or memory it logs once and
-    /// backs off (1 ms doubling to 100 ms) instead of spinning or failing; connections aborted
-    /// before they were accepted are skipped. Other errors are returned. Cost: one `ACCEPT`
-    /// submission and a boxed peer address (io_uring) or one `accept4` (the listener joins the
-    /// loop's epoll set once, at its first wait).
+    /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`) or memory it backs off
+    /// (1 ms doubling to 100 ms) instead of spinning or failing, and logs a warning once per
+    /// episode: once for the process until an accept gets a connection without running out,
+    /// or a minute has passed (a server that stays at its limit logs once a minute, not once
+    /// per connection or listener).
+    /// Connections aborted before they were accepted are skipped. Other errors are returned.
+    /// Cost: one `ACCEPT` submission and a boxed peer address (io_uring) or one `accept4` (the
+    /// listener joins the loop's epoll set once, at its first wait).
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let mut backoff = Backoff::new();
         loop {
             match ops::accept::accept(&self.src, &self.kept).await {
-                Ok((fd, addr)) => return Ok((TcpStream::from_fd(fd), ip_addr(&addr)?)),
+                Ok((fd, addr)) => {
+                    backoff.connected();
+                    return Ok((TcpStream::from_fd(fd), ip_addr(&addr)?));
+                }
                 Err(e) if is_exhaustion(&e) => backoff.wait(&e).await,
                 Err(e) if is_transient(&e) => {}
                 Err(e) => return Err(e),

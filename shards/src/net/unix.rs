@@ -56,9 +56,10 @@ impl UnixListener {
         loop {
             match ops::accept::accept(&self.src, &self.kept).await {
                 Ok((fd, _)) => {
+                    backoff.connected();
                     return Ok(UnixStream {
                         io: StreamIo::new_unix(fd),
-                    })
+                    });
                 }
                 Err(e) if is_exhaustion(&e) => backoff.wait(&e).await,
                 Err(e) if is_transient(&e) => {}
