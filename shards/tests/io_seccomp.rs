@@ -138,3 +138,82 @@ fn a_stream_dropped_while_submits_fail_does_not_lend_its_number_to_queued_entrie
         Err(_) => panic!("the test hung, or its thread panicked"),
     }
 }
+
+/// Accepts started while `io_uring_enter` fails to submit (here a seccomp filter; in the field
+/// `EAGAIN` under memory pressure, `EBUSY` with completions backed up) back off and go on, as
+/// at the descriptor limit: more accepts than the submission queue holds (256) fill it in
+/// one go, and the next one's submit, which must enter first, fails. That accept returned the
+/// enter's `EAGAIN` (`WouldBlock`, from an `.await`), and a server's accept loop (a
+/// `ConnBalancer::serve`) ended on it.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn accepts_whose_submits_fail_back_off_and_go_on() {
+    use std::{cell::RefCell, rc::Rc};
+    use xtc_shards::net::TcpListener;
+    const ACCEPTS: usize = 300;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if !common::deny_uring_submit_without_wait(libc::EAGAIN as u32) {
+            let _ = tx.send(None);
+            return;
+        }
+        let exec = match Executor::builder()
+            .shards(1)
+            .io_driver(DriverChoice::IoUring)
+            .build()
+        {
+            Ok(exec) => exec,
+            Err(e) => {
+                let _ = tx.send(Some(Err(e.to_string())));
+                return;
+            }
+        };
+        let r = exec.block_on(|| async {
+            let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+            let addr = l.local_addr().unwrap();
+            let results = Rc::new(RefCell::new(Vec::new()));
+            for _ in 0..ACCEPTS {
+                let (l, results) = (l.clone(), results.clone());
+                drop(xtc_shards::spawn_local(async move {
+                    let r = l.accept().await.map(|_| ());
+                    results.borrow_mut().push(r.map_err(|e| e.to_string()));
+                }));
+            }
+            // Every accept has been polled (its submit made or failed) before a client comes.
+            xtc_shards::time::sleep(Duration::from_millis(20)).await;
+            let clients = std::thread::spawn(move || {
+                (0..ACCEPTS)
+                    .map(|_| std::net::TcpStream::connect(addr).unwrap())
+                    .collect::<Vec<_>>()
+            });
+            let done = xtc_shards::time::timeout(Duration::from_secs(20), async {
+                while results.borrow().len() < ACCEPTS {
+                    xtc_shards::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+            .await;
+            let _clients = clients.join().unwrap();
+            let results = results.borrow();
+            let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+            (
+                done.is_ok(),
+                results.len(),
+                failed.len(),
+                failed.first().cloned().cloned(),
+            )
+        });
+        let _ = tx.send(Some(Ok(r.expect("the test task failed"))));
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(None) => println!("no seccomp here; skipped"),
+        Ok(Some(Err(e))) => println!("no io_uring here ({e}); skipped"),
+        Ok(Some(Ok((done, n, failed, first)))) => {
+            assert_eq!(
+                failed, 0,
+                "{failed} of {n} accepts failed instead of backing off (first: {first:?})"
+            );
+            assert!(done, "only {n} of {ACCEPTS} accepts got their connection");
+        }
+        Err(_) => panic!("the test hung, or its thread panicked"),
+    }
+}

@@ -238,11 +238,18 @@ pub(crate) fn each_addr<T>(
     }))
 }
 
-/// Errors of `accept` that mean "out of descriptors or memory": back off and retry.
+/// Errors of `accept` that mean "out of descriptors or memory": back off and retry. Also
+/// `EAGAIN` and `EBUSY`, which reach `accept` only from an io_uring submission that failed
+/// (`io_uring_enter`: the kernel short of memory for the request, or completions backed up;
+/// the `ACCEPT`'s own `EAGAIN` is retried, `nothing_moved`, and epoll's waits for readiness):
+/// returned, a server's accept loop ended on a full submission queue the loop's next park
+/// submits anyway.
 pub(crate) fn is_exhaustion(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+        Some(
+            libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EAGAIN | libc::EBUSY
+        )
     )
 }
 
@@ -302,6 +309,31 @@ mod tests {
         ] {
             assert!(
                 !is_transient(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+    }
+
+    /// Running out (descriptors, memory, io_uring submission room) backs off; a connection's
+    /// own errors and the listener's are something else.
+    #[test]
+    fn accept_backs_off_when_something_runs_out() {
+        for errno in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::EAGAIN,
+            libc::EBUSY,
+        ] {
+            assert!(
+                is_exhaustion(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+        for errno in [libc::ECONNABORTED, libc::EINVAL, libc::EOPNOTSUPP] {
+            assert!(
+                !is_exhaustion(&io::Error::from_raw_os_error(errno)),
                 "{errno}"
             );
         }
@@ -371,6 +403,7 @@ impl Backoff {
                         "until descriptors free up (the system's file table is full: raise \
                          fs.file-max)"
                     }
+                    Some(libc::EAGAIN | libc::EBUSY) => "until io_uring takes submissions again",
                     _ => "until memory frees up",
                 };
                 tracing::warn!(
