@@ -217,3 +217,85 @@ fn accepts_whose_submits_fail_back_off_and_go_on() {
         Err(_) => panic!("the test hung, or its thread panicked"),
     }
 }
+
+/// Connects started while `io_uring_enter` fails to submit (see
+/// `accepts_whose_submits_fail_back_off_and_go_on`) wait and go on, as on epoll, where a TCP
+/// connect never answers `EAGAIN`: more connects than the submission queue holds fill it in
+/// one go, and the next one's submit, which must enter first, fails. That connect failed with
+/// the enter's `EAGAIN` (`WouldBlock` out of an `.await`, for a peer that was listening).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn connects_whose_submits_fail_wait_and_go_on() {
+    use std::{cell::RefCell, rc::Rc};
+    use xtc_shards::net::TcpStream;
+    const CONNECTS: usize = 300;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Accepts every connection, and keeps it until the test ends.
+    let acceptor = std::thread::spawn(move || {
+        (0..CONNECTS)
+            .map(|_| listener.accept().unwrap().0)
+            .collect::<Vec<_>>()
+    });
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if !common::deny_uring_submit_without_wait(libc::EAGAIN as u32) {
+            let _ = tx.send(None);
+            return;
+        }
+        let exec = match Executor::builder()
+            .shards(1)
+            .io_driver(DriverChoice::IoUring)
+            .build()
+        {
+            Ok(exec) => exec,
+            Err(e) => {
+                let _ = tx.send(Some(Err(e.to_string())));
+                return;
+            }
+        };
+        let r = exec.block_on(move || async move {
+            let results = Rc::new(RefCell::new(Vec::new()));
+            for _ in 0..CONNECTS {
+                let results = results.clone();
+                drop(xtc_shards::spawn_local(async move {
+                    let r = TcpStream::connect(addr).await.map(drop);
+                    results.borrow_mut().push(r.map_err(|e| e.to_string()));
+                }));
+            }
+            let done = xtc_shards::time::timeout(Duration::from_secs(20), async {
+                while results.borrow().len() < CONNECTS {
+                    xtc_shards::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+            .await;
+            let results = results.borrow();
+            let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+            (
+                done.is_ok(),
+                results.len(),
+                failed.len(),
+                failed.first().cloned().cloned(),
+            )
+        });
+        let _ = tx.send(Some(Ok(r.expect("the test task failed"))));
+    });
+    let outcome = rx.recv_timeout(Duration::from_secs(60));
+    // Unblocks the acceptor if connects failed.
+    for _ in 0..CONNECTS {
+        let _ = std::net::TcpStream::connect(addr);
+    }
+    drop(acceptor.join());
+    match outcome {
+        Ok(None) => println!("no seccomp here; skipped"),
+        Ok(Some(Err(e))) => println!("no io_uring here ({e}); skipped"),
+        Ok(Some(Ok((done, n, failed, first)))) => {
+            assert_eq!(
+                failed, 0,
+                "{failed} of {n} connects failed instead of waiting (first: {first:?})"
+            );
+            assert!(done, "only {n} of {CONNECTS} connects finished");
+        }
+        Err(_) => panic!("the test hung, or its thread panicked"),
+    }
+}
