@@ -201,13 +201,15 @@ impl Topology {
     /// interleaving pattern by type (`indexes=core:pack`), or by `step*count` loops whose
     /// counts multiply to a multiple of 2^64, on which hwloc aborts the process too: list the
     /// indexes (`indexes=0,2,1,3`) or give `step*count` loops (`indexes=2*2:1*2`).
+    /// [`Error::Hwloc`] as well for a PU level whose `indexes=` list names an OS index twice
+    /// (`pu:2(indexes=0,0)`), of which hwloc silently built fewer PUs than described.
     pub fn synthetic(desc: &str) -> Result<Topology> {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
             "write levels from the top as type:count, e.g. \"pack:2 numa:2 l3:1 core:4 pu:2\"";
         // hwloc builds every object of the description: a few huge counts ran for minutes and
         // ended in an out-of-memory kill, which no error handling survives.
-        let (objects, widest, attached, memcache) = synthetic_leaves(desc);
+        let (objects, widest, attached, memcache, pu_attrs) = synthetic_leaves(desc);
         // hwloc parses a memory-side cache level, then aborts the process on an assertion
         // while it builds the tree (hwloc 2.9): refused before hwloc sees it.
         if let Some(level) = memcache {
@@ -273,6 +275,19 @@ impl Topology {
                      {MAX_SYNTHETIC_PUS}"
                 ),
                 "use smaller indexes; real machines number their PUs below a few thousand",
+            ));
+        }
+        // Two PUs with one OS index are one CPU: hwloc merged them (and the objects above them
+        // whose CPU sets then matched) or reported invalid information from the operating
+        // system and built a mangled tree, silently smaller than described.
+        if let Some(index) = pu_attrs.and_then(repeated_index) {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "its PU level's indexes= list names OS index {index} twice; hwloc would \
+                     merge those PUs and build a smaller machine than described"
+                ),
+                "give every PU its own OS index, e.g. indexes=0,2,1,3",
             ));
         }
         // hwloc asserts on (and so aborts the process for) some interleaved index patterns.
@@ -784,19 +799,21 @@ const MAX_SYNTHETIC_ARITY: u128 = 1 << 10;
 /// level before it (as many as the product so far). A count too large for `u128` saturates, as
 /// do the product and the sum. Where hwloc would stop with a syntax error, so does this. The
 /// fourth value is the type of the first level hwloc reads as a memory-side cache
-/// ([`names_memcache`]), if any.
-fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>) {
+/// ([`names_memcache`]), if any. The fifth is the attribute block of the last level, the PUs
+/// (hwloc requires the last level to be theirs), if it has one.
+fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>, Option<&str>) {
     let b = desc.as_bytes();
     let mut i = 0;
     let mut product = 1u128;
     let mut widest = 1u128;
     let mut attached = 0u128;
     let mut memcache = None;
+    let mut last_attrs = None;
     // A root attribute block, `(memory=1GB)2 256 256`, as hwloc reads one first.
     if b.first() == Some(&b'(') {
         match desc.find(')') {
             Some(end) => i = end + 1,
-            None => return (product, widest, attached, memcache),
+            None => return (product, widest, attached, memcache, last_attrs),
         }
     }
     loop {
@@ -832,14 +849,32 @@ fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>) {
         product = product.saturating_mul(count.max(1));
         widest = widest.max(count);
         i += used;
+        last_attrs = None;
         if i < b.len() && b[i] == b'(' {
             match desc[i..].find(')') {
-                Some(end) => i += end + 1,
+                Some(end) => {
+                    last_attrs = Some(&desc[i..=i + end]);
+                    i += end + 1;
+                }
                 None => break,
             }
         }
     }
-    (product, widest, attached, memcache)
+    (product, widest, attached, memcache, last_attrs)
+}
+
+/// The first OS index that an explicit `indexes=a,b,...` list in the attribute block `attrs`
+/// names a second time, if any (read as [`synthetic_max_index`] reads such a list).
+fn repeated_index(attrs: &str) -> Option<u128> {
+    let mut seen = std::collections::HashSet::new();
+    attrs
+        .split("indexes=")
+        .skip(1)
+        .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
+        .filter(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
+        .flat_map(|list| list.split(','))
+        .filter_map(|n| strtoul_prefix(n, 10).map(|(n, _)| n))
+        .find(|&n| !seen.insert(n))
 }
 
 /// Whether hwloc reads the object type at the start of `s` as a memory-side cache

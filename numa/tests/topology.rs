@@ -544,3 +544,36 @@ fn an_index_interleaving_hwloc_aborts_on_is_an_error() {
     );
     assert!(Topology::synthetic("pu:4(indexes=1*2:2*2)").is_ok());
 }
+
+/// A synthetic description whose PU level lists an OS index twice is an `Err`: hwloc merged
+/// those PUs into one and built a smaller machine than described (`pu:2(indexes=0,0)` had one
+/// PU, `pack:2 pu:2(indexes=0,1,0,1)` one package), or printed a banner about invalid
+/// information from the operating system and built a mangled tree (a PU under no core). Other
+/// levels may repeat an OS index, as cores of different packages do on Linux.
+#[test]
+fn a_pu_os_index_listed_twice_is_an_error() {
+    for desc in [
+        "pu:2(indexes=0,0)",
+        "pack:2 pu:2(indexes=0,1,0,1)",
+        "core:2 pu:2(indexes=0,1,1,2)",
+        "2 2(indexes=0,0,1,1)",
+        "pack:2 pu:2(indexes=0,1,2,1) [numa]",
+    ] {
+        match Topology::synthetic(desc) {
+            Err(e @ Error::Hwloc { .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("OS index 1 twice") || msg.contains("OS index 0 twice"),
+                    "{desc}: {msg}"
+                );
+                assert!(msg.contains("its own OS index"), "{desc}: {msg}");
+            }
+            other => panic!("{desc}: expected Err(Hwloc), got {other:?}"),
+        }
+    }
+    // Distinct PU indexes, and repeated ones on other levels, are taken as before.
+    let t = Topology::synthetic("pack:2 pu:2(indexes=3,2,1,0)").unwrap();
+    assert_eq!(t.pus(), vec![0, 1, 2, 3]);
+    let t = Topology::synthetic("pack:2 core:2(indexes=0,1,0,1) pu:1").unwrap();
+    assert_eq!((t.packages(), t.cores(), t.pus().len()), (2, 4, 4));
+}
