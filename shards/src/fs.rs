@@ -380,6 +380,12 @@ impl AsRawFd for File {
     }
 }
 
+impl std::os::fd::AsFd for File {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// Reads a whole file (a FIFO: to its end). Cost: open, an `lseek`, one `metadata` (not for
 /// a FIFO), the result allocated at the file's size, then reads into a fresh chunk of 64 KiB
 /// to 16 MiB each, copied into the result, until one returns 0 (so at least two), and close.

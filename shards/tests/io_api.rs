@@ -210,3 +210,45 @@ fn a_bad_driver_name_is_an_error_that_names_it() {
         }
     }
 }
+
+/// Every I/O type lends its descriptor as `AsFd`, the one `AsRawFd` names, so that
+/// `socket2::SockRef` (which takes `AsFd`) sets options the stream then has.
+#[test]
+fn io_types_lend_their_descriptor_as_as_fd() {
+    use std::os::fd::{AsFd, AsRawFd};
+    use xtc_shards::net::{TcpListener, TcpStream, UdpSocket};
+    on_each_driver("io_types_lend_their_descriptor_as_as_fd", 1, |_| async {
+        fn same(what: &str, x: &(impl AsFd + AsRawFd)) {
+            assert_eq!(x.as_fd().as_raw_fd(), x.as_raw_fd(), "{what}");
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stream = guard("connect", TcpStream::connect(addr)).await.unwrap();
+        same("TcpListener", &listener);
+        same("TcpStream", &stream);
+        let sock = socket2::SockRef::from(&stream);
+        sock.set_nodelay(true).unwrap();
+        assert!(stream.nodelay().unwrap(), "an option set through AsFd");
+        sock.set_nodelay(false).unwrap();
+        assert!(!stream.nodelay().unwrap(), "an option set through AsFd");
+        same("UdpSocket", &UdpSocket::bind("127.0.0.1:0").unwrap());
+        let (a, _b) = UnixStream::pair().unwrap();
+        same("UnixStream", &a);
+        let path = temp_path("asfd");
+        let _ = std::fs::remove_file(&path);
+        same("UnixListener", &UnixListener::bind(&path).unwrap());
+        let _ = std::fs::remove_file(&path);
+        let file = guard(
+            "open",
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(temp_path("asfd-file")),
+        )
+        .await
+        .unwrap();
+        same("File", &file);
+        let _ = std::fs::remove_file(temp_path("asfd-file"));
+    });
+}

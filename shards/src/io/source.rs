@@ -66,6 +66,16 @@ impl Source {
         self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
     }
 
+    /// The descriptor, borrowed for as long as the source (what the I/O types' `AsFd` gives).
+    pub(crate) fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd as _;
+        // Only `into_fd` (by value) and `Drop` take the descriptor out.
+        self.fd
+            .as_ref()
+            .expect("a Source holds its fd until dropped")
+            .as_fd()
+    }
+
     /// The slot of this source in `e`, registering it there first if needed.
     pub(crate) fn token(&self, e: &Epoll) -> usize {
         match self.reg.get() {

@@ -309,9 +309,24 @@ impl AsRawFd for TcpStream {
     }
 }
 
+/// For `socket2::SockRef::from(&stream)` and other calls on the socket itself. An option set
+/// through it is the caller's business; a read or write through it takes bytes the stream's
+/// own reads and writes do not see.
+impl std::os::fd::AsFd for TcpStream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.io.src.as_fd()
+    }
+}
+
 impl AsRawFd for TcpListener {
     fn as_raw_fd(&self) -> RawFd {
         self.src.fd()
+    }
+}
+
+impl std::os::fd::AsFd for TcpListener {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.src.as_fd()
     }
 }
 

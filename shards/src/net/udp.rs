@@ -550,3 +550,9 @@ impl AsRawFd for UdpSocket {
         self.src.fd()
     }
 }
+
+impl std::os::fd::AsFd for UdpSocket {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.src.as_fd()
+    }
+}

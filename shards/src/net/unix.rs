@@ -120,6 +120,12 @@ impl AsRawFd for UnixListener {
     }
 }
 
+impl std::os::fd::AsFd for UnixListener {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.src.as_fd()
+    }
+}
+
 /// A Unix-domain stream connection. `!Send`. Same I/O as [`TcpStream`](super::TcpStream).
 #[derive(Debug)]
 pub struct UnixStream {
@@ -238,6 +244,12 @@ impl UnixStream {
 impl AsRawFd for UnixStream {
     fn as_raw_fd(&self) -> RawFd {
         self.io.src.fd()
+    }
+}
+
+impl std::os::fd::AsFd for UnixStream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.io.src.as_fd()
     }
 }
 
