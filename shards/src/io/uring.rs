@@ -8,7 +8,10 @@
 //!    high 32 bits, is the entry's `user_data` (so a cancellation names one operation even after
 //!    a slot is reused). Entries queue in the
 //!    submission ring and reach the kernel at the end of the loop turn (one `io_uring_enter`
-//!    for the whole batch), or at once if the ring is full.
+//!    for the whole batch), or at once if the ring is full. If that early `io_uring_enter` is
+//!    refused for now (`EAGAIN`, `EBUSY`), the entry waits in the driver's overflow queue,
+//!    behind the older ones, for the next enter that succeeds: a submit never fails for want
+//!    of room, as an operation on epoll never fails that way.
 //! 2. **Wait.** Polling the `Op` stores its waker: `Waiting(waker)`. [`Op::unwait`] puts it
 //!    back to `Submitted` (an owned stream read whose future was dropped and whose stream
 //!    keeps it running: nobody waits for it until the next read polls it).
@@ -227,6 +230,13 @@ pub(crate) fn nothing_moved(res: i32) -> bool {
     res == -libc::ECANCELED || res == -libc::EAGAIN
 }
 
+/// Whether a failed `io_uring_enter` is the kernel refusing it for now (`EAGAIN`, short of
+/// memory for the request; `EBUSY`, completions backed up): nothing reached the kernel, and a
+/// later enter submits what is queued (rule 1's overflow).
+fn refused_for_now(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
+}
+
 /// Rule 5: takes the result a dropped driver left for operation `key`, if any.
 fn take_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
     ORPHANS
@@ -276,6 +286,12 @@ pub(crate) struct Uring {
     ext_arg: bool,
     /// Entries pushed since the last `io_uring_enter`.
     unsubmitted: Cell<bool>,
+    /// Entries pushed while the submission ring was full and the kernel refused a submit for
+    /// now ([`refused_for_now`]), in push order: each `enter` moves them into the ring, ahead
+    /// of anything pushed after them. Failing the push instead, a read, write or send returned
+    /// `WouldBlock` out of an `.await`, and an `AsyncCancel` was lost, its operation left armed
+    /// in the kernel for good, holding its socket open.
+    overflow: RefCell<std::collections::VecDeque<squeue::Entry>>,
     /// Descriptors whose owners closed them while entries were still queued (a failed
     /// `io_uring_enter`), kept open until the queue is empty: a queued entry names its
     /// descriptor by number, which closed would go to the next socket or file opened, and
@@ -369,6 +385,7 @@ impl Uring {
             ping_by_poll: Cell::new(false),
             ext_arg,
             unsubmitted: Cell::new(false),
+            overflow: RefCell::new(std::collections::VecDeque::new()),
             held: RefCell::new(Vec::new()),
             pending: RefCell::new(std::collections::VecDeque::with_capacity(64)),
             submitted: Cell::new(0),
@@ -406,24 +423,55 @@ impl Uring {
         (self.submitted.get(), self.completed.get())
     }
 
-    /// Queues `entry`; submits early if the submission ring is full.
+    /// Queues `entry`; submits early if the submission ring is full, and keeps it in the
+    /// overflow queue if that submit is refused for now or leaves no room (rule 1).
     ///
     /// # Safety
     /// Every pointer in `entry` must stay valid until its completion is reaped (rule 1/4).
     unsafe fn push(&self, entry: &squeue::Entry) -> io::Result<()> {
-        loop {
-            let full = {
+        for attempt in 0..2 {
+            // Behind the entries already waiting for room, never ahead of them.
+            let pushed = self.overflow.borrow().is_empty() && {
                 let mut ring = self.ring.borrow_mut();
                 // SAFETY: the caller guarantees the entry's pointers outlive the operation.
                 let r = unsafe { ring.submission().push(entry) };
-                r.is_err()
+                r.is_ok()
             };
-            if !full {
+            if pushed {
                 self.unsubmitted.set(true);
                 return Ok(());
             }
-            self.enter(0, None)?;
+            if attempt == 0 {
+                match self.enter(0, None) {
+                    Ok(()) => {}
+                    Err(e) if refused_for_now(&e) => break,
+                    Err(e) => return Err(e),
+                }
+            }
         }
+        self.overflow.borrow_mut().push_back(entry.clone());
+        self.unsubmitted.set(true);
+        Ok(())
+    }
+
+    /// Moves overflowed entries into the submission ring while it has room, oldest first.
+    /// Returns whether some are still waiting for room.
+    fn fill_from_overflow(&self) -> bool {
+        let mut overflow = self.overflow.borrow_mut();
+        if overflow.is_empty() {
+            return false;
+        }
+        let mut ring = self.ring.borrow_mut();
+        let mut sq = ring.submission();
+        while let Some(entry) = overflow.front() {
+            // SAFETY: `push` kept the entry, whose caller keeps its pointers valid until its
+            // completion is reaped (rule 1/4).
+            if unsafe { sq.push(entry) }.is_err() {
+                break;
+            }
+            overflow.pop_front();
+        }
+        !overflow.is_empty()
     }
 
     /// `io_uring_enter`: submits what is queued and waits for `want` completions or `timeout`.
@@ -437,8 +485,25 @@ impl Uring {
     /// submitted, and they reached the kernel only at some later entry, after their callers
     /// may have closed the descriptors they name (`cancel_now`), a number that may name a new
     /// socket by then. So the enter is repeated while it makes progress and entries are left.
+    ///
+    /// Overflowed entries ([`overflow`](Self::overflow)) go into the ring first. While some
+    /// still wait for room after that, a wait is bounded by [`PING_RETRY`] (or, without
+    /// `EXT_ARG`, not made): the wake-ping read or a park's `TIMEOUT` entry may be among them,
+    /// not yet in the kernel.
     fn enter(&self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         loop {
+            let (want, timeout) = if self.fill_from_overflow() && want > 0 {
+                if self.ext_arg {
+                    (
+                        want,
+                        Some(timeout.map_or(PING_RETRY, |t| t.min(PING_RETRY))),
+                    )
+                } else {
+                    (0, None)
+                }
+            } else {
+                (want, timeout)
+            };
             let res = {
                 let ring = self.ring.borrow();
                 let sub = ring.submitter();
@@ -477,9 +542,9 @@ impl Uring {
         }
     }
 
-    /// Entries queued and not yet consumed by the kernel.
+    /// Entries queued and not yet consumed by the kernel (in the ring or its overflow).
     fn queued(&self) -> usize {
-        self.ring.borrow_mut().submission().len()
+        self.ring.borrow_mut().submission().len() + self.overflow.borrow().len()
     }
 
     /// Starts an operation: `build` makes its entry from `data` (which the operation then owns).

@@ -239,11 +239,11 @@ pub(crate) fn each_addr<T>(
 }
 
 /// Errors of `accept` that mean "out of descriptors or memory": back off and retry. Also
-/// `EAGAIN` and `EBUSY`, which reach `accept` only from an io_uring submission that failed
-/// (`io_uring_enter`: the kernel short of memory for the request, or completions backed up;
-/// the `ACCEPT`'s own `EAGAIN` is retried, `nothing_moved`, and epoll's waits for readiness):
-/// returned, a server's accept loop ended on a full submission queue the loop's next park
-/// submits anyway.
+/// `EAGAIN` and `EBUSY`, a safeguard: those of `io_uring_enter` (the kernel short of memory
+/// for the request, or completions backed up) no longer reach an operation, whose entry the
+/// driver keeps for its next enter (`io/uring.rs`, rule 1); the `ACCEPT`'s own `EAGAIN` is
+/// retried (`nothing_moved`), and epoll's waits for readiness. Returned, one ended a
+/// server's accept loop.
 pub(crate) fn is_exhaustion(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),

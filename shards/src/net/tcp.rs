@@ -62,8 +62,7 @@ impl TcpListener {
         })
     }
 
-    /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`) or memory (also an
-    /// io_uring submission the kernel refused for now: `EAGAIN`, `EBUSY`) it backs off
+    /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`) or memory it backs off
     /// (1 ms doubling to 100 ms) instead of spinning or failing, and logs a warning once per
     /// episode: once for the process until an accept gets a connection without running out,
     /// or a minute has passed (a server that stays at its limit logs once a minute, not once

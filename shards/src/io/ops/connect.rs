@@ -1,6 +1,6 @@
 //! `connect` of a non-blocking socket.
 
-use std::{io, time::Duration};
+use std::io;
 
 use io_uring::{opcode, types};
 use socket2::SockAddr;
@@ -16,8 +16,8 @@ use crate::io::{
 /// Connects `src` to `addr`.
 ///
 /// On io_uring a submission the kernel refuses for now (`EAGAIN`, `EBUSY` from
-/// `io_uring_enter` with a full submission queue) is made again after a pause (1 ms doubling
-/// to 100 ms), as a connect on epoll never fails that way.
+/// `io_uring_enter` with a full submission queue) waits in the driver for its next enter
+/// (`uring.rs`, rule 1), as a connect on epoll never fails that way.
 ///
 /// On io_uring a `CONNECT` cut by its driver's shutdown (`-ECANCELED`: the future outlived its
 /// loop, a `LocalExecutor::block_on` that returned while it waited) is no answer: the
@@ -29,22 +29,14 @@ use crate::io::{
 pub(crate) async fn connect(src: &Source, addr: SockAddr) -> io::Result<()> {
     // A connect of this call was cut by its driver's shutdown: the handshake may run.
     let mut resumed = false;
-    // The wait before the next submit after one the kernel refused for now.
-    let mut pause = Duration::from_millis(1);
     loop {
         match backend()? {
             Driver::IoUring => {
                 let fd = src.fd();
-                let op = match submit(Box::new(addr.clone()), |a| {
+                let op = submit(Box::new(addr.clone()), |a| {
                     opcode::Connect::new(types::Fd(fd), a.as_ptr().cast(), a.len()).build()
-                }) {
-                    Ok(op) => op,
-                    Err((e, _)) if refused_for_now(&e) => {
-                        wait_to_submit(&mut pause).await;
-                        continue;
-                    }
-                    Err((e, _)) => return Err(e),
-                };
+                })
+                .map_err(|(e, _)| e)?;
                 let (res, _addr) = op.await;
                 if res == -libc::ECANCELED {
                     resumed = true;
@@ -55,15 +47,7 @@ pub(crate) async fn connect(src: &Source, addr: SockAddr) -> io::Result<()> {
                 }
                 if resumed && res == -libc::EALREADY {
                     // Still under way: wait for its end (writable, or an error), then ask.
-                    let poll = match super::poll_add(fd, libc::POLLOUT) {
-                        Ok(poll) => poll,
-                        Err(e) if refused_for_now(&e) => {
-                            wait_to_submit(&mut pause).await;
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    let (res, ()) = poll.await;
+                    let (res, ()) = super::poll_add(fd, libc::POLLOUT)?.await;
                     if res < 0 && res != -libc::ECANCELED {
                         return result(res).map(drop);
                     }
@@ -114,22 +98,6 @@ pub(crate) async fn connect(src: &Source, addr: SockAddr) -> io::Result<()> {
             }
         }
     }
-}
-
-/// Whether a failed submit is the kernel refusing it for now (`io_uring_enter` with a full
-/// submission queue: `EAGAIN`, short of memory for the request; `EBUSY`, completions backed
-/// up): nothing reached the kernel, and the loop's next park submits what is queued. Returned,
-/// a TCP connect failed with `WouldBlock`, which on epoll it never does (and a Unix one took
-/// it for a full backlog).
-fn refused_for_now(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
-}
-
-/// Sleeps `pause` (the loop parks meanwhile, submitting what is queued), doubling it for the
-/// next time, up to 100 ms.
-async fn wait_to_submit(pause: &mut Duration) {
-    crate::time::sleep(*pause).await;
-    *pause = (*pause * 2).min(Duration::from_millis(100));
 }
 
 /// `SO_ERROR` of `fd`: `Ok` if none.
