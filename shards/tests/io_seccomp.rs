@@ -467,3 +467,45 @@ fn cancels_queued_while_submits_fail_are_not_lost() {
         );
     }
 }
+
+/// A stream converted with `into_std` while `io_uring_enter` fails to submit, with the `SEND`
+/// of a dropped write still queued (naming the descriptor by number) behind its cancel: the
+/// descriptor went to its new owner all the same (`Source::into_fd` ignored the failed
+/// submit), which closed it; the next socket took the number, and the loop's next enter
+/// sent the dropped write's bytes to that socket's peer.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_stream_given_up_while_submits_fail_does_not_lend_its_number_to_queued_entries() {
+    use std::{future::Future, io::Read, os::fd::AsRawFd, task::Poll};
+    use xtc_shards::net::UnixStream;
+    let got = with_failing_submits(|| async {
+        let (a, mut a_peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let a = UnixStream::from_std(a).unwrap();
+        let old = a.as_raw_fd();
+        let mut write = Box::pin(a.write(b"secret".to_vec()));
+        let pending =
+            std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx).is_pending())).await;
+        assert!(pending, "the write was submitted at once");
+        drop(write); // its SEND and the SEND's cancel queued: neither submitted
+        let a = a.into_std().map_err(|_| "into_std refused").unwrap();
+        drop(a); // the new owner closes it
+        let (b, mut b_peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let reused = b.as_raw_fd() == old;
+        // The loop parks: what is queued is submitted.
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        b_peer.set_nonblocking(true).unwrap();
+        a_peer.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 16];
+        let stray = b_peer.read(&mut buf).ok();
+        let to_a = a_peer.read(&mut buf).ok();
+        drop(b);
+        (reused, stray, to_a)
+    });
+    if let Some((reused, stray, to_a)) = got {
+        assert_eq!(
+            stray, None,
+            "the dropped write's bytes went to the socket that took its number \
+             (reused: {reused}; its own peer read {to_a:?})"
+        );
+    }
+}

@@ -139,12 +139,31 @@ impl Source {
     }
 
     /// Gives up the descriptor (deregistered; io_uring entries naming it submitted first, see
-    /// [`submit_queued`](super::submit_queued): its next owner may close it).
+    /// [`submit_queued`](super::submit_queued): its next owner may close it). If that submit
+    /// fails (`EAGAIN`, `EBUSY`), the new owner gets a duplicate, and the number the queued
+    /// entries name stays open until they are submitted ([`close_after_submit`]): handed
+    /// over as it was, it was closed by its new owner and taken by the next socket, and a
+    /// dropped write's queued `SEND` went out on that one. Cost: a `dup` only then.
+    ///
+    /// [`close_after_submit`]: super::close_after_submit
     pub(crate) fn into_fd(mut self) -> OwnedFd {
         self.deregister();
-        // Not kept for a failed submit (its new owner takes it): nothing more to do here.
-        let _ = super::submit_queued();
-        self.fd.take().expect("a Source holds its fd until dropped")
+        let fd = self.fd.take().expect("a Source holds its fd until dropped");
+        if super::submit_queued() {
+            return fd;
+        }
+        match fd.try_clone() {
+            Ok(dup) => {
+                super::close_after_submit(fd);
+                dup
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "xtc: could not duplicate a descriptor given up while io_uring entries                      naming it are queued ({e}); handed over as it is"
+                );
+                fd
+            }
+        }
     }
 
     /// Polls a non-blocking call `f` by the readiness protocol (epoll.rs rules 1–3); `drained`
