@@ -606,13 +606,18 @@ pub(crate) fn exec() -> Option<Arc<ExecShared>> {
 /// executor keeps the owner alive, on the foreign path the caller still holds `runnable`.
 #[inline]
 pub(crate) fn route(owner: &LoopShared, runnable: Runnable) -> Option<Runnable> {
-    let (owner_ptr, exec_id, index) = (owner as *const LoopShared, owner.exec_id, owner.index);
     let p = current_core();
     if p.is_null() {
         return Some(runnable);
     }
     // SAFETY: as in `with_core`.
-    let core = unsafe { &*p };
+    route_from(unsafe { &*p }, owner, runnable)
+}
+
+/// [`route`] from `core`, this thread's current loop, already looked up by the caller.
+#[inline]
+pub(crate) fn route_from(core: &Core, owner: &LoopShared, runnable: Runnable) -> Option<Runnable> {
+    let (owner_ptr, exec_id, index) = (owner as *const LoopShared, owner.exec_id, owner.index);
     if ptr::eq(Arc::as_ptr(&core.shared), owner_ptr) {
         core.enqueue(runnable);
         None
