@@ -658,6 +658,14 @@ pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
     // wakes from other threads) runs even while the deque never empties.
     let picks = core.local_picks.get().wrapping_add(1);
     core.local_picks.set(picks);
+    // Nothing queued (most looks of a loop that runs pinned work, twice per turn): two inline
+    // loads each, where the pops below are an out-of-line call and a division (callgrind:
+    // about 25 instructions per look). Only this loop pushes onto `w`; a push into the
+    // injector racing this look is found at the next one, as it is when it lands just after
+    // the pops.
+    if w.is_empty() && inj.is_empty() {
+        return None;
+    }
     if picks % INJECTOR_EVERY == 0 {
         if let Steal::Success(r) = inj.steal() {
             return Some(r);
