@@ -70,8 +70,11 @@ pub(crate) struct Core {
     pub(crate) flushes: RefCell<Vec<Arc<dyn Flush>>>,
     /// This loop's deque of migratable tasks (steal/mod.rs); `None` only while another live
     /// `Core` of the same loop holds it (none does once a run's `Core` is dropped before its
-    /// leftovers' drops, which may run the loop again).
-    pub(crate) deque: RefCell<Option<Worker<Runnable>>>,
+    /// leftovers' drops, which may run the loop again). Set when the `Core` is built and taken
+    /// only by its drop, so no `RefCell`: the `Worker`'s methods take `&self`, and a borrow
+    /// flag cost a check, an increment and a decrement at each of the loop's looks at it
+    /// (twice a turn, and every poll of a spin).
+    pub(crate) deque: Option<Worker<Runnable>>,
     /// A migratable task was queued this turn with eager rebalance on: ping an idle peer.
     pub(crate) nudge: Cell<bool>,
     /// The loop was woken by a ping: if that ping was for new migratable work (`work_ping`),
@@ -304,7 +307,7 @@ impl Core {
             io_base,
             stamps_end: Cell::new(0),
             flushes: RefCell::new(Vec::new()),
-            deque: RefCell::new(deque),
+            deque,
             nudge: Cell::new(false),
             fresh_wake: Cell::new(false),
             short_looks: RefCell::new(Vec::new()),
@@ -403,7 +406,7 @@ impl Drop for Core {
         // Ring protocol rule 1: give the ring ends back for the next run.
         let mesh = self.mesh.replace(LocalMesh::none(self.shared.index));
         self.exec.mesh.give_back(mesh);
-        if let Some(w) = self.deque.borrow_mut().take() {
+        if let Some(w) = self.deque.take() {
             self.exec.migratable.give_back_worker(self.shared.index, w);
         }
     }

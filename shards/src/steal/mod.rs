@@ -576,7 +576,7 @@ where
     // Rule 1, as `queue_here` does it, less its yield check: a task made just now is not the
     // one being polled. Inline here: out of line, the call and `queue_here`'s check cost
     // about 20 instructions per spawn (callgrind).
-    let unqueued = match core.deque.borrow().as_ref() {
+    let unqueued = match core.deque.as_ref() {
         Some(w) => {
             w.push(runnable);
             if core.exec.eager_rebalance() {
@@ -631,8 +631,7 @@ fn push_on_worker(exec: *const ExecShared, r: Runnable) -> Option<Runnable> {
 /// Rule 1 on `core`, a worker of `r`'s executor: queues `r` on its deque (or, woken during its
 /// own poll, its injector); hands `r` back if the loop has no deque.
 fn queue_here(core: &Core, r: Runnable) -> Option<Runnable> {
-    let d = core.deque.borrow();
-    let Some(w) = d.as_ref() else {
+    let Some(w) = core.deque.as_ref() else {
         return Some(r);
     };
     if std::ptr::eq(r.metadata(), core.current.get()) {
@@ -651,8 +650,7 @@ fn queue_here(core: &Core, r: Runnable) -> Option<Runnable> {
 /// The next migratable task of this loop: its deque, then its own injector.
 #[inline]
 pub(crate) fn next_local(core: &Core) -> Option<Runnable> {
-    let d = core.deque.borrow();
-    let w = d.as_ref()?;
+    let w = core.deque.as_ref()?;
     let inj = &core.shared.steal.injector;
     // Rule 1: the injector first every INJECTOR_EVERY picks, so what waits there (yielders,
     // wakes from other threads) runs even while the deque never empties.
@@ -732,8 +730,7 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
             return;
         }
         let r = {
-            let d = core.deque.borrow();
-            let Some(w) = d.as_ref() else {
+            let Some(w) = core.deque.as_ref() else {
                 return;
             };
             let Some(r) = w.pop() else {
@@ -746,7 +743,7 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
             }
             r
         };
-        // The borrow is released: the child may spawn (push) onto this deque.
+        // Run outside the block above: the child may spawn (push) onto this deque.
         core.inline_left.set(left - 1);
         core.inline_runs.set(core.inline_runs.get() + 1);
         r.metadata().last.store(core.index() as u32, Relaxed);
@@ -783,8 +780,7 @@ const INJECTOR_EVERY: u32 = 61;
 
 /// Whether this loop's deque or injector holds work.
 pub(crate) fn has_local(core: &Core) -> bool {
-    core.deque.borrow().as_ref().is_some_and(|w| !w.is_empty())
-        || !core.shared.steal.injector.is_empty()
+    core.deque.as_ref().is_some_and(|w| !w.is_empty()) || !core.shared.steal.injector.is_empty()
 }
 
 /// Rule 2: whether this loop steals when it runs out of runnable work: when fully idle (no
@@ -806,8 +802,7 @@ pub(crate) fn try_steal(core: &Core) -> bool {
     if victims.is_empty() {
         return false;
     }
-    let d = core.deque.borrow();
-    let Some(w) = d.as_ref() else {
+    let Some(w) = core.deque.as_ref() else {
         return false;
     };
     let min = exec.min_tasks_to_steal();
@@ -946,8 +941,8 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
 /// break that.
 pub(crate) fn drop_local(core: &Core) {
     loop {
-        // The borrow ends before the drop, which may queue here again.
-        let next = core.deque.borrow().as_ref().and_then(Worker::pop);
+        // Popped before the drop, which may queue here again.
+        let next = core.deque.as_ref().and_then(Worker::pop);
         match next {
             Some(r) => crate::task::cancel(r),
             None => break,
@@ -958,7 +953,7 @@ pub(crate) fn drop_local(core: &Core) {
 
 /// Whether this loop's deque holds a task (a stopping loop's drops may queue there).
 pub(crate) fn deque_queued(core: &Core) -> bool {
-    core.deque.borrow().as_ref().is_some_and(|w| !w.is_empty())
+    core.deque.as_ref().is_some_and(|w| !w.is_empty())
 }
 
 #[cfg(test)]
