@@ -578,7 +578,12 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
     let next_timer = core.timers.borrow_mut().next_deadline();
     loop {
         for _ in 0..64 {
-            if turn_pending(core) || steal::has_local(core) || ring::space_freed(core) {
+            // `turn_pending`'s sources and the rest, the rings' two looks under one borrow.
+            if core.shared.inbox.is_pending()
+                || ring::spin_news(core)
+                || core.io.has_completions()
+                || steal::has_local(core)
+            {
                 return true;
             }
             std::hint::spin_loop();

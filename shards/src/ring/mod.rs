@@ -23,7 +23,7 @@
 //!    read-modify-write on the flag, so whichever comes second in its modification order sees the
 //!    other's ring update (the same argument as `event_loop/park.rs`). A loop with waiters or a
 //!    backlog rechecks ring space after announcing sleep, and looks at it while it spins before
-//!    parking ([`space_freed`]: the ping reaches only a loop that announced sleep).
+//!    parking ([`spin_news`]: the ping reaches only a loop that announced sleep).
 //! 4. **Fair draining.** Each turn a loop pops at most [`DRAIN_PER_RING`] messages from each
 //!    incoming ring, starting one ring further on each turn, so no peer can starve another.
 //!    Draining never depends on ring space, so two loops that fill each other's rings still make
@@ -510,17 +510,20 @@ impl LocalMesh {
     }
 }
 
-/// Whether a ring this loop holds a backlog or waiters for has room again: what rule 3's
-/// ping tells a loop that announced sleep, looked at by one that spins instead (its flush
-/// then moves the backlog and wakes the waiters). Cost: two field reads while nothing is
-/// blocked on space (inlined into the spin: each poll of a spinning loop pays it).
+/// A spinning loop's look at its rings (rules 3 and 5), under one borrow of the mesh: whether
+/// an incoming ring holds a message, or a ring this loop holds a backlog or waiters for has
+/// room again (what rule 3's ping tells a loop that announced sleep; the flush of the turn
+/// the spin ends for then moves the backlog and wakes the waiters). Cost: a load per incoming
+/// ring and two field reads while nothing is blocked on space (inlined into the spin: each
+/// poll of a spinning loop pays it; the two looks borrowed the mesh once each).
 #[inline]
-pub(crate) fn space_freed(core: &Core) -> bool {
-    let m = core.mesh.borrow();
-    m.blocked_on_space() && space_freed_slow(&m)
+pub(crate) fn spin_news(core: &Core) -> bool {
+    core.mesh
+        .try_borrow()
+        .is_ok_and(|m| m.incoming_pending() || (m.blocked_on_space() && space_freed_slow(&m)))
 }
 
-/// [`space_freed`] once something is blocked on space: which ring has room again.
+/// [`spin_news`] once something is blocked on space: which ring has room again.
 #[inline(never)]
 fn space_freed_slow(m: &LocalMesh) -> bool {
     (0..m.out.len()).any(|to| {
