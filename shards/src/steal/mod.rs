@@ -707,7 +707,8 @@ pub(crate) fn inline_stack(here: usize, stack: Option<(usize, usize)>) -> usize 
 
 /// Rule 6: runs the migratable task whose metadata is at `child` here and now if the task
 /// being polled is migratable and `child` is the newest entry of this loop's deque. Called by
-/// a [`JoinHandle`] about to wait for its unfinished task, which keeps `child`'s header alive.
+/// a [`JoinHandle`] about to wait for its unfinished migratable task (the handle checks the
+/// kind), which keeps `child`'s header alive.
 /// Cost when it does not apply: a thread-local read and a few loads; when the deque's top is
 /// another task, a pop and a push.
 pub(crate) fn join_inline(child: *const TaskMeta) {
@@ -718,15 +719,14 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
             return;
         }
         // SAFETY: `current` points into the header of the task this loop is polling (set by
-        // the loop, or below, around the poll), alive for the whole poll; `child`'s header is
-        // kept alive by the handle that called this.
-        let (parent_class, child_class) = unsafe { (&*parent, &*child) };
+        // the loop, or below, around the poll), alive for the whole poll.
+        let parent_meta = unsafe { &*parent };
         // A pinned task awaiting migratable work keeps serving its loop while idle peers may
-        // take that work; only a migratable task (fork-join) runs its child itself. Pinned
-        // tasks are never in the deque.
-        if parent_class.class.load(Relaxed) != crate::task::MIGRATABLE_CLASS
-            || child_class.class.load(Relaxed) != crate::task::MIGRATABLE_CLASS
-        {
+        // take that work; only a migratable task (fork-join) runs its child itself. The child's
+        // kind is the caller's check (`JoinHandle::poll_slow`, its only caller, calls this for
+        // a migratable child alone); a pinned child would not be found anyway: pinned tasks
+        // are never in the deque, and the top is compared with `child` below.
+        if parent_meta.class.load(Relaxed) != crate::task::MIGRATABLE_CLASS {
             return;
         }
         let r = {

@@ -223,10 +223,9 @@ impl<T> Future for JoinHandle<T> {
 }
 
 /// Whether a handle's task is migratable: only such a task can be run inline at its join
-/// (steal rule 6; `steal::join_inline` checks it too, after a thread-local read and the
-/// polling task's checks). A pinned task stays pinned, so the join of a cross-shard call
-/// (`submit_to`, `spawn_on`) skips the call (callgrind: about 20 instructions per waiting
-/// join).
+/// (steal rule 6; `steal::join_inline` leaves this check to its caller, here). A pinned task
+/// stays pinned, so the join of a cross-shard call (`submit_to`, `spawn_on`) skips the call
+/// (callgrind: about 20 instructions per waiting join).
 #[inline]
 fn migratable(meta: &TaskMeta) -> bool {
     meta.class.load(Relaxed) == super::MIGRATABLE_CLASS
