@@ -99,18 +99,24 @@ impl Default for Builder {
 
 impl Builder {
     /// A builder with the defaults: one shard per allowed physical core, compact placement, no
-    /// oversubscription, service mode off, deadlock grace 5 s.
+    /// oversubscription, service mode off, deadlock grace 5 s (each setter names its default).
+    /// Reads no environment variable (see [`from_env`](Self::from_env)), except `XTC_IO`, which
+    /// `build()` reads unless [`io_driver`](Self::io_driver) is set. Cost: none (no allocation).
     pub fn new() -> Builder {
         Builder::default()
     }
 
     /// The defaults overridden by the `XTC_*` environment variables (see the crate docs'
-    /// table). A variable holding a bad value is an `Err` naming it.
+    /// table). A variable holding a bad value is an `Err(Env)` naming it. Cost: as
+    /// [`env`](Self::env).
     pub fn from_env() -> Result<Builder> {
         Builder::new().env()
     }
 
-    /// Applies the `XTC_*` environment variables that are set on top of this builder.
+    /// Applies the `XTC_*` environment variables that are set (and not empty) on top of this
+    /// builder; a setter called afterwards overrides them. `Err(Env)` naming the first
+    /// variable whose value does not parse (or is out of range). Cost: one environment read
+    /// (under std's environment lock) and one small allocation per variable that is set.
     pub fn env(mut self) -> Result<Builder> {
         if let Some(v) = var("XTC_SHARDS") {
             self.shards = v.trim().parse().map_err(|_| Error::Env {
@@ -367,7 +373,22 @@ impl Builder {
     }
 
     /// Detects the topology (unless one was given), places the shards and creates the loops.
-    /// No thread starts until `run()`. Cost: one hwloc topology load (a few milliseconds).
+    /// No thread starts until `run()`.
+    ///
+    /// Errors: `Err(Numa)` if the topology cannot be detected or the placement is impossible
+    /// (`Err(EnvPlacement)` naming the variables when some of its inputs came from
+    /// [`env`](Self::env)); `Err(InvalidArgument)` for a ring capacity outside
+    /// 1..=[`MAX_RING_CAPACITY`](crate::MAX_RING_CAPACITY), a spin or reply spin over
+    /// [`MAX_SPIN_BEFORE_PARK`], a NUMA sensitivity above 2, a ring mesh over 4 GiB, or a
+    /// forced io_uring that is unavailable; `Err(Env)` for a bad `XTC_IO` when
+    /// [`io_driver`](Self::io_driver) was not set; `Err(Io)` if a loop's wake-up eventfd cannot
+    /// be created.
+    ///
+    /// Cost: one hwloc discovery unless a topology was given (reads sysfs; about a millisecond,
+    /// tens on big machines); the ring mesh (`N·(N−1)` rings, see
+    /// [`ring_capacity`](Self::ring_capacity)) and three N×N victim tables, allocated here; one
+    /// eventfd per loop; unless the driver is epoll, the first build of the process also
+    /// probes io_uring (a small ring set up and torn down, cached for the process).
     pub fn build(self) -> Result<Executor> {
         Executor::from_builder(self)
     }

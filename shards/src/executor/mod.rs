@@ -438,7 +438,9 @@ impl Executor {
         Builder::new()
     }
 
-    /// An executor configured by the `XTC_*` environment variables (see the crate docs).
+    /// An executor configured by the `XTC_*` environment variables (see the crate docs):
+    /// [`Builder::from_env`] then [`Builder::build`], with their errors (`Err(Env)` naming a
+    /// variable with a bad value) and cost.
     pub fn from_env() -> Result<Executor> {
         Builder::from_env()?.build()
     }
@@ -546,12 +548,12 @@ impl Executor {
         self.handle.clone()
     }
 
-    /// Where each shard runs.
+    /// Where each shard runs. Cost: a field read.
     pub fn placement(&self) -> &Placement {
         &self.placement
     }
 
-    /// The topology shards were placed on.
+    /// The topology shards were placed on. Cost: a field read.
     pub fn topology(&self) -> &Topology {
         &self.topology
     }
@@ -571,7 +573,11 @@ impl Executor {
     /// Returns `Err(Deadlock)` when every loop idles with tasks parked that nothing can wake
     /// (after the deadlock grace period); those tasks are dropped. Work spawned before `run` is
     /// processed when the loops start; the executor can be run again after `run` returns.
-    /// Cost: one thread spawn and pin per shard; the calling thread sleeps meanwhile.
+    /// `Err(AlreadyRunning)` while another `run` or `block_on` of this executor is in
+    /// progress; `Err(Io)` if a shard thread cannot be spawned and `Err(Numa)` if one cannot
+    /// be pinned (then no loop runs, and the queued work stays for the next run).
+    /// Cost: one thread spawn and pin per shard, joined before `run` returns; the calling
+    /// thread runs the quiescence coordinator, asleep on a condition variable meanwhile.
     pub fn run(&self) -> Result<()> {
         let claim = self.claim_run()?;
         self.run_inner(&claim)
@@ -699,6 +705,8 @@ impl Executor {
     /// dropped. `Err(Join)` if the main future panicked, `Err(Stopped)` if the executor stopped
     /// before it completed, `Err(Deadlock)` as for [`run`](Self::run). The main task is named
     /// `main` and spawned here, at the caller's `block_on` call (deadlock and stall reports).
+    /// `Err(AlreadyRunning)` while another `run` or `block_on` is in progress, and the start
+    /// errors of `run`. Cost: those of [`run`](Self::run) plus one task allocation.
     #[track_caller]
     pub fn block_on<F, Fut>(&self, make: F) -> Result<Fut::Output>
     where
@@ -1299,7 +1307,8 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Capacity of each ring of the mesh (messages per ordered pair of shards).
+    /// Capacity of each ring of the mesh (messages per ordered pair of shards). Cost: a field
+    /// read.
     pub fn ring_capacity(&self) -> usize {
         self.shared.mesh.capacity()
     }
@@ -1314,7 +1323,7 @@ impl Handle {
         self.shared.io_driver
     }
 
-    /// Number of shards.
+    /// Number of shards. Cost: a field read.
     pub fn shard_count(&self) -> usize {
         self.shared.loops.len()
     }
@@ -1341,7 +1350,8 @@ impl Handle {
     }
 
     /// Asks the executor to stop: `run()` returns once every loop has dropped its tasks.
-    /// Safe from any thread; idempotent. Cost: one wake ping per loop.
+    /// Safe from any thread; idempotent. Cost: one wake ping per loop (an eventfd write to a
+    /// sleeping one), and a lock and condvar notify to wake the coordinator.
     ///
     /// A stop asked while no `run()` (or `block_on`) is in progress is kept for the next one,
     /// which then stops at once and drops what was queued (its `JoinHandle`s report cancelled):
@@ -1363,20 +1373,22 @@ impl Handle {
 
     /// Service mode on: `run()` ignores quiescence (and deadlock) and returns only after
     /// `stop()`. Use it for a long-running server whose loops may all idle at times.
-    /// Default: off (or `XTC_SERVICE_MODE`). Takes effect at once, from any thread; cost: none.
+    /// Default: off (or `XTC_SERVICE_MODE`). Takes effect at once, from any thread. Cost: an
+    /// atomic store, plus a lock and condvar notify that wake the coordinator to recheck.
     pub fn set_service_mode(&self, on: bool) {
         self.shared.service_mode.store(on, SeqCst);
         self.shared.poke();
     }
 
-    /// Whether service mode is on.
+    /// Whether service mode is on. Cost: an atomic load.
     pub fn service_mode(&self) -> bool {
         self.shared.service_mode()
     }
 
     /// Sets the deadlock grace period (`None`: never report). Default 5 s (or
     /// `XTC_DEADLOCK_GRACE`); a [`LocalExecutor`](crate::LocalExecutor)'s is `None`, and
-    /// setting it there has no effect (it has no coordinator to report). Cost: while all loops
+    /// setting it there has no effect (it has no coordinator to report). Cost of the call: an
+    /// atomic store, a lock and a condvar notify (the coordinator rechecks). While all loops
     /// idle with parked tasks the coordinator wakes every `grace / 2` (at least 1 ms, at most
     /// 1 s) to recheck.
     pub fn set_deadlock_grace(&self, grace: Option<Duration>) {
@@ -1386,7 +1398,7 @@ impl Handle {
         self.shared.poke();
     }
 
-    /// The deadlock grace period.
+    /// The deadlock grace period. Cost: an atomic load.
     pub fn deadlock_grace(&self) -> Option<Duration> {
         self.shared.deadlock_grace()
     }
@@ -1400,14 +1412,14 @@ impl Handle {
     /// [`LocalExecutor`](crate::LocalExecutor)); 0 parks at once;
     /// more than [`MAX_SPIN_BEFORE_PARK`] (1 s) is clamped to it. A spinning loop is busy, so
     /// `run()` returns up to one spin after the last task finished. Takes effect at the next
-    /// idle period, from any thread.
+    /// idle period, from any thread. Cost of the call: an atomic store.
     pub fn set_spin_before_park(&self, spin: Duration) {
         self.shared
             .spin_before_park_ns
             .store(duration_ns(spin.min(MAX_SPIN_BEFORE_PARK)), SeqCst);
     }
 
-    /// The spin-before-park time.
+    /// The spin-before-park time. Cost: an atomic load.
     pub fn spin_before_park(&self) -> Duration {
         self.shared.spin_before_park()
     }
@@ -1426,14 +1438,15 @@ impl Handle {
     /// loop with nothing else to do (the spin ends when the reply, or any other work, arrives;
     /// it yields to other threads every 64 polls); nothing for loops that await no reply. Default [`DEFAULT_REPLY_SPIN`] (50 µs;
     /// or `XTC_REPLY_SPIN`; 0 in a [`LocalExecutor`](crate::LocalExecutor)); 0 parks at once; more than [`MAX_SPIN_BEFORE_PARK`] (1 s) is
-    /// clamped to it. Takes effect at the next idle period, from any thread.
+    /// clamped to it. Takes effect at the next idle period, from any thread. Cost of the call:
+    /// an atomic store.
     pub fn set_reply_spin(&self, spin: Duration) {
         self.shared
             .reply_spin_ns
             .store(duration_ns(spin.min(MAX_SPIN_BEFORE_PARK)), SeqCst);
     }
 
-    /// The reply spin time.
+    /// The reply spin time. Cost: an atomic load.
     pub fn reply_spin(&self) -> Duration {
         self.shared.reply_spin()
     }
@@ -1466,7 +1479,10 @@ impl Handle {
     }
 
     /// Creates a scheduling class on loop `shard` (see [`crate::shard::create_class`]).
-    /// `Err(InvalidShard)` out of range, `Err(InvalidArgument)` for bad shares or bound.
+    /// `Err(InvalidShard)` out of range, `Err(InvalidArgument)` for shares outside 1..=1000
+    /// or a zero latency bound. Cost: one allocation of about 64 bytes that is never freed
+    /// (a [`Class`](crate::Class) lives as long as the process), a process-wide lock and the
+    /// loop's class-list lock, and a wake ping to the loop if it sleeps.
     pub fn create_class(
         &self,
         shard: usize,
@@ -1505,7 +1521,7 @@ impl Handle {
         }
     }
 
-    /// The preemption interval (zero: off).
+    /// The preemption interval (zero: off). Cost: an atomic load.
     pub fn preempt(&self) -> Duration {
         Duration::from_nanos(self.shared.preempt_ns.load(Relaxed))
     }
@@ -1513,13 +1529,16 @@ impl Handle {
     /// Arms the stall watchdog on every loop (zero disarms): a task poll that keeps its loop
     /// longer than `budget` is reported. Cost when armed: one clock read per task poll; when
     /// not, one branch per poll on a value read once per turn. Takes effect at the next turn.
+    /// Cost of the call: one atomic store per loop, O(shards).
     pub fn set_stall_budget(&self, budget: Duration) {
         for l in &self.shared.loops {
             l.stall.budget_ns.store(duration_ns(budget), SeqCst);
         }
     }
 
-    /// Arms the stall watchdog on loop `shard` only. `Err(InvalidShard)` out of range.
+    /// Arms the stall watchdog on loop `shard` only (zero disarms), as
+    /// [`set_stall_budget`](Self::set_stall_budget) does for every loop. `Err(InvalidShard)` out
+    /// of range. Cost of the call: an atomic store.
     pub fn set_loop_stall_budget(&self, shard: usize, budget: Duration) -> Result<()> {
         self.shared
             .shard(shard)?
@@ -1532,7 +1551,9 @@ impl Handle {
     /// Installs the stall report sink of loop `shard`, called on that loop after the stalling
     /// poll. Without one, reports go to `tracing::warn!` with a backtrace of the loop.
     /// The callback is dropped with the `Executor` (at once, if that is already gone), so it
-    /// may hold a `Handle`. `Err(InvalidShard)` out of range.
+    /// may hold a `Handle`. Replaces (and drops) the loop's previous callback.
+    /// `Err(InvalidShard)` out of range. Cost: one `Arc` allocation and a lock of the loop's
+    /// callback slot (which the loop takes to report a stall).
     pub fn set_stall_callback<F>(&self, shard: usize, f: F) -> Result<()>
     where
         F: Fn(&crate::StallReport) + Send + Sync + 'static,
@@ -1555,7 +1576,7 @@ impl Handle {
     }
 
     /// Stalls reported on loop `shard` so far (also after `run()` returns); 0 for a shard that
-    /// does not exist.
+    /// does not exist. Cost: an atomic load.
     pub fn stall_count(&self, shard: usize) -> u64 {
         self.shared
             .loops
@@ -1566,13 +1587,15 @@ impl Handle {
     /// Work stealing on or off. Off, migratable tasks stay where they were queued, like pinned
     /// ones. Default on (`XTC_STEALING`). Cost when on: idle loops scan victims before parking and,
     /// while migratable tasks exist, wake on the idle tick. Takes effect at once, from any thread.
+    /// Cost of the call: an atomic store and a wake ping (an eventfd write) to each sleeping
+    /// loop, so idle loops re-read the policy.
     pub fn set_stealing(&self, on: bool) {
         self.shared.stealing.store(on, SeqCst);
         // Idle loops re-read the policy now, not at their next wake.
         self.shared.unpark_all();
     }
 
-    /// Whether stealing is on.
+    /// Whether stealing is on. Cost: an atomic load.
     pub fn stealing(&self) -> bool {
         self.shared.stealing()
     }
@@ -1580,14 +1603,15 @@ impl Handle {
     /// Eager rebalance: a loop whose run queue is empty steals before it blocks even if it owns
     /// parked tasks or timers, and queuing a migratable task pings one idle peer. Trades
     /// cross-loop migration (cache and NUMA cost) and wake-ups for using idle capacity under
-    /// partial load. Default off (`XTC_EAGER_REBALANCE`).
+    /// partial load. Default off (`XTC_EAGER_REBALANCE`). Takes effect at once, from any thread.
+    /// Cost of the call: an atomic store and a wake ping to each sleeping loop.
     pub fn set_eager_rebalance(&self, on: bool) {
         self.shared.eager_rebalance.store(on, SeqCst);
         // Idle loops re-read the policy now, not at their next wake.
         self.shared.unpark_all();
     }
 
-    /// Whether eager rebalance is on.
+    /// Whether eager rebalance is on. Cost: an atomic load.
     pub fn eager_rebalance(&self) -> bool {
         self.shared.eager_rebalance()
     }
@@ -1595,21 +1619,24 @@ impl Handle {
     /// Steal backoff: an idle loop that found nothing for several ticks grows its idle poll
     /// from 1 ms toward 32 ms; any work resets it. Cuts idle-scan CPU of a mostly idle executor
     /// for up to 32 ms more latency before a deeply idle loop notices stealable work. Default off
-    /// (`XTC_STEAL_BACKOFF`).
+    /// (`XTC_STEAL_BACKOFF`). Cost of the call: an atomic store and a wake ping to each
+    /// sleeping loop.
     pub fn set_steal_backoff(&self, on: bool) {
         self.shared.steal_backoff.store(on, SeqCst);
         // Idle loops re-read the policy now, not at their next wake.
         self.shared.unpark_all();
     }
 
-    /// Whether steal backoff is on.
+    /// Whether steal backoff is on. Cost: an atomic load.
     pub fn steal_backoff(&self) -> bool {
         self.shared.steal_backoff()
     }
 
     /// NUMA sensitivity, HPX's levels: 0 every loop may steal across NUMA nodes (nearest node
     /// first); 1 only the first loop of each node does; 2 never across nodes. Default 1
-    /// (`XTC_NUMA_SENSITIVITY`). `Err` above 2. Cost: none (victim orders are precomputed).
+    /// (`XTC_NUMA_SENSITIVITY`). `Err(InvalidArgument)` above 2 (the setting is then
+    /// unchanged). Cost: an atomic store and a wake ping to each sleeping loop (victim orders
+    /// are precomputed by `build()`).
     pub fn set_numa_sensitivity(&self, level: u8) -> Result<()> {
         if level > 2 {
             return Err(Error::InvalidArgument(format!(
@@ -1622,21 +1649,23 @@ impl Handle {
         Ok(())
     }
 
-    /// The NUMA sensitivity level.
+    /// The NUMA sensitivity level. Cost: an atomic load.
     pub fn numa_sensitivity(&self) -> u8 {
         self.shared.numa_sensitivity.load(Relaxed) as u8
     }
 
     /// A victim must have at least this many queued tasks to be stolen from (HPX's
     /// `min_tasks_to_steal`), except after 16 short looks in a row or on a thief's first steal
-    /// after a wake by new migratable work (not by a knob setter's ping). Default 0 (`XTC_MIN_TASKS_TO_STEAL`). Higher keeps small bursts local.
+    /// after a wake by new migratable work (not by a knob setter's ping). Default 0
+    /// (`XTC_MIN_TASKS_TO_STEAL`). Higher keeps small bursts local. Cost of the call: an atomic
+    /// store and a wake ping to each sleeping loop.
     pub fn set_min_tasks_to_steal(&self, n: usize) {
         self.shared.min_tasks_to_steal.store(n as u64, SeqCst);
         // Idle loops re-read the policy now, not at their next wake.
         self.shared.unpark_all();
     }
 
-    /// The steal threshold.
+    /// The steal threshold. Cost: an atomic load.
     pub fn min_tasks_to_steal(&self) -> usize {
         self.shared.min_tasks_to_steal()
     }
@@ -1689,7 +1718,8 @@ impl Handle {
     }
 
     /// A lock-free snapshot of loop `shard`'s counters, readable while running and after
-    /// `run()` returns. `Err(InvalidShard)` out of range.
+    /// `run()` returns. `Err(InvalidShard)` out of range. Cost: as
+    /// described on [`LoopStats`] (atomic loads and a clock read, no lock).
     pub fn loop_stats(&self, shard: usize) -> Result<LoopStats> {
         let l = self.shared.shard(shard)?;
         Ok(l.stats.snapshot(l.steal.stolen_from.load(Relaxed)))
