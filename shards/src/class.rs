@@ -61,17 +61,17 @@ pub struct Class {
 }
 
 impl Class {
-    /// The class's shares (1..=1000).
+    /// The class's shares (1..=1000). Cost: a field read.
     pub fn shares(&self) -> u32 {
         self.stats.shares
     }
 
-    /// The class's latency bound, if any.
+    /// The class's latency bound, if any. Cost: a field read.
     pub fn latency(&self) -> Option<Duration> {
         self.stats.latency
     }
 
-    /// Task polls run in this class so far.
+    /// Task polls run in this class so far. Cost: a relaxed atomic load.
     pub fn runs(&self) -> u64 {
         self.stats.runs.load(Relaxed)
     }
@@ -79,12 +79,12 @@ impl Class {
     /// Virtual runtime accumulated in the current (or last) `run()` or `block_on` of its loop
     /// (scaled nanoseconds, rule 2): each run starts its lanes at 0, while [`runs`](Self::runs)
     /// counts on across runs. Lowered together with every lane of its loop when one nears 2^62
-    /// (only differences between lanes matter).
+    /// (only differences between lanes matter). Cost: a relaxed atomic load.
     pub fn vruntime(&self) -> u64 {
         self.stats.vruntime.load(Relaxed)
     }
 
-    /// The shard this class belongs to.
+    /// The shard this class belongs to. Cost: a field read.
     pub fn shard(&self) -> usize {
         self.shard
     }
