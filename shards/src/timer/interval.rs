@@ -9,12 +9,14 @@ use super::{sleep_until, Sleep};
 
 /// Ticks every `period`, the first tick at once. See [`Interval`]. A zero period (or one
 /// shorter than a loop turn) ticks at most once per loop turn: a tick already due when it is
-/// first polled yields to the loop first, so it cannot spin it.
+/// first polled yields to the loop first, so it cannot spin it. Cost: a clock read here, then
+/// as [`interval_at`].
 pub fn interval(period: Duration) -> Interval {
     interval_at(Instant::now(), period)
 }
 
-/// Ticks every `period`, the first tick at `start` (a zero period: as [`interval`]).
+/// Ticks every `period`, the first tick at `start` (a zero period: as [`interval`]). Lazy:
+/// no timer is registered until the first poll.
 pub fn interval_at(start: Instant, period: Duration) -> Interval {
     Interval {
         next: start,
@@ -44,7 +46,9 @@ pub struct Interval {
 }
 
 impl Interval {
-    /// Waits for the next tick and returns its scheduled instant.
+    /// Waits for the next tick and returns its scheduled instant (with a zero period: the
+    /// instant the previous tick completed, or `start` for the first). Cost per tick: a clock
+    /// read and a timer reset (O(log n)), as [`Sleep::reset`](super::Sleep::reset).
     ///
     /// # Panics
     /// When polled off any xtc loop (its timer needs a loop, as [`sleep`](super::sleep)'s).
@@ -86,7 +90,7 @@ impl Interval {
         Poll::Ready(fired)
     }
 
-    /// The period.
+    /// The period. Cost: a field read.
     pub fn period(&self) -> Duration {
         self.period
     }

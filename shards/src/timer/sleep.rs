@@ -12,12 +12,13 @@ use super::TimerKey;
 use crate::{context::with_core, event_loop::LoopShared};
 
 /// Completes after `duration`. See [`sleep_until`]. A duration too long for an `Instant`
-/// (`Duration::MAX`) sleeps about 30 years, as tokio's does.
+/// (`Duration::MAX`) sleeps about 30 years, as tokio's does. Cost: a clock read here, then
+/// as [`sleep_until`]; nothing is registered until the first poll.
 pub fn sleep(duration: Duration) -> Sleep {
     sleep_until(super::deadline_after(Instant::now(), duration))
 }
 
-/// Completes at `deadline` (at once if it has passed).
+/// Completes at `deadline` (at once if it has passed). Lazy: creating it costs nothing.
 ///
 /// The timer lives on the loop that last polled the future (a migratable task that moves takes
 /// it along), which parks until the earliest
@@ -53,7 +54,7 @@ fn is_here(core: &crate::context::Core, owner: &Weak<LoopShared>) -> bool {
 }
 
 impl Sleep {
-    /// The instant this sleep completes at.
+    /// The instant this sleep completes at. Cost: a field read.
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
