@@ -143,6 +143,7 @@ impl Drop for PoolInner {
 /// other I/O objects. Cost: `count × size` bytes allocated once (`count + 1` allocations);
 /// on io_uring one `io_uring_register` system call pins them, and another unregisters them
 /// when the pool (and every buffer taken from it) is dropped; on epoll nothing is pinned.
+/// Cloning it is a reference-count increment: the clones share one set of buffers.
 #[derive(Clone)]
 pub struct FixedBufPool {
     inner: Rc<PoolInner>,
@@ -165,7 +166,8 @@ impl FixedBufPool {
     /// for memory the allocator refuses (`OutOfMemory`, not an abort), for pinned memory over
     /// `RLIMIT_MEMLOCK` (io_uring, without `CAP_IPC_LOCK`), or when this loop already has a
     /// registered pool (io_uring, `AlreadyExists`: drop it first). The buffers are allocated
-    /// before the driver is looked at, and freed again on any of these errors.
+    /// before the driver is looked at, and freed again on any of these errors. Cost, besides
+    /// the allocations and the registration above: two `sysconf` calls (the memory check).
     pub fn register(count: usize, size: usize) -> io::Result<FixedBufPool> {
         if count == 0 || count > 16_384 || size == 0 || size > 1 << 30 {
             return Err(io::Error::new(
@@ -222,12 +224,12 @@ impl FixedBufPool {
         })
     }
 
-    /// The size of each buffer.
+    /// The size of each buffer. Cost: a field read.
     pub fn buf_size(&self) -> usize {
         self.inner.size
     }
 
-    /// Whether the buffers are registered with io_uring (false on epoll).
+    /// Whether the buffers are registered with io_uring (false on epoll). Cost: a field read.
     pub fn is_registered(&self) -> bool {
         self.inner.registered.is_some()
     }
@@ -254,8 +256,8 @@ fn physical_memory() -> Option<usize> {
     (pages > 0 && page > 0).then(|| pages.saturating_mul(page))
 }
 
-/// A buffer of a [`FixedBufPool`]; goes back to the pool when dropped. Derefs to its
-/// initialized bytes.
+/// A buffer of a [`FixedBufPool`]; goes back to the pool, emptied, when dropped (no
+/// allocation, no system call). Derefs to its initialized bytes.
 pub struct FixedBuf {
     buf: Option<Vec<u8>>,
     index: u16,
@@ -284,17 +286,19 @@ impl FixedBuf {
             .expect("FixedBuf holds its buffer until dropped")
     }
 
-    /// The buffer's size.
+    /// The buffer's size (the pool's [`buf_size`](FixedBufPool::buf_size)). Cost: a field
+    /// read.
     pub fn capacity(&self) -> usize {
         self.pool.size
     }
 
-    /// Forgets the data (length 0).
+    /// Forgets the data (length 0); the memory stays. Cost: a store.
     pub fn clear(&mut self) {
         self.vec_mut().clear();
     }
 
-    /// Appends as much of `data` as fits; returns how many bytes were copied.
+    /// Appends as much of `data` as fits; returns how many bytes were copied. Never grows
+    /// the buffer (no allocation): a copy of the bytes that fit.
     pub fn put_slice(&mut self, data: &[u8]) -> usize {
         let cap = self.pool.size;
         let v = self.vec_mut();
