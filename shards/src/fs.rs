@@ -5,6 +5,8 @@
 //! through a pool buffer. A file's first positioned call adds one `lseek` system call (whether
 //! it takes offsets). Positional I/O only (`read_at`, `write_at`): there is no shared cursor,
 //! so concurrent operations on one file never race on it. `!Send`, like the other I/O types.
+//! Called off any xtc loop (or on a loop without an I/O driver), every operation but
+//! [`File::close`] fails with an `io::Error` of kind `Other` saying so; none panics.
 
 use std::{
     ffi::CString,
@@ -388,7 +390,8 @@ impl std::os::fd::AsFd for File {
 
 /// Reads a whole file (a FIFO: to its end). Cost: open, an `lseek`, one `metadata` (not for
 /// a FIFO), the result allocated at the file's size, then reads into a fresh chunk of 64 KiB
-/// to 16 MiB each, copied into the result, until one returns 0 (so at least two), and close.
+/// to 16 MiB each, copied into the result, until one returns 0 (so at least two for a
+/// non-empty file, one for an empty one), and close.
 /// As [`std::fs::read`], a size that cannot be allocated (a huge sparse file) is an
 /// `Err(OutOfMemory)`, not an abort.
 pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
