@@ -36,8 +36,8 @@ fn unix_addr(path: &Path) -> io::Result<SockAddr> {
 
 impl UnixListener {
     /// Binds to `path` and listens (backlog 1024). Synchronous. The path must not exist
-    /// (`AddrInUse`); a path with a NUL byte is `InvalidInput`. Cost: `socket`, `bind` and
-    /// `listen` system calls.
+    /// (`AddrInUse`); a path with a NUL byte is `InvalidInput` (after the socket is made, and
+    /// closed again). Cost: `socket`, `bind` and `listen` system calls.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
         let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
         s.bind(&unix_addr(path.as_ref())?)?;
@@ -228,7 +228,7 @@ impl UnixStream {
     /// [`TcpStream::into_std`](super::TcpStream::into_std): `AsyncWrite` bytes still being
     /// sent (or a failed send's unreported error), and received bytes (or a receive's error)
     /// no read has returned yet, make it an [`IntoStdError`] that gives the stream back
-    /// (flush first, or read them first).
+    /// (flush first, or read them first). Cost: as that one's.
     pub fn into_std(self) -> Result<std::os::unix::net::UnixStream, IntoStdError<UnixStream>> {
         // Writes first: a refusal for them cancels no kept receive.
         if !self.io.settle_writes() {
