@@ -13,7 +13,8 @@ use crate::topology::Topology;
 /// affects this thread only. The topology must be the running machine, from
 /// [`Topology::detect`]: on a synthetic or XML topology hwloc would silently do nothing.
 ///
-/// Cost: one system call; the scheduler may migrate the thread right away.
+/// Cost: one system call and an hwloc CPU-set allocation; the scheduler may migrate the
+/// thread right away.
 ///
 /// # Errors
 ///

@@ -666,7 +666,8 @@ impl Topology {
     /// - Without a NUMA latency matrix: the [`Level`] they share, as a number: 0 same PU,
     ///   1 SMT siblings, 2 shared L2, 3 shared L3, 4 same NUMA node, 5 same package,
     ///   6 different packages.
-    /// - With one ([`Topology::has_numa_matrix`]): within a NUMA node the same levels 0..=4;
+    /// - With one ([`Topology::has_numa_matrix`]): within a NUMA node the same levels 0..=4
+    ///   (or 6 for PUs of one node in different packages, as without a matrix);
     ///   across nodes [`MATRIX_BASE`] (16) plus the matrix latency from `a`'s node to `b`'s,
     ///   so every cross-node distance is above every intra-node one and the matrix order
     ///   is kept.

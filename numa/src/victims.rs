@@ -58,8 +58,9 @@ impl VictimOrder {
     /// `numa_sensitivity` is 0, 1 ([`DEFAULT_NUMA_SENSITIVITY`]) or 2, as in the
     /// [`VictimOrder`] docs.
     ///
-    /// Cost: O(N² log N) distance lookups and sorting for N shards, N² `usize`s of memory;
-    /// done once.
+    /// Cost: O(N² log N) distance lookups and sorting for N shards, and N·(N−1) entries of
+    /// 16 bytes (a victim index and its distance, kept for [`render`](Self::render)); done
+    /// once.
     ///
     /// # Errors
     ///
