@@ -77,7 +77,7 @@
 //! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |
 //! | `XTC_PREEMPT` | duration (`0`, `1ms`) | `0` | CPU-time preemption tick for `yield_if_due` |
 //! | `XTC_STALL_BUDGET` | duration (`0`, `10ms`) | `0` | stall watchdog budget of every loop |
-//! | `XTC_IO` | `auto`, `io_uring` (or `uring`), `epoll` | `auto` | I/O driver: auto probes io_uring once and falls back to epoll (see [`io`]); read by every builder unless `Builder::io_driver` is set |
+//! | `XTC_IO` | `auto`, `io_uring` (or `uring`, `iouring`, `io-uring`), `epoll` | `auto` | I/O driver: auto probes io_uring once and falls back to epoll (see [`io`]); read by every builder unless `Builder::io_driver` is set |
 //! | `XTC_REPLY_SPIN` | duration (`0`, `50us`; at most `1s`) | `50us` | how long a loop whose pinned task awaits a `submit_to` reply from another shard polls before parking: the reply then needs no wake-up of its own |
 //! | `XTC_SPIN_BEFORE_PARK` | duration (`0`, `50us`, `1ms`; at most `1s`) | `20us` | how long a loop that just did work polls before parking: lower cross-shard latency for a full CPU while it spins (it yields to other threads every 64 polls) |
 //!

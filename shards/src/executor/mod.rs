@@ -422,7 +422,6 @@ fn grace_to_ns(g: Option<Duration>) -> u64 {
 /// exec.run()?; // returns when both tasks are done
 /// # Ok::<(), xtc::Error>(())
 /// ```
-/// # use xtc_shards as xtc;
 #[derive(Debug)]
 pub struct Executor {
     handle: Handle,
