@@ -57,7 +57,8 @@ unsafe impl<T: Send> Sync for Sharded<T> {}
 
 impl<T> Sharded<T> {
     /// One value per shard, `init(shard)` for shards `0..count`. Cost: one allocation of
-    /// `count` cache-line-padded slots (128 bytes or more each, with `T` in it).
+    /// `count` slots, each `T` plus a `u64` padded to a multiple of the cache-line size
+    /// (128 bytes on x86_64 and aarch64).
     ///
     /// # Panics
     /// If `init` panics (the values made so far are dropped).
