@@ -36,11 +36,12 @@ fn unix_addr(path: &Path) -> io::Result<SockAddr> {
 
 impl UnixListener {
     /// Binds to `path` and listens (backlog 1024). Synchronous. The path must not exist
-    /// (`AddrInUse`); a path with a NUL byte is `InvalidInput` (after the socket is made, and
-    /// closed again). Cost: `socket`, `bind` and `listen` system calls.
+    /// (`AddrInUse`); a path with a NUL byte is `InvalidInput` (before any system call).
+    /// Cost: `socket`, `bind` and `listen` system calls.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
+        let addr = unix_addr(path.as_ref())?;
         let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
-        s.bind(&unix_addr(path.as_ref())?)?;
+        s.bind(&addr)?;
         s.listen(1024)?;
         Ok(UnixListener {
             kept: Default::default(),
