@@ -86,56 +86,31 @@ fn epoll_falls_back_when_pwait2_is_refused_with_eperm() {
 fn a_stream_dropped_while_submits_fail_does_not_lend_its_number_to_queued_entries() {
     use std::{future::Future, io::Write, os::fd::AsRawFd, task::Poll};
     use xtc_shards::net::UnixStream;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        if !common::deny_uring_submit_without_wait(libc::EAGAIN as u32) {
-            let _ = tx.send(None);
-            return;
-        }
-        let exec = match Executor::builder()
-            .shards(1)
-            .io_driver(DriverChoice::IoUring)
-            .build()
-        {
-            Ok(exec) => exec,
-            Err(e) => {
-                let _ = tx.send(Some(Err(e.to_string())));
-                return;
-            }
-        };
-        let r = exec.block_on(|| async {
-            let (a, _a_peer) = UnixStream::pair().unwrap();
-            let old = a.as_raw_fd();
-            let mut read = Box::pin(a.read(Vec::with_capacity(64)));
-            let pending =
-                std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx).is_pending())).await;
-            assert!(pending, "nothing was sent");
-            drop(read); // kept by the stream, its receive queued
-            drop(a); // the cancel queued too: neither submitted
-            let (b, mut b_peer) = std::os::unix::net::UnixStream::pair().unwrap();
-            let reused = b.as_raw_fd() == old;
-            b_peer.write_all(b"hello").unwrap();
-            let b = UnixStream::from_std(b).unwrap();
-            // The loop parks: what is queued is submitted.
-            xtc_shards::time::sleep(Duration::from_millis(20)).await;
-            let got =
-                xtc_shards::time::timeout(Duration::from_secs(2), b.read(Vec::with_capacity(64)))
-                    .await;
-            (reused, got.map(|(r, buf)| (r.ok(), buf)).ok())
-        });
-        let _ = tx.send(Some(Ok(r.expect("the test task failed"))));
+    let got = with_failing_submits(|| async {
+        let (a, _a_peer) = UnixStream::pair().unwrap();
+        let old = a.as_raw_fd();
+        let mut read = Box::pin(a.read(Vec::with_capacity(64)));
+        let pending =
+            std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx).is_pending())).await;
+        assert!(pending, "nothing was sent");
+        drop(read); // kept by the stream, its receive queued
+        drop(a); // the cancel queued too: neither submitted
+        let (b, mut b_peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let reused = b.as_raw_fd() == old;
+        b_peer.write_all(b"hello").unwrap();
+        let b = UnixStream::from_std(b).unwrap();
+        // The loop parks: what is queued is submitted.
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        let got =
+            xtc_shards::time::timeout(Duration::from_secs(2), b.read(Vec::with_capacity(64))).await;
+        (reused, got.map(|(r, buf)| (r.ok(), buf)).ok())
     });
-    match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(None) => println!("no seccomp here; skipped"),
-        Ok(Some(Err(e))) => println!("no io_uring here ({e}); skipped"),
-        Ok(Some(Ok((reused, got)))) => {
-            assert_eq!(
-                got,
-                Some((Some(5), b"hello".to_vec())),
-                "the new socket's bytes went to a stale receive (its number reused: {reused})"
-            );
-        }
-        Err(_) => panic!("the test hung, or its thread panicked"),
+    if let Some((reused, got)) = got {
+        assert_eq!(
+            got,
+            Some((Some(5), b"hello".to_vec())),
+            "the new socket's bytes went to a stale receive (its number reused: {reused})"
+        );
     }
 }
 
@@ -151,70 +126,34 @@ fn accepts_whose_submits_fail_back_off_and_go_on() {
     use std::{cell::RefCell, rc::Rc};
     use xtc_shards::net::TcpListener;
     const ACCEPTS: usize = 300;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        if !common::deny_uring_submit_without_wait(libc::EAGAIN as u32) {
-            let _ = tx.send(None);
-            return;
+    let got = with_failing_submits(|| async {
+        let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let addr = l.local_addr().unwrap();
+        let results = Rc::new(RefCell::new(Vec::new()));
+        for _ in 0..ACCEPTS {
+            let (l, results) = (l.clone(), results.clone());
+            drop(xtc_shards::spawn_local(async move {
+                let r = l.accept().await.map(|_| ());
+                results.borrow_mut().push(r.map_err(|e| e.to_string()));
+            }));
         }
-        let exec = match Executor::builder()
-            .shards(1)
-            .io_driver(DriverChoice::IoUring)
-            .build()
-        {
-            Ok(exec) => exec,
-            Err(e) => {
-                let _ = tx.send(Some(Err(e.to_string())));
-                return;
-            }
-        };
-        let r = exec.block_on(|| async {
-            let l = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
-            let addr = l.local_addr().unwrap();
-            let results = Rc::new(RefCell::new(Vec::new()));
-            for _ in 0..ACCEPTS {
-                let (l, results) = (l.clone(), results.clone());
-                drop(xtc_shards::spawn_local(async move {
-                    let r = l.accept().await.map(|_| ());
-                    results.borrow_mut().push(r.map_err(|e| e.to_string()));
-                }));
-            }
-            // Every accept has been polled (its submit made or failed) before a client comes.
-            xtc_shards::time::sleep(Duration::from_millis(20)).await;
-            let clients = std::thread::spawn(move || {
-                (0..ACCEPTS)
-                    .map(|_| std::net::TcpStream::connect(addr).unwrap())
-                    .collect::<Vec<_>>()
-            });
-            let done = xtc_shards::time::timeout(Duration::from_secs(20), async {
-                while results.borrow().len() < ACCEPTS {
-                    xtc_shards::time::sleep(Duration::from_millis(2)).await;
-                }
-            })
-            .await;
-            let _clients = clients.join().unwrap();
-            let results = results.borrow();
-            let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-            (
-                done.is_ok(),
-                results.len(),
-                failed.len(),
-                failed.first().cloned().cloned(),
-            )
+        // Every accept has been polled (its submit made or failed) before a client comes.
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        let clients = std::thread::spawn(move || {
+            (0..ACCEPTS)
+                .map(|_| std::net::TcpStream::connect(addr).unwrap())
+                .collect::<Vec<_>>()
         });
-        let _ = tx.send(Some(Ok(r.expect("the test task failed"))));
+        let tally = tally(&results, ACCEPTS).await;
+        let _clients = clients.join().unwrap();
+        tally
     });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(None) => println!("no seccomp here; skipped"),
-        Ok(Some(Err(e))) => println!("no io_uring here ({e}); skipped"),
-        Ok(Some(Ok((done, n, failed, first)))) => {
-            assert_eq!(
-                failed, 0,
-                "{failed} of {n} accepts failed instead of backing off (first: {first:?})"
-            );
-            assert!(done, "only {n} of {ACCEPTS} accepts got their connection");
-        }
-        Err(_) => panic!("the test hung, or its thread panicked"),
+    if let Some((done, n, failed, first)) = got {
+        assert_eq!(
+            failed, 0,
+            "{failed} of {n} accepts failed instead of backing off (first: {first:?})"
+        );
+        assert!(done, "only {n} of {ACCEPTS} accepts got their connection");
     }
 }
 
@@ -237,24 +176,8 @@ fn connects_whose_submits_fail_wait_and_go_on() {
             .map(|_| listener.accept().unwrap().0)
             .collect::<Vec<_>>()
     });
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        if !common::deny_uring_submit_without_wait(libc::EAGAIN as u32) {
-            let _ = tx.send(None);
-            return;
-        }
-        let exec = match Executor::builder()
-            .shards(1)
-            .io_driver(DriverChoice::IoUring)
-            .build()
-        {
-            Ok(exec) => exec,
-            Err(e) => {
-                let _ = tx.send(Some(Err(e.to_string())));
-                return;
-            }
-        };
-        let r = exec.block_on(move || async move {
+    let got = std::panic::catch_unwind(|| {
+        with_failing_submits(move || async move {
             let results = Rc::new(RefCell::new(Vec::new()));
             for _ in 0..CONNECTS {
                 let results = results.clone();
@@ -263,41 +186,40 @@ fn connects_whose_submits_fail_wait_and_go_on() {
                     results.borrow_mut().push(r.map_err(|e| e.to_string()));
                 }));
             }
-            let done = xtc_shards::time::timeout(Duration::from_secs(20), async {
-                while results.borrow().len() < CONNECTS {
-                    xtc_shards::time::sleep(Duration::from_millis(2)).await;
-                }
-            })
-            .await;
-            let results = results.borrow();
-            let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-            (
-                done.is_ok(),
-                results.len(),
-                failed.len(),
-                failed.first().cloned().cloned(),
-            )
-        });
-        let _ = tx.send(Some(Ok(r.expect("the test task failed"))));
+            tally(&results, CONNECTS).await
+        })
     });
-    let outcome = rx.recv_timeout(Duration::from_secs(60));
     // Unblocks the acceptor if connects failed.
     for _ in 0..CONNECTS {
         let _ = std::net::TcpStream::connect(addr);
     }
     drop(acceptor.join());
-    match outcome {
-        Ok(None) => println!("no seccomp here; skipped"),
-        Ok(Some(Err(e))) => println!("no io_uring here ({e}); skipped"),
-        Ok(Some(Ok((done, n, failed, first)))) => {
-            assert_eq!(
-                failed, 0,
-                "{failed} of {n} connects failed instead of waiting (first: {first:?})"
-            );
-            assert!(done, "only {n} of {CONNECTS} connects finished");
-        }
-        Err(_) => panic!("the test hung, or its thread panicked"),
+    if let Some((done, n, failed, first)) = got.unwrap_or_else(|p| std::panic::resume_unwind(p)) {
+        assert_eq!(
+            failed, 0,
+            "{failed} of {n} connects failed instead of waiting (first: {first:?})"
+        );
+        assert!(done, "only {n} of {CONNECTS} connects finished");
     }
+}
+
+/// Waits (up to 20 s) until `results` holds `want` results; then whether all came, how many
+/// did, how many are errors, and the first error.
+async fn tally<T>(
+    results: &std::cell::RefCell<Vec<Result<T, String>>>,
+    want: usize,
+) -> (bool, usize, usize, Option<String>) {
+    let done = xtc_shards::time::timeout(Duration::from_secs(20), async {
+        while results.borrow().len() < want {
+            xtc_shards::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    let results = results.borrow();
+    let mut failed = results.iter().filter_map(|r| r.as_ref().err());
+    let first = failed.next().cloned();
+    let n = failed.count() + usize::from(first.is_some());
+    (done.is_ok(), results.len(), n, first)
 }
 
 /// Runs `body` in `block_on` on a one-shard io_uring executor started from a thread whose
@@ -382,20 +304,7 @@ fn reads_writes_and_sends_whose_submits_fail_wait_and_go_on() {
                 results.borrow_mut().push(r.map_err(|e| e.to_string()));
             }));
         }
-        let done = xtc_shards::time::timeout(Duration::from_secs(20), async {
-            while results.borrow().len() < 3 * N {
-                xtc_shards::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-        .await;
-        let results = results.borrow();
-        let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-        (
-            done.is_ok(),
-            results.len(),
-            failed.len(),
-            failed.first().cloned().cloned(),
-        )
+        tally(&results, 3 * N).await
     });
     if let Some((done, n, failed, first)) = got {
         assert_eq!(
