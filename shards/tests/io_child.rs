@@ -1113,6 +1113,68 @@ fn child_into_std_refuses_for_unsent_bytes_until_flushed() {
     );
 }
 
+/// Bytes a cut write-behind left unsent that an epoll loop took over (`PollState::unsent`, its
+/// flush given up with the socket full), back on an io_uring loop: an owned `write_all` made
+/// first goes after them, as a `flush` would send them. The owned write looked only for a
+/// send in flight, found none (the bytes were unsent, not submitted), and went out ahead of
+/// bytes reported written before it: the peer read `owned` before `tail`.
+#[test]
+fn child_an_owned_write_back_on_io_uring_goes_after_what_an_epoll_loop_left_unsent() {
+    const ROLE: &str = "owned-write-after-unsent-uring";
+    if !is_child(ROLE) {
+        run_child(
+            "child_an_owned_write_back_on_io_uring_goes_after_what_an_epoll_loop_left_unsent",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let Some((mut a, b, filled)) = cut_write_behind() else {
+        return;
+    };
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    let a = epoll.block_on(async move {
+        // The flush takes the cut send over (the socket is still full): it waits, and is
+        // given up, the bytes left unsent.
+        let flushed =
+            xtc_shards::time::timeout(Duration::from_millis(20), AsyncWriteExt::flush(&mut a))
+                .await;
+        assert!(flushed.is_err(), "the flush finished with the socket full");
+        a
+    });
+    drop(epoll);
+    let mut b = b.into_std().unwrap();
+    b.set_nonblocking(false).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        b.read_to_end(&mut all).unwrap();
+        all
+    });
+    std::env::set_var("XTC_IO", "io_uring");
+    let uring = LocalExecutor::new().unwrap();
+    uring.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::IoUring));
+        let mut a = a;
+        let written = xtc_shards::time::timeout(HANG, async {
+            let (r, _) = a.write_all(b"owned".to_vec()).await;
+            r?;
+            AsyncWriteExt::close(&mut a).await
+        })
+        .await
+        .expect("the writes on the io_uring loop hung");
+        written.unwrap_or_else(|e| panic!("writing on the io_uring loop: {e}"));
+    });
+    let all = reader.join().unwrap();
+    assert_eq!(all.len(), filled + 9, "bytes lost or sent twice");
+    assert!(all[..filled].iter().all(|&x| x == 0));
+    assert_eq!(
+        String::from_utf8_lossy(&all[filled..]),
+        "tailowned",
+        "the bytes reported written first must reach the peer first"
+    );
+}
+
 /// Each pair's peer waits for the request (`filled` bytes and `b"tail"`) and answers `b"ok"`;
 /// on a fresh `LocalExecutor` of driver `io` (`XTC_IO` set to it), an `AsyncRead` on the
 /// first stream and an owned read on the second must get that answer, which they get only if

@@ -1252,7 +1252,10 @@ impl StreamIo {
         let fd = self.src.fd();
         After::around(cx, |cx, after| {
             let mut st = self.poll.borrow_mut();
-            if st.writing.is_none() {
+            // Bytes an epoll loop left unsent (`PollState::unsent`) count as much as a send
+            // in flight: back on io_uring, `drain` submits them first. Looking at `writing`
+            // alone, an owned write went out ahead of them.
+            if st.writing.is_none() && st.unsent.is_none() {
                 return Poll::Ready(Ok(()));
             }
             if let Err(e) = off_loop_drain(&st) {
