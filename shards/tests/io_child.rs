@@ -1175,6 +1175,61 @@ fn child_an_owned_write_back_on_io_uring_goes_after_what_an_epoll_loop_left_unse
     );
 }
 
+/// Bytes a cut write-behind left unsent that an epoll loop took over (`PollState::unsent`),
+/// flushed off any loop (between two `LocalExecutor`s): the flush fails, there being no loop
+/// to send them on, and keeps them for the next flush on a loop. It took them out to submit
+/// them as a write-behind send, and the failed submission dropped them: bytes reported
+/// written, never sent, and the next flush found nothing to do.
+#[test]
+fn child_a_flush_off_any_loop_keeps_what_an_epoll_loop_left_unsent() {
+    const ROLE: &str = "flush-off-loop-unsent";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_flush_off_any_loop_keeps_what_an_epoll_loop_left_unsent",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let Some((mut a, b, filled)) = cut_write_behind() else {
+        return;
+    };
+    std::env::set_var("XTC_IO", "epoll");
+    let epoll = LocalExecutor::new().unwrap();
+    let mut a = epoll.block_on(async move {
+        let flushed =
+            xtc_shards::time::timeout(Duration::from_millis(20), AsyncWriteExt::flush(&mut a))
+                .await;
+        assert!(flushed.is_err(), "the flush finished with the socket full");
+        a
+    });
+    drop(epoll);
+    let off = futures::executor::block_on(AsyncWriteExt::flush(&mut a));
+    assert!(off.is_err(), "a flush off any loop sent the bytes");
+    let mut b = b.into_std().unwrap();
+    b.set_nonblocking(false).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        b.read_to_end(&mut all).unwrap();
+        all
+    });
+    std::env::set_var("XTC_IO", "io_uring");
+    let uring = LocalExecutor::new().unwrap();
+    uring.block_on(async move {
+        xtc_shards::time::timeout(HANG, AsyncWriteExt::close(&mut a))
+            .await
+            .expect("the close hung")
+            .unwrap_or_else(|e| panic!("close on the io_uring loop: {e}"));
+    });
+    let all = reader.join().unwrap();
+    assert!(all[..filled].iter().all(|&x| x == 0));
+    assert_eq!(
+        String::from_utf8_lossy(&all[filled..]),
+        "tail",
+        "bytes reported written were lost by a flush off any loop"
+    );
+}
+
 /// Each pair's peer waits for the request (`filled` bytes and `b"tail"`) and answers `b"ok"`;
 /// on a fresh `LocalExecutor` of driver `io` (`XTC_IO` set to it), an `AsyncRead` on the
 /// first stream and an owned read on the second must get that answer, which they get only if

@@ -807,6 +807,11 @@ fn kind() -> io::Result<Kind> {
 }
 
 fn start_send(fd: i32, buf: Vec<u8>, from: usize) -> io::Result<Op<Vec<u8>>> {
+    submit_send(fd, buf, from).map_err(|(e, _)| e)
+}
+
+/// [`start_send`], giving the buffer back with the error.
+fn submit_send(fd: i32, buf: Vec<u8>, from: usize) -> Result<Op<Vec<u8>>, (io::Error, Vec<u8>)> {
     ops::submit(buf, |b| {
         // SAFETY: `from < len`, so the pointer stays inside the buffer.
         let ptr = unsafe { b.as_ptr().add(from) };
@@ -817,7 +822,6 @@ fn start_send(fd: i32, buf: Vec<u8>, from: usize) -> io::Result<Op<Vec<u8>>> {
             .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
             .build()
     })
-    .map_err(|(e, _)| e)
 }
 
 /// Where a finished write-behind send that started at offset `wsent` of its `len`-byte buffer
@@ -1743,7 +1747,9 @@ impl StreamIo {
         }
         let fd = self.src.fd();
         let st = self.poll.get_mut();
-        if st.writing.is_some() {
+        if st.writing.is_some() || st.unsent.is_some() {
+            // Unsent bytes too: off any loop, `drain` could not submit them, and they were
+            // dropped with the failed submission.
             off_loop_drain(st)?;
         }
         After::around(cx, |cx, after| drain(fd, st, cx, true, after)).0
@@ -2013,8 +2019,15 @@ fn drain(
 ) -> Poll<io::Result<()>> {
     loop {
         if let Some(buf) = st.unsent.take() {
-            // Left by an epoll loop (see `PollState::unsent`): a write-behind send again.
-            st.writing = Some(start_send(fd, buf, st.wsent)?);
+            // Left by an epoll loop (see `PollState::unsent`): a write-behind send again. Kept
+            // unsent if it cannot be submitted (reported written, they are not to be lost).
+            match submit_send(fd, buf, st.wsent) {
+                Ok(op) => st.writing = Some(op),
+                Err((e, buf)) => {
+                    st.unsent = Some(buf);
+                    return Poll::Ready(Err(e));
+                }
+            }
         }
         let Some(op) = st.writing.as_mut() else {
             break;
