@@ -668,6 +668,68 @@ fn bytes_kept_from_a_dropped_read_come_before_a_waiting_reads_own() {
     );
 }
 
+/// As above, but what reaches the waiting read's own receive is the end of the stream (the
+/// peer shuts its write half) or a reset (the peer closes with a zero linger): the dropped
+/// read's bytes, received before it, still come first, then the end or the error. Only a
+/// receive that brought bytes queued behind the kept ones; the waiting read returned its end
+/// of stream (or reset) at once, ahead of the bytes the peer had sent before it ("ping" read
+/// after an `Ok(0)`, or lost behind a reset that made the caller give up).
+#[test]
+fn bytes_kept_from_a_dropped_read_come_before_a_waiting_reads_end_or_error() {
+    for reset in [false, true] {
+        on_each_driver(
+            "bytes_kept_from_a_dropped_read_come_before_a_waiting_reads_end_or_error",
+            1,
+            move |driver| async move {
+                let (a, b) = tcp_pair().await;
+                let b = b.into_std().unwrap();
+                let a = Rc::new(a);
+                let mut first = Box::pin(a.read(Vec::with_capacity(64)));
+                poll_pending(first.as_mut()).await;
+                std::io::Write::write_all(&mut &b, b"ping").unwrap();
+                sleep(Duration::from_millis(5)).await; // the loop reaps the first read's bytes
+                let a2 = a.clone();
+                let waiting = spawn_local(async move { a2.read(Vec::with_capacity(64)).await });
+                sleep(Duration::from_millis(5)).await; // the second read waits in the kernel
+                if reset {
+                    set_sockopt(
+                        &b,
+                        libc::SO_LINGER,
+                        libc::linger {
+                            l_onoff: 1,
+                            l_linger: 0,
+                        },
+                    );
+                    drop(b);
+                } else {
+                    b.shutdown(std::net::Shutdown::Write).unwrap();
+                }
+                // The kernel completes the waiting read's receive, not reaped yet: the
+                // loop must not run the waiting read before the first is dropped.
+                std::thread::sleep(Duration::from_millis(20));
+                drop(first);
+                let (r, got) = guard("the waiting read", waiting).await.unwrap();
+                let n = r.unwrap_or_else(|e| {
+                    panic!("[{driver}] reset {reset}: the first read failed ({e}) before the bytes")
+                });
+                assert_eq!(
+                    &got[..n],
+                    b"ping",
+                    "[{driver}] reset {reset}: the bytes sent first came second"
+                );
+                let (r, _) = guard("the next read", a.read(Vec::with_capacity(64))).await;
+                match r {
+                    Ok(0) => {}
+                    Err(e) if reset => {
+                        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "[{driver}]")
+                    }
+                    other => panic!("[{driver}] reset {reset}: after the bytes: {other:?}"),
+                }
+            },
+        );
+    }
+}
+
 /// A read cancelled (dropped beside others in flight) whose cancellation was reaped, then a
 /// read that took "ping" dropped, while a third read's own receive took the next bytes,
 /// "pong": the third read hands out "ping" first. The kept cancellation, ordered ahead of the

@@ -1103,9 +1103,10 @@ impl StreamIo {
                 // See `nothing_moved`: read again, as a kept read is (`poll_reading`).
                 continue;
             }
-            if res > 0 && self.queue_behind_kept(&mut buf, res as usize, at) {
+            if self.queue_behind_kept(&mut buf, res, at) {
                 // Behind bytes a dropped read kept, which were received before them: handed
-                // out from `rbuf`, in order (`poll_read_behind`).
+                // out from `rbuf`, in order (`poll_read_behind`), and an end of stream or an
+                // error after them (kept in `stray`).
                 continue;
             }
             let r = result(res).map(|n| n as usize);
@@ -1117,18 +1118,21 @@ impl StreamIo {
         }
     }
 
-    /// An owned read's own receive brought `n` bytes into `buf`, its completion at `at` in its
-    /// driver's order: if a dropped read kept bytes whose receive completed before it (in
-    /// `rbuf`, or a kept receive reaped earlier, which go there first), those were received
-    /// first, and these go to `rbuf` behind them: `true`, and the read hands out from
-    /// `rbuf`. Returned at once, they came before bytes the peer had sent earlier (the
-    /// dropped read's completed while this one waited, and the peer's next bytes reached
-    /// this one before it ran). Bytes of a kept receive that completed after these stay
-    /// behind them. Cost: a borrow check and a comparison when nothing is kept.
+    /// An owned read's own receive completed with `res` (bytes in `buf`, the end of the
+    /// stream, or an error; not a cancellation), its completion at `at` in its driver's
+    /// order: if a dropped read kept bytes whose receive completed before it (in `rbuf`, or a
+    /// kept receive reaped earlier, which go there first), those were received first, and
+    /// this result goes behind them: its bytes to `rbuf`, an end of stream or an error to
+    /// `stray` (as a [`Received`] at `at`); `true`, and the read hands out from `rbuf`.
+    /// Returned at once, bytes came before bytes the peer had sent earlier (the dropped
+    /// read's completed while this one waited, and the peer's next bytes reached this one
+    /// before it ran), and an end of stream or a reset before the bytes sent ahead of it.
+    /// Bytes of a kept receive that completed after these stay behind them. Cost: a borrow
+    /// check and a comparison when nothing is kept.
     fn queue_behind_kept<B: IoBufMut>(
         &self,
         buf: &mut B,
-        n: usize,
+        res: i32,
         at: Option<(u64, u64)>,
     ) -> bool {
         let Some(own) = at else {
@@ -1178,10 +1182,20 @@ impl StreamIo {
                 debug_assert!(r.is_ready(), "a completed receive resolves");
                 st.stray.pop_front();
             }
-            if st.rpos < st.rbuf.len() && earlier(st.kept_at) {
+            if st.rpos < st.rbuf.len() && earlier(st.kept_at) && res <= 0 {
+                // Nothing to append: the end of the stream or the error waits in `stray`,
+                // where a read finds it once `rbuf` is drained (`order_stray` puts it by
+                // `at`, behind the kept results before it).
+                st.stray.push_back(Box::new(Received {
+                    res,
+                    bytes: Vec::new(),
+                    at,
+                }));
+                true
+            } else if st.rpos < st.rbuf.len() && earlier(st.kept_at) {
                 st.rbuf.drain(..st.rpos);
                 st.rpos = 0;
-                let n = n.min(buf.bytes_total());
+                let n = (res as usize).min(buf.bytes_total());
                 // SAFETY: the kernel wrote the first `n <= bytes_total()` bytes at the
                 // buffer's stable mutable pointer, where the receive was submitted
                 // (`rw::submit_recv`), and its completion was reaped before this result.
