@@ -1540,3 +1540,46 @@ fn a_readiness_event_dispatched_while_a_waker_is_cloned_is_not_lost() {
         "the read (pending: {pending}) was neither done nor woken: the event was lost"
     );
 }
+
+/// A stream dropped on an epoll loop with bytes reported written still unsent (the rest of a
+/// write-behind cut on io_uring) cannot send them there: they are lost, as documented, and
+/// the loss is logged once (a warning saying to flush first), not silent.
+#[test]
+fn child_a_stream_dropped_with_unsent_bytes_on_epoll_warns() {
+    const ROLE: &str = "drop-unsent-warns";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_stream_dropped_with_unsent_bytes_on_epoll_warns",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let Some((mut a, _b, _filled)) = cut_write_behind() else {
+        return;
+    };
+    let warnings = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tracing::subscriber::with_default(
+        common::CountEvents(tracing::Level::WARN, warnings.clone()),
+        || {
+            std::env::set_var("XTC_IO", "epoll");
+            let epoll = LocalExecutor::new().unwrap();
+            epoll.block_on(async move {
+                // The epoll loop takes the cut send's bytes over as unsent; the socket stays
+                // full, so the flush cannot finish.
+                let flushed = xtc_shards::time::timeout(
+                    Duration::from_millis(20),
+                    AsyncWriteExt::flush(&mut a),
+                )
+                .await;
+                assert!(flushed.is_err(), "the flush finished with the socket full");
+                drop(a);
+            });
+        },
+    );
+    assert_eq!(
+        warnings.load(SeqCst),
+        1,
+        "the lost bytes were not logged once"
+    );
+}

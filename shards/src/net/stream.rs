@@ -843,8 +843,10 @@ impl Drop for PollState {
     fn drop(&mut self) {
         if let (Some(buf), Some(fd)) = (self.unsent.take(), self.fd) {
             // Sent detached on an io_uring loop; on epoll it cannot be, and is lost.
-            if let Ok(rest) = start_send(fd, buf, self.wsent) {
-                rest.detach();
+            let left = buf.len().saturating_sub(self.wsent);
+            match start_send(fd, buf, self.wsent) {
+                Ok(rest) => rest.detach(),
+                Err(e) => lost_at_drop(left, &e),
             }
             return;
         }
@@ -864,11 +866,23 @@ impl Drop for PollState {
             return;
         };
         if let (Some(from), Some(fd)) = (resume_at(res, self.wsent, buf.len()), self.fd) {
-            if let Ok(rest) = start_send(fd, buf, from) {
-                rest.detach();
+            let left = buf.len().saturating_sub(from);
+            match start_send(fd, buf, from) {
+                Ok(rest) => rest.detach(),
+                Err(e) => lost_at_drop(left, &e),
             }
         }
     }
+}
+
+/// Logs the bytes a dropped stream reported written and could not send (dropped where no
+/// io_uring loop can take its send: on an epoll loop, or off any loop), so the loss is not
+/// silent.
+fn lost_at_drop(bytes: usize, e: &io::Error) {
+    tracing::warn!(
+        "xtc: a stream dropped with {bytes} bytes reported written still unsent lost them ({e}); \
+         flush (or close) a stream before dropping it off its io_uring loop"
+    );
 }
 
 impl StreamIo {
