@@ -256,6 +256,18 @@ impl Core {
     }
 
     pub(crate) fn new(shared: Arc<LoopShared>, exec: Arc<ExecShared>) -> Core {
+        // The driver first: its setup may log (a failed io_uring or epoll setup), and a
+        // subscriber that panics then unwinds out of here. Taken before it, the loop's deque
+        // and ring ends were lost with the unwind, for this run's peers and every later run.
+        let io = crate::io::Reactor::new(exec.io_driver, shared.parker.fd());
+        shared.stats.io_driver.store(
+            match io.kind() {
+                Some(crate::io::Driver::IoUring) => 1,
+                Some(crate::io::Driver::Epoll) => 2,
+                None => 0,
+            },
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let deque = exec.migratable.take_worker(shared.index);
         let mut mesh = exec.mesh.take(shared.index);
         // Ring counts continue across runs (quiescence compares totals).
@@ -281,15 +293,6 @@ impl Core {
             stats
                 .io_completed
                 .load(std::sync::atomic::Ordering::Relaxed),
-        );
-        let io = crate::io::Reactor::new(exec.io_driver, shared.parker.fd());
-        shared.stats.io_driver.store(
-            match io.kind() {
-                Some(crate::io::Driver::IoUring) => 1,
-                Some(crate::io::Driver::Epoll) => 2,
-                None => 0,
-            },
-            std::sync::atomic::Ordering::Relaxed,
         );
         let first_timer = shared
             .timer_generation

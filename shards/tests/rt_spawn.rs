@@ -1797,3 +1797,131 @@ fn a_stop_ends_while_plain_threads_keep_spawning_pinned_tasks() {
 fn a_stop_ends_while_plain_threads_keep_spawning_migratable_tasks() {
     a_stop_ends_while_plain_threads_keep_spawning(true);
 }
+
+/// Marks the executor whose shard 1 [`PanicOnTaggedShard`] makes panic, through a knob no other
+/// test sets to these values (`min_tasks_to_steal`): at the trace event saying its loop started,
+/// or at any warning or error on it.
+const PANIC_AT_LOOP_START: usize = 0x5EED_0001;
+const PANIC_AT_WARNINGS: usize = 0x5EED_0002;
+
+/// A process-wide subscriber (a shard thread has no thread-local one) that panics only on shard
+/// 1 of an executor tagged as above: as a subscriber that panics would, on that one thread.
+struct PanicOnTaggedShard;
+
+impl PanicOnTaggedShard {
+    fn install() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            tracing::subscriber::set_global_default(PanicOnTaggedShard)
+                .expect("no other global subscriber in this test binary");
+        });
+    }
+}
+
+impl tracing::Subscriber for PanicOnTaggedShard {
+    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+        m.is_event()
+            && (*m.level() <= tracing::Level::WARN
+                || m.file().is_some_and(|f| f.ends_with("executor/mod.rs")))
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    self.0 = format!("{v:?}");
+                }
+            }
+        }
+        if shard::try_id() != Some(1) {
+            return;
+        }
+        let Some(tag) = shard::handle().map(|h| h.min_tasks_to_steal()) else {
+            return;
+        };
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let panics = match tag {
+            PANIC_AT_LOOP_START => message.0 == "shard loop started",
+            PANIC_AT_WARNINGS => *event.metadata().level() <= tracing::Level::WARN,
+            _ => false,
+        };
+        if panics {
+            panic!(
+                "planted: the subscriber panics on shard 1's event {:?}",
+                message.0
+            );
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// After a run whose shard 1 thread died, the executor runs again: both loops run, and a call
+/// crosses the rings both ways.
+fn runs_again_after_a_dead_shard_thread(ex: &Executor) {
+    ex.set_min_tasks_to_steal(0);
+    let j = ex
+        .spawn_on(1, || async {
+            shard::submit_to(0, || async { shard::id() + 7 })
+                .await
+                .unwrap()
+        })
+        .unwrap();
+    run_within(ex, HANG)
+        .expect("run() hung: the run after the dead shard thread")
+        .unwrap();
+    assert_eq!(futures::executor::block_on(j).unwrap(), 7);
+}
+
+/// A shard thread that dies after the start gate opened but before its loop's guarded part
+/// (a panic in the tracing subscriber handling its "shard loop started" event: planted here)
+/// stops the run, so `run()` returns and reports it. It waited for good: that loop never ran,
+/// its status stayed BUSY, so the executor never looked quiescent, and nothing asked a stop.
+#[test]
+fn a_shard_thread_dying_before_its_loop_runs_stops_the_run() {
+    PanicOnTaggedShard::install();
+    let ex = exec(2);
+    ex.set_min_tasks_to_steal(PANIC_AT_LOOP_START);
+    for s in 0..2 {
+        ex.spawn_on(s, || async {}).unwrap();
+    }
+    let ran = run_within(&ex, Duration::from_secs(30))
+        .expect("run() hung: shard 1's thread died before its loop ran");
+    assert!(
+        ran.is_err(),
+        "the dead shard thread was not reported: {ran:?}"
+    );
+    runs_again_after_a_dead_shard_thread(&ex);
+}
+
+/// A loop that panics (here the subscriber panics on the loop's stall warning) stops the run
+/// even if logging that panic panics too (the same subscriber, on the error event). The
+/// worker logged before it asked the stop: that second panic left the thread without asking
+/// it, and `run()` waited for good on a loop that was gone.
+#[test]
+fn a_shard_loop_panic_whose_error_log_panics_still_stops_the_run() {
+    PanicOnTaggedShard::install();
+    let ex = exec(2);
+    ex.set_min_tasks_to_steal(PANIC_AT_WARNINGS);
+    ex.set_loop_stall_budget(1, Duration::from_millis(1))
+        .unwrap();
+    ex.spawn_on(0, || xtc_shards::time::sleep(Duration::from_millis(10)))
+        .unwrap();
+    ex.spawn_on(1, || async {
+        // Over the budget: the poll's end reports it, and the report panics.
+        burn(Duration::from_millis(5));
+        xtc_shards::yield_now().await;
+    })
+    .unwrap();
+    let ran = run_within(&ex, Duration::from_secs(30))
+        .expect("run() hung: shard 1's loop panicked, and so did its error log");
+    assert!(ran.is_err(), "the loop's panic was not reported: {ran:?}");
+    ex.set_loop_stall_budget(1, Duration::ZERO).unwrap();
+    runs_again_after_a_dead_shard_thread(&ex);
+}

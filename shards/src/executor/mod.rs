@@ -1231,29 +1231,47 @@ fn worker(
     if !ok || !gate.wait() {
         return;
     }
-    crate::sys::set_timer_slack_ns(1_000);
-    let core = Core::new(ls, exec.clone());
-    // Armed here, before the first turn, and re-armed by the loop when the interval changes
-    // (`preempt::sync_timer`).
-    crate::preempt::sync_timer(&core);
+    // The gate is open: the other loops run. From here on, a thread that dies without asking
+    // the stop leaves `run()` waiting for good on a loop that never runs (its status stays
+    // BUSY), so every panic asks it first: a bug in xtc, or a tracing subscriber that panics
+    // on one of the events below (as it may on the pinning's, above).
+    let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::sys::set_timer_slack_ns(1_000);
+        Core::new(ls, exec.clone())
+    }));
+    let core = match started {
+        Ok(core) => core,
+        Err(payload) => {
+            exec.request_stop(StopReason::Requested);
+            std::panic::resume_unwind(payload);
+        }
+    };
     let Some(_enter) = context::enter(&core) else {
+        // Not on a fresh thread; refused, this loop would never run.
+        exec.request_stop(StopReason::Requested);
         return;
     };
-    tracing::trace!(shard = core.index(), ?cpu, "shard loop started");
     // A panic here is a bug in xtc (task code, wakers and the drops of futures and buffers
-    // are guarded): stop the executor so `run()` returns and reports it, rather than waiting
-    // on a loop that is gone, and still shut this loop down (its tasks dropped on this
-    // thread, its counts published, so a later run can balance them) if that works.
+    // are guarded), or a subscriber's: stop the executor so `run()` returns and reports it,
+    // rather than waiting on a loop that is gone, and still shut this loop down (its tasks
+    // dropped on this thread, its counts published, so a later run can balance them) if that
+    // works.
     let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // Armed here, before the first turn, and re-armed by the loop when the interval
+        // changes (`preempt::sync_timer`).
+        crate::preempt::sync_timer(&core);
+        tracing::trace!(shard = core.index(), ?cpu, "shard loop started");
         event_loop::run(&core, true, &|| false)
     }));
     if let Err(payload) = looped {
-        tracing::error!(shard = core.index(), "xtc: a shard loop panicked; stopping");
+        // Asked before anything is logged: a subscriber that panics on the error event left
+        // the thread without asking it.
         exec.request_stop(StopReason::Requested);
         core.current.set(std::ptr::null());
         let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             event_loop::shutdown(&core, false)
         }));
+        tracing::error!(shard = core.index(), "xtc: a shard loop panicked; stopping");
         if closed.is_err() {
             tracing::error!(shard = core.index(), "xtc: its shutdown panicked too");
         }
