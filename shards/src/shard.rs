@@ -239,8 +239,11 @@ where
 }
 
 /// Fire-and-forget: sends `make` to run on `shard` and resolves once the message is enqueued
-/// (after waiting for ring space if the ring is full), not when it has run. Errors as
-/// [`submit_to`]; a panic on the target is caught there and not reported.
+/// (after waiting for ring space if the ring is full), not when it has run.
+/// `Err(InvalidShard)` for an out-of-range shard, `Err(OffLoop)` off any loop (use
+/// [`Handle::send_to`] there); nothing else: a panic on the target is caught there and not
+/// reported, and a closure the executor's stop drops unrun is not reported either. Cost: as
+/// [`submit_to`]'s, less the reply.
 ///
 /// # Ordering
 /// Messages from one shard to another start in the order they were sent (one ring per
