@@ -185,15 +185,38 @@ where
     H: Fn(TcpStream, SocketAddr) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    // Port 0: learn a free port once, then every shard binds that port with SO_REUSEPORT.
-    // An error names the address: alone, "Cannot assign requested address" did not say which.
-    let addr = if addr.port() == 0 {
-        std::net::TcpListener::bind(addr)
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("bind {addr}: {e}"))?
-    } else {
-        addr
-    };
+    serve_on(exec, claim(addr)?, handler)
+}
+
+/// The address to serve for `addr`: bound once without `SO_REUSEPORT` and let go, so that
+/// port 0 becomes a free port, and a port that another server holds is refused here. Bound
+/// only by the shards' `SO_REUSEPORT` listeners, a port that another process (a second copy of
+/// the example, say) served with `SO_REUSEPORT` too was joined without a word, the kernel
+/// splitting the connections between the two. An error names the address: alone, "Cannot
+/// assign requested address" did not say which.
+fn claim(addr: SocketAddr) -> Result<SocketAddr, String> {
+    std::net::TcpListener::bind(addr)
+        .and_then(|l| l.local_addr())
+        .map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                ": another program serves that port; stop it or pick another --addr"
+            } else {
+                ""
+            };
+            format!("bind {addr}: {e}{hint}")
+        })
+}
+
+/// [`listen`] on `addr` as it is, without [`claim`]ing it first.
+fn serve_on<H, Fut>(
+    exec: &xtc::Executor,
+    addr: SocketAddr,
+    handler: H,
+) -> Result<Server, Box<dyn Error>>
+where
+    H: Fn(TcpStream, SocketAddr) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
     let balancer = ConnBalancer::new(exec.shard_count())?;
     let failure = Arc::new(OnceLock::new());
     for shard in 0..exec.shard_count() {
@@ -559,7 +582,8 @@ mod tests {
             .oversubscribe(true)
             .build()
             .unwrap();
-        let server = listen(&exec, addr, |_, _| async {}).unwrap();
+        // Past `claim`, which refuses a taken port up front (see the test below).
+        let server = serve_on(&exec, addr, |_, _| async {}).unwrap();
         // Each client connects (the taken socket's backlog completes the handshake) and waits
         // for a reply nobody sends, until the stop drops it.
         let (failed, _) = drive(
@@ -577,5 +601,25 @@ mod tests {
         let err = server.check().expect_err("the bind failure is reported");
         assert!(err.to_string().contains("bind"), "{err}");
         drop(taken);
+    }
+
+    /// A port that another server holds with `SO_REUSEPORT` (as every shard of these examples
+    /// binds it) is refused with a message, before any shard serves: the shards' own
+    /// `SO_REUSEPORT` binds succeeded, so a second server on a busy port ran without a word
+    /// and the kernel split the connections between the two.
+    #[test]
+    fn a_port_another_server_holds_is_refused() {
+        let other = xtc::LocalExecutor::new().unwrap().block_on(async {
+            let l = TcpListener::bind_reuseport("127.0.0.1:0").expect("bind");
+            l.into_std().ok().expect("no accept pending")
+        });
+        let addr = other.local_addr().unwrap();
+        let exec = xtc::Executor::builder()
+            .shards(1)
+            .service_mode(true)
+            .build()
+            .unwrap();
+        let err = listen(&exec, addr, |_, _| async {}).err().expect("refused");
+        assert!(err.to_string().contains("another program"), "{err}");
     }
 }
