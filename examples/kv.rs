@@ -263,8 +263,14 @@ async fn client(addr: SocketAddr, id: usize, ops: usize) -> std::io::Result<()> 
 }
 
 /// Asks the server for its key counts (`COUNT`, answered through `submit_to_all`) and checks
-/// that every shard answered and that they hold `want` keys in all.
-async fn check_count(addr: SocketAddr, want: usize) -> Result<(), String> {
+/// that every shard holds the keys in `want` that it owns, no more and no fewer. Checking the
+/// total alone let a key stored on the wrong shard pass (every client reads its keys back
+/// through the shard that stored them).
+async fn check_count(addr: SocketAddr, want: impl Iterator<Item = String>) -> Result<(), String> {
+    let mut want_per_shard = vec![0usize; xtc::shard::count()];
+    for key in want {
+        want_per_shard[owner(key.as_bytes())] += 1;
+    }
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("COUNT: {e}"))?;
@@ -277,14 +283,23 @@ async fn check_count(addr: SocketAddr, want: usize) -> Result<(), String> {
         .call("COUNT\n".into())
         .await
         .map_err(|e| format!("COUNT: {e}"))?;
-    let per_shard: Vec<usize> = reply
-        .split(' ')
-        .skip(1)
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    shared::out(format_args!("keys left per shard: {per_shard:?}"));
-    if per_shard.len() != xtc::shard::count() || per_shard.iter().sum::<usize>() != want {
-        return Err(format!("COUNT replied {reply:?}: want {want} keys in all"));
+    let per_shard: Option<Vec<usize>> = match reply.strip_prefix("COUNT") {
+        Some(counts) => counts.split_whitespace().map(|n| n.parse().ok()).collect(),
+        None => None,
+    };
+    match &per_shard {
+        Some(n) => shared::out(format_args!("keys left per shard: {n:?}")),
+        None => shared::out(format_args!("keys left per shard: no counts in {reply:?}")),
+    }
+    if per_shard.as_ref() != Some(&want_per_shard) {
+        return Err(format!(
+            "COUNT replied {reply:?}: want COUNT {}",
+            want_per_shard
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
     }
     Ok(())
 }
@@ -321,8 +336,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         &exec,
         clients,
         move |id| client(addr, id, ops),
-        // Every odd key of every client must be left, spread over the shards.
-        move || check_count(addr, clients * (ops / 2)),
+        // Every odd key of every client must be left, each on the shard that owns it.
+        move || {
+            let left = (0..clients)
+                .flat_map(move |id| (1..ops).step_by(2).map(move |i| format!("c{id}-k{i}")));
+            check_count(addr, left)
+        },
     )?;
     server.check()?;
     // Each client: ops SETs, one bad request, ops GETs, ops/2 DELs, ops GETs.
