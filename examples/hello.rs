@@ -42,8 +42,13 @@ fn out(args: std::fmt::Arguments<'_>) {
 }
 
 fn run() -> xtc::Result<()> {
-    // One shard per allowed physical core by default; XTC_SHARDS etc. override it.
-    let exec = xtc::Executor::from_env()?;
+    // One shard per allowed physical core by default; XTC_SHARDS etc. override it. Service
+    // mode stays off whatever XTC_SERVICE_MODE says: `run()` must return once the work is done
+    // (with XTC_SERVICE_MODE=1 it waited for a stop that never came, and hello hung).
+    let exec = xtc::Executor::builder()
+        .env()?
+        .service_mode(false)
+        .build()?;
     let hits = Arc::new(xtc::Sharded::new(exec.shard_count(), |_| Cell::new(0u64)));
     for shard in 0..exec.shard_count() {
         let hits = hits.clone();
@@ -152,5 +157,39 @@ mod tests {
             let code = super::main_with([a.into()].into_iter());
             assert_eq!(code, ExitCode::SUCCESS, "{a}");
         }
+    }
+
+    /// `XTC_SERVICE_MODE=1` does not keep hello from ending: `run()` waited for a stop that
+    /// never came, so hello hung after its greetings. The child runs `main` with it set; the
+    /// parent gives it 30 s.
+    #[test]
+    fn service_mode_from_the_environment_does_not_hang() {
+        const CHILD: &str = "XTC_EXAMPLE_HELLO_SERVICE_CHILD";
+        let name = "tests::service_mode_from_the_environment_does_not_hang";
+        if std::env::var_os(CHILD).is_some() {
+            let ok = super::main_with(std::iter::empty()).report() == ExitCode::SUCCESS;
+            std::process::exit(if ok { 0 } else { 1 });
+        }
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+            .env(CHILD, "1")
+            .env("XTC_SERVICE_MODE", "1")
+            .env_remove("XTC_SHARDS")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("hello hung with XTC_SERVICE_MODE=1");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status}");
     }
 }

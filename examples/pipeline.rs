@@ -182,7 +182,13 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         out(format_args!("{USAGE}"));
         return Ok(true);
     }
-    let exec = xtc::Executor::from_env()?;
+    // Service mode stays off whatever XTC_SERVICE_MODE says: `run()` must return once every
+    // stage has finished (with XTC_SERVICE_MODE=1 it waited for a stop that never came, and the
+    // pipeline hung without a word).
+    let exec = xtc::Executor::builder()
+        .env()?
+        .service_mode(false)
+        .build()?;
     let stages = exec.shard_count();
     // One channel between each pair of neighbouring stages.
     let mut senders = Vec::new();
