@@ -71,7 +71,9 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             ));
         }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let number = value.parse::<u64>().map_err(|e| format!("{flag}: {e}"))?;
+        let number = value.parse::<u64>().map_err(|e| {
+            format!("{flag} takes a whole number such as 1000, not {value:?} ({e})")
+        })?;
         let size = usize::try_from(number).map_err(|_| format!("{flag} {number}: too large"))?;
         match flag.as_str() {
             "--items" => a.items = number,

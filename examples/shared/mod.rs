@@ -106,12 +106,19 @@ fn parse_from(
             continue;
         }
         let value = it.next().ok_or(format!("{flag} needs a value"));
+        // The errors say what the flag takes: std's alone ("invalid digit found in string",
+        // "invalid socket address syntax") did not.
         let number = |v: Result<String, String>| -> Result<usize, String> {
-            v?.parse().map_err(|e| format!("{flag}: {e}"))
+            let v = v?;
+            v.parse()
+                .map_err(|e| format!("{flag} takes a whole number such as 1000, not {v:?} ({e})"))
         };
         match flag.as_str() {
             "--addr" => {
-                a.addr = value?.parse().map_err(|e| format!("--addr: {e}"))?;
+                let v = value?;
+                a.addr = v.parse().map_err(|e| {
+                    format!("--addr takes an IP address and port such as 127.0.0.1:7000 or [::1]:7000, not {v:?} ({e})")
+                })?;
                 addr_given = true;
             }
             "--clients" => a.clients = number(value)?,
@@ -621,5 +628,26 @@ mod tests {
             .unwrap();
         let err = listen(&exec, addr, |_, _| async {}).err().expect("refused");
         assert!(err.to_string().contains("another program"), "{err}");
+    }
+
+    /// A bad value's error says what the flag takes: "--clients: invalid digit found in
+    /// string" and "--addr: invalid socket address syntax" (for `localhost:7000`) did not.
+    #[test]
+    fn a_bad_value_says_what_the_flag_takes() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let err = parse_from(args(&["--clients", "-3"]), "--rounds", 1, 7)
+            .err()
+            .expect("refused");
+        assert!(
+            err.contains("whole number") && err.contains("\"-3\""),
+            "{err}"
+        );
+        let err = parse_from(args(&["--addr", "localhost:7000"]), "--rounds", 1, 7)
+            .err()
+            .expect("refused");
+        assert!(
+            err.contains("127.0.0.1:7000") && err.contains("localhost"),
+            "{err}"
+        );
     }
 }
