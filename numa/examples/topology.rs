@@ -124,6 +124,19 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            // The placement errors speak of xtc's builder and environment, which this program
+            // does not read: name its own flags, or the fix they suggest does nothing here.
+            let hint = match e {
+                xtc_numa::Error::TooManyShards { .. } => "lower --shards or add --oversubscribe",
+                xtc_numa::Error::OversubscribedTooFar { .. } => "lower --shards",
+                xtc_numa::Error::DuplicateCpu { .. } => {
+                    "list each CPU once in --policy cpus:.. or add --oversubscribe"
+                }
+                _ => "",
+            };
+            if !hint.is_empty() {
+                eprintln!("here: {hint}");
+            }
             ExitCode::from(1)
         }
     }
