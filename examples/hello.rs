@@ -1,7 +1,14 @@
 //! Hello from every shard: per-shard state without locks, a local task, a timer, and a
 //! cross-shard call. The README's usage example. Run: `cargo run --example hello`.
 
-use std::{cell::Cell, sync::Arc, time::Duration};
+use std::{
+    cell::Cell,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 fn main() -> std::process::ExitCode {
     main_with(std::env::args_os().skip(1))
@@ -41,7 +48,9 @@ fn out(args: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stdout().lock(), "{args}");
 }
 
-fn run() -> xtc::Result<()> {
+/// Runs the tour and checks it: every shard counted once in its own slot, and every
+/// `submit_to` answered by the shard it went to.
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     // One shard per allowed physical core by default; XTC_SHARDS etc. override it. Service
     // mode stays off whatever XTC_SERVICE_MODE says: `run()` must return once the work is done
     // (with XTC_SERVICE_MODE=1 it waited for a stop that never came, and hello hung).
@@ -50,8 +59,9 @@ fn run() -> xtc::Result<()> {
         .service_mode(false)
         .build()?;
     let hits = Arc::new(xtc::Sharded::new(exec.shard_count(), |_| Cell::new(0u64)));
+    let answered = Arc::new(AtomicUsize::new(0));
     for shard in 0..exec.shard_count() {
-        let hits = hits.clone();
+        let (hits, answered) = (hits.clone(), answered.clone());
         // The closure is Send; it runs on `shard`, so the future it returns may be !Send.
         exec.spawn_on(shard, move || async move {
             let child = xtc::spawn_local(async { xtc::shard::id() });
@@ -60,6 +70,9 @@ fn run() -> xtc::Result<()> {
             hits.get().set(hits.get().get() + 1); // no lock: this slot is this shard's
             let next = (shard + 1) % xtc::shard::count();
             let there = xtc::shard::submit_to(next, || async { xtc::shard::id() }).await;
+            if matches!(there, Ok(id) if id == next) {
+                answered.fetch_add(1, Ordering::Relaxed);
+            }
             out(format_args!(
                 "hello from shard {shard} of {}; shard {next} answered {there:?}",
                 xtc::shard::count()
@@ -67,6 +80,23 @@ fn run() -> xtc::Result<()> {
         })?;
     }
     exec.run()?; // returns when every task is done and every timer fired
+    let per_shard: Vec<u64> = Arc::into_inner(hits)
+        .ok_or("a task still holds the per-shard counters")?
+        .into_inner()
+        .into_iter()
+        .map(Cell::into_inner)
+        .collect();
+    if per_shard.iter().any(|&n| n != 1) {
+        return Err(format!("each shard should have counted itself once: {per_shard:?}").into());
+    }
+    let answered = answered.load(Ordering::Relaxed);
+    if answered != exec.shard_count() {
+        return Err(format!(
+            "{answered} of {} cross-shard calls were answered by their target",
+            exec.shard_count()
+        )
+        .into());
+    }
     for shard in 0..exec.shard_count() {
         let s = exec.loop_stats(shard)?;
         out(format_args!(

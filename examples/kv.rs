@@ -4,7 +4,8 @@
 //! another shard owns travels there with `shard::submit_to` and its answer comes back over the
 //! ring mesh; a key the serving shard owns is answered on the spot.
 //!
-//! Protocol, one request per line (requests may be pipelined), one reply line each:
+//! Protocol, one request per line (requests may be pipelined; a last line without its `\n` is
+//! answered when the client closes its end), one reply line each:
 //!
 //! | request | reply |
 //! | --- | --- |
@@ -163,10 +164,18 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
     let mut buf = Vec::with_capacity(4096);
     loop {
         let (n, b) = stream.read(buf).await;
-        match n {
-            Ok(n) if n > 0 => pending.extend_from_slice(&b[..n]),
+        // The peer's end of stream: a last request without its `\n` is answered too.
+        let eof = match n {
+            Ok(n) if n > 0 => {
+                pending.extend_from_slice(&b[..n]);
+                false
+            }
+            Ok(_) if !pending.is_empty() => {
+                pending.push(b'\n');
+                true
+            }
             _ => return,
-        }
+        };
         buf = b;
         let mut replies = Vec::new();
         let mut start = 0;
@@ -186,6 +195,9 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
             return;
         }
         if !replies.is_empty() && stream.write_all(replies).await.0.is_err() {
+            return;
+        }
+        if eof {
             return;
         }
     }

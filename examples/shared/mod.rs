@@ -291,6 +291,9 @@ pub(crate) fn room_for(clients: usize, shards: usize) -> Result<(), String> {
     ))
 }
 
+/// How long one client of [`drive`] (and its final check) may take before it counts as failed.
+const CLIENT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Runs `clients` clients on `exec` (pinned tasks spread over the shards), `client(id)` each;
 /// the last one to finish runs `last()` (a check of the server's state) and stops the
 /// executor. Returns how many clients (or the last check) failed, those the executor stopped
@@ -317,12 +320,24 @@ where
         let (left, failed) = (left.clone(), failed.clone());
         let (client, last) = (client.clone(), last.clone());
         exec.spawn_on(id % exec.shard_count(), move || async move {
-            if let Err(e) = client(id).await {
-                eprintln!("client {id}: {e}");
-                failed.fetch_add(1, Ordering::Relaxed);
+            // A server that stops answering fails the run instead of hanging it.
+            match xtc::time::timeout(CLIENT_DEADLINE, client(id)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    eprintln!("client {id}: {e}");
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    eprintln!(
+                        "client {id}: not done after {} s: the server stopped answering",
+                        CLIENT_DEADLINE.as_secs()
+                    );
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
             }
             if left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                if let Err(e) = last().await {
+                let done = xtc::time::timeout(CLIENT_DEADLINE, last()).await;
+                if let Err(e) = done.unwrap_or_else(|_| Err("the final check hung".into())) {
                     eprintln!("{e}");
                     failed.fetch_add(1, Ordering::Relaxed);
                 }
@@ -365,7 +380,9 @@ pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::Exi
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // Not `eprintln!`, which panics (exit 101) on a closed stderr (`2>&1 | head`).
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "error: {e}");
             std::process::ExitCode::FAILURE
         }
     }
