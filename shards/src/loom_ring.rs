@@ -2,13 +2,18 @@
 //! `channel/shared.rs` rules 1–3 and the close of either end).
 //!
 //! rtrb is not loom-instrumented, so the rings here are a minimal SPSC stand-in with rtrb's
-//! memory orderings (the producer publishes `tail` with Release, the consumer `head` with
-//! Release, each reads the other's with Acquire); its slots are loom cells, so the model also
-//! checks that a slot is never written while read. The parker is the real `Parker`; the ring
-//! flags are the same atomics the shipping code uses, accessed the same way; the channel models
-//! run the shipping `channel::shared::Side` (waker slot, `waiting` and close flags).
+//! memory orderings and caches (the producer publishes `tail` with Release, the consumer `head`
+//! with Release, each reads the other's with Acquire, and only when its cached copy says full
+//! or empty); its slots are loom cells, so the model also checks that a slot is never written
+//! while read. The parker is the real `Parker`; the ring flags are the same atomics the
+//! shipping code uses, accessed the same way, in the code's order (a loop spins, then
+//! announces and rechecks); the channel models run the shipping `channel::shared::Side`
+//! (waker slot, `waiting` and close flags) and the real `Inbox`, through which a foreign wake
+//! reaches the task's loop.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p xtc-shards --release --lib loom_`.
+
+use std::cell::Cell;
 
 use loom::{
     cell::UnsafeCell,
@@ -19,18 +24,30 @@ use loom::{
     thread,
 };
 
-use crate::event_loop::Parker;
+use crate::event_loop::{Inbox, Parker};
 
-/// SPSC ring stand-in with rtrb's orderings.
+/// SPSC ring stand-in with rtrb 0.4's orderings and caches: each end keeps its own index and
+/// a cached copy of the other's, and loads the other's index (Acquire) only when the cache
+/// says full (producer) or empty (consumer), as `Producer::next_tail` and
+/// `Consumer::next_head` do; `is_full` and `is_empty` are those same checks, and a push or pop
+/// publishes its own index with Release. The caches are plain cells: each is touched by its
+/// end's thread only (or after a `join`).
 struct Ring {
     slots: Vec<UnsafeCell<u32>>,
     head: AtomicUsize,
     tail: AtomicUsize,
+    /// The producer's `cached_head` and own tail (rtrb's `Producer` fields).
+    p_head: Cell<usize>,
+    p_tail: Cell<usize>,
+    /// The consumer's own head and `cached_tail` (rtrb's `Consumer` fields).
+    c_head: Cell<usize>,
+    c_tail: Cell<usize>,
 }
 
 // SAFETY: one producer writes a slot before publishing `tail` (Release); the consumer reads it
 // only after observing that `tail` (Acquire), and frees it by publishing `head` (Release),
-// which the producer observes (Acquire) before reusing the slot. Test-only.
+// which the producer observes (Acquire) before reusing the slot. The cells of each end are
+// used by that end's thread only. Test-only.
 unsafe impl Sync for Ring {}
 
 impl Ring {
@@ -39,45 +56,84 @@ impl Ring {
             slots: (0..cap).map(|_| UnsafeCell::new(0)).collect(),
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
+            p_head: Cell::new(0),
+            p_tail: Cell::new(0),
+            c_head: Cell::new(0),
+            c_tail: Cell::new(0),
         }
     }
-    fn push(&self, v: u32) -> bool {
-        let t = self.tail.load(Relaxed);
-        if t - self.head.load(Acquire) == self.slots.len() {
-            return false;
+    /// rtrb's `Producer::next_tail`: the tail to write, or `None` when full.
+    fn next_tail(&self) -> Option<usize> {
+        let t = self.p_tail.get();
+        if t - self.p_head.get() == self.slots.len() {
+            let h = self.head.load(Acquire);
+            self.p_head.set(h);
+            if t - h == self.slots.len() {
+                return None;
+            }
         }
+        Some(t)
+    }
+    /// rtrb's `Consumer::next_head`: the head to read, or `None` when empty.
+    fn next_head(&self) -> Option<usize> {
+        let h = self.c_head.get();
+        if h == self.c_tail.get() {
+            let t = self.tail.load(Acquire);
+            self.c_tail.set(t);
+            if t == h {
+                return None;
+            }
+        }
+        Some(h)
+    }
+    fn push(&self, v: u32) -> bool {
+        let Some(t) = self.next_tail() else {
+            return false;
+        };
         // SAFETY: see the `Sync` impl: slot `t` is free and only the producer writes it. Loom's
         // cell checks that claim: a write racing the consumer's read fails the model.
         self.slots[t % self.slots.len()].with_mut(|p| unsafe { *p = v });
         self.tail.store(t + 1, Release);
+        self.p_tail.set(t + 1);
         true
     }
     fn pop(&self) -> Option<u32> {
-        let h = self.head.load(Relaxed);
-        if self.tail.load(Acquire) == h {
-            return None;
-        }
+        let h = self.next_head()?;
         // SAFETY: see the `Sync` impl: slot `h` was published by the producer.
         let v = self.slots[h % self.slots.len()].with(|p| unsafe { *p });
         self.head.store(h + 1, Release);
+        self.c_head.set(h + 1);
         Some(v)
     }
+    /// The consumer's look (`LocalMesh::incoming_pending`).
     fn is_empty(&self) -> bool {
-        self.tail.load(Acquire) == self.head.load(Relaxed)
+        self.next_head().is_none()
     }
+    /// The producer's look (`space_freed_slow`, `prepare_park`, `has_space`).
     fn is_full(&self) -> bool {
-        self.tail.load(Relaxed) - self.head.load(Acquire) == self.slots.len()
+        self.next_tail().is_none()
     }
 }
 
-/// The consumer loop of ring rule 5 and park.rs rule 1: pops until `n` messages arrived
-/// (calling `popped` after each), and when the ring is empty announces, rechecks and sleeps.
-fn consume(ring: &Ring, parker: &Parker, n: usize, mut popped: impl FnMut(u32)) -> Vec<u32> {
+/// The consumer loop of ring rules 4 and 5 and park.rs rule 1, turn by turn until `n`
+/// messages arrived: a turn drains the ring (`ring::drain_ring`) and, if it took any, calls
+/// `drained` once (rule 3's consumer side comes after the batch, as there); an empty turn
+/// spins (`spin_for_work`: `ring::spin_news` looks at the ring with no announcement), then
+/// announces, rechecks (`incoming_pending`) and sleeps, as the park decision does.
+fn consume(ring: &Ring, parker: &Parker, n: usize, mut drained: impl FnMut()) -> Vec<u32> {
     let mut got = Vec::new();
     while got.len() < n {
-        if let Some(v) = ring.pop() {
+        let before = got.len();
+        while let Some(v) = ring.pop() {
             got.push(v);
-            popped(v);
+        }
+        if got.len() > before {
+            drained();
+            continue;
+        }
+        // Spin-before-park: `spin_news`, no announcement (a ping reaches only a loop that
+        // announced sleep).
+        if !ring.is_empty() {
             continue;
         }
         parker.announce();
@@ -90,9 +146,14 @@ fn consume(ring: &Ring, parker: &Parker, n: usize, mut popped: impl FnMut(u32)) 
     got
 }
 
-/// The producer's park of ring rule 3 on a full ring: announce, set `want_space` by swap,
-/// recheck; back to work (cancel) if space appeared, else sleep until the consumer's unpark.
+/// A producer loop's idle path with a backlog or a ring-space waiter (ring rule 3): the spin
+/// (`spin_news`: room in the blocked ring, no announcement), then the park decision (announce,
+/// `prepare_park`: set `want_space` by swap, recheck); back to work (cancel) if space
+/// appeared, else sleep until the consumer's unpark.
 fn wait_for_space(ring: &Ring, want: &AtomicBool, parker: &Parker) {
+    if !ring.is_full() {
+        return;
+    }
     parker.announce();
     want.swap(true, SeqCst);
     if !ring.is_full() {
@@ -117,14 +178,17 @@ fn loom_ring_push_wakes_parked_consumer() {
             // Batched: one notification after both pushes.
             p2.unpark();
         });
-        let got = consume(&ring, &parker, 2, |_| {});
+        let got = consume(&ring, &parker, 2, || {});
         producer.join().unwrap();
         assert_eq!(got, vec![0, 1]);
     });
 }
 
-/// Ring rule 3: a producer facing a full ring sets `want_space` (swap) and rechecks; the
-/// consumer pops, then swaps the flag back and unparks the producer if it was set.
+/// Ring rule 3: a task facing a full ring waits for space (`ring::Reserve`: it sets
+/// `want_space` by swap and rechecks `has_space`), and its loop, left with that waiter,
+/// spins, announces and sets the flag again in `prepare_park` (the consumer's swap may have
+/// cleared it meanwhile) before it sleeps. The consumer drains a turn's worth, then swaps the
+/// flag back and unparks the producer if it was set (`drain_ring`).
 #[test]
 fn loom_ring_backpressure_wakes_waiting_producer() {
     let mut b = loom::model::Builder::new();
@@ -137,8 +201,12 @@ fn loom_ring_backpressure_wakes_waiting_producer() {
         let consumer = thread::spawn(move || {
             let mut got = 0;
             while got < 2 {
-                if r2.pop().is_some() {
-                    got += 1;
+                let mut turn = 0;
+                while r2.pop().is_some() {
+                    turn += 1;
+                }
+                if turn > 0 {
+                    got += turn;
                     if w2.swap(false, SeqCst) {
                         pp2.unpark();
                     }
@@ -153,26 +221,58 @@ fn loom_ring_backpressure_wakes_waiting_producer() {
                 sent += 1;
                 continue;
             }
+            // `Reserve::poll`: announce, then recheck (`has_space`).
+            want.swap(true, SeqCst);
+            if !ring.is_full() {
+                continue;
+            }
+            // The task is pending: its loop's idle path.
             wait_for_space(&ring, &want, &producer_parker);
         }
         consumer.join().unwrap();
     });
 }
 
-/// The task's waker: it unparks the receiver's parker, which stands for the receiver's loop
-/// (a waker woken after the receiver is done is harmless, as on a loop).
-struct Unpark(Arc<Parker>);
+/// The task's waker, fired from a thread that runs no loop of the executor (the model's
+/// other side): `context::route`'s foreign path, the owner's inbox and then a ping
+/// (`park.rs` rule 2). A wake after the task is done is harmless, as on a loop.
+struct Wake {
+    inbox: Arc<Inbox<()>>,
+    parker: Arc<Parker>,
+}
 
-impl std::task::Wake for Unpark {
+impl std::task::Wake for Wake {
     fn wake(self: std::sync::Arc<Self>) {
-        self.0.unpark();
+        self.inbox.push(());
+        self.parker.unpark();
+    }
+}
+
+/// The loop of a task whose poll returned `Pending`, until the task is woken: the end of its
+/// turn finds nothing runnable, the park decision announces, rechecks the inbox and sleeps
+/// (`park.rs` rules 1 and 3); the turn that drains the task's wake from the inbox polls it
+/// again.
+fn run_until_woken(inbox: &Inbox<()>, parker: &Parker) {
+    let mut spare = Vec::new();
+    loop {
+        if inbox.drain_into(&mut spare) > 0 {
+            return;
+        }
+        parker.announce();
+        if inbox.recheck() {
+            parker.cancel();
+        } else {
+            parker.sleep(None);
+        }
     }
 }
 
 /// Shared channel rules 1–2 on the shipping `Side` (its waker slot, `waiting` flag and close
-/// flag, through `crate::sync`): the receiver finds the ring empty, waits (stores its waker,
-/// swaps `waiting`), rechecks, and parks; the sender pushes twice and signals once, at the end
-/// of its turn, or (with `close`) drops its end instead of signalling. The receiver must get
+/// flag, through `crate::sync`): the receiver's `RecvFut::poll` finds the ring empty, waits
+/// (stores its waker, swaps `waiting`), rechecks, and returns `Pending`; its loop then parks
+/// until the wake comes back through its inbox. The sender pushes twice and signals once, at
+/// the end of its turn, or (with `close`) drops its end instead of signalling
+/// (`Sender::drop`: close, wake the receiver, forget its own waker). The receiver must get
 /// both values, and with `close` also see the channel end, without a lost wake-up.
 fn channel_model(close: bool) {
     let mut b = loom::model::Builder::new();
@@ -191,54 +291,47 @@ fn channel_model(close: bool) {
                 // `Sender::drop`.
                 tx2.close();
                 rx2.wake_now();
+                drop(tx2.forget());
             } else {
                 // End of the sender's turn: one signal for both pushes.
                 rx2.signal();
             }
         });
+        let inbox = Arc::new(Inbox::new());
         let parker = Arc::new(Parker::new().unwrap());
-        let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(parker.clone())));
+        let waker = std::task::Waker::from(std::sync::Arc::new(Wake {
+            inbox: inbox.clone(),
+            parker: parker.clone(),
+        }));
         let mut got = Vec::new();
-        // `RecvFut::poll` as a loop: try, wait, recheck, park until woken. `try_recv` reads
-        // the close flag only after finding the ring empty, and pops again after seeing it.
-        let try_recv = |got: &mut Vec<u32>| -> Option<bool> {
+        // `Receiver::try_recv`: reads the close flag only after finding the ring empty, and
+        // pops again after seeing it. `Some(Some(v))` a value, `Some(None)` closed, `None`
+        // empty.
+        let try_recv = || -> Option<Option<u32>> {
             if let Some(v) = ring.pop() {
-                got.push(v);
-                return Some(false);
+                return Some(Some(v));
             }
             if tx_side.is_closed() {
-                return Some(match ring.pop() {
-                    Some(v) => {
-                        got.push(v);
-                        false
-                    }
-                    None => true,
-                });
+                return Some(ring.pop());
             }
             None
         };
+        // `recv().await` until both values came (and, with `close`, the end).
         loop {
-            match try_recv(&mut got) {
-                Some(true) => break,
-                Some(false) if !close && got.len() == 2 => break,
-                Some(false) => continue,
-                None => {}
-            }
-            // The loop's park protocol around the poll's own announce and recheck.
-            parker.announce();
-            rx_side.wait(&waker);
-            match try_recv(&mut got) {
-                None => {
-                    parker.sleep(None);
-                }
-                done => {
-                    parker.cancel();
-                    match done {
-                        Some(true) => break,
-                        _ if !close && got.len() == 2 => break,
-                        _ => continue,
+            // `RecvFut::poll`: try, announce (`Side::wait`), recheck.
+            let polled = try_recv().or_else(|| {
+                rx_side.wait(&waker);
+                try_recv()
+            });
+            match polled {
+                Some(Some(v)) => {
+                    got.push(v);
+                    if !close && got.len() == 2 {
+                        break;
                     }
                 }
+                Some(None) => break,
+                None => run_until_woken(&inbox, &parker),
             }
         }
         sender.join().unwrap();
@@ -256,12 +349,13 @@ fn loom_channel_receiver_never_misses_the_close() {
     channel_model(true);
 }
 
-/// Shared channel rule 3 on the shipping `Side`, the mirror of [`channel_model`]: the sender
-/// finds the ring full, waits (stores its waker, swaps the sender side's `waiting`), rechecks
-/// (the close flag first, as `try_send`), and parks; the receiver pops and signals at the end
+/// Shared channel rule 3 on the shipping `Side`, the mirror of [`channel_model`]: the sender's
+/// `SendFut::poll` finds the ring full, waits (stores its waker, swaps the sender side's
+/// `waiting`), rechecks (the close flag first, as `try_send`), and returns `Pending`; its loop
+/// parks until the wake comes back through its inbox. The receiver pops and signals at the end
 /// of its turn, or (with `close`) drops its end instead (`Receiver::drop`: close, wake the
-/// sender, drain). The sender must get its value in, or with `close` see the channel end,
-/// without a lost wake-up.
+/// sender, forget its own waker, drain). The sender must get its value in, or with `close`
+/// see the channel end, without a lost wake-up.
 fn channel_space_model(close: bool) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
@@ -277,6 +371,7 @@ fn channel_space_model(close: bool) {
             if close {
                 rx2.close();
                 tx2.wake_now();
+                drop(rx2.forget());
                 while r2.pop().is_some() {}
             } else {
                 assert_eq!(r2.pop(), Some(1));
@@ -284,8 +379,12 @@ fn channel_space_model(close: bool) {
                 tx2.signal();
             }
         });
+        let inbox = Arc::new(Inbox::new());
         let parker = Arc::new(Parker::new().unwrap());
-        let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(parker.clone())));
+        let waker = std::task::Waker::from(std::sync::Arc::new(Wake {
+            inbox: inbox.clone(),
+            parker: parker.clone(),
+        }));
         // `Sender::try_send`: `Some(true)` sent, `Some(false)` closed, `None` full.
         let try_send = || -> Option<bool> {
             if rx_side.is_closed() {
@@ -293,21 +392,16 @@ fn channel_space_model(close: bool) {
             }
             ring.push(2).then_some(true)
         };
-        // `SendFut::poll` as a loop: try, wait, recheck, park until woken.
+        // `send(2).await`.
         let sent = loop {
-            if let Some(sent) = try_send() {
-                break sent;
-            }
-            parker.announce();
-            tx_side.wait(&waker);
-            match try_send() {
-                None => {
-                    parker.sleep(None);
-                }
-                Some(sent) => {
-                    parker.cancel();
-                    break sent;
-                }
+            // `SendFut::poll`: try, announce (`Side::wait`), recheck.
+            let polled = try_send().or_else(|| {
+                tx_side.wait(&waker);
+                try_send()
+            });
+            match polled {
+                Some(sent) => break sent,
+                None => run_until_woken(&inbox, &parker),
             }
         };
         receiver.join().unwrap();
@@ -352,9 +446,13 @@ fn loom_ring_backlog_moved_into_the_ring_wakes_the_consumer() {
             consumer_parker.clone(),
         );
         let producer = thread::spawn(move || {
-            // Turn 1: the first message fits, the second goes to the backlog.
+            // Turn 1: the first message fits; the second goes to the backlog unless the
+            // consumer took the first already (`LocalMesh::push`).
             assert!(r2.push(1));
-            let mut backlog = vec![2u32];
+            let mut backlog = Vec::new();
+            if !r2.push(2) {
+                backlog.push(2u32);
+            }
             // End of turn 1: the ring got a push, so the consumer is pinged.
             cp2.unpark();
             while !backlog.is_empty() {
@@ -369,7 +467,7 @@ fn loom_ring_backlog_moved_into_the_ring_wakes_the_consumer() {
                 wait_for_space(&r2, &w2, &pp2);
             }
         });
-        let got = consume(&ring, &consumer_parker, 2, |_| {
+        let got = consume(&ring, &consumer_parker, 2, || {
             // Rule 3: a pop frees space; wake the producer if it waits for some.
             if want.swap(false, SeqCst) {
                 producer_parker.unpark();
