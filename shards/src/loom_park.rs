@@ -8,13 +8,18 @@ use loom::{sync::Arc, thread};
 
 use crate::event_loop::{Inbox, Parker};
 
-/// The loop's side: consume `expected` messages, parking by rules 1 and 3 when it finds none.
+/// The loop's side: consume `expected` messages, parking by rules 1 and 3 when it finds none,
+/// after the spin-before-park's look (`spin_for_work`: `Inbox::is_pending`, a plain load, with
+/// no announcement).
 fn consume(inbox: &Inbox<u32>, parker: &Parker, expected: usize) -> Vec<u32> {
     let mut got = Vec::new();
     let mut spare = Vec::new();
     while got.len() < expected {
         if inbox.drain_into(&mut spare) > 0 {
             got.append(&mut spare);
+            continue;
+        }
+        if inbox.is_pending() {
             continue;
         }
         parker.announce();
@@ -96,11 +101,9 @@ fn loom_sender_sends_twice_across_a_sleep() {
 /// waits on a busy peer (the event loop's recheck calls `steal::idle_tick` again).
 #[test]
 fn loom_count_leaving_zero_is_seen_or_pings() {
-    // Relaxed loads, as `steal::idle_tick` does: the announcement's swap orders them.
-    use loom::sync::atomic::{
-        AtomicI64,
-        Ordering::{Relaxed, SeqCst},
-    };
+    // `SeqCst` loads, as `steal::may_find_work` (under `steal::idle_tick`) does; the
+    // announcement's swap is what orders them against the spawn's ping.
+    use loom::sync::atomic::{AtomicI64, Ordering::SeqCst};
     loom::model(|| {
         let live = Arc::new(AtomicI64::new(0));
         let parker = Arc::new(Parker::new().unwrap());
@@ -111,11 +114,11 @@ fn loom_count_leaving_zero_is_seen_or_pings() {
         });
         // The loop: until it would tick (count above zero).
         loop {
-            if live.load(Relaxed) > 0 {
+            if live.load(SeqCst) > 0 {
                 break;
             }
             parker.announce();
-            if live.load(Relaxed) > 0 {
+            if live.load(SeqCst) > 0 {
                 parker.cancel();
                 continue;
             }
@@ -474,7 +477,10 @@ fn loom_idle_cycle_against_a_push_and_the_stop() {
                         spare.clear();
                         continue;
                     }
-                    // Step 5.
+                    // Step 6: the spin's look (`spin_for_work`), then the idle status.
+                    if inbox.is_pending() {
+                        continue;
+                    }
                     let _ = st.idle(status::EMPTY);
                     parker.announce();
                     if inbox.recheck() || stop.load(Relaxed) {
