@@ -519,3 +519,108 @@ fn loom_idle_cycle_against_a_push_and_the_stop() {
         assert_eq!(ran + left.len(), 1, "the message was lost");
     });
 }
+
+/// Steal rule 1 off a loop's thread (`steal::inject`): a plain thread queues a migratable
+/// task in the loop's injector, then pings it (`park.rs` rule 2). The loop's recheck after
+/// announcing is `steal::has_local`, `Injector::is_empty`: plain `SeqCst` loads of the head and
+/// tail, no read-modify-write (the state word's RMWs carry the argument). The injector is a
+/// stand-in with crossbeam-deque 0.8's orderings on one block: a push claims its slot by a CAS
+/// on `tail` (`SeqCst`/`Acquire`) and then marks it written (`fetch_or(WRITE, Release)`); a steal
+/// loads `head` (Acquire), fences (`SeqCst`), loads `tail` (Relaxed), claims by a CAS on `head`
+/// and waits for the slot's `WRITE` (Acquire). Two spawners, so the claims contend.
+#[test]
+fn loom_injected_task_is_seen_or_pings() {
+    use loom::{
+        cell::UnsafeCell,
+        sync::atomic::{fence, AtomicUsize, Ordering::*},
+    };
+    const WRITE: usize = 1;
+    struct Injector {
+        head: AtomicUsize,
+        tail: AtomicUsize,
+        state: [AtomicUsize; 2],
+        slots: [UnsafeCell<u32>; 2],
+    }
+    // SAFETY: a slot is written once, by the push that claimed it by CAS, before its `WRITE`
+    // mark (Release); it is read once, by the steal that claimed it, after seeing the mark
+    // (Acquire). Test-only.
+    unsafe impl Sync for Injector {}
+    impl Injector {
+        fn push(&self, v: u32) {
+            let mut t = self.tail.load(Acquire);
+            while let Err(now) = self.tail.compare_exchange(t, t + 1, SeqCst, Acquire) {
+                t = now;
+            }
+            // SAFETY: see the `Sync` impl.
+            self.slots[t].with_mut(|p| unsafe { *p = v });
+            self.state[t].fetch_or(WRITE, Release);
+        }
+        fn is_empty(&self) -> bool {
+            let h = self.head.load(SeqCst);
+            let t = self.tail.load(SeqCst);
+            h == t
+        }
+        fn steal(&self) -> Option<u32> {
+            let h = self.head.load(Acquire);
+            fence(SeqCst);
+            if self.tail.load(Relaxed) == h {
+                return None;
+            }
+            if self
+                .head
+                .compare_exchange(h, h + 1, SeqCst, Acquire)
+                .is_err()
+            {
+                return None; // `Steal::Retry`: the next turn looks again.
+            }
+            while self.state[h].load(Acquire) & WRITE == 0 {
+                crate::sync::spin_hint();
+            }
+            // SAFETY: see the `Sync` impl.
+            Some(self.slots[h].with(|p| unsafe { *p }))
+        }
+    }
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let inj = Arc::new(Injector {
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+            state: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            slots: [UnsafeCell::new(0), UnsafeCell::new(0)],
+        });
+        let parker = Arc::new(Parker::new().unwrap());
+        let spawners: Vec<_> = (0..2u32)
+            .map(|n| {
+                let (inj, parker) = (inj.clone(), parker.clone());
+                thread::spawn(move || {
+                    inj.push(n);
+                    parker.unpark();
+                })
+            })
+            .collect();
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            // Step 4: `next_local`, the deque (empty here) then the injector.
+            if let Some(v) = inj.steal() {
+                got.push(v);
+                continue;
+            }
+            // The spin's look (`spin_for_work`: `has_local`), then the park decision.
+            if !inj.is_empty() {
+                continue;
+            }
+            parker.announce();
+            if !inj.is_empty() {
+                parker.cancel();
+                continue;
+            }
+            parker.sleep(None);
+        }
+        for s in spawners {
+            s.join().unwrap();
+        }
+        got.sort_unstable();
+        assert_eq!(got, vec![0, 1]);
+    });
+}
