@@ -77,8 +77,8 @@ pub(crate) struct Core {
     pub(crate) deque: Option<Worker<Runnable>>,
     /// A migratable task was queued this turn with eager rebalance on: ping an idle peer.
     pub(crate) nudge: Cell<bool>,
-    /// The loop was woken by a ping: if that ping was for new migratable work (`work_ping`),
-    /// its next steal ignores the minimum (steal rule 3).
+    /// The loop's last park ended by a ping for new migratable work (`steal::woke`): its
+    /// next steal ignores the minimum (steal rule 3).
     pub(crate) fresh_wake: Cell<bool>,
     /// Consecutive short looks per victim (steal rule 3).
     pub(crate) short_looks: RefCell<Vec<u32>>,

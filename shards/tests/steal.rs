@@ -1157,3 +1157,99 @@ fn a_spawn_ping_still_waives_the_steal_minimum_for_the_first_steal() {
         parks - before
     );
 }
+
+/// Rule 3: a spawn's ping that lands while the thief is awake woke nothing, and waives nothing,
+/// whatever ended the thief's last park. A thief woken by pinned work kept that wake's mark
+/// (`fresh_wake`) until its next steal, and read the spawn's `work_ping`, set while it ran the
+/// pinned task, as the reason it woke: its first steal took the child below the minimum at
+/// once (a thief woken by an idle tick instead waited for the starvation override).
+#[test]
+fn a_spawn_ping_that_lands_while_the_thief_runs_pinned_work_waives_nothing() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .min_tasks_to_steal(1000)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let spawned = Arc::new(AtomicBool::new(false));
+    let child_ran = Arc::new(AtomicBool::new(false));
+    // Shard 1's parks as its pinned task ended, then as the child ran there (and where).
+    let pinned_done: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
+    let ran: Arc<Mutex<Option<(u64, usize)>>> = Arc::new(Mutex::new(None));
+    // Shard 0 stays busy until another loop took the child (or the hang guard ends it), so
+    // the child waits in its injector for a thief.
+    let cr = child_ran.clone();
+    ex.spawn_on(0, move || async move {
+        let t = std::time::Instant::now();
+        while !cr.load(SeqCst) && t.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+    .unwrap();
+    std::thread::scope(|s| {
+        let (h, spawned, child_ran, pinned_done, ran) = (
+            h.clone(),
+            spawned.clone(),
+            child_ran.clone(),
+            pinned_done.clone(),
+            ran.clone(),
+        );
+        s.spawn(move || {
+            // Shard 1 has parked (without a tick: no migratable task exists yet) and stays
+            // parked: its count holds for 20 ms.
+            let t = std::time::Instant::now();
+            let mut seen = (0, std::time::Instant::now());
+            while t.elapsed() < HANG {
+                let parks = h.loop_stats(1).unwrap().parks;
+                if parks != seen.0 {
+                    seen = (parks, std::time::Instant::now());
+                } else if parks > 0 && seen.1.elapsed() >= Duration::from_millis(20) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Pinned work wakes shard 1 (a ping, not for migratable work) and keeps it busy
+            // until the spawn below has pinged every loop for new work.
+            let started = Arc::new(AtomicBool::new(false));
+            let (sp, pd, hh, st) = (
+                spawned.clone(),
+                pinned_done.clone(),
+                h.clone(),
+                started.clone(),
+            );
+            h.spawn_on(1, move || async move {
+                st.store(true, SeqCst);
+                let t = std::time::Instant::now();
+                while !sp.load(SeqCst) && t.elapsed() < HANG {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                *pd.lock().unwrap() = Some(hh.loop_stats(1).unwrap().parks);
+            })
+            .unwrap();
+            // Shard 1 is awake, running it (the spawn's ping below must not end that park).
+            let t = std::time::Instant::now();
+            while !started.load(SeqCst) && t.elapsed() < HANG {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // The first migratable task: placed on shard 0 (busy), its count rising from zero
+            // pings every loop for new work, shard 1 included, which is awake.
+            let hh = h.clone();
+            drop(h.spawn(async move {
+                *ran.lock().unwrap() = Some((hh.loop_stats(1).unwrap().parks, shard::id()));
+                child_ran.store(true, SeqCst);
+            }));
+            spawned.store(true, SeqCst);
+        });
+        run_or_fail(ex, HANG * 2, "a spawn ping while the thief is busy").unwrap();
+    });
+    let before = pinned_done.lock().unwrap().expect("the pinned task ran");
+    let (parks, shard) = ran.lock().unwrap().expect("the child ran");
+    assert_eq!(shard, 1, "nobody stole the child");
+    assert!(
+        parks - before >= 10,
+        "stolen after {} parks of the thief: a ping that came while it was busy waived the \
+         minimum",
+        parks - before
+    );
+}

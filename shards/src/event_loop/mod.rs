@@ -495,7 +495,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 drop(tickless);
                 // Steal rule 3: a spawn's ping that came in the window counts as a wake by
                 // new work (its `work_ping` kept), as it would have had the loop slept first.
-                core.fresh_wake.set(true);
+                steal::woke(core, true);
             } else {
                 shared.stats.park_begin(now);
                 let mut events = 0;
@@ -510,7 +510,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 shared.stats.park_end(Instant::now());
                 drop(tickless);
                 // Steal rules 3 and 4: woken by work, or an idle tick that found nothing yet.
-                core.fresh_wake.set(pinged);
+                steal::woke(core, pinged);
                 if !pinged {
                     core.empty_ticks
                         .set(core.empty_ticks.get().saturating_add(1));

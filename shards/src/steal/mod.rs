@@ -105,9 +105,10 @@ pub(crate) struct StealShared {
     /// yet (set at its first spawn of a turn, cleared by `flush_live` after publishing).
     pub(crate) spawning: CachePadded<AtomicBool>,
     /// Rule 3: a ping for new migratable work was sent to this loop since its last park
-    /// decision (set before the ping by [`ping_all_for_work`] and [`nudge_idle_peer`], cleared
-    /// by [`idle_tick`]). Relaxed: the ping's read-modify-write on the parker's state (`SeqCst`)
-    /// orders it before the woken loop's look.
+    /// decision (set before the ping by [`ping_all_for_work`] and [`nudge_idle_peer`], taken
+    /// by [`woke`] as a park ends, cleared by [`forget_work_ping`]). Relaxed: the ping's
+    /// read-modify-write on the parker's state (`SeqCst`) orders it before the woken loop's
+    /// look.
     pub(crate) work_ping: AtomicBool,
 }
 
@@ -806,8 +807,8 @@ pub(crate) fn try_steal(core: &Core) -> bool {
         return false;
     };
     let min = exec.min_tasks_to_steal();
-    // Rule 3: woken by a ping (`fresh_wake`), and that ping was for new migratable work.
-    let fresh = core.fresh_wake.replace(false) && core.shared.steal.work_ping.swap(false, Relaxed);
+    // Rule 3: the last park ended by a ping for new migratable work (`woke`).
+    let fresh = core.fresh_wake.replace(false);
     let mut looks = core.short_looks.borrow_mut();
     looks.resize(exec.loops.len(), 0);
     let stats = &core.shared.stats;
@@ -869,6 +870,16 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
     }
     let shift = core.empty_ticks.get().saturating_sub(3).min(MAX_SHIFT);
     Some(TICK * (1 << shift))
+}
+
+/// Rule 3, as a park ends (or is called off by the recheck): whether a ping for new migratable
+/// work ended it, decided now, so the loop's next steal ignores the minimum. `pinged`: a ping
+/// ended the park. Decided when the loop woke, not at its steal: a thief woken by another ping
+/// (pinned work) that then ran that work took a spawn's ping landing meanwhile, which woke
+/// nothing, for the reason it woke, and its first steal waived the minimum.
+pub(crate) fn woke(core: &Core, pinged: bool) {
+    core.fresh_wake
+        .set(pinged && core.shared.steal.work_ping.swap(false, Relaxed));
 }
 
 /// Rule 3, at the start of each park decision: forgets a work ping that came while the loop
