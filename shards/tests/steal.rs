@@ -1253,3 +1253,42 @@ fn a_spawn_ping_that_lands_while_the_thief_runs_pinned_work_waives_nothing() {
         parks - before
     );
 }
+
+/// Eager rebalance's nudge pings an idle peer that may steal the work just queued; with
+/// stealing off none may. Nudged all the same, the idle peer woke at every turn of a loop that
+/// queued a migratable task (here each wake of a sleeping one), found nothing it could take,
+/// and parked again: a wake-up for nothing each time.
+#[test]
+fn with_stealing_off_eager_rebalance_pings_no_idle_peer() {
+    const WAKES: usize = 100;
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .stealing(false)
+        .eager_rebalance(true)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    // (shard 1's parks once shard 0's first wake is queued, then at the last one).
+    let parks: Arc<Mutex<(u64, u64)>> = Arc::new(Mutex::new((0, 0)));
+    let p = parks.clone();
+    // The first `Executor::spawn` is placed on shard 0; nothing moves it (stealing off).
+    drop(ex.spawn(async move {
+        for i in 0..WAKES {
+            // Each timer wake queues the task on shard 0's deque: a turn with a queued
+            // migratable task, which nudges an idle peer.
+            xtc_shards::time::sleep(Duration::from_micros(200)).await;
+            if i == 0 {
+                p.lock().unwrap().0 = h.loop_stats(1).unwrap().parks;
+            }
+        }
+        p.lock().unwrap().1 = h.loop_stats(1).unwrap().parks;
+    }));
+    run_or_fail(ex, HANG, "eager rebalance with stealing off").unwrap();
+    let (first, last) = *parks.lock().unwrap();
+    assert!(
+        last - first <= 3,
+        "shard 1 was woken {} times for work it could not steal",
+        last - first
+    );
+}

@@ -922,12 +922,16 @@ impl Drop for TicklessGuard<'_> {
     }
 }
 
-/// End of turn with eager rebalance (rule 4): ping one idle peer.
+/// End of turn with eager rebalance (rule 4): ping one idle peer, unless stealing is off: then
+/// no peer may take the work, and each turn that queued a migratable task woke one for nothing.
 pub(crate) fn nudge_idle_peer(core: &Core) {
     if !core.nudge.replace(false) {
         return;
     }
     let exec = &*core.exec;
+    if !exec.stealing() {
+        return;
+    }
     let busy = |v: usize| {
         let st = exec.loops[v].status.load(Relaxed);
         crate::event_loop::status::kind(st) == crate::event_loop::status::BUSY
