@@ -418,3 +418,51 @@ fn a_stream_given_up_while_submits_fail_does_not_lend_its_number_to_queued_entri
         );
     }
 }
+
+/// Submits refused for now (`EAGAIN`, `EBUSY`) while entries wait in the driver: nothing
+/// failed (the driver keeps them for its next enter, rule 1's overflow), yet each loop turn's
+/// submit, each dropped operation's cancel and each park logged a warning ("io_uring submit
+/// failed"), a flood of one line per turn for as long as the kernel refuses, about an
+/// ordinary condition the driver handles. Only a submit that really failed warns.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn submits_refused_for_now_log_no_warning() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use xtc_shards::net::UnixStream;
+    const N: usize = 300;
+    let got = with_failing_submits(|| async {
+        let warnings = Arc::new(AtomicUsize::new(0));
+        let _counting = tracing::subscriber::set_default(common::CountEvents(
+            tracing::Level::WARN,
+            warnings.clone(),
+        ));
+        let mut pairs = Vec::new();
+        let mut reads = Vec::new();
+        for _ in 0..N {
+            let (a, b) = UnixStream::pair().unwrap();
+            let a = std::rc::Rc::new(a);
+            let reader = a.clone();
+            reads.push(xtc_shards::spawn_local(async move {
+                reader.read(Vec::with_capacity(8)).await.0.is_ok()
+            }));
+            pairs.push((a, b));
+        }
+        // Every read queued (more than the submission ring holds), then a few turns.
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        for (_, b) in &pairs {
+            b.write(b"x".to_vec()).await.0.unwrap();
+        }
+        let mut read = 0;
+        for r in reads {
+            read += usize::from(r.await.unwrap());
+        }
+        (read, warnings.load(SeqCst))
+    });
+    if let Some((read, warnings)) = got {
+        assert_eq!(read, N, "reads failed");
+        assert_eq!(
+            warnings, 0,
+            "{warnings} warnings logged for submits the kernel refused for now"
+        );
+    }
+}

@@ -237,6 +237,18 @@ fn refused_for_now(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
 }
 
+/// Logs a failed `io_uring_enter` (`what` failed): a warning, but for one refused for now
+/// ([`refused_for_now`]), which loses nothing (what it would have submitted stays queued for
+/// the next enter, rule 1), and which every loop turn meets for as long as the kernel refuses:
+/// a warning each time flooded the log about a condition the driver handles.
+fn log_enter_error(what: &str, e: &io::Error) {
+    if refused_for_now(e) {
+        tracing::debug!("xtc: {what} refused for now ({e}); kept for the next io_uring_enter");
+    } else {
+        tracing::warn!("xtc: {what} failed: {e}");
+    }
+}
+
 /// Rule 5: takes the result a dropped driver left for operation `key`, if any.
 fn take_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
     ORPHANS
@@ -618,15 +630,15 @@ impl Uring {
                 Ok(_) if self.queued() > 0 => {
                     // Stopped at an entry refused while being prepared (see `enter`).
                     if let Err(e) = self.enter(0, None) {
-                        tracing::warn!("xtc: io_uring submit failed: {e}");
+                        log_enter_error("io_uring submit", &e);
                     }
                 }
                 Ok(_) => self.set_unsubmitted(false),
-                Err(e) => tracing::warn!("xtc: io_uring enter failed: {e}"),
+                Err(e) => log_enter_error("io_uring enter", &e),
             }
         } else if self.unsubmitted.get() {
             if let Err(e) = self.enter(0, None) {
-                tracing::warn!("xtc: io_uring submit failed: {e}");
+                log_enter_error("io_uring submit", &e);
             }
         }
         self.dispatch()
@@ -637,7 +649,7 @@ impl Uring {
     pub(crate) fn submit_pending(&self) -> bool {
         if self.unsubmitted.get() {
             if let Err(e) = self.enter(0, None) {
-                tracing::warn!("xtc: io_uring submit failed: {e}");
+                log_enter_error("io_uring submit", &e);
             }
         }
         !self.unsubmitted.get()
@@ -830,7 +842,7 @@ impl Uring {
             t => self.enter(want, t),
         };
         if let Err(e) = res {
-            tracing::warn!("xtc: io_uring wait failed: {e}");
+            log_enter_error("io_uring wait", &e);
         }
         let n = self.dispatch();
         if timeout_entry && !self.park_timeout_fired.get() {
@@ -969,7 +981,7 @@ impl Uring {
     fn cancel_now(&self, ud: u64) {
         self.push_cancel(ud);
         if let Err(e) = self.enter(0, None) {
-            tracing::warn!("xtc: io_uring submit of a cancellation failed: {e}");
+            log_enter_error("io_uring submit of a cancellation", &e);
         }
     }
 
@@ -1042,7 +1054,7 @@ impl Uring {
             self.remove_expiry(ud);
         }
         if let Err(e) = self.enter(0, None) {
-            tracing::warn!("xtc: io_uring submit of a detached operation failed: {e}");
+            log_enter_error("io_uring submit of a detached operation", &e);
         }
         // The waker it replaced, last: its drop may panic (see `abandon`).
         drop(old);
