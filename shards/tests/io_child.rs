@@ -19,7 +19,9 @@
 //!   `accept` on an epoll loop (`XTC_IO` changed between two `LocalExecutor`s);
 //! * so are the bytes an io_uring loop's receives took for a stream, by `AsyncRead` there, and
 //!   the bytes a write-behind send left unsent, by the next flush or write there, and by a
-//!   read (there, or back on io_uring), which may wait for their answer.
+//!   read (there, or back on io_uring), which may wait for their answer;
+//! * a file `open` io_uring cannot run (no kernel worker can start, `RLIMIT_NPROC`) fails
+//!   with the kernel's `ECANCELED` instead of starting again for good.
 //!
 //! Each body runs on both drivers (except where io_uring is denied on purpose).
 
@@ -1581,5 +1583,62 @@ fn child_a_stream_dropped_with_unsent_bytes_on_epoll_warns() {
         warnings.load(SeqCst),
         1,
         "the lost bytes were not logged once"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// file operations when io_uring cannot start a kernel worker
+
+/// With no io_uring kernel worker (io-wq) to run it and none that can be started (a thread
+/// limit: `RLIMIT_NPROC` here, a cgroup's `pids.max` in a container), the kernel cancels a
+/// file operation that must block (`-ECANCELED`): `open` goes to a worker (`IOSQE_ASYNC`).
+/// File operations took every `ECANCELED` for the cut of a driver's shutdown and started
+/// again, each try cancelled the same way: the call never ended, its task busy for good.
+/// The error is returned now (only an `Op` that outlived its driver starts again).
+#[test]
+fn child_a_file_open_io_uring_cannot_run_fails_instead_of_retrying_for_good() {
+    const ROLE: &str = "no-io-worker";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_file_open_io_uring_cannot_run_fails_instead_of_retrying_for_good",
+            ROLE,
+            &[("XTC_IO", "io_uring")],
+        );
+        return;
+    }
+    let exec = match LocalExecutor::new() {
+        Ok(exec) => exec,
+        Err(e) => {
+            println!("no io_uring here ({e}); skipped");
+            return;
+        }
+    };
+    let got = exec.block_on(async {
+        // Not root (whom RLIMIT_NPROC does not bind: `nobody` then), and no thread may
+        // start: this process's are more than 1.
+        // SAFETY: plain system calls; the process is this test's child, alone.
+        unsafe {
+            if libc::geteuid() == 0 {
+                assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+                assert_eq!(libc::setgid(65534), 0);
+                assert_eq!(libc::setuid(65534), 0);
+            }
+            let rl = libc::rlimit {
+                rlim_cur: 1,
+                rlim_max: 1,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &rl), 0);
+        }
+        xtc_shards::time::timeout(
+            Duration::from_secs(10),
+            xtc_shards::fs::File::open("/proc/self/stat"),
+        )
+        .await
+        .map(|r| r.map(drop).map_err(|e| e.to_string()))
+    });
+    println!("open: {got:?}");
+    assert!(
+        got.is_ok(),
+        "the open never ended: it started again and again"
     );
 }

@@ -1358,6 +1358,19 @@ impl<T> Op<T> {
     pub(crate) fn data(&self) -> Option<&T> {
         self.data.as_ref()
     }
+
+    /// The id of the driver this operation runs on, for [`driver_gone`] once it resolved.
+    pub(crate) fn driver_id(&self) -> u64 {
+        self.driver
+    }
+}
+
+/// Whether driver `id` is gone from this thread (rule 5): an `-ECANCELED` one of its
+/// operations resolved to then may be its shutdown's cut, while on a driver still there it
+/// is the kernel's own answer (io-wq, the kernel's worker threads, cancels a file operation
+/// that must block when it can start no worker: a thread limit). Cost: a thread-local read.
+pub(crate) fn driver_gone(id: u64) -> bool {
+    with_uring(id, |_| ()).is_none()
 }
 
 /// Runs `f` on driver `id` if it is alive: the current loop's, that of a loop of this thread

@@ -48,6 +48,7 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
                 })
                 .map(|op| op.result_is_fd())
                 .map_err(|(e, _)| e)?;
+                let driver = op.driver_id();
                 let (res, p) = op.await;
                 // Interrupted with nothing opened: an `open` still awaited whose driver's
                 // shutdown cancelled it (the future outlived its loop: `ECANCELED`, or, from
@@ -55,7 +56,7 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
                 // 512, which it lets through), or a signal (`std` retries `EINTR` too): opened
                 // again, on the loop that polls it now. It failed with that error, where
                 // epoll's pool job went on and opened.
-                if cut_by_shutdown(res) {
+                if cut_by_shutdown(res, driver) {
                     path = p;
                     continue;
                 }
@@ -81,14 +82,21 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
 /// interrupted call can complete with (never a real answer).
 const ERESTARTSYS: i32 = 512;
 
-/// Whether an io_uring file operation still awaited ended with nothing done because its
-/// driver's shutdown cancelled it (the future outlived its loop: `ECANCELED`, or, from the
-/// kernel worker it waited in, `EINTR` or `ERESTARTSYS`): nothing else cancels an operation
-/// whose future is still there. It starts again on the loop that polls it now, as epoll's
-/// pool job, which a shutdown does not stop, goes on (a read of a FIFO then gets the bytes
-/// written meanwhile, where it failed with `ECANCELED`).
-fn cut_by_shutdown(res: i32) -> bool {
-    matches!(-res, libc::ECANCELED | libc::EINTR | ERESTARTSYS)
+/// Whether an io_uring file operation of driver `driver`, still awaited, ended with nothing
+/// done because that driver's shutdown cancelled it (the future outlived its loop:
+/// `ECANCELED`, or, from the kernel worker it waited in, `EINTR` or `ERESTARTSYS`, which a
+/// signal gives too, and `std` retries). It starts again on the loop that polls it now, as
+/// epoll's pool job, which a shutdown does not stop, goes on (a read of a FIFO then gets the
+/// bytes written meanwhile, where it failed with `ECANCELED`). An `ECANCELED` from a driver
+/// still there is the kernel's answer, returned: io-wq cancels an operation that must block
+/// when it can start no worker thread (`RLIMIT_NPROC`, a container's `pids.max`), and every
+/// try again was cancelled the same way, a call that never ended.
+fn cut_by_shutdown(res: i32, driver: u64) -> bool {
+    match -res {
+        libc::ECANCELED => crate::io::uring::driver_gone(driver),
+        libc::EINTR | ERESTARTSYS => true,
+        _ => false,
+    }
 }
 
 /// A file offset both drivers take the same way. Past `i64::MAX` `pread` fails with `EINVAL`,
@@ -179,9 +187,10 @@ pub(crate) async fn read_at<B: IoBufMut>(
                 });
                 match op {
                     Ok(op) => {
+                        let driver = op.driver_id();
                         let (res, (b, _fd)) = op.await;
                         buf = b;
-                        if cut_by_shutdown(res) {
+                        if cut_by_shutdown(res, driver) {
                             continue;
                         }
                         break result(res).map(|n| n as usize);
@@ -268,8 +277,9 @@ pub(crate) async fn write_at<B: IoBuf>(
                 });
                 match op {
                     Ok(op) => {
+                        let driver = op.driver_id();
                         let (res, (b, _fd)) = op.await;
-                        if cut_by_shutdown(res) {
+                        if cut_by_shutdown(res, driver) {
                             buf = b;
                             continue;
                         }
