@@ -159,7 +159,8 @@ impl Source {
             }
             Err(e) => {
                 tracing::warn!(
-                    "xtc: could not duplicate a descriptor given up while io_uring entries                      naming it are queued ({e}); handed over as it is"
+                    "xtc: could not duplicate a descriptor given up while io_uring entries \
+                     naming it are queued ({e}); handed over as it is"
                 );
                 fd
             }
