@@ -466,3 +466,49 @@ fn submits_refused_for_now_log_no_warning() {
         );
     }
 }
+
+/// A park whose `io_uring_enter` the kernel refuses (`EAGAIN`: it could not allocate requests
+/// for the entries queued; it returns before waiting) did not wait at all: the loop went
+/// round again at once, a spin at full CPU for as long as the kernel refused (here, while
+/// the wake-ping read cannot be submitted, through a 30 ms sleep). It now waits for
+/// completions without submitting, at most `PING_RETRY` (1 ms), then tries again. The count
+/// has a wide margin: a spin parks tens of thousands of times in that sleep, a bounded wait
+/// about 30 times, whatever the machine's load.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_park_whose_submit_is_refused_still_waits() {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if !common::deny_uring_submit(libc::EAGAIN as u32) {
+            let _ = tx.send(None);
+            return;
+        }
+        let exec = match Executor::builder()
+            .shards(1)
+            .io_driver(DriverChoice::IoUring)
+            .build()
+        {
+            Ok(exec) => exec,
+            Err(e) => {
+                println!("no io_uring here ({e}); skipped");
+                let _ = tx.send(None);
+                return;
+            }
+        };
+        exec.block_on(|| xtc_shards::time::sleep(Duration::from_millis(5)))
+            .unwrap();
+        let before = exec.loop_stats(0).unwrap().parks;
+        exec.block_on(|| xtc_shards::time::sleep(Duration::from_millis(30)))
+            .unwrap();
+        let parks = exec.loop_stats(0).unwrap().parks - before;
+        let _ = tx.send(Some(parks));
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(None) => println!("no seccomp or no io_uring here; skipped"),
+        Ok(Some(parks)) => assert!(
+            parks < 3_000,
+            "{parks} parks in a 30 ms sleep: a refused park spins instead of waiting"
+        ),
+        Err(_) => panic!("the test hung, or its thread panicked"),
+    }
+}

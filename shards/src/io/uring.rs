@@ -487,7 +487,10 @@ impl Uring {
     }
 
     /// `io_uring_enter`: submits what is queued and waits for `want` completions or `timeout`.
-    /// `EBUSY` (completions backed up) reaps and retries; timeouts and signals are `Ok`. The
+    /// `EBUSY` (completions backed up) reaps and retries; timeouts and signals are `Ok`. A
+    /// submission refused with nothing to reap ([`refused_for_now`]) is returned, after a wait
+    /// without submitting of at most [`PING_RETRY`] if `want` asked for one
+    /// ([`wait_only`](Self::wait_only)): the kernel refuses before it waits. The
     /// timeout needs `EXT_ARG` (Linux 5.11+); without it the wait has none, so callers then
     /// queue a `TIMEOUT` entry (`park`) or do not wait (`Drop`).
     ///
@@ -545,12 +548,74 @@ impl Uring {
                         let had = !self.ring.borrow_mut().completion().is_empty();
                         self.dispatch();
                         if !had {
+                            // The kernel refused before it would wait: a park that went on
+                            // at once spun at full CPU for as long as it refused. It waits
+                            // without submitting instead, bounded: what is queued (the
+                            // wake-ping read among it, maybe) is tried again soon.
+                            if want > 0 {
+                                self.wait_only(
+                                    want,
+                                    timeout.map_or(PING_RETRY, |t| t.min(PING_RETRY)),
+                                );
+                            }
                             return Err(e);
                         }
                     }
                     _ => return Err(e),
                 },
             }
+        }
+    }
+
+    /// Waits up to `timeout` for `want` completions without submitting anything: after the
+    /// kernel refused a submission ([`enter`](Self::enter)), which it does before it would
+    /// wait. Without `EXT_ARG` a wait has no timeout: the thread sleeps `timeout` instead.
+    /// Its own failure changes nothing: the caller reports the refusal.
+    fn wait_only(&self, want: usize, timeout: Duration) {
+        if !self.ext_arg {
+            std::thread::sleep(timeout);
+            return;
+        }
+        /// `struct __kernel_timespec`.
+        #[repr(C)]
+        struct KernelTimespec {
+            sec: i64,
+            nsec: i64,
+        }
+        /// `struct io_uring_getevents_arg` (the io-uring crate keeps its own private).
+        #[repr(C)]
+        struct GeteventsArg {
+            sigmask: u64,
+            sigmask_sz: u32,
+            min_wait_usec: u32,
+            ts: u64,
+        }
+        /// `IORING_ENTER_EXT_ARG`.
+        const ENTER_EXT_ARG: u32 = 8;
+        let ts = KernelTimespec {
+            sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let arg = GeteventsArg {
+            sigmask: 0,
+            sigmask_sz: 0,
+            min_wait_usec: 0,
+            ts: &ts as *const KernelTimespec as u64,
+        };
+        let ring = self.ring.borrow();
+        // SAFETY: nothing to submit; `arg` is a live `io_uring_getevents_arg` of the size the
+        // kernel checks (24 bytes), pointing at a live timespec, and no signal mask; both
+        // outlive the call.
+        let r = unsafe {
+            ring.submitter().enter(
+                0,
+                want.min(u32::MAX as usize) as u32,
+                ENTER_GETEVENTS | ENTER_EXT_ARG,
+                Some(&arg),
+            )
+        };
+        if let Err(e) = r {
+            tracing::debug!("xtc: io_uring wait without submitting ended: {e}");
         }
     }
 

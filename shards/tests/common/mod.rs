@@ -323,6 +323,23 @@ pub fn deny_uring_submit_without_wait(errno: u32) -> bool {
     ])
 }
 
+/// Makes `io_uring_enter` fail with `errno` on this thread and the threads it starts whenever
+/// it has entries to submit (`to_submit` above 0), waits included, as the kernel refuses a
+/// submission it cannot allocate requests for (`EAGAIN`, before it would wait); an enter that
+/// only waits still works. `false` if this machine does not let the process install a filter.
+#[cfg(target_arch = "x86_64")]
+pub fn deny_uring_submit(errno: u32) -> bool {
+    // `seccomp_data`: `nr` at 0, `args[1]` (to_submit) at 16 + 1 * 8 (low half, x86_64).
+    install_filter(&[
+        bpf(LD_W_ABS, 0, 0, 0),
+        bpf(JEQ_K, 0, 3, libc::SYS_io_uring_enter as u32),
+        bpf(LD_W_ABS, 0, 0, 24),
+        bpf(JEQ_K, 1, 0, 0),
+        bpf(RET_K, 0, 0, SECCOMP_RET_ERRNO | errno),
+        bpf(RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    ])
+}
+
 /// A tracing subscriber that counts the events of one level logged on the thread it is the
 /// default subscriber of (`tracing::subscriber::with_default`): a test can check that a
 /// warning or error was (or was not) logged instead of timing what would log it.
