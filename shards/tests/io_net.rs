@@ -363,6 +363,58 @@ fn tcp_bind_reuseport_on_two_shards_both_accept() {
     );
 }
 
+/// An accept loop whose listener always has a connection waiting lets the loop's other tasks
+/// and due timers run: on epoll each `accept4` that finds a connection returned at once, so
+/// such a loop never gave up its loop for as long as the backlog held connections (a flood of
+/// connects starved every other task of the shard: timers, other connections' I/O). io_uring
+/// completes each `ACCEPT` through a loop turn. Deterministic: the connections are all queued
+/// (and a timer is due) before the first accept.
+#[test]
+fn an_accept_loop_with_a_full_backlog_lets_the_loop_turn() {
+    const N: usize = 200;
+    on_each_driver(
+        "an_accept_loop_with_a_full_backlog_lets_the_loop_turn",
+        1,
+        |driver| async move {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            // Every client is in the backlog before the first accept (loopback completes the
+            // handshake in `connect`; the backlog holds 1,024).
+            let clients: Vec<_> = (0..N)
+                .map(|_| std::net::TcpStream::connect(addr).unwrap())
+                .collect();
+            let ran = Rc::new(std::cell::Cell::new(false));
+            let ticked = Rc::new(std::cell::Cell::new(false));
+            let (r, t) = (ran.clone(), ticked.clone());
+            spawn_local(async move { r.set(true) });
+            spawn_local(async move {
+                sleep(Duration::from_millis(1)).await;
+                t.set(true);
+            });
+            // The timer is due before the first accept (a blocking wait on the loop: nothing
+            // else runs meanwhile).
+            thread::sleep(Duration::from_millis(5));
+            let (mut ran_at, mut ticked_at) = (None, None);
+            for i in 0..N {
+                let (s, _) = guard("accept", l.accept()).await.unwrap();
+                drop(s);
+                if ran.get() && ran_at.is_none() {
+                    ran_at = Some(i);
+                }
+                if ticked.get() && ticked_at.is_none() {
+                    ticked_at = Some(i);
+                }
+            }
+            drop(clients);
+            assert!(
+                ran_at.is_some() && ticked_at.is_some(),
+                "[{driver}] {N} ready accepts in a row never let the loop turn: another task \
+                 ran at accept {ran_at:?}, a due timer fired at accept {ticked_at:?}"
+            );
+        },
+    );
+}
+
 #[test]
 fn tcp_from_std_into_std_round_trip() {
     on_each_driver("tcp_from_std_into_std_round_trip", 1, |_| async {
