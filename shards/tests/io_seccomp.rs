@@ -512,3 +512,104 @@ fn a_park_whose_submit_is_refused_still_waits() {
         Err(_) => panic!("the test hung, or its thread panicked"),
     }
 }
+
+/// A read buffer that counts its drops.
+struct Counted(Vec<u8>, Arc<std::sync::atomic::AtomicUsize>);
+
+// SAFETY: the views are the Vec's: stable while it is neither resized nor moved out.
+unsafe impl xtc_shards::io::IoBuf for Counted {
+    fn stable_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.0.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.0.capacity()
+    }
+}
+
+// SAFETY: as above; `set_init` is called with at most `bytes_total()` initialized bytes.
+unsafe impl xtc_shards::io::IoBufMut for Counted {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.set_len(n) }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Reads started while the kernel refuses every submission (`EAGAIN`), more than the
+/// submission ring holds, then dropped, and the loop's driver dropped: none of them ever
+/// reached the kernel (queued in the ring, or in the driver's overflow behind it), nor did
+/// their cancels or the wake-ping read. The driver's shutdown took them for operations the
+/// kernel held: it waited its full second for them, then leaked every buffer (and logged an
+/// error). Entries the kernel never consumed are now settled at once as cancelled, their
+/// data freed.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn operations_never_submitted_are_freed_at_shutdown() {
+    use std::{
+        future::Future,
+        sync::atomic::{AtomicUsize, Ordering::SeqCst},
+        task::Poll,
+    };
+    use xtc_shards::net::UnixStream;
+    const N: usize = 300;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if !common::deny_uring_submit(libc::EAGAIN as u32) {
+            let _ = tx.send(None);
+            return;
+        }
+        let drops = Arc::new(AtomicUsize::new(0));
+        let ex = xtc_shards::LocalExecutor::new().unwrap();
+        let d = drops.clone();
+        let kept = ex.block_on(async move {
+            if xtc_shards::io::current_driver() != Some(xtc_shards::io::Driver::IoUring) {
+                return None;
+            }
+            let mut pairs = Vec::new();
+            for _ in 0..N {
+                pairs.push(UnixStream::pair().unwrap());
+            }
+            let mut reads: Vec<_> = pairs
+                .iter()
+                .map(|(a, _)| Box::pin(a.read(Counted(Vec::with_capacity(8), d.clone()))))
+                .collect();
+            for r in &mut reads {
+                let pending =
+                    std::future::poll_fn(|cx| Poll::Ready(r.as_mut().poll(cx).is_pending())).await;
+                assert!(pending, "nothing was sent");
+            }
+            drop(reads);
+            Some(pairs)
+        });
+        let Some(pairs) = kept else {
+            let _ = tx.send(None);
+            return;
+        };
+        drop(ex);
+        // The streams keep their reads (a read future dropped leaves its receive running):
+        // each goes with its stream, its `Op` outliving the driver.
+        drop(pairs);
+        let _ = tx.send(Some(drops.load(SeqCst)));
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(None) => println!("no seccomp or no io_uring here; skipped"),
+        Ok(Some(dropped)) => assert_eq!(
+            dropped,
+            N,
+            "{} of {N} buffers of reads the kernel never saw were leaked at shutdown",
+            N - dropped
+        ),
+        Err(_) => panic!("the test hung, or its thread panicked"),
+    }
+}

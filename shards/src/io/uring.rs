@@ -33,9 +33,12 @@
 //!    wake-ping read) but the detached sends, whose bytes were reported written: those get up
 //!    to [`SHUTDOWN_WAIT`] (one second) to finish, a peer still reading, and are cancelled
 //!    only then. It waits up to that long again for the cancellations; what is still
-//!    outstanding then is leaked (logged), never freed under the kernel. That reaping runs
-//!    user code (a cancelled read's buffer's `Drop`, a waker), which may drop, poll or detach
-//!    another `Op` of the driver: the driver stays within its `Op`s' reach until its `Drop`
+//!    outstanding then is leaked (logged), never freed under the kernel. An entry the kernel
+//!    never consumed (still queued, in the ring or its overflow, after refused enters) is not
+//!    waited for: once the shutdown stops submitting, its operation ends as cancelled
+//!    (`-ECANCELED`), its data freed (a wake-ping read among them is simply not armed). The
+//!    reaping and that freeing run user code (a cancelled read's buffer's `Drop`, a waker),
+//!    which may drop, poll or detach another `Op` of the driver: the driver stays within its `Op`s' reach until its `Drop`
 //!    is done (a thread-local list of drivers being dropped), so such an `Op` is abandoned as
 //!    in rule 4, its data kept until its completion. An `Op` may outlive
 //!    its driver (a stream returned from `LocalExecutor::block_on` and used in the next one,
@@ -304,6 +307,15 @@ pub(crate) struct Uring {
     /// `WouldBlock` out of an `.await`, and an `AsyncCancel` was lost, its operation left armed
     /// in the kernel for good, holding its socket open.
     overflow: RefCell<std::collections::VecDeque<squeue::Entry>>,
+    /// The `user_data` of the latest entries pushed into the submission ring, one per ring
+    /// place (`sq_pushed` counts them, modulo the ring's size): the kernel consumes entries in
+    /// push order, so those it has not consumed yet (`submission().len()`) are the latest
+    /// ones. The shutdown settles them as never seen by the kernel (rule 5).
+    sq_uds: Box<[Cell<u64>]>,
+    sq_pushed: Cell<usize>,
+    /// The shutdown settled the entries the kernel never consumed (rule 5): nothing is
+    /// submitted any more, so none of them reaches the kernel after its data was freed.
+    sealed: Cell<bool>,
     /// Descriptors whose owners closed them while entries were still queued (a failed
     /// `io_uring_enter`), kept open until the queue is empty: a queued entry names its
     /// descriptor by number, which closed would go to the next socket or file opened, and
@@ -380,6 +392,8 @@ impl Uring {
             tracing::debug!("xtc: io_uring keeps its default io-wq worker limit: {e}");
         }
         let ext_arg = ring.params().is_feature_ext_arg();
+        // A power of two (the kernel rounds it up), so a place is a mask away.
+        let sq_places = (ring.params().sq_entries() as usize).next_power_of_two();
         Ok(Uring {
             id: super::next_driver_id(),
             ring: RefCell::new(ring),
@@ -398,6 +412,9 @@ impl Uring {
             ext_arg,
             unsubmitted: Cell::new(false),
             overflow: RefCell::new(std::collections::VecDeque::new()),
+            sq_uds: (0..sq_places).map(|_| Cell::new(0)).collect(),
+            sq_pushed: Cell::new(0),
+            sealed: Cell::new(false),
             held: RefCell::new(Vec::new()),
             pending: RefCell::new(std::collections::VecDeque::with_capacity(64)),
             submitted: Cell::new(0),
@@ -450,6 +467,9 @@ impl Uring {
                 r.is_ok()
             };
             if pushed {
+                self.record_in_ring(entry);
+            }
+            if pushed {
                 self.unsubmitted.set(true);
                 return Ok(());
             }
@@ -464,6 +484,32 @@ impl Uring {
         self.overflow.borrow_mut().push_back(entry.clone());
         self.unsubmitted.set(true);
         Ok(())
+    }
+
+    /// Notes the `user_data` of an entry just pushed into the submission ring ([`sq_uds`]).
+    ///
+    /// [`sq_uds`]: Self::sq_uds
+    fn record_in_ring(&self, entry: &squeue::Entry) {
+        let n = self.sq_pushed.get();
+        self.sq_uds[n & (self.sq_uds.len() - 1)].set(entry.get_user_data());
+        self.sq_pushed.set(n.wrapping_add(1));
+    }
+
+    /// The `user_data` of every entry queued that the kernel has not consumed: in the
+    /// submission ring (the latest pushed, [`sq_uds`](Self::sq_uds)) or in the overflow.
+    fn unconsumed(&self) -> std::collections::HashSet<u64> {
+        let in_ring = self.ring.borrow_mut().submission().len();
+        let (n, places) = (self.sq_pushed.get(), self.sq_uds.len());
+        let mut uds: std::collections::HashSet<u64> = (1..=in_ring.min(places))
+            .map(|back| self.sq_uds[n.wrapping_sub(back) & (places - 1)].get())
+            .collect();
+        uds.extend(
+            self.overflow
+                .borrow()
+                .iter()
+                .map(squeue::Entry::get_user_data),
+        );
+        uds
     }
 
     /// Moves overflowed entries into the submission ring while it has room, oldest first.
@@ -481,6 +527,7 @@ impl Uring {
             if unsafe { sq.push(entry) }.is_err() {
                 break;
             }
+            self.record_in_ring(entry);
             overflow.pop_front();
         }
         !overflow.is_empty()
@@ -506,6 +553,10 @@ impl Uring {
     /// `EXT_ARG`, not made): the wake-ping read or a park's `TIMEOUT` entry may be among them,
     /// not yet in the kernel.
     fn enter(&self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
+        if self.sealed.get() {
+            // Rule 5: what is queued never reaches the kernel (its data may be freed).
+            return Ok(());
+        }
         loop {
             let (want, timeout) = if self.fill_from_overflow() && want > 0 {
                 if self.ext_arg {
@@ -680,7 +731,7 @@ impl Uring {
             let sq = ring.submission();
             sq.taskrun() || sq.cq_overflow()
         };
-        if taskrun {
+        if taskrun && !self.sealed.get() {
             let mut ring = self.ring.borrow_mut();
             // Creating and dropping the queue view publishes its tail.
             let to_submit = ring.submission().len() as u32;
@@ -1213,7 +1264,7 @@ impl Uring {
         // is polled or dropped, which may be after this driver is gone (an `Op` can outlive
         // its loop, e.g. in a stream returned from `LocalExecutor::block_on`); waiting for it
         // here stalled every such drop for the full second.
-        self.settle(Instant::now() + SHUTDOWN_WAIT);
+        self.settle(Instant::now() + SHUTDOWN_WAIT, true);
         let late = self.keys_where(is_detached);
         if !late.is_empty() {
             tracing::warn!(
@@ -1223,8 +1274,9 @@ impl Uring {
                 SHUTDOWN_WAIT
             );
             self.cancel_all(late);
-            self.settle(Instant::now() + SHUTDOWN_WAIT);
+            self.settle(Instant::now() + SHUTDOWN_WAIT, false);
         }
+        self.settle_unconsumed();
         // Rule 5: what a live `Op` will ask for. `Completed` and `Submitted`/`Waiting` slots
         // are live `Op`s' (`Ignored` and `Detached` ones hold the data of `Op`s that are gone).
         let _ = ORPHANS.try_with(|o| {
@@ -1280,14 +1332,22 @@ impl Uring {
     }
 
     /// Submits and reaps until the kernel holds no operation of this driver (and no wake-ping
-    /// read), or until `deadline` (shutdown, rule 5).
-    fn settle(&self, deadline: Instant) {
-        let in_kernel = |ops: &Slab<Lifecycle>| {
-            ops.iter()
-                .any(|(_, l)| !matches!(l, Lifecycle::Completed(..)))
+    /// read), or until `deadline` (shutdown, rule 5). An operation whose entry the kernel has
+    /// not consumed yet (still queued after a refused `io_uring_enter`) is not in the kernel:
+    /// waiting for it only spent the whole deadline while the kernel refused. But a detached
+    /// send's, with `submit_detached`: its bytes were reported written, so it gets its grace
+    /// to reach the kernel (rule 4b).
+    fn settle(&self, deadline: Instant, submit_detached: bool) {
+        let in_kernel = || {
+            let unconsumed = self.unconsumed();
+            (self.ping_armed.get() && !unconsumed.contains(&PING))
+                || self.ops.borrow().iter().any(|(k, l)| {
+                    !matches!(l, Lifecycle::Completed(..))
+                        && (!unconsumed.contains(&self.user_data(k))
+                            || (submit_detached && matches!(l, Lifecycle::Detached(_))))
+                })
         };
-        while (in_kernel(&self.ops.borrow()) || self.ping_armed.get()) && Instant::now() < deadline
-        {
+        while in_kernel() && Instant::now() < deadline {
             if self.ext_arg {
                 let _ = self.enter(1, Some(Duration::from_millis(10)));
             } else {
@@ -1297,6 +1357,63 @@ impl Uring {
                 std::thread::sleep(Duration::from_millis(1));
             }
             self.dispatch();
+        }
+    }
+}
+
+impl Uring {
+    /// Rule 5, once the shutdown stops submitting: the entries the kernel never consumed
+    /// (queued after a refused `io_uring_enter`, in the ring or its overflow) never will, as
+    /// nothing is submitted any more (`sealed`). Their operations end here, as cancelled: a
+    /// live `Op`'s slot completes with `-ECANCELED` (its [`ORPHANS`] result), the data of one
+    /// that is gone is freed, and a wake-ping read among them is not armed. They were taken
+    /// for operations the kernel held: leaked, their `Op`s pending for good.
+    fn settle_unconsumed(&self) {
+        self.sealed.set(true);
+        let unconsumed = self.unconsumed();
+        self.overflow.borrow_mut().clear();
+        if unconsumed.contains(&PING) {
+            self.ping_armed.set(false);
+        }
+        let mut wakers = Vec::new();
+        let mut freed = Vec::new();
+        {
+            let mut ops = self.ops.borrow_mut();
+            let keys: Vec<usize> = ops
+                .iter()
+                .filter(|&(k, _)| unconsumed.contains(&self.user_data(k)))
+                .map(|(k, _)| k)
+                .collect();
+            for key in keys {
+                let Some(slot) = ops.get_mut(key) else {
+                    continue;
+                };
+                match slot {
+                    Lifecycle::Submitted | Lifecycle::Waiting(_) => {
+                        self.completed.set(self.completed.get() + 1);
+                        let done = Lifecycle::Completed(-libc::ECANCELED, self.completed.get());
+                        if let Lifecycle::Waiting(w) = self.set(slot, done) {
+                            wakers.push(w);
+                        }
+                    }
+                    Lifecycle::Ignored(..) | Lifecycle::Detached(_) => {
+                        // Through `set`, so the in-flight count drops with it.
+                        let old = self.set(slot, Lifecycle::Submitted);
+                        ops.remove(key);
+                        if let Lifecycle::Ignored(data, _) | Lifecycle::Detached(data) = old {
+                            freed.push(data);
+                        }
+                    }
+                    Lifecycle::Completed(..) => {}
+                }
+            }
+        }
+        // User code (a buffer's `Drop`, a waker), after the borrow: it may reach this driver.
+        for data in freed {
+            drop_buffer(data);
+        }
+        for w in wakers {
+            crate::task::wake_guarded(w);
         }
     }
 }
