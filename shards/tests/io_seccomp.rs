@@ -230,9 +230,22 @@ async fn tally<T>(
 fn with_failing_submits<R: Send + 'static, F: std::future::Future<Output = R> + 'static>(
     body: impl FnOnce() -> F + Send + 'static,
 ) -> Option<R> {
+    with_denied_enters(common::deny_uring_submit_without_wait, move |exec| {
+        exec.block_on(body).expect("the test task failed")
+    })
+}
+
+/// Runs `f` with a one-shard io_uring executor, on a thread where `deny(EAGAIN)` installed a
+/// seccomp filter on `io_uring_enter`; `None` if it could not (no seccomp) or the executor has
+/// no io_uring (the test then skips). Panics if `f` does not return within 60 s.
+#[cfg(target_arch = "x86_64")]
+fn with_denied_enters<R: Send + 'static>(
+    deny: fn(u32) -> bool,
+    f: impl FnOnce(&Executor) -> R + Send + 'static,
+) -> Option<R> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        if !common::deny_uring_submit_without_wait(libc::EAGAIN as u32) {
+        if !deny(libc::EAGAIN as u32) {
             let _ = tx.send(None);
             return;
         }
@@ -248,8 +261,7 @@ fn with_failing_submits<R: Send + 'static, F: std::future::Future<Output = R> + 
                 return;
             }
         };
-        let r = exec.block_on(body);
-        let _ = tx.send(Some(r.expect("the test task failed")));
+        let _ = tx.send(Some(f(&exec)));
     });
     match rx.recv_timeout(Duration::from_secs(60)) {
         Ok(None) => {
@@ -477,39 +489,19 @@ fn submits_refused_for_now_log_no_warning() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn a_park_whose_submit_is_refused_still_waits() {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        if !common::deny_uring_submit(libc::EAGAIN as u32) {
-            let _ = tx.send(None);
-            return;
-        }
-        let exec = match Executor::builder()
-            .shards(1)
-            .io_driver(DriverChoice::IoUring)
-            .build()
-        {
-            Ok(exec) => exec,
-            Err(e) => {
-                println!("no io_uring here ({e}); skipped");
-                let _ = tx.send(None);
-                return;
-            }
-        };
+    let parks = with_denied_enters(common::deny_uring_submit, |exec| {
         exec.block_on(|| xtc_shards::time::sleep(Duration::from_millis(5)))
             .unwrap();
         let before = exec.loop_stats(0).unwrap().parks;
         exec.block_on(|| xtc_shards::time::sleep(Duration::from_millis(30)))
             .unwrap();
-        let parks = exec.loop_stats(0).unwrap().parks - before;
-        let _ = tx.send(Some(parks));
+        exec.loop_stats(0).unwrap().parks - before
     });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(None) => println!("no seccomp or no io_uring here; skipped"),
-        Ok(Some(parks)) => assert!(
+    if let Some(parks) = parks {
+        assert!(
             parks < 3_000,
             "{parks} parks in a 30 ms sleep: a refused park spins instead of waiting"
-        ),
-        Err(_) => panic!("the test hung, or its thread panicked"),
+        );
     }
 }
 
