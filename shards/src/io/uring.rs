@@ -360,6 +360,10 @@ fn timespec(d: Duration) -> types::Timespec {
 /// `IORING_ENTER_GETEVENTS` (the io-uring crate keeps its `sys` module private).
 const ENTER_GETEVENTS: u32 = 1;
 
+/// `IORING_ENTER_EXT_ARG`: the enter's argument is an `io_uring_getevents_arg`
+/// ([`types::SubmitArgs`]), for a wait with a timeout that submits nothing.
+const ENTER_EXT_ARG: u32 = 8;
+
 fn setup_ring() -> io::Result<IoUring> {
     // DEFER_TASKRUN (completion work only at `GETEVENTS` entries) measured no better here.
     let tuned = IoUring::builder()
@@ -627,36 +631,12 @@ impl Uring {
             std::thread::sleep(timeout);
             return;
         }
-        /// `struct __kernel_timespec`.
-        #[repr(C)]
-        struct KernelTimespec {
-            sec: i64,
-            nsec: i64,
-        }
-        /// `struct io_uring_getevents_arg` (the io-uring crate keeps its own private).
-        #[repr(C)]
-        struct GeteventsArg {
-            sigmask: u64,
-            sigmask_sz: u32,
-            min_wait_usec: u32,
-            ts: u64,
-        }
-        /// `IORING_ENTER_EXT_ARG`.
-        const ENTER_EXT_ARG: u32 = 8;
-        let ts = KernelTimespec {
-            sec: timeout.as_secs().min(i64::MAX as u64) as i64,
-            nsec: i64::from(timeout.subsec_nanos()),
-        };
-        let arg = GeteventsArg {
-            sigmask: 0,
-            sigmask_sz: 0,
-            min_wait_usec: 0,
-            ts: &ts as *const KernelTimespec as u64,
-        };
+        let ts = timespec(timeout);
+        let arg = types::SubmitArgs::new().timespec(&ts);
         let ring = self.ring.borrow();
-        // SAFETY: nothing to submit; `arg` is a live `io_uring_getevents_arg` of the size the
-        // kernel checks (24 bytes), pointing at a live timespec, and no signal mask; both
-        // outlive the call.
+        // SAFETY: nothing to submit; `arg` is the crate's `io_uring_getevents_arg` (a
+        // transparent wrapper, of the size the kernel checks), pointing at a live timespec, and
+        // no signal mask; both outlive the call.
         let r = unsafe {
             ring.submitter().enter(
                 0,
