@@ -108,8 +108,14 @@ static DETACH_LIMIT: types::Timespec = types::Timespec::new().sec(DETACH_LIMIT_S
 /// entries one turn queues before an early submit.
 const ENTRIES: u32 = 256;
 
-/// Longest park while the wake-ping read could not be armed ([`Uring::park`]).
+/// Longest wait while something a wake needs may not be in the kernel ([`retry_bound`]).
 const PING_RETRY: Duration = Duration::from_millis(1);
+
+/// A wait of `timeout` (none: forever) cut to [`PING_RETRY`]: while something a wake needs may
+/// not be in the kernel (the ping read unarmed, entries left in the overflow, a refused enter).
+fn retry_bound(timeout: Option<Duration>) -> Duration {
+    timeout.map_or(PING_RETRY, |t| t.min(PING_RETRY))
+}
 
 /// The opcodes xtc's operations use; a kernel lacking one gets the epoll driver.
 const REQUIRED: &[(u8, &str)] = &[
@@ -564,10 +570,7 @@ impl Uring {
         loop {
             let (want, timeout) = if self.fill_from_overflow() && want > 0 {
                 if self.ext_arg {
-                    (
-                        want,
-                        Some(timeout.map_or(PING_RETRY, |t| t.min(PING_RETRY))),
-                    )
+                    (want, Some(retry_bound(timeout)))
                 } else {
                     (0, None)
                 }
@@ -608,10 +611,7 @@ impl Uring {
                             // without submitting instead, bounded: what is queued (the
                             // wake-ping read among it, maybe) is tried again soon.
                             if want > 0 {
-                                self.wait_only(
-                                    want,
-                                    timeout.map_or(PING_RETRY, |t| t.min(PING_RETRY)),
-                                );
+                                self.wait_only(want, retry_bound(timeout));
                             }
                             return Err(e);
                         }
@@ -916,7 +916,7 @@ impl Uring {
         let timeout = if self.ping_armed.get() {
             timeout
         } else {
-            Some(timeout.map_or(PING_RETRY, |t| t.min(PING_RETRY)))
+            Some(retry_bound(timeout))
         };
         let want = if self.has_completions() { 0 } else { 1 };
         let mut timeout_entry = false;
