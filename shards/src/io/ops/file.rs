@@ -39,27 +39,24 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
                 // to a kernel worker per open (tokio runs every open on its blocking pool); a
                 // worker blocked in an open is interrupted by the cancel of a dropped `open`
                 // future.
-                let op = submit(path, |p| {
+                let build = |p: &mut CString| {
                     opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), p.as_ptr())
                         .flags(flags)
                         .mode(mode)
                         .build()
                         .flags(io_uring::squeue::Flags::ASYNC)
-                })
-                .map(|op| op.result_is_fd())
-                .map_err(|(e, _)| e)?;
-                let driver = op.driver_id();
-                let (res, p) = op.await;
-                // Interrupted with nothing opened: an `open` still awaited whose driver's
-                // shutdown cancelled it (the future outlived its loop: `ECANCELED`, or, from
-                // the kernel worker it waited in, `EINTR` or the kernel's own `ERESTARTSYS`,
-                // 512, which it lets through), or a signal (`std` retries `EINTR` too): opened
-                // again, on the loop that polls it now. It failed with that error, where
-                // epoll's pool job went on and opened.
-                if cut_by_shutdown(res, driver) {
-                    path = p;
-                    continue;
-                }
+                };
+                // Interrupted with nothing opened (`cut_by_shutdown`): opened again, on the
+                // loop that polls it now. It failed with that error, where epoll's pool job
+                // went on and opened.
+                let res = match run_to_end(path, build, true).await {
+                    Ended::Done(res, _) => res,
+                    Ended::Cut(p) => {
+                        path = p;
+                        continue;
+                    }
+                    Ended::Refused(e, _) => return Err(e),
+                };
                 // SAFETY: the kernel returned a fresh descriptor that we now own.
                 return result(res).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as i32) });
             }
@@ -96,6 +93,39 @@ fn cut_by_shutdown(res: i32, driver: u64) -> bool {
         libc::ECANCELED => crate::io::uring::driver_gone(driver),
         libc::EINTR | ERESTARTSYS => true,
         _ => false,
+    }
+}
+
+/// How an io_uring file operation run by [`run_to_end`] ended; each gives its data back.
+enum Ended<T> {
+    /// The kernel's result.
+    Done(i32, T),
+    /// Its driver's shutdown cut it with nothing done ([`cut_by_shutdown`]): the caller starts
+    /// it again, on the loop that polls it now.
+    Cut(T),
+    /// The submit failed.
+    Refused(io::Error, T),
+}
+
+/// Submits the operation `build` makes of `data` (`is_fd`: its result is a new descriptor,
+/// closed if the operation is abandoned) and awaits its end. The one place a file operation
+/// tells a shutdown's cut from the kernel's answer, for `open`, `read_at` and `write_at`.
+async fn run_to_end<T: 'static>(
+    data: T,
+    build: impl FnOnce(&mut T) -> io_uring::squeue::Entry,
+    is_fd: bool,
+) -> Ended<T> {
+    let op = match submit(data, build) {
+        Ok(op) if is_fd => op.result_is_fd(),
+        Ok(op) => op,
+        Err((e, data)) => return Ended::Refused(e, data),
+    };
+    let driver = op.driver_id();
+    let (res, data) = op.await;
+    if cut_by_shutdown(res, driver) {
+        Ended::Cut(data)
+    } else {
+        Ended::Done(res, data)
     }
 }
 
@@ -170,7 +200,7 @@ pub(crate) async fn read_at<B: IoBufMut>(
                 let raw = fd.as_raw_fd();
                 let fixed = fixed_index(&buf);
                 // The descriptor travels with the operation (see the module docs).
-                let op = submit((buf, fd.clone()), |(b, _)| {
+                let build = |(b, _): &mut (B, Arc<OwnedFd>)| {
                     let (ptr, len) = (
                         b.stable_mut_ptr(),
                         b.bytes_total().min(u32::MAX as usize) as u32,
@@ -184,18 +214,14 @@ pub(crate) async fn read_at<B: IoBufMut>(
                             .offset(at)
                             .build(),
                     }
-                });
-                match op {
-                    Ok(op) => {
-                        let driver = op.driver_id();
-                        let (res, (b, _fd)) = op.await;
+                };
+                match run_to_end((buf, fd.clone()), build, false).await {
+                    Ended::Done(res, (b, _fd)) => {
                         buf = b;
-                        if cut_by_shutdown(res, driver) {
-                            continue;
-                        }
                         break result(res).map(|n| n as usize);
                     }
-                    Err((e, (b, _fd))) => return (Err(e), b),
+                    Ended::Cut((b, _fd)) => buf = b,
+                    Ended::Refused(e, (b, _fd)) => return (Err(e), b),
                 }
             }
             Driver::Epoll => {
@@ -263,7 +289,7 @@ pub(crate) async fn write_at<B: IoBuf>(
                 let raw = fd.as_raw_fd();
                 let fixed = fixed_index(&buf);
                 // The descriptor travels with the operation (see the module docs).
-                let op = submit((buf, fd.clone()), |(b, _)| {
+                let build = |(b, _): &mut (B, Arc<OwnedFd>)| {
                     let (ptr, len) = (b.stable_ptr(), b.bytes_init().min(u32::MAX as usize) as u32);
                     let at = pos.unwrap_or(CURRENT);
                     match fixed {
@@ -274,18 +300,11 @@ pub(crate) async fn write_at<B: IoBuf>(
                             .offset(at)
                             .build(),
                     }
-                });
-                match op {
-                    Ok(op) => {
-                        let driver = op.driver_id();
-                        let (res, (b, _fd)) = op.await;
-                        if cut_by_shutdown(res, driver) {
-                            buf = b;
-                            continue;
-                        }
-                        return (result(res).map(|n| n as usize), b);
-                    }
-                    Err((e, (b, _fd))) => return (Err(e), b),
+                };
+                match run_to_end((buf, fd.clone()), build, false).await {
+                    Ended::Done(res, (b, _fd)) => return (result(res).map(|n| n as usize), b),
+                    Ended::Cut((b, _fd)) => buf = b,
+                    Ended::Refused(e, (b, _fd)) => return (Err(e), b),
                 }
             }
             Driver::Epoll => {
