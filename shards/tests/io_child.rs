@@ -163,7 +163,7 @@ fn child_accept_warns_once_while_it_stays_at_the_descriptor_limit() {
     lower_nofile(64);
     let warnings = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     tracing::subscriber::with_default(
-        common::CountEvents(tracing::Level::WARN, warnings.clone()),
+        common::count_events(tracing::Level::WARN, warnings.clone()),
         || {
             tracing::warn!("a probe: the counter sees this thread's warnings");
             assert_eq!(warnings.load(SeqCst), 1, "the counter is not installed");
@@ -1562,7 +1562,7 @@ fn child_a_stream_dropped_with_unsent_bytes_on_epoll_warns() {
     };
     let warnings = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     tracing::subscriber::with_default(
-        common::CountEvents(tracing::Level::WARN, warnings.clone()),
+        common::count_events(tracing::Level::WARN, warnings.clone()),
         || {
             std::env::set_var("XTC_IO", "epoll");
             let epoll = LocalExecutor::new().unwrap();

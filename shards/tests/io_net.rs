@@ -2966,7 +2966,7 @@ fn an_owned_read_after_a_dropped_trait_read_gets_its_bytes() {
 fn a_completed_operation_outliving_its_loop_does_not_stall_the_shutdown() {
     let errors = Arc::new(AtomicUsize::new(0));
     let (a, b) = tracing::subscriber::with_default(
-        common::CountEvents(tracing::Level::ERROR, errors.clone()),
+        common::count_events(tracing::Level::ERROR, errors.clone()),
         || {
             tracing::error!("a probe: the counter sees this thread's errors");
             assert_eq!(errors.load(SeqCst), 1, "the error counter is not installed");

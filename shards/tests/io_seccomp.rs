@@ -444,7 +444,7 @@ fn submits_refused_for_now_log_no_warning() {
     const N: usize = 300;
     let got = with_failing_submits(|| async {
         let warnings = Arc::new(AtomicUsize::new(0));
-        let _counting = tracing::subscriber::set_default(common::CountEvents(
+        let _counting = tracing::subscriber::set_default(common::count_events(
             tracing::Level::WARN,
             warnings.clone(),
         ));

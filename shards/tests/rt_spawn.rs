@@ -588,7 +588,7 @@ fn busy_time_stops_counting_when_a_loop_panics() {
     let ex = xtc_shards::LocalExecutor::new().unwrap();
     let h = ex.block_on(async { shard::handle().expect("on a loop") });
     h.set_stall_budget(Duration::from_millis(1));
-    let ran = tracing::subscriber::with_default(PanicOnEvents(tracing::Level::WARN), || {
+    let ran = tracing::subscriber::with_default(panic_on_events(tracing::Level::WARN), || {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             ex.block_on(async {
                 // Over the budget: the poll's end reports it, and the report panics.
@@ -621,7 +621,7 @@ fn a_local_executor_whose_loop_panics_still_drops_its_tasks() {
     let dropped = Arc::new(AtomicUsize::new(0));
     let parked = Rc::new(Cell::new(None));
     let (d, p) = (dropped.clone(), parked.clone());
-    let ran = tracing::subscriber::with_default(PanicOnEvents(tracing::Level::WARN), || {
+    let ran = tracing::subscriber::with_default(panic_on_events(tracing::Level::WARN), || {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             ex.block_on(async move {
                 let guard = DropCount(d);

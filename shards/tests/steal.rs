@@ -877,7 +877,7 @@ fn a_nested_runs_sweep_does_not_wait_for_the_task_whose_drop_runs_it() {
     }
     let warnings = Arc::new(AtomicUsize::new(0));
     tracing::subscriber::with_default(
-        common::CountEvents(tracing::Level::WARN, warnings.clone()),
+        common::count_events(tracing::Level::WARN, warnings.clone()),
         || {
             tracing::warn!("a probe: the counter sees this thread's warnings");
             assert_eq!(warnings.load(SeqCst), 1, "the counter is not installed");

@@ -340,38 +340,32 @@ pub fn deny_uring_submit(errno: u32) -> bool {
     ])
 }
 
-/// A tracing subscriber that counts the events of one level logged on the thread it is the
-/// default subscriber of (`tracing::subscriber::with_default`): a test can check that a
-/// warning or error was (or was not) logged instead of timing what would log it.
-pub struct CountEvents(
-    pub tracing::Level,
-    pub std::sync::Arc<std::sync::atomic::AtomicUsize>,
-);
+/// A tracing subscriber that runs `.1` for each event of level `.0` logged on the thread it is
+/// the default subscriber of (`tracing::subscriber::with_default`); see [`count_events`] and
+/// [`panic_on_events`].
+pub struct OnEvents<F>(pub tracing::Level, pub F);
 
-impl tracing::Subscriber for CountEvents {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == self.0 {
-            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
+/// Counts the events of `level` into `counter`: a test can check that a warning or error was
+/// (or was not) logged instead of timing what would log it.
+pub fn count_events(
+    level: tracing::Level,
+    counter: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> OnEvents<impl Fn() + Send + Sync + 'static> {
+    OnEvents(level, move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    })
 }
 
-/// A tracing subscriber whose `event` panics for events of one level (on the thread it is the
-/// default subscriber of): user code that panics inside the loop, where xtc logs (the stall
-/// watchdog's warning, the one report sink it does not guard as it guards a stall callback).
-pub struct PanicOnEvents(pub tracing::Level);
+/// Panics at each event of `level`: user code that panics inside the loop, where xtc logs (the
+/// stall watchdog's warning, the one report sink it does not guard as it guards a stall
+/// callback).
+pub fn panic_on_events(level: tracing::Level) -> OnEvents<impl Fn() + Send + Sync + 'static> {
+    OnEvents(level, move || {
+        panic!("planted: the subscriber panics on a {level} event")
+    })
+}
 
-impl tracing::Subscriber for PanicOnEvents {
+impl<F: Fn() + Send + Sync + 'static> tracing::Subscriber for OnEvents<F> {
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
         true
     }
@@ -382,7 +376,7 @@ impl tracing::Subscriber for PanicOnEvents {
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
         if *event.metadata().level() == self.0 {
-            panic!("planted: the subscriber panics on a {} event", self.0);
+            (self.1)();
         }
     }
     fn enter(&self, _: &tracing::span::Id) {}
