@@ -102,6 +102,9 @@ pub(crate) struct Core {
     /// Set by `yield_if_due` when it yields (and by an `Interval` tick that yields before it
     /// completes): the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
+    /// Ready readiness calls the task being polled may still make before its next one yields
+    /// (`io::source::coop_spend`): set to `io::COOP_BUDGET` before each poll of a task.
+    pub(crate) coop_left: Cell<u32>,
     /// A `submit_to` polled on this loop by a pinned task waits for its reply from another
     /// shard (set when its join returns `Pending`, taken at the park decision): the loop spins
     /// up to the reply spin before it parks, so the reply needs no wake-up of its own. (A
@@ -324,6 +327,7 @@ impl Core {
             migr_delta: Cell::new(0),
             spawning: Cell::new(false),
             end_batch: Cell::new(false),
+            coop_left: Cell::new(crate::io::COOP_BUDGET),
             reply_awaited: Cell::new(false),
             replies_awaited: Cell::new(0),
             inline_left: Cell::new(0),

@@ -35,7 +35,7 @@ use xtc_shards::{
     io::{Driver, FixedBufPool, IoBuf, IoBufMut},
     net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream},
     shard, spawn_local, submit_to,
-    time::sleep,
+    time::{sleep, sleep_until},
     Error, Executor, LocalExecutor,
 };
 
@@ -363,12 +363,64 @@ fn tcp_bind_reuseport_on_two_shards_both_accept() {
     );
 }
 
-/// An accept loop whose listener always has a connection waiting lets the loop's other tasks
-/// and due timers run: on epoll each `accept4` that finds a connection returned at once, so
-/// such a loop never gave up its loop for as long as the backlog held connections (a flood of
-/// connects starved every other task of the shard: timers, other connections' I/O). io_uring
-/// completes each `ACCEPT` through a loop turn. Deterministic: the connections are all queued
-/// (and a timer is due) before the first accept.
+/// Watches whether the loop turned during a run of I/O calls that each find their fd ready:
+/// another task spawned now, and a timer made due before the run starts (a blocking wait on
+/// the loop: nothing else runs meanwhile). `step(i)` records the first call after which
+/// each had run; `check` fails unless both ran before the run ended. On epoll such a call
+/// returns at once, so a loop of them never returned `Pending` and held its loop (other tasks,
+/// timers, other connections' I/O) for as long as its fd stayed ready; io_uring completes each
+/// operation through a loop turn. Deterministic: the fd is ready before the first call.
+struct Turns {
+    ran: Rc<std::cell::Cell<bool>>,
+    ticked: Rc<std::cell::Cell<bool>>,
+    ran_at: Option<usize>,
+    ticked_at: Option<usize>,
+}
+
+impl Turns {
+    fn start() -> Turns {
+        let ran = Rc::new(std::cell::Cell::new(false));
+        let ticked = Rc::new(std::cell::Cell::new(false));
+        let (r, t) = (ran.clone(), ticked.clone());
+        spawn_local(async move { r.set(true) });
+        // The deadline is taken now, not at the task's first poll (which comes only when the
+        // loop turns): due after the wait below, before the first call.
+        let due = std::time::Instant::now() + Duration::from_millis(1);
+        spawn_local(async move {
+            sleep_until(due).await;
+            t.set(true);
+        });
+        thread::sleep(Duration::from_millis(5));
+        Turns {
+            ran,
+            ticked,
+            ran_at: None,
+            ticked_at: None,
+        }
+    }
+
+    fn step(&mut self, i: usize) {
+        if self.ran.get() && self.ran_at.is_none() {
+            self.ran_at = Some(i);
+        }
+        if self.ticked.get() && self.ticked_at.is_none() {
+            self.ticked_at = Some(i);
+        }
+    }
+
+    fn check(&self, driver: Driver, what: &str) {
+        assert!(
+            self.ran_at.is_some() && self.ticked_at.is_some(),
+            "[{driver}] {what} never let the loop turn: another task ran at call {:?}, a due \
+             timer fired at call {:?}",
+            self.ran_at,
+            self.ticked_at
+        );
+    }
+}
+
+/// An accept loop whose listener always has a connection waiting lets the loop turn
+/// ([`Turns`]): a flood of connects starved every other task of the shard.
 #[test]
 fn an_accept_loop_with_a_full_backlog_lets_the_loop_turn() {
     const N: usize = 200;
@@ -383,34 +435,97 @@ fn an_accept_loop_with_a_full_backlog_lets_the_loop_turn() {
             let clients: Vec<_> = (0..N)
                 .map(|_| std::net::TcpStream::connect(addr).unwrap())
                 .collect();
-            let ran = Rc::new(std::cell::Cell::new(false));
-            let ticked = Rc::new(std::cell::Cell::new(false));
-            let (r, t) = (ran.clone(), ticked.clone());
-            spawn_local(async move { r.set(true) });
-            spawn_local(async move {
-                sleep(Duration::from_millis(1)).await;
-                t.set(true);
-            });
-            // The timer is due before the first accept (a blocking wait on the loop: nothing
-            // else runs meanwhile).
-            thread::sleep(Duration::from_millis(5));
-            let (mut ran_at, mut ticked_at) = (None, None);
+            let mut turns = Turns::start();
             for i in 0..N {
                 let (s, _) = guard("accept", l.accept()).await.unwrap();
                 drop(s);
-                if ran.get() && ran_at.is_none() {
-                    ran_at = Some(i);
-                }
-                if ticked.get() && ticked_at.is_none() {
-                    ticked_at = Some(i);
-                }
+                turns.step(i);
             }
             drop(clients);
-            assert!(
-                ran_at.is_some() && ticked_at.is_some(),
-                "[{driver}] {N} ready accepts in a row never let the loop turn: another task \
-                 ran at accept {ran_at:?}, a due timer fired at accept {ticked_at:?}"
-            );
+            turns.check(driver, &format!("{N} ready accepts in a row"));
+        },
+    );
+}
+
+/// A read loop over a stream whose bytes are all queued lets the loop turn ([`Turns`]): a
+/// peer that keeps a connection full starved every other task of the shard (the accept loop's
+/// old fix was the accept's own; every ready call now spends the task's budget).
+#[test]
+fn a_read_loop_over_queued_bytes_lets_the_loop_turn() {
+    const N: usize = 512;
+    const CHUNK: usize = 64;
+    on_each_driver(
+        "a_read_loop_over_queued_bytes_lets_the_loop_turn",
+        1,
+        |driver| async move {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (s, _) = guard("accept", l.accept()).await.unwrap();
+            // 32 KiB: well inside loopback's socket buffers, so this blocking write returns.
+            let sent = pattern(3, N * CHUNK);
+            peer.write_all(&sent).unwrap();
+            // Let the bytes land in the receive queue (a loopback write is delivered by the
+            // writing call; the wait in `Turns::start` covers any softirq lag).
+            let mut turns = Turns::start();
+            let mut got = Vec::with_capacity(sent.len());
+            for i in 0..N {
+                let (r, b) = guard("read", s.read(Vec::with_capacity(CHUNK))).await;
+                assert_eq!(r.unwrap(), b.len());
+                got.extend_from_slice(&b);
+                turns.step(i);
+                if got.len() == sent.len() {
+                    break;
+                }
+            }
+            assert_eq!(got, sent, "[{driver}] bytes read in order, none lost");
+            turns.check(driver, &format!("{N} ready reads in a row"));
+        },
+    );
+}
+
+/// The same for owned-buffer writes into a socket with room ([`Turns`]) and for
+/// `UdpSocket::recv_from` over queued datagrams.
+#[test]
+fn write_and_datagram_loops_on_ready_sockets_let_the_loop_turn() {
+    const N: usize = 200;
+    on_each_driver(
+        "write_and_datagram_loops_on_ready_sockets_let_the_loop_turn",
+        1,
+        |driver| async move {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (s, _) = guard("accept", l.accept()).await.unwrap();
+            let mut turns = Turns::start();
+            // 200 writes of 64 bytes: 12.8 KiB, far inside the socket buffers.
+            for i in 0..N {
+                let (r, _) = guard("write", s.write_all(pattern(i, 64))).await;
+                r.unwrap();
+                turns.step(i);
+            }
+            turns.check(driver, &format!("{N} ready writes in a row"));
+            let mut got = vec![0u8; N * 64];
+            peer.read_exact(&mut got).unwrap();
+            let want: Vec<u8> = (0..N).flat_map(|i| pattern(i, 64)).collect();
+            assert_eq!(got, want, "[{driver}] bytes written in order");
+
+            let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let from = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            for i in 0..N {
+                from.send_to(&(i as u32).to_le_bytes(), u.local_addr().unwrap())
+                    .unwrap();
+            }
+            let mut turns = Turns::start();
+            for i in 0..N {
+                let (r, b) = guard("recv_from", u.recv_from(Vec::with_capacity(16))).await;
+                let (n, _) = r.unwrap();
+                assert_eq!(
+                    &b[..n],
+                    &(i as u32).to_le_bytes(),
+                    "[{driver}] datagram order"
+                );
+                turns.step(i);
+            }
+            turns.check(driver, &format!("{N} ready datagram receives in a row"));
         },
     );
 }

@@ -20,7 +20,7 @@ use std::{
     io,
     mem::MaybeUninit,
     os::fd::{FromRawFd, OwnedFd},
-    pin::{pin, Pin},
+    pin::Pin,
     task::Poll,
 };
 
@@ -97,17 +97,7 @@ pub(crate) struct Kept {
     /// The accepts waiting on an `ACCEPT` of their own (not a kept one): woken when an accept
     /// is kept.
     waiting: super::OwnWaiters,
-    /// Accepts on epoll that found a connection at once, in a row (none waited since): at
-    /// [`READY_IN_A_ROW`] the next one yields first.
-    ready_in_a_row: Cell<u32>,
 }
-
-/// Accepts on epoll that may find a connection waiting, in a row, before the next one yields
-/// (ending its loop's batch, as `yield_if_due` does). Each such `accept4` returns at once, so an
-/// accept loop whose backlog a flood of connects keeps filling never returned `Pending` and
-/// held its loop (timers, other tasks, other connections' I/O) for as long as the flood
-/// lasted. io_uring needs none: each `ACCEPT` completes through a loop turn.
-const READY_IN_A_ROW: u32 = 32;
 
 /// What [`Kept::settle`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -371,16 +361,9 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                 }
             }
             Driver::Epoll => {
-                if kept.ready_in_a_row.get() >= READY_IN_A_ROW {
-                    kept.ready_in_a_row.set(0);
-                    // Before the call, not after: dropped while it yields, it took nothing.
-                    yield_ending_batch().await;
-                    // Again on whatever loop it resumed on.
-                    continue;
-                }
-                // Whether it waited (returned `Pending`): then it gave up its loop.
-                let mut waited = false;
-                let mut call = pin!(ready(src, Dir::Read, |fd| {
+                // A backlog a flood keeps full finds a connection at every call: the loop's
+                // cooperative budget (`source::coop_spend`) makes the accept loop yield.
+                return ready(src, Dir::Read, |fd| {
                     let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
                     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                     // SAFETY: `storage` and `len` are live locals sized for any address.
@@ -395,33 +378,9 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                             SockAddr::new(storage.assume_init(), len),
                         )
                     })
-                }));
-                let res = poll_fn(|cx| {
-                    let p = call.as_mut().poll(cx);
-                    waited |= p.is_pending();
-                    p
                 })
                 .await;
-                let run = kept.ready_in_a_row.get();
-                kept.ready_in_a_row
-                    .set(if waited { 0 } else { run.saturating_add(1) });
-                return res;
             }
         }
     }
-}
-
-/// Yields once, ending the loop's batch after this poll (as `yield_if_due` does), so due
-/// timers, I/O and the inbox are served before the task runs again: a plain wake re-queued it
-/// in the same batch, run again before the loop looked at any of them.
-fn yield_ending_batch() -> impl Future<Output = ()> {
-    let mut yielded = false;
-    poll_fn(move |cx| {
-        if std::mem::replace(&mut yielded, true) {
-            return Poll::Ready(());
-        }
-        crate::context::with_core(|c| c.end_batch.set(true));
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    })
 }
