@@ -103,7 +103,7 @@ pub(crate) struct Core {
     /// completes): the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
     /// Ready readiness calls the task being polled may still make before its next one yields
-    /// (`io::source::coop_spend`): set to `io::COOP_BUDGET` before each poll of a task.
+    /// (`context::coop_spend`): set to `io::COOP_BUDGET` before each poll of a task.
     pub(crate) coop_left: Cell<u32>,
     /// A `submit_to` polled on this loop by a pinned task waits for its reply from another
     /// shard (set when its join returns `Pending`, taken at the park decision): the loop spins
@@ -579,6 +579,42 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
         // guard's scope, on this thread) and, being `!Sync`, used by this thread alone.
         Some(f(unsafe { &*p }))
     }
+}
+
+/// Spends one unit of the polled task's cooperative budget (`io::COOP_BUDGET`, reset before
+/// each poll by the loop) on a readiness call about to run with its fd marked ready, which
+/// returns without a loop turn. `false` when the budget is spent: the caller must yield
+/// (wake itself and return `Pending`) instead of calling; the loop's batch then ends after
+/// this poll, so due timers, I/O and the inbox are served before the task runs again (a plain
+/// wake re-queued it in the same batch). Off any loop (a future polled by a foreign
+/// executor) there is no budget: always `true`. A foreign executor blocking inside a task's
+/// poll on a loop thread spends that poll's budget (then its ready calls keep yielding
+/// until the task's poll ends): I/O objects belong to their loop's tasks. Cost: one
+/// thread-local read and a `Cell` update.
+pub(crate) fn coop_spend() -> bool {
+    with_core(|c| {
+        let left = c.coop_left.get();
+        if left == 0 {
+            // Stays spent for the rest of this poll: every ready call in it yields (a task
+            // selecting over two streams must not go on with the other one).
+            c.end_batch.set(true);
+            false
+        } else {
+            c.coop_left.set(left - 1);
+            true
+        }
+    })
+    .unwrap_or(true)
+}
+
+/// Ends the loop's batch after the current poll and wakes `waker`: the caller returns
+/// `Pending`, so due timers, I/O and the inbox are served before its task runs again (a plain
+/// wake re-queued it in the same batch, run again before the loop looked at any of them). For
+/// an operation that could go on without waiting but has held its loop long enough. Off any
+/// loop, only the wake. Cost: one thread-local read and a waker call.
+pub(crate) fn yield_ending_batch(waker: &std::task::Waker) {
+    with_core(|c| c.end_batch.set(true));
+    waker.wake_by_ref();
 }
 
 /// Runs `f` with no task marked as being polled on this thread's loop (`Core::current` null,

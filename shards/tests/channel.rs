@@ -1406,3 +1406,81 @@ fn a_send_many_into_a_huge_ring_lets_other_tasks_run() {
         "the other task ran only after send_many had sent all {sent} items"
     );
 }
+
+/// Whether the loop turned (another task ran, and a timer due before the run fired) during
+/// `n` channel calls that each find the ring ready. A consumer whose producer on another
+/// shard keeps the ring from emptying (or a producer whose consumer keeps it from filling)
+/// never returned `Pending` and held its loop for as long as the stream lasted.
+/// Deterministic: the ring is ready for every call before the first.
+async fn turns_during(what: &str, n: usize, mut call: impl AsyncFnMut(usize)) {
+    use std::{cell::Cell, rc::Rc};
+    let (ran, ticked) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(false)));
+    let (r, t) = (ran.clone(), ticked.clone());
+    xtc_shards::spawn_local(async move { r.set(true) });
+    let due = std::time::Instant::now() + Duration::from_millis(1);
+    xtc_shards::spawn_local(async move {
+        xtc_shards::time::sleep_until(due).await;
+        t.set(true);
+    });
+    // A blocking wait: the timer is due before the first call.
+    std::thread::sleep(Duration::from_millis(5));
+    let (mut ran_at, mut ticked_at) = (None, None);
+    for i in 0..n {
+        call(i).await;
+        if ran.get() && ran_at.is_none() {
+            ran_at = Some(i);
+        }
+        if ticked.get() && ticked_at.is_none() {
+            ticked_at = Some(i);
+        }
+    }
+    assert!(
+        ran_at.is_some() && ticked_at.is_some(),
+        "{n} {what} in a row never let the loop turn: another task ran at call {ran_at:?}, a \
+         due timer fired at call {ticked_at:?}"
+    );
+}
+
+#[test]
+fn shared_recv_and_send_over_a_ready_ring_let_the_loop_turn() {
+    const N: usize = 4096;
+    let (mut tx, mut rx) = shared::bounded::<usize>(N).unwrap();
+    // Filled from another thread before the consumer starts.
+    std::thread::spawn(move || {
+        for i in 0..N {
+            tx.try_send(i).unwrap();
+        }
+        tx
+    })
+    .join()
+    .unwrap();
+    LocalExecutor::new().unwrap().block_on(async move {
+        turns_during("ready receives", N, async |i| {
+            assert_eq!(rx.recv().await, Some(i), "in order");
+        })
+        .await;
+    });
+
+    let (mut tx, mut rx) = shared::bounded::<usize>(N).unwrap();
+    LocalExecutor::new().unwrap().block_on(async move {
+        turns_during("sends with room", N, async |i| tx.send(i).await.unwrap()).await;
+    });
+    for i in 0..N {
+        assert_eq!(rx.try_recv(), Ok(i), "every send landed, in order");
+    }
+
+    let (mut tx, mut rx) = shared::bounded::<usize>(N).unwrap();
+    for i in 0..N {
+        tx.try_send(i).unwrap();
+    }
+    LocalExecutor::new().unwrap().block_on(async move {
+        let mut next = 0;
+        turns_during("ready batch receives of 8", N / 8, async |_| {
+            let mut buf = Vec::new();
+            assert_eq!(rx.recv_many(&mut buf, 8).await, 8);
+            assert_eq!(buf, (next..next + 8).collect::<Vec<_>>(), "in order");
+            next += 8;
+        })
+        .await;
+    });
+}

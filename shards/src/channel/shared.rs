@@ -199,12 +199,14 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
             chan: chan.clone(),
             held: None,
             last: last.clone(),
+            run: 0,
         },
         Receiver {
             ring: c,
             signaller: Signaller::new(Arc::new(SignalTx(chan.clone())), capacity),
             chan,
             last,
+            run: 0,
         },
     ))
 }
@@ -298,6 +300,8 @@ pub struct Sender<T> {
     /// Not in `Chan`, which is not generic (its end-of-turn signals are `'static` trait
     /// objects, and a channel's `T` need not be `'static`).
     last: Arc<Mutex<Option<Box<T>>>>,
+    /// Items sent in a row without waiting ([`CHANNEL_BUDGET`]).
+    run: u32,
 }
 
 /// The receiving end. `Send`, not `Clone`: exactly one consumer.
@@ -309,6 +313,8 @@ pub struct Receiver<T> {
     chan: Arc<Chan>,
     /// The item the `Sender` held when it dropped with the ring full (`Sender::last`).
     last: Arc<Mutex<Option<Box<T>>>>,
+    /// Items received in a row without waiting ([`CHANNEL_BUDGET`]).
+    run: u32,
 }
 
 impl<T> Sender<T> {
@@ -318,7 +324,9 @@ impl<T> Sender<T> {
     /// [`send_many`](Self::send_many) over `iter.by_ref()`, which keeps what it has not sent).
     /// Cost: a ring push; an atomic read-modify-write only once per turn and per
     /// `capacity / 4` sends (rule 2; every send off any loop). A wait for room adds a lock,
-    /// a waker clone when the waker changed, and a swap (rule 3).
+    /// a waker clone when the waker changed, and a swap (rule 3). After 1,024 sends in a row
+    /// that did not wait, the next one yields first, for one loop turn, so a receiver that
+    /// keeps up cannot let this task hold its loop.
     pub fn send(&mut self, value: T) -> SendFut<'_, T> {
         SendFut {
             pending: Some((self, value)),
@@ -492,8 +500,18 @@ impl<T> Future for SendFut<'_, T> {
             // Its value was sent, or given back in an `Err`: reporting `Ok` now could be a lie.
             panic!("xtc: channel::shared::SendFut polled after it completed");
         };
+        if tx.run >= CHANNEL_BUDGET {
+            // Before the send: dropped while it yields, it sent nothing.
+            tx.run = 0;
+            crate::context::yield_ending_batch(cx.waker());
+            this.pending = Some((tx, value));
+            return Poll::Pending;
+        }
         let value = match tx.try_send(value) {
-            Ok(()) => return Poll::Ready(Ok(())),
+            Ok(()) => {
+                tx.run += 1;
+                return Poll::Ready(Ok(()));
+            }
             Err(TrySendError::Closed(v)) => return Poll::Ready(Err(SendError(v))),
             Err(TrySendError::Full(v)) => v,
         };
@@ -503,12 +521,23 @@ impl<T> Future for SendFut<'_, T> {
             Ok(()) => Poll::Ready(Ok(())),
             Err(TrySendError::Closed(v)) => Poll::Ready(Err(SendError(v))),
             Err(TrySendError::Full(v)) => {
+                tx.run = 0;
                 this.pending = Some((tx, v));
                 Poll::Pending
             }
         }
     }
 }
+
+/// Items an end sends ([`Sender::send`]) or receives ([`Receiver::recv`],
+/// [`Receiver::recv_many`]) in a row without waiting before its next call yields first,
+/// ending its loop's batch: a consumer whose producer on another shard keeps the ring from
+/// ever emptying (or a producer whose consumer keeps it from ever filling) never returned
+/// `Pending` and held its loop (timers, the inbox, `submit_to` calls, other tasks) for as
+/// long as the stream lasted. 1,024, a benchmark ring's worth: a few microseconds of
+/// transfers, where an epoll call's budget (`io::COOP_BUDGET`) counts system calls of about a
+/// microsecond each.
+const CHANNEL_BUDGET: u32 = 1024;
 
 /// The most items a poll of [`SendMany`] sends before it yields: a ring's worth, up to this.
 /// Above the rings of the benchmarks (1,024 slots), so their batches are unchanged.
@@ -616,7 +645,9 @@ impl<T> Receiver<T> {
     /// Receives the next value, waiting while the channel is empty; `None` once the sender is
     /// gone and everything it sent was received. Cost: a ring pop, as
     /// [`try_recv`](Self::try_recv); a wait adds a lock, a waker clone when the waker changed,
-    /// and a swap (rule 1).
+    /// and a swap (rule 1). After 1,024 items in a row received without waiting (here and by
+    /// [`recv_many`](Self::recv_many)), the next call yields first, for one loop turn, so a
+    /// sender that keeps the ring from emptying cannot let this task hold its loop.
     pub fn recv(&mut self) -> RecvFut<'_, T> {
         RecvFut { rx: self }
     }
@@ -704,7 +735,9 @@ impl<T> Receiver<T> {
     /// least one is queued, as tokio's `mpsc::Receiver::recv_many` does. Resolves to how many;
     /// 0 only when `limit` is 0 or the channel is closed and drained.
     ///
-    /// Cost per batch: as [`try_recv_many`](Self::try_recv_many).
+    /// Cost per batch: as [`try_recv_many`](Self::try_recv_many). Once 1,024 items were
+    /// received in a row without waiting, the next call yields first, for one loop turn (as
+    /// [`recv`](Self::recv)).
     pub fn recv_many<'a>(&'a mut self, buf: &'a mut Vec<T>, limit: usize) -> RecvMany<'a, T> {
         RecvMany {
             rx: self,
@@ -726,8 +759,16 @@ impl<T> Future for RecvFut<'_, T> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
         let rx = &mut *self.rx;
+        if rx.run >= CHANNEL_BUDGET {
+            rx.run = 0;
+            crate::context::yield_ending_batch(cx.waker());
+            return Poll::Pending;
+        }
         match rx.try_recv() {
-            Ok(v) => return Poll::Ready(Some(v)),
+            Ok(v) => {
+                rx.run += 1;
+                return Poll::Ready(Some(v));
+            }
             Err(TryRecvError::Closed) => return Poll::Ready(None),
             Err(TryRecvError::Empty) => {}
         }
@@ -736,7 +777,10 @@ impl<T> Future for RecvFut<'_, T> {
         match rx.try_recv() {
             Ok(v) => Poll::Ready(Some(v)),
             Err(TryRecvError::Closed) => Poll::Ready(None),
-            Err(TryRecvError::Empty) => Poll::Pending,
+            Err(TryRecvError::Empty) => {
+                rx.run = 0;
+                Poll::Pending
+            }
         }
     }
 }
@@ -754,8 +798,16 @@ impl<T> Future for RecvMany<'_, T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<usize> {
         let this = &mut *self;
+        if this.rx.run >= CHANNEL_BUDGET {
+            this.rx.run = 0;
+            crate::context::yield_ending_batch(cx.waker());
+            return Poll::Pending;
+        }
         match this.rx.try_recv_many(this.buf, this.limit) {
-            Ok(n) => return Poll::Ready(n),
+            Ok(n) => {
+                this.rx.run = this.rx.run.saturating_add(n.try_into().unwrap_or(u32::MAX));
+                return Poll::Ready(n);
+            }
             Err(TryRecvError::Closed) => return Poll::Ready(0),
             Err(TryRecvError::Empty) => {}
         }
@@ -764,7 +816,10 @@ impl<T> Future for RecvMany<'_, T> {
         match this.rx.try_recv_many(this.buf, this.limit) {
             Ok(n) => Poll::Ready(n),
             Err(TryRecvError::Closed) => Poll::Ready(0),
-            Err(TryRecvError::Empty) => Poll::Pending,
+            Err(TryRecvError::Empty) => {
+                this.rx.run = 0;
+                Poll::Pending
+            }
         }
     }
 }

@@ -30,7 +30,7 @@
 //!   stream whose peer keeps it full (or accepting from a backlog a flood keeps full, or
 //!   writing into a socket a fast reader keeps drained) would never return `Pending` and held
 //!   its loop for good. So each poll of a task may make `COOP_BUDGET` (128) such ready calls;
-//!   the next one yields first, ending the loop's batch (`source::coop_spend`), as tokio's
+//!   the next one yields first, ending the loop's batch (`context::coop_spend`), as tokio's
 //!   cooperative budget does. io_uring needs none: each operation completes through a turn.
 //!
 //! Each operation lives in one file with both backends (`ops/`), so the two paths are read side
@@ -75,7 +75,7 @@ pub(crate) fn next_driver_id() -> u64 {
 pub(crate) const REAP_EVERY: usize = 32;
 
 /// Ready readiness calls (epoll) one poll of a task may make before the next one yields
-/// (`source::coop_spend`). 128, as tokio's budget: at about a microsecond per system call, a
+/// (`context::coop_spend`). 128, as tokio's budget: at about a microsecond per system call, a
 /// task holds its loop for a fraction of a millisecond at most before timers, the inbox and
 /// other tasks are served.
 pub(crate) const COOP_BUDGET: u32 = 128;

@@ -183,7 +183,7 @@ impl Source {
         id: u64,
     ) -> Poll<io::Result<R>> {
         let token = self.token(e);
-        if e.is_ready(token, dir) && !coop_spend() {
+        if e.is_ready(token, dir) && !context::coop_spend() {
             // Out of budget: yield before the call (dropped while it yields, it did nothing).
             cx.waker().wake_by_ref();
             return Poll::Pending;
@@ -223,32 +223,6 @@ impl Drop for Source {
             super::close_after_submit(fd);
         }
     }
-}
-
-/// Spends one unit of the polled task's cooperative budget (`io::COOP_BUDGET`, reset before
-/// each poll by the loop) on a readiness call about to run with its fd marked ready, which
-/// returns without a loop turn. `false` when the budget is spent: the caller must yield
-/// (wake itself and return `Pending`) instead of calling; the loop's batch then ends after
-/// this poll, so due timers, I/O and the inbox are served before the task runs again (a plain
-/// wake re-queued it in the same batch). Off any loop (a future polled by a foreign
-/// executor) there is no budget: always `true`. A foreign executor blocking inside a task's
-/// poll on a loop thread spends that poll's budget (then its ready calls keep yielding
-/// until the task's poll ends): I/O objects belong to their loop's tasks. Cost: one
-/// thread-local read and a `Cell` update.
-pub(crate) fn coop_spend() -> bool {
-    context::with_core(|c| {
-        let left = c.coop_left.get();
-        if left == 0 {
-            // Stays spent for the rest of this poll: every ready call in it yields (a task
-            // selecting over two streams must not go on with the other one).
-            c.end_batch.set(true);
-            false
-        } else {
-            c.coop_left.set(left - 1);
-            true
-        }
-    })
-    .unwrap_or(true)
 }
 
 /// Whether epoll driver `id` is alive on this thread (its loop running, or hidden by

@@ -362,7 +362,7 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
             }
             Driver::Epoll => {
                 // A backlog a flood keeps full finds a connection at every call: the loop's
-                // cooperative budget (`source::coop_spend`) makes the accept loop yield.
+                // cooperative budget (`context::coop_spend`) makes the accept loop yield.
                 return ready(src, Dir::Read, |fd| {
                     let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
                     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
