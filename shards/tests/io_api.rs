@@ -53,6 +53,72 @@ fn a_unix_path_with_a_nul_is_refused() {
     );
 }
 
+/// A path that names no file is refused with `InvalidInput` before any system call, by `bind`
+/// and `connect` alike, saying why: an empty path made `bind` succeed, the kernel autobinding
+/// the socket to a random abstract name nobody could connect to by path (and `connect` failed
+/// with a bare `EINVAL`); an abstract name (a leading NUL) was refused as a path "containing a
+/// NUL byte", and a path too long for `sun_path` without saying how long it may be.
+#[test]
+fn unix_paths_that_name_no_file_are_refused_clearly() {
+    on_each_driver(
+        "unix_paths_that_name_no_file_are_refused_clearly",
+        1,
+        |_| async {
+            let refused = |r: std::io::Result<()>, what: &str, says: &str| {
+                let e = r.expect_err(what);
+                assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{what}: {e}");
+                assert!(e.to_string().contains(says), "{what}: {e}");
+            };
+            refused(UnixListener::bind("").map(drop), "bind(\"\")", "empty");
+            refused(
+                UnixStream::connect("").await.map(drop),
+                "connect(\"\")",
+                "empty",
+            );
+            refused(
+                UnixListener::bind("\0xtc-abstract").map(drop),
+                "bind of an abstract name",
+                "abstract",
+            );
+            refused(
+                UnixStream::connect("\0xtc-abstract").await.map(drop),
+                "connect to an abstract name",
+                "abstract",
+            );
+            refused(
+                UnixListener::bind("a\0b").map(drop),
+                "bind of a path with a NUL byte",
+                "NUL",
+            );
+            let long = std::env::temp_dir().join("x".repeat(200));
+            refused(
+                UnixListener::bind(&long).map(drop),
+                "bind of a 200-byte path",
+                "107",
+            );
+            refused(
+                UnixStream::connect(&long).await.map(drop),
+                "connect to a 200-byte path",
+                "107",
+            );
+            // The longest path that fits (107 bytes and the NUL) still binds.
+            let dir = std::env::temp_dir();
+            let base = dir.join(format!("xtc-io-{}-", std::process::id()));
+            let pad = 107usize.saturating_sub(base.as_os_str().len());
+            if pad > 0 {
+                let path =
+                    std::path::PathBuf::from(format!("{}{}", base.display(), "p".repeat(pad)));
+                assert_eq!(path.as_os_str().len(), 107);
+                let _ = std::fs::remove_file(&path);
+                let l = UnixListener::bind(&path).expect("a 107-byte path binds");
+                assert_eq!(l.local_addr().unwrap().as_pathname(), Some(path.as_path()));
+                drop(l);
+                std::fs::remove_file(&path).unwrap();
+            }
+        },
+    );
+}
+
 /// A Unix listener whose backlog is full answers a non-blocking `connect` with `EAGAIN`;
 /// `UnixStream::connect` waits and tries again, as a blocking `connect` would wait, instead
 /// of handing the caller `WouldBlock`.

@@ -21,14 +21,41 @@ pub struct UnixListener {
     src: Source,
 }
 
-/// A Unix socket address for `path`; a path with a NUL byte is `InvalidInput`, as in `std`
-/// (the kernel would read it as a shorter path, and bind or reach another file).
+/// The most bytes a Unix socket path may have: `sun_path` less its terminating NUL.
+const MAX_PATH: usize = 107;
+
+/// A Unix socket address for `path`, checked before any system call: an empty path is
+/// `InvalidInput` (with `bind` the kernel autobinds the socket to a random abstract name that
+/// no one can reach by path; `connect` gets a bare `EINVAL`), as is an abstract name (a leading
+/// NUL: not supported, `std`'s `SocketAddrExt` is the way to one), a path with a NUL byte (as in
+/// `std`: the kernel would read it as a shorter path, and bind or reach another file), and a
+/// path longer than `sun_path` holds ([`MAX_PATH`] bytes).
 fn unix_addr(path: &Path) -> io::Result<SockAddr> {
     use std::os::unix::ffi::OsStrExt;
-    if path.as_os_str().as_bytes().contains(&0) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "a Unix socket path must not contain a NUL byte",
+    let bytes = path.as_os_str().as_bytes();
+    let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+    if bytes.is_empty() {
+        return invalid(
+            "a Unix socket path must not be empty (the kernel would bind the socket to a \
+             random abstract name): give a file path"
+                .into(),
+        );
+    }
+    if bytes[0] == 0 {
+        return invalid(
+            "abstract Unix socket names (a leading NUL byte) are not supported: give a file \
+             path, or bind a std socket with SocketAddrExt and wrap it with from_std"
+                .into(),
+        );
+    }
+    if bytes.contains(&0) {
+        return invalid("a Unix socket path must not contain a NUL byte".into());
+    }
+    if bytes.len() > MAX_PATH {
+        return invalid(format!(
+            "a Unix socket path may have at most {MAX_PATH} bytes, this one has {}: use a \
+             shorter path (a relative one, or a shorter directory)",
+            bytes.len()
         ));
     }
     SockAddr::unix(path)
@@ -36,7 +63,8 @@ fn unix_addr(path: &Path) -> io::Result<SockAddr> {
 
 impl UnixListener {
     /// Binds to `path` and listens (backlog 1024). Synchronous. The path must not exist
-    /// (`AddrInUse`); a path with a NUL byte is `InvalidInput` (before any system call).
+    /// (`AddrInUse`); an empty path, an abstract name (a leading NUL), a path with a NUL byte
+    /// and one over 107 bytes are `InvalidInput` (before any system call).
     /// Cost: `socket`, `bind` and `listen` system calls.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
         let addr = unix_addr(path.as_ref())?;
@@ -139,7 +167,7 @@ impl UnixStream {
     /// (1 ms doubling to 100 ms) until it takes the connection or fails otherwise: wrap the
     /// call in [`timeout`](crate::time::timeout) to bound the wait. Cost: a socket and one
     /// `CONNECT` submission with a boxed address (io_uring) or `connect` (epoll) per attempt;
-    /// a path with a NUL byte is `InvalidInput`.
+    /// a path `bind` refuses as `InvalidInput` is refused so here too.
     pub async fn connect(path: impl AsRef<Path>) -> io::Result<UnixStream> {
         let addr = unix_addr(path.as_ref())?;
         let mut backoff = Backoff::new();
