@@ -2361,6 +2361,75 @@ fn a_waiting_unix_write_fails_once_its_write_half_shuts() {
     );
 }
 
+/// A Unix stream's write waiting for room fails with `BrokenPipe` once the peer shuts its read
+/// side, as a blocking `write` does and as io_uring's does, by the owned API and by
+/// `AsyncWrite` alike. A Unix socket reports no event for that (the peer's queue stays full,
+/// so no `EPOLLOUT`, and no hang-up until the peer closes): on epoll the write waited until
+/// the peer closed, for good with a peer that keeps its end open.
+#[test]
+fn a_waiting_unix_write_fails_once_the_peer_shuts_its_read_side() {
+    on_each_driver(
+        "a_waiting_unix_write_fails_once_the_peer_shuts_its_read_side",
+        1,
+        |driver| async move {
+            let full_pair = || {
+                let (mine, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+                mine.set_nonblocking(true).unwrap();
+                loop {
+                    match (&mine).write(&[0u8; 64 * 1024]) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("filling the socket: {e}"),
+                    }
+                }
+                (UnixStream::from_std(mine).unwrap(), peer)
+            };
+            let limit = Duration::from_secs(10);
+
+            // Owned write.
+            let (a, peer) = full_pair();
+            let mut write = pin!(a.write(vec![1u8; 64 * 1024]));
+            poll_fn(|cx| {
+                assert!(write.as_mut().poll(cx).is_pending(), "the socket is full");
+                Poll::Ready(())
+            })
+            .await;
+            peer.shutdown(Shutdown::Read).unwrap();
+            let (r, _) = xtc_shards::time::timeout(limit, write)
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] an owned write hung"));
+            assert_eq!(
+                r.unwrap_err().kind(),
+                io::ErrorKind::BrokenPipe,
+                "[{driver}]"
+            );
+            drop(peer);
+
+            // AsyncWrite (on io_uring the write is taken behind, and the flush waits).
+            let (mut a, peer) = full_pair();
+            let a = &mut a;
+            let mut write = pin!(async move {
+                AsyncWriteExt::write_all(a, &[2u8; 64 * 1024]).await?;
+                AsyncWriteExt::flush(a).await
+            });
+            poll_fn(|cx| {
+                assert!(write.as_mut().poll(cx).is_pending(), "the socket is full");
+                Poll::Ready(())
+            })
+            .await;
+            peer.shutdown(Shutdown::Read).unwrap();
+            let r = xtc_shards::time::timeout(limit, write)
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] an AsyncWrite write hung"));
+            assert_eq!(
+                r.unwrap_err().kind(),
+                io::ErrorKind::BrokenPipe,
+                "[{driver}]"
+            );
+        },
+    );
+}
+
 /// A write after `AsyncWriteExt::close` of a Unix stream fails with `BrokenPipe` at once, as
 /// after `shutdown(Shutdown::Write)`, on both drivers (on io_uring `AsyncWrite` reports it at the
 /// flush). On epoll `close` shut the write half without marking it so, and a Unix socket

@@ -31,7 +31,9 @@
 //!    sticky bit too; kept, it made every later call retry `EAGAIN` without ever waiting.
 //!    Urgent data (`EPOLLPRI`, registered too) sets a sticky read bit the same way, and so
 //!    does a shutdown of this end's write half for writes, with no event ([`Epoll::shut`]: a
-//!    Unix stream reports none for it).
+//!    Unix stream reports none for it). Nor does a Unix stream report its peer shutting its
+//!    read side, which makes its writes fail: while one of its writes waits, a timer of its
+//!    source sets the write bit again now and then and wakes the writers ([`Epoll::recheck`]).
 //! 4. A waiting future that is dropped removes its waker; a closed source removes its slot and
 //!    leaves the epoll set. Entries carry the future's registration id, so a future polled
 //!    again keeps one entry and two futures of one task (one waker) on the same fd and
@@ -262,6 +264,41 @@ impl Epoll {
         for w in woken {
             crate::task::wake_guarded(w);
         }
+    }
+
+    /// Rule 3 without an event, once: `dir` may have changed in a way the kernel does not
+    /// report. Sets the (non-sticky) ready bit and wakes the waiters, which retry (rule 1):
+    /// an `EAGAIN` clears the bit and they wait again. For a Unix stream whose peer shut its
+    /// read side: its writes fail with `EPIPE` from then on, but its poll shows no event for
+    /// that (no `EPOLLOUT` while its buffer is full, no hang-up until the peer closes), so a
+    /// write waiting for room waited until the peer closed (a blocking one, and io_uring's,
+    /// fail at once). Its [`Source`](super::source::Source) rechecks so, now and then, while
+    /// a write waits. The wakers are woken after the borrow (user code).
+    pub(crate) fn recheck(&self, token: usize, dir: Dir) {
+        let woken: Vec<Waker> = {
+            let mut slots = self.slots.borrow_mut();
+            let Some(slot) = slots.get_mut(token) else {
+                return;
+            };
+            slot.ready |= bit(dir);
+            let list = match dir {
+                Dir::Read => &mut slot.readers,
+                Dir::Write => &mut slot.writers,
+            };
+            list.drain(..).map(|(_, w)| w).collect()
+        };
+        self.waiting.set(self.waiting.get() - woken.len());
+        for w in woken {
+            crate::task::wake_guarded(w);
+        }
+    }
+
+    /// Whether anyone waits on slot `token` for `dir`.
+    pub(crate) fn has_waiters(&self, token: usize, dir: Dir) -> bool {
+        self.slots.borrow().get(token).is_some_and(|s| match dir {
+            Dir::Read => !s.readers.is_empty(),
+            Dir::Write => !s.writers.is_empty(),
+        })
     }
 
     /// Rule 4: the source closes.

@@ -8,7 +8,8 @@ use std::{
     marker::PhantomData,
     os::fd::{AsRawFd, OwnedFd, RawFd},
     pin::Pin,
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
+    time::Duration,
 };
 
 use super::{
@@ -27,6 +28,12 @@ pub(crate) struct Source {
     /// where a read also stops at a message carrying descriptors or other credentials, with
     /// data queued behind it and no new event to come.
     short_read_drains: bool,
+    /// Whether a write that waits for room is also retried now and then, on a timer
+    /// ([`WriteRecheck`]): on a Unix stream, whose poll reports no event when the peer shuts
+    /// its read side (its writes fail with `EPIPE` from then on).
+    recheck_writes: bool,
+    /// That timer, made at the first write that waits.
+    write_recheck: RefCell<Option<Box<WriteRecheck>>>,
     /// `(driver id, token)` of the epoll registration in use.
     reg: Cell<Option<(u64, usize)>>,
     /// Its registrations in other drivers of this thread, left for `reg` when it waited on
@@ -44,6 +51,8 @@ impl Source {
         Source {
             fd: Some(fd),
             short_read_drains: true,
+            recheck_writes: false,
+            write_recheck: RefCell::new(None),
             reg: Cell::new(None),
             others: RefCell::new(Vec::new()),
             _local: PhantomData,
@@ -51,11 +60,15 @@ impl Source {
     }
 
     /// A Unix-domain stream's source: its reads clear readiness only on `EAGAIN` (see
-    /// [`Source::short_read_drains`]). Cost: on epoll, one `recv` more per read wake-up.
+    /// [`Source::short_read_drains`]), and its writes that wait for room are retried on a
+    /// timer too ([`Source::recheck_writes`]). Cost: on epoll, one `recv` more per read
+    /// wake-up; per write that waits, a timer (a `send` per expiry while it still waits).
     pub(crate) fn unix_stream(fd: OwnedFd) -> Source {
         Source {
             fd: Some(fd),
             short_read_drains: false,
+            recheck_writes: true,
+            write_recheck: RefCell::new(None),
             reg: Cell::new(None),
             others: RefCell::new(Vec::new()),
             _local: PhantomData,
@@ -188,6 +201,7 @@ impl Source {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
+        let recheck = dir == Dir::Write && self.recheck_writes;
         loop {
             while e.is_ready(token, dir) {
                 match f(self.fd()) {
@@ -199,18 +213,137 @@ impl Source {
                         if drained(&r) && (dir == Dir::Write || self.short_read_drains) {
                             e.clear_ready(token, dir);
                         }
+                        if recheck {
+                            self.write_settled(e, token);
+                        }
                         return Poll::Ready(Ok(r));
                     }
-                    Err(err) => return Poll::Ready(Err(err)),
+                    Err(err) => {
+                        if recheck {
+                            self.write_settled(e, token);
+                        }
+                        return Poll::Ready(Err(err));
+                    }
                 }
             }
             match e.add_waiter(token, dir, cx.waker(), id) {
-                Ok(true) => return Poll::Pending,
+                Ok(true) => {
+                    if recheck {
+                        self.arm_write_recheck(e, token);
+                    }
+                    return Poll::Pending;
+                }
                 // Ready meanwhile (an event dispatched by user code in the waker's clone).
                 Ok(false) => continue,
                 Err(err) => return Poll::Ready(Err(err)),
             }
         }
+    }
+}
+
+impl Source {
+    /// A write of this source waits on slot `token` of `e`: makes sure the recheck timer runs
+    /// (its first expiry [`RECHECK_FIRST`] after the first wait, each later one twice as far
+    /// up to [`RECHECK_MAX`]), so the write is retried even if no event ever comes for it
+    /// ([`Epoll::recheck`]). Runs no user code: the timer's waker is the source's own.
+    fn arm_write_recheck(&self, e: &Epoll, token: usize) {
+        let mut slot = self.write_recheck.borrow_mut();
+        let at = (e.id(), token);
+        let r = slot.get_or_insert_with(|| Box::new(WriteRecheck::new(at)));
+        if r.at != at {
+            // Registered in another driver since (a loop run while its own was hidden).
+            **r = WriteRecheck::new(at);
+        }
+        loop {
+            let delay = r.delay;
+            let sleep = r.sleep.get_or_insert_with(|| crate::time::sleep(delay));
+            match std::pin::Pin::new(sleep).poll(&mut Context::from_waker(&r.waker)) {
+                Poll::Pending => return,
+                // Fired (its recheck woke the waiters, this one among them, which found no
+                // room again): the next one waits longer.
+                Poll::Ready(()) => {
+                    r.sleep = None;
+                    r.delay = (r.delay * 2).min(RECHECK_MAX);
+                }
+            }
+        }
+    }
+
+    /// A write of this source finished (sent, or failed): the recheck starts over at
+    /// [`RECHECK_FIRST`] with the next wait, and its timer goes if no other write waits.
+    fn write_settled(&self, e: &Epoll, token: usize) {
+        let mut slot = self.write_recheck.borrow_mut();
+        let Some(r) = slot.as_mut() else {
+            return;
+        };
+        r.delay = RECHECK_FIRST;
+        if r.sleep.is_some() && !e.has_waiters(token, Dir::Write) {
+            r.sleep = None;
+        }
+    }
+}
+
+/// The first recheck of a waiting Unix stream write ([`Source::recheck_writes`]).
+const RECHECK_FIRST: Duration = Duration::from_millis(10);
+/// The longest time between two rechecks: a write waiting when the peer shut its read side
+/// fails within about this long.
+const RECHECK_MAX: Duration = Duration::from_secs(1);
+
+/// The timer that retries a Unix stream's waiting writes ([`Source::arm_write_recheck`]).
+struct WriteRecheck {
+    /// `(driver id, token)` of the slot the writes wait in, which `waker` names.
+    at: (u64, usize),
+    /// Wakes the slot's writers ([`RecheckWake`]).
+    waker: Waker,
+    sleep: Option<crate::time::Sleep>,
+    delay: Duration,
+}
+
+impl WriteRecheck {
+    fn new(at: (u64, usize)) -> WriteRecheck {
+        WriteRecheck {
+            at,
+            waker: Waker::from(std::sync::Arc::new(RecheckWake {
+                driver: at.0,
+                token: at.1,
+            })),
+            sleep: None,
+            delay: RECHECK_FIRST,
+        }
+    }
+}
+
+impl std::fmt::Debug for WriteRecheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteRecheck")
+            .field("at", &self.at)
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The recheck timer's waker: wakes the writers waiting in slot `token` of epoll driver
+/// `driver` to try again ([`Epoll::recheck`]). Woken by the loop's timers, on the thread
+/// whose loops hold that driver; anywhere else (and once that driver is gone) it does
+/// nothing.
+struct RecheckWake {
+    driver: u64,
+    token: usize,
+}
+
+impl std::task::Wake for RecheckWake {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        context::with_own_core(|c| match &c.io {
+            Reactor::Epoll(e) if e.id() == self.driver => {
+                e.recheck(self.token, Dir::Write);
+                Some(())
+            }
+            _ => None,
+        });
     }
 }
 
