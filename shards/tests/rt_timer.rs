@@ -180,6 +180,45 @@ fn sleep_until_past_deadline_is_ready() {
 /// A migratable task registers a long timeout on one loop, is woken by a sender on the other
 /// loop (so it moves there, steal rule 1) and finishes there. Its timer must not keep the first
 /// loop waiting: `run()` returns at once, not at the 30 s deadline.
+/// Sleeps whose deadlines have passed complete at once, but a loop of them lets the loop turn
+/// (another task runs, a due timer fires) before it ends: such a task (a rate loop fallen
+/// behind, `sleep(ZERO)` in a loop) never returned `Pending` and held its loop for good.
+#[test]
+fn a_loop_of_passed_sleeps_lets_the_loop_turn() {
+    use std::{cell::Cell, rc::Rc};
+    LocalExecutor::new().unwrap().block_on(async {
+        let (ran, ticked) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(false)));
+        let (r, t) = (ran.clone(), ticked.clone());
+        spawn_local(async move { r.set(true) });
+        let due = Instant::now() + Duration::from_millis(1);
+        spawn_local(async move {
+            time::sleep_until(due).await;
+            t.set(true);
+        });
+        // A blocking wait: the timer is due before the first sleep.
+        std::thread::sleep(Duration::from_millis(5));
+        let (mut ran_at, mut ticked_at) = (None, None);
+        for i in 0..1000 {
+            if i % 2 == 0 {
+                time::sleep(Duration::ZERO).await;
+            } else {
+                time::sleep_until(due).await;
+            }
+            if ran.get() && ran_at.is_none() {
+                ran_at = Some(i);
+            }
+            if ticked.get() && ticked_at.is_none() {
+                ticked_at = Some(i);
+            }
+        }
+        assert!(
+            ran_at.is_some() && ticked_at.is_some(),
+            "1000 passed sleeps in a row never let the loop turn: another task ran at sleep \
+             {ran_at:?}, a due timer fired at sleep {ticked_at:?}"
+        );
+    });
+}
+
 #[test]
 fn a_moved_sleep_does_not_hold_quiescence_on_its_old_loop() {
     use std::sync::{

@@ -20,6 +20,11 @@ pub fn sleep(duration: Duration) -> Sleep {
 
 /// Completes at `deadline` (at once if it has passed). Lazy: creating it costs nothing.
 ///
+/// "At once" is within the task's cooperative budget: a task whose sleeps keep finding their
+/// deadlines passed (a rate loop whose work outlasts its period, `sleep(Duration::ZERO)` in a
+/// loop) gets through 128 of them in one poll, as through 128 ready epoll calls, and then
+/// yields for one loop turn, so it cannot hold its loop.
+///
 /// The timer lives on the loop that last polled the future (a migratable task that moves takes
 /// it along), which parks until the earliest
 /// deadline, so a sleep costs no CPU while it waits. Cost: one heap insert (O(log n)) and a
@@ -211,6 +216,16 @@ impl Future for Sleep {
                  await it inside a task"
             ),
             Some(None) => {
+                // Due at a poll that found no timer of its own (first polled after its
+                // deadline, or its timer fired): ready without a loop turn, so a task that
+                // sleeps until deadlines it has fallen behind (a rate loop whose work outlasts
+                // its period, or `sleep(ZERO)` in a loop) never returned `Pending` and held
+                // its loop. It spends the task's budget (`context::coop_spend`, as an epoll
+                // call does) and, that spent, yields once first.
+                if self.key.is_none() && !crate::context::coop_spend() {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 self.key = None;
                 Poll::Ready(())
             }
