@@ -102,7 +102,8 @@ pub(crate) struct Core {
     /// Set by `yield_if_due` when it yields (and by an `Interval` tick that yields before it
     /// completes): the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
-    /// Ready readiness calls the task being polled may still make before its next one yields
+    /// Calls that complete without a loop turn (ready epoll calls, sleeps found past their
+    /// deadline) the task being polled may still make before its next one yields
     /// (`context::coop_spend`): set to `io::COOP_BUDGET` before each poll of a task.
     pub(crate) coop_left: Cell<u32>,
     /// A `submit_to` polled on this loop by a pinned task waits for its reply from another
@@ -582,8 +583,8 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
 }
 
 /// Spends one unit of the polled task's cooperative budget (`io::COOP_BUDGET`, reset before
-/// each poll by the loop) on a readiness call about to run with its fd marked ready, which
-/// returns without a loop turn. `false` when the budget is spent: the caller must yield
+/// each poll by the loop) on a call about to complete without a loop turn (an epoll call with
+/// its fd marked ready, a sleep found past its deadline). `false` when the budget is spent: the caller must yield
 /// (wake itself and return `Pending`) instead of calling; the loop's batch then ends after
 /// this poll, so due timers, I/O and the inbox are served before the task runs again (a plain
 /// wake re-queued it in the same batch). Off any loop (a future polled by a foreign
