@@ -1559,3 +1559,67 @@ fn close_off_any_loop_closes_and_reports_the_kernels_answer() {
     assert!(r.is_ok(), "close off any loop: {r:?}");
     assert_eq!(fds_on(&path), 0, "the file is closed");
 }
+
+/// `sync_all`, `sync_data` and `metadata` still awaited when their `block_on` returns (polled
+/// once there, so their entries were queued, then handed out), awaited to their end in the
+/// next one: they run there, as a cut `read_at`, `write_at` or `open` does. On io_uring the
+/// driver's shutdown cancels them (the kernel runs both on its worker threads, and the cancel
+/// takes them off its queue before they start), and they failed with that `ECANCELED`, an
+/// error nobody asked for (on epoll their pool jobs go on).
+#[test]
+fn file_calls_that_outlive_their_driver_still_run() {
+    type Call = std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<u64>>>>;
+    let path = temp_path("outlive-calls");
+    let _c = Cleanup(path.clone());
+    let ex = xtc_shards::LocalExecutor::new().unwrap();
+    for round in 0..8 {
+        let p = path.clone();
+        let (calls, _file) = ex.block_on(async move {
+            let f = std::rc::Rc::new(open_scratch(&p).await);
+            f.write_all_at(b"data".to_vec(), 0).await.0.unwrap();
+            let (a, b, c) = (f.clone(), f.clone(), f.clone());
+            let calls: Vec<(&str, Call)> = vec![
+                (
+                    "sync_all",
+                    Box::pin(async move { a.sync_all().await.map(|()| 4) }),
+                ),
+                (
+                    "sync_data",
+                    Box::pin(async move { b.sync_data().await.map(|()| 4) }),
+                ),
+                (
+                    "metadata",
+                    Box::pin(async move { c.metadata().await.map(|m| m.len()) }),
+                ),
+            ];
+            // Each polled once: its entry queued (or, rarely, its pool job already done).
+            let mut polled: Vec<(&str, Result<io::Result<u64>, Call>)> = Vec::new();
+            for (what, mut call) in calls {
+                let first =
+                    std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+                polled.push(match first {
+                    std::task::Poll::Ready(r) => (what, Ok(r)),
+                    std::task::Poll::Pending => (what, Err(call)),
+                });
+            }
+            (polled, f)
+        });
+        let got = ex.block_on(async move {
+            let mut got = Vec::new();
+            for (what, call) in calls {
+                got.push(match call {
+                    Ok(r) => (what, r),
+                    Err(mut call) => (what, guard(what, call.as_mut()).await),
+                });
+            }
+            got
+        });
+        for (what, r) in got {
+            assert_eq!(
+                r.unwrap_or_else(|e| panic!("round {round}: {what} awaited across block_on: {e}")),
+                4,
+                "{what}"
+            );
+        }
+    }
+}

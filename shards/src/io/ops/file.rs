@@ -109,7 +109,8 @@ enum Ended<T> {
 
 /// Submits the operation `build` makes of `data` (`is_fd`: its result is a new descriptor,
 /// closed if the operation is abandoned) and awaits its end. The one place a file operation
-/// tells a shutdown's cut from the kernel's answer, for `open`, `read_at` and `write_at`.
+/// tells a shutdown's cut from the kernel's answer, for `open`, `read_at`, `write_at`, `fsync`
+/// and `stat`.
 async fn run_to_end<T: 'static>(
     data: T,
     build: impl FnOnce(&mut T) -> io_uring::squeue::Entry,
@@ -333,41 +334,48 @@ pub(crate) async fn write_at<B: IoBuf>(
     }
 }
 
-/// `fsync` (or `fdatasync`).
+/// `fsync` (or `fdatasync`). On io_uring, cut by its driver's shutdown (`cut_by_shutdown`: the
+/// future outlived its `block_on`), it runs again on the loop that polls it now, as epoll's
+/// pool job goes on: it failed with that `ECANCELED`, an error nobody asked for.
 pub(crate) async fn fsync(fd: &Arc<OwnedFd>, data_only: bool) -> io::Result<()> {
-    match backend()? {
-        Driver::IoUring => {
-            let raw = fd.as_raw_fd();
-            let flags = if data_only {
-                types::FsyncFlags::DATASYNC
-            } else {
-                types::FsyncFlags::empty()
-            };
-            // The descriptor travels with the operation (see the module docs).
-            let op = submit(fd.clone(), |_| {
-                opcode::Fsync::new(types::Fd(raw)).flags(flags).build()
-            })
-            .map_err(|(e, _)| e)?;
-            result(op.await.0).map(drop)
-        }
-        Driver::Epoll => {
-            let fd = fd.clone();
-            blocking::run(move || {
-                // Retried on EINTR like every pool call but `close` (a FUSE or NFS file may
-                // return it, and a late cancel signal must not fail an uncancelled job).
-                blocking::retrying(|| {
-                    // SAFETY: plain syscall on an fd the Arc keeps open.
-                    let rc = unsafe {
-                        if data_only {
-                            libc::fdatasync(fd.as_raw_fd())
-                        } else {
-                            libc::fsync(fd.as_raw_fd())
-                        }
-                    };
-                    cvt(rc).map(drop)
+    loop {
+        match backend()? {
+            Driver::IoUring => {
+                let raw = fd.as_raw_fd();
+                let flags = if data_only {
+                    types::FsyncFlags::DATASYNC
+                } else {
+                    types::FsyncFlags::empty()
+                };
+                // The descriptor travels with the operation (see the module docs).
+                let build =
+                    |_: &mut Arc<OwnedFd>| opcode::Fsync::new(types::Fd(raw)).flags(flags).build();
+                match run_to_end(fd.clone(), build, false).await {
+                    Ended::Done(res, _) => return result(res).map(drop),
+                    Ended::Cut(_) => continue,
+                    Ended::Refused(e, _) => return Err(e),
+                }
+            }
+            Driver::Epoll => {
+                let fd = fd.clone();
+                return blocking::run(move || {
+                    // Retried on EINTR like every pool call but `close` (a FUSE or NFS file
+                    // may return it, and a late cancel signal must not fail an uncancelled
+                    // job).
+                    blocking::retrying(|| {
+                        // SAFETY: plain syscall on an fd the Arc keeps open.
+                        let rc = unsafe {
+                            if data_only {
+                                libc::fdatasync(fd.as_raw_fd())
+                            } else {
+                                libc::fsync(fd.as_raw_fd())
+                            }
+                        };
+                        cvt(rc).map(drop)
+                    })
                 })
-            })
-            .await
+                .await;
+            }
         }
     }
 }
@@ -381,49 +389,55 @@ pub(crate) struct Stat {
     pub(crate) mtime_nsec: u32,
 }
 
-/// `statx` of an open file.
+/// `statx` of an open file. On io_uring, cut by its driver's shutdown, it runs again on the
+/// loop that polls it now, as [`fsync`] does.
 pub(crate) async fn stat(fd: &Arc<OwnedFd>) -> io::Result<Stat> {
-    match backend()? {
-        Driver::IoUring => {
-            let raw = fd.as_raw_fd();
-            let data: Box<MaybeUninit<libc::statx>> = Box::new(MaybeUninit::zeroed());
-            // The descriptor travels with the operation (see the module docs).
-            let op = submit((data, fd.clone()), |(d, _)| {
-                opcode::Statx::new(types::Fd(raw), c"".as_ptr(), d.as_mut_ptr().cast())
-                    .flags(libc::AT_EMPTY_PATH)
-                    .mask(libc::STATX_BASIC_STATS)
-                    .build()
-            })
-            .map_err(|(e, _)| e)?;
-            let (res, (d, _fd)) = op.await;
-            result(res)?;
-            // SAFETY: statx succeeded, so the kernel filled the struct (it started zeroed).
-            let s = unsafe { d.assume_init() };
-            Ok(Stat {
-                size: s.stx_size,
-                mode: s.stx_mode as u32,
-                mtime_sec: s.stx_mtime.tv_sec,
-                mtime_nsec: s.stx_mtime.tv_nsec,
-            })
-        }
-        Driver::Epoll => {
-            let fd = fd.clone();
-            blocking::run(move || {
-                let mut st = MaybeUninit::<libc::stat>::zeroed();
-                blocking::retrying(|| {
-                    // SAFETY: `st` is a live local; the Arc keeps the fd open.
-                    cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })
-                })?;
-                // SAFETY: fstat succeeded and filled it.
-                let st = unsafe { st.assume_init() };
-                Ok(Stat {
-                    size: st.st_size as u64,
-                    mode: st.st_mode,
-                    mtime_sec: st.st_mtime,
-                    mtime_nsec: st.st_mtime_nsec as u32,
+    loop {
+        match backend()? {
+            Driver::IoUring => {
+                let raw = fd.as_raw_fd();
+                let data: Box<MaybeUninit<libc::statx>> = Box::new(MaybeUninit::zeroed());
+                // The descriptor travels with the operation (see the module docs).
+                let build = |(d, _): &mut (Box<MaybeUninit<libc::statx>>, Arc<OwnedFd>)| {
+                    opcode::Statx::new(types::Fd(raw), c"".as_ptr(), d.as_mut_ptr().cast())
+                        .flags(libc::AT_EMPTY_PATH)
+                        .mask(libc::STATX_BASIC_STATS)
+                        .build()
+                };
+                let (res, d) = match run_to_end((data, fd.clone()), build, false).await {
+                    Ended::Done(res, (d, _fd)) => (res, d),
+                    Ended::Cut(_) => continue,
+                    Ended::Refused(e, _) => return Err(e),
+                };
+                result(res)?;
+                // SAFETY: statx succeeded, so the kernel filled the struct (it started zeroed).
+                let s = unsafe { d.assume_init() };
+                return Ok(Stat {
+                    size: s.stx_size,
+                    mode: s.stx_mode as u32,
+                    mtime_sec: s.stx_mtime.tv_sec,
+                    mtime_nsec: s.stx_mtime.tv_nsec,
+                });
+            }
+            Driver::Epoll => {
+                let fd = fd.clone();
+                return blocking::run(move || {
+                    let mut st = MaybeUninit::<libc::stat>::zeroed();
+                    blocking::retrying(|| {
+                        // SAFETY: `st` is a live local; the Arc keeps the fd open.
+                        cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })
+                    })?;
+                    // SAFETY: fstat succeeded and filled it.
+                    let st = unsafe { st.assume_init() };
+                    Ok(Stat {
+                        size: st.st_size as u64,
+                        mode: st.st_mode,
+                        mtime_sec: st.st_mtime,
+                        mtime_nsec: st.st_mtime_nsec as u32,
+                    })
                 })
-            })
-            .await
+                .await;
+            }
         }
     }
 }
