@@ -605,3 +605,60 @@ fn operations_never_submitted_are_freed_at_shutdown() {
         Err(_) => panic!("the test hung, or its thread panicked"),
     }
 }
+
+/// A `File::close` still awaited when its `block_on` returns, its `CLOSE` entry queued while
+/// the kernel refuses every submission (`EAGAIN`), so the driver's shutdown ends it as
+/// cancelled: nothing was closed, and awaited later (here off any loop) it must still close
+/// the file. It failed with that `ECANCELED`, and the descriptor, taken out of the `File`
+/// for the entry, stayed open for good: nobody held it any more.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_close_cut_by_its_drivers_shutdown_still_closes_the_file() {
+    use std::{future::Future, pin::Pin, task::Poll};
+    type Close = Pin<Box<dyn Future<Output = std::io::Result<()>>>>;
+    let path = std::env::temp_dir().join(format!("xtc-seccomp-close-{}", std::process::id()));
+    let open_on = |path: &std::path::Path| {
+        let path = std::fs::canonicalize(path).unwrap();
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| *l == path)
+            .count()
+    };
+    let (tx, rx) = mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let ex = xtc_shards::LocalExecutor::new().unwrap();
+        let kept = ex.block_on(async move {
+            if xtc_shards::io::current_driver() != Some(xtc_shards::io::Driver::IoUring) {
+                return None;
+            }
+            let f = xtc_shards::fs::File::create(&p).await.unwrap();
+            if !common::deny_uring_submit(libc::EAGAIN as u32) {
+                return None;
+            }
+            let mut close: Close = Box::pin(f.close());
+            let pending =
+                std::future::poll_fn(|cx| Poll::Ready(close.as_mut().poll(cx).is_pending())).await;
+            assert!(pending, "a close whose entry cannot be submitted ended");
+            Some(close)
+        });
+        let Some(close) = kept else {
+            let _ = tx.send(None);
+            return;
+        };
+        drop(ex);
+        let _ = tx.send(Some(futures::executor::block_on(close)));
+    });
+    let r = rx.recv_timeout(Duration::from_secs(60));
+    let left = open_on(&path);
+    let _ = std::fs::remove_file(&path);
+    match r {
+        Ok(None) => println!("no seccomp or no io_uring here; skipped"),
+        Ok(Some(r)) => {
+            r.expect("a close awaited after its driver's shutdown");
+            assert_eq!(left, 0, "the file is still open");
+        }
+        Err(_) => panic!("the test hung, or its thread panicked"),
+    }
+}

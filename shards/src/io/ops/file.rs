@@ -452,7 +452,19 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             let op = submit((), |_| opcode::Close::new(types::Fd(raw)).build());
             match op {
-                Ok(op) => closed(result(op.await.0).map(drop)),
+                Ok(op) => match op.await.0 {
+                    // Cancelled before it ran: by its driver's shutdown (the future outlived
+                    // its `block_on`; or an entry the kernel never consumed, rule 5), or by
+                    // io-wq, which cancels work it can start no worker for. The descriptor is
+                    // still open, and still ours: closed here, as on epoll. Returned as is, the
+                    // error left it open for good, nobody holding it any more.
+                    res if res == -libc::ECANCELED => {
+                        // SAFETY: we own `raw` (taken from the OwnedFd), and the kernel did
+                        // not close it (its `CLOSE` never ran).
+                        closed(cvt(unsafe { libc::close(raw) }).map(drop))
+                    }
+                    res => closed(result(res).map(drop)),
+                },
                 Err((e, _)) => {
                     // SAFETY: we own `raw` (taken from the OwnedFd) and the op never ran.
                     unsafe { libc::close(raw) };
