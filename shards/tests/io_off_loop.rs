@@ -901,3 +901,62 @@ fn silent_peer() -> (std::net::TcpStream, std::thread::JoinHandle<()>) {
     });
     (std::net::TcpStream::connect(addr).unwrap(), peer)
 }
+
+/// Flushes the stream in `LEFT` when dropped, on a `LocalExecutor` of its own (3 s at most),
+/// and puts it back; records what the flush came to (`None`: timed out).
+struct FlushOnAnInnerLoop(Arc<Mutex<Option<Option<io::Result<()>>>>>);
+
+impl Drop for FlushOnAnInnerLoop {
+    fn drop(&mut self) {
+        let mut s = LEFT.with(|l| l.borrow_mut().take()).expect("left");
+        let (r, s) = LocalExecutor::new().unwrap().block_on(async move {
+            let r = xtc_shards::time::timeout(
+                Duration::from_secs(3),
+                futures::io::AsyncWriteExt::flush(&mut s),
+            )
+            .await
+            .ok();
+            (r, s)
+        });
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        *self.0.lock().unwrap() = Some(r);
+    }
+}
+
+/// Bytes `AsyncWrite` reported written on this loop (io_uring: a write-behind send on this
+/// loop's driver), then a `flush` of the stream on a loop run while this one is hidden (a
+/// swept drop's `LocalExecutor::block_on`): the flush must not wait for a send only this
+/// loop's driver can see end, which does not turn until the section ends. It waited for
+/// good (here: until its timeout), as a flush with no loop running would have, had it not
+/// failed at once; it now fails at once the same way, the send left to a flush here. On epoll
+/// the bytes are in the socket already.
+#[test]
+fn a_flush_on_an_inner_loop_does_not_wait_for_a_send_of_the_hidden_loop() {
+    on_each_driver("flush_on_inner_loop", 1, |driver| async move {
+        use futures::io::AsyncWriteExt;
+        use xtc_shards::io::Driver;
+        let (std_s, peer) = silent_peer();
+        let mut s = TcpStream::from_std(std_s).unwrap();
+        // Reported written at once on io_uring, its send queued on this loop's driver.
+        assert_eq!(AsyncWriteExt::write(&mut s, b"hello").await.unwrap(), 5);
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(FlushOnAnInnerLoop(out.clone()));
+        let r = out.lock().unwrap().take().expect("the guard ran");
+        let mut s = LEFT.with(|l| l.borrow_mut().take()).expect("put back");
+        match r {
+            None => panic!("[{driver}] the flush on the inner loop hung"),
+            Some(Ok(())) => {}
+            Some(Err(e)) if driver == Driver::IoUring => {
+                assert!(e.to_string().contains("hidden"), "[{driver}] {e}")
+            }
+            Some(Err(e)) => panic!("[{driver}] the flush on the inner loop: {e}"),
+        }
+        // Back on this loop, the send is seen through.
+        guard("a flush on the outer loop", AsyncWriteExt::flush(&mut s))
+            .await
+            .unwrap();
+        drop(s);
+        peer.join().unwrap();
+    });
+}

@@ -1535,6 +1535,17 @@ pub(crate) fn driver_gone(id: u64) -> bool {
     with_uring(id, |_| ()).is_none()
 }
 
+/// Whether driver `id` is alive on this thread but is not the running loop's: that of a loop
+/// `context::off_loop` hides (the caller runs on a loop run inside that section, a swept
+/// drop's `LocalExecutor::block_on`), or one in its `Drop`. Such a driver is reaped only once
+/// its loop turns again (or its drop settles it): a call here that waits for one of its
+/// operations still in the kernel waits until then, for good if the section waits for the
+/// call. Cost: a thread-local read when it is the running loop's.
+pub(crate) fn driver_elsewhere(id: u64) -> bool {
+    let running = context::with_core(|c| matches!(&c.io, super::Reactor::Uring(u) if u.id == id));
+    running != Some(true) && !driver_gone(id)
+}
+
 /// Runs `f` on driver `id` if it is alive: the current loop's, that of a loop of this thread
 /// hidden by `context::off_loop`, or one in its `Drop` (rule 5: its loop has left, and its
 /// shutdown runs user code) (the only other places it can be: a driver belongs to one thread

@@ -57,7 +57,7 @@ use crate::io::{
     epoll::Dir,
     ops::{self, rw},
     source::{short, Source},
-    uring::{nothing_moved, result, Op},
+    uring::{self, nothing_moved, result, Op},
     BufResult, IoBuf, IoBufMut, Reactor,
 };
 use crate::sync::{lock, Mutex};
@@ -1866,11 +1866,29 @@ enum WriteBehind {
 /// thread's loop hidden (`context::off_loop`), or none running, a send still in the kernel,
 /// or one to be resumed (new I/O), gives that loop's error at once and stays for a later
 /// flush: waiting for it waited for a loop that does not turn until the section ends (a drop
-/// that flushed hung for good). One that completed for good is taken as on the loop. Cost on
-/// a running loop: a thread-local read.
+/// that flushed hung for good). One that completed for good is taken as on the loop. So is a
+/// send still in the kernel of a hidden loop's driver on a loop run inside the section (its
+/// own error then: `uring::driver_elsewhere`). Cost on a running loop: a thread-local read,
+/// and one more while a send is in flight.
 fn off_loop_drain(st: &PollState) -> io::Result<()> {
-    let Err(e) = kind() else {
-        return Ok(());
+    let e = match kind() {
+        Err(e) => e,
+        // On a loop run while the send's own loop is hidden (a swept drop's
+        // `LocalExecutor::block_on`): that send ends only when its loop turns again, after the
+        // section, so it is that loop's error, at once, and the send stays for a flush there.
+        // Waited for, the flush hung for good (the section waited for it).
+        Ok(_)
+            if st.writing.as_ref().is_some_and(|op| {
+                uring::driver_elsewhere(op.driver_id()) && op.completed().is_none()
+            }) =>
+        {
+            io::Error::other(
+                "xtc: this stream's write-behind send runs on the I/O driver of a loop of this \
+                 thread that is hidden while an executor frees its tasks, and cannot be waited \
+                 for from a loop run meanwhile; flush the stream on its own loop",
+            )
+        }
+        Ok(_) => return Ok(()),
     };
     let settled = st.unsent.is_none()
         && st
