@@ -662,3 +662,100 @@ fn a_close_cut_by_its_drivers_shutdown_still_closes_the_file() {
         Err(_) => panic!("the test hung, or its thread panicked"),
     }
 }
+
+/// Bytes `AsyncWrite` reported written whose send its driver's shutdown cut (its entry queued
+/// while the kernel refused every submission, here with `EPERM`), flushed on the next
+/// `block_on` while the send cannot be submitted again (the submission ring is full and the
+/// kernel still refuses): the flush fails, and the bytes must stay, for a later flush. They
+/// were dropped with the failed submission: the next flush reported success, and the peer
+/// never got them.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn bytes_a_failed_resubmission_could_not_send_are_kept() {
+    use futures::io::AsyncWriteExt;
+    use std::{future::Future, task::Poll};
+    use xtc_shards::net::{TcpStream, UnixStream};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut got = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut s, &mut got);
+        got
+    });
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let std_s = std::net::TcpStream::connect(addr).unwrap();
+        let ex = xtc_shards::LocalExecutor::new().unwrap();
+        let kept = ex.block_on(async move {
+            if xtc_shards::io::current_driver() != Some(xtc_shards::io::Driver::IoUring) {
+                return None;
+            }
+            let mut s = TcpStream::from_std(std_s).unwrap();
+            if !common::deny_uring_submit(libc::EPERM as u32) {
+                return None;
+            }
+            // Reported written; its send queued, never submitted.
+            assert_eq!(AsyncWriteExt::write(&mut s, b"hello").await.unwrap(), 5);
+            Some(s)
+        });
+        let Some(s) = kept else {
+            let _ = tx.send(None);
+            return;
+        };
+        let (first, second, s) = ex.block_on(async move {
+            let mut s = s;
+            // Fill the submission ring: entries queue until it is full, and a push into a
+            // full ring whose submit fails (`EPERM`) fails.
+            let mut pairs = Vec::new();
+            for _ in 0..300 {
+                pairs.push(UnixStream::pair().unwrap());
+            }
+            let mut reads: Vec<_> = pairs
+                .iter()
+                .map(|(a, _)| Box::pin(a.read(Vec::with_capacity(8))))
+                .collect();
+            for r in &mut reads {
+                let _ =
+                    std::future::poll_fn(|cx| Poll::Ready(r.as_mut().poll(cx).is_pending())).await;
+            }
+            let first = std::future::poll_fn(|cx| {
+                Poll::Ready(futures::io::AsyncWrite::poll_flush(
+                    std::pin::Pin::new(&mut s),
+                    cx,
+                ))
+            })
+            .await;
+            let second = std::future::poll_fn(|cx| {
+                Poll::Ready(futures::io::AsyncWrite::poll_flush(
+                    std::pin::Pin::new(&mut s),
+                    cx,
+                ))
+            })
+            .await;
+            drop(reads);
+            (first, second, s)
+        });
+        drop(s);
+        let _ = tx.send(Some((first, second)));
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(None) => {
+            println!("no seccomp or no io_uring here; skipped");
+            drop(peer);
+        }
+        Ok(Some((first, second))) => {
+            let got = peer.join().unwrap();
+            assert!(
+                !matches!(first, Poll::Ready(Ok(()))),
+                "a flush whose send could not be submitted succeeded"
+            );
+            assert!(
+                got == b"hello" || !matches!(second, Poll::Ready(Ok(()))),
+                "a later flush succeeded (after {first:?}), yet the peer never got the bytes \
+                 reported written (it got {got:?})"
+            );
+        }
+        Err(_) => panic!("the test hung, or its thread panicked"),
+    }
+}

@@ -126,7 +126,8 @@ struct PollState {
     wsent: usize,
     /// Bytes a write-behind send reported written but left unsent from `wsent` on, when the
     /// stream serves an epoll loop after its io_uring loop went (its shutdown cut the send, a
-    /// `LocalExecutor` made after `XTC_IO` changed): sent there by plain sends first
+    /// `LocalExecutor` made after `XTC_IO` changed), or when the rest of a cut or short send
+    /// could not be submitted again (`drain`): sent on epoll by plain sends first
     /// ([`StreamIo::poll_unsent`]; a read starts them without waiting,
     /// [`StreamIo::push_unsent`]), or on io_uring as a write-behind send again (`drain`, and
     /// a read's `resume_write_behind`).
@@ -2088,7 +2089,16 @@ fn drain(
         st.writing = None;
         if let Some(from) = resume_at(res, st.wsent, buf.len()) {
             st.wsent = from;
-            st.writing = Some(start_send(fd, buf, from)?);
+            // Kept unsent if the rest cannot be submitted, as above: dropped with the failed
+            // submission, bytes reported written were lost, and the next flush reported
+            // success.
+            match submit_send(fd, buf, from) {
+                Ok(op) => st.writing = Some(op),
+                Err((e, buf)) => {
+                    st.unsent = Some(buf);
+                    return Poll::Ready(Err(e));
+                }
+            }
             continue;
         }
         match result(res) {
