@@ -409,7 +409,9 @@ fn a_stream_read_on_an_inner_loop_waits_on_its_outer_loop_again() {
         use xtc_shards::io::Driver;
         if driver == Driver::IoUring {
             // The kept receive of the first read would be the inner read's to wait for, on
-            // the hidden driver (a suspicion of its own): epoll only here.
+            // the hidden driver, so it fails at once there (see
+            // `a_read_on_an_inner_loop_does_not_wait_for_a_receive_of_the_hidden_loop`):
+            // epoll only here.
             return;
         }
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -956,6 +958,99 @@ fn a_flush_on_an_inner_loop_does_not_wait_for_a_send_of_the_hidden_loop() {
         guard("a flush on the outer loop", AsyncWriteExt::flush(&mut s))
             .await
             .unwrap();
+        drop(s);
+        peer.join().unwrap();
+    });
+}
+
+/// Reads the stream in `LEFT` through `AsyncRead` when dropped, on a `LocalExecutor` of its
+/// own (3 s at most), and puts it back; records what the read came to (`None`: timed out).
+struct AsyncReadOnAnInnerLoop(Arc<Mutex<Option<InnerRead>>>);
+
+/// What a read on an inner loop came to (`None`: timed out).
+type InnerRead = Option<io::Result<Vec<u8>>>;
+
+impl Drop for AsyncReadOnAnInnerLoop {
+    fn drop(&mut self) {
+        let mut s = LEFT.with(|l| l.borrow_mut().take()).expect("left");
+        let (r, s) = LocalExecutor::new().unwrap().block_on(async move {
+            let mut b = [0u8; 8];
+            let r = xtc_shards::time::timeout(
+                Duration::from_secs(3),
+                futures::io::AsyncReadExt::read(&mut s, &mut b),
+            )
+            .await
+            .ok()
+            .map(|r| r.map(|n| b[..n].to_vec()));
+            (r, s)
+        });
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        *self.0.lock().unwrap() = Some(r);
+    }
+}
+
+/// An `AsyncRead` whose receive (io_uring) started on this loop, then a read of the stream on
+/// a loop run while this one is hidden (a swept drop's `LocalExecutor::block_on`), before the
+/// data has come: the inner read must not wait for that receive, which only this loop's
+/// driver sees end, and that does not turn until the section ends. It waited for good (here:
+/// until its timeout), though the data came meanwhile; it now fails at once, as with no loop
+/// running, and the receive's bytes go to the next read here. On epoll the inner loop reads
+/// the socket itself.
+#[test]
+fn a_read_on_an_inner_loop_does_not_wait_for_a_receive_of_the_hidden_loop() {
+    on_each_driver("read_on_inner_loop", 1, |driver| async move {
+        use futures::io::AsyncReadExt;
+        use xtc_shards::io::Driver;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            wait.recv().unwrap();
+            // While the inner read waits.
+            std::thread::sleep(Duration::from_millis(100));
+            s.write_all(b"hi").unwrap();
+            let _ = wait.recv_timeout(Duration::from_secs(10));
+        });
+        let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        {
+            // The `AsyncRead` receive starts on this loop (io_uring).
+            let mut b = [0u8; 8];
+            let mut cx = Context::from_waker(Waker::noop());
+            let polled =
+                futures::io::AsyncRead::poll_read(std::pin::Pin::new(&mut s), &mut cx, &mut b);
+            assert!(polled.is_pending(), "nothing was sent");
+        }
+        xtc_shards::time::sleep(Duration::from_millis(20)).await; // submitted
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        go.send(()).unwrap();
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(AsyncReadOnAnInnerLoop(out.clone()));
+        let r = out.lock().unwrap().take().expect("the guard ran");
+        let mut s = LEFT.with(|l| l.borrow_mut().take()).expect("put back");
+        let inner_got = match r {
+            None => panic!("[{driver}] the read on the inner loop hung"),
+            Some(Ok(b)) => b,
+            Some(Err(e)) if driver == Driver::IoUring => {
+                assert!(e.to_string().contains("hidden"), "[{driver}] {e}");
+                Vec::new()
+            }
+            Some(Err(e)) => panic!("[{driver}] the read on the inner loop: {e}"),
+        };
+        if inner_got.is_empty() {
+            // Back on this loop, the receive's bytes are read.
+            let mut b = [0u8; 8];
+            let n = guard(
+                "a read on the outer loop",
+                AsyncReadExt::read(&mut s, &mut b),
+            )
+            .await
+            .unwrap();
+            assert_eq!(&b[..n], b"hi", "[{driver}]");
+        } else {
+            assert_eq!(inner_got, b"hi", "[{driver}]");
+        }
+        drop(go);
         drop(s);
         peer.join().unwrap();
     });

@@ -252,6 +252,9 @@ trait StrayRead {
     fn completed(&self) -> Option<i32>;
     /// Where its reaped completion stands in its driver's order ([`Op::completed_at`]).
     fn completed_at(&self) -> Option<(u64, u64)>;
+    /// Whether it is still in the kernel of a driver this loop cannot wait on
+    /// ([`uring::driver_elsewhere`]).
+    fn waits_elsewhere(&self) -> bool;
 }
 
 impl<B: IoBufMut> StrayRead for Op<B> {
@@ -292,6 +295,10 @@ impl<B: IoBufMut> StrayRead for Op<B> {
 
     fn completed_at(&self) -> Option<(u64, u64)> {
         Op::completed_at(self)
+    }
+
+    fn waits_elsewhere(&self) -> bool {
+        uring::driver_elsewhere(self.driver_id()) && Op::completed(self).is_none()
     }
 }
 
@@ -482,6 +489,10 @@ impl StrayRead for Received {
 
     fn completed_at(&self) -> Option<(u64, u64)> {
         self.at
+    }
+
+    fn waits_elsewhere(&self) -> bool {
+        false
     }
 }
 
@@ -1073,7 +1084,20 @@ impl StreamIo {
             // As `std`: at once (`rw::recv`), and without waiting for a read behind.
             return (Ok(0), buf);
         }
-        if let Err(e) = kind() {
+        let no_wait = match kind() {
+            Err(e) => Some(e),
+            // On a loop run while the loop of a receive it would wait for is hidden: as below.
+            Ok(_)
+                if self
+                    .poll
+                    .try_borrow()
+                    .is_ok_and(|st| receive_elsewhere(&st)) =>
+            {
+                Some(elsewhere_error("receive", "read"))
+            }
+            Ok(_) => None,
+        };
+        if let Some(e) = no_wait {
             // This thread's loop is hidden (`context::off_loop`), or there is none: bytes a
             // receive already brought are handed out, but a receive still in the kernel (a
             // kept one, an `AsyncRead`'s) is not waited for: that loop does not turn until
@@ -1640,7 +1664,11 @@ impl StreamIo {
             }
             Kind::Uring => {
                 self.resume_write_behind();
-                After::around(cx, |cx, after| self.poll_read_uring(cx, out, after, None)).0
+                // On a loop run while the loop of the receive it would wait for is hidden: only
+                // what already arrived, as with that loop hidden and none running.
+                let no_new = receive_elsewhere(self.poll.get_mut())
+                    .then(|| elsewhere_error("receive", "read"));
+                After::around(cx, |cx, after| self.poll_read_uring(cx, out, after, no_new)).0
             }
         }
     }
@@ -1883,11 +1911,7 @@ fn off_loop_drain(st: &PollState) -> io::Result<()> {
                 uring::driver_elsewhere(op.driver_id()) && op.completed().is_none()
             }) =>
         {
-            io::Error::other(
-                "xtc: this stream's write-behind send runs on the I/O driver of a loop of this \
-                 thread that is hidden while an executor frees its tasks, and cannot be waited \
-                 for from a loop run meanwhile; flush the stream on its own loop",
-            )
+            elsewhere_error("write-behind send", "flush")
         }
         Ok(_) => return Ok(()),
     };
@@ -1904,6 +1928,29 @@ fn off_loop_drain(st: &PollState) -> io::Result<()> {
     } else {
         Err(e)
     }
+}
+
+/// The error of a call on a loop run while this thread's loop that runs the stream's `what`
+/// is hidden (a swept drop's `LocalExecutor::block_on`): that loop's driver is reaped only
+/// once it turns again, after the section, so waiting for it from here waited for good (the
+/// section waited for the call). `to_do`: the call to make on the stream's own loop.
+fn elsewhere_error(what: &str, to_do: &str) -> io::Error {
+    io::Error::other(format!(
+        "xtc: this stream's {what} runs on the I/O driver of a loop of this thread that is \
+         hidden while an executor frees its tasks, and cannot be waited for from a loop run \
+         meanwhile; {to_do} the stream on its own loop"
+    ))
+}
+
+/// Whether a read of `st` would wait for a receive still in the kernel of a driver this
+/// loop cannot wait on (`uring::driver_elsewhere`: a kept receive, or the `AsyncRead`
+/// receive, started on a loop now hidden). Cost: a thread-local read per receive in flight.
+fn receive_elsewhere(st: &PollState) -> bool {
+    st.stray.iter().any(|s| s.waits_elsewhere())
+        || st
+            .reading
+            .as_ref()
+            .is_some_and(|op| uring::driver_elsewhere(op.driver_id()) && op.completed().is_none())
 }
 
 /// Puts the kept receives of `st` in the order the socket gave them their bytes: those whose
