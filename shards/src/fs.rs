@@ -365,7 +365,8 @@ impl File {
     /// Closes the file and reports the kernel's error (except `EINTR`: Linux has closed the
     /// descriptor by then, so that is `Ok`, and a retry could only close another file). If an operation is still in flight (one
     /// whose future was dropped: on the epoll driver's pool, or in the kernel on io_uring), the
-    /// descriptor closes when it ends, and this returns `Ok`. Cost: one `CLOSE` submission, or
+    /// descriptor closes when it ends, and this returns `Ok`. Its future dropped before it ends,
+    /// the file still closes (io_uring lets the `CLOSE` run). Cost: one `CLOSE` submission, or
     /// one `close` on epoll and off any loop (where, unlike the other calls, it works: a
     /// `File` kept past its loop closes as its drop would, reporting the kernel's error).
     pub async fn close(self) -> io::Result<()> {

@@ -1455,7 +1455,8 @@ impl<T> Op<T> {
 
     /// Lets the operation run to its end without this Op (no cancellation): the driver keeps
     /// its data until the completion and discards the result. For a send whose bytes were
-    /// already reported written (`AsyncWrite`). Off its loop (driver gone) the data is dropped.
+    /// already reported written (`AsyncWrite`), or a file's `CLOSE` whose future was dropped
+    /// (`ops::file::Closing`). Off its loop (driver gone) the data is dropped.
     pub(crate) fn detach(mut self) {
         if let Some(data) = self.data.take() {
             let key = self.key;

@@ -452,7 +452,7 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             let op = submit((), |_| opcode::Close::new(types::Fd(raw)).build());
             match op {
-                Ok(op) => match op.await.0 {
+                Ok(op) => match (Closing { op: Some(op), raw }).await {
                     // Cancelled before it ran: by its driver's shutdown (the future outlived
                     // its `block_on`; or an entry the kernel never consumed, rule 5), or by
                     // io-wq, which cancels work it can start no worker for. The descriptor is
@@ -476,6 +476,51 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             // SAFETY: we own `raw`; close on a regular file does not block for long.
             closed(cvt(unsafe { libc::close(raw) }).map(drop))
+        }
+    }
+}
+
+/// A file's io_uring `CLOSE` in flight, resolving to the kernel's result. Dropped before it
+/// ends, it is left to run (`Op::detach`), not cancelled as a dropped operation is: the
+/// kernel runs the `CLOSE` of a file with a `->flush` (NFS, FUSE, overlay, the root of most
+/// containers) on a worker, a cancel took it off the worker's queue before it ran, and the
+/// descriptor, already out of its `File`, stayed open for good. One that the kernel did
+/// cancel before it ran (`ECANCELED`) is closed here.
+struct Closing {
+    op: Option<crate::io::uring::Op<()>>,
+    /// The descriptor the `CLOSE` names, ours until it has run.
+    raw: std::os::fd::RawFd,
+}
+
+impl std::future::Future for Closing {
+    type Output = i32;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<i32> {
+        let op = self.op.as_mut().expect("polled after completion");
+        let (res, ()) = std::task::ready!(std::pin::Pin::new(op).poll(cx));
+        self.op = None;
+        std::task::Poll::Ready(res)
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        let Some(op) = self.op.take() else {
+            return;
+        };
+        match op.completed() {
+            None => op.detach(),
+            Some(res) => {
+                drop(op);
+                if res == -libc::ECANCELED {
+                    // SAFETY: we own `raw` (taken from its OwnedFd), and the kernel did not
+                    // close it (its `CLOSE` never ran).
+                    unsafe { libc::close(self.raw) };
+                }
+            }
         }
     }
 }
