@@ -421,6 +421,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         if core.mesh.borrow().incoming_pending() {
             continue;
         }
+        // Steal rule 3: a work ping that came while the loop was awake woke nothing (the
+        // steal below looks at every victim anyway); one that lands from here on is one the
+        // recheck below looks for.
+        steal::forget_work_ping(core);
         if steal::would_steal(core) && steal::try_steal(core) {
             core.empty_ticks.set(0);
             // Step 1 comes next either way (a closing coordinator may have stopped).
@@ -467,7 +471,6 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let next = core.timers.borrow_mut().next_deadline();
         let mut timeout = timer::park_timeout(next, now);
         let mut tick_driven = false;
-        steal::forget_work_ping(core);
         let tick = steal::idle_tick(core);
         if let Some(tick) = tick {
             tick_driven = timeout.is_none_or(|t| t > tick);
@@ -475,6 +478,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         }
         let mut idle_tick_only = false;
         if timeout != Some(Duration::ZERO) {
+            #[cfg(test)]
+            tests::before_announce(core);
             shared.parker.announce();
             // Steal rule 4: a thief parking without a tick counts itself first, then looks
             // again (below), so a spawn either sees it counted and pings, or is seen.
@@ -491,6 +496,12 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 // ping that lands between the tick decision above and the announcement is
                 // swapped away by it: decide again (loom_park.rs, count leaving zero).
                 || (tick.is_none() && steal::idle_tick(core).is_some())
+                // A ping for migratable work (eager rebalance's nudge, a spawn's ping) that
+                // landed after the steal above but before the announcement (which swapped it
+                // away): the nudger picked this loop as idle once its status was published, and
+                // the loop slept a whole idle tick (up to 32 ms with backoff) with the work
+                // queued at its victim. (Without a tick the look above sees that work.)
+                || (tick.is_some() && steal::work_pinged(core))
             {
                 shared.parker.cancel();
                 drop(tickless);
@@ -806,6 +817,144 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
 #[cfg(test)]
 mod tests {
     use crate::{context::with_core, Executor, MAX_SPIN_BEFORE_PARK};
+
+    /// What [`before_announce`] runs, once, on the loop it names: `(executor id, shard, hook)`.
+    type Hook = (u64, usize, Box<dyn FnOnce(&super::Core) + Send>);
+
+    /// A test's hook into one park decision: run on the loop's thread after it published its
+    /// idle status and before it announces its sleep (the window a ping cannot reach).
+    static BEFORE_ANNOUNCE: std::sync::Mutex<Option<Hook>> = std::sync::Mutex::new(None);
+
+    /// Runs the armed hook if it names this loop (test builds only).
+    pub(super) fn before_announce(core: &super::Core) {
+        let mut armed = BEFORE_ANNOUNCE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if armed
+            .as_ref()
+            .is_some_and(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index())
+        {
+            let (_, _, hook) = armed.take().expect("checked just above");
+            drop(armed);
+            hook(core);
+        }
+    }
+
+    /// Eager rebalance's nudge lands on an idle peer after that peer published its idle status
+    /// (so the nudger picks it) but before it announced its sleep: the nudge's `unpark` sees a
+    /// loop not yet sleeping and writes no ping, and the announcement clears what it set. The
+    /// peer's recheck looked at its own queues only, so it slept a whole idle tick (up to
+    /// 32 ms with steal backoff) with the nudged work queued at its victim. Counted by parks,
+    /// not timed: the thief must steal the work without parking once more.
+    #[test]
+    fn a_nudge_that_lands_before_the_thief_announces_its_sleep_is_not_lost() {
+        use std::{
+            future::Future,
+            sync::{
+                atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+                Arc,
+            },
+            task::{Context, Wake, Waker},
+            time::{Duration, Instant},
+        };
+        const HANG: Duration = Duration::from_secs(10);
+        fn wait_for(flag: &AtomicBool) -> bool {
+            let t = Instant::now();
+            while !flag.load(SeqCst) {
+                if t.elapsed() > HANG {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            true
+        }
+        /// A timer's waker that blocks shard 0 (step 3 of its turn after the nudge) until the
+        /// child ran elsewhere: shard 0 cannot run the child itself meanwhile.
+        struct HoldShard0 {
+            nudged: Arc<AtomicBool>,
+            child_ran: Arc<AtomicBool>,
+        }
+        impl Wake for HoldShard0 {
+            fn wake(self: Arc<Self>) {
+                // The nudge went out at the end of the turn before this one.
+                self.nudged.store(true, SeqCst);
+                wait_for(&self.child_ran);
+            }
+        }
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .eager_rebalance(true)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let exec_id = h.shared.loops[1].exec_id;
+        let (in_window, nudged, child_ran) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        // Shard 1's parks as it entered the window, then as the child ran (and where).
+        let parks_then = Arc::new(AtomicU64::new(u64::MAX));
+        let (shard, parks_at_run, before) = exec
+            .block_on(move || async move {
+                // A migratable task alive (parked on a timer): shard 1 parks with an idle
+                // tick, whose recheck does not look at its victims' queues.
+                let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+                crate::time::sleep(Duration::from_millis(5)).await;
+                let (w, n, p) = (in_window.clone(), nudged.clone(), parks_then.clone());
+                *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+                    exec_id,
+                    1,
+                    Box::new(move |core: &super::Core| {
+                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                        w.store(true, SeqCst);
+                        wait_for(&n);
+                    }),
+                ));
+                assert!(wait_for(&in_window), "shard 1 never parked");
+                // A timer due at the next turn's step 3, whose waker holds shard 0 there.
+                let waker = Waker::from(Arc::new(HoldShard0 {
+                    nudged: nudged.clone(),
+                    child_ran: child_ran.clone(),
+                }));
+                let due = loop {
+                    let mut due = Box::pin(crate::time::sleep(Duration::from_millis(20)));
+                    // (Already due if this thread was held up 20 ms since: try again.)
+                    if due
+                        .as_mut()
+                        .poll(&mut Context::from_waker(&waker))
+                        .is_pending()
+                    {
+                        break due;
+                    }
+                };
+                std::thread::sleep(Duration::from_millis(30));
+                let (c, hh) = (child_ran.clone(), h.clone());
+                let child = crate::spawn(async move {
+                    let parks = hh.loop_stats(1).unwrap().parks;
+                    c.store(true, SeqCst);
+                    (crate::shard::id(), parks)
+                });
+                // Pinned work fills the rest of this turn's batch: the child stays queued, and
+                // the turn's end nudges shard 1.
+                for _ in 0..super::BATCH {
+                    drop(crate::shard::spawn_local(async {}));
+                }
+                let (shard, parks) = child.await.unwrap();
+                drop(due);
+                keeper.abort();
+                (shard, parks, parks_then.load(SeqCst))
+            })
+            .unwrap();
+        assert_eq!(shard, 1, "shard 1 did not steal the child");
+        assert_eq!(
+            parks_at_run,
+            before,
+            "the nudge was lost: shard 1 parked {} more time(s) before it stole the child",
+            parks_at_run - before
+        );
+    }
 
     /// A migratable task queued from a plain thread lands in the loop's injector, with a wake
     /// ping only for a loop that announced sleep: a spinning loop must see it itself. The spin

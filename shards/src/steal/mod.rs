@@ -106,9 +106,11 @@ pub(crate) struct StealShared {
     pub(crate) spawning: CachePadded<AtomicBool>,
     /// Rule 3: a ping for new migratable work was sent to this loop since its last park
     /// decision (set before the ping by [`ping_all_for_work`] and [`nudge_idle_peer`], taken
-    /// by [`woke`] as a park ends, cleared by [`forget_work_ping`]). Relaxed: the ping's
-    /// read-modify-write on the parker's state (`SeqCst`) orders it before the woken loop's
-    /// look.
+    /// by [`woke`] as a park ends, cleared by [`forget_work_ping`], looked at by the park's
+    /// recheck, [`work_pinged`]). The ping's read-modify-write on the parker's state
+    /// (`SeqCst`) orders the store before the look of a loop it woke, or whose announcement
+    /// came after it; set with `Release` and cleared by an `Acquire` look, so a loop that
+    /// forgets it sees the work it announced.
     pub(crate) work_ping: AtomicBool,
 }
 
@@ -443,7 +445,7 @@ fn show_spawning(core: &Core) {
 /// thief it wakes takes its first steal even from a victim below the minimum.
 fn ping_all_for_work(exec: &ExecShared) {
     for l in &exec.loops {
-        l.steal.work_ping.store(true, Relaxed);
+        l.steal.work_ping.store(true, Release);
     }
     exec.unpark_all();
 }
@@ -882,17 +884,28 @@ pub(crate) fn woke(core: &Core, pinged: bool) {
         .set(pinged && core.shared.steal.work_ping.swap(false, Relaxed));
 }
 
-/// Rule 3, at the start of each park decision: forgets a work ping that came while the loop
-/// was awake (it woke nothing), so a later wake by another ping does not look like one. Not
-/// in the decision's recheck: a spawn ping that lands between the two is what that recheck
-/// looks again for, and the loop that sees it then does not sleep, as one woken by it would
-/// not; the flag kept, its first steal ignores the minimum as that one's does (cleared there,
-/// it waited for the starvation override, 16 idle ticks).
+/// Rule 3, at the start of each park decision, before the loop's last look at its victims:
+/// forgets a work ping that came while the loop was awake (it woke nothing, and that look
+/// sees its work), so a later wake by another ping does not look like one. Not in the
+/// decision's recheck: a ping that lands between the two is what that recheck looks again
+/// for ([`work_pinged`]), and the loop that sees it then does not sleep, as one woken by it
+/// would not; the flag kept, its first steal ignores the minimum as that one's does (cleared
+/// there, it waited for the starvation override, 16 idle ticks).
 pub(crate) fn forget_work_ping(core: &Core) {
     let ping = &core.shared.steal.work_ping;
-    if ping.load(Relaxed) {
+    // Acquire, against the sender's `Release`: the look at the victims that follows sees the
+    // work the ping was for.
+    if ping.load(Acquire) {
         ping.store(false, Relaxed);
     }
+}
+
+/// Rule 3, the park's recheck (after the announcement): whether a ping for migratable work
+/// came since [`forget_work_ping`]. Such a ping that landed before the announcement wrote no
+/// wake-up (the loop did not sleep yet) and the announcement cleared its mark on the parker:
+/// the loop slept its whole idle tick with the work queued at its victim. Cost: a load.
+pub(crate) fn work_pinged(core: &Core) -> bool {
+    core.shared.steal.work_ping.load(Acquire)
 }
 
 /// Rule 4: an idle thief about to park without a tick (no sign of work) counts itself
@@ -937,7 +950,7 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
         crate::event_loop::status::kind(st) == crate::event_loop::status::BUSY
     };
     if let Some(v) = policy::nudge_target(core.index(), |l| exec.victims(l), busy) {
-        exec.loops[v].steal.work_ping.store(true, Relaxed);
+        exec.loops[v].steal.work_ping.store(true, Release);
         exec.loops[v].parker.unpark();
     }
 }
