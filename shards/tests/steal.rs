@@ -1292,3 +1292,44 @@ fn with_stealing_off_eager_rebalance_pings_no_idle_peer() {
         last - first
     );
 }
+
+/// With stealing off no idle loop may take a migratable task, so a spawn pings none: the
+/// count of live migratable tasks rising from zero pinged every loop (for the thieves parked
+/// without an idle tick, which stealing off leaves none of), and an idle peer woke at every
+/// such spawn (here one per child), found nothing it could take, and parked again.
+#[test]
+fn with_stealing_off_a_spawn_pings_no_idle_peer() {
+    const SPAWNS: usize = 100;
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .stealing(false)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    // (shard 1's parks once the first child is spawned, then after the last one).
+    let parks: Arc<Mutex<(u64, u64)>> = Arc::new(Mutex::new((0, 0)));
+    let p = parks.clone();
+    ex.spawn_on(0, move || async move {
+        for i in 0..SPAWNS {
+            // Each child outlives the turn that spawned it, so the count rises from zero at
+            // that turn's end, and falls back to it (published) before the next spawn.
+            xtc_shards::spawn(xtc_shards::time::sleep(Duration::from_micros(200)))
+                .await
+                .unwrap();
+            xtc_shards::time::sleep(Duration::from_micros(200)).await;
+            if i == 0 {
+                p.lock().unwrap().0 = h.loop_stats(1).unwrap().parks;
+            }
+        }
+        p.lock().unwrap().1 = h.loop_stats(1).unwrap().parks;
+    })
+    .unwrap();
+    run_or_fail(ex, HANG, "spawns with stealing off").unwrap();
+    let (first, last) = *parks.lock().unwrap();
+    assert!(
+        last - first <= 3,
+        "shard 1 was woken {} times for work it could not steal",
+        last - first
+    );
+}

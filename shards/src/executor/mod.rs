@@ -305,6 +305,14 @@ impl ExecShared {
         self.stealing.load(Relaxed)
     }
 
+    /// [`stealing`](Self::stealing) as a spawn's ping for idle thieves reads it: `SeqCst`,
+    /// after the count of live migratable tasks rose (also `SeqCst`), against `set_stealing`'s
+    /// store and ping: a spawn that reads stealing as still off rose the count before the
+    /// switch, so the loops the switch's ping wakes see that count.
+    pub(crate) fn stealing_now(&self) -> bool {
+        self.stealing.load(SeqCst)
+    }
+
     /// Inline: `xtc::spawn` (`steal::spawn_here`, generic over the future, so built in the
     /// user's crate) reads it on every spawn.
     #[inline]

@@ -442,8 +442,14 @@ fn show_spawning(core: &Core) {
 }
 
 /// Rules 3 and 4: pings every loop for new migratable work, marking each ping as such, so a
-/// thief it wakes takes its first steal even from a victim below the minimum.
+/// thief it wakes takes its first steal even from a victim below the minimum. None while
+/// stealing is off: no idle loop may take the work then (the loop it is queued on got its own
+/// ping, `inject`), and each spawn that raised the count from zero woke every idle loop for
+/// nothing. Switching stealing on pings every loop itself.
 fn ping_all_for_work(exec: &ExecShared) {
+    if !exec.stealing_now() {
+        return;
+    }
     for l in &exec.loops {
         l.steal.work_ping.store(true, Release);
     }
