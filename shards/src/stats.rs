@@ -33,7 +33,8 @@ pub struct LoopStats {
     pub timers_fired: u64,
     /// Times the loop parked (went to sleep waiting for work or a timer).
     pub parks: u64,
-    /// Messages taken from the loop's inbox (spawns and wakes from other threads).
+    /// Messages taken from the loop's inbox (spawns and wakes from other threads), those its
+    /// shutdown takes included (dropped unrun after a requested stop).
     pub inbox_received: u64,
     /// Tasks currently registered (live) on the loop.
     pub live_tasks: u64,

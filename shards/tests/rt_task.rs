@@ -1123,3 +1123,44 @@ fn a_refused_nested_block_on_leaves_the_running_loop_alone() {
     .join()
     .unwrap();
 }
+
+/// `LoopStats::inbox_received` counts every message the loop takes from its inbox, those its
+/// shutdown takes (and drops, after a requested stop) too, as `messages_received` counts what
+/// that shutdown drains from the rings. Spawns queued while the loop was busy and taken by
+/// its shutdown were left out: the count stayed below what the inbox had been sent.
+#[test]
+fn inbox_messages_a_stopping_loop_drops_count_as_received() {
+    const LATE: u64 = 3;
+    let ex = exec(2);
+    let h = ex.handle();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    // From this thread: shard 1's inbox (one message).
+    ex.spawn_on(1, move || async move {
+        // While this poll holds shard 1, a plain thread queues more spawns in its inbox and
+        // asks the stop: the loop's next step 1 sees the stop, and its shutdown takes them.
+        std::thread::spawn(move || {
+            for _ in 0..LATE {
+                let r = r.clone();
+                h.send_to(1, move || async move {
+                    r.fetch_add(1, SeqCst);
+                })
+                .unwrap();
+            }
+            h.stop();
+        })
+        .join()
+        .unwrap();
+    })
+    .unwrap();
+    run_within(&ex, Duration::from_secs(60))
+        .expect("run() hung: a stop with spawns in the inbox")
+        .unwrap();
+    // A requested stop drops what the inbox still held: none of the late spawns ran.
+    assert_eq!(ran.load(SeqCst), 0);
+    assert_eq!(
+        ex.loop_stats(1).unwrap().inbox_received,
+        1 + LATE,
+        "the messages the shutdown took from the inbox were not counted"
+    );
+}

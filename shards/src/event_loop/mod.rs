@@ -779,6 +779,9 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             break;
         }
         if shared.inbox.drain_into(&mut spare) > 0 {
+            // Taken from the inbox like a turn's messages (`LoopStats::inbox_received`), as
+            // the rings' drain below counts what it takes in `messages_received`.
+            bump(&shared.stats.inbox_received, spare.len() as u64);
             core.queue.borrow_mut().extend(spare.drain(..));
             continue;
         }
