@@ -60,6 +60,10 @@ pub struct LoopStats {
     /// more than once, when the task parks and is woken back onto the top of the deque.
     /// Counted in `polls` too.
     pub joins_inlined: u64,
+    /// Task polls the stall watchdog reported on this loop (as
+    /// [`Handle::stall_count`](crate::Handle::stall_count), which answers 0 for a shard that
+    /// does not exist where `loop_stats` gives an error).
+    pub stalls: u64,
     /// I/O operations submitted (io_uring) or readiness waits armed (epoll).
     pub io_submitted: u64,
     /// I/O completions reaped (io_uring) or readiness events dispatched (epoll).
@@ -248,7 +252,9 @@ impl StatsCell {
         }
     }
 
-    pub(crate) fn snapshot(&self, stolen_from: u64) -> LoopStats {
+    /// The loop's counters, with the two kept elsewhere: `stolen_from` (written by thieves)
+    /// and `stalls` (the stall watchdog's count).
+    pub(crate) fn snapshot(&self, stolen_from: u64, stalls: u64) -> LoopStats {
         /// `value`, or the largest one reported before if that is larger.
         fn monotonic(reported: &AtomicU64, value: u64) -> u64 {
             reported.fetch_max(value, Relaxed).max(value)
@@ -271,6 +277,7 @@ impl StatsCell {
             stolen_from,
             steal_attempts_failed: self.steal_attempts_failed.load(Relaxed),
             joins_inlined: self.joins_inlined.load(Relaxed),
+            stalls,
             io_submitted: self.io_submitted.load(Relaxed),
             io_completed: self.io_completed.load(Relaxed),
             io_driver: match self.io_driver.load(Relaxed) {

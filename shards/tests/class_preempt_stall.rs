@@ -294,6 +294,14 @@ fn stall_callback_names_the_task_and_counts() {
     assert_eq!(ex.stall_count(1), reps.len() as u64);
     assert_eq!(ex.stall_count(0), 0);
     assert_eq!(ex.stall_count(99), 0);
+    // The per-shard stats carry the count too, with an error for a shard that does not exist
+    // (as every other per-shard call gives), where `stall_count` answers 0.
+    assert_eq!(ex.loop_stats(1).unwrap().stalls, reps.len() as u64);
+    assert_eq!(ex.loop_stats(0).unwrap().stalls, 0);
+    assert!(matches!(
+        ex.loop_stats(99),
+        Err(xtc_shards::Error::InvalidShard { .. })
+    ));
 }
 
 #[test]

@@ -1601,7 +1601,8 @@ impl Handle {
     }
 
     /// Stalls reported on loop `shard` so far (also after `run()` returns); 0 for a shard that
-    /// does not exist. Cost: an atomic load.
+    /// does not exist (`loop_stats(shard)?.stalls` is the same count, with
+    /// `Err(InvalidShard)` out of range). Cost: an atomic load.
     pub fn stall_count(&self, shard: usize) -> u64 {
         self.shared
             .loops
@@ -1747,7 +1748,10 @@ impl Handle {
     /// described on [`LoopStats`] (atomic loads and a clock read, no lock).
     pub fn loop_stats(&self, shard: usize) -> Result<LoopStats> {
         let l = self.shared.shard(shard)?;
-        Ok(l.stats.snapshot(l.steal.stolen_from.load(Relaxed)))
+        Ok(l.stats.snapshot(
+            l.steal.stolen_from.load(Relaxed),
+            l.stall.count.load(Relaxed),
+        ))
     }
 }
 
