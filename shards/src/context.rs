@@ -103,8 +103,9 @@ pub(crate) struct Core {
     /// completes): the batch ends after the current poll.
     pub(crate) end_batch: Cell<bool>,
     /// Calls that complete without a loop turn (ready epoll calls, sleeps found past their
-    /// deadline) the task being polled may still make before its next one yields
-    /// (`context::coop_spend`): set to `io::COOP_BUDGET` before each poll of a task.
+    /// deadline, `send_to` and `submit_to` to the caller's own shard) the task being polled
+    /// may still make before its next one yields (`context::coop_spend`): set to
+    /// `io::COOP_BUDGET` before each poll of a task.
     pub(crate) coop_left: Cell<u32>,
     /// A `submit_to` polled on this loop by a pinned task waits for its reply from another
     /// shard (set when its join returns `Pending`, taken at the park decision): the loop spins
@@ -584,8 +585,9 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
 
 /// Spends one unit of the polled task's cooperative budget (`io::COOP_BUDGET`, reset before
 /// each poll by the loop) on a call about to complete without a loop turn (an epoll call with
-/// its fd marked ready, a sleep found past its deadline). `false` when the budget is spent: the caller must yield
-/// (wake itself and return `Pending`) instead of calling; the loop's batch then ends after
+/// its fd marked ready, a sleep found past its deadline, a `send_to` to the caller's own
+/// shard, which has no ring to wait on). `false` when the budget is spent: the caller must
+/// yield (wake itself and return `Pending`) instead of calling; the loop's batch then ends after
 /// this poll, so due timers, I/O and the inbox are served before the task runs again (a plain
 /// wake re-queued it in the same batch). Off any loop (a future polled by a foreign
 /// executor) there is no budget: always `true`. A foreign executor blocking inside a task's
@@ -593,19 +595,23 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
 /// until the task's poll ends): I/O objects belong to their loop's tasks. Cost: one
 /// thread-local read and a `Cell` update.
 pub(crate) fn coop_spend() -> bool {
-    with_core(|c| {
-        let left = c.coop_left.get();
+    with_core(Core::coop_spend).unwrap_or(true)
+}
+
+impl Core {
+    /// [`coop_spend`] on this loop, for a caller that has it at hand already.
+    pub(crate) fn coop_spend(&self) -> bool {
+        let left = self.coop_left.get();
         if left == 0 {
             // Stays spent for the rest of this poll: every ready call in it yields (a task
             // selecting over two streams must not go on with the other one).
-            c.end_batch.set(true);
+            self.end_batch.set(true);
             false
         } else {
-            c.coop_left.set(left - 1);
+            self.coop_left.set(left - 1);
             true
         }
-    })
-    .unwrap_or(true)
+    }
 }
 
 /// Ends the loop's batch after the current poll and wakes `waker`: the caller returns

@@ -194,14 +194,23 @@ pub(crate) async fn reserve_on(
     // now is looked at under the same borrow: the wait future would be ready at its first poll
     // (it checks the same, with nothing in between), and polled as one it cost about 40
     // instructions per call (callgrind).
-    let (owner, wait) = with_core(|c| {
-        c.exec
-            .shard(shard)
-            .map(|o| (o.clone(), !ring::reserved(c, shard)))
+    //
+    // A call to the caller's own shard has no ring to wait on: ready at once, it spends the
+    // task's cooperative budget (`context::coop_spend`) and, that spent, yields once first.
+    // A `send_to` loop to its own shard never returned `Pending` and held its loop for good
+    // (the tasks it queued never ran, and piled up).
+    let (owner, wait, spent) = with_core(|c| {
+        c.exec.shard(shard).map(|o| {
+            let own = c.index() == shard;
+            (o.clone(), !ring::reserved(c, shard), own && !c.coop_spend())
+        })
     })
     .ok_or_else(|| Error::OffLoop(what))??;
     if wait {
         ring::reserve(shard).await;
+    } else if spent {
+        // The batch ends after this poll (`coop_spend` saw to it).
+        crate::yield_now().await;
     }
     Ok(owner)
 }
