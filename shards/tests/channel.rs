@@ -1484,3 +1484,22 @@ fn shared_recv_and_send_over_a_ready_ring_let_the_loop_turn() {
         .await;
     });
 }
+
+/// A task that feeds its own local channel (an actor sending itself its next message) lets
+/// the loop turn ([`turns_during`]): each `recv` found the value the task had just sent, so it
+/// never returned `Pending` and held its loop (every other task, due timers) for good. No
+/// other task can fill a local channel while its receiver's task holds the loop, so this is
+/// the way a local `recv` keeps finding values.
+#[test]
+fn a_local_receiver_fed_by_its_own_task_lets_the_loop_turn() {
+    const N: usize = 4096;
+    LocalExecutor::new().unwrap().block_on(async move {
+        let (tx, mut rx) = local::bounded::<usize>(4).unwrap();
+        tx.send(0).await.unwrap();
+        turns_during("self-fed local receives", N, async |i| {
+            assert_eq!(rx.recv().await, Some(i), "in order");
+            tx.send(i + 1).await.unwrap();
+        })
+        .await;
+    });
+}

@@ -98,7 +98,7 @@ pub fn bounded<T>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
         senders: 1,
         rx_alive: true,
     }));
-    Ok((Sender { st: st.clone() }, Receiver { st }))
+    Ok((Sender { st: st.clone() }, Receiver { st, run: 0 }))
 }
 
 /// The sending end; `Clone` for more producers. `!Send`.
@@ -109,6 +109,8 @@ pub struct Sender<T> {
 /// The receiving end. `!Send`.
 pub struct Receiver<T> {
     st: Rc<RefCell<State<T>>>,
+    /// Values received in a row without waiting (the shared channel's `CHANNEL_BUDGET`).
+    run: u32,
 }
 
 impl<T> Sender<T> {
@@ -316,10 +318,31 @@ impl<T> Receiver<T> {
 
     /// Receives the next value; `None` once every sender is gone and the channel is empty.
     /// Cost: as [`try_recv`](Self::try_recv); a wait adds a waker clone (none when the stored
-    /// waker already wakes this task).
+    /// waker already wakes this task). After 1,024 values in a row received without waiting,
+    /// the next call yields first, for one loop turn, as the shared channel's does: a task
+    /// that feeds its own channel (an actor sending itself its next message) would otherwise
+    /// never return `Pending` and hold its loop (no other task can refill the channel while
+    /// it runs, so this is the one way a receiver keeps finding values).
     pub async fn recv(&mut self) -> Option<T> {
-        poll_fn(|cx| match self.try_recv() {
-            Ok(v) => Poll::Ready(Some(v)),
+        poll_fn(|cx| {
+            if self.run >= super::shared::CHANNEL_BUDGET {
+                // Before the receive: dropped while it yields, it took nothing.
+                self.run = 0;
+                crate::context::yield_ending_batch(cx.waker());
+                return Poll::Pending;
+            }
+            self.poll_recv(cx)
+        })
+        .await
+    }
+
+    /// One poll of [`recv`](Self::recv), past its budget check.
+    fn poll_recv(&mut self, cx: &Context<'_>) -> Poll<Option<T>> {
+        match self.try_recv() {
+            Ok(v) => {
+                self.run += 1;
+                Poll::Ready(Some(v))
+            }
             Err(TryRecvError::Closed) => Poll::Ready(None),
             Err(TryRecvError::Empty) => {
                 let stored = self
@@ -329,6 +352,7 @@ impl<T> Receiver<T> {
                     .as_ref()
                     .is_some_and(|w| w.will_wake(cx.waker()));
                 if stored {
+                    self.run = 0;
                     return Poll::Pending;
                 }
                 // Cloned and the old one dropped outside the borrow, as in `SendFut::wait`;
@@ -341,10 +365,10 @@ impl<T> Receiver<T> {
                 }
                 let old = self.st.borrow_mut().rx_waker.replace(fresh);
                 drop(old);
+                self.run = 0;
                 Poll::Pending
             }
-        })
-        .await
+        }
     }
 }
 

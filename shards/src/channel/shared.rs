@@ -536,8 +536,9 @@ impl<T> Future for SendFut<'_, T> {
 /// `Pending` and held its loop (timers, the inbox, `submit_to` calls, other tasks) for as
 /// long as the stream lasted. 1,024, a benchmark ring's worth: a few microseconds of
 /// transfers, where an epoll call's budget (`io::COOP_BUDGET`) counts system calls of about a
-/// microsecond each.
-const CHANNEL_BUDGET: u32 = 1024;
+/// microsecond each. `channel::local`'s `recv` counts the same (a task feeding its own
+/// channel).
+pub(super) const CHANNEL_BUDGET: u32 = 1024;
 
 /// The most items a poll of [`SendMany`] sends before it yields: a ring's worth, up to this.
 /// Above the rings of the benchmarks (1,024 slots), so their batches are unchanged.
