@@ -1055,3 +1055,80 @@ fn a_read_on_an_inner_loop_does_not_wait_for_a_receive_of_the_hidden_loop() {
         peer.join().unwrap();
     });
 }
+
+thread_local! {
+    /// A listener the running task leaves for a swept drop of this thread to accept on.
+    static LISTENER: std::cell::RefCell<Option<xtc_shards::net::TcpListener>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// What a call on an inner loop came to: `None` if it timed out (3 s), else `Ok` or the
+/// error's text.
+type InnerCall = Arc<Mutex<Option<Option<Result<(), String>>>>>;
+
+/// Accepts on the listener in `LISTENER` when dropped, on a `LocalExecutor` of its own (3 s
+/// at most), and puts it back.
+struct AcceptOnAnInnerLoop(InnerCall);
+
+impl Drop for AcceptOnAnInnerLoop {
+    fn drop(&mut self) {
+        let l = LISTENER.with(|l| l.borrow_mut().take()).expect("left");
+        let (r, l) = LocalExecutor::new().unwrap().block_on(async move {
+            let r = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+                .await
+                .ok()
+                .map(|r| r.map(drop).map_err(|e| e.to_string()));
+            (r, l)
+        });
+        LISTENER.with(|s| *s.borrow_mut() = Some(l));
+        *self.0.lock().unwrap() = Some(r);
+    }
+}
+
+/// An accept dropped unfinished on this loop (io_uring keeps it, cancelled in place, its
+/// completion not reaped yet), then an accept of the listener on a loop run while this one
+/// is hidden (a swept drop's `LocalExecutor::block_on`), a client connecting meanwhile: the
+/// inner accept took the kept one over and waited for it on this loop's driver, which is
+/// reaped only once this loop turns again, after the section: it hung (here: until its
+/// timeout). It now fails at once, as a stream's read does, and the client is accepted back
+/// here. On epoll nothing is kept, and the inner loop accepts the client itself.
+#[test]
+fn an_accept_on_an_inner_loop_does_not_wait_for_a_kept_accept_of_the_hidden_loop() {
+    on_each_driver("accept_on_inner_loop", 1, |driver| async move {
+        use xtc_shards::io::Driver;
+        let l = xtc_shards::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        {
+            // Polled once and dropped: io_uring keeps its `ACCEPT`, cancelled in place.
+            let mut accept = pin!(l.accept());
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(accept.as_mut().poll(&mut cx).is_pending());
+        }
+        // A client, while the inner accept waits.
+        let client = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let c = std::net::TcpStream::connect(addr).unwrap();
+            std::thread::sleep(Duration::from_secs(4));
+            drop(c);
+        });
+        LISTENER.with(|s| *s.borrow_mut() = Some(l));
+        let out = InnerCall::default();
+        drop_off_the_loop(AcceptOnAnInnerLoop(out.clone()));
+        let r = out.lock().unwrap().take().expect("the guard ran");
+        let l = LISTENER.with(|s| s.borrow_mut().take()).expect("put back");
+        match r {
+            None => panic!("[{driver}] the accept on the inner loop hung"),
+            Some(Ok(())) => {}
+            Some(Err(e)) if driver == Driver::IoUring => {
+                assert!(e.contains("hidden"), "[{driver}] {e}");
+                // Back on this loop, the client is accepted.
+                guard("an accept on the outer loop", l.accept())
+                    .await
+                    .unwrap();
+            }
+            Some(Err(e)) => panic!("[{driver}] the accept on the inner loop: {e}"),
+        }
+        drop(l);
+        client.join().unwrap();
+    });
+}

@@ -11,7 +11,10 @@
 //! stays armed in the kernel for a dropped accept, so it cannot take a connection another
 //! listener of the same socket waits for. On epoll a dropped accept never
 //! took anything; a listener whose io_uring loop kept an accept that took a connection, used
-//! on an epoll loop (or off any loop) since, hands that connection out first.
+//! on an epoll loop (or off any loop) since, hands that connection out first. On a loop run
+//! while the loop of a kept accept still in the kernel is hidden (`context::off_loop`), an
+//! `accept` fails at once, as a stream's read does: only the hidden loop's driver sees that
+//! accept end, and it does not turn until the section ends.
 
 use std::{
     cell::{Cell, RefCell},
@@ -182,6 +185,17 @@ impl Kept {
         self.ops.try_borrow().is_ok_and(|ops| !ops.is_empty())
     }
 
+    /// Whether a kept accept is still in the kernel of a driver the running loop cannot wait
+    /// on (`ops::waits_elsewhere`). Cost: a borrow check (and a scan of the kept accepts).
+    fn any_elsewhere(&self) -> bool {
+        self.ops.try_borrow().is_ok_and(|ops| {
+            ops.iter().any(|(_, op)| match op {
+                KeptAccept::Op(op) => super::waits_elsewhere(op),
+                KeptAccept::Accepted { .. } => false,
+            })
+        })
+    }
+
     /// The kept accept whose completion brought the first connection, taken out, with its
     /// number.
     fn take_connected(&self) -> Option<(u64, KeptAccept)> {
@@ -271,6 +285,12 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
             // listener could never unwrap; epoll waited for a new connection meanwhile).
             other => match kept.take_connected() {
                 Some(op) => (Driver::IoUring, Some(op)),
+                // On an epoll loop run while the io_uring loop of a kept accept is hidden
+                // (`context::off_loop`): that accept may hold an earlier connection, which
+                // only its own loop's driver hands out; a new one taken here overtook it.
+                None if matches!(other, Ok(Driver::Epoll)) && kept.any_elsewhere() => {
+                    return Err(super::kept_elsewhere_error("accept", "accept"));
+                }
                 None => (other?, None),
             },
         };
@@ -284,6 +304,15 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                 let (number, op) = match taken {
                     // Kept behind an earlier one, which was taken before it: no I/O.
                     Some((_, KeptAccept::Accepted { fd, addr, .. })) => return Ok((fd, addr)),
+                    // Still in the kernel of a loop of this thread that is hidden (this one
+                    // runs inside its `context::off_loop` section): only that loop's driver
+                    // sees it end, and it does not turn until the section ends, so waiting for
+                    // it here waited for good. It stays first in line, for an accept there.
+                    Some((n, KeptAccept::Op(op))) if super::waits_elsewhere(&op) => {
+                        let mut ops = kept.ops.borrow_mut();
+                        super::keep_in_order(&mut ops, &kept.next, Some(n), KeptAccept::Op(op));
+                        return Err(super::kept_elsewhere_error("accept", "accept"));
+                    }
                     Some((n, KeptAccept::Op(op))) => (Some(n), op),
                     None => {
                         // Zeroed, not uninit: the kernel writes only the address's own length

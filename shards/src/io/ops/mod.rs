@@ -186,6 +186,27 @@ impl OwnWaiters {
     }
 }
 
+/// The error of a call of a socket on a loop run while the loop of this thread whose driver
+/// runs the socket's kept `what` (a dropped call's operation, still in the kernel) is hidden
+/// (`context::off_loop`: a swept drop's `LocalExecutor::block_on`): that driver is reaped only
+/// once its loop turns again, after the section, so waiting for it from here waited for good
+/// (the section waited for the call). `to_do`: the call to make on the socket's own loop.
+pub(crate) fn kept_elsewhere_error(what: &str, to_do: &str) -> io::Error {
+    io::Error::other(format!(
+        "xtc: this socket's kept {what} runs on the I/O driver of a loop of this thread that is \
+         hidden while an executor frees its tasks, and cannot be waited for from a loop run \
+         meanwhile; {to_do} on the socket's own loop"
+    ))
+}
+
+/// Whether `op` is still in the kernel of a driver the running loop cannot wait on
+/// ([`uring::driver_elsewhere`](super::uring::driver_elsewhere): a loop of this thread that
+/// `context::off_loop` hides). Cost: a thread-local read, and a slab lookup for a driver
+/// that is not the running loop's.
+pub(crate) fn waits_elsewhere<T>(op: &Op<T>) -> bool {
+    super::uring::driver_elsewhere(op.driver_id()) && op.completed().is_none()
+}
+
 /// Which path to take: `Err` off any loop or on a loop without a driver.
 pub(crate) fn backend() -> io::Result<Driver> {
     current_kind()
