@@ -1060,6 +1060,9 @@ thread_local! {
     /// A listener the running task leaves for a swept drop of this thread to accept on.
     static LISTENER: std::cell::RefCell<Option<xtc_shards::net::TcpListener>> =
         const { std::cell::RefCell::new(None) };
+    /// A UDP socket the running task leaves for a swept drop of this thread to receive on.
+    static SOCKET: std::cell::RefCell<Option<xtc_shards::net::UdpSocket>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// What a call on an inner loop came to: `None` if it timed out (3 s), else `Ok` or the
@@ -1130,5 +1133,80 @@ fn an_accept_on_an_inner_loop_does_not_wait_for_a_kept_accept_of_the_hidden_loop
         }
         drop(l);
         client.join().unwrap();
+    });
+}
+
+/// Receives on the socket in `SOCKET` when dropped, on a `LocalExecutor` of its own (3 s at
+/// most), and puts it back.
+struct RecvOnAnInnerLoop(InnerCall);
+
+impl Drop for RecvOnAnInnerLoop {
+    fn drop(&mut self) {
+        let s = SOCKET.with(|s| s.borrow_mut().take()).expect("left");
+        let (r, s) = LocalExecutor::new().unwrap().block_on(async move {
+            let r = xtc_shards::time::timeout(
+                Duration::from_secs(3),
+                s.recv_from(Vec::with_capacity(8)),
+            )
+            .await
+            .ok()
+            .map(|(r, buf)| match r {
+                Ok((n, _)) if &buf[..n] == b"one" => Ok(()),
+                Ok((n, _)) => Err(format!("received {:?}", &buf[..n])),
+                Err(e) => Err(e.to_string()),
+            });
+            (r, s)
+        });
+        SOCKET.with(|k| *k.borrow_mut() = Some(s));
+        *self.0.lock().unwrap() = Some(r);
+    }
+}
+
+/// A `recv_from` dropped unfinished on this loop (io_uring keeps its receive, cancelled in
+/// place, its completion not reaped yet), then a `recv_from` on a loop run while this one is
+/// hidden, a datagram arriving meanwhile: the inner receive took the kept one over and waited
+/// for it on this loop's driver, which does not turn until the section ends: it hung (here:
+/// until its timeout). It now fails at once, as a stream's read does, and the datagram is
+/// received back here. On epoll nothing is kept, and the inner loop receives it itself.
+#[test]
+fn a_recv_on_an_inner_loop_does_not_wait_for_a_kept_receive_of_the_hidden_loop() {
+    on_each_driver("recv_on_inner_loop", 1, |driver| async move {
+        use xtc_shards::io::Driver;
+        let s = xtc_shards::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = s.local_addr().unwrap();
+        {
+            // Polled once and dropped: io_uring keeps its receive, cancelled in place.
+            let mut recv = pin!(s.recv_from(Vec::with_capacity(8)));
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(recv.as_mut().poll(&mut cx).is_pending());
+        }
+        // A datagram, while the inner receive waits.
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            u.send_to(b"one", addr).unwrap();
+        });
+        SOCKET.with(|k| *k.borrow_mut() = Some(s));
+        let out = InnerCall::default();
+        drop_off_the_loop(RecvOnAnInnerLoop(out.clone()));
+        let r = out.lock().unwrap().take().expect("the guard ran");
+        let s = SOCKET.with(|k| k.borrow_mut().take()).expect("put back");
+        sender.join().unwrap();
+        match r {
+            None => panic!("[{driver}] the receive on the inner loop hung"),
+            Some(Ok(())) => {}
+            Some(Err(e)) if driver == Driver::IoUring => {
+                assert!(e.contains("hidden"), "[{driver}] {e}");
+                // Back on this loop, the datagram is received.
+                let (r, buf) = guard(
+                    "a receive on the outer loop",
+                    s.recv_from(Vec::with_capacity(8)),
+                )
+                .await;
+                let (n, _) = r.unwrap();
+                assert_eq!(&buf[..n], b"one", "[{driver}]");
+            }
+            Some(Err(e)) => panic!("[{driver}] the receive on the inner loop: {e}"),
+        }
     });
 }

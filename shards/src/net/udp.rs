@@ -62,6 +62,9 @@ trait StrayRecv {
     fn completed(&self) -> Option<i32>;
     /// Where its reaped completion stands in its driver's order (`Op::completed_at`).
     fn completed_at(&self) -> Option<(u64, u64)>;
+    /// Whether it is still in the kernel of a driver this loop cannot wait on
+    /// (`ops::waits_elsewhere`).
+    fn waits_elsewhere(&self) -> bool;
 }
 
 impl<B: IoBufMut> StrayRecv for RecvOp<B> {
@@ -106,6 +109,10 @@ impl<B: IoBufMut> StrayRecv for RecvOp<B> {
     fn completed_at(&self) -> Option<(u64, u64)> {
         Op::completed_at(self)
     }
+
+    fn waits_elsewhere(&self) -> bool {
+        crate::io::ops::waits_elsewhere(self)
+    }
 }
 
 /// A datagram a `recv_from`'s own receive got after a kept receive had got an earlier one:
@@ -144,6 +151,10 @@ impl StrayRecv for Received {
 
     fn completed_at(&self) -> Option<(u64, u64)> {
         self.at
+    }
+
+    fn waits_elsewhere(&self) -> bool {
+        false
     }
 }
 
@@ -290,8 +301,18 @@ impl UdpSocket {
                 // a receive that already completed is taken, as a stream's read and an
                 // `accept` do: one still in the kernel would leave the caller waiting for a
                 // loop that does not turn. It stays first in line for the next call.
+                // So with a loop run while the loop of a receive still in the kernel is hidden
+                // (this one runs inside its `context::off_loop` section): only that loop's
+                // driver sees it end, and it does not turn until the section ends.
                 if stray.completed().is_none() {
-                    if let Err(e) = crate::io::ops::backend() {
+                    let no_wait = match crate::io::ops::backend() {
+                        Err(e) => Some(e),
+                        Ok(_) if stray.waits_elsewhere() => {
+                            Some(crate::io::ops::kept_elsewhere_error("receive", "receive"))
+                        }
+                        Ok(_) => None,
+                    };
+                    if let Some(e) = no_wait {
                         let mut kept = self.stray.borrow_mut();
                         crate::io::ops::keep_in_order(
                             &mut kept,
