@@ -1210,3 +1210,98 @@ fn a_recv_on_an_inner_loop_does_not_wait_for_a_kept_receive_of_the_hidden_loop()
         }
     });
 }
+
+/// An `AsyncRead` whose receive (io_uring) started on this loop, then an `AsyncRead` of the
+/// stream on an epoll loop run while this one is hidden (a swept drop's
+/// `LocalExecutor::block_on`, `XTC_IO=epoll`), the peer writing "A", then "B": the receive
+/// still armed in the kernel takes "A" for the hidden driver, which hands it out only once
+/// this loop turns again, so the inner read, straight from the socket, got "B" first, and
+/// the stream's bytes came out of order ("BA"). It now fails at once, as on an inner io_uring
+/// loop, and both bytes are read here in order. In a child process (the outer loop runs
+/// io_uring, skipped where the kernel refuses it; the inner one epoll).
+#[test]
+fn an_epoll_read_on_an_inner_loop_does_not_overtake_a_receive_of_the_hidden_loop() {
+    const TEST: &str =
+        "an_epoll_read_on_an_inner_loop_does_not_overtake_a_receive_of_the_hidden_loop";
+    if !is_child("epoll_read_on_inner_loop") {
+        run_child(TEST, "epoll_read_on_inner_loop", &[("XTC_IO", "epoll")]);
+        return;
+    }
+    let Ok(exec) = Executor::builder()
+        .shards(1)
+        .io_driver(xtc_shards::io::DriverChoice::IoUring)
+        .build()
+    else {
+        println!("skipped: no io_uring here");
+        return;
+    };
+    let verdict = Arc::new(Mutex::new(None::<Result<(), String>>));
+    let v = verdict.clone();
+    exec.spawn_on(0, move || async move {
+        use futures::io::AsyncReadExt;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            wait.recv().unwrap();
+            // While the inner read waits.
+            std::thread::sleep(Duration::from_millis(100));
+            s.write_all(b"A").unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            s.write_all(b"B").unwrap();
+            let _ = wait.recv_timeout(Duration::from_secs(10));
+        });
+        let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        {
+            // The `AsyncRead` receive starts on this loop (io_uring).
+            let mut b = [0u8; 8];
+            let mut cx = Context::from_waker(Waker::noop());
+            let polled =
+                futures::io::AsyncRead::poll_read(std::pin::Pin::new(&mut s), &mut cx, &mut b);
+            assert!(polled.is_pending(), "nothing was sent");
+        }
+        xtc_shards::time::sleep(Duration::from_millis(20)).await; // submitted
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        go.send(()).unwrap();
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(AsyncReadOnAnInnerLoop(out.clone()));
+        let r = out.lock().unwrap().take().expect("the guard ran");
+        let mut s = LEFT.with(|l| l.borrow_mut().take()).expect("put back");
+        let mut got = match r {
+            None => Vec::new(), // timed out: judged by what follows
+            Some(Ok(b)) => b,
+            Some(Err(e)) if e.to_string().contains("hidden") => Vec::new(),
+            Some(Err(e)) => panic!("the read on the inner loop: {e}"),
+        };
+        // Back on this loop, the rest.
+        while got.len() < 2 {
+            let mut b = [0u8; 8];
+            let n = guard(
+                "a read on the outer loop",
+                AsyncReadExt::read(&mut s, &mut b),
+            )
+            .await
+            .unwrap();
+            assert!(n > 0, "end of stream after {got:?}");
+            got.extend_from_slice(&b[..n]);
+        }
+        drop(go);
+        drop(s);
+        peer.join().unwrap();
+        *v.lock().unwrap() = Some(if got == b"AB" {
+            Ok(())
+        } else {
+            Err(format!(
+                "the stream's bytes came as {:?}",
+                String::from_utf8_lossy(&got)
+            ))
+        });
+    })
+    .unwrap();
+    run_or_fail(&exec, "a run whose one task ended");
+    let r = verdict.lock().unwrap().take().expect("the task ran");
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}

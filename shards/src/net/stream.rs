@@ -1652,6 +1652,13 @@ impl StreamIo {
                         return Poll::Ready(r);
                     }
                 }
+                // On a loop run while the io_uring loop of a receive still in the kernel is
+                // hidden: that receive takes the socket's next bytes, which only its own
+                // loop's driver hands out, after the section; read here, the bytes after
+                // them overtook them. As on an io_uring loop: only what already arrived.
+                if receive_elsewhere(self.poll.get_mut()) {
+                    return Poll::Ready(Err(elsewhere_error("receive", "read")));
+                }
                 // A request a cut write-behind left unsent goes out before the read waits
                 // for its answer.
                 self.push_unsent(cx);
