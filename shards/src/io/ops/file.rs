@@ -528,13 +528,24 @@ impl Drop for Closing {
 /// `close`'s answer as the caller should see it: `EINTR` (a signal, such as xtc's preemption
 /// tick, during the `->flush` of NFS or FUSE) is success. Linux has released the descriptor by
 /// then, whatever the result (close(2)); reported as an error, it invited a retry that could
-/// close an unrelated descriptor that reused the number meanwhile.
+/// close an unrelated descriptor that reused the number meanwhile. So are the kernel's restart
+/// codes ([`RESTART_CODES`]), which an io_uring `CLOSE` passes through where `close(2)` turns
+/// them into `EINTR`.
 fn closed(r: io::Result<()>) -> io::Result<()> {
     match r {
         Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+        Err(e) if e.raw_os_error().is_some_and(|c| RESTART_CODES.contains(&c)) => Ok(()),
         r => r,
     }
 }
+
+/// The kernel's internal "restart the system call" codes (`ERESTARTSYS`, `ERESTARTNOINTR`,
+/// `ERESTARTNOHAND`, `ERESTART_RESTARTBLOCK`), never seen by a system call's caller.
+/// io_uring's `CLOSE` completes with whatever `filp_close` returned, so a `->flush` (NFS,
+/// FUSE) that a signal interrupted on a kernel worker (the notification a cancel sends it)
+/// ends it with one, though the descriptor left the table before the flush; `close(2)` turns
+/// them into `EINTR` ("can't restart close syscall because file table entry was cleared").
+const RESTART_CODES: [i32; 4] = [ERESTARTSYS, 513, 514, 516];
 
 #[cfg(test)]
 mod tests {
@@ -549,5 +560,19 @@ mod tests {
         assert!(closed(Ok(())).is_ok());
         let bad = closed(Err(io::Error::from_raw_os_error(libc::EBADF))).unwrap_err();
         assert_eq!(bad.raw_os_error(), Some(libc::EBADF));
+    }
+
+    /// An io_uring `CLOSE` completes with what `filp_close` returned: unlike `close(2)`, which
+    /// turns the kernel's restart codes into `EINTR` ("can't restart close syscall because
+    /// file table entry was cleared"), io_uring passes `-ERESTARTSYS` (a worker's `->flush`
+    /// interrupted, as by the cancel a dropped driver sends) and its kin through. The
+    /// descriptor is gone all the same: `Ok`, as for `EINTR`. They came out as an error of
+    /// an unknown code, which invited a retry that could close a reused number.
+    #[test]
+    fn close_restart_codes_are_closed() {
+        for code in [512, 513, 514, 516] {
+            let r = crate::io::uring::result(-code).map(drop);
+            assert!(closed(r).is_ok(), "-{code}");
+        }
     }
 }
