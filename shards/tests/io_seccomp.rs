@@ -663,6 +663,59 @@ fn a_close_cut_by_its_drivers_shutdown_still_closes_the_file() {
     }
 }
 
+/// A `File::close` future dropped unfinished, its `CLOSE` entry queued while the kernel
+/// refuses every submission (`EAGAIN`): the dropped close lets its `CLOSE` run on
+/// (`Op::detach`), but the driver's shutdown ends that entry as cancelled (rule 5: never
+/// consumed), so nothing closed the file. The descriptor, taken out of the `File` for the
+/// entry, stayed open for good: the detached operation's data was freed, and nobody held the
+/// number any more. The driver now closes it, as the close does when it sees the `ECANCELED`.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_dropped_close_cut_by_its_drivers_shutdown_still_closes_the_file() {
+    use std::{future::Future, task::Poll};
+    let path =
+        std::env::temp_dir().join(format!("xtc-seccomp-dropped-close-{}", std::process::id()));
+    let open_on = |path: &std::path::Path| {
+        let path = std::fs::canonicalize(path).unwrap();
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| *l == path)
+            .count()
+    };
+    let (tx, rx) = mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let ex = xtc_shards::LocalExecutor::new().unwrap();
+        let ran = ex.block_on(async move {
+            if xtc_shards::io::current_driver() != Some(xtc_shards::io::Driver::IoUring) {
+                return false;
+            }
+            let f = xtc_shards::fs::File::create(&p).await.unwrap();
+            if !common::deny_uring_submit(libc::EAGAIN as u32) {
+                return false;
+            }
+            let mut close = Box::pin(f.close());
+            let pending =
+                std::future::poll_fn(|cx| Poll::Ready(close.as_mut().poll(cx).is_pending())).await;
+            assert!(pending, "a close whose entry cannot be submitted ended");
+            // Dropped: its `CLOSE` is left to run.
+            drop(close);
+            true
+        });
+        drop(ex);
+        let _ = tx.send(ran);
+    });
+    let r = rx.recv_timeout(Duration::from_secs(60));
+    let left = open_on(&path);
+    let _ = std::fs::remove_file(&path);
+    match r {
+        Ok(false) => println!("no seccomp or no io_uring here; skipped"),
+        Ok(true) => assert_eq!(left, 0, "the file is still open"),
+        Err(_) => panic!("the test hung, or its thread panicked"),
+    }
+}
+
 /// Bytes `AsyncWrite` reported written whose send its driver's shutdown cut (its entry queued
 /// while the kernel refused every submission, here with `EPERM`), flushed on the next
 /// `block_on` while the send cannot be submitted again (the submission ring is full and the

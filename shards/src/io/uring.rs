@@ -190,11 +190,24 @@ enum Lifecycle {
     /// result is a new descriptor that nobody will own (closed when it arrives).
     Ignored(#[allow(dead_code)] Box<dyn Any>, bool),
     /// The Op let its operation run on without it (`Op::detach`, rule 4b): its data, kept
-    /// until the completion, whose result nobody reads.
-    Detached(#[allow(dead_code)] Box<dyn Any>),
+    /// until the completion, whose result nobody reads, and the descriptor of a `CLOSE`
+    /// (`Op::detach_closing`), closed if the operation ends without having run: cancelled
+    /// (`-ECANCELED`), or never consumed by the kernel at the shutdown (rule 5).
+    Detached(#[allow(dead_code)] Box<dyn Any>, Option<RawFd>),
     /// Its result, and its place in the order the driver reaped completions (the `completed`
     /// count then, [`Op::completed_at`]).
     Completed(i32, u64),
+}
+
+/// Closes `fd`, the descriptor of a detached `CLOSE` that ended without having run
+/// ([`Lifecycle::Detached`]): else it stayed open for good, its owner having given it up to
+/// the `CLOSE`.
+fn close_unrun(fd: Option<RawFd>) {
+    if let Some(fd) = fd {
+        // SAFETY: the owner of `fd` gave it up to a `CLOSE` (`Op::detach_closing`) that never
+        // ran, so the kernel did not close it, and nothing else knows the number.
+        unsafe { libc::close(fd) };
+    }
 }
 
 /// Closes the descriptor a dropped `accept` or `open` got from the kernel (`res >= 0`), which
@@ -851,9 +864,12 @@ impl Uring {
                             close_orphan(res, is_fd);
                             drop_buffer(data);
                         }
-                        Lifecycle::Detached(data) => {
+                        Lifecycle::Detached(data, unrun) => {
                             ops.remove(key);
                             drop(ops);
+                            if res == -libc::ECANCELED {
+                                close_unrun(unrun);
+                            }
                             settled.push(ud);
                             drop_buffer(data);
                         }
@@ -1125,14 +1141,19 @@ impl Uring {
     fn is_detached(&self, ud: u64) -> bool {
         let key = key_of(ud);
         self.user_data(key) == ud
-            && matches!(self.ops.borrow().get(key), Some(Lifecycle::Detached(_)))
+            && matches!(self.ops.borrow().get(key), Some(Lifecycle::Detached(..)))
     }
 
     /// An Op that lets its operation finish unobserved: its data (the buffer) stays with the
     /// driver until the completion, and nothing is cancelled. Submitted now, as in `abandon`:
     /// the caller may close the descriptor next.
-    fn detach(&self, key: usize, data: Box<dyn Any>) {
-        let Some(old) = self.hand_over(key, data, false, Lifecycle::Detached) else {
+    /// `unrun`: a `CLOSE`'s descriptor, closed if the operation ends without having run.
+    fn detach(&self, key: usize, data: Box<dyn Any>, unrun: Option<RawFd>) {
+        if self.peek_op(key) == Some(-libc::ECANCELED) {
+            // Already cancelled: its slot goes in `hand_over`.
+            close_unrun(unrun);
+        }
+        let Some(old) = self.hand_over(key, data, false, |d| Lifecycle::Detached(d, unrun)) else {
             return;
         };
         let ud = self.user_data(key);
@@ -1234,7 +1255,7 @@ impl Uring {
         // written: they get the first second to finish (a peer still reading), and only what
         // is left of them then is cancelled. Cancelled at once, as before, they lost those
         // bytes whenever the executor stopped while the peer's window was full.
-        let is_detached = |l: &Lifecycle| matches!(l, Lifecycle::Detached(_));
+        let is_detached = |l: &Lifecycle| matches!(l, Lifecycle::Detached(..));
         let mut others: Vec<u64> = self.keys_where(|l| !is_detached(l));
         if self.ping_armed.get() {
             others.push(PING);
@@ -1270,7 +1291,7 @@ impl Uring {
                     Lifecycle::Submitted | Lifecycle::Waiting(_) => {
                         o.insert((self.id, key), None);
                     }
-                    Lifecycle::Ignored(..) | Lifecycle::Detached(_) => {}
+                    Lifecycle::Ignored(..) | Lifecycle::Detached(..) => {}
                 }
             }
         });
@@ -1324,7 +1345,7 @@ impl Uring {
                 || self.ops.borrow().iter().any(|(k, l)| {
                     !matches!(l, Lifecycle::Completed(..))
                         && (!unconsumed.contains(&self.user_data(k))
-                            || (submit_detached && matches!(l, Lifecycle::Detached(_))))
+                            || (submit_detached && matches!(l, Lifecycle::Detached(..))))
                 })
         };
         while in_kernel() && Instant::now() < deadline {
@@ -1376,12 +1397,18 @@ impl Uring {
                             wakers.push(w);
                         }
                     }
-                    Lifecycle::Ignored(..) | Lifecycle::Detached(_) => {
+                    Lifecycle::Ignored(..) | Lifecycle::Detached(..) => {
                         // Through `set`, so the in-flight count drops with it.
                         let old = self.set(slot, Lifecycle::Submitted);
                         ops.remove(key);
-                        if let Lifecycle::Ignored(data, _) | Lifecycle::Detached(data) = old {
-                            freed.push(data);
+                        match old {
+                            Lifecycle::Ignored(data, _) => freed.push(data),
+                            Lifecycle::Detached(data, unrun) => {
+                                // A `CLOSE` that never ran.
+                                close_unrun(unrun);
+                                freed.push(data);
+                            }
+                            _ => {}
                         }
                     }
                     Lifecycle::Completed(..) => {}
@@ -1457,15 +1484,33 @@ impl<T> Op<T> {
     /// its data until the completion and discards the result. For a send whose bytes were
     /// already reported written (`AsyncWrite`), or a file's `CLOSE` whose future was dropped
     /// (`ops::file::Closing`). Off its loop (driver gone) the data is dropped.
-    pub(crate) fn detach(mut self) {
+    pub(crate) fn detach(self) {
+        self.detach_unrun(None);
+    }
+
+    /// [`detach`](Self::detach) for the `CLOSE` of `fd`, which its owner gave up to it: if the
+    /// operation ends without having run (cancelled, by its driver's shutdown, its expiry or
+    /// io-wq; or never consumed by the kernel, rule 5), the driver closes `fd`, which
+    /// otherwise stayed open for good, nobody holding it any more.
+    pub(crate) fn detach_closing(self, fd: RawFd) {
+        self.detach_unrun(Some(fd));
+    }
+
+    fn detach_unrun(mut self, unrun: Option<RawFd>) {
         if let Some(data) = self.data.take() {
             let key = self.key;
             let mut data = Some(data);
             let on_driver = with_uring(self.driver, |u| {
-                u.detach(key, Box::new(data.take().expect("taken once")))
+                u.detach(key, Box::new(data.take().expect("taken once")), unrun)
             });
             if on_driver.is_none() {
-                // Its driver is gone (rule 5): free what the kernel no longer holds.
+                // Its driver is gone (rule 5): free what the kernel no longer holds (and
+                // close what a `CLOSE` it cancelled left open).
+                if peek_orphan(self.driver, key).flatten().map(|(res, _)| res)
+                    == Some(-libc::ECANCELED)
+                {
+                    close_unrun(unrun);
+                }
                 orphan_dropped(self.driver, key, false, data);
             }
         }

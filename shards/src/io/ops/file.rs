@@ -485,7 +485,8 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
 /// kernel runs the `CLOSE` of a file with a `->flush` (NFS, FUSE, overlay, the root of most
 /// containers) on a worker, a cancel took it off the worker's queue before it ran, and the
 /// descriptor, already out of its `File`, stayed open for good. One that the kernel did
-/// cancel before it ran (`ECANCELED`) is closed here.
+/// cancel before it ran (`ECANCELED`) is closed here, or, once left to run, by the driver
+/// (a shutdown still cancels it, after its grace, or never submits it: rule 5).
 struct Closing {
     op: Option<crate::io::uring::Op<()>>,
     /// The descriptor the `CLOSE` names, ours until it has run.
@@ -512,7 +513,9 @@ impl Drop for Closing {
             return;
         };
         match op.completed() {
-            None => op.detach(),
+            // Closed by the driver if it ends without having run (its shutdown cancels it, or
+            // never submits it): `Op::detach_closing`.
+            None => op.detach_closing(self.raw),
             Some(res) => {
                 drop(op);
                 if res == -libc::ECANCELED {
