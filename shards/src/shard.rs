@@ -195,22 +195,27 @@ pub(crate) async fn reserve_on(
     // (it checks the same, with nothing in between), and polled as one it cost about 40
     // instructions per call (callgrind).
     //
-    // A call to the caller's own shard has no ring to wait on: ready at once, it spends the
-    // task's cooperative budget (`context::coop_spend`) and, that spent, yields once first.
-    // A `send_to` loop to its own shard never returned `Pending` and held its loop for good
-    // (the tasks it queued never ran, and piled up).
+    // A call that need not wait (to the caller's own shard, which has no ring to wait on, or
+    // into a ring with room) is ready at once: it spends the task's cooperative budget
+    // (`context::coop_spend`) and, that spent, yields once first. A `send_to` loop to its own
+    // shard, or to one that drains its ring faster than this task fills it, never returned
+    // `Pending` and held its loop for good (to its own shard, the tasks it queued never ran,
+    // and piled up).
     let (owner, wait, spent) = with_core(|c| {
         c.exec.shard(shard).map(|o| {
-            let own = c.index() == shard;
-            (o.clone(), !ring::reserved(c, shard), own && !c.coop_spend())
+            let wait = !ring::reserved(c, shard);
+            (o.clone(), wait, !wait && !c.coop_spend())
         })
     })
     .ok_or_else(|| Error::OffLoop(what))??;
-    if wait {
-        ring::reserve(shard).await;
-    } else if spent {
+    if spent {
         // The batch ends after this poll (`coop_spend` saw to it).
         crate::yield_now().await;
+    }
+    if wait || spent {
+        // After a yield, the room may have gone meanwhile: looked at again (ready at once
+        // while there is room, and for the own shard).
+        ring::reserve(shard).await;
     }
     Ok(owner)
 }
@@ -252,7 +257,9 @@ where
 /// `Err(InvalidShard)` for an out-of-range shard, `Err(OffLoop)` off any loop (use
 /// [`Handle::send_to`] there); nothing else: a panic on the target is caught there and not
 /// reported, and a closure the executor's stop drops unrun is not reported either. Cost: as
-/// [`submit_to`]'s, less the reply.
+/// [`submit_to`]'s, less the reply. A call that finds room (or sends to its own shard)
+/// resolves without a loop turn; after 128 such calls in one poll of the task, the next one
+/// yields for one turn first, so a loop of sends cannot hold its loop.
 ///
 /// # Ordering
 /// Messages from one shard to another start in the order they were sent (one ring per

@@ -904,6 +904,64 @@ fn tasks_waiting_for_ring_space_are_not_reported_as_a_deadlock() {
     }
 }
 
+/// The same for `send_to` into another shard's ring with room (a target that drains it faster
+/// than the caller fills it): each call found room at once and returned `Ready`, so the
+/// sending task never returned `Pending` and held its loop. Deterministic: the ring holds every
+/// message of the run, so none waits for room whatever the target does.
+#[test]
+fn a_send_to_loop_into_a_ring_with_room_lets_the_loop_turn() {
+    const N: usize = 1000;
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(4 * N)
+        .build()
+        .unwrap();
+    let (ran_at, ticked_at, delivered) = ex
+        .block_on(|| async {
+            let (ran, ticked) = (
+                std::rc::Rc::new(Cell::new(false)),
+                std::rc::Rc::new(Cell::new(false)),
+            );
+            let (r, t) = (ran.clone(), ticked.clone());
+            shard::spawn_local(async move { r.set(true) });
+            let due = std::time::Instant::now() + Duration::from_millis(1);
+            shard::spawn_local(async move {
+                xtc_shards::time::sleep_until(due).await;
+                t.set(true);
+            });
+            // A blocking wait: the timer is due before the first call.
+            std::thread::sleep(Duration::from_millis(5));
+            let delivered = Arc::new(AtomicU64::new(0));
+            let (mut ran_at, mut ticked_at) = (None, None);
+            for i in 0..N {
+                let d = delivered.clone();
+                shard::send_to(1, move || async move {
+                    d.fetch_add(1, SeqCst);
+                })
+                .await
+                .unwrap();
+                if ran.get() && ran_at.is_none() {
+                    ran_at = Some(i);
+                }
+                if ticked.get() && ticked_at.is_none() {
+                    ticked_at = Some(i);
+                }
+            }
+            while delivered.load(SeqCst) < N as u64 {
+                xtc_shards::yield_now().await;
+            }
+            (ran_at, ticked_at, delivered.load(SeqCst))
+        })
+        .unwrap();
+    assert_eq!(delivered, N as u64, "every call ran once");
+    assert!(
+        ran_at.is_some() && ticked_at.is_some(),
+        "{N} send_to calls into a ring with room never let the loop turn: another task ran at \
+         call {ran_at:?}, a due timer fired at call {ticked_at:?}"
+    );
+}
+
 /// A `send_to` loop to the caller's own shard lets the loop turn: such a call has no ring to
 /// wait on, so each one queued its task at once and returned `Ready`. A task sending to its own
 /// shard in a loop (a key that hashes here, a broadcast over every shard) never returned
