@@ -768,6 +768,62 @@ fn a_held_item_is_received_after_its_sender_dropped_on_a_full_ring() {
     );
 }
 
+/// The item a cancelled `send_many` left in the `Sender` is dropped when the receiver drops,
+/// as the ring's items are: it stayed in the `Sender` as long as that lived (a reply
+/// channel's sender in it kept that channel open), and no later send gave it back or dropped
+/// it. A `send_many` cancelled after the receiver went drops its peeked item at once too.
+#[test]
+fn a_held_item_is_dropped_with_the_receiver_not_kept_by_the_sender() {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{
+            atomic::{AtomicUsize, Ordering::SeqCst},
+            Arc,
+        },
+    };
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (mut tx, rx) = shared::bounded::<CountDrop>(1).unwrap();
+    let mut items = (0..3).map(|_| CountDrop(drops.clone()));
+    {
+        // Sends one, peeks the second at the full ring; dropped: the second is held.
+        let mut fut = tx.send_many(items.by_ref());
+        assert!(Pin::new(&mut fut).poll(&mut noop_cx()).is_pending());
+    }
+    drop(items);
+    assert_eq!(drops.load(SeqCst), 0);
+    drop(rx);
+    assert_eq!(
+        drops.load(SeqCst),
+        2,
+        "the held item outlived the receiver, kept by the Sender"
+    );
+    // Later sends report the close and give their own value back.
+    match tx.try_send(CountDrop(drops.clone())) {
+        Err(TrySendError::Closed(v)) => drop(v),
+        other => panic!("expected Closed, got {:?}", other.map_err(|_| ())),
+    }
+    assert_eq!(drops.load(SeqCst), 3);
+    drop(tx);
+    assert_eq!(drops.load(SeqCst), 3);
+
+    // A `send_many` polled before the receiver went and dropped after: its peeked item is
+    // not kept either.
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (mut tx, rx) = shared::bounded::<CountDrop>(1).unwrap();
+    let mut items = (0..3).map(|_| CountDrop(drops.clone()));
+    {
+        let mut fut = tx.send_many(items.by_ref());
+        assert!(Pin::new(&mut fut).poll(&mut noop_cx()).is_pending());
+        drop(rx);
+        assert_eq!(drops.load(SeqCst), 1, "the queued item");
+    }
+    assert_eq!(drops.load(SeqCst), 2, "the peeked item went to the Sender");
+    drop(items);
+    drop(tx);
+    assert_eq!(drops.load(SeqCst), 2);
+}
+
 /// Items that fill the ring exactly resolve at once, also from an iterator that cannot tell
 /// it is finished before it is asked (a `filter` that drops the last items): no wait for the
 /// receiver, which may run later in the same task.

@@ -171,7 +171,7 @@ impl Flush for SignalTx {
 /// (it is allocated up front; a smaller ring the allocator refuses aborts, as `Vec` does).
 /// Cost: six allocations: the ring's `capacity` slots (none for a zero-sized `T`), rtrb's
 /// shared head and tail, the two ends' wake state, each end's end-of-turn signal, and the slot
-/// for an item a dropped `Sender` could not push (`Sender::last`); a ring over 1 MiB is
+/// for the item a cancelled `send_many` leaves (`Sender::last`); a ring over 1 MiB is
 /// allocated and freed once more first.
 pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
     let capacity = check_capacity::<T>(capacity)?;
@@ -197,7 +197,7 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
             ring: p,
             signaller: Signaller::new(Arc::new(SignalRx(chan.clone())), capacity),
             chan: chan.clone(),
-            held: None,
+            held: false,
             last: last.clone(),
             run: 0,
         },
@@ -290,15 +290,18 @@ pub struct Sender<T> {
     signaller: Signaller,
     ring: Producer<T>,
     chan: Arc<Chan>,
-    /// An item a cancelled [`SendMany`] had taken from its iterator (to learn that more were
-    /// coming) but not sent: it goes before anything sent after it. Boxed, so a `Sender` of a
-    /// large `T` stays small (the box is made on that rare path only).
-    held: Option<Box<T>>,
-    /// Where [`held`](Self::held) goes if this `Sender` drops while the ring is full: the
-    /// receiver takes it after the ring's items (it is the newest item: nothing is sent while
-    /// one is held). Dropped with the ring full, it was lost though the receiver was alive.
-    /// Not in `Chan`, which is not generic (its end-of-turn signals are `'static` trait
-    /// objects, and a channel's `T` need not be `'static`).
+    /// Whether [`last`](Self::last) holds an item a cancelled [`SendMany`] left: it goes
+    /// before anything sent after it. (A plain flag, so the per-message path takes no lock.)
+    held: bool,
+    /// The item a cancelled [`SendMany`] had taken from its iterator (to learn that more were
+    /// coming) but not sent ([`held`](Self::held)). Shared with the receiver: if this `Sender`
+    /// drops first, the receiver takes it after the ring's items (it is the newest item:
+    /// nothing is sent while one is held; dropped with the ring full, it was lost though the
+    /// receiver was alive); if the receiver drops first, it drops it with the ring's items
+    /// (kept in the `Sender`, it lived as long as that, and a reply channel's sender in it
+    /// kept that channel open). Boxed, so the shared slot stays small for a large `T` (the box
+    /// is made on that rare path only). Not in `Chan`, which is not generic (its end-of-turn
+    /// signals are `'static` trait objects, and a channel's `T` need not be `'static`).
     last: Arc<Mutex<Option<Box<T>>>>,
     /// Items sent in a row without waiting ([`CHANNEL_BUDGET`]).
     run: u32,
@@ -311,7 +314,8 @@ pub struct Receiver<T> {
     signaller: Signaller,
     ring: Consumer<T>,
     chan: Arc<Chan>,
-    /// The item the `Sender` held when it dropped with the ring full (`Sender::last`).
+    /// The item a cancelled `send_many` left (`Sender::last`): taken after the ring's items
+    /// once the `Sender` is gone, dropped with them if this end drops first.
     last: Arc<Mutex<Option<Box<T>>>>,
     /// Items received in a row without waiting ([`CHANNEL_BUDGET`]).
     run: u32,
@@ -343,7 +347,7 @@ impl<T> Sender<T> {
         if self.chan.rx.is_closed() {
             return Err(TrySendError::Closed(value));
         }
-        if self.held.is_some() && !self.send_held() {
+        if self.held && !self.send_held() {
             return Err(TrySendError::Full(value));
         }
         match self.ring.push(value) {
@@ -355,23 +359,52 @@ impl<T> Sender<T> {
         }
     }
 
-    /// Pushes the item a cancelled `send_many` left (`held`) if the ring has room; returns
-    /// whether none is left.
+    /// Pushes the item a cancelled `send_many` left (`held`, in `last`) if the ring has room;
+    /// returns whether none is left (a receiver that dropped took it).
     #[cold]
     fn send_held(&mut self) -> bool {
-        let Some(v) = self.held.take() else {
+        if self.ring.is_full() {
+            return false;
+        }
+        let v = lock(&self.last).take();
+        self.held = false;
+        let Some(v) = v else {
             return true;
         };
+        // The producer alone fills the ring: the room seen above is still there.
         match self.ring.push(*v) {
             Ok(()) => {
                 self.pushed(1);
                 true
             }
             Err(rtrb::PushError::Full(v)) => {
-                self.held = Some(Box::new(v));
+                let old = lock(&self.last).replace(Box::new(v));
+                self.held = true;
+                drop(old);
                 false
             }
         }
+    }
+
+    /// Keeps `v`, which a cancelled `send_many` took from its iterator, for the next send
+    /// (`held`); dropped at once if the receiver is gone, as the ring's items were.
+    #[cold]
+    fn hold(&mut self, v: T) {
+        // Empty before: nothing is peeked while one is held. Nothing of `T` is dropped under
+        // the lock (its `Drop` may use this channel).
+        let old = lock(&self.last).replace(Box::new(v));
+        self.held = true;
+        // Checked after the store: a receiver that closed later takes it in its drop (its
+        // close comes before its look at `last`); one that closed earlier may have looked
+        // already, so it is taken back and dropped here.
+        let gone = if self.chan.rx.is_closed() {
+            self.held = false;
+            lock(&self.last).take()
+        } else {
+            None
+        };
+        drop(old);
+        drop(gone);
     }
 
     /// Rule 2's bookkeeping after `n` pushes.
@@ -406,7 +439,7 @@ impl<T> Sender<T> {
         if self.chan.rx.is_closed() {
             return Err(TrySendError::Closed(()));
         }
-        if self.held.is_some() && !self.send_held() {
+        if self.held && !self.send_held() {
             return Ok(0);
         }
         let free = self.ring.slots().min(max);
@@ -456,7 +489,8 @@ impl<T> Sender<T> {
     /// Cancel safety: a `send_many(iter.by_ref())` dropped while it waits (a `select!` with a
     /// timer) has sent a prefix and left the other items in `iter`, but for the one it took
     /// to learn that more were coming: that one stays in the `Sender` and goes first, before
-    /// anything sent after it (or, if the `Sender` drops first, after what the ring holds).
+    /// anything sent after it (or, if the `Sender` drops first, after what the ring holds);
+    /// if the receiver drops first, or had already, it is dropped as the ring's items are.
     ///
     /// Cost per batch: as [`try_send_many`](Self::try_send_many); a stream sent this way costs
     /// a fraction of per-message `send`s (see `mesh`'s batched stream row in bench/).
@@ -600,12 +634,12 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             // Full, finished, or a ring's worth sent by this poll. An item a cancelled send
             // left comes first: while the `Sender` still holds one, nothing is peeked (it
             // could hold only one).
-            if this.tx.held.is_none() && items.peek().is_none() {
+            if !this.tx.held && items.peek().is_none() {
                 return Poll::Ready(Ok(()));
             }
             // An item sits peeked in `items` (unless the `Sender` holds one): from here on, a
             // drop (a cancel, or the unwind of a waker's panic) hands it to the `Sender`.
-            this.peeked = this.tx.held.is_none();
+            this.peeked = !this.tx.held;
             if n > 0 {
                 // A ring's worth sent by this poll, to a receiver that keeps up: the loop's
                 // other tasks get their turn (an endless iterator held the loop for good), and
@@ -630,7 +664,7 @@ impl<T, I: Iterator<Item = T>> Drop for SendMany<'_, T, I> {
         // caller's iterator; the `Sender` keeps it for its next send.
         if std::mem::take(&mut self.peeked) {
             if let Some(v) = self.items.as_mut().and_then(Iterator::next) {
-                self.tx.held = Some(Box::new(v));
+                self.tx.hold(v);
             }
         }
     }
@@ -833,13 +867,8 @@ impl<T> fmt::Debug for RecvMany<'_, T> {
 
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
-        // An item a cancelled `send_many` left goes if there is room, else after what the ring
-        // holds (`last`); stored before the close, which the receiver reads before it looks.
-        if self.held.is_some() && !self.chan.rx.is_closed() && !self.send_held() {
-            let held = self.held.take();
-            // Empty before: only this drop fills it. (Nothing of `T` is dropped under the lock.)
-            *lock(&self.last) = held;
-        }
+        // An item a cancelled `send_many` left stays in `last`, stored before the close, which
+        // the receiver reads before it looks there: it takes it after what the ring holds.
         self.chan.tx.close();
         self.chan.rx.wake_now();
         // The waker a `send` that waited left: guarded, as a drop of user code in a `Drop`.
@@ -852,8 +881,9 @@ impl<T> Drop for Receiver<T> {
     /// the ring, the values lived as long as the `Sender` (rtrb frees its slots with its last
     /// end), and a value holding the sender of a reply channel kept that channel open for
     /// good, so whoever awaited the reply never saw it close. A send racing the close may
-    /// still land after the drain; its value goes with the `Sender`. The item a dropped
-    /// `Sender` left after the ring's (`Sender::last`) is dropped last. A value whose `Drop`
+    /// still land after the drain; its value goes with the `Sender`. The item a cancelled
+    /// `send_many` left (`Sender::last`) is dropped last, whether or not the `Sender` is still
+    /// alive. A value whose `Drop`
     /// panics does not stop the drain: every value is dropped, then the first panic goes on.
     fn drop(&mut self) {
         self.chan.rx.close();
