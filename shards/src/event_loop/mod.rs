@@ -579,9 +579,14 @@ pub(crate) fn turn_pending(core: &Core) -> bool {
 /// The sources are those a sender fills without pinging a loop that has not announced sleep
 /// (park.rs rule 2): the inbox, the rings, the I/O driver (io_uring's completion queue; on
 /// epoll, readiness, looked up every 64 polls), the injector of migratable tasks (a plain
-/// thread's `Handle::spawn`, or its wake of a migratable task that last ran here), and room
-/// in a full ring this loop's backlog or ring-space waiters wait on (ring rule 3). Work from
-/// a source missed here waits out the whole spin (up to 1 s).
+/// thread's `Handle::spawn`, or its wake of a migratable task that last ran here), room
+/// in a full ring this loop's backlog or ring-space waiters wait on (ring rule 3), and, for a
+/// loop that would steal, a ping for new migratable work (steal rule 4's spawn pings:
+/// `work_ping`), which only a loop that announced sleep gets as a wake-up; its work sits at a
+/// victim, which the next turn's steal looks at, the ping counting as a wake by new work
+/// (steal rule 3), as in the park's recheck. (Eager rebalance's nudge picks a loop whose
+/// status is idle, which a spinning loop has not published yet.) Work from a source missed
+/// here waits out the whole spin (up to 1 s).
 ///
 /// The clock and the next timer are first read after [`SPIN_FIRST_POLLS`] polls, which is
 /// when the spin's time starts: a spin that finds its work sooner, as a loop in a
@@ -603,6 +608,12 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
                 || core.io.has_completions()
                 || steal::has_local(core)
             {
+                return true;
+            }
+            if steal::work_pinged(core) && steal::would_steal(core) {
+                // Taken as the park's recheck takes it: the next turn's first steal ignores
+                // the minimum, as that of a loop the ping woke would.
+                steal::woke(core, true);
                 return true;
             }
             std::hint::spin_loop();
@@ -982,6 +993,43 @@ mod tests {
             })
             .unwrap();
         assert!(seen, "the spin did not see the queued task");
+    }
+
+    /// A plain thread's spawn raises the count of live migratable tasks from zero and pings
+    /// every loop for new work (steal rule 4), marking each loop's `work_ping`; the ping
+    /// reaches only loops that announced sleep. A loop that would steal and spins meanwhile
+    /// must see the mark itself: the spin (a reply spin or spin-before-park, up to 1 s) did
+    /// not look at it, so the work queued at its victim waited out the whole spin.
+    #[test]
+    fn a_spin_ends_when_a_spawn_pings_for_migratable_work() {
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let seen = exec
+            .block_on(move || async move {
+                crate::shard::submit_to(1, move || async move {
+                    // The first `Handle::spawn` goes to loop 0's injector (round robin from
+                    // 0): a victim's queue, which this loop's spin does not watch.
+                    let task = std::thread::spawn(move || h.spawn(async {}))
+                        .join()
+                        .unwrap();
+                    let seen = with_core(|c| {
+                        assert!(!super::steal::has_local(c), "the task was queued here");
+                        assert!(super::steal::would_steal(c));
+                        super::spin_for_work(c, MAX_SPIN_BEFORE_PARK)
+                    })
+                    .unwrap();
+                    task.await.unwrap();
+                    seen
+                })
+                .await
+                .unwrap()
+            })
+            .unwrap();
+        assert!(seen, "the spin did not see the ping for migratable work");
     }
 
     /// A task waits for room in a full ring (ring rule 3) while its loop spins: the consumer's
