@@ -812,7 +812,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             {
                 shared.parker.cancel();
             } else {
-                shared.parker.sleep(Some(Duration::from_millis(1)));
+                stopping_sleep(core, Duration::from_millis(1));
             }
         }
     }
@@ -826,6 +826,21 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     // a migratable task parked, and the flag kept idle loops ticking.
     steal::flush_live(core);
     publish_counts(core, 0);
+}
+
+/// Shutdown's wait, after the loop announced its sleep: until a wake ping or `timeout`.
+/// Returns whether a ping ended it. In the I/O driver, as the loop parks: on io_uring the
+/// driver's standing read of the ping's eventfd takes a ping as soon as this thread leaves a
+/// system call (its completion work runs then), and a plain wait on the eventfd then saw
+/// nothing and ran its full timeout, the ping's completion left unreaped.
+fn stopping_sleep(core: &Core, timeout: Duration) -> bool {
+    core.shared.parker.sleep_in(
+        |t, ping| {
+            let (pinged, drained, _) = core.io.park(t, ping);
+            (pinged, drained)
+        },
+        Some(timeout),
+    )
 }
 
 #[cfg(test)]
@@ -993,6 +1008,40 @@ mod tests {
             })
             .unwrap();
         assert!(seen, "the spin did not see the queued task");
+    }
+
+    /// Shutdown's wait ends on a wake ping on either driver. On io_uring the driver keeps a
+    /// read of the ping's eventfd in the kernel, which takes a ping written after the
+    /// announcement as soon as the loop's thread leaves a system call (completion work runs
+    /// then): a plain wait on the eventfd then saw nothing and ran its full timeout (1 ms a
+    /// pass at shutdown; here 5 s, and the test fails) with the ping reaped by nobody.
+    #[test]
+    fn the_stopping_wait_ends_on_a_ping_the_driver_took() {
+        for driver in [
+            crate::io::DriverChoice::Epoll,
+            crate::io::DriverChoice::Auto,
+        ] {
+            let exec = Executor::builder()
+                .shards(1)
+                .oversubscribe(true)
+                .io_driver(driver)
+                .build()
+                .unwrap();
+            let pinged = exec
+                .block_on(|| async {
+                    with_core(|c| {
+                        // The ping's read in the kernel, as after any park of the loop.
+                        let _ = c.io.park(Some(std::time::Duration::ZERO), &|_| false);
+                        c.shared.parker.announce();
+                        // A sender's ping: on io_uring the read takes it as this call returns.
+                        assert!(c.shared.parker.unpark());
+                        super::stopping_sleep(c, std::time::Duration::from_secs(5))
+                    })
+                    .unwrap()
+                })
+                .unwrap();
+            assert!(pinged, "{driver:?}: the wait missed the ping");
+        }
     }
 
     /// A plain thread's spawn raises the count of live migratable tasks from zero and pings
