@@ -1541,6 +1541,27 @@ fn shared_recv_and_send_over_a_ready_ring_let_the_loop_turn() {
     });
 }
 
+/// Batch sends into a ring with room, each smaller than the ring, let the loop turn
+/// ([`turns_during`]), as single `send`s do: `send_many` yields after a ring's worth of items
+/// in one poll, but a loop of small batches to a consumer that keeps up never reached that,
+/// never returned `Pending` and held its loop (other tasks, due timers, the inbox) for as long
+/// as the stream lasted. The channel's run of items moved without waiting
+/// (`CHANNEL_BUDGET`) counted `send` alone.
+#[test]
+fn shared_send_many_of_small_batches_over_a_ready_ring_lets_the_loop_turn() {
+    const N: usize = 4096;
+    let (mut tx, mut rx) = shared::bounded::<usize>(N).unwrap();
+    LocalExecutor::new().unwrap().block_on(async move {
+        turns_during("batch sends of 8 with room", N / 8, async |i| {
+            tx.send_many(i * 8..i * 8 + 8).await.unwrap()
+        })
+        .await;
+    });
+    for i in 0..N {
+        assert_eq!(rx.try_recv(), Ok(i), "every send landed, in order");
+    }
+}
+
 /// A task that feeds its own local channel (an actor sending itself its next message) lets
 /// the loop turn ([`turns_during`]): each `recv` found the value the task had just sent, so it
 /// never returned `Pending` and held its loop (every other task, due timers) for good. No

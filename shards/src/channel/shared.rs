@@ -328,9 +328,9 @@ impl<T> Sender<T> {
     /// [`send_many`](Self::send_many) over `iter.by_ref()`, which keeps what it has not sent).
     /// Cost: a ring push; an atomic read-modify-write only once per turn and per
     /// `capacity / 4` sends (rule 2; every send off any loop). A wait for room adds a lock,
-    /// a waker clone when the waker changed, and a swap (rule 3). After 1,024 sends in a row
-    /// that did not wait, the next one yields first, for one loop turn, so a receiver that
-    /// keeps up cannot let this task hold its loop.
+    /// a waker clone when the waker changed, and a swap (rule 3). After 1,024 items sent in a
+    /// row without waiting (here and by [`send_many`](Self::send_many)), the next send yields
+    /// first, for one loop turn, so a receiver that keeps up cannot let this task hold its loop.
     pub fn send(&mut self, value: T) -> SendFut<'_, T> {
         SendFut {
             pending: Some((self, value)),
@@ -484,7 +484,9 @@ impl<T> Sender<T> {
     /// and the caller decides whether to collect the rest. After a ring's worth of items (at
     /// most 65,536, whatever the capacity) in one poll it yields to the loop's other tasks
     /// (and is polled again at once), so a long or endless iterator to a receiver that keeps
-    /// up does not hold its loop.
+    /// up does not hold its loop. Its items count toward the 1,024 in a row after which the
+    /// next send yields for one loop turn first (as [`send`](Self::send)'s), so a loop of small
+    /// batches does not hold it either.
     ///
     /// Cancel safety: a `send_many(iter.by_ref())` dropped while it waits (a `select!` with a
     /// timer) has sent a prefix and left the other items in `iter`, but for the one it took
@@ -563,8 +565,8 @@ impl<T> Future for SendFut<'_, T> {
     }
 }
 
-/// Items an end sends ([`Sender::send`]) or receives ([`Receiver::recv`],
-/// [`Receiver::recv_many`]) in a row without waiting before its next call yields first,
+/// Items an end sends ([`Sender::send`], [`Sender::send_many`]) or receives
+/// ([`Receiver::recv`], [`Receiver::recv_many`]) in a row without waiting before its next call yields first,
 /// ending its loop's batch: a consumer whose producer on another shard keeps the ring from
 /// ever emptying (or a producer whose consumer keeps it from ever filling) never returned
 /// `Pending` and held its loop (timers, the inbox, `submit_to` calls, other tasks) for as
@@ -596,6 +598,13 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
+        if this.items.is_some() && this.tx.run >= CHANNEL_BUDGET {
+            // Before the send, as `SendFut` does: dropped while it yields, it sent nothing more
+            // (an item an earlier poll peeked stays marked, for the drop).
+            this.tx.run = 0;
+            crate::context::yield_ending_batch(cx.waker());
+            return Poll::Pending;
+        }
         let mut announced = false;
         // Items sent by this poll: after a ring's worth (at most `SEND_MANY_BUDGET`) it yields
         // (waking itself at once), so an endless iterator to a receiver that keeps up cannot
@@ -627,6 +636,12 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             if n > 0 {
                 announced = false;
                 sent += n;
+                // Counted in the end's run, as `send`'s items are: a loop of small batches
+                // to a receiver that keeps up never reaches this poll's own budget below.
+                this.tx.run = this
+                    .tx
+                    .run
+                    .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
                 if sent < budget {
                     continue;
                 }
@@ -650,6 +665,8 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             // Full. Rule 3: announce, then recheck (the next round of the loop); a second
             // full ring after the announcement waits.
             if announced {
+                // Waits: the run of items sent without waiting starts over.
+                this.tx.run = 0;
                 return Poll::Pending;
             }
             this.tx.chan.tx.wait(cx.waker());
