@@ -204,10 +204,31 @@ enum Lifecycle {
 /// the `CLOSE`.
 fn close_unrun(fd: Option<RawFd>) {
     if let Some(fd) = fd {
-        // SAFETY: the owner of `fd` gave it up to a `CLOSE` (`Op::detach_closing`) that never
-        // ran, so the kernel did not close it, and nothing else knows the number.
-        unsafe { libc::close(fd) };
+        // Nobody to tell: a detached close's result goes nowhere.
+        let _ = close_cancelled(fd);
     }
+}
+
+/// Closes `fd`, the descriptor of a `CLOSE` that ended with `ECANCELED`, and returns what
+/// that close answers. Such an end is io_uring's cancel of an operation that never ran (the
+/// descriptor still open, still its owner's), or the error of a `->flush` that itself
+/// answered `ECANCELED` (a FUSE server may), which the kernel runs after it took the
+/// descriptor out of the table. So it closes only a number still open (`F_GETFD`); one
+/// already gone is that flush's error, returned as `close(2)` would. Closed blindly, the
+/// second case closed the number twice: by then maybe another thread's new descriptor. (A
+/// number another thread reused between the kernel's close and this look is the one case
+/// left, and it needs a flush answering `ECANCELED`.) Cost: one `fcntl` and one `close`.
+pub(crate) fn close_cancelled(fd: RawFd) -> io::Result<()> {
+    // SAFETY: `F_GETFD` reads a descriptor number's flags; no memory is involved.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::from_raw_os_error(libc::ECANCELED));
+    }
+    // SAFETY: the number is open, and its owner gave it up to a `CLOSE` that never ran (the
+    // other reading of `ECANCELED` took it out of the table, which the look above rules out).
+    if unsafe { libc::close(fd) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Closes the descriptor a dropped `accept` or `open` got from the kernel (`res >= 0`), which
@@ -1705,6 +1726,26 @@ pub(crate) fn result(res: i32) -> io::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `CLOSE` that ended with `ECANCELED` either never ran (the number still ours: closed
+    /// now) or ran a `->flush` that answered `ECANCELED` after the kernel took the number out
+    /// of the table (nothing to close: that flush's error is the answer). The second case was
+    /// closed again, which answered `EBADF`, or, had the number been reused meanwhile, closed
+    /// another owner's descriptor. No filesystem here answers a flush so; the number is made
+    /// high so no other test's descriptor can take it.
+    #[test]
+    fn a_cancelled_close_closes_only_a_number_still_open() {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let high = 900 + (std::process::id() % 97) as RawFd;
+        // SAFETY: duplicates an open descriptor onto a number no test uses.
+        assert_eq!(unsafe { libc::dup2(f.as_raw_fd(), high) }, high);
+        close_cancelled(high).expect("a CLOSE that never ran: the number is closed here");
+        // SAFETY: reads a number's flags.
+        assert!(unsafe { libc::fcntl(high, libc::F_GETFD) } < 0, "closed");
+        let e = close_cancelled(high).expect_err("gone already: the flush's error");
+        assert_eq!(e.raw_os_error(), Some(libc::ECANCELED));
+    }
 
     /// Rule 5 with user code in the driver's drop: the cancelled read `a`'s buffer, dropped
     /// when the shutdown reaps its completion, owns another operation `b` of the driver (a

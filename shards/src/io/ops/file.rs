@@ -458,17 +458,18 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
                     // io-wq, which cancels work it can start no worker for. The descriptor is
                     // still open, and still ours: closed here, as on epoll. Returned as is, the
                     // error left it open for good, nobody holding it any more.
+                    // (`uring::close_cancelled` tells that from a `->flush` answering
+                    // `ECANCELED`, which closed it.)
                     res if res == -libc::ECANCELED => {
-                        // SAFETY: we own `raw` (taken from the OwnedFd), and the kernel did
-                        // not close it (its `CLOSE` never ran).
-                        closed(cvt(unsafe { libc::close(raw) }).map(drop))
+                        closed(crate::io::uring::close_cancelled(raw))
                     }
                     res => closed(result(res).map(drop)),
                 },
-                Err((e, _)) => {
+                Err(_) => {
+                    // Closed here instead, and that close's answer is the one to give: the
+                    // submission's error said the file was not closed, when it was.
                     // SAFETY: we own `raw` (taken from the OwnedFd) and the op never ran.
-                    unsafe { libc::close(raw) };
-                    Err(e)
+                    closed(cvt(unsafe { libc::close(raw) }).map(drop))
                 }
             }
         }
@@ -519,9 +520,8 @@ impl Drop for Closing {
             Some(res) => {
                 drop(op);
                 if res == -libc::ECANCELED {
-                    // SAFETY: we own `raw` (taken from its OwnedFd), and the kernel did not
-                    // close it (its `CLOSE` never ran).
-                    unsafe { libc::close(self.raw) };
+                    // Nobody to tell: the close's future is gone.
+                    let _ = crate::io::uring::close_cancelled(self.raw);
                 }
             }
         }
