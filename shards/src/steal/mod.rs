@@ -899,10 +899,13 @@ pub(crate) fn woke(core: &Core, pinged: bool) {
 /// there, it waited for the starvation override, 16 idle ticks).
 pub(crate) fn forget_work_ping(core: &Core) {
     let ping = &core.shared.steal.work_ping;
-    // Acquire, against the sender's `Release`: the look at the victims that follows sees the
-    // work the ping was for.
-    if ping.load(Acquire) {
-        ping.store(false, Relaxed);
+    // A swap, not a load and a store: a second ping landing between the two was erased, and
+    // its work (not acquired by the load) went unseen by the look at the victims and by the
+    // recheck. Acquire, against the sender's `Release`: the look that follows sees the work
+    // of the ping it takes. The plain load first keeps the common case (no ping) free of a
+    // read-modify-write.
+    if ping.load(Relaxed) {
+        ping.swap(false, Acquire);
     }
 }
 
