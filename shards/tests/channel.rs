@@ -1463,40 +1463,6 @@ fn a_send_many_into_a_huge_ring_lets_other_tasks_run() {
     );
 }
 
-/// Whether the loop turned (another task ran, and a timer due before the run fired) during
-/// `n` channel calls that each find the ring ready. A consumer whose producer on another
-/// shard keeps the ring from emptying (or a producer whose consumer keeps it from filling)
-/// never returned `Pending` and held its loop for as long as the stream lasted.
-/// Deterministic: the ring is ready for every call before the first.
-async fn turns_during(what: &str, n: usize, mut call: impl AsyncFnMut(usize)) {
-    use std::{cell::Cell, rc::Rc};
-    let (ran, ticked) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(false)));
-    let (r, t) = (ran.clone(), ticked.clone());
-    xtc_shards::spawn_local(async move { r.set(true) });
-    let due = std::time::Instant::now() + Duration::from_millis(1);
-    xtc_shards::spawn_local(async move {
-        xtc_shards::time::sleep_until(due).await;
-        t.set(true);
-    });
-    // A blocking wait: the timer is due before the first call.
-    std::thread::sleep(Duration::from_millis(5));
-    let (mut ran_at, mut ticked_at) = (None, None);
-    for i in 0..n {
-        call(i).await;
-        if ran.get() && ran_at.is_none() {
-            ran_at = Some(i);
-        }
-        if ticked.get() && ticked_at.is_none() {
-            ticked_at = Some(i);
-        }
-    }
-    assert!(
-        ran_at.is_some() && ticked_at.is_some(),
-        "{n} {what} in a row never let the loop turn: another task ran at call {ran_at:?}, a \
-         due timer fired at call {ticked_at:?}"
-    );
-}
-
 #[test]
 fn shared_recv_and_send_over_a_ready_ring_let_the_loop_turn() {
     const N: usize = 4096;
@@ -1542,7 +1508,7 @@ fn shared_recv_and_send_over_a_ready_ring_let_the_loop_turn() {
 }
 
 /// Batch sends into a ring with room, each smaller than the ring, let the loop turn
-/// ([`turns_during`]), as single `send`s do: `send_many` yields after a ring's worth of items
+/// (`common::turns_during`), as single `send`s do: `send_many` yields after a ring's worth of items
 /// in one poll, but a loop of small batches to a consumer that keeps up never reached that,
 /// never returned `Pending` and held its loop (other tasks, due timers, the inbox) for as long
 /// as the stream lasted. The channel's run of items moved without waiting
@@ -1563,7 +1529,7 @@ fn shared_send_many_of_small_batches_over_a_ready_ring_lets_the_loop_turn() {
 }
 
 /// A task that feeds its own local channel (an actor sending itself its next message) lets
-/// the loop turn ([`turns_during`]): each `recv` found the value the task had just sent, so it
+/// the loop turn (`common::turns_during`): each `recv` found the value the task had just sent, so it
 /// never returned `Pending` and held its loop (every other task, due timers) for good. No
 /// other task can fill a local channel while its receiver's task holds the loop, so this is
 /// the way a local `recv` keeps finding values.

@@ -35,7 +35,7 @@ use xtc_shards::{
     io::{Driver, FixedBufPool, IoBuf, IoBufMut},
     net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream},
     shard, spawn_local, submit_to,
-    time::{sleep, sleep_until},
+    time::sleep,
     Error, Executor, LocalExecutor,
 };
 
@@ -363,64 +363,10 @@ fn tcp_bind_reuseport_on_two_shards_both_accept() {
     );
 }
 
-/// Watches whether the loop turned during a run of I/O calls that each find their fd ready:
-/// another task spawned now, and a timer made due before the run starts (a blocking wait on
-/// the loop: nothing else runs meanwhile). `step(i)` records the first call after which
-/// each had run; `check` fails unless both ran before the run ended. On epoll such a call
-/// returns at once, so a loop of them never returned `Pending` and held its loop (other tasks,
-/// timers, other connections' I/O) for as long as its fd stayed ready; io_uring completes each
-/// operation through a loop turn. Deterministic: the fd is ready before the first call.
-struct Turns {
-    ran: Rc<std::cell::Cell<bool>>,
-    ticked: Rc<std::cell::Cell<bool>>,
-    ran_at: Option<usize>,
-    ticked_at: Option<usize>,
-}
-
-impl Turns {
-    fn start() -> Turns {
-        let ran = Rc::new(std::cell::Cell::new(false));
-        let ticked = Rc::new(std::cell::Cell::new(false));
-        let (r, t) = (ran.clone(), ticked.clone());
-        spawn_local(async move { r.set(true) });
-        // The deadline is taken now, not at the task's first poll (which comes only when the
-        // loop turns): due after the wait below, before the first call.
-        let due = std::time::Instant::now() + Duration::from_millis(1);
-        spawn_local(async move {
-            sleep_until(due).await;
-            t.set(true);
-        });
-        thread::sleep(Duration::from_millis(5));
-        Turns {
-            ran,
-            ticked,
-            ran_at: None,
-            ticked_at: None,
-        }
-    }
-
-    fn step(&mut self, i: usize) {
-        if self.ran.get() && self.ran_at.is_none() {
-            self.ran_at = Some(i);
-        }
-        if self.ticked.get() && self.ticked_at.is_none() {
-            self.ticked_at = Some(i);
-        }
-    }
-
-    fn check(&self, driver: Driver, what: &str) {
-        assert!(
-            self.ran_at.is_some() && self.ticked_at.is_some(),
-            "[{driver}] {what} never let the loop turn: another task ran at call {:?}, a due \
-             timer fired at call {:?}",
-            self.ran_at,
-            self.ticked_at
-        );
-    }
-}
-
 /// An accept loop whose listener always has a connection waiting lets the loop turn
-/// ([`Turns`]): a flood of connects starved every other task of the shard.
+/// (`common::turns_during`): a flood of connects starved every other task of the shard. On
+/// epoll a call that finds its fd ready returns at once; io_uring completes each operation
+/// through a loop turn.
 #[test]
 fn an_accept_loop_with_a_full_backlog_lets_the_loop_turn() {
     const N: usize = 200;
@@ -435,21 +381,21 @@ fn an_accept_loop_with_a_full_backlog_lets_the_loop_turn() {
             let clients: Vec<_> = (0..N)
                 .map(|_| std::net::TcpStream::connect(addr).unwrap())
                 .collect();
-            let mut turns = Turns::start();
-            for i in 0..N {
+            let what = format!("[{driver}] ready accepts");
+            common::turns_during(&what, N, async |_| {
                 let (s, _) = guard("accept", l.accept()).await.unwrap();
                 drop(s);
-                turns.step(i);
-            }
+            })
+            .await;
             drop(clients);
-            turns.check(driver, &format!("{N} ready accepts in a row"));
         },
     );
 }
 
-/// A read loop over a stream whose bytes are all queued lets the loop turn ([`Turns`]): a
-/// peer that keeps a connection full starved every other task of the shard (the accept loop's
-/// old fix was the accept's own; every ready call now spends the task's budget).
+/// A read loop over a stream whose bytes are all queued lets the loop turn
+/// (`common::turns_during`): a peer that keeps a connection full starved every other task of
+/// the shard (the accept loop's old fix was the accept's own; every ready call now spends the
+/// task's budget).
 #[test]
 fn a_read_loop_over_queued_bytes_lets_the_loop_turn() {
     const N: usize = 512;
@@ -461,30 +407,25 @@ fn a_read_loop_over_queued_bytes_lets_the_loop_turn() {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let mut peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
             let (s, _) = guard("accept", l.accept()).await.unwrap();
-            // 32 KiB: well inside loopback's socket buffers, so this blocking write returns.
+            // 32 KiB: well inside loopback's socket buffers, so this blocking write returns
+            // (and a loopback write is delivered by the writing call).
             let sent = pattern(3, N * CHUNK);
             peer.write_all(&sent).unwrap();
-            // Let the bytes land in the receive queue (a loopback write is delivered by the
-            // writing call; the wait in `Turns::start` covers any softirq lag).
-            let mut turns = Turns::start();
             let mut got = Vec::with_capacity(sent.len());
-            for i in 0..N {
+            let what = format!("[{driver}] ready reads");
+            common::turns_during(&what, N, async |_| {
                 let (r, b) = guard("read", s.read(Vec::with_capacity(CHUNK))).await;
                 assert_eq!(r.unwrap(), b.len());
                 got.extend_from_slice(&b);
-                turns.step(i);
-                if got.len() == sent.len() {
-                    break;
-                }
-            }
+            })
+            .await;
             assert_eq!(got, sent, "[{driver}] bytes read in order, none lost");
-            turns.check(driver, &format!("{N} ready reads in a row"));
         },
     );
 }
 
-/// The same for owned-buffer writes into a socket with room ([`Turns`]) and for
-/// `UdpSocket::recv_from` over queued datagrams.
+/// The same for owned-buffer writes into a socket with room and for `UdpSocket::recv_from`
+/// over queued datagrams.
 #[test]
 fn write_and_datagram_loops_on_ready_sockets_let_the_loop_turn() {
     const N: usize = 200;
@@ -495,14 +436,13 @@ fn write_and_datagram_loops_on_ready_sockets_let_the_loop_turn() {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let mut peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
             let (s, _) = guard("accept", l.accept()).await.unwrap();
-            let mut turns = Turns::start();
             // 200 writes of 64 bytes: 12.8 KiB, far inside the socket buffers.
-            for i in 0..N {
+            let what = format!("[{driver}] ready writes");
+            common::turns_during(&what, N, async |i| {
                 let (r, _) = guard("write", s.write_all(pattern(i, 64))).await;
                 r.unwrap();
-                turns.step(i);
-            }
-            turns.check(driver, &format!("{N} ready writes in a row"));
+            })
+            .await;
             let mut got = vec![0u8; N * 64];
             peer.read_exact(&mut got).unwrap();
             let want: Vec<u8> = (0..N).flat_map(|i| pattern(i, 64)).collect();
@@ -514,8 +454,8 @@ fn write_and_datagram_loops_on_ready_sockets_let_the_loop_turn() {
                 from.send_to(&(i as u32).to_le_bytes(), u.local_addr().unwrap())
                     .unwrap();
             }
-            let mut turns = Turns::start();
-            for i in 0..N {
+            let what = format!("[{driver}] ready datagram receives");
+            common::turns_during(&what, N, async |i| {
                 let (r, b) = guard("recv_from", u.recv_from(Vec::with_capacity(16))).await;
                 let (n, _) = r.unwrap();
                 assert_eq!(
@@ -523,9 +463,8 @@ fn write_and_datagram_loops_on_ready_sockets_let_the_loop_turn() {
                     &(i as u32).to_le_bytes(),
                     "[{driver}] datagram order"
                 );
-                turns.step(i);
-            }
-            turns.check(driver, &format!("{N} ready datagram receives in a row"));
+            })
+            .await;
         },
     );
 }

@@ -904,8 +904,8 @@ fn tasks_waiting_for_ring_space_are_not_reported_as_a_deadlock() {
     }
 }
 
-/// The same for `send_to` into another shard's ring with room (a target that drains it faster
-/// than the caller fills it): each call found room at once and returned `Ready`, so the
+/// A `send_to` loop into another shard's ring with room (a target that drains it faster than
+/// the caller fills it) lets the loop turn, as one to the own shard (below) does: each call found room at once and returned `Ready`, so the
 /// sending task never returned `Pending` and held its loop. Deterministic: the ring holds every
 /// message of the run, so none waits for room whatever the target does.
 #[test]
@@ -917,49 +917,7 @@ fn a_send_to_loop_into_a_ring_with_room_lets_the_loop_turn() {
         .ring_capacity(4 * N)
         .build()
         .unwrap();
-    let (ran_at, ticked_at, delivered) = ex
-        .block_on(|| async {
-            let (ran, ticked) = (
-                std::rc::Rc::new(Cell::new(false)),
-                std::rc::Rc::new(Cell::new(false)),
-            );
-            let (r, t) = (ran.clone(), ticked.clone());
-            shard::spawn_local(async move { r.set(true) });
-            let due = std::time::Instant::now() + Duration::from_millis(1);
-            shard::spawn_local(async move {
-                xtc_shards::time::sleep_until(due).await;
-                t.set(true);
-            });
-            // A blocking wait: the timer is due before the first call.
-            std::thread::sleep(Duration::from_millis(5));
-            let delivered = Arc::new(AtomicU64::new(0));
-            let (mut ran_at, mut ticked_at) = (None, None);
-            for i in 0..N {
-                let d = delivered.clone();
-                shard::send_to(1, move || async move {
-                    d.fetch_add(1, SeqCst);
-                })
-                .await
-                .unwrap();
-                if ran.get() && ran_at.is_none() {
-                    ran_at = Some(i);
-                }
-                if ticked.get() && ticked_at.is_none() {
-                    ticked_at = Some(i);
-                }
-            }
-            while delivered.load(SeqCst) < N as u64 {
-                xtc_shards::yield_now().await;
-            }
-            (ran_at, ticked_at, delivered.load(SeqCst))
-        })
-        .unwrap();
-    assert_eq!(delivered, N as u64, "every call ran once");
-    assert!(
-        ran_at.is_some() && ticked_at.is_some(),
-        "{N} send_to calls into a ring with room never let the loop turn: another task ran at \
-         call {ran_at:?}, a due timer fired at call {ticked_at:?}"
-    );
+    send_to_loop_lets_the_loop_turn(ex, 1, N, "send_to calls into a ring with room");
 }
 
 /// A `send_to` loop to the caller's own shard lets the loop turn: such a call has no ring to
@@ -969,49 +927,29 @@ fn a_send_to_loop_into_a_ring_with_room_lets_the_loop_turn() {
 /// memory), nor due timers, for as long as the loop lasted.
 #[test]
 fn a_send_to_loop_to_the_own_shard_lets_the_loop_turn() {
-    const N: usize = 1000;
-    let ex = exec(1);
-    let (ran_at, ticked_at, delivered) = ex
-        .block_on(|| async {
-            let (ran, ticked) = (
-                std::rc::Rc::new(Cell::new(false)),
-                std::rc::Rc::new(Cell::new(false)),
-            );
-            let (r, t) = (ran.clone(), ticked.clone());
-            shard::spawn_local(async move { r.set(true) });
-            let due = std::time::Instant::now() + Duration::from_millis(1);
-            shard::spawn_local(async move {
-                xtc_shards::time::sleep_until(due).await;
-                t.set(true);
-            });
-            // A blocking wait: the timer is due before the first call.
-            std::thread::sleep(Duration::from_millis(5));
+    send_to_loop_lets_the_loop_turn(exec(1), 0, 1000, "send_to calls to the own shard");
+}
+
+/// `n` `send_to` calls from shard 0 to shard `to` let shard 0's loop turn
+/// (`common::turns_during`), and every call runs once.
+fn send_to_loop_lets_the_loop_turn(ex: Executor, to: usize, n: usize, what: &'static str) {
+    let delivered = ex
+        .block_on(move || async move {
             let delivered = Arc::new(AtomicU64::new(0));
-            let (mut ran_at, mut ticked_at) = (None, None);
-            for i in 0..N {
+            turns_during(what, n, async |_| {
                 let d = delivered.clone();
-                shard::send_to(0, move || async move {
+                shard::send_to(to, move || async move {
                     d.fetch_add(1, SeqCst);
                 })
                 .await
                 .unwrap();
-                if ran.get() && ran_at.is_none() {
-                    ran_at = Some(i);
-                }
-                if ticked.get() && ticked_at.is_none() {
-                    ticked_at = Some(i);
-                }
-            }
-            while delivered.load(SeqCst) < N as u64 {
+            })
+            .await;
+            while delivered.load(SeqCst) < n as u64 {
                 xtc_shards::yield_now().await;
             }
-            (ran_at, ticked_at, delivered.load(SeqCst))
+            delivered.load(SeqCst)
         })
         .unwrap();
-    assert_eq!(delivered, N as u64, "every call ran once");
-    assert!(
-        ran_at.is_some() && ticked_at.is_some(),
-        "{N} send_to calls to the own shard never let the loop turn: another task ran at call \
-         {ran_at:?}, a due timer fired at call {ticked_at:?}"
-    );
+    assert_eq!(delivered, n as u64, "every call ran once");
 }

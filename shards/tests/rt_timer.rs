@@ -185,37 +185,16 @@ fn sleep_until_past_deadline_is_ready() {
 /// behind, `sleep(ZERO)` in a loop) never returned `Pending` and held its loop for good.
 #[test]
 fn a_loop_of_passed_sleeps_lets_the_loop_turn() {
-    use std::{cell::Cell, rc::Rc};
     LocalExecutor::new().unwrap().block_on(async {
-        let (ran, ticked) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(false)));
-        let (r, t) = (ran.clone(), ticked.clone());
-        spawn_local(async move { r.set(true) });
-        let due = Instant::now() + Duration::from_millis(1);
-        spawn_local(async move {
-            time::sleep_until(due).await;
-            t.set(true);
-        });
-        // A blocking wait: the timer is due before the first sleep.
-        std::thread::sleep(Duration::from_millis(5));
-        let (mut ran_at, mut ticked_at) = (None, None);
-        for i in 0..1000 {
+        let due = Instant::now();
+        common::turns_during("passed sleeps", 1000, async |i| {
             if i % 2 == 0 {
                 time::sleep(Duration::ZERO).await;
             } else {
                 time::sleep_until(due).await;
             }
-            if ran.get() && ran_at.is_none() {
-                ran_at = Some(i);
-            }
-            if ticked.get() && ticked_at.is_none() {
-                ticked_at = Some(i);
-            }
-        }
-        assert!(
-            ran_at.is_some() && ticked_at.is_some(),
-            "1000 passed sleeps in a row never let the loop turn: another task ran at sleep \
-             {ran_at:?}, a due timer fired at sleep {ticked_at:?}"
-        );
+        })
+        .await;
     });
 }
 

@@ -419,3 +419,41 @@ pub mod signals {
         }
     }
 }
+
+/// Runs `n` calls (`call(i)`) that each find their source ready, and fails (naming `what`)
+/// unless the loop turned meanwhile: another task spawned now ran, and a timer due before the
+/// first call fired, both before the last call. A task awaiting such calls in a loop (a
+/// socket its peer keeps full, a ring that never empties, a passed deadline) never returned
+/// `Pending` and held its loop for as long as it went on; the cooperative budget makes it
+/// yield. Deterministic when every call finds its source ready before the first. Must run
+/// inside a task of an xtc loop.
+pub async fn turns_during(what: &str, n: usize, mut call: impl AsyncFnMut(usize)) {
+    use std::{cell::Cell, rc::Rc};
+    let (ran, ticked) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(false)));
+    let (r, t) = (ran.clone(), ticked.clone());
+    xtc_shards::spawn_local(async move { r.set(true) });
+    // The deadline is taken now, not at the timer task's first poll (which comes only when
+    // the loop turns).
+    let due = Instant::now() + Duration::from_millis(1);
+    xtc_shards::spawn_local(async move {
+        xtc_shards::time::sleep_until(due).await;
+        t.set(true);
+    });
+    // A blocking wait: the timer is due before the first call.
+    std::thread::sleep(Duration::from_millis(5));
+    let (mut ran_at, mut ticked_at) = (None, None);
+    for i in 0..n {
+        call(i).await;
+        if ran.get() && ran_at.is_none() {
+            ran_at = Some(i);
+        }
+        if ticked.get() && ticked_at.is_none() {
+            ticked_at = Some(i);
+        }
+    }
+    assert!(
+        ran_at.is_some() && ticked_at.is_some(),
+        "{n} {what} in a row never let the loop turn: another task ran at call {ran_at:?}, a \
+         due timer fired at call {ticked_at:?}"
+    );
+}
