@@ -606,6 +606,20 @@ fn operations_never_submitted_are_freed_at_shutdown() {
     }
 }
 
+/// How many of this process's descriptors are open on `path`; 0 where the file was never made
+/// (a skipped run: no io_uring, as under `XTC_IO=epoll`).
+#[cfg(target_arch = "x86_64")]
+fn open_on(path: &std::path::Path) -> usize {
+    let Ok(path) = std::fs::canonicalize(path) else {
+        return 0;
+    };
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| *l == path)
+        .count()
+}
+
 /// A `File::close` still awaited when its `block_on` returns, its `CLOSE` entry queued while
 /// the kernel refuses every submission (`EAGAIN`), so the driver's shutdown ends it as
 /// cancelled: nothing was closed, and awaited later (here off any loop) it must still close
@@ -617,17 +631,6 @@ fn a_close_cut_by_its_drivers_shutdown_still_closes_the_file() {
     use std::{future::Future, pin::Pin, task::Poll};
     type Close = Pin<Box<dyn Future<Output = std::io::Result<()>>>>;
     let path = std::env::temp_dir().join(format!("xtc-seccomp-close-{}", std::process::id()));
-    // 0 where the file was never made (a skipped run: no io_uring, as under `XTC_IO=epoll`).
-    let open_on = |path: &std::path::Path| {
-        let Ok(path) = std::fs::canonicalize(path) else {
-            return 0;
-        };
-        std::fs::read_dir("/proc/self/fd")
-            .unwrap()
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .filter(|l| *l == path)
-            .count()
-    };
     let (tx, rx) = mpsc::channel();
     let p = path.clone();
     std::thread::spawn(move || {
@@ -678,17 +681,6 @@ fn a_dropped_close_cut_by_its_drivers_shutdown_still_closes_the_file() {
     use std::{future::Future, task::Poll};
     let path =
         std::env::temp_dir().join(format!("xtc-seccomp-dropped-close-{}", std::process::id()));
-    // 0 where the file was never made (a skipped run: no io_uring, as under `XTC_IO=epoll`).
-    let open_on = |path: &std::path::Path| {
-        let Ok(path) = std::fs::canonicalize(path) else {
-            return 0;
-        };
-        std::fs::read_dir("/proc/self/fd")
-            .unwrap()
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .filter(|l| *l == path)
-            .count()
-    };
     let (tx, rx) = mpsc::channel();
     let p = path.clone();
     std::thread::spawn(move || {
