@@ -115,6 +115,9 @@ const SERVE: &str = "--serve";
 /// instead of through `xtc::net::ConnBalancer`.
 #[cfg_attr(not(feature = "xtc"), allow(dead_code))] // used by the xtc server only
 const HASH_ENV: &str = "XTC_ECHO_HASH";
+/// The range `--secs` takes: a millisecond to a day.
+const MIN_SECS: f64 = 0.001;
+const MAX_SECS: f64 = 86_400.0;
 /// The goals the issue states, printed beside the measured ratios (reported, not asserted).
 const GOAL_XTC_OVER_TOKIO: f64 = 1.2;
 const GOAL_SLOWEST_OVER_FASTEST: f64 = 0.9;
@@ -195,11 +198,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<EchoArgs, String
             "--conns" => conns = parse_list("--conns", &value()?)?,
             "--secs" => {
                 let v = value()?;
+                // Bounded: past a day the window's end (`Instant` + it) and the hang guard
+                // overflow and panic, and a window under a millisecond holds no round trip.
                 secs = Some(
                     v.parse::<f64>()
                         .ok()
-                        .filter(|s| s.is_finite() && *s > 0.0)
-                        .ok_or(format!("--secs {v}: wants a positive number of seconds"))?,
+                        .filter(|s| (MIN_SECS..=MAX_SECS).contains(s))
+                        .ok_or(format!(
+                            "--secs {v}: wants a number of seconds from {MIN_SECS} to {MAX_SECS}"
+                        ))?,
                 );
             }
             "--shards" => {
@@ -1580,6 +1587,12 @@ mod tests {
         assert!(parse(&["--conns", "x"]).is_err());
         assert!(parse(&["--clients", "0"]).is_err());
         assert!(parse(&["--secs", "-1"]).is_err());
+        // Past what a `Duration` (or an `Instant` plus it) holds: an error, not a panic.
+        assert!(parse(&["--secs", "1e30"]).is_err());
+        assert!(parse(&["--secs", "1e15"]).is_err());
+        // Rounds to a zero-length window.
+        assert!(parse(&["--secs", "1e-12"]).is_err());
+        assert_eq!(parse(&["--secs", "86400"]).unwrap().secs, Some(86400.0));
         assert!(parse(&["--servers", "nginx"]).is_err());
         assert!(parse(&["--only", "rtt"]).is_err());
         assert!(parse(&["--cpu", "0"]).is_err());
