@@ -73,10 +73,20 @@ fn usage() -> &'static str {
 
 /// Parses a CPU list such as `0-3,8,10-11` into sorted, distinct ids.
 fn parse_cpu_list(v: &str) -> Result<Vec<usize>, String> {
+    // Checked before a range is expanded (`0-100000000000` would allocate for every id in
+    // it): no CPU at or past CPU_SETSIZE can be pinned to.
     let num = |s: &str| {
-        s.trim()
+        let cpu = s
+            .trim()
             .parse::<usize>()
-            .map_err(|e| format!("--cpus {v}: {s:?} is not a CPU number: {e}"))
+            .map_err(|e| format!("--cpus {v}: {s:?} is not a CPU number: {e}"))?;
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(format!(
+                "--cpus {v}: CPU {cpu} is past CPU_SETSIZE ({}): no thread can be pinned to it",
+                libc::CPU_SETSIZE
+            ));
+        }
+        Ok(cpu)
     };
     let mut cpus = Vec::new();
     for part in v.split(',') {
@@ -97,6 +107,11 @@ fn parse_cpu_list(v: &str) -> Result<Vec<usize>, String> {
 }
 
 fn parse_args() -> Result<Args, String> {
+    parse_args_from(std::env::args().skip(1))
+}
+
+/// [`parse_args`] on given arguments; `Err("")` means `--help`.
+fn parse_args_from(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut args = Args {
         cpus: None,
         matrix: None,
@@ -105,7 +120,7 @@ fn parse_args() -> Result<Args, String> {
         svg: xtc_bench::default_svg("c2c-matrix"),
     };
     let (mut cpus, mut iters, mut svg) = (None, None, None);
-    let mut it = std::env::args().skip(1);
+    let mut it = argv.into_iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--cpus" => cpus = Some(it.next().ok_or("--cpus needs a value like 0,1")?),
@@ -599,7 +614,23 @@ mod matrix {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_cpu_list;
+    use super::{parse_args_from, parse_cpu_list, Args};
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        parse_args_from(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn cpu_lists_past_the_cpu_set_are_refused_before_they_are_expanded() {
+        // `0-100000000000` allocated 800 GB and aborted; no CPU at or past CPU_SETSIZE can be
+        // pinned to anyway.
+        assert!(parse_cpu_list("0-100000000000")
+            .unwrap_err()
+            .contains("CPU_SETSIZE"));
+        assert!(parse_cpu_list("1024").is_err());
+        assert!(parse(&["--matrix", "--cpus", "0-100000000000"]).is_err());
+        assert_eq!(parse_cpu_list("1022-1023").unwrap(), [1022, 1023]);
+    }
 
     #[test]
     fn cpu_lists_take_ranges_and_singles_sorted_without_repeats() {
