@@ -155,11 +155,20 @@ fn parse_args_from(argv: impl IntoIterator<Item = String>) -> Result<Args, Strin
         args.iters = iters.unwrap_or(DEFAULT_ITERS);
     }
     args.svg = svg.unwrap_or(args.svg);
+    if args.iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
     if args.quick {
         args.iters = (args.iters / 10).max(1);
     }
-    if args.iters == 0 {
-        return Err("--iters must be at least 1".into());
+    // The warm-up is added to it and the stream sends ten times as many: both must fit a u64,
+    // or they wrap (to a run that times nothing, and a stream that never ends).
+    if args.iters.checked_mul(10).is_none() || args.iters.checked_add(WARMUP).is_none() {
+        return Err(format!(
+            "--iters {}: too many (at most {})",
+            args.iters,
+            u64::MAX / 10
+        ));
     }
     Ok(args)
 }
@@ -227,6 +236,12 @@ fn round_trips(cpus: (usize, usize), pin: bool, iters: u64, wait: Wait) -> Laten
         }
     }
     echo.join().expect("echo thread panicked");
+    assert_eq!(
+        hist.len(),
+        iters,
+        "c2c: {iters} round trips asked, {} timed",
+        hist.len()
+    );
     LatencySummary::from_histogram(&hist)
 }
 
@@ -618,6 +633,18 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Args, String> {
         parse_args_from(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn iteration_counts_that_overflow_are_refused() {
+        // `WARMUP + iters` and the stream's `iters * 10` wrapped: 9,999 untimed round trips
+        // reported as p50 0 ns, then a stream of 2^64 - 10 messages that never ended.
+        assert!(parse(&["--iters", "18446744073709551615"]).is_err());
+        assert!(parse(&["--iters", "1844674407370955162"]).is_err());
+        assert_eq!(parse(&["--iters", "1000"]).unwrap().iters, 1000);
+        // Zero is refused with --quick too (it became 1).
+        assert!(parse(&["--iters", "0", "--quick"]).is_err());
+        assert_eq!(parse(&["--iters", "5", "--quick"]).unwrap().iters, 1);
     }
 
     #[test]
