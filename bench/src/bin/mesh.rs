@@ -5,8 +5,8 @@
 //! | benchmark | what each runtime does | reported |
 //! |---|---|---|
 //! | `rtt` | 20,000 timed round trips (after 1,000 warm-up) from CPU A to CPU B and back; 2,000 for the "target asleep" rows | p50 and p99 in ns |
-//! | `stream` | 10,000,000 `u64` messages one way, producer on CPU A, consumer on CPU B | M msgs/s |
-//! | `stream` (batched row) | the same with batch calls: xtc `send_many` of 256 / `recv_many` of up to 1,024, tokio `reserve_many` of 256 / `recv_many` of up to 1,024, raw chunked rtrb; glommio and monoio have none | M msgs/s |
+//! | `stream` | 10,000,000 `u64` messages one way, producer on CPU A, consumer on CPU B | M msgs/s, median of 3 runs |
+//! | `stream` (batched row) | the same with batch calls: xtc `send_many` of 256 / `recv_many` of up to 1,024, tokio `reserve_many` of 256 / `recv_many` of up to 1,024, raw chunked rtrb; glommio and monoio have none | M msgs/s, median of 3 runs |
 //!
 //! The runtimes:
 //!
@@ -45,7 +45,8 @@
 //!
 //! Every channel of `stream` holds 1,024 messages; `rtt` channels hold one. The stream rate is
 //! measured on the consumer from its first message to its last, so runtime start-up is not in
-//! it. The table gives absolute numbers and `xtc/peer` ratios; only the ratios mean much on a
+//! it; each stream column is the median of 3 runs (its runs' rates are printed under the
+//! table). The table gives absolute numbers and `xtc/peer` ratios; only the ratios mean much on a
 //! shared machine. An SVG bar chart of the same numbers goes to `target/bench-mesh.svg`.
 //!
 //! ```text
@@ -171,6 +172,36 @@ impl<T> Measured<T> {
 type StreamOut = Result<Measured<Duration>, String>;
 /// What one round-trip run gives: the histogram of the timed round trips, in ns.
 type RttOut = Result<Measured<Histogram<u64>>, String>;
+
+/// Stream runs per column (each on a fresh channel and fresh threads); the median is reported.
+/// One run per column read the single-message xtc/raw ratio anywhere from 0.26x to 0.62x from
+/// one bench run to the next.
+const STREAM_RUNS: usize = 3;
+
+/// The rate of a stream run of `msgs` messages that took `d` from the first to the last: the
+/// clock starts at the first message, so `msgs - 1` arrived inside it. M msgs/s.
+fn stream_rate(msgs: u64, d: Duration) -> f64 {
+    msgs.saturating_sub(1) as f64 / d.as_secs_f64() / 1e6
+}
+
+/// Runs `one` `runs` times and keeps the median time; the notes are the last run's, plus a line
+/// `label runs: ..` with every run's rate. The first failure ends it.
+fn median_stream(label: &str, msgs: u64, runs: usize, one: impl Fn() -> StreamOut) -> StreamOut {
+    let mut took = Vec::with_capacity(runs);
+    let mut notes = Vec::new();
+    for _ in 0..runs {
+        let m = one()?;
+        took.push(m.value);
+        notes = m.notes;
+    }
+    let rates: Vec<String> = took
+        .iter()
+        .map(|d| xtc_bench::fmt_num(stream_rate(msgs, *d)))
+        .collect();
+    notes.push(format!("{label} runs: {} M msgs/s", rates.join(" ")));
+    let value = xtc_bench::median(&took).ok_or_else(|| format!("{label}: no run"))?;
+    Ok(Measured { value, notes })
+}
 
 /// Records round trip `i` (of `p.rtt_total()`) unless it is a warm-up one.
 fn record_rtt(h: &mut Histogram<u64>, p: Params, i: u64, took: Duration) {
@@ -1110,35 +1141,64 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let mut notes = Vec::new();
     let guard = p.deadline;
-    let rate = |d: Duration| p.stream_msgs.saturating_sub(1) as f64 / d.as_secs_f64() / 1e6;
+    let msgs = p.stream_msgs;
+    let rate = |d: Duration| stream_rate(msgs, d);
+    // `STREAM_RUNS` runs on one harness thread, the median kept.
+    let median = |label: &'static str, one: fn(Cpus, Params) -> StreamOut| {
+        move || median_stream(label, msgs, STREAM_RUNS, || one(cpus, p))
+    };
     let mut values: Vec<Result<f64, String>> = Vec::with_capacity(RUNTIMES.len());
     for (rt, name) in RUNTIMES.iter().enumerate() {
         bar.set_message(format!("stream / {name}"));
         // Each side pins itself, or runs on the harness thread pinned to the consumer's CPU.
         let r = match rt {
-            XTC => isolated(None, guard, move || xtc_rt::stream(cpus, p, false)),
-            RAW => isolated(Some(cpus.1), guard, move || raw::stream(cpus, p)),
-            TOKIO => isolated(Some(cpus.1), guard, move || {
-                tokio_rt::stream(cpus, p, false)
-            }),
-            GLOMMIO => isolated(None, guard, move || glommio_rt::stream(cpus, p)),
-            MONOIO => isolated(Some(cpus.1), guard, move || monoio_rt::stream(cpus, p)),
+            XTC => isolated(
+                None,
+                guard,
+                median("stream / xtc", |c, p| xtc_rt::stream(c, p, false)),
+            ),
+            RAW => isolated(Some(cpus.1), guard, median("stream / raw", raw::stream)),
+            TOKIO => isolated(
+                Some(cpus.1),
+                guard,
+                median("stream / tokio", |c, p| tokio_rt::stream(c, p, false)),
+            ),
+            GLOMMIO => isolated(None, guard, median("stream / glommio", glommio_rt::stream)),
+            MONOIO => isolated(
+                Some(cpus.1),
+                guard,
+                median("stream / monoio", monoio_rt::stream),
+            ),
             _ => unreachable!("one arm per runtime"),
         };
         values.push(keep(&mut notes, r).map(rate));
         bar.inc(1);
     }
     bar.set_message("stream / raw chunked");
-    let chunked = isolated(Some(cpus.1), guard, move || raw::stream_chunked(cpus, p));
+    let chunked = isolated(
+        Some(cpus.1),
+        guard,
+        median("stream / raw chunked", raw::stream_chunked),
+    );
     bar.inc(1);
     let chunked = keep(&mut notes, chunked).map(rate);
     // The batched row: xtc's send_many/recv_many, tokio's reserve_many/recv_many, raw chunked;
     // glommio's and monoio's channels have no batch calls.
     bar.set_message("stream batched / xtc");
-    let xtc_batched = isolated(None, guard, move || xtc_rt::stream(cpus, p, true));
+    let xtc_batched = isolated(
+        None,
+        guard,
+        median("stream batched / xtc", |c, p| xtc_rt::stream(c, p, true)),
+    );
     bar.inc(1);
     bar.set_message("stream batched / tokio");
-    let tokio_batched = isolated(Some(cpus.1), guard, move || tokio_rt::stream(cpus, p, true));
+    let tokio_batched = isolated(
+        Some(cpus.1),
+        guard,
+        median("stream batched / tokio", |c, p| {
+            tokio_rt::stream(c, p, true)
+        }),
+    );
     bar.inc(1);
     let mut batched: Vec<Result<f64, String>> = RUNTIMES
         .iter()
@@ -1226,7 +1286,8 @@ fn main() -> ExitCode {
         cpus.1,
     );
     println!(
-        "  rtt: {} timed round trips after {} warm-up; stream: {} u64 one way, channels of {STREAM_CAP}",
+        "  rtt: {} timed round trips after {} warm-up; stream: {} u64 one way, channels of \
+         {STREAM_CAP}, median of {STREAM_RUNS} runs",
         p.rtt_iters, p.rtt_warmup, p.stream_msgs
     );
     println!(
@@ -1290,6 +1351,29 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_column_is_the_median_of_its_runs() {
+        let ms = Duration::from_millis;
+        let left = std::cell::RefCell::new(vec![ms(30), ms(10), ms(20)]);
+        let one = || -> StreamOut {
+            let took = left.borrow_mut().pop().ok_or("called once too often")?;
+            Ok(Measured {
+                value: took,
+                notes: vec![format!("counters after {took:?}")],
+            })
+        };
+        let m = median_stream("stream / t", 1_000_001, 3, one).unwrap();
+        assert_eq!(m.value, ms(20), "the median, not the last or the first run");
+        assert!(left.borrow().is_empty(), "every run made");
+        assert_eq!(m.notes[0], "counters after 30ms", "the last run's notes");
+        assert_eq!(m.notes[1], "stream / t runs: 50.00 100.0 33.33 M msgs/s");
+        let failing = || -> StreamOut { Err("hung".into()) };
+        assert_eq!(
+            median_stream("stream / t", 10, 3, failing).unwrap_err(),
+            "hung"
+        );
+    }
 
     #[test]
     fn chunked_note_divides_the_batched_xtc_rate() {
