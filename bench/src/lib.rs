@@ -404,7 +404,8 @@ pub fn median<T: Ord + Copy>(samples: &[T]) -> Option<T> {
 /// executor, I/O rings) are created and destroyed with it, and one runtime's failure does not end
 /// the whole comparison. The deadline is a hang guard, not a measurement: a run past it is
 /// abandoned (its thread is left behind, detached) and reported as hung, so that one runtime that
-/// never wakes up cannot stop the others from being measured.
+/// never wakes up cannot stop the others from being measured; [`Table::render`] then warns that
+/// later figures may share a CPU with it ([`abandoned_runs`]).
 pub fn isolated<T, F>(cpu: Option<usize>, deadline: Duration, f: F) -> Result<T, String>
 where
     T: Send + 'static,
@@ -427,16 +428,30 @@ where
             let _ = handle.join();
             r
         }
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(format!(
-            "hung: no result after {:.0} s, run abandoned",
-            deadline.as_secs_f64()
-        )),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            ABANDONED_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(format!(
+                "hung: no result after {:.0} s, run abandoned",
+                deadline.as_secs_f64()
+            ))
+        }
         // The sender was dropped without sending: `f` panicked.
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
             Ok(()) => Err("the benchmark thread ended without a result".to_string()),
             Err(panic) => Err(panic_message(&*panic)),
         },
     }
+}
+
+/// Runs [`isolated`] gave up on. Their threads live on, detached, and may keep a CPU busy (a
+/// busy-polling ring thread whose peer hung spins for good, on the CPU the later runs are pinned
+/// to): [`Table::render`] says so under the table, so figures measured beside them are not read
+/// as clean.
+static ABANDONED_RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many runs [`isolated`] has abandoned so far.
+pub fn abandoned_runs() -> usize {
+    ABANDONED_RUNS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The message of a panic payload, as a string.
@@ -638,6 +653,14 @@ impl Table {
                  and ran unpinned: those figures are noisier than the header says"
             );
         }
+        let abandoned = abandoned_runs();
+        if abandoned > 0 {
+            let _ = writeln!(
+                out,
+                "  WARNING: {abandoned} hung run(s) were abandoned with their threads still \
+                 running: figures measured after them may share a CPU with those threads"
+            );
+        }
         out
     }
 }
@@ -727,6 +750,10 @@ mod tests {
             Ok(())
         });
         assert!(r.unwrap_err().starts_with("hung"));
+        // Its thread lives on (it may spin on the CPU every later run is pinned to): every
+        // table rendered after it says so.
+        let text = Table::new(vec!["xtc".into()], 0, vec![]).render();
+        assert!(text.contains("abandoned"), "{text}");
     }
 
     #[test]
