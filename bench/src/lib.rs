@@ -208,7 +208,10 @@ impl CpuMeter {
 /// Pins the calling thread to `cpu` (a logical CPU id). Returns false if the CPU is not in this
 /// process's allowed set or pinning failed.
 pub fn pin_current_thread(cpu: usize) -> bool {
-    let pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+    // core_affinity sets the bit with libc's CPU_SET, which panics past the set's CPU_SETSIZE
+    // bits in a function that cannot unwind: the whole process aborted, `isolated` or not.
+    let pinned = cpu < libc::CPU_SETSIZE as usize
+        && core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
     if !pinned {
         PIN_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -754,6 +757,15 @@ mod tests {
         // table rendered after it says so.
         let text = Table::new(vec!["xtc".into()], 0, vec![]).render();
         assert!(text.contains("abandoned"), "{text}");
+    }
+
+    #[test]
+    fn pinning_past_the_cpu_set_fails_instead_of_panicking() {
+        // `--cpu 5000` where the allowed set cannot be read reaches this unchecked.
+        let failures = pin_failures();
+        let r = std::thread::spawn(|| pin_current_thread(libc::CPU_SETSIZE as usize + 976)).join();
+        assert_eq!(r.ok(), Some(false), "a failed pin, not a panic");
+        assert!(pin_failures() > failures, "counted, so the table warns");
     }
 
     #[test]
