@@ -290,8 +290,10 @@ pub struct Sender<T> {
     signaller: Signaller,
     ring: Producer<T>,
     chan: Arc<Chan>,
-    /// Whether [`last`](Self::last) holds an item a cancelled [`SendMany`] left: it goes
-    /// before anything sent after it. (A plain flag, so the per-message path takes no lock.)
+    /// Whether a cancelled [`SendMany`] left an item in [`last`](Self::last): it goes before
+    /// anything sent after it. Still set after the receiver's drop emptied `last` (then there
+    /// is nothing to send: `send_held` finds the slot empty). A plain flag, so the per-message
+    /// path takes no lock.
     held: bool,
     /// The item a cancelled [`SendMany`] had taken from its iterator (to learn that more were
     /// coming) but not sent ([`held`](Self::held)). Shared with the receiver: if this `Sender`
@@ -587,7 +589,8 @@ pub struct SendMany<'a, T, I: Iterator<Item = T>> {
     /// `None` once the future has given the rest back.
     items: Option<std::iter::Peekable<I>>,
     /// The last poll returned `Pending` holding an item it peeked at a full ring: if the
-    /// future is dropped, that item goes to the `Sender` (`Sender::held`).
+    /// future is dropped, that item goes to the slot the ends share (`Sender::last`, marked
+    /// by `Sender::held`).
     peeked: bool,
 }
 

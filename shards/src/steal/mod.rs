@@ -886,8 +886,11 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
 /// (pinned work) that then ran that work took a spawn's ping landing meanwhile, which woke
 /// nothing, for the reason it woke, and its first steal waived the minimum.
 pub(crate) fn woke(core: &Core, pinged: bool) {
+    // Acquire, as `forget_work_ping`'s swap: a ping that lands between a caller's look at the
+    // flag (the spin's) and this swap is taken here, and its work must be seen by the steal
+    // that follows.
     core.fresh_wake
-        .set(pinged && core.shared.steal.work_ping.swap(false, Relaxed));
+        .set(pinged && core.shared.steal.work_ping.swap(false, Acquire));
 }
 
 /// Rule 3, at the start of each park decision, before the loop's last look at its victims:
