@@ -50,8 +50,12 @@ pub enum Error {
     /// The platform lacks a feature this call needs.
     #[error("not supported on this platform: {0}")]
     Unsupported(&'static str),
-    /// `run()` or `block_on()` was called while the executor is already running.
-    #[error("the executor is already running: call run()/block_on() from one thread at a time")]
+    /// `run()` or `block_on()` was called while the executor is already running: from another
+    /// thread, or from inside one of its own tasks.
+    #[error(
+        "the executor is already running: call run()/block_on() from one thread at a time, and \
+         not from inside one of its own tasks (there, .await the future or spawn it instead)"
+    )]
     AlreadyRunning,
     /// The executor stopped (or was stopped) before the operation could complete.
     #[error(

@@ -448,6 +448,32 @@ fn concurrent_run_is_refused() {
         .unwrap();
 }
 
+/// `run()` or `block_on()` called from inside one of the executor's own tasks is refused
+/// (the run it would start is the one the task runs in), and the error says so and what to
+/// do there: it said only "call run()/block_on() from one thread at a time", which the caller,
+/// alone on its thread, already did.
+#[test]
+fn run_or_block_on_inside_its_own_task_is_refused_with_what_to_do() {
+    let ex = Arc::new(exec(2));
+    let inner = ex.clone();
+    let (run, block_on) = ex
+        .block_on(move || async move {
+            let run = inner.run();
+            let block_on = inner.block_on(|| async { 1 });
+            (run, block_on)
+        })
+        .unwrap();
+    for r in [run, block_on.map(drop)] {
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::AlreadyRunning), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("inside one of its own tasks") && msg.contains(".await"),
+            "{msg}"
+        );
+    }
+}
+
 /// `block_on` during another thread's `run()` is refused before its main task exists: queued,
 /// that task would run inside the other run and stop it when it ended.
 #[test]
