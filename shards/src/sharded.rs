@@ -61,7 +61,8 @@ impl<T> Sharded<T> {
     /// (128 bytes on x86_64 and aarch64).
     ///
     /// # Panics
-    /// If `init` panics (the values made so far are dropped).
+    /// If `init` panics (the values made so far are dropped), or if `count` slots overflow
+    /// the address space ("capacity overflow", as `Vec::with_capacity`).
     pub fn new(count: usize, mut init: impl FnMut(usize) -> T) -> Sharded<T> {
         Sharded {
             slots: (0..count)

@@ -1951,3 +1951,17 @@ fn a_shard_loop_panic_whose_error_log_panics_still_stops_the_run() {
     ex.set_loop_stall_budget(1, Duration::ZERO).unwrap();
     runs_again_after_a_dead_shard_thread(&ex);
 }
+
+/// A class created through a `Handle` after its `Executor` was dropped is refused, as a
+/// `spawn_on` is: it was made (its memory never freed) for no run to use.
+#[test]
+fn create_class_after_the_executor_dropped_is_stopped() {
+    let ex = exec(1);
+    let h = ex.handle();
+    assert!(h.create_class(0, 100, None).is_ok(), "while it lives");
+    drop(ex);
+    assert!(
+        matches!(h.create_class(0, 100, None), Err(Error::Stopped)),
+        "after the drop"
+    );
+}

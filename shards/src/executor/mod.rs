@@ -1413,9 +1413,10 @@ impl Handle {
     /// Sets the deadlock grace period (`None`: never report). Default 5 s (or
     /// `XTC_DEADLOCK_GRACE`); a [`LocalExecutor`](crate::LocalExecutor)'s is `None`, and
     /// setting it there has no effect (it has no coordinator to report). Cost of the call: an
-    /// atomic store, a lock and a condvar notify (the coordinator rechecks). While all loops
-    /// idle with parked tasks the coordinator wakes every `grace / 2` (at least 1 ms, at most
-    /// 1 s) to recheck.
+    /// atomic store, a lock and a condvar notify (the coordinator rechecks). While a grace is
+    /// set and service mode is off, the coordinator (on the thread that called `run()`) wakes
+    /// every `grace / 2` (at least 1 ms, at most 1 s) for the whole run, busy or idle, to
+    /// recheck: with the default 5 s grace, one wake-up every 1 s.
     pub fn set_deadlock_grace(&self, grace: Option<Duration>) {
         self.shared
             .deadlock_grace_ns
@@ -1505,9 +1506,10 @@ impl Handle {
 
     /// Creates a scheduling class on loop `shard` (see [`crate::shard::create_class`]).
     /// `Err(InvalidShard)` out of range, `Err(InvalidArgument)` for shares outside 1..=1000
-    /// or a zero latency bound. Cost: one allocation of about 64 bytes that is never freed
-    /// (a [`Class`](crate::Class) lives as long as the process), a process-wide lock and the
-    /// loop's class-list lock, and a wake ping to the loop if it sleeps.
+    /// or a zero latency bound, `Err(Stopped)` once the [`Executor`] is dropped (no run can
+    /// use the class, as `spawn_on`). Cost: one allocation of about 64 bytes that is never
+    /// freed (a [`Class`](crate::Class) lives as long as the process), a process-wide lock and
+    /// the loop's class-list lock, and a wake ping to the loop if it sleeps.
     pub fn create_class(
         &self,
         shard: usize,
@@ -1515,6 +1517,10 @@ impl Handle {
         latency: Option<Duration>,
     ) -> Result<crate::Class> {
         let l = self.shared.shard(shard)?;
+        // Made after the drop, it was never freed and no run could use it.
+        if self.shared.closed.load(SeqCst) {
+            return Err(Error::Stopped);
+        }
         let c = crate::class::create(l, shares, latency)?;
         l.parker.unpark();
         Ok(c)
