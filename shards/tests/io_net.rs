@@ -3216,6 +3216,43 @@ fn a_fixed_buffer_comes_back_empty_from_its_pool() {
     );
 }
 
+/// A pool kept past the `block_on` that registered it: its driver closed, and with it the
+/// registration, so `is_registered` says false from then on (it said true), its buffers work
+/// as plain ones, and the next run's loop can register a pool of its own.
+#[test]
+fn a_pool_kept_past_its_driver_is_no_longer_registered() {
+    let ex = LocalExecutor::new().unwrap();
+    let (pool, driver) = ex.block_on(async {
+        let pool = FixedBufPool::register(2, 64).unwrap();
+        let driver = xtc_shards::io::current_driver();
+        assert_eq!(pool.is_registered(), driver == Some(Driver::IoUring));
+        (pool, driver)
+    });
+    println!("a_pool_kept_past_its_driver_is_no_longer_registered: {driver:?}");
+    ex.block_on(async move {
+        assert!(
+            !pool.is_registered(),
+            "the driver that registered the pool is gone, and its registration with it"
+        );
+        let again = FixedBufPool::register(1, 64).unwrap();
+        assert_eq!(again.is_registered(), driver == Some(Driver::IoUring));
+        assert!(!pool.is_registered());
+        // Its buffers still carry bytes (as plain buffers).
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut w = pool.take().unwrap();
+        assert_eq!(w.put_slice(b"plain"), 5);
+        let (r, _) = a.write_all(w).await;
+        r.unwrap();
+        let (r, got) = guard(
+            "read into a kept pool's buffer",
+            b.read(pool.take().unwrap()),
+        )
+        .await;
+        assert_eq!(r.unwrap(), 5);
+        assert_eq!(&got[..], b"plain");
+    });
+}
+
 /// A stream dropped right after `AsyncWrite` reported bytes written (no flush, as code written
 /// for tokio does) still delivers them: io_uring's send in flight behind the write call is left
 /// to finish, not cancelled.

@@ -142,7 +142,9 @@ impl Drop for PoolInner {
 /// One pool per loop (io_uring allows one registered set per ring); `!Send`, like the loop's
 /// other I/O objects. Cost: `count × size` bytes allocated once (`count + 1` allocations);
 /// on io_uring one `io_uring_register` system call pins them, and another unregisters them
-/// when the pool (and every buffer taken from it) is dropped; on epoll nothing is pinned.
+/// when the pool (and every buffer taken from it) is dropped, or the loop's driver closing
+/// does (a pool kept past its loop's run is plain buffers from then on: register a new one
+/// on the next run's loop); on epoll nothing is pinned.
 /// Cloning it is a reference-count increment: the clones share one set of buffers.
 #[derive(Clone)]
 pub struct FixedBufPool {
@@ -153,7 +155,7 @@ impl fmt::Debug for FixedBufPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FixedBufPool")
             .field("size", &self.inner.size)
-            .field("registered", &self.inner.registered.is_some())
+            .field("registered", &self.is_registered())
             .finish()
     }
 }
@@ -229,9 +231,16 @@ impl FixedBufPool {
         self.inner.size
     }
 
-    /// Whether the buffers are registered with io_uring (false on epoll). Cost: a field read.
+    /// Whether the buffers are registered with io_uring: false on epoll, and false once the
+    /// driver that registered them has closed (a pool kept past the
+    /// [`LocalExecutor::block_on`](crate::LocalExecutor::block_on) or `run` that made it: its
+    /// registration went with that driver, and its buffers are plain ones from then on). Cost:
+    /// a field read and, for a registered pool, a thread-local read (a short list walk off
+    /// the loop that registered it).
     pub fn is_registered(&self) -> bool {
-        self.inner.registered.is_some()
+        self.inner
+            .registered
+            .is_some_and(|id| !super::uring::driver_gone(id))
     }
 }
 
