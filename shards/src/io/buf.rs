@@ -166,10 +166,12 @@ impl FixedBufPool {
     /// for a total (`count × size`) above the machine's physical memory (`InvalidInput`: the
     /// kernel pins every page of a registered buffer, so such a pool can never be backed),
     /// for memory the allocator refuses (`OutOfMemory`, not an abort), for pinned memory over
-    /// `RLIMIT_MEMLOCK` (io_uring, without `CAP_IPC_LOCK`), or when this loop already has a
-    /// registered pool (io_uring, `AlreadyExists`: drop it first). The buffers are allocated
-    /// before the driver is looked at, and freed again on any of these errors. Cost, besides
-    /// the allocations and the registration above: two `sysconf` calls (the memory check).
+    /// `RLIMIT_MEMLOCK` (io_uring, without `CAP_IPC_LOCK`; the kernel counts every page a
+    /// buffer touches, whole, so a buffer smaller than a page counts as one, and the error says
+    /// how many pages these took), or when this loop already has a registered pool (io_uring,
+    /// `AlreadyExists`: drop it first). The buffers are allocated before the driver is looked
+    /// at, and freed again on any of these errors. Cost, besides the allocations and the
+    /// registration above: two `sysconf` calls (the memory check).
     pub fn register(count: usize, size: usize) -> io::Result<FixedBufPool> {
         if count == 0 || count > 16_384 || size == 0 || size > 1 << 30 {
             return Err(io::Error::new(

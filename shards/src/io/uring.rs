@@ -1014,9 +1014,14 @@ impl Uring {
                     io::ErrorKind::OutOfMemory,
                     format!(
                         "registering a FixedBufPool of {} x {size} bytes: {e} (registered \
-                         buffers are pinned, and count against RLIMIT_MEMLOCK, `ulimit -l`, \
-                         unless the process has CAP_IPC_LOCK)",
-                        bufs.len()
+                         buffers are pinned, and unless the process has CAP_IPC_LOCK the \
+                         kernel counts every page a buffer touches, whole, against \
+                         RLIMIT_MEMLOCK, `ulimit -l`, {}, with what this user's rings have \
+                         registered already: these buffers touch {}; use fewer, larger buffers, or raise \
+                         the limit)",
+                        bufs.len(),
+                        memlock_limit(),
+                        pages_touched(&iov),
                     ),
                 ),
                 _ => e,
@@ -1449,6 +1454,44 @@ impl Uring {
 /// How long a dropping driver waits for its operations (rule 5): first for detached sends to
 /// finish, then for the cancellations of whatever is left.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+
+/// `RLIMIT_MEMLOCK` (soft), for a refused registration's error. Cost: a `getrlimit`.
+fn memlock_limit() -> String {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes one `rlimit`, a live local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } != 0 {
+        return "unknown".into();
+    }
+    if rl.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        format!("{} bytes here", rl.rlim_cur)
+    }
+}
+
+/// The pages the kernel pins (and counts) for registered buffers `iov`: every page each one
+/// touches, whole (a small buffer takes a page; one that crosses a page boundary, two), as
+/// "N pages (B bytes)", for a refused registration's error. Cost: a `sysconf`.
+fn pages_touched(iov: &[libc::iovec]) -> String {
+    // SAFETY: `sysconf` takes no pointers and has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096);
+    let pages: usize = iov
+        .iter()
+        .filter(|v| v.iov_len > 0)
+        .map(|v| {
+            let start = v.iov_base as usize;
+            let last = start + (v.iov_len - 1);
+            last / page - start / page + 1
+        })
+        .sum();
+    format!("{pages} pages ({} bytes)", pages.saturating_mul(page))
+}
 
 /// Unregisters the fixed buffers of driver `id` if it is alive on this thread (also hidden by
 /// `context::off_loop`: a pool dropped then stayed registered, and no other could be); a
