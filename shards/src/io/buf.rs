@@ -17,7 +17,11 @@ pub type BufResult<T, B> = (io::Result<T>, B);
 /// While the value is owned by an operation (between the call that takes it and the one that
 /// returns it), `stable_ptr()` must keep pointing at the same live memory of at least
 /// `bytes_total()` bytes, even when the value itself moves: the kernel reads through it
-/// asynchronously. Heap buffers (`Vec`, `Box<[u8]>`) and `'static` data qualify.
+/// asynchronously, and nothing else may write that memory meanwhile. `bytes_init()` must not
+/// exceed `bytes_total()`, and its bytes must be initialized (they are read, by the kernel
+/// and by xtc's copies). `fixed_index` must be left as it is (`None`): only xtc's
+/// [`FixedBuf`] names a registered buffer. Heap buffers (`Vec`, `Box<[u8]>`) and `'static`
+/// data qualify.
 pub unsafe trait IoBuf: 'static {
     /// Start of the buffer.
     fn stable_ptr(&self) -> *const u8;
@@ -35,7 +39,9 @@ pub unsafe trait IoBuf: 'static {
 /// A buffer an I/O operation can fill (`read`, `recv`): from its start, up to `bytes_total()`.
 ///
 /// # Safety
-/// As for [`IoBuf`], for `stable_mut_ptr()`, and the memory must be writable.
+/// As for [`IoBuf`], for `stable_mut_ptr()`, and the memory must be writable, with nothing
+/// else reading or writing it while an operation owns the value (the kernel writes it
+/// asynchronously).
 pub unsafe trait IoBufMut: IoBuf {
     /// Start of the buffer, writable.
     fn stable_mut_ptr(&mut self) -> *mut u8;
@@ -140,7 +146,7 @@ impl Drop for PoolInner {
 /// cannot raise `SIGPIPE`). On the epoll driver they are plain buffers.
 ///
 /// One pool per loop (io_uring allows one registered set per ring); `!Send`, like the loop's
-/// other I/O objects. Cost: `count × size` bytes allocated once (`count + 1` allocations);
+/// other I/O objects. Cost: `count × size` bytes allocated once (`count + 2` allocations: the buffers, their list, the shared pool);
 /// on io_uring one `io_uring_register` system call pins them, and another unregisters them
 /// when the pool (and every buffer taken from it) is dropped, or the loop's driver closing
 /// does (a pool kept past its loop's run is plain buffers from then on: register a new one
