@@ -147,10 +147,11 @@ impl Drop for PoolInner {
 ///
 /// One pool per loop (io_uring allows one registered set per ring); `!Send`, like the loop's
 /// other I/O objects. Cost: `count × size` bytes allocated once (`count + 2` allocations: the
-/// buffers, their list, the shared pool); on io_uring one `io_uring_register` system call pins them, and another unregisters them
-/// when the pool (and every buffer taken from it) is dropped, or the loop's driver closing
-/// does (a pool kept past its loop's run is plain buffers from then on: register a new one
-/// on the next run's loop); on epoll nothing is pinned.
+/// buffers, their list, the shared pool); on io_uring one `io_uring_register` system call
+/// pins them, and another unregisters them when the pool (and every buffer taken from it) is
+/// dropped, or the loop's driver closing does (a pool kept past its loop's run is plain
+/// buffers from then on: register a new one on the next run's loop); on epoll nothing is
+/// pinned.
 /// Cloning it is a reference-count increment: the clones share one set of buffers.
 #[derive(Clone)]
 pub struct FixedBufPool {
