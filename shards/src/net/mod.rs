@@ -339,6 +339,58 @@ mod tests {
             );
         }
     }
+
+    /// Counts the warnings logged on the thread it is the default subscriber of.
+    struct Warnings(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl tracing::Subscriber for Warnings {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::WARN {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// An accept call that stays at the descriptor limit (no descriptor ever frees up for it)
+    /// warns again once its episode is over for the process: a minute after the last warning,
+    /// or once another accept found a descriptor free (here `WARNED_AT` cleared, as both
+    /// make it due). Only a call's first exhaustion looked at the episode, so a server stuck
+    /// at its limit logged one line when it got there and never again, however long it
+    /// stayed (the docs promise a warning a minute).
+    #[test]
+    fn an_accept_that_stays_at_the_limit_warns_again_in_a_new_episode() {
+        let warnings = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = warnings.clone();
+        tracing::subscriber::with_default(Warnings(warnings), || {
+            crate::LocalExecutor::new().unwrap().block_on(async move {
+                let count = || seen.load(std::sync::atomic::Ordering::SeqCst);
+                let emfile = io::Error::from_raw_os_error(libc::EMFILE);
+                WARNED_AT.store(0, Relaxed);
+                let mut backoff = Backoff::new();
+                backoff.wait(&emfile).await;
+                assert_eq!(count(), 1, "the first exhaustion is warned about");
+                backoff.wait(&emfile).await;
+                assert_eq!(count(), 1, "the same episode is not warned about again");
+                // The episode is over for the process; this call still meets exhaustion.
+                WARNED_AT.store(0, Relaxed);
+                backoff.wait(&emfile).await;
+                assert_eq!(count(), 2, "a new episode is warned about");
+                backoff.wait(&emfile).await;
+                assert_eq!(count(), 2, "once");
+            });
+        });
+        WARNED_AT.store(0, Relaxed);
+    }
 }
 
 /// When this process's accepts last warned of exhaustion (descriptors, memory): [`since`]'s
@@ -383,35 +435,37 @@ impl Backoff {
         }
     }
 
-    /// Logs a warning once per episode of exhaustion ([`WARNED_AT`]), then sleeps.
+    /// Logs a warning once per episode of exhaustion ([`WARNED_AT`]), then sleeps. Looked at
+    /// on every exhaustion the call meets, not only its first: a call that stays at the limit
+    /// (no descriptor frees up for it) warns again once a minute has passed or another accept
+    /// ended the episode. Looked at only once per call, a server stuck at its limit logged
+    /// one line when it got there and never again. Cost: a clock read and a relaxed load.
     pub(crate) async fn wait(&mut self, e: &io::Error) {
-        if !self.met {
-            self.met = true;
-            let now = since() + 1;
-            let last = WARNED_AT.load(Relaxed);
-            let due = last == 0 || now.saturating_sub(last) >= REWARN.as_millis() as u64;
-            if due
-                && WARNED_AT
-                    .compare_exchange(last, now, Relaxed, Relaxed)
-                    .is_ok()
-            {
-                let what = match e.raw_os_error() {
-                    Some(libc::EMFILE) => {
-                        "until descriptors free up (raise RLIMIT_NOFILE / ulimit -n for more \
-                         connections)"
-                    }
-                    Some(libc::ENFILE) => {
-                        "until descriptors free up (the system's file table is full: raise \
-                         fs.file-max)"
-                    }
-                    Some(libc::EAGAIN | libc::EBUSY) => "until io_uring takes submissions again",
-                    _ => "until memory frees up",
-                };
-                tracing::warn!(
-                    "xtc: accept failed: {e}; backing off (1 ms doubling to 100 ms) {what}; \
-                     warned again once an accept finds room, or in a minute"
-                );
-            }
+        self.met = true;
+        let now = since() + 1;
+        let last = WARNED_AT.load(Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= REWARN.as_millis() as u64;
+        if due
+            && WARNED_AT
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            let what = match e.raw_os_error() {
+                Some(libc::EMFILE) => {
+                    "until descriptors free up (raise RLIMIT_NOFILE / ulimit -n for more \
+                     connections)"
+                }
+                Some(libc::ENFILE) => {
+                    "until descriptors free up (the system's file table is full: raise \
+                     fs.file-max)"
+                }
+                Some(libc::EAGAIN | libc::EBUSY) => "until io_uring takes submissions again",
+                _ => "until memory frees up",
+            };
+            tracing::warn!(
+                "xtc: accept failed: {e}; backing off (1 ms doubling to 100 ms) {what}; \
+                 warned again once an accept finds room, or in a minute"
+            );
         }
         self.pause().await;
     }
