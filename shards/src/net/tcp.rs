@@ -69,10 +69,11 @@ impl TcpListener {
     /// per connection or listener).
     /// Connections aborted before they were accepted are skipped. Other errors are returned.
     /// Cost: one `ACCEPT` submission and a boxed peer address (io_uring) or one `accept4` (the
-    /// listener joins the loop's epoll set once, at its first wait). On epoll, after 32 accepts
-    /// in a row that found a connection waiting, the next one yields first (ending its loop's
-    /// batch), so a backlog a flood of connects keeps full does not hold the loop: io_uring
-    /// completes every accept through a loop turn anyway.
+    /// listener joins the loop's epoll set once, at its first wait). On epoll, after 128 calls
+    /// that found their socket ready in one poll of the task (accepts that found a connection
+    /// waiting, and its other ready I/O: the cooperative budget, `io::COOP_BUDGET`), the next
+    /// one yields first (ending its loop's batch), so a backlog a flood of connects keeps full
+    /// does not hold the loop: io_uring completes every accept through a loop turn anyway.
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let mut backoff = Backoff::new();
         loop {
