@@ -51,21 +51,23 @@ impl<T> Inbox<T> {
         self.pending.fetch_or(false, SeqCst)
     }
 
-    /// Moves everything queued into `out` (which must be empty) and returns how many.
-    /// Only the owning loop calls this, or the executor's drop when no loop runs.
+    /// Moves everything queued into `out` (which must be empty) and returns how many. The
+    /// owning loop calls this, and, once the executor is closed, whatever thread sweeps it
+    /// (`ExecShared::drop_if_closed`, from any thread that spawns after the close): several
+    /// at once then.
     pub(crate) fn drain_into(&self, out: &mut Vec<T>) -> usize {
         debug_assert!(out.is_empty());
         if !self.pending.load(SeqCst) {
             return 0;
         }
-        {
-            let mut q = lock(&self.queue);
-            std::mem::swap(&mut *q, out);
-            self.pending.store(false, SeqCst);
-        }
+        let mut q = lock(&self.queue);
+        std::mem::swap(&mut *q, out);
+        self.pending.store(false, SeqCst);
         let n = out.len() as u64;
-        // Single writer: a plain load + store, published SeqCst for the quiescence check.
+        // Under the lock, so two sweeping threads cannot lose each other's count: a plain
+        // load + store, published SeqCst for the quiescence check.
         self.popped.store(self.popped.load(SeqCst) + n, SeqCst);
+        drop(q);
         n as usize
     }
 
