@@ -1010,6 +1010,16 @@ mod tests {
         assert!(seen, "the spin did not see the queued task");
     }
 
+    /// A one-shard executor on `driver`.
+    fn one_shard_on(driver: crate::io::DriverChoice) -> Executor {
+        Executor::builder()
+            .shards(1)
+            .oversubscribe(true)
+            .io_driver(driver)
+            .build()
+            .unwrap()
+    }
+
     /// Shutdown's wait ends on a wake ping on either driver. On io_uring the driver keeps a
     /// read of the ping's eventfd in the kernel, which takes a ping written after the
     /// announcement as soon as the loop's thread leaves a system call (completion work runs
@@ -1021,12 +1031,7 @@ mod tests {
             crate::io::DriverChoice::Epoll,
             crate::io::DriverChoice::Auto,
         ] {
-            let exec = Executor::builder()
-                .shards(1)
-                .oversubscribe(true)
-                .io_driver(driver)
-                .build()
-                .unwrap();
+            let exec = one_shard_on(driver);
             let pinged = exec
                 .block_on(|| async {
                     with_core(|c| {
@@ -1148,12 +1153,7 @@ mod tests {
             crate::io::DriverChoice::Epoll,
             crate::io::DriverChoice::Auto,
         ] {
-            let exec = Executor::builder()
-                .shards(1)
-                .oversubscribe(true)
-                .io_driver(driver)
-                .build()
-                .unwrap();
+            let exec = one_shard_on(driver);
             let seen = exec
                 .block_on(|| async {
                     let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
