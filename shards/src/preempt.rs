@@ -95,8 +95,7 @@ impl Future for YieldIfDue {
         self.yielded = true;
         // End the loop's batch after this poll, so due timers, rings and the inbox are served
         // before this task runs again (otherwise the batch would re-poll it at once).
-        with_core(|c| c.end_batch.set(true));
-        cx.waker().wake_by_ref();
+        crate::context::yield_ending_batch(cx.waker());
         Poll::Pending
     }
 }

@@ -98,7 +98,13 @@ pub fn bounded<T>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
         senders: 1,
         rx_alive: true,
     }));
-    Ok((Sender { st: st.clone() }, Receiver { st, run: 0 }))
+    Ok((
+        Sender { st: st.clone() },
+        Receiver {
+            st,
+            run: super::Run::default(),
+        },
+    ))
 }
 
 /// The sending end; `Clone` for more producers. `!Send`.
@@ -109,8 +115,9 @@ pub struct Sender<T> {
 /// The receiving end. `!Send`.
 pub struct Receiver<T> {
     st: Rc<RefCell<State<T>>>,
-    /// Values received in a row without waiting (the shared channel's `CHANNEL_BUDGET`).
-    run: u32,
+    /// Values received in a row without waiting ([`Run`](super::Run), as the shared
+    /// channel's ends count).
+    run: super::Run,
 }
 
 impl<T> Sender<T> {
@@ -325,10 +332,8 @@ impl<T> Receiver<T> {
     /// it runs, so this is the one way a receiver keeps finding values).
     pub async fn recv(&mut self) -> Option<T> {
         poll_fn(|cx| {
-            if self.run >= super::shared::CHANNEL_BUDGET {
-                // Before the receive: dropped while it yields, it took nothing.
-                self.run = 0;
-                crate::context::yield_ending_batch(cx.waker());
+            // Before the receive: dropped while it yields, it took nothing.
+            if self.run.yield_first(cx) {
                 return Poll::Pending;
             }
             self.poll_recv(cx)
@@ -340,7 +345,7 @@ impl<T> Receiver<T> {
     fn poll_recv(&mut self, cx: &Context<'_>) -> Poll<Option<T>> {
         match self.try_recv() {
             Ok(v) => {
-                self.run += 1;
+                self.run.moved(1);
                 Poll::Ready(Some(v))
             }
             Err(TryRecvError::Closed) => Poll::Ready(None),
@@ -352,7 +357,7 @@ impl<T> Receiver<T> {
                     .as_ref()
                     .is_some_and(|w| w.will_wake(cx.waker()));
                 if stored {
-                    self.run = 0;
+                    self.run.waited();
                     return Poll::Pending;
                 }
                 // Cloned and the old one dropped outside the borrow, as in `SendFut::wait`;
@@ -365,7 +370,7 @@ impl<T> Receiver<T> {
                 }
                 let old = self.st.borrow_mut().rx_waker.replace(fresh);
                 drop(old);
-                self.run = 0;
+                self.run.waited();
                 Poll::Pending
             }
         }

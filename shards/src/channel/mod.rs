@@ -8,7 +8,49 @@
 pub mod local;
 pub mod shared;
 
-use std::fmt;
+/// Items an end moves in a row without waiting (`send`, `send_many`, `recv`, `recv_many` of
+/// [`shared`]; `recv` of [`local`]) before its next call yields first, ending its loop's batch:
+/// a consumer whose producer on another shard keeps the ring from ever emptying (or a
+/// producer whose consumer keeps it from ever filling, or a task feeding its own local
+/// channel) never returned `Pending` and held its loop (timers, the inbox, `submit_to` calls,
+/// other tasks) for as long as the stream lasted. 1,024, a benchmark ring's worth: a few
+/// microseconds of transfers, where an epoll call's budget (`io::COOP_BUDGET`) counts system
+/// calls of about a microsecond each.
+const CHANNEL_BUDGET: u32 = 1024;
+
+/// An end's run of items moved without waiting ([`CHANNEL_BUDGET`]): a plain field of the end
+/// (its calls take `&mut self`), so the per-message path reads no thread-local.
+#[derive(Debug, Default)]
+struct Run(u32);
+
+impl Run {
+    /// At the budget: the run starts over, the loop's batch ends after this poll and the
+    /// task is woken (`context::yield_ending_batch`); the caller returns `Pending` before it
+    /// moves anything, so a call dropped while it yields moved nothing. Cost: a compare.
+    #[inline]
+    fn yield_first(&mut self, cx: &Context<'_>) -> bool {
+        if self.0 < CHANNEL_BUDGET {
+            return false;
+        }
+        self.0 = 0;
+        crate::context::yield_ending_batch(cx.waker());
+        true
+    }
+
+    /// `n` items moved without waiting.
+    #[inline]
+    fn moved(&mut self, n: usize) {
+        self.0 = self.0.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+
+    /// The end waits: the run starts over.
+    #[inline]
+    fn waited(&mut self) {
+        self.0 = 0;
+    }
+}
+
+use std::{fmt, task::Context};
 
 /// The receiver is gone; the value comes back.
 #[derive(PartialEq, Eq, Clone, Copy)]

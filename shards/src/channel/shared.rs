@@ -38,7 +38,7 @@ use std::{
 
 use rtrb::{Consumer, Producer, RingBuffer};
 
-use super::{check_capacity, SendError, TryRecvError, TrySendError};
+use super::{check_capacity, Run, SendError, TryRecvError, TrySendError};
 use crate::{
     context::{self, Flush},
     sync::{lock, AtomicBool, Mutex, Ordering::SeqCst},
@@ -199,14 +199,14 @@ pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T
             chan: chan.clone(),
             held: false,
             last: last.clone(),
-            run: 0,
+            run: Run::default(),
         },
         Receiver {
             ring: c,
             signaller: Signaller::new(Arc::new(SignalTx(chan.clone())), capacity),
             chan,
             last,
-            run: 0,
+            run: Run::default(),
         },
     ))
 }
@@ -305,8 +305,8 @@ pub struct Sender<T> {
     /// is made on that rare path only). Not in `Chan`, which is not generic (its end-of-turn
     /// signals are `'static` trait objects, and a channel's `T` need not be `'static`).
     last: Arc<Mutex<Option<Box<T>>>>,
-    /// Items sent in a row without waiting ([`CHANNEL_BUDGET`]).
-    run: u32,
+    /// Items sent in a row without waiting ([`Run`]).
+    run: Run,
 }
 
 /// The receiving end. `Send`, not `Clone`: exactly one consumer.
@@ -319,8 +319,8 @@ pub struct Receiver<T> {
     /// The item a cancelled `send_many` left (`Sender::last`): taken after the ring's items
     /// once the `Sender` is gone, dropped with them if this end drops first.
     last: Arc<Mutex<Option<Box<T>>>>,
-    /// Items received in a row without waiting ([`CHANNEL_BUDGET`]).
-    run: u32,
+    /// Items received in a row without waiting ([`Run`]).
+    run: Run,
 }
 
 impl<T> Sender<T> {
@@ -538,16 +538,14 @@ impl<T> Future for SendFut<'_, T> {
             // Its value was sent, or given back in an `Err`: reporting `Ok` now could be a lie.
             panic!("xtc: channel::shared::SendFut polled after it completed");
         };
-        if tx.run >= CHANNEL_BUDGET {
+        if tx.run.yield_first(cx) {
             // Before the send: dropped while it yields, it sent nothing.
-            tx.run = 0;
-            crate::context::yield_ending_batch(cx.waker());
             this.pending = Some((tx, value));
             return Poll::Pending;
         }
         let value = match tx.try_send(value) {
             Ok(()) => {
-                tx.run += 1;
+                tx.run.moved(1);
                 return Poll::Ready(Ok(()));
             }
             Err(TrySendError::Closed(v)) => return Poll::Ready(Err(SendError(v))),
@@ -559,24 +557,13 @@ impl<T> Future for SendFut<'_, T> {
             Ok(()) => Poll::Ready(Ok(())),
             Err(TrySendError::Closed(v)) => Poll::Ready(Err(SendError(v))),
             Err(TrySendError::Full(v)) => {
-                tx.run = 0;
+                tx.run.waited();
                 this.pending = Some((tx, v));
                 Poll::Pending
             }
         }
     }
 }
-
-/// Items an end sends ([`Sender::send`], [`Sender::send_many`]) or receives
-/// ([`Receiver::recv`], [`Receiver::recv_many`]) in a row without waiting before its next call yields first,
-/// ending its loop's batch: a consumer whose producer on another shard keeps the ring from
-/// ever emptying (or a producer whose consumer keeps it from ever filling) never returned
-/// `Pending` and held its loop (timers, the inbox, `submit_to` calls, other tasks) for as
-/// long as the stream lasted. 1,024, a benchmark ring's worth: a few microseconds of
-/// transfers, where an epoll call's budget (`io::COOP_BUDGET`) counts system calls of about a
-/// microsecond each. `channel::local`'s `recv` counts the same (a task feeding its own
-/// channel).
-pub(super) const CHANNEL_BUDGET: u32 = 1024;
 
 /// The most items a poll of [`SendMany`] sends before it yields: a ring's worth, up to this.
 /// Above the rings of the benchmarks (1,024 slots), so their batches are unchanged.
@@ -601,11 +588,9 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        if this.items.is_some() && this.tx.run >= CHANNEL_BUDGET {
-            // Before the send, as `SendFut` does: dropped while it yields, it sent nothing more
-            // (an item an earlier poll peeked stays marked, for the drop).
-            this.tx.run = 0;
-            crate::context::yield_ending_batch(cx.waker());
+        // Before the send, as `SendFut` does: dropped while it yields, it sent nothing more
+        // (an item an earlier poll peeked stays marked, for the drop).
+        if this.items.is_some() && this.tx.run.yield_first(cx) {
             return Poll::Pending;
         }
         let mut announced = false;
@@ -641,10 +626,7 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
                 sent += n;
                 // Counted in the end's run, as `send`'s items are: a loop of small batches
                 // to a receiver that keeps up never reaches this poll's own budget below.
-                this.tx.run = this
-                    .tx
-                    .run
-                    .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+                this.tx.run.moved(n);
                 if sent < budget {
                     continue;
                 }
@@ -669,7 +651,7 @@ impl<T, I: Iterator<Item = T>> Future for SendMany<'_, T, I> {
             // full ring after the announcement waits.
             if announced {
                 // Waits: the run of items sent without waiting starts over.
-                this.tx.run = 0;
+                this.tx.run.waited();
                 return Poll::Pending;
             }
             this.tx.chan.tx.wait(cx.waker());
@@ -814,14 +796,12 @@ impl<T> Future for RecvFut<'_, T> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
         let rx = &mut *self.rx;
-        if rx.run >= CHANNEL_BUDGET {
-            rx.run = 0;
-            crate::context::yield_ending_batch(cx.waker());
+        if rx.run.yield_first(cx) {
             return Poll::Pending;
         }
         match rx.try_recv() {
             Ok(v) => {
-                rx.run += 1;
+                rx.run.moved(1);
                 return Poll::Ready(Some(v));
             }
             Err(TryRecvError::Closed) => return Poll::Ready(None),
@@ -833,7 +813,7 @@ impl<T> Future for RecvFut<'_, T> {
             Ok(v) => Poll::Ready(Some(v)),
             Err(TryRecvError::Closed) => Poll::Ready(None),
             Err(TryRecvError::Empty) => {
-                rx.run = 0;
+                rx.run.waited();
                 Poll::Pending
             }
         }
@@ -853,14 +833,12 @@ impl<T> Future for RecvMany<'_, T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<usize> {
         let this = &mut *self;
-        if this.rx.run >= CHANNEL_BUDGET {
-            this.rx.run = 0;
-            crate::context::yield_ending_batch(cx.waker());
+        if this.rx.run.yield_first(cx) {
             return Poll::Pending;
         }
         match this.rx.try_recv_many(this.buf, this.limit) {
             Ok(n) => {
-                this.rx.run = this.rx.run.saturating_add(n.try_into().unwrap_or(u32::MAX));
+                this.rx.run.moved(n);
                 return Poll::Ready(n);
             }
             Err(TryRecvError::Closed) => return Poll::Ready(0),
@@ -872,7 +850,7 @@ impl<T> Future for RecvMany<'_, T> {
             Ok(n) => Poll::Ready(n),
             Err(TryRecvError::Closed) => Poll::Ready(0),
             Err(TryRecvError::Empty) => {
-                this.rx.run = 0;
+                this.rx.run.waited();
                 Poll::Pending
             }
         }

@@ -73,8 +73,7 @@ impl Interval {
         // next tick: a wake alone re-queued the task in the same batch, which then ticked up
         // to 128 times before the loop looked at anything else.
         if !std::mem::replace(&mut self.waited, true) {
-            crate::context::with_core(|c| c.end_batch.set(true));
-            cx.waker().wake_by_ref();
+            crate::context::yield_ending_batch(cx.waker());
             return Poll::Pending;
         }
         self.waited = false;
