@@ -1305,3 +1305,121 @@ fn an_epoll_read_on_an_inner_loop_does_not_overtake_a_receive_of_the_hidden_loop
         panic!("{e}");
     }
 }
+
+thread_local! {
+    static UNIX: std::cell::RefCell<Option<std::rc::Rc<xtc_shards::net::UnixStream>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Writes a byte to the Unix stream in `UNIX` when dropped, on a `LocalExecutor` of its own
+/// (3 s at most); with `peer` set, the write waits for room until a thread shuts that peer's
+/// read side. Records what the write came to (`None`: timed out).
+struct WriteUnixOnAnInnerLoop {
+    peer: Option<Arc<std::os::unix::net::UnixStream>>,
+    out: Arc<Mutex<Option<Option<io::Result<usize>>>>>,
+}
+
+impl Drop for WriteUnixOnAnInnerLoop {
+    fn drop(&mut self) {
+        let s = UNIX.with(|l| l.borrow_mut().take()).expect("left");
+        let shutter = self.peer.take().map(|peer| {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                peer.shutdown(std::net::Shutdown::Read).unwrap();
+            })
+        });
+        let r = LocalExecutor::new().unwrap().block_on(async move {
+            xtc_shards::time::timeout(Duration::from_secs(3), s.write(b"x".to_vec()))
+                .await
+                .ok()
+                .map(|(r, _)| r)
+        });
+        if let Some(t) = shutter {
+            t.join().unwrap();
+        }
+        *self.out.lock().unwrap() = Some(r);
+    }
+}
+
+/// A Unix stream's write waits for room on this loop when its peer shuts its read side, which
+/// the kernel reports to no poll: the write's recheck timer must still wake it to fail with
+/// `EPIPE`. Meanwhile the stream is written on a loop run while this one is hidden (a swept
+/// drop's `LocalExecutor::block_on`): there the write fails at once, or waits and fails by
+/// that loop's own recheck. The stream kept one recheck timer, for the driver it waited in
+/// last: the inner loop's wait replaced this loop's timer, and a write ending there dropped
+/// it, judging by the inner driver's waiters, so the write waiting here waited for good. Both
+/// loops run epoll here (a child process with `XTC_IO=epoll`).
+#[test]
+fn a_unix_write_waiting_here_is_rechecked_after_the_stream_was_written_on_an_inner_loop() {
+    const TEST: &str =
+        "a_unix_write_waiting_here_is_rechecked_after_the_stream_was_written_on_an_inner_loop";
+    if !is_child("unix_recheck") {
+        run_child(TEST, "unix_recheck", &[("XTC_IO", "epoll")]);
+        return;
+    }
+    let exec = Executor::builder().shards(1).build().unwrap();
+    assert_eq!(exec.io_driver(), xtc_shards::io::Driver::Epoll);
+    let verdict = Arc::new(Mutex::new(None::<Result<(), String>>));
+    let v = verdict.clone();
+    exec.spawn_on(0, move || async move {
+        use std::rc::Rc;
+        let mut failures = Vec::new();
+        for inner_waits in [false, true] {
+            let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let a = Rc::new(xtc_shards::net::UnixStream::from_std(a).unwrap());
+            let b = Arc::new(b);
+            fill(&*a);
+            // Waits for room on this loop, its recheck timer armed here.
+            let done = Rc::new(std::cell::Cell::new(None::<io::Result<usize>>));
+            let (a1, d1) = (a.clone(), done.clone());
+            xtc_shards::spawn_local(async move {
+                let (r, _) = a1.write(vec![1u8; 4096]).await;
+                d1.set(Some(r));
+            });
+            // Long enough for its rechecks to space out: this loop's next one is due well
+            // after the inner loop below has run (a timer dropped elsewhere after its
+            // deadline is not cancelled, and its recheck came anyway).
+            xtc_shards::time::sleep(Duration::from_millis(700)).await;
+            assert!(done.take().is_none(), "the write found room");
+            if !inner_waits {
+                // No event for this on `a`: its writes fail with `EPIPE` from now on.
+                b.shutdown(std::net::Shutdown::Read).unwrap();
+            }
+            UNIX.with(|l| *l.borrow_mut() = Some(a.clone()));
+            let out = Arc::new(Mutex::new(None));
+            drop_off_the_loop(WriteUnixOnAnInnerLoop {
+                peer: inner_waits.then(|| b.clone()),
+                out: out.clone(),
+            });
+            match out.lock().unwrap().take().expect("the guard ran") {
+                Some(Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => {}
+                other => failures.push(format!(
+                    "inner_waits={inner_waits}: the inner loop's write: {other:?}"
+                )),
+            }
+            // The write waiting here must fail too (within a few rechecks).
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while done.take().map(|r| done.set(Some(r))).is_none() && Instant::now() < deadline {
+                xtc_shards::time::sleep(Duration::from_millis(10)).await;
+            }
+            match done.take() {
+                Some(Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => {}
+                other => failures.push(format!(
+                    "inner_waits={inner_waits}: the write waiting on the outer loop: {other:?} \
+                     (None: never woken)"
+                )),
+            }
+        }
+        *v.lock().unwrap() = Some(if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(failures.join("; "))
+        });
+    })
+    .unwrap();
+    run_or_fail(&exec, "a run whose one task ended");
+    let r = verdict.lock().unwrap().take().expect("the task ran");
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}

@@ -32,8 +32,11 @@ pub(crate) struct Source {
     /// ([`WriteRecheck`]): on a Unix stream, whose poll reports no event when the peer shuts
     /// its read side (its writes fail with `EPIPE` from then on).
     recheck_writes: bool,
-    /// That timer, made at the first write that waits.
-    write_recheck: RefCell<Option<Box<WriteRecheck>>>,
+    /// That timer, one per epoll driver of this thread a write waits in (made at the first
+    /// write that waits there): with one for the driver waited in last, a loop run while this
+    /// one was hidden (`context::off_loop`) replaced or stopped this loop's, and a write still
+    /// waiting here was never rechecked again.
+    write_recheck: RefCell<Vec<WriteRecheck>>,
     /// `(driver id, token)` of the epoll registration in use.
     reg: Cell<Option<(u64, usize)>>,
     /// Its registrations in other drivers of this thread, left for `reg` when it waited on
@@ -52,7 +55,7 @@ impl Source {
             fd: Some(fd),
             short_read_drains: true,
             recheck_writes: false,
-            write_recheck: RefCell::new(None),
+            write_recheck: RefCell::new(Vec::new()),
             reg: Cell::new(None),
             others: RefCell::new(Vec::new()),
             _local: PhantomData,
@@ -68,7 +71,7 @@ impl Source {
             fd: Some(fd),
             short_read_drains: false,
             recheck_writes: true,
-            write_recheck: RefCell::new(None),
+            write_recheck: RefCell::new(Vec::new()),
             reg: Cell::new(None),
             others: RefCell::new(Vec::new()),
             _local: PhantomData,
@@ -247,13 +250,25 @@ impl Source {
     /// up to [`RECHECK_MAX`]), so the write is retried even if no event ever comes for it
     /// ([`Epoll::recheck`]). Runs no user code: the timer's waker is the source's own.
     fn arm_write_recheck(&self, e: &Epoll, token: usize) {
-        let mut slot = self.write_recheck.borrow_mut();
+        let mut timers = self.write_recheck.borrow_mut();
         let at = (e.id(), token);
-        let r = slot.get_or_insert_with(|| Box::new(WriteRecheck::new(at)));
-        if r.at != at {
-            // Registered in another driver since (a loop run while its own was hidden).
-            **r = WriteRecheck::new(at);
-        }
+        // Those of drivers gone (a loop run while this one was hidden, ended since) go; those
+        // of the others stay, for the writes that wait there.
+        timers.retain(|r| r.at.0 == at.0 || reachable(r.at.0));
+        let i = match timers.iter().position(|r| r.at.0 == at.0) {
+            Some(i) => {
+                if timers[i].at != at {
+                    // Registered anew in this driver since: the waits are in the new slot.
+                    timers[i] = WriteRecheck::new(at);
+                }
+                i
+            }
+            None => {
+                timers.push(WriteRecheck::new(at));
+                timers.len() - 1
+            }
+        };
+        let r = &mut timers[i];
         loop {
             let delay = r.delay;
             let sleep = r.sleep.get_or_insert_with(|| crate::time::sleep(delay));
@@ -269,11 +284,13 @@ impl Source {
         }
     }
 
-    /// A write of this source finished (sent, or failed): the recheck starts over at
-    /// [`RECHECK_FIRST`] with the next wait, and its timer goes if no other write waits.
+    /// A write of this source finished (sent, or failed) in slot `token` of `e`: that
+    /// driver's recheck starts over at [`RECHECK_FIRST`] with the next wait, and its timer
+    /// goes if no other write waits there. The timers of other drivers are not this one's to
+    /// judge (their writes wait on).
     fn write_settled(&self, e: &Epoll, token: usize) {
-        let mut slot = self.write_recheck.borrow_mut();
-        let Some(r) = slot.as_mut() else {
+        let mut timers = self.write_recheck.borrow_mut();
+        let Some(r) = timers.iter_mut().find(|r| r.at == (e.id(), token)) else {
             return;
         };
         r.delay = RECHECK_FIRST;
