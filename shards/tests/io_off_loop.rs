@@ -1423,3 +1423,98 @@ fn a_unix_write_waiting_here_is_rechecked_after_the_stream_was_written_on_an_inn
         panic!("{e}");
     }
 }
+
+thread_local! {
+    static UDP: std::cell::RefCell<Option<std::rc::Rc<xtc_shards::net::UdpSocket>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// On a `LocalExecutor` of its own (io_uring, by `XTC_IO`) when dropped: a `recv_from` of the
+/// socket in `UDP` gets the datagram "one", reaped but not polled, and is dropped, so the
+/// socket keeps it. Records `Err` if that loop is not io_uring.
+struct KeepADatagramOnAnInnerLoop(Arc<Mutex<Option<Result<(), String>>>>);
+
+impl Drop for KeepADatagramOnAnInnerLoop {
+    fn drop(&mut self) {
+        let s = UDP.with(|l| l.borrow_mut().take()).expect("left");
+        let r = match LocalExecutor::new() {
+            Err(e) => Err(format!("no LocalExecutor: {e}")),
+            Ok(ex) => ex.block_on(async move {
+                let driver = xtc_shards::io::current_driver();
+                if driver != Some(xtc_shards::io::Driver::IoUring) {
+                    return Err(format!("the inner loop runs {driver:?}"));
+                }
+                let addr = s.local_addr().unwrap();
+                let mut f = Box::pin(s.recv_from(Vec::with_capacity(64)));
+                let mut cx = Context::from_waker(Waker::noop());
+                assert!(f.as_mut().poll(&mut cx).is_pending());
+                xtc_shards::time::sleep(Duration::from_millis(5)).await; // in the kernel
+                let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                peer.send_to(b"one", addr).unwrap();
+                xtc_shards::time::sleep(Duration::from_millis(20)).await; // received, reaped
+                drop(f); // kept, holding "one"
+                Ok(())
+            }),
+        };
+        *self.0.lock().unwrap() = Some(r);
+    }
+}
+
+/// A `recv_from` waits on this epoll loop; meanwhile a loop run while this one is hidden (a
+/// swept drop's `LocalExecutor::block_on`, io_uring) keeps a dropped `recv_from`'s receive,
+/// which took the datagram "one", and ends. The waiting `recv_from` must hand "one" out: the
+/// kernel has no datagram left to wake it. Its epoll wait joined none of the socket's waiters
+/// that a kept receive wakes, nor looked at the kept ones again, so it waited for good (or
+/// for the next datagram, which came out before "one"). A child process with `XTC_IO=io_uring`
+/// (the inner loop), the outer loop forced to epoll.
+#[test]
+fn a_recv_from_waiting_on_epoll_takes_a_datagram_kept_meanwhile() {
+    const TEST: &str = "a_recv_from_waiting_on_epoll_takes_a_datagram_kept_meanwhile";
+    if !is_child("udp_kept_on_epoll") {
+        let uring = Executor::builder()
+            .shards(1)
+            .io_driver(xtc_shards::io::DriverChoice::IoUring)
+            .build();
+        if let Err(e) = uring {
+            println!("{TEST}: skipped, io_uring unavailable here: {e}");
+            return;
+        }
+        drop(uring);
+        run_child(TEST, "udp_kept_on_epoll", &[("XTC_IO", "io_uring")]);
+        return;
+    }
+    let exec = Executor::builder()
+        .shards(1)
+        .io_driver(xtc_shards::io::DriverChoice::Epoll)
+        .build()
+        .unwrap();
+    let verdict = Arc::new(Mutex::new(None::<Result<(), String>>));
+    let v = verdict.clone();
+    exec.spawn_on(0, move || async move {
+        let s = std::rc::Rc::new(xtc_shards::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+        let mut waiting = pin!(s.recv_from(Vec::with_capacity(64)));
+        {
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        }
+        UDP.with(|l| *l.borrow_mut() = Some(s.clone()));
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(KeepADatagramOnAnInnerLoop(out.clone()));
+        let kept = out.lock().unwrap().take().expect("the guard ran");
+        let r = match kept {
+            Err(e) => Err(format!("the inner loop: {e}")),
+            Ok(()) => match xtc_shards::time::timeout(Duration::from_secs(2), waiting).await {
+                Ok((Ok((n, _)), b)) if b[..n] == *b"one" => Ok(()),
+                Ok((r, b)) => Err(format!("the waiting recv_from: {r:?}, {b:?}")),
+                Err(_) => Err("the waiting recv_from never took the kept \"one\"".into()),
+            },
+        };
+        *v.lock().unwrap() = Some(r);
+    })
+    .unwrap();
+    run_or_fail(&exec, "a run whose one task ended");
+    let r = verdict.lock().unwrap().take().expect("the task ran");
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}

@@ -36,10 +36,10 @@ pub struct UdpSocket {
     stray: RefCell<std::collections::VecDeque<(u64, Box<dyn StrayRecv>)>>,
     /// The number of the next receive kept in `stray`.
     next_stray: Cell<u64>,
-    /// The `recv_from`s waiting on a receive of their own (not a kept one): a receive kept
-    /// meanwhile wakes them, and a woken one takes the kept ones over first (see
-    /// `ops::OwnWaiters`). Unwoken, a datagram a kept receive took waited for the next
-    /// `recv_from` call while one already waited on the kernel.
+    /// The `recv_from`s waiting on a receive of their own (not a kept one; on epoll, their
+    /// readiness wait): a receive kept meanwhile wakes them, and a woken one takes the kept
+    /// ones over first (see `ops::OwnWaiters`). Unwoken, a datagram a kept receive took waited
+    /// for the next `recv_from` call while one already waited on the kernel.
     waiting: crate::io::ops::OwnWaiters,
     src: Source,
 }
@@ -234,6 +234,21 @@ impl<R: IntoStray> Drop for KeepOnDrop<'_, R> {
     }
 }
 
+/// A `recv_from`'s entry in its socket's `waiting` while its epoll wait is pending: taken off
+/// the list when dropped (done, or the future dropped).
+struct Listed<'a> {
+    waiting: &'a crate::io::ops::OwnWaiters,
+    id: Option<u64>,
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.waiting.leave(id);
+        }
+    }
+}
+
 impl UdpSocket {
     /// Binds a socket (synchronous). Port 0 picks a free port. `Err`: the last address's
     /// error (`AddrInUse`, ..), or `InvalidInput` if `addr` resolves to nothing. Cost per
@@ -274,7 +289,8 @@ impl UdpSocket {
     /// (a [`FixedBuf`](crate::io::FixedBuf) too) is held until then. One cancelled with nothing
     /// is skipped, and the datagram goes to a fresh receive, as on epoll. Cost: one `RECVMSG`
     /// submission with a boxed message header, or one `recvfrom` (the socket joins the loop's
-    /// epoll set once, at its first wait); a dropped receive costs a boxed handle (and a search
+    /// epoll set once, at its first wait); a call that waits lists a waker clone with the
+    /// socket, for a receive kept meanwhile; a dropped receive costs a boxed handle (and a search
     /// of the kept ones, usually none or one, to keep them in order). Dropping the socket
     /// loses a datagram such a kept receive holds; [`into_std`](Self::into_std) refuses
     /// while one holds one.
@@ -352,7 +368,43 @@ impl UdpSocket {
                 return (res, buf);
             }
             if !matches!(crate::io::current_driver(), Some(Driver::IoUring)) {
-                return msg::recv_from(&self.src, buf).await;
+                // Epoll (or off any loop: the error).
+                if let Err(e) = crate::io::ops::backend() {
+                    return (Err(e), buf);
+                }
+                let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
+                // The wait (its epoll entry) and the listing go before anything else.
+                let res = {
+                    let mut call = std::pin::pin!(msg::ready_recv_from(&self.src, ptr, len));
+                    let mut listed = Listed {
+                        waiting: &self.waiting,
+                        id: None,
+                    };
+                    poll_fn(|cx| {
+                        if let Poll::Ready(r) = call.as_mut().poll(cx) {
+                            return Poll::Ready(Some(r));
+                        }
+                        // A receive kept meanwhile (a `recv_from` of an io_uring loop of this
+                        // thread, dropped: one carried here, or one of a loop run while this one
+                        // was hidden) may hold the datagram this call waits for, which the kernel
+                        // then has not to wake it: listed first, then checked, as the io_uring
+                        // path's own receive; the call took nothing yet, so it gives way.
+                        listed.id = Some(self.waiting.wait(listed.id, cx.waker()));
+                        if self.stray.try_borrow().is_ok_and(|kept| !kept.is_empty()) {
+                            return Poll::Ready(None);
+                        }
+                        Poll::Pending
+                    })
+                    .await
+                };
+                let Some(res) = res else {
+                    continue 'fresh; // the kept ones first, in order
+                };
+                if let Ok((n, _)) = &res {
+                    // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
+                    unsafe { buf.set_init(*n) };
+                }
+                return (res, buf);
             }
             let op = match msg::submit_recv_from(&self.src, buf) {
                 Ok(op) => op,

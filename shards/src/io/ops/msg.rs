@@ -38,58 +38,42 @@ fn boxed_hdr(ptr: *mut u8, len: usize) -> Box<MsgHdr> {
     m
 }
 
-/// Receives one datagram into `buf` from its start; its length becomes the datagram's (a
-/// longer datagram is truncated to the buffer).
-pub(crate) async fn recv_from<B: IoBufMut>(
+/// Receives one datagram on epoll: a readiness future making `recvfrom` calls into the `len`
+/// bytes at `ptr` (a buffer the caller owns and keeps in place until the future is done or
+/// dropped; a longer datagram is truncated to it), giving its length and sender. Dropped
+/// before it resolves, it took nothing (epoll.rs rule 4). The io_uring half is
+/// [`submit_recv_from`].
+pub(crate) fn ready_recv_from(
     src: &Source,
-    mut buf: B,
-) -> BufResult<(usize, SockAddr), B> {
-    let kind = backend_or_give_back!(buf);
-    let res = match kind {
-        Driver::IoUring => match submit_recv_from(src, buf) {
-            Ok(op) => {
-                let (res, (b, h)) = op.await;
-                buf = b;
-                received_from(res, &h)
-            }
-            Err((e, b)) => return (Err(e), b),
-        },
-        Driver::Epoll => {
-            let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
-            ready(src, Dir::Read, |fd| {
-                let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
-                let mut alen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                // SAFETY: `ptr` points at `len` writable bytes of the owned buffer; `storage`
-                // and `alen` are live locals.
-                let n = cvt(unsafe {
-                    libc::recvfrom(
-                        fd,
-                        ptr.cast(),
-                        len,
-                        0,
-                        storage.as_mut_ptr().cast(),
-                        &mut alen,
-                    )
-                })?;
-                // SAFETY: recvfrom wrote an address of `alen` bytes.
-                Ok((n as usize, unsafe {
-                    SockAddr::new(storage.assume_init(), alen)
-                }))
-            })
-            .await
-        }
-    };
-    if let Ok((n, _)) = &res {
-        // SAFETY: the kernel initialized the first `n <= bytes_total()` bytes.
-        unsafe { buf.set_init(*n) };
-    }
-    (res, buf)
+    ptr: *mut u8,
+    len: usize,
+) -> impl std::future::Future<Output = io::Result<(usize, SockAddr)>> + '_ {
+    ready(src, Dir::Read, move |fd| {
+        let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+        let mut alen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: `ptr` points at `len` writable bytes of a buffer the caller keeps in place
+        // while this future lives; `storage` and `alen` are live locals.
+        let n = cvt(unsafe {
+            libc::recvfrom(
+                fd,
+                ptr.cast(),
+                len,
+                0,
+                storage.as_mut_ptr().cast(),
+                &mut alen,
+            )
+        })?;
+        // SAFETY: recvfrom wrote an address of `alen` bytes.
+        Ok((n as usize, unsafe {
+            SockAddr::new(storage.assume_init(), alen)
+        }))
+    })
 }
 
 /// A submitted `RECVMSG`: its buffer and header, kept by the driver while the kernel has them.
 pub(crate) type RecvOp<B> = Op<(B, Box<MsgHdr>)>;
 
-/// The io_uring half of [`recv_from`]: submits the `RECVMSG` into `buf` and hands back its
+/// Receives one datagram on io_uring: submits the `RECVMSG` into `buf` and hands back its
 /// `Op` (a socket keeps one whose future was dropped unfinished: `net/udp.rs`). Its result goes
 /// through [`received_from`].
 pub(crate) fn submit_recv_from<B: IoBufMut>(
