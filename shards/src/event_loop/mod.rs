@@ -35,7 +35,7 @@ use crate::{
     steal::{self, StealShared},
     sync::{
         AtomicU64,
-        Ordering::{Relaxed, SeqCst},
+        Ordering::{Relaxed, Release, SeqCst},
     },
     task::Runnable,
     timer,
@@ -445,7 +445,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         if reply_spin_due(core) {
             spin = spin.max(exec.reply_spin());
         }
-        if !spin.is_zero() && spin_for_work(core, spin) {
+        let spun = !spin.is_zero();
+        if spun && spin_for_work(core, spin) {
             continue;
         }
         // A task waiting for ring space (`ring::reserve`) is woken once the consumer drains
@@ -464,7 +465,13 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 status::PARKED
             }
         };
-        if status.idle(kind) && kind == status::EMPTY && stop_aware {
+        let went_empty = status.idle(kind) && kind == status::EMPTY;
+        if spun {
+            // After the idle status: a nudger that finds the flag down sees that status
+            // (`steal::nudge_idle_peer`), so it picks this loop either way.
+            shared.steal.spinning.store(false, Release);
+        }
+        if went_empty && stop_aware {
             exec.loop_went_empty(shared.index);
         }
         let now = Instant::now();
@@ -584,9 +591,9 @@ pub(crate) fn turn_pending(core: &Core) -> bool {
 /// loop that would steal, a ping for new migratable work (steal rule 4's spawn pings:
 /// `work_ping`), which only a loop that announced sleep gets as a wake-up; its work sits at a
 /// victim, which the next turn's steal looks at, the ping counting as a wake by new work
-/// (steal rule 3), as in the park's recheck. (Eager rebalance's nudge picks a loop whose
-/// status is idle, which a spinning loop has not published yet.) Work from a source missed
-/// here waits out the whole spin (up to 1 s).
+/// (steal rule 3), as in the park's recheck; eager rebalance's nudge marks it too, since a
+/// spinning loop counts as idle for it (`StealShared::spinning`, raised here). Work from a
+/// source missed here waits out the whole spin (up to 1 s).
 ///
 /// The clock and the next timer are first read after [`SPIN_FIRST_POLLS`] polls, which is
 /// when the spin's time starts: a spin that finds its work sooner, as a loop in a
@@ -597,6 +604,20 @@ pub(crate) fn turn_pending(core: &Core) -> bool {
 // waiting) from the loop turn (work).
 #[inline(never)]
 fn spin_for_work(core: &Core, spin: Duration) -> bool {
+    // Eager rebalance may nudge this loop while it spins (steal rule 4). Lowered here once work
+    // came, else by the caller after it published the loop's idle status.
+    let spinning = &core.shared.steal.spinning;
+    spinning.store(true, Relaxed);
+    let found = spin_until_work(core, spin);
+    if found {
+        spinning.store(false, Relaxed);
+    }
+    found
+}
+
+/// [`spin_for_work`]'s spin.
+#[inline(always)]
+fn spin_until_work(core: &Core, spin: Duration) -> bool {
     // The deadline and the next timer, from the first look at the clock on.
     let mut until: Option<(Instant, Option<Instant>)> = None;
     let mut polls = SPIN_FIRST_POLLS;
@@ -1084,6 +1105,65 @@ mod tests {
             })
             .unwrap();
         assert!(seen, "the spin did not see the ping for migratable work");
+    }
+
+    /// Eager rebalance's nudge goes to the nearest idle peer that may steal: a loop spinning
+    /// before it parks (spin-before-park or the reply spin, up to 1 s) is idle, but its status
+    /// still reads BUSY, so the nudge passed it over, and its spin, which watches its own
+    /// queues and its `work_ping` only, never saw the work queued at its victim: with no other
+    /// peer, nobody was nudged, and the work waited out the whole spin (and an idle tick).
+    #[test]
+    fn a_spin_ends_when_eager_rebalance_nudges_the_spinning_loop() {
+        use std::{
+            sync::atomic::Ordering::SeqCst,
+            time::{Duration, Instant},
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .eager_rebalance(true)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let seen = exec
+            .block_on(move || async move {
+                // A migratable task alive: the child's spawn below raises the live count from
+                // one, which pings nobody (a count rising from zero pings every loop).
+                let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+                crate::time::sleep(Duration::from_millis(5)).await;
+                let hh = h.clone();
+                let seen = crate::shard::submit_to(1, move || async move {
+                    let spawner = std::thread::spawn(move || {
+                        // Once shard 1 spins: shard 0 queues a migratable task on its own
+                        // deque, and its turn's end nudges an idle peer.
+                        let limit = Instant::now() + Duration::from_secs(60);
+                        while !hh.shared.loops[1].steal.spinning.load(SeqCst) {
+                            assert!(Instant::now() < limit, "shard 1 never spun");
+                            std::thread::yield_now();
+                        }
+                        hh.spawn_on(0, || async {
+                            crate::spawn(async {}).await.unwrap();
+                        })
+                        .unwrap()
+                    });
+                    let seen = with_core(|c| {
+                        assert!(super::steal::would_steal(c));
+                        super::spin_for_work(c, MAX_SPIN_BEFORE_PARK)
+                    })
+                    .unwrap();
+                    spawner.join().unwrap().await.unwrap();
+                    seen
+                })
+                .await
+                .unwrap();
+                keeper.abort();
+                seen
+            })
+            .unwrap();
+        assert!(
+            seen,
+            "the spinning loop was not nudged for the migratable work"
+        );
     }
 
     /// A task waits for room in a full ring (ring rule 3) while its loop spins: the consumer's

@@ -43,7 +43,8 @@
 //!    before it looks at the flags, so one side always sees the other (`loom_park.rs`). A
 //!    woken task needs no ping: it is alive, so the idle loops tick. With eager rebalance on,
 //!    a loop that queues a migratable task also pings one idle peer at the end of its turn:
-//!    the nearest in its victim order that may steal from it (`policy::nudge_target`).
+//!    the nearest in its victim order that may steal from it (`policy::nudge_target`), a
+//!    loop spinning before it parks included (its spin watches `work_ping`).
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
@@ -112,6 +113,12 @@ pub(crate) struct StealShared {
     /// came after it; set with `Release` and cleared by an `Acquire` look, so a loop that
     /// forgets it sees the work it announced.
     pub(crate) work_ping: AtomicBool,
+    /// Rule 4: this loop spins before it parks (`event_loop::spin_for_work`, set as the spin
+    /// begins, cleared once it found work or the loop published its idle status): idle, though
+    /// its status still reads BUSY, so eager rebalance's nudge may pick it; its spin watches
+    /// `work_ping`. Without it the nudge passed a spinning loop over, and the spin never saw
+    /// the work queued at its victim.
+    pub(crate) spinning: AtomicBool,
 }
 
 impl StealShared {
@@ -174,6 +181,7 @@ impl Migratable {
                 stolen_from: AtomicU64::new(0),
                 spawning: CachePadded::new(AtomicBool::new(false)),
                 work_ping: AtomicBool::new(false),
+                spinning: AtomicBool::new(false),
             });
             workers.push(Mutex::new(Some(w)));
         }
@@ -949,6 +957,7 @@ impl Drop for TicklessGuard<'_> {
 
 /// End of turn with eager rebalance (rule 4): ping one idle peer, unless stealing is off: then
 /// no peer may take the work, and each turn that queued a migratable task woke one for nothing.
+/// A peer spinning before it parks counts as idle (`StealShared::spinning`).
 pub(crate) fn nudge_idle_peer(core: &Core) {
     if !core.nudge.replace(false) {
         return;
@@ -957,9 +966,14 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
     if !exec.stealing() {
         return;
     }
+    // A loop spinning before it parks is idle (its status reads BUSY until the spin ends),
+    // and its spin watches `work_ping`. The flag first: cleared (`Release`) only after the
+    // loop published its idle status, so a cleared flag read here shows that status.
     let busy = |v: usize| {
-        let st = exec.loops[v].status.load(Relaxed);
-        crate::event_loop::status::kind(st) == crate::event_loop::status::BUSY
+        let l = &exec.loops[v];
+        !l.steal.spinning.load(Acquire)
+            && crate::event_loop::status::kind(l.status.load(Relaxed))
+                == crate::event_loop::status::BUSY
     };
     if let Some(v) = policy::nudge_target(core.index(), |l| exec.victims(l), busy) {
         exec.loops[v].steal.work_ping.store(true, Release);
