@@ -3192,6 +3192,95 @@ fn conn_balancer_survives_a_handler_that_panics_when_called() {
     });
 }
 
+/// `ConnBalancer::serve` dropped (aborted, a `select!`, a timeout) while it waits for room in
+/// the ring to the shard it chose for a connection it has accepted: that connection is served
+/// on the accepting shard, as those handed over before the drop still are. It was closed
+/// without a word: its client, connected and accepted, read end of stream.
+#[test]
+fn a_conn_balancer_dropped_while_it_waits_for_ring_room_serves_the_accepted_connection() {
+    use xtc_shards::net::ConnBalancer;
+    each_driver(
+        "a_conn_balancer_dropped_waiting_for_ring_room",
+        2,
+        |b| b.oversubscribe(true).ring_capacity(1),
+        |_, exec| {
+            let h = exec.handle();
+            exec.block_on(move || async move {
+                let bal = ConnBalancer::new(2).unwrap();
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let port = l.local_addr().unwrap().port();
+                // Each connection is told the shard that serves it, then echoes until EOF.
+                let handler = |s: TcpStream, _peer: SocketAddr| async move {
+                    let (w, _) = s.write_all(vec![shard::id() as u8]).await;
+                    w.unwrap();
+                    echo(s).await;
+                };
+                let serving = {
+                    let bal = bal.clone();
+                    spawn_local(async move { bal.serve(l, handler).await })
+                };
+                // The first connection stays here (a tie) and open: the next one goes to
+                // shard 1, which serves fewer.
+                let c1 = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+                assert_eq!(guard("first", read_n(&c1, 1)).await, [0]);
+                // Shard 1 held in a poll, and the ring to it (one slot) full.
+                let (started, release) = (
+                    Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                    Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                );
+                let (s, r) = (started.clone(), release.clone());
+                shard::send_to(1, move || async move {
+                    s.store(true, SeqCst);
+                    while !r.load(SeqCst) {
+                        thread::yield_now();
+                    }
+                })
+                .await
+                .unwrap();
+                guard("shard 1 held", async {
+                    while !started.load(SeqCst) {
+                        sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await;
+                shard::send_to(1, || async {}).await.unwrap();
+                let waits = h.loop_stats(0).unwrap().ring_full_waits;
+                // Accepted, and the acceptor waits for room to hand it to shard 1.
+                let c2 = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+                guard("the acceptor waits for room", async {
+                    while h.loop_stats(0).unwrap().ring_full_waits == waits {
+                        sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await;
+                serving.abort();
+                assert!(serving.await.is_err(), "serve ended by itself");
+                release.store(true, SeqCst);
+                let mut id = vec![0u8; 1];
+                let n = guard("a byte or EOF", async {
+                    let (r, b) = c2.read(Vec::with_capacity(1)).await;
+                    id = b;
+                    r.unwrap_or(0)
+                })
+                .await;
+                assert_eq!(n, 1, "the accepted connection was closed unserved");
+                assert_eq!(id, [0], "served on the accepting shard");
+                let (w, _) = c2.write_all(b"ping".to_vec()).await;
+                w.unwrap();
+                assert_eq!(guard("echo", read_n(&c2, 4)).await, b"ping");
+                drop((c1, c2));
+                guard("counts back to zero", async {
+                    while bal.open_connections() != vec![0, 0] {
+                        sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await;
+            })
+            .unwrap();
+        },
+    );
+}
+
 /// Reads until the peer closes or one byte arrives; the count read (0 at end of stream).
 async fn read_n_or_eof(c: &TcpStream) -> usize {
     let (r, _) = c.read(Vec::with_capacity(1)).await;

@@ -154,7 +154,9 @@ impl ConnBalancer {
     /// for each as a task on the shard with the fewest open connections; the connection counts
     /// there until the handler's future completes. Transient accept errors are skipped and
     /// descriptor exhaustion backs off, as in [`TcpListener::accept`]; another error is
-    /// returned. A full ring to the chosen shard makes the acceptor wait (backpressure). A
+    /// returned. A full ring to the chosen shard makes the acceptor wait (backpressure);
+    /// dropped while it waits, this future has the connection it holds served here, as those
+    /// it handed over before are still served. A
     /// connection handed over while the executor stops goes the way of the other tasks: closed
     /// with them, or, if its message reaches a loop that already left its shutdown, kept for
     /// the next `run()` (and counted open) until that run serves it or the executor drops.
@@ -185,6 +187,7 @@ impl ConnBalancer {
                 ),
             ));
         }
+        let exec_id = crate::context::with_core(|c| c.shared.exec_id).unwrap_or_default();
         // One name for every connection task handed over, shared by reference count.
         let name: crate::task::TaskName = Arc::new("xtc::net::ConnBalancer connection".into());
         loop {
@@ -194,7 +197,18 @@ impl ConnBalancer {
                 serve_here(stream, peer, open, &handler);
                 continue;
             }
-            match crate::shard::reserve_on(open.shard, "xtc::net::ConnBalancer::serve").await {
+            // Held across the wait for room: dropped there, it is served here (`Accepted`).
+            let mut accepted = Accepted {
+                conn: Some((stream, peer)),
+                here,
+                exec_id,
+                balancer: self,
+                handler: &handler,
+            };
+            let waited =
+                crate::shard::reserve_on(open.shard, "xtc::net::ConnBalancer::serve").await;
+            let (stream, peer) = accepted.conn.take().expect("taken only here");
+            match waited {
                 Ok(owner) => {
                     let fd: OwnedFd = match stream.into_fd() {
                         Ok(fd) => fd,
@@ -232,6 +246,55 @@ impl ConnBalancer {
                     serve_here(stream, peer, self.count_on(here), &handler);
                 }
             }
+        }
+    }
+}
+
+/// A connection `serve` accepted and has not handed over yet: it waits for room in the ring
+/// to the shard chosen for it. Dropped with it (`serve`'s future dropped there: a `select!`,
+/// a timeout, an abort), the connection is served on the accepting shard, as the connections
+/// handed over before the drop still are; it was closed unserved, its client (connected and
+/// accepted) reading end of stream with nothing logged. Off that loop (its future dropped
+/// by a sweep), the connection is closed with a warning.
+struct Accepted<'a, H, Fut>
+where
+    H: Fn(TcpStream, SocketAddr) -> Fut + Clone + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    conn: Option<(TcpStream, SocketAddr)>,
+    here: usize,
+    /// The executor of the loop `serve` runs on (`LoopShared::exec_id`).
+    exec_id: u64,
+    balancer: &'a ConnBalancer,
+    handler: &'a H,
+}
+
+impl<H, Fut> Drop for Accepted<'_, H, Fut>
+where
+    H: Fn(TcpStream, SocketAddr) -> Fut + Clone + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    fn drop(&mut self) {
+        let Some((stream, peer)) = self.conn.take() else {
+            return;
+        };
+        let on_its_loop = crate::context::with_core(|c| {
+            c.shared.exec_id == self.exec_id && c.index() == self.here
+        })
+        .unwrap_or(false);
+        if on_its_loop {
+            serve_here(
+                stream,
+                peer,
+                self.balancer.count_on(self.here),
+                self.handler,
+            );
+        } else {
+            tracing::warn!(
+                %peer,
+                "xtc: ConnBalancer::serve dropped off its loop while it handed a connection \
+                 over: the connection is closed unserved"
+            );
         }
     }
 }
