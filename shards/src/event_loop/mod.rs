@@ -607,8 +607,9 @@ fn spin_for_work(core: &Core, spin: Duration) -> bool {
     // Eager rebalance may nudge this loop while it spins (steal rule 4). Lowered here once work
     // came, else by the caller after it published the loop's idle status.
     let spinning = &core.shared.steal.spinning;
-    spinning.store(true, Relaxed);
-    let found = spin_until_work(core, spin);
+    spinning.store(true, SeqCst);
+    // A nudger may have passed this loop over just before the flag went up.
+    let found = steal::nudged_before_spin(core) || spin_until_work(core, spin);
     if found {
         spinning.store(false, Relaxed);
     }
@@ -1163,6 +1164,76 @@ mod tests {
         assert!(
             seen,
             "the spinning loop was not nudged for the migratable work"
+        );
+    }
+
+    /// The nudge comes at the end of the turn that queued the work; a loop whose spin began in
+    /// between (its flag still down when the turn queued, so a nudger reading it then would
+    /// pass it over) must see that work as its spin begins, not when a nudge comes: here the
+    /// spawning turn holds its loop until the spin returns (or 5 s), and the spin, which
+    /// watched only `work_ping`, waited for that turn's end.
+    #[test]
+    fn a_spin_beginning_after_migratable_work_was_queued_sees_it() {
+        use std::{
+            sync::{
+                atomic::{AtomicBool, Ordering::SeqCst},
+                Arc,
+            },
+            time::{Duration, Instant},
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .eager_rebalance(true)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let (spin_ok, turn_ended_first) = exec
+            .block_on(move || async move {
+                // Alive throughout: the spawn below raises the live count from one, which
+                // pings nobody (a count rising from zero pings every loop).
+                let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+                crate::time::sleep(Duration::from_millis(5)).await;
+                let (queued, spun) = (
+                    Arc::new(AtomicBool::new(false)),
+                    Arc::new(AtomicBool::new(false)),
+                );
+                let (q, s) = (queued.clone(), spun.clone());
+                // Shard 0 queues a migratable task on its deque, then holds its turn.
+                let holder = h
+                    .spawn_on(0, move || async move {
+                        let child = crate::spawn(async {});
+                        q.store(true, SeqCst);
+                        let limit = Instant::now() + Duration::from_secs(5);
+                        while !s.load(SeqCst) && Instant::now() < limit {
+                            std::thread::yield_now();
+                        }
+                        let ended_first = !s.load(SeqCst);
+                        child.await.unwrap();
+                        ended_first
+                    })
+                    .unwrap();
+                let seen = crate::shard::submit_to(1, move || async move {
+                    let limit = Instant::now() + Duration::from_secs(60);
+                    while !queued.load(SeqCst) {
+                        assert!(Instant::now() < limit, "shard 0 never queued its task");
+                        std::thread::yield_now();
+                    }
+                    let seen = with_core(|c| super::spin_for_work(c, MAX_SPIN_BEFORE_PARK));
+                    spun.store(true, SeqCst);
+                    seen.unwrap()
+                })
+                .await
+                .unwrap();
+                let ended_first = holder.await.unwrap();
+                keeper.abort();
+                (seen, ended_first)
+            })
+            .unwrap();
+        assert!(spin_ok, "the spin did not end on the queued work");
+        assert!(
+            !turn_ended_first,
+            "the spin saw the work only once the spawning turn ended (its nudge)"
         );
     }
 

@@ -44,7 +44,9 @@
 //!    woken task needs no ping: it is alive, so the idle loops tick. With eager rebalance on,
 //!    a loop that queues a migratable task also pings one idle peer at the end of its turn:
 //!    the nearest in its victim order that may steal from it (`policy::nudge_target`), a
-//!    loop spinning before it parks included (its spin watches `work_ping`).
+//!    loop spinning before it parks included (its spin watches `work_ping`; a spin that
+//!    begins looks at its victims once, after a fence paired with the nudger's, for work whose
+//!    nudge passed it over just before: `nudged_before_spin`).
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
@@ -117,7 +119,8 @@ pub(crate) struct StealShared {
     /// begins, cleared once it found work or the loop published its idle status): idle, though
     /// its status still reads BUSY, so eager rebalance's nudge may pick it; its spin watches
     /// `work_ping`. Without it the nudge passed a spinning loop over, and the spin never saw
-    /// the work queued at its victim.
+    /// the work queued at its victim. Raised with `SeqCst`, paired with the nudger's fence
+    /// ([`nudged_before_spin`]).
     pub(crate) spinning: AtomicBool,
 }
 
@@ -966,6 +969,9 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
     if !exec.stealing() {
         return;
     }
+    // Against `nudged_before_spin`'s fence: the task this turn queued (program order before
+    // this fence) is seen by a spin that raised its flag after this turn's read below missed it.
+    fence(SeqCst);
     // A loop spinning before it parks is idle (its status reads BUSY until the spin ends),
     // and its spin watches `work_ping`. The flag first: cleared (`Release`) only after the
     // loop published its idle status, so a cleared flag read here shows that status.
@@ -979,6 +985,30 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
         exec.loops[v].steal.work_ping.store(true, Release);
         exec.loops[v].parker.unpark();
     }
+}
+
+/// Rule 4, as a spin before parking begins, with eager rebalance on: whether a victim's queues
+/// hold migratable work, taken as a nudge (the next turn's first steal ignores the minimum).
+/// The partner of [`nudge_idle_peer`]'s fence: the caller raised its `spinning` flag
+/// (`SeqCst`) first, so a nudger that read the flag down (and the loop's status BUSY) and
+/// passed this loop over had queued its work before its fence, and this look, after ours,
+/// sees it; otherwise that nudger sees the flag up and pings. Without it, work queued while the
+/// loop ended its turn waited out the whole spin (up to 1 s) and an idle tick. Cost: a fence
+/// and two loads per victim, per spin.
+pub(crate) fn nudged_before_spin(core: &Core) -> bool {
+    let exec = &*core.exec;
+    if !exec.eager_rebalance() || !exec.stealing() {
+        return false;
+    }
+    fence(SeqCst);
+    let queued = exec.victims(core.index()).iter().any(|&v| {
+        let vs = &exec.loops[v].steal;
+        !vs.stealer.is_empty() || !vs.injector.is_empty()
+    });
+    if queued {
+        core.fresh_wake.set(true);
+    }
+    queued
 }
 
 /// Drops the migratable tasks queued on this loop (a requested stop): every one on its deque,
