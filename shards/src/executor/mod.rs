@@ -1709,12 +1709,14 @@ impl Handle {
     ///
     /// Unlike [`crate::shard::submit_to`], the message is queued by this call, as
     /// [`spawn_on`](Handle::spawn_on) queues, not at the first poll; dropping the returned
-    /// future detaches the task. Queued while no `run()` is in progress, it runs when the next
-    /// one starts, and the future waits for that.
+    /// future detaches the task. Queued while no `run()` is in progress, or once the target
+    /// loop has finished its shutdown (a `run()` that is returning), it runs when the next one
+    /// starts, and the future waits for that.
     ///
     /// `Err(InvalidShard)` out of range, `Err(Join)` if it panicked there, `Err(Stopped)` if
-    /// the task is dropped before it finishes: the run is stopped (`stop()`, or the end of a
-    /// `block_on`) first, or the `Executor` is dropped with the task still queued. Cost: as
+    /// the task is dropped before it finishes: the target loop's shutdown (after `stop()`, or
+    /// at the end of a `block_on`) drops it, or the `Executor` is dropped with the task still
+    /// queued. Cost: as
     /// [`spawn_on`](Handle::spawn_on) plus one wake of the awaiting task.
     #[track_caller]
     pub fn submit_to<F, Fut>(
