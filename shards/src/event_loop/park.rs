@@ -113,17 +113,14 @@ impl Parker {
     }
 
     /// Rule 3: block until pinged or `timeout` passes. Returns whether it was pinged. The loom
-    /// models' wait: a loop parks in its I/O driver ([`sleep_in`](Self::sleep_in)), whose
-    /// io_uring read of the eventfd may take the ping before a plain wait here sees it.
+    /// models' wait: [`sleep_in`](Self::sleep_in), the shipping rule 3, with the plain ping
+    /// wait as the driver (a loop parks in its I/O driver, whose io_uring read of the eventfd
+    /// may take the ping before a plain wait would see it; loom models no driver).
     #[cfg(all(loom, test))]
     pub(crate) fn sleep(&self, timeout: Option<Duration>) -> bool {
-        let pinged = self.ping.wait(timeout);
-        self.state.swap(RUNNING, SeqCst);
-        // A ping written after `wait` returned stays counted and costs one spurious turn later.
-        if pinged {
-            self.ping.drain();
-        }
-        pinged
+        // A ping written after the wait returned stays counted and costs one spurious turn
+        // later.
+        self.sleep_in(|t, wait| (wait(t), false), timeout)
     }
 
     /// Rule 3 with the loop's I/O driver as the blocking wait: `wait(timeout)` blocks in the
