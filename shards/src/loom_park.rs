@@ -624,3 +624,108 @@ fn loom_injected_task_is_seen_or_pings() {
         assert_eq!(got, vec![0, 1]);
     });
 }
+
+/// Steal rule 3 against the park decision (event loop step 6), over the shipping `WorkPing`
+/// and `Parker`: a busy loop queues a migratable task and, at the end of its turn, pings an
+/// idle thief for it (eager rebalance's `nudge_idle_peer`, or a spawn's `ping_all_for_work`:
+/// the mark, then `unpark`). The thief's decision, in the code's order: `forget_work_ping`
+/// (a ping that came while it was awake woke nothing; the nudger starts only after it here,
+/// so every ping of the model is one the decision must not lose), `try_steal` (the one task is
+/// below the minimum, so only a thief woken by new work takes it: `fresh_wake`), with `spin`
+/// the spin's look (`spin_for_work`: `work_pinged`, then `woke`), then the announcement and
+/// the recheck (a migratable task is alive, so the loop ticks, and with a tick the recheck
+/// looks at `work_pinged`; without it when `!recheck`, the order before commit 27531a9),
+/// then the sleep, which stands for the idle tick (up to 32 ms with backoff): a loom deadlock
+/// is a thief that slept its tick with the ping's work queued at its victim.
+fn work_ping_model(spin: bool, recheck: bool) {
+    use loom::sync::atomic::{AtomicUsize, Ordering::*};
+
+    use crate::steal::WorkPing;
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(move || {
+        let queued = Arc::new(AtomicUsize::new(0));
+        let ping = Arc::new(WorkPing::default());
+        let parker = Arc::new(Parker::new().unwrap());
+        let mut nudger = None;
+        // `Core::fresh_wake`.
+        let mut fresh = false;
+        loop {
+            // Step 6's start.
+            ping.forget();
+            if nudger.is_none() {
+                let (queued, ping, parker) = (queued.clone(), ping.clone(), parker.clone());
+                nudger = Some(thread::spawn(move || {
+                    // The task on the nudger's deque (published with `Release`, as
+                    // crossbeam's `Worker::push`), then the end of its turn.
+                    queued.store(1, Release);
+                    ping.mark();
+                    parker.unpark();
+                }));
+            }
+            // `try_steal`: `should_steal` with a minimum above the one task queued.
+            if std::mem::take(&mut fresh) && queued.load(Acquire) > 0 {
+                break;
+            }
+            if spin && ping.is_set() {
+                // `spin_for_work` ends on the ping, taken as `woke(core, true)`.
+                fresh = ping.take();
+                continue;
+            }
+            parker.announce();
+            if recheck && ping.is_set() {
+                parker.cancel();
+                fresh = ping.take();
+                continue;
+            }
+            let pinged = parker.sleep(None);
+            // `woke(core, pinged)`.
+            fresh = pinged && ping.take();
+        }
+        nudger.unwrap().join().unwrap();
+    });
+}
+
+/// A nudge (or a spawn's ping) that lands anywhere in the thief's park decision is taken as a
+/// wake by new work: the thief steals the task below the minimum without sleeping its tick.
+#[test]
+fn loom_work_ping_lands_in_the_park_decision() {
+    work_ping_model(false, true);
+}
+
+/// The same with the spin before the park, which ends on the ping (commit 5e2212c).
+#[test]
+fn loom_work_ping_ends_the_spin_or_the_park() {
+    work_ping_model(true, true);
+}
+
+/// The recheck without its look at `work_pinged` (before commit 27531a9): loom must report
+/// the thief asleep on its tick, which shows the models above can fail. In a child process, as
+/// `loom_counting_tickless_late_loses_the_wakeup` (loom's deadlock panic aborts).
+#[test]
+fn loom_work_ping_without_the_recheck_loses_the_wakeup() {
+    let model = "loom_park::loom_model_work_ping_without_the_recheck";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+            model,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("deadlock; threads"),
+        "loom found no lost wake-up in {model} (status {}):\n{stderr}",
+        out.status
+    );
+}
+
+/// Run by `loom_work_ping_without_the_recheck_loses_the_wakeup` in a child process.
+#[test]
+#[ignore = "expected to fail: run by loom_work_ping_without_the_recheck_loses_the_wakeup"]
+fn loom_model_work_ping_without_the_recheck() {
+    work_ping_model(true, false);
+}

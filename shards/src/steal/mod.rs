@@ -114,7 +114,7 @@ pub(crate) struct StealShared {
     /// (`SeqCst`) orders the store before the look of a loop it woke, or whose announcement
     /// came after it; set with `Release` and cleared by an `Acquire` look, so a loop that
     /// forgets it sees the work it announced.
-    pub(crate) work_ping: AtomicBool,
+    pub(crate) work_ping: WorkPing,
     /// Rule 4: this loop spins before it parks (`event_loop::spin_for_work`, set as the spin
     /// begins, cleared once it found work or the loop published its idle status): idle, though
     /// its status still reads BUSY, so eager rebalance's nudge may pick it; its spin watches
@@ -122,6 +122,48 @@ pub(crate) struct StealShared {
     /// the work queued at its victim. Raised with `SeqCst`, paired with the nudger's fence
     /// ([`nudged_before_spin`]).
     pub(crate) spinning: AtomicBool,
+}
+
+/// Rule 3's mark of a ping for new migratable work (`StealShared::work_ping`): its four
+/// accesses, with their orderings, in one place, so the loom model of the park decision
+/// (`loom_park.rs`, `loom_work_ping_*`) runs the shipping ones.
+#[derive(Debug, Default)]
+pub(crate) struct WorkPing(AtomicBool);
+
+impl WorkPing {
+    /// A sender, before it unparks the loop: `Release`, so a loop that takes the mark sees
+    /// the work it is for.
+    #[inline]
+    pub(crate) fn mark(&self) {
+        self.0.store(true, Release);
+    }
+
+    /// [`forget_work_ping`]'s access: a swap, not a load and a store (a second ping landing
+    /// between the two was erased, and its work, not acquired by the load, went unseen by the
+    /// look at the victims and by the recheck); `Acquire`, so the look that follows sees the
+    /// work of the ping it takes. The plain load first keeps the common case (no ping) free
+    /// of a read-modify-write.
+    #[inline]
+    pub(crate) fn forget(&self) {
+        if self.0.load(Relaxed) {
+            self.0.swap(false, Acquire);
+        }
+    }
+
+    /// [`woke`]'s access: takes the mark, returning whether it was set. `Acquire`, as
+    /// [`forget`](Self::forget): a ping that lands between a caller's look at the mark (the
+    /// spin's) and this swap is taken here, and its work must be seen by the steal that
+    /// follows.
+    #[inline]
+    pub(crate) fn take(&self) -> bool {
+        self.0.swap(false, Acquire)
+    }
+
+    /// [`work_pinged`]'s access (the spin's and the park's recheck's look). Cost: a load.
+    #[inline]
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Acquire)
+    }
 }
 
 impl StealShared {
@@ -183,7 +225,7 @@ impl Migratable {
                 injector: Injector::new(),
                 stolen_from: AtomicU64::new(0),
                 spawning: CachePadded::new(AtomicBool::new(false)),
-                work_ping: AtomicBool::new(false),
+                work_ping: WorkPing::default(),
                 spinning: AtomicBool::new(false),
             });
             workers.push(Mutex::new(Some(w)));
@@ -462,7 +504,7 @@ fn ping_all_for_work(exec: &ExecShared) {
         return;
     }
     for l in &exec.loops {
-        l.steal.work_ping.store(true, Release);
+        l.steal.work_ping.mark();
     }
     exec.unpark_all();
 }
@@ -897,11 +939,8 @@ pub(crate) fn idle_tick(core: &Core) -> Option<std::time::Duration> {
 /// (pinned work) that then ran that work took a spawn's ping landing meanwhile, which woke
 /// nothing, for the reason it woke, and its first steal waived the minimum.
 pub(crate) fn woke(core: &Core, pinged: bool) {
-    // Acquire, as `forget_work_ping`'s swap: a ping that lands between a caller's look at the
-    // flag (the spin's) and this swap is taken here, and its work must be seen by the steal
-    // that follows.
     core.fresh_wake
-        .set(pinged && core.shared.steal.work_ping.swap(false, Acquire));
+        .set(pinged && core.shared.steal.work_ping.take());
 }
 
 /// Rule 3, at the start of each park decision, before the loop's last look at its victims:
@@ -912,15 +951,7 @@ pub(crate) fn woke(core: &Core, pinged: bool) {
 /// would not; the flag kept, its first steal ignores the minimum as that one's does (cleared
 /// there, it waited for the starvation override, 16 idle ticks).
 pub(crate) fn forget_work_ping(core: &Core) {
-    let ping = &core.shared.steal.work_ping;
-    // A swap, not a load and a store: a second ping landing between the two was erased, and
-    // its work (not acquired by the load) went unseen by the look at the victims and by the
-    // recheck. Acquire, against the sender's `Release`: the look that follows sees the work
-    // of the ping it takes. The plain load first keeps the common case (no ping) free of a
-    // read-modify-write.
-    if ping.load(Relaxed) {
-        ping.swap(false, Acquire);
-    }
+    core.shared.steal.work_ping.forget();
 }
 
 /// Rule 3, the park's recheck (after the announcement): whether a ping for migratable work
@@ -928,7 +959,7 @@ pub(crate) fn forget_work_ping(core: &Core) {
 /// wake-up (the loop did not sleep yet) and the announcement cleared its mark on the parker:
 /// the loop slept its whole idle tick with the work queued at its victim. Cost: a load.
 pub(crate) fn work_pinged(core: &Core) -> bool {
-    core.shared.steal.work_ping.load(Acquire)
+    core.shared.steal.work_ping.is_set()
 }
 
 /// Rule 4: an idle thief about to park without a tick (no sign of work) counts itself
@@ -982,7 +1013,7 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
                 == crate::event_loop::status::BUSY
     };
     if let Some(v) = policy::nudge_target(core.index(), |l| exec.victims(l), busy) {
-        exec.loops[v].steal.work_ping.store(true, Release);
+        exec.loops[v].steal.work_ping.mark();
         exec.loops[v].parker.unpark();
     }
 }
