@@ -729,3 +729,45 @@ fn loom_work_ping_without_the_recheck_loses_the_wakeup() {
 fn loom_model_work_ping_without_the_recheck() {
     work_ping_model(true, false);
 }
+
+/// Shutdown's wait (`event_loop::shutdown`, `stopping_sleep`) over the shipping `Inbox` and
+/// `Parker`: the stopping loop counts the pushes begun so far (`inbox_before`, which includes
+/// a push in flight: `Inbox::push` counts before it queues) and, while it has not taken that
+/// many, drains, or announces, rechecks the inbox and sleeps. The sleep's 1 ms timeout is
+/// never what ends the wait for a push in flight: without it (loom has none) the push's ping
+/// or the recheck does.
+#[test]
+fn loom_stopping_wait_takes_a_push_in_flight() {
+    loom::model(|| {
+        let inbox = Arc::new(Inbox::new());
+        let parker = Arc::new(Parker::new().unwrap());
+        let sender = {
+            let (inbox, parker) = (inbox.clone(), parker.clone());
+            thread::spawn(move || {
+                inbox.push(7u32);
+                parker.unpark();
+            })
+        };
+        let before = inbox.pushed();
+        let mut spare = Vec::new();
+        let mut took = 0;
+        while !inbox.popped_at_least(before) {
+            if inbox.drain_into(&mut spare) > 0 {
+                took += spare.len();
+                spare.clear();
+                continue;
+            }
+            parker.announce();
+            if inbox.recheck() {
+                parker.cancel();
+            } else {
+                parker.sleep(None);
+            }
+        }
+        sender.join().unwrap();
+        assert_eq!(
+            took as u64, before,
+            "the wait ended before the push in flight came in"
+        );
+    });
+}
