@@ -9,7 +9,8 @@
 //! shipping code uses, accessed the same way, in the code's order (a loop spins, then
 //! announces and rechecks); the channel models run the shipping `channel::shared::Side`
 //! (waker slot, `waiting` and close flags) and the real `Inbox`, through which a foreign wake
-//! reaches the task's loop.
+//! reaches the task's loop; the held-item models run the shipping `Sender` and `Receiver`
+//! themselves (their rtrb ring unchecked, their wake state and `last` slot checked).
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p xtc-shards --release --lib loom_`.
 
@@ -475,5 +476,103 @@ fn loom_ring_backlog_moved_into_the_ring_wakes_the_consumer() {
         });
         producer.join().unwrap();
         assert_eq!(got, vec![1, 2]);
+    });
+}
+
+/// A value that counts its drops, for the held-item models below.
+struct Counted(u32, Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.1.fetch_add(1, SeqCst);
+    }
+}
+
+/// Leaves `v` held in `tx`, as a cancelled `send_many` does, on the shipping channel: polled
+/// on a full ring, a `SendMany` peeks `v`, waits and returns `Pending`; dropped, it hands `v`
+/// to the `Sender` (`Sender::hold`). If the receiver is gone by the poll, `v` comes back in
+/// the `Err` and is dropped here.
+fn hold(tx: &mut crate::channel::shared::Sender<Counted>, v: Counted) {
+    use std::{future::Future, pin::pin, task::Context};
+    let mut fut = pin!(tx.send_many(std::iter::once(v)));
+    let _ = fut
+        .as_mut()
+        .poll(&mut Context::from_waker(std::task::Waker::noop()));
+}
+
+/// Shared channel close with a held item (`Sender::last`), on the shipping `Sender` and
+/// `Receiver` (rtrb itself is not loom-instrumented: its ring runs unchecked, the wake state
+/// and the `last` slot are checked): the `Sender` holds the item a cancelled `send_many` left
+/// behind a full ring, and drops (close, wake the receiver, forget its waker) while the
+/// receiver's `recv().await` takes the ring's item, then waits on the empty ring (its loop
+/// parked until the wake comes through its inbox). The receiver must be woken and get the
+/// held item after the ring's, then see the end.
+#[test]
+fn loom_channel_receiver_gets_the_held_item_after_the_close() {
+    use std::{future::Future, pin::Pin, task::Poll};
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (mut tx, mut rx) = crate::channel::shared::bounded::<Counted>(1).unwrap();
+        assert!(tx.try_send(Counted(1, drops.clone())).is_ok());
+        hold(&mut tx, Counted(2, drops.clone()));
+        let sender = thread::spawn(move || drop(tx));
+        let inbox = Arc::new(Inbox::new());
+        let parker = Arc::new(Parker::new().unwrap());
+        let waker = std::task::Waker::from(std::sync::Arc::new(Wake {
+            inbox: inbox.clone(),
+            parker: parker.clone(),
+        }));
+        let mut got = Vec::new();
+        loop {
+            let mut fut = rx.recv();
+            match Pin::new(&mut fut).poll(&mut std::task::Context::from_waker(&waker)) {
+                Poll::Ready(Some(v)) => got.push(v.0),
+                Poll::Ready(None) => break,
+                Poll::Pending => run_until_woken(&inbox, &parker),
+            }
+        }
+        sender.join().unwrap();
+        assert_eq!(got, vec![1, 2]);
+        assert_eq!(drops.load(SeqCst), 2);
+    });
+}
+
+/// The held item against the receiver's drop, on the shipping channel: a `send_many` waits on
+/// a full ring (its item peeked), then the receiver drops (close, then its drain, `last`
+/// last) while the `send_many` is cancelled (`Sender::hold`: the item stored in `last`, then a
+/// look at the receiver's close). Whichever comes second drops the item, and only once: kept
+/// in `last` after the receiver's drain, it lived as long as the `Sender`. (The poll comes
+/// before the receiver's drop: a send that checks the close, and then pushes into the ring
+/// the receiver just drained, leaves its item there until the `Sender` drops, which no
+/// read-modify-write pair covers.)
+#[test]
+fn loom_channel_held_item_is_dropped_with_the_receiver() {
+    use std::{future::Future, task::Context};
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (mut tx, rx) = crate::channel::shared::bounded::<Counted>(1).unwrap();
+        assert!(tx.try_send(Counted(1, drops.clone())).is_ok());
+        {
+            let mut fut = Box::pin(tx.send_many(std::iter::once(Counted(2, drops.clone()))));
+            let polled = fut
+                .as_mut()
+                .poll(&mut Context::from_waker(std::task::Waker::noop()));
+            assert!(polled.is_pending(), "the ring is full");
+            let receiver = thread::spawn(move || drop(rx));
+            // Cancelled: the `Sender` holds the peeked item.
+            drop(fut);
+            receiver.join().unwrap();
+        }
+        assert_eq!(
+            drops.load(SeqCst),
+            2,
+            "an item outlived the receiver (kept by the Sender)"
+        );
+        drop(tx);
+        assert_eq!(drops.load(SeqCst), 2, "an item was dropped twice");
     });
 }
