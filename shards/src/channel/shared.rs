@@ -325,7 +325,9 @@ pub struct Receiver<T> {
 
 impl<T> Sender<T> {
     /// Sends `value`, waiting while the channel is full. `Err` gives the value back if the
-    /// receiver is gone. Not cancel-safe, as tokio's `send`: dropping the future while it waits
+    /// receiver is gone. `Ok` means the value is in the channel, not that it will be received
+    /// (as in tokio): a send racing the `Receiver`'s drop may land after the receiver's last
+    /// drain, and the value then stays in the ring until this `Sender` drops. Not cancel-safe, as tokio's `send`: dropping the future while it waits
     /// drops `value` (to keep it, use [`try_send`](Self::try_send), or
     /// [`send_many`](Self::send_many) over `iter.by_ref()`, which keeps what it has not sent).
     /// Cost: a ring push; an atomic read-modify-write only once per turn and per
