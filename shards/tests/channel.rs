@@ -350,6 +350,58 @@ fn local_a_repolled_waiting_send_keeps_one_place_in_line() {
     });
 }
 
+/// A send that starts while another waits in line goes behind it: a slot freed for the
+/// waiting sender, or freed beside it, is not taken by a newer `send` that polls before the
+/// woken one runs (its wake queues it behind tasks already queued). It was: the newer send's
+/// first attempt went ahead of the line, so a producer's values sent by successive tasks
+/// (one per `send_to` message) arrived out of order, and a waiting sender could be passed
+/// over again and again. With two slots freed, the waiter that sends hands the second one on.
+#[test]
+fn local_a_later_send_does_not_overtake_a_waiting_one() {
+    LocalExecutor::new().unwrap().block_on(async {
+        for cap in [1u32, 2] {
+            let (tx, mut rx) = local::bounded::<u32>(cap as usize).unwrap();
+            for i in 0..cap {
+                tx.try_send(i).unwrap();
+            }
+            let tx_a = tx.clone();
+            let a = xtc_shards::spawn_local(async move { tx_a.send(100).await });
+            // A waits in line on the full channel.
+            xtc_shards::yield_now().await;
+            // B is queued to run before A's wake-up comes.
+            let tx_b = tx.clone();
+            let b = xtc_shards::spawn_local(async move { tx_b.send(200).await });
+            for i in 0..cap {
+                assert_eq!(rx.recv().await, Some(i));
+            }
+            if cap == 2 {
+                // Both slots are free: A takes one, and B gets the other without a receive.
+                let sent = xtc_shards::time::timeout(Duration::from_secs(5), b).await;
+                sent.expect("B was never woken for the second free slot")
+                    .unwrap()
+                    .unwrap();
+                a.await.unwrap().unwrap();
+                let got = (rx.try_recv(), rx.try_recv());
+                assert_eq!(got, (Ok(100), Ok(200)), "capacity {cap}: B overtook A");
+                continue;
+            }
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                let v = xtc_shards::time::timeout(Duration::from_secs(5), rx.recv()).await;
+                got.push(v.expect("a waiting sender was never woken").unwrap());
+            }
+            assert_eq!(got, vec![100, 200], "capacity {cap}: B overtook A");
+            a.await.unwrap().unwrap();
+            b.await.unwrap().unwrap();
+        }
+        // With nobody waiting, a new send takes a free slot at once.
+        let (tx, mut rx) = local::bounded::<u32>(2).unwrap();
+        tx.send(7).await.unwrap();
+        tx.send(8).await.unwrap();
+        assert_eq!((rx.recv().await, rx.recv().await), (Some(7), Some(8)));
+    });
+}
+
 /// Many senders through a 1-slot channel, half of them giving up early: every send that did
 /// not time out is received exactly once, and nothing hangs.
 #[test]
@@ -1135,8 +1187,17 @@ fn local_a_completed_waiting_senders_waker_is_dropped_outside_the_borrow() {
         .poll(&mut Context::from_waker(&waker))
         .is_pending());
     drop(waker);
-    // The freed slot is `b`'s notification; `a`, polled first, takes it and leaves the line.
+    // The freed slot is `b`'s: `a`, polled first, stays in line (a send does not overtake
+    // the line); then `b` sends, the next freed slot is `a`'s, and `a` leaves the line.
     assert_eq!(rx.try_recv(), Ok(0));
+    assert!(Pin::new(&mut a)
+        .poll(&mut Context::from_waker(std::task::Waker::noop()))
+        .is_pending());
+    assert!(matches!(
+        Pin::new(&mut b).poll(&mut Context::from_waker(std::task::Waker::noop())),
+        std::task::Poll::Ready(Ok(()))
+    ));
+    assert_eq!(rx.try_recv(), Ok(2));
     let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         Pin::new(&mut a).poll(&mut Context::from_waker(std::task::Waker::noop()))
     }));

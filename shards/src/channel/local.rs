@@ -9,8 +9,10 @@
 //! receiver takes notifies the oldest waiter that is not notified yet. A notified waiter that
 //! completes used the slot it was woken for; one whose `send` is dropped first (a timeout, a
 //! `select!`) passes its notification on to the next waiter, so a freed slot is never lost on a
-//! sender that went away. A notified sender that finds the slot taken by a `try_send` goes
-//! back to the front of the line.
+//! sender that went away. A new `send` goes behind the line: it takes a free slot at once
+//! only while no sender waits, woken or not; a woken sender that sends while more slots are
+//! free notifies the next waiter too. A notified sender that finds the slot taken by a
+//! `try_send` goes back to the front of the line.
 
 use std::{
     cell::RefCell,
@@ -58,11 +60,32 @@ impl<T> State<T> {
         None
     }
 
+    /// The waiters woken for a freed slot and not run yet: every waiter not in line (the
+    /// line holds no key that left it).
+    fn woken(&self) -> usize {
+        self.waiters.len().saturating_sub(self.line.len())
+    }
+
+    /// Whether a `send` may take a free slot now: waiter `key` only once woken for one (a
+    /// freed slot is its own until it runs); a send not waiting yet (`None`) only while no
+    /// sender waits, woken or not. Without this, a send that polled before a woken waiter ran
+    /// (its wake queues it behind the tasks already queued) went first: it overtook the line,
+    /// and a waiter could be passed over for as long as new sends kept coming.
+    fn may_take(&self, key: Option<usize>) -> bool {
+        match key.and_then(|k| self.waiters.get(k)) {
+            Some(w) => w.notified,
+            None => self.waiters.is_empty(),
+        }
+    }
+
     /// Waiter `key` leaves. With `pass_on`, a notification it did not use goes to the next
     /// waiter, whose waker is returned first, to be woken after the borrow; without, it was
-    /// used (the value was sent) or is moot (closed). The leaving waiter's own waker comes
-    /// back second, to be dropped after the borrow too: its drop is user code (a custom waker
-    /// owning a `Sender` whose drop borrows this state).
+    /// used (the value was sent) or is moot (closed), and the next waiter is notified only if
+    /// a slot is still free beyond those the other woken waiters count on (new sends wait
+    /// behind the line, [`may_take`](Self::may_take), so a slot freed while nobody waited in
+    /// line is handed on here). The leaving waiter's own waker comes back second, to be
+    /// dropped after the borrow too: its drop is user code (a custom waker owning a `Sender`
+    /// whose drop borrows this state).
     fn leave(&mut self, key: usize, pass_on: bool) -> (Option<Waker>, Option<Waker>) {
         let Some(w) = self.waiters.try_remove(key) else {
             return (None, None);
@@ -70,7 +93,7 @@ impl<T> State<T> {
         let next = if !w.notified {
             self.line.retain(|&k| k != key);
             None
-        } else if pass_on {
+        } else if (pass_on || self.queue.len() + self.woken() < self.capacity) && self.rx_alive {
             self.notify_one()
         } else {
             None
@@ -125,11 +148,18 @@ impl<T> Sender<T> {
     /// while `capacity` values are queued, `Closed` once the receiver is gone. Cost: a
     /// `RefCell` borrow and a `VecDeque` push; a wake of the receiver if it waits.
     pub fn try_send(&self, value: T) -> Result<(), TrySendError<T>> {
+        self.push(value, None)
+    }
+
+    /// [`try_send`](Self::try_send) for a `send` (waiter `key`, or a new one: `Some(None)`),
+    /// which keeps its place in line: `Full` unless [`State::may_take`] lets it take a slot.
+    /// `None`: a plain `try_send`, ahead of the line.
+    fn push(&self, value: T, send: Option<Option<usize>>) -> Result<(), TrySendError<T>> {
         let mut st = self.st.borrow_mut();
         if !st.rx_alive {
             return Err(TrySendError::Closed(value));
         }
-        if st.queue.len() >= st.capacity {
+        if st.queue.len() >= st.capacity || send.is_some_and(|key| !st.may_take(key)) {
             return Err(TrySendError::Full(value));
         }
         st.queue.push_back(value);
@@ -179,7 +209,7 @@ impl<T> Future for SendFut<'_, T> {
             // Its value was sent, or given back in an `Err`: reporting `Ok` now could be a lie.
             panic!("xtc: channel::local::SendFut polled after it completed");
         };
-        let done = match this.tx.try_send(v) {
+        let done = match this.tx.push(v, Some(this.key)) {
             Ok(()) => Ok(()),
             Err(TrySendError::Closed(v)) => Err(SendError(v)),
             Err(TrySendError::Full(v)) => match this.wait(v, cx) {
@@ -191,8 +221,12 @@ impl<T> Future for SendFut<'_, T> {
         if let Some(key) = this.key.take() {
             // Two statements: in one, `drop(..borrow_mut().leave(..))`, the waker would be
             // dropped before the borrow's temporary.
-            let left = this.tx.st.borrow_mut().leave(key, false);
-            drop(left);
+            let (next, own) = this.tx.st.borrow_mut().leave(key, false);
+            // Woken first, guarded, as in `drop`: a free slot goes on to the next waiter.
+            if let Some(w) = next {
+                crate::task::wake_guarded(w);
+            }
+            drop(own);
         }
         Poll::Ready(done)
     }
@@ -215,7 +249,7 @@ impl<T> SendFut<'_, T> {
             (v, None)
         } else {
             let fresh = cx.waker().clone();
-            match self.tx.try_send(v) {
+            match self.tx.push(v, Some(self.key)) {
                 Ok(()) => return Some(Ok(())),
                 Err(TrySendError::Closed(v)) => return Some(Err(SendError(v))),
                 Err(TrySendError::Full(v)) => (v, Some(fresh)),
