@@ -4,7 +4,14 @@
 //!
 //! Reads and writes take an owned buffer and give it back with the result
 //! ([`BufResult`](crate::io::BufResult)), because io_uring's kernel side uses the memory after
-//! the call returns; streams also implement `futures::io::{AsyncRead, AsyncWrite}` for codecs.
+//! the call returns; streams also implement `futures::io::{AsyncRead, AsyncWrite}` (on
+//! `&mut` stream) for codecs. Their inherent `read`/`write`/`write_all` (owned buffers) take
+//! precedence over `AsyncReadExt`/`AsyncWriteExt`'s methods of the same names: with those
+//! traits in scope, call them by path (`AsyncWriteExt::write_all(&mut stream, b"..")`). For a
+//! full-duplex copy (a proxy), `futures::io::AsyncReadExt::split` gives read and write halves
+//! (behind a lock shared by the two; there is no `split` of xtc's own yet), and
+//! `close()` on the write half shuts the stream's write side once its bytes are sent, where
+//! `shutdown(Write)` right after an io_uring write-behind would refuse (`WouldBlock`).
 //! Every type is `!Send` and belongs to the loop that uses it (see [`crate::io`]). Connection
 //! errors (`ECONNRESET`, `EPIPE`) come back as plain `io::Error`s; writes never raise `SIGPIPE`.
 //!
