@@ -112,6 +112,10 @@ pub(crate) struct ExecShared {
     /// the window in which a foreign spawn races the decision.
     #[cfg(test)]
     pub(crate) before_closing: Mutex<Option<TestHook>>,
+    /// Tests only: run by the coordinator once a deadlock suspect outlasted the grace period,
+    /// before it closes, to widen the window in which a foreign wake races the report.
+    #[cfg(test)]
+    pub(crate) before_deadlock_close: Mutex<Option<TestHook>>,
     /// Tests only: run by each shard thread after its loop's shutdown, before it gives its
     /// ring ends back, to widen the window in which a peer finds the loop still holding them.
     #[cfg(test)]
@@ -182,6 +186,8 @@ impl ExecShared {
             panic_pin: std::sync::atomic::AtomicUsize::new(usize::MAX),
             #[cfg(test)]
             before_closing: Mutex::new(None),
+            #[cfg(test)]
+            before_deadlock_close: Mutex::new(None),
             #[cfg(test)]
             after_shutdown: Mutex::new(None),
             closing: quiesce::Closing::default(),
@@ -1858,6 +1864,55 @@ mod tests {
             );
         }
     }
+    /// A migratable task woken from a foreign thread while the coordinator closes on a
+    /// deadlock verdict (the hook wakes it between the grace period's end and the close) is
+    /// not reported and dropped: the wake came before the decision, so the coordinator takes
+    /// the verdict back and the task runs to its end. A pinned task's foreign wake moves its
+    /// loop's inbox count, which the close's snapshot sees; a migratable one's went into an
+    /// injector, which no snapshot showed, and unless the woken loop had published its new
+    /// epoch first, `run()` returned `Err(Deadlock)` naming the task it had just woken.
+    #[test]
+    fn a_migratable_wake_racing_the_deadlock_close_is_not_lost() {
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .deadlock_grace(Some(Duration::from_millis(50)))
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<std::task::Waker>();
+        let woken = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let (w, d) = (woken.clone(), done.clone());
+        let _task = exec.spawn(async move {
+            let mut sent = false;
+            std::future::poll_fn(|cx| {
+                if w.load(SeqCst) {
+                    return std::task::Poll::Ready(());
+                }
+                if !sent {
+                    sent = true;
+                    tx.send(cx.waker().clone()).unwrap();
+                }
+                std::task::Poll::Pending
+            })
+            .await;
+            d.store(true, SeqCst);
+        });
+        let hook = std::sync::Mutex::new(Some((rx, woken)));
+        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) =
+            Some(super::TestHook(Box::new(move || {
+                if let Some((rx, woken)) = hook.lock().unwrap().take() {
+                    let waker = rx.recv().unwrap();
+                    woken.store(true, SeqCst);
+                    waker.wake();
+                }
+            })));
+        let r = exec.run();
+        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) = None;
+        assert!(r.is_ok(), "the woken task was reported deadlocked: {r:?}");
+        assert!(done.load(SeqCst), "the woken task did not run to its end");
+    }
+
     /// A pinned spawn from a foreign thread that races the quiescent stop (queued, and run,
     /// while the coordinator is between its verdict and the stop; the hook widens that
     /// window) is not cancelled: the coordinator sees the loop leave idle and takes its

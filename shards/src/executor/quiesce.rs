@@ -41,8 +41,12 @@
 //! If two equal snapshots show every loop `EMPTY` or `PARKED`, balanced inboxes and rings, and
 //! at least one `PARKED` loop or a live migratable task (a loop's status counts only its
 //! pinned tasks), nothing inside the executor can wake the parked tasks. The coordinator checks again
-//! after the grace period (a task may wait on a foreign thread); if no epoch moved it stops the
-//! executor and `run()` returns [`Error::Deadlock`](crate::Error::Deadlock) naming each task.
+//! after the grace period (a task may wait on a foreign thread); if no epoch or count moved it
+//! stops the executor and `run()` returns [`Error::Deadlock`](crate::Error::Deadlock) naming
+//! each task. A foreign wake of a pinned task moves its loop's inbox count; one of a migratable
+//! task moves its loop's injector count (`StealShared::injected`, counted before the push), so
+//! a wake that comes before the decision takes it back, whether or not the woken loop has
+//! published its new epoch yet.
 //! The coordinator polls for this every `grace / 2`, at least 1 ms and at most 1 s: deadlocks
 //! need no prompt answer.
 //! In service mode it does not poll at all; switching service mode or the grace period pokes it.
@@ -63,11 +67,16 @@ pub(crate) struct Snapshot {
     ring: (u64, u64),
     /// Live migratable tasks (steal/mod.rs rule 5).
     migratable: i64,
+    /// Migratable tasks queued into the loops' injectors from off the loops (a foreign wake or
+    /// spawn), summed over loops: such a wake moves no other count, so without it a task woken
+    /// while the coordinator closed on a deadlock verdict was reported and dropped.
+    injected: u64,
 }
 
 impl Snapshot {
     pub(crate) fn take(exec: &ExecShared) -> Snapshot {
         let mut ring = (0, 0);
+        let mut injected = 0;
         let loops = exec
             .loops
             .iter()
@@ -75,6 +84,7 @@ impl Snapshot {
                 // Status first: counts published before it are visible after it (SeqCst).
                 let st = l.status.load(SeqCst);
                 let (pushed, popped) = l.inbox.counts();
+                injected += l.steal.injected.load(SeqCst);
                 ring.1 += l.stats.messages_received.load(SeqCst);
                 // Sent over a ring, less what a shutdown took out of the mesh unreceived
                 // (saturating: the two are published one after the other, and a mixed read
@@ -92,6 +102,7 @@ impl Snapshot {
             loops,
             ring,
             migratable,
+            injected,
         }
     }
 
@@ -186,6 +197,10 @@ pub(crate) fn coordinate(exec: &ExecShared) {
                 match &suspect {
                     Some((s, since)) if *s == snap => {
                         if since.elapsed() >= grace {
+                            #[cfg(test)]
+                            if let Some(hook) = lock(&exec.before_deadlock_close).as_ref() {
+                                (hook.0)();
+                            }
                             // Closed as a quiescent stop is (`close`): a task woken from a
                             // foreign thread at this moment is not started and then dropped.
                             let stopped = close_with(

@@ -104,6 +104,13 @@ pub(crate) struct StealShared {
     pub(crate) injector: Injector<Runnable>,
     /// Tasks thieves took from this loop (written by thieves: an RMW per steal).
     pub(crate) stolen_from: AtomicU64,
+    /// Tasks queued into `injector` from off this loop (`inject`: a wake from a thread that
+    /// is not one of the executor's loops, or a spawn placed here from elsewhere), counted
+    /// before the push, as an inbox counts its pushes: the quiescence check's snapshots read
+    /// it (`executor/quiesce.rs`), so a migratable task woken from a plain thread while the
+    /// coordinator closes on a deadlock verdict makes it take the verdict back. Cost: an RMW
+    /// per such wake or spawn.
+    pub(crate) injected: AtomicU64,
     /// Rule 4: this loop spawned migratable tasks this turn whose count it has not published
     /// yet (set at its first spawn of a turn, cleared by `flush_live` after publishing).
     pub(crate) spawning: CachePadded<AtomicBool>,
@@ -224,6 +231,7 @@ impl Migratable {
                 stealer: w.stealer(),
                 injector: Injector::new(),
                 stolen_from: AtomicU64::new(0),
+                injected: AtomicU64::new(0),
                 spawning: CachePadded::new(AtomicBool::new(false)),
                 work_ping: WorkPing::default(),
                 spinning: AtomicBool::new(false),
@@ -654,8 +662,11 @@ where
     JoinHandle::new(task)
 }
 
-/// Rule 1 off that loop's thread: queues `r` in loop `l`'s injector and pings it.
+/// Rule 1 off that loop's thread: queues `r` in loop `l`'s injector and pings it. Counted
+/// first (`StealShared::injected`): a wake the coordinator's closing snapshot does not see
+/// comes after its decision, and the woken loop's `Status::busy` then waits for that.
 fn inject(l: &crate::event_loop::LoopShared, r: Runnable) {
+    l.steal.injected.fetch_add(1, SeqCst);
     l.steal.injector.push(r);
     l.parker.unpark();
 }
