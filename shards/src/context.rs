@@ -104,8 +104,10 @@ pub(crate) struct Core {
     pub(crate) end_batch: Cell<bool>,
     /// Calls that complete without a loop turn (ready epoll calls, sleeps found past their
     /// deadline, `send_to` and `submit_to` to the caller's own shard) the task being polled
-    /// may still make before its next one yields (`context::coop_spend`): set to
-    /// `io::COOP_BUDGET` before each poll of a task.
+    /// may still make before its next one yields (`context::coop_spend`), plus the refusals
+    /// after them ([`COOP_REFUSALS`]): set to [`COOP_FRESH`] before each poll of a task. Above
+    /// `COOP_REFUSALS` a call spends; at or below it, each call is refused and counts down, and
+    /// the last refusal refills it (`Core::coop_refuse`).
     pub(crate) coop_left: Cell<u32>,
     /// A `submit_to` polled on this loop by a pinned task waits for its reply from another
     /// shard (set when its join returns `Pending`, taken at the park decision): the loop spins
@@ -329,7 +331,7 @@ impl Core {
             migr_delta: Cell::new(0),
             spawning: Cell::new(false),
             end_batch: Cell::new(false),
-            coop_left: Cell::new(crate::io::COOP_BUDGET),
+            coop_left: Cell::new(COOP_FRESH),
             reply_awaited: Cell::new(false),
             replies_awaited: Cell::new(0),
             inline_left: Cell::new(0),
@@ -591,26 +593,49 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
 /// this poll, so due timers, I/O and the inbox are served before the task runs again (a plain
 /// wake re-queued it in the same batch). Off any loop (a future polled by a foreign
 /// executor) there is no budget: always `true`. A foreign executor blocking inside a task's
-/// poll on a loop thread spends that poll's budget (then its ready calls keep yielding
-/// until the task's poll ends): I/O objects belong to their loop's tasks. Cost: one
-/// thread-local read and a `Cell` update.
+/// poll on a loop thread spends that poll's budget; after [`COOP_REFUSALS`] refusals in the
+/// same poll it gets a fresh one (see there). Cost: one thread-local read and a `Cell` update.
 pub(crate) fn coop_spend() -> bool {
     with_core(Core::coop_spend).unwrap_or(true)
 }
 
+/// Calls [`coop_spend`] refuses in one poll of a task before that poll gets a fresh budget.
+/// A refusal wakes the future and makes it return `Pending`, which ends the task's poll
+/// unless something inside the poll polls it again at once: a foreign executor blocking in
+/// the task (`futures::executor::block_on` around a read loop or a sleep loop), whose poll
+/// never ends, so the budget was never reset there and every later call was refused: 100%
+/// CPU and no progress, for good. A `select` over a few sources, or a `FuturesUnordered`
+/// (which yields itself after two of its futures wake themselves), meets a handful of
+/// refusals per poll. Refilled, not turned off: a poll over more than this many ready
+/// sources at once (a `select_all`) still makes at most a budget's worth of calls per
+/// this many refusals, each of which ended the poll of one of its futures.
+pub(crate) const COOP_REFUSALS: u32 = 128;
+
+/// `Core::coop_left` before each poll of a task: the budget, then the refusals.
+pub(crate) const COOP_FRESH: u32 = crate::io::COOP_BUDGET + COOP_REFUSALS;
+
 impl Core {
     /// [`coop_spend`] on this loop, for a caller that has it at hand already.
+    #[inline]
     pub(crate) fn coop_spend(&self) -> bool {
         let left = self.coop_left.get();
-        if left == 0 {
-            // Stays spent for the rest of this poll: every ready call in it yields (a task
-            // selecting over two streams must not go on with the other one).
-            self.end_batch.set(true);
-            false
-        } else {
+        if left > COOP_REFUSALS {
             self.coop_left.set(left - 1);
             true
+        } else {
+            self.coop_refuse(left)
         }
+    }
+
+    /// [`coop_spend`] with the budget spent (`left` in `1..=COOP_REFUSALS`): refused, so
+    /// each ready call in the poll yields (a task selecting over two streams must not go on
+    /// with the other one); the last of [`COOP_REFUSALS`] refusals refills the budget.
+    #[cold]
+    fn coop_refuse(&self, left: u32) -> bool {
+        self.coop_left
+            .set(if left <= 1 { COOP_FRESH } else { left - 1 });
+        self.end_batch.set(true);
+        false
     }
 }
 

@@ -694,3 +694,58 @@ fn coop_budget_stress_in_a_local_executor() {
         check(&ctx, PER_SHARD, &what);
     }
 }
+
+/// Runs `fut` to its end the way a foreign executor blocking inside a task does
+/// (`futures::executor::block_on`: poll, and poll again once woken, all within the task's
+/// one poll), giving up after `limit` polls: `None` then, where that executor spun for good.
+fn foreign_block_on<F: Future>(fut: F, limit: u32) -> Option<F::Output> {
+    let mut fut = pin!(fut);
+    let mut polls = 0;
+    futures::executor::block_on(poll_fn(|cx| {
+        polls += 1;
+        if polls > limit {
+            return Poll::Ready(None);
+        }
+        fut.as_mut().poll(cx).map(Some)
+    }))
+}
+
+/// A foreign executor blocking inside a task (`futures::executor::block_on` around a sleep
+/// loop, or an epoll read loop over a stream that holds more bytes): the task's poll never
+/// ends there, so the budget it spent is never reset, and a budget that kept refusing (each
+/// refused call woke the future, which that executor polled again at once) livelocked it,
+/// 100% CPU and no progress, after the 128th ready call.
+#[test]
+fn a_foreign_block_on_inside_a_task_does_not_spin_on_the_spent_budget() {
+    const N: usize = 1_000;
+    io_common::on_each_driver("foreign_block_on", 1, |driver| async move {
+        let slept = foreign_block_on(
+            async {
+                for _ in 0..N {
+                    sleep(Duration::ZERO).await;
+                }
+            },
+            100_000,
+        );
+        assert!(slept.is_some(), "{driver:?}: {N} passed sleeps never ended");
+        if driver != xtc_shards::io::Driver::Epoll {
+            // An io_uring read completes through a loop turn, which never comes there.
+            return;
+        }
+        let (a, b) = UnixStream::pair().unwrap();
+        let (r, _) = b.write_all(vec![7u8; N]).await;
+        r.unwrap();
+        let read = foreign_block_on(
+            async {
+                let mut buf = vec![0u8; 1];
+                for i in 0..N {
+                    let (r, back) = a.read(buf).await;
+                    assert_eq!(r.unwrap(), 1, "read {i}");
+                    buf = back;
+                }
+            },
+            100_000,
+        );
+        assert!(read.is_some(), "{driver:?}: {N} ready reads never ended");
+    });
+}

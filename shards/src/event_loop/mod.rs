@@ -350,7 +350,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             migratable_ran |= is_migratable;
             let meta: *const crate::task::TaskMeta = r.metadata();
             core.current.set(meta);
-            core.coop_left.set(crate::io::COOP_BUDGET);
+            core.coop_left.set(crate::context::COOP_FRESH);
             core.poll_started.set(t0);
             if let Some(start) = t0 {
                 // The metadata is needed after `run`, when the task may be gone: keep a copy
