@@ -1431,12 +1431,14 @@ thread_local! {
 
 /// On a `LocalExecutor` of its own (io_uring, by `XTC_IO`) when dropped: a `recv_from` of the
 /// socket in `UDP` gets the datagram "one", reaped but not polled, and is dropped, so the
-/// socket keeps it. Records `Err` if that loop is not io_uring.
-struct KeepADatagramOnAnInnerLoop(Arc<Mutex<Option<Result<(), String>>>>);
+/// socket keeps it; then, if `.1`, the datagram "two" is sent to the socket (left in its
+/// receive queue). Records `Err` if that loop is not io_uring.
+struct KeepADatagramOnAnInnerLoop(Arc<Mutex<Option<Result<(), String>>>>, bool);
 
 impl Drop for KeepADatagramOnAnInnerLoop {
     fn drop(&mut self) {
         let s = UDP.with(|l| l.borrow_mut().take()).expect("left");
+        let then_two = self.1;
         let r = match LocalExecutor::new() {
             Err(e) => Err(format!("no LocalExecutor: {e}")),
             Ok(ex) => ex.block_on(async move {
@@ -1453,6 +1455,9 @@ impl Drop for KeepADatagramOnAnInnerLoop {
                 peer.send_to(b"one", addr).unwrap();
                 xtc_shards::time::sleep(Duration::from_millis(20)).await; // received, reaped
                 drop(f); // kept, holding "one"
+                if then_two {
+                    peer.send_to(b"two", addr).unwrap(); // in the socket's queue
+                }
                 Ok(())
             }),
         };
@@ -1499,13 +1504,82 @@ fn a_recv_from_waiting_on_epoll_takes_a_datagram_kept_meanwhile() {
         }
         UDP.with(|l| *l.borrow_mut() = Some(s.clone()));
         let out = Arc::new(Mutex::new(None));
-        drop_off_the_loop(KeepADatagramOnAnInnerLoop(out.clone()));
+        drop_off_the_loop(KeepADatagramOnAnInnerLoop(out.clone(), false));
         let kept = out.lock().unwrap().take().expect("the guard ran");
         let r = match kept {
             Err(e) => Err(format!("the inner loop: {e}")),
             Ok(()) => match xtc_shards::time::timeout(Duration::from_secs(2), waiting).await {
                 Ok((Ok((n, _)), b)) if b[..n] == *b"one" => Ok(()),
                 Ok((r, b)) => Err(format!("the waiting recv_from: {r:?}, {b:?}")),
+                Err(_) => Err("the waiting recv_from never took the kept \"one\"".into()),
+            },
+        };
+        *v.lock().unwrap() = Some(r);
+    })
+    .unwrap();
+    run_or_fail(&exec, "a run whose one task ended");
+    let r = verdict.lock().unwrap().take().expect("the task ran");
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}
+
+/// As above, but a second datagram, "two", reaches the socket's queue after "one" was kept,
+/// and this loop turns (its epoll wait reports the socket readable) before the waiting
+/// `recv_from` is polled again: it must still hand out "one" first, then "two". Its epoll
+/// wait was polled before it looked at the kept receives, so it took "two" from the kernel
+/// and handed it out ahead of "one", which the kernel had received first.
+#[test]
+fn a_recv_from_waiting_on_epoll_hands_out_a_kept_datagram_before_a_later_one() {
+    const TEST: &str = "a_recv_from_waiting_on_epoll_hands_out_a_kept_datagram_before_a_later_one";
+    if !is_child("udp_kept_first_on_epoll") {
+        let uring = Executor::builder()
+            .shards(1)
+            .io_driver(xtc_shards::io::DriverChoice::IoUring)
+            .build();
+        if let Err(e) = uring {
+            println!("{TEST}: skipped, io_uring unavailable here: {e}");
+            return;
+        }
+        drop(uring);
+        run_child(TEST, "udp_kept_first_on_epoll", &[("XTC_IO", "io_uring")]);
+        return;
+    }
+    let exec = Executor::builder()
+        .shards(1)
+        .io_driver(xtc_shards::io::DriverChoice::Epoll)
+        .build()
+        .unwrap();
+    let verdict = Arc::new(Mutex::new(None::<Result<(), String>>));
+    let v = verdict.clone();
+    exec.spawn_on(0, move || async move {
+        let s = std::rc::Rc::new(xtc_shards::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+        let mut waiting = pin!(s.recv_from(Vec::with_capacity(64)));
+        {
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        }
+        UDP.with(|l| *l.borrow_mut() = Some(s.clone()));
+        let out = Arc::new(Mutex::new(None));
+        drop_off_the_loop(KeepADatagramOnAnInnerLoop(out.clone(), true));
+        let kept = out.lock().unwrap().take().expect("the guard ran");
+        // This loop turns: its epoll wait reports the socket readable ("two" is queued).
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        let r = match kept {
+            Err(e) => Err(format!("the inner loop: {e}")),
+            Ok(()) => match xtc_shards::time::timeout(Duration::from_secs(2), waiting).await {
+                Ok((Ok((n, _)), b)) if b[..n] == *b"one" => {
+                    let next = s.recv_from(Vec::with_capacity(64));
+                    match xtc_shards::time::timeout(Duration::from_secs(2), next).await {
+                        Ok((Ok((n, _)), b)) if b[..n] == *b"two" => Ok(()),
+                        Ok((r, b)) => Err(format!("the next recv_from: {r:?}, {b:?}")),
+                        Err(_) => Err("the next recv_from never got \"two\"".into()),
+                    }
+                }
+                Ok((r, b)) => Err(format!(
+                    "the waiting recv_from (\"one\" expected first): {r:?}, {:?}",
+                    String::from_utf8_lossy(&b)
+                )),
                 Err(_) => Err("the waiting recv_from never took the kept \"one\"".into()),
             },
         };

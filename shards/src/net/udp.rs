@@ -381,6 +381,13 @@ impl UdpSocket {
                         id: None,
                     };
                     poll_fn(|cx| {
+                        // Kept ones first, before the wait may take a later datagram: one
+                        // kept since the last poll may hold a datagram the kernel received
+                        // before the one this poll's `recvfrom` would take (its readiness
+                        // reaped meanwhile), which was then handed out first.
+                        if self.stray.try_borrow().is_ok_and(|kept| !kept.is_empty()) {
+                            return Poll::Ready(None);
+                        }
                         if let Poll::Ready(r) = call.as_mut().poll(cx) {
                             return Poll::Ready(Some(r));
                         }
