@@ -1607,3 +1607,50 @@ fn a_local_receiver_fed_by_its_own_task_lets_the_loop_turn() {
         .await;
     });
 }
+
+/// A plain thread and a `LocalExecutor` on two threads, each waiting on the other over two
+/// shared channels of boxed values (sends, batches both ways, a close): every value arrives,
+/// in order, and none leaks. The cross-thread test of the shared channel that Miri can run
+/// (`scripts/miri`): the others cross shards of an `Executor`, which Miri cannot build.
+#[test]
+fn shared_batches_between_a_plain_thread_and_a_local_executor_keep_order() {
+    const N: u64 = 60;
+    let (mut tx, mut rx) = shared::bounded::<Box<u64>>(4).unwrap();
+    let (mut back_tx, mut back_rx) = shared::bounded::<Box<u64>>(3).unwrap();
+    // If the loop side gives up (its timeout), its ends drop and these calls fail: no hang.
+    let t = std::thread::spawn(move || {
+        futures::executor::block_on(async move {
+            tx.send_many((0..N / 2).map(Box::new)).await.unwrap();
+            for i in N / 2..N {
+                tx.send(Box::new(i)).await.unwrap();
+            }
+            drop(tx);
+            let (mut got, mut buf) = (Vec::new(), Vec::new());
+            while back_rx.recv_many(&mut buf, 5).await > 0 {
+                got.append(&mut buf);
+            }
+            got.into_iter().map(|b| *b).collect::<Vec<_>>()
+        })
+    });
+    LocalExecutor::new().unwrap().block_on(async move {
+        let echo = async {
+            let (mut buf, mut n) = (Vec::new(), 0);
+            loop {
+                if n % 2 == 0 {
+                    match rx.recv().await {
+                        Some(v) => buf.push(v),
+                        None => break,
+                    }
+                } else if rx.recv_many(&mut buf, 7).await == 0 {
+                    break;
+                }
+                n += 1;
+            }
+            back_tx.send_many(buf).await.unwrap();
+        };
+        xtc_shards::time::timeout(HANG, echo)
+            .await
+            .expect("the plain thread's values arrive");
+    });
+    assert_eq!(t.join().unwrap(), (0..N).collect::<Vec<_>>());
+}
