@@ -7,8 +7,11 @@
 //!    (see `schedule`) puts the `Runnable` on the owner's local run queue when called on the
 //!    owner's thread, on the SPSC ring to the owner when called on another loop of the same
 //!    executor (`ring/mod.rs`), and otherwise pushes it into the owner's inbox and unparks the
-//!    owner (`event_loop/park.rs`, rule 2). A `Runnable` is therefore only ever run **or dropped** on its
-//!    owner's thread; this is what makes `spawn_unchecked` with a `!Send` future sound.
+//!    owner (`event_loop/park.rs`, rule 2). A `Runnable` is therefore only ever run on its
+//!    owner's thread, and dropped there too once its future was polled; this is what makes
+//!    `spawn_unchecked` with a `!Send` future sound. Only a task never polled, whose future is
+//!    still the `Send` closure of rule 2, is dropped elsewhere: one sent to a loop that has
+//!    stopped (`ring::evacuate`), or left queued when no loop runs (`ExecShared::drop_queued`).
 //! 2. **Lazy construction.** `spawn_on(i, f)` spawns a `TaskFuture` holding the `Send` closure;
 //!    the closure is called on its first poll, on loop `i`, so the future it builds may be `!Send`.
 //!    Until that poll the task owns only the closure, which may be dropped on any thread.
@@ -501,9 +504,12 @@ where
     let index = owner.index;
     // SAFETY: async-task's conditions for `spawn_unchecked`:
     // - The future is `'static`.
-    // - It may be `!Send`: by rule 1 its `Runnable` is run and dropped only on the owner's
-    //   thread, which is the thread `make` and the future it builds were meant for. Before the
-    //   first poll the future holds only `make`; callers on other threads pass a `Send` `make`.
+    // - It may be `!Send`: by rule 1 its `Runnable` is run only on the owner's thread, which
+    //   is the thread `make` and the future it builds were meant for, and dropped there once
+    //   polled. Before the first poll the future holds only `make`; callers on other threads
+    //   pass a `Send` `make`, and only such a task, never polled, is dropped off the owner's
+    //   thread (rule 1: a stopped owner's ring, or the sweep of a stopped executor's queues;
+    //   a `spawn_local` task is queued on its own loop, and dropped by it).
     // - The schedule function is `Send + Sync + 'static`, so wakers may go anywhere.
     let (runnable, task) = unsafe {
         async_task::Builder::new()
