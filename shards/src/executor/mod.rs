@@ -683,7 +683,20 @@ impl Executor {
         gate.open(failure.is_none());
         if failure.is_none() {
             claim.started.set(true);
-            quiesce::coordinate(shared);
+            // A coordinator that unwinds (a bug in xtc) stops and joins the loops before the
+            // panic goes on: detached, they ran on past this run, and a later `run()` would
+            // drive the same loops on second threads (`Sharded`'s `Sync` argument needs one
+            // thread per loop at a time).
+            let coordinated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                quiesce::coordinate(shared)
+            }));
+            if let Err(panic) = coordinated {
+                shared.request_stop(StopReason::Requested);
+                for t in threads {
+                    let _ = t.join();
+                }
+                std::panic::resume_unwind(panic);
+            }
         }
         for t in threads {
             if t.join().is_err() {
@@ -1864,6 +1877,42 @@ mod tests {
             );
         }
     }
+    /// A coordinator that panics (a bug in xtc; the hook stands for it) stops and joins the
+    /// loops before `run()` unwinds: they were left running, detached, and a later `run()`
+    /// could drive the same loops on second threads.
+    #[test]
+    fn a_panicking_coordinator_joins_the_loops_before_run_unwinds() {
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .deadlock_grace(Some(Duration::from_millis(20)))
+            .build()
+            .unwrap();
+        let tid = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let t = tid.clone();
+        // Parked for good: a deadlock suspect, so the coordinator reaches the hook.
+        exec.spawn_on(1, move || async move {
+            // SAFETY: gettid takes no arguments and touches no memory.
+            t.store(unsafe { libc::gettid() } as i64, SeqCst);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) =
+            Some(super::TestHook(Box::new(|| panic!("a coordinator bug"))));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec.run()));
+        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) = None;
+        assert!(
+            r.is_err(),
+            "the coordinator's panic did not reach run()'s caller"
+        );
+        let tid = tid.load(SeqCst);
+        assert_ne!(tid, 0, "the task never ran");
+        assert!(
+            !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists(),
+            "shard 1's thread still runs after run() unwound"
+        );
+    }
+
     /// A migratable task woken from a foreign thread while the coordinator closes on a
     /// deadlock verdict (the hook wakes it between the grace period's end and the close) is
     /// not reported and dropped: the wake came before the decision, so the coordinator takes
