@@ -1323,7 +1323,7 @@ fn a_forgotten_write_does_not_land_in_a_file_opened_after_its_files_drop() {
             let mut write = Box::pin(f.write_at(b"stray".to_vec(), 0));
             // One poll (queued on io_uring, on the pool on epoll), then forgotten.
             let _ = futures::FutureExt::now_or_never(write.as_mut());
-            std::mem::forget(write);
+            common::forget(write);
             drop(f);
             // Takes the lowest free number: the dropped file's, if that was closed.
             let other = std::fs::File::create(&victim).unwrap();

@@ -3944,7 +3944,7 @@ fn a_forgotten_send_does_not_go_out_on_a_socket_made_after_its_streams_drop() {
                 let mut write = Box::pin(a.write(b"stray".to_vec()));
                 // One poll (queued on io_uring, sent at once on epoll), then forgotten.
                 let _ = futures::FutureExt::now_or_never(write.as_mut());
-                std::mem::forget(write);
+                common::forget(write);
                 drop(a);
                 // Takes the lowest free number: the dropped stream's, if that was closed.
                 let victim = std::net::TcpStream::connect(addr).unwrap();

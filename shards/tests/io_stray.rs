@@ -1729,7 +1729,7 @@ fn a_wakers_clone_under_a_write_behind_wait_may_use_the_stream() {
             let polled = common::poll_caught(w.as_mut(), &waker);
             assert!(polled.is_ok(), "[{driver}] the write's poll panicked");
             assert!(ran.get(), "[{driver}] the clone ran");
-            std::mem::forget(w);
+            common::forget(w);
         },
     );
 }
@@ -1755,7 +1755,7 @@ fn recording_waker(hook: impl FnOnce() + 'static) -> std::task::Waker {
     fn noop(_: *const ()) {}
     static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
     WOKEN.with(|w| w.set(false));
-    let inner: &'static Waker = Box::leak(Box::new(hooked));
+    let inner: &'static Waker = common::leak(hooked);
     // SAFETY: the data pointer is a leaked, never-freed `Waker`; the vtable's functions only
     // read it.
     unsafe { Waker::from_raw(RawWaker::new((inner as *const Waker).cast(), &VTABLE)) }
@@ -1824,7 +1824,7 @@ fn a_send_completed_while_the_waker_is_cloned_still_wakes_the_task() {
                 "lost wake-up: the send the write waited for completed, but its task was never \
                  woken"
             );
-            std::mem::forget(w);
+            common::forget(w);
         },
     );
 }
@@ -1857,7 +1857,7 @@ fn armed_waker(inner: Waker, woken: Rc<Cell<bool>>, hook: Hook) -> Waker {
     }
     fn noop(_: *const ()) {}
     static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake, noop);
-    let w: &'static Armed = Box::leak(Box::new(Armed { inner, hook, woken }));
+    let w: &'static Armed = common::leak(Armed { inner, hook, woken });
     // SAFETY: the data pointer is a leaked, never-freed `Armed`, used on this thread only.
     unsafe { Waker::from_raw(RawWaker::new((w as *const Armed).cast(), &VTABLE)) }
 }

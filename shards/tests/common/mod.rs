@@ -140,6 +140,34 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
+/// The addresses of the values the tests leak on purpose (a forgotten future, a waker's data
+/// that must outlive every clone), kept so that valgrind's memcheck (`scripts/valgrind`, which
+/// fails on a definite leak) finds them still reachable and goes on checking the rest.
+static LEAKED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// `Box::leak(Box::new(value))`, with the box kept reachable from [`LEAKED`]: never freed,
+/// its destructor never run.
+pub fn leak<T: 'static>(value: T) -> &'static mut T {
+    let leaked = Box::leak(Box::new(value));
+    keep(std::ptr::from_mut(leaked) as usize);
+    leaked
+}
+
+/// `mem::forget(value)` (its destructor never runs, what it owns is never freed), with the
+/// value kept reachable from [`LEAKED`] (see [`leak`]). `value` may borrow: what it borrows
+/// is free again at once, as with `mem::forget`.
+pub fn forget<T>(value: T) {
+    keep(Box::into_raw(Box::new(value)) as usize);
+}
+
+/// Lists `address` in [`LEAKED`].
+fn keep(address: usize) {
+    LEAKED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(address);
+}
+
 /// A no-op waker whose next clone runs `hook` (once) on the cloning thread: user code inside
 /// `Waker::clone`, as a custom waker may run, for tests that the runtime clones a waker under
 /// none of its own borrows.
