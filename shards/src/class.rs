@@ -371,11 +371,20 @@ pub(crate) fn create_here(shares: u32, latency: Option<Duration>) -> Result<Clas
     // Active at once on this loop, not from its next turn: the creating task may run long.
     with_core(|c| {
         c.classes_seen.set(owner.class_count.load(Relaxed));
+        let was_active = c.classes_active.get();
         let active = c.lanes.borrow_mut().sync(&owner);
         c.classes_active.set(active);
         if c.poll_started.get().is_none() {
             // This poll began no later than now.
             c.poll_started.set(Some(Instant::now()));
+        }
+        // The rest of this turn would run on the flags read at its start (no class: the
+        // plain FIFO, polls untimed), so a task polled after this one could neither be
+        // picked from a lane nor see `yield_if_due` give way to a latency task (no poll start
+        // to measure): a migratable task computing there starved a latency task spawned here.
+        // The batch ends after this poll; the next turn picks by lanes and times its polls.
+        if active && !was_active {
+            c.end_batch.set(true);
         }
     });
     Ok(class)

@@ -710,3 +710,35 @@ fn a_latency_task_woken_over_the_ring_preempts_a_busy_loop() {
 fn a_latency_task_woken_through_the_inbox_preempts_a_busy_loop() {
     latency_task_woken_from_elsewhere_preempts_a_busy_loop(false);
 }
+
+/// A latency class created by a task, with a task spawned into it, and a migratable task
+/// spawned in the same poll that computes, calling `yield_if_due` between slices (preemption
+/// off). The rest of that loop turn ran on the flags read at its start (no class, untimed):
+/// the migratable task's poll had no start time, so `yield_if_due` never saw the latency task
+/// waiting and never yielded, and the latency task (in its lane, which the untimed turn never
+/// picks from) waited for the whole computation: for good, where it is what ends it.
+#[test]
+fn a_class_created_mid_turn_makes_yield_if_due_yield_for_its_latency_task() {
+    let computed_alone = LocalExecutor::new().unwrap().block_on(async {
+        let c = shard::create_class(100, Some(Duration::from_millis(1))).unwrap();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let lat = task::Builder::new()
+            .class(c)
+            .spawn_local(async move { r.store(true, SeqCst) });
+        let busy = xtc_shards::spawn(async move {
+            let t = std::time::Instant::now();
+            while !ran.load(SeqCst) && t.elapsed() < Duration::from_secs(5) {
+                burn(Duration::from_micros(100));
+                yield_if_due().await;
+            }
+            !ran.load(SeqCst)
+        });
+        lat.await.unwrap();
+        busy.await.unwrap()
+    });
+    assert!(
+        !computed_alone,
+        "the latency task did not run while the migratable task called yield_if_due for 5 s"
+    );
+}
