@@ -1474,54 +1474,11 @@ impl Drop for KeepADatagramOnAnInnerLoop {
 /// (the inner loop), the outer loop forced to epoll.
 #[test]
 fn a_recv_from_waiting_on_epoll_takes_a_datagram_kept_meanwhile() {
-    const TEST: &str = "a_recv_from_waiting_on_epoll_takes_a_datagram_kept_meanwhile";
-    if !is_child("udp_kept_on_epoll") {
-        let uring = Executor::builder()
-            .shards(1)
-            .io_driver(xtc_shards::io::DriverChoice::IoUring)
-            .build();
-        if let Err(e) = uring {
-            println!("{TEST}: skipped, io_uring unavailable here: {e}");
-            return;
-        }
-        drop(uring);
-        run_child(TEST, "udp_kept_on_epoll", &[("XTC_IO", "io_uring")]);
-        return;
-    }
-    let exec = Executor::builder()
-        .shards(1)
-        .io_driver(xtc_shards::io::DriverChoice::Epoll)
-        .build()
-        .unwrap();
-    let verdict = Arc::new(Mutex::new(None::<Result<(), String>>));
-    let v = verdict.clone();
-    exec.spawn_on(0, move || async move {
-        let s = std::rc::Rc::new(xtc_shards::net::UdpSocket::bind("127.0.0.1:0").unwrap());
-        let mut waiting = pin!(s.recv_from(Vec::with_capacity(64)));
-        {
-            let mut cx = Context::from_waker(Waker::noop());
-            assert!(waiting.as_mut().poll(&mut cx).is_pending());
-        }
-        UDP.with(|l| *l.borrow_mut() = Some(s.clone()));
-        let out = Arc::new(Mutex::new(None));
-        drop_off_the_loop(KeepADatagramOnAnInnerLoop(out.clone(), false));
-        let kept = out.lock().unwrap().take().expect("the guard ran");
-        let r = match kept {
-            Err(e) => Err(format!("the inner loop: {e}")),
-            Ok(()) => match xtc_shards::time::timeout(Duration::from_secs(2), waiting).await {
-                Ok((Ok((n, _)), b)) if b[..n] == *b"one" => Ok(()),
-                Ok((r, b)) => Err(format!("the waiting recv_from: {r:?}, {b:?}")),
-                Err(_) => Err("the waiting recv_from never took the kept \"one\"".into()),
-            },
-        };
-        *v.lock().unwrap() = Some(r);
-    })
-    .unwrap();
-    run_or_fail(&exec, "a run whose one task ended");
-    let r = verdict.lock().unwrap().take().expect("the task ran");
-    if let Err(e) = r {
-        panic!("{e}");
-    }
+    recv_from_waiting_on_epoll_behind_a_kept_datagram(
+        "a_recv_from_waiting_on_epoll_takes_a_datagram_kept_meanwhile",
+        "udp_kept_on_epoll",
+        false,
+    );
 }
 
 /// As above, but a second datagram, "two", reaches the socket's queue after "one" was kept,
@@ -1531,18 +1488,28 @@ fn a_recv_from_waiting_on_epoll_takes_a_datagram_kept_meanwhile() {
 /// and handed it out ahead of "one", which the kernel had received first.
 #[test]
 fn a_recv_from_waiting_on_epoll_hands_out_a_kept_datagram_before_a_later_one() {
-    const TEST: &str = "a_recv_from_waiting_on_epoll_hands_out_a_kept_datagram_before_a_later_one";
-    if !is_child("udp_kept_first_on_epoll") {
+    recv_from_waiting_on_epoll_behind_a_kept_datagram(
+        "a_recv_from_waiting_on_epoll_hands_out_a_kept_datagram_before_a_later_one",
+        "udp_kept_first_on_epoll",
+        true,
+    );
+}
+
+/// The two tests above: `then_two`, a second datagram queued after the kept one and a loop
+/// turn before the waiting `recv_from` is polled again, which must then get "one", and the
+/// next call "two".
+fn recv_from_waiting_on_epoll_behind_a_kept_datagram(test: &str, tag: &str, then_two: bool) {
+    if !is_child(tag) {
         let uring = Executor::builder()
             .shards(1)
             .io_driver(xtc_shards::io::DriverChoice::IoUring)
             .build();
         if let Err(e) = uring {
-            println!("{TEST}: skipped, io_uring unavailable here: {e}");
+            println!("{test}: skipped, io_uring unavailable here: {e}");
             return;
         }
         drop(uring);
-        run_child(TEST, "udp_kept_first_on_epoll", &[("XTC_IO", "io_uring")]);
+        run_child(test, tag, &[("XTC_IO", "io_uring")]);
         return;
     }
     let exec = Executor::builder()
@@ -1561,13 +1528,16 @@ fn a_recv_from_waiting_on_epoll_hands_out_a_kept_datagram_before_a_later_one() {
         }
         UDP.with(|l| *l.borrow_mut() = Some(s.clone()));
         let out = Arc::new(Mutex::new(None));
-        drop_off_the_loop(KeepADatagramOnAnInnerLoop(out.clone(), true));
+        drop_off_the_loop(KeepADatagramOnAnInnerLoop(out.clone(), then_two));
         let kept = out.lock().unwrap().take().expect("the guard ran");
-        // This loop turns: its epoll wait reports the socket readable ("two" is queued).
-        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        if then_two {
+            // This loop turns: its epoll wait reports the socket readable ("two" is queued).
+            xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        }
         let r = match kept {
             Err(e) => Err(format!("the inner loop: {e}")),
             Ok(()) => match xtc_shards::time::timeout(Duration::from_secs(2), waiting).await {
+                Ok((Ok((n, _)), b)) if b[..n] == *b"one" && !then_two => Ok(()),
                 Ok((Ok((n, _)), b)) if b[..n] == *b"one" => {
                     let next = s.recv_from(Vec::with_capacity(64));
                     match xtc_shards::time::timeout(Duration::from_secs(2), next).await {
