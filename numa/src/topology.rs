@@ -9,9 +9,12 @@ use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};
 
 use hwlocality::cpu::binding::CpuBindingFlags;
-use hwlocality::object::distance::{AddDistancesFlags, DistancesKind};
+#[cfg(not(miri))]
+use hwlocality::object::distance::AddDistancesFlags;
+use hwlocality::object::distance::DistancesKind;
 use hwlocality::object::types::ObjectType;
 use hwlocality::object::TopologyObject;
+#[cfg(not(miri))]
 use hwlocality::topology::export::xml::XMLExportFlags;
 
 use crate::error::{Error, Result};
@@ -105,6 +108,9 @@ struct PuInfo {
 /// `Topology` is `Send + Sync`; queries take `&self` and read tables built once by the
 /// constructor.
 pub struct Topology {
+    /// Under Miri, which cannot call hwloc (C), there is no hwloc tree: [`Topology::detect`]
+    /// builds the table alone there.
+    #[cfg(not(miri))]
     hw: hwlocality::Topology,
     source: Source,
     /// Sorted by OS index.
@@ -168,6 +174,7 @@ impl Topology {
     /// # Errors
     ///
     /// [`Error::Hwloc`] if hwloc cannot discover the machine.
+    #[cfg(not(miri))]
     pub fn detect() -> Result<Topology> {
         let hw = hwlocality::Topology::new().map_err(|e| {
             Error::hwloc(
@@ -431,6 +438,7 @@ impl Topology {
             allowed,
             matrix,
             source,
+            #[cfg(not(miri))]
             hw,
         };
         tracing::debug!(topology = ?topo, "topology built");
@@ -490,6 +498,7 @@ impl Topology {
     ///
     /// [`Error::BadDistanceMatrix`] if the size is wrong or the topology has fewer than 2
     /// NUMA nodes; [`Error::Hwloc`] if hwloc refuses the matrix.
+    #[cfg(not(miri))]
     pub fn with_numa_distances(mut self, matrix: &[u64]) -> Result<Topology> {
         let n = self.numa_nodes;
         if n < 2 || matrix.len() != n * n {
@@ -534,6 +543,7 @@ impl Topology {
     /// # Errors
     ///
     /// [`Error::Hwloc`] if the path is not valid UTF-8 or cannot be written.
+    #[cfg(not(miri))]
     pub fn export_xml(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         self.hw
@@ -721,10 +731,14 @@ impl Topology {
             self.pus.len(),
             self.allowed.len()
         );
+        #[cfg(not(miri))]
         let root = self.hw.root_object();
+        #[cfg(not(miri))]
         for child in root.memory_children().chain(root.normal_children()) {
             self.render_object(child, 1, &mut out);
         }
+        #[cfg(miri)]
+        self.render_flat(&mut out);
         if let Some(m) = &self.matrix {
             let n = self.numa_nodes;
             let _ = writeln!(out, "NUMA latency matrix (from row node to column node):");
@@ -744,6 +758,7 @@ impl Topology {
         out
     }
 
+    #[cfg(not(miri))]
     fn render_object(&self, obj: &TopologyObject, depth: usize, out: &mut String) {
         let indent = "  ".repeat(depth);
         let li = obj.logical_index();
@@ -774,10 +789,136 @@ impl Topology {
     }
 }
 
+#[cfg(not(miri))]
 impl Topology {
     /// The wrapped hwloc topology, for binding.
     pub(crate) fn hw(&self) -> &hwlocality::Topology {
         &self.hw
+    }
+}
+
+/// Miri interprets the program and cannot call into C, so nothing of hwloc runs under it:
+/// every multi-shard executor builds a topology with [`Topology::detect`], and stopped there
+/// with "unsupported operation" (`scripts/miri`). Under `cfg(miri)` only, `detect` builds a
+/// flat machine in Rust instead, from the CPUs Miri gives the calling thread, so the runtime's
+/// rings, stealing and cross-shard code run under Miri. What needs hwloc's tree itself
+/// (`with_numa_distances`, `export_xml`) fails there with [`Error::Hwloc`]; `synthetic` and
+/// `from_xml` still call hwloc, where Miri stops as before.
+#[cfg(miri)]
+impl Topology {
+    /// Under Miri: a flat machine, one package and one NUMA node over one core per CPU the
+    /// calling thread may run on (`sched_getaffinity`, which Miri models: as many CPUs as
+    /// `-Zmiri-num-cpus`, 1 by default), each core a single PU without caches, every one
+    /// allowed. It is this machine as Miri shows it, not a synthetic one: shard threads are
+    /// bound to its CPUs ([`crate::pin_current_thread`], `sched_setaffinity` under Miri).
+    ///
+    /// # Errors
+    ///
+    /// None under Miri; the signature is the real one's.
+    pub fn detect() -> Result<Topology> {
+        Ok(Self::flat(miri_cpus()))
+    }
+
+    /// A topology of one package and one NUMA node over one single-PU core per CPU of `cpus`
+    /// (OS indices, sorted, distinct), all allowed: core `i` holds the `i`-th CPU.
+    fn flat(cpus: Vec<usize>) -> Topology {
+        let pus = cpus
+            .iter()
+            .enumerate()
+            .map(|(core, &os)| PuInfo {
+                os,
+                core: Some(core),
+                l2: None,
+                l3: None,
+                numa: Some(0),
+                package: Some(0),
+            })
+            .collect();
+        let topo = Topology {
+            source: Source::Detected,
+            packages: 1,
+            numa_nodes: 1,
+            cores: cpus.len(),
+            pus,
+            allowed: cpus,
+            matrix: None,
+        };
+        tracing::debug!(topology = ?topo, "flat topology built (Miri cannot call hwloc)");
+        topo
+    }
+
+    /// Under Miri the flat topology has one NUMA node, so this is [`Error::BadDistanceMatrix`]
+    /// as on the real machine; there is no hwloc tree to attach a matrix to otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadDistanceMatrix`], or [`Error::Hwloc`] (Miri cannot call hwloc).
+    pub fn with_numa_distances(self, matrix: &[u64]) -> Result<Topology> {
+        let n = self.numa_nodes;
+        if n < 2 || matrix.len() != n * n {
+            return Err(Error::BadDistanceMatrix {
+                nodes: n,
+                expected: n * n,
+                given: matrix.len(),
+            });
+        }
+        Err(Error::hwloc(
+            "add a NUMA distance matrix",
+            "Miri cannot call hwloc (C)",
+            "run this outside Miri",
+        ))
+    }
+
+    /// Under Miri there is no hwloc tree to export.
+    ///
+    /// # Errors
+    ///
+    /// Always [`Error::Hwloc`] (Miri cannot call hwloc).
+    pub fn export_xml(&self, path: impl AsRef<Path>) -> Result<()> {
+        Err(Error::hwloc(
+            format!("export XML to {}", path.as_ref().display()),
+            "Miri cannot call hwloc (C)",
+            "run this outside Miri",
+        ))
+    }
+
+    /// The tree of [`Topology::render_tree`] from the table: the flat machine's one package,
+    /// NUMA node, cores and PUs.
+    fn render_flat(&self, out: &mut String) {
+        let _ = writeln!(out, "  Package L#0");
+        let _ = writeln!(out, "    NUMANode L#0 P#0");
+        for (core, pu) in self.pus.iter().enumerate() {
+            let _ = writeln!(out, "    Core L#{core}");
+            let note = if self.is_allowed(pu.os) {
+                ""
+            } else {
+                " (not allowed)"
+            };
+            let _ = writeln!(out, "      PU L#{core} P#{}{note}", pu.os);
+        }
+    }
+}
+
+/// The CPUs the calling thread may run on, as Miri models `sched_getaffinity`; CPU 0 alone if
+/// the mask cannot be read or is empty.
+#[cfg(miri)]
+fn miri_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; `sched_getaffinity` writes at most
+    // `size_of` bytes of it, and `CPU_ISSET` reads indices below `CPU_SETSIZE` only.
+    let cpus: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            Vec::new()
+        } else {
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    };
+    if cpus.is_empty() {
+        vec![0]
+    } else {
+        cpus
     }
 }
 
