@@ -607,12 +607,10 @@ fn a_submit_to_given_up_by_its_caller_drops_its_output_once() {
         })
         .unwrap();
     assert!(timed_out);
-    assert_eq!(
-        outputs.lock().unwrap().len(),
-        1,
-        "{:?}",
-        outputs.lock().unwrap()
-    );
+    // One guard: a second `lock()` in the message, while the first guard lived on in the
+    // assertion's temporaries, deadlocked a failing run instead of reporting it.
+    let outputs = outputs.lock().unwrap();
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
 }
 
 #[test]
