@@ -171,6 +171,9 @@ impl Topology {
     /// Cost: one full hwloc discovery (reads sysfs; about a millisecond to tens of
     /// milliseconds on big machines). Build it once and share it.
     ///
+    /// Under Miri (`cfg(miri)`), which cannot call hwloc, it builds a flat machine instead: one
+    /// package and one NUMA node over one single-PU core per CPU of the thread's affinity.
+    ///
     /// # Errors
     ///
     /// [`Error::Hwloc`] if hwloc cannot discover the machine.
