@@ -236,18 +236,15 @@ where
         let Some(exec) = with_core(|c| c.exec.clone()) else {
             return vec![Err(Error::OffLoop("xtc::shard::submit_to_all"))];
         };
-        // The caller's shard, read again after every wait: a migratable caller may be stolen
-        // while it waits for ring space, and then sends from its new shard (a stale index
-        // skipped the wait for the old one, whose call then went to the ring's backlog past
-        // the backpressure, and marked the wrong call as crossing shards for the reply spin).
-        let here = || with_core(|c| c.index());
+        // No shard index is kept across the waits: a migratable caller may be stolen while it
+        // waits for ring space and send the rest from its new shard. `reserve` is ready at once
+        // for the shard it runs on, and `spawn_call` tells at queueing time whether the call
+        // leaves it (for the reply spin).
         let mut handles = Vec::with_capacity(exec.loops.len());
         for (i, owner) in exec.loops.iter().enumerate() {
-            if here() != Some(i) {
-                ring::reserve(i).await;
-            }
-            let join = task::spawn_raw(owner.clone(), make.clone(), info.clone(), 0);
-            handles.push(AwaitReply::new(join, here() != Some(i)));
+            ring::reserve(i).await;
+            let (join, remote) = spawn_call(owner.clone(), i, make.clone(), info.clone());
+            handles.push(AwaitReply::new(join, remote));
         }
         let mut out = Vec::with_capacity(handles.len());
         for h in handles {
