@@ -487,6 +487,20 @@ impl Topology {
         None
     }
 
+    /// [`with_numa_distances`](Self::with_numa_distances)'s check of the matrix's shape: one
+    /// row and column per NUMA node, and at least 2 nodes.
+    fn check_distance_matrix(&self, matrix: &[u64]) -> Result<()> {
+        let n = self.numa_nodes;
+        if n < 2 || matrix.len() != n * n {
+            return Err(Error::BadDistanceMatrix {
+                nodes: n,
+                expected: n * n,
+                given: matrix.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// Attach a NUMA latency matrix to this topology, as firmware (ACPI SLIT) would.
     ///
     /// `matrix` has `numa_nodes()²` values in sender-major order by NUMA logical index:
@@ -503,14 +517,7 @@ impl Topology {
     /// NUMA nodes; [`Error::Hwloc`] if hwloc refuses the matrix.
     #[cfg(not(miri))]
     pub fn with_numa_distances(mut self, matrix: &[u64]) -> Result<Topology> {
-        let n = self.numa_nodes;
-        if n < 2 || matrix.len() != n * n {
-            return Err(Error::BadDistanceMatrix {
-                nodes: n,
-                expected: n * n,
-                given: matrix.len(),
-            });
-        }
+        self.check_distance_matrix(matrix)?;
         let values = matrix.to_vec();
         let res = self.hw.edit(move |editor| {
             // The name is `None`: hwlocality 1.0.0-alpha.13 stores a dangling name
@@ -857,14 +864,7 @@ impl Topology {
     ///
     /// [`Error::BadDistanceMatrix`], or [`Error::Hwloc`] (Miri cannot call hwloc).
     pub fn with_numa_distances(self, matrix: &[u64]) -> Result<Topology> {
-        let n = self.numa_nodes;
-        if n < 2 || matrix.len() != n * n {
-            return Err(Error::BadDistanceMatrix {
-                nodes: n,
-                expected: n * n,
-                given: matrix.len(),
-            });
-        }
+        self.check_distance_matrix(matrix)?;
         Err(Error::hwloc(
             "add a NUMA distance matrix",
             "Miri cannot call hwloc (C)",
