@@ -1164,3 +1164,20 @@ fn inbox_messages_a_stopping_loop_drops_count_as_received() {
         "the messages the shutdown took from the inbox were not counted"
     );
 }
+
+/// A `LocalExecutor` has no coordinator: its deadlock grace is `None` and setting it has no
+/// effect (`Handle::set_deadlock_grace`, `LocalExecutor`'s docs). The getter said otherwise
+/// once set: `Some(1s)`, a deadlock report promised that never comes.
+#[test]
+fn local_executor_deadlock_grace_stays_none() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let h = xtc_shards::shard::handle().unwrap();
+        assert_eq!(h.deadlock_grace(), None);
+        h.set_deadlock_grace(Some(Duration::from_secs(1)));
+        assert_eq!(
+            h.deadlock_grace(),
+            None,
+            "a LocalExecutor reports no deadlock: its grace must read None"
+        );
+    });
+}

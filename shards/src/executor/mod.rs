@@ -1431,12 +1431,16 @@ impl Handle {
 
     /// Sets the deadlock grace period (`None`: never report). Default 5 s (or
     /// `XTC_DEADLOCK_GRACE`); a [`LocalExecutor`](crate::LocalExecutor)'s is `None`, and
-    /// setting it there has no effect (it has no coordinator to report). Cost of the call: an
+    /// setting it there changes nothing (it stays `None`: no coordinator reports). Cost of the call: an
     /// atomic store, a lock and a condvar notify (the coordinator rechecks). While a grace is
     /// set and service mode is off, the coordinator (on the thread that called `run()`) wakes
     /// every `grace / 2` (at least 1 ms, at most 1 s) for the whole run, busy or idle, to
     /// recheck: with the default 5 s grace, one wake-up every 1 s.
     pub fn set_deadlock_grace(&self, grace: Option<Duration>) {
+        // No coordinator reads it there: stored, the getter promised a report never made.
+        if self.shared.local {
+            return;
+        }
         self.shared
             .deadlock_grace_ns
             .store(grace_to_ns(grace), SeqCst);
