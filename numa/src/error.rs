@@ -83,8 +83,8 @@ pub enum Error {
         cpu: usize,
     },
 
-    /// An explicit CPU list does not have one CPU per shard.
-    #[error("{listed} CPUs listed for {shards} shards; list exactly one CPU per shard, or ask for 0 shards to take the list's length")]
+    /// An explicit CPU list does not have one CPU per shard (or is empty).
+    #[error("{}", cpu_list_length(*listed, *shards))]
     CpuListLength {
         /// Length of the CPU list.
         listed: usize,
@@ -148,6 +148,21 @@ pub enum Error {
         /// Values given.
         given: usize,
     },
+}
+
+/// [`Error::CpuListLength`]'s message: asking for 0 shards (the list's length) mends a list of
+/// the wrong length, not an empty one.
+fn cpu_list_length(listed: usize, shards: usize) -> String {
+    if listed == 0 {
+        "the CPU list is empty; list one CPU per shard (such as cpus:0,1), or use the compact or \
+         spread policy"
+            .to_owned()
+    } else {
+        format!(
+            "{listed} CPUs listed for {shards} shards; list exactly one CPU per shard, or ask for \
+             0 shards to take the list's length"
+        )
+    }
 }
 
 /// What to do about a failed bind, by its errno.

@@ -113,6 +113,13 @@ fn explicit_cpu_list() {
         ),
         "{e}"
     );
+    // Its message says what to do: asking for 0 shards (which takes the list's length) cannot
+    // mend an empty list, as the message said.
+    let msg = e.to_string();
+    assert!(
+        msg.contains("empty") && !msg.contains("ask for 0 shards"),
+        "{msg}"
+    );
     let e = Placement::new(&t, 0, &Policy::Cpus(vec![1, 8]), false).unwrap_err();
     assert!(matches!(e, Error::CpuNotAllowed { cpu: 8, .. }), "{e}");
     assert!(e.to_string().contains("CPU 8"), "{e}");
