@@ -499,10 +499,12 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 || steal::has_local(core)
                 || ring::prepare_park(core)
                 || (stop_aware && exec.stop_requested())
-                // The first migratable spawn (or a knob switched on) pings every loop, but a
-                // ping that lands between the tick decision above and the announcement is
-                // swapped away by it: decide again (loom_park.rs, count leaving zero).
-                || (tick.is_none() && steal::idle_tick(core).is_some())
+                // The first migratable spawn (or a knob switched on or changed) pings every
+                // loop, but a ping that lands between the tick decision above and the
+                // announcement is swapped away by it: decide again if the tick is not the one
+                // chosen (loom_park.rs, count leaving zero; a steal knob such as backoff
+                // turned off, whose loop slept out its old tick, up to 32 ms).
+                || steal::idle_tick(core) != tick
                 // A ping for migratable work (eager rebalance's nudge, a spawn's ping) that
                 // landed after the steal above but before the announcement (which swapped it
                 // away): the nudger picked this loop as idle once its status was published, and
@@ -1004,6 +1006,86 @@ mod tests {
             before,
             "the nudge was lost: shard 1 parked {} more time(s) before it stole the child",
             parks_at_run - before
+        );
+    }
+
+    /// A steal knob changed while a loop decides its park: `set_steal_backoff(false)` lands
+    /// after the loop picked its idle tick (grown by backoff) and before it announces its
+    /// sleep, which swaps the knob's wake away. The recheck looked for a tick only where the
+    /// loop had none, so the loop slept out its old tick (up to 32 ms) before the knob took
+    /// effect. Counted by parks, not timed: the next park decision must come without a park.
+    #[test]
+    fn a_knob_changed_before_the_announcement_redecides_the_idle_tick() {
+        use std::{
+            sync::{
+                atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+                Arc, Mutex,
+            },
+            time::{Duration, Instant},
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .steal_backoff(true)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let exec_id = h.shared.loops[1].exec_id;
+        // Shard 1's parks at the first and second hooked decisions, and its tick at the first.
+        let (first, second) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let tick_then = Arc::new(Mutex::new(None));
+        let done = Arc::new(AtomicBool::new(false));
+        let (f, s, t, d) = (
+            first.clone(),
+            second.clone(),
+            tick_then.clone(),
+            done.clone(),
+        );
+        exec.block_on(move || async move {
+            // A migratable task alive (parked on a timer): shard 1 parks on an idle tick,
+            // which backoff grows while nothing is found.
+            let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+            let t0 = Instant::now();
+            while h.loop_stats(1).unwrap().parks < 12 && t0.elapsed() < Duration::from_secs(10) {
+                crate::time::sleep(Duration::from_millis(5)).await;
+            }
+            let hh = h.clone();
+            *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+                exec_id,
+                1,
+                Box::new(move |core: &super::Core| {
+                    *t.lock().unwrap() = crate::steal::idle_tick(core);
+                    f.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                    hh.set_steal_backoff(false);
+                    *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+                        exec_id,
+                        1,
+                        Box::new(move |core: &super::Core| {
+                            s.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                            d.store(true, SeqCst);
+                        }),
+                    ));
+                }),
+            ));
+            let t0 = Instant::now();
+            while !done.load(SeqCst) && t0.elapsed() < Duration::from_secs(10) {
+                crate::time::sleep(Duration::from_millis(5)).await;
+            }
+            keeper.abort();
+        })
+        .unwrap();
+        let tick = tick_then
+            .lock()
+            .unwrap()
+            .expect("shard 1 parked without an idle tick");
+        assert!(
+            tick > Duration::from_millis(1),
+            "backoff had not grown shard 1's tick yet ({tick:?})"
+        );
+        assert_eq!(
+            second.load(SeqCst),
+            first.load(SeqCst),
+            "shard 1 slept out its old {tick:?} tick before re-reading the knob"
         );
     }
 
