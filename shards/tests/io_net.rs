@@ -3971,3 +3971,128 @@ fn a_forgotten_send_does_not_go_out_on_a_socket_made_after_its_streams_drop() {
         },
     );
 }
+
+/// `len` bytes of anonymous memory, zero and never committed up front (`MAP_NORESERVE`): a
+/// buffer of several GiB that costs only the pages the kernel touches, whatever the machine's
+/// overcommit policy.
+struct Mapped {
+    ptr: *mut u8,
+    len: usize,
+    /// Bytes counted as data: all of them for a write (zero pages are initialized memory),
+    /// what a read returned for a read.
+    init: usize,
+}
+
+impl Mapped {
+    fn new(len: usize, init: bool) -> Mapped {
+        // SAFETY: a fresh private anonymous mapping; no pointer argument is read.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "mmap of {len} bytes");
+        Mapped {
+            ptr: ptr.cast(),
+            len,
+            init: if init { len } else { 0 },
+        }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+// SAFETY: the mapping stays at `ptr` until the value is dropped, whatever moves the value;
+// its `len` bytes are readable and zero-initialized.
+unsafe impl IoBuf for Mapped {
+    fn stable_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    fn bytes_init(&self) -> usize {
+        self.init
+    }
+    fn bytes_total(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: as above; the mapping is writable, and `set_init` stays within it.
+unsafe impl IoBufMut for Mapped {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        self.init = n;
+    }
+}
+
+/// A stream read into, or a write from, a buffer of 2 GiB or more does what one `read(2)` or
+/// `write(2)` does (at most `MAX_RW_COUNT` bytes) on both drivers, as with `std`. On io_uring
+/// the length went into the `RECV`/`SEND` as is (cut to `u32::MAX`), and the kernel refuses a
+/// socket transfer over `INT_MAX` bytes: `EINVAL` for the read and for the write, where epoll
+/// read the bytes waiting and wrote what fitted; a connected UDP socket's oversized datagram
+/// got `EINVAL` instead of `EMSGSIZE`.
+#[test]
+fn socket_io_with_a_buffer_of_2_gib_or_more_moves_bytes_on_both_drivers() {
+    on_each_driver(
+        "socket_io_with_a_buffer_of_2_gib_or_more",
+        1,
+        |driver| async move {
+            const BIG: usize = 3 << 30;
+            let (c, s) = tcp_pair().await;
+            let (x, y) = UnixStream::pair().unwrap();
+            for len in [1usize << 31, BIG] {
+                let (r, _) = c.write_all(b"hello".to_vec()).await;
+                r.unwrap();
+                let (r, b) = s.read(Mapped::new(len, false)).await;
+                assert_eq!(
+                    r.unwrap_or_else(|e| panic!("[{driver}] tcp read of {len}: {e}")),
+                    5
+                );
+                // SAFETY: the read initialized the first `b.init` (5) bytes of the mapping.
+                let got = unsafe { std::slice::from_raw_parts(b.ptr, b.init) };
+                assert_eq!(got, b"hello");
+                let (r, _) = y.write_all(b"hello".to_vec()).await;
+                r.unwrap();
+                let (r, _) = x.read(Mapped::new(len, false)).await;
+                assert_eq!(
+                    r.unwrap_or_else(|e| panic!("[{driver}] unix read of {len}: {e}")),
+                    5
+                );
+            }
+            // A write takes what the socket buffer holds, as std's does.
+            let (r, _) = c.write(Mapped::new(BIG, true)).await;
+            let n = r.unwrap_or_else(|e| panic!("[{driver}] tcp write of {BIG}: {e}"));
+            assert!(n > 0 && n < BIG, "[{driver}] {n}");
+            let (r, _) = x.write(Mapped::new(BIG, true)).await;
+            let n = r.unwrap_or_else(|e| panic!("[{driver}] unix write of {BIG}: {e}"));
+            assert!(n > 0 && n < BIG, "[{driver}] {n}");
+            // A datagram too large for UDP is EMSGSIZE, connected or not, as from std.
+            let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let to = u.local_addr().unwrap();
+            let (r, _) = u.send_to(Mapped::new(BIG, true), to).await;
+            assert_eq!(
+                r.unwrap_err().raw_os_error(),
+                Some(libc::EMSGSIZE),
+                "[{driver}]"
+            );
+            u.connect(to).unwrap();
+            let (r, _) = u.send(Mapped::new(BIG, true)).await;
+            assert_eq!(
+                r.unwrap_err().raw_os_error(),
+                Some(libc::EMSGSIZE),
+                "[{driver}]"
+            );
+        },
+    );
+}

@@ -16,8 +16,13 @@ use crate::io::{
     BufResult, Driver, IoBuf, IoBufMut,
 };
 
+/// A socket transfer's length for io_uring: at most what one `read(2)`/`write(2)` moves
+/// (`MAX_RW`), as the epoll path's `recv`/`send` are cut by the kernel. Cut to `u32::MAX`
+/// instead, a buffer of 2 GiB or more failed: the kernel refuses a `RECV`/`SEND` over
+/// `INT_MAX` bytes with `EINVAL` (an oversized datagram then read as a bad argument, not
+/// `EMSGSIZE`).
 fn clamp(n: usize) -> u32 {
-    n.min(u32::MAX as usize) as u32
+    n.min(super::file::MAX_RW) as u32
 }
 
 /// Reads into `buf` from its start, up to its capacity; sets its initialized length to the
