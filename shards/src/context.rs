@@ -242,6 +242,21 @@ impl Core {
 }
 
 impl Core {
+    /// Sends this turn's deferred wakes now: the end-of-turn flushes (a channel's batched
+    /// wake of its other side) and the ring mesh's pings (a task queued or woken on another
+    /// loop). For a wait that returns `Pending` to a waker other than the polled task's own on
+    /// a loop thread: that may be a foreign executor inside the task
+    /// (`futures::executor::block_on`), which blocks the thread until it is woken, so this
+    /// turn never ends; what the wait depends on (the other end of a channel, a task on
+    /// another loop) then slept on for good. Cost: what the end of the turn would have cost,
+    /// earlier; a later message in the same turn registers its flush again.
+    pub(crate) fn flush_deferred(&self) {
+        if self.has_flushes() {
+            self.run_flushes();
+        }
+        crate::ring::flush(self);
+    }
+
     /// Whether end-of-turn flushes wait for the next turn: registered while this turn's ran
     /// (a flush wakes a waker, which is user code when custom, and may send on a channel), or
     /// by the wakes of `ring::flush`. The loop takes another turn rather than park on them:

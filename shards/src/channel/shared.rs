@@ -21,8 +21,10 @@
 //! costs one swap per side per loop turn (plus the end-of-turn registration's reference count,
 //! an increment and a decrement), plus one swap per `capacity / 4` messages, rather than one
 //! per message (a ring of fewer than 8 slots signals every message, one of 8 to 11 every second).
-//! Off any loop there is no turn: every push or pop swaps. Closing (dropping an end) sets a
-//! flag and wakes the other side at once.
+//! Off any loop there is no turn: every push or pop swaps. A side that waits with a waker other
+//! than its task's own (a foreign executor blocking inside the task, whose turn then never
+//! ends) first sends the turn's deferred signals and ring pings (`Core::flush_deferred`).
+//! Closing (dropping an end) sets a flag and wakes the other side at once.
 //!
 //! The batch calls ([`Sender::send_many`], [`Receiver::recv_many`] and their `try_` forms) move
 //! a chunk of the ring at once and follow the same rules, counting a batch of `n` as `n`
@@ -93,6 +95,14 @@ impl Side {
         };
         self.waiting.swap(true, SeqCst);
         drop(old);
+        // Woken by someone other than the task being polled (a foreign executor blocking
+        // inside it): this turn's deferred wakes go now, or the side that would wake this one
+        // may never have been woken itself (`Core::flush_deferred`).
+        context::with_core(|core| {
+            if !crate::task::polled_with_own_waker(core, waker) {
+                core.flush_deferred();
+            }
+        });
     }
 
     /// Rule 2: wake this side if it announced it waits.

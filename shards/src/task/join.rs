@@ -34,8 +34,12 @@ use crate::{sync::Ordering::Relaxed, JoinError};
 /// So a handle polled with any waker other than its polling task's own (a custom waker,
 /// `futures::executor::block_on`'s, a `FuturesUnordered`'s) registers a wrapper instead: a
 /// panic in that waker's `wake`, clone or drop is logged (`tracing`) and goes no further, and
-/// the loop goes on. Cost of that: one allocation per poll that returns `Pending`; none for a
-/// handle awaited by an xtc task itself, nor for one polled after the task finished.
+/// the loop goes on. Such a poll on a loop thread (a `futures::executor::block_on` inside a
+/// task blocks the loop until it is woken) also sends the loop turn's deferred wakes first,
+/// the pings of tasks queued to other loops among them: the task awaited may be one. Cost of
+/// that: one allocation per poll that returns `Pending`, and the end-of-turn flushes sent
+/// early; none for a handle awaited by an xtc task itself, nor for one polled after the task
+/// finished.
 pub struct JoinHandle<T> {
     /// Never dropped as a field: `Drop` takes the state out and drops what it held itself.
     /// Left to the drop glue, the emptied state was dropped again by an out-of-line call on
@@ -279,6 +283,11 @@ impl<T> JoinHandle<T> {
                 match polled {
                     Poll::Pending => {
                         self.state.set(State::Live(task, meta));
+                        if guard.is_some() {
+                            // Polled for someone other than the task being polled: on a loop
+                            // thread maybe a foreign executor that blocks it until woken.
+                            crate::context::with_core(crate::context::Core::flush_deferred);
+                        }
                         Poll::Pending
                     }
                     Poll::Ready(out) => Poll::Ready(output(out)),
@@ -361,17 +370,21 @@ impl<T> fmt::Debug for JoinHandle<T> {
 /// so a panicking user waker there aborted the process. Cost: a thread-local read and two
 /// loads when it is the task's own waker; otherwise one allocation.
 fn guard_foreign(waker: &Waker) -> Option<Waker> {
-    let own = crate::context::with_core(|core| {
-        let meta = core.current.get();
-        !meta.is_null() && {
-            let offset = *META_OFFSET.get_or_init(|| meta_offset(core));
-            (waker.data() as usize).wrapping_add(offset) == meta as usize
-        }
-    });
+    let own = crate::context::with_core(|core| polled_with_own_waker(core, waker));
     if own == Some(true) {
         return None;
     }
     Some(Waker::from(Arc::new(GuardedWaker(Some(waker.clone())))))
+}
+
+/// Whether `waker` is the waker of the task `core` is polling now (not a custom waker, a
+/// combinator's wrapper or a foreign executor's). Cost: two loads.
+pub(crate) fn polled_with_own_waker(core: &crate::context::Core, waker: &Waker) -> bool {
+    let meta = core.current.get();
+    !meta.is_null() && {
+        let offset = *META_OFFSET.get_or_init(|| meta_offset(core));
+        (waker.data() as usize).wrapping_add(offset) == meta as usize
+    }
 }
 
 /// How far an async-task header's metadata lies from its start, which is the data pointer of

@@ -41,6 +41,7 @@ mod join;
 mod yield_now;
 
 pub use builder::Builder;
+pub(crate) use join::polled_with_own_waker;
 pub use join::JoinHandle;
 pub use yield_now::{yield_now, YieldNow};
 
