@@ -66,3 +66,22 @@ fn a_foreign_block_on_inside_a_task_on_a_shared_channel_round_trip() {
     });
     assert_eq!(got, 2);
 }
+
+/// An abort of a task parked on another shard, awaited inside a foreign `block_on` in a task:
+/// the abort queues the task on its loop to be dropped, over the ring.
+#[test]
+fn a_foreign_block_on_inside_a_task_on_an_aborted_handle() {
+    let got = within("foreign block_on of an aborted handle", || {
+        let a = exec(2);
+        let h = a.handle();
+        a.block_on(move || async move {
+            let t = h.spawn_on(1, futures::future::pending::<()>).unwrap();
+            // Parked on shard 1, which then sleeps.
+            time::sleep(Duration::from_millis(50)).await;
+            t.abort();
+            futures::executor::block_on(t).unwrap_err().is_cancelled()
+        })
+        .unwrap()
+    });
+    assert!(got);
+}

@@ -296,8 +296,9 @@ impl<T> JoinHandle<T> {
             State::Aborted(mut a) => {
                 // The waker async-task may keep (see `guard_foreign`), also kept here for
                 // `is_finished`'s polls: an abort is rare, so it is made on every poll.
-                let waker = match self.guard_or_restore(cx.waker()) {
-                    Ok(guard) => guard.unwrap_or_else(|| cx.waker().clone()),
+                let (waker, foreign) = match self.guard_or_restore(cx.waker()) {
+                    Ok(Some(guard)) => (guard, true),
+                    Ok(None) => (cx.waker().clone(), false),
                     Err(panic) => {
                         self.state.set(State::Aborted(a));
                         std::panic::resume_unwind(panic)
@@ -308,6 +309,11 @@ impl<T> JoinHandle<T> {
                 }
                 a.waker = Some(waker);
                 self.state.set(State::Aborted(a));
+                if foreign {
+                    // As for a live task: the abort queued the task on its loop to be
+                    // dropped, maybe over the ring, its ping waiting for the end of the turn.
+                    crate::context::with_core(crate::context::Core::flush_deferred);
+                }
                 Poll::Pending
             }
             // Its output went to the poll that returned `Ready`: a cancelled error now would
