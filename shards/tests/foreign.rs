@@ -5,9 +5,15 @@
 mod common;
 use common::*;
 
-use std::{sync::mpsc, time::Duration};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        mpsc, Arc,
+    },
+    time::{Duration, Instant},
+};
 
-use xtc_shards::{channel, shard, time};
+use xtc_shards::{channel, shard, spawn_local, time, Error, Executor, LocalExecutor};
 
 /// Runs `f` on a thread and fails the test if it has not finished within `HANG`.
 fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -17,6 +23,12 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
     });
     rx.recv_timeout(HANG)
         .unwrap_or_else(|_| panic!("hung: {what}"))
+}
+
+fn service(n: usize) -> Executor {
+    let ex = exec(n);
+    ex.set_service_mode(true);
+    ex
 }
 
 /// A foreign `block_on` inside a task (blocking its loop: bad style, but it must not hang
@@ -65,6 +77,628 @@ fn a_foreign_block_on_inside_a_task_on_a_shared_channel_round_trip() {
         .unwrap()
     });
     assert_eq!(got, 2);
+}
+
+/// A migratable task spawned and awaited inside a foreign `block_on` in a pinned task: an idle
+/// peer loop takes it.
+#[test]
+fn a_foreign_block_on_inside_a_task_on_a_migratable_spawn() {
+    let got = within("foreign block_on of a migratable spawn", || {
+        let a = exec(2);
+        let h = a.handle();
+        a.block_on(move || async move {
+            time::sleep(Duration::from_millis(50)).await;
+            let x = futures::executor::block_on(xtc_shards::spawn(async { 5 })).unwrap();
+            let y = futures::executor::block_on(h.spawn(async { 6 })).unwrap();
+            x + y
+        })
+        .unwrap()
+    });
+    assert_eq!(got, 11);
+}
+
+/// A join handle of a pinned task of one executor awaited in a task of another, both
+/// running; then of a migratable one.
+#[test]
+fn join_handles_awaited_in_another_executors_task() {
+    within("join across executors", || {
+        let a = exec(2);
+        let b = exec(2);
+        let pinned = a
+            .spawn_on(1, || async {
+                time::sleep(Duration::from_millis(30)).await;
+                7
+            })
+            .unwrap();
+        let migr = a.handle().spawn(async {
+            time::sleep(Duration::from_millis(30)).await;
+            8
+        });
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            let got = b
+                .block_on(move || async move {
+                    let x = pinned.await.unwrap();
+                    let y = xtc_shards::spawn(async move { migr.await.unwrap() })
+                        .await
+                        .unwrap();
+                    (x, y)
+                })
+                .unwrap();
+            assert_eq!(got, (7, 8));
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// The same from a `LocalExecutor` and from a plain thread's `futures` block_on.
+#[test]
+fn join_handles_awaited_on_a_local_executor_and_a_plain_thread() {
+    within("join from local/plain", || {
+        let a = exec(2);
+        let mk = |a: &Executor, v: u32| {
+            a.spawn_on(1, move || async move {
+                time::sleep(Duration::from_millis(20)).await;
+                v
+            })
+            .unwrap()
+        };
+        let h1 = mk(&a, 1);
+        let h2 = a.handle().spawn(async {
+            time::sleep(Duration::from_millis(20)).await;
+            2u32
+        });
+        let h3 = mk(&a, 3);
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            let l = s.spawn(move || {
+                LocalExecutor::new()
+                    .unwrap()
+                    .block_on(async move { h1.await.unwrap() + h2.await.unwrap() })
+            });
+            let p = s.spawn(move || futures::executor::block_on(h3).unwrap());
+            assert_eq!(l.join().unwrap(), 3);
+            assert_eq!(p.join().unwrap(), 3);
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// Abort from another executor's task, a local executor and a plain thread: the task is
+/// dropped, the awaiting side sees cancelled, and the owner's `run()` returns.
+#[test]
+fn abort_from_foreign_contexts() {
+    within("abort from foreign contexts", || {
+        let a = exec(2);
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let mk = |pinned: bool| {
+            let d = CountDrop(dropped.clone());
+            if pinned {
+                a.spawn_on(1, move || async move {
+                    let _d = d;
+                    futures::future::pending::<()>().await
+                })
+                .unwrap()
+            } else {
+                a.handle().spawn(async move {
+                    let _d = d;
+                    futures::future::pending::<()>().await
+                })
+            }
+        };
+        let hs: Vec<_> = (0..6).map(|i| mk(i % 2 == 0)).collect();
+        let mut hs = hs.into_iter();
+        let (h0, h1, h2, h3, h4, h5) = (
+            hs.next().unwrap(),
+            hs.next().unwrap(),
+            hs.next().unwrap(),
+            hs.next().unwrap(),
+            hs.next().unwrap(),
+            hs.next().unwrap(),
+        );
+        let b = exec(1);
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            std::thread::sleep(Duration::from_millis(30));
+            let r = b
+                .block_on(move || async move {
+                    h0.abort();
+                    h1.abort();
+                    (h0.await, h1.await)
+                })
+                .unwrap();
+            assert!(r.0.unwrap_err().is_cancelled());
+            assert!(r.1.unwrap_err().is_cancelled());
+            let r = LocalExecutor::new().unwrap().block_on(async move {
+                h2.abort();
+                h3.abort();
+                (h2.await, h3.await)
+            });
+            assert!(r.0.unwrap_err().is_cancelled());
+            assert!(r.1.unwrap_err().is_cancelled());
+            h4.abort();
+            h5.abort();
+            assert!(futures::executor::block_on(h4).unwrap_err().is_cancelled());
+            assert!(futures::executor::block_on(h5).unwrap_err().is_cancelled());
+            ra.join().unwrap().unwrap();
+        });
+        assert_eq!(dropped.load(SeqCst), 6);
+    });
+}
+
+/// A handle dropped on another executor's loop, half polled (its waker registered there).
+#[test]
+fn a_join_handle_polled_then_dropped_on_another_executor() {
+    within("polled then dropped elsewhere", || {
+        let a = exec(1);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = std::sync::Mutex::new(rx);
+        let h = a
+            .spawn_on(0, move || async move {
+                time::sleep(Duration::from_millis(50)).await;
+                5
+            })
+            .unwrap();
+        let b = exec(1);
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            b.block_on(move || async move {
+                let mut h = h;
+                let r = futures::poll!(&mut h);
+                assert!(r.is_pending());
+                drop(h);
+            })
+            .unwrap();
+            drop(tx);
+            let _ = rx.lock().unwrap().recv();
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// A shared channel between a plain thread and a task, both ways, and closes from the plain
+/// side while the task is parked.
+#[test]
+fn shared_channel_ends_on_plain_threads() {
+    within("shared channel with plain threads", || {
+        let a = exec(2);
+        let (mut tx, mut rx) = channel::shared::bounded::<u32>(4).unwrap();
+        let (mut btx, mut brx) = channel::shared::bounded::<u32>(4).unwrap();
+        let h = a
+            .spawn_on(1, move || async move {
+                let mut n = 0;
+                while let Some(v) = rx.recv().await {
+                    n += v;
+                    btx.send(v).await.unwrap();
+                }
+                n
+            })
+            .unwrap();
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            s.spawn(move || {
+                futures::executor::block_on(async move {
+                    for i in 0..100 {
+                        tx.send(i).await.unwrap();
+                    }
+                });
+            });
+            let got = futures::executor::block_on(async move {
+                let mut k = 0;
+                while brx.recv().await.is_some() {
+                    k += 1;
+                }
+                k
+            });
+            assert_eq!(got, 100);
+            assert_eq!(futures::executor::block_on(h).unwrap(), (0..100).sum());
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// A receiver parked in a task; the sender dropped unsent on a plain thread: the receiver
+/// sees the close.
+#[test]
+fn a_sender_dropped_on_a_plain_thread_closes_a_parked_receiver() {
+    within("sender dropped elsewhere", || {
+        let a = exec(1);
+        let (tx, mut rx) = channel::shared::bounded::<u32>(8).unwrap();
+        let h = a
+            .spawn_on(0, move || async move { rx.recv().await })
+            .unwrap();
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            std::thread::sleep(Duration::from_millis(30));
+            drop(tx);
+            assert_eq!(futures::executor::block_on(h).unwrap(), None);
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// A sleep registered on one executor's loop, then polled to completion on another's.
+#[test]
+fn a_sleep_moved_to_another_executor_completes_there_and_frees_the_first() {
+    within("sleep moved", || {
+        let a = exec(1);
+        let (stx, srx) = mpsc::channel();
+        a.spawn_on(0, move || async move {
+            let mut s = time::sleep(Duration::from_millis(200));
+            assert!(futures::poll!(&mut s).is_pending());
+            stx.send(s).unwrap();
+        })
+        .unwrap();
+        std::thread::scope(|s| {
+            let t = Instant::now();
+            let ra = s.spawn(|| a.run());
+            let sl = srx.recv().unwrap();
+            let b = exec(1);
+            b.block_on(move || sl).unwrap();
+            assert!(t.elapsed() >= Duration::from_millis(200));
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// A sleep polled on a loop, then dropped on a plain thread long before its deadline: the
+/// loop's run must not wait for the deadline.
+#[test]
+fn a_sleep_dropped_on_a_plain_thread_does_not_hold_its_loop() {
+    within("sleep dropped elsewhere", || {
+        let a = exec(1);
+        let (stx, srx) = mpsc::channel();
+        a.spawn_on(0, move || async move {
+            let mut s = time::sleep(Duration::from_secs(3600));
+            assert!(futures::poll!(&mut s).is_pending());
+            stx.send(s).unwrap();
+        })
+        .unwrap();
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            let sl = srx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            drop(sl);
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// A sleep polled off any loop panics with a message saying so.
+#[test]
+fn a_sleep_polled_off_any_loop_panics_clearly() {
+    let r = std::panic::catch_unwind(|| {
+        futures::executor::block_on(time::sleep(Duration::from_millis(1)))
+    });
+    let e = r.unwrap_err();
+    let msg = e
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| e.downcast_ref::<String>().cloned())
+        .unwrap();
+    assert!(msg.contains("outside an xtc loop"), "{msg}");
+}
+
+/// `shard::submit_to` and friends polled off any loop say so.
+#[test]
+fn shard_calls_off_any_loop_are_off_loop_errors() {
+    let r = futures::executor::block_on(shard::submit_to(0, || async { 1 }));
+    assert!(matches!(r, Err(Error::OffLoop(_))), "{r:?}");
+    let r = futures::executor::block_on(shard::send_to(0, || async {}));
+    assert!(matches!(r, Err(Error::OffLoop(_))), "{r:?}");
+    let r = futures::executor::block_on(shard::submit_to_all(|| async { 1 }));
+    assert!(matches!(r.as_slice(), [Err(Error::OffLoop(_))]), "{r:?}");
+}
+
+/// A `Handle::submit_to` to the caller's own shard and to another, awaited inside a task.
+#[test]
+fn handle_calls_from_inside_its_own_executor() {
+    within("handle reentrancy", || {
+        let a = exec(2);
+        let h = a.handle();
+        let got = a
+            .block_on(move || async move {
+                let x = h.submit_to(0, || async { shard::id() }).await.unwrap();
+                let y = h.submit_to(1, || async { shard::id() }).await.unwrap();
+                h.send_to(0, || async {}).unwrap();
+                let z = h
+                    .spawn_on(0, || async { spawn_local(async { 3 }).await.unwrap() })
+                    .unwrap()
+                    .await
+                    .unwrap();
+                (x, y, z)
+            })
+            .unwrap();
+        assert_eq!(got, (0, 1, 3));
+    });
+}
+
+/// A `Handle::submit_to` of one executor awaited inside another's task and a local
+/// executor's.
+#[test]
+fn handle_calls_from_another_executor() {
+    within("handle across executors", || {
+        let a = service(2);
+        let ha = a.handle();
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            let b = exec(2);
+            let ha2 = ha.clone();
+            let got = b
+                .block_on(move || async move {
+                    ha2.submit_to(1, || async { shard::id() * 10 })
+                        .await
+                        .unwrap()
+                })
+                .unwrap();
+            assert_eq!(got, 10);
+            let ha3 = ha.clone();
+            let got = LocalExecutor::new().unwrap().block_on(async move {
+                ha3.submit_to(0, || async { shard::id() + 5 })
+                    .await
+                    .unwrap()
+            });
+            assert_eq!(got, 5);
+            ha.stop();
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// An executor run to completion inside a task of another (documented: `run()` may be called
+/// inside another executor's task).
+#[test]
+fn an_executor_run_inside_another_executors_task() {
+    within("nested run", || {
+        let a = exec(2);
+        let got = a
+            .block_on(|| async {
+                let b = exec(2);
+                b.block_on(|| async {
+                    shard::submit_to(1, || async {
+                        time::sleep(Duration::from_millis(5)).await;
+                        shard::id()
+                    })
+                    .await
+                    .unwrap()
+                })
+                .unwrap()
+            })
+            .unwrap();
+        assert_eq!(got, 1);
+    });
+}
+
+/// A `LocalExecutor`'s `Handle`, kept past the executor: spawns are refused and calls queued
+/// before its drop resolve instead of waiting for good.
+#[test]
+fn a_local_executors_handle_outliving_it() {
+    within("local handle outliving", || {
+        let l = LocalExecutor::new().unwrap();
+        let h = l.block_on(async { shard::handle().unwrap() });
+        let queued = h.submit_to(0, || async { 1 });
+        let jh = h.spawn_on(0, || async { 2 }).unwrap();
+        let spawned = h.spawn(async { 3 });
+        drop(l);
+        assert!(matches!(h.spawn_on(0, || async {}), Err(Error::Stopped)));
+        assert!(matches!(
+            futures::executor::block_on(queued),
+            Err(Error::Stopped)
+        ));
+        assert!(futures::executor::block_on(jh).unwrap_err().is_cancelled());
+        assert!(futures::executor::block_on(spawned)
+            .unwrap_err()
+            .is_cancelled());
+        let late = h.spawn(async { 4 });
+        assert!(futures::executor::block_on(late)
+            .unwrap_err()
+            .is_cancelled());
+        assert!(matches!(
+            futures::executor::block_on(h.submit_to(0, || async { 5 })),
+            Err(Error::Stopped)
+        ));
+    });
+}
+
+/// A `LocalExecutor`'s `Handle` used from a plain thread while its `block_on` runs.
+#[test]
+fn a_local_executors_handle_from_a_plain_thread_while_it_runs() {
+    within("local handle from plain thread", || {
+        let l = LocalExecutor::new().unwrap();
+        let got = l.block_on(async {
+            let h = shard::handle().unwrap();
+            let (tx, rx) = futures::channel::oneshot::channel();
+            std::thread::spawn(move || {
+                let v = futures::executor::block_on(h.submit_to(0, || async {
+                    time::sleep(Duration::from_millis(5)).await;
+                    shard::id() + 9
+                }));
+                let _ = tx.send(v);
+            });
+            rx.await.unwrap().unwrap()
+        });
+        assert_eq!(got, 9);
+    });
+}
+
+/// An interval ticking on one executor's loop, moved to another executor's and ticked there,
+/// then dropped on a plain thread.
+#[test]
+fn an_interval_moved_between_executors() {
+    within("interval moved", || {
+        let a = exec(1);
+        let (itx, irx) = mpsc::channel();
+        a.spawn_on(0, move || async move {
+            let mut iv = time::interval(Duration::from_millis(10));
+            iv.tick().await;
+            iv.tick().await;
+            // Registered for the next tick.
+            assert!(futures::poll!(std::pin::pin!(iv.tick())).is_pending());
+            itx.send(iv).unwrap();
+        })
+        .unwrap();
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            let mut iv = irx.recv().unwrap();
+            let b = exec(1);
+            let iv = b
+                .block_on(move || async move {
+                    for _ in 0..3 {
+                        iv.tick().await;
+                    }
+                    let _ = futures::poll!(std::pin::pin!(iv.tick()));
+                    iv
+                })
+                .unwrap();
+            drop(iv);
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// A timeout whose inner future is another executor's join handle, across the two.
+#[test]
+fn a_timeout_around_a_foreign_join_handle() {
+    within("timeout around a foreign join", || {
+        let a = exec(1);
+        let slow = a
+            .spawn_on(0, || async {
+                time::sleep(Duration::from_millis(300)).await;
+                1
+            })
+            .unwrap();
+        let fast = a
+            .spawn_on(0, || async {
+                time::sleep(Duration::from_millis(10)).await;
+                2
+            })
+            .unwrap();
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            let b = exec(1);
+            let (r1, r2) = b
+                .block_on(move || async move {
+                    let r1 = time::timeout(Duration::from_millis(50), slow).await;
+                    let r2 = time::timeout(Duration::from_secs(30), fast).await;
+                    (r1.is_err(), r2.unwrap().unwrap())
+                })
+                .unwrap();
+            assert!(r1);
+            assert_eq!(r2, 2);
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// `submit_to_all` of a migratable task that waits for ring space, then its handle awaited
+/// from another executor.
+#[test]
+fn submit_to_all_awaited_from_elsewhere() {
+    within("submit_to_all elsewhere", || {
+        let a = exec(3);
+        let h = a.handle().spawn(async {
+            shard::submit_to_all(|| async { shard::id() })
+                .await
+                .into_iter()
+                .map(|r| r.unwrap())
+                .sum::<usize>()
+        });
+        std::thread::scope(|s| {
+            let ra = s.spawn(|| a.run());
+            let got = LocalExecutor::new().unwrap().block_on(h).unwrap();
+            assert_eq!(got, 3);
+            ra.join().unwrap().unwrap();
+        });
+    });
+}
+
+/// I/O objects made in one `LocalExecutor`'s run and used in another's on the same thread,
+/// the first still alive, then after it is gone; and off any loop.
+#[test]
+fn io_objects_moved_between_local_executors_of_one_thread() {
+    within("io across local executors", || {
+        let dir = std::env::temp_dir().join(format!("xtc-foreign-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, b"hello world").unwrap();
+        let l1 = LocalExecutor::new().unwrap();
+        let (file, listener, client, server) = l1.block_on({
+            let path = path.clone();
+            async move {
+                let f = xtc_shards::fs::File::open(&path).await.unwrap();
+                let l = xtc_shards::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = l.local_addr().unwrap();
+                let c = xtc_shards::net::TcpStream::connect(addr).await.unwrap();
+                let (s, _) = l.accept().await.unwrap();
+                // A read dropped in flight (kept for the next read).
+                {
+                    let mut r = std::pin::pin!(s.read(vec![0u8; 16]));
+                    assert!(futures::poll!(r.as_mut()).is_pending());
+                }
+                (f, l, c, s)
+            }
+        });
+        // Off any loop: errors, not hangs or panics.
+        let off = futures::executor::block_on(file.read_at(vec![0u8; 5], 0)).0;
+        let _ = off;
+        let l2 = LocalExecutor::new().unwrap();
+        let (a, b, file, listener, client, server) = l2.block_on(async move {
+            let (n, buf) = file.read_at(vec![0u8; 5], 0).await;
+            assert_eq!(&buf[..n.unwrap()], b"hello");
+            let (w, _) = client.write_all(b"ping".to_vec()).await;
+            w.unwrap();
+            let (n, buf) = server.read(vec![0u8; 16]).await;
+            let got = buf[..n.unwrap()].to_vec();
+            let addr = listener.local_addr().unwrap();
+            let c2 = xtc_shards::net::TcpStream::connect(addr).await.unwrap();
+            let (s2, _) = listener.accept().await.unwrap();
+            drop((c2, s2));
+            (got, b"ping".to_vec(), file, listener, client, server)
+        });
+        assert_eq!(a, b);
+        drop(l1);
+        let all = LocalExecutor::new().unwrap().block_on(async move {
+            let (w, _) = server.write_all(b"pong".to_vec()).await;
+            w.unwrap();
+            let (n, buf) = client.read(vec![0u8; 16]).await;
+            assert_eq!(&buf[..n.unwrap()], b"pong");
+            (file, listener, client, server)
+        });
+        drop(all);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+/// A task of an executor that never runs, awaited in another executor's task (and a plain
+/// thread), its `Executor` then dropped while a `Handle` lives: both awaiters see cancelled.
+#[test]
+fn handles_of_a_dropped_executor_awaited_elsewhere() {
+    within("dropped executor's handles", || {
+        let a = exec(2);
+        let ha = a.handle();
+        let p = a.spawn_on(1, || async { 1 }).unwrap();
+        let m = ha.spawn(async { 2 });
+        let q = ha.submit_to(0, || async { 3 });
+        let b = service(1);
+        let hb = b.handle();
+        std::thread::scope(|s| {
+            let rb = s.spawn(|| b.run());
+            let (tx, rx) = mpsc::channel();
+            hb.spawn_on(0, move || async move {
+                let r = (p.await.is_err(), m.await.is_err());
+                tx.send(r).unwrap();
+            })
+            .unwrap();
+            let plain = s.spawn(move || futures::executor::block_on(q));
+            std::thread::sleep(Duration::from_millis(30));
+            drop(a);
+            assert_eq!(rx.recv_timeout(HANG).unwrap(), (true, true));
+            assert!(matches!(plain.join().unwrap(), Err(Error::Stopped)));
+            hb.stop();
+            rb.join().unwrap().unwrap();
+        });
+        assert!(matches!(ha.spawn_on(0, || async {}), Err(Error::Stopped)));
+    });
 }
 
 /// An abort of a task parked on another shard, awaited inside a foreign `block_on` in a task:
