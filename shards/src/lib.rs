@@ -52,6 +52,20 @@
 //!     back ([`io::BufResult`]); dropping the future cancels the operation and keeps the buffer
 //!     alive until the kernel is done with it (`io/uring.rs`, rules 1–5).
 //!
+//! # Blocking a loop
+//!
+//! A loop thread that blocks (a lock, a blocking system call, `futures::executor::block_on`
+//! inside a task) runs nothing else until it returns: its other tasks, its timers, its I/O, the
+//! messages other loops send it and the room in its rings all wait. A blocking wait inside a
+//! task on work the blocked loop itself must do (a [`time::sleep`], a [`spawn_local`]ed task,
+//! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring to another shard)
+//! therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
+//! stall watchdog (`XTC_STALL_BUDGET`, [`StallReport`]) names the task. A blocking wait on
+//! another loop's work ends: a [`JoinHandle`], a shared channel end or a `submit_to` polled
+//! with a waker other than the task's own sends the turn's deferred wakes and ring pings
+//! first, so the other loop is woken. Await instead of blocking; run blocking code on a
+//! thread of its own (`std::thread::spawn`, then await a shared channel or a [`Handle`] call).
+//!
 //! # Environment variables
 //!
 //! Read by [`Builder::from_env`] / [`Executor::from_env`] (and [`Builder::env`]); `XTC_IO` also

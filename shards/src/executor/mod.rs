@@ -1381,7 +1381,9 @@ impl Handle {
     /// stopped run drops on the thread in `run()` or `LocalExecutor::block_on` (a parked
     /// migratable one, one left in a ring):
     /// the spawns of the drops a stopping loop runs are dropped too. Cost: one allocation; from the shard
-    /// itself a thread-local push, from elsewhere an inbox push (a short lock) plus a wake ping
+    /// itself a thread-local push; from another loop of the same executor a ring push (into a
+    /// backlog while the ring is full), with the wake ping, if the shard sleeps, sent at the end
+    /// of that loop's turn; from any other thread an inbox push (a short lock) plus a wake ping
     /// (an eventfd write) if the shard sleeps.
     #[track_caller]
     pub fn spawn_on<F, Fut>(&self, shard: usize, make: F) -> Result<JoinHandle<Fut::Output>>
