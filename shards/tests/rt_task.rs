@@ -116,10 +116,18 @@ fn pinned_task_woken_from_a_plain_thread() {
         })
         .unwrap();
     let s = slot.clone();
+    let handle = ex.handle();
     let waker_thread = std::thread::spawn(move || {
-        // Wait until the task parked, then fire its waker from this foreign thread.
+        // Wait until the task parked, then fire its waker from this foreign thread. The waker
+        // is stored inside the task's poll: a wake before that poll returned is taken by the
+        // task's own loop (it reschedules the running task locally, not through the inbox), so
+        // wait for the loop to park too, which it does only once the poll is over. A fixed
+        // sleep was not enough under Miri (seed 4 woke it mid-poll).
         loop {
             std::thread::sleep(Duration::from_millis(20));
+            if handle.loop_stats(1).unwrap().parks == 0 {
+                continue;
+            }
             let mut g = s.lock().unwrap();
             if let Some(w) = g.1.take() {
                 g.0 = true;
