@@ -589,23 +589,36 @@ fn a_submit_to_given_up_by_its_caller_drops_its_output_once() {
     let ex = exec(2);
     let outputs = Arc::new(std::sync::Mutex::new(Vec::new()));
     let o = outputs.clone();
+    // The target finishes only once the caller gave up, and the caller waits for the output's
+    // drop before it ends the run: fixed sleeps (60 ms on the target, 200 ms after the
+    // timeout) let a slow run (Miri, -Zmiri-seed=3 -Zmiri-preemption-rate=0.1) end with the
+    // target still asleep, cancelled by the stop with no output to drop.
+    let gave_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g = gave_up.clone();
+    let dog = Watchdog::new(ex.handle(), HANG, "a given-up submit_to's output drop");
     let timed_out = ex
         .block_on(move || async move {
             let o2 = o.clone();
             let r = xtc_shards::time::timeout(
                 Duration::from_millis(10),
                 shard::submit_to(1, move || async move {
-                    xtc_shards::time::sleep(Duration::from_millis(60)).await;
+                    while !g.load(SeqCst) {
+                        xtc_shards::time::sleep(Duration::from_millis(5)).await;
+                    }
                     DropSite(o2)
                 }),
             )
             .await;
+            gave_up.store(true, SeqCst);
             // The target finishes after the caller gave up: its output goes nowhere but must
             // still be dropped, once.
-            xtc_shards::time::sleep(Duration::from_millis(200)).await;
+            while o.lock().unwrap().is_empty() {
+                xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            }
             r.is_err()
         })
         .unwrap();
+    dog.done();
     assert!(timed_out);
     // One guard: a second `lock()` in the message, while the first guard lived on in the
     // assertion's temporaries, deadlocked a failing run instead of reporting it.
