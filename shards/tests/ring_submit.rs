@@ -747,8 +747,28 @@ fn spawns_to_a_stopped_shard_are_kept_whatever_the_ring_fill() {
         ex.block_on(move || async move {
             let h = shard::handle().unwrap();
             shard::stop();
-            // Shard 1 sees the stop and shuts down while this poll keeps shard 0 busy.
-            std::thread::sleep(Duration::from_millis(300));
+            // Shard 1 sees the stop and shuts down while this poll keeps shard 0 busy. Its run
+            // clock (busy + idle) stops when its run has ended, shutdown included: two
+            // readings 20 ms apart that agree. (A fixed 300 ms sleep was not always enough,
+            // under Miri: a spawn that landed during the shutdown was drained and dropped.)
+            let clock = || {
+                let s = h.loop_stats(1).unwrap();
+                s.busy + s.idle
+            };
+            let t0 = std::time::Instant::now();
+            let mut last = clock();
+            loop {
+                std::thread::sleep(Duration::from_millis(20));
+                let now = clock();
+                if now == last {
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "shard 1 never stopped"
+                );
+                last = now;
+            }
             for i in 0..n {
                 let o = o.clone();
                 drop(
