@@ -1089,6 +1089,93 @@ mod tests {
         );
     }
 
+    /// xtc_exec(3)'s steal backoff: an idle worker's poll timeout grows "from 1 ms toward a
+    /// 32 ms cap" and "any real work resets it immediately". Read at two park decisions of
+    /// shard 1 (ticking while a migratable task sleeps): after many empty ticks the tick is the
+    /// cap, not more; after a pinned task ran there, the next decision's tick is 1 ms again.
+    #[test]
+    fn steal_backoff_caps_the_idle_tick_at_32_ms_and_work_resets_it() {
+        use std::{
+            sync::{
+                atomic::{AtomicBool, Ordering::SeqCst},
+                Arc, Mutex,
+            },
+            time::{Duration, Instant},
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .steal_backoff(true)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let exec_id = h.shared.loops[1].exec_id;
+        // Shard 1's idle tick at a park decision after many empty ticks, then at the first
+        // park decision after it ran a task.
+        let (grown, after_work) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)));
+        let (g, a) = (grown.clone(), after_work.clone());
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        exec.block_on(move || async move {
+            let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+            // 1, 1, 1, 1, 2, 4, 8, 16, 32, 32, ...: well past the cap after 16 parks.
+            let t0 = Instant::now();
+            while h.loop_stats(1).unwrap().parks < 16 && t0.elapsed() < Duration::from_secs(10) {
+                crate::time::sleep(Duration::from_millis(5)).await;
+            }
+            let seen = Arc::new(AtomicBool::new(false));
+            let s = seen.clone();
+            *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+                exec_id,
+                1,
+                Box::new(move |core: &super::Core| {
+                    *g.lock().unwrap() = Some(crate::steal::idle_tick(core));
+                    s.store(true, SeqCst);
+                }),
+            ));
+            let t0 = Instant::now();
+            while !seen.load(SeqCst) && t0.elapsed() < Duration::from_secs(10) {
+                crate::time::sleep(Duration::from_millis(5)).await;
+            }
+            // Real work on shard 1: the task arms the hook for the park decision that ends
+            // the turn it ran in.
+            h.spawn_on(1, move || async move {
+                *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+                    exec_id,
+                    1,
+                    Box::new(move |core: &super::Core| {
+                        *a.lock().unwrap() = Some(crate::steal::idle_tick(core));
+                        d.store(true, SeqCst);
+                    }),
+                ));
+            })
+            .unwrap()
+            .await
+            .unwrap();
+            let t0 = Instant::now();
+            while !done.load(SeqCst) && t0.elapsed() < Duration::from_secs(10) {
+                crate::time::sleep(Duration::from_millis(5)).await;
+            }
+            keeper.abort();
+        })
+        .unwrap();
+        let grown = grown.lock().unwrap().expect("shard 1 never decided a park");
+        assert_eq!(
+            grown,
+            Some(Duration::from_millis(32)),
+            "after 16 empty ticks the idle tick is the 32 ms cap"
+        );
+        let after = after_work
+            .lock()
+            .unwrap()
+            .expect("shard 1 never parked after its work");
+        assert_eq!(
+            after,
+            Some(Duration::from_millis(1)),
+            "work did not reset the backed-off idle tick"
+        );
+    }
+
     /// A migratable task queued from a plain thread lands in the loop's injector, with a wake
     /// ping only for a loop that announced sleep: a spinning loop must see it itself. The spin
     /// (a reply spin or spin-before-park, up to 1 s) looked at the inbox, the rings and the
