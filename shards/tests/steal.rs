@@ -50,6 +50,11 @@ fn idle_loop_steals_migratable_work() {
         s1.steals > 0 && s0.stolen_from == s1.steals,
         "{s0:?} {s1:?}"
     );
+    // xtc_exec(3): `steals` counts the tasks the loop stole, a batch as its size. Shard 0
+    // never steals back (its parent task is parked), so every task that ran on shard 1 was
+    // one of them.
+    assert_eq!(s1.steals, moved as u64, "{s0:?} {s1:?}");
+    assert_eq!(s0.steals, 0, "{s0:?}");
 }
 
 #[test]
