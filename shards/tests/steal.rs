@@ -1338,3 +1338,69 @@ fn with_stealing_off_a_spawn_pings_no_idle_peer() {
         last - first
     );
 }
+
+/// Rule 1 (xtc_exec(3): a waker "may be fired from any thread"): a parked migratable task
+/// woken by a task on another worker moves to that worker's deque, for locality; woken from a
+/// plain thread it goes back to the loop it last ran on. With stealing off nothing else moves
+/// it, so where each part of it runs is exact.
+#[test]
+fn a_woken_migratable_task_runs_where_it_was_woken_or_where_it_last_ran() {
+    let ex = Executor::builder()
+        .shards(3)
+        .oversubscribe(true)
+        .stealing(false)
+        .build()
+        .unwrap();
+    let (tx1, rx1) = futures::channel::oneshot::channel::<()>();
+    let (tx2, rx2) = futures::channel::oneshot::channel::<()>();
+    let parked = Arc::new(AtomicUsize::new(0));
+    let p = parked.clone();
+    // Starts on shard 2; parks twice.
+    let shards = ex
+        .spawn_on(2, move || async move {
+            xtc_shards::spawn(async move {
+                let start = shard::id();
+                p.store(1, SeqCst);
+                rx1.await.unwrap();
+                let after_worker_wake = shard::id();
+                p.store(2, SeqCst);
+                rx2.await.unwrap();
+                (start, after_worker_wake, shard::id())
+            })
+            .await
+            .unwrap()
+        })
+        .unwrap();
+    let p = parked.clone();
+    // Shard 1 wakes it once it parked.
+    ex.spawn_on(1, move || async move {
+        while p.load(SeqCst) < 1 {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
+        xtc_shards::time::sleep(Duration::from_millis(5)).await;
+        tx1.send(()).unwrap();
+    })
+    .unwrap();
+    // A plain thread wakes it the second time.
+    let waker = std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        while parked.load(SeqCst) < 2 && t.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        tx2.send(()).unwrap();
+    });
+    run_or_fail(ex, HANG * 2, "a migratable task woken twice").unwrap();
+    waker.join().unwrap();
+    let (start, after_worker_wake, after_foreign_wake) =
+        futures::executor::block_on(shards).unwrap();
+    assert_eq!(start, 2, "spawned on shard 2");
+    assert_eq!(
+        after_worker_wake, 1,
+        "a wake from shard 1's task moves the task to shard 1"
+    );
+    assert_eq!(
+        after_foreign_wake, 1,
+        "a wake from a plain thread queues it where it last ran"
+    );
+}
