@@ -398,6 +398,23 @@ mod tests {
         lanes.lanes.iter().map(|l| l.vruntime).collect()
     }
 
+    /// Rule 2, xtc_exec(3)'s (Glommio's) accrual exactly: `(cost_ns * ((1 << 22) / shares))
+    /// >> 12`, the reciprocal truncated first (1000 shares: 4,194, not 4,194.304), so a lane
+    /// accrues 1,023,925 for a millisecond, not the 1,024,000 of `cost * 1024 / shares`.
+    #[test]
+    fn vruntime_accrues_by_glommios_formula() {
+        let mut lanes = Lanes::new();
+        lanes.lanes.push(Lane::new(1000, None));
+        lanes.lanes.push(Lane::new(3, None));
+        lanes.charge(1, 1_000_000);
+        lanes.charge(2, 1_000);
+        lanes.charge(0, 1_000); // the default lane: 100 shares
+        assert_eq!(vruntimes(&lanes), vec![10_239, 1_023_925, 341_333]);
+        // Accrual adds up: a second charge adds the same again.
+        lanes.charge(1, 1_000_000);
+        assert_eq!(lanes.lanes[1].vruntime, 2 * 1_023_925);
+    }
+
     /// Near the top of `u64` every lane is lowered by the same amount: the order and the gaps
     /// `pick` compares stay, nothing saturates.
     #[test]
