@@ -1404,3 +1404,75 @@ fn a_woken_migratable_task_runs_where_it_was_woken_or_where_it_last_ran() {
         "a wake from a plain thread queues it where it last ran"
     );
 }
+
+/// xtc_exec(3), eager rebalance: "enqueuing a migratable task nudges one idle peer to steal it
+/// promptly", and with steal backoff "a cross-thread enqueue still nudges it at once". A task
+/// woken from a plain thread goes to the injector of the loop it last ran on, here busy in a
+/// long poll: an idle peer must be nudged, and a nudged thief's first steal ignores
+/// `min_tasks_to_steal`. Not nudged, the idle loop found the task only by its idle ticks, and
+/// with the minimum above the queue it waited for the starvation override (16 ticks).
+/// Counted by parks, not timed.
+#[test]
+fn a_task_woken_from_a_plain_thread_into_a_busy_loop_nudges_an_idle_peer() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .eager_rebalance(true)
+        .stealing(false)
+        .min_tasks_to_steal(1000)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    let parked = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    // Shard 1's parks as the wake was sent, and as the woken task ran there.
+    let before = Arc::new(AtomicUsize::new(0));
+    let (pk, g, d) = (parked.clone(), go.clone(), done.clone());
+    let result = ex
+        .spawn_on(0, move || async move {
+            let (hh, pk2, d2) = (h.clone(), pk.clone(), d.clone());
+            let sleeper = xtc_shards::spawn(async move {
+                let (pk, d) = (pk2, d2);
+                pk.store(true, SeqCst);
+                rx.await.unwrap();
+                let parks = hh.loop_stats(1).unwrap().parks;
+                d.store(true, SeqCst);
+                (shard::id(), parks)
+            });
+            while !pk.load(SeqCst) {
+                xtc_shards::time::sleep(Duration::from_millis(1)).await;
+            }
+            // The sleeper last ran here; shard 1 ticks (a migratable task is alive).
+            h.set_stealing(true);
+            xtc_shards::time::sleep(Duration::from_millis(20)).await;
+            g.store(true, SeqCst);
+            // A long poll: this loop takes nothing from its injector meanwhile.
+            let t = std::time::Instant::now();
+            while !d.load(SeqCst) && t.elapsed() < HANG {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            sleeper.await.unwrap()
+        })
+        .unwrap();
+    let (h, b) = (ex.handle(), before.clone());
+    let waker = std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        while !go.load(SeqCst) && t.elapsed() < HANG {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        b.store(h.loop_stats(1).unwrap().parks as usize, SeqCst);
+        tx.send(()).unwrap();
+    });
+    run_or_fail(ex, HANG * 2, "a task woken into a busy loop").unwrap();
+    waker.join().unwrap();
+    let (shard, parks) = futures::executor::block_on(result).unwrap();
+    assert_eq!(shard, 1, "the idle loop never stole the woken task");
+    let waited = parks - before.load(SeqCst) as u64;
+    assert!(
+        waited <= 3,
+        "shard 1 parked {waited} times before it stole the task: no nudge"
+    );
+}

@@ -47,6 +47,8 @@
 //!    loop spinning before it parks included (its spin watches `work_ping`; a spin that
 //!    begins looks at its victims once, after a fence paired with the nudger's, for work whose
 //!    nudge passed it over just before: `nudged_before_spin`).
+//!    Work queued from another thread into a busy loop's injector (a wake, `Executor::spawn`)
+//!    nudges that loop's nearest idle peer at once, as its ping wakes nothing.
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
@@ -621,7 +623,7 @@ where
         }) == Some(true)
     };
     if placed && !here() {
-        inject(&exec.loops[home], runnable);
+        inject(exec, home, runnable);
     } else {
         runnable.schedule();
     }
@@ -662,13 +664,22 @@ where
     JoinHandle::new(task)
 }
 
-/// Rule 1 off that loop's thread: queues `r` in loop `l`'s injector and pings it. Counted
+/// Rule 1 off that loop's thread: queues `r` in loop `to`'s injector and pings it. Counted
 /// first (`StealShared::injected`): a wake the coordinator's closing snapshot does not see
-/// comes after its decision, and the woken loop's `Status::busy` then waits for that.
-fn inject(l: &crate::event_loop::LoopShared, r: Runnable) {
+/// comes after its decision, and the woken loop's `Status::busy` then waits for that. With
+/// eager rebalance on and loop `to` busy (its ping wakes nothing), rule 4's nudge goes to an
+/// idle peer, as it does for work a loop queues itself: without it the task waited for a
+/// peer's idle tick (up to 32 ms with backoff) and, below `min_tasks_to_steal`, for the
+/// starvation override. Cost with eager rebalance: a fence and a status load, and a ping when
+/// `to` is busy.
+fn inject(exec: &ExecShared, to: usize, r: Runnable) {
+    let l = &exec.loops[to];
     l.steal.injected.fetch_add(1, SeqCst);
     l.steal.injector.push(r);
     l.parker.unpark();
+    if exec.eager_rebalance() {
+        nudge_peer_of(exec, to, true);
+    }
 }
 
 /// The schedule function of migratable tasks (rule 1).
@@ -682,7 +693,7 @@ pub(crate) fn schedule(r: Runnable) {
         match r.metadata().home.exec().upgrade() {
             Some(e) => {
                 let last = r.metadata().last_loop().min(e.loops.len() - 1);
-                inject(&e.loops[last], r);
+                inject(&e, last, r);
             }
             // The executor is gone: the future is `Send`, dropping it here is fine.
             None => crate::task::cancel(r),
@@ -1007,7 +1018,13 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
     if !core.nudge.replace(false) {
         return;
     }
-    let exec = &*core.exec;
+    nudge_peer_of(&core.exec, core.index(), false);
+}
+
+/// Rule 4's nudge for work queued on loop `me`: pings the nearest idle peer that may steal
+/// from `me`. `only_if_busy`: not when `me` itself is idle (work queued from another thread,
+/// whose ping wakes `me`, which takes it).
+fn nudge_peer_of(exec: &ExecShared, me: usize, only_if_busy: bool) {
     if !exec.stealing() {
         return;
     }
@@ -1023,7 +1040,10 @@ pub(crate) fn nudge_idle_peer(core: &Core) {
             && crate::event_loop::status::kind(l.status.load(Relaxed))
                 == crate::event_loop::status::BUSY
     };
-    if let Some(v) = policy::nudge_target(core.index(), |l| exec.victims(l), busy) {
+    if only_if_busy && !busy(me) {
+        return;
+    }
+    if let Some(v) = policy::nudge_target(me, |l| exec.victims(l), busy) {
         exec.loops[v].steal.work_ping.mark();
         exec.loops[v].parker.unpark();
     }
