@@ -88,7 +88,7 @@ use std::{
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use crossbeam_utils::CachePadded;
-pub(crate) use policy::should_steal;
+use policy::look;
 use slab::Slab;
 
 use crate::{
@@ -898,15 +898,9 @@ pub(crate) fn try_steal(core: &Core) -> bool {
     for &v in victims {
         let vs = &exec.loops[v].steal;
         let queued = vs.stealer.len() + vs.injector.len();
-        if queued == 0 {
-            looks[v] = 0;
+        if !look(queued, min, &mut looks[v], fresh) {
             continue;
         }
-        if !should_steal(queued, min, looks[v], fresh) {
-            looks[v] += 1;
-            continue;
-        }
-        looks[v] = 0;
         let before = w.len();
         let got = loop {
             let s = match vs.stealer.steal_batch_and_pop(w) {

@@ -11,6 +11,22 @@ pub(crate) fn should_steal(queued: usize, min: usize, short_looks: u32, fresh_wa
     queued > 0 && (queued >= min || fresh_wake || short_looks + 1 >= STARVATION_LOOKS)
 }
 
+/// One look at a victim with `queued` tasks: whether to steal from it, updating `short_looks`,
+/// the count of looks in a row that found it short. A victim found empty starts the count over
+/// (its shortness was not sustained: HPX counts consecutive short looks), as does a steal.
+pub(crate) fn look(queued: usize, min: usize, short_looks: &mut u32, fresh_wake: bool) -> bool {
+    if queued == 0 {
+        *short_looks = 0;
+        return false;
+    }
+    if !should_steal(queued, min, *short_looks, fresh_wake) {
+        *short_looks += 1;
+        return false;
+    }
+    *short_looks = 0;
+    true
+}
+
 /// Eager rebalance's nudge (steal rule 4): which idle peer loop `me` pings for the migratable
 /// work it just queued: the nearest in `me`'s victim order (`victims(me)`) that is not busy and
 /// may steal from `me` (`me` is in its own victim list). At NUMA sensitivity 1 a loop of
@@ -84,6 +100,38 @@ mod tests {
             assert!(!should_steal(2, min, looks, false), "look {}", looks + 1);
         }
         assert!(should_steal(2, min, STARVATION_LOOKS - 1, false));
+    }
+
+    /// The override counts short looks in a row: a look that finds the victim empty starts
+    /// the count over, and so does a steal.
+    #[test]
+    fn an_empty_look_or_a_steal_starts_the_starvation_count_over() {
+        let (min, mut looks) = (10, 0);
+        for _ in 0..STARVATION_LOOKS - 1 {
+            assert!(!look(2, min, &mut looks, false));
+        }
+        assert!(
+            !look(0, min, &mut looks, false),
+            "an empty victim is not stolen from"
+        );
+        for n in 0..STARVATION_LOOKS - 1 {
+            assert!(
+                !look(2, min, &mut looks, false),
+                "short look {} after the reset",
+                n + 1
+            );
+        }
+        assert!(
+            look(2, min, &mut looks, false),
+            "the 16th short look in a row steals"
+        );
+        assert_eq!(looks, 0, "a steal starts the count over");
+        assert!(!look(2, min, &mut looks, false));
+        assert!(
+            look(12, min, &mut looks, false),
+            "a victim at the minimum is stolen from"
+        );
+        assert_eq!(looks, 0);
     }
 
     #[test]
