@@ -1009,6 +1009,27 @@ mod tests {
         );
     }
 
+    /// A 2-shard executor with steal backoff on, and its id (for [`BEFORE_ANNOUNCE`]).
+    fn backoff_executor() -> (Executor, u64) {
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .steal_backoff(true)
+            .build()
+            .unwrap();
+        let id = exec.handle().shared.loops[1].exec_id;
+        (exec, id)
+    }
+
+    /// Sleeps 5 ms at a time until `done()`, or for at most 10 s (a hang guard; the caller's
+    /// assertions say what was missed).
+    async fn wait_until(done: impl Fn() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !done() && t0.elapsed() < std::time::Duration::from_secs(10) {
+            crate::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// A steal knob changed while a loop decides its park: `set_steal_backoff(false)` lands
     /// after the loop picked its idle tick (grown by backoff) and before it announces its
     /// sleep, which swaps the knob's wake away. The recheck looked for a tick only where the
@@ -1021,16 +1042,10 @@ mod tests {
                 atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
                 Arc, Mutex,
             },
-            time::{Duration, Instant},
+            time::Duration,
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .steal_backoff(true)
-            .build()
-            .unwrap();
+        let (exec, exec_id) = backoff_executor();
         let h = exec.handle();
-        let exec_id = h.shared.loops[1].exec_id;
         // Shard 1's parks at the first and second hooked decisions, and its tick at the first.
         let (first, second) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let tick_then = Arc::new(Mutex::new(None));
@@ -1045,10 +1060,7 @@ mod tests {
             // A migratable task alive (parked on a timer): shard 1 parks on an idle tick,
             // which backoff grows while nothing is found.
             let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
-            let t0 = Instant::now();
-            while h.loop_stats(1).unwrap().parks < 12 && t0.elapsed() < Duration::from_secs(10) {
-                crate::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_until(|| h.loop_stats(1).unwrap().parks >= 12).await;
             let hh = h.clone();
             *BEFORE_ANNOUNCE.lock().unwrap() = Some((
                 exec_id,
@@ -1067,10 +1079,7 @@ mod tests {
                     ));
                 }),
             ));
-            let t0 = Instant::now();
-            while !done.load(SeqCst) && t0.elapsed() < Duration::from_secs(10) {
-                crate::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_until(|| done.load(SeqCst)).await;
             keeper.abort();
         })
         .unwrap();
@@ -1100,16 +1109,10 @@ mod tests {
                 atomic::{AtomicBool, Ordering::SeqCst},
                 Arc, Mutex,
             },
-            time::{Duration, Instant},
+            time::Duration,
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .steal_backoff(true)
-            .build()
-            .unwrap();
+        let (exec, exec_id) = backoff_executor();
         let h = exec.handle();
-        let exec_id = h.shared.loops[1].exec_id;
         // Shard 1's idle tick at a park decision after many empty ticks, then at the first
         // park decision after it ran a task.
         let (grown, after_work) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)));
@@ -1119,10 +1122,7 @@ mod tests {
         exec.block_on(move || async move {
             let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
             // 1, 1, 1, 1, 2, 4, 8, 16, 32, 32, ...: well past the cap after 16 parks.
-            let t0 = Instant::now();
-            while h.loop_stats(1).unwrap().parks < 16 && t0.elapsed() < Duration::from_secs(10) {
-                crate::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_until(|| h.loop_stats(1).unwrap().parks >= 16).await;
             let seen = Arc::new(AtomicBool::new(false));
             let s = seen.clone();
             *BEFORE_ANNOUNCE.lock().unwrap() = Some((
@@ -1133,10 +1133,7 @@ mod tests {
                     s.store(true, SeqCst);
                 }),
             ));
-            let t0 = Instant::now();
-            while !seen.load(SeqCst) && t0.elapsed() < Duration::from_secs(10) {
-                crate::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_until(|| seen.load(SeqCst)).await;
             // Real work on shard 1: the task arms the hook for the park decision that ends
             // the turn it ran in.
             h.spawn_on(1, move || async move {
@@ -1152,10 +1149,7 @@ mod tests {
             .unwrap()
             .await
             .unwrap();
-            let t0 = Instant::now();
-            while !done.load(SeqCst) && t0.elapsed() < Duration::from_secs(10) {
-                crate::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_until(|| done.load(SeqCst)).await;
             keeper.abort();
         })
         .unwrap();
