@@ -243,8 +243,9 @@ impl Core {
 
 impl Core {
     /// Sends this turn's deferred wakes now: the end-of-turn flushes (a channel's batched
-    /// wake of its other side) and the ring mesh's pings (a task queued or woken on another
-    /// loop). For a wait that returns `Pending` to a waker other than the polled task's own on
+    /// wake of its other side), the ring mesh's pings (a task queued or woken on another
+    /// loop) and eager rebalance's nudge of an idle peer (a migratable task queued here,
+    /// which a loop that blocks cannot run: `steal::nudge_idle_peer`). For a wait that returns `Pending` to a waker other than the polled task's own on
     /// a loop thread: that may be a foreign executor inside the task
     /// (`futures::executor::block_on`), which blocks the thread until it is woken, so this
     /// turn never ends; what the wait depends on (the other end of a channel, a task on
@@ -255,6 +256,7 @@ impl Core {
             self.run_flushes();
         }
         crate::ring::flush(self);
+        crate::steal::nudge_idle_peer(self);
     }
 
     /// Whether end-of-turn flushes wait for the next turn: registered while this turn's ran

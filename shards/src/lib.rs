@@ -58,12 +58,13 @@
 //! inside a task) runs nothing else until it returns: its other tasks, its timers, its I/O, the
 //! messages other loops send it and the room in its rings all wait. A blocking wait inside a
 //! task on work the blocked loop itself must do (a [`time::sleep`], a [`spawn_local`]ed task,
-//! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring to another shard)
-//! therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
+//! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring to another shard, a
+//! migratable [`spawn`] that no peer may steal: stealing off, one shard, or eager rebalance
+//! off while every peer owns parked tasks) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
 //! stall watchdog (`XTC_STALL_BUDGET`, [`StallReport`]) names the task. A blocking wait on
 //! another loop's work ends: a [`JoinHandle`], a shared channel end or a `submit_to` polled
-//! with a waker other than the task's own sends the turn's deferred wakes and ring pings
-//! first, so the other loop is woken. Await instead of blocking; run blocking code on a
+//! with a waker other than the task's own sends the turn's deferred wakes, ring pings and
+//! eager rebalance's nudge first, so the other loop is woken. Await instead of blocking; run blocking code on a
 //! thread of its own (`std::thread::spawn`, then await a shared channel or a [`Handle`] call).
 //!
 //! # Environment variables

@@ -1476,3 +1476,43 @@ fn a_task_woken_from_a_plain_thread_into_a_busy_loop_nudges_an_idle_peer() {
         "shard 1 parked {waited} times before it stole the task: no nudge"
     );
 }
+
+/// Eager rebalance's nudge for a migratable task spawned by a loop that then blocks inside a
+/// task (`futures::executor::block_on` of the child's handle): the loop's turn never ends, so
+/// its end-of-turn nudge never went, and the idle peer found the child only by its idle ticks,
+/// with the minimum above the queue only at the starvation override (16 ticks). The handle,
+/// polled with a foreign waker, sends the turn's deferred wakes, the nudge among them.
+/// Counted by parks, not timed.
+#[test]
+fn a_foreign_block_on_of_a_migratable_spawn_nudges_an_idle_peer() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .eager_rebalance(true)
+        .min_tasks_to_steal(1000)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let result = ex
+        .spawn_on(0, move || async move {
+            // A migratable task alive: shard 1 ticks, and the child's spawn below sends no
+            // first-spawn ping (which would count as a wake by new work).
+            let keeper = xtc_shards::spawn(xtc_shards::time::sleep(Duration::from_secs(3600)));
+            xtc_shards::time::sleep(Duration::from_millis(50)).await;
+            let before = h.loop_stats(1).unwrap().parks;
+            let hh = h.clone();
+            let child =
+                xtc_shards::spawn(async move { (shard::id(), hh.loop_stats(1).unwrap().parks) });
+            let (shard, parks) = futures::executor::block_on(child).unwrap();
+            keeper.abort();
+            (shard, parks - before)
+        })
+        .unwrap();
+    run_or_fail(ex, HANG * 2, "a foreign block_on of a migratable spawn").unwrap();
+    let (shard, waited) = futures::executor::block_on(result).unwrap();
+    assert_eq!(shard, 1, "the idle loop never stole the child");
+    assert!(
+        waited <= 3,
+        "shard 1 parked {waited} times before it stole the child: no nudge"
+    );
+}
