@@ -213,7 +213,9 @@ impl Placement {
         }
         // Shards listed per CPU: a duplicate needs oversubscription, and no CPU takes more than
         // MAX_SHARDS_PER_CPU (the total alone let a list put them all on one CPU).
-        let mut listed = std::collections::HashMap::with_capacity(list.len());
+        // At most one entry per allowed CPU (any other fails below): a huge list (a user's
+        // own `Policy::Cpus`) is refused before its length sizes anything here.
+        let mut listed = std::collections::HashMap::with_capacity(list.len().min(allowed.len()));
         for &cpu in list {
             if !topo.is_allowed(cpu) {
                 return Err(Error::CpuNotAllowed {
