@@ -74,7 +74,7 @@
 //! value is an [`Error::Env`] naming it, never a silent default (so is one of blanks only);
 //! an empty or unset variable leaves the builder's value. A bool is `1`/`0`, `true`/`false`, `on`/`off` or `yes`/`no`,
 //! and such words (`spread`, `epoll`, `off`) are case-insensitive; a duration is a whole number
-//! with unit `ns`, `us`, `ms` or `s` (a bare number is milliseconds).
+//! with unit `ns`, `us` (or `µs`), `ms` or `s` (a bare number is milliseconds).
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |

@@ -62,6 +62,13 @@ fn env_variables() {
     let ex = Builder::from_env().unwrap().build().unwrap();
     assert_eq!(ex.deadlock_grace(), Some(Duration::from_secs(2)));
     assert_eq!(ex.spin_before_park(), Duration::from_micros(7));
+    // Microseconds also as `µs`, with the micro sign (U+00B5) or the Greek letter mu (U+03BC)
+    // most keyboards and editors produce; the Greek one was refused.
+    for micro in ["9\u{b5}s", "9\u{3bc}s", "9\u{39c}S"] {
+        std::env::set_var("XTC_SPIN_BEFORE_PARK", micro);
+        let ex = Builder::from_env().unwrap().build().unwrap();
+        assert_eq!(ex.spin_before_park(), Duration::from_micros(9), "{micro}");
+    }
 
     std::env::set_var("XTC_DEADLOCK_GRACE", "off");
     assert_eq!(

@@ -483,7 +483,8 @@ fn parse_duration(v: &str) -> Option<Duration> {
     match unit.trim().to_lowercase().as_str() {
         "" | "ms" => Some(Duration::from_millis(n)),
         "s" => Some(Duration::from_secs(n)),
-        "us" | "µs" => Some(Duration::from_micros(n)),
+        // The micro sign (U+00B5) or the Greek mu (U+03BC; its capital lowers to it).
+        "us" | "\u{b5}s" | "\u{3bc}s" => Some(Duration::from_micros(n)),
         "ns" => Some(Duration::from_nanos(n)),
         _ => None,
     }
