@@ -1081,10 +1081,7 @@ fn a_knob_ping_does_not_waive_the_steal_minimum() {
         });
         sp.store(true, SeqCst);
         // Shard 0 stays busy until another loop took the child (or the hang guard ends it).
-        let t = std::time::Instant::now();
-        while !done.load(SeqCst) && t.elapsed() < HANG {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        block_until(|| done.load(SeqCst));
         child.await.unwrap();
     })
     .unwrap();
@@ -1186,10 +1183,7 @@ fn a_spawn_ping_that_lands_while_the_thief_runs_pinned_work_waives_nothing() {
     // the child waits in its injector for a thief.
     let cr = child_ran.clone();
     ex.spawn_on(0, move || async move {
-        let t = std::time::Instant::now();
-        while !cr.load(SeqCst) && t.elapsed() < HANG {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        block_until(|| cr.load(SeqCst));
     })
     .unwrap();
     std::thread::scope(|s| {
@@ -1225,18 +1219,12 @@ fn a_spawn_ping_that_lands_while_the_thief_runs_pinned_work_waives_nothing() {
             );
             h.spawn_on(1, move || async move {
                 st.store(true, SeqCst);
-                let t = std::time::Instant::now();
-                while !sp.load(SeqCst) && t.elapsed() < HANG {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+                block_until(|| sp.load(SeqCst));
                 *pd.lock().unwrap() = Some(hh.loop_stats(1).unwrap().parks);
             })
             .unwrap();
             // Shard 1 is awake, running it (the spawn's ping below must not end that park).
-            let t = std::time::Instant::now();
-            while !started.load(SeqCst) && t.elapsed() < HANG {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            block_until(|| started.load(SeqCst));
             // The first migratable task: placed on shard 0 (busy), its count rising from zero
             // pings every loop for new work, shard 1 included, which is awake.
             let hh = h.clone();
@@ -1383,10 +1371,7 @@ fn a_woken_migratable_task_runs_where_it_was_woken_or_where_it_last_ran() {
     .unwrap();
     // A plain thread wakes it the second time.
     let waker = std::thread::spawn(move || {
-        let t = std::time::Instant::now();
-        while parked.load(SeqCst) < 2 && t.elapsed() < HANG {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        block_until(|| parked.load(SeqCst) >= 2);
         std::thread::sleep(Duration::from_millis(5));
         tx2.send(()).unwrap();
     });
@@ -1449,19 +1434,13 @@ fn a_task_woken_from_a_plain_thread_into_a_busy_loop_nudges_an_idle_peer() {
             xtc_shards::time::sleep(Duration::from_millis(20)).await;
             g.store(true, SeqCst);
             // A long poll: this loop takes nothing from its injector meanwhile.
-            let t = std::time::Instant::now();
-            while !d.load(SeqCst) && t.elapsed() < HANG {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            block_until(|| d.load(SeqCst));
             sleeper.await.unwrap()
         })
         .unwrap();
     let (h, b) = (ex.handle(), before.clone());
     let waker = std::thread::spawn(move || {
-        let t = std::time::Instant::now();
-        while !go.load(SeqCst) && t.elapsed() < HANG {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        block_until(|| go.load(SeqCst));
         std::thread::sleep(Duration::from_millis(5));
         b.store(h.loop_stats(1).unwrap().parks as usize, SeqCst);
         tx.send(()).unwrap();

@@ -28,6 +28,16 @@ pub fn exec_with_grace(n: usize, grace: Duration) -> Executor {
         .expect("build executor")
 }
 
+/// Blocks the calling thread, 1 ms at a time, until `done()` or for at most [`HANG`] (a hang
+/// guard: the caller's assertions say what was missed). On a loop thread it holds the loop,
+/// which is what some tests want (a long poll).
+pub fn block_until(done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() && t.elapsed() < HANG {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Spins the CPU for `d` (a CPU-bound task body).
 pub fn burn(d: Duration) {
     let t = Instant::now();
