@@ -245,8 +245,9 @@ impl Core {
     /// Sends this turn's deferred wakes now: the end-of-turn flushes (a channel's batched
     /// wake of its other side), the ring mesh's pings (a task queued or woken on another
     /// loop) and eager rebalance's nudge of an idle peer (a migratable task queued here,
-    /// which a loop that blocks cannot run: `steal::nudge_idle_peer`). For a wait that returns `Pending` to a waker other than the polled task's own on
-    /// a loop thread: that may be a foreign executor inside the task
+    /// which a loop that blocks cannot run: `steal::nudge_idle_peer`). For a wait that
+    /// returns `Pending` to a waker other than the polled task's own on a loop thread: that
+    /// may be a foreign executor inside the task
     /// (`futures::executor::block_on`), which blocks the thread until it is woken, so this
     /// turn never ends; what the wait depends on (the other end of a channel, a task on
     /// another loop) then slept on for good. Cost: what the end of the turn would have cost,
