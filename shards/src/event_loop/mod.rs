@@ -876,18 +876,29 @@ mod tests {
 
     /// A test's hook into one park decision: run on the loop's thread after it published its
     /// idle status and before it announces its sleep (the window a ping cannot reach).
-    static BEFORE_ANNOUNCE: std::sync::Mutex<Option<Hook>> = std::sync::Mutex::new(None);
+    /// A list, not one slot: the tests that arm it run in parallel, each on its own executor,
+    /// and one slot let a test's hook overwrite another's before that one's loop reached it.
+    static BEFORE_ANNOUNCE: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
+
+    /// Arms `hook` for the next park decision of the loop it names.
+    fn arm(hook: Hook) {
+        BEFORE_ANNOUNCE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(hook);
+    }
 
     /// Runs the armed hook if it names this loop (test builds only).
     pub(super) fn before_announce(core: &super::Core) {
         let mut armed = BEFORE_ANNOUNCE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if armed
-            .as_ref()
-            .is_some_and(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index())
-        {
-            let (_, _, hook) = armed.take().expect("checked just above");
+        let mine = armed
+            .iter()
+            .position(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index());
+        if let Some(i) = mine {
+            let (_, _, hook) = armed.swap_remove(i);
+            // Unlocked first: a hook may arm the next one.
             drop(armed);
             hook(core);
         }
@@ -956,7 +967,7 @@ mod tests {
                 let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
                 crate::time::sleep(Duration::from_millis(5)).await;
                 let (w, n, p) = (in_window.clone(), nudged.clone(), parks_then.clone());
-                *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+                arm((
                     exec_id,
                     1,
                     Box::new(move |core: &super::Core| {
@@ -1005,6 +1016,169 @@ mod tests {
             parks_at_run,
             before,
             "the nudge was lost: shard 1 parked {} more time(s) before it stole the child",
+            parks_at_run - before
+        );
+    }
+
+    /// Waits (sleeping 100 µs at a time) until `done()`, for at most 10 s; returns `done()`.
+    /// For a hook that holds a loop in its park decision until another thread acted.
+    fn hold_until(done: impl Fn() -> bool) -> bool {
+        let t = std::time::Instant::now();
+        while !done() {
+            if t.elapsed() > std::time::Duration::from_secs(10) {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        true
+    }
+
+    /// Eager rebalance's nudge for a migratable task spawned by a loop that then blocks inside
+    /// a task (`futures::executor::block_on` of the child's handle): the loop's turn never
+    /// ends, so its end-of-turn nudge never went, and the idle peer found the child only by its
+    /// idle ticks, with the minimum above the queue only at the starvation override (16
+    /// ticks). The handle, polled with a foreign waker, sends the turn's deferred wakes, the
+    /// nudge among them. The peer is held in its park decision, idle, until its nudge came (a
+    /// nudge passes a busy loop over, which an integration test could not rule out: it failed
+    /// once in CI with the peer caught in an idle tick's turn). Counted by parks, not timed.
+    #[test]
+    fn a_foreign_block_on_of_a_migratable_spawn_nudges_an_idle_peer() {
+        use std::{
+            sync::{
+                atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+                Arc,
+            },
+            time::Duration,
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .eager_rebalance(true)
+            .min_tasks_to_steal(1000)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let exec_id = h.shared.loops[1].exec_id;
+        let in_window = Arc::new(AtomicBool::new(false));
+        // Shard 1's parks as it entered the window.
+        let parks_then = Arc::new(AtomicU64::new(u64::MAX));
+        let (w, p) = (in_window.clone(), parks_then.clone());
+        let (shard, parks_at_run, before) = exec
+            .block_on(move || async move {
+                // A migratable task alive: shard 1 ticks, and the child's spawn below sends no
+                // first-spawn ping (which would count as a wake by new work).
+                let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+                crate::time::sleep(Duration::from_millis(5)).await;
+                arm((
+                    exec_id,
+                    1,
+                    Box::new(move |core: &super::Core| {
+                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                        w.store(true, SeqCst);
+                        hold_until(|| crate::steal::work_pinged(core));
+                    }),
+                ));
+                assert!(
+                    hold_until(|| in_window.load(SeqCst)),
+                    "shard 1 never parked"
+                );
+                let hh = h.clone();
+                let child =
+                    crate::spawn(
+                        async move { (crate::shard::id(), hh.loop_stats(1).unwrap().parks) },
+                    );
+                let (shard, parks) = futures::executor::block_on(child).unwrap();
+                keeper.abort();
+                (shard, parks, parks_then.load(SeqCst))
+            })
+            .unwrap();
+        assert_eq!(shard, 1, "the idle loop never stole the child");
+        assert_eq!(
+            parks_at_run,
+            before,
+            "no nudge: shard 1 parked {} more time(s) before it stole the child",
+            parks_at_run - before
+        );
+    }
+
+    /// xtc_exec(3): "a migratable task woken from elsewhere goes to its last loop"; woken from
+    /// a plain thread it goes to that loop's injector, here the loop is busy in a long poll: an
+    /// idle peer must be nudged, and a nudged thief's first steal ignores
+    /// `min_tasks_to_steal`. Not nudged, the idle loop found the task only by its idle ticks,
+    /// and with the minimum above the queue it waited for the starvation override (16 ticks).
+    /// The peer is held in its park decision, idle, until its nudge came (see the test above).
+    /// Counted by parks, not timed.
+    #[test]
+    fn a_task_woken_from_a_plain_thread_into_a_busy_loop_nudges_an_idle_peer() {
+        use std::{
+            sync::{
+                atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+                Arc,
+            },
+            time::Duration,
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .eager_rebalance(true)
+            .stealing(false)
+            .min_tasks_to_steal(1000)
+            .build()
+            .unwrap();
+        let h = exec.handle();
+        let exec_id = h.shared.loops[1].exec_id;
+        let (tx, rx) = futures::channel::oneshot::channel::<()>();
+        let (parked, in_window, done) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        // Shard 1's parks as it entered the window.
+        let parks_then = Arc::new(AtomicU64::new(u64::MAX));
+        let (w, p) = (in_window.clone(), parks_then.clone());
+        let (shard, parks_at_run, before) = exec
+            .block_on(move || async move {
+                let (hh, pk, d) = (h.clone(), parked.clone(), done.clone());
+                let sleeper = crate::spawn(async move {
+                    pk.store(true, SeqCst);
+                    rx.await.unwrap();
+                    let parks = hh.loop_stats(1).unwrap().parks;
+                    d.store(true, SeqCst);
+                    (crate::shard::id(), parks)
+                });
+                while !parked.load(SeqCst) {
+                    crate::time::sleep(Duration::from_millis(1)).await;
+                }
+                // The sleeper last ran here (stealing was off); shard 1 ticks (a migratable
+                // task is alive).
+                h.set_stealing(true);
+                crate::time::sleep(Duration::from_millis(5)).await;
+                arm((
+                    exec_id,
+                    1,
+                    Box::new(move |core: &super::Core| {
+                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                        w.store(true, SeqCst);
+                        hold_until(|| crate::steal::work_pinged(core));
+                    }),
+                ));
+                // A long poll from here on: this loop takes nothing from its injector.
+                assert!(
+                    hold_until(|| in_window.load(SeqCst)),
+                    "shard 1 never parked"
+                );
+                let waker = std::thread::spawn(move || tx.send(()).unwrap());
+                hold_until(|| done.load(SeqCst));
+                waker.join().unwrap();
+                let (shard, parks) = sleeper.await.unwrap();
+                (shard, parks, parks_then.load(SeqCst))
+            })
+            .unwrap();
+        assert_eq!(shard, 1, "the idle loop never stole the woken task");
+        assert_eq!(
+            parks_at_run,
+            before,
+            "no nudge: shard 1 parked {} more time(s) before it stole the task",
             parks_at_run - before
         );
     }
@@ -1062,14 +1236,14 @@ mod tests {
             let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
             wait_until(|| h.loop_stats(1).unwrap().parks >= 12).await;
             let hh = h.clone();
-            *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+            arm((
                 exec_id,
                 1,
                 Box::new(move |core: &super::Core| {
                     *t.lock().unwrap() = crate::steal::idle_tick(core);
                     f.store(core.shared.stats.parks.load(SeqCst), SeqCst);
                     hh.set_steal_backoff(false);
-                    *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+                    arm((
                         exec_id,
                         1,
                         Box::new(move |core: &super::Core| {
@@ -1125,7 +1299,7 @@ mod tests {
             wait_until(|| h.loop_stats(1).unwrap().parks >= 16).await;
             let seen = Arc::new(AtomicBool::new(false));
             let s = seen.clone();
-            *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+            arm((
                 exec_id,
                 1,
                 Box::new(move |core: &super::Core| {
@@ -1137,7 +1311,7 @@ mod tests {
             // Real work on shard 1: the task arms the hook for the park decision that ends
             // the turn it ran in.
             h.spawn_on(1, move || async move {
-                *BEFORE_ANNOUNCE.lock().unwrap() = Some((
+                arm((
                     exec_id,
                     1,
                     Box::new(move |core: &super::Core| {
