@@ -1493,9 +1493,11 @@ fn messages_sent_never_goes_down_when_a_stop_hands_ring_messages_over() {
     let ex = exec(2);
     let h = ex.handle();
     let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let g1 = gone.clone();
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (g1, a1) = (gone.clone(), armed.clone());
     ex.spawn_on(1, move || async move {
         AT_THREAD_EXIT.with(|t| *t.borrow_mut() = Some(SetOnDrop(g1)));
+        a1.store(true, SeqCst);
     })
     .unwrap();
     let during = Arc::new(Mutex::new(None));
@@ -1507,8 +1509,13 @@ fn messages_sent_never_goes_down_when_a_stop_hands_ring_messages_over() {
             let _snap = snap;
             std::future::pending::<()>().await;
         });
-        // Shard 1 has run its task (it is spawned before this one reaches it).
-        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        // Shard 1 has run its task: stopped before that (a fixed 1 ms here, which a loaded
+        // machine outlasted), it dropped the task unrun and the wait below never ended.
+        let limit = Instant::now() + HANG;
+        while !armed.load(SeqCst) {
+            assert!(Instant::now() < limit, "shard 1 never ran its task");
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
         h.stop();
         let limit = Instant::now() + HANG;
         while !gone.load(SeqCst) {
