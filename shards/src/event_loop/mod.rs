@@ -1033,6 +1033,27 @@ mod tests {
         true
     }
 
+    /// Arms a hook that holds shard 1 of executor `exec_id` in its next park decision, idle,
+    /// until a work ping (a nudge) marked it: first stores its park count in `parks` and sets
+    /// `in_window`. A nudge passes a busy loop over, so a test that counts parks to see a nudge
+    /// must not send it while the peer happens to be in an idle tick's turn.
+    fn hold_shard_1_until_nudged(
+        exec_id: u64,
+        in_window: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        parks: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ) {
+        use std::sync::atomic::Ordering::SeqCst;
+        arm((
+            exec_id,
+            1,
+            Box::new(move |core: &super::Core| {
+                parks.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                in_window.store(true, SeqCst);
+                hold_until(|| crate::steal::work_pinged(core));
+            }),
+        ));
+    }
+
     /// Eager rebalance's nudge for a migratable task spawned by a loop that then blocks inside
     /// a task (`futures::executor::block_on` of the child's handle): the loop's turn never
     /// ends, so its end-of-turn nudge never went, and the idle peer found the child only by its
@@ -1069,15 +1090,7 @@ mod tests {
                 // first-spawn ping (which would count as a wake by new work).
                 let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
                 crate::time::sleep(Duration::from_millis(5)).await;
-                arm((
-                    exec_id,
-                    1,
-                    Box::new(move |core: &super::Core| {
-                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
-                        w.store(true, SeqCst);
-                        hold_until(|| crate::steal::work_pinged(core));
-                    }),
-                ));
+                hold_shard_1_until_nudged(exec_id, w, p);
                 assert!(
                     hold_until(|| in_window.load(SeqCst)),
                     "shard 1 never parked"
@@ -1153,15 +1166,7 @@ mod tests {
                 // task is alive).
                 h.set_stealing(true);
                 crate::time::sleep(Duration::from_millis(5)).await;
-                arm((
-                    exec_id,
-                    1,
-                    Box::new(move |core: &super::Core| {
-                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
-                        w.store(true, SeqCst);
-                        hold_until(|| crate::steal::work_pinged(core));
-                    }),
-                ));
+                hold_shard_1_until_nudged(exec_id, w, p);
                 // A long poll from here on: this loop takes nothing from its injector.
                 assert!(
                     hold_until(|| in_window.load(SeqCst)),
