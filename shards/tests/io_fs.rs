@@ -773,12 +773,14 @@ fn a_deadlock_behind_a_finished_unpolled_file_op_is_reported() {
             exec.spawn_on(0, move || async move {
                 let f = File::open(&p).await.unwrap();
                 // One whose first poll finds it unfinished (a pool job can be that quick).
+                // Tried for a while, not a number of times: on a loaded machine waking the
+                // pool's thread may preempt this one, which then finds the job done at its
+                // first poll many times in a row.
                 let mut op = Box::pin(f.metadata());
-                let mut tries = 0;
+                let limit = std::time::Instant::now() + FIRST_POLL_TRIES;
                 while futures::FutureExt::now_or_never(op.as_mut()).is_some() {
-                    tries += 1;
                     assert!(
-                        tries < 1000,
+                        std::time::Instant::now() < limit,
                         "every metadata call finished at its first poll"
                     );
                     op = Box::pin(f.metadata());
@@ -812,6 +814,7 @@ fn block_on_returns_after_a_dropped_write_settled() {
             let path = temp_path("dropped-write-settles");
             let _cleanup = Cleanup(path.clone());
             let p = path.clone();
+            let t0 = std::time::Instant::now();
             exec.block_on(move || async move {
                 let f = File::create(&p).await.unwrap();
                 let big = vec![7u8; 64 << 20];
@@ -822,12 +825,18 @@ fn block_on_returns_after_a_dropped_write_settled() {
                 drop(writer);
             })
             .unwrap();
+            let took = t0.elapsed();
             let at_return = std::fs::metadata(&path).unwrap().len();
             std::thread::sleep(Duration::from_millis(500));
             let later = std::fs::metadata(&path).unwrap().len();
-            assert_eq!(
-                at_return, later,
-                "[{driver}] the write went on after block_on returned"
+            // The wait is capped at a second: a write that outlasts it (on a loaded machine
+            // the 64 MiB took longer, seen on one CPU) may go on after `block_on` returned, as
+            // documented, and a `block_on` that took the whole second did wait for it. One
+            // that did not wait returns some 20 ms in, with the write still going.
+            assert!(
+                at_return == later || took >= Duration::from_secs(1),
+                "[{driver}] the write went on after block_on returned ({took:?} in), \
+                 from {at_return} to {later} bytes"
             );
         },
     );
@@ -969,8 +978,9 @@ fn run_returns_when_a_file_ops_wake_outruns_its_jobs_end() {
         let (p, fin) = (path.clone(), finished.clone());
         exec.spawn_on(0, move || async move {
             let f = File::open(&p).await.unwrap();
-            let mut tries = 0;
-            // One whose first poll finds it unfinished, so that its job calls our waker.
+            // One whose first poll finds it unfinished, so that its job calls our waker
+            // (tried for a while: see `FIRST_POLL_TRIES`).
+            let limit = std::time::Instant::now() + FIRST_POLL_TRIES;
             let len = loop {
                 let mut op = Box::pin(f.metadata());
                 let holding = Waker::from(Arc::new(Holding {
@@ -982,9 +992,8 @@ fn run_returns_when_a_file_ops_wake_outruns_its_jobs_end() {
                     .poll(&mut Context::from_waker(&holding))
                     .is_ready()
                 {
-                    tries += 1;
                     assert!(
-                        tries < 1000,
+                        std::time::Instant::now() < limit,
                         "every metadata call finished at its first poll"
                     );
                     continue;
@@ -1033,9 +1042,8 @@ fn run_returns_after_a_dropped_file_op_ends_while_its_loop_parks() {
         let (p, fin) = (path.clone(), finished.clone());
         exec.spawn_on(0, move || async move {
             let f = File::open(&p).await.unwrap();
-            // By time, not by count: on a loaded machine waking the pool's thread may preempt
-            // this one, which then finds the job done at its first poll many times in a row.
-            let limit = std::time::Instant::now() + Duration::from_secs(15);
+            // By time, not by count (`FIRST_POLL_TRIES`).
+            let limit = std::time::Instant::now() + FIRST_POLL_TRIES;
             loop {
                 let mut op = Box::pin(f.metadata());
                 let holding = Waker::from(Arc::new(Holding {
@@ -1368,6 +1376,13 @@ fn an_open_that_outlives_its_driver_still_opens() {
     drop(file);
 }
 
+/// How long a test tries for a pool job whose future's first poll finds it unfinished,
+/// starting a fresh one each time: by time, not by count, as on a loaded machine waking the
+/// pool's thread may preempt the polling one, which then finds the job done at its first poll
+/// for thousands of tries in a row (seen on one CPU, and on two under load: 1,000 tries ran
+/// out). A hang guard: the tests pass however long it takes.
+const FIRST_POLL_TRIES: Duration = Duration::from_secs(15);
+
 /// Descriptors of this process open on `path` (its `/proc/self/fd` links).
 fn fds_on(path: &std::path::Path) -> usize {
     let path = std::fs::canonicalize(path).unwrap();
@@ -1418,7 +1433,9 @@ fn a_dropped_finished_opens_descriptor_is_closed_when_block_on_returns() {
     let release = Arc::new(AtomicBool::new(false));
     let (p, rel) = (path.clone(), release.clone());
     let r = exec.block_on(move || async move {
-        for _ in 0..1000 {
+        // Tried for a while (`FIRST_POLL_TRIES`).
+        let limit = std::time::Instant::now() + FIRST_POLL_TRIES;
+        while std::time::Instant::now() < limit {
             let woken = Arc::new(AtomicBool::new(false));
             let waker = Waker::from(Arc::new(HoldingWake {
                 woken: woken.clone(),
