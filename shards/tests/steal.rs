@@ -15,16 +15,30 @@ use xtc_numa::Topology;
 use xtc_shards::{channel::shared, shard, task, Error, Executor};
 
 /// Spawns `n` CPU-bound migratable tasks from a pinned task on shard 0; returns where each ran.
-fn run_unbalanced(ex: &Executor, n: usize, each: Duration) -> Vec<usize> {
+/// With `thief`, a task that ran elsewhere holds its loop until a task ran on a shard that
+/// `thief` accepts (or for [`THIEF_WAIT`] in all): the work outlasts a thief's first look however
+/// late the OS runs that thief's thread (the tasks' burn alone lasted 100 ms, which a loaded
+/// 2-CPU machine can spend with the thief descheduled).
+fn run_unbalanced(
+    ex: &Executor,
+    n: usize,
+    each: Duration,
+    thief: Option<fn(usize) -> bool>,
+) -> Vec<usize> {
     let ran_on = Arc::new(Mutex::new(Vec::new()));
     let r = ran_on.clone();
     ex.spawn_on(0, move || async move {
+        let deadline = std::time::Instant::now() + THIEF_WAIT;
         let mut hs = Vec::new();
         for _ in 0..n {
             let r = r.clone();
             hs.push(xtc_shards::spawn(async move {
                 burn(each);
-                r.lock().unwrap().push(shard::id());
+                let me = shard::id();
+                r.lock().unwrap().push(me);
+                if let Some(thief) = thief.filter(|thief| !thief(me)) {
+                    wait_for_thief(deadline, || r.lock().unwrap().iter().any(|&s| thief(s)));
+                }
             }));
         }
         for h in hs {
@@ -38,10 +52,23 @@ fn run_unbalanced(ex: &Executor, n: usize, each: Duration) -> Vec<usize> {
     v
 }
 
+/// How long a victim's task waits for a thief (a hang guard: the caller's assertion says the
+/// thief never came).
+const THIEF_WAIT: Duration = Duration::from_secs(20);
+
+/// Blocks the loop (a long poll, which a thief can steal from), 1 ms at a time, until
+/// `stolen()` or `deadline` (one for all of a test's tasks: [`THIEF_WAIT`] after they were
+/// spawned).
+fn wait_for_thief(deadline: std::time::Instant, stolen: impl Fn() -> bool) {
+    while !stolen() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn idle_loop_steals_migratable_work() {
     let ex = Executor::builder().shards(2).build().unwrap();
-    let on = run_unbalanced(&ex, 200, Duration::from_micros(500));
+    let on = run_unbalanced(&ex, 200, Duration::from_micros(500), Some(|s| s == 1));
     let moved = on.iter().filter(|&&s| s == 1).count();
     assert!(moved > 0, "shard 1 stole nothing: {on:?}");
     let s1 = ex.loop_stats(1).unwrap();
@@ -65,7 +92,7 @@ fn stealing_off_keeps_work_where_it_was_spawned() {
         .build()
         .unwrap();
     assert!(!ex.stealing());
-    let on = run_unbalanced(&ex, 100, Duration::from_micros(200));
+    let on = run_unbalanced(&ex, 100, Duration::from_micros(200), None);
     assert!(on.iter().all(|&s| s == 0), "{on:?}");
     assert_eq!(ex.loop_stats(1).unwrap().steals, 0);
 }
@@ -80,7 +107,8 @@ fn sensitivity_two_never_steals_across_numa_nodes() {
         .numa_sensitivity(2)
         .build()
         .unwrap();
-    let on = run_unbalanced(&ex, 200, Duration::from_micros(500));
+    // Held until shard 1 stole: node 1's loops look meanwhile.
+    let on = run_unbalanced(&ex, 200, Duration::from_micros(500), Some(|s| s == 1));
     assert!(
         on.iter().all(|&s| s < 2),
         "a task crossed to node 1: {on:?}"
@@ -100,7 +128,7 @@ fn sensitivity_zero_lets_every_node_help() {
         .numa_sensitivity(0)
         .build()
         .unwrap();
-    let on = run_unbalanced(&ex, 300, Duration::from_millis(1));
+    let on = run_unbalanced(&ex, 300, Duration::from_millis(1), Some(|s| s >= 2));
     assert!(on.iter().any(|&s| s >= 2), "node 1 never helped: {on:?}");
 }
 
@@ -122,7 +150,10 @@ fn bad_sensitivity_is_an_error() {
 }
 
 /// The manual's scenario: every loop owns a parked task, one has runnable migratable work.
-/// Eager off: no loop is fully idle, so nothing is stolen. Eager on: the other loop takes some.
+/// Eager off: no loop is fully idle, so nothing is stolen. Eager on: the other loop takes some;
+/// a task that ran on shard 0 then holds its loop until one ran on shard 1 (or for
+/// [`THIEF_WAIT`]): the work (30 ms of burn) no longer races the thief's thread, which a loaded
+/// machine may not run that soon.
 fn eager_scenario(eager: bool) -> Vec<usize> {
     let ex = Executor::builder()
         .shards(2)
@@ -140,12 +171,17 @@ fn eager_scenario(eager: bool) -> Vec<usize> {
     let r = ran_on.clone();
     // Shard 0's parked task (it awaits the handles) plus the migratable work.
     ex.spawn_on(0, move || async move {
+        let deadline = std::time::Instant::now() + THIEF_WAIT;
         let hs: Vec<_> = (0..60)
             .map(|_| {
                 let r = r.clone();
                 xtc_shards::spawn(async move {
                     burn(Duration::from_micros(500));
-                    r.lock().unwrap().push(shard::id());
+                    let me = shard::id();
+                    r.lock().unwrap().push(me);
+                    if eager && me == 0 {
+                        wait_for_thief(deadline, || r.lock().unwrap().contains(&1));
+                    }
                 })
             })
             .collect();
@@ -265,6 +301,7 @@ fn stealing_switched_on_while_running_takes_effect() {
     let started = Arc::new(AtomicUsize::new(0));
     let r = ran_on.clone();
     ex.spawn_on(0, move || async move {
+        let deadline = std::time::Instant::now() + THIEF_WAIT;
         let hs: Vec<_> = (0..150)
             .map(|_| {
                 let (r, h, started) = (r.clone(), h.clone(), started.clone());
@@ -274,7 +311,13 @@ fn stealing_switched_on_while_running_takes_effect() {
                         h.set_stealing(true);
                     }
                     burn(Duration::from_micros(500));
-                    r.lock().unwrap().push((order, shard::id()));
+                    let me = shard::id();
+                    r.lock().unwrap().push((order, me));
+                    // Stealing is on: held until shard 1 took a task (or for THIEF_WAIT), so
+                    // the rest of the work (60 ms of burn) does not race the thief's thread.
+                    if order >= 30 && me == 0 {
+                        wait_for_thief(deadline, || r.lock().unwrap().iter().any(|&(_, s)| s == 1));
+                    }
                 })
             })
             .collect();
