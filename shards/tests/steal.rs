@@ -1370,12 +1370,47 @@ fn with_stealing_off_a_spawn_pings_no_idle_peer() {
     );
 }
 
+/// Parks of the loop that polled a [`park_on`] as it found its channel empty (`u64::MAX`:
+/// not yet).
+type Marks = Arc<[std::sync::atomic::AtomicU64; 2]>;
+
+/// Awaits `rx`; the first poll that finds it empty records in `marks[i]` the parks of the loop
+/// polling it. Once that loop's parks exceed the mark it has ended that poll's turn, and the
+/// task is parked on `rx` ([`parked_past`]).
+async fn park_on(
+    rx: futures::channel::oneshot::Receiver<()>,
+    h: xtc_shards::Handle,
+    marks: Marks,
+    i: usize,
+) {
+    let mut rx = rx;
+    std::future::poll_fn(|cx| {
+        let r = std::future::Future::poll(std::pin::Pin::new(&mut rx), cx);
+        if r.is_pending() && marks[i].load(SeqCst) == u64::MAX {
+            marks[i].store(h.loop_stats(shard::id()).unwrap().parks, SeqCst);
+        }
+        r
+    })
+    .await
+    .unwrap()
+}
+
+/// Whether `shard` parked since a [`park_on`] recorded `marks[i]` on it.
+fn parked_past(h: &xtc_shards::Handle, shard: usize, marks: &Marks, i: usize) -> bool {
+    let m = marks[i].load(SeqCst);
+    m != u64::MAX && h.loop_stats(shard).unwrap().parks > m
+}
+
 /// Rule 1 (xtc_exec(3): a waker "may be fired from any thread"): a parked migratable task
 /// woken by a task on another worker moves to that worker's deque, for locality; woken from a
 /// plain thread it goes back to the loop it last ran on. With stealing off nothing else moves
-/// it, so where each part of it runs is exact.
+/// it, so where each part of it runs is exact. Each wake comes once the task is parked, seen
+/// as its loop parking after the poll that found the channel empty (a fixed 5 ms sleep stood
+/// for that, which a loaded machine could outlast, the task's loop descheduled between its
+/// flag and its wait: the wake then found it running, and it stayed where it was).
 #[test]
 fn a_woken_migratable_task_runs_where_it_was_woken_or_where_it_last_ran() {
+    use std::sync::atomic::AtomicU64;
     let ex = Executor::builder()
         .shards(3)
         .oversubscribe(true)
@@ -1384,38 +1419,36 @@ fn a_woken_migratable_task_runs_where_it_was_woken_or_where_it_last_ran() {
         .unwrap();
     let (tx1, rx1) = futures::channel::oneshot::channel::<()>();
     let (tx2, rx2) = futures::channel::oneshot::channel::<()>();
-    let parked = Arc::new(AtomicUsize::new(0));
-    let p = parked.clone();
+    let marks: Marks = Arc::new([AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)]);
+    let h = ex.handle();
+    let (m, hh) = (marks.clone(), h.clone());
     // Starts on shard 2; parks twice.
     let shards = ex
         .spawn_on(2, move || async move {
             xtc_shards::spawn(async move {
                 let start = shard::id();
-                p.store(1, SeqCst);
-                rx1.await.unwrap();
+                park_on(rx1, hh.clone(), m.clone(), 0).await;
                 let after_worker_wake = shard::id();
-                p.store(2, SeqCst);
-                rx2.await.unwrap();
+                park_on(rx2, hh, m, 1).await;
                 (start, after_worker_wake, shard::id())
             })
             .await
             .unwrap()
         })
         .unwrap();
-    let p = parked.clone();
-    // Shard 1 wakes it once it parked.
+    let (m, hh) = (marks.clone(), h.clone());
+    // Shard 1 wakes it once it parked (on shard 2).
     ex.spawn_on(1, move || async move {
-        while p.load(SeqCst) < 1 {
+        let t = std::time::Instant::now();
+        while !parked_past(&hh, 2, &m, 0) && t.elapsed() < HANG {
             xtc_shards::time::sleep(Duration::from_millis(1)).await;
         }
-        xtc_shards::time::sleep(Duration::from_millis(5)).await;
         tx1.send(()).unwrap();
     })
     .unwrap();
-    // A plain thread wakes it the second time.
+    // A plain thread wakes it the second time, once it parked (on shard 1).
     let waker = std::thread::spawn(move || {
-        block_until(|| parked.load(SeqCst) >= 2);
-        std::thread::sleep(Duration::from_millis(5));
+        block_until(|| parked_past(&h, 1, &marks, 1));
         tx2.send(()).unwrap();
     });
     run_or_fail(ex, HANG * 2, "a migratable task woken twice").unwrap();
