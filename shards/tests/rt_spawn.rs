@@ -560,25 +560,39 @@ fn idle_rate_of_huge_durations_does_not_panic() {
 
 /// Snapshots taken from another thread while a loop parks and wakes thousands of times:
 /// `idle` and `busy` never go backwards (a snapshot between the two stores of a park's end
-/// used to miss the whole park, so `later.idle - earlier.idle` could panic).
+/// used to miss the whole park, so `later.idle - earlier.idle` could panic). The task sleeps
+/// until the loop parked 2,000 times and 1,000 snapshots were taken, not for 300 ms (about
+/// 3,500 parks on an idle machine): on a loaded one each wake-up can take milliseconds, fewer
+/// than the 100 parks asked for, and the snapshotting thread can be off its CPU for most of a
+/// fixed span.
 #[test]
 fn busy_and_idle_never_go_backwards() {
+    use std::sync::atomic::AtomicU64;
+    const PARKS: u64 = 2000;
+    const SNAPSHOTS: u64 = 1000;
     let ex = Arc::new(exec(1));
     ex.set_spin_before_park(Duration::ZERO);
-    ex.spawn_on(0, || async {
-        let until = Instant::now() + Duration::from_millis(300);
-        while Instant::now() < until {
+    let seen = Arc::new(AtomicU64::new(0));
+    let (h, s) = (ex.handle(), seen.clone());
+    ex.spawn_on(0, move || async move {
+        let limit = Instant::now() + HANG;
+        while (h.loop_stats(0).unwrap().parks < PARKS || s.load(SeqCst) < SNAPSHOTS)
+            && Instant::now() < limit
+        {
             xtc_shards::time::sleep(Duration::from_micros(20)).await;
         }
     })
     .unwrap();
     let e2 = ex.clone();
     // A run that never ended would keep the snapshot loop below going for ever.
-    let dog = Watchdog::new(ex.handle(), HANG, "a 300 ms task");
+    let dog = Watchdog::new(ex.handle(), HANG * 2, "a task awaiting 2,000 parks");
     let runner = std::thread::spawn(move || e2.run());
     let mut last = ex.loop_stats(0).unwrap();
-    let mut seen = 0u64;
-    while !runner.is_finished() {
+    let mut ended = false;
+    while !ended {
+        // One more once the run is over: the task saw the 2,000th park, which this thread,
+        // descheduled, may not have seen yet.
+        ended = runner.is_finished();
         let s = ex.loop_stats(0).unwrap();
         assert!(
             s.idle >= last.idle,
@@ -593,13 +607,17 @@ fn busy_and_idle_never_go_backwards() {
             s.busy
         );
         last = s;
-        seen += 1;
+        seen.fetch_add(1, SeqCst);
     }
     runner.join().unwrap().unwrap();
     dog.done();
-    assert!(seen > 100, "too few snapshots to mean anything: {seen}");
+    let seen = seen.load(SeqCst);
     assert!(
-        last.parks > 100,
+        seen >= SNAPSHOTS,
+        "too few snapshots to mean anything: {seen}"
+    );
+    assert!(
+        last.parks >= PARKS,
         "the loop parked only {} times",
         last.parks
     );
