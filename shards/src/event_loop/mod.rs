@@ -1491,7 +1491,11 @@ mod tests {
                     });
                     let seen = with_core(|c| {
                         assert!(super::steal::would_steal(c));
-                        super::spin_for_work(c, MAX_SPIN_BEFORE_PARK)
+                        // Longer than any real spin: the nudge comes from another thread
+                        // (shard 0, woken by the spawner thread's spawn), which a loaded
+                        // machine can hold off a CPU for most of a second. A spin that missed
+                        // the nudge runs to its end either way.
+                        super::spin_for_work(c, Duration::from_secs(10))
                     })
                     .unwrap();
                     spawner.join().unwrap().await.unwrap();
@@ -1512,8 +1516,9 @@ mod tests {
     /// The nudge comes at the end of the turn that queued the work; a loop whose spin began in
     /// between (its flag still down when the turn queued, so a nudger reading it then would
     /// pass it over) must see that work as its spin begins, not when a nudge comes: here the
-    /// spawning turn holds its loop until the spin returns (or 5 s), and the spin, which
-    /// watched only `work_ping`, waited for that turn's end.
+    /// spawning turn holds its loop until the spin returns (or 30 s: shard 1's thread, which
+    /// must reach the spin and return from it meanwhile, may be slow to run on a loaded
+    /// machine), and the spin, which watched only `work_ping`, waited for that turn's end.
     #[test]
     fn a_spin_beginning_after_migratable_work_was_queued_sees_it() {
         use std::{
@@ -1546,7 +1551,7 @@ mod tests {
                     .spawn_on(0, move || async move {
                         let child = crate::spawn(async {});
                         q.store(true, SeqCst);
-                        let limit = Instant::now() + Duration::from_secs(5);
+                        let limit = Instant::now() + Duration::from_secs(30);
                         while !s.load(SeqCst) && Instant::now() < limit {
                             std::thread::yield_now();
                         }
