@@ -685,9 +685,12 @@ fn an_idle_loop_keeps_stealing_while_the_spawner_computes() {
                 }
             }));
         }
-        // The parent's own share: the children's 80 ms fit many times over, even on a
-        // machine whose CPUs other tests share.
-        burn(Duration::from_secs(2));
+        // The parent's own share: it computes until every child ran on the other loop (or
+        // for THIEF_WAIT), not for a fixed 2 s, which a loaded machine's scheduler could
+        // spend with the other loop's thread off its CPU.
+        wait_for_thief(std::time::Instant::now() + THIEF_WAIT, || {
+            e.load(SeqCst) == CHILDREN
+        });
         pd.store(true, SeqCst);
         for h in hs {
             h.await.unwrap();
@@ -787,23 +790,25 @@ fn a_task_woken_by_a_busy_loop_is_stolen_while_that_loop_computes() {
     let (pk, rm, pd) = (parked.clone(), ran_meanwhile.clone(), parent_done.clone());
     let parent = ex.spawn(async move {
         let (tx, rx) = futures::channel::oneshot::channel::<()>();
-        let pk2 = pk.clone();
+        let (pk2, rm2) = (pk.clone(), rm.clone());
         let waiter = xtc_shards::spawn(async move {
             pk2.store(true, SeqCst);
             rx.await.unwrap();
             if !pd.load(SeqCst) {
-                rm.store(true, SeqCst);
+                rm2.store(true, SeqCst);
             }
         });
         // Its end is published by the thief, its start not yet: the count reads zero.
         let quick = xtc_shards::spawn(async {});
         let t = std::time::Instant::now();
-        while !pk.load(SeqCst) && t.elapsed() < Duration::from_secs(5) {
+        while !pk.load(SeqCst) && t.elapsed() < THIEF_WAIT {
             std::hint::spin_loop();
         }
         burn(Duration::from_millis(200)); // the other loop parks
         tx.send(()).unwrap(); // a wake from this worker: onto this loop's deque
-        burn(Duration::from_millis(1500));
+                              // Computes until the woken waiter ran on the other loop (or for THIEF_WAIT), not for a
+                              // fixed 1.5 s, which a loaded machine could spend with that loop's thread descheduled.
+        wait_for_thief(std::time::Instant::now() + THIEF_WAIT, || rm.load(SeqCst));
         parent_done.store(true, SeqCst);
         waiter.await.unwrap();
         quick.await.unwrap();
