@@ -1254,17 +1254,26 @@ fn a_panicking_waker_drop_at_stop_does_not_kill_the_loop() {
     let ex = exec(2);
     let dropped = Arc::new(AtomicUsize::new(0));
     let d = dropped.clone();
+    // Whether shard 1's task stored the waker. A fixed 20 ms sleep stood for this, which a
+    // loaded machine outlasts (shard 1's thread not yet running): the stop then dropped the
+    // task unbuilt, and 'the parked task was dropped' failed with nothing wrong.
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let a = armed.clone();
     ex.spawn_on(1, move || async move {
         let _c = CountDrop(d);
         let mut s = Box::pin(xtc_shards::time::sleep(Duration::from_secs(30)));
         let w = drop_panicking_waker();
         assert!(poll_caught(s.as_mut(), &w).unwrap(), "pending");
         std::mem::forget(w);
+        a.store(true, SeqCst);
         std::future::pending::<()>().await;
     })
     .unwrap();
-    ex.spawn_on(0, || async {
-        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+    ex.spawn_on(0, move || async move {
+        let limit = Instant::now() + HANG;
+        while !armed.load(SeqCst) && Instant::now() < limit {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
         xtc_shards::stop();
     })
     .unwrap();
