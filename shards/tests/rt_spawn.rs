@@ -1379,25 +1379,46 @@ fn a_spawn_on_a_from_a_nested_run_inside_a_discarding_drop_of_a_is_refused() {
     let accepted = Arc::new(AtomicUsize::new(0));
     let a = exec(2);
     let b = exec(2);
+    // Each executor stops once its migratable task has been polled (parked): a fixed 20 ms
+    // sleep stood for that, which a loaded machine outlasts. A task not yet polled at the
+    // stop is dropped by a stopping loop instead, on that loop's thread (B's: its spawn on A
+    // is then one from an unrelated thread, accepted, and runs in A's next run).
+    let parked = |flag: &Arc<std::sync::atomic::AtomicBool>| {
+        let f = flag.clone();
+        async move {
+            let limit = Instant::now() + HANG;
+            while !f.load(SeqCst) && Instant::now() < limit {
+                xtc_shards::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    let (b_parked, a_parked) = (
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
     let spawn_on_a = SpawnOnA(ran.clone(), a.handle(), accepted.clone());
+    let p = b_parked.clone();
     b.spawn(async move {
         let _g = spawn_on_a;
+        p.store(true, SeqCst);
         std::future::pending::<()>().await
     });
-    let hb = b.handle();
+    let (hb, wait) = (b.handle(), parked(&b_parked));
     b.spawn_on(1, move || async move {
-        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        wait.await;
         hb.stop();
     })
     .unwrap();
     let run_b = RunB(Some(b));
+    let p = a_parked.clone();
     a.spawn(async move {
         let _g = run_b;
+        p.store(true, SeqCst);
         std::future::pending::<()>().await
     });
-    let ha = a.handle();
+    let (ha, wait) = (a.handle(), parked(&a_parked));
     a.spawn_on(1, move || async move {
-        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        wait.await;
         ha.stop();
     })
     .unwrap();
