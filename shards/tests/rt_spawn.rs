@@ -7,7 +7,7 @@ use std::{
     cell::Cell,
     rc::Rc,
     sync::{
-        atomic::{AtomicUsize, Ordering::SeqCst},
+        atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
         Arc, Mutex,
     },
     time::{Duration, Instant},
@@ -225,17 +225,31 @@ fn stop_with_a_parked_guard_then_run_again<G: Send + 'static>(
     let ex = exec(2);
     let h = ex.handle();
     let r = ran.clone();
+    let (held, hd) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let hd2 = hd.clone();
     ex.spawn_on(0, move || async move {
         let _g = guard(r);
+        hd2.store(true, SeqCst);
         std::future::pending::<()>().await
     })
     .unwrap();
+    let h2 = held.clone();
     ex.spawn_on(1, move || async move {
-        xtc_shards::time::sleep(Duration::from_millis(50)).await;
-        h.stop();
+        // Once the task holds its guard, not after a fixed 50 ms: stopped before its first
+        // poll, the task was dropped without ever making the guard, and the test checked
+        // nothing.
+        stop_once(&h, &hd).await;
+        h2.store(true, SeqCst);
     })
     .unwrap();
     let first = run_within(&ex, HANG).expect("run() hung: the stopped run");
+    assert!(
+        held.load(SeqCst),
+        "the stop came before the task held its guard"
+    );
     assert_eq!(ran.load(SeqCst), 0, "the spawn ran during the stopped run");
     first.unwrap();
     run_within(&ex, HANG)
@@ -368,22 +382,34 @@ fn a_chain_of_respawning_drops_of_a_stopped_run_is_dropped_flat() {
     assert_eq!(n.load(SeqCst), 100_001, "part of the chain was left");
 }
 
-/// Runs `ex` with a parked migratable task holding `g` until a task stops the run (after
-/// 50 ms), so `g` is dropped with the stopped run's leftovers.
+/// Runs `ex` with a parked migratable task holding `g` until a task stops the run (once the
+/// migratable task was polled: a fixed 50 ms let a slow machine stop the run first, and `g`
+/// was then dropped with a queued task, not a parked one), so `g` is dropped with the stopped
+/// run's leftovers.
 fn run_stopped_holding(ex: &Executor, g: impl Send + 'static) {
     let h = ex.handle();
+    let polled = Arc::new(AtomicBool::new(false));
+    let p = polled.clone();
     ex.spawn(async move {
         let _g = g;
+        p.store(true, SeqCst);
         std::future::pending::<()>().await
     });
-    ex.spawn_on(1, move || async move {
-        xtc_shards::time::sleep(Duration::from_millis(50)).await;
-        h.stop();
-    })
-    .unwrap();
+    ex.spawn_on(1, move || async move { stop_once(&h, &polled).await })
+        .unwrap();
     run_within(ex, HANG)
         .expect("run() hung: the stopped run")
         .unwrap();
+}
+
+/// Stops `h`'s run once `flag` is set (checked every millisecond; a hang guard after
+/// [`HANG`], which the caller's assertions then report).
+async fn stop_once(h: &xtc_shards::Handle, flag: &AtomicBool) {
+    let t0 = std::time::Instant::now();
+    while !flag.load(SeqCst) && t0.elapsed() < HANG {
+        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+    }
+    h.stop();
 }
 
 #[test]
