@@ -1033,25 +1033,72 @@ mod tests {
         true
     }
 
-    /// Arms a hook that holds shard 1 of executor `exec_id` in its next park decision, idle,
-    /// until a work ping (a nudge) marked it: first stores its park count in `parks` and sets
-    /// `in_window`. A nudge passes a busy loop over, so a test that counts parks to see a nudge
-    /// must not send it while the peer happens to be in an idle tick's turn.
-    fn hold_shard_1_until_nudged(
-        exec_id: u64,
-        in_window: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Shard 1 of an executor, held in its next park decision, idle, until a work ping (a
+    /// nudge) marked it ([`arm`](Self::arm)). A nudge passes a busy loop over, so a test that
+    /// counts parks to see a nudge must not send it while the peer happens to be in an idle
+    /// tick's turn.
+    struct NudgeWindow {
+        /// Set as shard 1 entered the window.
+        entered: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        /// Shard 1's park count as it entered the window.
         parks: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    ) {
-        use std::sync::atomic::Ordering::SeqCst;
-        arm((
-            exec_id,
-            1,
-            Box::new(move |core: &super::Core| {
-                parks.store(core.shared.stats.parks.load(SeqCst), SeqCst);
-                in_window.store(true, SeqCst);
-                hold_until(|| crate::steal::work_pinged(core));
-            }),
-        ));
+    }
+
+    impl NudgeWindow {
+        /// Arms the hook for shard 1 of executor `exec_id`.
+        fn arm(exec_id: u64) -> NudgeWindow {
+            use std::sync::{atomic::Ordering::SeqCst, Arc};
+            let w = NudgeWindow {
+                entered: Arc::default(),
+                parks: Arc::default(),
+            };
+            let (entered, parks) = (w.entered.clone(), w.parks.clone());
+            arm((
+                exec_id,
+                1,
+                Box::new(move |core: &super::Core| {
+                    parks.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                    entered.store(true, SeqCst);
+                    hold_until(|| crate::steal::work_pinged(core));
+                }),
+            ));
+            w
+        }
+
+        /// Waits until shard 1 is in the window (a hang guard after 10 s fails the test).
+        fn wait_entered(&self) {
+            let entered = || self.entered.load(std::sync::atomic::Ordering::SeqCst);
+            assert!(hold_until(entered), "shard 1 never parked");
+        }
+
+        /// Checks that shard 1 ran `what` on its first turn after the window: `shard` and
+        /// `parks_at_run` are where it ran and shard 1's park count then.
+        fn assert_stolen_at_once(&self, what: &str, shard: usize, parks_at_run: u64) {
+            let before = self.parks.load(std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(shard, 1, "the idle loop never stole {what}");
+            assert_eq!(
+                parks_at_run,
+                before,
+                "no nudge: shard 1 parked {} more time(s) before it stole {what}",
+                parks_at_run - before
+            );
+        }
+    }
+
+    /// Two shards with eager rebalance on and a steal minimum no queue here reaches (only a
+    /// nudged thief's first steal, or the starvation override, takes a task), stealing as
+    /// given; and the executor's id (for [`BEFORE_ANNOUNCE`]).
+    fn eager_executor(stealing: bool) -> (Executor, u64) {
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .eager_rebalance(true)
+            .stealing(stealing)
+            .min_tasks_to_steal(1000)
+            .build()
+            .unwrap();
+        let id = exec.handle().shared.loops[1].exec_id;
+        (exec, id)
     }
 
     /// Eager rebalance's nudge for a migratable task spawned by a loop that then blocks inside
@@ -1059,59 +1106,32 @@ mod tests {
     /// ends, so its end-of-turn nudge never went, and the idle peer found the child only by its
     /// idle ticks, with the minimum above the queue only at the starvation override (16
     /// ticks). The handle, polled with a foreign waker, sends the turn's deferred wakes, the
-    /// nudge among them. The peer is held in its park decision, idle, until its nudge came (a
-    /// nudge passes a busy loop over, which an integration test could not rule out: it failed
-    /// once in CI with the peer caught in an idle tick's turn). Counted by parks, not timed.
+    /// nudge among them. The peer is held in its park decision, idle, until its nudge came
+    /// ([`NudgeWindow`]: an integration test failed once in CI with the peer caught in an idle
+    /// tick's turn). Counted by parks, not timed.
     #[test]
     fn a_foreign_block_on_of_a_migratable_spawn_nudges_an_idle_peer() {
-        use std::{
-            sync::{
-                atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
-                Arc,
-            },
-            time::Duration,
-        };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .eager_rebalance(true)
-            .min_tasks_to_steal(1000)
-            .build()
-            .unwrap();
+        use std::time::Duration;
+        let (exec, exec_id) = eager_executor(true);
         let h = exec.handle();
-        let exec_id = h.shared.loops[1].exec_id;
-        let in_window = Arc::new(AtomicBool::new(false));
-        // Shard 1's parks as it entered the window.
-        let parks_then = Arc::new(AtomicU64::new(u64::MAX));
-        let (w, p) = (in_window.clone(), parks_then.clone());
-        let (shard, parks_at_run, before) = exec
+        let (window, shard, parks_at_run) = exec
             .block_on(move || async move {
                 // A migratable task alive: shard 1 ticks, and the child's spawn below sends no
                 // first-spawn ping (which would count as a wake by new work).
                 let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
                 crate::time::sleep(Duration::from_millis(5)).await;
-                hold_shard_1_until_nudged(exec_id, w, p);
-                assert!(
-                    hold_until(|| in_window.load(SeqCst)),
-                    "shard 1 never parked"
-                );
-                let hh = h.clone();
+                let window = NudgeWindow::arm(exec_id);
+                window.wait_entered();
                 let child =
                     crate::spawn(
-                        async move { (crate::shard::id(), hh.loop_stats(1).unwrap().parks) },
+                        async move { (crate::shard::id(), h.loop_stats(1).unwrap().parks) },
                     );
                 let (shard, parks) = futures::executor::block_on(child).unwrap();
                 keeper.abort();
-                (shard, parks, parks_then.load(SeqCst))
+                (window, shard, parks)
             })
             .unwrap();
-        assert_eq!(shard, 1, "the idle loop never stole the child");
-        assert_eq!(
-            parks_at_run,
-            before,
-            "no nudge: shard 1 parked {} more time(s) before it stole the child",
-            parks_at_run - before
-        );
+        window.assert_stolen_at_once("the child", shard, parks_at_run);
     }
 
     /// xtc_exec(3): "a migratable task woken from elsewhere goes to its last loop"; woken from
@@ -1119,37 +1139,25 @@ mod tests {
     /// idle peer must be nudged, and a nudged thief's first steal ignores
     /// `min_tasks_to_steal`. Not nudged, the idle loop found the task only by its idle ticks,
     /// and with the minimum above the queue it waited for the starvation override (16 ticks).
-    /// The peer is held in its park decision, idle, until its nudge came (see the test above).
+    /// The peer is held in its park decision, idle, until its nudge came ([`NudgeWindow`]).
     /// Counted by parks, not timed.
     #[test]
     fn a_task_woken_from_a_plain_thread_into_a_busy_loop_nudges_an_idle_peer() {
         use std::{
             sync::{
-                atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+                atomic::{AtomicBool, Ordering::SeqCst},
                 Arc,
             },
             time::Duration,
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .eager_rebalance(true)
-            .stealing(false)
-            .min_tasks_to_steal(1000)
-            .build()
-            .unwrap();
+        let (exec, exec_id) = eager_executor(false);
         let h = exec.handle();
-        let exec_id = h.shared.loops[1].exec_id;
         let (tx, rx) = futures::channel::oneshot::channel::<()>();
-        let (parked, in_window, done) = (
-            Arc::new(AtomicBool::new(false)),
+        let (parked, done) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicBool::new(false)),
         );
-        // Shard 1's parks as it entered the window.
-        let parks_then = Arc::new(AtomicU64::new(u64::MAX));
-        let (w, p) = (in_window.clone(), parks_then.clone());
-        let (shard, parks_at_run, before) = exec
+        let (window, shard, parks_at_run) = exec
             .block_on(move || async move {
                 let (hh, pk, d) = (h.clone(), parked.clone(), done.clone());
                 let sleeper = crate::spawn(async move {
@@ -1166,26 +1174,17 @@ mod tests {
                 // task is alive).
                 h.set_stealing(true);
                 crate::time::sleep(Duration::from_millis(5)).await;
-                hold_shard_1_until_nudged(exec_id, w, p);
+                let window = NudgeWindow::arm(exec_id);
                 // A long poll from here on: this loop takes nothing from its injector.
-                assert!(
-                    hold_until(|| in_window.load(SeqCst)),
-                    "shard 1 never parked"
-                );
+                window.wait_entered();
                 let waker = std::thread::spawn(move || tx.send(()).unwrap());
                 hold_until(|| done.load(SeqCst));
                 waker.join().unwrap();
                 let (shard, parks) = sleeper.await.unwrap();
-                (shard, parks, parks_then.load(SeqCst))
+                (window, shard, parks)
             })
             .unwrap();
-        assert_eq!(shard, 1, "the idle loop never stole the woken task");
-        assert_eq!(
-            parks_at_run,
-            before,
-            "no nudge: shard 1 parked {} more time(s) before it stole the task",
-            parks_at_run - before
-        );
+        window.assert_stolen_at_once("the woken task", shard, parks_at_run);
     }
 
     /// A 2-shard executor with steal backoff on, and its id (for [`BEFORE_ANNOUNCE`]).
