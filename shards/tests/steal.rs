@@ -804,10 +804,12 @@ fn a_task_woken_by_a_busy_loop_is_stolen_while_that_loop_computes() {
         while !pk.load(SeqCst) && t.elapsed() < THIEF_WAIT {
             std::hint::spin_loop();
         }
-        burn(Duration::from_millis(200)); // the other loop parks
-        tx.send(()).unwrap(); // a wake from this worker: onto this loop's deque
-                              // Computes until the woken waiter ran on the other loop (or for THIEF_WAIT), not for a
-                              // fixed 1.5 s, which a loaded machine could spend with that loop's thread descheduled.
+        // The other loop parks meanwhile.
+        burn(Duration::from_millis(200));
+        // A wake from this worker: onto this loop's deque.
+        tx.send(()).unwrap();
+        // Computes until the woken waiter ran on the other loop (or for THIEF_WAIT), not for a
+        // fixed 1.5 s, which a loaded machine could spend with that loop's thread descheduled.
         wait_for_thief(std::time::Instant::now() + THIEF_WAIT, || rm.load(SeqCst));
         parent_done.store(true, SeqCst);
         waiter.await.unwrap();
