@@ -405,10 +405,7 @@ fn run_stopped_holding(ex: &Executor, g: impl Send + 'static) {
 /// Stops `h`'s run once `flag` is set (checked every millisecond; a hang guard after
 /// [`HANG`], which the caller's assertions then report).
 async fn stop_once(h: &xtc_shards::Handle, flag: &AtomicBool) {
-    let t0 = std::time::Instant::now();
-    while !flag.load(SeqCst) && t0.elapsed() < HANG {
-        xtc_shards::time::sleep(Duration::from_millis(1)).await;
-    }
+    sleep_until(|| flag.load(SeqCst)).await;
     h.stop();
 }
 
@@ -565,10 +562,7 @@ fn idle_loops_report_idle_time() {
     let h = ex.handle();
     let span = ex
         .spawn_on(0, move || async move {
-            let t = Instant::now();
-            while h.loop_stats(1).unwrap().idle.is_zero() && t.elapsed() < HANG {
-                xtc_shards::time::sleep(Duration::from_millis(1)).await;
-            }
+            sleep_until(|| !h.loop_stats(1).unwrap().idle.is_zero()).await;
             let before = h.loop_stats(1).unwrap();
             xtc_shards::time::sleep(Duration::from_millis(100)).await;
             (before, h.loop_stats(1).unwrap())
@@ -1296,10 +1290,7 @@ fn a_panicking_waker_drop_at_stop_does_not_kill_the_loop() {
     })
     .unwrap();
     ex.spawn_on(0, move || async move {
-        let limit = Instant::now() + HANG;
-        while !armed.load(SeqCst) && Instant::now() < limit {
-            xtc_shards::time::sleep(Duration::from_millis(1)).await;
-        }
+        sleep_until(|| armed.load(SeqCst)).await;
         xtc_shards::stop();
     })
     .unwrap();
@@ -1412,10 +1403,7 @@ fn a_spawn_on_a_from_a_nested_run_inside_a_discarding_drop_of_a_is_refused() {
     let parked = |flag: &Arc<std::sync::atomic::AtomicBool>| {
         let f = flag.clone();
         async move {
-            let limit = Instant::now() + HANG;
-            while !f.load(SeqCst) && Instant::now() < limit {
-                xtc_shards::time::sleep(Duration::from_millis(1)).await;
-            }
+            sleep_until(|| f.load(SeqCst)).await;
         }
     };
     let (b_parked, a_parked) = (
@@ -1604,11 +1592,10 @@ fn messages_sent_never_goes_down_when_a_stop_hands_ring_messages_over() {
         });
         // Shard 1 has run its task: stopped before that (a fixed 1 ms here, which a loaded
         // machine outlasted), it dropped the task unrun and the wait below never ended.
-        let limit = Instant::now() + HANG;
-        while !armed.load(SeqCst) {
-            assert!(Instant::now() < limit, "shard 1 never ran its task");
-            xtc_shards::time::sleep(Duration::from_millis(1)).await;
-        }
+        assert!(
+            sleep_until(|| armed.load(SeqCst)).await,
+            "shard 1 never ran its task"
+        );
         h.stop();
         let limit = Instant::now() + HANG;
         while !gone.load(SeqCst) {

@@ -38,6 +38,17 @@ pub fn block_until(done: impl Fn() -> bool) {
     }
 }
 
+/// Inside a task: sleeps on the loop's timer, 1 ms at a time, until `done()` or for at most
+/// [`HANG`] (a hang guard: the caller's assertions say what was missed), and returns `done()`.
+/// The loop runs its other tasks meanwhile, unlike [`block_until`].
+pub async fn sleep_until(done: impl Fn() -> bool) -> bool {
+    let t = Instant::now();
+    while !done() && t.elapsed() < HANG {
+        xtc_shards::time::sleep(Duration::from_millis(1)).await;
+    }
+    done()
+}
+
 /// Spins the CPU for `d` (a CPU-bound task body).
 pub fn burn(d: Duration) {
     let t = Instant::now();
