@@ -1400,12 +1400,6 @@ fn a_spawn_on_a_from_a_nested_run_inside_a_discarding_drop_of_a_is_refused() {
     // sleep stood for that, which a loaded machine outlasts. A task not yet polled at the
     // stop is dropped by a stopping loop instead, on that loop's thread (B's: its spawn on A
     // is then one from an unrelated thread, accepted, and runs in A's next run).
-    let parked = |flag: &Arc<std::sync::atomic::AtomicBool>| {
-        let f = flag.clone();
-        async move {
-            sleep_until(|| f.load(SeqCst)).await;
-        }
-    };
     let (b_parked, a_parked) = (
         Arc::new(std::sync::atomic::AtomicBool::new(false)),
         Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -1417,12 +1411,9 @@ fn a_spawn_on_a_from_a_nested_run_inside_a_discarding_drop_of_a_is_refused() {
         p.store(true, SeqCst);
         std::future::pending::<()>().await
     });
-    let (hb, wait) = (b.handle(), parked(&b_parked));
-    b.spawn_on(1, move || async move {
-        wait.await;
-        hb.stop();
-    })
-    .unwrap();
+    let (hb, f) = (b.handle(), b_parked.clone());
+    b.spawn_on(1, move || async move { stop_once(&hb, &f).await })
+        .unwrap();
     let run_b = RunB(Some(b));
     let p = a_parked.clone();
     a.spawn(async move {
@@ -1430,12 +1421,9 @@ fn a_spawn_on_a_from_a_nested_run_inside_a_discarding_drop_of_a_is_refused() {
         p.store(true, SeqCst);
         std::future::pending::<()>().await
     });
-    let (ha, wait) = (a.handle(), parked(&a_parked));
-    a.spawn_on(1, move || async move {
-        wait.await;
-        ha.stop();
-    })
-    .unwrap();
+    let (ha, f) = (a.handle(), a_parked.clone());
+    a.spawn_on(1, move || async move { stop_once(&ha, &f).await })
+        .unwrap();
     run_within(&a, HANG)
         .expect("run() hung: A's stopped run")
         .unwrap();

@@ -919,19 +919,8 @@ mod tests {
                 Arc,
             },
             task::{Context, Wake, Waker},
-            time::{Duration, Instant},
+            time::Duration,
         };
-        const HANG: Duration = Duration::from_secs(10);
-        fn wait_for(flag: &AtomicBool) -> bool {
-            let t = Instant::now();
-            while !flag.load(SeqCst) {
-                if t.elapsed() > HANG {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            true
-        }
         /// A timer's waker that blocks shard 0 (step 3 of its turn after the nudge) until the
         /// child ran elsewhere: shard 0 cannot run the child itself meanwhile.
         struct HoldShard0 {
@@ -942,7 +931,7 @@ mod tests {
             fn wake(self: Arc<Self>) {
                 // The nudge went out at the end of the turn before this one.
                 self.nudged.store(true, SeqCst);
-                wait_for(&self.child_ran);
+                hold_until(|| self.child_ran.load(SeqCst));
             }
         }
         let exec = Executor::builder()
@@ -973,10 +962,13 @@ mod tests {
                     Box::new(move |core: &super::Core| {
                         p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
                         w.store(true, SeqCst);
-                        wait_for(&n);
+                        hold_until(|| n.load(SeqCst));
                     }),
                 ));
-                assert!(wait_for(&in_window), "shard 1 never parked");
+                assert!(
+                    hold_until(|| in_window.load(SeqCst)),
+                    "shard 1 never parked"
+                );
                 // A timer due at the next turn's step 3, whose waker holds shard 0 there.
                 let waker = Waker::from(Arc::new(HoldShard0 {
                     nudged: nudged.clone(),
@@ -1167,9 +1159,7 @@ mod tests {
                     d.store(true, SeqCst);
                     (crate::shard::id(), parks)
                 });
-                while !parked.load(SeqCst) {
-                    crate::time::sleep(Duration::from_millis(1)).await;
-                }
+                wait_until(|| parked.load(SeqCst)).await;
                 // The sleeper last ran here (stealing was off); shard 1 ticks (a migratable
                 // task is alive).
                 h.set_stealing(true);
