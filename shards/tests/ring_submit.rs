@@ -622,9 +622,7 @@ fn a_submit_to_given_up_by_its_caller_drops_its_output_once() {
             let r = xtc_shards::time::timeout(
                 Duration::from_millis(10),
                 shard::submit_to(1, move || async move {
-                    while !g.load(SeqCst) {
-                        xtc_shards::time::sleep(Duration::from_millis(5)).await;
-                    }
+                    sleep_until(|| g.load(SeqCst)).await;
                     DropSite(o2)
                 }),
             )
@@ -632,9 +630,7 @@ fn a_submit_to_given_up_by_its_caller_drops_its_output_once() {
             gave_up.store(true, SeqCst);
             // The target finishes after the caller gave up: its output goes nowhere but must
             // still be dropped, once.
-            while o.lock().unwrap().is_empty() {
-                xtc_shards::time::sleep(Duration::from_millis(5)).await;
-            }
+            sleep_until(|| !o.lock().unwrap().is_empty()).await;
             r.is_err()
         })
         .unwrap();
