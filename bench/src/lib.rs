@@ -16,7 +16,9 @@
 //! - [`isolated`] and [`pin_current_thread`]: run each runtime on a fresh, optionally pinned,
 //!   thread so thread-locals and panics of one runtime cannot leak into the next;
 //! - [`allowed_cpus`], [`parse_cpu_pair`] and [`pick_cpu_pair`]: which CPUs to run on;
-//! - [`median`]: the middle of repeated timings.
+//! - [`median`]: the middle of repeated timings;
+//! - [`goal`]: the issues' speed goals, judged on a run's figures in one line format that
+//!   `scripts/bench` gathers into a scoreboard.
 
 use std::{
     fmt::Write as _,
@@ -25,6 +27,7 @@ use std::{
 
 use hdrhistogram::Histogram;
 
+pub mod goal;
 pub mod heatmap;
 pub mod svg;
 

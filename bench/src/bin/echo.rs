@@ -43,8 +43,8 @@
 //! counts when it starts and ends inside the window; its latency goes to an hdrhistogram and the
 //! connection's message count goes up by one. Reported per server and connection count:
 //! messages/s, p50 and p99 round-trip latency, and the slowest connection's message count over
-//! the fastest's (1 = perfectly fair). Under the table: the goals of the issue as ratios (xtc
-//! over tokio, xtc-epoll over xtc), and the CPU the server and the client spent in the window
+//! the fastest's (1 = perfectly fair). Under the table: the issue's goals, one verdict line
+//! each (`xtc_bench::goal`: xtc over tokio, xtc-epoll over xtc), and the CPU the server and the client spent in the window
 //! (from `/proc/PID/stat` and `CLOCK_THREAD_CPUTIME_ID`). An SVG bar chart of the table goes to
 //! `target/bench-echo.svg`.
 //!
@@ -74,7 +74,13 @@ use std::{
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use xtc_bench::{allowed_cpus, isolated, svg::Chart, BenchArgs, Better, CpuOption, Row, Table};
+use xtc_bench::{
+    allowed_cpus,
+    goal::{print_goals, Goal},
+    isolated,
+    svg::Chart,
+    BenchArgs, Better, CpuOption, Row, Table,
+};
 
 /// The servers, in column order. xtc first: its ratios are printed.
 const SERVERS: [&str; 7] = [
@@ -1305,22 +1311,15 @@ fn ratio(
     }
 }
 
-/// Whether a measured `a / b` meets a goal, as a word.
-fn verdict(
+/// `a / b` of the figure `f`, when both exist and `b`'s is not zero.
+fn ratio_of(
     a: &Result<Figures, String>,
     b: &Result<Figures, String>,
     f: fn(&Figures) -> f64,
-    ok: impl Fn(f64) -> bool,
-) -> &'static str {
+) -> Option<f64> {
     match (a, b) {
-        (Ok(a), Ok(b)) if f(b) != 0.0 => {
-            if ok(f(a) / f(b)) {
-                "met"
-            } else {
-                "not met"
-            }
-        }
-        _ => "no figure",
+        (Ok(a), Ok(b)) if f(b) != 0.0 => Some(f(a) / f(b)),
+        _ => None,
     }
 }
 
@@ -1488,43 +1487,53 @@ fn main() -> ExitCode {
          below 1 where it is lower",
         SERVERS[cols[base]]
     );
-    println!("  goals of the issue (reported, not asserted):");
+    let mut goals = Vec::new();
     for (c, &conns) in args.conns.iter().enumerate() {
         let r = &results[c];
         let (x, t, e) = (&r[XTC], &r[TOKIO], &r[XTC_EPOLL]);
         let msgs: Pick = |f| f.k_msgs_per_s;
         let p99: Pick = |f| f.p99_us;
-        let fairness = match x {
-            Ok(f) => format!(
-                "{:.2} (goal >= {GOAL_SLOWEST_OVER_FASTEST:.2}: {})",
-                f.slowest_over_fastest,
-                if f.slowest_over_fastest >= GOAL_SLOWEST_OVER_FASTEST {
-                    "met"
-                } else {
-                    "not met"
-                }
-            ),
-            Err(_) => "- (no figure)".into(),
-        };
-        println!(
-            "    {conns} conns: xtc/tokio msgs/s {} (goal >= {GOAL_XTC_OVER_TOKIO:.2}x: {}); \
-             xtc/tokio p99 {} (goal <= 1.00x: {})",
-            ratio(x, t, msgs),
-            verdict(x, t, msgs, |v| v >= GOAL_XTC_OVER_TOKIO),
-            ratio(x, t, p99),
-            verdict(x, t, p99, |v| v <= 1.0),
-        );
-        println!(
-            "    {conns} conns: xtc slowest/fastest conn {fairness}; epoll/io_uring \
-             (xtc-epoll/xtc) msgs/s {} (goal >= {GOAL_EPOLL_OVER_URING:.2}x: {})",
-            ratio(e, x, msgs),
-            verdict(e, x, msgs, |v| v >= GOAL_EPOLL_OVER_URING),
-        );
+        goals.push(Goal::ratio(
+            7,
+            format!("echo {conns} conns: xtc/tokio msgs/s"),
+            false,
+            GOAL_XTC_OVER_TOKIO,
+            ratio_of(x, t, msgs),
+        ));
+        goals.push(Goal::ratio(
+            7,
+            format!("echo {conns} conns: xtc/tokio p99"),
+            true,
+            1.0,
+            ratio_of(x, t, p99),
+        ));
+        goals.push(Goal::value(
+            7,
+            format!("echo {conns} conns: xtc slowest/fastest connection"),
+            false,
+            GOAL_SLOWEST_OVER_FASTEST,
+            "",
+            x.as_ref().ok().map(|f| f.slowest_over_fastest),
+        ));
+        goals.push(Goal::ratio(
+            7,
+            format!("echo {conns} conns: epoll/io_uring (xtc-epoll/xtc) msgs/s"),
+            false,
+            GOAL_EPOLL_OVER_URING,
+            ratio_of(e, x, msgs),
+        ));
+    }
+    print_goals(&goals);
+    for (c, &conns) in args.conns.iter().enumerate() {
+        let r = &results[c];
+        let t = &r[TOKIO];
+        let msgs: Pick = |f| f.k_msgs_per_s;
+        let p99: Pick = |f| f.p99_us;
         // Not a goal of the issue: what unpinning the shards changes beside the client.
         if let Ok(f) = &r[XTC_FLOAT] {
             println!(
-                "    {conns} conns, shards unpinned (xtc-float): /tokio msgs/s {}, /tokio p99 {}, \
-                 slowest/fastest conn {:.2}",
+                "  {conns} conns, shards unpinned (xtc-float; not a goal): /tokio msgs/s {}, \
+                 /tokio p99 {}, slowest/fastest conn {:.2}",
                 ratio(&r[XTC_FLOAT], t, msgs),
                 ratio(&r[XTC_FLOAT], t, p99),
                 f.slowest_over_fastest,

@@ -57,7 +57,13 @@ use std::{process::ExitCode, time::Duration};
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use xtc_bench::{allowed_cpus, isolated, svg::Chart, Better, LatencySummary, Row, Table};
+use xtc_bench::{
+    allowed_cpus,
+    goal::{print_goals, Goal},
+    isolated,
+    svg::Chart,
+    Better, LatencySummary, Row, Table,
+};
 
 /// The runtimes, in column order. xtc first: its ratios are printed.
 const RUNTIMES: [&str; 5] = ["xtc", "raw", "tokio", "glommio", "monoio"];
@@ -1253,6 +1259,58 @@ fn steps_of(bench: &str) -> u64 {
     }
 }
 
+/// Issue 4's goals: the `submit_to` round trip at most 2x the raw floor with the target
+/// spinning and at most 0.8x the best peer with it asleep (p50 both), and the one-message
+/// stream at least 3x glommio and half of raw rtrb. Judged on the rows this run filled.
+fn goals(table: &Table) -> Vec<Goal> {
+    const RAW: usize = 1;
+    const PEERS: [usize; 3] = [2, 3, 4];
+    let mut goals = Vec::new();
+    for row in &table.rows {
+        if row.name.contains(" p50, spin ") {
+            goals.push(Goal::ratio(
+                4,
+                "submit_to round trip p50, target spinning: xtc/raw",
+                true,
+                2.0,
+                table.ratio(row, RAW),
+            ));
+        } else if row.name.contains(" p50, target asleep") {
+            // The best peer: the lowest p50 among tokio, glommio and monoio.
+            let best = PEERS
+                .iter()
+                .filter_map(|&c| row.values[c].as_ref().ok().map(|v| (c, *v)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            goals.push(Goal::ratio(
+                4,
+                format!(
+                    "submit_to round trip p50, target asleep: xtc/best peer ({})",
+                    best.map_or("none", |(c, _)| RUNTIMES[c])
+                ),
+                true,
+                0.8,
+                best.and_then(|(c, _)| table.ratio(row, c)),
+            ));
+        } else if row.name.starts_with("stream ") && !row.name.starts_with("stream batched") {
+            goals.push(Goal::ratio(
+                4,
+                "stream, one message per call: xtc/glommio",
+                false,
+                3.0,
+                table.ratio(row, 3),
+            ));
+            goals.push(Goal::ratio(
+                4,
+                "stream, one message per call: xtc/raw rtrb",
+                false,
+                0.5,
+                table.ratio(row, RAW),
+            ));
+        }
+    }
+    goals
+}
+
 fn main() -> ExitCode {
     let args =
         match xtc_bench::BenchArgs::parse("mesh", &BENCHES, xtc_bench::CpuOption::Pair, usage()) {
@@ -1331,6 +1389,7 @@ fn main() -> ExitCode {
         "  ratios are xtc/peer of the values: above 1 is better for xtc where `better` is higher, \
          below 1 where it is lower"
     );
+    print_goals(&goals(&table));
     for note in &notes {
         println!("  {note}");
     }
@@ -1351,6 +1410,72 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn goals_judge_the_rows_of_issue_4() {
+        let mut t = Table::new(
+            RUNTIMES.iter().map(|s| s.to_string()).collect(),
+            XTC,
+            vec![1],
+        );
+        let mut row = |name: &str, better, vals: [Result<f64, String>; 5]| {
+            t.push(Row {
+                name: name.into(),
+                unit: "x".into(),
+                better,
+                values: vals.to_vec(),
+            })
+        };
+        // Names as `run_rtt` and `run_stream` write them; p99 and batched rows set no goal.
+        row(
+            "rtt x10 p50, spin 50ms",
+            Better::Lower,
+            [
+                Ok(300.0),
+                Ok(100.0),
+                Err("no knob".into()),
+                Ok(1.0),
+                Ok(1.0),
+            ],
+        );
+        row(
+            "rtt x10 p99, spin 50ms",
+            Better::Lower,
+            [Ok(1.0), Ok(1.0), Ok(1.0), Ok(1.0), Ok(1.0)],
+        );
+        row(
+            "rtt x10 p50, target asleep (500us pause before each), xtc caller spins for reply",
+            Better::Lower,
+            [Ok(20.0), Ok(18.0), Ok(50.0), Ok(60.0), Ok(40.0)],
+        );
+        row(
+            "stream 100 u64, cap 1024",
+            Better::Higher,
+            [Ok(90.0), Ok(200.0), Ok(5.0), Ok(20.0), Ok(4.0)],
+        );
+        row(
+            "stream batched, send 256 / recv <= 1024",
+            Better::Higher,
+            [Ok(1.0), Ok(1.0), Ok(1.0), Ok(1.0), Ok(1.0)],
+        );
+        let g = goals(&t);
+        let v: Vec<(&str, Option<bool>)> = g.iter().map(|g| (g.measured.as_str(), g.met)).collect();
+        assert_eq!(
+            v,
+            [
+                ("3.00x", Some(false)),
+                ("0.50x", Some(true)),
+                ("4.50x", Some(true)),
+                ("0.45x", Some(false)),
+            ],
+            "{g:?}"
+        );
+        assert!(
+            g[1].what.ends_with("(monoio)"),
+            "the best peer is the lowest p50 of tokio, glommio, monoio: {}",
+            g[1].what
+        );
+    }
 
     #[test]
     fn a_stream_column_is_the_median_of_its_runs() {

@@ -5,12 +5,13 @@
 //! |---|---|---|---|
 //! | `shares` | one `LocalExecutor`, classes of 300 and 100 shares, one always-runnable task in each (spin 20 µs, `yield_now`) for 1 s | CPU ratio hi/lo, from `Class::runs()` and from timing each poll in the task | 3.0 ± 0.15; glommio's two task queues measured the same way |
 //! | `preempt` | a 1-shard `Executor`: a compute task (spin 10 µs, `yield_if_due`) for 1 s beside a task in a `sleep(1ms)` loop | wake lateness (wake − deadline; a wake before the deadline fails the run) p50/p99 with preemption at 1 ms and off; the median CPU time between the compute task's yields (the timer's effective granularity); then the sleeper in a class with a 500 µs latency bound and preemption off | p99 ≤ 2 × granularity; p99 ≤ 1.5 × 500 µs |
-//! | `overhead` | spawn+join 1,000,000 trivial tasks; 1,000 tasks × 1,000 `yield_now` | M/s: plain vs every task in a class (`LocalExecutor`); a 1-shard `Executor` without vs with `stall_budget(1 s)` | armed within 3 % of plain |
+//! | `overhead` | spawn+join 1,000,000 trivial tasks; 1,000 tasks × 1,000 `yield_now` | M/s: plain vs every task in a class (`LocalExecutor`); a 1-shard `Executor` without vs with `stall_budget(1 s)` | issue 6: ≤ 3 % when off, which has no figure (off is the plain path); the armed cost is reported, not judged |
 //!
 //! Classes and the stall watchdog are always compiled in, so "disabled" is the plain path
 //! itself: there is no separate build without them to compare it with. `overhead` therefore
 //! compares the plain path with the armed one, in the same run, medians of alternated repeats,
-//! each timed after a warm-up run on its own thread.
+//! each timed after a warm-up run on its own thread, and reports what arming costs; its goal
+//! line (the cost when off) says why it has no verdict.
 //!
 //! The table has one reference column, `ref`: the goal, or the peer or baseline named in the
 //! row. Ratios are `xtc/ref`. Goals are reported as met or not; nothing here asserts on time.
@@ -28,7 +29,9 @@ use std::{
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use xtc_bench::{
-    allowed_cpus, isolated, median,
+    allowed_cpus,
+    goal::{print_goals, Goal},
+    isolated, median,
     svg::{Chart, Panel},
     Better, LatencySummary, Row, Table,
 };
@@ -531,7 +534,7 @@ struct Report {
     table: Table,
     refs: Vec<String>,
     short: Vec<String>,
-    verdicts: Vec<String>,
+    verdicts: Vec<Goal>,
     details: Vec<String>,
 }
 
@@ -569,15 +572,14 @@ impl Report {
         self.short.push(short.into());
     }
 
-    /// Records whether a goal was met: `value` against `goal`, both already formatted.
+    /// Records whether a goal (of issue 6, scheduling) was met: `value` against `goal`, both
+    /// already formatted.
     fn verdict(&mut self, what: &str, met: Result<bool, &String>, value: &str, goal: &str) {
-        let word = match met {
-            Ok(true) => "met".to_string(),
-            Ok(false) => "NOT met".to_string(),
-            Err(why) => format!("not measured ({why})"),
+        let (value, met) = match met {
+            Ok(met) => (value.to_string(), Some(met)),
+            Err(why) => (format!("n/a: not measured ({why})"), None),
         };
-        self.verdicts
-            .push(format!("{what}: {value} vs goal {goal}: {word}"));
+        self.verdicts.push(Goal::judged(6, what, goal, value, met));
     }
 }
 
@@ -897,18 +899,19 @@ fn run_overhead(p: Params, cpu: Option<usize>, r: &mut Report) {
                 (Ok(p), Ok(a)) => Ok(100.0 * (p / a - 1.0)),
                 (Err(e), _) | (_, Err(e)) => Err(e.clone()),
             };
-            r.verdict(
-                &format!("overhead of {armed_what} on {work_name} ({setup})"),
-                pct.as_ref().map(|v| *v <= OVERHEAD_GOAL_PCT),
-                &pct.as_ref().map_or("n/a".into(), |v| {
-                    format!(
+            // Issue 6's goal is the cost when the features are off (below); what arming them
+            // costs is reported, not judged.
+            r.details.push(format!(
+                "overhead of {armed_what} on {work_name} ({setup}), armed (no goal): {}",
+                pct.as_ref().map_or_else(
+                    |e| format!("n/a ({e})"),
+                    |v| format!(
                         "{v:+.1} % time per op (armed {:.3} vs {label} {:.3} M/s)",
                         ra.clone().unwrap_or(0.0),
                         rp.clone().unwrap_or(0.0)
                     )
-                }),
-                &format!("<= {OVERHEAD_GOAL_PCT} %"),
-            );
+                ),
+            ));
             let ms = |v: &[Duration]| {
                 v.iter()
                     .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
@@ -926,6 +929,16 @@ fn run_overhead(p: Params, cpu: Option<usize>, r: &mut Report) {
         "overhead: classes and the stall watchdog are always compiled in, so \"disabled\" is \
          the plain path above; there is no separate build without them to compare with"
             .into(),
+    );
+    r.verdict(
+        "overhead of classes, preemption and the stall watchdog when off",
+        Err(
+            &"they are always compiled in: off is the plain path, one branch per poll on a \
+               loop-local flag, and there is no build without them to compare with"
+                .to_string(),
+        ),
+        "",
+        &format!("<= {OVERHEAD_GOAL_PCT} %"),
     );
 }
 
@@ -983,10 +996,7 @@ fn main() -> ExitCode {
          better"
     );
     println!();
-    println!("goals (reported, not asserted):");
-    for v in &report.verdicts {
-        println!("  {v}");
-    }
+    print_goals(&report.verdicts);
     println!();
     println!("details:");
     for d in &report.details {

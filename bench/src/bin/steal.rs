@@ -44,7 +44,13 @@
 use std::{process::ExitCode, time::Duration};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use xtc_bench::{allowed_cpus, isolated, pick_cpu_pair, svg::Chart, Better, CpuUsage, Row, Table};
+use xtc_bench::{
+    allowed_cpus,
+    goal::{print_goals, Goal},
+    isolated, pick_cpu_pair,
+    svg::Chart,
+    Better, CpuUsage, Row, Table,
+};
 
 /// The benchmarks, in run order.
 const BENCHES: [&str; 3] = ["fib", "unbalanced", "idle-steal"];
@@ -662,7 +668,7 @@ fn usage() -> &'static str {
 /// lines and the notes its runs left.
 struct Filled {
     table: Table,
-    goals: Vec<String>,
+    goals: Vec<Goal>,
     notes: Vec<String>,
 }
 
@@ -681,21 +687,6 @@ fn median_ms(notes: &mut Vec<String>, label: &str, r: RunsOut) -> Result<f64, St
     xtc_bench::median(&runs)
         .map(|d| d.as_secs_f64() * 1e3)
         .ok_or_else(|| "no timed run".to_string())
-}
-
-/// `name = 0.05x (goal <= 0.10x): met`, or why it cannot be judged.
-fn goal_line(name: &str, value: Option<f64>, at_most: bool, target: f64) -> String {
-    let sign = if at_most { "<=" } else { ">=" };
-    match value {
-        Some(v) => {
-            let met = if at_most { v <= target } else { v >= target };
-            format!(
-                "goal {name} {sign} {target:.2}x: {v:.2}x, {}",
-                if met { "met" } else { "NOT met" }
-            )
-        }
-        None => format!("goal {name} {sign} {target:.2}x: n/a (a value is missing)"),
-    }
 }
 
 /// `fib` on xtc, tokio, rayon and glommio.
@@ -738,8 +729,20 @@ fn run_fib(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     });
     let row = &table.rows[0];
     let goals = vec![
-        goal_line("xtc/tokio", table.ratio(row, 1), true, GOAL_FIB_VS_TOKIO),
-        goal_line("xtc/rayon", table.ratio(row, 2), true, GOAL_FIB_VS_RAYON),
+        Goal::ratio(
+            5,
+            "fib: xtc/tokio",
+            true,
+            GOAL_FIB_VS_TOKIO,
+            table.ratio(row, 1),
+        ),
+        Goal::ratio(
+            5,
+            "fib: xtc/rayon",
+            true,
+            GOAL_FIB_VS_RAYON,
+            table.ratio(row, 2),
+        ),
     ];
     if p.fib_n == 27 {
         let before: Vec<String> = FIB27_BEFORE_XTC
@@ -807,11 +810,12 @@ fn run_unbalanced(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let row = &table.rows[0];
     // Speedup = no-steal time / steal time: the inverse of the xtc/xtc no-steal ratio.
     let speedup = table.ratio(row, 1).filter(|r| *r > 0.0).map(|r| 1.0 / r);
-    let goals = vec![goal_line(
-        "stealing speedup (xtc no-steal/xtc)",
-        speedup,
+    let goals = vec![Goal::ratio(
+        5,
+        "unbalanced: stealing speedup (xtc no-steal/xtc)",
         false,
         GOAL_STEAL_SPEEDUP,
+        speedup,
     )];
     Filled {
         table,
@@ -851,11 +855,12 @@ fn run_idle(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let row = &table.rows[0];
     // Cut = CPU with backoff off / CPU with it on: the inverse of the on/off ratio.
     let cut = table.ratio(row, 1).filter(|r| *r > 0.0).map(|r| 1.0 / r);
-    let goals = vec![goal_line(
-        "idle CPU cut by backoff (off/on)",
-        cut,
+    let goals = vec![Goal::ratio(
+        5,
+        "idle: CPU cut by steal backoff (off/on)",
         false,
         GOAL_BACKOFF_CUT,
+        cut,
     )];
     Filled {
         table,
@@ -943,7 +948,8 @@ fn main() -> ExitCode {
     for f in &filled {
         println!();
         print!("{}", f.table.render());
-        for line in f.goals.iter().chain(&f.notes) {
+        print_goals(&f.goals);
+        for line in &f.notes {
             println!("  {line}");
         }
     }
