@@ -940,12 +940,48 @@ fn rows_of(bench: &str, p: Params) -> Vec<(String, &'static str, Better)> {
     }
 }
 
-/// Issue 3's goals: spawn+join >= 1.5x monoio, yield switches >= 1.3x monoio, `sleep(1ms)`
-/// overshoot p99 under 200 us, an idle 2-shard executor under 1 % of one CPU and no more than
-/// tokio's. Judged on the rows this run filled (none for a benchmark left out with `--only`).
-fn goals(table: &Table) -> Vec<Goal> {
+/// How far apart two runtimes' idle CPU figures may be and still count as the same: in the
+/// 3 s window no runtime thread wakes (one context switch each, the meter's own sleep), and the
+/// process's CPU there still read 0.002 % to 0.020 % of a CPU from run to run, for every
+/// runtime alike (the meter's cost, not the runtime's). 0.01 % is 0.3 ms in the window, a
+/// thirteenth of one 4 ms clock tick.
+const IDLE_SAME_PCT: f64 = 0.01;
+
+/// Issue 3's "idle CPU no more than tokio's": met when xtc's threads woke no more often than
+/// tokio's in the window (context switches) and its CPU is at most tokio's plus
+/// [`IDLE_SAME_PCT`]. `cpu` is the `% of 1 CPU` idle row; the switches row follows it.
+fn idle_vs_tokio(table: &Table, cpu: &Row) -> Goal {
     const XTC: usize = 0;
     const TOKIO: usize = 2;
+    const WHAT: &str = "idle 2-shard executor: xtc, no more than tokio";
+    let target = format!("<= tokio's CPU + {IDLE_SAME_PCT} % and context switches");
+    let switches = table
+        .rows
+        .iter()
+        .find(|r| r.name == cpu.name && r.unit == "ctx switches");
+    let pick = |r: &Row, c: usize| r.values[c].as_ref().ok().copied();
+    match (
+        pick(cpu, XTC),
+        pick(cpu, TOKIO),
+        switches.and_then(|r| pick(r, XTC)),
+        switches.and_then(|r| pick(r, TOKIO)),
+    ) {
+        (Some(x), Some(t), Some(xs), Some(ts)) => Goal::judged(
+            3,
+            WHAT,
+            target,
+            format!("{x:.3} % vs {t:.3} %, {xs:.0} vs {ts:.0} context switches"),
+            Some(xs <= ts && x <= t + IDLE_SAME_PCT),
+        ),
+        _ => Goal::judged(3, WHAT, target, "n/a: a value is missing", None),
+    }
+}
+
+/// Issue 3's goals: spawn+join >= 1.5x monoio, yield switches >= 1.3x monoio, `sleep(1ms)`
+/// overshoot p99 under 200 us, an idle 2-shard executor under 1 % of one CPU and no more than
+/// tokio's ([`idle_vs_tokio`]). Judged on the rows this run filled (none for a benchmark left out with `--only`).
+fn goals(table: &Table) -> Vec<Goal> {
+    const XTC: usize = 0;
     const MONOIO: usize = 4;
     let mut goals = Vec::new();
     for row in &table.rows {
@@ -995,24 +1031,7 @@ fn goals(table: &Table) -> Vec<Goal> {
                 "% of 1 CPU",
                 xtc,
             ));
-            let tokio = row.values[TOKIO].as_ref().ok().copied();
-            goals.push(match tokio {
-                Some(t) => Goal::value(
-                    3,
-                    "idle 2-shard executor: xtc, at most tokio's",
-                    true,
-                    t,
-                    "% of 1 CPU",
-                    xtc,
-                ),
-                None => Goal::judged(
-                    3,
-                    "idle 2-shard executor: xtc, at most tokio's",
-                    "<= tokio's",
-                    "n/a: no tokio figure",
-                    None,
-                ),
-            });
+            goals.push(idle_vs_tokio(table, row));
         }
     }
     goals
@@ -1157,7 +1176,8 @@ mod tests {
         // Every value 3.0: p99 3 us under 200, idle 3 % over 1 %, and over tokio's 1 %.
         assert_eq!(line("sleep").met, Some(true));
         assert_eq!(line("idle 2-shard executor: xtc").met, Some(false));
-        assert_eq!(line("idle 2-shard executor: xtc, at most").met, Some(false));
+        // 3 % against tokio's 1 %, the same switches: more than the noise allows.
+        assert_eq!(line("idle 2-shard executor: xtc, no more").met, Some(false));
         assert_eq!(
             g.len(),
             5,
