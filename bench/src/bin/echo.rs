@@ -12,7 +12,9 @@
 //! CPU unless `--shards` says otherwise):
 //!
 //! - **xtc**: an `Executor` of `N` shards in service mode, on the io_uring driver
-//!   (`XTC_IO=io_uring` in the child). Each shard binds its own `SO_REUSEPORT` listener
+//!   (`XTC_IO=io_uring` in the child; the other `XTC_*` knobs of the bench's environment
+//!   apply too, so `XTC_SPIN_BEFORE_PARK=0 echo --servers xtc` tries a knob, while shards,
+//!   placement and pinning stay the bench's). Each shard binds its own `SO_REUSEPORT` listener
 //!   (`xtc::net::TcpListener::bind_reuseport`) and accepts through one shared
 //!   `xtc::net::ConnBalancer`, which serves each connection on the shard with the fewest open
 //!   ones (a shard that accepted more than its share hands the descriptor over, once); each
@@ -485,10 +487,16 @@ mod serve {
                 // Shard i on the i-th allowed CPU, as the pinned peers; past one shard per CPU,
                 // the executor's own oversubscribed placement.
                 let cpus = xtc_bench::allowed_cpus();
-                let mut builder = xtc::Executor::builder()
-                    .shards(shards)
-                    .service_mode(true)
-                    .pin(pin);
+                // The `XTC_*` knobs of the bench's environment apply (spin-before-park, say);
+                // shards, placement and pinning are the bench's.
+                let builder = match xtc::Executor::builder().env() {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("Builder::env: {e}")));
+                        return;
+                    }
+                };
+                let mut builder = builder.shards(shards).service_mode(true).pin(pin);
                 if !cpus.is_empty() && shards <= cpus.len() {
                     builder = builder.placement(xtc::numa::Policy::Cpus(cpus[..shards].to_vec()));
                 } else {
