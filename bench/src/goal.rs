@@ -35,7 +35,7 @@ pub struct Goal {
 
 impl Goal {
     /// A ratio goal: `measured` (a ratio, `None` if a value is missing) at most or at least
-    /// `target`. Printed with an `x` suffix, two decimals.
+    /// `target`. Printed with an `x` suffix, two decimals. Cost: as [`value`](Self::value).
     pub fn ratio(
         issue: u32,
         what: impl Into<String>,
@@ -48,7 +48,7 @@ impl Goal {
 
     /// A goal on a value in `unit` (`"x"` for a ratio, printed without a space; `""` for a bare
     /// number; any other unit after a space): `measured` at most or at least `target`. `None`:
-    /// no figure.
+    /// no figure. Cost: three small string allocations (the cells).
     pub fn value(
         issue: u32,
         what: impl Into<String>,
@@ -84,7 +84,8 @@ impl Goal {
     }
 
     /// A goal whose verdict the caller made (a figure with no single number, or one with no
-    /// comparable peer figure): the three cells as given.
+    /// comparable peer figure): the three cells as given. Cost: three small string
+    /// allocations.
     pub fn judged(
         issue: u32,
         what: impl Into<String>,
@@ -101,7 +102,7 @@ impl Goal {
         }
     }
 
-    /// `met`, `NOT met` or `n/a`.
+    /// `met`, `NOT met` or `n/a`. Cost: none (a static string).
     pub fn word(&self) -> &'static str {
         match self.met {
             Some(true) => "met",
@@ -111,7 +112,7 @@ impl Goal {
     }
 
     /// The verdict line (see the module docs). A `|` inside a cell would split it in two, so
-    /// it is written as `/` there.
+    /// it is written as `/` there. Cost: one allocation per cell and one for the line.
     pub fn line(&self) -> String {
         let cell = |s: &str| s.replace('|', "/");
         format!(
@@ -182,7 +183,8 @@ fn split_number(s: &str) -> Option<(f64, &str)> {
 }
 
 /// `goals` as a Markdown document: a title, `note` (the run: date, commit, machine), one table
-/// row per goal in the order given, and the count of each verdict.
+/// row per goal in the order given, and the count of each verdict. Cost: linear in the
+/// goals' text.
 pub fn scoreboard_markdown(goals: &[Goal], note: &str) -> String {
     let mut out = String::from("# xtc speed goals, one scripts/bench run\n\n");
     if !note.is_empty() {
@@ -214,7 +216,8 @@ const REACH_SPAN: f64 = 10.0;
 /// `goals` as an SVG chart, one row each: the issue and goal, a bar from the goal line to this
 /// run's [`Goal::reach`] on a log scale (right of the line: better than the goal; green when
 /// met, red when not, grey without a verdict), and the figure against the target. A goal
-/// without a `reach` gets its verdict written beside the goal line instead of a bar.
+/// without a `reach` gets its verdict written beside the goal line instead of a bar. Cost:
+/// linear in the goals' text (about 350 bytes of SVG per goal).
 pub fn scoreboard_svg(goals: &[Goal], title: &str, subtitle: &str) -> String {
     use std::fmt::Write as _;
     const ROW: f64 = 22.0;
@@ -306,7 +309,7 @@ pub fn scoreboard_svg(goals: &[Goal], title: &str, subtitle: &str) -> String {
 }
 
 /// Prints `goals` under a heading, one verdict line each, indented by two spaces (the
-/// binaries' note style); nothing if there are none.
+/// binaries' note style); nothing if there are none. Cost: one stdout line per goal.
 pub fn print_goals(goals: &[Goal]) {
     if goals.is_empty() {
         return;
