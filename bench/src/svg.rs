@@ -112,8 +112,9 @@ pub fn report_written(bin: &str, path: &Path, written: io::Result<()>) -> std::p
     }
 }
 
-/// Writes an SVG document to `path`, creating its parent directory if needed.
-pub(crate) fn write_file(path: &Path, svg: &str) -> io::Result<()> {
+/// Writes a document (an SVG, or any text) to `path`, creating its parent directory if needed.
+/// Cost: one directory creation at most and one file write.
+pub fn write_file(path: &Path, svg: &str) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }

@@ -14,7 +14,10 @@
 
 use std::{io::Read as _, path::PathBuf, process::ExitCode};
 
-use xtc_bench::goal::{scoreboard_markdown, scoreboard_svg, Goal};
+use xtc_bench::{
+    goal::{scoreboard_markdown, scoreboard_svg, Goal},
+    svg::write_file as write,
+};
 
 const USAGE: &str = "usage: goals [--md PATH] [--svg PATH] [--note TEXT]  < benchmark output";
 
@@ -90,14 +93,6 @@ fn main() -> ExitCode {
         }
     }
     code
-}
-
-/// Writes `text` to `path`, creating its parent directory if needed.
-fn write(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(path, text)
 }
 
 #[cfg(test)]
