@@ -1307,16 +1307,13 @@ fn measure(server: usize, shards: usize, place: &Placement, load: Load) -> Resul
     Figures::of(&m?, &detail)
 }
 
-/// `a / b` as `1.23x`, or `-` when either is missing.
+/// `a / b` as `1.23x`, or `-` when either is missing ([`ratio_of`]).
 fn ratio(
     a: &Result<Figures, String>,
     b: &Result<Figures, String>,
     f: fn(&Figures) -> f64,
 ) -> String {
-    match (a, b) {
-        (Ok(a), Ok(b)) if f(b) != 0.0 => format!("{:.2}x", f(a) / f(b)),
-        _ => "-".into(),
-    }
+    ratio_of(a, b, f).map_or_else(|| "-".into(), |r| format!("{r:.2}x"))
 }
 
 /// `a / b` of the figure `f`, when both exist and `b`'s is not zero.
