@@ -182,11 +182,14 @@ fn split_number(s: &str) -> Option<(f64, &str)> {
     Some((s[..end].parse().ok()?, &s[end..]))
 }
 
+/// The scoreboard's title, in its Markdown and on its chart.
+pub const SCOREBOARD_TITLE: &str = "xtc speed goals, one scripts/bench run";
+
 /// `goals` as a Markdown document: a title, `note` (the run: date, commit, machine), one table
 /// row per goal in the order given, and the count of each verdict. Cost: linear in the
 /// goals' text.
 pub fn scoreboard_markdown(goals: &[Goal], note: &str) -> String {
-    let mut out = String::from("# xtc speed goals, one scripts/bench run\n\n");
+    let mut out = format!("# {SCOREBOARD_TITLE}\n\n");
     if !note.is_empty() {
         out.push_str(note);
         out.push_str("\n\n");

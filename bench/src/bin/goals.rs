@@ -15,7 +15,7 @@
 use std::{io::Read as _, path::PathBuf, process::ExitCode};
 
 use xtc_bench::{
-    goal::{scoreboard_markdown, scoreboard_svg, Goal},
+    goal::{scoreboard_markdown, scoreboard_svg, Goal, SCOREBOARD_TITLE},
     svg::write_file as write,
 };
 
@@ -83,7 +83,7 @@ fn main() -> ExitCode {
         }
     }
     if let Some(path) = &args.svg {
-        let svg = scoreboard_svg(&goals, "xtc speed goals, one scripts/bench run", &args.note);
+        let svg = scoreboard_svg(&goals, SCOREBOARD_TITLE, &args.note);
         match write(path, &svg) {
             Ok(()) => println!("chart written to {}", path.display()),
             Err(e) => {

@@ -58,6 +58,10 @@ use xtc_bench::{
 const RUNTIMES: [&str; 5] = ["xtc", "raw", "tokio", "glommio", "monoio"];
 /// Column indices of `RUNTIMES` that xtc is divided by, in print order.
 const RATIOS_VS: [usize; 4] = [4, 2, 3, 1];
+/// Column indices of the runtimes the goals read.
+const XTC: usize = 0;
+const TOKIO: usize = 2;
+const MONOIO: usize = 4;
 /// The benchmarks, in run order.
 const BENCHES: [&str; 4] = ["spawn", "yield", "sleep", "idle"];
 /// How long one asked sleep lasts.
@@ -951,8 +955,6 @@ const IDLE_SAME_PCT: f64 = 0.01;
 /// tokio's in the window (context switches) and its CPU is at most tokio's plus
 /// [`IDLE_SAME_PCT`]. `cpu` is the `% of 1 CPU` idle row; the switches row follows it.
 fn idle_vs_tokio(table: &Table, cpu: &Row) -> Goal {
-    const XTC: usize = 0;
-    const TOKIO: usize = 2;
     const WHAT: &str = "idle 2-shard executor: xtc, no more than tokio";
     let target = format!("<= tokio's CPU + {IDLE_SAME_PCT} % and context switches");
     let switches = table
@@ -981,8 +983,6 @@ fn idle_vs_tokio(table: &Table, cpu: &Row) -> Goal {
 /// overshoot p99 under 200 us, an idle 2-shard executor under 1 % of one CPU and no more than
 /// tokio's ([`idle_vs_tokio`]). Judged on the rows this run filled (none for a benchmark left out with `--only`).
 fn goals(table: &Table) -> Vec<Goal> {
-    const XTC: usize = 0;
-    const MONOIO: usize = 4;
     let mut goals = Vec::new();
     for row in &table.rows {
         let xtc = row.values[XTC].as_ref().ok().copied();
@@ -1145,7 +1145,7 @@ mod tests {
             for (name, unit, better) in rows_of(bench, p) {
                 let mut values: Vec<Result<f64, String>> = vals.iter().map(|v| Ok(*v)).collect();
                 if bench == "yield" {
-                    values[4] = monoio_yield.clone();
+                    values[MONOIO] = monoio_yield.clone();
                 }
                 t.push(Row {
                     name,

@@ -1263,8 +1263,7 @@ fn steps_of(bench: &str) -> u64 {
 /// spinning and at most 0.8x the best peer with it asleep (p50 both), and the one-message
 /// stream at least 3x glommio and half of raw rtrb. Judged on the rows this run filled.
 fn goals(table: &Table) -> Vec<Goal> {
-    const RAW: usize = 1;
-    const PEERS: [usize; 3] = [2, 3, 4];
+    const PEERS: [usize; 3] = [TOKIO, GLOMMIO, MONOIO];
     let mut goals = Vec::new();
     for row in &table.rows {
         if row.name.contains(" p50, spin ") {
@@ -1297,7 +1296,7 @@ fn goals(table: &Table) -> Vec<Goal> {
                 "stream, one message per call: xtc/glommio",
                 false,
                 3.0,
-                table.ratio(row, 3),
+                table.ratio(row, GLOMMIO),
             ));
             goals.push(Goal::ratio(
                 4,
