@@ -1200,6 +1200,34 @@ mod tests {
         );
     }
 
+    /// The idle comparison with tokio: CPU within the meter's noise of tokio's counts as the
+    /// same; a wake-up more than tokio's counts as more, whatever the CPU reads.
+    #[test]
+    fn idle_against_tokio_allows_the_meters_noise_but_no_extra_wake_up() {
+        fn cpu(t: &mut Table) -> &mut Row {
+            t.rows.iter_mut().find(|r| r.unit.starts_with('%')).unwrap()
+        }
+        let idle = |t: &Table| goals(t).pop().expect("the idle goal is the last");
+        let mut t = table_of([1.0; 5], Ok(1.0));
+        // 0.020 % against tokio's 0.015 %: 0.005 % apart, under IDLE_SAME_PCT.
+        cpu(&mut t).values[XTC] = Ok(0.020);
+        cpu(&mut t).values[TOKIO] = Ok(0.015);
+        assert_eq!(idle(&t).met, Some(true), "{:?}", idle(&t));
+        assert!(idle(&t).measured.contains("1 vs 1 context switches"));
+        // 0.030 % against 0.015 %: beyond the noise.
+        cpu(&mut t).values[XTC] = Ok(0.030);
+        assert_eq!(idle(&t).met, Some(false), "{:?}", idle(&t));
+        // Back within the noise, but one more wake-up than tokio.
+        cpu(&mut t).values[XTC] = Ok(0.020);
+        let switches = t
+            .rows
+            .iter_mut()
+            .find(|r| r.unit == "ctx switches")
+            .unwrap();
+        switches.values[XTC] = Ok(2.0);
+        assert_eq!(idle(&t).met, Some(false), "{:?}", idle(&t));
+    }
+
     /// `idle_pair` under a hang guard: `Err` from the guard if it never returned.
     fn guarded<F>(body: F) -> Result<Result<CpuUsage, String>, String>
     where
