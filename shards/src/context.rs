@@ -80,6 +80,10 @@ pub(crate) struct Core {
     /// The loop's last park ended by a ping for new migratable work (`steal::woke`): its
     /// next steal ignores the minimum (steal rule 3).
     pub(crate) fresh_wake: Cell<bool>,
+    /// Steal rule 3: a waiver from a ping for new work that the loop's first look after it
+    /// could not use, every victim still empty (the spawner pings before it queues). Kept,
+    /// unlike [`fresh_wake`](Self::fresh_wake), across later wakes until a look finds work.
+    pub(crate) waiver_kept: Cell<bool>,
     /// Consecutive short looks per victim (steal rule 3).
     pub(crate) short_looks: RefCell<Vec<u32>>,
     /// Migratable picks so far (steal/mod.rs rule 1: the periodic injector look).
@@ -338,6 +342,7 @@ impl Core {
             deque,
             nudge: Cell::new(false),
             fresh_wake: Cell::new(false),
+            waiver_kept: Cell::new(false),
             short_looks: RefCell::new(Vec::new()),
             local_picks: Cell::new(0),
             empty_ticks: Cell::new(0),

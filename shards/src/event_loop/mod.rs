@@ -1177,6 +1177,86 @@ mod tests {
         window.assert_stolen_at_once("the woken task", shard, parks_at_run);
     }
 
+    /// Steal rule 3 when a spawn's ping outruns its task: the spawner pings the loops parked
+    /// without a tick (rule 4) before it queues the task, so a thief the ping woke can look
+    /// at its victims before the task is there. That first look found nothing and spent the
+    /// waiver; the task, below `min_tasks_to_steal`, then waited for the starvation override
+    /// (16 idle ticks). CI saw it once (`tests/steal.rs`, `a_spawn_ping_still_waives_...`,
+    /// under load). Here the spawner is held in that window until the thief has looked and
+    /// come back to its park decision; counted in parks, not timed.
+    #[test]
+    fn a_spawn_ping_that_outruns_its_task_keeps_the_thiefs_waiver() {
+        use std::sync::{
+            atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+            Arc,
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .min_tasks_to_steal(1000)
+            .build()
+            .unwrap();
+        let exec_id = exec.handle().shared.loops[1].exec_id;
+        let h = exec.handle();
+        // Shard 1's park count as it decided to park before the spawn, and as the child ran.
+        let first = Arc::new(AtomicU64::new(u64::MAX));
+        let back = Arc::new(AtomicBool::new(false));
+        let (f, b) = (first.clone(), back.clone());
+        arm((
+            exec_id,
+            1,
+            Box::new(move |core: &super::Core| {
+                f.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                // Its next park decision: after the ping woke it and it looked.
+                arm((
+                    core.shared.exec_id,
+                    1,
+                    Box::new(move |_: &super::Core| b.store(true, SeqCst)),
+                ));
+            }),
+        ));
+        let (shard, parks_at_run, before) = exec
+            .block_on(move || async move {
+                // Shard 1 asleep in the park it decided on (parked without a tick: no
+                // migratable task exists yet).
+                let asleep = || {
+                    let p = first.load(SeqCst);
+                    p != u64::MAX && h.loop_stats(1).unwrap().parks > p
+                };
+                assert!(hold_until(asleep), "shard 1 never parked");
+                let back2 = back.clone();
+                crate::steal::arm_after_spawn_counted(
+                    exec_id,
+                    Box::new(move || {
+                        // The ping went out; the task is not queued yet.
+                        assert!(
+                            hold_until(|| back2.load(SeqCst)),
+                            "the ping did not wake shard 1"
+                        );
+                    }),
+                );
+                let ran = Arc::new(AtomicBool::new(false));
+                let (r, hh) = (ran.clone(), h.clone());
+                let child = crate::spawn(async move {
+                    r.store(true, SeqCst);
+                    (crate::shard::id(), hh.loop_stats(1).unwrap().parks)
+                });
+                // Shard 0 stays busy (it would run the child itself when it awaits it).
+                hold_until(|| ran.load(SeqCst));
+                let (shard, parks) = child.await.unwrap();
+                (shard, parks, first.load(SeqCst))
+            })
+            .unwrap();
+        assert_eq!(shard, 1, "shard 1 never stole the child");
+        // The park the ping ended, then at most the idle tick it parked on after its empty look.
+        assert!(
+            parks_at_run - before <= 2,
+            "shard 1 parked {} times before it stole the child: its waiver was spent on the \
+             empty look",
+            parks_at_run - before
+        );
+    }
+
     /// A 2-shard executor with steal backoff on, and its id (for [`BEFORE_ANNOUNCE`]).
     fn backoff_executor() -> (Executor, u64) {
         let exec = Executor::builder()

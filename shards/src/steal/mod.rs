@@ -29,7 +29,9 @@
 //!    work (rule 4's spawn pings, eager rebalance's nudge), marked in the loop's `work_ping`.
 //!    Other pings end a park too (a knob setter's, pinned work's, a stop's) and waive nothing:
 //!    when they did, switching stealing on or setting the minimum made every idle loop steal
-//!    at once from a victim below it.
+//!    at once from a victim below it. The waiver is spent by the first look that finds work
+//!    queued at a victim: a spawner pings before it queues its task, so a thief woken at once
+//!    may find every victim empty, and keeps the waiver for its next look (`waiver_kept`).
 //! 4. **Finding work while parked.** While any migratable task is alive (the count of rule 5 is
 //!    above zero), a loop holds spawns it has not counted yet (its `spawning` flag, raised at
 //!    its first spawn of a turn and lowered once its batch is published), or a victim has
@@ -642,6 +644,8 @@ where
     F::Output: Send + 'static,
 {
     count_spawn_here(core);
+    #[cfg(test)]
+    after_spawn_counted(core);
     // `core.shared` is `core.exec.loops[core.index()]`, without the two loads and the
     // bounds check.
     let (runnable, task) = build(&core.shared, fut, info);
@@ -662,6 +666,38 @@ where
         r.schedule();
     }
     JoinHandle::new(task)
+}
+
+/// What [`after_spawn_counted`] runs, once, on the executor it names: `(executor id, hook)`.
+#[cfg(test)]
+type SpawnHook = (u64, Box<dyn FnOnce() + Send>);
+
+/// Test builds only: hooks into a worker's `xtc::spawn` after the spawn was counted (and the
+/// loops parked without a tick were pinged, rule 4) and before the task is queued, the window
+/// in which a woken thief finds nothing yet. A list: tests run in parallel, each on its own
+/// executor.
+#[cfg(test)]
+static AFTER_SPAWN_COUNTED: std::sync::Mutex<Vec<SpawnHook>> = std::sync::Mutex::new(Vec::new());
+
+/// Arms `hook` for the next `xtc::spawn` on a worker of executor `exec_id` (test builds).
+#[cfg(test)]
+pub(crate) fn arm_after_spawn_counted(exec_id: u64, hook: Box<dyn FnOnce() + Send>) {
+    AFTER_SPAWN_COUNTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((exec_id, hook));
+}
+
+#[cfg(test)]
+fn after_spawn_counted(core: &Core) {
+    let mut armed = AFTER_SPAWN_COUNTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(i) = armed.iter().position(|(id, _)| *id == core.shared.exec_id) {
+        let (_, hook) = armed.swap_remove(i);
+        drop(armed);
+        hook();
+    }
 }
 
 /// Rule 1 off that loop's thread: queues `r` in loop `to`'s injector and pings it. Counted
@@ -890,14 +926,20 @@ pub(crate) fn try_steal(core: &Core) -> bool {
         return false;
     };
     let min = exec.min_tasks_to_steal();
-    // Rule 3: the last park ended by a ping for new migratable work (`woke`).
-    let fresh = core.fresh_wake.replace(false);
+    // Rule 3: the last park ended by a ping for new migratable work (`woke`), or such a ping's
+    // waiver kept from a look that found nothing. Spent by the first look that finds work
+    // queued: a spawner pings (rule 4) before it queues its task, so the woken thief may look
+    // first and find every victim empty; it keeps the waiver then (`waiver_kept`), for its
+    // next look, an idle tick away (the spawner's flag is up).
+    let fresh = core.fresh_wake.replace(false) | core.waiver_kept.replace(false);
+    let mut seen_work = false;
     let mut looks = core.short_looks.borrow_mut();
     looks.resize(exec.loops.len(), 0);
     let stats = &core.shared.stats;
     for &v in victims {
         let vs = &exec.loops[v].steal;
         let queued = vs.stealer.len() + vs.injector.len();
+        seen_work |= queued > 0;
         if !look(queued, min, &mut looks[v], fresh) {
             continue;
         }
@@ -923,6 +965,9 @@ pub(crate) fn try_steal(core: &Core) -> bool {
             }
             _ => bump(&stats.steal_attempts_failed, 1),
         }
+    }
+    if fresh && !seen_work {
+        core.waiver_kept.set(true);
     }
     false
 }
