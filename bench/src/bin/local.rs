@@ -1,4 +1,5 @@
-//! Single-shard benchmarks: xtc beside a raw floor, tokio, glommio and monoio, in one run.
+//! Single-shard benchmarks: xtc beside a raw floor, tokio, glommio, monoio and bare async-task, in
+//! one run.
 //!
 //! | benchmark | what each runtime does | reported |
 //! |---|---|---|
@@ -22,6 +23,11 @@
 //!   `LocalExecutor`s each awaiting a sleep;
 //! - **monoio**: `FusionDriver` runtime with the timer + `monoio::spawn` + a self-waking yield
 //!   future; for `idle`, two runtimes each sleeping.
+//! - **async-task**: a second floor for `spawn`/`yield`: xtc's task crate on a bare `VecDeque` of
+//!   `Runnable`s, its wakers real (a wake pushes the task back), no runtime around it. It costs
+//!   what xtc's tasks cost without xtc's loop, registry and stats, so `xtc/async-task` is what
+//!   xtc's own layers cost, and `async-task/monoio` how far the task crate alone is from monoio's
+//!   hand-written task. No figure for `sleep` and `idle` (no timer, no threads).
 //!
 //! `yield` counts every yield and checks that nine in ten let another task run before the
 //! yielding one resumed; a runtime whose yields do not switch tasks gets `n/a` with the reason. monoio does
@@ -55,9 +61,9 @@ use xtc_bench::{
 };
 
 /// The runtimes, in column order. xtc first: its ratios are printed.
-const RUNTIMES: [&str; 5] = ["xtc", "raw", "tokio", "glommio", "monoio"];
+const RUNTIMES: [&str; 6] = ["xtc", "raw", "tokio", "glommio", "monoio", "async-task"];
 /// Column indices of `RUNTIMES` that xtc is divided by, in print order.
-const RATIOS_VS: [usize; 4] = [4, 2, 3, 1];
+const RATIOS_VS: [usize; 5] = [4, 2, 3, 1, 5];
 /// Column indices of the runtimes the goals read.
 const XTC: usize = 0;
 const TOKIO: usize = 2;
@@ -441,6 +447,119 @@ mod raw {
             std::thread::sleep(hold);
             Ok(())
         })
+    }
+}
+
+/// A second floor: async-task, the task crate under xtc's tasks, on a bare run queue. The same
+/// allocation, reference counting, wakers and join protocol as xtc's tasks, and nothing of a
+/// runtime around them (no loop, no registry, no stats, no I/O): what xtc's `spawn` and `yield`
+/// would cost if its own layers were free. Its tasks wake themselves into a thread-local
+/// `VecDeque` of `Runnable`s, which `block_on` runs in order until the main task is done.
+mod async_task_floor {
+    use std::{
+        cell::RefCell,
+        collections::VecDeque,
+        future::Future,
+        pin::Pin,
+        task::{Context, Poll, Waker},
+        time::{Duration, Instant},
+    };
+
+    use hdrhistogram::Histogram;
+
+    use super::{yield_now, Params};
+    use xtc_bench::CpuUsage;
+
+    /// Why `sleep` and `idle` have no figure in this column.
+    const NO_RUNTIME: &str = "async-task alone has no timer and no threads to idle";
+
+    thread_local! {
+        /// Run queue of the executor on this thread.
+        static QUEUE: RefCell<VecDeque<async_task::Runnable>> =
+            const { RefCell::new(VecDeque::new()) };
+    }
+
+    /// Every task's schedule function: the back of this thread's queue. Every waker in these
+    /// benchmarks is woken on the thread that runs its task.
+    fn schedule(r: async_task::Runnable) {
+        QUEUE.with(|q| q.borrow_mut().push_back(r));
+    }
+
+    /// One allocation per task (async-task's), queued at once.
+    fn spawn<F>(fut: F) -> async_task::Task<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (runnable, task) = async_task::spawn(fut, schedule);
+        runnable.schedule();
+        task
+    }
+
+    /// Runs queued tasks in order until `main` has finished; `Err` if the queue empties first
+    /// (a task waiting on a waker nobody will wake: a hang, not a figure).
+    fn block_on<F>(main: F) -> Result<F::Output, String>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let mut main = spawn(main);
+        while !main.is_finished() {
+            let Some(r) = QUEUE.with(|q| q.borrow_mut().pop_front()) else {
+                return Err("the run queue emptied before the main task finished".into());
+            };
+            r.run();
+        }
+        // Tasks still queued are dropped (cancelled) here, on their thread.
+        let left = QUEUE.with(|q| std::mem::take(&mut *q.borrow_mut()));
+        drop(left);
+        match Pin::new(&mut main).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => Ok(v),
+            Poll::Pending => Err("the main task finished without an output".into()),
+        }
+    }
+
+    pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
+        let n = p.spawn_tasks;
+        block_on(async move {
+            let mut handles = Vec::with_capacity(n);
+            let t0 = Instant::now();
+            for _ in 0..n {
+                handles.push(spawn(async {}));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        })
+    }
+
+    pub(super) fn yields(p: Params) -> Result<Duration, String> {
+        block_on(async move {
+            let mut handles = Vec::with_capacity(p.yield_tasks);
+            let t0 = Instant::now();
+            for _ in 0..p.yield_tasks {
+                handles.push(spawn(async move {
+                    let mut last = super::yield_task_start();
+                    for _ in 0..p.yields_per_task {
+                        yield_now().await;
+                        super::yielded(&mut last);
+                    }
+                }));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        })
+    }
+
+    pub(super) fn sleeps(_: Params) -> Result<Histogram<u64>, String> {
+        Err(NO_RUNTIME.into())
+    }
+
+    pub(super) fn idle(_: Duration) -> Result<CpuUsage, String> {
+        Err(NO_RUNTIME.into())
     }
 }
 
@@ -845,6 +964,7 @@ fn run_one(
                 tokio_rt::spawn_join,
                 glommio_rt::spawn_join,
                 monoio_rt::spawn_join,
+                async_task_floor::spawn_join,
             ][rt];
             let r = isolated(cpu, p.deadline, move || median_of_runs(|| f(p)));
             vec![note_runs(r, "spawn", rt, notes).map(per_sec(p.spawn_tasks))]
@@ -856,6 +976,7 @@ fn run_one(
                 tokio_rt::yields,
                 glommio_rt::yields,
                 monoio_rt::yields,
+                async_task_floor::yields,
             ][rt];
             let checked = move || {
                 median_of_runs(|| {
@@ -877,6 +998,7 @@ fn run_one(
                 tokio_rt::sleeps,
                 glommio_rt::sleeps,
                 monoio_rt::sleeps,
+                async_task_floor::sleeps,
             ][rt];
             let s = isolated(cpu, p.deadline, move || {
                 f(p).map(|h| LatencySummary::from_histogram(&h))
@@ -891,6 +1013,7 @@ fn run_one(
                 tokio_rt::idle,
                 glommio_rt::idle,
                 monoio_rt::idle,
+                async_task_floor::idle,
             ][rt];
             // Not pinned: the runtime's two threads must be free to sit on two CPUs.
             let u = isolated(None, p.deadline, move || f(p.idle));
@@ -1056,7 +1179,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
 
-    println!("local: single-shard benchmarks, xtc beside a raw floor, tokio, glommio and monoio");
+    println!(
+        "local: single-shard benchmarks, xtc beside a raw floor, tokio, glommio, monoio and bare \
+         async-task"
+    );
     println!(
         "  mode: {}   single-shard runs pinned to cpu {}   allowed cpus: {allowed:?}",
         if args.quick {
@@ -1069,6 +1195,10 @@ fn main() -> ExitCode {
     println!(
         "  raw = the floor: spawn/yield on a VecDeque of tasks (one Rc each) re-polled on Pending (no \
          wakers); sleep = std::thread::sleep; idle = 2 threads in std::thread::sleep"
+    );
+    println!(
+        "  async-task = xtc's task crate alone: spawn/yield on a VecDeque of async-task Runnables \
+         with real wakers, no runtime around them (xtc/async-task = what xtc's own layers cost)"
     );
     if !cfg!(feature = "xtc") {
         println!("  NOTE: built without the `xtc` feature: the xtc column is empty");
@@ -1137,13 +1267,15 @@ mod tests {
     use super::*;
 
     /// A table of the rows `goals` reads, every column filled from `vals` (xtc, raw, tokio,
-    /// glommio, monoio), `monoio_yield` in monoio's yield cell.
+    /// glommio, monoio; the async-task column, which no goal reads, takes raw's),
+    /// `monoio_yield` in monoio's yield cell.
     fn table_of(vals: [f64; 5], monoio_yield: Result<f64, String>) -> Table {
         let p = Params::quick();
         let mut t = Table::new(RUNTIMES.iter().map(|s| s.to_string()).collect(), 0, vec![4]);
         for bench in BENCHES {
             for (name, unit, better) in rows_of(bench, p) {
                 let mut values: Vec<Result<f64, String>> = vals.iter().map(|v| Ok(*v)).collect();
+                values.push(Ok(vals[1]));
                 if bench == "yield" {
                     values[MONOIO] = monoio_yield.clone();
                 }
