@@ -58,6 +58,10 @@ pub(crate) struct Core {
     pub(crate) registry: RefCell<Slab<Entry>>,
     pub(crate) mesh: RefCell<LocalMesh>,
     pub(crate) tasks_done: Cell<u64>,
+    /// Spare units of this loop's task references, banked while it runs
+    /// (`task/home.rs` rule 2): a task made or freed here takes or returns one without an
+    /// atomic. Given back when the `Core` is dropped (rule 4).
+    pub(crate) home_bank: Cell<usize>,
     /// [`task::cancel`](crate::task::cancel) is dropping a pinned task of another loop here (a
     /// spawn for a stopped peer that this loop's shutdown drops, `ring::evacuate`): its end is
     /// not this loop's to count, nor its registry key this loop's to remove (`task_dropped`).
@@ -335,6 +339,7 @@ impl Core {
             timers: RefCell::new(Timers::new(first_timer)),
             registry: RefCell::new(Slab::with_capacity(1024)),
             tasks_done: Cell::new(tasks_done),
+            home_bank: Cell::new(0),
             dropping_foreign: Cell::new(false),
             io_base,
             stamps_end: Cell::new(0),
@@ -431,6 +436,13 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
+        // `task/home.rs` rule 4: this thread's current loop is no longer this `Core` (the
+        // `Enter` guard that set it borrowed the `Core`), so nothing banks here after this.
+        let banked = self.home_bank.replace(0);
+        if banked > 0 {
+            // SAFETY: the bank owns `banked` units of this loop; `self.shared` keeps it alive.
+            unsafe { crate::task::release_units(Arc::as_ptr(&self.shared), banked) };
+        }
         // The next run's timers start after this one's (`LoopShared::timer_generation`).
         if let Ok(t) = self.timers.try_borrow() {
             self.shared
@@ -744,7 +756,7 @@ pub(crate) fn enqueue_at_home(runnable: Runnable) -> Option<Runnable> {
     let core = unsafe { &*p };
     if ptr::eq(
         Arc::as_ptr(&core.shared),
-        Arc::as_ptr(&runnable.metadata().home),
+        crate::task::Home::as_ptr(&runnable.metadata().home),
     ) {
         core.enqueue(runnable);
         None

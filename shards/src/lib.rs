@@ -164,6 +164,8 @@ pub mod time {
 }
 
 #[cfg(all(test, loom))]
+mod loom_home;
+#[cfg(all(test, loom))]
 mod loom_park;
 #[cfg(all(test, loom))]
 mod loom_ring;

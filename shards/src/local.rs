@@ -52,7 +52,7 @@ use crate::{
 /// ```
 #[derive(Debug)]
 pub struct LocalExecutor {
-    shared: Arc<ExecShared>,
+    pub(crate) shared: Arc<ExecShared>,
     /// `!Send` and `!Sync` (see above).
     _one_thread: PhantomData<*const ()>,
 }
@@ -123,7 +123,12 @@ impl LocalExecutor {
         let live = crate::executor::Discarding::live(&self.shared);
         let core = Core::new(self.shared.loops[0].clone(), self.shared.clone());
         let enter = context::enter(&core).expect(NESTED);
-        let main = task::spawn_raw(core.shared.clone(), move || fut, TaskInfo::here(None), 0);
+        let main = task::spawn_raw(
+            task::Home::new(&core.shared),
+            move || fut,
+            TaskInfo::here(None),
+            0,
+        );
         // A panic out of the loop step (a bug in xtc, or user code xtc does not guard, such as
         // a tracing subscriber handling a stall warning) still shuts the loop down, as a shard's
         // worker does (tasks dropped on this thread, counts published), before it is re-raised

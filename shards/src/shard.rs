@@ -7,7 +7,6 @@ use std::future::Future;
 
 use crate::{
     context::{self, with_core},
-    event_loop::LoopShared,
     executor::{Handle, StopReason},
     ring,
     task::{self, JoinHandle, TaskInfo},
@@ -37,9 +36,10 @@ pub(crate) fn join_result<T>(r: std::result::Result<T, JoinError>) -> Result<T> 
 /// (use [`Handle::submit_to`] there).
 ///
 /// Cost: one task allocation, one ring message each way and one local wake; no lock. Shared
-/// atomics: the rings' own indices, the task's state (async-task), and a reference count on
-/// the target loop's shared state (its task's home, which every sender to that loop updates);
-/// plus a wake ping only if the target sleeps.
+/// atomics: the rings' own indices, the task's state (async-task), and a reference to the
+/// target loop taken and given back (its task's home: a counter every sender to that loop
+/// updates; none for a call to the caller's own shard, `task/home.rs`); plus a wake ping only
+/// if the target sleeps.
 #[track_caller]
 pub fn submit_to<F, Fut>(shard: usize, make: F) -> impl Future<Output = Result<Fut::Output>>
 where
@@ -64,7 +64,7 @@ where
 /// per `submit_to`). Inline, as `task::create` in it is: built into the caller's future.
 #[inline]
 fn spawn_call<F, Fut>(
-    owner: std::sync::Arc<LoopShared>,
+    owner: task::Home,
     shard: usize,
     make: F,
     info: TaskInfo,
@@ -78,10 +78,10 @@ where
     let mut queued = Some(runnable);
     let remote = with_core(|c| {
         let runnable = queued.take()?;
-        // SAFETY: the pointer comes from the `Arc` in this task's metadata, alive while we
-        // hold `runnable`; `route_from` reads what it needs before it hands `runnable` on (as
-        // in `task::schedule_away`).
-        let owner = unsafe { &*std::sync::Arc::as_ptr(&runnable.metadata().home) };
+        // SAFETY: the pointer comes from the `Home` in this task's metadata, which keeps the
+        // loop alive while we hold `runnable`; `route_from` reads what it needs before it
+        // hands `runnable` on (as in `task::schedule_away`).
+        let owner = unsafe { &*task::Home::as_ptr(&runnable.metadata().home) };
         // A loop of another executor (a future polled by hand there) hands it back.
         queued = context::route_from(c, owner, runnable);
         Some(c.index() != shard)
@@ -185,10 +185,7 @@ impl<T> Drop for AwaitReply<T> {
 
 /// The target loop of a cross-shard call from the current loop, once its ring has space
 /// (ring protocol rule 3; no ring to the caller's own shard).
-pub(crate) async fn reserve_on(
-    shard: usize,
-    what: &'static str,
-) -> Result<std::sync::Arc<LoopShared>> {
+pub(crate) async fn reserve_on(shard: usize, what: &'static str) -> Result<task::Home> {
     // The target loop is looked up under the borrow: cloning the executor's `Arc` here would
     // be a read-modify-write on a count every loop writes, once per message. A ring with room
     // now is looked at under the same borrow: the wait future would be ready at its first poll
@@ -204,7 +201,7 @@ pub(crate) async fn reserve_on(
     let (owner, wait, spent) = with_core(|c| {
         c.exec.shard(shard).map(|o| {
             let wait = !ring::reserved(c, shard);
-            (o.clone(), wait, !wait && !c.coop_spend())
+            (task::Home::new(o), wait, !wait && !c.coop_spend())
         })
     })
     .ok_or_else(|| Error::OffLoop(what))??;
@@ -243,7 +240,7 @@ where
         let mut handles = Vec::with_capacity(exec.loops.len());
         for (i, owner) in exec.loops.iter().enumerate() {
             ring::reserve(i).await;
-            let (join, remote) = spawn_call(owner.clone(), i, make.clone(), info.clone());
+            let (join, remote) = spawn_call(task::Home::new(owner), i, make.clone(), info.clone());
             handles.push(AwaitReply::new(join, remote));
         }
         let mut out = Vec::with_capacity(handles.len());
@@ -335,7 +332,7 @@ where
     // On the owner's thread by construction: the runnable goes straight onto this loop's queue
     // (what `task::schedule` would route it to, without its thread-local lookup).
     with_core(|c| {
-        let (runnable, handle) = task::create(c.shared.clone(), move || fut, info, class);
+        let (runnable, handle) = task::create(task::Home::new(&c.shared), move || fut, info, class);
         c.enqueue(runnable);
         handle
     })

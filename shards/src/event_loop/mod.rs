@@ -91,6 +91,10 @@ pub(crate) struct LoopShared {
     /// of a later run. A `u64` counted per loop does not wrap. Touched by the loop only, twice
     /// per run.
     pub(crate) timer_generation: AtomicU64,
+    /// Units of task references to this loop (`task/home.rs`): while above zero, they hold one
+    /// strong count of this loop's `Arc` together. Written when a task is made or freed off
+    /// this loop, and once per refill of the loop's bank.
+    pub(crate) task_refs: crate::sync::AtomicUsize,
     /// The executor, weakly (set once by `ExecShared::new_arc`): how a migratable task, whose
     /// metadata holds its spawn loop, reaches its executor (steal/mod.rs rule 1).
     exec: std::sync::OnceLock<std::sync::Weak<crate::executor::ExecShared>>,
@@ -122,6 +126,7 @@ impl LoopShared {
             status: CachePadded::new(AtomicU64::new(status::BUSY)),
             stats: StatsCell::new(base),
             timer_generation: AtomicU64::new(0),
+            task_refs: crate::sync::AtomicUsize::new(0),
             exec: std::sync::OnceLock::new(),
         })
     }

@@ -406,8 +406,8 @@ impl ExecShared {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        let owner = self.shard(shard)?.clone();
-        Ok(task::spawn_raw(owner, make, info, class))
+        let home = task::Home::new(self.shard(shard)?);
+        Ok(task::spawn_raw(home, make, info, class))
     }
 }
 

@@ -581,7 +581,7 @@ where
             info,
             crate::task::MIGRATABLE_CLASS,
             home.index,
-            home.clone(),
+            crate::task::Home::new(home),
         ))
         .spawn(
             move |meta: &TaskMeta| {

@@ -406,7 +406,7 @@ fn meta_offset(core: &crate::context::Core) -> usize {
         super::TaskInfo::here(None),
         0,
         core.shared.index,
-        core.shared.clone(),
+        super::Home::new(&core.shared),
     );
     let (runnable, task) = async_task::Builder::new()
         .metadata(meta)

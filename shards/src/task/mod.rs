@@ -37,10 +37,12 @@
 //! and one slab insert per spawn (rule 3); a local wake is a thread-local push, no shared atomic.
 
 mod builder;
+pub(crate) mod home;
 mod join;
 mod yield_now;
 
 pub use builder::Builder;
+pub(crate) use home::{release_units, Home};
 pub(crate) use join::polled_with_own_waker;
 pub use join::JoinHandle;
 pub use yield_now::{yield_now, YieldNow};
@@ -54,12 +56,9 @@ use std::{
     task::{Context, Poll},
 };
 
-use crate::{
-    event_loop::LoopShared,
-    sync::{
-        AtomicU32,
-        Ordering::{Acquire, Relaxed, Release},
-    },
+use crate::sync::{
+    AtomicU32,
+    Ordering::{Acquire, Relaxed, Release},
 };
 
 /// What a task's output slot holds: the value, or the panic that ended it.
@@ -123,11 +122,12 @@ pub(crate) struct TaskMeta {
     /// Migratable tasks: the loop they were spawned on, whose `LoopShared::exec` (a weak
     /// reference, so parked tasks do not keep a dropped executor alive) leads to their
     /// executor in `steal::schedule`; its count is a line of that loop's, not one every loop
-    /// writes. Which kind a task is, its schedule function knows. Kept here rather than
+    /// writes, and a task made and freed on that loop touches it not at all ([`Home`], in
+    /// `task/home.rs`). Which kind a task is, its schedule function knows. Kept here rather than
     /// captured by the schedule closure so that closure is zero-sized: async-task then skips
     /// the temporary waker (a reference-count increment and decrement) it otherwise takes
     /// around every schedule call.
-    pub(crate) home: Arc<LoopShared>,
+    pub(crate) home: Home,
 }
 
 /// The bit of `TaskMeta::last` set while [`cancel`] drops a task's future. Only the holder of
@@ -158,7 +158,7 @@ impl TaskMeta {
         self.last.load(Acquire) & CANCEL_DROPPING != 0
     }
 
-    pub(crate) fn new(info: TaskInfo, class: u32, last: usize, home: Arc<LoopShared>) -> TaskMeta {
+    pub(crate) fn new(info: TaskInfo, class: u32, last: usize, home: Home) -> TaskMeta {
         TaskMeta {
             info,
             class: AtomicU32::new(class),
@@ -403,7 +403,7 @@ pub(crate) fn cancel(r: Runnable) {
     // that finished here (`LoopStats::tasks_run`), and a registry key of its own loop would
     // have been taken out of this one's registry (`context::task_dropped`). A migratable
     // task's end is counted by its executor, not its loop (`steal/mod.rs`).
-    let home = Arc::as_ptr(&r.metadata().home);
+    let home = Home::as_ptr(&r.metadata().home);
     let pinned = r.metadata().class.load(Relaxed) != MIGRATABLE_CLASS;
     let foreign = crate::context::with_core(|c| {
         let foreign = pinned && !std::ptr::eq(Arc::as_ptr(&c.shared), home);
@@ -455,22 +455,23 @@ pub(crate) fn schedule(runnable: Runnable) {
 /// executor, else the owner's inbox and a wake ping.
 #[inline(never)]
 fn schedule_away(runnable: Runnable) {
-    // SAFETY: the pointer comes from the `Arc` in this task's metadata, alive while we hold
-    // `runnable`; `route` reads what it needs before it hands `runnable` on.
-    let owner_ref = unsafe { &*Arc::as_ptr(&runnable.metadata().home) };
+    // SAFETY: the pointer comes from the `Home` in this task's metadata, which keeps the loop
+    // alive while we hold `runnable`; `route` reads what it needs before it hands `runnable`
+    // on.
+    let owner_ref = unsafe { &*Home::as_ptr(&runnable.metadata().home) };
     if let Some(runnable) = crate::context::route(owner_ref, runnable) {
         // Foreign thread: we hold the runnable again, so its metadata is alive; the clone
         // keeps the loop alive past the push (its task may finish at once).
-        let owner = runnable.metadata().home.clone();
+        let owner = Home::arc(&runnable.metadata().home);
         owner.inbox.push(runnable);
         owner.parker.unpark();
     }
 }
 
-/// Creates a task owned by `owner` whose future is built by `make` on its first poll, and
-/// schedules it. The caller guarantees `make` may run on `owner`'s thread.
+/// Creates a task owned by `home`'s loop whose future is built by `make` on its first poll, and
+/// schedules it. The caller guarantees `make` may run on that loop's thread.
 pub(crate) fn spawn_raw<F, Fut>(
-    owner: Arc<LoopShared>,
+    home: Home,
     make: F,
     info: TaskInfo,
     class: u32,
@@ -480,7 +481,7 @@ where
     Fut: Future + 'static,
     Fut::Output: 'static,
 {
-    let (runnable, handle) = create(owner, make, info, class);
+    let (runnable, handle) = create(home, make, info, class);
     runnable.schedule();
     handle
 }
@@ -491,7 +492,7 @@ where
 /// `create` itself) stayed a second frame per spawn (callgrind: 12 instructions per task).
 #[inline]
 pub(crate) fn create<F, Fut>(
-    owner: Arc<LoopShared>,
+    home: Home,
     make: F,
     info: TaskInfo,
     class: u32,
@@ -502,7 +503,7 @@ where
     Fut::Output: 'static,
 {
     let fut = TaskFuture::new(make);
-    let index = owner.index;
+    let index = home.index;
     // SAFETY: async-task's conditions for `spawn_unchecked`:
     // - The future is `'static`.
     // - It may be `!Send`: by rule 1 its `Runnable` is run only on the owner's thread, which
@@ -514,7 +515,7 @@ where
     // - The schedule function is `Send + Sync + 'static`, so wakers may go anywhere.
     let (runnable, task) = unsafe {
         async_task::Builder::new()
-            .metadata(TaskMeta::new(info, class, index, owner))
+            .metadata(TaskMeta::new(info, class, index, home))
             .spawn_unchecked(move |_: &TaskMeta| fut, schedule)
     };
     (runnable, JoinHandle::new(task))
