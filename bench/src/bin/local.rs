@@ -190,6 +190,53 @@ fn yield_now() -> YieldNow {
     YieldNow::default()
 }
 
+/// The `spawn` workload of the two floors, whose handles resolve to the task's output itself:
+/// `p.spawn_tasks` trivial tasks spawned with `$spawn`, then each awaited; the future's output
+/// is the time both took. A macro, not a generic function: each floor's `spawn` is generic
+/// over the task's future, whose type (an `async` block's) a function could not name.
+macro_rules! spawn_join_floor {
+    ($p:expr, $spawn:ident) => {{
+        let n = $p.spawn_tasks;
+        async move {
+            let mut handles = Vec::with_capacity(n);
+            let t0 = std::time::Instant::now();
+            for _ in 0..n {
+                handles.push($spawn(async {}));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        }
+    }};
+}
+
+/// The `yield` workload of the two floors (see [`spawn_join_floor`]): `p.yield_tasks` tasks
+/// spawned with `$spawn`, each yielding `p.yields_per_task` times and counting its yields,
+/// then each awaited; the future's output is the time both took.
+macro_rules! yields_floor {
+    ($p:expr, $spawn:ident) => {{
+        let p: Params = $p;
+        async move {
+            let mut handles = Vec::with_capacity(p.yield_tasks);
+            let t0 = std::time::Instant::now();
+            for _ in 0..p.yield_tasks {
+                handles.push($spawn(async move {
+                    let mut last = super::yield_task_start();
+                    for _ in 0..p.yields_per_task {
+                        super::yield_now().await;
+                        super::yielded(&mut last);
+                    }
+                }));
+            }
+            for h in handles {
+                h.await;
+            }
+            t0.elapsed()
+        }
+    }};
+}
+
 /// Records the overshoot of one `sleep(SLEEP)` that took `took`; `Err` if it returned before
 /// `SLEEP` had passed, so that a runtime whose timers fire early gets `n/a` with the reason
 /// instead of a perfect overshoot of 0.
@@ -276,7 +323,7 @@ mod raw {
 
     use hdrhistogram::Histogram;
 
-    use super::{idle_pair, record_overshoot, yield_now, Params, SLEEP};
+    use super::{idle_pair, record_overshoot, Params, SLEEP};
     use xtc_bench::CpuUsage;
 
     /// What the run queue holds: a type-erased task.
@@ -380,38 +427,11 @@ mod raw {
     }
 
     pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
-        let n = p.spawn_tasks;
-        Ok(block_on(async move {
-            let mut handles = Vec::with_capacity(n);
-            let t0 = Instant::now();
-            for _ in 0..n {
-                handles.push(spawn(async {}));
-            }
-            for h in handles {
-                h.await;
-            }
-            t0.elapsed()
-        }))
+        Ok(block_on(spawn_join_floor!(p, spawn)))
     }
 
     pub(super) fn yields(p: Params) -> Result<Duration, String> {
-        Ok(block_on(async move {
-            let mut handles = Vec::with_capacity(p.yield_tasks);
-            let t0 = Instant::now();
-            for _ in 0..p.yield_tasks {
-                handles.push(spawn(async move {
-                    let mut last = super::yield_task_start();
-                    for _ in 0..p.yields_per_task {
-                        yield_now().await;
-                        super::yielded(&mut last);
-                    }
-                }));
-            }
-            for h in handles {
-                h.await;
-            }
-            t0.elapsed()
-        }))
+        Ok(block_on(yields_floor!(p, spawn)))
     }
 
     /// `std::thread::sleep`: the operating system's own overshoot, under every runtime's. On a
@@ -462,12 +482,12 @@ mod async_task_floor {
         future::Future,
         pin::Pin,
         task::{Context, Poll, Waker},
-        time::{Duration, Instant},
+        time::Duration,
     };
 
     use hdrhistogram::Histogram;
 
-    use super::{yield_now, Params};
+    use super::Params;
     use xtc_bench::CpuUsage;
 
     /// Why `sleep` and `idle` have no figure in this column.
@@ -520,38 +540,11 @@ mod async_task_floor {
     }
 
     pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
-        let n = p.spawn_tasks;
-        block_on(async move {
-            let mut handles = Vec::with_capacity(n);
-            let t0 = Instant::now();
-            for _ in 0..n {
-                handles.push(spawn(async {}));
-            }
-            for h in handles {
-                h.await;
-            }
-            t0.elapsed()
-        })
+        block_on(spawn_join_floor!(p, spawn))
     }
 
     pub(super) fn yields(p: Params) -> Result<Duration, String> {
-        block_on(async move {
-            let mut handles = Vec::with_capacity(p.yield_tasks);
-            let t0 = Instant::now();
-            for _ in 0..p.yield_tasks {
-                handles.push(spawn(async move {
-                    let mut last = super::yield_task_start();
-                    for _ in 0..p.yields_per_task {
-                        yield_now().await;
-                        super::yielded(&mut last);
-                    }
-                }));
-            }
-            for h in handles {
-                h.await;
-            }
-            t0.elapsed()
-        })
+        block_on(yields_floor!(p, spawn))
     }
 
     pub(super) fn sleeps(_: Params) -> Result<Histogram<u64>, String> {
