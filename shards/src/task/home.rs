@@ -7,10 +7,10 @@
 //! loop through it. An `Arc<LoopShared>` per task did that with an atomic increment at spawn
 //! and an atomic decrement at free: two locked instructions, each of which waits for the
 //! stores before it (the new task's initialisation) to drain. Counted as below, a million
-//! `spawn_local`s each joined ran at 9.7 to 10.1 M tasks/s against 8.6 to 9.2 with the `Arc`,
-//! interleaved runs of one harness on the development VM; as fast as a build that (unsoundly,
-//! to measure) counted nothing at all. No crate counts references this way (biased toward
-//! one thread, in bulk), so it is written here.
+//! `spawn_local`s each joined ran at 9.7 to 10.1 M tasks/s against 9.0 to 9.2 with the `Arc`
+//! (three interleaved runs of one harness on the development VM, `bench/RESULTS.md`), as fast
+//! as a build that (unsoundly, to measure) counted nothing at all. No crate counts references
+//! this way (biased toward one thread, in bulk), so it is written here.
 //!
 //! # Protocol
 //!
@@ -38,9 +38,10 @@
 //!    bank: later drops on that thread take rule 3.
 //!
 //! Units are interchangeable: a unit made in one run of a loop (or off it) may come back to
-//! the bank of a later run. A leak is impossible by construction (every unit is in a `Home`,
-//! a bank, or given back) and the loop is freed once the executor, the loop's threads and
-//! every task that names it are gone, as with the `Arc` per task.
+//! the bank of a later run. Every unit is in a `Home`, in a bank (which lives as long as its
+//! `Core`, and a run always drops its `Core`), or given back, so the loop is freed once the
+//! executor, the loop's threads and every task that names it are gone, as with the `Arc` per
+//! task (`tests` below check both).
 
 use std::{ops::Deref, ptr::NonNull, sync::Arc};
 
