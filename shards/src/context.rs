@@ -377,6 +377,12 @@ impl Core {
         self.shared.index
     }
 
+    /// Whether `l` is the loop this `Core` runs (compared by address). Cost: a compare.
+    #[inline]
+    pub(crate) fn runs(&self, l: *const LoopShared) -> bool {
+        ptr::eq(Arc::as_ptr(&self.shared), l)
+    }
+
     /// Whether a pinned task waits to run here: in the FIFO, or in a class lane (re-read each
     /// time: a class created during a turn turns the lanes on mid-turn, and a task queued in
     /// one must not be left behind by a park, where no timer would end it).
@@ -731,7 +737,7 @@ pub(crate) fn route(owner: &LoopShared, runnable: Runnable) -> Option<Runnable> 
 #[inline]
 pub(crate) fn route_from(core: &Core, owner: &LoopShared, runnable: Runnable) -> Option<Runnable> {
     let (owner_ptr, exec_id, index) = (owner as *const LoopShared, owner.exec_id, owner.index);
-    if ptr::eq(Arc::as_ptr(&core.shared), owner_ptr) {
+    if core.runs(owner_ptr) {
         core.enqueue(runnable);
         None
     } else if core.shared.exec_id == exec_id {
@@ -754,10 +760,7 @@ pub(crate) fn enqueue_at_home(runnable: Runnable) -> Option<Runnable> {
     }
     // SAFETY: as in `with_core`.
     let core = unsafe { &*p };
-    if ptr::eq(
-        Arc::as_ptr(&core.shared),
-        crate::task::Home::as_ptr(&runnable.metadata().home),
-    ) {
+    if core.runs(crate::task::Home::as_ptr(&runnable.metadata().home)) {
         core.enqueue(runnable);
         None
     } else {

@@ -124,7 +124,7 @@ impl LocalExecutor {
         let core = Core::new(self.shared.loops[0].clone(), self.shared.clone());
         let enter = context::enter(&core).expect(NESTED);
         let main = task::spawn_raw(
-            task::Home::new(&core.shared),
+            task::Home::of_core(&core),
             move || fut,
             TaskInfo::here(None),
             0,

@@ -332,7 +332,7 @@ where
     // On the owner's thread by construction: the runnable goes straight onto this loop's queue
     // (what `task::schedule` would route it to, without its thread-local lookup).
     with_core(|c| {
-        let (runnable, handle) = task::create(task::Home::new(&c.shared), move || fut, info, class);
+        let (runnable, handle) = task::create(task::Home::of_core(c), move || fut, info, class);
         c.enqueue(runnable);
         handle
     })

@@ -46,6 +46,7 @@
 use std::{ops::Deref, ptr::NonNull, sync::Arc};
 
 use crate::{
+    context::Core,
     event_loop::LoopShared,
     sync::{
         AtomicUsize,
@@ -74,27 +75,29 @@ impl Home {
     #[inline]
     pub(crate) fn new(shared: &Arc<LoopShared>) -> Home {
         let ptr = Arc::as_ptr(shared);
-        let banked = crate::context::with_core(|c| {
-            if !std::ptr::eq(Arc::as_ptr(&c.shared), ptr) {
-                return false;
-            }
-            let left = c.home_bank.get();
-            if left > 0 {
-                c.home_bank.set(left - 1);
-            } else {
-                add_units(shared, REFILL);
-                c.home_bank.set(REFILL - 1);
-            }
-            true
-        });
+        let banked = crate::context::with_core(|c| c.runs(ptr) && take_banked(c));
         if banked != Some(true) {
             add_units(shared, 1);
         }
+        Home::at(shared)
+    }
+
+    /// [`Home::new`] for the loop `core` runs, by its own thread (which holds `core`
+    /// already, so there is no thread-local look-up): always from the bank (rule 2).
+    #[inline]
+    pub(crate) fn of_core(core: &Core) -> Home {
+        let _ = take_banked(core);
+        Home::at(&core.shared)
+    }
+
+    /// The `Home` of `shared`'s loop, whose unit the caller has just taken.
+    #[inline]
+    fn at(shared: &Arc<LoopShared>) -> Home {
         // From `Arc::as_ptr`, not from a reference to the loop: the pointer must carry the
         // whole allocation's provenance, counts included, for `arc` and the release's
         // `decrement_strong_count` (Miri rejected a reference-derived one).
         // SAFETY: an `Arc`'s pointer is never null.
-        Home(unsafe { NonNull::new_unchecked(ptr.cast_mut()) })
+        Home(unsafe { NonNull::new_unchecked(Arc::as_ptr(shared).cast_mut()) })
     }
 
     /// The loop's address, for identity checks.
@@ -131,7 +134,7 @@ impl Drop for Home {
     fn drop(&mut self) {
         let ptr = self.0.as_ptr().cast_const();
         let banked = crate::context::with_core(|c| {
-            let mine = std::ptr::eq(Arc::as_ptr(&c.shared), ptr);
+            let mine = c.runs(ptr);
             if mine {
                 c.home_bank.set(c.home_bank.get() + 1);
             }
@@ -148,6 +151,20 @@ impl std::fmt::Debug for Home {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("Home").field(&self.index).finish()
     }
+}
+
+/// Takes one unit from `core`'s bank (rule 2), refilling it first if it is empty. Returns
+/// `true` (it always takes one), for [`Home::new`]'s condition.
+#[inline]
+fn take_banked(core: &Core) -> bool {
+    let left = core.home_bank.get();
+    if left > 0 {
+        core.home_bank.set(left - 1);
+    } else {
+        add_units(&core.shared, REFILL);
+        core.home_bank.set(REFILL - 1);
+    }
+    true
 }
 
 /// Rule 1's add, on a unit counter: `n` units more. Returns whether there were none, in which

@@ -406,7 +406,7 @@ fn meta_offset(core: &crate::context::Core) -> usize {
         super::TaskInfo::here(None),
         0,
         core.shared.index,
-        super::Home::new(&core.shared),
+        super::Home::of_core(core),
     );
     let (runnable, task) = async_task::Builder::new()
         .metadata(meta)

@@ -406,7 +406,7 @@ pub(crate) fn cancel(r: Runnable) {
     let home = Home::as_ptr(&r.metadata().home);
     let pinned = r.metadata().class.load(Relaxed) != MIGRATABLE_CLASS;
     let foreign = crate::context::with_core(|c| {
-        let foreign = pinned && !std::ptr::eq(Arc::as_ptr(&c.shared), home);
+        let foreign = pinned && !c.runs(home);
         c.dropping_foreign.replace(foreign)
     });
     /// Restores the loop's `dropping_foreign` (also on unwind; the flag of an outer cancel

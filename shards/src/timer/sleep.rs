@@ -55,7 +55,7 @@ pub struct Sleep {
 /// Whether `owner` is the loop `core` runs. A `Weak` keeps its allocation, so the address of
 /// a freed loop is never another loop's.
 fn is_here(core: &crate::context::Core, owner: &Weak<LoopShared>) -> bool {
-    std::ptr::eq(owner.as_ptr(), Arc::as_ptr(&core.shared))
+    core.runs(owner.as_ptr())
 }
 
 impl Sleep {
