@@ -57,6 +57,72 @@ fn dropped_fifo_open(tag: &str) {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A waker that counts nothing: its `Arc`'s strong count says who holds it.
+struct Held;
+impl std::task::Wake for Held {
+    fn wake(self: std::sync::Arc<Self>) {}
+}
+
+/// One epoll run whose task polls an `open` of a FIFO nobody reads once, with a waker of its
+/// own, and drops it while the pool job is still blocked in `open(2)` (with `SIGRTMIN+2` the
+/// program's, nothing interrupts it): the future's drop must let go of the waker at once. The
+/// job's slot kept it until the job ended, which an uninterruptible job may never do, and
+/// with it the task that dropped the future. The run then ends the job as
+/// [`dropped_fifo_open`] does.
+fn dropped_open_lets_its_waker_go(tag: &str) {
+    use std::{
+        future::Future,
+        sync::Arc,
+        task::{Context, Waker},
+    };
+    let path = fifo(tag);
+    let ex = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .io_driver(DriverChoice::Epoll)
+        .build()
+        .unwrap();
+    let p = path.clone();
+    ex.spawn_on(0, move || async move {
+        let held = Arc::new(Held);
+        let waker = Waker::from(held.clone());
+        let mut o = OpenOptions::new();
+        o.write(true);
+        let mut open = Box::pin(o.open(&p));
+        assert!(
+            open.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending(),
+            "nobody reads the FIFO: the open waits"
+        );
+        drop(waker);
+        // Time for a pool thread to take the job into `open(2)`: a job dropped before it
+        // starts is skipped, and ends at once.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            Arc::strong_count(&held),
+            2,
+            "the waiting open holds its waker"
+        );
+        drop(open);
+        assert_eq!(
+            Arc::strong_count(&held),
+            1,
+            "a dropped open kept its waker while its job went on"
+        );
+        drop(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&p)
+                .unwrap(),
+        );
+    })
+    .unwrap();
+    common::run_or_fail(ex, common::HANG, "a dropped FIFO open's waker").unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn interrupts_follow_the_programs_later_changes_to_the_signal() {
     let sig = libc::SIGRTMIN() + 2;
@@ -70,6 +136,7 @@ fn interrupts_follow_the_programs_later_changes_to_the_signal() {
         mine as extern "C" fn(libc::c_int) as libc::sighandler_t,
     );
     dropped_fifo_open("theirs");
+    dropped_open_lets_its_waker_go("theirs-waker");
     assert_eq!(
         handler_of(sig),
         mine as extern "C" fn(libc::c_int) as usize,

@@ -705,7 +705,18 @@ impl<R> Future for Blocking<R> {
 
 impl<R> Drop for Blocking<R> {
     fn drop(&mut self) {
-        if !self.collected && !lock(&self.ctl.state).done {
+        if self.collected {
+            return;
+        }
+        // The waker a poll left in the slot goes with the future, taken under the lock and
+        // dropped after it (a waker's drop is user code, see `poll`). Left there, it kept the
+        // task that dropped this future (its allocation and its home loop) alive until the job
+        // ended, which a job the pool cannot interrupt (the program owns `SIGRTMIN+2`, or a
+        // call the signal does not end) may never do, and the job's end then woke the task for
+        // nothing. A job that ends later finds no waker and wakes nobody.
+        let waker = lock(&self.slot).waker.take();
+        drop(waker);
+        if !lock(&self.ctl.state).done {
             // Still queued or running: cancelled (see the module docs). Until it ends it keeps
             // the loop from quiescence (`PENDING`), as its effect may still land; the loop
             // looks at it again soon (`abandoned`).
