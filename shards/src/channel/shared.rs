@@ -3,8 +3,8 @@
 //!
 //! # Wake protocol
 //!
-//! Each side has a waker slot (a mutex, touched only when that side is about to wait) and a
-//! `waiting` flag.
+//! Each side has a waker slot (a mutex, taken when that side is about to wait, and when the
+//! other side signals it or closes) and a `waiting` flag.
 //!
 //! 1. A receiver that finds the ring empty stores its waker, swaps `rx_waiting` to `true`, then
 //!    rechecks the ring (and the closed flag) before returning `Pending`.
@@ -341,8 +341,9 @@ impl<T> Sender<T> {
     /// drops `value` (to keep it, use [`try_send`](Self::try_send), or
     /// [`send_many`](Self::send_many) over `iter.by_ref()`, which keeps what it has not sent).
     /// Cost: a ring push; an atomic read-modify-write only once per turn and per
-    /// `capacity / 4` sends (rule 2; every send off any loop). A wait for room adds a lock,
-    /// a waker clone when the waker changed, and a swap (rule 3). After 1,024 items sent in a
+    /// `capacity / 4` sends (rule 2; every send off any loop). A wait for room adds a lock
+    /// (two, and a waker clone, when the waker changed), a check of whether the waker is the
+    /// task's own, and a swap (rule 3). After 1,024 items sent in a
     /// row without waiting (here and by [`send_many`](Self::send_many)), the next send yields
     /// first, for one loop turn, so a receiver that keeps up cannot let this task hold its loop.
     pub fn send(&mut self, value: T) -> SendFut<'_, T> {
@@ -693,8 +694,8 @@ impl<T, I: Iterator<Item = T>> fmt::Debug for SendMany<'_, T, I> {
 impl<T> Receiver<T> {
     /// Receives the next value, waiting while the channel is empty; `None` once the sender is
     /// gone and everything it sent was received. Cost: a ring pop, as
-    /// [`try_recv`](Self::try_recv); a wait adds a lock, a waker clone when the waker changed,
-    /// and a swap (rule 1). After 1,024 items in a row received without waiting (here and by
+    /// [`try_recv`](Self::try_recv); a wait adds a lock (two, and a waker clone, when
+    /// the waker changed), a check of whether the waker is the task's own, and a swap (rule 1). After 1,024 items in a row received without waiting (here and by
     /// [`recv_many`](Self::recv_many)), the next call yields first, for one loop turn, so a
     /// sender that keeps the ring from emptying cannot let this task hold its loop.
     pub fn recv(&mut self) -> RecvFut<'_, T> {

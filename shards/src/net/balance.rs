@@ -163,9 +163,11 @@ impl ConnBalancer {
     ///
     /// Cost per connection: the counts read (one relaxed load per shard), an atomic add and
     /// subtract on the count and another pair on its guard's `Arc`, one task allocation and a
-    /// clone of `handler`, wherever it is served; a handed-over connection adds one ring
-    /// message (a wait for room in that ring when it is full) and a reference count on the
-    /// tasks' shared name.
+    /// clone of `handler`, wherever it is served; a handed-over connection adds its
+    /// descriptor's release from the accepting loop's driver (as
+    /// [`TcpStream::into_std`]'s: an `io_uring_enter` when that loop has entries queued), an
+    /// atomic add on the target loop's count of task references, one ring message (a wait for
+    /// room in that ring when it is full) and a reference count on the tasks' shared name.
     /// `Err` at once off any xtc loop, or if the balancer was made for another number of shards
     /// than the executor has.
     pub async fn serve<H, Fut>(&self, listener: TcpListener, handler: H) -> io::Result<()>

@@ -120,7 +120,10 @@ impl TcpListener {
     /// earlier io_uring loop of this thread kept, whose connection `accept` on epoll returns
     /// too. Cost: a borrow check without a kept accept; with one, a non-blocking reap of the
     /// loop's ring per round until its cancellation settles (usually none or one; the loop
-    /// waits meanwhile, a second at most).
+    /// waits meanwhile, a second at most). Either way, the descriptor leaves the driver as a
+    /// dropped socket's does: an `epoll_ctl` on epoll once it has waited there, and on
+    /// io_uring an `io_uring_enter` when this thread's loops have entries queued (which may
+    /// name it; see `ARCHITECTURE.md`, I/O).
     pub fn into_std(self) -> Result<std::net::TcpListener, IntoStdError<TcpListener>> {
         match self.kept.settle() {
             Settled::Empty => {}
@@ -288,6 +291,9 @@ impl TcpStream {
     /// earlier io_uring loop of this thread took. Cost: a borrow and two checks without such
     /// receives or bytes; with a receive in flight, a non-blocking reap of the loop's ring per
     /// round until its cancellation settles (usually none or one; the loop waits meanwhile).
+    /// Either way, the descriptor leaves the driver as a dropped socket's does: an `epoll_ctl`
+    /// on epoll once it has waited there, and on io_uring an `io_uring_enter` when this
+    /// thread's loops have entries queued (which may name it).
     pub fn into_std(self) -> Result<std::net::TcpStream, IntoStdError<TcpStream>> {
         self.into_fd().map(std::net::TcpStream::from)
     }

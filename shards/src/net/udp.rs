@@ -575,6 +575,9 @@ impl UdpSocket {
     /// same error, with nothing lost, if a cancellation has not settled within a second. Cost: a borrow
     /// check without such receives; with one, a non-blocking reap of the loop's ring per
     /// round until its cancellation settles (usually none or one; the loop waits meanwhile).
+    /// Either way, the descriptor leaves the driver as a dropped socket's does: an `epoll_ctl`
+    /// on epoll once it has waited there, and on io_uring an `io_uring_enter` when this
+    /// thread's loops have entries queued (which may name it).
     pub fn into_std(self) -> Result<std::net::UdpSocket, IntoStdError<UdpSocket>> {
         if let Err(why) = self.settle() {
             return Err(IntoStdError::unread(self, why));
