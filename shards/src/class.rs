@@ -1,8 +1,9 @@
 //! Scheduling classes: weighted-fair shares and latency bounds per loop (Glommio's task
 //! queues, `xtc_exec(3)`'s classes).
 //!
-//! With no class created a loop runs its plain FIFO exactly as before: the only cost is one
-//! branch on a loop-local flag where a task is queued and where the next one is picked. Once a
+//! With no class created a loop runs its plain FIFO exactly as before: the cost is a load of
+//! the task's class where a task is queued, a branch on a loop-local flag where the next one
+//! is picked, and a load of the loop's class count per turn and per `yield_if_due`. Once a
 //! class exists on a loop:
 //!
 //! 1. Every runnable task sits in a lane: its class's, or the implicit default lane (untagged
@@ -368,25 +369,10 @@ pub(crate) fn create_here(shares: u32, latency: Option<Duration>) -> Result<Clas
     let owner =
         with_core(|c| c.shared.clone()).ok_or(Error::OffLoop("xtc::shard::create_class"))?;
     let class = create(&owner, shares, latency)?;
-    // Active at once on this loop, not from its next turn: the creating task may run long.
-    with_core(|c| {
-        c.classes_seen.set(owner.class_count.load(Relaxed));
-        let was_active = c.classes_active.get();
-        let active = c.lanes.borrow_mut().sync(&owner);
-        c.classes_active.set(active);
-        if c.poll_started.get().is_none() {
-            // This poll began no later than now.
-            c.poll_started.set(Some(Instant::now()));
-        }
-        // The rest of this turn would run on the flags read at its start (no class: the
-        // plain FIFO, polls untimed), so a task polled after this one could neither be
-        // picked from a lane nor see `yield_if_due` give way to a latency task (no poll start
-        // to measure): a migratable task computing there starved a latency task spawned here.
-        // The batch ends after this poll; the next turn picks by lanes and times its polls.
-        if active && !was_active {
-            c.end_batch.set(true);
-        }
-    });
+    // Active at once on this loop, not from its next turn: the creating task may run long
+    // (`Core::sync_classes`: a class that becomes active mid-poll times the poll from now and
+    // ends the batch after it).
+    with_core(|c| c.sync_classes(true));
     Ok(class)
 }
 

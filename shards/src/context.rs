@@ -427,6 +427,16 @@ impl Core {
     /// Picks up classes created on this loop since it last looked: when their count moved,
     /// or at once with `force` (a task of an unknown class is being queued: its class is in
     /// the list, which the count may not show yet). Cost: a load; a lock when something is new.
+    ///
+    /// Classes that become active in the middle of a poll (the loop's first class, created by
+    /// the running task, or by `Handle::create_class` or another shard and picked up here by
+    /// a spawn into it or by `yield_if_due`) take effect within this poll: it is timed from
+    /// now, and the batch ends after it. The rest of the turn would run on the flags read at
+    /// its start (no class: the plain FIFO, polls untimed), so a task polled after this one
+    /// could neither be picked from a lane nor see `yield_if_due` give way to a latency task
+    /// (no poll start to measure): a task computing under `yield_if_due` starved a latency
+    /// task for as long as it computed. Outside a poll (the turn's own look, a task queued
+    /// from the inbox or a ring) the turn's batch reads the flags afresh.
     pub(crate) fn sync_classes(&self, force: bool) {
         let created = self
             .shared
@@ -434,9 +444,23 @@ impl Core {
             .load(std::sync::atomic::Ordering::Relaxed);
         if force || created != self.classes_seen.get() {
             self.classes_seen.set(created);
+            let was_active = self.classes_active.get();
             let active = self.lanes.borrow_mut().sync(&self.shared);
             self.classes_active.set(active);
+            if active && !was_active && !self.current.get().is_null() {
+                self.classes_began_mid_poll();
+            }
         }
+    }
+
+    /// See [`sync_classes`](Self::sync_classes): this poll began no later than now, and the
+    /// batch ends after it; the next turn picks by lanes and times its polls.
+    #[cold]
+    fn classes_began_mid_poll(&self) {
+        if self.poll_started.get().is_none() {
+            self.poll_started.set(Some(std::time::Instant::now()));
+        }
+        self.end_batch.set(true);
     }
 }
 

@@ -19,8 +19,8 @@ use crate::{
 /// wake still on its way to the loop counts: a due timer, a message in the inbox or a ring, an
 /// io_uring completion); otherwise completes at once.
 ///
-/// Cost when not due: two thread-local reads and a load of the executor's interval (plus, when
-/// a latency class exists, one clock read).
+/// Cost when not due: two thread-local reads, a load of the executor's interval and one of the
+/// loop's count of classes (plus, when a latency class exists, one clock read).
 /// When due: one re-queue, as [`yield_now`](crate::yield_now).
 pub fn yield_if_due() -> YieldIfDue {
     YieldIfDue { yielded: false }
@@ -49,8 +49,12 @@ pub(crate) fn is_due() -> bool {
     }
     with_core(|core| {
         // A poll that loops on `yield_if_due` never lets its loop turn: the interval set
-        // meanwhile is picked up here too, or switching preemption on never reached it.
+        // meanwhile is picked up here too, or switching preemption on never reached it. So
+        // are classes created for this loop meanwhile (`Handle::create_class`, or another
+        // shard, whose first task arrives over the ring): never picked up, a latency class
+        // waited for the whole computation.
         sync_timer(core);
+        core.sync_classes(false);
         crate::class::latency_due(core)
     })
     .unwrap_or(false)

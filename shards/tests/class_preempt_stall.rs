@@ -742,3 +742,93 @@ fn a_class_created_mid_turn_makes_yield_if_due_yield_for_its_latency_task() {
         "the latency task did not run while the migratable task called yield_if_due for 5 s"
     );
 }
+
+/// A busy task on shard 0 that computes, calling `yield_if_due` between slices (preemption
+/// off), until `ran` is set or 5 s pass; whether it gave up.
+async fn compute_until(ran: Arc<AtomicBool>) -> bool {
+    let t = std::time::Instant::now();
+    while !ran.load(SeqCst) && t.elapsed() < Duration::from_secs(5) {
+        burn(Duration::from_micros(100));
+        yield_if_due().await;
+    }
+    !ran.load(SeqCst)
+}
+
+/// The loop's first latency class created by the running task through `Handle::create_class`
+/// (not `shard::create_class`), with a task spawned into it, then a computation under
+/// `yield_if_due`: the spawn picked the class up, but only `shard::create_class` made it take
+/// effect within the poll (timed from then, the batch ended after it), so `yield_if_due` had
+/// no poll start to measure and never yielded, and the latency task waited for the whole
+/// computation.
+#[test]
+fn a_class_created_through_a_handle_mid_poll_makes_yield_if_due_yield() {
+    let ex = Executor::builder().shards(1).build().unwrap();
+    let h = ex.handle();
+    let gave_up = Arc::new(Mutex::new(None));
+    let g = gave_up.clone();
+    ex.spawn_on(0, move || async move {
+        let c = h
+            .create_class(0, 100, Some(Duration::from_millis(1)))
+            .unwrap();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let lat = task::Builder::new()
+            .class(c)
+            .spawn_local(async move { r.store(true, SeqCst) });
+        *g.lock().unwrap() = Some(compute_until(ran).await);
+        lat.await.unwrap();
+    })
+    .unwrap();
+    run_or_fail(ex, HANG, "a class created through a handle mid-poll").unwrap();
+    assert_eq!(
+        *gave_up.lock().unwrap(),
+        Some(false),
+        "the latency task did not run while the busy task called yield_if_due for 5 s"
+    );
+}
+
+/// Shard 0 computes under `yield_if_due` from before its loop has any class; shard 1 then
+/// creates a latency class on shard 0 and spawns a task into it there (over the ring). The
+/// busy poll never lets its loop turn, and `yield_if_due` looked at the classes the loop
+/// already knew, none: the latency task waited for the whole computation.
+#[test]
+fn a_class_created_from_another_shard_makes_a_busy_loops_yield_if_due_yield() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let (busy, ran) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let gave_up = Arc::new(Mutex::new(None));
+    let (b, r, g) = (busy.clone(), ran.clone(), gave_up.clone());
+    ex.spawn_on(0, move || async move {
+        b.store(true, SeqCst);
+        *g.lock().unwrap() = Some(compute_until(r).await);
+    })
+    .unwrap();
+    ex.spawn_on(1, move || async move {
+        while !busy.load(SeqCst) {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
+        let c = h
+            .create_class(0, 100, Some(Duration::from_millis(1)))
+            .unwrap();
+        task::Builder::new()
+            .class(c)
+            .spawn_on(0, move || async move { ran.store(true, SeqCst) })
+            .unwrap()
+            .await
+            .unwrap();
+    })
+    .unwrap();
+    run_or_fail(ex, HANG, "a class created from another shard").unwrap();
+    assert_eq!(
+        *gave_up.lock().unwrap(),
+        Some(false),
+        "the latency task did not run while shard 0's busy task called yield_if_due for 5 s"
+    );
+}
