@@ -111,9 +111,13 @@
 //! blocking-pool thread unblocks `SIGRTMIN+2` for itself when it starts, once xtc's handler is
 //! installed (never at the default action, which ends the process); otherwise a cancelled
 //! blocking file operation on epoll was never interrupted, and its loop waited for it. So a
-//! `SIGRTMIN+2` sent to the whole process may land on a pool thread and be swallowed there: a
-//! program that wants these numbers for itself should install its handlers before starting
-//! xtc, or pick other signals.
+//! `SIGRTMIN+1` (with preemption on) or a `SIGRTMIN+2` sent to the whole process may land on a
+//! worker or a pool thread and be swallowed there. That holds for a program that blocks the
+//! signal to take it through `signalfd` or `sigwait` too: blocked at its default action, the
+//! signal looks free to xtc, as does one the program ignores (`SIG_IGN`, which xtc's handler
+//! then replaces). A program that wants these numbers for itself should install its handlers
+//! (any handler, even one that does nothing, if it reads the signal through `signalfd`) before
+//! starting xtc, or pick other signals.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

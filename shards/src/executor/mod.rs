@@ -1641,8 +1641,9 @@ impl Handle {
             .map_or(0, |l| l.stall.count.load(Relaxed))
     }
 
-    /// Work stealing on or off. Off, migratable tasks stay where they were queued, like pinned
-    /// ones. Default on (`XTC_STEALING`). Cost when on: idle loops scan victims before parking and,
+    /// Work stealing on or off. Off, no loop takes another loop's queued migratable tasks; a
+    /// migratable task still moves to the loop whose task wakes it (steal protocol rule 1),
+    /// which pinned ones never do. Default on (`XTC_STEALING`). Cost when on: idle loops scan victims before parking and,
     /// while migratable tasks exist, wake on the idle tick. Takes effect at once, from any thread.
     /// Cost of the call: an atomic store and a wake ping (an eventfd write) to each sleeping
     /// loop, so idle loops re-read the policy.

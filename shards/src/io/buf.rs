@@ -275,7 +275,9 @@ fn physical_memory() -> Option<usize> {
 }
 
 /// A buffer of a [`FixedBufPool`]; goes back to the pool, emptied, when dropped (no
-/// allocation, no system call). Derefs to its initialized bytes.
+/// allocation, no system call; unless it held the pool's last reference, the pool itself
+/// dropped before it: then the pool's buffers are unregistered, one `io_uring_register`).
+/// Derefs to its initialized bytes.
 pub struct FixedBuf {
     buf: Option<Vec<u8>>,
     index: u16,

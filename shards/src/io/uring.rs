@@ -189,14 +189,41 @@ enum Lifecycle {
     /// The Op was dropped: its data, kept until the completion, and whether a successful
     /// result is a new descriptor that nobody will own (closed when it arrives).
     Ignored(#[allow(dead_code)] Box<dyn Any>, bool),
-    /// The Op let its operation run on without it (`Op::detach`, rule 4b): its data, kept
-    /// until the completion, whose result nobody reads, and the descriptor of a `CLOSE`
-    /// (`Op::detach_closing`), closed if the operation ends without having run: cancelled
-    /// (`-ECANCELED`), or never consumed by the kernel at the shutdown (rule 5).
-    Detached(#[allow(dead_code)] Box<dyn Any>, Option<RawFd>),
+    /// The Op let its operation run on without it (`Op::detach_send`, `Op::detach_closing`;
+    /// rule 4b): its data, kept until the completion, whose result nobody reads but
+    /// [`check_detached_send`], the descriptor of a `CLOSE` (`Op::detach_closing`), closed if
+    /// the operation ends without having run: cancelled (`-ECANCELED`), or never consumed by
+    /// the kernel at the shutdown (rule 5), and the bytes a detached send must move
+    /// (`Op::detach_send`; 0 for others).
+    Detached(#[allow(dead_code)] Box<dyn Any>, Option<RawFd>, u32),
     /// Its result, and its place in the order the driver reaped completions (the `completed`
     /// count then, [`Op::completed_at`]).
     Completed(i32, u64),
+}
+
+/// Logs a detached send ([`Op::detach_send`]) that ended without moving all of its `want`
+/// bytes: its stream reported them written, and nothing is left to send the rest. A short
+/// result is a warning (the connection lives on, and its peer gets a stream cut short): Linux
+/// before 6.0 ignores `MSG_WAITALL` on a send and may complete it short, and a signal may cut
+/// one on any kernel. An error (the peer gone, or the expiry's cancel, rule 4b) is a debug
+/// line. Not a send (`want` 0): nothing.
+fn check_detached_send(res: i32, want: u32) {
+    if want == 0 {
+        return;
+    }
+    if res >= 0 && (res as u32) < want {
+        tracing::warn!(
+            "xtc: a send detached at a stream's drop sent {res} of its {want} bytes, and the \
+             rest is lost (the kernel completed it short; Linux before 6.0 ignores MSG_WAITALL \
+             on a send): flush (or close) a stream before dropping it where every byte must \
+             arrive"
+        );
+    } else if res < 0 {
+        tracing::debug!(
+            "xtc: a send detached at a stream's drop failed ({}): {want} bytes lost",
+            std::io::Error::from_raw_os_error(-res)
+        );
+    }
 }
 
 /// Closes `fd`, the descriptor of a detached `CLOSE` that ended without having run
@@ -885,12 +912,13 @@ impl Uring {
                             close_orphan(res, is_fd);
                             drop_buffer(data);
                         }
-                        Lifecycle::Detached(data, unrun) => {
+                        Lifecycle::Detached(data, unrun, want) => {
                             ops.remove(key);
                             drop(ops);
                             if res == -libc::ECANCELED {
                                 close_unrun(unrun);
                             }
+                            check_detached_send(res, want);
                             settled.push(ud);
                             drop_buffer(data);
                         }
@@ -1174,12 +1202,14 @@ impl Uring {
     /// driver until the completion, and nothing is cancelled. Submitted now, as in `abandon`:
     /// the caller may close the descriptor next.
     /// `unrun`: a `CLOSE`'s descriptor, closed if the operation ends without having run.
-    fn detach(&self, key: usize, data: Box<dyn Any>, unrun: Option<RawFd>) {
+    /// `want`: the bytes a detached send must move ([`check_detached_send`]), 0 for others.
+    fn detach(&self, key: usize, data: Box<dyn Any>, unrun: Option<RawFd>, want: u32) {
         if self.peek_op(key) == Some(-libc::ECANCELED) {
             // Already cancelled: its slot goes in `hand_over`.
             close_unrun(unrun);
         }
-        let Some(old) = self.hand_over(key, data, false, |d| Lifecycle::Detached(d, unrun)) else {
+        let Some(old) = self.hand_over(key, data, false, |d| Lifecycle::Detached(d, unrun, want))
+        else {
             return;
         };
         let ud = self.user_data(key);
@@ -1429,7 +1459,7 @@ impl Uring {
                         ops.remove(key);
                         match old {
                             Lifecycle::Ignored(data, _) => freed.push(data),
-                            Lifecycle::Detached(data, unrun) => {
+                            Lifecycle::Detached(data, unrun, _) => {
                                 // A `CLOSE` that never ran.
                                 close_unrun(unrun);
                                 freed.push(data);
@@ -1544,28 +1574,31 @@ impl<T> Op<T> {
         }
     }
 
-    /// Lets the operation run to its end without this Op (no cancellation): the driver keeps
-    /// its data until the completion and discards the result. For a send whose bytes were
-    /// already reported written (`AsyncWrite`), or a file's `CLOSE` whose future was dropped
-    /// (`ops::file::Closing`). Off its loop (driver gone) the data is dropped.
-    pub(crate) fn detach(self) {
-        self.detach_unrun(None);
+    /// Lets a send run to its end without this Op (no cancellation): the driver keeps its
+    /// data until the completion and discards the result but for a check that it moved all of
+    /// its `bytes` (from its start offset; fewer is logged, `check_detached_send`, as nothing
+    /// sends the rest). For a send whose bytes were already reported written (`AsyncWrite`).
+    /// Off its loop (driver gone) the data is dropped, or leaked if that driver recorded the
+    /// operation as still in the kernel (`orphan_dropped`).
+    pub(crate) fn detach_send(self, bytes: usize) {
+        self.detach_unrun(None, u32::try_from(bytes).unwrap_or(u32::MAX));
     }
 
-    /// [`detach`](Self::detach) for the `CLOSE` of `fd`, which its owner gave up to it: if the
+    /// Detaches (as [`detach_send`](Self::detach_send)) the `CLOSE` of `fd` whose future was
+    /// dropped (`ops::file::Closing`), which its owner gave up to it: if the
     /// operation ends without having run (cancelled, by its driver's shutdown, its expiry or
     /// io-wq; or never consumed by the kernel, rule 5), the driver closes `fd`, which
     /// otherwise stayed open for good, nobody holding it any more.
     pub(crate) fn detach_closing(self, fd: RawFd) {
-        self.detach_unrun(Some(fd));
+        self.detach_unrun(Some(fd), 0);
     }
 
-    fn detach_unrun(mut self, unrun: Option<RawFd>) {
+    fn detach_unrun(mut self, unrun: Option<RawFd>, want: u32) {
         if let Some(data) = self.data.take() {
             let key = self.key;
             let mut data = Some(data);
             let on_driver = with_uring(self.driver, |u| {
-                u.detach(key, Box::new(data.take().expect("taken once")), unrun)
+                u.detach(key, Box::new(data.take().expect("taken once")), unrun, want)
             });
             if on_driver.is_none() {
                 // Its driver is gone (rule 5): free what the kernel no longer holds (and
@@ -2223,5 +2256,66 @@ mod tests {
             libc::close(pipe[1]);
             libc::close(efd);
         }
+    }
+
+    /// Counts the events logged at WARN and at DEBUG on the thread it is the default
+    /// subscriber of.
+    struct Levels(std::sync::Arc<[std::sync::atomic::AtomicUsize; 2]>);
+
+    impl tracing::Subscriber for Levels {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let i = match *event.metadata().level() {
+                tracing::Level::WARN => 0,
+                tracing::Level::DEBUG => 1,
+                _ => return,
+            };
+            self.0[i].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A detached send's end is looked at: one that moved fewer bytes than it had to (a short
+    /// completion, which kernels before 6.0 may give: they ignore `MSG_WAITALL` on a send)
+    /// is a warning, as its rest is lost with nothing left to send it; a failed one a debug
+    /// line; a full one, or an operation that is no send, nothing. The driver freed a short
+    /// detached send's buffer without a word.
+    #[test]
+    fn a_detached_send_that_ends_short_is_warned_about() {
+        let counts = std::sync::Arc::new([
+            std::sync::atomic::AtomicUsize::new(0),
+            std::sync::atomic::AtomicUsize::new(0),
+        ]);
+        let seen = counts.clone();
+        let at = move || {
+            let c = |i: usize| seen[i].load(std::sync::atomic::Ordering::SeqCst);
+            (c(0), c(1))
+        };
+        tracing::subscriber::with_default(Levels(counts), || {
+            check_detached_send(4096, 4096);
+            assert_eq!(at(), (0, 0), "a send that moved all its bytes");
+            check_detached_send(0, 0);
+            check_detached_send(-libc::ECANCELED, 0);
+            assert_eq!(at(), (0, 0), "no send (a CLOSE)");
+            check_detached_send(1000, 4096);
+            assert_eq!(at(), (1, 0), "a short send loses its rest: a warning");
+            check_detached_send(0, 4096);
+            assert_eq!(at(), (2, 0), "nothing sent at all, no error: a warning");
+            check_detached_send(-libc::ECONNRESET, 4096);
+            check_detached_send(-libc::ECANCELED, 4096);
+            assert_eq!(
+                at(),
+                (2, 2),
+                "a failed send (peer gone, expiry): debug lines"
+            );
+        });
     }
 }

@@ -80,7 +80,9 @@ const WRITE_BUF: usize = 64 * 1024;
 /// Dropped with its stream, a send in flight is detached, not cancelled: `poll_write`
 /// reported its bytes written, as a kernel socket buffer would have taken them (tokio, and
 /// this stream on epoll), so code that drops a stream without `flush`/`close` still delivers
-/// them. The send holds its own reference to the socket, which closes after it; a peer that
+/// them, on Linux 6.0 and later: the send asks the kernel to finish a short send itself
+/// (`MSG_WAITALL`), which older kernels ignore on a send, and a detached send completed short
+/// loses the rest (logged as a warning: flush before dropping there). The send holds its own reference to the socket, which closes after it; a peer that
 /// does not take them within `uring::DETACH_LIMIT_SECS` (10 s) gets them cancelled, and the
 /// socket closes then (a slower reader sees the stream end early: flush before dropping where
 /// every byte must arrive whatever the peer's pace). `into_std` refuses while such a send (or
@@ -857,7 +859,7 @@ impl Drop for PollState {
             // Sent detached on an io_uring loop; on epoll it cannot be, and is lost.
             let left = buf.len().saturating_sub(self.wsent);
             match start_send(fd, buf, self.wsent) {
-                Ok(rest) => rest.detach(),
+                Ok(rest) => rest.detach_send(left),
                 Err(e) => lost_at_drop(left, &e),
             }
             return;
@@ -866,7 +868,9 @@ impl Drop for PollState {
             return;
         };
         if op.completed().is_none() {
-            op.detach();
+            // It sends its buffer from `wsent` on.
+            let left = op.data().map_or(0, |b| b.len().saturating_sub(self.wsent));
+            op.detach_send(left);
             return;
         }
         // Over already, with its result not taken. A stream that outlived its loop's driver
@@ -880,7 +884,7 @@ impl Drop for PollState {
         if let (Some(from), Some(fd)) = (resume_at(res, self.wsent, buf.len()), self.fd) {
             let left = buf.len().saturating_sub(from);
             match start_send(fd, buf, from) {
-                Ok(rest) => rest.detach(),
+                Ok(rest) => rest.detach_send(left),
                 Err(e) => lost_at_drop(left, &e),
             }
         }

@@ -6,7 +6,7 @@
 //! fork-join tree is walked depth-first (a small working set; FIFO walks it breadth-first and
 //! keeps most of it alive, cold in cache), while thieves take the oldest. Other loops hold its
 //! `Stealer`. Policy is the
-//! executor's knobs (`executor/knobs`): stealing on/off, eager rebalance, steal backoff,
+//! executor's knobs (atomics in `executor/mod.rs`'s `ExecShared`, set by `Handle`'s setters and the builder): stealing on/off, eager rebalance, steal backoff,
 //! thresholds and NUMA sensitivity, all atomics read at each decision.
 //!
 //! # Protocol

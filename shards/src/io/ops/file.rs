@@ -482,7 +482,7 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
 }
 
 /// A file's io_uring `CLOSE` in flight, resolving to the kernel's result. Dropped before it
-/// ends, it is left to run (`Op::detach`), not cancelled as a dropped operation is: the
+/// ends, it is left to run (`Op::detach_closing`), not cancelled as a dropped operation is: the
 /// kernel runs the `CLOSE` of a file with a `->flush` (NFS, FUSE, overlay, the root of most
 /// containers) on a worker, a cancel took it off the worker's queue before it ran, and the
 /// descriptor, already out of its `File`, stayed open for good. One that the kernel did
