@@ -258,13 +258,17 @@ impl Core {
     /// may be a foreign executor inside the task
     /// (`futures::executor::block_on`), which blocks the thread until it is woken, so this
     /// turn never ends; what the wait depends on (the other end of a channel, a task on
-    /// another loop) then slept on for good. Cost: what the end of the turn would have cost,
-    /// earlier; a later message in the same turn registers its flush again.
-    pub(crate) fn flush_deferred(&self) {
+    /// another loop) then slept on for good. What the ring flush could not move for a full
+    /// ring (a backlog) waits with `waker` for the consumer to make room (ring rule 3b), as
+    /// the end of a turn that may never come would have retried it. Cost: what the end of the
+    /// turn would have cost, earlier; a later message in the same turn registers its flush
+    /// again; with a backlog left, a lock and a swap per backlogged ring.
+    pub(crate) fn flush_deferred(&self, waker: &Waker) {
         if self.has_flushes() {
             self.run_flushes();
         }
         crate::ring::flush(self);
+        crate::ring::wait_backlogs_foreign(self, waker);
         crate::steal::nudge_idle_peer(self);
     }
 

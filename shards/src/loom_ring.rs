@@ -234,6 +234,92 @@ fn loom_ring_backpressure_wakes_waiting_producer() {
     });
 }
 
+/// A foreign waker (ring rule 3b): the waker of a foreign executor's `block_on`, which blocks
+/// its thread until woken (`futures::executor::block_on` parks it on an unpark token; here a
+/// token under a mutex and a condition variable).
+struct Blocker {
+    token: loom::sync::Mutex<bool>,
+    woken: loom::sync::Condvar,
+}
+
+impl Blocker {
+    /// Blocks until woken since the last call (takes the token).
+    fn block(&self) {
+        let mut token = self.token.lock().unwrap();
+        while !*token {
+            token = self.woken.wait(token).unwrap();
+        }
+        *token = false;
+    }
+}
+
+impl std::task::Wake for Blocker {
+    fn wake(self: std::sync::Arc<Self>) {
+        *self.token.lock().unwrap() = true;
+        self.woken.notify_one();
+    }
+}
+
+/// Ring rule 3b: a task whose loop's thread is blocked in a foreign executor waits for space
+/// on a full ring (`ring::wait_foreign`): it adds the foreign waker to the pair's list, sets
+/// `want_space` by swap, rechecks, and the thread parks until that waker unparks it; its loop
+/// never turns, so the loop's ping and its waiter list wake nothing. The consumer drains,
+/// swaps the flag back and, if it was set, takes the list and wakes it (`take_foreign`) as
+/// well as pinging the loop. With the list not taken, the model deadlocks.
+#[test]
+fn loom_ring_consumer_wakes_a_foreign_waiter() {
+    loom::model(|| {
+        let ring = Arc::new(Ring::new(1));
+        let want = Arc::new(AtomicBool::new(false));
+        let foreign = Arc::new(loom::sync::Mutex::new(Vec::<std::task::Waker>::new()));
+        assert!(ring.push(0), "an empty ring takes one");
+        let (r2, w2, f2) = (ring.clone(), want.clone(), foreign.clone());
+        let consumer = thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < 2 {
+                let before = got.len();
+                while let Some(v) = r2.pop() {
+                    got.push(v);
+                }
+                if got.len() > before {
+                    if w2.swap(false, SeqCst) {
+                        let wakers = std::mem::take(&mut *f2.lock().unwrap());
+                        for w in wakers {
+                            w.wake();
+                        }
+                    }
+                } else {
+                    thread::yield_now();
+                }
+            }
+            got
+        });
+        let blocker = std::sync::Arc::new(Blocker {
+            token: loom::sync::Mutex::new(false),
+            woken: loom::sync::Condvar::new(),
+        });
+        let waker = std::task::Waker::from(blocker.clone());
+        loop {
+            if ring.push(1) {
+                break;
+            }
+            {
+                let mut list = foreign.lock().unwrap();
+                if !list.iter().any(|w| w.will_wake(&waker)) {
+                    list.push(waker.clone());
+                }
+            }
+            want.swap(true, SeqCst);
+            if !ring.is_full() {
+                continue;
+            }
+            // The foreign `block_on`: the thread sleeps until its waker is woken.
+            blocker.block();
+        }
+        assert_eq!(consumer.join().unwrap(), vec![0, 1]);
+    });
+}
+
 /// The task's waker, fired from a thread that runs no loop of the executor (the model's
 /// other side): `context::route`'s foreign path, the owner's inbox and then a ping
 /// (`park.rs` rule 2). A wake after the task is done is harmless, as on a loop.

@@ -53,6 +53,84 @@ fn a_foreign_block_on_inside_a_task_on_a_handle_call_to_another_shard() {
     assert_eq!(got, (1, 1));
 }
 
+/// A foreign `block_on` inside a task of a cross-shard call whose ring is full at its first
+/// poll (capacity 1, the one slot taken by a message shard 1, held busy, has not drained):
+/// `shard::submit_to` waits for ring space, `Handle::submit_to` leaves its message in the
+/// loop's backlog. Either waited for the end of a loop turn (the waiters woken, the backlog
+/// moved), which the blocked loop never reached, while shard 1's drain only pinged the loop,
+/// not the foreign waker: the call hung for good. Shard 1 is let go from a plain thread once
+/// the `block_on` has surely parked.
+fn foreign_block_on_with_a_full_ring(through_handle: bool) -> usize {
+    use std::sync::atomic::AtomicBool;
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(1)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    ex.block_on(move || async move {
+        let (started, release) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (s, r) = (started.clone(), release.clone());
+        // Shard 1 busy in one poll until `release`.
+        shard::send_to(1, move || async move {
+            s.store(true, SeqCst);
+            let t0 = Instant::now();
+            while !r.load(SeqCst) && t0.elapsed() < HANG {
+                std::hint::spin_loop();
+            }
+        })
+        .await
+        .unwrap();
+        while !started.load(SeqCst) {
+            time::sleep(Duration::from_millis(1)).await;
+        }
+        // Ring 0 -> 1 now holds one message: full until shard 1's next turn.
+        shard::send_to(1, || async {}).await.unwrap();
+        futures::executor::block_on(async move {
+            let mut call: std::pin::Pin<Box<dyn std::future::Future<Output = _>>> =
+                if through_handle {
+                    Box::pin(h.submit_to(1, || async { shard::id() }))
+                } else {
+                    Box::pin(shard::submit_to(1, || async { shard::id() }))
+                };
+            assert!(
+                futures::poll!(call.as_mut()).is_pending(),
+                "the call completed with its ring full"
+            );
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                release.store(true, SeqCst);
+            });
+            call.await.unwrap()
+        })
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_foreign_block_on_of_a_submit_to_waiting_for_ring_space() {
+    assert_eq!(
+        within("foreign block_on of a submit_to, ring full", || {
+            foreign_block_on_with_a_full_ring(false)
+        }),
+        1
+    );
+}
+
+#[test]
+fn a_foreign_block_on_of_a_handle_call_left_in_the_backlog() {
+    assert_eq!(
+        within("foreign block_on of a handle call, ring full", || {
+            foreign_block_on_with_a_full_ring(true)
+        }),
+        1
+    );
+}
+
 /// The same over a shared channel: a request sent from inside the foreign `block_on`, the
 /// answer awaited there. The send's wake of the parked receiver waited for the end of the turn.
 #[test]

@@ -100,7 +100,7 @@ impl Side {
         // may never have been woken itself (`Core::flush_deferred`).
         context::with_core(|core| {
             if !crate::task::polled_with_own_waker(core, waker) {
-                core.flush_deferred();
+                core.flush_deferred(waker);
             }
         });
     }

@@ -24,6 +24,14 @@
 //!    other's ring update (the same argument as `event_loop/park.rs`). A loop with waiters or a
 //!    backlog rechecks ring space after announcing sleep, and looks at it while it spins before
 //!    parking ([`spin_news`]: the ping reaches only a loop that announced sleep).
+//!    **3b. A foreign waiter.** A task polled with a waker other than its own (a foreign
+//!    executor inside it, `futures::executor::block_on`, which blocks the loop's thread until
+//!    that waker is woken) cannot count on its loop's turn to end: the wait for ring space of
+//!    its `submit_to`/`send_to`, and a backlog its wake or `Handle::submit_to` left when the
+//!    ring was full, then slept for good. Its waker also joins the pair's foreign list in the
+//!    executor's mesh ([`wait_foreign`]) before `want_space` is announced, and the consumer
+//!    whose swap finds the flag set takes that list and wakes it, outside its borrows, besides
+//!    pinging the loop: the same two-swap argument covers it.
 //! 4. **Fair draining.** Each turn a loop pops at most [`DRAIN_PER_RING`] messages from each
 //!    incoming ring, starting one ring further on each turn, so no peer can starve another.
 //!    Draining never depends on ring space, so two loops that fill each other's rings still make
@@ -96,6 +104,9 @@ pub(crate) struct Mesh {
     consumers: Vec<Mutex<Option<Consumer<Runnable>>>>,
     /// `want_space[from * n + to]`: protocol rule 3.
     want_space: Vec<CachePadded<AtomicBool>>,
+    /// `foreign[from * n + to]`: wakers of foreign executors blocking loop `from`'s thread
+    /// until ring `from → to` has room (rule 3b), taken by `to`'s drain with the flag.
+    foreign: Vec<Mutex<Vec<Waker>>>,
 }
 
 impl Mesh {
@@ -122,6 +133,7 @@ impl Mesh {
             want_space: (0..n * n)
                 .map(|_| CachePadded::new(AtomicBool::new(false)))
                 .collect(),
+            foreign: (0..n * n).map(|_| Mutex::new(Vec::new())).collect(),
         }
     }
 
@@ -213,6 +225,11 @@ impl Mesh {
 
     fn want_space(&self, from: usize, to: usize) -> &AtomicBool {
         &self.want_space[from * self.n + to]
+    }
+
+    /// Rule 3b: the foreign wakers waiting for room on ring `from → to`.
+    fn foreign(&self, from: usize, to: usize) -> &Mutex<Vec<Waker>> {
+        &self.foreign[from * self.n + to]
     }
 }
 
@@ -353,6 +370,8 @@ pub(crate) fn drain(core: &Core) -> usize {
     // about 25 instructions per loop turn).
     let classes = core.classes_active.get();
     let mut got_all: Option<Vec<Runnable>> = None;
+    // Rule 3b's wakers, woken after the borrows (user code). No allocation unless one waits.
+    let mut foreign = Vec::new();
     {
         let mut q = core.queue.borrow_mut();
         // From `start` to the end, then from the first ring to `start`: two plain walks, not
@@ -361,17 +380,38 @@ pub(crate) fn drain(core: &Core) -> usize {
         let (wrapped, first) = m.inc.split_at_mut(start);
         for (k, c) in first.iter_mut().enumerate() {
             if let Some(c) = c {
-                total += drain_ring(core, start + k, me, c, classes, &mut q, &mut got_all);
+                total += drain_ring(
+                    core,
+                    start + k,
+                    me,
+                    c,
+                    classes,
+                    &mut q,
+                    &mut got_all,
+                    &mut foreign,
+                );
             }
         }
         for (from, c) in wrapped.iter_mut().enumerate() {
             if let Some(c) = c {
-                total += drain_ring(core, from, me, c, classes, &mut q, &mut got_all);
+                total += drain_ring(
+                    core,
+                    from,
+                    me,
+                    c,
+                    classes,
+                    &mut q,
+                    &mut got_all,
+                    &mut foreign,
+                );
             }
         }
     }
     m.received += total as u64;
     drop(guard);
+    for w in foreign {
+        crate::task::wake_guarded(w);
+    }
     if let Some(got_all) = got_all {
         for r in got_all {
             core.enqueue(r);
@@ -382,9 +422,11 @@ pub(crate) fn drain(core: &Core) -> usize {
 
 /// [`drain`] of ring `from → me`, consumer `c`: at most [`DRAIN_PER_RING`] messages into the
 /// FIFO `q` (or into `got_all`, for `Core::enqueue` after the mesh borrow), then rule 3's
-/// consumer side. Returns how many it took. Inlined into both of `drain`'s walks (as a
+/// consumer side (rule 3b's wakers into `foreign`, for the caller to wake after its borrows).
+/// Returns how many it took. Inlined into both of `drain`'s walks (as a
 /// call, or a closure LLVM kept out of line, it cost more than the walks saved).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn drain_ring(
     core: &Core,
     from: usize,
@@ -393,6 +435,7 @@ fn drain_ring(
     classes: bool,
     q: &mut VecDeque<Runnable>,
     got_all: &mut Option<Vec<Runnable>>,
+    foreign: &mut Vec<Waker>,
 ) -> usize {
     let mut got = 0;
     while got < DRAIN_PER_RING {
@@ -415,9 +458,76 @@ fn drain_ring(
         // at risk), so it goes out at once rather than through a list.
         if core.exec.mesh.want_space(from, me).swap(false, SeqCst) {
             notify(core, from);
+            take_foreign(core, from, me, foreign);
         }
     }
     got
+}
+
+/// Rule 3b, consumer side: moves the foreign wakers waiting for room on ring `from → me` into
+/// `out`. Out of line: it runs only when a producer announced it waits (the ring was full).
+#[cold]
+#[inline(never)]
+fn take_foreign(core: &Core, from: usize, me: usize, out: &mut Vec<Waker>) {
+    out.append(&mut lock(core.exec.mesh.foreign(from, me)));
+}
+
+/// Rule 3b, producer side: adds `waker` (once) to the foreign list of ring `me → to`, then
+/// announces (`want_space`) and rechecks. Returns whether the ring has a free slot now. Cost:
+/// a lock, a swap, a waker clone the first time.
+fn wait_foreign(core: &Core, me: usize, to: usize, waker: &Waker) -> bool {
+    let list = core.exec.mesh.foreign(me, to);
+    let known = lock(list).iter().any(|w| w.will_wake(waker));
+    if !known {
+        // Cloned outside the lock: a waker's clone is user code.
+        let w = waker.clone();
+        let dup = {
+            let mut l = lock(list);
+            if l.iter().any(|k| k.will_wake(&w)) {
+                Some(w)
+            } else {
+                l.push(w);
+                None
+            }
+        };
+        drop(dup);
+    }
+    core.exec.mesh.want_space(me, to).swap(true, SeqCst);
+    core.mesh.borrow().out[to]
+        .as_ref()
+        .is_some_and(|p| !p.is_full())
+}
+
+/// Rule 3b for a backlog: a task polled with a foreign `waker` (see `Core::flush_deferred`)
+/// after this loop moved what it could of its backlogs: for each ring whose backlog is left,
+/// `waker` waits for room (the consumer wakes it), and a ring found with room meanwhile gets
+/// its backlog moved now. Cost: a borrow and a load when nothing is backlogged.
+pub(crate) fn wait_backlogs_foreign(core: &Core, waker: &Waker) {
+    // Each round moves at least one message or ends: bounded by the backlog.
+    loop {
+        let (me, blocked) = {
+            let m = core.mesh.borrow();
+            if m.backlogged == 0 {
+                return;
+            }
+            let blocked: Vec<usize> = (0..m.backlog.len())
+                .filter(|&to| !m.backlog[to].is_empty())
+                .collect();
+            (m.me, blocked)
+        };
+        let before = core.mesh.borrow().backlogged;
+        let mut room = false;
+        for to in blocked {
+            room |= wait_foreign(core, me, to, waker);
+        }
+        if !room {
+            return;
+        }
+        flush(core);
+        if core.mesh.borrow().backlogged >= before {
+            return;
+        }
+    }
 }
 
 fn notify(core: &Core, to: usize) {
@@ -690,6 +800,11 @@ impl Future for Reserve {
             }
             if !known {
                 bump(&core.shared.stats.ring_full_waits, 1);
+            }
+            if !crate::task::polled_with_own_waker(core, cx.waker()) {
+                // Rule 3b: maybe a foreign executor that blocks this loop's thread until its
+                // waker is woken, so the consumer wakes it (this loop's turn may never end).
+                wait_foreign(core, me, to, cx.waker());
             }
             // Rule 3: announce, then recheck.
             core.exec.mesh.want_space(me, to).swap(true, SeqCst);

@@ -286,7 +286,7 @@ impl<T> JoinHandle<T> {
                         if guard.is_some() {
                             // Polled for someone other than the task being polled: on a loop
                             // thread maybe a foreign executor that blocks it until woken.
-                            crate::context::with_core(crate::context::Core::flush_deferred);
+                            crate::context::with_core(|c| c.flush_deferred(cx.waker()));
                         }
                         Poll::Pending
                     }
@@ -312,7 +312,7 @@ impl<T> JoinHandle<T> {
                 if foreign {
                     // As for a live task: the abort queued the task on its loop to be
                     // dropped, maybe over the ring, its ping waiting for the end of the turn.
-                    crate::context::with_core(crate::context::Core::flush_deferred);
+                    crate::context::with_core(|c| c.flush_deferred(cx.waker()));
                 }
                 Poll::Pending
             }
