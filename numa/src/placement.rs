@@ -18,8 +18,10 @@ pub const MAX_SHARDS_PER_CPU: usize = 64;
 /// Parse one from a string with [`str::parse`]: `"compact"`, `"spread"`,
 /// `"cpus:0,2,4"` or just `"0,2,4"` (ranges like `"0-3"` are accepted too); its
 /// [`Display`](fmt::Display) form parses back to the same policy, for every policy a
-/// [`Placement`] accepts: an empty CPU list displays as `"cpus:"`, which is a parse error
-/// (it names no CPU), as `Placement::new` refuses the empty list.
+/// [`Placement`] accepts with at most 65,536 CPUs listed (parsing refuses longer lists; an
+/// oversubscribed placement on more than 1,024 allowed CPUs may list more): an empty CPU list
+/// displays as `"cpus:"`, which is a parse error (it names no CPU), as `Placement::new`
+/// refuses the empty list.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Policy {
     /// Fill NUMA node 0's cores first, then node 1's...: nearest shards, shared caches.

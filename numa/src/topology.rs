@@ -161,6 +161,22 @@ fn same<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
     matches!((a, b), (Some(x), Some(y)) if x == y)
 }
 
+/// [`Topology::detect`]'s refusal of a topology that hwloc, told so by the environment
+/// variable `var` (set to `value`), describes for another machine than this one.
+#[cfg(not(miri))]
+fn not_this_system(var: &str, value: &str) -> Error {
+    Error::hwloc(
+        "discover this machine",
+        format!(
+            "{var} is set ({value:?}), so hwloc describes that machine instead of this one, and \
+             pinning threads on it would silently do nothing"
+        ),
+        "unset HWLOC_SYNTHETIC and HWLOC_XMLFILE to use this machine (or set HWLOC_THISSYSTEM=1 \
+         if the description is of this machine); for a what-if topology use \
+         Topology::synthetic (the demo's --synthetic)",
+    )
+}
+
 impl Topology {
     /// Discover the machine this process runs on.
     ///
@@ -174,11 +190,31 @@ impl Topology {
     /// Under Miri (`cfg(miri)`), which cannot call hwloc, it builds a flat machine instead: one
     /// package and one NUMA node over one single-PU core per CPU of the thread's affinity.
     ///
+    /// hwloc reads `HWLOC_SYNTHETIC` and `HWLOC_XMLFILE` from the environment and then
+    /// describes that machine instead of this one; threads "pinned" on such a topology are not
+    /// pinned at all (hwloc's binding calls succeed and do nothing). So a topology that hwloc
+    /// says is not this system is refused, unless `HWLOC_THISSYSTEM=1` says it is (hwloc then
+    /// binds on this machine's CPUs by the described numbers); an `HWLOC_SYNTHETIC`
+    /// description is checked as [`Topology::synthetic`] checks one first (some descriptions
+    /// make hwloc abort the process, or build for minutes). For a what-if topology, call
+    /// [`Topology::synthetic`].
+    ///
     /// # Errors
     ///
-    /// [`Error::Hwloc`] if hwloc cannot discover the machine.
+    /// [`Error::Hwloc`] if hwloc cannot discover the machine, if the environment makes it
+    /// describe another machine (above), or if `HWLOC_SYNTHETIC` holds a description that
+    /// [`Topology::synthetic`] refuses.
     #[cfg(not(miri))]
     pub fn detect() -> Result<Topology> {
+        let this_system = std::env::var("HWLOC_THISSYSTEM").is_ok_and(|v| v.trim() == "1");
+        if let Some(desc) = std::env::var_os("HWLOC_SYNTHETIC").filter(|d| !d.is_empty()) {
+            let desc = desc.to_string_lossy().into_owned();
+            if !this_system {
+                return Err(not_this_system("HWLOC_SYNTHETIC", &desc));
+            }
+            // Checked before hwloc reads it: the descriptions it aborts on are refused here.
+            Self::synthetic(&desc)?;
+        }
         let hw = hwlocality::Topology::new().map_err(|e| {
             Error::hwloc(
                 "discover this machine",
@@ -186,6 +222,13 @@ impl Topology {
                 "check that libhwloc 2.8 or later is installed and /sys is readable",
             )
         })?;
+        if !hw.is_this_system() {
+            let (var, value) = ["HWLOC_XMLFILE", "HWLOC_SYNTHETIC", "HWLOC_FSROOT"]
+                .into_iter()
+                .find_map(|v| std::env::var(v).ok().map(|x| (v, x)))
+                .unwrap_or(("the hwloc environment", String::new()));
+            return Err(not_this_system(var, &value));
+        }
         Self::build(hw, Source::Detected)
     }
 
@@ -542,8 +585,19 @@ impl Topology {
                 "give positive latencies, one row per NUMA node",
             )
         })?;
-        let Topology { hw, source, .. } = self;
-        Self::build(hw, source)
+        let Topology {
+            hw,
+            source,
+            allowed,
+            ..
+        } = self;
+        let mut t = Self::build(hw, source)?;
+        // The allowed PUs stay those read when the topology was built (`detect`: the thread's
+        // affinity then). Rebuilt, they were read again from the calling thread's affinity: on
+        // a thread pinned since, `detect().with_numa_distances(..)` allowed that one CPU, and a
+        // placement of more shards failed. A distance matrix changes no PU.
+        t.allowed = allowed;
+        Ok(t)
     }
 
     /// Write this topology as hwloc XML, loadable with [`Topology::from_xml`] or `lstopo -i`.

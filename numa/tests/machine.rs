@@ -95,3 +95,85 @@ fn pin_refuses_bad_requests() {
     assert!(matches!(e, Error::SyntheticBind), "{e}");
     assert!(e.to_string().contains("Topology::detect()"), "{e}");
 }
+
+/// Set in the child processes of `detect_refuses_a_machine_hwloc_was_told_to_describe`:
+/// which case the child runs.
+const HWLOC_ENV_CHILD: &str = "XTC_NUMA_HWLOC_ENV_CHILD";
+
+/// hwloc describes the machine of `HWLOC_SYNTHETIC` (or `HWLOC_XMLFILE`) instead of this one
+/// when the variable is set, and its binding calls then succeed without pinning anything:
+/// `detect` took that machine for this one, so pinning silently did nothing, and a
+/// description hwloc aborts on (`memcache:2`) ended the process. Now: refused with an error
+/// naming the variable; with `HWLOC_THISSYSTEM=1` (the description is of this machine) a
+/// valid one is used, and an aborting one is refused before hwloc sees it. Each case runs in
+/// a child process (the environment is process-wide).
+#[test]
+fn detect_refuses_a_machine_hwloc_was_told_to_describe() {
+    if let Some(case) = std::env::var_os(HWLOC_ENV_CHILD) {
+        let r = Topology::detect();
+        match case.to_str().unwrap() {
+            "synthetic" => {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("HWLOC_SYNTHETIC"), "{e}");
+                assert!(e.contains("unset"), "the error says what to do: {e}");
+            }
+            "aborting" => {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("memory-side cache"), "{e}");
+            }
+            "this-system" => {
+                let t = r.unwrap();
+                assert_eq!(t.pus().len(), 2, "the described machine: {:?}", t.pus());
+            }
+            "distances" => {
+                // Two nodes of one PU each, described as this machine's CPUs 0 and 1: the
+                // allowed PUs stay those `detect` read, whatever this thread is pinned to
+                // when a distance matrix is added (it re-read this thread's affinity).
+                let t = r.unwrap();
+                assert_eq!(t.allowed_pus(), vec![0, 1]);
+                pin_current_thread(&t, 0).unwrap();
+                let t = t.with_numa_distances(&[10, 20, 20, 10]).unwrap();
+                assert_eq!(
+                    t.allowed_pus(),
+                    vec![0, 1],
+                    "the pin narrowed the allowed PUs"
+                );
+                Placement::new(&t, 2, &Policy::Compact, false).unwrap();
+            }
+            other => panic!("unknown case {other}"),
+        }
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for (case, desc, this_system) in [
+        ("synthetic", "pack:1 core:2 pu:1", false),
+        ("aborting", "memcache:2 pu:2", true),
+        ("this-system", "pack:1 core:2 pu:1", true),
+        ("distances", "pack:1 numa:2 core:1 pu:1", true),
+    ] {
+        if case == "distances"
+            && !Topology::detect()
+                .unwrap()
+                .allowed_pus()
+                .starts_with(&[0, 1])
+        {
+            println!("note: CPUs 0 and 1 are not both allowed here; skipping the distances case");
+            continue;
+        }
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "detect_refuses_a_machine_hwloc_was_told_to_describe",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env(HWLOC_ENV_CHILD, case)
+        .env("HWLOC_SYNTHETIC", desc)
+        .env_remove("HWLOC_XMLFILE");
+        if this_system {
+            cmd.env("HWLOC_THISSYSTEM", "1");
+        } else {
+            cmd.env_remove("HWLOC_THISSYSTEM");
+        }
+        common::assert_child_passed(&cmd.output().unwrap());
+    }
+}

@@ -4,7 +4,9 @@
 //! # Termination detection
 //!
 //! Each loop publishes `status = epoch << 2 | kind` (SeqCst) before it parks, and
-//! `epoch + 1 | BUSY` as soon as it wakes, before it drains its inbox. `kind` is `EMPTY` (no live
+//! `epoch + 1 | BUSY` when it wakes, before it drains its inbox (after an idle tick that found
+//! nothing, the loop keeps its idle word and publishes `BUSY` just before it takes work: from
+//! its inbox or rings, or from its queues). `kind` is `EMPTY` (no live
 //! task, no timer), `PARKED` (live tasks, none runnable, no timer) or `WAITING` (something will
 //! wake it: a pending timer, I/O or a blocking-pool job in flight, a ring backlog, a task
 //! waiting for ring space, which the consumer's drain pings without any count moving). Each inbox
