@@ -179,7 +179,15 @@ fn out(args: std::fmt::Arguments<'_>) {
 }
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let args = parse(std::env::args().skip(1))?;
+    // Not `std::env::args`, which panics on an argument that is not valid UTF-8.
+    let args = std::env::args_os()
+        .skip(1)
+        .map(|a| {
+            a.into_string()
+                .map_err(|a| format!("the argument {a:?} is not valid UTF-8"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let args = parse(args)?;
     if args.help {
         out(format_args!("{USAGE}"));
         return Ok(true);
