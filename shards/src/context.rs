@@ -113,7 +113,9 @@ pub(crate) struct Core {
     /// Calls that complete without a loop turn (ready epoll calls, sleeps found past their
     /// deadline, `send_to` and `submit_to` to the caller's own shard) the task being polled
     /// may still make before its next one yields (`context::coop_spend`), plus the refusals
-    /// after them ([`COOP_REFUSALS`]): set to [`COOP_FRESH`] before each poll of a task. Above
+    /// after them ([`COOP_REFUSALS`]): set to [`COOP_FRESH`] before each poll of a task by the
+    /// loop (a migratable task run inline at a join, steal/mod.rs rule 6, shares the budget of
+    /// the poll that joined it). Above
     /// `COOP_REFUSALS` a call spends; at or below it, each call is refused and counts down, and
     /// the last refusal refills it (`Core::coop_refuse`).
     pub(crate) coop_left: Cell<u32>,
@@ -801,7 +803,7 @@ pub(crate) fn enqueue_at_home(runnable: Runnable) -> Option<Runnable> {
 /// dropped. The metadata pointer is the loop's `current`, set around every `Runnable::run`.
 ///
 /// `None` off any loop or outside a run, where there is no task to register, and once a loop
-/// holds `u32::MAX - 1` parked tasks (keys are 32 bits to keep tasks small; that many tasks
+/// holds `u32::MAX` parked tasks (keys are 32 bits to keep tasks small; that many tasks
 /// would take over 300 GB): such a task is not tracked for quiescence or shutdown.
 pub(crate) fn register_current(waker: &Waker) -> Option<u32> {
     with_core(|core| {

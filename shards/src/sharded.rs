@@ -19,7 +19,11 @@ struct Slot<T> {
 }
 
 /// Per-shard state: slot `i` belongs to shard `i`, and only code running on that shard's loop
-/// can reach it. `get()` costs a thread-local read and one atomic load of a line that only this
+/// can reach it through `get()`. A reference it returns to a `T` that is not `Sync` stays on
+/// that thread (it is not `Send`); to a `Sync` `T` (an atomic counter) a migratable task may
+/// carry it across an `.await` to another shard and use shard `i`'s slot from there, which is
+/// sound but credits the wrong shard: migratable code calls `get()` again after each `.await`
+/// (the `shard::id()` idiom). `get()` costs a thread-local read and one atomic load of a line that only this
 /// shard uses; no lock, no read-modify-write after the first access. Slots are cache-line padded
 /// so shards do not false-share.
 ///
@@ -51,8 +55,11 @@ pub struct Sharded<T> {
 // an `Executor`'s loop runs on a worker thread that exits (and is joined) when its `run()`
 // ends, with every reference it held, before the loop can run on a new worker; a
 // `LocalExecutor` is `!Send`, so its loop only ever runs on the thread that made it. So each
-// `T` is only ever accessed from one thread at a time, which needs `T: Send` (the value may
-// have been created on another thread and is reached from the loop's).
+// `T` that is not `Sync` is only ever accessed from one thread at a time (a reference to it is
+// not `Send`, so no task output, migratable future or `Send` closure carries one off that
+// thread), which needs `T: Send` (the value may have been created on another thread and is
+// reached from the loop's). A `Sync` `T` may be reached from other threads through such a
+// reference, which `Sync` permits.
 unsafe impl<T: Send> Sync for Sharded<T> {}
 
 impl<T> Sharded<T> {

@@ -4,7 +4,7 @@
 //! A mutex-protected `Vec` swapped out whole by the consumer: one lock per loop turn that finds
 //! work, no allocation in steady state (the loop hands back its drained, empty vector), and a
 //! `pending` flag so an empty inbox costs the loop one atomic load and no lock. Cross-shard traffic
-//! between workers will go through the SPSC ring mesh; the inbox carries the rarer foreign traffic,
+//! between workers goes through the SPSC ring mesh; the inbox carries the rarer foreign traffic,
 //! where a lock-free queue would buy little.
 
 use crate::sync::{lock, AtomicBool, AtomicU64, Mutex, Ordering::SeqCst};

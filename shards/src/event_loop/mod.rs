@@ -8,12 +8,19 @@
 //! 3. reap the I/O driver (io/mod.rs: submit what the last turn queued, dispatch completions;
 //!    no system call on io_uring when nothing was queued, none on epoll while nothing waits),
 //!    then fire due timers (only when the loop has any: one clock read);
-//! 4. run up to [`BATCH`] runnable tasks, FIFO, reaping the driver again every
-//!    `io::REAP_EVERY` polls (tasks run inline at joins, steal/mod.rs rule 6, count too);
-//! 5. if nothing is runnable and the inbox is empty: publish the loop's status for quiescence
-//!    detection (`executor/quiesce.rs`), then park *in the I/O driver* until an I/O event, the
-//!    next timer deadline or a wake ping (the ping's eventfd is registered in the driver), by
-//!    the announce → recheck → sleep protocol of [`park`](self::park).
+//! 4. run up to [`BATCH`] runnable tasks (a migratable one first after a turn that ran none,
+//!    then pinned ones FIFO or by class, then migratable ones from the LIFO deque and the
+//!    injector), reaping the driver again every `io::REAP_EVERY` polls (tasks run inline at
+//!    joins, steal/mod.rs rule 6, count too);
+//! 5. end of turn: the registered flushes, the ring flush (backlogs, waiters, pings), the
+//!    migratable count, eager rebalance's nudge;
+//! 6. if nothing is runnable and the inbox is empty: try to steal, spin before parking, publish
+//!    the loop's status for quiescence detection (`executor/quiesce.rs`), then park *in the I/O
+//!    driver* until an I/O event, the next timer deadline or a wake ping (the ping's eventfd is
+//!    registered in the driver), by the announce → recheck → sleep protocol of
+//!    [`park`](self::park).
+//!
+//! ARCHITECTURE.md's "The loop step" has each step's costs and conditions.
 //!
 //! A loop that stops (stop request, quiescence, deadlock, end of `block_on`) runs [`shutdown`]:
 //! it wakes every registered task and drops the `Runnable` instead of running it, until its
@@ -50,11 +57,13 @@ pub(crate) const BATCH: usize = 128;
 pub(crate) mod status {
     /// Working, or about to.
     pub(crate) const BUSY: u64 = 0;
-    /// Idle with no live task and no timer.
+    /// Idle with no registered pinned task, no timer, no I/O in flight and nothing waiting
+    /// for ring space (parked migratable tasks are in no loop's registry: quiescence also
+    /// reads the executor's count of live migratable tasks).
     pub(crate) const EMPTY: u64 = 1;
     /// Idle with live tasks, all parked, and no timer.
     pub(crate) const PARKED: u64 = 2;
-    /// Idle until a timer.
+    /// Idle until a timer, an I/O completion or ring space.
     pub(crate) const WAITING: u64 = 3;
 
     pub(crate) fn kind(s: u64) -> u64 {
@@ -587,7 +596,7 @@ pub(crate) fn turn_pending(core: &Core) -> bool {
 }
 
 /// Spin-before-park: polls the loop's sources for up to `spin` before it parks, yielding the
-/// CPU (`sched_yield`) after every 64 polls. Returns whether work arrived. Costs a full CPU for
+/// CPU (`sched_yield`) after every 64 polls. Returns whether work arrived or a timer fell due. Costs a full CPU for
 /// the spin time of every idle period, unless another thread wants it.
 ///
 /// The sources are those a sender fills without pinging a loop that has not announced sleep

@@ -4,11 +4,13 @@
 //! # Sleep protocol
 //!
 //! State word per loop: bit `SLEEPING` (the loop announced it will block) and bit `NOTIFIED` (a
-//! sender took the job of pinging it). Every access named below is a read-modify-write.
+//! sender took the job of pinging it). Every access to the state word, and to the inbox's
+//! `pending` flag by a sender, is a read-modify-write; the stop flag needs none (a stop pings
+//! every loop unconditionally), and the consumer clears `pending` under the inbox's lock.
 //!
 //! 1. **Announce, then recheck.** A loop that found no work swaps the state to `SLEEPING`, then
 //!    **rechecks** every source a sender can fill (its inbox `pending` flag, by `fetch_or`; the
-//!    stop flag). If any has work it stores `RUNNING` and goes back to work without blocking.
+//!    stop flag). If any has work it swaps `RUNNING` back and goes back to work without blocking.
 //! 2. **Publish, then look.** A sender first makes its work visible (inbox push, which sets
 //!    `pending` by `swap`), then does `fetch_or(NOTIFIED)` on the state. Only the sender that
 //!    sees exactly `SLEEPING` (sleeping, nobody notified yet) writes the wake ping (eventfd).

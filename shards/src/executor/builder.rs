@@ -356,7 +356,8 @@ impl Builder {
 
     /// The I/O driver (default: `XTC_IO` if set, else [`DriverChoice::Auto`]: io_uring where it
     /// works, epoll otherwise). A forced io_uring that is unavailable makes `build()` fail with
-    /// the reason. See [`crate::io`].
+    /// the reason; a loop whose own ring fails to set up later still runs epoll, with a warning
+    /// (see [`DriverChoice::IoUring`](crate::io::DriverChoice::IoUring)). See [`crate::io`].
     ///
     /// [`DriverChoice::Auto`]: crate::io::DriverChoice::Auto
     pub fn io_driver(mut self, choice: crate::io::DriverChoice) -> Builder {

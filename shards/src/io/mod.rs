@@ -1,5 +1,5 @@
 //! I/O: one driver per loop, io_uring by default, epoll where io_uring is unavailable or
-//! forced (invariant 10 in the crate docs).
+//! forced (see "Choice of driver" below).
 //!
 //! # How a loop does I/O
 //!
@@ -106,7 +106,10 @@ pub enum DriverChoice {
     /// epoll (logged once).
     #[default]
     Auto,
-    /// io_uring or an error from `build()` that says why it is unavailable.
+    /// io_uring or an error from `build()` that says why it is unavailable (its probe ring
+    /// cannot be set up, or lacks an opcode xtc uses). A loop whose own ring then cannot be set
+    /// up (out of `RLIMIT_MEMLOCK` with many loops, in a container, say) still runs epoll, with
+    /// a warning: its [`LoopStats::io_driver`](crate::LoopStats::io_driver) says so.
     IoUring,
     /// epoll, even where io_uring works.
     Epoll,

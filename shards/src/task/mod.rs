@@ -33,8 +33,9 @@
 //!    for that). The handle keeps the cancellation and resolves only after that drop, as in
 //!    tokio, or with the output if the task had already finished.
 //!
-//! Cost on the local path: one allocation per task, the async-task state updates, one waker clone
-//! and one slab insert per spawn (rule 3); a local wake is a thread-local push, no shared atomic.
+//! Cost on the local path: one allocation per task and the async-task state updates; a task that
+//! parks adds one waker clone and one slab insert, once (rule 3; one that finishes in its first
+//! poll registers nothing); a local wake is a thread-local push, no shared atomic.
 
 mod builder;
 pub(crate) mod home;
@@ -330,9 +331,11 @@ fn set_done<F, Fut>(stage: &mut Stage<F, Fut>) {
 }
 
 /// Drops a task's future (what `drop` does) under `catch_unwind`: a panic in user `Drop` code
-/// is logged and goes no further. Unguarded, it unwound out of the loop (async-task drops a
-/// cancelled or finished future from `Runnable::run` and from `Runnable`'s own drop): the
-/// loop's thread died with its status BUSY, and `run()` never returned (rule 4).
+/// is logged and goes no further. Unguarded, a drop inside the poll (a future that finished,
+/// dropped from `Runnable::run`) unwound out of the loop: the loop's thread died with its
+/// status BUSY, and `run()` never returned (rule 4); and async-task drops a cancelled
+/// future from `Runnable`'s own drop under its `abort_on_panic`, so a panic there aborted
+/// the process.
 pub(crate) fn drop_guarded(drop: impl FnOnce()) {
     guarded("a task's future panicked while being dropped", drop);
 }
