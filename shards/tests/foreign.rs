@@ -131,6 +131,85 @@ fn a_foreign_block_on_of_a_handle_call_left_in_the_backlog() {
     );
 }
 
+/// A foreign `block_on` inside a task that fills the ring to a parked shard with `send_to`s
+/// and waits for room for one more: the pushes' pings wait for the end of the turn, which the
+/// blocked loop never reaches, so the parked consumer never drained, and its `want_space`
+/// swap, which wakes a foreign waiter, never came.
+#[test]
+fn a_foreign_block_on_filling_the_ring_of_a_parked_shard() {
+    within(
+        "foreign block_on, send_to into a parked shard's full ring",
+        || {
+            let ex = Executor::builder()
+                .shards(2)
+                .oversubscribe(true)
+                .ring_capacity(2)
+                .build()
+                .unwrap();
+            ex.block_on(move || async move {
+                // Shard 1 goes idle and parks.
+                time::sleep(Duration::from_millis(100)).await;
+                futures::executor::block_on(async {
+                    for _ in 0..4 {
+                        shard::send_to(1, || async {}).await.unwrap();
+                    }
+                });
+            })
+            .unwrap()
+        },
+    );
+}
+
+/// A foreign `block_on` inside a task whose `send_to` waits for room behind a backlog (a
+/// `Handle::submit_to` made while the ring was full): the reserve needs the backlog empty,
+/// which only the end of a turn moved, so the consumer's wake found it still there and no
+/// further wake came.
+#[test]
+fn a_foreign_block_on_of_a_send_to_behind_a_backlog() {
+    use std::sync::atomic::AtomicBool;
+    let got = within("foreign block_on, send_to behind a backlog", || {
+        let ex = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .ring_capacity(1)
+            .build()
+            .unwrap();
+        let h = ex.handle();
+        ex.block_on(move || async move {
+            let (started, release) = (
+                Arc::new(AtomicBool::new(false)),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let (s, r) = (started.clone(), release.clone());
+            shard::send_to(1, move || async move {
+                s.store(true, SeqCst);
+                let t0 = Instant::now();
+                while !r.load(SeqCst) && t0.elapsed() < HANG {
+                    std::hint::spin_loop();
+                }
+            })
+            .await
+            .unwrap();
+            while !started.load(SeqCst) {
+                time::sleep(Duration::from_millis(1)).await;
+            }
+            // Ring 0 -> 1 full; the handle call's message goes to the backlog.
+            shard::send_to(1, || async {}).await.unwrap();
+            futures::executor::block_on(async move {
+                let call = h.submit_to(1, || async { shard::id() });
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(100));
+                    release.store(true, SeqCst);
+                });
+                shard::send_to(1, || async {}).await.unwrap();
+                call.await.unwrap()
+            })
+        })
+        .unwrap()
+    });
+    assert_eq!(got, 1);
+}
+
 /// The same over a shared channel: a request sent from inside the foreign `block_on`, the
 /// answer awaited there. The send's wake of the parked receiver waited for the end of the turn.
 #[test]

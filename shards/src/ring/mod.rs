@@ -803,8 +803,13 @@ impl Future for Reserve {
             }
             if !crate::task::polled_with_own_waker(core, cx.waker()) {
                 // Rule 3b: maybe a foreign executor that blocks this loop's thread until its
-                // waker is woken, so the consumer wakes it (this loop's turn may never end).
+                // waker is woken, so the consumer wakes it (this loop's turn may never end),
+                // and what the end of the turn would do goes now: the pings of what this turn
+                // pushed (a consumer parked on a full ring drains nothing, and so swaps no
+                // flag), and the backlog moves this reserve waits for (it needs the backlog
+                // empty, and the consumer's wake would find it still there).
                 wait_foreign(core, me, to, cx.waker());
+                core.flush_deferred(cx.waker());
             }
             // Rule 3: announce, then recheck.
             core.exec.mesh.want_space(me, to).swap(true, SeqCst);
