@@ -162,18 +162,23 @@ fn same<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
 }
 
 /// [`Topology::detect`]'s refusal of a topology that hwloc, told so by the environment
-/// variable `var` (set to `value`), describes for another machine than this one.
+/// (`vars`, as `NAME=value` pairs), describes for another machine than this one.
 #[cfg(not(miri))]
-fn not_this_system(var: &str, value: &str) -> Error {
+fn not_this_system(vars: &str) -> Error {
+    let vars = if vars.is_empty() {
+        "hwloc's environment"
+    } else {
+        vars
+    };
     Error::hwloc(
         "discover this machine",
         format!(
-            "{var} is set ({value:?}), so hwloc describes that machine instead of this one, and \
-             pinning threads on it would silently do nothing"
+            "hwloc describes another machine than this one ({vars}), on which pinning threads \
+             would silently do nothing"
         ),
-        "unset HWLOC_SYNTHETIC and HWLOC_XMLFILE to use this machine (or set HWLOC_THISSYSTEM=1 \
-         if the description is of this machine); for a what-if topology use \
-         Topology::synthetic (the demo's --synthetic)",
+        "unset those HWLOC_ variables (HWLOC_SYNTHETIC, HWLOC_XMLFILE, HWLOC_FSROOT) to use this \
+         machine, or set HWLOC_THISSYSTEM=1 if they describe this machine; for a what-if \
+         topology use Topology::synthetic (the demo's --synthetic)",
     )
 }
 
@@ -210,7 +215,7 @@ impl Topology {
         if let Some(desc) = std::env::var_os("HWLOC_SYNTHETIC").filter(|d| !d.is_empty()) {
             let desc = desc.to_string_lossy().into_owned();
             if !this_system {
-                return Err(not_this_system("HWLOC_SYNTHETIC", &desc));
+                return Err(not_this_system(&format!("HWLOC_SYNTHETIC={desc:?}")));
             }
             // Checked before hwloc reads it: the descriptions it aborts on are refused here.
             Self::synthetic(&desc)?;
@@ -223,11 +228,15 @@ impl Topology {
             )
         })?;
         if !hw.is_this_system() {
-            let (var, value) = ["HWLOC_XMLFILE", "HWLOC_SYNTHETIC", "HWLOC_FSROOT"]
-                .into_iter()
-                .find_map(|v| std::env::var(v).ok().map(|x| (v, x)))
-                .unwrap_or(("the hwloc environment", String::new()));
-            return Err(not_this_system(var, &value));
+            // Whichever of hwloc's variables did it (`HWLOC_XMLFILE`, `HWLOC_FSROOT`, ...).
+            let set: Vec<String> = std::env::vars_os()
+                .filter_map(|(k, v)| {
+                    let k = k.to_string_lossy().into_owned();
+                    (k.starts_with("HWLOC_") && k != "HWLOC_THISSYSTEM")
+                        .then(|| format!("{k}={:?}", v.to_string_lossy()))
+                })
+                .collect();
+            return Err(not_this_system(&set.join(", ")));
         }
         Self::build(hw, Source::Detected)
     }

@@ -117,6 +117,14 @@ fn detect_refuses_a_machine_hwloc_was_told_to_describe() {
                 assert!(e.contains("HWLOC_SYNTHETIC"), "{e}");
                 assert!(e.contains("unset"), "the error says what to do: {e}");
             }
+            "xml" => {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("HWLOC_XMLFILE="), "{e}");
+                assert!(
+                    e.contains("HWLOC_THISSYSTEM=1"),
+                    "the error says what to do: {e}"
+                );
+            }
             "aborting" => {
                 let e = r.unwrap_err().to_string();
                 assert!(e.contains("memory-side cache"), "{e}");
@@ -145,6 +153,26 @@ fn detect_refuses_a_machine_hwloc_was_told_to_describe() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
+    // An XML file of another machine, as `lstopo file.xml` writes one.
+    let xml = std::env::temp_dir().join(format!("xtc-numa-other-{}.xml", std::process::id()));
+    Topology::synthetic("pack:1 core:2 pu:1")
+        .unwrap()
+        .export_xml(&xml)
+        .unwrap();
+    let out = Command::new(&exe)
+        .args([
+            "detect_refuses_a_machine_hwloc_was_told_to_describe",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env(HWLOC_ENV_CHILD, "xml")
+        .env("HWLOC_XMLFILE", &xml)
+        .env_remove("HWLOC_SYNTHETIC")
+        .env_remove("HWLOC_THISSYSTEM")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&xml);
+    common::assert_child_passed(&out);
     for (case, desc, this_system) in [
         ("synthetic", "pack:1 core:2 pu:1", false),
         ("aborting", "memcache:2 pu:2", true),

@@ -1481,7 +1481,10 @@ fn a_dropped_finished_opens_descriptor_is_closed_when_block_on_returns() {
 /// rounds found it open; a job that started first lets go of it either way). The job's end is
 /// observed as `run()`'s return: a loop is not quiescent while one of its pool jobs is in
 /// flight. (This test watched for the job's wake-up of the dropped future's waker instead,
-/// until a dropped future stopped leaving its waker to the job.)
+/// which held the pool thread in the bug's window, until a dropped future stopped leaving its
+/// waker to the job. Checked after `run()`, it rarely catches the old order: the unit test
+/// `blocking::tests::a_jobs_captures_go_while_it_still_counts_in_flight` checks the order
+/// itself.)
 #[test]
 fn a_skipped_jobs_file_is_closed_once_the_job_is_done() {
     use std::future::Future;

@@ -376,7 +376,9 @@ impl Builder {
     /// Detects the topology (unless one was given), places the shards and creates the loops.
     /// No thread starts until `run()`.
     ///
-    /// Errors: `Err(Numa)` if the topology cannot be detected or the placement is impossible
+    /// Errors: `Err(Numa)` if the topology cannot be detected (among other causes, an exported
+    /// `HWLOC_XMLFILE` or `HWLOC_SYNTHETIC` that makes hwloc describe another machine, whose
+    /// pins would silently do nothing: see `xtc_numa::Topology::detect`) or the placement is impossible
     /// (`Err(EnvPlacement)` naming the variables when some of its inputs came from
     /// [`env`](Self::env)); `Err(InvalidArgument)` for a ring capacity outside
     /// 1..=[`MAX_RING_CAPACITY`](crate::MAX_RING_CAPACITY), a spin or reply spin over

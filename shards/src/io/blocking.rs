@@ -760,6 +760,70 @@ mod tests {
         }
     }
 
+    /// A job's closure (its captures: an operation's file descriptor) is dropped while the job
+    /// still counts among its loop's jobs in flight, whether it ran or was skipped (its future
+    /// dropped before it started): dropped after the job's end, a dropped operation's file
+    /// could still be open when `run()` (which waits for that count) returned. `io_fs`'s test of
+    /// a skipped write's file watched for the job's wake-up of the dropped future, which a
+    /// dropped future no longer leaves behind; this looks at the count itself.
+    #[test]
+    fn a_jobs_captures_go_while_it_still_counts_in_flight() {
+        use std::sync::atomic::AtomicBool;
+        /// Records the loop's count of jobs in flight when the closure's captures drop.
+        struct Probe {
+            count: Arc<AtomicUsize>,
+            seen: Arc<AtomicUsize>,
+        }
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                self.seen.store(self.count.load(SeqCst), SeqCst);
+            }
+        }
+        let (skipped, ran) = std::thread::spawn(|| {
+            let count = pending().expect("the thread-local lives");
+            let (mut skipped, mut ran) = (0, 0);
+            for _ in 0..200 {
+                let seen = Arc::new(AtomicUsize::new(usize::MAX));
+                let went = Arc::new(AtomicBool::new(false));
+                let probe = Probe {
+                    count: count.clone(),
+                    seen: seen.clone(),
+                };
+                let w = went.clone();
+                let job = run(move || {
+                    let _held = &probe;
+                    w.store(true, SeqCst);
+                    Ok(())
+                });
+                // Most often before a pool thread took the job: skipped.
+                drop(job);
+                let t0 = std::time::Instant::now();
+                while count.load(SeqCst) != 0 {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "a job never ended");
+                    std::thread::yield_now();
+                }
+                let at_drop = seen.load(SeqCst);
+                assert!(
+                    at_drop != usize::MAX,
+                    "a job's captures were still alive when it stopped counting"
+                );
+                assert!(
+                    at_drop >= 1,
+                    "a job's captures went after it stopped counting"
+                );
+                if went.load(SeqCst) {
+                    ran += 1;
+                } else {
+                    skipped += 1;
+                }
+            }
+            (skipped, ran)
+        })
+        .join()
+        .unwrap();
+        assert!(skipped > 0, "no job was skipped in 200 rounds ({ran} ran)");
+    }
+
     /// Abandoned jobs that ended are forgotten as more jobs are abandoned, not only when the
     /// loop parks (`park_timeout`) or stops (`settle`): a loop kept busy never parks, and its
     /// list of abandoned jobs (a file operation under a timeout that fires, each) grew for as
