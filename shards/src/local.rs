@@ -134,6 +134,8 @@ impl LocalExecutor {
         // worker does (tasks dropped on this thread, counts published), before it is re-raised
         // below: let through at once, it left the run's parked tasks alive and their handles
         // unresolved until a later `block_on` dropped them.
+        // Busy + idle from here until the shutdown below has ended (or a panic unwinds).
+        let clock = event_loop::RunClock::start(&core.shared.stats);
         let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             event_loop::run(&core, false, &|| main.is_finished())
         }));
@@ -148,6 +150,7 @@ impl LocalExecutor {
         } else {
             event_loop::shutdown(&core, false);
         }
+        drop(clock);
         drop(enter);
         drop(live);
         // The run is over: its `Core` gives the loop's deque back, and where its timer

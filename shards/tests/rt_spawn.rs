@@ -582,6 +582,39 @@ fn idle_loops_report_idle_time() {
     assert!(s0.parks >= 1);
 }
 
+/// A loop's shutdown counts in its run's time (busy + idle): the drops of its tasks run user
+/// code, which may take long. Here shard 1's one task, parked, holds a guard whose drop sleeps
+/// 300 ms; the stop comes 50 ms into the run, so shard 1's shutdown alone takes 300 ms of wall
+/// time. The run clock stopped when the loop step returned, before the shutdown: busy + idle
+/// stayed near 50 ms (review P: 300 ms of shutdown counted nowhere).
+#[test]
+fn a_loops_shutdown_counts_in_its_busy_time() {
+    struct SlowDrop;
+    impl Drop for SlowDrop {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    let ex = exec(2);
+    let h = ex.handle();
+    ex.spawn_on(1, || async {
+        let _guard = SlowDrop;
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        h.stop();
+    });
+    ex.run().unwrap();
+    let s1 = ex.loop_stats(1).unwrap();
+    assert!(
+        s1.busy + s1.idle >= Duration::from_millis(300),
+        "shard 1's 300 ms shutdown is missing from its run time: {s1:?}"
+    );
+    assert!(s1.busy >= Duration::from_millis(300), "{s1:?}");
+}
+
 /// `idle_rate` of any `LoopStats` a program builds (its fields are public: a sum or a
 /// difference of snapshots, or saturated values) is a rate, never a panic: it added the two
 /// `Duration`s, which overflowed.

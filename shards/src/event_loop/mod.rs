@@ -249,11 +249,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     let here = crate::sys::stack_here();
     let allowance = steal::inline_stack(here, crate::sys::thread_stack());
     core.inline_floor.set(here - allowance);
-    shared.stats.started(Instant::now());
-    // Ends the run's clock however `run` ends: a loop that panicked (its worker catches the
-    // panic and still shuts the loop down) kept its run open, so its busy time went on growing
-    // after `run()` returned, and the next run's start overwrote it.
-    let _stopped = RunClock(&shared.stats);
+    // The run's clock (busy + idle) is the caller's `RunClock`, which spans the shutdown too.
     let exit = loop {
         // Step 1.
         if stop_aware && exec.stop_requested() {
@@ -568,9 +564,23 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
     exit
 }
 
-/// Closes the loop's run in its stats when dropped (`StatsCell::stopped`): at `run`'s end, or
-/// as a panic unwinds out of it.
-struct RunClock<'a>(&'a StatsCell);
+/// A loop's run in its stats (busy + idle time), from [`start`](Self::start) until dropped
+/// (`StatsCell::stopped`), which ends it however the run ends: held by the worker (and by
+/// `LocalExecutor::block_on`) across [`run`] and [`shutdown`], so the shutdown's time (its
+/// drops of every task, which run user code, and its waits for in-flight wakes and pool jobs)
+/// counts as busy, as the docs of `LoopStats::busy` say. Kept inside `run`, the clock stopped
+/// before the shutdown, whose time then counted nowhere; and a loop that panicked (its worker
+/// catches the panic and still shuts the loop down) kept its run open, its busy time growing
+/// after `run()` returned, until the next run's start overwrote it.
+pub(crate) struct RunClock<'a>(&'a StatsCell);
+
+impl<'a> RunClock<'a> {
+    /// Starts the loop's run clock.
+    pub(crate) fn start(stats: &'a StatsCell) -> RunClock<'a> {
+        stats.started(Instant::now());
+        RunClock(stats)
+    }
+}
 
 impl Drop for RunClock<'_> {
     fn drop(&mut self) {

@@ -1283,6 +1283,8 @@ fn worker(
     // rather than waiting on a loop that is gone, and still shut this loop down (its tasks
     // dropped on this thread, its counts published, so a later run can balance them) if that
     // works.
+    // Busy + idle from here until the shutdown below has ended (or a panic unwinds).
+    let _clock = event_loop::RunClock::start(&core.shared.stats);
     let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // Armed here, before the first turn, and re-armed by the loop when the interval
         // changes (`preempt::sync_timer`).
