@@ -44,8 +44,12 @@ pub enum Error {
     /// A builder or knob argument is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// A call that needs the current shard was made on a thread that runs no xtc loop.
-    #[error("{0} called off any xtc loop: call it inside a task, or use the Handle method")]
+    /// A call that needs the current shard (or the task being polled) was made on a thread
+    /// that runs no xtc loop (or on a loop thread outside a task's poll).
+    #[error(
+        "{0} needs to run inside a task of an xtc loop: call it from a task; from other \
+         threads, Handle has spawn_on, spawn, submit_to, send_to and create_class"
+    )]
     OffLoop(&'static str),
     /// The platform lacks a feature this call needs.
     #[error("not supported on this platform: {0}")]
@@ -57,6 +61,14 @@ pub enum Error {
          not from inside one of its own tasks (there, .await the future or spawn it instead)"
     )]
     AlreadyRunning,
+    /// A shard's thread panicked outside any task: a bug in xtc, or in code xtc runs on the
+    /// loop unguarded (a `tracing` subscriber). The panic itself was logged, and re-raised
+    /// on that thread.
+    #[error(
+        "{0}: its panic message is in the log above (a tracing subscriber shows it); please \
+         report it, with that message, as a bug in xtc unless it came from your subscriber"
+    )]
+    ShardPanicked(&'static str),
     /// The executor stopped (or was stopped) before the operation could complete.
     #[error(
         "the executor stopped before this completed (a stop(), or block_on returned): run it \

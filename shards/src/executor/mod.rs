@@ -673,8 +673,8 @@ impl Executor {
                 // before it reported. Its loop will never run, so none may start: opened, the
                 // gate let the others run, and `run()` waited for good on the dead one.
                 Err(_) => {
-                    failure.get_or_insert(Error::InvalidArgument(
-                        "a shard thread panicked before it started its loop".into(),
+                    failure.get_or_insert(Error::ShardPanicked(
+                        "a shard thread panicked before it started its loop",
                     ));
                     break;
                 }
@@ -700,8 +700,8 @@ impl Executor {
         }
         for t in threads {
             if t.join().is_err() {
-                failure.get_or_insert(Error::InvalidArgument(
-                    "a shard thread panicked outside any task (a bug in xtc)".into(),
+                failure.get_or_insert(Error::ShardPanicked(
+                    "a shard thread panicked outside any task",
                 ));
             }
         }
