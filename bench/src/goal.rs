@@ -25,7 +25,7 @@ pub struct Goal {
     pub issue: u32,
     /// What is compared, e.g. `spawn+join: xtc/monoio`.
     pub what: String,
-    /// The goal as written, e.g. `>= 1.50x` or `< 200 us`.
+    /// The goal as written, e.g. `>= 1.50x` or `<= 200 us`.
     pub target: String,
     /// This run's figure, or `n/a: why`.
     pub measured: String,
@@ -48,7 +48,11 @@ impl Goal {
 
     /// A goal on a value in `unit` (`"x"` for a ratio, printed without a space; `""` for a bare
     /// number; any other unit after a space): `measured` at most or at least `target`. `None`:
-    /// no figure. Cost: three small string allocations (the cells).
+    /// no figure. A figure that rounds to the target's text but is not the target is printed
+    /// with as many more decimals as tell them apart (`0.103x` against `<= 0.10x`, not
+    /// `0.10x`), so the printed figure, the verdict and [`reach`](Self::reach) (which reads the
+    /// printed cells) agree. Cost: three small string allocations (the cells), a few more in
+    /// that case.
     pub fn value(
         issue: u32,
         what: impl Into<String>,
@@ -66,12 +70,32 @@ impl Goal {
                 format!("{} {unit}", crate::fmt_num(v))
             }
         };
+        // `d` decimals, in the same layout.
+        let fixed = |v: f64, d: usize| {
+            if unit == "x" {
+                format!("{v:.d$}x")
+            } else if unit.is_empty() {
+                format!("{v:.d$}")
+            } else {
+                format!("{v:.d$} {unit}")
+            }
+        };
+        let shown = |v: f64| {
+            let s = fmt(v);
+            if s != fmt(target) || v == target || !v.is_finite() {
+                return s;
+            }
+            (2..=12)
+                .map(|d| (fixed(v, d), fixed(target, d)))
+                .find(|(a, b)| a != b)
+                .map_or(s, |(a, _)| a)
+        };
         let sign = if at_most { "<=" } else { ">=" };
         Goal {
             issue,
             what: what.into(),
             target: format!("{sign} {}", fmt(target)),
-            measured: measured.map_or_else(|| "n/a: a value is missing".to_string(), fmt),
+            measured: measured.map_or_else(|| "n/a: a value is missing".to_string(), shown),
             // A NaN figure (0/0) meets nothing, and is no verdict either.
             met: measured.filter(|v| !v.is_nan()).map(|v| {
                 if at_most {
@@ -393,7 +417,18 @@ mod tests {
         assert!(close(at_most.reach(), 2.0), "{:?}", at_most.reach());
         let us = Goal::value(3, "p99", true, 200.0, "us", Some(400.0));
         assert!(close(us.reach(), 0.5), "{:?}", us.reach());
-        for g in [&at_least, &at_most, &us] {
+        // Figures that round to their target's text but miss it (or meet it): printed with the
+        // decimals that tell them apart, so the verdict, the figure and the chart agree. Printed
+        // as the target, `<= 0.10x | 0.10x | NOT met` drew a met bar for a missed goal.
+        let fib = Goal::ratio(5, "fib", true, 0.1, Some(0.103));
+        assert_eq!((fib.measured.as_str(), fib.met), ("0.103x", Some(false)));
+        let hair = Goal::ratio(3, "s", false, 1.5, Some(1.496));
+        assert_eq!(hair.measured, "1.496x");
+        let under = Goal::ratio(4, "rtt", true, 2.0, Some(1.9961));
+        assert_eq!((under.measured.as_str(), under.met), ("1.996x", Some(true)));
+        let spot = Goal::value(3, "p99", true, 200.0, "us", Some(200.04));
+        assert_eq!(spot.met, Some(false));
+        for g in [&at_least, &at_most, &us, &fib, &hair, &under, &spot] {
             assert_eq!(g.met, g.reach().map(|r| r >= 1.0), "{g:?}");
         }
         // No number to compare: a judged goal, a missing figure, units that differ.

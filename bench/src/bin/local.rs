@@ -1096,7 +1096,7 @@ fn idle_vs_tokio(table: &Table, cpu: &Row) -> Goal {
 }
 
 /// Issue 3's goals: spawn+join >= 1.5x monoio, yield switches >= 1.3x monoio, `sleep(1ms)`
-/// overshoot p99 under 200 us, an idle 2-shard executor under 1 % of one CPU and no more than
+/// overshoot p99 at most 200 us, an idle 2-shard executor at most 1 % of one CPU and no more than
 /// tokio's ([`idle_vs_tokio`]). Judged on the rows this run filled (none for a benchmark left out with `--only`).
 fn goals(table: &Table) -> Vec<Goal> {
     let mut goals = Vec::new();

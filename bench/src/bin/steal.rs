@@ -855,13 +855,19 @@ fn run_idle(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let row = &table.rows[0];
     // Cut = CPU with backoff off / CPU with it on: the inverse of the on/off ratio.
     let cut = table.ratio(row, 1).filter(|r| *r > 0.0).map(|r| 1.0 / r);
-    let goals = vec![Goal::ratio(
-        5,
-        "idle: CPU cut by steal backoff (off/on)",
-        false,
-        GOAL_BACKOFF_CUT,
-        cut,
-    )];
+    let what = "idle: CPU cut by steal backoff (off/on)";
+    let goals = vec![match (&row.values[0], &row.values[1]) {
+        // No CPU measured at all with backoff on (under a clock tick in the window): as good
+        // as it gets, not a missing value (the ratio has no finite figure).
+        (Ok(on), Ok(off)) if *on == 0.0 && *off > 0.0 => Goal::judged(
+            5,
+            what,
+            format!(">= {GOAL_BACKOFF_CUT:.2}x"),
+            format!("no CPU measured with backoff on ({off:.3} % off)"),
+            Some(true),
+        ),
+        _ => Goal::ratio(5, what, false, GOAL_BACKOFF_CUT, cut),
+    }];
     Filled {
         table,
         goals,
