@@ -1434,6 +1434,8 @@ impl Uring {
         }
         let mut wakers = Vec::new();
         let mut freed = Vec::new();
+        // Detached sends among them: logged after the borrow (a subscriber is user code).
+        let mut unsent = Vec::new();
         {
             let mut ops = self.ops.borrow_mut();
             let keys: Vec<usize> = ops
@@ -1459,9 +1461,11 @@ impl Uring {
                         ops.remove(key);
                         match old {
                             Lifecycle::Ignored(data, _) => freed.push(data),
-                            Lifecycle::Detached(data, unrun, _) => {
-                                // A `CLOSE` that never ran.
+                            Lifecycle::Detached(data, unrun, want) => {
+                                // A `CLOSE` that never ran; a send that never went out (its
+                                // bytes lost: logged, as a detached send that failed is).
                                 close_unrun(unrun);
+                                unsent.push(want);
                                 freed.push(data);
                             }
                             _ => {}
@@ -1470,6 +1474,9 @@ impl Uring {
                     Lifecycle::Completed(..) => {}
                 }
             }
+        }
+        for want in unsent {
+            check_detached_send(-libc::ECANCELED, want);
         }
         // User code (a buffer's `Drop`, a waker), after the borrow: it may reach this driver.
         for data in freed {

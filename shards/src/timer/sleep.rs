@@ -33,6 +33,12 @@ pub fn sleep(duration: Duration) -> Sleep {
 /// away from its loop, the cancel is sent there as a small task (none once the deadline has
 /// passed: that loop fires the timer at its next turn, before it could run the cancel).
 ///
+/// The loop fires its timers when it turns: a foreign executor that blocks the loop's thread
+/// inside a task (`futures::executor::block_on(xtc::time::sleep(..))`) waits for good, as
+/// tokio's timers do in the same case (cross-shard calls, join handles and shared channels
+/// awaited that way do complete: their work runs on other loops). Await the sleep in the task
+/// instead, or use `std::thread::sleep` where blocking the loop is meant.
+///
 /// # Panics
 /// When polled off any xtc loop.
 pub fn sleep_until(deadline: Instant) -> Sleep {
