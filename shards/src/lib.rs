@@ -141,6 +141,8 @@ mod steal;
 mod sync;
 mod sys;
 pub mod task;
+#[cfg(test)]
+mod test_log;
 mod timer;
 
 pub use class::{Class, DEFAULT_SHARES};

@@ -60,36 +60,47 @@ fn a_foreign_block_on_inside_a_task_on_a_handle_call_to_another_shard() {
 /// moved), which the blocked loop never reached, while shard 1's drain only pinged the loop,
 /// not the foreign waker: the call hung for good. Shard 1 is let go from a plain thread once
 /// the `block_on` has surely parked.
-fn foreign_block_on_with_a_full_ring(through_handle: bool) -> usize {
-    use std::sync::atomic::AtomicBool;
-    let ex = Executor::builder()
+/// A 2-shard executor whose ring 0 -> 1 holds one message.
+fn ring_of_one() -> Executor {
+    Executor::builder()
         .shards(2)
         .oversubscribe(true)
         .ring_capacity(1)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// From a task on shard 0: holds shard 1 busy in one poll until the flag returned is set (or
+/// `HANG` passes), then fills ring 0 -> 1 (its one slot) so that it stays full until shard
+/// 1's next turn.
+async fn hold_shard_1_with_a_full_ring() -> Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::AtomicBool;
+    let (started, release) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (s, r) = (started.clone(), release.clone());
+    shard::send_to(1, move || async move {
+        s.store(true, SeqCst);
+        let t0 = Instant::now();
+        while !r.load(SeqCst) && t0.elapsed() < HANG {
+            std::hint::spin_loop();
+        }
+    })
+    .await
+    .unwrap();
+    while !started.load(SeqCst) {
+        time::sleep(Duration::from_millis(1)).await;
+    }
+    shard::send_to(1, || async {}).await.unwrap();
+    release
+}
+
+fn foreign_block_on_with_a_full_ring(through_handle: bool) -> usize {
+    let ex = ring_of_one();
     let h = ex.handle();
     ex.block_on(move || async move {
-        let (started, release) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let (s, r) = (started.clone(), release.clone());
-        // Shard 1 busy in one poll until `release`.
-        shard::send_to(1, move || async move {
-            s.store(true, SeqCst);
-            let t0 = Instant::now();
-            while !r.load(SeqCst) && t0.elapsed() < HANG {
-                std::hint::spin_loop();
-            }
-        })
-        .await
-        .unwrap();
-        while !started.load(SeqCst) {
-            time::sleep(Duration::from_millis(1)).await;
-        }
-        // Ring 0 -> 1 now holds one message: full until shard 1's next turn.
-        shard::send_to(1, || async {}).await.unwrap();
+        let release = hold_shard_1_with_a_full_ring().await;
         futures::executor::block_on(async move {
             let mut call: std::pin::Pin<Box<dyn std::future::Future<Output = _>>> =
                 if through_handle {
@@ -166,35 +177,12 @@ fn a_foreign_block_on_filling_the_ring_of_a_parked_shard() {
 /// further wake came.
 #[test]
 fn a_foreign_block_on_of_a_send_to_behind_a_backlog() {
-    use std::sync::atomic::AtomicBool;
     let got = within("foreign block_on, send_to behind a backlog", || {
-        let ex = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .ring_capacity(1)
-            .build()
-            .unwrap();
+        let ex = ring_of_one();
         let h = ex.handle();
         ex.block_on(move || async move {
-            let (started, release) = (
-                Arc::new(AtomicBool::new(false)),
-                Arc::new(AtomicBool::new(false)),
-            );
-            let (s, r) = (started.clone(), release.clone());
-            shard::send_to(1, move || async move {
-                s.store(true, SeqCst);
-                let t0 = Instant::now();
-                while !r.load(SeqCst) && t0.elapsed() < HANG {
-                    std::hint::spin_loop();
-                }
-            })
-            .await
-            .unwrap();
-            while !started.load(SeqCst) {
-                time::sleep(Duration::from_millis(1)).await;
-            }
             // Ring 0 -> 1 full; the handle call's message goes to the backlog.
-            shard::send_to(1, || async {}).await.unwrap();
+            let release = hold_shard_1_with_a_full_ring().await;
             futures::executor::block_on(async move {
                 let call = h.submit_to(1, || async { shard::id() });
                 std::thread::spawn(move || {

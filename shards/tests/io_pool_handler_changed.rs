@@ -25,17 +25,34 @@ fn fifo(tag: &str) -> std::path::PathBuf {
     path
 }
 
+/// A one-shard executor on the epoll driver (whose file operations go to the blocking pool).
+fn epoll_exec() -> Executor {
+    Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .io_driver(DriverChoice::Epoll)
+        .build()
+        .unwrap()
+}
+
+/// Opens the FIFO at `p` for reading and closes it, which lets a writer's blocked `open` end.
+/// Not blocking: a reader's open of a FIFO returns at once with `O_NONBLOCK`.
+fn open_reader(p: &std::path::Path) {
+    drop(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(p)
+            .unwrap(),
+    );
+}
+
 /// One epoll run whose task drops an `open` for writing of a FIFO nobody reads (a pool job
 /// blocked in `open(2)`, cancelled), then lets it end by opening the FIFO for reading (so a
 /// job that was not interrupted ends too, and `run()` returns either way).
 fn dropped_fifo_open(tag: &str) {
     let path = fifo(tag);
-    let ex = Executor::builder()
-        .shards(1)
-        .oversubscribe(true)
-        .io_driver(DriverChoice::Epoll)
-        .build()
-        .unwrap();
+    let ex = epoll_exec();
     let p = path.clone();
     ex.spawn_on(0, move || async move {
         let mut o = OpenOptions::new();
@@ -43,14 +60,7 @@ fn dropped_fifo_open(tag: &str) {
         let open = xtc_shards::time::timeout(Duration::from_millis(50), o.open(&p));
         assert!(open.await.is_err(), "nobody reads the FIFO: the open waits");
         xtc_shards::time::sleep(Duration::from_millis(50)).await;
-        // Not blocking: a reader's open of a FIFO returns at once with O_NONBLOCK.
-        drop(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&p)
-                .unwrap(),
-        );
+        open_reader(&p);
     })
     .unwrap();
     common::run_or_fail(ex, common::HANG, "a dropped FIFO open").unwrap();
@@ -76,12 +86,7 @@ fn dropped_open_lets_its_waker_go(tag: &str) {
         task::{Context, Waker},
     };
     let path = fifo(tag);
-    let ex = Executor::builder()
-        .shards(1)
-        .oversubscribe(true)
-        .io_driver(DriverChoice::Epoll)
-        .build()
-        .unwrap();
+    let ex = epoll_exec();
     let p = path.clone();
     ex.spawn_on(0, move || async move {
         let held = Arc::new(Held);
@@ -110,13 +115,7 @@ fn dropped_open_lets_its_waker_go(tag: &str) {
             1,
             "a dropped open kept its waker while its job went on"
         );
-        drop(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&p)
-                .unwrap(),
-        );
+        open_reader(&p);
     })
     .unwrap();
     common::run_or_fail(ex, common::HANG, "a dropped FIFO open's waker").unwrap();

@@ -2265,31 +2265,6 @@ mod tests {
         }
     }
 
-    /// Counts the events logged at WARN and at DEBUG on the thread it is the default
-    /// subscriber of.
-    struct Levels(std::sync::Arc<[std::sync::atomic::AtomicUsize; 2]>);
-
-    impl tracing::Subscriber for Levels {
-        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-            tracing::span::Id::from_u64(1)
-        }
-        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-        fn event(&self, event: &tracing::Event<'_>) {
-            let i = match *event.metadata().level() {
-                tracing::Level::WARN => 0,
-                tracing::Level::DEBUG => 1,
-                _ => return,
-            };
-            self.0[i].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        fn enter(&self, _: &tracing::span::Id) {}
-        fn exit(&self, _: &tracing::span::Id) {}
-    }
-
     /// A detached send's end is looked at: one that moved fewer bytes than it had to (a short
     /// completion, which kernels before 6.0 may give: they ignore `MSG_WAITALL` on a send)
     /// is a warning, as its rest is lost with nothing left to send it; a failed one a debug
@@ -2297,16 +2272,12 @@ mod tests {
     /// detached send's buffer without a word.
     #[test]
     fn a_detached_send_that_ends_short_is_warned_about() {
-        let counts = std::sync::Arc::new([
-            std::sync::atomic::AtomicUsize::new(0),
-            std::sync::atomic::AtomicUsize::new(0),
-        ]);
-        let seen = counts.clone();
+        let (levels, seen) = crate::test_log::Levels::new();
         let at = move || {
             let c = |i: usize| seen[i].load(std::sync::atomic::Ordering::SeqCst);
             (c(0), c(1))
         };
-        tracing::subscriber::with_default(Levels(counts), || {
+        tracing::subscriber::with_default(levels, || {
             check_detached_send(4096, 4096);
             assert_eq!(at(), (0, 0), "a send that moved all its bytes");
             check_detached_send(0, 0);

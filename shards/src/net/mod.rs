@@ -347,27 +347,6 @@ mod tests {
         }
     }
 
-    /// Counts the warnings logged on the thread it is the default subscriber of.
-    struct Warnings(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-    impl tracing::Subscriber for Warnings {
-        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-            tracing::span::Id::from_u64(1)
-        }
-        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-        fn event(&self, event: &tracing::Event<'_>) {
-            if *event.metadata().level() == tracing::Level::WARN {
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        fn enter(&self, _: &tracing::span::Id) {}
-        fn exit(&self, _: &tracing::span::Id) {}
-    }
-
     /// An accept call that stays at the descriptor limit (no descriptor ever frees up for it)
     /// warns again once its episode is over for the process: a minute after the last warning,
     /// or once another accept found a descriptor free (here `WARNED_AT` cleared, as both
@@ -376,11 +355,10 @@ mod tests {
     /// stayed (the docs promise a warning a minute).
     #[test]
     fn an_accept_that_stays_at_the_limit_warns_again_in_a_new_episode() {
-        let warnings = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let seen = warnings.clone();
-        tracing::subscriber::with_default(Warnings(warnings), || {
+        let (levels, seen) = crate::test_log::Levels::new();
+        tracing::subscriber::with_default(levels, || {
             crate::LocalExecutor::new().unwrap().block_on(async move {
-                let count = || seen.load(std::sync::atomic::Ordering::SeqCst);
+                let count = || seen[0].load(std::sync::atomic::Ordering::SeqCst);
                 let emfile = io::Error::from_raw_os_error(libc::EMFILE);
                 WARNED_AT.store(0, Relaxed);
                 let mut backoff = Backoff::new();

@@ -1,0 +1,40 @@
+//! Unit tests' view of what xtc logs: a `tracing` subscriber that counts events by level, made
+//! the thread's default with `tracing::subscriber::with_default`.
+
+use std::sync::{
+    atomic::{AtomicUsize, Ordering::SeqCst},
+    Arc,
+};
+
+/// Counts the events logged at WARN (`[0]`) and at DEBUG (`[1]`) on the thread it is the
+/// default subscriber of.
+pub(crate) struct Levels(pub(crate) Arc<[AtomicUsize; 2]>);
+
+impl Levels {
+    /// A subscriber and the counts it fills.
+    pub(crate) fn new() -> (Levels, Arc<[AtomicUsize; 2]>) {
+        let counts = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        (Levels(counts.clone()), counts)
+    }
+}
+
+impl tracing::Subscriber for Levels {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let i = match *event.metadata().level() {
+            tracing::Level::WARN => 0,
+            tracing::Level::DEBUG => 1,
+            _ => return,
+        };
+        self.0[i].fetch_add(1, SeqCst);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
