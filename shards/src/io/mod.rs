@@ -51,6 +51,11 @@
 //! like Glommio's and monoio's: their operations are in that loop's reactor. Use them in pinned
 //! tasks (`spawn_local`, `spawn_on`); to hand a connection to another shard, convert it with
 //! `into_std`, send it (`submit_to`), and rebuild it there with `from_std`.
+//!
+//! The loop submits and reaps its operations when it turns: an operation awaited inside a task
+//! by a foreign executor that blocks the loop's thread (`futures::executor::block_on(s.read(..))`)
+//! waits for good, as the loop's own timers do (and tokio's I/O in the same case). Await it in
+//! the task; use `into_std` and `std`'s blocking calls where blocking the loop is meant.
 
 pub(crate) mod blocking;
 mod buf;
