@@ -977,7 +977,7 @@ mod tests {
             .block_on(move || async move {
                 // A migratable task alive (parked on a timer): shard 1 parks with an idle
                 // tick, whose recheck does not look at its victims' queues.
-                let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+                let keeper = keeper_on_shard_0().await;
                 crate::time::sleep(Duration::from_millis(5)).await;
                 let (w, n, p) = (in_window.clone(), nudged.clone(), parks_then.clone());
                 arm((
@@ -1134,7 +1134,7 @@ mod tests {
             .block_on(move || async move {
                 // A migratable task alive: shard 1 ticks, and the child's spawn below sends no
                 // first-spawn ping (which would count as a wake by new work).
-                let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+                let keeper = keeper_on_shard_0().await;
                 crate::time::sleep(Duration::from_millis(5)).await;
                 let window = NudgeWindow::arm(exec_id);
                 window.wait_entered();
@@ -1293,6 +1293,33 @@ mod tests {
         (exec, id)
     }
 
+    /// From a task on shard 0: a migratable task alive and parked on shard 0's timer, so that
+    /// shard 1, owning nothing, parks on an idle tick (steal rule 4). Spawned on shard 0, it
+    /// may be stolen by shard 1 before shard 0 runs it (the spawn pings idle loops; on a loaded
+    /// machine shard 0's thread may wait meanwhile), and on shard 1 its timer made that loop
+    /// park without an idle tick: the tests using it failed now and then under CI's parallel
+    /// tests. Such a keeper is aborted and another spawned.
+    async fn keeper_on_shard_0() -> crate::JoinHandle<()> {
+        use std::sync::{
+            atomic::{AtomicUsize, Ordering::SeqCst},
+            Arc,
+        };
+        for _ in 0..100 {
+            let at = Arc::new(AtomicUsize::new(usize::MAX));
+            let a = at.clone();
+            let keeper = crate::spawn(async move {
+                a.store(crate::shard::id(), SeqCst);
+                crate::time::sleep(std::time::Duration::from_secs(3600)).await;
+            });
+            wait_until(|| at.load(SeqCst) != usize::MAX).await;
+            if at.load(SeqCst) == 0 {
+                return keeper;
+            }
+            keeper.abort();
+        }
+        panic!("every keeper of 100 was stolen by shard 1 before shard 0 ran it");
+    }
+
     /// Sleeps 5 ms at a time until `done()`, or for at most 10 s (a hang guard; the caller's
     /// assertions say what was missed).
     async fn wait_until(done: impl Fn() -> bool) {
@@ -1329,9 +1356,9 @@ mod tests {
             done.clone(),
         );
         exec.block_on(move || async move {
-            // A migratable task alive (parked on a timer): shard 1 parks on an idle tick,
-            // which backoff grows while nothing is found.
-            let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+            // A migratable task alive (parked on shard 0's timer): shard 1 parks on an idle
+            // tick, which backoff grows while nothing is found.
+            let keeper = keeper_on_shard_0().await;
             wait_until(|| h.loop_stats(1).unwrap().parks >= 12).await;
             let hh = h.clone();
             arm((
@@ -1392,7 +1419,7 @@ mod tests {
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
         exec.block_on(move || async move {
-            let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+            let keeper = keeper_on_shard_0().await;
             // 1, 1, 1, 1, 2, 4, 8, 16, 32, 32, ...: well past the cap after 16 parks.
             wait_until(|| h.loop_stats(1).unwrap().parks >= 16).await;
             let seen = Arc::new(AtomicBool::new(false));
@@ -1565,7 +1592,7 @@ mod tests {
             .block_on(move || async move {
                 // A migratable task alive: the child's spawn below raises the live count from
                 // one, which pings nobody (a count rising from zero pings every loop).
-                let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+                let keeper = keeper_on_shard_0().await;
                 crate::time::sleep(Duration::from_millis(5)).await;
                 let hh = h.clone();
                 let seen = crate::shard::submit_to(1, move || async move {
@@ -1632,7 +1659,7 @@ mod tests {
             .block_on(move || async move {
                 // Alive throughout: the spawn below raises the live count from one, which
                 // pings nobody (a count rising from zero pings every loop).
-                let keeper = crate::spawn(crate::time::sleep(Duration::from_secs(3600)));
+                let keeper = keeper_on_shard_0().await;
                 crate::time::sleep(Duration::from_millis(5)).await;
                 let (queued, spun) = (
                     Arc::new(AtomicBool::new(false)),
