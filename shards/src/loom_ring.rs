@@ -261,7 +261,7 @@ impl std::task::Wake for Blocker {
 }
 
 /// Ring rule 3b: a task whose loop's thread is blocked in a foreign executor waits for space
-/// on a full ring (`ring::wait_foreign`): it adds the foreign waker to the pair's list, sets
+/// on a full ring (`ring::join_foreign`): it adds the foreign waker to the pair's list, sets
 /// `want_space` by swap, rechecks, and the thread parks until that waker unparks it; its loop
 /// never turns, so the loop's ping and its waiter list wake nothing. The consumer drains,
 /// swaps the flag back and, if it was set, takes the list and wakes it (`take_foreign`) as

@@ -190,12 +190,9 @@ enum Lifecycle {
     /// result is a new descriptor that nobody will own (closed when it arrives).
     Ignored(#[allow(dead_code)] Box<dyn Any>, bool),
     /// The Op let its operation run on without it (`Op::detach_send`, `Op::detach_closing`;
-    /// rule 4b): its data, kept until the completion, whose result nobody reads but
-    /// [`check_detached_send`], the descriptor of a `CLOSE` (`Op::detach_closing`), closed if
-    /// the operation ends without having run: cancelled (`-ECANCELED`), or never consumed by
-    /// the kernel at the shutdown (rule 5), and the bytes a detached send must move
-    /// (`Op::detach_send`; 0 for others).
-    Detached(#[allow(dead_code)] Box<dyn Any>, Option<RawFd>, u32),
+    /// rule 4b): its data, kept until the completion, and what its end must look at
+    /// ([`Detach`]); nobody reads its result otherwise.
+    Detached(#[allow(dead_code)] Box<dyn Any>, Detach),
     /// Its result, and its place in the order the driver reaped completions (the `completed`
     /// count then, [`Op::completed_at`]).
     Completed(i32, u64),
@@ -206,7 +203,7 @@ enum Lifecycle {
 /// result is a warning (the connection lives on, and its peer gets a stream cut short): Linux
 /// before 6.0 ignores `MSG_WAITALL` on a send and may complete it short, and a signal may cut
 /// one on any kernel. An error (the peer gone, or the expiry's cancel, rule 4b) is a debug
-/// line. Not a send (`want` 0): nothing.
+/// line. Nothing to send (`want` 0): nothing.
 fn check_detached_send(res: i32, want: u32) {
     if want == 0 {
         return;
@@ -226,13 +223,35 @@ fn check_detached_send(res: i32, want: u32) {
     }
 }
 
-/// Closes `fd`, the descriptor of a detached `CLOSE` that ended without having run
-/// ([`Lifecycle::Detached`]): else it stayed open for good, its owner having given it up to
-/// the `CLOSE`.
-fn close_unrun(fd: Option<RawFd>) {
-    if let Some(fd) = fd {
-        // Nobody to tell: a detached close's result goes nowhere.
-        let _ = close_cancelled(fd);
+/// What a detached operation's end must look at ([`Lifecycle::Detached`]).
+#[derive(Debug, Clone, Copy)]
+enum Detach {
+    /// A send that must move this many bytes (from its start offset): fewer is logged
+    /// ([`check_detached_send`]).
+    Send(u32),
+    /// A `CLOSE` of this descriptor, closed here if the operation ends without having run:
+    /// cancelled (`-ECANCELED`), or never consumed by the kernel at the shutdown (rule 5).
+    Close(RawFd),
+}
+
+impl Detach {
+    /// The operation ended cancelled before it ran: a `CLOSE`'s descriptor is closed (else it
+    /// stayed open for good, its owner having given it up to the `CLOSE`); a send's bytes
+    /// are lost, which [`check_detached_send`] logs where the caller calls it.
+    fn cancelled_unrun(self) {
+        if let Detach::Close(fd) = self {
+            // Nobody to tell: a detached close's result goes nowhere.
+            let _ = close_cancelled(fd);
+        }
+    }
+
+    /// The operation's completion with `res`.
+    fn ended(self, res: i32) {
+        match self {
+            Detach::Close(_) if res == -libc::ECANCELED => self.cancelled_unrun(),
+            Detach::Close(_) => {}
+            Detach::Send(want) => check_detached_send(res, want),
+        }
     }
 }
 
@@ -912,13 +931,10 @@ impl Uring {
                             close_orphan(res, is_fd);
                             drop_buffer(data);
                         }
-                        Lifecycle::Detached(data, unrun, want) => {
+                        Lifecycle::Detached(data, tail) => {
                             ops.remove(key);
                             drop(ops);
-                            if res == -libc::ECANCELED {
-                                close_unrun(unrun);
-                            }
-                            check_detached_send(res, want);
+                            tail.ended(res);
                             settled.push(ud);
                             drop_buffer(data);
                         }
@@ -1201,15 +1217,13 @@ impl Uring {
     /// An Op that lets its operation finish unobserved: its data (the buffer) stays with the
     /// driver until the completion, and nothing is cancelled. Submitted now, as in `abandon`:
     /// the caller may close the descriptor next.
-    /// `unrun`: a `CLOSE`'s descriptor, closed if the operation ends without having run.
-    /// `want`: the bytes a detached send must move ([`check_detached_send`]), 0 for others.
-    fn detach(&self, key: usize, data: Box<dyn Any>, unrun: Option<RawFd>, want: u32) {
+    /// `tail`: what its end must look at ([`Detach`]).
+    fn detach(&self, key: usize, data: Box<dyn Any>, tail: Detach) {
         if self.peek_op(key) == Some(-libc::ECANCELED) {
             // Already cancelled: its slot goes in `hand_over`.
-            close_unrun(unrun);
+            tail.cancelled_unrun();
         }
-        let Some(old) = self.hand_over(key, data, false, |d| Lifecycle::Detached(d, unrun, want))
-        else {
+        let Some(old) = self.hand_over(key, data, false, |d| Lifecycle::Detached(d, tail)) else {
             return;
         };
         let ud = self.user_data(key);
@@ -1461,11 +1475,13 @@ impl Uring {
                         ops.remove(key);
                         match old {
                             Lifecycle::Ignored(data, _) => freed.push(data),
-                            Lifecycle::Detached(data, unrun, want) => {
+                            Lifecycle::Detached(data, tail) => {
                                 // A `CLOSE` that never ran; a send that never went out (its
                                 // bytes lost: logged, as a detached send that failed is).
-                                close_unrun(unrun);
-                                unsent.push(want);
+                                tail.cancelled_unrun();
+                                if let Detach::Send(want) = tail {
+                                    unsent.push(want);
+                                }
                                 freed.push(data);
                             }
                             _ => {}
@@ -1588,7 +1604,7 @@ impl<T> Op<T> {
     /// Off its loop (driver gone) the data is dropped, or leaked if that driver recorded the
     /// operation as still in the kernel (`orphan_dropped`).
     pub(crate) fn detach_send(self, bytes: usize) {
-        self.detach_unrun(None, u32::try_from(bytes).unwrap_or(u32::MAX));
+        self.detach_unrun(Detach::Send(u32::try_from(bytes).unwrap_or(u32::MAX)));
     }
 
     /// Detaches (as [`detach_send`](Self::detach_send)) the `CLOSE` of `fd` whose future was
@@ -1597,15 +1613,15 @@ impl<T> Op<T> {
     /// io-wq; or never consumed by the kernel, rule 5), the driver closes `fd`, which
     /// otherwise stayed open for good, nobody holding it any more.
     pub(crate) fn detach_closing(self, fd: RawFd) {
-        self.detach_unrun(Some(fd), 0);
+        self.detach_unrun(Detach::Close(fd));
     }
 
-    fn detach_unrun(mut self, unrun: Option<RawFd>, want: u32) {
+    fn detach_unrun(mut self, tail: Detach) {
         if let Some(data) = self.data.take() {
             let key = self.key;
             let mut data = Some(data);
             let on_driver = with_uring(self.driver, |u| {
-                u.detach(key, Box::new(data.take().expect("taken once")), unrun, want)
+                u.detach(key, Box::new(data.take().expect("taken once")), tail)
             });
             if on_driver.is_none() {
                 // Its driver is gone (rule 5): free what the kernel no longer holds (and
@@ -1613,7 +1629,7 @@ impl<T> Op<T> {
                 if peek_orphan(self.driver, key).flatten().map(|(res, _)| res)
                     == Some(-libc::ECANCELED)
                 {
-                    close_unrun(unrun);
+                    tail.cancelled_unrun();
                 }
                 orphan_dropped(self.driver, key, false, data);
             }

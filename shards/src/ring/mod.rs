@@ -29,7 +29,7 @@
 //!    that waker is woken) cannot count on its loop's turn to end: the wait for ring space of
 //!    its `submit_to`/`send_to`, and a backlog its wake or `Handle::submit_to` left when the
 //!    ring was full, then slept for good. Its waker also joins the pair's foreign list in the
-//!    executor's mesh ([`wait_foreign`]) before `want_space` is announced, and the consumer
+//!    executor's mesh ([`join_foreign`]) before `want_space` is announced, and the consumer
 //!    whose swap finds the flag set takes that list and wakes it, outside its borrows, besides
 //!    pinging the loop: the same two-swap argument covers it.
 //! 4. **Fair draining.** Each turn a loop pops at most [`DRAIN_PER_RING`] messages from each
@@ -472,10 +472,10 @@ fn take_foreign(core: &Core, from: usize, me: usize, out: &mut Vec<Waker>) {
     out.append(&mut lock(core.exec.mesh.foreign(from, me)));
 }
 
-/// Rule 3b, producer side: adds `waker` (once) to the foreign list of ring `me → to`, then
-/// announces (`want_space`) and rechecks. Returns whether the ring has a free slot now. Cost:
-/// a lock, a swap, a waker clone the first time.
-fn wait_foreign(core: &Core, me: usize, to: usize, waker: &Waker) -> bool {
+/// Rule 3b, producer side: adds `waker` (once) to the foreign list of ring `me → to`; the
+/// caller then announces (`want_space`) and rechecks, as for a waiter of its own. Cost: a lock,
+/// a waker clone the first time.
+fn join_foreign(core: &Core, me: usize, to: usize, waker: &Waker) {
     let list = core.exec.mesh.foreign(me, to);
     let known = lock(list).iter().any(|w| w.will_wake(waker));
     if !known {
@@ -492,10 +492,6 @@ fn wait_foreign(core: &Core, me: usize, to: usize, waker: &Waker) -> bool {
         };
         drop(dup);
     }
-    core.exec.mesh.want_space(me, to).swap(true, SeqCst);
-    core.mesh.borrow().out[to]
-        .as_ref()
-        .is_some_and(|p| !p.is_full())
 }
 
 /// Rule 3b for a backlog: a task polled with a foreign `waker` (see `Core::flush_deferred`)
@@ -505,7 +501,7 @@ fn wait_foreign(core: &Core, me: usize, to: usize, waker: &Waker) -> bool {
 pub(crate) fn wait_backlogs_foreign(core: &Core, waker: &Waker) {
     // Each round moves at least one message or ends: bounded by the backlog.
     loop {
-        let (me, blocked) = {
+        let (me, before, blocked) = {
             let m = core.mesh.borrow();
             if m.backlogged == 0 {
                 return;
@@ -513,12 +509,16 @@ pub(crate) fn wait_backlogs_foreign(core: &Core, waker: &Waker) {
             let blocked: Vec<usize> = (0..m.backlog.len())
                 .filter(|&to| !m.backlog[to].is_empty())
                 .collect();
-            (m.me, blocked)
+            (m.me, m.backlogged, blocked)
         };
-        let before = core.mesh.borrow().backlogged;
+        // Rule 3 for each blocked ring, with the foreign waker (3b): join, announce, recheck.
         let mut room = false;
         for to in blocked {
-            room |= wait_foreign(core, me, to, waker);
+            join_foreign(core, me, to, waker);
+            core.exec.mesh.want_space(me, to).swap(true, SeqCst);
+            room |= core.mesh.borrow().out[to]
+                .as_ref()
+                .is_some_and(|p| !p.is_full());
         }
         if !room {
             return;
@@ -808,7 +808,7 @@ impl Future for Reserve {
                 // pushed (a consumer parked on a full ring drains nothing, and so swaps no
                 // flag), and the backlog moves this reserve waits for (it needs the backlog
                 // empty, and the consumer's wake would find it still there).
-                wait_foreign(core, me, to, cx.waker());
+                join_foreign(core, me, to, cx.waker());
                 core.flush_deferred(cx.waker());
             }
             // Rule 3: announce, then recheck.
