@@ -95,6 +95,50 @@ fn dropping_the_handle_detaches() {
     assert_eq!(n.load(SeqCst), 1);
 }
 
+/// A handle polled `Pending` and then dropped gives back the waker it was polled with at once:
+/// the poller is neither kept alive nor woken until the detached task ends (async-task's
+/// detach alone kept the awaiter in the task and woke it at the end).
+#[test]
+fn a_dropped_handle_gives_back_the_waker_it_was_polled_with() {
+    use std::future::Future;
+
+    struct Counted(AtomicUsize);
+    impl std::task::Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    let counted = Arc::new(Counted(AtomicUsize::new(0)));
+    let waker = Waker::from(counted.clone());
+    let ran = Arc::new(AtomicBool::new(false));
+    let ran2 = ran.clone();
+    let counted2 = counted.clone();
+    LocalExecutor::new().unwrap().block_on(async move {
+        let mut h = Box::pin(spawn_local(async move {
+            xtc_shards::time::sleep(Duration::from_millis(20)).await;
+            ran2.store(true, SeqCst);
+        }));
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(h.as_mut().poll(&mut cx).is_pending());
+        drop(waker);
+        // This future's `counted2` and the test's `counted`.
+        let ours = 2;
+        assert!(
+            Arc::strong_count(&counted2) > ours,
+            "the task holds the poller's waker"
+        );
+        drop(h);
+        assert_eq!(
+            Arc::strong_count(&counted2),
+            ours,
+            "the dropped handle gave it back"
+        );
+        xtc_shards::time::sleep(Duration::from_millis(60)).await;
+    });
+    assert!(ran.load(SeqCst), "the detached task ran to its end");
+    assert_eq!(counted.0.load(SeqCst), 0, "its end woke nobody");
+}
+
 /// A pinned task parked on a waker that a plain std::thread fires.
 #[test]
 fn pinned_task_woken_from_a_plain_thread() {
@@ -1000,12 +1044,14 @@ impl std::task::Wake for SetClassWaker {
 }
 
 /// async-task wakes a handle's awaiter after it dropped its own reference to the task; when the
-/// handle is gone already (dropped by the task itself in its last poll, or an aborted handle
-/// dropped before its task was), that frees the task first. The loop still named the freed
+/// handle is gone already (an aborted handle dropped before its task was), that frees the task
+/// first. The loop still named the freed
 /// task as the one being polled while the awaiter, a user's waker, ran: `shard::set_class`
 /// there read and wrote the freed task's class (valgrind: an invalid read 32 bytes inside a
 /// block freed by `RawTask::destroy`). A `JoinHandle`'s foreign waker is not the polled task's
-/// code: it runs with no task current, so `set_class` is refused there.
+/// code: it runs with no task current, so `set_class` is refused there. A live handle dropped
+/// by the task itself in its last poll did the same until a dropped handle took its waker back:
+/// that waker is now not woken at all.
 #[test]
 fn a_join_handle_waker_woken_after_its_task_was_freed_sees_no_current_task() {
     for aborted in [false, true] {
@@ -1045,10 +1091,12 @@ fn a_join_handle_waker_woken_after_its_task_was_freed_sees_no_current_task() {
             let accepted = w.accepted.lock().unwrap().clone();
             accepted
         });
+        // A live handle gives its waker back when dropped: nothing wakes it.
+        let expected = if aborted { vec![false] } else { vec![] };
         assert_eq!(
-            accepted,
-            vec![false],
-            "aborted {aborted}: the waker ran with the freed task as the current one"
+            accepted, expected,
+            "aborted {aborted}: the waker ran with the freed task as the current one, or ran \
+             after its handle was dropped"
         );
     }
 }

@@ -16,7 +16,9 @@ use crate::{sync::Ordering::Relaxed, JoinError};
 ///
 /// Awaiting gives `Ok(value)`, or `Err(JoinError)` if the task panicked (the panic was caught;
 /// its loop went on) or was cancelled (aborted, or dropped because its executor stopped).
-/// Dropping the handle detaches the task: it runs on, its output is discarded. Like most
+/// Dropping the handle detaches the task: it runs on, its output is discarded, and the waker
+/// a `Pending` poll of the handle left with the task is dropped then, not kept (and woken)
+/// until the task ends. Like most
 /// futures it must not be polled after it completed (that panics, as tokio's does: its output
 /// is gone).
 ///
@@ -45,6 +47,9 @@ pub struct JoinHandle<T> {
     /// Left to the drop glue, the emptied state was dropped again by an out-of-line call on
     /// every handle (callgrind: about 16 instructions per handle).
     state: ManuallyDrop<Cell<State<T>>>,
+    /// Whether a poll of the live task returned `Pending`, so that async-task holds a waker of
+    /// the poller's as the task's awaiter: `Drop` takes it back (see `drop_held`).
+    waiting: Cell<bool>,
 }
 
 /// Where a handle is: holding the live task, or aborted (rule 5 of the task protocol). Two
@@ -118,6 +123,7 @@ impl<T> JoinHandle<T> {
         let meta: *const TaskMeta = task.metadata();
         JoinHandle {
             state: ManuallyDrop::new(Cell::new(State::Live(task.fallible(), meta))),
+            waiting: Cell::new(false),
         }
     }
 
@@ -283,6 +289,7 @@ impl<T> JoinHandle<T> {
                 match polled {
                     Poll::Pending => {
                         self.state.set(State::Live(task, meta));
+                        self.waiting.set(true);
                         if guard.is_some() {
                             // Polled for someone other than the task being polled: on a loop
                             // thread maybe a foreign executor that blocks it until woken.
@@ -354,7 +361,19 @@ impl<T> JoinHandle<T> {
         // handle does that); an untaken output is dropped under `Outcome`'s guard. What the
         // state held is dropped here: the field itself is `ManuallyDrop`.
         match self.state.replace(State::Taken) {
-            State::Live(task, _) => task.detach(),
+            State::Live(mut task, _) => {
+                // async-task's detach leaves the awaiter a `Pending` poll registered in the
+                // task until the task ends, and wakes it then: a finished poller's allocation
+                // (its waker holds a reference) stayed alive as long as a long-lived child, and
+                // a live one got a spurious wake. One more poll with a no-op waker puts that in
+                // its place, dropping the poller's (a finished task's output comes back and is
+                // dropped here, as detach would drop it). Cost: one async-task poll, only for a
+                // handle that waited; none for a spawn-and-forget handle.
+                if self.waiting.get() && !task.is_finished() {
+                    let _ = Pin::new(&mut task).poll(&mut Context::from_waker(Waker::noop()));
+                }
+                task.detach()
+            }
             State::Aborted(aborted) => drop(aborted),
             State::Taken => {}
         }
