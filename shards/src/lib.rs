@@ -91,6 +91,8 @@
 //! | `XTC_NUMA_SENSITIVITY` | `0`, `1`, `2` | `1` | HPX levels: who may steal across NUMA nodes |
 //! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |
 //! | `XTC_PREEMPT` | duration (`0`, `1ms`) | `0` | CPU-time preemption tick for `yield_if_due` |
+//! | `XTC_PREEMPT_SIGNAL` | real-time signal (`SIGRTMIN+3`, `RTMIN+3`, `SIGRTMAX-1`, or its number) | `SIGRTMIN+1` | the signal of the preemption tick (see Signals below) |
+//! | `XTC_INTERRUPT_SIGNAL` | real-time signal, as above | `SIGRTMIN+2` | the signal that interrupts a cancelled blocking-pool job; one per process, fixed by the first executor built |
 //! | `XTC_STALL_BUDGET` | duration (`0`, `10ms`) | `0` | stall watchdog budget of every loop |
 //! | `XTC_IO` | `auto`, `io_uring` (or `uring`, `iouring`, `io-uring`), `epoll` | `auto` | I/O driver: auto probes io_uring once and falls back to epoll (see [`io`]); read by every builder unless `Builder::io_driver` is set |
 //! | `XTC_REPLY_SPIN` | duration (`0`, `50us`; at most `1s`) | `50us` | how long a loop whose pinned task awaits a `submit_to` reply from another shard polls before parking: the reply then needs no wake-up of its own |
@@ -101,23 +103,27 @@
 //! xtc installs handlers for two real-time signals, and sends them only to its own threads:
 //! `SIGRTMIN+1`, the CPU-time tick of `XTC_PREEMPT` (only when it is set), and `SIGRTMIN+2`,
 //! which interrupts a blocking-pool thread whose file operation was cancelled (epoll driver).
-//! Neither replaces a handler the program installed itself: with `SIGRTMIN+1` taken, a worker
-//! runs without preemption and logs the error (`XTC_PREEMPT` stays without effect); with
-//! `SIGRTMIN+2` taken, cancelled blocking file operations are not interrupted. Both handlers
+//! A program that uses either number itself picks others for xtc: `XTC_PREEMPT_SIGNAL`
+//! ([`Builder::preempt_signal`], per executor) and `XTC_INTERRUPT_SIGNAL`
+//! ([`Builder::interrupt_signal`], one per process: the blocking pool is), any two distinct
+//! signals from `SIGRTMIN` to `SIGRTMAX`. Neither replaces a handler the program installed
+//! itself: with the tick's signal taken, a worker runs without preemption and logs the error
+//! (`XTC_PREEMPT` stays without effect); with the interrupt's taken, cancelled blocking file
+//! operations are not interrupted. Both handlers
 //! run on the alternate signal stack where a thread has one (`SA_ONSTACK`). Threads
 //! inherit their signal mask from the thread that calls `run()`. A worker unblocks
-//! `SIGRTMIN+1` for itself when it arms its preemption timer (a caller that blocks every
+//! the tick's signal for itself when it arms its preemption timer (a caller that blocks every
 //! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen). Each
-//! blocking-pool thread unblocks `SIGRTMIN+2` for itself when it starts, once xtc's handler is
+//! blocking-pool thread unblocks the interrupt signal for itself when it starts, once xtc's handler is
 //! installed (never at the default action, which ends the process); otherwise a cancelled
-//! blocking file operation on epoll was never interrupted, and its loop waited for it. So a
-//! `SIGRTMIN+1` (with preemption on) or a `SIGRTMIN+2` sent to the whole process may land on a
-//! worker or a pool thread and be swallowed there. That holds for a program that blocks the
+//! blocking file operation on epoll was never interrupted, and its loop waited for it. So the
+//! tick's signal (with preemption on) or the interrupt's, sent to the whole process, may land
+//! on a worker or a pool thread and be swallowed there. That holds for a program that blocks the
 //! signal to take it through `signalfd` or `sigwait` too: blocked at its default action, the
 //! signal looks free to xtc, as does one the program ignores (`SIG_IGN`, which xtc's handler
-//! then replaces). A program that wants these numbers for itself should install its handlers
-//! (any handler, even one that does nothing, if it reads the signal through `signalfd`) before
-//! starting xtc, or pick other signals.
+//! then replaces). A program that wants these numbers for itself should give xtc others (the
+//! two variables above), or install its handlers (any handler, even one that does nothing, if
+//! it reads the signal through `signalfd`) before starting xtc.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -83,7 +83,10 @@ fn rearm(core: &Core, want: u64) {
     if want == 0 || core.exec.is_local() {
         return;
     }
-    match CpuTimer::arm(std::time::Duration::from_nanos(want)) {
+    match CpuTimer::arm(
+        std::time::Duration::from_nanos(want),
+        core.exec.preempt_signal(),
+    ) {
         Ok(t) => *core.preempt_timer.borrow_mut() = Some(t),
         Err(e) => tracing::warn!("xtc: could not arm the preemption timer: {e}"),
     }

@@ -82,42 +82,13 @@ fn set_class_names_a_class_of_another_executor() {
     assert!(msg.contains("another executor"), "{msg}");
 }
 
-/// CPU time the calling thread has used.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a live local of the type clock_gettime fills.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime: {}", std::io::Error::last_os_error());
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// Yields of a task that busy-loops for 80 ms of its thread's CPU time (not wall time: a
-/// descheduled thread gets no ticks), checking `yield_if_due` every 50 µs.
+/// Yields of a task that busy-loops for 80 ms of its thread's CPU time on a 1-shard executor
+/// with preemption `preempt` (see `common::yields_in_busy_loop`).
 fn yields_in_busy_loop(preempt: Duration) -> u64 {
     let ex = Executor::builder().shards(1).build().unwrap();
     ex.set_preempt(preempt).unwrap();
     assert_eq!(ex.preempt(), preempt);
-    let h = ex
-        .spawn_on(0, || async {
-            let mut yields = 0;
-            let start = thread_cpu_time();
-            while thread_cpu_time() - start < Duration::from_millis(80) {
-                burn(Duration::from_micros(50));
-                // Pending on the first poll means it really yielded.
-                let mut f = yield_if_due();
-                if futures::poll!(&mut f).is_pending() {
-                    yields += 1;
-                    f.await;
-                }
-            }
-            yields
-        })
-        .unwrap();
-    ex.run().unwrap();
-    futures::executor::block_on(h).unwrap()
+    common::yields_in_busy_loop(ex)
 }
 
 #[test]

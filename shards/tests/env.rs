@@ -25,6 +25,8 @@ fn env_variables() {
             "XTC_MIN_TASKS_TO_STEAL",
             "XTC_PREEMPT",
             "XTC_STALL_BUDGET",
+            "XTC_PREEMPT_SIGNAL",
+            "XTC_INTERRUPT_SIGNAL",
         ] {
             std::env::remove_var(v);
         }
@@ -104,6 +106,12 @@ fn env_variables() {
         ("XTC_DEADLOCK_GRACE", "  "),
         ("XTC_SPIN_BEFORE_PARK", " "),
         ("XTC_IO", "  "),
+        // Not a real-time signal a program may use, or no signal at all.
+        ("XTC_PREEMPT_SIGNAL", "SIGUSR1"),
+        ("XTC_PREEMPT_SIGNAL", "SIGRTMIN+999"),
+        ("XTC_PREEMPT_SIGNAL", "9"),
+        ("XTC_PREEMPT_SIGNAL", " "),
+        ("XTC_INTERRUPT_SIGNAL", "SIGRTMIN+x"),
     ] {
         let old = std::env::var(var).ok();
         std::env::set_var(var, bad);
@@ -234,5 +242,36 @@ fn env_variables() {
     let e = Builder::from_env().unwrap().build().unwrap_err();
     assert!(matches!(e, Error::EnvPlacement { .. }), "{e:?}");
     assert!(!e.to_string().contains("XTC_RING_CAPACITY"), "{e}");
+
+    // The signals xtc uses, in the forms a program writes them.
+    clear();
+    std::env::set_var("XTC_SHARDS", "1");
+    std::env::set_var("XTC_PREEMPT_SIGNAL", "SIGRTMIN+4");
+    let ex = Builder::from_env().unwrap().build().unwrap();
+    assert_eq!(ex.preempt_signal(), libc::SIGRTMIN() + 4);
+    std::env::set_var("XTC_PREEMPT_SIGNAL", (libc::SIGRTMAX() - 1).to_string());
+    let ex = Builder::from_env().unwrap().build().unwrap();
+    assert_eq!(ex.preempt_signal(), libc::SIGRTMAX() - 1);
+    // The pool's interrupt signal is one per process, and the executors built above fixed
+    // the default: asking for the same is fine, for another an error naming the one in use.
+    assert_eq!(ex.interrupt_signal(), libc::SIGRTMIN() + 2);
+    std::env::set_var("XTC_INTERRUPT_SIGNAL", "rtmin+2");
+    Builder::from_env().unwrap().build().unwrap();
+    std::env::set_var("XTC_INTERRUPT_SIGNAL", "SIGRTMIN+5");
+    let e = Builder::from_env().unwrap().build().unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("SIGRTMIN+2"), "{e}");
+    std::env::remove_var("XTC_INTERRUPT_SIGNAL");
+    // The tick and the interrupt cannot share a signal.
+    std::env::set_var("XTC_PREEMPT_SIGNAL", "SIGRTMIN+2");
+    let e = Builder::from_env().unwrap().build().unwrap_err();
+    assert!(e.to_string().contains("interrupt signal"), "{e}");
+    // A setter's value outside the real-time range is refused by build().
+    let e = Builder::new()
+        .shards(1)
+        .preempt_signal(libc::SIGUSR1)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("SIGRTMIN"), "{e}");
     clear();
 }

@@ -61,6 +61,10 @@ pub struct Builder {
     pub(crate) numa_sensitivity: u8,
     pub(crate) min_tasks_to_steal: usize,
     pub(crate) preempt: Duration,
+    /// `None`: `SIGRTMIN+1`.
+    pub(crate) preempt_signal: Option<i32>,
+    /// `None`: the one the process has, `SIGRTMIN+2` unless an earlier build fixed another.
+    pub(crate) interrupt_signal: Option<i32>,
     pub(crate) stall_budget: Duration,
     /// `None`: `XTC_IO` if set, else auto.
     pub(crate) io_driver: Option<crate::io::DriverChoice>,
@@ -90,6 +94,8 @@ impl Default for Builder {
             numa_sensitivity: xtc_numa::DEFAULT_NUMA_SENSITIVITY,
             min_tasks_to_steal: 0,
             preempt: Duration::ZERO,
+            preempt_signal: None,
+            interrupt_signal: None,
             stall_budget: Duration::ZERO,
             io_driver: None,
             placement_env: Vec::new(),
@@ -196,6 +202,19 @@ impl Builder {
                 expected: "a whole number with unit ns, us, ms or s, such as 0 (off), 1ms, \
                            500us (a bare number is milliseconds)",
             })?;
+        }
+        for (name, slot) in [
+            ("XTC_PREEMPT_SIGNAL", &mut self.preempt_signal),
+            ("XTC_INTERRUPT_SIGNAL", &mut self.interrupt_signal),
+        ] {
+            if let Some(v) = var(name) {
+                *slot = Some(crate::sys::parse_rt_signal(&v).ok_or_else(|| Error::Env {
+                    var: name,
+                    value: v.clone(),
+                    expected: "a real-time signal: SIGRTMIN+N or SIGRTMAX-N (RTMIN+N also \
+                               works), or its number, from SIGRTMIN to SIGRTMAX",
+                })?);
+            }
         }
         if let Some(v) = var("XTC_STALL_BUDGET") {
             self.stall_budget = parse_duration(&v).ok_or_else(|| Error::Env {
@@ -331,6 +350,33 @@ impl Builder {
     /// Initial preemption interval (see `Handle::set_preempt`; default 0, off).
     pub fn preempt(mut self, interval: Duration) -> Builder {
         self.preempt = interval;
+        self
+    }
+
+    /// The real-time signal of the loops' CPU-time preemption timers (default `SIGRTMIN+1`,
+    /// `libc::SIGRTMIN() + 1`; `XTC_PREEMPT_SIGNAL`). xtc installs its handler on it when a
+    /// loop arms its timer (never over a handler the program installed), unblocks it on the
+    /// worker threads, and sends it only to them; a signal sent to the whole process may land
+    /// on a worker and be taken there, so a program that uses `SIGRTMIN+1` itself (through a
+    /// handler, `signalfd` or `sigwait`) gives xtc another one here. `build()` refuses a
+    /// signal outside `SIGRTMIN ..= SIGRTMAX`, or the blocking pool's interrupt signal (see
+    /// [`interrupt_signal`](Self::interrupt_signal)). Cost: none until preemption is on.
+    pub fn preempt_signal(mut self, signal: i32) -> Builder {
+        self.preempt_signal = Some(signal);
+        self
+    }
+
+    /// The real-time signal that interrupts a blocking-pool thread whose file operation was
+    /// cancelled (epoll driver; default `SIGRTMIN+2`; `XTC_INTERRUPT_SIGNAL`). The pool is one
+    /// per process, and so is this signal: the first executor built fixes it (as does the
+    /// pool's first use, by a [`LocalExecutor`](crate::LocalExecutor) say, at the default), and
+    /// `build()` refuses a later builder that asks for another (an `Err` naming the one in
+    /// use), a signal outside `SIGRTMIN ..= SIGRTMAX`, or the preemption signal. The same
+    /// rules as [`preempt_signal`](Self::preempt_signal) otherwise: xtc's handler goes only
+    /// where the program has none, and a signal sent to the whole process may be taken by a
+    /// pool thread. Cost: none.
+    pub fn interrupt_signal(mut self, signal: i32) -> Builder {
+        self.interrupt_signal = Some(signal);
         self
     }
 

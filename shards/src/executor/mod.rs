@@ -32,6 +32,8 @@ pub(crate) struct Config {
     pub(crate) numa_sensitivity: u8,
     pub(crate) min_tasks_to_steal: usize,
     pub(crate) preempt: Duration,
+    /// The real-time signal of the loops' CPU-time timers.
+    pub(crate) preempt_signal: libc::c_int,
     pub(crate) stall_budget: Duration,
     pub(crate) io_driver: crate::io::Driver,
     /// A [`LocalExecutor`](crate::LocalExecutor)'s: stop requests do nothing
@@ -55,6 +57,7 @@ impl Default for Config {
             numa_sensitivity: xtc_numa::DEFAULT_NUMA_SENSITIVITY,
             min_tasks_to_steal: 0,
             preempt: Duration::ZERO,
+            preempt_signal: crate::sys::cputimer::default_signal(),
             stall_budget: Duration::ZERO,
             local: false,
         }
@@ -138,6 +141,8 @@ pub(crate) struct ExecShared {
     numa_sensitivity: AtomicU32,
     min_tasks_to_steal: AtomicU64,
     preempt_ns: AtomicU64,
+    /// The real-time signal the loops' CPU-time timers deliver (`Builder::preempt_signal`).
+    preempt_signal: libc::c_int,
     /// The driver every loop of this executor creates (a loop whose io_uring setup fails falls
     /// back to epoll on its own, logged, and says so in its `LoopStats`).
     pub(crate) io_driver: crate::io::Driver,
@@ -203,6 +208,7 @@ impl ExecShared {
             numa_sensitivity: AtomicU32::new(config.numa_sensitivity as u32),
             min_tasks_to_steal: AtomicU64::new(config.min_tasks_to_steal as u64),
             preempt_ns: AtomicU64::new(duration_ns(config.preempt)),
+            preempt_signal: config.preempt_signal,
             io_driver: config.io_driver,
             local: config.local,
         })
@@ -300,6 +306,11 @@ impl ExecShared {
     /// The preemption interval in ns (0: off), as last set (`Handle::set_preempt`).
     pub(crate) fn preempt_ns(&self) -> u64 {
         self.preempt_ns.load(Relaxed)
+    }
+
+    /// The signal of the loops' CPU-time timers.
+    pub(crate) fn preempt_signal(&self) -> libc::c_int {
+        self.preempt_signal
     }
 
     /// Whether this is a [`LocalExecutor`](crate::LocalExecutor)'s (it arms no CPU timer).
@@ -470,6 +481,19 @@ impl Executor {
                 crate::ring::MAX_RING_CAPACITY
             )));
         }
+        let preempt_signal = match b.preempt_signal {
+            Some(sig) => crate::sys::check_rt_signal("preempt_signal", sig)?,
+            None => crate::sys::cputimer::default_signal(),
+        };
+        let interrupt_signal = crate::io::blocking::fix_interrupt_signal(b.interrupt_signal)?;
+        if preempt_signal == interrupt_signal {
+            let name = crate::sys::signal_name(preempt_signal);
+            return Err(Error::InvalidArgument(format!(
+                "preempt_signal {name} is also the blocking pool's interrupt signal: give \
+                 each its own (XTC_PREEMPT_SIGNAL / Builder::preempt_signal, \
+                 XTC_INTERRUPT_SIGNAL / Builder::interrupt_signal)"
+            )));
+        }
         if b.spin_before_park > MAX_SPIN_BEFORE_PARK {
             return Err(Error::InvalidArgument(format!(
                 "spin_before_park {:?} is longer than {:?} (MAX_SPIN_BEFORE_PARK): a spinning \
@@ -542,6 +566,7 @@ impl Executor {
                 numa_sensitivity: b.numa_sensitivity,
                 min_tasks_to_steal: b.min_tasks_to_steal,
                 preempt: b.preempt,
+                preempt_signal,
                 stall_budget: b.stall_budget,
                 io_driver: builder::resolve_io(b.io_driver)?,
                 local: false,
@@ -1577,6 +1602,18 @@ impl Handle {
                 "per-thread CPU-time timers (timer_create with CLOCK_THREAD_CPUTIME_ID)",
             ))
         }
+    }
+
+    /// The real-time signal of the loops' preemption timers ([`Builder::preempt_signal`];
+    /// `SIGRTMIN+1` unless set). Cost: a field read.
+    pub fn preempt_signal(&self) -> i32 {
+        self.shared.preempt_signal()
+    }
+
+    /// The real-time signal that interrupts the blocking pool's cancelled jobs, one per process
+    /// ([`Builder::interrupt_signal`]; `SIGRTMIN+2` unless set). Cost: an atomic load.
+    pub fn interrupt_signal(&self) -> i32 {
+        crate::io::blocking::interrupt_signal()
     }
 
     /// The preemption interval (zero: off). Cost: an atomic load.

@@ -134,10 +134,35 @@ struct CtlState {
     calling: bool,
 }
 
-/// The signal that interrupts a cancelled job's blocking call: the third real-time signal
-/// glibc leaves to applications (`sys/cputimer.rs` uses the second).
-fn interrupt_signal() -> libc::c_int {
-    libc::SIGRTMIN() + 2
+/// The signal that interrupts a cancelled job's blocking call, one per process as the pool
+/// is: fixed by the first executor built (`Builder::interrupt_signal`, `XTC_INTERRUPT_SIGNAL`)
+/// or the pool's first use, by default the third real-time signal glibc leaves to
+/// applications (`sys/cputimer.rs` uses the second). Cost: one load once fixed.
+pub(crate) fn interrupt_signal() -> libc::c_int {
+    *INTERRUPT_SIGNAL.get_or_init(|| libc::SIGRTMIN() + 2)
+}
+
+static INTERRUPT_SIGNAL: OnceLock<libc::c_int> = OnceLock::new();
+
+/// Fixes the process's interrupt signal to `wanted` (`None`: keeps the one fixed, or the
+/// default) and returns it; `Err` if `wanted` is no real-time signal, or another one is fixed
+/// already.
+pub(crate) fn fix_interrupt_signal(wanted: Option<libc::c_int>) -> crate::Result<libc::c_int> {
+    let Some(sig) = wanted else {
+        return Ok(interrupt_signal());
+    };
+    let sig = crate::sys::check_rt_signal("interrupt_signal", sig)?;
+    let fixed = *INTERRUPT_SIGNAL.get_or_init(|| sig);
+    if fixed != sig {
+        return Err(crate::Error::InvalidArgument(format!(
+            "interrupt_signal {} asked for, but this process's blocking pool interrupts with \
+             {} already (fixed by the first executor built, or the pool's first use): the \
+             signal is one per process; ask for the same one, or set it on the first builder",
+            crate::sys::signal_name(sig),
+            crate::sys::signal_name(fixed)
+        )));
+    }
+    Ok(sig)
 }
 
 extern "C" fn on_interrupt(_sig: libc::c_int) {
@@ -148,13 +173,15 @@ extern "C" fn on_interrupt(_sig: libc::c_int) {
 fn install_interrupt_handler() -> io::Result<()> {
     // No `SA_RESTART`, so the interrupted call returns `EINTR`. Only pool threads are ever
     // sent this signal.
+    let sig = interrupt_signal();
     crate::sys::install_signal_handler(
-        interrupt_signal(),
-        "SIGRTMIN+2",
+        sig,
+        &crate::sys::signal_name(sig),
         on_interrupt,
         0,
-        "a dropped file operation that blocks on the epoll driver is not interrupted (move \
-         the program's handler to another signal to get that back)",
+        "a dropped file operation that blocks on the epoll driver is not interrupted (give \
+         xtc another signal with XTC_INTERRUPT_SIGNAL or Builder::interrupt_signal to get \
+         that back)",
     )
 }
 

@@ -3,8 +3,9 @@
 
 use std::{io, time::Duration};
 
-/// The signal the timers use: the second real-time signal glibc leaves to applications.
-fn signal() -> libc::c_int {
+/// The signal the timers use unless the program picks another (`Builder::preempt_signal`,
+/// `XTC_PREEMPT_SIGNAL`): the second real-time signal glibc leaves to applications.
+pub(crate) fn default_signal() -> libc::c_int {
     libc::SIGRTMIN() + 1
 }
 
@@ -28,14 +29,14 @@ extern "C" fn on_tick(_sig: libc::c_int) {
 /// its own attempt, so no timer is armed after a refused `sigaction` (its signal would still
 /// have the default action). A handler the program installed itself is kept, and preemption is
 /// refused with an error saying so. Cost: two `sigaction` calls per arm.
-fn install_handler() -> io::Result<()> {
+fn install_handler(sig: libc::c_int) -> io::Result<()> {
     super::install_signal_handler(
-        signal(),
-        "SIGRTMIN+1",
+        sig,
+        &super::signal_name(sig),
         on_tick,
         libc::SA_RESTART,
-        "leave XTC_PREEMPT (Builder::preempt) at 0, or move the program's handler to \
-         another signal",
+        "give xtc's tick another real-time signal (XTC_PREEMPT_SIGNAL, \
+         Builder::preempt_signal), or leave XTC_PREEMPT (Builder::preempt) at 0",
     )
 }
 
@@ -46,14 +47,15 @@ pub(crate) struct CpuTimer {
 }
 
 impl CpuTimer {
-    /// Arms a timer that fires every `interval` of this thread's CPU time.
-    pub(crate) fn arm(interval: Duration) -> io::Result<CpuTimer> {
-        install_handler()?;
+    /// Arms a timer that fires every `interval` of this thread's CPU time, delivering `sig`
+    /// (a real-time signal) to this thread.
+    pub(crate) fn arm(interval: Duration, sig: libc::c_int) -> io::Result<CpuTimer> {
+        install_handler(sig)?;
         // A worker inherits the signal mask of the thread that called `run()`; a program that
         // takes its signals with `sigwait` or `signalfd` blocks them all first, and then the
         // tick stayed pending for good and preemption was silently off. Unblocked on this
         // thread only (the signal targets it alone).
-        super::unblock_signal(signal())?;
+        super::unblock_signal(sig)?;
         // The thread-local's first touch happens here, not in the handler, and a stale tick
         // from an earlier timer on this thread is cleared.
         DUE.with(|d| d.store(false, std::sync::atomic::Ordering::Relaxed));
@@ -61,7 +63,7 @@ impl CpuTimer {
         // SIGEV_THREAD_ID (signal number, target thread).
         let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
         sev.sigev_notify = libc::SIGEV_THREAD_ID;
-        sev.sigev_signo = signal();
+        sev.sigev_signo = sig;
         // SAFETY: gettid has no preconditions.
         sev.sigev_notify_thread_id = unsafe { libc::gettid() };
         let mut id: libc::timer_t = std::ptr::null_mut();

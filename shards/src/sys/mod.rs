@@ -7,6 +7,74 @@ mod eventfd;
 #[cfg_attr(loom, allow(unused_imports))]
 pub(crate) use eventfd::EventFd;
 
+/// The real-time signals a program may give xtc for its own use: glibc's `SIGRTMIN ..=
+/// SIGRTMAX` (glibc keeps the kernel's first two or three for its threads).
+pub(crate) fn rt_signals() -> std::ops::RangeInclusive<libc::c_int> {
+    libc::SIGRTMIN()..=libc::SIGRTMAX()
+}
+
+/// `sig` as the program would write it: `SIGRTMIN+3` for a real-time signal, else its number.
+pub(crate) fn signal_name(sig: libc::c_int) -> String {
+    if rt_signals().contains(&sig) {
+        match sig - libc::SIGRTMIN() {
+            0 => "SIGRTMIN".to_string(),
+            k => format!("SIGRTMIN+{k}"),
+        }
+    } else {
+        format!("signal {sig}")
+    }
+}
+
+/// A real-time signal from text: `SIGRTMIN+3`, `RTMIN+3`, `SIGRTMIN`, `SIGRTMAX-2` (any case,
+/// spaces ignored) or the signal's number. `None` for anything else or a number outside
+/// [`rt_signals`].
+pub(crate) fn parse_rt_signal(text: &str) -> Option<libc::c_int> {
+    let t: String = text
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect::<String>()
+        .to_ascii_uppercase();
+    let t = t.strip_prefix("SIG").unwrap_or(&t);
+    let sig = if let Some(rest) = t.strip_prefix("RTMIN") {
+        libc::SIGRTMIN().checked_add(offset(rest)?)?
+    } else if let Some(rest) = t.strip_prefix("RTMAX") {
+        libc::SIGRTMAX().checked_add(offset(rest)?)?
+    } else {
+        t.parse().ok()?
+    };
+    rt_signals().contains(&sig).then_some(sig)
+}
+
+/// `+3` → 3, `-2` → -2, `` → 0.
+fn offset(rest: &str) -> Option<libc::c_int> {
+    if rest.is_empty() {
+        return Some(0);
+    }
+    let (sign, digits) = match rest.as_bytes()[0] {
+        b'+' => (1, &rest[1..]),
+        b'-' => (-1, &rest[1..]),
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<libc::c_int>().ok().map(|k| sign * k)
+}
+
+/// `Ok(sig)` if `sig` is a real-time signal a program may give xtc, else an `InvalidArgument`
+/// naming the builder setting `what` and the range to pick from.
+pub(crate) fn check_rt_signal(what: &str, sig: libc::c_int) -> crate::Result<libc::c_int> {
+    if rt_signals().contains(&sig) {
+        return Ok(sig);
+    }
+    Err(crate::Error::InvalidArgument(format!(
+        "{what} {sig} is not a real-time signal this program may use: pick one from SIGRTMIN \
+         ({}) to SIGRTMAX ({}), such as SIGRTMIN+3 (libc::SIGRTMIN() + 3)",
+        libc::SIGRTMIN(),
+        libc::SIGRTMAX()
+    )))
+}
+
 /// Installs `handler` for signal `sig` (named `name` in errors) with `SA_ONSTACK` and `flags`,
 /// unless the program already installed a handler of its own there: then `Err`
 /// (`AlreadyExists`) naming the signal and `what_to_do`, and the program's handler stays (it
@@ -135,4 +203,39 @@ pub(crate) fn thread_stack() -> Option<(usize, usize)> {
 pub(crate) fn stack_here() -> usize {
     let marker = 0u8;
     std::hint::black_box(&marker) as *const u8 as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_rt_signal, signal_name};
+
+    #[test]
+    fn real_time_signals_parse_in_the_forms_programs_write() {
+        let min = libc::SIGRTMIN();
+        let max = libc::SIGRTMAX();
+        for (text, want) in [
+            ("SIGRTMIN+3", Some(min + 3)),
+            ("sigrtmin + 3", Some(min + 3)),
+            ("RTMIN+1", Some(min + 1)),
+            ("SIGRTMIN", Some(min)),
+            ("SIGRTMAX-2", Some(max - 2)),
+            ("rtmax", Some(max)),
+            (&(min + 5).to_string(), Some(min + 5)),
+            // Outside the range a program may use, or not a signal at all.
+            ("SIGRTMIN-1", None),
+            ("SIGRTMAX+1", None),
+            ("10", None),
+            ("SIGUSR1", None),
+            ("SIGRTMIN+", None),
+            ("SIGRTMIN+-3", None),
+            ("SIGRTMIN+99999999999", None),
+            ("", None),
+        ] {
+            assert_eq!(parse_rt_signal(text), want, "{text:?}");
+        }
+        assert_eq!(signal_name(min + 3), "SIGRTMIN+3");
+        assert_eq!(signal_name(min), "SIGRTMIN");
+        assert_eq!(signal_name(10), "signal 10");
+        assert_eq!(parse_rt_signal(&signal_name(max)), Some(max));
+    }
 }

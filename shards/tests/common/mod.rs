@@ -506,3 +506,39 @@ pub async fn turns_during(what: &str, n: usize, mut call: impl AsyncFnMut(usize)
          due timer fired at call {ticked_at:?}"
     );
 }
+
+/// CPU time the calling thread has used.
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live local of the type clock_gettime fills.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime: {}", std::io::Error::last_os_error());
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Yields of a task on shard 0 of `ex` that busy-loops for 80 ms of its thread's CPU time
+/// (not wall time: a descheduled thread gets no ticks), checking `yield_if_due` every 50 µs;
+/// runs `ex` to its end.
+pub fn yields_in_busy_loop(ex: Executor) -> u64 {
+    let h = ex
+        .spawn_on(0, || async {
+            let mut yields = 0;
+            let start = thread_cpu_time();
+            while thread_cpu_time() - start < Duration::from_millis(80) {
+                burn(Duration::from_micros(50));
+                // Pending on the first poll means it really yielded.
+                let mut f = xtc_shards::yield_if_due();
+                if futures::poll!(&mut f).is_pending() {
+                    yields += 1;
+                    f.await;
+                }
+            }
+            yields
+        })
+        .unwrap();
+    ex.run().unwrap();
+    futures::executor::block_on(h).unwrap()
+}

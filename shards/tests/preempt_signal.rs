@@ -1,0 +1,68 @@
+//! A program that uses `SIGRTMIN+1` itself gives xtc's preemption tick another signal
+//! (`Builder::preempt_signal`): preemption works, and the program's own handler keeps its
+//! signal and gets no tick. Its own test binary: signal handlers are process-wide.
+//!
+//! Before the setting existed, such a program could only run without preemption (xtc keeps a
+//! handler the program installed, `preempt_foreign_handler.rs`), or lose its process-directed
+//! `SIGRTMIN+1`s to the workers, which unblock the tick's signal.
+
+mod common;
+
+use std::{
+    sync::atomic::{AtomicUsize, Ordering::SeqCst},
+    time::Duration,
+};
+
+use xtc_shards::Executor;
+
+static MINE: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn mine(_sig: libc::c_int) {
+    MINE.fetch_add(1, SeqCst);
+}
+
+/// The handler now installed for `sig`.
+fn handler_of(sig: libc::c_int) -> usize {
+    // SAFETY: `old` is writable storage for one sigaction; a null new action only reads.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
+        old.sa_sigaction
+    }
+}
+
+#[test]
+fn preemption_on_a_signal_the_program_picked() {
+    let program = libc::SIGRTMIN() + 1;
+    let tick = libc::SIGRTMIN() + 3;
+    // SAFETY: a zeroed sigaction is valid; `mine` is async-signal-safe (one atomic add).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = mine as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(program, &sa, std::ptr::null_mut()), 0);
+    }
+    assert_eq!(handler_of(tick), libc::SIG_DFL);
+    let ex = Executor::builder()
+        .shards(1)
+        .preempt(Duration::from_millis(1))
+        .preempt_signal(tick)
+        .build()
+        .unwrap();
+    assert_eq!(ex.preempt_signal(), tick);
+    let yields = common::yields_in_busy_loop(ex);
+    assert!(
+        yields >= 3,
+        "preempt 1 ms on SIGRTMIN+3 over 80 ms of CPU: {yields} yields"
+    );
+    assert_ne!(handler_of(tick), libc::SIG_DFL, "xtc's tick handler");
+    assert_eq!(
+        handler_of(program),
+        mine as extern "C" fn(libc::c_int) as usize,
+        "the program's SIGRTMIN+1 handler was replaced"
+    );
+    assert_eq!(MINE.load(SeqCst), 0, "a tick reached the program's handler");
+    // SAFETY: raising a signal whose handler is `mine` runs one atomic add on this thread.
+    assert_eq!(unsafe { libc::raise(program) }, 0);
+    assert_eq!(MINE.load(SeqCst), 1);
+}
