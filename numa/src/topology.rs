@@ -264,7 +264,8 @@ impl Topology {
     /// counts multiply to a multiple of 2^64, on which hwloc aborts the process too: list the
     /// indexes (`indexes=0,2,1,3`) or give `step*count` loops (`indexes=2*2:1*2`).
     /// [`Error::Hwloc`] as well for a PU level whose `indexes=` list names an OS index twice
-    /// (`pu:2(indexes=0,0)`), of which hwloc silently built fewer PUs than described.
+    /// (`pu:2(indexes=0,0)`), of which hwloc silently built fewer PUs than described, or whose
+    /// list is not one index per PU (`pack:2 pu:2(indexes=1,0)`), which hwloc silently ignored.
     pub fn synthetic(desc: &str) -> Result<Topology> {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
@@ -351,6 +352,22 @@ impl Topology {
                 ),
                 "give every PU its own OS index, e.g. indexes=0,2,1,3",
             ));
+        }
+        // hwloc takes an explicit list only with one index per PU, and silently ignores one of
+        // another length: the machine came out numbered 0, 1, 2, ... instead.
+        if let Some(listed) = pu_attrs.and_then(listed_indexes) {
+            if listed != objects {
+                return Err(Error::hwloc(
+                    &what,
+                    format!(
+                        "its PU level's indexes= list has {listed} entries for {objects} PUs; \
+                         hwloc would ignore it and number the PUs 0 to {} instead",
+                        objects.saturating_sub(1)
+                    ),
+                    "give one OS index per PU of the whole machine, e.g. \
+                     \"core:2 pu:2(indexes=0,2,1,3)\"",
+                ));
+            }
         }
         // hwloc asserts on (and so aborts the process for) some interleaved index patterns.
         if let Some(indexes) = synthetic_unsafe_interleave(desc) {
@@ -1083,6 +1100,17 @@ fn repeated_index(attrs: &str) -> Option<u128> {
         .flat_map(|list| list.split(','))
         .filter_map(|n| strtoul_prefix(n, 10).map(|(n, _)| n))
         .find(|&n| !seen.insert(n))
+}
+
+/// How many OS indexes an explicit `indexes=a,b,...` list in the attribute block `attrs`
+/// names (read as [`synthetic_max_index`] reads such a list); `None` without such a list.
+fn listed_indexes(attrs: &str) -> Option<u128> {
+    attrs
+        .split("indexes=")
+        .skip(1)
+        .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
+        .find(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
+        .map(|list| list.split(',').count() as u128)
 }
 
 /// Whether hwloc reads the object type at the start of `s` as a memory-side cache

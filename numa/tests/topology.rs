@@ -545,6 +545,31 @@ fn an_index_interleaving_hwloc_aborts_on_is_an_error() {
     assert!(Topology::synthetic("pu:4(indexes=1*2:2*2)").is_ok());
 }
 
+/// A PU level whose `indexes=` list is not one index per PU is an `Err`: hwloc ignored such a
+/// list without a word and numbered the PUs 0, 1, 2, ... (`pack:2 core:2 pu:2(indexes=3,2)`
+/// came out as PUs 0 to 7; `pu:2(indexes=0,1,2)` as 0 and 1). From a review.
+#[test]
+fn a_pu_index_list_of_the_wrong_length_is_an_error() {
+    for (desc, listed, pus) in [
+        ("pack:2 core:2 pu:2(indexes=3,2)", 2, 8),
+        ("pu:2(indexes=0,1,2)", 3, 2),
+        ("pack:2 pu:2(indexes=3,2,1) [numa]", 3, 4),
+    ] {
+        match Topology::synthetic(desc) {
+            Err(e @ Error::Hwloc { .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(&format!("has {listed} entries for {pus} PUs")),
+                    "{desc}: {msg}"
+                );
+            }
+            other => panic!("{desc}: expected Err(Hwloc), got {other:?}"),
+        }
+    }
+    let t = Topology::synthetic("pack:2 core:2 pu:2(indexes=7,6,5,4,3,2,1,0)").unwrap();
+    assert_eq!(t.pus().len(), 8);
+}
+
 /// A synthetic description whose PU level lists an OS index twice is an `Err`: hwloc merged
 /// those PUs into one and built a smaller machine than described (`pu:2(indexes=0,0)` had one
 /// PU, `pack:2 pu:2(indexes=0,1,0,1)` one package), or printed a banner about invalid
