@@ -9,7 +9,7 @@
 //! disposition reset to the default made the next cancel end the process.
 
 mod common;
-use common::signals::{handler_of, mine, set_handler, MINE};
+use common::signals::{handler_of, mine_addr, set_handler, MINE};
 
 use std::{os::unix::fs::OpenOptionsExt, sync::atomic::Ordering::SeqCst, time::Duration};
 
@@ -130,15 +130,12 @@ fn interrupts_follow_the_programs_later_changes_to_the_signal() {
 
     // The program takes the signal for itself afterwards: xtc must not signal into its
     // handler.
-    set_handler(
-        sig,
-        mine as extern "C" fn(libc::c_int) as libc::sighandler_t,
-    );
+    set_handler(sig, mine_addr());
     dropped_fifo_open("theirs");
     dropped_open_lets_its_waker_go("theirs-waker");
     assert_eq!(
         handler_of(sig),
-        mine as extern "C" fn(libc::c_int) as usize,
+        mine_addr(),
         "the program's SIGRTMIN+2 handler was replaced"
     );
     assert_eq!(

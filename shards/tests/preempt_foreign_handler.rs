@@ -7,39 +7,15 @@
 
 mod common;
 
-use std::{
-    sync::atomic::{AtomicUsize, Ordering::SeqCst},
-    time::Duration,
-};
+use std::{sync::atomic::Ordering::SeqCst, time::Duration};
 
+use common::signals::{handler_of, install_mine, mine_addr, MINE};
 use xtc_shards::Executor;
-
-static MINE: AtomicUsize = AtomicUsize::new(0);
-
-extern "C" fn mine(_sig: libc::c_int) {
-    MINE.fetch_add(1, SeqCst);
-}
-
-/// The handler now installed for `sig`.
-fn handler_of(sig: libc::c_int) -> usize {
-    // SAFETY: `old` is writable storage for one sigaction; a null new action only reads.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
-        old.sa_sigaction
-    }
-}
 
 #[test]
 fn preemption_keeps_a_handler_the_program_installed() {
     let sig = libc::SIGRTMIN() + 1;
-    // SAFETY: a zeroed sigaction is valid; `mine` is async-signal-safe (one atomic add).
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = mine as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
-    }
+    install_mine(sig);
     let ex = Executor::builder()
         .shards(2)
         .oversubscribe(true)
@@ -54,7 +30,7 @@ fn preemption_keeps_a_handler_the_program_installed() {
     ex.run().unwrap();
     assert_eq!(
         handler_of(sig),
-        mine as extern "C" fn(libc::c_int) as usize,
+        mine_addr(),
         "the program's SIGRTMIN+1 handler was replaced"
     );
     // No timer was armed on the workers (they would have fired into `mine` while burning).

@@ -8,7 +8,7 @@
 //! timer"), and a disposition reset to the default made the first tick end the process.
 
 mod common;
-use common::signals::{handler_of, mine, set_handler, MINE};
+use common::signals::{handler_of, mine_addr, set_handler, MINE};
 
 use std::{sync::atomic::Ordering::SeqCst, time::Duration};
 
@@ -49,14 +49,11 @@ fn preemption_follows_the_programs_later_changes_to_the_signal() {
 
     // The program takes the signal for itself afterwards: xtc's later timers must not tick
     // into its handler.
-    set_handler(
-        sig,
-        mine as extern "C" fn(libc::c_int) as libc::sighandler_t,
-    );
+    set_handler(sig, mine_addr());
     assert_eq!(burn_with_preemption(100), 0, "no timer: no yields");
     assert_eq!(
         handler_of(sig),
-        mine as extern "C" fn(libc::c_int) as usize,
+        mine_addr(),
         "the program's SIGRTMIN+1 handler was replaced"
     );
     assert_eq!(

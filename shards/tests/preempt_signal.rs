@@ -8,40 +8,16 @@
 
 mod common;
 
-use std::{
-    sync::atomic::{AtomicUsize, Ordering::SeqCst},
-    time::Duration,
-};
+use std::{sync::atomic::Ordering::SeqCst, time::Duration};
 
+use common::signals::{handler_of, install_mine, mine_addr, MINE};
 use xtc_shards::Executor;
-
-static MINE: AtomicUsize = AtomicUsize::new(0);
-
-extern "C" fn mine(_sig: libc::c_int) {
-    MINE.fetch_add(1, SeqCst);
-}
-
-/// The handler now installed for `sig`.
-fn handler_of(sig: libc::c_int) -> usize {
-    // SAFETY: `old` is writable storage for one sigaction; a null new action only reads.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
-        old.sa_sigaction
-    }
-}
 
 #[test]
 fn preemption_on_a_signal_the_program_picked() {
     let program = libc::SIGRTMIN() + 1;
     let tick = libc::SIGRTMIN() + 3;
-    // SAFETY: a zeroed sigaction is valid; `mine` is async-signal-safe (one atomic add).
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = mine as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(program, &sa, std::ptr::null_mut()), 0);
-    }
+    install_mine(program);
     assert_eq!(handler_of(tick), libc::SIG_DFL);
     let ex = Executor::builder()
         .shards(1)
@@ -58,7 +34,7 @@ fn preemption_on_a_signal_the_program_picked() {
     assert_ne!(handler_of(tick), libc::SIG_DFL, "xtc's tick handler");
     assert_eq!(
         handler_of(program),
-        mine as extern "C" fn(libc::c_int) as usize,
+        mine_addr(),
         "the program's SIGRTMIN+1 handler was replaced"
     );
     assert_eq!(MINE.load(SeqCst), 0, "a tick reached the program's handler");

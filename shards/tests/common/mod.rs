@@ -446,6 +446,16 @@ pub mod signals {
         MINE.fetch_add(1, SeqCst);
     }
 
+    /// [`mine`]'s address, as `sigaction` reports it installed.
+    pub fn mine_addr() -> libc::sighandler_t {
+        mine as extern "C" fn(libc::c_int) as libc::sighandler_t
+    }
+
+    /// Installs [`mine`] for `sig`, as a program that handles `sig` itself does.
+    pub fn install_mine(sig: libc::c_int) {
+        set_handler(sig, mine_addr());
+    }
+
     /// Sets the disposition of `sig` to `handler` (a function address, `SIG_DFL` or `SIG_IGN`).
     pub fn set_handler(sig: libc::c_int, handler: libc::sighandler_t) {
         // SAFETY: a zeroed sigaction is valid; `handler` is `mine` (async-signal-safe: one
