@@ -156,24 +156,47 @@ impl Timers {
     }
 }
 
+/// About 30 years: what stands in for a deadline too far to name ([`deadline_after`]), and
+/// the longest a loop parks at a time ([`park_timeout`]).
+const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 /// `t + d`, or an instant about 30 years from now where that overflows (`Duration::MAX`):
 /// a deadline nobody waits for, rather than a panic on user input.
 pub(crate) fn deadline_after(t: Instant, d: Duration) -> Instant {
     t.checked_add(d).unwrap_or_else(|| {
-        const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
         let now = Instant::now();
         now.checked_add(FAR).unwrap_or(now)
     })
 }
 
-/// How long a loop may park given its next deadline: `None` waits for a wake ping only.
+/// How long a loop may park given its next deadline: `None` waits for a wake ping only. At
+/// most [`FAR`]: a deadline thousands of years out (`sleep(Duration::from_secs(1 << 40))`,
+/// which `Instant` holds) gave a park timeout past the kernel's `ktime` range (about 292
+/// years), and a kernel whose io_uring wait adds its timeout to the clock without saturating
+/// would time out at once, every park, and spin. Not reproduced on the 6.18 kernel here; a
+/// loop parked 30 years wakes once and parks again. Cost: a compare.
 pub(crate) fn park_timeout(next: Option<Instant>, now: Instant) -> Option<Duration> {
-    next.map(|d| d.saturating_duration_since(now))
+    next.map(|d| d.saturating_duration_since(now).min(FAR))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_park_lasts_at_most_thirty_years() {
+        let now = Instant::now();
+        let far = now + Duration::from_secs(1 << 40);
+        assert_eq!(park_timeout(Some(far), now), Some(FAR));
+        let soon = now + Duration::from_millis(5);
+        assert_eq!(
+            park_timeout(Some(soon), now),
+            Some(Duration::from_millis(5))
+        );
+        assert_eq!(park_timeout(None, now), None);
+        let stand_in = deadline_after(now, Duration::MAX) - now;
+        assert!(stand_in >= FAR && stand_in < FAR + Duration::from_secs(1));
+    }
 
     #[test]
     fn cancelled_timers_do_not_pile_up_in_the_heap() {
