@@ -17,12 +17,7 @@ use xtc_shards::{fs::OpenOptions, io::DriverChoice, Executor};
 
 /// A fresh FIFO path in the temp dir.
 fn fifo(tag: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("xtc-pool-handler-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a plain system call with a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    path
+    common::fifo("xtc-pool-handler", tag)
 }
 
 /// A one-shard executor on the epoll driver (whose file operations go to the blocking pool).

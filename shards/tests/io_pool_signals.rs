@@ -11,16 +11,6 @@ use std::time::Duration;
 
 use xtc_shards::fs::OpenOptions;
 
-/// A fresh FIFO path in the temp dir.
-fn fifo(tag: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("xtc-io-pool-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a plain system call with a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    path
-}
-
 /// A program that takes its signals with `signalfd` or `sigwait` blocks them all before it
 /// starts any thread; the executor's threads, and the blocking pool's threads they start,
 /// inherit that mask. A dropped `open` of a FIFO that no reader comes to must still be
@@ -28,7 +18,6 @@ fn fifo(tag: &str) -> std::path::PathBuf {
 /// blocked, stayed in `open(2)` for good, and `run()` never returned.
 #[test]
 fn a_dropped_blocking_open_is_interrupted_when_the_program_blocks_signals() {
-    use std::os::unix::fs::OpenOptionsExt;
     std::thread::spawn(|| {
         // SAFETY: a local set filled by `sigfillset`; only this thread's mask changes.
         unsafe {
@@ -41,7 +30,7 @@ fn a_dropped_blocking_open_is_interrupted_when_the_program_blocks_signals() {
             1,
             |b| b,
             |driver, exec| {
-                let path = fifo(&format!("masked-{driver}"));
+                let path = common::fifo("xtc-io-pool", &format!("masked-{driver}"));
                 let p = path.clone();
                 exec.spawn_on(0, move || async move {
                     let mut o = OpenOptions::new();
@@ -50,25 +39,10 @@ fn a_dropped_blocking_open_is_interrupted_when_the_program_blocks_signals() {
                     assert!(open.await.is_err(), "nobody reads the FIFO: the open waits");
                 })
                 .unwrap();
-                let (tx, rx) = std::sync::mpsc::channel();
-                let handle = exec.handle();
-                let returned = std::thread::scope(|s| {
-                    s.spawn(|| tx.send(exec.run()).unwrap());
-                    let r = rx.recv_timeout(Duration::from_secs(10));
-                    if r.is_err() {
-                        // Release the blocked open (a reader comes), so the test ends.
-                        handle.stop();
-                        let _reader = std::fs::OpenOptions::new()
-                            .read(true)
-                            .custom_flags(libc::O_NONBLOCK)
-                            .open(&path);
-                        let _ = rx.recv_timeout(HANG);
-                    }
-                    r
-                });
+                let returned = common::run_with_a_dropped_fifo_open(exec, &path);
                 let _ = std::fs::remove_file(&path);
                 returned
-                    .unwrap_or_else(|_| panic!("{driver}: run() hung on the dropped open"))
+                    .unwrap_or_else(|e| panic!("{driver}: {e}"))
                     .unwrap();
             },
         );

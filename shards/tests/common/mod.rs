@@ -552,3 +552,42 @@ pub fn yields_in_busy_loop(ex: Executor) -> u64 {
     ex.run().unwrap();
     futures::executor::block_on(h).unwrap()
 }
+
+/// A fresh FIFO in the temp dir, named after `prefix` (the test binary's), this process and
+/// `tag`.
+pub fn fifo(prefix: &str, tag: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("{prefix}-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain system call with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    path
+}
+
+/// Runs `exec` whose task dropped an `open` for writing of the FIFO at `fifo` that no reader
+/// comes to: only the pool job's interrupt ends that `open(2)`, and `run()` waits for the job.
+/// `Err` if `run()` had not returned after 10 s (a hang guard, not a timing assertion); the
+/// executor is then stopped and a reader opens the FIFO, so that the job, and the test, end.
+pub fn run_with_a_dropped_fifo_open(
+    exec: Executor,
+    fifo: &std::path::Path,
+) -> Result<xtc_shards::Result<()>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = exec.handle();
+    std::thread::scope(|s| {
+        s.spawn(|| tx.send(exec.run()).unwrap());
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => Ok(r),
+            Err(_) => {
+                handle.stop();
+                let _reader = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(fifo);
+                let _ = rx.recv_timeout(HANG);
+                Err("run() hung on the dropped open: the pool job was not interrupted".into())
+            }
+        }
+    })
+}

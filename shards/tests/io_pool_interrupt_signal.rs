@@ -1,0 +1,52 @@
+//! A program that uses `SIGRTMIN+2` itself gives the blocking pool's interrupt another signal
+//! (`Builder::interrupt_signal`): a dropped file operation blocked in the pool (epoll driver) is
+//! interrupted with that one, and the program's handler keeps its signal and gets nothing. Its
+//! own test binary: the interrupt signal and the handlers are process-wide.
+//!
+//! Before the setting existed, such a program's cancelled blocking operations were never
+//! interrupted: a dropped `open` of a FIFO no reader came to held `run()` for good.
+
+mod common;
+
+use std::{sync::atomic::Ordering::SeqCst, time::Duration};
+
+use common::signals::{handler_of, install_mine, mine_addr, MINE};
+use xtc_shards::{fs::OpenOptions, io::DriverChoice, Executor};
+
+#[test]
+fn a_dropped_blocking_open_is_interrupted_with_the_signal_the_program_picked() {
+    let theirs = libc::SIGRTMIN() + 2;
+    let ours = libc::SIGRTMIN() + 4;
+    install_mine(theirs);
+    let ex = Executor::builder()
+        .shards(1)
+        .oversubscribe(true)
+        .io_driver(DriverChoice::Epoll)
+        .interrupt_signal(ours)
+        .build()
+        .unwrap();
+    assert_eq!(ex.interrupt_signal(), ours);
+    let path = common::fifo("xtc-pool-interrupt", "theirs");
+    let p = path.clone();
+    ex.spawn_on(0, move || async move {
+        let mut o = OpenOptions::new();
+        o.write(true);
+        let open = xtc_shards::time::timeout(Duration::from_millis(50), o.open(&p));
+        assert!(open.await.is_err(), "nobody reads the FIFO: the open waits");
+    })
+    .unwrap();
+    let returned = common::run_with_a_dropped_fifo_open(ex, &path);
+    let _ = std::fs::remove_file(&path);
+    returned.unwrap().unwrap();
+    assert_ne!(handler_of(ours), libc::SIG_DFL, "xtc's interrupt handler");
+    assert_eq!(
+        handler_of(theirs),
+        mine_addr(),
+        "the program's SIGRTMIN+2 handler was replaced"
+    );
+    assert_eq!(
+        MINE.load(SeqCst),
+        0,
+        "an interrupt reached the program's handler"
+    );
+}
