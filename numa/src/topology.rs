@@ -265,7 +265,8 @@ impl Topology {
     /// indexes (`indexes=0,2,1,3`) or give `step*count` loops (`indexes=2*2:1*2`).
     /// [`Error::Hwloc`] as well for a PU level whose `indexes=` list names an OS index twice
     /// (`pu:2(indexes=0,0)`), of which hwloc silently built fewer PUs than described, or whose
-    /// list is not one index per PU (`pack:2 pu:2(indexes=1,0)`), which hwloc silently ignored.
+    /// list has fewer indexes than PUs (`pack:2 pu:2(indexes=1,0)`), which hwloc silently
+    /// ignored (of a longer list it uses the first entries, one per PU, as given).
     pub fn synthetic(desc: &str) -> Result<Topology> {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
@@ -343,7 +344,7 @@ impl Topology {
         // Two PUs with one OS index are one CPU: hwloc merged them (and the objects above them
         // whose CPU sets then matched) or reported invalid information from the operating
         // system and built a mangled tree, silently smaller than described.
-        if let Some(index) = pu_attrs.and_then(repeated_index) {
+        if let Some(index) = pu_attrs.and_then(|a| repeated_index(a, objects)) {
             return Err(Error::hwloc(
                 &what,
                 format!(
@@ -353,10 +354,10 @@ impl Topology {
                 "give every PU its own OS index, e.g. indexes=0,2,1,3",
             ));
         }
-        // hwloc takes an explicit list only with one index per PU, and silently ignores one of
-        // another length: the machine came out numbered 0, 1, 2, ... instead.
+        // hwloc takes an explicit list only with an index for every PU (it uses the first that
+        // many), and silently ignores a shorter one: the machine came out numbered 0, 1, 2, ...
         if let Some(listed) = pu_attrs.and_then(listed_indexes) {
-            if listed != objects {
+            if listed < objects {
                 return Err(Error::hwloc(
                     &what,
                     format!(
@@ -1089,8 +1090,9 @@ fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>, Option<&str>
 }
 
 /// The first OS index that an explicit `indexes=a,b,...` list in the attribute block `attrs`
-/// names a second time, if any (read as [`synthetic_max_index`] reads such a list).
-fn repeated_index(attrs: &str) -> Option<u128> {
+/// names a second time among its first `used` entries (those hwloc uses: one per object of
+/// the level), if any (read as [`synthetic_max_index`] reads such a list).
+fn repeated_index(attrs: &str, used: u128) -> Option<u128> {
     let mut seen = std::collections::HashSet::new();
     attrs
         .split("indexes=")
@@ -1099,18 +1101,20 @@ fn repeated_index(attrs: &str) -> Option<u128> {
         .filter(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
         .flat_map(|list| list.split(','))
         .filter_map(|n| strtoul_prefix(n, 10).map(|(n, _)| n))
+        .take(usize::try_from(used).unwrap_or(usize::MAX))
         .find(|&n| !seen.insert(n))
 }
 
 /// How many OS indexes an explicit `indexes=a,b,...` list in the attribute block `attrs`
-/// names (read as [`synthetic_max_index`] reads such a list); `None` without such a list.
+/// names (read as [`synthetic_max_index`] reads such a list; empty entries, as after a
+/// trailing comma, name none); `None` without such a list.
 fn listed_indexes(attrs: &str) -> Option<u128> {
     attrs
         .split("indexes=")
         .skip(1)
         .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
         .find(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
-        .map(|list| list.split(',').count() as u128)
+        .map(|list| list.split(',').filter(|n| !n.is_empty()).count() as u128)
 }
 
 /// Whether hwloc reads the object type at the start of `s` as a memory-side cache

@@ -545,14 +545,15 @@ fn an_index_interleaving_hwloc_aborts_on_is_an_error() {
     assert!(Topology::synthetic("pu:4(indexes=1*2:2*2)").is_ok());
 }
 
-/// A PU level whose `indexes=` list is not one index per PU is an `Err`: hwloc ignored such a
-/// list without a word and numbered the PUs 0, 1, 2, ... (`pack:2 core:2 pu:2(indexes=3,2)`
-/// came out as PUs 0 to 7; `pu:2(indexes=0,1,2)` as 0 and 1). From a review.
+/// A PU level whose `indexes=` list has fewer indexes than PUs is an `Err`: hwloc ignored such
+/// a list without a word and numbered the PUs 0, 1, 2, ... (`pack:2 core:2 pu:2(indexes=3,2)`
+/// came out as PUs 0 to 7). From a review. Of a longer list hwloc uses the first entries, one
+/// per PU, so that one (and a trailing comma) is taken, and only those entries must differ.
 #[test]
-fn a_pu_index_list_of_the_wrong_length_is_an_error() {
+fn a_pu_index_list_shorter_than_the_pus_is_an_error() {
     for (desc, listed, pus) in [
         ("pack:2 core:2 pu:2(indexes=3,2)", 2, 8),
-        ("pu:2(indexes=0,1,2)", 3, 2),
+        ("pu:3(indexes=0,1,)", 2, 3),
         ("pack:2 pu:2(indexes=3,2,1) [numa]", 3, 4),
     ] {
         match Topology::synthetic(desc) {
@@ -568,6 +569,12 @@ fn a_pu_index_list_of_the_wrong_length_is_an_error() {
     }
     let t = Topology::synthetic("pack:2 core:2 pu:2(indexes=7,6,5,4,3,2,1,0)").unwrap();
     assert_eq!(t.pus().len(), 8);
+    let t = Topology::synthetic("pack:2 pu:2(indexes=0,2,1,3,9)").unwrap();
+    assert_eq!(t.pus(), vec![0, 1, 2, 3]);
+    let t = Topology::synthetic("pu:2(indexes=5,4,)").unwrap();
+    assert_eq!(t.pus(), vec![4, 5]);
+    let t = Topology::synthetic("pu:2(indexes=0,1,1)").unwrap();
+    assert_eq!(t.pus(), vec![0, 1]);
 }
 
 /// A synthetic description whose PU level lists an OS index twice is an `Err`: hwloc merged

@@ -92,7 +92,7 @@
 //! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |
 //! | `XTC_PREEMPT` | duration (`0`, `1ms`) | `0` | CPU-time preemption tick for `yield_if_due` |
 //! | `XTC_PREEMPT_SIGNAL` | real-time signal (`SIGRTMIN+3`, `RTMIN+3`, `SIGRTMAX-1`, or its number) | `SIGRTMIN+1` | the signal of the preemption tick (see Signals below) |
-//! | `XTC_INTERRUPT_SIGNAL` | real-time signal, as above | `SIGRTMIN+2` | the signal that interrupts a cancelled blocking-pool job; one per process, fixed by the first executor built |
+//! | `XTC_INTERRUPT_SIGNAL` | real-time signal, as above | `SIGRTMIN+2` | the signal that interrupts a cancelled blocking-pool job; one per process, fixed by the first executor built (a refused build fixes nothing; a `LocalExecutor`, which reads no variable but `XTC_IO`, fixes the default if it uses the pool first) |
 //! | `XTC_STALL_BUDGET` | duration (`0`, `10ms`) | `0` | stall watchdog budget of every loop |
 //! | `XTC_IO` | `auto`, `io_uring` (or `uring`, `iouring`, `io-uring`), `epoll` | `auto` | I/O driver: auto probes io_uring once and falls back to epoll (see [`io`]); read by every builder unless `Builder::io_driver` is set |
 //! | `XTC_REPLY_SPIN` | duration (`0`, `50us`; at most `1s`) | `50us` | how long a loop whose pinned task awaits a `submit_to` reply from another shard polls before parking: the reply then needs no wake-up of its own |

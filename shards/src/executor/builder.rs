@@ -368,10 +368,12 @@ impl Builder {
 
     /// The real-time signal that interrupts a blocking-pool thread whose file operation was
     /// cancelled (epoll driver; default `SIGRTMIN+2`; `XTC_INTERRUPT_SIGNAL`). The pool is one
-    /// per process, and so is this signal: the first executor built fixes it (as does the
-    /// pool's first use, by a [`LocalExecutor`](crate::LocalExecutor) say, at the default), and
-    /// `build()` refuses a later builder that asks for another (an `Err` naming the one in
-    /// use), a signal outside `SIGRTMIN ..= SIGRTMAX`, or the preemption signal. The same
+    /// per process, and so is this signal: the first executor built fixes it, the default
+    /// where its builder named none (as does the pool's first use, by a
+    /// [`LocalExecutor`](crate::LocalExecutor) say, at the default; a build refused for any
+    /// reason fixes nothing), and `build()` refuses a later builder that asks for another (an
+    /// `Err` naming the one in use), a signal outside `SIGRTMIN ..= SIGRTMAX`, or the
+    /// preemption signal. The same
     /// rules as [`preempt_signal`](Self::preempt_signal) otherwise: xtc's handler goes only
     /// where the program has none, and a signal sent to the whole process may be taken by a
     /// pool thread. Cost: none.

@@ -485,7 +485,8 @@ impl Executor {
             Some(sig) => crate::sys::check_rt_signal("preempt_signal", sig)?,
             None => crate::sys::cputimer::default_signal(),
         };
-        let interrupt_signal = crate::io::blocking::fix_interrupt_signal(b.interrupt_signal)?;
+        // Checked here, fixed for the process only once nothing else can refuse the build.
+        let interrupt_signal = crate::io::blocking::check_interrupt_signal(b.interrupt_signal)?;
         if preempt_signal == interrupt_signal {
             let name = crate::sys::signal_name(preempt_signal);
             return Err(Error::InvalidArgument(format!(
@@ -572,6 +573,7 @@ impl Executor {
                 local: false,
             },
         )?;
+        crate::io::blocking::fix_interrupt_signal(b.interrupt_signal)?;
         tracing::debug!(shards = placement.len(), "xtc executor built");
         Ok(Executor {
             handle: Handle { shared },

@@ -135,8 +135,8 @@ struct CtlState {
 }
 
 /// The signal that interrupts a cancelled job's blocking call, one per process as the pool
-/// is: fixed by the first executor built (`Builder::interrupt_signal`, `XTC_INTERRUPT_SIGNAL`)
-/// or the pool's first use, by default the third real-time signal glibc leaves to
+/// is: fixed by the first executor built (`Builder::interrupt_signal`, `XTC_INTERRUPT_SIGNAL`;
+/// a build that fails fixes nothing) or the pool's first use, by default the third real-time signal glibc leaves to
 /// applications (`sys/cputimer.rs` uses the second). Cost: one load once fixed.
 pub(crate) fn interrupt_signal() -> libc::c_int {
     *INTERRUPT_SIGNAL.get_or_init(|| libc::SIGRTMIN() + 2)
@@ -144,9 +144,26 @@ pub(crate) fn interrupt_signal() -> libc::c_int {
 
 static INTERRUPT_SIGNAL: OnceLock<libc::c_int> = OnceLock::new();
 
+/// The interrupt signal a build asking for `wanted` (`None`: the one fixed, or the default)
+/// would get, without fixing it; `Err` if `wanted` is no real-time signal, or another one is
+/// fixed already. `build()` checks with this first and fixes the signal
+/// ([`fix_interrupt_signal`]) only once nothing else can fail: a refused build fixed it, and
+/// every later builder that did not ask for the same one was refused.
+pub(crate) fn check_interrupt_signal(wanted: Option<libc::c_int>) -> crate::Result<libc::c_int> {
+    let fixed = INTERRUPT_SIGNAL.get().copied();
+    let Some(sig) = wanted else {
+        return Ok(fixed.unwrap_or_else(|| libc::SIGRTMIN() + 2));
+    };
+    let sig = crate::sys::check_rt_signal("interrupt_signal", sig)?;
+    match fixed {
+        Some(fixed) if fixed != sig => Err(already_fixed(sig, fixed)),
+        _ => Ok(sig),
+    }
+}
+
 /// Fixes the process's interrupt signal to `wanted` (`None`: keeps the one fixed, or the
-/// default) and returns it; `Err` if `wanted` is no real-time signal, or another one is fixed
-/// already.
+/// default) and returns it; `Err` as [`check_interrupt_signal`] (another thread's build may
+/// have fixed another one since that check).
 pub(crate) fn fix_interrupt_signal(wanted: Option<libc::c_int>) -> crate::Result<libc::c_int> {
     let Some(sig) = wanted else {
         return Ok(interrupt_signal());
@@ -154,15 +171,21 @@ pub(crate) fn fix_interrupt_signal(wanted: Option<libc::c_int>) -> crate::Result
     let sig = crate::sys::check_rt_signal("interrupt_signal", sig)?;
     let fixed = *INTERRUPT_SIGNAL.get_or_init(|| sig);
     if fixed != sig {
-        return Err(crate::Error::InvalidArgument(format!(
-            "interrupt_signal {} asked for, but this process's blocking pool interrupts with \
-             {} already (fixed by the first executor built, or the pool's first use): the \
-             signal is one per process; ask for the same one, or set it on the first builder",
-            crate::sys::signal_name(sig),
-            crate::sys::signal_name(fixed)
-        )));
+        return Err(already_fixed(sig, fixed));
     }
     Ok(sig)
+}
+
+/// The error of a build that asks for interrupt signal `sig` while `fixed` is the process's.
+fn already_fixed(sig: libc::c_int, fixed: libc::c_int) -> crate::Error {
+    crate::Error::InvalidArgument(format!(
+        "interrupt_signal {} asked for, but this process's blocking pool interrupts with {} \
+         already (fixed by the first executor built, or the pool's first use, by a \
+         LocalExecutor say): the signal is one per process; ask for the same one, or set it \
+         on the first builder",
+        crate::sys::signal_name(sig),
+        crate::sys::signal_name(fixed)
+    ))
 }
 
 extern "C" fn on_interrupt(_sig: libc::c_int) {
@@ -471,7 +494,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Only once xtc's handler is installed (as `CpuTimer::arm` does for its own signal): the
 /// default action of a real-time signal ends the process, and a thread that took the signal
 /// before the first pipe read or cancel installed the handler was one the kernel could route a
-/// `SIGRTMIN+2` sent to the process to. Without the handler (the program has its own) the
+/// interrupt signal sent to the process to. Without the handler (the program has its own) the
 /// thread keeps the program's mask, and cancels are not interrupted, as documented.
 fn unblock_interrupt() {
     if !interrupt_handler_installed() {
@@ -738,7 +761,7 @@ impl<R> Drop for Blocking<R> {
         // The waker a poll left in the slot goes with the future, taken under the lock and
         // dropped after it (a waker's drop is user code, see `poll`). Left there, it kept the
         // task that dropped this future (its allocation and its home loop) alive until the job
-        // ended, which a job the pool cannot interrupt (the program owns `SIGRTMIN+2`, or a
+        // ended, which a job the pool cannot interrupt (the program owns the interrupt signal, or a
         // call the signal does not end) may never do, and the job's end then woke the task for
         // nothing. A job that ends later finds no waker and wakes nobody.
         let waker = lock(&self.slot).waker.take();

@@ -361,15 +361,17 @@ impl<T> JoinHandle<T> {
         // handle does that); an untaken output is dropped under `Outcome`'s guard. What the
         // state held is dropped here: the field itself is `ManuallyDrop`.
         match self.state.replace(State::Taken) {
-            State::Live(mut task, _) => {
+            State::Live(mut task, meta) => {
                 // async-task's detach leaves the awaiter a `Pending` poll registered in the
                 // task until the task ends, and wakes it then: a finished poller's allocation
                 // (its waker holds a reference) stayed alive as long as a long-lived child, and
                 // a live one got a spurious wake. One more poll with a no-op waker puts that in
                 // its place, dropping the poller's (a finished task's output comes back and is
                 // dropped here, as detach would drop it). Cost: one async-task poll, only for a
-                // handle that waited; none for a spawn-and-forget handle.
-                if self.waiting.get() && !task.is_finished() {
+                // handle that waited; none for a spawn-and-forget handle. A task a stop is
+                // dropping counts as not over (`over`): its awaiter is taken back too, and the
+                // end of that drop wakes nobody.
+                if self.waiting.get() && !over(&task, meta) {
                     let _ = Pin::new(&mut task).poll(&mut Context::from_waker(Waker::noop()));
                 }
                 task.detach()
