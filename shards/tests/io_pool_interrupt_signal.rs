@@ -8,10 +8,10 @@
 
 mod common;
 
-use std::{sync::atomic::Ordering::SeqCst, time::Duration};
+use std::sync::atomic::Ordering::SeqCst;
 
 use common::signals::{handler_of, install_mine, mine_addr, MINE};
-use xtc_shards::{fs::OpenOptions, io::DriverChoice, Executor};
+use xtc_shards::{io::DriverChoice, Executor};
 
 #[test]
 fn a_dropped_blocking_open_is_interrupted_with_the_signal_the_program_picked() {
@@ -28,12 +28,10 @@ fn a_dropped_blocking_open_is_interrupted_with_the_signal_the_program_picked() {
     assert_eq!(ex.interrupt_signal(), ours);
     let path = common::fifo("xtc-pool-interrupt", "theirs");
     let p = path.clone();
-    ex.spawn_on(0, move || async move {
-        let mut o = OpenOptions::new();
-        o.write(true);
-        let open = xtc_shards::time::timeout(Duration::from_millis(50), o.open(&p));
-        assert!(open.await.is_err(), "nobody reads the FIFO: the open waits");
-    })
+    ex.spawn_on(
+        0,
+        move || async move { common::give_up_opening_fifo(&p).await },
+    )
     .unwrap();
     let returned = common::run_with_a_dropped_fifo_open(ex, &path);
     let _ = std::fs::remove_file(&path);

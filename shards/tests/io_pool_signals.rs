@@ -7,10 +7,6 @@ mod common;
 mod io_common;
 use io_common::*;
 
-use std::time::Duration;
-
-use xtc_shards::fs::OpenOptions;
-
 /// A program that takes its signals with `signalfd` or `sigwait` blocks them all before it
 /// starts any thread; the executor's threads, and the blocking pool's threads they start,
 /// inherit that mask. A dropped `open` of a FIFO that no reader comes to must still be
@@ -32,12 +28,10 @@ fn a_dropped_blocking_open_is_interrupted_when_the_program_blocks_signals() {
             |driver, exec| {
                 let path = common::fifo("xtc-io-pool", &format!("masked-{driver}"));
                 let p = path.clone();
-                exec.spawn_on(0, move || async move {
-                    let mut o = OpenOptions::new();
-                    o.write(true);
-                    let open = xtc_shards::time::timeout(Duration::from_millis(50), o.open(&p));
-                    assert!(open.await.is_err(), "nobody reads the FIFO: the open waits");
-                })
+                exec.spawn_on(
+                    0,
+                    move || async move { common::give_up_opening_fifo(&p).await },
+                )
                 .unwrap();
                 let returned = common::run_with_a_dropped_fifo_open(exec, &path);
                 let _ = std::fs::remove_file(&path);

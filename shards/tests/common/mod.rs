@@ -564,6 +564,16 @@ pub fn fifo(prefix: &str, tag: &str) -> std::path::PathBuf {
     path
 }
 
+/// Opens the FIFO at `fifo` for writing, which waits for a reader that does not come, and
+/// gives up after 50 ms: the open's future (on epoll, a blocking-pool job inside `open(2)`) is
+/// dropped. Must run inside a task of an xtc loop.
+pub async fn give_up_opening_fifo(fifo: &std::path::Path) {
+    let mut o = xtc_shards::fs::OpenOptions::new();
+    o.write(true);
+    let open = xtc_shards::time::timeout(Duration::from_millis(50), o.open(fifo));
+    assert!(open.await.is_err(), "nobody reads the FIFO: the open waits");
+}
+
 /// Runs `exec` whose task dropped an `open` for writing of the FIFO at `fifo` that no reader
 /// comes to: only the pool job's interrupt ends that `open(2)`, and `run()` waits for the job.
 /// `Err` if `run()` had not returned after 10 s (a hang guard, not a timing assertion); the
