@@ -1613,9 +1613,10 @@ impl Handle {
     }
 
     /// The real-time signal that interrupts the blocking pool's cancelled jobs, one per process
-    /// ([`Builder::interrupt_signal`]; `SIGRTMIN+2` unless set). Cost: an atomic load.
+    /// ([`Builder::interrupt_signal`]; `SIGRTMIN+2` unless set). Reading it fixes nothing.
+    /// Cost: an atomic load.
     pub fn interrupt_signal(&self) -> i32 {
-        crate::io::blocking::interrupt_signal()
+        crate::io::blocking::interrupt_signal_now()
     }
 
     /// The preemption interval (zero: off). Cost: an atomic load.

@@ -138,11 +138,20 @@ struct CtlState {
 /// is: fixed by the first executor built (`Builder::interrupt_signal`, `XTC_INTERRUPT_SIGNAL`;
 /// a build that fails fixes nothing) or the pool's first use, by default the third real-time signal glibc leaves to
 /// applications (`sys/cputimer.rs` uses the second). Cost: one load once fixed.
-pub(crate) fn interrupt_signal() -> libc::c_int {
+fn interrupt_signal() -> libc::c_int {
     *INTERRUPT_SIGNAL.get_or_init(|| libc::SIGRTMIN() + 2)
 }
 
 static INTERRUPT_SIGNAL: OnceLock<libc::c_int> = OnceLock::new();
+
+/// The interrupt signal fixed for the process, or the default one while none is, without
+/// fixing it (a getter that fixed the default would refuse a later build asking for another).
+pub(crate) fn interrupt_signal_now() -> libc::c_int {
+    INTERRUPT_SIGNAL
+        .get()
+        .copied()
+        .unwrap_or_else(|| libc::SIGRTMIN() + 2)
+}
 
 /// The interrupt signal a build asking for `wanted` (`None`: the one fixed, or the default)
 /// would get, without fixing it; `Err` if `wanted` is no real-time signal, or another one is
@@ -150,10 +159,10 @@ static INTERRUPT_SIGNAL: OnceLock<libc::c_int> = OnceLock::new();
 /// ([`fix_interrupt_signal`]) only once nothing else can fail: a refused build fixed it, and
 /// every later builder that did not ask for the same one was refused.
 pub(crate) fn check_interrupt_signal(wanted: Option<libc::c_int>) -> crate::Result<libc::c_int> {
-    let fixed = INTERRUPT_SIGNAL.get().copied();
     let Some(sig) = wanted else {
-        return Ok(fixed.unwrap_or_else(|| libc::SIGRTMIN() + 2));
+        return Ok(interrupt_signal_now());
     };
+    let fixed = INTERRUPT_SIGNAL.get().copied();
     let sig = crate::sys::check_rt_signal("interrupt_signal", sig)?;
     match fixed {
         Some(fixed) if fixed != sig => Err(already_fixed(sig, fixed)),
