@@ -395,10 +395,20 @@ const PAYLOAD_DROPS: usize = 8;
 /// finished: async-task marks the task closed first, which `is_finished` read as finished
 /// while the future's `Drop` (a lock, a socket it releases) still ran; as for an aborted
 /// handle, and as in tokio, finished means dropped. Every site that drops a `Runnable` goes
-/// through here. Cost: a waker clone and drop (two reference-count updates, so the header
-/// outlives the drop), two stores and two thread-local reads; never on the path of a task that
-/// runs.
+/// through here. The drop runs with no task marked as polled on this loop
+/// (`context::outside_task`): it is the cancelled task's code, not the polled one's, and a
+/// cancel can come inside a poll (a wake whose migratable task's executor is gone, dropped by
+/// `steal::schedule`), even after async-task freed the task that poll ran (it wakes an
+/// awaiter after dropping its own reference): `shard::set_class` in such a `Drop` wrote to
+/// that task, or to freed memory. Cost: a waker clone and drop (two reference-count updates,
+/// so the header outlives the drop), two stores and four thread-local reads; never on the path
+/// of a task that runs.
 pub(crate) fn cancel(r: Runnable) {
+    crate::context::outside_task(|| cancel_here(r))
+}
+
+/// [`cancel`], with no task current.
+fn cancel_here(r: Runnable) {
     let keep = r.waker();
     let meta: *const TaskMeta = r.metadata();
     // A pinned task of another loop dropped on this one (a spawn for a stopped peer that this
@@ -522,4 +532,49 @@ where
             .spawn_unchecked(move |_: &TaskMeta| fut, schedule)
     };
     (runnable, JoinHandle::new(task))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::Cell, rc::Rc};
+
+    use super::{cancel, create, Home, TaskInfo};
+
+    /// The `Drop` of a task cancelled inside another task's poll is not that task's code:
+    /// `shard::set_class` there is refused (no task current), where it acted on the polled
+    /// task (or, after async-task freed it, on freed memory).
+    #[test]
+    fn a_task_cancelled_inside_a_poll_drops_with_no_task_current() {
+        struct Probe(Rc<Cell<Option<bool>>>, crate::Class);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                self.0.set(Some(crate::shard::set_class(self.1).is_ok()));
+            }
+        }
+        crate::LocalExecutor::new().unwrap().block_on(async {
+            let class = crate::shard::create_class(100, None).unwrap();
+            // This poll's own task may change its class.
+            assert!(crate::shard::set_class(class).is_ok());
+            let seen = Rc::new(Cell::new(None));
+            let probe = Probe(seen.clone(), class);
+            let (r, handle) = crate::context::with_core(|c| {
+                create(
+                    Home::of_core(c),
+                    move || async move { drop(probe) },
+                    TaskInfo::here(None),
+                    0,
+                )
+            })
+            .unwrap();
+            cancel(r);
+            assert_eq!(
+                seen.get(),
+                Some(false),
+                "set_class in a cancelled task's drop"
+            );
+            assert!(handle.await.unwrap_err().is_cancelled());
+            // Still this task's, after the cancel.
+            assert!(crate::shard::set_class(class).is_ok());
+        });
+    }
 }
