@@ -46,7 +46,12 @@
 //!    [`ORPHANS`] (an `Op` is `!Send`, so it is polled and dropped on this thread), and the
 //!    `Op` resolves to it there, so a receive that completed before the shutdown still hands
 //!    over its bytes, and a send still reports what it sent. One whose operation the kernel
-//!    still held when the driver gave up never resolves, and its data is leaked with it.
+//!    still held when the driver gave up never resolves, and its data is leaked with it; so
+//!    does one that finds neither its driver nor a record (a driver that shut down records
+//!    every live `Op`, so that one is alive but out of reach: a `Core` dropped after its
+//!    loop's `Enter` guard, as when a shutdown unwinds, drops its queued tasks before its
+//!    driver), and one whose record this thread can no longer read (its thread-locals being
+//!    destroyed at exit).
 //!
 //! The loop's wake eventfd is read by a standing `READ` (token [`PING`]), re-armed at each
 //! park, so a cross-shard wake completes the driver's wait. (A kernel that answers that read
@@ -338,13 +343,14 @@ fn log_enter_error(what: &str, e: &io::Error) {
     }
 }
 
-/// Rule 5: takes the result a dropped driver left for operation `key`, if any.
+/// Rule 5: takes the result a dropped driver left for operation `key`, if any. With the
+/// table already gone (this thread is exiting, and its thread-locals go in no set order),
+/// `Some(None)`: what it held is unknown, so the kernel may still hold the operation.
 fn take_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
-    ORPHANS
-        .try_with(|o| o.borrow_mut().remove(&(driver, key)))
-        .ok()
-        .flatten()
-        .map(|r| r.map(|(res, _)| res))
+    match ORPHANS.try_with(|o| o.borrow_mut().remove(&(driver, key))) {
+        Ok(record) => record.map(|r| r.map(|(res, _)| res)),
+        Err(_) => Some(None),
+    }
 }
 
 /// Rule 5: the result a dropped driver left for operation `key`, if any, without taking it.
@@ -1764,11 +1770,12 @@ impl<T: 'static> Future for Op<T> {
                     let _ = ORPHANS.try_with(|o| o.borrow_mut().insert((driver, key), None));
                     Poll::Pending
                 }
-                // No record (a driver that recorded nothing): nothing is in the kernel.
-                None => Poll::Ready((
-                    -libc::ECANCELED,
-                    self.data.take().expect("polled after completion"),
-                )),
+                // No record, and no driver reachable: a driver that shut down records every
+                // live `Op`, so its driver is alive but out of reach (a `Core` dropped after
+                // its loop's `Enter` guard, as when its shutdown unwinds), and the kernel may
+                // still write into the data. Never handed back: this `Op` waits (nothing wakes
+                // it) and its drop leaks the data.
+                None => Poll::Pending,
             },
         }
     }
@@ -1776,14 +1783,17 @@ impl<T: 'static> Future for Op<T> {
 
 /// Rule 5: an Op whose driver is gone lets go of `data`: freed, with a descriptor it got
 /// closed, unless the kernel still held the operation when the driver gave up (then leaked).
+/// Leaked too without a record: a driver that shut down records every live `Op`, so one that
+/// recorded nothing is alive but out of reach (a `Core` dropped after its loop's `Enter`
+/// guard, as when its shutdown unwinds: its queued tasks drop before its driver), and the
+/// kernel may still write into the data; freed, it was written after free.
 fn orphan_dropped<T: 'static>(driver: u64, key: usize, is_fd: bool, data: Option<T>) {
     match take_orphan(driver, key) {
-        Some(None) => std::mem::forget(data),
+        Some(None) | None => std::mem::forget(data),
         Some(Some(res)) => {
             close_orphan(res, is_fd);
             drop_buffer(Box::new(data));
         }
-        None => drop_buffer(Box::new(data)),
     }
 }
 
@@ -1844,6 +1854,54 @@ mod tests {
         assert!(unsafe { libc::fcntl(high, libc::F_GETFD) } < 0, "closed");
         let e = close_cancelled(high).expect_err("gone already: the flush's error");
         assert_eq!(e.raw_os_error(), Some(libc::ECANCELED));
+    }
+
+    /// Rule 5 with the driver alive but out of reach: an `Op` that finds neither its driver
+    /// nor a record of it leaks its data. Before the fix it freed it, taking "no record" for
+    /// "nothing in the kernel", while a read still waited there (from a review: a `Core`
+    /// dropped after its `Enter` guard, as when a shutdown unwinds, drops its queued tasks, and
+    /// their `Op`s, before its driver).
+    #[test]
+    fn an_op_dropped_while_its_driver_is_out_of_reach_keeps_its_data() {
+        // A driver alive but no loop's (as a `Core`'s, dropped after its `Enter` guard when a
+        // shutdown unwinds): an `Op` dropped now finds neither it nor a record of it.
+        // SAFETY: eventfd and pipe take no pointers but the live array; the descriptors are
+        // ours and closed below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        let mut pipe = [0; 2];
+        // SAFETY: as above.
+        let rc = unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(rc, 0);
+        let Ok(u) = Uring::new(efd) else {
+            return; // no io_uring here: nothing to check
+        };
+        use std::rc::Rc;
+        struct Flagged(Rc<Cell<bool>>, Vec<u8>);
+        impl Drop for Flagged {
+            fn drop(&mut self) {
+                self.0.set(true);
+            }
+        }
+        let freed = Rc::new(Cell::new(false));
+        let op = u
+            .submit(Flagged(freed.clone(), vec![0; 16]), |f| {
+                opcode::Read::new(types::Fd(pipe[0]), f.1.as_mut_ptr(), 16).build()
+            })
+            .map_err(|(e, _)| e)
+            .unwrap();
+        u.submit_pending(); // the read waits in the kernel for bytes nobody writes
+        assert!(driver_gone(u.id), "the driver is out of the Op's reach");
+        drop(op);
+        assert!(
+            !freed.get(),
+            "the buffer was freed while the kernel still held its read"
+        );
+        drop(u); // cancels the read; the leaked buffer stays leaked
+        for fd in [efd, pipe[0], pipe[1]] {
+            // SAFETY: our descriptors, closed once.
+            unsafe { libc::close(fd) };
+        }
     }
 
     /// Rule 5 with user code in the driver's drop: the cancelled read `a`'s buffer, dropped
