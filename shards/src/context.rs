@@ -42,8 +42,8 @@ impl Entry {
 
     /// Name and spawn site.
     pub(crate) fn info(&self) -> &TaskInfo {
-        // SAFETY: `meta` points into the header of a registered task, which our waker keeps
-        // allocated; the entry is removed in that task's future's `Drop`.
+        // SAFETY: `meta` points into the header of a registered task, which this entry's own
+        // waker (a reference to the task) keeps allocated for as long as the entry lives.
         unsafe { &(*self.meta).info }
     }
 }

@@ -402,7 +402,10 @@ pub fn set_class(class: crate::Class) -> Result<()> {
             ));
         }
         // SAFETY: `current` points to the metadata of the task being polled on this thread,
-        // set by the loop right before its poll and cleared right after.
+        // set by the loop right before its poll and cleared right after; code the loop runs
+        // once async-task may have freed that task (an awaiter woken after async-task dropped
+        // its reference: a guarded foreign waker, or a cancel) runs under
+        // `context::outside_task`, which makes it null.
         let slot = &unsafe { &*meta }.class;
         if slot.load(crate::sync::Ordering::Relaxed) == crate::task::MIGRATABLE_CLASS {
             return Err(Error::InvalidArgument(

@@ -1721,7 +1721,9 @@ pub(crate) fn driver_elsewhere(id: u64) -> bool {
 /// Runs `f` on driver `id` if it is alive: the current loop's, that of a loop of this thread
 /// hidden by `context::off_loop`, or one in its `Drop` (rule 5: its loop has left, and its
 /// shutdown runs user code) (the only other places it can be: a driver belongs to one thread
-/// and `Op`s are `!Send`). `None` means the driver is gone (rule 5).
+/// and `Op`s are `!Send`). `None` means the driver is gone (rule 5), or alive but out of reach
+/// (a `Core` dropped after its loop's `Enter` guard): its `Op`s tell the two apart by the
+/// record a shutdown leaves, and take no record for "still in the kernel".
 fn with_uring<R>(id: u64, f: impl FnOnce(&Uring) -> R) -> Option<R> {
     let mut f = Some(f);
     let on_loop = context::with_own_core(|c| match &c.io {

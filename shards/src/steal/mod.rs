@@ -348,7 +348,8 @@ fn unpack_key(packed: u64) -> Option<(usize, usize)> {
 }
 
 // SAFETY: `meta` points into the task's own header, which is `Sync` (`TaskMeta` holds atomics,
-// an `Arc` or `Weak`, and `TaskInfo`); the future moves between threads with its task.
+// a `TaskInfo` fixed at spawn, and a `Home`, `Send + Sync` by `task/home.rs`); the future
+// moves between threads with its task.
 unsafe impl<F: Send> Send for MigrFuture<F> {}
 
 impl<F: Future> Future for MigrFuture<F> {
@@ -839,7 +840,10 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
             return;
         }
         // SAFETY: `current` points into the header of the task this loop is polling (set by
-        // the loop, or below, around the poll), alive for the whole poll.
+        // the loop, or below, around the poll), alive for the whole poll: the user code a loop
+        // runs once async-task may have freed it (an awaiter woken after async-task dropped its
+        // reference: a guarded foreign waker, or a cancel) runs under
+        // `context::outside_task`, with `current` null.
         let parent_meta = unsafe { &*parent };
         // A pinned task awaiting migratable work keeps serving its loop while idle peers may
         // take that work; only a migratable task (fork-join) runs its child itself. The child's

@@ -63,8 +63,9 @@ const REFILL: usize = 256;
 /// Cost: see the module doc (no atomic when made and dropped on the loop's own thread).
 pub(crate) struct Home(NonNull<LoopShared>);
 
-// SAFETY: a `Home` only gives out `&LoopShared`, which is `Sync`, and its drop may run on any
-// thread (rule 3's path is an atomic; rule 2's touches only the dropping thread's own loop).
+// SAFETY: a `Home` gives out `&LoopShared` and owned `Arc<LoopShared>`s (`Home::arc`), and
+// `LoopShared` is `Send + Sync`; its drop may run on any thread (rule 3's path is an atomic;
+// rule 2's touches only the dropping thread's own loop).
 unsafe impl Send for Home {}
 // SAFETY: as above: shared access is `&LoopShared` alone.
 unsafe impl Sync for Home {}

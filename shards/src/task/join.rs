@@ -141,7 +141,7 @@ impl<T> JoinHandle<T> {
     pub fn is_finished(&self) -> bool {
         self.with(|state| match state {
             // SAFETY: `meta` points into the header of the task this handle holds (see
-            // `State::Live`), and `TaskMeta`'s fields are atomics.
+            // `State::Live`), and `TaskMeta` is `Sync` (atomics, and fields fixed at spawn).
             State::Live(task, meta) => task.is_finished() && !unsafe { &**meta }.cancel_dropping(),
             State::Aborted(a) => {
                 let waker = a.waker.clone().unwrap_or_else(|| Waker::noop().clone());
@@ -179,7 +179,7 @@ impl<T: 'static> JoinHandle<T> {
             // closes the task between this check and the poll below still displaces it (the
             // handle does not keep that waker to wake it itself).
             // SAFETY: `meta` points into the header of the task this handle holds (see
-            // `State::Live`), and `TaskMeta`'s fields are atomics.
+            // `State::Live`), and `TaskMeta` is `Sync` (atomics, and fields fixed at spawn).
             if task.is_finished() || unsafe { &**meta }.cancel_dropping() {
                 return;
             }
@@ -246,7 +246,7 @@ fn migratable(meta: &TaskMeta) -> bool {
 #[inline]
 fn over<T>(task: &async_task::FallibleTask<Outcome<T>, TaskMeta>, meta: *const TaskMeta) -> bool {
     // SAFETY: `meta` points into the header of the task this handle holds (see `State::Live`),
-    // and `TaskMeta`'s fields are atomics.
+    // and `TaskMeta` is `Sync` (atomics, and fields fixed at spawn).
     task.is_finished() && !unsafe { &*meta }.cancel_dropping()
 }
 
@@ -261,7 +261,7 @@ impl<T> JoinHandle<T> {
         match state {
             State::Live(mut task, meta) => {
                 // SAFETY: `meta` points into the header of the task this handle holds (see
-                // `State::Live`), and `TaskMeta`'s fields are atomics.
+                // `State::Live`), and `TaskMeta` is `Sync` (atomics, and fields fixed at spawn).
                 if !task.is_finished() && migratable(unsafe { &*meta }) {
                     // Steal rule 6: still queued on top of this loop's deque, it runs now.
                     crate::steal::join_inline(meta);
@@ -269,7 +269,7 @@ impl<T> JoinHandle<T> {
                 // async-task registers no waker for a task that is over; the one it may still
                 // hold (and wake or drop now) was guarded when it was registered.
                 // SAFETY: `meta` points into the header of the task this handle holds (see
-                // `State::Live`), and `TaskMeta`'s fields are atomics.
+                // `State::Live`), and `TaskMeta` is `Sync` (atomics, and fields fixed at spawn).
                 let guard = if task.is_finished() && !unsafe { &*meta }.cancel_dropping() {
                     None
                 } else {

@@ -434,7 +434,7 @@ fn cancel_here(r: Runnable) {
     }
     let _restore = Restore(foreign);
     // SAFETY: `meta` points into the header of `r`'s task, which `keep` (a reference) keeps
-    // alive until after the last use below; `TaskMeta`'s fields are atomics, and only the
+    // alive until after the last use below; `TaskMeta` is `Sync` (atomics, and fields fixed at spawn), and only the
     // holder of the `Runnable` (this function, until the drop) writes `last`.
     unsafe { (*meta).set_cancel_dropping(true) };
     drop(r);
