@@ -1858,6 +1858,19 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ECANCELED));
     }
 
+    /// A non-blocking eventfd (a driver's wake ping) and a pipe, for a test to close.
+    fn eventfd_and_pipe() -> (i32, [i32; 2]) {
+        // SAFETY: eventfd and pipe take no pointers but the live array; the caller owns the
+        // descriptors.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        let mut pipe = [0; 2];
+        // SAFETY: as above.
+        let rc = unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(rc, 0);
+        (efd, pipe)
+    }
+
     /// Rule 5 with the driver alive but out of reach: an `Op` that finds neither its driver
     /// nor a record of it leaks its data. Before the fix it freed it, taking "no record" for
     /// "nothing in the kernel", while a read still waited there (from a review: a `Core`
@@ -1867,14 +1880,7 @@ mod tests {
     fn an_op_dropped_while_its_driver_is_out_of_reach_keeps_its_data() {
         // A driver alive but no loop's (as a `Core`'s, dropped after its `Enter` guard when a
         // shutdown unwinds): an `Op` dropped now finds neither it nor a record of it.
-        // SAFETY: eventfd and pipe take no pointers but the live array; the descriptors are
-        // ours and closed below.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
-        let mut pipe = [0; 2];
-        // SAFETY: as above.
-        let rc = unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) };
-        assert_eq!(rc, 0);
+        let (efd, pipe) = eventfd_and_pipe();
         let Ok(u) = Uring::new(efd) else {
             return; // no io_uring here: nothing to check
         };
@@ -1925,14 +1931,7 @@ mod tests {
         std::fs::write(&path, vec![0xABu8; N]).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
-        // SAFETY: eventfd and pipe take no pointers but the live array; the descriptors are
-        // ours and closed below.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
-        let mut pipe = [0; 2];
-        // SAFETY: as above.
-        let rc = unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) };
-        assert_eq!(rc, 0);
+        let (efd, pipe) = eventfd_and_pipe();
         let Ok(u) = Uring::new(efd) else {
             return; // no io_uring here: nothing to check
         };
