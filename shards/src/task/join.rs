@@ -222,6 +222,7 @@ impl<T> Future for JoinHandle<T> {
                 match Pin::new(&mut task).poll(cx) {
                     Poll::Pending => {
                         self.state.set(State::Live(task, meta));
+                        self.waiting.set(true);
                         Poll::Pending
                     }
                     Poll::Ready(out) => Poll::Ready(output(out)),
