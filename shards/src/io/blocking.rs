@@ -203,8 +203,9 @@ extern "C" fn on_interrupt(_sig: libc::c_int) {
 
 /// Installs the interrupt signal's handler, unless the program has one of its own there.
 fn install_interrupt_handler() -> io::Result<()> {
-    // No `SA_RESTART`, so the interrupted call returns `EINTR`. Only pool threads are ever
-    // sent this signal.
+    // No `SA_RESTART`, so the interrupted call returns `EINTR`. Only threads running a pool job
+    // are ever sent this signal: pool threads, and a loop thread that runs a job itself when no
+    // pool thread could be started (nothing cancels that job while it runs).
     let sig = interrupt_signal();
     crate::sys::install_signal_handler(
         sig,

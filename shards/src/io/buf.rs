@@ -39,9 +39,10 @@ pub unsafe trait IoBuf: 'static {
 /// A buffer an I/O operation can fill (`read`, `recv`): from its start, up to `bytes_total()`.
 ///
 /// # Safety
-/// As for [`IoBuf`], for `stable_mut_ptr()`, and the memory must be writable, with nothing
-/// else reading or writing it while an operation owns the value (the kernel writes it
-/// asynchronously).
+/// As for [`IoBuf`], for `stable_mut_ptr()` (which must return the same pointer on every call
+/// while an operation owns the value: xtc may call it again, and the kernel may be writing
+/// through the first one), and the memory must be writable, with nothing else reading or
+/// writing it while an operation owns the value (the kernel writes it asynchronously).
 pub unsafe trait IoBufMut: IoBuf {
     /// Start of the buffer, writable.
     fn stable_mut_ptr(&mut self) -> *mut u8;

@@ -363,7 +363,8 @@ impl Epoll {
                 u64: token as u64,
             };
             // SAFETY: `ev` is a live local; the descriptors are open (the slot's fd is closed
-            // only after `deregister`).
+            // only after `deregister` where its loop's driver is reachable at the drop; where it
+            // is not, the driver is gone, and its epoll set with it).
             let added = cvt(unsafe {
                 libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, slot.fd, &mut ev)
             });
