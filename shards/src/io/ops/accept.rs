@@ -378,9 +378,10 @@ pub(crate) async fn accept(src: &Source, kept: &Kept) -> io::Result<(OwnedFd, So
                 // SAFETY: the kernel returned a fresh descriptor that we now own.
                 let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
                 // SAFETY: `storage.0` was zeroed (every byte initialized, a valid `sockaddr_storage`)
-                // and the kernel wrote a socket address of `storage.1` bytes over its start (no
-                // more than `sockaddr_storage` holds: the length passed in bounds what it writes,
-                // and the families xtc accepts on fit).
+                // and the kernel wrote a socket address of `storage.1` bytes over its start (it
+                // writes no more than the length passed in, and the addresses of the families
+                // xtc accepts on, IPv4, IPv6 and Unix, fit `sockaddr_storage`, so the length
+                // it reports does too).
                 let addr = unsafe { SockAddr::new(storage.0.assume_init(), storage.1) };
                 if !own {
                     return Ok((fd, addr));
