@@ -42,16 +42,15 @@
 //!    is done (a thread-local list of drivers being dropped), so such an `Op` is abandoned as
 //!    in rule 4, its data kept until its completion. An `Op` may outlive
 //!    its driver (a stream returned from `LocalExecutor::block_on` and used in the next one,
-//!    with a receive it kept): the driver leaves each live `Op`'s result in this thread's
-//!    [`ORPHANS`] (an `Op` is `!Send`, so it is polled and dropped on this thread), and the
+//!    with a receive it kept): the driver leaves each live `Op`'s result in
+//!    [`ORPHANS`] (a process-wide table, so an `Op` dropped at thread exit still finds it), and the
 //!    `Op` resolves to it there, so a receive that completed before the shutdown still hands
 //!    over its bytes, and a send still reports what it sent. One whose operation the kernel
 //!    still held when the driver gave up never resolves, and its data is leaked with it; so
 //!    does one that finds neither its driver nor a record (a driver that shut down records
 //!    every live `Op`, so that one is alive but out of reach: a `Core` dropped after its
 //!    loop's `Enter` guard, as when a shutdown unwinds, drops its queued tasks before its
-//!    driver), and one whose record this thread can no longer read (its thread-locals being
-//!    destroyed at exit).
+//!    driver).
 //!
 //! The loop's wake eventfd is read by a standing `READ` (token [`PING`]), re-armed at each
 //! park, so a cross-shard wake completes the driver's wait. (A kernel that answers that read
@@ -296,14 +295,24 @@ fn close_orphan(res: i32, is_fd: bool) {
 /// or `None` if the kernel still held the operation.
 type Orphan = Option<(i32, u64)>;
 
-thread_local! {
-    /// Rule 5: results of operations whose driver was dropped while their `Op` lived, by
-    /// (driver id, slot key). `Some((res, place))`: completed with `res`, at `place` in its
-    /// driver's order ([`Op::completed_at`]); `None`: the kernel still held the operation when
-    /// the driver gave up on it. An entry goes when its `Op` resolves or drops; only a leaked
-    /// (`mem::forget`) `Op` leaves one behind.
-    static ORPHANS: RefCell<std::collections::HashMap<(u64, usize), Orphan>> =
-        RefCell::new(std::collections::HashMap::new());
+/// Rule 5: results of operations whose driver was dropped while their `Op` lived, by (driver
+/// id, slot key; driver ids are unique in the process). `Some((res, place))`: completed with
+/// `res`, at `place` in its driver's order ([`Op::completed_at`]); `None`: the kernel still
+/// held the operation when the driver gave up on it. An entry goes when its `Op` resolves or
+/// drops; only a leaked (`mem::forget`) `Op` leaves one behind. A `static`, not a
+/// thread-local: an `Op` kept in a thread-local of the program is dropped at thread exit,
+/// maybe after a thread-local table was destroyed, and then could not tell a finished
+/// operation (its data to free) from one the kernel still held (its data to leak). Cost: a
+/// lock per driver drop and per orphaned `Op`'s poll or drop, off every other path.
+static ORPHANS: std::sync::Mutex<std::collections::BTreeMap<(u64, usize), Orphan>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// [`ORPHANS`], locked (a panic under the lock left nothing half-done: each use is one map
+/// operation).
+fn orphans() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<(u64, usize), Orphan>> {
+    ORPHANS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether `res` says the operation transferred nothing and must simply be started again:
@@ -343,22 +352,15 @@ fn log_enter_error(what: &str, e: &io::Error) {
     }
 }
 
-/// Rule 5: takes the result a dropped driver left for operation `key`, if any. With the
-/// table already gone (this thread is exiting, and its thread-locals go in no set order),
-/// `Some(None)`: what it held is unknown, so the kernel may still hold the operation.
+/// Rule 5: takes the result a dropped driver left for operation `key`, if any.
 fn take_orphan(driver: u64, key: usize) -> Option<Option<i32>> {
-    match ORPHANS.try_with(|o| o.borrow_mut().remove(&(driver, key))) {
-        Ok(record) => record.map(|r| r.map(|(res, _)| res)),
-        Err(_) => Some(None),
-    }
+    let record = orphans().remove(&(driver, key));
+    record.map(|r| r.map(|(res, _)| res))
 }
 
 /// Rule 5: the result a dropped driver left for operation `key`, if any, without taking it.
 fn peek_orphan(driver: u64, key: usize) -> Option<Orphan> {
-    ORPHANS
-        .try_with(|o| o.borrow().get(&(driver, key)).copied())
-        .ok()
-        .flatten()
+    orphans().get(&(driver, key)).copied()
 }
 
 /// One loop's io_uring.
@@ -1356,8 +1358,8 @@ impl Uring {
         self.settle_unconsumed();
         // Rule 5: what a live `Op` will ask for. `Completed` and `Submitted`/`Waiting` slots
         // are live `Op`s' (`Ignored` and `Detached` ones hold the data of `Op`s that are gone).
-        let _ = ORPHANS.try_with(|o| {
-            let mut o = o.borrow_mut();
+        {
+            let mut o = orphans();
             for (key, l) in self.ops.borrow().iter() {
                 match l {
                     Lifecycle::Completed(res, at) => {
@@ -1370,7 +1372,7 @@ impl Uring {
                     Lifecycle::Ignored(..) | Lifecycle::Detached(..) => {}
                 }
             }
-        });
+        }
         let left = self
             .ops
             .borrow()
@@ -1769,7 +1771,7 @@ impl<T: 'static> Future for Op<T> {
                 Some(None) => {
                     // The kernel may still write into the data: it is never handed back (the
                     // record goes back for this Op's drop, which leaks the data).
-                    let _ = ORPHANS.try_with(|o| o.borrow_mut().insert((driver, key), None));
+                    orphans().insert((driver, key), None);
                     Poll::Pending
                 }
                 // No record, and no driver reachable: a driver that shut down records every
