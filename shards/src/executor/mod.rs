@@ -573,7 +573,7 @@ impl Executor {
                 local: false,
             },
         )?;
-        crate::io::blocking::fix_interrupt_signal(b.interrupt_signal)?;
+        crate::io::blocking::fix_interrupt_signal(interrupt_signal)?;
         tracing::debug!(shards = placement.len(), "xtc executor built");
         Ok(Executor {
             handle: Handle { shared },

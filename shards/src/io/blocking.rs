@@ -136,13 +136,19 @@ struct CtlState {
 
 /// The signal that interrupts a cancelled job's blocking call, one per process as the pool
 /// is: fixed by the first executor built (`Builder::interrupt_signal`, `XTC_INTERRUPT_SIGNAL`;
-/// a build that fails fixes nothing) or the pool's first use, by default the third real-time signal glibc leaves to
-/// applications (`sys/cputimer.rs` uses the second). Cost: one load once fixed.
+/// a build that fails fixes nothing) or the pool's first use, by default
+/// [`default_interrupt_signal`]. Cost: one load once fixed.
 fn interrupt_signal() -> libc::c_int {
-    *INTERRUPT_SIGNAL.get_or_init(|| libc::SIGRTMIN() + 2)
+    *INTERRUPT_SIGNAL.get_or_init(default_interrupt_signal)
 }
 
 static INTERRUPT_SIGNAL: OnceLock<libc::c_int> = OnceLock::new();
+
+/// The third real-time signal glibc leaves to applications (`sys/cputimer.rs` uses the
+/// second).
+fn default_interrupt_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 2
+}
 
 /// The interrupt signal fixed for the process, or the default one while none is, without
 /// fixing it (a getter that fixed the default would refuse a later build asking for another).
@@ -150,7 +156,7 @@ pub(crate) fn interrupt_signal_now() -> libc::c_int {
     INTERRUPT_SIGNAL
         .get()
         .copied()
-        .unwrap_or_else(|| libc::SIGRTMIN() + 2)
+        .unwrap_or_else(default_interrupt_signal)
 }
 
 /// The interrupt signal a build asking for `wanted` (`None`: the one fixed, or the default)
@@ -162,27 +168,21 @@ pub(crate) fn check_interrupt_signal(wanted: Option<libc::c_int>) -> crate::Resu
     let Some(sig) = wanted else {
         return Ok(interrupt_signal_now());
     };
-    let fixed = INTERRUPT_SIGNAL.get().copied();
     let sig = crate::sys::check_rt_signal("interrupt_signal", sig)?;
-    match fixed {
-        Some(fixed) if fixed != sig => Err(already_fixed(sig, fixed)),
+    match INTERRUPT_SIGNAL.get() {
+        Some(&fixed) if fixed != sig => Err(already_fixed(sig, fixed)),
         _ => Ok(sig),
     }
 }
 
-/// Fixes the process's interrupt signal to `wanted` (`None`: keeps the one fixed, or the
-/// default) and returns it; `Err` as [`check_interrupt_signal`] (another thread's build may
-/// have fixed another one since that check).
-pub(crate) fn fix_interrupt_signal(wanted: Option<libc::c_int>) -> crate::Result<libc::c_int> {
-    let Some(sig) = wanted else {
-        return Ok(interrupt_signal());
-    };
-    let sig = crate::sys::check_rt_signal("interrupt_signal", sig)?;
+/// Fixes the process's interrupt signal to `sig`, which [`check_interrupt_signal`] gave;
+/// `Err` if another thread's build fixed another one since that check.
+pub(crate) fn fix_interrupt_signal(sig: libc::c_int) -> crate::Result<()> {
     let fixed = *INTERRUPT_SIGNAL.get_or_init(|| sig);
     if fixed != sig {
         return Err(already_fixed(sig, fixed));
     }
-    Ok(sig)
+    Ok(())
 }
 
 /// The error of a build that asks for interrupt signal `sig` while `fixed` is the process's.
