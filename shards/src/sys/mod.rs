@@ -29,7 +29,7 @@ pub(crate) fn signal_name(sig: libc::c_int) -> String {
 /// spaces ignored) or the signal's number. `None` for anything else or a number outside
 /// [`rt_signals`].
 pub(crate) fn parse_rt_signal(text: &str) -> Option<libc::c_int> {
-    let t: String = text
+    let t = text
         .chars()
         .filter(|c| !c.is_whitespace())
         .collect::<String>()
@@ -45,20 +45,14 @@ pub(crate) fn parse_rt_signal(text: &str) -> Option<libc::c_int> {
     rt_signals().contains(&sig).then_some(sig)
 }
 
-/// `+3` → 3, `-2` → -2, `` → 0.
+/// `+3` → 3, `-2` → -2, `` → 0 (a sign is required before a number; `parse` refuses a second
+/// sign or none but digits after it).
 fn offset(rest: &str) -> Option<libc::c_int> {
-    if rest.is_empty() {
-        return Some(0);
+    match rest.as_bytes().first() {
+        None => Some(0),
+        Some(b'+' | b'-') => rest.parse().ok(),
+        Some(_) => None,
     }
-    let (sign, digits) = match rest.as_bytes()[0] {
-        b'+' => (1, &rest[1..]),
-        b'-' => (-1, &rest[1..]),
-        _ => return None,
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse::<libc::c_int>().ok().map(|k| sign * k)
 }
 
 /// `Ok(sig)` if `sig` is a real-time signal a program may give xtc, else an `InvalidArgument`
