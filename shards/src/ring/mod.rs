@@ -167,14 +167,31 @@ impl Mesh {
     }
 
     /// Rule 1: loop `me` gives its ring ends back. The backlog must be empty, but for a loop
-    /// whose shutdown was cut short by a panic (its `Core` dropped while that panic unwinds):
-    /// its backlog's tasks are dropped with it, and a second panic here aborted the process.
-    pub(crate) fn give_back(&self, local: LocalMesh) {
+    /// whose shutdown was cut short by a panic (its `Core` dropped while that panic unwinds;
+    /// a second panic here aborted the process). Such a backlog's tasks are leaked, with an
+    /// error logged: they are other loops' tasks (wakes of their pinned tasks, whose futures
+    /// may be `!Send`, as well as spawns), and dropping them here dropped those futures on
+    /// this thread. Moving them to their owners' inboxes would need the counts a shutdown
+    /// keeps (`evacuate`), which the panic cut short.
+    pub(crate) fn give_back(&self, mut local: LocalMesh) {
         debug_assert!(
             local.backlogged == 0 || std::thread::panicking(),
             "a loop gave its ring ends back with {} backlogged messages",
             local.backlogged
         );
+        if local.backlogged > 0 {
+            tracing::error!(
+                shard = local.me,
+                tasks = local.backlogged,
+                "xtc: a loop stopped by a panic still held messages for other shards: their \
+                 tasks are leaked, not run (dropped on this thread, a task's future could be \
+                 one that must stay on its own shard's thread)"
+            );
+            for r in local.backlog.drain(..).flatten() {
+                std::mem::forget(r);
+            }
+            local.backlogged = 0;
+        }
         let n = self.n;
         let me = local.me;
         for (to, p) in local.out.into_iter().enumerate() {
@@ -822,5 +839,85 @@ impl Future for Reserve {
         } else {
             Poll::Pending
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        panic::AssertUnwindSafe,
+        sync::{
+            atomic::{AtomicBool, Ordering::SeqCst},
+            Arc,
+        },
+    };
+
+    use super::{LocalMesh, Mesh};
+    use crate::task::{self, Home, TaskInfo};
+
+    /// Sets its flag when dropped.
+    struct Flag(Arc<AtomicBool>);
+
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+        }
+    }
+
+    /// Gives a loop's ring ends back when dropped, as `Core`'s drop does.
+    struct GiveBack<'a>(&'a Mesh, Option<LocalMesh>);
+
+    impl Drop for GiveBack<'_> {
+        fn drop(&mut self) {
+            if let Some(local) = self.1.take() {
+                self.0.give_back(local);
+            }
+        }
+    }
+
+    /// A loop whose own code panics while it holds a backlog for another shard gives its
+    /// ends back during the unwind: the backlog's task, which belongs to that other shard,
+    /// is leaked there, not dropped on this thread (a pinned task's future may be `!Send`).
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "leaks the backlog's task, as it should: Miri reports leaks"
+    )]
+    fn a_backlog_given_back_by_a_panicking_loop_is_not_dropped_on_its_thread() {
+        let exec = crate::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let owner = exec.handle().shared.loops[1].clone();
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Flag(dropped.clone());
+        let (runnable, join) = task::create(
+            Home::new(&owner),
+            move || {
+                let _flag = flag;
+                async {}
+            },
+            TaskInfo::here(None),
+            0,
+        );
+        drop(join);
+        let mesh = Mesh::new(2, 4);
+        let mut local = mesh.take(0);
+        local.backlogged = 1;
+        local.backlog[1].push_back(runnable);
+        let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let _give_back = GiveBack(&mesh, Some(local));
+            panic!("test: a loop's own code panics");
+        }));
+        assert!(unwound.is_err());
+        assert!(
+            !dropped.load(SeqCst),
+            "the other shard's task was dropped on the panicking loop's thread"
+        );
+        // The ends are back for the next run.
+        let again = mesh.take(0);
+        assert!(again.out[1].is_some() && again.inc[1].is_some());
+        mesh.give_back(again);
     }
 }
