@@ -60,9 +60,18 @@
 //! (one CPU each, as far as the allowed CPUs go; the others float). Only the
 //! ratios, taken in the same run under the same load, mean much. Nothing here asserts on time.
 //!
+//! One 3-second window moves a lot on a shared 2-CPU machine (the slowest over fastest
+//! connection of one xtc build read from 0.34 to 0.90 between single runs, as the kernel moved
+//! the client between the server's CPUs), so `--repeat N` runs every server `N` times per
+//! connection count, in turns (each server once, then again, so a slow minute falls on all of
+//! them), and reports the median of each figure; ratios and goals are taken of the medians,
+//! and every run's own figures are listed under the table. `scripts/bench` runs it with
+//! `--repeat 3`.
+//!
 //! ```text
 //! echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N] [--clients N]
-//!      [--servers xtc,tokio,monoio,glommio,xtc-epoll,xtc-float,threads] [--svg PATH]
+//!      [--servers xtc,tokio,monoio,glommio,xtc-epoll,xtc-float,threads] [--repeat N]
+//!      [--svg PATH]
 //! ```
 
 use std::{
@@ -148,12 +157,17 @@ struct EchoArgs {
     shards: Option<usize>,
     clients: usize,
     servers: Vec<usize>,
+    /// Runs of every server per connection count, interleaved; the table shows their medians.
+    repeat: usize,
 }
+
+/// The most `--repeat` takes: past it a full run takes hours.
+const MAX_REPEAT: usize = 50;
 
 fn usage() -> &'static str {
     "usage: echo [--only echo] [--quick] [--conns 64,256] [--secs S] [--shards N] [--clients N]\n\
      \x20           [--servers xtc,tokio,monoio,glommio,xtc-epoll,xtc-float,threads]\n\
-     \x20           [--svg PATH]\n\
+     \x20           [--repeat N] [--svg PATH]\n\
      \n  --only echo      run the one benchmark (there is no other)\
      \n  --quick          a smoke run: 0.5 s windows after 0.2 s of warm-up\
      \n  --conns A,B,..   connection counts, one run of every server each (default 64,256)\
@@ -161,6 +175,8 @@ fn usage() -> &'static str {
      \n  --shards N       threads (shards, workers) of every server (default: one per allowed CPU)\
      \n  --clients N      load generator threads, the connections dealt out among them (default 1)\
      \n  --servers LIST   which servers to run (default: all)\
+     \n  --repeat N       runs of every server per connection count, taken in turns (server by\
+     \n                   server, then again), reported as their median (default 1)\
      \n  --svg PATH       where to write the bar chart (default: <workspace>/target/bench-echo.svg)"
 }
 
@@ -197,6 +213,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<EchoArgs, String
     let mut secs = None;
     let mut shards = None;
     let mut clients = 1;
+    let mut repeat = 1;
     let mut servers: Vec<usize> = (0..SERVERS.len()).collect();
     let mut rest = Vec::new();
     let mut it = args.into_iter();
@@ -224,6 +241,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<EchoArgs, String
             "--clients" => {
                 let v = value()?;
                 clients = parse_list("--clients", &v)?[0];
+            }
+            "--repeat" => {
+                let v = value()?;
+                repeat = parse_list("--repeat", &v)?[0];
+                if repeat > MAX_REPEAT {
+                    return Err(format!("--repeat {v}: at most {MAX_REPEAT}"));
+                }
             }
             "--servers" => {
                 let v = value()?;
@@ -257,6 +281,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<EchoArgs, String
         shards,
         clients,
         servers,
+        repeat,
     })
 }
 
@@ -1295,6 +1320,61 @@ impl Figures {
     }
 }
 
+impl Figures {
+    /// The median of each figure over the runs that succeeded (the upper one of an even
+    /// count); the note lists every run. `Err` of the first failure if none succeeded.
+    fn median(runs: &[Result<Figures, String>]) -> Result<Figures, String> {
+        let ok: Vec<&Figures> = runs.iter().filter_map(|r| r.as_ref().ok()).collect();
+        if ok.is_empty() {
+            return match runs.iter().find_map(|r| r.as_ref().err()) {
+                Some(e) => Err(e.clone()),
+                None => Err("no run".into()),
+            };
+        }
+        if runs.len() == 1 {
+            return Ok(ok[0].clone());
+        }
+        let med = |f: fn(&Figures) -> f64| {
+            let mut v: Vec<f64> = ok.iter().map(|x| f(x)).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let failed = runs.len() - ok.len();
+        let mut note = format!(
+            "median of {} runs{}:",
+            ok.len(),
+            if failed > 0 {
+                format!(
+                    " ({failed} failed: {})",
+                    runs.iter()
+                        .find_map(|r| r.as_ref().err())
+                        .map_or("", |e| e.as_str())
+                )
+            } else {
+                String::new()
+            }
+        );
+        for (i, f) in ok.iter().enumerate() {
+            note.push_str(&format!(
+                "\n      run {}: {:.1} k msgs/s, p50 {:.1} us, p99 {:.0} us, slowest/fastest {:.3}; {}",
+                i + 1,
+                f.k_msgs_per_s,
+                f.p50_us,
+                f.p99_us,
+                f.slowest_over_fastest,
+                f.note
+            ));
+        }
+        Ok(Figures {
+            k_msgs_per_s: med(|f| f.k_msgs_per_s),
+            p50_us: med(|f| f.p50_us),
+            p99_us: med(|f| f.p99_us),
+            slowest_over_fastest: med(|f| f.slowest_over_fastest),
+            note,
+        })
+    }
+}
+
 /// Starts `server`, drives it with `load`, stops it.
 fn measure(server: usize, shards: usize, place: &Placement, load: Load) -> Result<Figures, String> {
     let srv = start_server(server, shards, place)?;
@@ -1371,6 +1451,14 @@ fn main() -> ExitCode {
             n => format!("{n} client threads"),
         }
     );
+    if args.repeat > 1 {
+        println!(
+            "  {} runs of every server per connection count, taken in turns (each server once, \
+             then again); every figure below is the median of its runs, each ratio one of \
+             medians; the runs' own figures are listed at the end",
+            args.repeat
+        );
+    }
     println!(
         "  xtc = a shard per thread, a SO_REUSEPORT listener each, connections balanced over the \
          shards by ConnBalancer unless XTC_ECHO_HASH is set (io_uring; xtc-epoll: XTC_IO=epoll; \
@@ -1415,7 +1503,7 @@ fn main() -> ExitCode {
     // The one benchmark; `--only echo` selects it.
     debug_assert_eq!(args.common.selected(&BENCHES), vec!["echo"]);
 
-    let bar = ProgressBar::new((args.conns.len() * args.servers.len()) as u64);
+    let bar = ProgressBar::new((args.conns.len() * args.servers.len() * args.repeat) as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
             .expect("static progress template is valid"),
@@ -1428,14 +1516,30 @@ fn main() -> ExitCode {
             warmup,
             window,
         };
-        let mut row: Vec<Result<Figures, String>> = (0..SERVERS.len())
-            .map(|_| Err("not selected (--servers)".to_string()))
-            .collect();
-        for &s in &args.servers {
-            bar.set_message(format!("{} / {conns} conns", SERVERS[s]));
-            row[s] = measure(s, shards, &place, load);
-            bar.inc(1);
+        // In turns, so that a slow minute of the shared machine falls on every server.
+        let mut runs: Vec<Vec<Result<Figures, String>>> = vec![Vec::new(); SERVERS.len()];
+        for rep in 0..args.repeat {
+            for &s in &args.servers {
+                bar.set_message(format!(
+                    "{} / {conns} conns, run {}/{}",
+                    SERVERS[s],
+                    rep + 1,
+                    args.repeat
+                ));
+                runs[s].push(measure(s, shards, &place, load));
+                bar.inc(1);
+            }
         }
+        let row: Vec<Result<Figures, String>> = runs
+            .iter()
+            .map(|r| {
+                if r.is_empty() {
+                    Err("not selected (--servers)".to_string())
+                } else {
+                    Figures::median(r)
+                }
+            })
+            .collect();
         results.push(row);
     }
     bar.finish_and_clear();
@@ -1557,10 +1661,15 @@ fn main() -> ExitCode {
     let chart = Chart {
         title: "xtc TCP echo, 128-byte request/response on loopback".into(),
         subtitle: format!(
-            "{} run, {shards} server threads, window {:.1} s, connections {:?}",
+            "{} run, {shards} server threads, window {:.1} s, connections {:?}{}",
             if quick { "quick" } else { "full" },
             window.as_secs_f64(),
-            args.conns
+            args.conns,
+            if args.repeat > 1 {
+                format!(", median of {} runs each", args.repeat)
+            } else {
+                String::new()
+            }
         ),
         panels: table.panels(),
     };
@@ -1588,11 +1697,54 @@ mod tests {
         assert_eq!(a.secs, Some(0.25));
         assert_eq!(a.servers, (0..SERVERS.len()).collect::<Vec<_>>());
         assert_eq!(a.clients, 1);
-        let a = parse(&["--servers", "tokio,xtc", "--shards", "3", "--clients", "4"]).unwrap();
+        assert_eq!(a.repeat, 1);
+        let a = parse(&[
+            "--servers",
+            "tokio,xtc",
+            "--shards",
+            "3",
+            "--clients",
+            "4",
+            "--repeat",
+            "5",
+        ])
+        .unwrap();
         assert_eq!(a.servers, vec![XTC, TOKIO]);
         assert_eq!(a.shards, Some(3));
         assert_eq!(a.clients, 4);
+        assert_eq!(a.repeat, 5);
         assert!(a.common.svg.ends_with("bench-echo.svg"));
+    }
+
+    /// Medians of each figure over the runs that worked; a lone run is itself; no run that
+    /// worked is the first failure.
+    #[test]
+    fn median_of_runs() {
+        let f = |msgs: f64, p99: f64, fair: f64| -> Result<Figures, String> {
+            Ok(Figures {
+                k_msgs_per_s: msgs,
+                p50_us: msgs / 10.0,
+                p99_us: p99,
+                slowest_over_fastest: fair,
+                note: String::new(),
+            })
+        };
+        let m =
+            Figures::median(&[f(3.0, 10.0, 0.9), f(1.0, 30.0, 0.1), f(2.0, 20.0, 0.5)]).unwrap();
+        assert_eq!(
+            (m.k_msgs_per_s, m.p50_us, m.p99_us, m.slowest_over_fastest),
+            (2.0, 0.2, 20.0, 0.5)
+        );
+        assert!(m.note.starts_with("median of 3 runs:"), "{}", m.note);
+        let m = Figures::median(&[Err("down".into()), f(4.0, 1.0, 1.0)]).unwrap();
+        assert_eq!(m.k_msgs_per_s, 4.0);
+        assert!(m.note.contains("1 failed: down"), "{}", m.note);
+        assert_eq!(
+            Figures::median(&[f(5.0, 1.0, 1.0)]).unwrap().k_msgs_per_s,
+            5.0
+        );
+        let e = Figures::median(&[Err("a".into()), Err("b".into())]).unwrap_err();
+        assert_eq!(e, "a");
     }
 
     #[test]
@@ -1600,6 +1752,8 @@ mod tests {
         assert!(parse(&["--conns", "0"]).is_err());
         assert!(parse(&["--conns", "x"]).is_err());
         assert!(parse(&["--clients", "0"]).is_err());
+        assert!(parse(&["--repeat", "0"]).is_err());
+        assert!(parse(&["--repeat", "51"]).is_err());
         assert!(parse(&["--secs", "-1"]).is_err());
         // Past what a `Duration` (or an `Instant` plus it) holds: an error, not a panic.
         assert!(parse(&["--secs", "1e30"]).is_err());
