@@ -171,8 +171,9 @@ impl Mesh {
     /// a second panic here aborted the process). Such a backlog's tasks are leaked, with an
     /// error logged: they are other loops' tasks (wakes of their pinned tasks, whose futures
     /// may be `!Send`, as well as spawns), and dropping them here dropped those futures on
-    /// this thread. Moving them to their owners' inboxes would need the counts a shutdown
-    /// keeps (`evacuate`), which the panic cut short.
+    /// this thread; each also keeps its home loop's shared half allocated (`task/home.rs`).
+    /// Moving them to their owners' inboxes would need the counts a shutdown keeps
+    /// (`evacuate`), which the panic cut short.
     pub(crate) fn give_back(&self, mut local: LocalMesh) {
         debug_assert!(
             local.backlogged == 0 || std::thread::panicking(),
