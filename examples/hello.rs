@@ -27,7 +27,9 @@ fn main_with(mut args: impl Iterator<Item = std::ffi::OsString>) -> std::process
             ));
             return std::process::ExitCode::SUCCESS;
         }
-        eprintln!("hello: unexpected argument {arg:?}; it takes none (set XTC_SHARDS instead)");
+        err(format_args!(
+            "hello: unexpected argument {arg:?}; it takes none (set XTC_SHARDS instead)"
+        ));
         return std::process::ExitCode::from(2);
     }
     match run() {
@@ -35,7 +37,7 @@ fn main_with(mut args: impl Iterator<Item = std::ffi::OsString>) -> std::process
         Err(e) => {
             // The message (xtc's errors include their causes), not the `Debug` form that a
             // `Result` returned from `main` prints.
-            eprintln!("hello: {e}");
+            err(format_args!("hello: {e}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -46,6 +48,12 @@ fn main_with(mut args: impl Iterator<Item = std::ffi::OsString>) -> std::process
 fn out(args: std::fmt::Arguments<'_>) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stdout().lock(), "{args}");
+}
+
+/// The same on stderr (`hello 2>&1 | head -1`), where `eprintln!` panics.
+fn err(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
 }
 
 /// Runs the tour and checks it: every shard counted once in its own slot, and every

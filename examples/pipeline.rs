@@ -165,7 +165,7 @@ fn main() -> std::process::ExitCode {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("pipeline: {e}");
+            err(format_args!("pipeline: {e}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -176,6 +176,12 @@ fn main() -> std::process::ExitCode {
 fn out(args: std::fmt::Arguments<'_>) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stdout().lock(), "{args}");
+}
+
+/// The same on stderr (`pipeline ... 2>&1 | head -1`), where `eprintln!` panics.
+fn err(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
 }
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {

@@ -6,14 +6,16 @@ use std::{
     error::Error,
     future::Future,
     net::SocketAddr,
+    panic::AssertUnwindSafe,
     rc::Rc,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, OnceLock,
     },
     time::Instant,
 };
 
+use futures::FutureExt as _;
 use xtc::net::{ConnBalancer, TcpListener, TcpStream};
 
 /// Shows xtc's log (warnings and errors by default; `RUST_LOG` sets it, e.g. `RUST_LOG=xtc=debug`)
@@ -35,6 +37,13 @@ pub(crate) fn logging() {
 pub(crate) fn out(args: std::fmt::Arguments<'_>) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stdout().lock(), "{args}");
+}
+
+/// Prints `args` and a newline on stderr, ignoring a closed pipe (`kv ... 2>&1 | head -1`),
+/// where `eprintln!` panics: inside a client task that panic skipped the run's bookkeeping.
+pub(crate) fn err(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
 }
 
 /// The flags: `--addr A --clients N` and one for the work each client does.
@@ -218,10 +227,15 @@ fn claim(addr: SocketAddr) -> Result<SocketAddr, String> {
     std::net::TcpListener::bind(addr)
         .and_then(|l| l.local_addr())
         .map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
-                ": another program serves that port; stop it or pick another --addr"
-            } else {
-                ""
+            let hint = match e.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    ": another program serves that port; stop it or pick another --addr"
+                }
+                std::io::ErrorKind::AddrNotAvailable => {
+                    ": no interface of this machine has that address; give one it has \
+                     (127.0.0.1, 0.0.0.0 for all, or see `ip addr`)"
+                }
+                _ => "",
             };
             format!("bind {addr}: {e}{hint}")
         })
@@ -244,7 +258,7 @@ where
         let failure = failure.clone();
         exec.spawn_on(shard, move || async move {
             let fail = |what: String| {
-                eprintln!("{what}");
+                err(format_args!("{what}"));
                 let _ = failure.set(what);
                 xtc::stop();
             };
@@ -297,10 +311,28 @@ pub(crate) fn room_for(clients: usize, per_client: usize, shards: usize) -> Resu
             return Ok(());
         }
     }
+    // The most clients the hard limit leaves room for: raising the soft limit to it is all a
+    // process may do without privilege, so `ulimit -n` of more than it is no advice.
+    let most = |l: libc::rlim_t| {
+        (usize::try_from(l).unwrap_or(usize::MAX))
+            .saturating_sub(shards.saturating_mul(4).saturating_add(64))
+            / per_client.max(1)
+    };
+    let advice = if need == libc::RLIM_INFINITY {
+        format!("use fewer clients (at most {})", most(limit.rlim_max))
+    } else if fits(limit.rlim_max) {
+        format!("raise it with `ulimit -n {need}` or use fewer clients")
+    } else {
+        format!(
+            "use at most {} clients, or raise the hard limit (as root, `ulimit -Hn {need}`, \
+             or the `nofile` limit in /etc/security/limits.conf)",
+            most(limit.rlim_max)
+        )
+    };
     Err(format!(
         "--clients {clients} needs about {need} file descriptors ({per_client} per client, as \
          the clients and the server run in this process), over this process's limit of {} \
-         (hard limit {}): raise it with `ulimit -n {need}` or use fewer clients",
+         (hard limit {}): {advice}",
         limit.rlim_cur, limit.rlim_max
     ))
 }
@@ -332,13 +364,27 @@ impl Progress {
 
 /// What [`drive`] measured.
 pub(crate) struct Driven {
-    /// Clients (or the last check) that failed, those the executor stopped before they
-    /// finished included (a server shard that failed stops it).
+    /// Clients that failed (an error, a stall or a panic), those the executor stopped before
+    /// they finished included (a server shard that failed stops it).
     pub(crate) failed: u64,
+    /// The final check (`last`) failed, hung or panicked.
+    pub(crate) check_failed: bool,
     /// Seconds from the first client's start to the run's end.
     pub(crate) secs: f64,
     /// The units of work the clients reported done ([`Progress`]).
     pub(crate) done: u64,
+}
+
+impl Driven {
+    /// `Err` naming what failed: clients, the final check, or both.
+    pub(crate) fn verdict(&self) -> Result<(), Box<dyn Error>> {
+        match (self.failed, self.check_failed) {
+            (0, false) => Ok(()),
+            (0, true) => Err("the final check failed".into()),
+            (n, false) => Err(format!("{n} clients failed").into()),
+            (n, true) => Err(format!("{n} clients failed, and the final check failed").into()),
+        }
+    }
 }
 
 /// Runs `clients` clients on `exec` (pinned tasks spread over the shards), `client(id,
@@ -362,17 +408,22 @@ where
     room_for(clients, per_client, exec.shard_count())?;
     let left = Arc::new(AtomicUsize::new(clients));
     let failed = Arc::new(AtomicU64::new(0));
+    let check_failed = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
     for id in 0..clients {
         let (left, failed, total) = (left.clone(), failed.clone(), total.clone());
+        let check_failed = check_failed.clone();
         let (client, last) = (client.clone(), last.clone());
         exec.spawn_on(id % exec.shard_count(), move || async move {
             let progress = Progress {
                 mine: Rc::new(Cell::new(0)),
                 total,
             };
-            let mut work = std::pin::pin!(client(id, progress.clone()));
+            // A panic in the client's code is a failed client: caught here, so that the count
+            // below still goes down (past it, the run waited for that client for good).
+            let mut work =
+                std::pin::pin!(AssertUnwindSafe(client(id, progress.clone())).catch_unwind());
             // A server that stops answering fails the run instead of hanging it: the client
             // fails once a whole `CLIENT_STALL` passes without progress.
             let ended = loop {
@@ -384,24 +435,39 @@ where
                 }
             };
             match ended {
-                Some(Ok(())) => {}
-                Some(Err(e)) => {
-                    eprintln!("client {id}: {e}");
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => {
+                    err(format_args!("client {id}: {e}"));
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Err(panic)) => {
+                    err(format_args!(
+                        "client {id} panicked: {}",
+                        panic_message(&*panic)
+                    ));
                     failed.fetch_add(1, Ordering::Relaxed);
                 }
                 None => {
-                    eprintln!(
+                    err(format_args!(
                         "client {id}: no progress for {} s: the server stopped answering",
                         CLIENT_STALL.as_secs()
-                    );
+                    ));
                     failed.fetch_add(1, Ordering::Relaxed);
                 }
             }
             if left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let done = xtc::time::timeout(CLIENT_STALL, last()).await;
-                if let Err(e) = done.unwrap_or_else(|_| Err("the final check hung".into())) {
-                    eprintln!("{e}");
-                    failed.fetch_add(1, Ordering::Relaxed);
+                let check = AssertUnwindSafe(last()).catch_unwind();
+                let done = match xtc::time::timeout(CLIENT_STALL, check).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(panic)) => Err(format!(
+                        "the final check panicked: {}",
+                        panic_message(&*panic)
+                    )),
+                    Err(_) => Err("the final check hung".into()),
+                };
+                if let Err(e) = done {
+                    err(format_args!("{e}"));
+                    check_failed.store(true, Ordering::Relaxed);
                 }
                 xtc::stop();
             }
@@ -410,10 +476,13 @@ where
     exec.run()?;
     let unfinished = left.load(Ordering::Acquire) as u64;
     if unfinished > 0 {
-        eprintln!("{unfinished} clients did not finish: the executor stopped first");
+        err(format_args!(
+            "{unfinished} clients did not finish: the executor stopped first"
+        ));
     }
     Ok(Driven {
         failed: failed.load(Ordering::Relaxed) + unfinished,
+        check_failed: check_failed.load(Ordering::Relaxed),
         secs: t0.elapsed().as_secs_f64(),
         done: total.load(Ordering::Relaxed),
     })
@@ -437,6 +506,15 @@ pub(crate) fn shard_stats(exec: &xtc::Executor) -> xtc::Result<()> {
     Ok(())
 }
 
+/// The text of a caught panic's payload (a `&str` or `String` message), or a placeholder.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a payload that is not a message)")
+}
+
 /// What `main` returns for `result`: an error is printed as its message (xtc's errors include
 /// their causes), not as the `Debug` form a `Result` returned from `main` prints.
 pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::ExitCode {
@@ -444,8 +522,7 @@ pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::Exi
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // Not `eprintln!`, which panics (exit 101) on a closed stderr (`2>&1 | head`).
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "error: {e}");
+            err(format_args!("error: {e}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -515,7 +592,9 @@ mod tests {
                 || async { Ok(()) },
             );
             match (mode.to_str(), result) {
-                (Some("hard"), Err(e)) if e.to_string().contains("ulimit -n") => {}
+                // The hard limit leaves no room: the advice is a count that fits, not a
+                // `ulimit -n` the process may not raise itself to.
+                (Some("hard"), Err(e)) if e.to_string().contains("use at most") => {}
                 (Some("soft"), Ok(Driven { failed: 0, .. })) => {}
                 (mode, r) => panic!("{mode:?}: unexpected {:?}", r.map(|d| d.failed)),
             }
@@ -612,6 +691,97 @@ mod tests {
             .err()
             .expect("refused");
         assert!(err.to_string().starts_with("bind 192.0.2.1:0: "), "{err}");
+        assert!(
+            err.to_string()
+                .contains("no interface of this machine has that address"),
+            "{err}"
+        );
+    }
+
+    /// Runs `drive` on a thread of its own and waits for it at most a minute: a run that
+    /// hangs fails the test instead of holding the suite.
+    fn drive_within_a_minute<C, CF, L, LF>(clients: usize, client: C, last: L) -> Driven
+    where
+        C: Fn(usize, Progress) -> CF + Clone + Send + 'static,
+        CF: Future<Output = std::io::Result<()>> + 'static,
+        L: Fn() -> LF + Clone + Send + 'static,
+        LF: Future<Output = Result<(), String>> + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let exec = xtc::Executor::builder()
+                .shards(2)
+                .service_mode(true)
+                .oversubscribe(true)
+                .build()
+                .unwrap();
+            let driven = drive(&exec, clients, 1, client, last).map_err(|e| e.to_string());
+            let _ = tx.send(driven);
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the run hung")
+            .expect("drive refused to run")
+    }
+
+    /// A client whose code panics is a failed client, and the run ends: the panic unwound
+    /// past the count of clients still running, the last one never saw it reach zero, and the
+    /// run waited for good (so did any failure while stderr was a closed pipe, where the
+    /// report's `eprintln!` panicked).
+    #[test]
+    fn a_client_that_panics_is_a_failed_client_not_a_hung_run() {
+        let driven = drive_within_a_minute(
+            3,
+            |id, progress| async move {
+                if id == 1 {
+                    panic!("test: client 1 panics");
+                }
+                progress.add(1);
+                Ok(())
+            },
+            || async { Ok(()) },
+        );
+        assert_eq!(
+            (driven.failed, driven.check_failed, driven.done),
+            (1, false, 2)
+        );
+        assert_eq!(
+            driven.verdict().unwrap_err().to_string(),
+            "1 clients failed"
+        );
+    }
+
+    /// A final check that fails, or panics, is reported as the check, not as a failed client.
+    #[test]
+    fn a_failed_final_check_is_not_a_failed_client() {
+        let driven = drive_within_a_minute(
+            2,
+            |_, _| async { Ok(()) },
+            || async { Err("test: the count is off".to_string()) },
+        );
+        assert_eq!((driven.failed, driven.check_failed), (0, true));
+        assert_eq!(
+            driven.verdict().unwrap_err().to_string(),
+            "the final check failed"
+        );
+        let driven = drive_within_a_minute(
+            2,
+            |_, _| async { Err(std::io::Error::other("test: a client fails")) },
+            || async { panic!("test: the check panics") },
+        );
+        assert_eq!((driven.failed, driven.check_failed), (2, true));
+        assert_eq!(
+            driven.verdict().unwrap_err().to_string(),
+            "2 clients failed, and the final check failed"
+        );
+    }
+
+    /// A client count no descriptor limit can hold is told a count that fits: it was told to
+    /// run `ulimit -n 18446744073709551615`.
+    #[test]
+    fn a_client_count_past_any_limit_is_told_one_that_fits() {
+        let e = room_for(usize::MAX, 2, 1).expect_err("no limit holds that many");
+        assert!(e.contains("use fewer clients (at most "), "{e}");
+        assert!(!e.contains("ulimit -n 18446744073709551615"), "{e}");
     }
 
     /// Serving only, the default port applies when no `--addr` is given; an `--addr` with port 0
