@@ -337,6 +337,29 @@ pub(crate) fn room_for(clients: usize, per_client: usize, shards: usize) -> Resu
     ))
 }
 
+/// Makes sure `clients` connections to one address can each get a local port: every client
+/// connects from its own port of the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), and past its size the extra clients' connects
+/// failed one by one ("Cannot assign requested address"). `Ok` where the range cannot be read.
+fn ports_for(clients: usize) -> Result<(), String> {
+    let Ok(range) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
+        return Ok(());
+    };
+    let mut ends = range.split_whitespace().map(str::parse::<usize>);
+    let (Some(Ok(lo)), Some(Ok(hi))) = (ends.next(), ends.next()) else {
+        return Ok(());
+    };
+    let ports = (hi + 1).saturating_sub(lo);
+    if clients <= ports {
+        return Ok(());
+    }
+    Err(format!(
+        "--clients {clients} needs a local port each, and the kernel's ephemeral range \
+         ({lo}-{hi}, net.ipv4.ip_local_port_range) has {ports}: use at most {ports} clients, or \
+         widen the range (as root, `sysctl net.ipv4.ip_local_port_range=\"1024 65535\"`)"
+    ))
+}
+
 /// How long one client of [`drive`] may go without progress (a [`Progress::add`]), and its
 /// final check may take, before it counts as failed: a server that stops answering fails the
 /// run instead of hanging it. Measured on progress, not on the whole run: a deadline on the
@@ -406,6 +429,7 @@ where
     LF: Future<Output = Result<(), String>> + 'static,
 {
     room_for(clients, per_client, exec.shard_count())?;
+    ports_for(clients)?;
     let left = Arc::new(AtomicUsize::new(clients));
     let failed = Arc::new(AtomicU64::new(0));
     let check_failed = Arc::new(AtomicBool::new(false));
@@ -773,6 +797,23 @@ mod tests {
             driven.verdict().unwrap_err().to_string(),
             "2 clients failed, and the final check failed"
         );
+    }
+
+    /// More clients than the ephemeral port range has ports are refused before they start,
+    /// with the range named; a count within it passes.
+    #[test]
+    fn more_clients_than_local_ports_are_refused() {
+        let Ok(range) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
+            return; // nothing to check against
+        };
+        let v: Vec<usize> = range
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let ports = v[1] + 1 - v[0];
+        assert_eq!(ports_for(ports), Ok(()));
+        let e = ports_for(ports + 1).unwrap_err();
+        assert!(e.contains(&format!("use at most {ports} clients")), "{e}");
     }
 
     /// A client count no descriptor limit can hold is told a count that fits: it was told to
