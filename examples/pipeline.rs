@@ -206,6 +206,19 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         .service_mode(false)
         .build()?;
     let stages = exec.shard_count();
+    // Every ring and every stage's batch buffer together, which `parse`'s check (one ring)
+    // does not cover: under strict overcommit a run passed it and aborted at a later ring.
+    let total = (stages - 1)
+        .saturating_mul(args.capacity)
+        .saturating_add(stages.saturating_mul(args.batch));
+    if Vec::<u64>::new().try_reserve_exact(total).is_err() {
+        return Err(format!(
+            "--capacity {} and --batch {} over {stages} stages need {total} values in memory at \
+             once, more than can be allocated: use a smaller --capacity or fewer shards",
+            args.capacity, args.batch
+        )
+        .into());
+    }
     // One channel between each pair of neighbouring stages.
     let mut senders = Vec::new();
     let mut receivers = vec![None];
