@@ -349,7 +349,7 @@ fn ports_for(clients: usize) -> Result<(), String> {
     let (Some(Ok(lo)), Some(Ok(hi))) = (ends.next(), ends.next()) else {
         return Ok(());
     };
-    let ports = (hi + 1).saturating_sub(lo);
+    let ports = hi.saturating_add(1).saturating_sub(lo);
     if clients <= ports {
         return Ok(());
     }
@@ -401,11 +401,15 @@ pub(crate) struct Driven {
 impl Driven {
     /// `Err` naming what failed: clients, the final check, or both.
     pub(crate) fn verdict(&self) -> Result<(), Box<dyn Error>> {
+        let clients = |n: u64| match n {
+            1 => "1 client failed".to_string(),
+            n => format!("{n} clients failed"),
+        };
         match (self.failed, self.check_failed) {
             (0, false) => Ok(()),
             (0, true) => Err("the final check failed".into()),
-            (n, false) => Err(format!("{n} clients failed").into()),
-            (n, true) => Err(format!("{n} clients failed, and the final check failed").into()),
+            (n, false) => Err(clients(n).into()),
+            (n, true) => Err(format!("{}, and the final check failed", clients(n)).into()),
         }
     }
 }
@@ -768,10 +772,7 @@ mod tests {
             (driven.failed, driven.check_failed, driven.done),
             (1, false, 2)
         );
-        assert_eq!(
-            driven.verdict().unwrap_err().to_string(),
-            "1 clients failed"
-        );
+        assert_eq!(driven.verdict().unwrap_err().to_string(), "1 client failed");
     }
 
     /// A final check that fails, or panics, is reported as the check, not as a failed client.
