@@ -2,8 +2,10 @@
 //!
 //! A [`Topology`] wraps a [`hwlocality::Topology`] and, once at construction, extracts a
 //! per-PU table (core, L2, L3, NUMA node, package) and the NUMA latency matrix if hwloc
-//! has one. Every query after construction reads that table: no hwloc call, no allocation
-//! beyond the returned `Vec`s.
+//! has one. Every query after construction reads that table, with no hwloc call, except
+//! [`Topology::render_tree`], which walks hwloc's tree for its picture; each query's doc gives
+//! its cost (a few allocate: the returned `Vec`s, and [`Topology::allowed_cores`]' scratch
+//! list).
 
 use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};
@@ -695,7 +697,8 @@ impl Topology {
     /// Number of physical cores with at least one allowed PU.
     ///
     /// A PU that hwloc places under no core counts as a core of its own.
-    /// Cost: one pass over the allowed PUs and a small allocation.
+    /// Cost: one pass over the allowed PUs (a binary search each), and a scratch list of one
+    /// entry per allowed PU, sorted.
     pub fn allowed_cores(&self) -> usize {
         let mut keys: Vec<(bool, usize)> = self
             .allowed
@@ -774,7 +777,8 @@ impl Topology {
     ///   is kept.
     /// - `u64::MAX` if either PU is not in the topology.
     ///
-    /// Cost: two binary searches and a matrix lookup; no allocation.
+    /// Cost: two binary searches, and for PUs of different NUMA nodes with a matrix two more
+    /// and a matrix lookup; no allocation.
     pub fn distance(&self, a: usize, b: usize) -> u64 {
         let Some(level) = self.level(a, b) else {
             return u64::MAX;

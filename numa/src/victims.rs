@@ -126,8 +126,9 @@ impl VictimOrder {
         self.sensitivity
     }
 
-    /// One line per shard: its victims, with `|` between groups of equal distance and
-    /// each group's distance in brackets, e.g. `shard 0 (node 0): 1 2 3 [3] | 4 5 [36]`.
+    /// A heading, then one line per shard: its victims, with `|` between groups of equal
+    /// distance (or of different NUMA nodes) and each group's distance in brackets, e.g.
+    /// `  shard   0 (node 0): 1 2 3 [3] | 4 5 [36]` (the shard index padded to three places).
     ///
     /// Cost: allocates the string. For humans and logs.
     pub fn render(&self) -> String {

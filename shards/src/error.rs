@@ -145,17 +145,18 @@ impl JoinError {
         }
     }
 
-    /// The task was aborted, or dropped when its executor stopped.
+    /// The task was aborted, or dropped when its executor stopped. Cost: none.
     pub fn is_cancelled(&self) -> bool {
         matches!(self.repr, JoinRepr::Cancelled)
     }
 
-    /// The task panicked; the panic was caught and its loop went on.
+    /// The task panicked; the panic was caught and its loop went on. Cost: none.
     pub fn is_panic(&self) -> bool {
         matches!(self.repr, JoinRepr::Panic(_))
     }
 
-    /// The panic payload, to re-raise it with `std::panic::resume_unwind`.
+    /// The panic payload, to re-raise it with `std::panic::resume_unwind`. Cost: none (moves
+    /// the box out).
     pub fn into_panic(self) -> Option<Box<dyn Any + Send + 'static>> {
         match self.repr {
             JoinRepr::Panic(p) => Some(p.0),
@@ -163,7 +164,8 @@ impl JoinError {
         }
     }
 
-    /// The panic message when the payload is a string, as `panic!("..")` makes it.
+    /// The panic message when the payload is a string, as `panic!("..")` makes it. Cost: one
+    /// or two type checks of the payload; no allocation.
     pub fn panic_message(&self) -> Option<&str> {
         match &self.repr {
             JoinRepr::Panic(p) => payload_message(&*p.0),

@@ -20,7 +20,10 @@ use crate::{
 /// io_uring completion); otherwise completes at once.
 ///
 /// Cost when not due: two thread-local reads, a load of the executor's interval and one of the
-/// loop's count of classes (plus, when a latency class exists, one clock read).
+/// loop's count of classes; once the loop has classes, also a look at each class lane (a
+/// borrow and a scan for the smallest latency bound) and, where a latency class exists, one
+/// clock read and, once the task has run past that bound, a look at the loop's pending wakes
+/// (inbox, rings, I/O completions) and its next timer.
 /// When due: one re-queue, as [`yield_now`](crate::yield_now).
 pub fn yield_if_due() -> YieldIfDue {
     YieldIfDue { yielded: false }

@@ -1,5 +1,7 @@
 //! Per-loop counters: written by the loop alone (plain loads and stores, no read-modify-write),
-//! read by anyone as a lock-free snapshot.
+//! read by anyone as a lock-free snapshot. A snapshot itself makes two atomic maximums (the
+//! busy and idle totals it reports, so no later snapshot reports less), on words of their own
+//! that the loop never writes.
 
 use std::time::{Duration, Instant};
 

@@ -522,7 +522,7 @@ impl<T> Sender<T> {
         }
     }
 
-    /// Whether the receiver is gone.
+    /// Whether the receiver is gone. Cost: one atomic load.
     pub fn is_closed(&self) -> bool {
         self.chan.rx.is_closed()
     }
@@ -896,6 +896,8 @@ impl<T> Drop for Receiver<T> {
     /// `send_many` left (`Sender::last`) is dropped last, whether or not the `Sender` is still
     /// alive. A value whose `Drop`
     /// panics does not stop the drain: every value is dropped, then the first panic goes on.
+    /// Cost: an atomic store and a wake of a waiting sender, then the drops of the values
+    /// still in the ring (one pop each).
     fn drop(&mut self) {
         self.chan.rx.close();
         // Wake first: a value whose `Drop` panics must not leave a waiting sender asleep.

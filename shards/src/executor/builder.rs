@@ -245,25 +245,28 @@ impl Builder {
         }
     }
 
-    /// Number of shards (loops); 0 means one per allowed physical core, or with a CPU list
-    /// ([`Policy::Cpus`]) one per listed CPU.
+    /// Number of shards (loops); 0 (the default) means one per allowed physical core, or with
+    /// a CPU list ([`Policy::Cpus`]) one per listed CPU. Cost: stores the value (`build()`
+    /// checks it).
     pub fn shards(mut self, n: usize) -> Builder {
         self.shards = n;
         self.note_env("XTC_SHARDS", None);
         self
     }
 
-    /// Allows more shards than allowed CPUs; they then share CPUs evenly. Needed for 3+ shards
-    /// on a 2-CPU machine, and for a CPU list ([`Policy::Cpus`]) that names a CPU twice. Cost: shards on one CPU time-slice through the OS scheduler. At
-    /// most [`MAX_SHARDS_PER_CPU`](xtc_numa::MAX_SHARDS_PER_CPU) shards per allowed CPU;
-    /// `build()` fails beyond that.
+    /// Allows more shards than allowed CPUs (default off); they then share CPUs evenly. Needed
+    /// for 3+ shards on a 2-CPU machine, and for a CPU list ([`Policy::Cpus`]) that names a CPU
+    /// twice. Cost: shards on one CPU time-slice through the OS scheduler. At most
+    /// [`MAX_SHARDS_PER_CPU`](xtc_numa::MAX_SHARDS_PER_CPU) shards per allowed CPU; `build()`
+    /// fails beyond that.
     pub fn oversubscribe(mut self, yes: bool) -> Builder {
         self.oversubscribe = yes;
         self.note_env("XTC_OVERSUBSCRIBE", None);
         self
     }
 
-    /// How shards are placed on CPUs (default [`Policy::Compact`]).
+    /// How shards are placed on CPUs (default [`Policy::Compact`]). Cost: stores the policy
+    /// (`build()` computes the placement).
     pub fn placement(mut self, policy: Policy) -> Builder {
         self.placement = policy;
         self.note_env("XTC_PLACEMENT", None);
@@ -291,14 +294,16 @@ impl Builder {
         self
     }
 
-    /// Starts in service mode: `run()` ignores quiescence and returns only after `stop()`.
+    /// Starts in service mode (default off): `run()` ignores quiescence and returns only after
+    /// `stop()`. Cost: stores the value.
     pub fn service_mode(mut self, on: bool) -> Builder {
         self.service_mode = on;
         self
     }
 
     /// Grace period before an all-parked executor is reported as deadlocked; `None` disables the
-    /// report (an all-parked executor then waits forever, like tokio). Default 5 s.
+    /// report (an all-parked executor then waits forever, like tokio). Default 5 s. Cost: stores
+    /// the value.
     pub fn deadlock_grace(mut self, grace: Option<Duration>) -> Builder {
         self.deadlock_grace = grace;
         self
@@ -317,37 +322,42 @@ impl Builder {
     }
 
     /// Initial stealing setting (see `Handle::set_stealing`; default on).
+    /// Cost: stores the value.
     pub fn stealing(mut self, on: bool) -> Builder {
         self.stealing = on;
         self
     }
 
     /// Initial eager rebalance (see `Handle::set_eager_rebalance`; default off).
+    /// Cost: stores the value.
     pub fn eager_rebalance(mut self, on: bool) -> Builder {
         self.eager_rebalance = on;
         self
     }
 
     /// Initial steal backoff (see `Handle::set_steal_backoff`; default off).
+    /// Cost: stores the value.
     pub fn steal_backoff(mut self, on: bool) -> Builder {
         self.steal_backoff = on;
         self
     }
 
     /// Initial NUMA sensitivity, 0, 1 or 2 (see `Handle::set_numa_sensitivity`; default 1;
-    /// above 2 `build()` fails).
+    /// above 2 `build()` fails). Cost: stores the value.
     pub fn numa_sensitivity(mut self, level: u8) -> Builder {
         self.numa_sensitivity = level;
         self
     }
 
     /// Initial steal threshold (see `Handle::set_min_tasks_to_steal`; default 0).
+    /// Cost: stores the value.
     pub fn min_tasks_to_steal(mut self, n: usize) -> Builder {
         self.min_tasks_to_steal = n;
         self
     }
 
     /// Initial preemption interval (see `Handle::set_preempt`; default 0, off).
+    /// Cost: stores the value.
     pub fn preempt(mut self, interval: Duration) -> Builder {
         self.preempt = interval;
         self
@@ -383,6 +393,7 @@ impl Builder {
     }
 
     /// Initial stall budget of every loop (see `Handle::set_stall_budget`; default 0, off).
+    /// Cost: stores the value.
     pub fn stall_budget(mut self, budget: Duration) -> Builder {
         self.stall_budget = budget;
         self
@@ -390,13 +401,14 @@ impl Builder {
 
     /// Initial spin-before-park time (see `Handle::set_spin_before_park`; default
     /// [`DEFAULT_SPIN_BEFORE_PARK`]). `build()` refuses more than [`MAX_SPIN_BEFORE_PARK`].
+    /// Cost: stores the value.
     pub fn spin_before_park(mut self, spin: Duration) -> Builder {
         self.spin_before_park = spin;
         self
     }
 
     /// Initial reply spin (see `Handle::set_reply_spin`; default [`DEFAULT_REPLY_SPIN`]).
-    /// `build()` refuses more than [`MAX_SPIN_BEFORE_PARK`].
+    /// `build()` refuses more than [`MAX_SPIN_BEFORE_PARK`]. Cost: stores the value.
     pub fn reply_spin(mut self, spin: Duration) -> Builder {
         self.reply_spin = spin;
         self
@@ -406,6 +418,7 @@ impl Builder {
     /// works, epoll otherwise). A forced io_uring that is unavailable makes `build()` fail with
     /// the reason; a loop whose own ring fails to set up later still runs epoll, with a warning
     /// (see [`DriverChoice::IoUring`](crate::io::DriverChoice::IoUring)). See [`crate::io`].
+    /// Cost: stores the choice (`build()` probes io_uring once per process).
     ///
     /// [`DriverChoice::Auto`]: crate::io::DriverChoice::Auto
     pub fn io_driver(mut self, choice: crate::io::DriverChoice) -> Builder {
@@ -415,7 +428,9 @@ impl Builder {
 
     /// Places shards on this topology instead of the detected machine. With a synthetic or XML
     /// topology (a machine that is not this one) loops are **not pinned**: use it to exercise
-    /// placement and victim orders of bigger machines, with oversubscription.
+    /// placement and victim orders of bigger machines, with oversubscription. Default: the
+    /// machine's, detected by `build()`. Cost: one allocation (the topology moves into an
+    /// `Arc`).
     pub fn topology(mut self, topology: Topology) -> Builder {
         self.topology = Some(std::sync::Arc::new(topology));
         self

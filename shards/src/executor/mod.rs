@@ -457,7 +457,7 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// A [`Builder`] with the defaults.
+    /// A [`Builder`] with the defaults. Cost: none (no allocation).
     pub fn builder() -> Builder {
         Builder::new()
     }
@@ -759,7 +759,8 @@ impl Executor {
     /// before it completed, `Err(Deadlock)` as for [`run`](Self::run). The main task is named
     /// `main` and spawned here, at the caller's `block_on` call (deadlock and stall reports).
     /// `Err(AlreadyRunning)` while another `run` or `block_on` is in progress, and the start
-    /// errors of `run`. Cost: those of [`run`](Self::run) plus one task allocation.
+    /// errors of `run`. Cost: those of [`run`](Self::run) plus one task allocation and the
+    /// main task's name (a `String` in an `Arc`).
     #[track_caller]
     pub fn block_on<F, Fut>(&self, make: F) -> Result<Fut::Output>
     where
@@ -1124,7 +1125,9 @@ impl Drop for ExecShared {
 
 impl Drop for Executor {
     /// Frees the tasks queued and never run (see `ExecShared::drop_queued`); `run` cannot be
-    /// in progress (it borrows the executor). Cost: one lock per loop's inbox.
+    /// in progress (it borrows the executor). Cost: two or more sweeps, each taking every
+    /// ring's consumer lock (N·(N−1) for N shards), each loop's parked-task lists and its inbox
+    /// lock, then each loop's stall-callback lock; plus the drops of what they find.
     fn drop(&mut self) {
         self.handle.shared.close();
     }
@@ -1425,8 +1428,9 @@ impl Handle {
     }
 
     /// Asks the executor to stop: `run()` returns once every loop has dropped its tasks.
-    /// Safe from any thread; idempotent. Cost: one wake ping per loop (an eventfd write to a
-    /// sleeping one), and a lock and condvar notify to wake the coordinator.
+    /// Safe from any thread; idempotent. Cost: an eventfd write per loop, asleep or not (a
+    /// forced wake, so no loop can miss the stop), and a lock and condvar notify to wake the
+    /// coordinator.
     ///
     /// A stop asked while no `run()` (or `block_on`) is in progress is kept for the next one,
     /// which then stops at once and drops what was queued (its `JoinHandle`s report cancelled):
@@ -1536,8 +1540,11 @@ impl Handle {
     /// Re-read [`shard::id()`](crate::shard::id) after an `.await` to notice a move. Once the
     /// `Executor` is dropped (through a `Handle`) the task is dropped at once and its handle
     /// reports cancelled. Cost: one
-    /// allocation, a deque or injector push, a shared live-task counter update (migratable
-    /// tasks pay the cross-core atomics that pinned tasks avoid), and, the first time the task
+    /// allocation, a shared live-task counter update (migratable tasks pay the cross-core
+    /// atomics that pinned tasks avoid), a push on the chosen loop's injector with an atomic
+    /// add on its count and a wake ping (an eventfd write) if that loop sleeps, a nudge of an
+    /// idle peer with eager rebalance on, a ping to every sleeping loop when the live count
+    /// rises from zero (so idle loops look for work again), and, the first time the task
     /// parks, a registry insert under a per-shard lock.
     #[track_caller]
     pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
@@ -1821,7 +1828,8 @@ impl Handle {
 
     /// A lock-free snapshot of loop `shard`'s counters, readable while running and after
     /// `run()` returns. `Err(InvalidShard)` out of range. Cost: as
-    /// described on [`LoopStats`] (atomic loads and a clock read, no lock).
+    /// described on [`LoopStats`] (atomic loads, two atomic maximums and a clock read, no
+    /// lock).
     pub fn loop_stats(&self, shard: usize) -> Result<LoopStats> {
         let l = self.shared.shard(shard)?;
         Ok(l.stats.snapshot(

@@ -1,7 +1,7 @@
 //! Migratable tasks and work stealing (invariant 2 in the crate docs).
 //!
 //! Eligibility is fixed at spawn: only tasks spawned with [`spawn`](crate::spawn) /
-//! [`Executor::spawn`](crate::Executor::spawn) (`Send` futures) are ever moved. They live on
+//! [`Handle::spawn`](crate::Handle::spawn) (an `Executor` derefs to its `Handle`) (`Send` futures) are ever moved. They live on
 //! their loop's crossbeam-deque `Worker`, LIFO: the owner runs the newest task first, so a
 //! fork-join tree is walked depth-first (a small working set; FIFO walks it breadth-first and
 //! keeps most of it alive, cold in cache), while thieves take the oldest. Other loops hold its

@@ -56,7 +56,8 @@ impl Interval {
         poll_fn(|cx| self.poll_tick(cx)).await
     }
 
-    /// Polls for the next tick.
+    /// Polls for the next tick. Cost: as [`tick`](Self::tick)'s per tick; a poll before the
+    /// deadline costs a timer poll (no allocation).
     ///
     /// # Panics
     /// When called off any xtc loop, as [`tick`](Self::tick).
