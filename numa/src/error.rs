@@ -129,7 +129,9 @@ pub enum Error {
     #[error("cannot pin a thread using a synthetic or XML topology (it is not this machine); use Topology::detect() to pin")]
     SyntheticBind,
 
-    /// A shard index outside the placement was given.
+    /// A shard index outside the placement was given. No function of this crate returns it
+    /// today (`Placement::cpu` answers `None` and `VictimOrder::victims` an empty list for
+    /// such an index); kept for callers that report the case with this crate's error type.
     #[error("shard {shard} does not exist; the placement has {shards} shards (0..{shards})")]
     InvalidShard {
         /// The index given.
