@@ -1,6 +1,10 @@
 //! Hello from every shard: per-shard state without locks, a local task, a timer, and a
 //! cross-shard call. The README's usage example. Run: `cargo run --example hello`.
 
+#[path = "shared/print.rs"]
+mod print;
+
+use print::{err, out};
 use std::{
     cell::Cell,
     sync::{
@@ -41,19 +45,6 @@ fn main_with(mut args: impl Iterator<Item = std::ffi::OsString>) -> std::process
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// Prints `args` and a newline on stdout, ignoring a closed pipe (`hello | head -1`), where
-/// `println!` panics ("failed printing to stdout: Broken pipe").
-fn out(args: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stdout().lock(), "{args}");
-}
-
-/// The same on stderr (`hello 2>&1 | head -1`), where `eprintln!` panics.
-fn err(args: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr().lock(), "{args}");
 }
 
 /// Runs the tour and checks it: every shard counted once in its own slot, and every

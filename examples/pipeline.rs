@@ -10,6 +10,10 @@
 //! machine). It prints the items per
 //! second and each shard's polls, wakes and parks, and exits non-zero if the checksum is wrong.
 
+#[path = "shared/print.rs"]
+mod print;
+
+use print::{err, out};
 use std::{
     sync::{Arc, OnceLock},
     time::Instant,
@@ -169,19 +173,6 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// Prints `args` and a newline on stdout, ignoring a closed pipe (`pipeline ... | head -1`), where
-/// `println!` panics ("failed printing to stdout: Broken pipe").
-fn out(args: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stdout().lock(), "{args}");
-}
-
-/// The same on stderr (`pipeline ... 2>&1 | head -1`), where `eprintln!` panics.
-fn err(args: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr().lock(), "{args}");
 }
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {

@@ -32,19 +32,8 @@ pub(crate) fn logging() {
         .try_init();
 }
 
-/// Prints `args` and a newline on stdout, ignoring a closed pipe (`kv ... | head -1`), where
-/// `println!` panics ("failed printing to stdout: Broken pipe").
-pub(crate) fn out(args: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stdout().lock(), "{args}");
-}
-
-/// Prints `args` and a newline on stderr, ignoring a closed pipe (`kv ... 2>&1 | head -1`),
-/// where `eprintln!` panics: inside a client task that panic skipped the run's bookkeeping.
-pub(crate) fn err(args: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr().lock(), "{args}");
-}
+mod print;
+pub(crate) use print::{err, out};
 
 /// The flags: `--addr A --clients N` and one for the work each client does.
 pub(crate) struct Args {
@@ -283,10 +272,9 @@ where
 /// EMFILE and backed off until descriptors freed up, and none did (the connected clients
 /// waited for its replies): the run hung.
 pub(crate) fn room_for(clients: usize, per_client: usize, shards: usize) -> Result<(), String> {
-    let need = clients
-        .saturating_mul(per_client)
-        .saturating_add(shards.saturating_mul(4))
-        .saturating_add(64);
+    // The shards' own descriptors and the process's, besides the clients'.
+    let fixed = shards.saturating_mul(4).saturating_add(64);
+    let need = clients.saturating_mul(per_client).saturating_add(fixed);
     let need = libc::rlim_t::try_from(need).unwrap_or(libc::RLIM_INFINITY);
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -314,9 +302,7 @@ pub(crate) fn room_for(clients: usize, per_client: usize, shards: usize) -> Resu
     // The most clients the hard limit leaves room for: raising the soft limit to it is all a
     // process may do without privilege, so `ulimit -n` of more than it is no advice.
     let most = |l: libc::rlim_t| {
-        (usize::try_from(l).unwrap_or(usize::MAX))
-            .saturating_sub(shards.saturating_mul(4).saturating_add(64))
-            / per_client.max(1)
+        (usize::try_from(l).unwrap_or(usize::MAX)).saturating_sub(fixed) / per_client.max(1)
     };
     let advice = if need == libc::RLIM_INFINITY {
         format!("use fewer clients (at most {})", most(limit.rlim_max))
@@ -560,6 +546,17 @@ pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::Exi
 mod tests {
     use super::*;
 
+    /// An executor of `shards` shards in service mode (oversubscribed past the machine's CPUs),
+    /// as the examples' servers run.
+    fn service_exec(shards: usize) -> xtc::Executor {
+        xtc::Executor::builder()
+            .shards(shards)
+            .service_mode(true)
+            .oversubscribe(true)
+            .build()
+            .unwrap()
+    }
+
     /// Work whose request count overflows a counter is refused at parse time: the examples
     /// multiplied the flags at the end of the run and overflowed there (a panic in a debug
     /// build, a wrong rate in release).
@@ -597,12 +594,7 @@ mod tests {
         const CHILD: &str = "XTC_EXAMPLE_NOFILE_CHILD";
         let name = "shared::tests::more_clients_than_descriptors_are_refused_not_hung";
         if let Some(mode) = std::env::var_os(CHILD) {
-            let exec = xtc::Executor::builder()
-                .shards(2)
-                .service_mode(true)
-                .oversubscribe(true)
-                .build()
-                .unwrap();
+            let exec = service_exec(2);
             let server = listen(&exec, "127.0.0.1:0".parse().unwrap(), |s, _| async move {
                 let _ = s.write_all(b"x".to_vec()).await;
             })
@@ -709,11 +701,7 @@ mod tests {
     /// message naming it: "Cannot assign requested address (os error 99)" alone named nothing.
     #[test]
     fn an_address_that_cannot_be_bound_is_named() {
-        let exec = xtc::Executor::builder()
-            .shards(1)
-            .service_mode(true)
-            .build()
-            .unwrap();
+        let exec = service_exec(1);
         // 192.0.2.0/24 is TEST-NET-1 (RFC 5737): no interface of a test machine holds it.
         let err = listen(&exec, "192.0.2.1:0".parse().unwrap(), |_, _| async {})
             .err()
@@ -737,12 +725,7 @@ mod tests {
     {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let exec = xtc::Executor::builder()
-                .shards(2)
-                .service_mode(true)
-                .oversubscribe(true)
-                .build()
-                .unwrap();
+            let exec = service_exec(2);
             let driven = drive(&exec, clients, 1, client, last).map_err(|e| e.to_string());
             let _ = tx.send(driven);
         });
@@ -876,12 +859,7 @@ mod tests {
     fn a_server_that_cannot_bind_fails_the_run() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
-        let exec = xtc::Executor::builder()
-            .shards(2)
-            .service_mode(true)
-            .oversubscribe(true)
-            .build()
-            .unwrap();
+        let exec = service_exec(2);
         // Past `claim`, which refuses a taken port up front (see the test below).
         let server = serve_on(&exec, addr, |_, _| async {}).unwrap();
         // Each client connects (the taken socket's backlog completes the handshake) and waits
@@ -915,11 +893,7 @@ mod tests {
             l.into_std().ok().expect("no accept pending")
         });
         let addr = other.local_addr().unwrap();
-        let exec = xtc::Executor::builder()
-            .shards(1)
-            .service_mode(true)
-            .build()
-            .unwrap();
+        let exec = service_exec(1);
         let err = listen(&exec, addr, |_, _| async {}).err().expect("refused");
         assert!(err.to_string().contains("another program"), "{err}");
     }
@@ -950,11 +924,7 @@ mod tests {
     /// divided the requested total by the time, so failed clients still counted in full.
     #[test]
     fn drive_counts_the_work_done() {
-        let exec = xtc::Executor::builder()
-            .shards(1)
-            .service_mode(true)
-            .build()
-            .unwrap();
+        let exec = service_exec(1);
         let d = drive(
             &exec,
             2,

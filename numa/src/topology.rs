@@ -1098,26 +1098,29 @@ fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>, Option<&str>
 /// the level), if any (read as [`synthetic_max_index`] reads such a list).
 fn repeated_index(attrs: &str, used: u128) -> Option<u128> {
     let mut seen = std::collections::HashSet::new();
-    attrs
-        .split("indexes=")
-        .skip(1)
-        .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
-        .filter(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
+    index_lists(attrs)
         .flat_map(|list| list.split(','))
         .filter_map(|n| strtoul_prefix(n, 10).map(|(n, _)| n))
         .take(usize::try_from(used).unwrap_or(usize::MAX))
         .find(|&n| !seen.insert(n))
 }
 
+/// The explicit `indexes=a,b,...` lists in `text` (digits and commas, up to the `)` or space
+/// that ends them), in order: how hwloc's synthetic parser tells a list of OS indexes from
+/// an interleaving pattern (`indexes=core:pack`) or `step*count` loops, which are skipped.
+fn index_lists(text: &str) -> impl Iterator<Item = &str> {
+    text.split("indexes=")
+        .skip(1)
+        .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
+        .filter(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
+}
+
 /// How many OS indexes an explicit `indexes=a,b,...` list in the attribute block `attrs`
 /// names (read as [`synthetic_max_index`] reads such a list; empty entries, as after a
 /// trailing comma, name none); `None` without such a list.
 fn listed_indexes(attrs: &str) -> Option<u128> {
-    attrs
-        .split("indexes=")
-        .skip(1)
-        .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
-        .find(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
+    index_lists(attrs)
+        .next()
         .map(|list| list.split(',').filter(|n| !n.is_empty()).count() as u128)
 }
 
@@ -1244,10 +1247,7 @@ fn strtol_u32(s: &str) -> Option<(u32, usize)> {
 /// (`2*4:1*2`), which number PUs below their count ([`synthetic_leaves`] bounds that), or are
 /// ignored.
 fn synthetic_max_index(desc: &str) -> u128 {
-    desc.split("indexes=")
-        .skip(1)
-        .filter_map(|rest| rest.split(|c: char| c == ')' || c.is_whitespace()).next())
-        .filter(|list| !list.is_empty() && list.bytes().all(|c| c.is_ascii_digit() || c == b','))
+    index_lists(desc)
         .flat_map(|list| list.split(','))
         .filter_map(|n| strtoul_prefix(n, 10).map(|(n, _)| n))
         .max()

@@ -26,16 +26,9 @@ fn a_dropped_blocking_open_is_interrupted_with_the_signal_the_program_picked() {
         .build()
         .unwrap();
     assert_eq!(ex.interrupt_signal(), ours);
-    let path = common::fifo("xtc-pool-interrupt", "theirs");
-    let p = path.clone();
-    ex.spawn_on(
-        0,
-        move || async move { common::give_up_opening_fifo(&p).await },
-    )
-    .unwrap();
-    let returned = common::run_with_a_dropped_fifo_open(ex, &path);
-    let _ = std::fs::remove_file(&path);
-    returned.unwrap().unwrap();
+    common::drop_a_fifo_open(ex, "xtc-pool-interrupt", "theirs")
+        .unwrap()
+        .unwrap();
     assert_ne!(handler_of(ours), libc::SIG_DFL, "xtc's interrupt handler");
     assert_eq!(
         handler_of(theirs),

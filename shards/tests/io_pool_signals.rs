@@ -26,16 +26,7 @@ fn a_dropped_blocking_open_is_interrupted_when_the_program_blocks_signals() {
             1,
             |b| b,
             |driver, exec| {
-                let path = common::fifo("xtc-io-pool", &format!("masked-{driver}"));
-                let p = path.clone();
-                exec.spawn_on(
-                    0,
-                    move || async move { common::give_up_opening_fifo(&p).await },
-                )
-                .unwrap();
-                let returned = common::run_with_a_dropped_fifo_open(exec, &path);
-                let _ = std::fs::remove_file(&path);
-                returned
+                common::drop_a_fifo_open(exec, "xtc-io-pool", &format!("masked-{driver}"))
                     .unwrap_or_else(|e| panic!("{driver}: {e}"))
                     .unwrap();
             },

@@ -574,6 +574,23 @@ pub async fn give_up_opening_fifo(fifo: &std::path::Path) {
     assert!(open.await.is_err(), "nobody reads the FIFO: the open waits");
 }
 
+/// The whole case: makes a FIFO ([`fifo`]`(prefix, tag)`), has a task on shard 0 of `exec`
+/// drop an `open` of it ([`give_up_opening_fifo`]), runs `exec` as
+/// [`run_with_a_dropped_fifo_open`] does, and removes the FIFO.
+pub fn drop_a_fifo_open(
+    exec: Executor,
+    prefix: &str,
+    tag: &str,
+) -> Result<xtc_shards::Result<()>, String> {
+    let path = fifo(prefix, tag);
+    let p = path.clone();
+    exec.spawn_on(0, move || async move { give_up_opening_fifo(&p).await })
+        .unwrap();
+    let returned = run_with_a_dropped_fifo_open(exec, &path);
+    let _ = std::fs::remove_file(&path);
+    returned
+}
+
 /// Runs `exec` whose task dropped an `open` for writing of the FIFO at `fifo` that no reader
 /// comes to: only the pool job's interrupt ends that `open(2)`, and `run()` waits for the job.
 /// `Err` if `run()` had not returned after 10 s (a hang guard, not a timing assertion); the
