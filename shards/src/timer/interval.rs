@@ -48,7 +48,10 @@ pub struct Interval {
 impl Interval {
     /// Waits for the next tick and returns its scheduled instant (with a zero period: the
     /// instant the previous tick completed, or `start` for the first). Cost per tick: a clock
-    /// read and a timer reset (O(log n)), as [`Sleep::reset`](super::Sleep::reset).
+    /// read, a field write for the next deadline (the sleep has completed, so nothing is
+    /// registered to move), and at the next waiting poll a fresh timer registration on the
+    /// polling loop (a heap insert, O(log n) in its live timers, and a weak reference to the
+    /// loop taken and later dropped).
     ///
     /// # Panics
     /// When polled off any xtc loop (its timer needs a loop, as [`sleep`](super::sleep)'s).

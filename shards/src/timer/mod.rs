@@ -8,7 +8,10 @@
 //! heap's earliest deadline (its I/O driver's wait, `io_uring_enter` with a timeout or
 //! `epoll_pwait2`, takes nanoseconds) the heap gives exact deadlines, and
 //! `sleep(1ms)` overshoot is dominated by the thread wake-up, not the structure
-//! (`scripts/bench --only sleep`).
+//! (`scripts/bench --only sleep`). One exception: where `epoll_pwait2` is missing (kernels
+//! before 5.11) or refused (a seccomp filter), the epoll driver waits with `epoll_wait`, in
+//! whole milliseconds rounded up, so there a timer is never early but may be up to 1 ms late
+//! (a `sleep(100µs)` lasts at least 1 ms; `io/epoll.rs`).
 
 mod interval;
 mod sleep;
