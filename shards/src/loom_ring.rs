@@ -9,8 +9,9 @@
 //! shipping code uses, accessed the same way, in the code's order (a loop spins, then
 //! announces and rechecks); the channel models run the shipping `channel::shared::Side`
 //! (waker slot, `waiting` and close flags) and the real `Inbox`, through which a foreign wake
-//! reaches the task's loop; the held-item models run the shipping `Sender` and `Receiver`
-//! themselves (their rtrb ring unchecked, their wake state and `last` slot checked).
+//! reaches the task's loop; the held-item models and the `loom_channel_shipping_*` models run
+//! the shipping `Sender` and `Receiver` themselves, their futures' polls included (their rtrb
+//! ring unchecked, their wake state and `last` slot checked).
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p xtc-shards --release --lib loom_`.
 
@@ -562,6 +563,109 @@ fn loom_ring_backlog_moved_into_the_ring_wakes_the_consumer() {
         });
         producer.join().unwrap();
         assert_eq!(got, vec![1, 2]);
+    });
+}
+
+/// Polls `fut` as a task of a loop would, until it is ready: each `Pending` ends the turn and
+/// the loop parks until the task's waker (through its inbox) says it was woken.
+fn drive<F: std::future::Future>(fut: F) -> F::Output {
+    use std::task::{Context, Poll};
+    let inbox = Arc::new(Inbox::new());
+    let parker = Arc::new(Parker::new().unwrap());
+    let waker = std::task::Waker::from(std::sync::Arc::new(Wake {
+        inbox: inbox.clone(),
+        parker: parker.clone(),
+    }));
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        match fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(v) => return v,
+            Poll::Pending => run_until_woken(&inbox, &parker),
+        }
+    }
+}
+
+/// Rules 1 and the sender's close on the shipping `RecvFut::poll` (try, `Side::wait`,
+/// recheck), not a copy of it: [`channel_model`] checks the same protocol over a ring whose
+/// orderings loom explores, this one the poll's own code (rtrb unchecked), so a poll that
+/// dropped its recheck is caught here. The sender sends two values off any loop (each one
+/// signalled at once) and drops its end; the receiver's `recv().await` must get both, then
+/// the end.
+#[test]
+fn loom_channel_shipping_recv_never_misses_a_send_or_the_close() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let (mut tx, mut rx) = crate::channel::shared::bounded::<u32>(4).unwrap();
+        let sender = thread::spawn(move || {
+            assert!(tx.try_send(1).is_ok());
+            assert!(tx.try_send(2).is_ok());
+        });
+        let mut got = Vec::new();
+        while let Some(v) = drive(rx.recv()) {
+            got.push(v);
+        }
+        sender.join().unwrap();
+        assert_eq!(got, vec![1, 2]);
+    });
+}
+
+/// Rule 3 and the receiver's close on the shipping `SendFut::poll`: the ring (capacity 1) is
+/// full; the receiver takes its value and then, with `close`, drops its end (else hands it
+/// back); the sender's `send(2).await` must get its value in, or see the close, without a
+/// lost wake-up. Without `close` the value is then in the ring.
+fn shipping_send_model(close: bool) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(move || {
+        let (mut tx, mut rx) = crate::channel::shared::bounded::<u32>(1).unwrap();
+        assert!(tx.try_send(1).is_ok());
+        let receiver = thread::spawn(move || {
+            assert_eq!(rx.try_recv().ok(), Some(1));
+            if close {
+                drop(rx);
+                None
+            } else {
+                Some(rx)
+            }
+        });
+        let sent = drive(tx.send(2));
+        // With `close` the value either got in before the close (then the receiver's drop
+        // drained it) or was refused: both end the send, which is what the model checks.
+        if let Some(mut rx) = receiver.join().unwrap() {
+            assert!(sent.is_ok(), "the receiver is alive");
+            assert_eq!(rx.try_recv().ok(), Some(2));
+        }
+    });
+}
+
+#[test]
+fn loom_channel_shipping_send_never_misses_freed_space() {
+    shipping_send_model(false);
+}
+
+#[test]
+fn loom_channel_shipping_send_never_misses_the_receivers_close() {
+    shipping_send_model(true);
+}
+
+/// Both ends waiting, on the shipping `SendMany` (try, announce, recheck, a second full ring
+/// waits) and `RecvMany` (try, `Side::wait`, recheck): three values through a ring of one,
+/// so each end waits for the other, then the sender's drop. The receiver must get all three,
+/// in order, then the end (`recv_many` resolving to 0).
+#[test]
+fn loom_channel_shipping_send_many_and_recv_many_wait_for_each_other() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.check(|| {
+        let (mut tx, mut rx) = crate::channel::shared::bounded::<u32>(1).unwrap();
+        let sender = thread::spawn(move || {
+            assert!(drive(tx.send_many([1, 2, 3])).is_ok());
+        });
+        let mut got = Vec::new();
+        while drive(rx.recv_many(&mut got, 8)) > 0 {}
+        sender.join().unwrap();
+        assert_eq!(got, vec![1, 2, 3]);
     });
 }
 

@@ -398,7 +398,11 @@ impl<T> Receiver<T> {
                 // the clone may have sent or closed, so look again before waiting.
                 let fresh = cx.waker().clone();
                 match self.try_recv() {
-                    Ok(v) => return Poll::Ready(Some(v)),
+                    Ok(v) => {
+                        // Moved without waiting: it counts towards the budget's run.
+                        self.run.moved(1);
+                        return Poll::Ready(Some(v));
+                    }
                     Err(TryRecvError::Closed) => return Poll::Ready(None),
                     Err(TryRecvError::Empty) => {}
                 }

@@ -337,7 +337,8 @@ impl<T> Sender<T> {
     /// Sends `value`, waiting while the channel is full. `Err` gives the value back if the
     /// receiver is gone. `Ok` means the value is in the channel, not that it will be received
     /// (as in tokio): a send racing the `Receiver`'s drop may land after the receiver's last
-    /// drain, and the value then stays in the ring until this `Sender` drops. Not cancel-safe, as tokio's `send`: dropping the future while it waits
+    /// drain, and the value then stays in the ring until this `Sender` drops. Not cancel-safe,
+    /// as tokio's `send`: dropping the future while it waits
     /// drops `value` (to keep it, use [`try_send`](Self::try_send), or
     /// [`send_many`](Self::send_many) over `iter.by_ref()`, which keeps what it has not sent).
     /// Cost: a ring push; an atomic read-modify-write only once per turn and per
@@ -496,7 +497,12 @@ impl<T> Sender<T> {
     /// does (backpressure), in batches as large as the free space. Resolves once the last
     /// item is in the ring. If the receiver goes away, the items not yet sent come back in the
     /// [`SendError`], as the iterator itself (the next item first): `items` may be endless,
-    /// and the caller decides whether to collect the rest. After a ring's worth of items (at
+    /// and the caller decides whether to collect the rest. As with [`send`](Self::send), `Ok`
+    /// and "sent" mean in the ring, not received: the close is looked at before each batch,
+    /// so a `Receiver` dropped while a batch is written (from another thread, or by the
+    /// iterator's own `next`) leaves up to a ring's worth of items in the ring, counted as
+    /// sent, until this `Sender` drops them (an rtrb producer cannot take items back).
+    /// After a ring's worth of items (at
     /// most 65,536, whatever the capacity) in one poll it yields to the loop's other tasks
     /// (and is polled again at once), so a long or endless iterator to a receiver that keeps
     /// up does not hold its loop. Its items count toward the 1,024 in a row after which the
@@ -567,7 +573,12 @@ impl<T> Future for SendFut<'_, T> {
         // Rule 3: announce, then recheck.
         tx.chan.tx.wait(cx.waker());
         match tx.try_send(value) {
-            Ok(()) => Poll::Ready(Ok(())),
+            Ok(()) => {
+                // In on the recheck, without waiting: it counts towards the budget's run (a
+                // stream that always won the recheck never yielded).
+                tx.run.moved(1);
+                Poll::Ready(Ok(()))
+            }
             Err(TrySendError::Closed(v)) => Poll::Ready(Err(SendError(v))),
             Err(TrySendError::Full(v)) => {
                 tx.run.waited();
@@ -823,7 +834,11 @@ impl<T> Future for RecvFut<'_, T> {
         // Rule 1: announce, then recheck.
         rx.chan.rx.wait(cx.waker());
         match rx.try_recv() {
-            Ok(v) => Poll::Ready(Some(v)),
+            Ok(v) => {
+                // Taken on the recheck, without waiting: it counts towards the run.
+                rx.run.moved(1);
+                Poll::Ready(Some(v))
+            }
             Err(TryRecvError::Closed) => Poll::Ready(None),
             Err(TryRecvError::Empty) => {
                 rx.run.waited();
@@ -860,7 +875,11 @@ impl<T> Future for RecvMany<'_, T> {
         // Rule 1: announce, then recheck.
         this.rx.chan.rx.wait(cx.waker());
         match this.rx.try_recv_many(this.buf, this.limit) {
-            Ok(n) => Poll::Ready(n),
+            Ok(n) => {
+                // Taken on the recheck, without waiting: they count towards the run.
+                this.rx.run.moved(n);
+                Poll::Ready(n)
+            }
             Err(TryRecvError::Closed) => Poll::Ready(0),
             Err(TryRecvError::Empty) => {
                 this.rx.run.waited();
