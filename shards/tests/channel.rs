@@ -307,7 +307,7 @@ fn local_a_cancelled_waiting_send_passes_the_freed_slot_on() {
         xtc_shards::yield_now().await;
         // The receiver frees the slot: B must be woken and send.
         assert_eq!(rx.recv().await, Some(0));
-        let got = xtc_shards::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        let got = xtc_shards::time::timeout(HANG, rx.recv()).await;
         assert_eq!(got, Ok(Some(2)), "B was never woken for the freed slot");
         b.await.unwrap().unwrap();
     });
@@ -341,7 +341,7 @@ fn local_a_repolled_waiting_send_keeps_one_place_in_line() {
         xtc_shards::yield_now().await;
         let mut got = Vec::new();
         for _ in 0..3 {
-            let v = xtc_shards::time::timeout(Duration::from_secs(5), rx.recv()).await;
+            let v = xtc_shards::time::timeout(HANG, rx.recv()).await;
             got.push(v.expect("a waiting sender was never woken").unwrap());
         }
         assert_eq!(got, vec![0, 1, 2]);
@@ -376,7 +376,7 @@ fn local_a_later_send_does_not_overtake_a_waiting_one() {
             }
             if cap == 2 {
                 // Both slots are free: A takes one, and B gets the other without a receive.
-                let sent = xtc_shards::time::timeout(Duration::from_secs(5), b).await;
+                let sent = xtc_shards::time::timeout(HANG, b).await;
                 sent.expect("B was never woken for the second free slot")
                     .unwrap()
                     .unwrap();
@@ -387,7 +387,7 @@ fn local_a_later_send_does_not_overtake_a_waiting_one() {
             }
             let mut got = Vec::new();
             for _ in 0..2 {
-                let v = xtc_shards::time::timeout(Duration::from_secs(5), rx.recv()).await;
+                let v = xtc_shards::time::timeout(HANG, rx.recv()).await;
                 got.push(v.expect("a waiting sender was never woken").unwrap());
             }
             assert_eq!(got, vec![100, 200], "capacity {cap}: B overtook A");
@@ -422,7 +422,7 @@ fn local_many_senders_some_cancelled_nothing_lost_nothing_stuck() {
         // Receive slowly at first, so the impatient half gives up while waiting in line.
         xtc_shards::time::sleep(Duration::from_millis(20)).await;
         let mut got = Vec::new();
-        while let Some(v) = xtc_shards::time::timeout(Duration::from_secs(5), rx.recv())
+        while let Some(v) = xtc_shards::time::timeout(HANG, rx.recv())
             .await
             .expect("stuck")
         {
@@ -683,7 +683,7 @@ fn local_receiver_drop_with_a_panicking_value_still_wakes_waiting_senders() {
         let dropper = xtc_shards::spawn_local(async move { drop(rx) });
         assert!(dropper.await.is_err(), "the value's Drop panicked");
         drop(tx);
-        xtc_shards::time::timeout(Duration::from_secs(2), sender).await
+        xtc_shards::time::timeout(HANG, sender).await
     });
     match res {
         Ok(closed) => assert!(closed.unwrap(), "the send saw the close"),
@@ -1270,7 +1270,7 @@ fn shared_a_signal_registered_while_the_shutdown_flushes_is_not_left_behind() {
         }));
         xtc_shards::yield_now().await;
     });
-    let got = done_rx.recv_timeout(Duration::from_secs(5));
+    let got = done_rx.recv_timeout(HANG);
     assert_eq!(
         got,
         Ok(Some(42)),

@@ -1423,7 +1423,7 @@ fn an_async_read_wait_on_a_later_loop_survives_an_owned_read_dropped_there() {
             assert!(matches!(read.as_mut().poll(&mut cx), Poll::Pending));
         }
         go.send(()).unwrap();
-        xtc_shards::time::timeout(Duration::from_secs(3), reader).await
+        xtc_shards::time::timeout(HANG, reader).await
     });
     peer.join().unwrap();
     match got {

@@ -1117,7 +1117,7 @@ fn a_dropped_accept_loses_no_connection() {
             sleep(Duration::from_millis(100)).await; // the loop reaps the accept's completion
             drop(fut);
             let _client = join_thread(client).await;
-            let (s, _) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+            let (s, _) = xtc_shards::time::timeout(HANG, l.accept())
                 .await
                 .unwrap_or_else(|_| panic!("[{driver}] the dropped accept's connection was lost"))
                 .unwrap();
@@ -1150,7 +1150,7 @@ fn into_std_after_a_dropped_accept_loses_no_connection() {
                 Err(e) => {
                     assert_eq!(driver, Driver::IoUring, "only io_uring keeps an accept");
                     let l = e.into_inner();
-                    let (s, _) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+                    let (s, _) = xtc_shards::time::timeout(HANG, l.accept())
                         .await
                         .unwrap_or_else(|_| panic!("[{driver}] the kept connection was lost"))
                         .unwrap();
@@ -1217,7 +1217,7 @@ fn an_accept_dropped_beside_another_leaves_it_the_connection() {
         drop(dropped);
         let client = client_that_writes(addr, b"hi");
         let _client = join_thread(client).await;
-        let s = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+        let s = xtc_shards::time::timeout(HANG, waiting)
             .await
             .unwrap_or_else(|_| panic!("[{driver}] the waiting accept never got the connection"))
             .unwrap()
@@ -1248,7 +1248,7 @@ fn a_connection_kept_from_a_dropped_accept_reaches_an_accept_already_waiting() {
             let waiting = spawn_local(async move { l2.accept().await.map(|(s, _)| s) });
             xtc_shards::yield_now().await; // the second accept waits (in the kernel, on io_uring)
             drop(dropped);
-            let s = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+            let s = xtc_shards::time::timeout(HANG, waiting)
                 .await
                 .unwrap_or_else(|_| {
                     panic!(
@@ -1282,13 +1282,13 @@ fn a_connection_kept_from_a_dropped_accept_comes_before_a_waiting_accepts_own() 
         // Before the waiting accept runs again: this reaches its own `ACCEPT`.
         let _second = std::net::TcpStream::connect(addr).unwrap();
         thread::sleep(Duration::from_millis(20));
-        let peer = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+        let peer = xtc_shards::time::timeout(HANG, waiting)
             .await
             .unwrap_or_else(|_| panic!("[{driver}] the waiting accept never finished"))
             .unwrap()
             .unwrap();
         assert_eq!(peer, first.local_addr().unwrap(), "[{driver}]");
-        let (_, next) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+        let (_, next) = xtc_shards::time::timeout(HANG, l.accept())
             .await
             .unwrap_or_else(|_| panic!("[{driver}] the second connection never came"))
             .unwrap();
@@ -1326,7 +1326,7 @@ fn connections_of_accepts_dropped_in_reverse_come_in_the_order_accepted() {
         drop(second);
         drop(first);
         while seen.len() < 2 {
-            let (_, peer) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+            let (_, peer) = xtc_shards::time::timeout(HANG, l.accept())
                 .await
                 .unwrap_or_else(|_| panic!("[{driver}] a connection never came"))
                 .unwrap();
@@ -1375,7 +1375,7 @@ fn a_connection_accepted_before_its_driver_went_comes_before_a_later_drivers() {
         drop(second);
         drop(first);
         while seen.len() < 2 {
-            let (_, peer) = xtc_shards::time::timeout(Duration::from_secs(3), l.accept())
+            let (_, peer) = xtc_shards::time::timeout(HANG, l.accept())
                 .await
                 .unwrap_or_else(|_| panic!("a connection never came"))
                 .unwrap();
@@ -1410,7 +1410,7 @@ fn a_dropped_accept_takes_nothing_from_a_listener_sharing_its_socket() {
         xtc_shards::yield_now().await;
         let client = client_that_writes(addr, b"hi");
         let _client = join_thread(client).await;
-        let s = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+        let s = xtc_shards::time::timeout(HANG, waiting)
             .await
             .unwrap_or_else(|_| {
                 panic!("[{driver}] b never got the connection: a's dropped accept took it")
@@ -1590,7 +1590,7 @@ fn a_datagram_kept_from_a_dropped_recv_from_reaches_a_recv_already_waiting() {
             });
             xtc_shards::yield_now().await; // the second receive waits (in the kernel, on io_uring)
             drop(dropped);
-            let got = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+            let got = xtc_shards::time::timeout(HANG, waiting)
                 .await
                 .unwrap_or_else(|_| {
                     panic!("[{driver}] the waiting recv_from never got the dropped one's datagram")
@@ -1625,12 +1625,12 @@ fn a_datagram_kept_from_a_dropped_recv_from_comes_before_a_waiting_ones_own() {
         // Before the waiting receive runs again: this reaches its own receive.
         peer.send_to(b"two", addr).unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        let first = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+        let first = xtc_shards::time::timeout(HANG, waiting)
             .await
             .unwrap_or_else(|_| panic!("[{driver}] the waiting recv_from never finished"))
             .unwrap()
             .unwrap();
-        let (r, b) = xtc_shards::time::timeout(Duration::from_secs(3), s.recv_from(vec![0u8; 16]))
+        let (r, b) = xtc_shards::time::timeout(HANG, s.recv_from(vec![0u8; 16]))
             .await
             .unwrap_or_else(|_| panic!("[{driver}] the second datagram never came"));
         let second = b[..r.unwrap().0].to_vec();
@@ -1673,10 +1673,9 @@ fn datagrams_of_recv_froms_dropped_in_reverse_come_in_the_order_received() {
         drop(second);
         drop(first);
         while seen.len() < 2 {
-            let (r, b) =
-                xtc_shards::time::timeout(Duration::from_secs(3), s.recv_from(vec![0u8; 16]))
-                    .await
-                    .unwrap_or_else(|_| panic!("[{driver}] a datagram never came"));
+            let (r, b) = xtc_shards::time::timeout(HANG, s.recv_from(vec![0u8; 16]))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] a datagram never came"));
             seen.push(b[..r.unwrap().0].to_vec());
         }
         assert_eq!(seen, [&b"one"[..], &b"two"[..]], "[{driver}]");
@@ -1784,7 +1783,7 @@ async fn datagram_outlives_its_dropped_receive(
     thread::sleep(Duration::from_millis(50)); // completed in the kernel, not reaped
     before_drop();
     drop(fut);
-    let got = xtc_shards::time::timeout(Duration::from_secs(2), s.recv_from(vec![0u8; 16])).await;
+    let got = xtc_shards::time::timeout(HANG, s.recv_from(vec![0u8; 16])).await;
     let Ok((r, b)) = got else {
         panic!("[{driver}] the datagram was lost, or sat behind a kept receive");
     };
@@ -2129,9 +2128,7 @@ fn tcp_read_past_the_urgent_mark() {
         sleep(Duration::from_millis(50)).await;
         let mut got = Vec::new();
         while got.len() < 10 {
-            let Ok((r, b)) =
-                xtc_shards::time::timeout(Duration::from_secs(3), s.read(Vec::with_capacity(100)))
-                    .await
+            let Ok((r, b)) = xtc_shards::time::timeout(HANG, s.read(Vec::with_capacity(100))).await
             else {
                 panic!(
                     "[{driver}] a read hung with bytes queued behind the urgent mark (got {:?})",
@@ -2177,8 +2174,7 @@ fn unix_read_past_a_message_with_descriptors() {
                             n
                         }
                     };
-                    let Ok(n) = xtc_shards::time::timeout(Duration::from_secs(3), read).await
-                    else {
+                    let Ok(n) = xtc_shards::time::timeout(HANG, read).await else {
                         panic!(
                             "[{driver}] a read (AsyncRead: {trait_side}) hung with bytes queued \
                          behind a message with descriptors (got {:?})",

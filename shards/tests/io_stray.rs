@@ -572,7 +572,7 @@ fn a_finished_read_dropped_beside_a_waiting_one_wakes_it() {
             let waiting = spawn_local(async move { a2.read(Vec::with_capacity(64)).await });
             sleep(Duration::from_millis(5)).await; // the second read waits in the kernel
             drop(first);
-            let (r, got) = xtc_shards::time::timeout(Duration::from_secs(3), waiting)
+            let (r, got) = xtc_shards::time::timeout(io_common::HANG, waiting)
                 .await
                 .unwrap_or_else(|_| {
                     panic!("[{driver}] the waiting read never got the dropped read's bytes")
@@ -1881,7 +1881,7 @@ async fn woken_in_time(woken: &Cell<bool>) -> bool {
             Poll::Pending
         }
     });
-    xtc_shards::time::timeout(Duration::from_secs(5), set)
+    xtc_shards::time::timeout(io_common::HANG, set)
         .await
         .is_ok()
 }
@@ -1980,7 +1980,7 @@ fn a_read_whose_sibling_moved_to_another_waker_is_still_woken() {
             sleep(Duration::from_millis(20)).await;
             let (w, _) = b.write_all(b"world".to_vec()).await;
             w.unwrap();
-            let got = xtc_shards::time::timeout(Duration::from_secs(5), first).await;
+            let got = xtc_shards::time::timeout(io_common::HANG, first).await;
             let (x, y) = got
                 .expect("lost wake-up: a read waiting behind the kept one was never woken")
                 .unwrap();
@@ -2342,10 +2342,9 @@ fn a_recv_from_while_its_loop_is_hidden_does_not_wait_for_a_kept_receive() {
             );
             let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             tx.send_to(b"one", addr).unwrap();
-            let (r, b) =
-                xtc_shards::time::timeout(Duration::from_secs(5), s.recv_from(vec![0u8; 16]))
-                    .await
-                    .unwrap_or_else(|_| panic!("[{driver}] the datagram was lost"));
+            let (r, b) = xtc_shards::time::timeout(io_common::HANG, s.recv_from(vec![0u8; 16]))
+                .await
+                .unwrap_or_else(|_| panic!("[{driver}] the datagram was lost"));
             let (n, _) = r.unwrap();
             assert_eq!(&b[..n], b"one", "[{driver}]");
         },
@@ -2457,7 +2456,7 @@ fn a_write_behind_cut_by_its_drivers_shutdown_reaches_the_peer_before_a_read(via
         got.map(|()| all)
     });
     let answer = ex.block_on(async move {
-        let answer = xtc_shards::time::timeout(Duration::from_secs(5), async {
+        let answer = xtc_shards::time::timeout(io_common::HANG, async {
             if via_trait {
                 let mut two = [0u8; 2];
                 futures::io::AsyncReadExt::read_exact(&mut a, &mut two)
