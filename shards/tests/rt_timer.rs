@@ -60,23 +60,25 @@ fn sleeps_fire_in_deadline_order() {
 #[test]
 fn timeout_elapses_and_cancels_its_timer() {
     let ex = Executor::builder().shards(1).build().unwrap();
-    let t0 = Instant::now();
     let h = ex
         .spawn_on(0, || async {
             let r = time::timeout(Duration::from_millis(10), std::future::pending::<()>()).await;
             assert!(r.is_err());
             assert_eq!(r.unwrap_err().to_string(), "deadline has elapsed");
-            // Completes first: its 10 s timer is cancelled, and run() need not wait for it.
-            time::timeout(Duration::from_secs(10), async { 3 })
-                .await
-                .unwrap()
+            // Pending at its first poll (which registers the timer), it completes first: its
+            // hour-long timer is cancelled, and run() need not wait for it. Kept, the timer
+            // holds run() for the hour, far past the hang guard, so that fails for certain.
+            time::timeout(Duration::from_secs(3600), async {
+                xtc_shards::yield_now().await;
+                3
+            })
+            .await
+            .unwrap()
         })
         .unwrap();
-    ex.run().unwrap();
-    assert!(
-        t0.elapsed() < Duration::from_secs(5),
-        "cancelled timer kept run() alive"
-    );
+    common::run_within(&ex, common::HANG)
+        .expect("cancelled timer kept run() alive")
+        .unwrap();
     assert_eq!(futures::executor::block_on(h).unwrap(), 3);
 }
 
@@ -87,18 +89,18 @@ fn dropped_sleep_does_not_hold_quiescence() {
         .oversubscribe(true)
         .build()
         .unwrap();
+    // Hour-long sleeps: a dropped one whose timer stayed would hold run() far past the hang
+    // guard, so the bug fails for certain, with no race against a clock.
     ex.spawn_on(1, || async {
-        let s = time::sleep(Duration::from_secs(30));
+        let s = time::sleep(Duration::from_secs(3600));
         drop(s);
-        let mut s = Box::pin(time::sleep(Duration::from_secs(30)));
+        let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
         // Register it, then drop it while pending.
         let _ = futures::poll!(s.as_mut());
         drop(s);
     })
     .unwrap();
-    let t0 = Instant::now();
-    ex.run().unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(10));
+    common::run_or_fail(ex, common::HANG, "a dropped sleep's timer held quiescence").unwrap();
 }
 
 /// Ticks come at `first + k·period` for growing `k`, never before their instant; a tick is
@@ -170,16 +172,19 @@ fn interval_skips_missed_ticks() {
     });
 }
 
+/// A sleep whose deadline has passed is ready at its first poll: checked without awaiting it,
+/// so a sleep that waited instead fails here rather than hanging the test.
 #[test]
 fn sleep_until_past_deadline_is_ready() {
     LocalExecutor::new().unwrap().block_on(async {
-        time::sleep_until(Instant::now() - Duration::from_millis(1)).await;
+        let mut s = Box::pin(time::sleep_until(Instant::now() - Duration::from_millis(1)));
+        assert!(
+            futures::poll!(s.as_mut()).is_ready(),
+            "a sleep whose deadline passed waited"
+        );
     });
 }
 
-/// A migratable task registers a long timeout on one loop, is woken by a sender on the other
-/// loop (so it moves there, steal rule 1) and finishes there. Its timer must not keep the first
-/// loop waiting: `run()` returns at once, not at the 30 s deadline.
 /// Sleeps whose deadlines have passed complete at once, but a loop of them lets the loop turn
 /// (another task runs, a due timer fires) before it ends: such a task (a rate loop fallen
 /// behind, `sleep(ZERO)` in a loop) never returned `Pending` and held its loop for good.
@@ -198,10 +203,41 @@ fn a_loop_of_passed_sleeps_lets_the_loop_turn() {
     });
 }
 
+/// Called by a task on shard 0 in the poll in which it starts to wait (about to return
+/// `Pending`): records in `waiting` the park of shard 0 that follows (its count now, plus one),
+/// which [`until_waiting_on_shard_0`] waits for.
+fn mark_waiting_on_shard_0(waiting: &std::sync::atomic::AtomicU64) {
+    let parks = xtc_shards::shard::handle()
+        .unwrap()
+        .loop_stats(0)
+        .unwrap()
+        .parks;
+    waiting.store(parks + 1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Inside a task on shard 1: waits until the task that called [`mark_waiting_on_shard_0`] has
+/// returned `Pending`, which shard 0's next park shows (a loop does not park in the middle of
+/// a poll). Only a task that waits moves to the loop that wakes it (steal rule 1): woken while
+/// still in its poll, or before it started to wait, it stays on shard 0, which a sender that
+/// only slept "long enough" could not rule out on a loaded machine.
+async fn until_waiting_on_shard_0(waiting: &std::sync::atomic::AtomicU64) {
+    let h = xtc_shards::shard::handle().unwrap();
+    let waits = common::sleep_until(|| {
+        let after = waiting.load(std::sync::atomic::Ordering::SeqCst);
+        after != 0 && h.loop_stats(0).unwrap().parks >= after
+    })
+    .await;
+    assert!(waits, "the task on shard 0 never started to wait");
+}
+
+/// A migratable task registers a long timeout on one loop, is woken by a sender on the other
+/// loop (so it moves there, steal rule 1) and finishes there. Its timer must not keep the first
+/// loop waiting: `run()` returns at quiescence, not at the deadline, an hour away (so a timer
+/// left behind holds `run()` past the hang guard, for certain).
 #[test]
 fn a_moved_sleep_does_not_hold_quiescence_on_its_old_loop() {
     use std::sync::{
-        atomic::{AtomicUsize, Ordering::SeqCst},
+        atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst},
         Arc,
     };
     let ex = Executor::builder()
@@ -212,11 +248,19 @@ fn a_moved_sleep_does_not_hold_quiescence_on_its_old_loop() {
     let (mut tx, mut rx) = xtc_shards::channel::shared::bounded::<u32>(1).unwrap();
     let shards = Arc::new([AtomicUsize::new(9), AtomicUsize::new(9)]);
     let seen = shards.clone();
+    let waiting = Arc::new(AtomicU64::new(0));
+    let w = waiting.clone();
     ex.spawn_on(0, move || async move {
         // Migratable, placed on this loop (shard 0), where it registers the timeout's timer.
         let waiter = xtc_shards::spawn(async move {
             seen[0].store(xtc_shards::shard::id(), SeqCst);
-            let got = time::timeout(Duration::from_secs(30), rx.recv()).await;
+            let mut got = Box::pin(time::timeout(Duration::from_secs(3600), rx.recv()));
+            assert!(
+                futures::poll!(got.as_mut()).is_pending(),
+                "nothing sent yet"
+            );
+            mark_waiting_on_shard_0(&w);
+            let got = got.await;
             seen[1].store(xtc_shards::shard::id(), SeqCst);
             got
         });
@@ -224,22 +268,16 @@ fn a_moved_sleep_does_not_hold_quiescence_on_its_old_loop() {
     })
     .unwrap();
     ex.spawn_on(1, move || async move {
-        time::sleep(Duration::from_millis(50)).await;
+        until_waiting_on_shard_0(&waiting).await;
         tx.send(7).await.unwrap();
     })
     .unwrap();
-    let t0 = Instant::now();
-    ex.run().unwrap();
-    let took = t0.elapsed();
+    common::run_or_fail(ex, common::HANG, "the moved task's timer held its old loop").unwrap();
     let (before, after) = (shards[0].load(SeqCst), shards[1].load(SeqCst));
     assert_eq!(
         (before, after),
         (0, 1),
         "the task was meant to move from shard 0 to 1"
-    );
-    assert!(
-        took < Duration::from_secs(10),
-        "run() waited {took:?}: the moved task's timer held its old loop"
     );
 }
 
@@ -362,13 +400,21 @@ fn a_sleep_reset_after_its_task_moved_wakes_it() {
     let (mut tx, mut rx) = xtc_shards::channel::shared::bounded::<u32>(1).unwrap();
     let shards = Arc::new([AtomicUsize::new(9), AtomicUsize::new(9)]);
     let seen = shards.clone();
+    let waiting = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let w = waiting.clone();
     ex.spawn_on(0, move || async move {
         let mover = xtc_shards::spawn(async move {
             let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
             assert!(futures::poll!(s.as_mut()).is_pending());
             seen[0].store(xtc_shards::shard::id(), SeqCst);
             // Woken from shard 1, the task moves there.
-            assert_eq!(rx.recv().await, Some(7));
+            let mut recv = Box::pin(rx.recv());
+            assert!(
+                futures::poll!(recv.as_mut()).is_pending(),
+                "nothing sent yet"
+            );
+            mark_waiting_on_shard_0(&w);
+            assert_eq!(recv.await, Some(7));
             seen[1].store(xtc_shards::shard::id(), SeqCst);
             s.as_mut().reset(Instant::now() + Duration::from_millis(20));
             next_wake().await;
@@ -378,7 +424,7 @@ fn a_sleep_reset_after_its_task_moved_wakes_it() {
     })
     .unwrap();
     ex.spawn_on(1, move || async move {
-        time::sleep(Duration::from_millis(50)).await;
+        until_waiting_on_shard_0(&waiting).await;
         tx.send(7).await.unwrap();
     })
     .unwrap();
@@ -442,9 +488,10 @@ async fn register(s: &mut std::pin::Pin<Box<time::Sleep>>) {
     .await;
 }
 
-/// Registers a 30 s sleep on shard 0 of a 1-shard executor, hands it to `dropper` (on its own
-/// thread) and checks that `run()` returns at quiescence, long before the sleep's deadline:
-/// the timer went with the sleep, wherever `dropper` dropped it.
+/// Registers an hour-long sleep on shard 0 of a 1-shard executor, hands it to `dropper` (on its
+/// own thread) and checks that `run()` returns at quiescence, within the hang guard and so long
+/// before the sleep's deadline: the timer went with the sleep, wherever `dropper` dropped it.
+/// A timer left behind holds `run()` for the hour, which the guard reports for certain.
 fn sleep_dropped_elsewhere_does_not_hold_run(
     what: &str,
     dropper: impl FnOnce(std::sync::mpsc::Receiver<std::pin::Pin<Box<time::Sleep>>>) + Send + 'static,
@@ -453,24 +500,18 @@ fn sleep_dropped_elsewhere_does_not_hold_run(
     let (tx, rx) = std::sync::mpsc::channel();
     let dropper = std::thread::spawn(move || dropper(rx));
     ex.spawn_on(0, move || async move {
-        let mut s = Box::pin(time::sleep(Duration::from_secs(30)));
+        let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
         register(&mut s).await;
         tx.send(s).unwrap();
     })
     .unwrap();
-    let t = Instant::now();
-    common::run_or_fail(ex, Duration::from_secs(20), what).unwrap();
+    common::run_or_fail(ex, common::HANG, what).unwrap();
     dropper.join().unwrap();
-    assert!(
-        t.elapsed() < Duration::from_secs(10),
-        "{what}: {:?}",
-        t.elapsed()
-    );
 }
 
 /// A sleep registered on shard 0 and dropped on a plain thread: its timer goes (the cancel is
 /// sent to shard 0's inbox), so `run()` returns at quiescence. The cancel used to be skipped
-/// off any loop, and `run()` waited the dead timer's 30 s.
+/// off any loop, and `run()` waited for the dead timer's deadline.
 #[test]
 fn a_sleep_dropped_on_a_plain_thread_does_not_hold_run() {
     sleep_dropped_elsewhere_does_not_hold_run("a sleep dropped on a plain thread", |rx| {
@@ -493,7 +534,10 @@ fn a_sleep_dropped_on_another_executors_loop_does_not_hold_run() {
 }
 
 /// A sleep that outlives its executor is dropped later on a plain thread: nothing to cancel,
-/// nothing queued, no panic.
+/// nothing queued, no panic. Only the last is checked: the loop a cancel could be queued on is
+/// gone with the executor, and a `Handle` kept to look at its stats would keep the executor
+/// alive, which is another case (`a_stop_inside_a_local_executor_is_not_kept` counts a cancel
+/// taken by a live loop).
 #[test]
 fn a_sleep_dropped_after_its_executor_is_gone_is_harmless() {
     let out = LocalExecutor::new().unwrap().block_on(async {
@@ -633,9 +677,10 @@ fn an_interval_started_centuries_ago_ticks_within_a_period() {
             "the overdue first tick comes at once"
         );
         let after = Instant::now();
-        let second = time::timeout(Duration::from_secs(2), iv.tick())
+        // A hang guard only: the overflow put the second tick 30 years away.
+        let second = time::timeout(common::HANG, iv.tick())
             .await
-            .unwrap_or_else(|_| panic!("no second tick within 2 s (period {P:?})"));
+            .unwrap_or_else(|_| panic!("no second tick within {:?} (period {P:?})", common::HANG));
         assert!(
             second >= before && second <= after + P,
             "the second tick is {:?} after the first returned, not within a period",
@@ -664,34 +709,39 @@ fn a_sleep_kept_from_a_run_2_24_runs_ago_cancels_nothing_of_a_later_run() {
     for _ in 0..(1u64 << 24) - 1 {
         ex.block_on(async {});
     }
-    let took = ex.block_on(async move {
-        let t0 = Instant::now();
+    let woke = ex.block_on(async move {
         // Registers its timer (the run's first) and parks.
         let sleeper = spawn_local(time::sleep(Duration::from_millis(20)));
         xtc_shards::yield_now().await;
         drop(old);
-        let limit = time::sleep(Duration::from_secs(3));
+        // A hang guard: a sleep whose timer was cancelled never wakes at all.
+        let limit = time::sleep(common::HANG);
         futures::pin_mut!(limit);
-        futures::future::select(sleeper, limit).await;
-        t0.elapsed()
+        matches!(
+            futures::future::select(sleeper, limit).await,
+            futures::future::Either::Left(_)
+        )
     });
     assert!(
-        took < Duration::from_secs(2),
-        "a 20 ms sleep woke only after {took:?}: an old run's sleep cancelled its timer"
+        woke,
+        "a 20 ms sleep never woke: an old run's sleep cancelled its timer"
     );
 }
 
-/// How many timers fire on the `LocalExecutor`'s loop while a sleep registered there is
-/// dropped on another thread (its cancel goes to the loop) and then an 80 ms sleep runs: one
-/// (the 80 ms sleep's) when the cancel arrives.
-async fn timers_fired_around_a_sleep_dropped_off_its_loop() -> u64 {
+/// How many messages the `LocalExecutor`'s loop takes from its inbox once a sleep registered
+/// there is dropped on another thread: one, the cancel that drop sends home (nothing else
+/// sends to this loop's inbox meanwhile). Waited for, with the hang guard as the only bound: a
+/// drop that sent no cancel leaves the count where it was. The sleep is an hour long, so it
+/// cannot come due before the drop, however late a thread runs, and the drop must cancel it.
+async fn cancels_sent_by_a_sleep_dropped_off_its_loop() -> u64 {
     let handle = xtc_shards::shard::handle().unwrap();
-    let before = handle.loop_stats(0).unwrap().timers_fired;
-    let mut s = Box::pin(time::sleep(Duration::from_millis(20)));
+    let taken = || handle.loop_stats(0).unwrap().inbox_received;
+    let before = taken();
+    let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
     assert!(futures::poll!(s.as_mut()).is_pending());
     std::thread::spawn(move || drop(s)).join().unwrap();
-    time::sleep(Duration::from_millis(80)).await;
-    handle.loop_stats(0).unwrap().timers_fired - before
+    common::sleep_until(|| taken() > before).await;
+    taken() - before
 }
 
 /// `xtc::stop()` inside a `LocalExecutor` does nothing (its `block_on` ends when its future
@@ -703,14 +753,17 @@ fn a_stop_inside_a_local_executor_is_not_kept() {
     let ex = LocalExecutor::new().unwrap();
     let same = ex.block_on(async {
         xtc_shards::stop();
-        timers_fired_around_a_sleep_dropped_off_its_loop().await
+        cancels_sent_by_a_sleep_dropped_off_its_loop().await
     });
     assert_eq!(
         same, 1,
-        "a stale timer fired in the block_on that called stop()"
+        "a sleep dropped off the loop sent no cancel in the block_on that called stop()"
     );
-    let later = ex.block_on(timers_fired_around_a_sleep_dropped_off_its_loop());
-    assert_eq!(later, 1, "a stale timer fired in a later block_on");
+    let later = ex.block_on(cancels_sent_by_a_sleep_dropped_off_its_loop());
+    assert_eq!(
+        later, 1,
+        "a sleep dropped off the loop sent no cancel in a later block_on"
+    );
 }
 
 /// A tick of a zero period already due when polled yields to the *loop*, as the docs say (a
