@@ -2080,3 +2080,32 @@ fn create_class_after_the_executor_dropped_is_stopped() {
         "after the drop"
     );
 }
+
+/// Every shard thread runs with a 1 µs timer slack (`sys::set_timer_slack_ns`), not the
+/// default 50 µs, so a loop parked until a timer deadline wakes within microseconds of it:
+/// the `sleep(1ms)` overshoot goal rests on it. Read back with `PR_GET_TIMERSLACK` on each
+/// shard of an oversubscribed executor.
+#[test]
+fn shard_threads_run_with_a_one_microsecond_timer_slack() {
+    let ex = Executor::builder()
+        .shards(3)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let slacks = ex
+        .block_on(|| async {
+            xtc_shards::shard::submit_to_all(|| async {
+                // SAFETY: PR_GET_TIMERSLACK takes no argument, touches no memory of ours and
+                // returns the calling thread's slack in nanoseconds.
+                unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) }
+            })
+            .await
+        })
+        .unwrap();
+    let slacks: Vec<i32> = slacks.into_iter().map(|s| s.unwrap()).collect();
+    assert_eq!(
+        slacks,
+        vec![1_000; 3],
+        "each shard thread's timer slack, in ns"
+    );
+}

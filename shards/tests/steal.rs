@@ -1482,3 +1482,75 @@ fn a_woken_migratable_task_runs_where_it_was_woken_or_where_it_last_ran() {
         "a wake from a plain thread queues it where it last ran"
     );
 }
+
+/// A link of a chain of migratable tasks: counts itself and, until `stop` is set, spawns the
+/// next link onto its loop's deque and ends, so the deque never empties.
+fn chain_link(
+    stop: Arc<AtomicBool>,
+    links: Arc<AtomicUsize>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        links.fetch_add(1, SeqCst);
+        if !stop.load(SeqCst) {
+            drop(xtc_shards::spawn(chain_link(stop, links)));
+        }
+    })
+}
+
+/// Steal rule 1: a loop looks at its own injector before its deque every 61 picks, so a
+/// migratable task woken from a plain thread (which goes to its loop's injector) runs even
+/// while the deque never empties. One shard (nothing to steal from or to): a chain of
+/// migratable tasks keeps the deque non-empty until the woken task has run. Taking the deque
+/// first always left the woken task waiting for good (a hang, reported after `HANG`).
+#[test]
+fn a_task_woken_from_a_plain_thread_runs_while_the_deque_never_empties() {
+    let ex = Executor::builder().shards(1).build().unwrap();
+    let (stop, links, waiting) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    let woken = {
+        let (stop, waiting) = (stop.clone(), waiting.clone());
+        ex.spawn(async move {
+            let mut rx = rx;
+            // Waits for the plain thread's send (its waker, fired there, takes the task to
+            // the injector), having said that it waits.
+            std::future::poll_fn(|cx| {
+                let p = std::future::Future::poll(std::pin::Pin::new(&mut rx), cx);
+                waiting.store(true, SeqCst);
+                p
+            })
+            .await
+            .unwrap();
+            stop.store(true, SeqCst);
+        })
+    };
+    drop(ex.spawn(chain_link(stop.clone(), links.clone())));
+    let sender = {
+        let links = links.clone();
+        std::thread::spawn(move || {
+            // The chain runs and the task waits: then the wake comes from here.
+            let t0 = std::time::Instant::now();
+            while !(waiting.load(SeqCst) && links.load(SeqCst) > 1_000) {
+                assert!(
+                    t0.elapsed() < HANG,
+                    "the chain or the waiting task never ran"
+                );
+                std::thread::yield_now();
+            }
+            tx.send(()).unwrap();
+            links.load(SeqCst)
+        })
+    };
+    run_or_fail(ex, HANG, "a woken task behind a deque that never empties").unwrap();
+    let at_wake = sender.join().unwrap();
+    assert!(futures::executor::block_on(woken).is_ok());
+    assert!(stop.load(SeqCst));
+    println!(
+        "chain links: {} at the wake, {} in all",
+        at_wake,
+        links.load(SeqCst)
+    );
+}
