@@ -158,6 +158,8 @@ mod tests {
                 assert_eq!(libc::dup2(fds[1], 1), 1);
             }
             let ok = super::main_with(std::iter::empty()).report() == ExitCode::SUCCESS;
+            // The harness prints no result for a test that exits: this says the test ran.
+            eprintln!("{name}: main returned");
             std::process::exit(if ok { 0 } else { 1 });
         }
         let out = Command::new(std::env::current_exe().unwrap())
@@ -168,6 +170,11 @@ mod tests {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{}: {stderr}", out.status);
+        // A name filter that matched nothing would succeed with no test run.
+        assert!(
+            stderr.contains(&format!("{name}: main returned")),
+            "the child did not run {name}: {stderr}"
+        );
     }
 
     /// An argument is refused (exit status 2) before anything runs: `hello` takes none, and a
@@ -197,6 +204,8 @@ mod tests {
         let name = "tests::service_mode_from_the_environment_does_not_hang";
         if std::env::var_os(CHILD).is_some() {
             let ok = super::main_with(std::iter::empty()).report() == ExitCode::SUCCESS;
+            // The harness prints no result for a test that exits: this says the test ran.
+            eprintln!("{name}: main returned");
             std::process::exit(if ok { 0 } else { 1 });
         }
         let mut child = Command::new(std::env::current_exe().unwrap())
@@ -205,8 +214,16 @@ mod tests {
             .env("XTC_SERVICE_MODE", "1")
             .env_remove("XTC_SHARDS")
             .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        // Read on a thread of its own, so that the child never waits on a full pipe.
+        let mut pipe = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+            text
+        });
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
@@ -219,6 +236,12 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         };
-        assert!(status.success(), "{status}");
+        let stderr = stderr.join().unwrap();
+        assert!(status.success(), "{status}: {stderr}");
+        // A name filter that matched nothing would succeed with no test run.
+        assert!(
+            stderr.contains(&format!("{name}: main returned")),
+            "the child did not run {name}: {stderr}"
+        );
     }
 }

@@ -637,8 +637,16 @@ mod tests {
                 .arg(std::env::current_exe().unwrap())
                 .args([name, "--exact", "--nocapture", "--test-threads", "1"])
                 .env(CHILD, mode)
+                .stdout(std::process::Stdio::piped())
                 .spawn()
                 .unwrap();
+            // Read on a thread of its own, so that the child never waits on a full pipe.
+            let mut pipe = child.stdout.take().unwrap();
+            let stdout = std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+                text
+            });
             let deadline = Instant::now() + std::time::Duration::from_secs(60);
             let status = loop {
                 if let Some(status) = child.try_wait().unwrap() {
@@ -651,7 +659,13 @@ mod tests {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(50));
             };
-            assert!(status.success(), "{mode}: {status}");
+            let stdout = stdout.join().unwrap();
+            assert!(status.success(), "{mode}: {status}: {stdout}");
+            // A name filter that matched nothing would succeed with no test run.
+            assert!(
+                stdout.contains("test result: ok. 1 passed"),
+                "{mode}: the child did not run {name}: {stdout}"
+            );
         }
     }
 
@@ -692,8 +706,19 @@ mod tests {
                 Some(v) => cmd.env("XTC_OVERSUBSCRIBE", v),
                 None => cmd.env_remove("XTC_OVERSUBSCRIBE"),
             };
-            let status = cmd.status().unwrap();
-            assert!(status.success(), "{mode}: {status}");
+            let out = cmd.output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "{mode}: {}: {stdout}{stderr}",
+                out.status
+            );
+            // A name filter that matched nothing would succeed with no test run.
+            assert!(
+                stdout.contains("test result: ok. 1 passed"),
+                "{mode}: the child did not run {name}: {stdout}{stderr}"
+            );
         }
     }
 

@@ -648,9 +648,9 @@ fn latency_task_woken_from_elsewhere_preempts_a_busy_loop(from_shard: bool) {
         }
         // The latency task is parked on the receiver: the send wakes it from elsewhere.
         *slot.lock().unwrap() = Some(tx);
+        // A hang guard: on a loaded machine the sender may be kept off its CPU for long.
         let t = std::time::Instant::now();
-        let give_up = Duration::from_secs(5);
-        while !woke.load(SeqCst) && t.elapsed() < give_up {
+        while !woke.load(SeqCst) && t.elapsed() < HANG {
             burn(Duration::from_micros(100));
             yield_if_due().await;
         }
@@ -658,11 +658,12 @@ fn latency_task_woken_from_elsewhere_preempts_a_busy_loop(from_shard: bool) {
         lat.await.unwrap();
     })
     .unwrap();
-    run_or_fail(ex, HANG, "a latency task woken from elsewhere").unwrap();
+    // Past the busy task's own guard, so that a latency task that never ran fails below.
+    run_or_fail(ex, HANG * 2, "a latency task woken from elsewhere").unwrap();
     assert_eq!(
         *waited.lock().unwrap(),
         Some(true),
-        "the latency task did not run while the busy task called yield_if_due for 5 s \
+        "the latency task did not run while the busy task called yield_if_due for {HANG:?} \
          (woken {})",
         if from_shard {
             "over the ring"
@@ -699,7 +700,7 @@ fn a_class_created_mid_turn_makes_yield_if_due_yield_for_its_latency_task() {
             .spawn_local(async move { r.store(true, SeqCst) });
         let busy = xtc_shards::spawn(async move {
             let t = std::time::Instant::now();
-            while !ran.load(SeqCst) && t.elapsed() < Duration::from_secs(5) {
+            while !ran.load(SeqCst) && t.elapsed() < HANG {
                 burn(Duration::from_micros(100));
                 yield_if_due().await;
             }
@@ -710,15 +711,16 @@ fn a_class_created_mid_turn_makes_yield_if_due_yield_for_its_latency_task() {
     });
     assert!(
         !computed_alone,
-        "the latency task did not run while the migratable task called yield_if_due for 5 s"
+        "the latency task did not run while the migratable task called yield_if_due for {HANG:?}"
     );
 }
 
 /// A busy task on shard 0 that computes, calling `yield_if_due` between slices (preemption
-/// off), until `ran` is set or 5 s pass; whether it gave up.
+/// off), until `ran` is set or [`HANG`] passes (a hang guard: it takes that long only when
+/// the latency task never runs); whether it gave up.
 async fn compute_until(ran: Arc<AtomicBool>) -> bool {
     let t = std::time::Instant::now();
-    while !ran.load(SeqCst) && t.elapsed() < Duration::from_secs(5) {
+    while !ran.load(SeqCst) && t.elapsed() < HANG {
         burn(Duration::from_micros(100));
         yield_if_due().await;
     }
@@ -750,11 +752,11 @@ fn a_class_created_through_a_handle_mid_poll_makes_yield_if_due_yield() {
         lat.await.unwrap();
     })
     .unwrap();
-    run_or_fail(ex, HANG, "a class created through a handle mid-poll").unwrap();
+    run_or_fail(ex, HANG * 2, "a class created through a handle mid-poll").unwrap();
     assert_eq!(
         *gave_up.lock().unwrap(),
         Some(false),
-        "the latency task did not run while the busy task called yield_if_due for 5 s"
+        "the latency task did not run while the busy task called yield_if_due for {HANG:?}"
     );
 }
 
@@ -796,10 +798,10 @@ fn a_class_created_from_another_shard_makes_a_busy_loops_yield_if_due_yield() {
             .unwrap();
     })
     .unwrap();
-    run_or_fail(ex, HANG, "a class created from another shard").unwrap();
+    run_or_fail(ex, HANG * 2, "a class created from another shard").unwrap();
     assert_eq!(
         *gave_up.lock().unwrap(),
         Some(false),
-        "the latency task did not run while shard 0's busy task called yield_if_due for 5 s"
+        "the latency task did not run while shard 0's busy task called yield_if_due for {HANG:?}"
     );
 }

@@ -1,9 +1,14 @@
 //! Class share ratios, in a test binary of their own: the accounting charges wall time per
-//! poll, so other tests' threads competing for the two CPUs would skew it. The two checks run
+//! poll, so other tests' threads competing for the two CPUs would skew it. The checks run
 //! one after the other in one test for the same reason.
 
 mod common;
-use std::{cell::Cell, rc::Rc, time::Duration};
+use std::{
+    cell::Cell,
+    io::Write,
+    rc::Rc,
+    time::{Duration, Instant},
+};
 
 use common::*;
 use xtc_shards::{shard, task, LocalExecutor};
@@ -15,45 +20,82 @@ fn class_shares() {
     migratable_work_is_not_charged_to_the_default_lane();
 }
 
-/// Two always-runnable classes, 300 and 100 shares, equal cost per poll: polls split ~3:1.
-///
-/// The accounting charges wall time, so a poll during which the OS preempted the thread (a
-/// loaded machine) is charged for the preemption too: a timeslice, about 200 polls' worth. The
-/// scheduler then splits the charged time 3:1 as it should, but the poll counts drift towards
-/// 1:1 (the larger class draws more of the rare huge charges): with other tests' builds on the
-/// two CPUs, runs read 1.5 to 2.6. A run whose thread was preempted more than ten times
-/// (`ru_nivcsw`) is therefore not counted. The measurement is taken up to five times and
-/// passes if a counted run lands within 10 % of 3:1; it fails if the counted runs all miss (a
-/// scheduler that ignores shares, 1:1, or inverts them). Only if every run was preempted does it
-/// pass unmeasured, saying so on stderr.
+/// Two always-runnable classes, 300 and 100 shares, equal cost per poll: polls split ~3:1,
+/// within 10 % (a scheduler that ignores shares reads 1:1, one that inverts them 1:3).
 fn shares_split_the_cpu_in_proportion() {
-    let mut seen = Vec::new();
-    for _ in 0..5 {
-        let before = involuntary_switches();
+    unpreempted_runs("300:100 shares", || {
         let (a, b) = measure_shares();
-        let preempted = involuntary_switches() - before;
         let ratio = a as f64 / b as f64;
-        if preempted > MAX_PREEMPTIONS {
-            seen.push(format!(
-                "{ratio:.2} (preempted {preempted} times: not counted)"
-            ));
-            continue;
-        }
-        if (2.7..=3.3).contains(&ratio) {
-            return;
-        }
-        seen.push(format!("{ratio:.2} ({a} vs {b})"));
-    }
-    assert!(
-        seen.iter().all(|s| s.contains("not counted")),
-        "no run within 10 % of 3:1: {seen:?}"
-    );
-    eprintln!("class_shares: every run was preempted, ratio unmeasured: {seen:?}");
+        (
+            (2.7..=3.3).contains(&ratio),
+            format!("{ratio:.2} ({a} vs {b})"),
+        )
+    });
 }
 
-/// Preemptions of the measuring thread up to which a run counts: under load, runs with up to
-/// about 15 read 2.94 to 3.04, and ones with 20 to 145 read 2.37 to 3.90.
+/// Runs `measure` (whether a run met the check, and what it read) until a run that counts
+/// meets it, and fails if the runs that count all miss.
+///
+/// The accounting charges wall time, so a poll during which the OS preempted the thread (a
+/// loaded machine) is charged for the preemption too: a timeslice, hundreds of polls' worth.
+/// The scheduler then splits the charged time as it should, but the poll counts the checks
+/// compare drift (the 3:1 of [`shares_split_the_cpu_in_proportion`] towards 1:1, the larger
+/// class drawing more of the rare huge charges): with other tests' builds on the two CPUs, its
+/// runs read 1.5 to 2.6, and pinned to one CPU beside a CPU hog 0.98 to 2.70, where equal
+/// shares read 0.85 to 1.16. A run whose thread was preempted more than [`MAX_PREEMPTIONS`]
+/// times (`ru_nivcsw`) is therefore not counted.
+///
+/// A counted run that meets the check passes; five runs, if one of them counted and none met
+/// the check, fail (a regression misses in every run that counts). While no run has counted,
+/// the runs go on for up to [`UNPREEMPTED_WITHIN`], as load comes and goes. If none counted
+/// even then, the check passes unmeasured and says so where it is seen: a passing test's
+/// `eprintln!` goes to the harness's capture, so such a pass used to be silent. It does not
+/// fail there: beside two CPU hogs, a minute of runs of the 3:1 check had none that counted
+/// (33 to 154 preemptions each), so failing would fail CI whenever its machine is busy; and
+/// preempted runs cannot decide instead, as the ranges above overlap. A regression still fails
+/// every run on a machine quiet enough to measure, and a loaded run never reads as a measured
+/// pass.
+fn unpreempted_runs(what: &str, mut measure: impl FnMut() -> (bool, String)) {
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    let mut counted = 0;
+    while seen.len() < 5 || (counted == 0 && start.elapsed() < UNPREEMPTED_WITHIN) {
+        let before = involuntary_switches();
+        let (met, read) = measure();
+        let preempted = involuntary_switches() - before;
+        if preempted > MAX_PREEMPTIONS {
+            seen.push(format!("{read} (preempted {preempted} times: not counted)"));
+            continue;
+        }
+        if met {
+            return;
+        }
+        counted += 1;
+        seen.push(read);
+    }
+    assert_eq!(counted, 0, "{what}: no counted run met the check: {seen:?}");
+    // Straight to the process's stderr: `eprintln!` in a passing test goes to the harness's
+    // capture and is never shown.
+    let _ = std::io::stderr().write_all(
+        format!(
+            "class_shares: WARNING: {what} NOT MEASURED: all {} runs in {:.1?} were preempted \
+             more than {MAX_PREEMPTIONS} times (a loaded machine); passing unmeasured; the \
+             first: {:?}\n",
+            seen.len(),
+            start.elapsed(),
+            &seen[..5]
+        )
+        .as_bytes(),
+    );
+}
+
+/// Preemptions of the measuring thread up to which a run counts: under load, runs of
+/// [`shares_split_the_cpu_in_proportion`] with up to about 15 read 2.94 to 3.04, and ones with
+/// 20 to 145 read 2.37 to 3.90.
 const MAX_PREEMPTIONS: i64 = 10;
+
+/// How long [`unpreempted_runs`] keeps measuring while every run was preempted.
+const UNPREEMPTED_WITHIN: Duration = Duration::from_secs(10);
 
 /// Times this thread was preempted so far (`getrusage(RUSAGE_THREAD).ru_nivcsw`).
 fn involuntary_switches() -> i64 {
@@ -95,9 +137,23 @@ fn measure_shares() -> (u64, u64) {
     })
 }
 
-/// An always-runnable 1000-share class does not starve untagged tasks (default lane, 100).
+/// An always-runnable 1000-share class does not starve untagged tasks (default lane, 100): with
+/// the main task also in the default lane, they get at least a twentieth of the class's polls.
+/// Preempted runs are not counted ([`unpreempted_runs`]): a timeslice charged to the default
+/// lane costs it hundreds of its polls.
 fn default_lane_is_not_starved() {
-    let (class_runs, default_runs) = LocalExecutor::new().unwrap().block_on(async {
+    unpreempted_runs("1000-share class beside the default lane", || {
+        let (class_runs, default_runs) = measure_default_lane();
+        (
+            default_runs * 20 >= class_runs,
+            format!("default {default_runs} vs class {class_runs}"),
+        )
+    });
+}
+
+/// One run of [`default_lane_is_not_starved`]: the class's polls and the untagged task's.
+fn measure_default_lane() -> (u64, u64) {
+    LocalExecutor::new().unwrap().block_on(async {
         let big = shard::create_class(1000, None).unwrap();
         let stop = Rc::new(Cell::new(false));
         let s = stop.clone();
@@ -123,12 +179,7 @@ fn default_lane_is_not_starved() {
         h.await.unwrap();
         h2.await.unwrap();
         (big.runs(), untagged.get())
-    });
-    // 1000 : 100 shares, with the main task also in the default lane.
-    assert!(
-        default_runs * 20 >= class_runs,
-        "{default_runs} vs {class_runs}"
-    );
+    })
 }
 
 #[test]
@@ -159,9 +210,23 @@ fn set_class_refuses_a_migratable_task() {
 /// A class and the default lane, 100 shares each, both always runnable, beside a migratable
 /// task that computes 3 ms per poll: the two lanes still split their polls about evenly. A
 /// migratable task belongs to no lane; its CPU time was charged to the default lane, whose
-/// untagged tasks then got a few percent of the class's polls.
+/// untagged tasks then got a few percent of the class's polls (about 1:10; at least 1:2 is
+/// required). Preempted runs are not counted ([`unpreempted_runs`]): a timeslice charged to
+/// either lane moves the split by hundreds of polls.
 fn migratable_work_is_not_charged_to_the_default_lane() {
-    let (class_runs, default_runs) = LocalExecutor::new().unwrap().block_on(async {
+    unpreempted_runs("class and default lane beside migratable work", || {
+        let (class_runs, default_runs) = measure_beside_migratable();
+        (
+            default_runs * 2 >= class_runs,
+            format!("default lane {default_runs} polls vs class {class_runs}"),
+        )
+    });
+}
+
+/// One run of [`migratable_work_is_not_charged_to_the_default_lane`]: the class's polls and
+/// the default lane's.
+fn measure_beside_migratable() -> (u64, u64) {
+    LocalExecutor::new().unwrap().block_on(async {
         let class = shard::create_class(100, None).unwrap();
         let stop = Rc::new(Cell::new(false));
         let s = stop.clone();
@@ -197,11 +262,5 @@ fn migratable_work_is_not_charged_to_the_default_lane() {
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         hm.await.unwrap();
         (c, untagged.get())
-    });
-    eprintln!("migratable beside lanes: default {default_runs} vs class {class_runs}");
-    // 1:1 shares; the charge to the wrong lane made it about 1:10.
-    assert!(
-        default_runs * 2 >= class_runs,
-        "default lane {default_runs} polls vs class {class_runs}"
-    );
+    })
 }
