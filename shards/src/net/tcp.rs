@@ -62,12 +62,16 @@ impl TcpListener {
         })
     }
 
-    /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`) or memory it backs off
-    /// (1 ms doubling to 100 ms) instead of spinning or failing, and logs a warning once per
-    /// episode: once for the process until an accept gets a connection without running out,
-    /// or a minute has passed (a server that stays at its limit logs once a minute, not once
-    /// per connection or listener).
-    /// Connections aborted before they were accepted are skipped. Other errors are returned.
+    /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`), memory (`ENOBUFS`,
+    /// `ENOMEM`) or io_uring submission room (`EAGAIN`, `EBUSY`) it backs off (1 ms doubling
+    /// to 100 ms) instead of spinning or failing, and logs a warning once per episode for the
+    /// process: again after a minute if the episode lasts, or, once an accept got a connection
+    /// without running out (the episode over), for the next episode at least 10 s after the
+    /// last warning (a server that stays at its limit, or flaps at it as clients come and go,
+    /// logs a line every 10 s to a minute, not one per connection or listener).
+    /// Connections that failed before they were accepted (`ECONNABORTED`, `EPROTO`, the
+    /// network-unreachable family, `EINTR`: Linux's accept(2) list) are skipped. Other errors
+    /// are returned.
     /// Cost: one `ACCEPT` submission and a boxed peer address (io_uring) or one `accept4` (the
     /// listener joins the loop's epoll set once, at its first wait). On epoll, after 128 calls
     /// that found their socket ready in one poll of the task (accepts that found a connection
@@ -204,9 +208,12 @@ impl TcpStream {
     /// io_uring the stream keeps the receive it submitted running (and `buf` with it), and the
     /// next read (owned or `AsyncRead`) gets what it read first; a read dropped while another
     /// read of the stream is in flight is cancelled, but kept too, so bytes that reached it
-    /// before the cancel still go to the next read (see `into_std` too). Cost: one `RECV` (or `READ_FIXED` for a
-    /// [`FixedBuf`](crate::io::FixedBuf)) submission, or one `recv` (the socket joins the
-    /// loop's epoll set once, at its first wait); a dropped read costs a boxed handle.
+    /// before the cancel still go to the next read (see `into_std` too). One exception on
+    /// io_uring: a read dropped from inside another call on the same stream (a buffer whose
+    /// own `Drop` drops it) is cancelled unkept, so bytes that reached it are lost. Cost: one
+    /// `RECV` (or `READ_FIXED` for a [`FixedBuf`](crate::io::FixedBuf)) submission, or one
+    /// `recv` (the socket joins the loop's epoll set once, at its first wait); a dropped read
+    /// costs a boxed handle.
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
         self.io.read(buf).await
     }
