@@ -1871,7 +1871,7 @@ async fn keep_a_read(a: &impl Stream) {
     .await;
 }
 
-/// Waits until `woken` is set by the waker under test (5 s at most, a hang guard); whether
+/// Waits until `woken` is set by the waker under test (`HANG` at most, a hang guard); whether
 /// it was.
 async fn woken_in_time(woken: &Cell<bool>) -> bool {
     let set = poll_fn(|_| {
@@ -2278,12 +2278,10 @@ fn reads_dropped_while_their_loop_is_hidden_keep_their_bytes() {
             std::io::Write::write_all(&mut b, b"hello").unwrap();
             READS.with(|r| *r.borrow_mut() = vec![r2, r1]);
             drop_in_a_sweep(DropsReads);
-            let (n, buf) = xtc_shards::time::timeout(
-                Duration::from_secs(2),
-                a.read(Vec::<u8>::with_capacity(64)),
-            )
-            .await
-            .unwrap_or_else(|_| panic!("[{driver}] the bytes were lost"));
+            let (n, buf) =
+                xtc_shards::time::timeout(io_common::HANG, a.read(Vec::<u8>::with_capacity(64)))
+                    .await
+                    .unwrap_or_else(|_| panic!("[{driver}] the bytes were lost"));
             assert_eq!(&buf[..n.unwrap()], b"hello", "[{driver}]");
         },
     );

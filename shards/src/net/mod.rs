@@ -376,7 +376,8 @@ mod tests {
                     1,
                     "a new episode right after a warning is not warned"
                 );
-                // A warning is due (as a minute on): this call still meets exhaustion.
+                // A warning is due (as for a process that never warned): this call still
+                // meets exhaustion.
                 WARNED_AT.store(0, Relaxed);
                 backoff.wait(&emfile).await;
                 assert_eq!(count(), 2, "a warning that is due goes out");

@@ -69,9 +69,10 @@ impl TcpListener {
     /// without running out (the episode over), for the next episode at least 10 s after the
     /// last warning (a server that stays at its limit, or flaps at it as clients come and go,
     /// logs a line every 10 s to a minute, not one per connection or listener).
-    /// Connections that failed before they were accepted (`ECONNABORTED`, `EPROTO`, the
-    /// network-unreachable family, `EINTR`: Linux's accept(2) list) are skipped. Other errors
-    /// are returned.
+    /// Connections that failed before they were accepted (`ECONNABORTED`, `EPROTO`,
+    /// `ENOPROTOOPT`, the host- and network-unreachable family, and `EINTR`: the errors
+    /// accept(2) on Linux passes on from a pending connection) are skipped. Other errors are
+    /// returned.
     /// Cost: one `ACCEPT` submission and a boxed peer address (io_uring) or one `accept4` (the
     /// listener joins the loop's epoll set once, at its first wait). On epoll, after 128 calls
     /// that found their socket ready in one poll of the task (accepts that found a connection
