@@ -435,6 +435,10 @@ static WARNED_AT: AtomicU64 = AtomicU64::new(0);
 
 /// Whether the episode the last warning was for is over: set by an accept that gets a
 /// connection without meeting exhaustion (a descriptor was free), cleared by the next warning.
+/// Apart from [`WARNED_AT`], so the two can race (an episode's end set just before a warning
+/// clears it, or set for the episode a warning has just begun): the next warning then comes
+/// after a minute instead of 10 s, or the other way round, and [`REWARN`] bounds either. A
+/// heuristic for the log only, as `WARNED_AT`.
 static EPISODE_OVER: AtomicBool = AtomicBool::new(false);
 
 /// How long an episode of exhaustion goes without another warning.
@@ -488,7 +492,7 @@ impl Backoff {
     /// at only once per call, a server stuck at its limit logged one line when it got there
     /// and never again. Cost: the sleep (a timer and at least one loop turn; 1 ms doubling to
     /// 100 ms), a clock read and two relaxed loads, and when a warning is due a
-    /// compare-and-swap and the log line.
+    /// compare-and-swap, a relaxed store and the log line.
     pub(crate) async fn wait(&mut self, e: &io::Error) {
         self.met = true;
         let now = since() + 1;
