@@ -86,7 +86,8 @@ pub(crate) struct Core {
     pub(crate) fresh_wake: Cell<bool>,
     /// Steal rule 3: a waiver from a ping for new work that the loop's first look after it
     /// could not use, every victim still empty (the spawner pings before it queues). Kept,
-    /// unlike [`fresh_wake`](Self::fresh_wake), across later wakes until a look finds work.
+    /// unlike [`fresh_wake`](Self::fresh_wake), across the next wake, for the loop's next
+    /// look only.
     pub(crate) waiver_kept: Cell<bool>,
     /// Consecutive short looks per victim (steal rule 3).
     pub(crate) short_looks: RefCell<Vec<u32>>,

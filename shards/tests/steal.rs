@@ -1168,6 +1168,67 @@ fn a_knob_ping_does_not_waive_the_steal_minimum() {
     });
 }
 
+/// Rule 3 with eager rebalance on: a loop that runs out of work spins before it parks, and
+/// its spin looks at the victims once for work a nudge passed over (`nudged_before_spin`).
+/// That look took any queued work for a wake by new work, so every loop that went idle stole
+/// below `min_tasks_to_steal` at once, also work its own last look had just found short. Only
+/// the starvation override may take such work: 16 short looks in a row, an idle tick apart.
+/// Shard 0 queues a migratable task and stays busy; shard 1's pinned task then ends. Counted
+/// by parks, not timed.
+#[test]
+fn an_idle_loops_spin_does_not_waive_the_steal_minimum() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .eager_rebalance(true)
+        .min_tasks_to_steal(1000)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let spawned = Arc::new(AtomicBool::new(false));
+    // (shard, shard 1's parks) as the migratable task ran; shard 1's parks as it went idle.
+    let ran: Arc<Mutex<Option<(usize, u64)>>> = Arc::new(Mutex::new(None));
+    let idle_at: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
+    let (sp, r, hh) = (spawned.clone(), ran.clone(), h.clone());
+    ex.spawn_on(0, move || async move {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let child = xtc_shards::spawn(async move {
+            *r.lock().unwrap() = Some((shard::id(), hh.loop_stats(1).unwrap().parks));
+            d.store(true, SeqCst);
+        });
+        sp.store(true, SeqCst);
+        // Shard 0 stays busy (its turn does not end, so it nudges nobody) until another loop
+        // took the child, or the hang guard ends it.
+        block_until(|| done.load(SeqCst));
+        child.await.unwrap();
+    })
+    .unwrap();
+    let (sp, at, hh) = (spawned.clone(), idle_at.clone(), h.clone());
+    ex.spawn_on(1, move || async move {
+        // Busy (so neither tickless nor idle) until the child is queued on shard 0.
+        while !sp.load(SeqCst) {
+            xtc_shards::yield_now().await;
+        }
+        *at.lock().unwrap() = Some(hh.loop_stats(1).unwrap().parks);
+    })
+    .unwrap();
+    run_or_fail(
+        ex,
+        HANG * 2,
+        "a stolen task under a minimum, eager rebalance on",
+    )
+    .unwrap();
+    let before = idle_at.lock().unwrap().expect("shard 1's task ran");
+    let (shard, parks) = ran.lock().unwrap().expect("the child ran");
+    assert_eq!(shard, 1, "nobody stole the child");
+    assert!(
+        parks - before >= 10,
+        "stolen after {} parks of the thief: its spin's look waived the minimum",
+        parks - before
+    );
+}
+
 /// Rule 3, the other side: a thief parked without a tick and woken by a spawn's ping (new
 /// migratable work) still takes its first steal below the minimum, at once.
 #[test]

@@ -31,7 +31,9 @@
 //!    when they did, switching stealing on or setting the minimum made every idle loop steal
 //!    at once from a victim below it. The waiver is spent by the first look that finds work
 //!    queued at a victim: a spawner pings before it queues its task, so a thief woken at once
-//!    may find every victim empty, and keeps the waiver for its next look (`waiver_kept`).
+//!    may find every victim empty, and keeps the waiver for its next look only
+//!    (`waiver_kept`). Stealing switched off drops it. A spin's look for work a nudge passed
+//!    over (rule 4, `nudged_before_spin`) is no wake: it takes only work at the minimum.
 //! 4. **Finding work while parked.** While any migratable task is alive (the count of rule 5 is
 //!    above zero), a loop holds spawns it has not counted yet (its `spawning` flag, raised at
 //!    its first spawn of a turn and lowered once its batch is published), or a victim has
@@ -918,7 +920,14 @@ pub(crate) fn would_steal(core: &Core) -> bool {
 /// this loop's deque, ready for the next turn).
 pub(crate) fn try_steal(core: &Core) -> bool {
     let exec = &*core.exec;
-    if !exec.stealing() || !may_find_work(core) {
+    if !exec.stealing() {
+        // A waiver does not outlive stealing switched off: switched on again, the first look
+        // stole below the minimum on a ping from before.
+        core.fresh_wake.set(false);
+        core.waiver_kept.set(false);
+        return false;
+    }
+    if !may_find_work(core) {
         return false;
     }
     let me = core.index();
@@ -934,8 +943,10 @@ pub(crate) fn try_steal(core: &Core) -> bool {
     // waiver kept from a look that found nothing. Spent by the first look that finds work
     // queued: a spawner pings (rule 4) before it queues its task, so the woken thief may look
     // first and find every victim empty; it keeps the waiver then (`waiver_kept`), for its
-    // next look, an idle tick away (the spawner's flag is up).
-    let fresh = core.fresh_wake.replace(false) | core.waiver_kept.replace(false);
+    // next look only, an idle tick away (the spawner's flag is up). Kept again by every
+    // empty look, it lasted until work came, however much later and with no ping to this loop.
+    let woke = core.fresh_wake.replace(false);
+    let fresh = woke | core.waiver_kept.replace(false);
     let mut seen_work = false;
     let mut looks = core.short_looks.borrow_mut();
     looks.resize(exec.loops.len(), 0);
@@ -970,7 +981,7 @@ pub(crate) fn try_steal(core: &Core) -> bool {
             _ => bump(&stats.steal_attempts_failed, 1),
         }
     }
-    if fresh && !seen_work {
+    if woke && !seen_work {
         core.waiver_kept.set(true);
     }
     false
@@ -1086,34 +1097,35 @@ fn nudge_peer_of(exec: &ExecShared, me: usize, only_if_busy: bool) {
     if only_if_busy && !busy(me) {
         return;
     }
-    if let Some(v) = policy::nudge_target(me, |l| exec.victims(l), busy) {
+    if let Some(v) = policy::nudge_target(me, exec.loops.len(), |l| exec.victims(l), busy) {
         exec.loops[v].steal.work_ping.mark();
         exec.loops[v].parker.unpark();
     }
 }
 
 /// Rule 4, as a spin before parking begins, with eager rebalance on: whether a victim's queues
-/// hold migratable work, taken as a nudge (the next turn's first steal ignores the minimum).
-/// The partner of [`nudge_idle_peer`]'s fence: the caller raised its `spinning` flag
-/// (`SeqCst`) first, so a nudger that read the flag down (and the loop's status BUSY) and
-/// passed this loop over had queued its work before its fence, and this look, after ours,
-/// sees it; otherwise that nudger sees the flag up and pings. Without it, work queued while the
-/// loop ended its turn waited out the whole spin (up to 1 s) and an idle tick. Cost: a fence
-/// and two loads per victim, per spin.
+/// hold migratable work this loop may take (at least the minimum, rule 3). The partner of
+/// [`nudge_idle_peer`]'s fence: the caller raised its `spinning` flag (`SeqCst`) first, so a
+/// nudger that read the flag down (and the loop's status BUSY) and passed this loop over had
+/// queued its work before its fence, and this look, after ours, sees it; otherwise that
+/// nudger sees the flag up and pings. Without it, work queued while the loop ended its turn
+/// waited out the whole spin (up to 1 s) and an idle tick. Not a wake by new work: the next
+/// look applies the minimum. Taken as one (the minimum waived), every loop that went idle
+/// with eager rebalance on stole below the minimum, also work its last look had just found
+/// short; and ignoring the minimum here instead, a short victim ended every spin at once.
+/// Cost: a fence and four loads per victim, per spin.
 pub(crate) fn nudged_before_spin(core: &Core) -> bool {
     let exec = &*core.exec;
     if !exec.eager_rebalance() || !exec.stealing() {
         return false;
     }
     fence(SeqCst);
-    let queued = exec.victims(core.index()).iter().any(|&v| {
+    let min = exec.min_tasks_to_steal();
+    exec.victims(core.index()).iter().any(|&v| {
         let vs = &exec.loops[v].steal;
-        !vs.stealer.is_empty() || !vs.injector.is_empty()
-    });
-    if queued {
-        core.fresh_wake.set(true);
-    }
-    queued
+        let queued = vs.stealer.len() + vs.injector.len();
+        queued > 0 && queued >= min
+    })
 }
 
 /// Drops the migratable tasks queued on this loop (a requested stop): every one on its deque,

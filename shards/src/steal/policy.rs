@@ -27,22 +27,27 @@ pub(crate) fn look(queued: usize, min: usize, short_looks: &mut u32, fresh_wake:
     true
 }
 
-/// Eager rebalance's nudge (steal rule 4): which idle peer loop `me` pings for the migratable
-/// work it just queued: the nearest in `me`'s victim order (`victims(me)`) that is not busy and
-/// may steal from `me` (`me` is in its own victim list). At NUMA sensitivity 1 a loop of
-/// another node steals across nodes only if it is its node's first, so the nearest idle loop
-/// there may be one that cannot take the work; pinging it woke a loop for nothing while an
-/// idle loop that could steal slept on. `None` when no idle loop can steal from `me`. Cost: a
-/// walk of `me`'s list, and of each idle candidate's list until one names `me` (at most
-/// N·(N−1) compares; at once for a same-node candidate, which is always allowed).
+/// Eager rebalance's nudge (steal rule 4): which idle peer of the `loops` loops `me` pings for
+/// the migratable work it just queued: one that is not busy and may steal from `me` (`me` is
+/// in its own victim list), the nearest in `me`'s victim order (`victims(me)`) first, then
+/// the loops `me` does not steal from, by index. At NUMA sensitivity 1 a loop of another node
+/// steals across nodes only if it is its node's first, so the nearest idle loop there may be
+/// one that cannot take the work; pinging it woke a loop for nothing while an idle loop that
+/// could steal slept on. And a loop that steals only within its node has no other node's
+/// loop in its own list, while those nodes' first loops may steal from it: looking at its
+/// list alone left them asleep. `None` when no idle loop can steal from `me`. Cost: a walk of
+/// the loops, `me`'s list first, and of each idle candidate's list until one names `me` (at
+/// most N·(N−1) compares; at once for a same-node candidate, which is always allowed).
 pub(crate) fn nudge_target<'a>(
     me: usize,
+    loops: usize,
     victims: impl Fn(usize) -> &'a [usize],
     busy: impl Fn(usize) -> bool,
 ) -> Option<usize> {
-    victims(me)
-        .iter()
+    let mine = victims(me);
+    mine.iter()
         .copied()
+        .chain((0..loops).filter(|v| *v != me && !mine.contains(v)))
         .find(|&v| !busy(v) && victims(v).contains(&me))
 }
 
@@ -68,17 +73,21 @@ mod tests {
     #[test]
     fn the_nudge_goes_to_the_nearest_idle_loop_that_may_steal() {
         // Loop 1 idle: the same node's loop, always allowed.
-        assert_eq!(nudge_target(0, three_nodes, |_| false), Some(1));
+        assert_eq!(nudge_target(0, 6, three_nodes, |_| false), Some(1));
         // Loop 1 busy, loop 2 (node 1's first) idle: it may steal across nodes.
-        assert_eq!(nudge_target(0, three_nodes, |v| v == 1), Some(2));
+        assert_eq!(nudge_target(0, 6, three_nodes, |v| v == 1), Some(2));
         // Loops 1 and 2 busy: loop 3 is idle but steals only within its node; loop 4, the
         // first of node 2, gets the ping.
-        assert_eq!(nudge_target(0, three_nodes, |v| v <= 2), Some(4));
+        assert_eq!(nudge_target(0, 6, three_nodes, |v| v <= 2), Some(4));
         // Only non-first loops of other nodes idle: nobody can take the work.
-        assert_eq!(nudge_target(0, three_nodes, |v| v != 3 && v != 5), None);
-        // A non-first loop nudges within its node only.
-        assert_eq!(nudge_target(3, three_nodes, |_| false), Some(2));
-        assert_eq!(nudge_target(3, three_nodes, |v| v == 2), None);
+        assert_eq!(nudge_target(0, 6, three_nodes, |v| v != 3 && v != 5), None);
+        // A non-first loop steals within its node only, but other nodes' first loops may
+        // steal from it: its node's other loop first, then those.
+        assert_eq!(nudge_target(3, 6, three_nodes, |_| false), Some(2));
+        assert_eq!(nudge_target(3, 6, three_nodes, |v| v == 2), Some(0));
+        assert_eq!(nudge_target(3, 6, three_nodes, |v| v <= 2), Some(4));
+        // Only loops that may not steal from it idle: nobody.
+        assert_eq!(nudge_target(3, 6, three_nodes, |v| v != 1 && v != 5), None);
     }
 
     #[test]
