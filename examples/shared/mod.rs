@@ -660,13 +660,25 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             };
             let stdout = stdout.join().unwrap();
-            assert!(status.success(), "{mode}: {status}: {stdout}");
-            // A name filter that matched nothing would succeed with no test run.
-            assert!(
-                stdout.contains("test result: ok. 1 passed"),
-                "{mode}: the child did not run {name}: {stdout}"
-            );
+            assert_child_ran(mode, name, status, &stdout, "");
         }
+    }
+
+    /// A child test run (`mode`, re-running test `name`) succeeded and ran that test: a name
+    /// filter that matched nothing would succeed with no test run. `more`: output to show
+    /// beside its stdout on failure.
+    fn assert_child_ran(
+        mode: &str,
+        name: &str,
+        status: std::process::ExitStatus,
+        stdout: &str,
+        more: &str,
+    ) {
+        assert!(status.success(), "{mode}: {status}: {stdout}{more}");
+        assert!(
+            stdout.contains("test result: ok. 1 passed"),
+            "{mode}: the child did not run {name}: {stdout}{more}"
+        );
     }
 
     /// `XTC_OVERSUBSCRIBE=0` is honoured: more shards than allowed CPUs is then an error. The
@@ -709,16 +721,7 @@ mod tests {
             let out = cmd.output().unwrap();
             let stdout = String::from_utf8_lossy(&out.stdout);
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                out.status.success(),
-                "{mode}: {}: {stdout}{stderr}",
-                out.status
-            );
-            // A name filter that matched nothing would succeed with no test run.
-            assert!(
-                stdout.contains("test result: ok. 1 passed"),
-                "{mode}: the child did not run {name}: {stdout}{stderr}"
-            );
+            assert_child_ran(mode, name, out.status, &stdout, &stderr);
         }
     }
 

@@ -1112,6 +1112,33 @@ fn quiescence_with_traffic_between_loops_loses_nothing_eager_tiny_rings_epoll() 
     runs_with_traffic_between_loops(xtc_shards::io::DriverChoice::Epoll, 1, true, 150);
 }
 
+/// Queues a migratable child from a pinned task on shard 0 of `ex` (two shards), which then
+/// stays busy (its turn does not end, so it nudges nobody) until another loop took the child,
+/// or the hang guard ends it. Returns the flag raised once the child is queued, and the slot
+/// where the child records its shard and shard 1's parks as it runs.
+#[allow(clippy::type_complexity)]
+fn child_queued_on_busy_shard_0(
+    ex: &Executor,
+) -> (Arc<AtomicBool>, Arc<Mutex<Option<(usize, u64)>>>) {
+    let h = ex.handle();
+    let spawned = Arc::new(AtomicBool::new(false));
+    let ran: Arc<Mutex<Option<(usize, u64)>>> = Arc::new(Mutex::new(None));
+    let (sp, r) = (spawned.clone(), ran.clone());
+    ex.spawn_on(0, move || async move {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let child = xtc_shards::spawn(async move {
+            *r.lock().unwrap() = Some((shard::id(), h.loop_stats(1).unwrap().parks));
+            d.store(true, SeqCst);
+        });
+        sp.store(true, SeqCst);
+        block_until(|| done.load(SeqCst));
+        child.await.unwrap();
+    })
+    .unwrap();
+    (spawned, ran)
+}
+
 /// Rule 3: only a thief woken by new work ignores `min_tasks_to_steal` for its first steal. A
 /// knob setter pings every loop too (so idle loops re-read the policy at once), and that ping
 /// counted as such a wake: switching stealing on (or setting the minimum itself) made every
@@ -1128,23 +1155,7 @@ fn a_knob_ping_does_not_waive_the_steal_minimum() {
         .build()
         .unwrap();
     let h = ex.handle();
-    let spawned = Arc::new(AtomicBool::new(false));
-    // (shard, shard 1's parks) as the migratable task ran.
-    let ran: Arc<Mutex<Option<(usize, u64)>>> = Arc::new(Mutex::new(None));
-    let (sp, r, hh) = (spawned.clone(), ran.clone(), h.clone());
-    ex.spawn_on(0, move || async move {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        let child = xtc_shards::spawn(async move {
-            *r.lock().unwrap() = Some((shard::id(), hh.loop_stats(1).unwrap().parks));
-            d.store(true, SeqCst);
-        });
-        sp.store(true, SeqCst);
-        // Shard 0 stays busy until another loop took the child (or the hang guard ends it).
-        block_until(|| done.load(SeqCst));
-        child.await.unwrap();
-    })
-    .unwrap();
+    let (spawned, ran) = child_queued_on_busy_shard_0(&ex);
     std::thread::scope(|s| {
         let parks_before = s.spawn(|| {
             while !spawned.load(SeqCst) {
@@ -1185,25 +1196,9 @@ fn an_idle_loops_spin_does_not_waive_the_steal_minimum() {
         .build()
         .unwrap();
     let h = ex.handle();
-    let spawned = Arc::new(AtomicBool::new(false));
-    // (shard, shard 1's parks) as the migratable task ran; shard 1's parks as it went idle.
-    let ran: Arc<Mutex<Option<(usize, u64)>>> = Arc::new(Mutex::new(None));
+    let (spawned, ran) = child_queued_on_busy_shard_0(&ex);
+    // Shard 1's parks as it went idle.
     let idle_at: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
-    let (sp, r, hh) = (spawned.clone(), ran.clone(), h.clone());
-    ex.spawn_on(0, move || async move {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        let child = xtc_shards::spawn(async move {
-            *r.lock().unwrap() = Some((shard::id(), hh.loop_stats(1).unwrap().parks));
-            d.store(true, SeqCst);
-        });
-        sp.store(true, SeqCst);
-        // Shard 0 stays busy (its turn does not end, so it nudges nobody) until another loop
-        // took the child, or the hang guard ends it.
-        block_until(|| done.load(SeqCst));
-        child.await.unwrap();
-    })
-    .unwrap();
     let (sp, at, hh) = (spawned.clone(), idle_at.clone(), h.clone());
     ex.spawn_on(1, move || async move {
         // Busy (so neither tickless nor idle) until the child is queued on shard 0.

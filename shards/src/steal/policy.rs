@@ -36,8 +36,9 @@ pub(crate) fn look(queued: usize, min: usize, short_looks: &mut u32, fresh_wake:
 /// could steal slept on. And a loop that steals only within its node has no other node's
 /// loop in its own list, while those nodes' first loops may steal from it: looking at its
 /// list alone left them asleep. `None` when no idle loop can steal from `me`. Cost: a walk of
-/// the loops, `me`'s list first, and of each idle candidate's list until one names `me` (at
-/// most N·(N−1) compares; at once for a same-node candidate, which is always allowed).
+/// the loops, `me`'s list first (the rest each checked against that list), and of each idle
+/// candidate's list until one names `me`: at most about 2·N² compares, once per nudge; at
+/// once for a same-node candidate, which is always allowed.
 pub(crate) fn nudge_target<'a>(
     me: usize,
     loops: usize,
