@@ -84,11 +84,11 @@ pub(crate) struct Core {
     /// The loop's last park ended by a ping for new migratable work (`steal::woke`): its
     /// next steal ignores the minimum (steal rule 3).
     pub(crate) fresh_wake: Cell<bool>,
-    /// Steal rule 3: a waiver from a ping for new work that the loop's first look after it
-    /// could not use, every victim still empty (the spawner pings before it queues). Kept,
-    /// unlike [`fresh_wake`](Self::fresh_wake), across the next wake, for the loop's next
-    /// look only.
-    pub(crate) waiver_kept: Cell<bool>,
+    /// Steal rule 3: the waiver of the minimum across looks (`policy::Waiver`): one from a
+    /// ping for new work that the loop's first look after it could not use, every victim
+    /// still empty (the spawner pings before it queues). Kept, unlike
+    /// [`fresh_wake`](Self::fresh_wake), across the next wake, for the loop's next look only.
+    pub(crate) waiver: Cell<crate::steal::policy::Waiver>,
     /// Consecutive short looks per victim (steal rule 3).
     pub(crate) short_looks: RefCell<Vec<u32>>,
     /// Migratable picks so far (steal/mod.rs rule 1: the periodic injector look).
@@ -354,7 +354,7 @@ impl Core {
             deque,
             nudge: Cell::new(false),
             fresh_wake: Cell::new(false),
-            waiver_kept: Cell::new(false),
+            waiver: Cell::new(crate::steal::policy::Waiver::default()),
             short_looks: RefCell::new(Vec::new()),
             local_picks: Cell::new(0),
             empty_ticks: Cell::new(0),

@@ -32,7 +32,7 @@
 //!    at once from a victim below it. The waiver is spent by the first look that finds work
 //!    queued at a victim: a spawner pings before it queues its task, so a thief woken at once
 //!    may find every victim empty, and keeps the waiver for its next look only
-//!    (`waiver_kept`). Stealing switched off drops it. A spin's look for work a nudge passed
+//!    (`policy::Waiver`). Stealing switched off drops it. A spin's look for work a nudge passed
 //!    over (rule 4, `nudged_before_spin`) is no wake: it takes only work at the minimum.
 //! 4. **Finding work while parked.** While any migratable task is alive (the count of rule 5 is
 //!    above zero), a loop holds spawns it has not counted yet (its `spawning` flag, raised at
@@ -80,7 +80,7 @@
 //! Migration idiom: a task that keeps per-shard state re-reads [`shard::id()`](crate::shard::id)
 //! after each `.await`; a different value means it was stolen in between.
 
-mod policy;
+pub(crate) mod policy;
 
 use std::{
     future::Future,
@@ -924,7 +924,9 @@ pub(crate) fn try_steal(core: &Core) -> bool {
         // A waiver does not outlive stealing switched off: switched on again, the first look
         // stole below the minimum on a ping from before.
         core.fresh_wake.set(false);
-        core.waiver_kept.set(false);
+        let mut waiver = core.waiver.get();
+        waiver.clear();
+        core.waiver.set(waiver);
         return false;
     }
     if !may_find_work(core) {
@@ -942,11 +944,12 @@ pub(crate) fn try_steal(core: &Core) -> bool {
     // Rule 3: the last park ended by a ping for new migratable work (`woke`), or such a ping's
     // waiver kept from a look that found nothing. Spent by the first look that finds work
     // queued: a spawner pings (rule 4) before it queues its task, so the woken thief may look
-    // first and find every victim empty; it keeps the waiver then (`waiver_kept`), for its
-    // next look only, an idle tick away (the spawner's flag is up). Kept again by every
-    // empty look, it lasted until work came, however much later and with no ping to this loop.
-    let woke = core.fresh_wake.replace(false);
-    let fresh = woke | core.waiver_kept.replace(false);
+    // first and find every victim empty; it keeps the waiver then (`policy::Waiver`), for
+    // its next look only, an idle tick away (the spawner's flag is up).
+    let mut waiver = core.waiver.get();
+    let fresh = waiver.begin(core.fresh_wake.replace(false));
+    // A steal below returns at once: what `begin` left (nothing kept) is that look's end.
+    core.waiver.set(waiver);
     let mut seen_work = false;
     let mut looks = core.short_looks.borrow_mut();
     looks.resize(exec.loops.len(), 0);
@@ -981,9 +984,8 @@ pub(crate) fn try_steal(core: &Core) -> bool {
             _ => bump(&stats.steal_attempts_failed, 1),
         }
     }
-    if woke && !seen_work {
-        core.waiver_kept.set(true);
-    }
+    waiver.end(seen_work);
+    core.waiver.set(waiver);
     false
 }
 

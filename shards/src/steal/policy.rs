@@ -27,6 +27,45 @@ pub(crate) fn look(queued: usize, min: usize, short_looks: &mut u32, fresh_wake:
     true
 }
 
+/// Rule 3's waiver of the minimum across a thief's looks. The look right after a park that a
+/// ping for new migratable work ended ignores the minimum. A spawner pings before it queues
+/// its task, so that look may find every victim empty: the waiver then passes to the next
+/// look, and to that one only (a waiver kept from a kept waiver lasted until work came,
+/// however much later, with no ping to this loop). A pure state machine, kept apart from the
+/// loop so its lifetime is unit-tested. Cost: two byte writes per look.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Waiver {
+    /// The last look could not use a waiver from a real wake: the next look has it.
+    kept: bool,
+    /// The current look was begun right after a wake by a work ping.
+    woke: bool,
+}
+
+impl Waiver {
+    /// A look begins; `woke`: the loop's last park was ended by a ping for new migratable work
+    /// (taken from `Core::fresh_wake`). Returns whether this look ignores the minimum.
+    pub(crate) fn begin(&mut self, woke: bool) -> bool {
+        let fresh = woke | self.kept;
+        *self = Waiver { kept: false, woke };
+        fresh
+    }
+
+    /// The look begun by [`begin`](Self::begin) ended: `seen_work`, whether any victim had
+    /// work queued (whether or not it was taken). Only a look begun by a real wake that saw
+    /// nothing keeps the waiver, for the next look.
+    pub(crate) fn end(&mut self, seen_work: bool) {
+        *self = Waiver {
+            kept: self.woke && !seen_work,
+            woke: false,
+        };
+    }
+
+    /// Stealing was switched off: a waiver from before does not outlive it.
+    pub(crate) fn clear(&mut self) {
+        *self = Waiver::default();
+    }
+}
+
 /// Eager rebalance's nudge (steal rule 4): which idle peer of the `loops` loops `me` pings for
 /// the migratable work it just queued: one that is not busy and may steal from `me` (`me` is
 /// in its own victim list), the nearest in `me`'s victim order (`victims(me)`) first, then
@@ -147,5 +186,52 @@ mod tests {
     #[test]
     fn a_freshly_woken_thief_ignores_the_minimum() {
         assert!(should_steal(1, 1000, 0, true));
+    }
+
+    /// A wake's waiver is spent by the first look that sees work, and a look that sees none
+    /// passes it to the next look only: a kept waiver is not kept again.
+    #[test]
+    fn a_waiver_lasts_until_work_is_seen_or_one_look_more() {
+        let mut w = Waiver::default();
+        assert!(!w.begin(false), "no wake, no waiver");
+        w.end(false);
+        assert!(
+            !w.begin(false),
+            "an empty look without a wake keeps nothing"
+        );
+        w.end(false);
+
+        // Woken, and the first look sees work: spent there.
+        assert!(w.begin(true));
+        w.end(true);
+        assert!(!w.begin(false), "spent by the look that saw work");
+        w.end(false);
+
+        // Woken, every victim still empty: the next look has it, the one after does not.
+        assert!(w.begin(true));
+        w.end(false);
+        assert!(w.begin(false), "kept for the next look");
+        w.end(false);
+        assert!(
+            !w.begin(false),
+            "kept once only, not again by an empty look"
+        );
+        w.end(false);
+
+        // A kept waiver that meets another wake: that wake's own look, which may keep again.
+        assert!(w.begin(true));
+        w.end(false);
+        assert!(w.begin(true));
+        w.end(false);
+        assert!(w.begin(false));
+        w.end(true);
+        assert!(!w.begin(false));
+        w.end(false);
+
+        // Stealing switched off drops a kept waiver.
+        assert!(w.begin(true));
+        w.end(false);
+        w.clear();
+        assert!(!w.begin(false), "cleared with stealing off");
     }
 }
