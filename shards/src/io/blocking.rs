@@ -1,7 +1,11 @@
 //! A small blocking thread pool for file operations on the epoll driver (epoll cannot wait on
 //! regular files), as tokio does. Threads start on demand, up to [`MAX_THREADS`], and exit after
 //! [`IDLE_EXIT`] without work. A job's result comes back through a one-shot slot whose waker
-//! the job fires (from the pool thread, so the wake goes through the loop's inbox).
+//! the job fires (from the pool thread, so the wake goes through the loop's inbox). Where no
+//! thread can be started (a process or cgroup thread limit), a job runs on its loop's thread
+//! if the pool has no thread at all, and otherwise waits for a running thread, or for a later
+//! submission that manages to start one: nothing retries on its own, so a job whose peer (the
+//! other end of a FIFO) holds every running thread waits for that later submission.
 //!
 //! # Cancellation
 //!
@@ -555,6 +559,9 @@ struct Slot<R> {
 pub(crate) struct Blocking<R> {
     slot: Arc<Mutex<Slot<io::Result<R>>>>,
     ctl: Arc<Ctl>,
+    /// The job's id in the pool's queue (`PoolState::jobs`), to take it out unrun when the
+    /// future is dropped before a thread took it.
+    id: u64,
     /// Its result was taken.
     collected: bool,
     _local: PhantomData<*const ()>,
@@ -695,9 +702,17 @@ pub(crate) fn run<R: Send + 'static>(
     Blocking {
         slot,
         ctl,
+        id,
         collected: false,
         _local: PhantomData,
     }
+}
+
+/// Takes the job `id` out of the pool's queue if no thread has taken it yet.
+fn unqueue(id: u64) -> Option<Job> {
+    let mut st = lock(&pool().state);
+    let at = st.jobs.iter().position(|(j, _)| *j == id)?;
+    st.jobs.remove(at).map(|(_, job)| job)
 }
 
 /// Makes the loop whose last pool job just ended take a turn, by its wake ping: a loop that
@@ -781,6 +796,18 @@ impl<R> Drop for Blocking<R> {
             // the loop from quiescence (`PENDING`), as its effect may still land; the loop
             // looks at it again soon (`abandoned`).
             lock(&self.ctl.state).cancelled = true;
+            // Not taken by a thread yet (queued behind a full pool): out of the queue, and
+            // dropped here, unrun. Its `Ended` guard takes it off the loop's count and its
+            // captures (the file's descriptor) go now. Left queued (it would only have been
+            // skipped), it kept the loop from quiescence, parking 1 ms at a time, and
+            // `run()` waited a second for it at stop, with the descriptor open after
+            // `File::close` returned. A job a thread took meanwhile is not found: it sees
+            // `cancelled` and is skipped, or is interrupted below. Cost: a lock of the pool
+            // and a walk of its queue, empty unless every pool thread is busy.
+            if let Some(job) = unqueue(self.id) {
+                drop(job);
+                return;
+            }
             if interrupt(&self.ctl) {
                 wait_call(&self.ctl);
                 // `try_with`: a future dropped by another thread-local's destructor at thread
@@ -804,6 +831,61 @@ impl<R> Drop for Blocking<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `retrying` retries a call `EINTR` cut short, as a late interrupt signal (meant for the
+    /// thread's last job) cuts one, unless the running job was cancelled: then `EINTR` ends
+    /// it. And it passes other errors and results on untouched.
+    #[test]
+    fn a_call_cut_by_a_signal_is_retried_unless_its_job_was_cancelled() {
+        let eintr = || Err::<u32, _>(io::Error::from_raw_os_error(libc::EINTR));
+        let ctl = Arc::new(Ctl::default());
+        RUNNING.with(|r| *r.borrow_mut() = Some(ctl.clone()));
+
+        let mut calls = 0;
+        let r = retrying(|| {
+            calls += 1;
+            if calls < 3 {
+                eintr()
+            } else {
+                Ok(5)
+            }
+        });
+        assert_eq!(
+            (r.unwrap(), calls),
+            (5, 3),
+            "EINTR retried until the call ends"
+        );
+
+        let mut calls = 0;
+        let r = retrying(|| {
+            calls += 1;
+            Err::<u32, _>(io::Error::from_raw_os_error(libc::EAGAIN))
+        });
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        assert_eq!(calls, 1, "another error is not retried");
+
+        lock(&ctl.state).cancelled = true;
+        let mut calls = 0;
+        let r = retrying(|| {
+            calls += 1;
+            eintr()
+        });
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EINTR));
+        assert_eq!(calls, 1, "a cancelled job's EINTR ends the call");
+
+        // Off any job (no control): retried, as nothing can be cancelled.
+        RUNNING.with(|r| *r.borrow_mut() = None);
+        let mut calls = 0;
+        let r = retrying(|| {
+            calls += 1;
+            if calls < 2 {
+                eintr()
+            } else {
+                Ok(1)
+            }
+        });
+        assert_eq!((r.unwrap(), calls), (1, 2));
+    }
 
     /// CPUs the calling thread may run on.
     fn affinity() -> Vec<usize> {
