@@ -2,7 +2,11 @@
 //!
 //! On io_uring every call is one submission; on epoll each runs on a blocking thread pool (up
 //! to 512 threads, started on demand: epoll cannot wait on regular files), with one copy
-//! through a pool buffer. A file's first positioned call adds one `lseek` system call (whether
+//! through a pool buffer. Two exceptions: closing (a `File`'s drop on either driver,
+//! [`File::close`] on epoll) calls `close(2)` on the loop's thread, which on a network or FUSE
+//! file system flushes and may hold the loop that long; and where no pool thread can be
+//! started at all (a process or cgroup thread limit), a call runs on the loop's thread, where
+//! an `open` of a FIFO blocks the whole loop until its peer comes (logged as a warning). A file's first positioned call adds one `lseek` system call (whether
 //! it takes offsets). Positional I/O only (`read_at`, `write_at`): there is no shared cursor,
 //! so concurrent operations on one file never race on it. `!Send`, like the other I/O types.
 //! Called off any xtc loop (or on a loop without an I/O driver), every operation but

@@ -10,7 +10,9 @@
 //! (registered in the reactor) or its timeout, which is the next timer deadline or the idle
 //! tick — so timers are served by the driver (an io_uring wait timeout, or epoll_wait's).
 //! Completions are also reaped at the start of every loop turn and every `REAP_EVERY` (32) task
-//! polls within a turn, so a busy loop still makes I/O progress.
+//! polls within a turn, so a busy loop still makes I/O progress. Not file operations on epoll:
+//! they end on pool threads, whose wake-ups come through the loop's inbox, read once a turn,
+//! so a busy loop sees them within a turn (up to `BATCH`, 128 polls), not within 32.
 //!
 //! * **io_uring** (`uring.rs`): an operation is a submission whose buffers and addresses are
 //!   owned by the operation's future. Each in-flight operation has a slot whose state is
@@ -151,17 +153,24 @@ fn uring_probe() -> &'static Result<(), String> {
 
 /// Resolves a choice to a driver. `Err` names why a forced io_uring is unavailable.
 pub(crate) fn resolve(choice: DriverChoice) -> Result<Driver, String> {
+    // Once per process, whichever way the driver was chosen: a forced choice logged nothing.
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    let forced = |d: Driver| {
+        LOGGED.call_once(|| {
+            tracing::info!("xtc: I/O driver {d} (forced by XTC_IO or Builder::io_driver)");
+        });
+        d
+    };
     match choice {
-        DriverChoice::Epoll => Ok(Driver::Epoll),
+        DriverChoice::Epoll => Ok(forced(Driver::Epoll)),
         DriverChoice::IoUring => match uring_probe() {
-            Ok(()) => Ok(Driver::IoUring),
+            Ok(()) => Ok(forced(Driver::IoUring)),
             Err(why) => Err(format!(
                 "io_uring was asked for (XTC_IO or Builder::io_driver) but is unavailable: {why}; \
                  use XTC_IO=epoll or DriverChoice::Auto"
             )),
         },
         DriverChoice::Auto => {
-            static LOGGED: std::sync::Once = std::sync::Once::new();
             let d = match uring_probe() {
                 Ok(()) => Driver::IoUring,
                 Err(why) => {

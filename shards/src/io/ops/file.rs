@@ -475,7 +475,9 @@ pub(crate) async fn close(fd: OwnedFd) -> io::Result<()> {
         }
         Ok(Driver::Epoll) | Err(_) => {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
-            // SAFETY: we own `raw`; close on a regular file does not block for long.
+            // SAFETY: we own `raw`. On the loop's thread, as `File`'s drop is on either
+            // driver: close on a local file does not block for long; on a network or FUSE
+            // file system its flush may (documented in fs.rs).
             closed(cvt(unsafe { libc::close(raw) }).map(drop))
         }
     }
