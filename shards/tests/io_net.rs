@@ -4096,3 +4096,53 @@ fn socket_io_with_a_buffer_of_2_gib_or_more_moves_bytes_on_both_drivers() {
         },
     );
 }
+
+/// A busy loop reaps its driver every 32 polls within a turn (`io::REAP_EVERY`), not only at
+/// the turn's start: a read whose data is there is served while another task keeps the loop
+/// busy, within about 32 of that task's polls rather than after the turn's 128. The spinner
+/// yields each poll, which re-queues it without ending the batch, so the count its poll
+/// reaches when the reader resumes is the same every run: about 32 with the mid-turn reap,
+/// at least 126 without it.
+#[test]
+fn a_busy_loop_reaps_its_driver_within_a_turn() {
+    on_each_driver(
+        "a_busy_loop_reaps_its_driver_within_a_turn",
+        1,
+        |driver| async move {
+            let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let b = UnixStream::from_std(b).unwrap();
+            let polls = Rc::new(std::cell::Cell::new(0u32));
+            let seen = Rc::new(std::cell::Cell::new(None));
+            let reader = spawn_local({
+                let (polls, seen) = (polls.clone(), seen.clone());
+                async move {
+                    let (r, buf) = b.read(Vec::with_capacity(1)).await;
+                    assert_eq!(r.unwrap(), 1);
+                    assert_eq!(buf, b"x");
+                    seen.set(Some(polls.get()));
+                }
+            });
+            let spinner = spawn_local({
+                let (polls, seen) = (polls.clone(), seen.clone());
+                async move {
+                    while seen.get().is_none() && polls.get() < 1_000 {
+                        polls.set(polls.get() + 1);
+                        if polls.get() == 2 {
+                            // The reader has polled (it was spawned first): data for it now.
+                            (&a).write_all(b"x").unwrap();
+                        }
+                        xtc_shards::yield_now().await;
+                    }
+                }
+            });
+            reader.await.unwrap();
+            spinner.await.unwrap();
+            let at = seen.get().unwrap();
+            assert!(
+                at < 64,
+                "[{driver}] the read was served at the spinner's poll {at}: the busy loop reaped \
+             its driver only at the next turn"
+            );
+        },
+    );
+}
