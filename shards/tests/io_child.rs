@@ -22,6 +22,8 @@
 //!   read (there, or back on io_uring), which may wait for their answer;
 //! * a file `open` io_uring cannot run (no kernel worker can start, `RLIMIT_NPROC`) fails
 //!   with the kernel's `ECANCELED` instead of starting again for good;
+//! * `write_all_at` past `RLIMIT_FSIZE` goes on after the short write at the right offset and
+//!   ends with the kernel's `EFBIG`;
 //! * a `FixedBufPool` io_uring refuses under `RLIMIT_MEMLOCK` says what the kernel counted (every
 //!   page a buffer touches) and the limit it met.
 //!
@@ -709,6 +711,56 @@ fn child_a_file_read_into_a_huge_buffer_does_not_abort() {
         },
     );
     std::fs::remove_file(&path).unwrap();
+}
+
+/// `write_all_at` past the file-size limit (`RLIMIT_FSIZE`, `SIGXFSZ` ignored): the first
+/// write comes back short, at the limit, and the rest goes on at the offset after it, where
+/// the kernel refuses it with `EFBIG`, on both drivers. A continuation at the first write's
+/// offset instead of after the bytes written would rewrite them (within the limit) and answer
+/// `Ok`; a short write taken as complete would answer `Ok` too.
+#[test]
+fn child_write_all_at_goes_on_after_a_short_write() {
+    const ROLE: &str = "short-write";
+    if !is_child(ROLE) {
+        run_child("child_write_all_at_goes_on_after_a_short_write", ROLE, &[]);
+        return;
+    }
+    const LIMIT: usize = 10_000;
+    // SAFETY: plain system calls; ignoring SIGXFSZ makes a write past the limit fail with
+    // EFBIG instead of ending the process.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        let rl = libc::rlimit {
+            rlim_cur: LIMIT as u64,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &rl), 0);
+    }
+    each_driver(
+        "short-write",
+        1,
+        |b| b,
+        |driver, exec| {
+            let path = std::env::temp_dir().join(format!(
+                "xtc-io-child-short-write-{}-{driver}",
+                std::process::id()
+            ));
+            let p = path.clone();
+            exec.block_on(move || async move {
+                let f = xtc_shards::fs::File::create(&p).await.unwrap();
+                let (r, buf) = f.write_all_at(vec![7u8; 2 * LIMIT], 0).await;
+                let e = r.expect_err("a write past the file-size limit succeeded");
+                assert_eq!(e.raw_os_error(), Some(libc::EFBIG), "[{driver}] {e}");
+                assert_eq!(buf.len(), 2 * LIMIT, "the buffer comes back whole");
+                f.close().await.unwrap();
+            })
+            .unwrap_or_else(|e| panic!("[{driver}]: {e}"));
+            let got = std::fs::read(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            assert_eq!(got.len(), LIMIT, "[{driver}] the file's length");
+            assert!(got.iter().all(|&b| b == 7), "[{driver}] the file's bytes");
+        },
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
