@@ -302,8 +302,10 @@ impl Builder {
     }
 
     /// Grace period before an all-parked executor is reported as deadlocked; `None` disables the
-    /// report (an all-parked executor then waits forever, like tokio). Default 5 s. Cost: stores
-    /// the value.
+    /// report (an all-parked executor then waits forever, like tokio). Default 5 s. A zero
+    /// grace is not "off": it reports as soon as two looks about a millisecond apart find the
+    /// executor all-parked (`XTC_DEADLOCK_GRACE` refuses `0`; write `off`). Cost: stores the
+    /// value.
     pub fn deadlock_grace(mut self, grace: Option<Duration>) -> Builder {
         self.deadlock_grace = grace;
         self
@@ -560,10 +562,16 @@ fn parse_grace(name: &'static str, v: &str) -> Result<Option<Duration>> {
     if v.trim().eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    parse_duration(v).map(Some).ok_or_else(|| Error::Env {
-        var: name,
-        value: v.to_string(),
-        expected: "off, or a whole number with unit ns, us, ms or s, such as 500ms, 5s (a bare \
-                   number is milliseconds)",
-    })
+    // Zero is refused, not read as off: the other duration knobs read 0 as off, and a zero
+    // grace reports a deadlock (dropping every parked task) about a millisecond after the
+    // executor goes all-parked, so a task waiting on a plain thread ended the run.
+    parse_duration(v)
+        .filter(|d| !d.is_zero())
+        .map(Some)
+        .ok_or_else(|| Error::Env {
+            var: name,
+            value: v.to_string(),
+            expected: "off (no report), or a positive whole number with unit ns, us, ms or s, \
+                       such as 500ms, 5s (a bare number is milliseconds)",
+        })
 }

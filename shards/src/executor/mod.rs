@@ -607,8 +607,10 @@ impl Executor {
 
     /// Starts one OS thread per shard, each pinned to its CPU (or, with [`Builder::pin`] off,
     /// bound to the placement's CPUs together), and blocks until the executor is
-    /// quiescent (every task done, every timer fired or cancelled, every inbox drained) or
-    /// [`stop`](Handle::stop) is called. In service mode it returns only after `stop`.
+    /// quiescent (every task done, every timer fired or cancelled, every inbox drained of
+    /// what was pushed before the end was decided) or [`stop`](Handle::stop) is called. In
+    /// service mode it returns only after `stop`. A foreign spawn racing that end is kept for
+    /// the next run ([`Handle::spawn_on`]).
     ///
     /// Returns `Err(Deadlock)` when every loop idles with tasks parked that nothing can wake
     /// (after the deadlock grace period); those tasks are dropped. Work spawned before `run` is
@@ -1406,7 +1408,10 @@ impl Handle {
 
     /// Spawns a task pinned to `shard`. `make` is `Send` and is called on that shard, so the
     /// future it returns may be `!Send`; the task never leaves the shard. Works from any thread,
-    /// before `run()` (the task starts when the loops do) and while it runs.
+    /// before `run()` (the task starts when the loops do) and while it runs. A spawn from
+    /// another thread that races a quiescent `run()`'s end (the coordinator has already seen
+    /// every loop idle) is not run by that `run()`: it stays queued for the next run, and its
+    /// `JoinHandle` resolves as cancelled if the `Executor` is dropped first.
     ///
     /// `Err(InvalidShard)` for an out-of-range shard, `Err(Stopped)` once the `Executor` is
     /// dropped (through a `Handle`: no run can come), and from the `Drop` of a task that a

@@ -286,19 +286,54 @@ impl Closing {
 
 /// [`close`]'s protocol (the part `loom_park.rs` checks): set the flag, `unchanged()` reads
 /// the loops again, `stop()` stops them; the flag is cleared after the stop flag is set, and
-/// waiting loops are woken.
+/// waiting loops are woken, also when either closure unwinds (an xtc bug, or a `tracing`
+/// subscriber that panics in a log line of the stop): left set, every loop the unwinding
+/// coordinator then stopped waited for a decision for good, and `run()`, joining them,
+/// hung instead of passing the panic on.
 pub(crate) fn close_with(
     closing: &Closing,
     unchanged: impl FnOnce() -> bool,
     stop: impl FnOnce(),
 ) -> bool {
+    /// Clears the flag and wakes the waiting loops when dropped, on unwind too.
+    struct Decided<'a>(&'a Closing);
+    impl Drop for Decided<'_> {
+        fn drop(&mut self) {
+            *lock(&self.0.flag) = false;
+            self.0.decided.notify_all();
+        }
+    }
     *lock(&closing.flag) = true;
+    let decided = Decided(closing);
     let stopped = unchanged();
     if stopped {
         stop();
     }
     // After the stop flag: a loop that waited reads the flag next.
-    *lock(&closing.flag) = false;
-    closing.decided.notify_all();
+    drop(decided);
     stopped
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A close whose stop unwinds still clears the flag: a loop leaving idle afterwards does
+    /// not wait for a decision that never comes.
+    #[test]
+    fn a_close_that_unwinds_leaves_no_loop_waiting() {
+        let closing = std::sync::Arc::new(Closing::default());
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            close_with(&closing, || true, || panic!("a bug in the stop"))
+        }));
+        assert!(unwound.is_err());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let c = closing.clone();
+        // A thread of its own: a flag left set blocks it for good (a hang guard below).
+        std::thread::spawn(move || tx.send(c.wait_if_closing()).unwrap());
+        let was = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("a loop waits for a close that unwound");
+        assert!(!was, "the flag is still set after the close unwound");
+    }
 }
