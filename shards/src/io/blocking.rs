@@ -806,6 +806,8 @@ impl<R> Drop for Blocking<R> {
             // and a walk of its queue, empty unless every pool thread is busy.
             if let Some(job) = unqueue(self.id) {
                 drop(job);
+                // Skipped, as a thread that found it cancelled would have marked it.
+                lock(&self.ctl.state).done = true;
                 return;
             }
             if interrupt(&self.ctl) {
@@ -984,7 +986,16 @@ mod tests {
                     Ok(())
                 });
                 let ctl = job.ctl.clone();
-                // Dropped while it waits on the gate: abandoned.
+                // Dropped while it waits on the gate: abandoned. (Dropped while still queued,
+                // it would leave the queue unrun, and never be listed.)
+                let t0 = std::time::Instant::now();
+                while lock(&ctl.state).thread.is_none() {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(60),
+                        "a job never started"
+                    );
+                    std::thread::yield_now();
+                }
                 drop(job);
                 *lock(&gate.0) = true;
                 gate.1.notify_all();
@@ -1015,17 +1026,19 @@ mod tests {
             return;
         }
         set_topology(topo.clone());
-        const JOBS: usize = 8;
-        let (got, before, after) = std::thread::spawn(move || {
+        let (got, jobs, before, after) = std::thread::spawn(move || {
             xtc_numa::pin_current_thread(&topo, all[0]).expect("pin");
             assert_eq!(affinity().len(), 1, "the submitting thread is pinned");
             // Enough jobs at once that at least one new pool thread starts from here (while
             // the pool is not full): each job waits until all are submitted, so none ends and
-            // frees its thread for the next one before the count below is taken.
+            // frees its thread for the next one before the count below is taken. More jobs
+            // than the pool has threads: other tests of this process leave idle ones, which
+            // take jobs first.
             let threads = || lock(&pool().state).threads;
             let before = threads();
+            let n = before + 8;
             let gate = Arc::new((Mutex::new(false), Condvar::new()));
-            let jobs: Vec<_> = (0..JOBS)
+            let jobs: Vec<_> = (0..n)
                 .map(|_| {
                     let gate = gate.clone();
                     run(move || {
@@ -1044,7 +1057,7 @@ mod tests {
                 .into_iter()
                 .map(|j| futures_lite::future::block_on(j).unwrap())
                 .collect::<Vec<_>>();
-            (got, before, after)
+            (got, n, before, after)
         })
         .join()
         .unwrap();
@@ -1054,7 +1067,7 @@ mod tests {
             "no pool thread was started from the pinned thread ({before} -> {after}): nothing \
              was checked"
         );
-        assert_eq!(got.len(), JOBS);
+        assert_eq!(got.len(), jobs);
         assert!(
             got.iter().all(|&n| n > 1),
             "pool threads pinned to one CPU: {got:?}"
