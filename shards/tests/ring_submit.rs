@@ -119,6 +119,41 @@ fn submit_to_from_a_plain_thread_through_the_handle() {
     assert!(ex.loop_stats(1).unwrap().inbox_received >= 1);
 }
 
+/// `Handle::submit_to_all` from a plain thread: one call per shard, outputs in shard order,
+/// through the inbox; a call that panics on its shard is that shard's `Err`, the others'
+/// outputs stand.
+#[test]
+fn submit_to_all_from_a_plain_thread_through_the_handle() {
+    let ex = exec(3);
+    ex.set_service_mode(true);
+    let h = ex.handle();
+    let t = std::thread::spawn(move || {
+        let ids = futures::executor::block_on(h.submit_to_all(|| async { shard::id() * 10 }));
+        let some_panic = futures::executor::block_on(h.submit_to_all(|| async {
+            if shard::id() == 1 {
+                panic!("shard 1 refuses");
+            }
+            shard::id()
+        }));
+        h.stop();
+        (ids, some_panic)
+    });
+    let dog = Watchdog::new(ex.handle(), HANG, "submit_to_all from a plain thread");
+    ex.run().unwrap();
+    dog.done();
+    let (ids, some_panic) = t.join().unwrap();
+    let ids: Vec<usize> = ids.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(ids, vec![0, 10, 20]);
+    assert_eq!(some_panic.len(), 3);
+    assert_eq!(*some_panic[0].as_ref().unwrap(), 0);
+    let msg = some_panic[1].as_ref().unwrap_err().to_string();
+    assert!(msg.contains("shard 1 refuses"), "{msg}");
+    assert_eq!(*some_panic[2].as_ref().unwrap(), 2);
+    for i in 0..3 {
+        assert!(ex.loop_stats(i).unwrap().inbox_received >= 2, "shard {i}");
+    }
+}
+
 /// `Handle::submit_to` between runs queues the message at the call (as `spawn_on`): the
 /// future resolves once the next run has run it, and with `Err(Stopped)` if the `Executor` is
 /// dropped first (the documented contract; its doc used to promise `Err(Stopped)` as soon as

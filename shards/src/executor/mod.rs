@@ -1447,7 +1447,10 @@ impl Handle {
     /// cancelled). A spawn from another thread that races the stop ([`spawn_on`](Self::spawn_on),
     /// [`spawn`](Self::spawn)) is lost neither way: it is dropped with the run's tasks, or kept
     /// for the next run, as a spawn made after `run()` returned is (and dropped with the
-    /// `Executor` if none comes). Threads that keep spawning do not hold the stop up.
+    /// `Executor` if none comes). So is a `submit_to` or `send_to` that a task still running
+    /// sends to a shard that has already finished stopping: it runs in the next run, though
+    /// its caller may be gone (`ring::evacuate`). Threads that keep spawning do not hold the
+    /// stop up.
     ///
     /// The handle of a [`LocalExecutor`](crate::LocalExecutor) stops nothing: its `block_on`
     /// returns when its future does (it has no other output to give), and no stop is kept.
@@ -1811,6 +1814,38 @@ impl Handle {
     {
         let h = self.spawn_on(shard, make);
         async move { crate::shard::join_result(h?.await) }
+    }
+
+    /// Runs `make` on every shard (the closure is cloned once per shard) and collects the
+    /// outputs in shard order: [`crate::shard::submit_to_all`] (Seastar's `invoke_on_all`)
+    /// for any thread. Every call is queued by this call, as [`submit_to`](Handle::submit_to)
+    /// queues each, so they run concurrently; dropping the returned future detaches them.
+    /// Each element is what `submit_to` to that shard gives (`Err(Join)` for a call that
+    /// panicked there, `Err(Stopped)` for one a stop dropped). Cost: a `submit_to` per
+    /// shard, a clone of `make` each, and the output `Vec`.
+    #[track_caller]
+    pub fn submit_to_all<F, Fut>(
+        &self,
+        make: F,
+    ) -> impl Future<Output = Vec<Result<Fut::Output>>> + Send + 'static
+    where
+        F: FnOnce() -> Fut + Clone + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        // A loop, not an iterator's closure: `#[track_caller]` passes the caller's location
+        // on to each task's spawn site only through direct calls.
+        let mut calls = Vec::with_capacity(self.shard_count());
+        for i in 0..self.shard_count() {
+            calls.push(self.submit_to(i, make.clone()));
+        }
+        async move {
+            let mut out = Vec::with_capacity(calls.len());
+            for call in calls {
+                out.push(call.await);
+            }
+            out
+        }
     }
 
     /// Fire-and-forget: queues `make` to run on `shard` and returns once it is queued (as
