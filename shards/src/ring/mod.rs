@@ -14,7 +14,10 @@
 //! 2. **Never drop, never reorder.** A `Runnable` for `j` is pushed on `i→j` unless that ring is
 //!    full or `i`'s backlog for `j` is non-empty; then it is appended to the backlog, a
 //!    loop-local FIFO that `i` moves into the ring, in order, as space frees. Wakes cannot wait,
-//!    so the backlog absorbs them (it holds at most one `Runnable` per task).
+//!    so the backlog absorbs them (at most one `Runnable` per woken task). It also takes the
+//!    spawns that do not wait for space: `Handle::spawn_on`/`submit_to`/`send_to` called on a
+//!    loop, and the sends of reserve waiters woken together for fewer free slots than they
+//!    are (unbounded then, as a `Vec` is, but in order and never dropped).
 //! 3. **Backpressure for senders that can wait.** `submit_to`/`send_to` first wait for ring space
 //!    ([`reserve`]): if the ring is full (or backlogged) the task parks on `i`'s waiter list for
 //!    `j`, sets `want_space[i→j]` by `swap`, and rechecks the ring. The consumer `j`, after
@@ -31,11 +34,19 @@
 //!    ring was full, then slept for good. Its waker also joins the pair's foreign list in the
 //!    executor's mesh ([`join_foreign`]) before `want_space` is announced, and the consumer
 //!    whose swap finds the flag set takes that list and wakes it, outside its borrows, besides
-//!    pinging the loop: the same two-swap argument covers it.
+//!    pinging the loop: the same two-swap argument covers it. Not covered: two loops each
+//!    blocked in a foreign executor on the other's full ring. A blocked loop drains nothing
+//!    (rule 4 needs turns), so neither frees the other's space, and both wait for good; one
+//!    blocked loop is fine, its peer drains.
 //! 4. **Fair draining.** Each turn a loop pops at most [`DRAIN_PER_RING`] messages from each
 //!    incoming ring, starting one ring further on each turn, so no peer can starve another.
 //!    Draining never depends on ring space, so two loops that fill each other's rings still make
-//!    progress: each drains its inbound rings, which frees the other's outbound space.
+//!    progress: each drains its inbound rings, which frees the other's outbound space (while
+//!    both turn; see 3b). A loop still idle (no BUSY announced at step 2, the ring looked empty)
+//!    may take a message that came just after its look: nothing it queued runs before the
+//!    turn announces BUSY (`event_loop::run`, the check before the batch), and its received
+//!    count is published only at the end of that turn, so the coordinator reads the ring
+//!    unbalanced until the new epoch is out.
 //! 5. **Batched notification.** A push marks the target dirty; at the end of the turn (and before
 //!    parking) the loop unparks each dirty target once (`park.rs` rule 2: a ping only if it
 //!    announced sleep).
