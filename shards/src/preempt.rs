@@ -63,6 +63,17 @@ pub(crate) fn is_due() -> bool {
     .unwrap_or(false)
 }
 
+/// Drops a tick the loop's own idle-path CPU time earned (its spin before parking, up to
+/// `spin_before_park` or the reply spin), called once per idle period: the timer counts the
+/// worker's CPU time, the loop's included, and left pending such a tick made the next task's
+/// first `yield_if_due` yield before it had done any work. Cost: a cell read; with
+/// preemption on, a thread-local store.
+pub(crate) fn forget_idle_tick(core: &Core) {
+    if core.preempt_ns.get() != 0 {
+        DUE.with(|d| d.store(false, Relaxed));
+    }
+}
+
 /// Arms, re-arms or disarms this loop's CPU-time timer when the executor's interval
 /// (`Handle::set_preempt`) differs from the one it armed: at each loop turn and each
 /// `yield_if_due` that is not due, so a change reaches running loops. A `LocalExecutor`

@@ -191,7 +191,8 @@ fn a_class_and_its_first_task_arriving_in_one_turn() {
 fn yield_if_due_does_not_yield_when_idle() {
     // The timer counts the worker's CPU time over the whole run, its own included: with a
     // 1 ms interval and the default spin before each park, 20 wake-ups on a slow VM added up
-    // to a tick (23 polls, once in CI). 20 ms and no spin leave an idle task far from one.
+    // to a tick (23 polls, once in CI; the idle path now drops a tick its spin earned, see
+    // the next test). 20 ms and no spin leave an idle task far from one.
     let ex = Executor::builder()
         .shards(1)
         .preempt(Duration::from_millis(20))
@@ -211,6 +212,37 @@ fn yield_if_due_does_not_yield_when_idle() {
     // One poll per sleep plus the first; an extra poll would mean a yield. A 20 ms CPU-time
     // timer cannot fire in the few µs of CPU this task and its idle loop use.
     assert!(polls <= 22, "{polls} polls");
+}
+
+/// The loop's own spin before parking uses CPU time, which the preemption timer counts: a
+/// tick it earned stayed pending, and the task the next wake-up ran yielded at its first
+/// `yield_if_due`, before doing any work. Here each of the 20 idle periods spins until the
+/// 5 ms sleep is due, against a 1 ms interval, so without the idle path dropping that tick
+/// every check yielded (41 polls); a tick that lands in the microseconds between the
+/// drop and the check is rare.
+#[test]
+fn a_tick_earned_by_the_loops_spin_does_not_make_the_next_task_yield() {
+    let ex = Executor::builder()
+        .shards(1)
+        .preempt(Duration::from_millis(1))
+        .spin_before_park(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let before = ex.loop_stats(0).unwrap().polls;
+    ex.spawn_on(0, || async {
+        for _ in 0..20 {
+            xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            yield_if_due().await;
+        }
+    })
+    .unwrap();
+    ex.run().unwrap();
+    let polls = ex.loop_stats(0).unwrap().polls - before;
+    // One poll per sleep plus the first (21); a yield adds one.
+    assert!(
+        polls <= 26,
+        "{polls} polls: the loop's spin ticks made tasks yield"
+    );
 }
 
 #[test]

@@ -456,7 +456,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             spin = spin.max(exec.reply_spin());
         }
         let spun = !spin.is_zero();
-        if spun && spin_for_work(core, spin) {
+        let found = spun && spin_for_work(core, spin);
+        // Whatever the spin found: a preemption tick its CPU time earned is no task's.
+        crate::preempt::forget_idle_tick(core);
+        if found {
             continue;
         }
         // A task waiting for ring space (`ring::reserve`) is woken once the consumer drains
