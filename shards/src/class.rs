@@ -194,6 +194,9 @@ impl Lanes {
         let list = lock(&owner.classes);
         while self.lanes.len() <= list.len() {
             let s = list[self.lanes.len() - 1];
+            // A lane is adopted once per run, at 0: so is its readout, which showed the last
+            // run's figure until the class's first poll of this one.
+            s.vruntime.store(0, Relaxed);
             self.lanes.push(Lane::new(s.shares, Some(s)));
         }
         self.lanes.len() > 1
@@ -220,7 +223,13 @@ pub(crate) fn enqueue(core: &Core, r: Runnable) {
         // Rule 3: an idle lane rejoins at the clock.
         let clock = lanes.clock;
         let l = &mut lanes.lanes[c];
-        l.vruntime = l.vruntime.max(clock);
+        if l.vruntime < clock {
+            l.vruntime = clock;
+            // The readout follows, or it kept the lower figure until the lane's next charge.
+            if let Some(s) = l.stats {
+                s.vruntime.store(clock, Relaxed);
+            }
+        }
     }
     if c == 0 {
         drop(lanes);

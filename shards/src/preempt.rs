@@ -102,7 +102,12 @@ fn rearm(core: &Core, want: u64) {
         core.exec.preempt_signal(),
     ) {
         Ok(t) => *core.preempt_timer.borrow_mut() = Some(t),
-        Err(e) => tracing::warn!("xtc: could not arm the preemption timer: {e}"),
+        Err(e) => tracing::warn!(
+            shard = core.index(),
+            "xtc: could not arm the preemption timer ({e}): this worker runs without \
+             preemption (yield_if_due yields only for latency classes); allow timer_create and \
+             timer_settime (a seccomp filter), raise RLIMIT_SIGPENDING, or set XTC_PREEMPT=0"
+        ),
     }
 }
 

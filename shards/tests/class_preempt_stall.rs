@@ -387,6 +387,54 @@ fn class_created_mid_turn_runs_its_tasks_without_a_timer() {
     assert_eq!(v, 8);
 }
 
+/// A class's vruntime readout starts each run at 0, as its lane does (it showed the last
+/// run's figure until the class's first poll), and follows its lane when an idle lane
+/// rejoins at the loop's clock (it kept the lower figure until the lane's next charge).
+#[test]
+fn a_class_vruntime_readout_follows_its_lane_across_runs_and_rejoins() {
+    let ex = LocalExecutor::new().unwrap();
+    let (c, d) = ex.block_on(async {
+        let c = shard::create_class(100, None).unwrap();
+        let d = shard::create_class(100, None).unwrap();
+        task::Builder::new()
+            .class(c)
+            .spawn_local(async { burn(Duration::from_millis(5)) })
+            .await
+            .unwrap();
+        (c, d)
+    });
+    assert!(c.vruntime() > 0, "the class was charged");
+    let (at_start, rejoined, clock_lane) = ex.block_on(async move {
+        let at_start = c.vruntime();
+        // Lane c runs alone for a while (the loop's clock moves with it), then d, idle at 0,
+        // gets a task: it rejoins at the clock, before its first poll.
+        task::Builder::new()
+            .class(c)
+            .spawn_local(async {
+                for _ in 0..5 {
+                    burn(Duration::from_millis(1));
+                    xtc_shards::yield_now().await;
+                }
+            })
+            .await
+            .unwrap();
+        let clock_lane = c.vruntime();
+        let h = task::Builder::new().class(d).spawn_local(async {});
+        let rejoined = d.vruntime();
+        h.await.unwrap();
+        (at_start, rejoined, clock_lane)
+    });
+    assert_eq!(
+        at_start, 0,
+        "the last run's vruntime showed at the start of this one"
+    );
+    assert!(clock_lane > 0);
+    assert!(
+        rejoined > 0,
+        "an idle lane rejoined at the clock, its readout still 0 until its next charge"
+    );
+}
+
 /// A stall callback that panics must not take its loop down: the run still ends at
 /// quiescence (it used to wait for ever on the dead loop's BUSY status).
 #[test]

@@ -358,7 +358,8 @@ impl Builder {
         self
     }
 
-    /// Initial preemption interval (see `Handle::set_preempt`; default 0, off).
+    /// Initial preemption interval (see `Handle::set_preempt`, which also says which
+    /// interrupted system calls of task code then fail with `EINTR`; default 0, off).
     /// Cost: stores the value.
     pub fn preempt(mut self, interval: Duration) -> Builder {
         self.preempt = interval;

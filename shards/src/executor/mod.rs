@@ -1608,6 +1608,11 @@ impl Handle {
     /// refused, e.g. by a seccomp filter) logs a warning and runs without preemption. A
     /// [`LocalExecutor`](crate::LocalExecutor) arms no timer: there `yield_if_due` yields only
     /// for a latency class.
+    ///
+    /// The tick is a signal to the worker thread, with `SA_RESTART`: most system calls it
+    /// interrupts restart, but those `signal(7)` never restarts (`poll`, `epoll_wait`,
+    /// `nanosleep`, timed futex waits, ...) fail with `EINTR`. xtc's own calls retry; blocking
+    /// code a task runs on a worker with preemption on must retry `EINTR` too.
     pub fn set_preempt(&self, interval: Duration) -> Result<()> {
         self.shared
             .preempt_ns
@@ -1616,7 +1621,9 @@ impl Handle {
             Ok(())
         } else {
             Err(Error::Unsupported(
-                "per-thread CPU-time timers (timer_create with CLOCK_THREAD_CPUTIME_ID)",
+                "per-thread CPU-time timers (timer_create with CLOCK_THREAD_CPUTIME_ID): leave \
+                 the interval at 0 (XTC_PREEMPT=0); latency classes still make yield_if_due \
+                 yield",
             ))
         }
     }

@@ -21,8 +21,9 @@ extern "C" fn on_tick(_sig: libc::c_int) {
     DUE.with(|d| d.store(true, std::sync::atomic::Ordering::Relaxed));
 }
 
-/// Installs the tick handler (`SA_RESTART`, so interrupted system calls of unrelated code
-/// restart), at every arm: the disposition is looked at each time, not once per process, as the
+/// Installs the tick handler (`SA_RESTART`, so most interrupted system calls of unrelated code
+/// restart; those `signal(7)` never restarts, such as `poll`, `epoll_wait`, `nanosleep` and
+/// timed futex waits, fail with `EINTR`, as `Handle::set_preempt` says), at every arm: the disposition is looked at each time, not once per process, as the
 /// program may change it after an earlier run installed xtc's handler (decided once, a handler
 /// the program installed since then received every tick of the later timers, and a disposition
 /// reset to the default ended the process at the first tick). Each caller gets the outcome of
