@@ -14,16 +14,17 @@
 //!   `xtc::shard::submit_to(1, ..)` in a loop: with `spin_before_park` and `reply_spin` 0 (both
 //!   idle loops park: the reply wakes the caller as the request woke the target), with
 //!   `spin_before_park` 0 and the default reply spin (`xtc::DEFAULT_REPLY_SPIN`, 50 µs: the
-//!   target parks, the caller polls for the reply up to 50 µs before it parks; the row
-//!   "target parks, caller spins for reply" gives the peers' parked figures beside it, as they
-//!   have no such knob), and with 50 ms of both (both loops spin between round trips instead of
+//!   target parks, the caller polls for the reply up to 50 µs before it parks; the rows
+//!   "target parks, xtc and glommio callers spin" give glommio's counterpart beside it, its
+//!   caller spinning as long before it parks and its target parking, and tokio's and monoio's
+//!   parked figures, as they have no such knob), and with 50 ms of both (both loops spin between round trips instead of
 //!   parking). Back to back, a target that has just answered may still be on its way to sleep
 //!   when the next request comes (the caller, spinning, answers within a microsecond or two),
 //!   so the "target parks" pair is a conversation's figure; the "target asleep" pair makes a
 //!   tenth as many round trips with the caller pausing 500 µs (a thread sleep, the same for
 //!   every runtime) before each, so the target has parked for good and every round trip pays
-//!   its real wake-up (xtc with the default reply spin; the raw floor and the peers as in the
-//!   parked rows). `stream`: `xtc::channel::shared::bounded` with the executor's default
+//!   its real wake-up (xtc with the default reply spin, glommio with its caller spinning as
+//!   long; the raw floor, tokio and monoio as in the parked rows). `stream`: `xtc::channel::shared::bounded` with the executor's default
 //!   spin-before-park (`xtc::DEFAULT_SPIN_BEFORE_PARK`, 20 µs after a busy turn), the sender task
 //!   spawned on shard 0 and the receiver on shard 1. The loops' ring and wake counters are printed
 //!   under the table: they explain the figures;
@@ -38,7 +39,9 @@
 //! - **tokio**: two `current_thread` runtimes on two pinned threads, `tokio::sync::mpsc`
 //!   channels. No spin knob: it has no value in the spinning rows;
 //! - **glommio**: two `LocalExecutor`s with `Placement::Fixed(cpu)`, `shared_channel` channels;
-//!   `rtt` once by default and once with `spin_before_park(50 ms)`; `stream` with the same
+//!   `rtt` once by default, once with `spin_before_park(50 ms)` on both executors, and in the
+//!   rows where xtc's caller spins for its reply, with the pinger's executor alone spinning
+//!   as long (`spin_before_park(50 µs)`; the target's parks); `stream` with the same
 //!   20 µs spin-before-park as xtc's loops;
 //! - **monoio**: two `FusionDriver` runtimes on two pinned threads, `flume` channels (async and
 //!   cross-thread, usable from any runtime). No spin knob.
@@ -673,10 +676,24 @@ mod glommio_rt {
         }
     }
 
+    /// The round trip with `spin` before park on both executors.
     pub(super) fn rtt(cpus: Cpus, p: Params, spin: Duration) -> RttOut {
+        rtt_spins(cpus, p, spin, spin)
+    }
+
+    /// The round trip with the echo (target) executor spinning `echo_spin` before it parks
+    /// and the pinger (caller) `ping_spin`: with only the caller spinning, glommio's
+    /// counterpart of xtc's reply spin (a target that parks, a caller that polls for the
+    /// answer).
+    pub(super) fn rtt_spins(
+        cpus: Cpus,
+        p: Params,
+        echo_spin: Duration,
+        ping_spin: Duration,
+    ) -> RttOut {
         let (ping_tx, ping_rx) = shared_channel::new_bounded::<u64>(1);
         let (pong_tx, pong_rx) = shared_channel::new_bounded::<u64>(1);
-        let echo = builder("mesh-glommio-echo", cpus.1, spin)
+        let echo = builder("mesh-glommio-echo", cpus.1, echo_spin)
             .spawn(move || async move {
                 let rx = ping_rx.connect().await;
                 let tx = pong_tx.connect().await;
@@ -687,7 +704,7 @@ mod glommio_rt {
                 }
             })
             .map_err(|e| e.to_string())?;
-        let pinger = builder("mesh-glommio-ping", cpus.0, spin)
+        let pinger = builder("mesh-glommio-ping", cpus.0, ping_spin)
             .spawn(move || async move {
                 let tx = ping_tx.connect().await;
                 let rx = pong_rx.connect().await;
@@ -1062,6 +1079,14 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         None,
         Box::new(move || glommio_rt::rtt(cpus, p, SPIN)),
     );
+    // glommio's counterpart of xtc's reply spin: its target parks, its caller spins as long
+    // before it parks. Without it, the rows where xtc's caller spins set xtc's one wake-up
+    // per round trip beside glommio's two.
+    let glommio_caller_spin = run(
+        "glommio caller spin",
+        None,
+        Box::new(move || glommio_rt::rtt_spins(cpus, p, Duration::ZERO, xtc_rt::REPLY_SPIN)),
+    );
     let monoio = run(
         "monoio",
         Some(cpus.0),
@@ -1088,7 +1113,7 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
         run(
             "glommio, target asleep",
             None,
-            Box::new(move || glommio_rt::rtt(cpus, pa, Duration::ZERO)),
+            Box::new(move || glommio_rt::rtt_spins(cpus, pa, Duration::ZERO, xtc_rt::REPLY_SPIN)),
         ),
         run(
             "monoio, target asleep",
@@ -1099,24 +1124,25 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
 
     let no_knob: Result<LatencySummary, String> =
         Err("no spin-before-park knob (it is in the parked row only)".into());
-    // The peers have no reply spin: their parked figures stand beside xtc's with it. The raw
-    // floor is the one-wake-up pair (the pinger spins for the answer).
+    // tokio and monoio have no spin knob: their parked figures stand beside xtc's with its
+    // reply spin. glommio's caller spins as long (its target parks). The raw floor is the
+    // one-wake-up pair (the pinger spins for the answer).
     let target_parks = [
         xtc_reply_spin,
         raw_target_parked,
         tokio.clone(),
-        glommio_park.clone(),
+        glommio_caller_spin,
         monoio.clone(),
     ];
     let parked = [xtc_park, raw_parked, tokio, glommio_park, monoio];
     let spinning = [xtc_spin, raw, no_knob.clone(), glommio_spin, no_knob];
     let spin_label = format!("spin {}ms", SPIN.as_millis());
     let reply_label = format!(
-        "target parks, xtc caller spins <={}us for reply",
+        "target parks, xtc and glommio callers spin <={}us for reply",
         xtc_rt::REPLY_SPIN.as_micros()
     );
     let asleep_label = format!(
-        "target asleep ({}us pause before each), xtc caller spins for reply",
+        "target asleep ({}us pause before each), xtc and glommio callers spin for reply",
         ASLEEP_GAP.as_micros()
     );
     let mut rows = Vec::new();
@@ -1253,7 +1279,7 @@ fn chunked_note(chunked: &Result<f64, String>, xtc_batched: &Result<f64, String>
 /// Progress-bar steps of a benchmark.
 fn steps_of(bench: &str) -> u64 {
     match bench {
-        "rtt" => 15,
+        "rtt" => 16,
         "stream" => RUNTIMES.len() as u64 + 3,
         _ => unreachable!("benchmark names are checked when parsing"),
     }
@@ -1283,7 +1309,8 @@ fn goals(table: &Table) -> Vec<Goal> {
             goals.push(Goal::ratio(
                 4,
                 format!(
-                    "submit_to round trip p50, target asleep: xtc/best peer ({})",
+                    "submit_to round trip p50, target asleep, callers of xtc and glommio \
+                     spinning: xtc/best peer ({})",
                     best.map_or("none", |(c, _)| RUNTIMES[c])
                 ),
                 true,
