@@ -838,6 +838,8 @@ fn run_overhead(p: Params, cpu: Option<usize>, r: &mut Report) {
         ),
     ];
     let deadline = p.deadline;
+    // The worst armed-against-disabled overhead of the four rows, or why one is missing.
+    let mut worst: Result<f64, String> = Ok(f64::NEG_INFINITY);
     for (setup, label, armed_what) in [
         ("LocalExecutor", "plain", "all tasks in a class"),
         ("Executor 1 shard", "no stall budget", "stall_budget(1s)"),
@@ -899,10 +901,13 @@ fn run_overhead(p: Params, cpu: Option<usize>, r: &mut Report) {
                 (Ok(p), Ok(a)) => Ok(100.0 * (p / a - 1.0)),
                 (Err(e), _) | (_, Err(e)) => Err(e.clone()),
             };
-            // Issue 6's goal is the cost when the features are off (below); what arming them
-            // costs is reported, not judged.
+            worst = match (worst, &pct) {
+                (Ok(w), Ok(v)) => Ok(w.max(*v)),
+                (Err(e), _) => Err(e),
+                (_, Err(e)) => Err(e.clone()),
+            };
             r.details.push(format!(
-                "overhead of {armed_what} on {work_name} ({setup}), armed (no goal): {}",
+                "overhead of {armed_what} on {work_name} ({setup}), armed vs disabled: {}",
                 pct.as_ref().map_or_else(
                     |e| format!("n/a ({e})"),
                     |v| format!(
@@ -929,6 +934,18 @@ fn run_overhead(p: Params, cpu: Option<usize>, r: &mut Report) {
         "overhead: classes and the stall watchdog are always compiled in, so \"disabled\" is \
          the plain path above; there is no separate build without them to compare with"
             .into(),
+    );
+    // Issue 6 spells its comparison out as "compiled in but disabled, vs with them armed":
+    // judged here on the worst of the four rows. What being off costs against a build
+    // without the features has no build to measure against (below).
+    let worst_text = worst
+        .as_ref()
+        .map_or_else(String::clone, |v| format!("{v:+.1} % worst of 4 rows"));
+    r.verdict(
+        "overhead of classes and the stall watchdog armed vs disabled (spawn, yield)",
+        worst.as_ref().map(|v| *v <= OVERHEAD_GOAL_PCT),
+        &worst_text,
+        &format!("<= {OVERHEAD_GOAL_PCT} %"),
     );
     r.verdict(
         "overhead of classes, preemption and the stall watchdog when off",
