@@ -22,6 +22,7 @@
 //!   read (there, or back on io_uring), which may wait for their answer;
 //! * a file `open` io_uring cannot run (no kernel worker can start, `RLIMIT_NPROC`) fails
 //!   with the kernel's `ECANCELED` instead of starting again for good;
+//! * on epoll, a file read where no blocking-pool thread can start runs on the loop's thread;
 //! * `write_all_at` past `RLIMIT_FSIZE` goes on after the short write at the right offset and
 //!   ends with the kernel's `EFBIG`;
 //! * a `FixedBufPool` io_uring refuses under `RLIMIT_MEMLOCK` says what the kernel counted (every
@@ -711,6 +712,65 @@ fn child_a_file_read_into_a_huge_buffer_does_not_abort() {
         },
     );
     std::fs::remove_file(&path).unwrap();
+}
+
+/// On epoll, where no blocking-pool thread can start (a thread limit: `RLIMIT_NPROC` here, a
+/// cgroup's `pids.max` in a container) and the pool has none, a file operation runs on the
+/// loop's own thread instead of waiting in the queue for a thread that never comes (its
+/// future would never resolve, and the loop never go quiescent).
+#[test]
+fn child_a_file_read_runs_on_the_loop_when_no_pool_thread_can_start() {
+    const ROLE: &str = "no-pool-thread";
+    if !is_child(ROLE) {
+        run_child(
+            "child_a_file_read_runs_on_the_loop_when_no_pool_thread_can_start",
+            ROLE,
+            &[("XTC_IO", "epoll")],
+        );
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("xtc-io-child-no-pool-{}", std::process::id()));
+    std::fs::write(&path, b"read on the loop").unwrap();
+    // Readable by `nobody`, whom the process becomes below, and removable by it (its own, in
+    // the sticky temp dir).
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    // SAFETY: a plain system call (a no-op but for root).
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    }
+    let exec = LocalExecutor::new().unwrap();
+    let p = path.clone();
+    let got = exec.block_on(async move {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        // Not root (whom RLIMIT_NPROC does not bind: `nobody` then), and no thread may
+        // start: this process's are more than 1.
+        // SAFETY: plain system calls; the process is this test's child, alone.
+        unsafe {
+            if libc::geteuid() == 0 {
+                assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+                assert_eq!(libc::setgid(65534), 0);
+                assert_eq!(libc::setuid(65534), 0);
+            }
+            let rl = libc::rlimit {
+                rlim_cur: 1,
+                rlim_max: 1,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &rl), 0);
+        }
+        let started = std::thread::Builder::new().spawn(|| {});
+        assert!(
+            started.is_err(),
+            "a thread could still start: nothing is tested"
+        );
+        xtc_shards::time::timeout(Duration::from_secs(10), xtc_shards::fs::read(&p)).await
+    });
+    let _ = std::fs::remove_file(&path);
+    let read = got.expect("the read waited for a pool thread that cannot start");
+    assert_eq!(read.unwrap(), b"read on the loop");
+    assert!(
+        threads_named("xtc-blocking").is_empty(),
+        "a pool thread started after all"
+    );
 }
 
 /// `write_all_at` past the file-size limit (`RLIMIT_FSIZE`, `SIGXFSZ` ignored): the first
