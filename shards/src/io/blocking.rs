@@ -10,7 +10,8 @@
 //! # Cancellation
 //!
 //! Dropping a job's future cancels the job, as io_uring cancels a dropped operation: a job
-//! not started yet never runs (it ends with `ECANCELED`), and one blocked in an interruptible
+//! not started yet never runs (still queued, it is taken out of the queue and dropped; taken
+//! by a thread meanwhile, it is skipped, ending with `ECANCELED`), and one blocked in an interruptible
 //! system call (an `open` or `read` of a FIFO that no peer comes to) is interrupted by a
 //! signal ([`interrupt_signal`], a no-op handler without `SA_RESTART`) sent to its pool
 //! thread. A job's blocking calls go through [`retrying`], which retries `EINTR` unless its
@@ -596,10 +597,32 @@ pub(crate) fn run<R: Send + 'static>(
     if let Some(n) = &counter {
         n.fetch_add(1, SeqCst);
     }
-    let mut ended = Ended(counter);
-    // The loop to nudge when its last job ends (see `nudge`).
-    let home = crate::context::with_core(|c| Arc::downgrade(&c.shared));
+    /// What a job holds, in one struct so that a job dropped unrun (`unqueue`) drops it in
+    /// field order: the operation and its captures (the file's descriptor) before the count
+    /// (`ended`) falls. A closure's captures drop in an order the language does not promise.
+    struct Captures<F, T> {
+        f: F,
+        theirs: Arc<Mutex<Slot<T>>>,
+        their_ctl: Arc<Ctl>,
+        home: Option<std::sync::Weak<crate::event_loop::LoopShared>>,
+        ended: Ended,
+    }
+    let caps = Captures {
+        f,
+        theirs,
+        their_ctl,
+        // The loop to nudge when its last job ends (see `nudge`).
+        home: crate::context::with_core(|c| Arc::downgrade(&c.shared)),
+        ended: Ended(counter),
+    };
     let job: Job = Box::new(move || {
+        let Captures {
+            f,
+            theirs,
+            their_ctl,
+            home,
+            mut ended,
+        } = caps;
         let start = {
             let mut c = lock(&their_ctl.state);
             if !c.cancelled {
