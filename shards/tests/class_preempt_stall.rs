@@ -404,7 +404,7 @@ fn a_class_vruntime_readout_follows_its_lane_across_runs_and_rejoins() {
         (c, d)
     });
     assert!(c.vruntime() > 0, "the class was charged");
-    let (at_start, rejoined, clock_lane) = ex.block_on(async move {
+    let (at_start, rejoined, c_ran) = ex.block_on(async move {
         let at_start = c.vruntime();
         // Lane c runs alone for a while (the loop's clock moves with it), then d, idle at 0,
         // gets a task: it rejoins at the clock, before its first poll.
@@ -418,17 +418,17 @@ fn a_class_vruntime_readout_follows_its_lane_across_runs_and_rejoins() {
             })
             .await
             .unwrap();
-        let clock_lane = c.vruntime();
+        let c_ran = c.vruntime();
         let h = task::Builder::new().class(d).spawn_local(async {});
         let rejoined = d.vruntime();
         h.await.unwrap();
-        (at_start, rejoined, clock_lane)
+        (at_start, rejoined, c_ran)
     });
     assert_eq!(
         at_start, 0,
         "the last run's vruntime showed at the start of this one"
     );
-    assert!(clock_lane > 0);
+    assert!(c_ran > 0, "lane c was charged in this run");
     assert!(
         rejoined > 0,
         "an idle lane rejoined at the clock, its readout still 0 until its next charge"

@@ -714,6 +714,24 @@ fn child_a_file_read_into_a_huge_buffer_does_not_abort() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// Makes this child process one in which no thread may start: `RLIMIT_NPROC` of 1, below the
+/// threads it has, after dropping to `nobody` if it is root (whom the limit does not bind).
+fn no_thread_may_start() {
+    // SAFETY: plain system calls; the process is this test's child, alone.
+    unsafe {
+        if libc::geteuid() == 0 {
+            assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+            assert_eq!(libc::setgid(65534), 0);
+            assert_eq!(libc::setuid(65534), 0);
+        }
+        let rl = libc::rlimit {
+            rlim_cur: 1,
+            rlim_max: 1,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &rl), 0);
+    }
+}
+
 /// On epoll, where no blocking-pool thread can start (a thread limit: `RLIMIT_NPROC` here, a
 /// cgroup's `pids.max` in a container) and the pool has none, a file operation runs on the
 /// loop's own thread instead of waiting in the queue for a thread that never comes (its
@@ -742,21 +760,7 @@ fn child_a_file_read_runs_on_the_loop_when_no_pool_thread_can_start() {
     let p = path.clone();
     let got = exec.block_on(async move {
         assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
-        // Not root (whom RLIMIT_NPROC does not bind: `nobody` then), and no thread may
-        // start: this process's are more than 1.
-        // SAFETY: plain system calls; the process is this test's child, alone.
-        unsafe {
-            if libc::geteuid() == 0 {
-                assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
-                assert_eq!(libc::setgid(65534), 0);
-                assert_eq!(libc::setuid(65534), 0);
-            }
-            let rl = libc::rlimit {
-                rlim_cur: 1,
-                rlim_max: 1,
-            };
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &rl), 0);
-        }
+        no_thread_may_start();
         let started = std::thread::Builder::new().spawn(|| {});
         assert!(
             started.is_err(),
@@ -786,14 +790,21 @@ fn child_write_all_at_goes_on_after_a_short_write() {
         return;
     }
     const LIMIT: usize = 10_000;
-    // SAFETY: plain system calls; ignoring SIGXFSZ makes a write past the limit fail with
-    // EFBIG instead of ending the process.
+    // SAFETY: plain system calls on live locals; ignoring SIGXFSZ makes a write past the
+    // limit fail with EFBIG instead of ending the process. The hard limit stays as it is
+    // (raising it needs a capability).
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-        let rl = libc::rlimit {
-            rlim_cur: LIMIT as u64,
-            rlim_max: libc::RLIM_INFINITY,
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
         };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut rl), 0);
+        assert!(
+            rl.rlim_max >= LIMIT as u64,
+            "a hard file-size limit below the test's"
+        );
+        rl.rlim_cur = LIMIT as u64;
         assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &rl), 0);
     }
     each_driver(
@@ -1728,21 +1739,7 @@ fn child_a_file_open_io_uring_cannot_run_fails_instead_of_retrying_for_good() {
         }
     };
     let got = exec.block_on(async {
-        // Not root (whom RLIMIT_NPROC does not bind: `nobody` then), and no thread may
-        // start: this process's are more than 1.
-        // SAFETY: plain system calls; the process is this test's child, alone.
-        unsafe {
-            if libc::geteuid() == 0 {
-                assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
-                assert_eq!(libc::setgid(65534), 0);
-                assert_eq!(libc::setuid(65534), 0);
-            }
-            let rl = libc::rlimit {
-                rlim_cur: 1,
-                rlim_max: 1,
-            };
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &rl), 0);
-        }
+        no_thread_may_start();
         xtc_shards::time::timeout(
             Duration::from_secs(10),
             xtc_shards::fs::File::open("/proc/self/stat"),

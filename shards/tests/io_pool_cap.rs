@@ -55,6 +55,48 @@ fn raise_nofile(need: u64) -> bool {
     lim.rlim_cur >= need
 }
 
+/// The device and inode of what `fd` names, or `None` if it is not open.
+fn identity(fd: std::os::fd::RawFd) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is a live local the kernel fills; `fd` is only asked about.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded and filled it.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino))
+}
+
+/// Whether this process may run about `threads` more threads: `RLIMIT_NPROC` (which binds
+/// non-root users) and the cgroup's `pids.max`, where they are set.
+fn room_for_threads(threads: u64) -> Result<(), String> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a plain system call filling a live local.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) }, 0);
+    // SAFETY: a plain system call.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root && lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < threads + 64 {
+        return Err(format!("RLIMIT_NPROC is {}", lim.rlim_cur));
+    }
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    for line in cgroup.lines() {
+        // cgroup v2: "0::/path".
+        if let Some(path) = line.strip_prefix("0::") {
+            let max = std::fs::read_to_string(format!("/sys/fs/cgroup{path}/pids.max"))
+                .unwrap_or_default();
+            if let Ok(max) = max.trim().parse::<u64>() {
+                if max < threads + 64 {
+                    return Err(format!("the cgroup's pids.max is {max}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Opens the FIFO at `p` for writing without blocking: `ENXIO` while no reader has it open
 /// (a reader blocked in its `open` counts as one).
 fn open_writer(p: &std::path::Path) -> io::Result<std::fs::File> {
@@ -81,6 +123,10 @@ fn a_full_pool_queues_the_next_job_runs_it_when_a_thread_frees_and_drops_a_cance
             "WARNING: io_pool_cap not run: RLIMIT_NOFILE's hard limit is below {}",
             2 * CAP + 256
         );
+        return;
+    }
+    if let Err(why) = room_for_threads(CAP as u64) {
+        eprintln!("WARNING: io_pool_cap not run: {why}, below the pool's {CAP} threads");
         return;
     }
     let fifos: Vec<PathBuf> = (0..=CAP)
@@ -140,11 +186,13 @@ fn a_full_pool_queues_the_next_job_runs_it_when_a_thread_frees_and_drops_a_cance
             );
             assert!(read.await.is_err(), "a read behind a full pool was served");
             let fd = file.as_raw_fd();
+            let before = identity(fd).expect("the file is open");
             drop(file);
-            // SAFETY: a plain system call; `fd` is only asked about, never used.
-            let still_open = unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
-            assert!(
-                !still_open,
+            // The number may be taken again at once (the sampler opens files all the time):
+            // still open means still this file.
+            assert_ne!(
+                identity(fd),
+                Some(before),
                 "the dropped read's queued job kept the file's descriptor open"
             );
 
