@@ -66,8 +66,10 @@ pub(crate) fn is_due() -> bool {
 /// Drops a tick the loop's own idle-path CPU time earned (its spin before parking, up to
 /// `spin_before_park` or the reply spin), called once per idle period: the timer counts the
 /// worker's CPU time, the loop's included, and left pending such a tick made the next task's
-/// first `yield_if_due` yield before it had done any work. Cost: a cell read; with
-/// preemption on, a thread-local store.
+/// first `yield_if_due` yield before it had done any work. Only a tick already delivered:
+/// the kernel checks CPU-time timers at its scheduler tick, so one the spin earned can still
+/// arrive just after this (rare; restarting the timer here would cost a system call per idle
+/// period). Cost: a cell read; with preemption on, a thread-local store.
 pub(crate) fn forget_idle_tick(core: &Core) {
     if core.preempt_ns.get() != 0 {
         DUE.with(|d| d.store(false, Relaxed));
