@@ -22,7 +22,8 @@
 //!   read (there, or back on io_uring), which may wait for their answer;
 //! * a file `open` io_uring cannot run (no kernel worker can start, `RLIMIT_NPROC`) fails
 //!   with the kernel's `ECANCELED` instead of starting again for good;
-//! * on epoll, a file read where no blocking-pool thread can start runs on the loop's thread;
+//! * on epoll, a file read where no blocking-pool thread can start runs on the loop's thread,
+//!   and an idle pool thread exits after its idle time (10 s);
 //! * `write_all_at` past `RLIMIT_FSIZE` goes on after the short write at the right offset and
 //!   ends with the kernel's `EFBIG`;
 //! * a `FixedBufPool` io_uring refuses under `RLIMIT_MEMLOCK` says what the kernel counted (every
@@ -729,6 +730,45 @@ fn no_thread_may_start() {
             rlim_max: 1,
         };
         assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &rl), 0);
+    }
+}
+
+/// An idle blocking-pool thread exits after 10 s without work (`IDLE_EXIT`), not at once and
+/// not never: a file operation on epoll starts one; it is still there 5 s later, and gone
+/// within 30 s. Its own process: the pool is process-wide.
+#[test]
+fn child_an_idle_pool_thread_exits_after_its_idle_time() {
+    const ROLE: &str = "pool-idle-exit";
+    if !is_child(ROLE) {
+        run_child(
+            "child_an_idle_pool_thread_exits_after_its_idle_time",
+            ROLE,
+            &[("XTC_IO", "epoll")],
+        );
+        return;
+    }
+    let exec = LocalExecutor::new().unwrap();
+    let got = exec.block_on(async {
+        assert_eq!(xtc_shards::io::current_driver(), Some(Driver::Epoll));
+        xtc_shards::fs::read("/proc/self/stat").await
+    });
+    assert!(!got.unwrap().is_empty());
+    let started = std::time::Instant::now();
+    assert!(
+        !threads_named("xtc-blocking").is_empty(),
+        "the read ran on no pool thread"
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        !threads_named("xtc-blocking").is_empty(),
+        "the pool thread exited within 5 s of idling (its idle time is 10 s)"
+    );
+    while !threads_named("xtc-blocking").is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "an idle pool thread still lives after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
