@@ -187,28 +187,39 @@ fn a_class_and_its_first_task_arriving_in_one_turn() {
     assert_eq!(runs.load(SeqCst), 1, "the task's one poll ran in its class");
 }
 
+/// One shard with preemption every `preempt` of CPU time and `spin` before each park, running
+/// a task that sleeps `sleep` and then checks `yield_if_due`, 20 times: the loop's polls (21
+/// if no check yielded; each yield adds one).
+fn polls_of_sleeps_then_checks(preempt: Duration, spin: Duration, sleep: Duration) -> u64 {
+    let ex = Executor::builder()
+        .shards(1)
+        .preempt(preempt)
+        .spin_before_park(spin)
+        .build()
+        .unwrap();
+    let before = ex.loop_stats(0).unwrap().polls;
+    ex.spawn_on(0, move || async move {
+        for _ in 0..20 {
+            xtc_shards::time::sleep(sleep).await;
+            yield_if_due().await;
+        }
+    })
+    .unwrap();
+    ex.run().unwrap();
+    ex.loop_stats(0).unwrap().polls - before
+}
+
 #[test]
 fn yield_if_due_does_not_yield_when_idle() {
     // The timer counts the worker's CPU time over the whole run, its own included: with a
     // 1 ms interval and the default spin before each park, 20 wake-ups on a slow VM added up
     // to a tick (23 polls, once in CI; the idle path now drops a tick its spin earned, see
     // the next test). 20 ms and no spin leave an idle task far from one.
-    let ex = Executor::builder()
-        .shards(1)
-        .preempt(Duration::from_millis(20))
-        .spin_before_park(Duration::ZERO)
-        .build()
-        .unwrap();
-    let before = ex.loop_stats(0).unwrap().polls;
-    ex.spawn_on(0, || async {
-        for _ in 0..20 {
-            xtc_shards::time::sleep(Duration::from_millis(2)).await;
-            yield_if_due().await;
-        }
-    })
-    .unwrap();
-    ex.run().unwrap();
-    let polls = ex.loop_stats(0).unwrap().polls - before;
+    let polls = polls_of_sleeps_then_checks(
+        Duration::from_millis(20),
+        Duration::ZERO,
+        Duration::from_millis(2),
+    );
     // One poll per sleep plus the first; an extra poll would mean a yield. A 20 ms CPU-time
     // timer cannot fire in the few µs of CPU this task and its idle loop use.
     assert!(polls <= 22, "{polls} polls");
@@ -222,22 +233,11 @@ fn yield_if_due_does_not_yield_when_idle() {
 /// drop and the check is rare.
 #[test]
 fn a_tick_earned_by_the_loops_spin_does_not_make_the_next_task_yield() {
-    let ex = Executor::builder()
-        .shards(1)
-        .preempt(Duration::from_millis(1))
-        .spin_before_park(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let before = ex.loop_stats(0).unwrap().polls;
-    ex.spawn_on(0, || async {
-        for _ in 0..20 {
-            xtc_shards::time::sleep(Duration::from_millis(5)).await;
-            yield_if_due().await;
-        }
-    })
-    .unwrap();
-    ex.run().unwrap();
-    let polls = ex.loop_stats(0).unwrap().polls - before;
+    let polls = polls_of_sleeps_then_checks(
+        Duration::from_millis(1),
+        Duration::from_millis(10),
+        Duration::from_millis(5),
+    );
     // One poll per sleep plus the first (21); a yield adds one.
     assert!(
         polls <= 26,

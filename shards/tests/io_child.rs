@@ -755,15 +755,15 @@ fn child_an_idle_pool_thread_exits_after_its_idle_time() {
     assert!(!got.unwrap().is_empty());
     let started = std::time::Instant::now();
     assert!(
-        !threads_named("xtc-blocking").is_empty(),
+        !common::threads_named("xtc-blocking").is_empty(),
         "the read ran on no pool thread"
     );
     std::thread::sleep(Duration::from_secs(5));
     assert!(
-        !threads_named("xtc-blocking").is_empty(),
+        !common::threads_named("xtc-blocking").is_empty(),
         "the pool thread exited within 5 s of idling (its idle time is 10 s)"
     );
-    while !threads_named("xtc-blocking").is_empty() {
+    while !common::threads_named("xtc-blocking").is_empty() {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "an idle pool thread still lives after 30 s"
@@ -812,7 +812,7 @@ fn child_a_file_read_runs_on_the_loop_when_no_pool_thread_can_start() {
     let read = got.expect("the read waited for a pool thread that cannot start");
     assert_eq!(read.unwrap(), b"read on the loop");
     assert!(
-        threads_named("xtc-blocking").is_empty(),
+        common::threads_named("xtc-blocking").is_empty(),
         "a pool thread started after all"
     );
 }
@@ -877,18 +877,6 @@ fn child_write_all_at_goes_on_after_a_short_write() {
 // ---------------------------------------------------------------------------------------------
 // a blocking-pool thread unblocks SIGRTMIN+2 only with xtc's handler installed
 
-/// The ids of this process's threads named `name` (`/proc/self/task/*/comm`).
-fn threads_named(name: &str) -> Vec<libc::pid_t> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            (comm.trim() == name).then(|| e.file_name().to_str()?.parse().ok())?
-        })
-        .collect()
-}
-
 /// A program that takes its signals with `signalfd` or `sigwait` blocks them all and leaves
 /// their actions at the default, which for a real-time signal ends the process. A pool thread
 /// unblocked `SIGRTMIN+2` as it started, before xtc had installed its handler (that happens
@@ -930,7 +918,7 @@ fn child_a_pool_thread_takes_its_interrupt_signal_only_with_the_handler_installe
     })
     .join()
     .unwrap();
-    let pool = threads_named("xtc-blocking");
+    let pool = common::threads_named("xtc-blocking");
     assert!(!pool.is_empty(), "the open ran on a pool thread");
     for tid in pool {
         // SAFETY: plain system calls; `tid` is a thread of this process (an idle pool thread

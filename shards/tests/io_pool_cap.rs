@@ -9,6 +9,7 @@
 //! was dropped, and keeping its loop from going idle.
 
 mod common;
+mod io_common;
 
 use std::{
     io,
@@ -34,25 +35,7 @@ const CAP: usize = 512;
 
 /// Pool threads alive now (their name is `xtc-blocking`).
 fn pool_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|name| name.trim_end() == "xtc-blocking")
-        .count()
-}
-
-/// Raises the open-file limit to its hard limit; whether it allows `need` descriptors.
-fn raise_nofile(need: u64) -> bool {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a plain system call filling a live local.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-    lim.rlim_cur = lim.rlim_max;
-    // SAFETY: a plain system call reading a live local.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
-    lim.rlim_cur >= need
+    common::threads_named("xtc-blocking").len()
 }
 
 /// The device and inode of what `fd` names, or `None` if it is not open.
@@ -118,7 +101,7 @@ async fn wait_for(what: &str, done: impl Fn() -> bool) {
 #[test]
 fn a_full_pool_queues_the_next_job_runs_it_when_a_thread_frees_and_drops_a_cancelled_one_at_once() {
     // Each FIFO takes two descriptors (the reader's, the writer's), plus the test's own.
-    if !raise_nofile(2 * CAP as u64 + 256) {
+    if io_common::raise_nofile(2 * CAP as u64 + 256) < 2 * CAP as u64 + 256 {
         eprintln!(
             "WARNING: io_pool_cap not run: RLIMIT_NOFILE's hard limit is below {}",
             2 * CAP + 256

@@ -618,3 +618,15 @@ pub fn run_with_a_dropped_fifo_open(
         }
     })
 }
+
+/// The ids of this process's threads named `name` (`/proc/self/task/*/comm`).
+pub fn threads_named(name: &str) -> Vec<libc::pid_t> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            (comm.trim() == name).then(|| e.file_name().to_str()?.parse().ok())?
+        })
+        .collect()
+}
