@@ -6,8 +6,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// Everything that can go wrong in `xtc-numa`.
 ///
 /// Every message names the value at fault and says how to fix the request. The enum is
-/// `#[non_exhaustive]`: match with a `_` arm.
-#[derive(Debug, thiserror::Error)]
+/// `#[non_exhaustive]`: match with a `_` arm. `{:?}` writes the message too (what `Display`
+/// writes), so a `main` returning one prints what to do; `{:#?}` puts the variant's name first.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// hwloc refused an operation (topology discovery, parsing a description, export...).
@@ -190,5 +191,67 @@ impl Error {
             detail: err.to_string(),
             hint,
         }
+    }
+}
+
+impl Error {
+    /// The variant's name, for `{:#?}`.
+    fn variant(&self) -> &'static str {
+        match self {
+            Error::Hwloc { .. } => "Hwloc",
+            Error::XmlFile { .. } => "XmlFile",
+            Error::TooManyShards { .. } => "TooManyShards",
+            Error::OversubscribedTooFar { .. } => "OversubscribedTooFar",
+            Error::NoAllowedCpus => "NoAllowedCpus",
+            Error::CpuNotAllowed { .. } => "CpuNotAllowed",
+            Error::TooManyOnOneCpu { .. } => "TooManyOnOneCpu",
+            Error::DuplicateCpu { .. } => "DuplicateCpu",
+            Error::CpuListLength { .. } => "CpuListLength",
+            Error::BadPolicy(_) => "BadPolicy",
+            Error::BadSensitivity { .. } => "BadSensitivity",
+            Error::TooManyForVictims { .. } => "TooManyForVictims",
+            Error::PinFailed { .. } => "PinFailed",
+            Error::SyntheticBind => "SyntheticBind",
+            Error::InvalidShard { .. } => "InvalidShard",
+            Error::BadDistanceMatrix { .. } => "BadDistanceMatrix",
+        }
+    }
+}
+
+impl std::fmt::Debug for Error {
+    /// The message, as `Display` writes it; `{:#?}` prefixes the variant's name (see
+    /// [`Error`]). Cost: formatting only.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if f.alternate() {
+            write!(f, "xtc_numa::Error::{}: {self}", self.variant())
+        } else {
+            std::fmt::Display::fmt(self, f)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `{:?}` writes what `Display` writes (a `main` returning the error prints what to do),
+    /// `{:#?}` the variant's name and then that.
+    #[test]
+    fn debug_writes_the_message_and_the_alternate_form_names_the_variant() {
+        let e = Error::CpuNotAllowed {
+            cpu: 9,
+            allowed: vec![0, 1],
+        };
+        let shown = e.to_string();
+        assert!(shown.contains("pick one of the allowed CPUs"), "{shown}");
+        assert_eq!(format!("{e:?}"), shown);
+        assert_eq!(
+            format!("{e:#?}"),
+            format!("xtc_numa::Error::CpuNotAllowed: {shown}")
+        );
+        assert_eq!(
+            format!("{:?}", Error::SyntheticBind),
+            Error::SyntheticBind.to_string()
+        );
     }
 }

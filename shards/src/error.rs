@@ -6,7 +6,11 @@ use std::{any::Any, fmt};
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Everything that can go wrong in xtc's public API.
-#[derive(Debug, thiserror::Error)]
+///
+/// `{:?}` writes the message (what `Display` writes), so a `fn main() -> xtc::Result<()>` that
+/// returns one prints what to do, not the variant's fields; `{:#?}` puts the variant's name
+/// first. anyhow's `Error` prints the same way.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Topology, placement or pinning failed (see the inner error for what to change).
@@ -96,6 +100,39 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl Error {
+    /// The variant's name, for `{:#?}`.
+    fn variant(&self) -> &'static str {
+        match self {
+            Error::Numa(_) => "Numa",
+            Error::InvalidShard { .. } => "InvalidShard",
+            Error::Env { .. } => "Env",
+            Error::EnvPlacement { .. } => "EnvPlacement",
+            Error::InvalidArgument(_) => "InvalidArgument",
+            Error::OffLoop(_) => "OffLoop",
+            Error::Unsupported(_) => "Unsupported",
+            Error::AlreadyRunning => "AlreadyRunning",
+            Error::ShardPanicked(_) => "ShardPanicked",
+            Error::Stopped => "Stopped",
+            Error::Deadlock { .. } => "Deadlock",
+            Error::Join(_) => "Join",
+            Error::Io { .. } => "Io",
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    /// The message, as `Display` writes it; `{:#?}` prefixes the variant's name (see
+    /// [`Error`]). Cost: formatting only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            write!(f, "xtc::Error::{}: {self}", self.variant())
+        } else {
+            fmt::Display::fmt(self, f)
+        }
+    }
 }
 
 impl From<std::io::Error> for Error {
@@ -203,4 +240,43 @@ pub(crate) fn payload_message(p: &(dyn Any + Send)) -> Option<&str> {
     p.downcast_ref::<&'static str>()
         .copied()
         .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a `fn main() -> xtc::Result<()>` prints (`Error: {:?}`) is the message that says
+    /// what to do, for an error of xtc and for one of xtc-numa inside it; `{:#?}` names the
+    /// variant first.
+    #[test]
+    fn debug_writes_the_message_and_the_alternate_form_names_the_variant() {
+        let errors = [
+            Error::Env {
+                var: "XTC_SHARDS",
+                value: "abc".into(),
+                expected: "a shard count",
+            },
+            Error::Numa(xtc_numa::Error::TooManyShards {
+                asked: 2,
+                allowed: 1,
+            }),
+            Error::Stopped,
+            Error::from(std::io::Error::from_raw_os_error(libc::EMFILE)),
+        ];
+        for e in errors {
+            let shown = e.to_string();
+            assert_eq!(format!("{e:?}"), shown);
+            assert_eq!(
+                format!("{e:#?}"),
+                format!("xtc::Error::{}: {shown}", e.variant())
+            );
+        }
+        let e = Error::Numa(xtc_numa::Error::TooManyShards {
+            asked: 2,
+            allowed: 1,
+        });
+        assert!(format!("{e:?}").contains("oversubscribe"), "{e:?}");
+        assert!(format!("{e:#?}").starts_with("xtc::Error::Numa: 2 shards asked"));
+    }
 }
