@@ -1239,3 +1239,44 @@ fn local_executor_deadlock_grace_stays_none() {
         );
     });
 }
+
+/// `abort` replaces the awaiter a foreign-waker poll left in the task, dropping it inside the
+/// call: user code. If that drop asks the same handle whether its task is finished, the
+/// answer is no (it is parked, and still being aborted), and a nested `abort` changes nothing:
+/// awaited, the handle reports cancelled as usual. (The state taken out for the call read as a
+/// finished task's.)
+#[test]
+fn is_finished_asked_from_inside_abort_sees_a_live_task() {
+    use std::{cell::Cell, future::Future, pin::Pin, task::Context};
+    let (inside, joined) = LocalExecutor::new().unwrap().block_on(async {
+        let mut target = spawn_local(std::future::pending::<()>());
+        xtc_shards::yield_now().await; // the task runs once and parks
+        type Slot = Rc<RefCell<Option<Rc<xtc_shards::JoinHandle<()>>>>>;
+        let slot: Slot = Rc::new(RefCell::new(None));
+        let inside: Rc<Cell<Option<bool>>> = Rc::new(Cell::new(None));
+        let (s2, inside2) = (slot.clone(), inside.clone());
+        let waker = drop_hooked_waker(move || {
+            if let Some(h) = s2.borrow().as_ref() {
+                inside2.set(Some(h.is_finished()));
+                h.abort();
+            }
+        });
+        assert!(Pin::new(&mut target)
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+        // async-task's awaiter now holds the waker's last clone.
+        drop(waker);
+        let h = Rc::new(target);
+        *slot.borrow_mut() = Some(h.clone());
+        h.abort();
+        slot.borrow_mut().take();
+        let h = Rc::into_inner(h).expect("the slot let go of its clone");
+        (inside.get(), h.await)
+    });
+    assert_eq!(
+        inside,
+        Some(false),
+        "asked inside abort, the parked task read as finished"
+    );
+    assert!(joined.unwrap_err().is_cancelled());
+}

@@ -63,8 +63,14 @@ enum State<T> {
         *const TaskMeta,
     ),
     Aborted(Box<Aborted<T>>),
-    /// The output went to an `.await` (or the state is out for a moment, see `with`).
+    /// The output went to an `.await`.
     Taken,
+    /// Out for a call of `abort` or `is_finished` (`with`): what a call made meanwhile sees.
+    /// That can be user code: the old awaiter's `Drop`, which async-task runs when the cancel
+    /// future registers its own waker (or a waker's clone or drop in `is_finished`'s poll of
+    /// it); seeing `Taken`, `is_finished` there read a parked task as finished. Only an
+    /// aborting handle runs user code this way, so an abort nested in it has nothing to add.
+    Busy,
 }
 
 /// async-task's cancel future, boxed because its type cannot be named.
@@ -127,9 +133,9 @@ impl<T> JoinHandle<T> {
         }
     }
 
-    /// Runs `f` on the state, taken out of the cell for the call.
+    /// Runs `f` on the state, taken out of the cell for the call (`Busy` meanwhile).
     fn with<R>(&self, f: impl FnOnce(&mut State<T>) -> R) -> R {
-        let mut state = self.state.replace(State::Taken);
+        let mut state = self.state.replace(State::Busy);
         let r = f(&mut state);
         self.state.set(state);
         r
@@ -148,6 +154,9 @@ impl<T> JoinHandle<T> {
                 a.poll_over(&mut Context::from_waker(&waker))
             }
             State::Taken => true,
+            // Asked from inside this handle's own call (see `State::Busy`): the task is not
+            // over with its output taken, the only way `Taken` reads finished.
+            State::Busy => false,
         })
     }
 }
@@ -167,6 +176,8 @@ impl<T: 'static> JoinHandle<T> {
     /// already over.
     pub fn abort(&self) {
         self.with(|state| {
+            // `Busy`: user code inside a call of this handle got here, and only an abort under
+            // way, or one done, runs user code (see `State::Busy`): nothing to add.
             let State::Live(task, meta) = state else {
                 return;
             };
@@ -327,6 +338,8 @@ impl<T> JoinHandle<T> {
             // Its output went to the poll that returned `Ready`: a cancelled error now would
             // be a lie (the task finished, or its cancellation was already reported).
             State::Taken => panic!("xtc: JoinHandle polled after it completed"),
+            // `poll` takes `&mut self`, and `with` holds `&self` for its whole call.
+            State::Busy => unreachable!("xtc: a JoinHandle polled inside one of its own calls"),
         }
     }
 }
@@ -378,7 +391,7 @@ impl<T> JoinHandle<T> {
                 task.detach()
             }
             State::Aborted(aborted) => drop(aborted),
-            State::Taken => {}
+            State::Taken | State::Busy => {}
         }
     }
 }
