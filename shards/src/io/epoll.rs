@@ -516,9 +516,21 @@ impl Epoll {
         let mut events = self.events.borrow_mut();
         events.clear();
         let cap = events.capacity().min(MAX_EVENTS) as libc::c_int;
-        let n = self.epoll_wait(events.as_mut_ptr(), cap, timeout);
-        if n < 0 {
-            let err = io::Error::last_os_error();
+        let (n, refused) = self.epoll_wait(events.as_mut_ptr(), cap, timeout);
+        let failed = (n < 0).then(io::Error::last_os_error);
+        let ready: Vec<(u64, u32)> = if n > 0 {
+            // SAFETY: the kernel initialized the first `n <= cap` entries.
+            unsafe { events.set_len(n as usize) };
+            events.iter().map(|e| (e.u64, e.events)).collect()
+        } else {
+            Vec::new()
+        };
+        // Logged with `events` released, the events copied out: the subscriber is user code.
+        drop(events);
+        if let Some(err) = refused {
+            tracing::debug!("xtc: epoll_pwait2 refused ({err}); using epoll_wait");
+        }
+        if let Some(err) = failed {
             if err.raw_os_error() != Some(libc::EINTR) {
                 tracing::warn!("xtc: epoll_wait failed: {err}");
             }
@@ -527,10 +539,6 @@ impl Epoll {
         if n == 0 {
             return (false, 0);
         }
-        // SAFETY: the kernel initialized the first `n <= cap` entries.
-        unsafe { events.set_len(n as usize) };
-        let ready: Vec<(u64, u32)> = events.iter().map(|e| (e.u64, e.events)).collect();
-        drop(events);
         let mut pinged = false;
         let mut wakers = Vec::new();
         for (token, bits) in ready {
@@ -579,7 +587,8 @@ impl Epoll {
         out: *mut libc::epoll_event,
         cap: libc::c_int,
         timeout: Option<Duration>,
-    ) -> libc::c_int {
+    ) -> (libc::c_int, Option<io::Error>) {
+        let mut refused = None;
         if self.pwait2.get() {
             let ts = timeout.map(crate::sys::timespec);
             let ts_ptr = ts
@@ -599,17 +608,18 @@ impl Epoll {
                 )
             } as libc::c_int;
             if rc >= 0 {
-                return rc;
+                return (rc, None);
             }
             let err = io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EINTR) {
-                return rc;
+                return (rc, None);
             }
             // Not only ENOSYS: a seccomp filter that does not know the call (systemd's
             // `SystemCallFilter=`, older container profiles) answers EPERM or EACCES, and
             // treating that as "timed out" left the loop spinning without ever seeing an
-            // event. Any other failure here is one `epoll_wait` would report too.
-            tracing::debug!("xtc: epoll_pwait2 refused ({err}); using epoll_wait");
+            // event. Any other failure here is one `epoll_wait` would report too. The caller
+            // logs it (the events' buffer is borrowed here).
+            refused = Some(err);
             self.pwait2.set(false);
         }
         // Millisecond resolution, rounded up so a timer is never early.
@@ -618,6 +628,7 @@ impl Epoll {
             ms.min(i32::MAX as u128) as libc::c_int
         });
         // SAFETY: `out` has room for `cap` events.
-        unsafe { libc::epoll_wait(self.epfd.as_raw_fd(), out, cap, ms) }
+        let n = unsafe { libc::epoll_wait(self.epfd.as_raw_fd(), out, cap, ms) };
+        (n, refused)
     }
 }

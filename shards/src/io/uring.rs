@@ -733,6 +733,8 @@ impl Uring {
                 Some(&arg),
             )
         };
+        // The subscriber is user code: nothing of the driver's is borrowed while it runs.
+        drop(ring);
         if let Err(e) = r {
             tracing::debug!("xtc: io_uring wait without submitting ended: {e}");
         }
