@@ -48,7 +48,11 @@ pub(crate) struct ClassStats {
 }
 
 /// A scheduling class on one loop: a `Copy` handle for spawning into it and reading its
-/// telemetry from any thread.
+/// telemetry from any thread. Spawn into it with [`task::Builder::class`](crate::task::Builder::class):
+/// from a task of its shard with `spawn_local`, from a task of any shard with `spawn_on`, and
+/// from any thread (`main`, before `run()`) with
+/// [`spawn_on_handle`](crate::task::Builder::spawn_on_handle); or move a running task into it
+/// with [`shard::set_class`](crate::shard::set_class).
 ///
 /// A class lives as long as the process (about 64 bytes): create classes once, at start-up,
 /// as Glommio task queues are.

@@ -551,6 +551,81 @@ fn builder_spawn_on_keeps_the_class() {
     assert!(runs >= 2, "the task's polls ran in its class: {runs}");
 }
 
+/// A class made at start-up (`Handle::create_class`, before `run()`) takes its first tasks
+/// from `main` through `task::Builder::spawn_on_handle`, with their names; their polls run in
+/// the class. (From `main`, `Builder::spawn_on` is `Err(OffLoop)` and `Handle::spawn_on`
+/// takes no class.)
+#[test]
+fn a_class_made_at_start_up_takes_tasks_spawned_from_main() {
+    let ex = exec(2);
+    let c = ex.create_class(1, 100, None).unwrap();
+    let on = Arc::new(AtomicU64::new(u64::MAX));
+    let seen = on.clone();
+    let h = task::Builder::new()
+        .name("acceptor")
+        .class(c)
+        .spawn_on_handle(&ex.handle(), 1, move || async move {
+            for _ in 0..3 {
+                xtc_shards::yield_now().await;
+            }
+            seen.store(shard::id() as u64, SeqCst);
+        })
+        .unwrap();
+    run_or_fail(ex, Duration::from_secs(20), "start-up class").unwrap();
+    assert!(h.is_finished());
+    assert_eq!(on.load(SeqCst), 1, "the task ran on shard 1");
+    assert!(c.runs() >= 4, "its polls ran in the class: {}", c.runs());
+}
+
+/// The spawns that return `Result` refuse a class of another shard, or of another executor,
+/// with an `Err` that says where the class belongs; they spawned in the default lane with only
+/// a `tracing` warning, unseen without a subscriber.
+#[test]
+fn spawns_that_can_fail_refuse_a_class_of_another_shard() {
+    let ex = exec(2);
+    let c = ex.create_class(1, 100, None).unwrap();
+    let other = exec(2);
+    let foreign = other.create_class(0, 100, None).unwrap();
+    let refused = |r: xtc_shards::Result<xtc_shards::JoinHandle<()>>| match r {
+        Err(Error::InvalidArgument(msg)) => msg,
+        Err(e) => panic!("not InvalidArgument: {e}"),
+        Ok(_) => panic!("spawned"),
+    };
+    let h = ex.handle();
+    let msg = refused(
+        task::Builder::new()
+            .class(c)
+            .spawn_on_handle(&h, 0, || async {}),
+    );
+    assert!(msg.contains("shard 1") && msg.contains("shard 0"), "{msg}");
+    let msg = refused(
+        task::Builder::new()
+            .class(foreign)
+            .spawn_on_handle(&h, 0, || async {}),
+    );
+    assert!(msg.contains("another executor"), "{msg}");
+    // From a task, through the current executor.
+    let msgs = ex
+        .block_on(move || async move {
+            let here = refused(task::Builder::new().class(c).spawn_on(0, || async {}));
+            let there = refused(task::Builder::new().class(foreign).spawn_on(1, || async {}));
+            (here, there)
+        })
+        .unwrap();
+    assert!(msgs.0.contains("shard 1"), "{}", msgs.0);
+    assert!(msgs.1.contains("another executor"), "{}", msgs.1);
+    // Out of range: the shard's own error, whatever the class.
+    assert!(matches!(
+        task::Builder::new()
+            .class(c)
+            .spawn_on_handle(&h, 7, || async {}),
+        Err(Error::InvalidShard { .. })
+    ));
+    // Nothing was spawned: the runs end at once.
+    ex.run().unwrap();
+    assert_eq!(c.runs(), 0);
+}
+
 /// A stall report's own time (here a callback that takes 200 ms, as a slow log sink would) is
 /// not charged to the next poll: that one was reported too, and the next, in a cascade
 /// naming innocent tasks, each at least as long as the callback.

@@ -375,6 +375,7 @@ impl ExecShared {
         shard: usize,
         make: F,
         info: TaskInfo,
+        class: u32,
     ) -> Result<JoinHandle<Fut::Output>>
     where
         F: FnOnce() -> Fut + Send + 'static,
@@ -384,7 +385,7 @@ impl ExecShared {
         if self.closed.load(SeqCst) || Discarding::active_for(self) {
             return Err(Error::Stopped);
         }
-        let h = self.spawn_on(shard, make, info);
+        let h = self.spawn_on_in(shard, make, info, class);
         self.drop_if_closed();
         h
     }
@@ -1429,7 +1430,8 @@ impl Handle {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        self.shared.spawn_on_open(shard, make, TaskInfo::here(None))
+        self.shared
+            .spawn_on_open(shard, make, TaskInfo::here(None), 0)
     }
 
     /// Asks the executor to stop: `run()` returns once every loop has dropped its tasks.

@@ -35,8 +35,12 @@ impl Builder {
         self
     }
 
-    /// Spawns into scheduling class `class` (pinned tasks of that class's shard; elsewhere the
-    /// task runs in the default lane). Cost: none beyond the class's own.
+    /// Spawns into scheduling class `class`, which orders the pinned tasks of its own shard.
+    /// [`spawn_on`](Self::spawn_on) and [`spawn_on_handle`](Self::spawn_on_handle) refuse a
+    /// class of another shard or executor with an `Err`; [`spawn_local`](Self::spawn_local),
+    /// which cannot fail, spawns such a task in the default lane and logs a warning, and
+    /// [`spawn`](Self::spawn) (migratable: in no lane) ignores the class with a warning. Cost:
+    /// none beyond the class's own.
     pub fn class(mut self, class: crate::Class) -> Builder {
         self.class = Some(class);
         self
@@ -101,8 +105,9 @@ impl Builder {
     }
 
     /// Like [`crate::Handle::spawn_on`] on the current executor, with this builder's options.
-    /// `Err(OffLoop)` off any loop (use [`Handle::spawn_on`](crate::Handle::spawn_on) there),
-    /// `Err(InvalidShard)` for an out-of-range shard. Cost: [`Handle::spawn_on`]'s, plus a
+    /// `Err(OffLoop)` off any loop (use [`spawn_on_handle`](Self::spawn_on_handle) there),
+    /// `Err(InvalidShard)` for an out-of-range shard, `Err(InvalidArgument)` for a class that
+    /// is not one of `shard`'s in this executor. Cost: [`Handle::spawn_on`]'s, plus a
     /// thread-local read and an `Arc` clone of the current executor.
     ///
     /// [`Handle::spawn_on`]: crate::Handle::spawn_on
@@ -116,30 +121,60 @@ impl Builder {
         let info = TaskInfo::here(self.name);
         let exec =
             crate::context::exec().ok_or(crate::Error::OffLoop("xtc::task::Builder::spawn_on"))?;
-        // The class goes with the task when it belongs to the target shard (of this executor).
-        let class = match self.class {
-            Some(c)
-                if c.shard == shard
-                    && exec
-                        .loops
-                        .get(shard)
-                        .is_some_and(|l| l.exec_id == c.exec_id) =>
-            {
-                c.id
-            }
-            // An out-of-range shard is refused below (`spawn_on_in`): nothing to warn about.
-            Some(c) if shard < exec.loops.len() => {
-                let foreign = exec.loops.first().is_some_and(|l| l.exec_id != c.exec_id);
-                let whose = if foreign { " of another executor" } else { "" };
-                tracing::warn!(
-                    "task::Builder::class: class of shard {}{whose} used for a task on shard \
-                     {shard}; spawning in the default lane",
-                    c.shard
-                );
-                0
-            }
-            Some(_) | None => 0,
-        };
+        let class = class_on(self.class, &exec, shard)?;
         exec.spawn_on_in(shard, make, info, class)
     }
+
+    /// Like [`Handle::spawn_on`](crate::Handle::spawn_on), with this builder's options: from
+    /// any thread, `main` included, before `run()` or while it runs (a class made at start-up
+    /// with [`Handle::create_class`](crate::Handle::create_class) spawns its first tasks this
+    /// way). Errors as [`spawn_on`](Self::spawn_on)'s, `Err(Stopped)` as `Handle::spawn_on`'s.
+    /// Cost: `Handle::spawn_on`'s, plus a comparison for a class.
+    #[track_caller]
+    pub fn spawn_on_handle<F, Fut>(
+        self,
+        handle: &crate::Handle,
+        shard: usize,
+        make: F,
+    ) -> Result<JoinHandle<Fut::Output>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let info = TaskInfo::here(self.name);
+        let class = class_on(self.class, &handle.shared, shard)?;
+        handle.shared.spawn_on_open(shard, make, info, class)
+    }
+}
+
+/// The lane of `class` for a task spawned on `shard` of `exec`: 0 for none; `Err` for a class
+/// of another shard or executor (an out-of-range shard is left to the spawn, which refuses
+/// it). A task spawned in the default lane instead, with a warning, ran unprioritised unseen
+/// wherever no `tracing` subscriber was installed.
+fn class_on(
+    class: Option<crate::Class>,
+    exec: &crate::executor::ExecShared,
+    shard: usize,
+) -> Result<u32> {
+    let Some(c) = class else {
+        return Ok(0);
+    };
+    let Some(target) = exec.loops.get(shard) else {
+        return Ok(0);
+    };
+    if c.shard == shard && target.exec_id == c.exec_id {
+        return Ok(c.id);
+    }
+    let whose = if target.exec_id != c.exec_id {
+        " of another executor"
+    } else {
+        ""
+    };
+    Err(crate::Error::InvalidArgument(format!(
+        "task::Builder::class: a class of shard {}{whose} for a task on shard {shard}: create \
+         the class on the shard that runs the task (Handle::create_class(shard, ..)), or \
+         spawn on the class's shard",
+        c.shard
+    )))
 }

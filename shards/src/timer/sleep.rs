@@ -156,7 +156,7 @@ fn cancel_elsewhere(owner: &Weak<LoopShared>, k: TimerKey, wake: bool) {
     let info = crate::task::TaskInfo::here(Some(Arc::new(
         "xtc::time: cancel of a sleep dropped away from its loop".to_string(),
     )));
-    drop(exec.spawn_on_open(home.index, cancel, info));
+    drop(exec.spawn_on_open(home.index, cancel, info, 0));
 }
 
 impl Future for Sleep {
