@@ -92,6 +92,28 @@ fn write_then_read_round_trip() {
     });
 }
 
+/// A byte-string literal (`&'static [u8; N]`) and a `&'static str` are buffers as they are:
+/// written whole, and handed back as the same reference.
+#[test]
+fn static_literals_are_write_buffers() {
+    on_each_driver("static_literals_are_write_buffers", 1, |_| async {
+        let path = temp_path("lit");
+        let _c = Cleanup(path.clone());
+        let f = File::create(&path).await.unwrap();
+        let (r, back) = f.write_all_at(b"hello, ", 0).await;
+        r.unwrap();
+        assert_eq!(back, b"hello, ");
+        let (r, back) = f.write_all_at("literal\n", 7).await;
+        r.unwrap();
+        assert_eq!(back, "literal\n");
+        let (r, back) = f.write_at(b"", 15).await;
+        assert_eq!(r.unwrap(), 0, "an empty literal writes nothing");
+        assert!(back.is_empty());
+        f.close().await.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"hello, literal\n");
+    });
+}
+
 #[test]
 fn read_at_and_write_at_offsets() {
     on_each_driver("read_at_and_write_at_offsets", 1, |_| async {

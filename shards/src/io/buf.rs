@@ -112,6 +112,19 @@ unsafe impl IoBuf for &'static [u8] {
     }
 }
 
+// SAFETY: 'static data never moves or dies. A byte-string literal (`b"..."`) is one of these.
+unsafe impl<const N: usize> IoBuf for &'static [u8; N] {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        N
+    }
+    fn bytes_total(&self) -> usize {
+        N
+    }
+}
+
 // SAFETY: 'static data never moves or dies.
 unsafe impl IoBuf for &'static str {
     fn stable_ptr(&self) -> *const u8 {
