@@ -50,11 +50,18 @@ struct Count(AtomicUsize);
 /// for shard in 0..exec.shard_count() {
 ///     let balancer = balancer.clone();
 ///     exec.spawn_on(shard, move || async move {
-///         let listener = xtc::net::TcpListener::bind_reuseport("127.0.0.1:7000").unwrap();
+///         let listener = match xtc::net::TcpListener::bind_reuseport("127.0.0.1:7000") {
+///             Ok(listener) => listener,
+///             // A panic here would end this task only, the shard serving nothing.
+///             Err(e) => {
+///                 tracing::error!("shard {}: bind: {e}", xtc::shard::id());
+///                 return xtc::stop();
+///             }
+///         };
 ///         // Runs on whichever shard serves the connection.
 ///         let served = balancer
 ///             .serve(listener, |stream, _peer| async move {
-///                 let (_, _) = stream.write_all(b"hello\n".to_vec()).await;
+///                 let (_, _) = stream.write_all(b"hello\n").await;
 ///             })
 ///             .await;
 ///         if let Err(e) = served {

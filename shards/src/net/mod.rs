@@ -22,7 +22,14 @@
 //! for shard in 0..exec.shard_count() {
 //!     exec.spawn_on(shard, || async {
 //!         // One listener per shard; the kernel spreads connections over them.
-//!         let listener = xtc::net::TcpListener::bind_reuseport("127.0.0.1:7000").unwrap();
+//!         let listener = match xtc::net::TcpListener::bind_reuseport("127.0.0.1:7000") {
+//!             Ok(listener) => listener,
+//!             // A panic here would end this task only, the shard serving nothing.
+//!             Err(e) => {
+//!                 tracing::error!("shard {}: bind: {e}", xtc::shard::id());
+//!                 return xtc::stop();
+//!             }
+//!         };
 //!         while let Ok((stream, _peer)) = listener.accept().await {
 //!             xtc::spawn_local(async move {
 //!                 let mut buf = Vec::with_capacity(4096);

@@ -55,6 +55,12 @@ impl TcpListener {
     /// listeners afterwards. Port 0 gives each call a port of its own: to share an ephemeral
     /// port, bind one listener first, read its [`local_addr`](Self::local_addr), and bind the
     /// others to that address. Errors as `bind`'s; cost one `setsockopt` more.
+    ///
+    /// The kernel lets any socket of the same user that sets `SO_REUSEPORT` join the port: a
+    /// second copy of the server binds without an error and takes a share of the connections.
+    /// To be sure the port is yours, bind it once with [`bind`](Self::bind) (or
+    /// `std::net::TcpListener::bind`), which fails while anyone holds it, and drop that
+    /// listener before the shards bind theirs.
     pub fn bind_reuseport(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, true)).map(|s| TcpListener {
             kept: Default::default(),
