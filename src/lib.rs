@@ -40,6 +40,7 @@ pub use xtc_shards::*;
 /// The names most programs use.
 pub mod prelude {
     pub use xtc_shards::{
-        shard, spawn_local, time, yield_now, Executor, JoinHandle, LocalExecutor, Sharded,
+        shard, spawn, spawn_local, submit_to, time, yield_now, Error, Executor, Handle, JoinHandle,
+        LocalExecutor, Result, Sharded,
     };
 }

@@ -19,7 +19,7 @@ usage: topology [--shards N] [--synthetic \"DESC\" | --xml FILE] [--policy POLIC
   --shards N         number of shards; 0 (default) = one per allowed physical core
   --synthetic DESC   an hwloc synthetic topology, e.g. \"pack:2 numa:2 l3:1 core:4 pu:2\"
   --xml FILE         an hwloc XML topology (lstopo file.xml)
-  --policy POLICY    compact (default), spread, or cpus:0,2,4
+  --policy POLICY    compact (default), spread, or cpus:0,2,4 (ranges too: cpus:0-3,8)
   --sensitivity S    NUMA sensitivity: 0 steal across nodes, 1 (default) only the first
                      shard of each node does, 2 never
   --oversubscribe    allow more shards than allowed CPUs

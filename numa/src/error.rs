@@ -94,7 +94,7 @@ pub enum Error {
     },
 
     /// A placement policy string could not be parsed.
-    #[error("bad placement policy {0:?}; use \"compact\", \"spread\" or \"cpus:0,2,4\" (a comma-separated list of CPU numbers)")]
+    #[error("bad placement policy {0:?}; use \"compact\", \"spread\" or \"cpus:0,2,4\" (a comma-separated list of CPU numbers or ranges such as 0-3,8)")]
     BadPolicy(String),
 
     /// A NUMA sensitivity outside 0..=2 was given.

@@ -33,6 +33,24 @@
 //! - [`shard`]: `id()`, `count()`, `spawn_local`, `submit_to`, `stop`; [`Sharded`]: per-shard state;
 //!   [`time`]: `sleep`, `timeout`, `interval`; [`LocalExecutor`]: one loop on this thread.
 //!
+//! # Which call to use
+//!
+//! | to | inside a task | from any thread (`main`, a plain thread) |
+//! | --- | --- | --- |
+//! | run a pinned task (may be `!Send`) here / on shard `n` | [`spawn_local`] / [`task::Builder::spawn_on`] | [`Handle::spawn_on`] (named or in a class: [`task::Builder::spawn_on_handle`]) |
+//! | run a migratable task (`Send`, may be stolen) | [`spawn`] | [`Handle::spawn`] |
+//! | call shard `n` and get the answer | [`shard::submit_to`] (waits for ring room) | [`Handle::submit_to`] (through the inbox) |
+//! | the same on every shard | [`shard::submit_to_all`] | [`Handle::submit_to_all`] |
+//! | fire and forget on shard `n` | [`shard::send_to`] (a future: awaits ring room) | [`Handle::send_to`] (queued at once) |
+//! | stop the run | [`stop`] | [`Handle::stop`] |
+//! | where am I | [`shard::id`], [`shard::count`], [`shard::cpu`], [`shard::numa_node`] | [`Handle::shard_count`], [`Handle::placement`] |
+//!
+//! Off any loop, the spawns that cannot fail panic (as tokio's do: [`spawn_local`], [`spawn`],
+//! [`shard::id`], `Sharded::get`, the timers), and the calls that return a `Result` give
+//! `Err(OffLoop)` naming the `Handle` call to use. Two answer instead: [`shard::count`] is 0
+//! and [`stop`] does nothing (use [`Handle::stop`]); `try_id()` tells whether a thread runs a
+//! loop.
+//!
 //! # Invariants
 //!
 //! 1. Shared-nothing by default: a task spawned with [`spawn_local`] or [`Handle::spawn_on`]
@@ -160,7 +178,7 @@ pub use executor::{
 pub use local::LocalExecutor;
 pub use preempt::{yield_if_due, YieldIfDue};
 pub use ring::{DEFAULT_RING_CAPACITY, MAX_RING_CAPACITY};
-pub use shard::{spawn, spawn_local, stop, submit_to, submit_to_all};
+pub use shard::{send_to, spawn, spawn_local, stop, submit_to, submit_to_all};
 pub use sharded::Sharded;
 pub use stall::StallReport;
 pub use stats::LoopStats;

@@ -304,6 +304,21 @@ pub fn count() -> usize {
     with_core(|c| c.exec.loops.len()).unwrap_or(0)
 }
 
+/// The CPU (OS index) the caller's shard was placed on (`Executor::placement`): the one its
+/// thread is pinned to, or with `pin(false)` the one it would be. `None` off any loop and in a
+/// `LocalExecutor`, which places nothing. Cost: one thread-local read and a slice lookup.
+pub fn cpu() -> Option<usize> {
+    with_core(|c| c.exec.placement.as_ref()?.cpu(c.index())).flatten()
+}
+
+/// The NUMA node (hwloc's logical index) of the caller's shard's CPU, to keep per-node state
+/// or route work to a shard of the same node (`Handle::placement` gives every shard's).
+/// `None` off any loop, in a `LocalExecutor`, and where the topology has no NUMA information
+/// for that CPU. Cost: one thread-local read and a slice lookup.
+pub fn numa_node() -> Option<usize> {
+    with_core(|c| c.exec.placement.as_ref()?.numa_node(c.index())).flatten()
+}
+
 /// A [`Handle`] to the caller's executor, or `None` off any loop. Cost: one thread-local read
 /// and an `Arc` clone (an atomic increment on a count every loop shares).
 pub fn handle() -> Option<Handle> {
@@ -350,6 +365,10 @@ where
 /// `spawning` flag (a store and a fence) and pings the loops that sleep without an idle tick;
 /// with eager rebalance on, a nudge of an idle peer at the end of the turn; the first time
 /// the task parks, a registry insert under a per-shard lock.
+///
+/// When a run stops, a migratable task queued on a loop is dropped on that loop, but one that
+/// is parked is dropped off any loop, on the thread in `run()` (the loops have stopped): its
+/// future's `Drop` must not need a loop (no `spawn_local`, no `shard::id()`; `try_id()` tells).
 ///
 /// # Panics
 /// Off any xtc loop (use [`Handle::spawn`] there).

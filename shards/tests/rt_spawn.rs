@@ -2121,3 +2121,56 @@ fn shard_threads_run_with_a_one_microsecond_timer_slack() {
         "each shard thread's timer slack, in ns"
     );
 }
+
+/// Inside a task, `shard::cpu()` and `shard::numa_node()` read the current shard's entry of
+/// the executor's placement, which a `Handle` gives too (from any thread); on a two-socket,
+/// four-node synthetic topology with `spread`, consecutive shards alternate between the
+/// sockets, so both answers vary. Off any loop, and in a `LocalExecutor`, all are `None`.
+#[test]
+fn a_task_reads_its_shards_cpu_and_numa_node() {
+    let topo = xtc_numa::Topology::synthetic("pack:2 numa:2 core:4 pu:2").unwrap();
+    let ex = Executor::builder()
+        .shards(8)
+        .oversubscribe(true)
+        .placement(xtc_numa::Policy::Spread)
+        .topology(topo)
+        .build()
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..ex.shard_count() {
+        let seen = seen.clone();
+        ex.spawn_on(i, move || async move {
+            seen.lock()
+                .unwrap()
+                .push((shard::id(), shard::cpu(), shard::numa_node()));
+        })
+        .unwrap();
+    }
+    ex.run().unwrap();
+    let placement = ex
+        .handle()
+        .placement()
+        .cloned()
+        .expect("an Executor's handle");
+    assert_eq!(placement.cpus(), ex.placement().cpus());
+    let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+    seen.sort();
+    let want: Vec<_> = (0..8)
+        .map(|s| (s, placement.cpu(s), placement.numa_node(s)))
+        .collect();
+    assert_eq!(seen, want);
+    let nodes: std::collections::BTreeSet<_> = seen.iter().map(|&(_, _, n)| n).collect();
+    assert!(
+        nodes.len() > 1 && !nodes.contains(&None),
+        "every shard has a node, and they differ: {seen:?}"
+    );
+    assert_eq!((shard::cpu(), shard::numa_node()), (None, None));
+    let local = xtc_shards::LocalExecutor::new().unwrap();
+    assert_eq!(
+        local.block_on(async {
+            let placed = shard::handle().expect("on a loop").placement().is_some();
+            (shard::cpu(), shard::numa_node(), placed)
+        }),
+        (None, None, false)
+    );
+}

@@ -39,6 +39,8 @@ pub(crate) struct Config {
     /// A [`LocalExecutor`](crate::LocalExecutor)'s: stop requests do nothing
     /// (`ExecShared::request_stop`).
     pub(crate) local: bool,
+    /// Where each shard runs (`None` for a `LocalExecutor`, which places nothing).
+    pub(crate) placement: Option<Placement>,
 }
 
 impl Default for Config {
@@ -60,6 +62,7 @@ impl Default for Config {
             preempt_signal: crate::sys::cputimer::default_signal(),
             stall_budget: Duration::ZERO,
             local: false,
+            placement: None,
         }
     }
 }
@@ -149,6 +152,9 @@ pub(crate) struct ExecShared {
     /// A [`LocalExecutor`](crate::LocalExecutor)'s: its loop runs only inside `block_on`,
     /// until the future ends, so a stop request does nothing (`request_stop`).
     local: bool,
+    /// Where each shard runs, for [`Handle::placement`] and `shard::cpu` / `numa_node` (a copy
+    /// of the `Executor`'s; `None` for a `LocalExecutor`).
+    pub(crate) placement: Option<Placement>,
 }
 
 impl ExecShared {
@@ -211,6 +217,7 @@ impl ExecShared {
             preempt_signal: config.preempt_signal,
             io_driver: config.io_driver,
             local: config.local,
+            placement: config.placement.clone(),
         })
     }
 
@@ -572,6 +579,7 @@ impl Executor {
                 stall_budget: b.stall_budget,
                 io_driver: builder::resolve_io(b.io_driver)?,
                 local: false,
+                placement: Some(placement.clone()),
             },
         )?;
         crate::io::blocking::fix_interrupt_signal(interrupt_signal)?;
@@ -1400,6 +1408,14 @@ impl Handle {
     /// tells which driver each loop runs. Cost: a field read.
     pub fn io_driver(&self) -> crate::io::Driver {
         self.shared.io_driver
+    }
+
+    /// Where each shard runs: its CPU and NUMA node ([`Executor::placement`], from any
+    /// thread); `None` for a [`LocalExecutor`](crate::LocalExecutor)'s handle, which places
+    /// nothing. Inside a task, [`shard::cpu`](crate::shard::cpu) and
+    /// [`shard::numa_node`](crate::shard::numa_node) read the current shard's. Cost: a field read.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.shared.placement.as_ref()
     }
 
     /// Number of shards. Cost: a field read.
