@@ -409,18 +409,28 @@ fn local_many_senders_some_cancelled_nothing_lost_nothing_stuck() {
     LocalExecutor::new().unwrap().block_on(async {
         let (tx, mut rx) = local::bounded::<u32>(1).unwrap();
         let mut senders = Vec::new();
+        let gave_up = std::rc::Rc::new(std::cell::Cell::new(0));
         for i in 0..64u32 {
             let tx = tx.clone();
+            let gave_up = gave_up.clone();
             senders.push(xtc_shards::spawn_local(async move {
                 let patience = Duration::from_millis(if i % 2 == 0 { 1 } else { 10_000 });
-                xtc_shards::time::timeout(patience, tx.send(i))
+                let sent = xtc_shards::time::timeout(patience, tx.send(i))
                     .await
-                    .is_ok()
+                    .is_ok();
+                gave_up.set(gave_up.get() + usize::from(!sent));
+                sent
             }));
         }
         drop(tx);
-        // Receive slowly at first, so the impatient half gives up while waiting in line.
-        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        // Receive only once the impatient half (every even sender but 0, which filled the one
+        // slot) gave up while waiting in line. A fixed 20 ms wait here raced their 1 ms
+        // timeouts: one first polled after a long enough deschedule outlasted the wait.
+        assert!(
+            common::sleep_until(|| gave_up.get() == 31).await,
+            "{}",
+            gave_up.get()
+        );
         let mut got = Vec::new();
         while let Some(v) = xtc_shards::time::timeout(HANG, rx.recv())
             .await

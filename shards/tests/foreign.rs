@@ -7,7 +7,7 @@ use common::*;
 
 use std::{
     sync::{
-        atomic::{AtomicUsize, Ordering::SeqCst},
+        atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
         mpsc, Arc,
     },
     time::{Duration, Instant},
@@ -706,9 +706,15 @@ fn an_interval_moved_between_executors() {
 fn a_timeout_around_a_foreign_join_handle() {
     within("timeout around a foreign join", || {
         let a = exec(1);
+        // Held until the timeout around it has expired: a fixed 300 ms here raced the start
+        // of the other executor's 50 ms window (a second executor built meanwhile).
+        let release = Arc::new(AtomicBool::new(false));
+        let held = release.clone();
         let slow = a
-            .spawn_on(0, || async {
-                time::sleep(Duration::from_millis(300)).await;
+            .spawn_on(0, move || async move {
+                while !held.load(SeqCst) {
+                    time::sleep(Duration::from_millis(1)).await;
+                }
                 1
             })
             .unwrap();
@@ -728,6 +734,7 @@ fn a_timeout_around_a_foreign_join_handle() {
                     (r1.is_err(), r2.unwrap().unwrap())
                 })
                 .unwrap();
+            release.store(true, SeqCst);
             assert!(r1);
             assert_eq!(r2, 2);
             ra.join().unwrap().unwrap();

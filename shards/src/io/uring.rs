@@ -2084,8 +2084,13 @@ mod tests {
         let Ok(u) = Uring::new(efd) else {
             return; // no io_uring here: nothing to check
         };
+        // Set just before the ping: a park that returns with it unset ended without one. (A
+        // bound on the park's length raced the pinger's start against the clock read.)
+        let pinged = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = pinged.clone();
         let pinger = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
             let one = 1u64;
             // SAFETY: writes 8 bytes from a live local to the eventfd, still open (closed
             // only after this thread is joined).
@@ -2095,9 +2100,10 @@ mod tests {
         let t = std::time::Instant::now();
         u.park(Some(Duration::MAX));
         let took = t.elapsed();
+        let woke_by_ping = pinged.load(std::sync::atomic::Ordering::SeqCst);
         pinger.join().unwrap();
         assert!(
-            took >= Duration::from_millis(150),
+            woke_by_ping,
             "a park with timeout Duration::MAX returned after {took:?}, before the ping"
         );
         drop(u);
