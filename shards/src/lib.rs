@@ -96,7 +96,7 @@
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |
-//! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core (with a CPU list in `XTC_PLACEMENT`: one per listed CPU) |
+//! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core, at most the cgroup's CPU quota rounded up (with a CPU list in `XTC_PLACEMENT`: one per listed CPU) |
 //! | `XTC_PLACEMENT` | `compact`, `spread`, a CPU list `cpus:0,2,4` or `0-3,8` | `compact` | how shards map to CPUs (see `xtc_numa::Policy`) |
 //! | `XTC_PIN` | bool | on | bind each shard thread to its placed CPU; off: to all the placement's CPUs, moved by the OS (`Builder::pin`) |
 //! | `XTC_OVERSUBSCRIBE` | bool | off | allow more shards than allowed CPUs (and a CPU list that repeats a CPU), at most 64 per CPU |

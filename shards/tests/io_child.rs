@@ -1850,3 +1850,73 @@ fn child_a_fixed_buf_pool_over_the_memlock_limit_says_what_the_kernel_counts() {
         }
     });
 }
+
+/// A cgroup of this test's own under the cgroup v1 `cpu` hierarchy (or a v2 tree whose new
+/// groups get the `cpu` controller), with a CPU quota of `quota_us` per 100 ms; `None` where
+/// none can be made here (not root, a container, no such controller).
+fn quota_cgroup(quota_us: u64) -> Option<std::path::PathBuf> {
+    let name = format!("xtc-test-quota-{}", std::process::id());
+    for v1 in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"] {
+        let dir = std::path::Path::new(v1).join(&name);
+        if std::fs::create_dir(&dir).is_ok() {
+            if std::fs::write(dir.join("cpu.cfs_quota_us"), quota_us.to_string()).is_ok() {
+                return Some(dir);
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+    let dir = std::path::Path::new("/sys/fs/cgroup").join(&name);
+    let controllers = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").ok()?;
+    if !controllers.split_whitespace().any(|c| c == "cpu") || std::fs::create_dir(&dir).is_err() {
+        return None;
+    }
+    if std::fs::write(dir.join("cpu.max"), format!("{quota_us} 100000")).is_ok() {
+        return Some(dir);
+    }
+    let _ = std::fs::remove_dir(&dir);
+    None
+}
+
+/// With no shard count given, an executor has no more shards than its cgroup's CPU quota
+/// allows, rounded up: half a CPU of quota, one shard, on a machine where the default is more.
+/// (It had one shard per allowed core, all pinned and all throttled by the one quota.) Needs
+/// a cgroup it can make (root, not in a container): skipped with a warning elsewhere.
+#[test]
+fn child_the_default_shard_count_follows_a_cgroup_cpu_quota() {
+    const ROLE: &str = "cpu-quota";
+    if is_child(ROLE) {
+        let dir = std::env::var("XTC_TEST_CGROUP").expect("the cgroup to join");
+        std::fs::write(
+            std::path::Path::new(&dir).join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .expect("join the cgroup");
+        let quota = Executor::builder().build().unwrap();
+        assert_eq!(quota.shard_count(), 1, "under half a CPU of quota");
+        let asked = Executor::builder().shards(2).build().unwrap();
+        assert_eq!(asked.shard_count(), 2, "a count asked for is kept");
+        return;
+    }
+    let default = Executor::builder().build().unwrap().shard_count();
+    if default < 2 {
+        eprintln!("WARNING: the cgroup quota test not run: the default is {default} shard here");
+        return;
+    }
+    let Some(dir) = quota_cgroup(50_000) else {
+        eprintln!("WARNING: the cgroup quota test not run: no cgroup with a CPU quota can be made");
+        return;
+    };
+    let dir_s = dir.to_string_lossy().into_owned();
+    let outcome = std::panic::catch_unwind(|| {
+        run_child(
+            "child_the_default_shard_count_follows_a_cgroup_cpu_quota",
+            ROLE,
+            &[("XTC_TEST_CGROUP", &dir_s)],
+        )
+    });
+    // The child has exited: the group is empty and goes.
+    let _ = std::fs::remove_dir(&dir);
+    if let Err(p) = outcome {
+        std::panic::resume_unwind(p);
+    }
+}

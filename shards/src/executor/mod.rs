@@ -517,14 +517,34 @@ impl Executor {
                 b.reply_spin, MAX_SPIN_BEFORE_PARK
             )));
         }
-        let placement = Placement::new(&topology, b.shards, &b.placement, b.oversubscribe)
-            .map_err(|source| {
+        let place = |shards| {
+            Placement::new(&topology, shards, &b.placement, b.oversubscribe).map_err(|source| {
                 // The ring capacity plays no part in the placement.
                 match builder::env_inputs(&b.placement_env, |k| k != "XTC_RING_CAPACITY") {
                     Some(vars) => Error::EnvPlacement { vars, source },
                     None => Error::Numa(source),
                 }
-            })?;
+            })
+        };
+        let mut placement = place(b.shards)?;
+        // The default count (one shard per allowed physical core) is capped by the cgroup's
+        // CPU quota on this machine: more pinned shards than the quota's CPUs all run, and
+        // all are throttled. A count asked for, or a CPU list, is left as it is.
+        if b.shards == 0
+            && !matches!(b.placement, xtc_numa::Policy::Cpus(_))
+            && !topology.is_synthetic()
+        {
+            if let Some(limit) = crate::sys::cgroup::cpu_limit(std::path::Path::new("/")) {
+                if limit < placement.len() {
+                    tracing::info!(
+                        "xtc: {limit} shards, not {}: the cgroup's CPU quota allows {limit} CPUs \
+                         (set XTC_SHARDS or Builder::shards to choose)",
+                        placement.len()
+                    );
+                    placement = place(limit)?;
+                }
+            }
+        }
         if !topology.is_synthetic() {
             crate::io::blocking::set_topology(topology.clone());
         }

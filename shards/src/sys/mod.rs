@@ -1,5 +1,6 @@
 //! Raw system calls, each behind a small safe type.
 
+pub(crate) mod cgroup;
 pub(crate) mod cputimer;
 // Under loom the parker is a loom model, not an eventfd.
 #[cfg_attr(loom, allow(dead_code))]

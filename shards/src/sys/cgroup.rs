@@ -1,0 +1,217 @@
+//! The CPU quota of this process's cgroup (a CFS bandwidth limit: `docker --cpus`, a
+//! Kubernetes CPU limit), for the default shard count (`Builder::shards(0)`).
+//!
+//! Written here rather than taken from a crate: `std::thread::available_parallelism` reads the
+//! same quota but folds it into one number with the affinity mask and SMT threads, where xtc
+//! counts physical cores of the hwloc topology; the crates that read cgroups whole (cgroups-rs)
+//! bring far more than two files.
+//!
+//! cgroup v2: `cpu.max` ("max 100000", or "QUOTA PERIOD" in microseconds) of the process's
+//! cgroup and of each ancestor up to the mount's root, the smallest limit winning. cgroup v1:
+//! `cpu.cfs_quota_us` (-1: none) over `cpu.cfs_period_us`, the same way, in the hierarchy that
+//! holds the `cpu` controller. Paths come from `/proc/self/cgroup` and `/proc/self/mountinfo`;
+//! a path that is not under the mount's root (a container that sees the host's path) is read at
+//! the mount point itself, the container's own cgroup. Anything missing or unreadable means no
+//! limit.
+
+use std::path::{Path, PathBuf};
+
+/// The CPUs the quota allows, rounded up (1.5 CPUs of quota: 2), or `None` where no quota
+/// applies or none can be read. `root` is `/` (tests give a directory that mimics one). Cost: a
+/// few small file reads; called once per `build()` with a default shard count.
+pub(crate) fn cpu_limit(root: &Path) -> Option<usize> {
+    let read = |p: &str| std::fs::read_to_string(root.join(p.trim_start_matches('/'))).ok();
+    let groups = read("proc/self/cgroup")?;
+    let mounts = read("proc/self/mountinfo")?;
+    let mut best: Option<f64> = None;
+    for line in groups.lines() {
+        // "ID:CONTROLLERS:PATH"; v2's line is "0::PATH".
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let v2 = controllers.is_empty();
+        if !v2 && !controllers.split(',').any(|c| c == "cpu") {
+            continue;
+        }
+        let Some((mount_root, mount_point)) = mount_of(&mounts, v2) else {
+            continue;
+        };
+        let dir = cgroup_dir(root, &mount_root, &mount_point, path);
+        let limit = walk_up(&dir, &root.join(mount_point.trim_start_matches('/')), v2);
+        best = match (best, limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    best.map(|cpus| (cpus.ceil() as usize).max(1))
+}
+
+/// The root and mount point of the cgroup2 mount (`v2`) or of the v1 mount holding the `cpu`
+/// controller, from `/proc/self/mountinfo`.
+fn mount_of(mountinfo: &str, v2: bool) -> Option<(String, String)> {
+    mountinfo.lines().find_map(|line| {
+        // "ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS"
+        let (left, right) = line.split_once(" - ")?;
+        let fields: Vec<&str> = left.split(' ').collect();
+        let mut right = right.split(' ');
+        let fstype = right.next()?;
+        let _source = right.next();
+        let opts = right.next().unwrap_or("");
+        let ours = if v2 {
+            fstype == "cgroup2"
+        } else {
+            fstype == "cgroup" && opts.split(',').any(|o| o == "cpu")
+        };
+        ours.then(|| Some((fields.get(3)?.to_string(), fields.get(4)?.to_string())))
+            .flatten()
+    })
+}
+
+/// The directory of cgroup `path` under its mount: `path` made relative to the mount's root;
+/// the mount point itself when `path` is not under that root (it names the host's hierarchy).
+fn cgroup_dir(root: &Path, mount_root: &str, mount_point: &str, path: &str) -> PathBuf {
+    let base = root.join(mount_point.trim_start_matches('/'));
+    let rel = if mount_root == "/" {
+        Some(path)
+    } else {
+        path.strip_prefix(mount_root)
+            .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    match rel {
+        Some(rel) if base.join(rel.trim_start_matches('/')).is_dir() => {
+            base.join(rel.trim_start_matches('/'))
+        }
+        _ => base,
+    }
+}
+
+/// The smallest limit, in CPUs, of `dir` and its ancestors up to `top` (the mount point).
+fn walk_up(dir: &Path, top: &Path, v2: bool) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        let limit = if v2 {
+            std::fs::read_to_string(d.join("cpu.max"))
+                .ok()
+                .and_then(|s| quota_v2(&s))
+        } else {
+            let quota = std::fs::read_to_string(d.join("cpu.cfs_quota_us")).ok();
+            let period = std::fs::read_to_string(d.join("cpu.cfs_period_us")).ok();
+            quota.zip(period).and_then(|(q, p)| quota_v1(&q, &p))
+        };
+        if let Some(l) = limit {
+            best = Some(best.map_or(l, |b| b.min(l)));
+        }
+        if d == top {
+            break;
+        }
+        at = d.parent().filter(|p| p.starts_with(top));
+    }
+    best
+}
+
+/// CPUs allowed by a v2 `cpu.max` ("max PERIOD": none; "QUOTA PERIOD").
+fn quota_v2(cpu_max: &str) -> Option<f64> {
+    let mut it = cpu_max.split_whitespace();
+    let (quota, period) = (it.next()?, it.next()?);
+    ratio(quota.parse().ok()?, period.parse().ok()?)
+}
+
+/// CPUs allowed by v1's `cpu.cfs_quota_us` (-1: none) and `cpu.cfs_period_us`.
+fn quota_v1(quota: &str, period: &str) -> Option<f64> {
+    let quota: i64 = quota.trim().parse().ok()?;
+    ratio(u64::try_from(quota).ok()?, period.trim().parse().ok()?)
+}
+
+fn ratio(quota: u64, period: u64) -> Option<f64> {
+    (quota > 0 && period > 0).then(|| quota as f64 / period as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_files_parse_to_cpus() {
+        assert_eq!(quota_v2("max 100000\n"), None);
+        assert_eq!(quota_v2("150000 100000\n"), Some(1.5));
+        assert_eq!(quota_v2("garbage"), None);
+        assert_eq!(quota_v2("0 100000"), None);
+        assert_eq!(quota_v1("-1\n", "100000\n"), None);
+        assert_eq!(quota_v1("200000\n", "100000\n"), Some(2.0));
+        assert_eq!(quota_v1("200000", "0"), None);
+    }
+
+    /// A fake root with `proc/self/{cgroup,mountinfo}` and the cgroup files `files` (path
+    /// under the root, content).
+    fn fake_root(tag: &str, cgroup: &str, mountinfo: &str, files: &[(&str, &str)]) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("xtc-cgroup-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("proc/self")).unwrap();
+        std::fs::write(root.join("proc/self/cgroup"), cgroup).unwrap();
+        std::fs::write(root.join("proc/self/mountinfo"), mountinfo).unwrap();
+        for (path, content) in files {
+            let p = root.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        }
+        root
+    }
+
+    const V2_MOUNT: &str = "30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n";
+
+    /// v2: the smallest limit on the way up wins (the pod's 2.5 CPUs over the container's
+    /// none), rounded up; none anywhere is no limit.
+    #[test]
+    fn a_v2_quota_of_an_ancestor_counts() {
+        let root = fake_root(
+            "v2",
+            "0::/pod/ctr\n",
+            V2_MOUNT,
+            &[
+                ("sys/fs/cgroup/cpu.max", "max 100000\n"),
+                ("sys/fs/cgroup/pod/cpu.max", "250000 100000\n"),
+                ("sys/fs/cgroup/pod/ctr/cpu.max", "max 100000\n"),
+            ],
+        );
+        assert_eq!(cpu_limit(&root), Some(3));
+        std::fs::write(root.join("sys/fs/cgroup/pod/cpu.max"), "max 100000\n").unwrap();
+        assert_eq!(cpu_limit(&root), None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// v1 in a container: `/proc/self/cgroup` names the host's path, which does not exist
+    /// under the container's mount; the mount point itself is the container's cgroup.
+    #[test]
+    fn a_v1_quota_of_a_container_is_read_at_its_mount_point() {
+        let root = fake_root(
+            "v1",
+            "4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n0::/\n",
+            "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n\
+             32 31 0:29 /docker/abc /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n",
+            &[
+                ("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "50000\n"),
+                ("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n"),
+            ],
+        );
+        assert_eq!(cpu_limit(&root), Some(1), "half a CPU rounds up to one");
+        std::fs::write(
+            root.join("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"),
+            "-1\n",
+        )
+        .unwrap();
+        assert_eq!(cpu_limit(&root), None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Nothing readable (no `/proc`, no mount): no limit, no error.
+    #[test]
+    fn missing_files_mean_no_limit() {
+        let root = fake_root("none", "0::/\n", "", &[]);
+        assert_eq!(cpu_limit(&root), None);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(cpu_limit(Path::new("/nonexistent-xtc-root")), None);
+    }
+}
