@@ -39,8 +39,9 @@ fn main_with(mut args: impl Iterator<Item = std::ffi::OsString>) -> std::process
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // The message (xtc's errors include their causes), not the `Debug` form that a
-            // `Result` returned from `main` prints.
+            // The message (xtc's errors include their causes), through `err`: a `Result`
+            // returned from `main` goes through `eprintln!`, which panics on a closed stderr,
+            // and through `Debug`, which for errors other than xtc's writes their fields.
             err(format_args!("hello: {e}"));
             std::process::ExitCode::FAILURE
         }
@@ -113,10 +114,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 mod tests {
     use std::process::{Command, ExitCode, Termination};
 
-    /// A failure is printed as its message, and the exit status says it failed: `main`
-    /// returned `xtc::Result`, whose error std prints in its `Debug` form (`Error: Env { var:
-    /// "XTC_SHARDS", value: "abc", expected: ... }`). Runs `main` in a child process (this test
-    /// binary again) with `XTC_SHARDS=abc`.
+    /// A failure is printed as its message, and the exit status says it failed (an error
+    /// returned from `main` is printed through `Debug`, which for errors other than xtc's
+    /// writes their fields). Runs `main` in a child process (this test binary again) with
+    /// `XTC_SHARDS=abc`.
     #[test]
     fn an_error_is_printed_as_its_message() {
         const CHILD: &str = "XTC_EXAMPLE_HELLO_CHILD";

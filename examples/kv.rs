@@ -22,7 +22,8 @@
 //!
 //! Run: `cargo run --release --example kv -- --clients 32 --ops 1000` (`--help` lists the flags)
 //! or serve forever: `cargo run --release --example kv -- --addr 127.0.0.1:7001`, then
-//! `printf 'SET a 1\nGET a\n' | nc -N 127.0.0.1 7001` (`-N`: close after the input, so the server's replies end the run).
+//! `printf 'SET a 1\nGET a\n' | nc -N 127.0.0.1 7001` (`-N`, OpenBSD netcat's, Debian's and Ubuntu's `nc`: close after the input, so the
+//! replies end the run).
 //! (`XTC_SHARDS` sets the shard count, `XTC_IO=epoll` picks the epoll driver.)
 
 mod shared;

@@ -41,6 +41,6 @@ pub use xtc_shards::*;
 pub mod prelude {
     pub use xtc_shards::{
         shard, spawn, spawn_local, submit_to, time, yield_now, Error, Executor, Handle, JoinHandle,
-        LocalExecutor, Result, Sharded,
+        LocalExecutor, Sharded,
     };
 }

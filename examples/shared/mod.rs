@@ -530,7 +530,8 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 }
 
 /// What `main` returns for `result`: an error is printed as its message (xtc's errors include
-/// their causes), not as the `Debug` form a `Result` returned from `main` prints.
+/// their causes), where a `Result` returned from `main` is printed through `Debug`, which for
+/// errors other than xtc's writes their fields.
 pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -45,11 +45,11 @@
 //! | stop the run | [`stop`] | [`Handle::stop`] |
 //! | where am I | [`shard::id`], [`shard::count`], [`shard::cpu`], [`shard::numa_node`] | [`Handle::shard_count`], [`Handle::placement`] |
 //!
-//! Off any loop, the spawns that cannot fail panic (as tokio's do: [`spawn_local`], [`spawn`],
-//! [`shard::id`], `Sharded::get`, the timers), and the calls that return a `Result` give
-//! `Err(OffLoop)` naming the `Handle` call to use. Two answer instead: [`shard::count`] is 0
-//! and [`stop`] does nothing (use [`Handle::stop`]); `try_id()` tells whether a thread runs a
-//! loop.
+//! Off any loop, the calls that cannot return an error panic, as tokio's spawns do:
+//! [`spawn_local`], [`spawn`], [`shard::id`], `Sharded::get`, and a timer when it is polled.
+//! Those that return a `Result` give `Err(OffLoop)` naming the `Handle` call to use. The rest
+//! answer: [`shard::count`] is 0; [`shard::try_id`], [`shard::cpu`], [`shard::numa_node`] and
+//! [`shard::handle`] are `None`; [`stop`] does nothing (use [`Handle::stop`]).
 //!
 //! # Invariants
 //!
@@ -96,7 +96,7 @@
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |
-//! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core, at most the cgroup's CPU quota rounded up (with a CPU list in `XTC_PLACEMENT`: one per listed CPU) |
+//! | `XTC_SHARDS` | integer | `0` | number of shards; 0 = one per allowed physical core, at most the cgroup's CPU quota rounded down, at least 1 (with a CPU list in `XTC_PLACEMENT`: one per listed CPU) |
 //! | `XTC_PLACEMENT` | `compact`, `spread`, a CPU list `cpus:0,2,4` or `0-3,8` | `compact` | how shards map to CPUs (see `xtc_numa::Policy`) |
 //! | `XTC_PIN` | bool | on | bind each shard thread to its placed CPU; off: to all the placement's CPUs, moved by the OS (`Builder::pin`) |
 //! | `XTC_OVERSUBSCRIBE` | bool | off | allow more shards than allowed CPUs (and a CPU list that repeats a CPU), at most 64 per CPU |

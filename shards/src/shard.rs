@@ -305,8 +305,9 @@ pub fn count() -> usize {
 }
 
 /// The CPU (OS index) the caller's shard was placed on (`Executor::placement`): the one its
-/// thread is pinned to, or with `pin(false)` the one it would be. `None` off any loop and in a
-/// `LocalExecutor`, which places nothing. Cost: one thread-local read and a slice lookup.
+/// thread is pinned to, or the one it would be with `pin(false)` or on a synthetic or XML
+/// topology, where nothing is pinned. `None` off any loop and in a `LocalExecutor`, which
+/// places nothing. Cost: one thread-local read and a slice lookup.
 pub fn cpu() -> Option<usize> {
     with_core(|c| c.exec.placement.as_ref()?.cpu(c.index())).flatten()
 }

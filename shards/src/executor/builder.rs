@@ -248,8 +248,8 @@ impl Builder {
     /// Number of shards (loops); 0 (the default) means one per allowed physical core, or with
     /// a CPU list ([`Policy::Cpus`]) one per listed CPU. On this machine's topology the default
     /// is capped by the cgroup's CPU quota (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`, the
-    /// smallest on the way up, rounded up: `docker --cpus=2.5` gives at most 3 shards), as
-    /// `std::thread::available_parallelism` and tokio's default are; `build()` logs the cap
+    /// smallest on the way up, rounded down, at least 1: `docker --cpus=2.5` gives at most 2
+    /// shards), as `std::thread::available_parallelism` and tokio's default are; `build()` logs the cap
     /// (`tracing`, info). Cost: stores the value (`build()` checks it; with 0 it reads the
     /// quota, a few small files).
     pub fn shards(mut self, n: usize) -> Builder {

@@ -58,9 +58,9 @@ impl TcpListener {
     ///
     /// The kernel lets any socket of the same user that sets `SO_REUSEPORT` join the port: a
     /// second copy of the server binds without an error and takes a share of the connections.
-    /// To be sure the port is yours, bind it once with [`bind`](Self::bind) (or
+    /// To learn that nobody serves the port, bind it once with [`bind`](Self::bind) (or
     /// `std::net::TcpListener::bind`), which fails while anyone holds it, and drop that
-    /// listener before the shards bind theirs.
+    /// listener before the shards bind theirs (a socket that binds in between still joins).
     pub fn bind_reuseport(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, true)).map(|s| TcpListener {
             kept: Default::default(),

@@ -16,8 +16,9 @@
 
 use std::path::{Path, PathBuf};
 
-/// The CPUs the quota allows, rounded up (1.5 CPUs of quota: 2), or `None` where no quota
-/// applies or none can be read. `root` is `/` (tests give a directory that mimics one). Cost: a
+/// The CPUs the quota allows, rounded down as `std::thread::available_parallelism` rounds them
+/// (2.5 CPUs of quota: 2; at least 1), or `None` where no quota applies or none can be read.
+/// Rounded up, the shards over the quota's whole CPUs all ran, and all were throttled. `root` is `/` (tests give a directory that mimics one). Cost: a
 /// few small file reads; called once per `build()` with a default shard count.
 pub(crate) fn cpu_limit(root: &Path) -> Option<usize> {
     let read = |p: &str| std::fs::read_to_string(root.join(p.trim_start_matches('/'))).ok();
@@ -35,7 +36,7 @@ pub(crate) fn cpu_limit(root: &Path) -> Option<usize> {
         if !v2 && !controllers.split(',').any(|c| c == "cpu") {
             continue;
         }
-        let Some((mount_root, mount_point)) = mount_of(&mounts, v2) else {
+        let Some((mount_root, mount_point)) = mount_of(&mounts, v2, path) else {
             continue;
         };
         let dir = cgroup_dir(root, &mount_root, &mount_point, path);
@@ -45,13 +46,14 @@ pub(crate) fn cpu_limit(root: &Path) -> Option<usize> {
             (a, b) => a.or(b),
         };
     }
-    best.map(|cpus| (cpus.ceil() as usize).max(1))
+    best.map(|cpus| (cpus.floor() as usize).max(1))
 }
 
 /// The root and mount point of the cgroup2 mount (`v2`) or of the v1 mount holding the `cpu`
-/// controller, from `/proc/self/mountinfo`.
-fn mount_of(mountinfo: &str, v2: bool) -> Option<(String, String)> {
-    mountinfo.lines().find_map(|line| {
+/// controller, from `/proc/self/mountinfo` (its `\NNN` escapes undone): the first whose root
+/// holds the cgroup `path`, else the first of the kind.
+fn mount_of(mountinfo: &str, v2: bool, path: &str) -> Option<(String, String)> {
+    let mut mounts = mountinfo.lines().filter_map(|line| {
         // "ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS"
         let (left, right) = line.split_once(" - ")?;
         let fields: Vec<&str> = left.split(' ').collect();
@@ -64,9 +66,47 @@ fn mount_of(mountinfo: &str, v2: bool) -> Option<(String, String)> {
         } else {
             fstype == "cgroup" && opts.split(',').any(|o| o == "cpu")
         };
-        ours.then(|| Some((fields.get(3)?.to_string(), fields.get(4)?.to_string())))
+        ours.then(|| Some((unescape(fields.get(3)?), unescape(fields.get(4)?))))
             .flatten()
-    })
+    });
+    let first = mounts.next()?;
+    let holds = |(root, _): &(String, String)| {
+        root == "/"
+            || path
+                .strip_prefix(root.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    if holds(&first) {
+        return Some(first);
+    }
+    Some(mounts.find(holds).unwrap_or(first))
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space, `\011`, `\012`, `\134`)
+/// undone.
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push(
+                    d.iter()
+                        .fold(0u8, |v, c| v.wrapping_mul(8).wrapping_add(c - b'0')),
+                );
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The directory of cgroup `path` under its mount: `path` made relative to the mount's root;
@@ -144,9 +184,25 @@ mod tests {
         assert_eq!(quota_v1("200000", "0"), None);
     }
 
+    /// A fake root directory, removed when dropped (a failed assertion included).
+    struct Fake(PathBuf);
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    impl std::ops::Deref for Fake {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
     /// A fake root with `proc/self/{cgroup,mountinfo}` and the cgroup files `files` (path
     /// under the root, content).
-    fn fake_root(tag: &str, cgroup: &str, mountinfo: &str, files: &[(&str, &str)]) -> PathBuf {
+    fn fake_root(tag: &str, cgroup: &str, mountinfo: &str, files: &[(&str, &str)]) -> Fake {
         let root = std::env::temp_dir().join(format!("xtc-cgroup-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("proc/self")).unwrap();
@@ -157,13 +213,13 @@ mod tests {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, content).unwrap();
         }
-        root
+        Fake(root)
     }
 
     const V2_MOUNT: &str = "30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n";
 
     /// v2: the smallest limit on the way up wins (the pod's 2.5 CPUs over the container's
-    /// none), rounded up; none anywhere is no limit.
+    /// none), rounded down; none anywhere is no limit.
     #[test]
     fn a_v2_quota_of_an_ancestor_counts() {
         let root = fake_root(
@@ -176,10 +232,9 @@ mod tests {
                 ("sys/fs/cgroup/pod/ctr/cpu.max", "max 100000\n"),
             ],
         );
-        assert_eq!(cpu_limit(&root), Some(3));
+        assert_eq!(cpu_limit(&root), Some(2));
         std::fs::write(root.join("sys/fs/cgroup/pod/cpu.max"), "max 100000\n").unwrap();
         assert_eq!(cpu_limit(&root), None);
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     /// v1 in a container: `/proc/self/cgroup` names the host's path, which does not exist
@@ -196,14 +251,31 @@ mod tests {
                 ("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n"),
             ],
         );
-        assert_eq!(cpu_limit(&root), Some(1), "half a CPU rounds up to one");
+        assert_eq!(cpu_limit(&root), Some(1), "half a CPU counts as one");
         std::fs::write(
             root.join("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"),
             "-1\n",
         )
         .unwrap();
         assert_eq!(cpu_limit(&root), None);
-        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Two cgroup2 mounts, the first of another subtree: the one whose root holds the
+    /// process's path is read; a mount point with a space (`\040` in mountinfo) is found.
+    #[test]
+    fn the_mount_that_holds_the_path_is_read() {
+        let root = fake_root(
+            "mounts",
+            "0::/ctr\n",
+            "29 23 0:26 /other /mnt/other rw - cgroup2 cgroup2 rw\n\
+             30 23 0:27 / /my\\040cg rw - cgroup2 cgroup2 rw\n",
+            &[
+                ("my cg/ctr/cpu.max", "100000 100000\n"),
+                ("mnt/other/cpu.max", "max 100000\n"),
+            ],
+        );
+        assert_eq!(cpu_limit(&root), Some(1));
+        assert_eq!(unescape(r"/a\040b\134c\0"), "/a b\\c\\0");
     }
 
     /// Nothing readable (no `/proc`, no mount): no limit, no error.
@@ -211,7 +283,6 @@ mod tests {
     fn missing_files_mean_no_limit() {
         let root = fake_root("none", "0::/\n", "", &[]);
         assert_eq!(cpu_limit(&root), None);
-        std::fs::remove_dir_all(&root).unwrap();
         assert_eq!(cpu_limit(Path::new("/nonexistent-xtc-root")), None);
     }
 }
