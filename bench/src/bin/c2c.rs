@@ -10,11 +10,16 @@
 //! This is the floor under any runtime's cross-shard message: xtc's `submit_to` rides the same
 //! kind of ring, so its latency is judged against this number.
 //!
-//! With `--matrix` it measures the round trip between **every pair** of CPUs instead (all
-//! allowed ones, or a `--cpus` list such as `0-7,16-23`), orders them by package, NUMA node and
-//! core from the hwloc topology, prints the matrix of medians and a summary per level of the
-//! machine the pair shares (SMT siblings, shared L3, same NUMA node, other package), and draws
-//! it as an SVG heatmap with lines between NUMA nodes: the picture of a host's NUMA effects.
+//! With `--matrix` it measures the round trip of **one cache line** between every pair of CPUs
+//! instead (all allowed ones, or a `--cpus` list such as `0-7,16-23`): no ring, no clock read
+//! per round trip, the line on a page of its own that the row's CPU touches first, so it lives
+//! in that CPU's NUMA node's memory whatever pair ran before (see [`line_round_trips`]). The
+//! pairs are measured in [`PASSES`] passes, each in its own shuffled order, so a noisy stretch
+//! or a drifting clock frequency spreads over the matrix instead of marking a block of it. It
+//! orders the CPUs by package, NUMA node and core from the hwloc topology, prints the matrix of
+//! medians and a summary per level of the machine the pair shares (`same core`: SMT siblings,
+//! `shared L3`, `same NUMA node`, `same package`, `machine`: across packages), and draws it as
+//! an SVG heatmap with lines between NUMA nodes: the picture of a host's NUMA effects.
 //!
 //! ```text
 //! c2c [--cpus A,B] [--iters N] [--quick]
@@ -24,9 +29,11 @@
 //! `--iters` (default 1,000,000) round trips follow 10,000 warm-up ones; the stream sends ten
 //! times as many messages. `--quick` divides both by ten. With only one CPU allowed, both threads
 //! share it and yield to each other while waiting instead of spinning; the output says so.
-//! In matrix mode `--iters` counts per pair (default 100,000, so 120 pairs of 16 CPUs take a few
-//! seconds), a progress bar shows the pairs done, and the heatmap goes to
-//! `target/bench-c2c-matrix.svg` unless `--svg` says otherwise. It needs two allowed CPUs.
+//! In matrix mode `--iters` counts per pair, over all passes (default 100,000: about 15 to 70 ms
+//! a pair, so 120 pairs of 16 CPUs take a few seconds and 8,128 pairs of 128 CPUs several
+//! minutes), a progress bar shows the pairs done (a line per pass where stderr is no terminal),
+//! and the heatmap goes to `target/bench-c2c-matrix.svg` unless `--svg` says otherwise (checked
+//! before anything is measured). It needs two allowed CPUs.
 
 use std::{
     hint::spin_loop,
@@ -190,6 +197,114 @@ impl Wait {
             Wait::Yield => std::thread::yield_now(),
         }
     }
+}
+
+/// Passes over every pair in `--matrix` mode, each with a share of `--iters`: a cell is the
+/// median of its passes.
+const PASSES: usize = 3;
+
+/// Batches of a pair's round trips in one pass, each timed as a whole: a round trip is a batch's
+/// time over its count, and the pass's figure is the median batch.
+const BATCHES: u64 = 8;
+
+/// An anonymous page of its own for the ping-pong line, unmapped on drop. Mapped fresh for each
+/// pair (the allocator would hand back memory some earlier pair's thread touched first) and
+/// touched first by the thread that maps it, so the kernel places it on that thread's node.
+struct Page(*mut u8);
+
+impl Page {
+    const LEN: usize = 4096;
+
+    fn map() -> Page {
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing; no
+        // pointer is passed in.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(
+            p != libc::MAP_FAILED,
+            "c2c: mmap of one page failed: {}",
+            std::io::Error::last_os_error()
+        );
+        let page = Page(p.cast());
+        // The first touch, on this thread's CPU: the page's node is decided here.
+        page.line().store(0, std::sync::atomic::Ordering::SeqCst);
+        page
+    }
+
+    /// The line the two threads pass back and forth.
+    fn line(&self) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: the page is mapped, readable, writable, page-aligned (so aligned for a u64)
+        // and lives as long as `self`; it is only ever accessed as this one atomic.
+        unsafe { &*self.0.cast::<std::sync::atomic::AtomicU64>() }
+    }
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` is the start of the `LEN`-byte mapping `map` made, unmapped once;
+        // no reference from `line` outlives `self`.
+        unsafe { libc::munmap(self.0.cast(), Self::LEN) };
+    }
+}
+
+// SAFETY: the page is shared between the two threads only through the atomic in it.
+unsafe impl Sync for Page {}
+// SAFETY: as above; the mapping is process-wide, not tied to the thread that made it.
+unsafe impl Send for Page {}
+
+/// One cache line's round trip between `cpus.0` (the pinger, which maps and first touches the
+/// line's page, so it lives on that CPU's node) and `cpus.1` (the echoer): the pinger writes an
+/// odd number and spins until the echoer has written the next even one. After [`WARMUP`] round
+/// trips, `iters` of them in [`BATCHES`] batches, each timed as a whole (no clock read between
+/// round trips); returns the median batch's nanoseconds per round trip.
+fn line_round_trips(cpus: (usize, usize), iters: u64) -> f64 {
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    pin_current_thread(cpus.0);
+    let page = Arc::new(Page::map());
+    let batch = (iters / BATCHES).max(1);
+    let total = WARMUP + batch * BATCHES;
+    let echo_page = Arc::clone(&page);
+    let echo = std::thread::spawn(move || {
+        pin_current_thread(cpus.1);
+        let line = echo_page.line();
+        for i in 0..total {
+            while line.load(Acquire) != 2 * i + 1 {
+                spin_loop();
+            }
+            line.store(2 * i + 2, Release);
+        }
+    });
+    let line = page.line();
+    let trip = |i: u64| {
+        line.store(2 * i + 1, Release);
+        while line.load(Acquire) != 2 * i + 2 {
+            spin_loop();
+        }
+    };
+    for i in 0..WARMUP {
+        trip(i);
+    }
+    let mut per_trip: Vec<f64> = (0..BATCHES)
+        .map(|b| {
+            let from = WARMUP + b * batch;
+            let t0 = Instant::now();
+            for i in from..from + batch {
+                trip(i);
+            }
+            t0.elapsed().as_nanos() as f64 / batch as f64
+        })
+        .collect();
+    echo.join().expect("echo thread panicked");
+    per_trip.sort_by(f64::total_cmp);
+    per_trip[per_trip.len() / 2]
 }
 
 /// Round trips: returns the histogram summary of `iters` timed round trips.
@@ -382,7 +497,7 @@ mod matrix {
     use indicatif::{ProgressBar, ProgressStyle};
     use xtc_bench::{heatmap::Heatmap, median, pin_failures, svg::report_written};
 
-    use super::{round_trips, Args, Wait, WARMUP};
+    use super::{line_round_trips, Args, PASSES, WARMUP};
 
     /// Where a CPU sits in the machine, as far as hwloc says (all `None` without it).
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -485,40 +600,68 @@ mod matrix {
                  run it where two CPUs are allowed, or give them with --cpus"
             ));
         }
+        // Refused now, not after the whole run: a path that cannot be written.
+        std::fs::File::create(&args.svg)
+            .map_err(|e| format!("--svg {}: cannot write it: {e}", args.svg.display()))?;
         println!(
-            "c2c --matrix: round trips between every pair of CPUs (rtrb ring pair, busy-polling)"
+            "c2c --matrix: one cache line's round trip between every pair of CPUs (busy-polling; \
+             the line on a fresh page first touched by the row's CPU, so in its node's memory)"
         );
+        let per_pass = (args.iters / PASSES as u64).max(1);
         println!(
-            "  cpus: {cpus:?}   {} timed round trips per pair after {WARMUP} warm-up",
-            args.iters
+            "  cpus: {cpus:?}   {PASSES} passes over the pairs, each in its own shuffled order, \
+             {per_pass} timed round trips per pair and pass after {WARMUP} warm-up"
         );
         let view = View::of(&cpus);
         let shown = order(&cpus, &view.places);
         let n = cpus.len();
-        let pairs = n * (n - 1) / 2;
-        let bar = ProgressBar::new(pairs as u64);
+        let mut pairs: Vec<(usize, usize)> = (0..n)
+            .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+            .collect();
+        let bar = ProgressBar::new((pairs.len() * PASSES) as u64);
         bar.set_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} pairs {msg} [{elapsed}<{eta}]")
                 .expect("static progress template is valid"),
         );
-        // p50 and p99 per pair, in `shown` order, symmetric.
-        let mut p50 = vec![None; n * n];
-        let mut p99 = vec![None; n * n];
-        for i in 0..n {
-            for j in i + 1..n {
+        // Where stderr is no terminal (`| tee`, `nohup`) the bar draws nothing: a line per pass.
+        let plain = !std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let started = std::time::Instant::now();
+        // Each pair's figure per pass, in `shown` order (upper triangle).
+        let mut passes = vec![Vec::with_capacity(PASSES); n * n];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for pass in 0..PASSES {
+            shuffle(&mut pairs, &mut seed);
+            for &(i, j) in &pairs {
                 let (a, b) = (cpus[shown[i]], cpus[shown[j]]);
-                bar.set_message(format!("cpu {a} <-> cpu {b}"));
-                let rtt = round_trips((a, b), true, args.iters, Wait::Spin);
-                for (r, c) in [(i, j), (j, i)] {
-                    p50[r * n + c] = Some(rtt.p50_ns);
-                    p99[r * n + c] = Some(rtt.p99_ns);
-                }
+                bar.set_message(format!("pass {}: cpu {a} <-> cpu {b}", pass + 1));
+                passes[i * n + j].push(line_round_trips((a, b), per_pass));
                 bar.inc(1);
+            }
+            if plain {
+                eprintln!(
+                    "c2c --matrix: pass {}/{PASSES} done, {} pairs, {:.0} s so far",
+                    pass + 1,
+                    pairs.len(),
+                    started.elapsed().as_secs_f64()
+                );
             }
         }
         bar.finish_and_clear();
+        // The median pass per pair, mirrored: what a line costs does not depend on who starts.
+        let mut p50 = vec![None; n * n];
+        for &(i, j) in &pairs {
+            let mut v = std::mem::take(&mut passes[i * n + j]);
+            v.sort_by(f64::total_cmp);
+            let m = v[v.len() / 2].round() as u64;
+            p50[i * n + j] = Some(m);
+            p50[j * n + i] = Some(m);
+        }
 
-        println!("\n  round trip p50, ns (row: pinger, column: echoer; the matrix is symmetric)");
+        println!(
+            "\n  cache-line round trip, ns, the median of {PASSES} passes (row and column: the \
+             pair's CPUs; measured from the one with the lower position here, whose node holds \
+             the line)"
+        );
         let width = 7;
         let mut head = format!("  {:>width$}", "cpu");
         for &i in &shown {
@@ -537,34 +680,33 @@ mod matrix {
         }
 
         // What a pair shares (SMT siblings, an L3, a node, nothing) against what it costs.
-        let mut by_level: Vec<(String, Vec<u64>, Vec<u64>)> = Vec::new();
+        let mut by_level: Vec<(String, Vec<u64>)> = Vec::new();
         for r in 0..n {
             for c in r + 1..n {
                 let Some(level) = view.shared(cpus[shown[r]], cpus[shown[c]]) else {
                     continue;
                 };
-                let (m, w) = (p50[r * n + c].unwrap_or(0), p99[r * n + c].unwrap_or(0));
-                match by_level.iter_mut().find(|(l, ..)| *l == level) {
-                    Some((_, ms, ws)) => {
-                        ms.push(m);
-                        ws.push(w);
-                    }
-                    None => by_level.push((level, vec![m], vec![w])),
+                let m = p50[r * n + c].unwrap_or(0);
+                match by_level.iter_mut().find(|(l, _)| *l == level) {
+                    Some((_, ms)) => ms.push(m),
+                    None => by_level.push((level, vec![m])),
                 }
             }
         }
         if !by_level.is_empty() {
-            by_level.sort_by_key(|(_, ms, _)| median(ms));
-            println!("\n  by what the pair shares (median over its pairs, nearest first):");
-            for (level, ms, ws) in &by_level {
+            by_level.sort_by_key(|(_, ms)| median(ms));
+            println!(
+                "\n  by what the pair shares (`same core`: SMT siblings; `machine`: across \
+                 packages), median over its pairs, nearest first:"
+            );
+            for (level, ms) in &by_level {
                 let (lo, hi) = (ms.iter().min().copied(), ms.iter().max().copied());
                 println!(
-                    "    {level:<16} {:>4} pairs   p50 {} ns ({}..{})   p99 {} ns",
+                    "    {level:<16} {:>6} pairs   {} ns ({}..{})",
                     ms.len(),
                     median(ms).unwrap_or(0),
                     lo.unwrap_or(0),
                     hi.unwrap_or(0),
-                    median(ws).unwrap_or(0)
                 );
             }
         }
@@ -591,10 +733,10 @@ mod matrix {
             })
             .collect();
         let map = Heatmap {
-            title: "c2c: core-to-core round trip, p50".into(),
+            title: "c2c: core-to-core cache-line round trip".into(),
             subtitle: format!(
-                "rtrb ring pair, busy-polling, {} round trips per pair; lines between NUMA nodes",
-                args.iters
+                "one line, busy-polling, median of {PASSES} shuffled passes of {per_pass} round \
+                 trips per pair; lines between NUMA nodes"
             ),
             unit: "ns".into(),
             labels,
@@ -604,9 +746,35 @@ mod matrix {
         Ok(report_written("c2c", &args.svg, map.write(&args.svg)))
     }
 
+    /// Fisher-Yates with xorshift64: a pass's order, the same for every run.
+    fn shuffle(pairs: &mut [(usize, usize)], seed: &mut u64) {
+        for k in (1..pairs.len()).rev() {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            pairs.swap(k, (*seed % (k as u64 + 1)) as usize);
+        }
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        #[test]
+        fn a_shuffled_pass_holds_every_pair_once() {
+            let mut pairs: Vec<(usize, usize)> = (0..6)
+                .flat_map(|i| (i + 1..6).map(move |j| (i, j)))
+                .collect();
+            let want = pairs.clone();
+            let mut seed = 1;
+            shuffle(&mut pairs, &mut seed);
+            let first = pairs.clone();
+            assert_ne!(first, want, "15 pairs left in order");
+            shuffle(&mut pairs, &mut seed);
+            assert_ne!(pairs, first, "two passes, one order");
+            pairs.sort_unstable();
+            assert_eq!(pairs, want);
+        }
 
         #[test]
         fn nodes_come_together_and_siblings_side_by_side() {
