@@ -2,7 +2,11 @@
 //! core-to-core round trips.
 //!
 //! Each cell is coloured on one linear scale from the smallest value (light) to the largest
-//! (dark), with its value printed inside when the cells are large enough to read. Rows and
+//! (dark), with its value printed inside when the cells are large enough to read, and in a
+//! tooltip (`<title>`: row, column, value) always. With [`ROBUST_FROM`] values or more the
+//! scale runs from the 2nd to the 98th percentile instead, cells beyond it drawn at its ends
+//! and the legend's ends marked `<=` / `>=`: one disturbed pair no longer bleaches the rest of
+//! a large map into one shade. Rows and
 //! columns may be split into groups (NUMA nodes): a line is drawn where the group changes,
 //! so the blocks a multi-socket host shows stand out. A missing value (the diagonal: a CPU
 //! with itself) is drawn grey and labelled `-`.
@@ -46,6 +50,8 @@ const DARK: (f64, f64, f64) = (127.0, 39.0, 4.0);
 const MISSING: &str = "#dddddd";
 /// Narrowest image: the subtitle and the legend need the room.
 const MIN_WIDTH: f64 = 640.0;
+/// Values from which the colour scale leaves out the lowest and highest 2 % ([`Heatmap::range`]).
+pub const ROBUST_FROM: usize = 50;
 /// Left and top margins that hold the labels.
 const MARGIN_LEFT: f64 = 70.0;
 const MARGIN_TOP: f64 = 110.0;
@@ -84,17 +90,25 @@ impl Heatmap {
         Ok(n)
     }
 
-    /// The smallest and largest finite value, or `None` when there is none.
-    fn range(&self) -> Option<(f64, f64)> {
-        self.values
+    /// The scale's ends, and whether values lie beyond each (clamped): the smallest and
+    /// largest finite value, or with [`ROBUST_FROM`] values or more the 2nd and 98th
+    /// percentiles. `None` when there is no value.
+    fn range(&self) -> Option<((f64, f64), (bool, bool))> {
+        let mut v: Vec<f64> = self
+            .values
             .iter()
             .flatten()
             .copied()
             .filter(|v| v.is_finite())
-            .fold(None, |acc, v| match acc {
-                None => Some((v, v)),
-                Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
-            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        let (first, last) = (*v.first()?, *v.last()?);
+        if v.len() < ROBUST_FROM {
+            return Some(((first, last), (false, false)));
+        }
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        let (lo, hi) = (at(0.02), at(0.98));
+        Some(((lo, hi), (first < lo, last > hi)))
     }
 
     /// Renders the heatmap as a standalone SVG document; `Err(InvalidInput)` when the shape
@@ -106,7 +120,7 @@ impl Heatmap {
         // Wide enough for the title, the subtitle and the legend however few the rows.
         let width = (MARGIN_LEFT + side + 20.0).max(MIN_WIDTH);
         let height = MARGIN_TOP + side + 70.0;
-        let (lo, hi) = self.range().unwrap_or((0.0, 0.0));
+        let ((lo, hi), clamped) = self.range().unwrap_or(((0.0, 0.0), (false, false)));
         let mut s = crate::svg::open(width, height, &self.title, &self.subtitle);
         let label_size = (cell * 0.3).clamp(5.0, 12.0);
         for (i, label) in self.labels.iter().enumerate() {
@@ -141,9 +155,16 @@ impl Heatmap {
                     }
                     None => (MISSING.to_string(), "#555"),
                 };
+                let tip = format!(
+                    "{} / {}: {}",
+                    self.labels[row],
+                    self.labels[col],
+                    v.map_or_else(|| "-".to_string(), |v| format!("{} {}", num(v), self.unit))
+                );
                 let _ = writeln!(
                     s,
-                    r#"<rect x="{x:.1}" y="{y:.1}" width="{cell:.1}" height="{cell:.1}" fill="{fill}" stroke="white" stroke-width="0.5"/>"#
+                    r#"<rect x="{x:.1}" y="{y:.1}" width="{cell:.1}" height="{cell:.1}" fill="{fill}" stroke="white" stroke-width="0.5"><title>{}</title></rect>"#,
+                    esc(&tip)
                 );
                 if cell >= 24.0 {
                     let text = v.map_or_else(|| "-".to_string(), num);
@@ -183,6 +204,7 @@ impl Heatmap {
             MARGIN_LEFT,
             MARGIN_TOP + side + 20.0,
             (lo, hi),
+            clamped,
             &self.unit,
         );
         s.push_str("</svg>\n");
@@ -195,9 +217,16 @@ impl Heatmap {
     }
 }
 
-/// The scale under the grid: ten steps from light to dark, the smallest and largest value
-/// at its ends.
-fn legend(s: &mut String, x0: f64, y0: f64, (lo, hi): (f64, f64), unit: &str) {
+/// The scale under the grid: ten steps from light to dark, the scale's ends at its ends
+/// (`<=` / `>=` where values beyond were drawn at them) and its middle value between.
+fn legend(
+    s: &mut String,
+    x0: f64,
+    y0: f64,
+    (lo, hi): (f64, f64),
+    (below, above): (bool, bool),
+    unit: &str,
+) {
     const STEPS: usize = 10;
     const STEP_W: f64 = 20.0;
     for i in 0..STEPS {
@@ -209,10 +238,12 @@ fn legend(s: &mut String, x0: f64, y0: f64, (lo, hi): (f64, f64), unit: &str) {
             colour(t)
         );
     }
+    let mark = |beyond: bool, sign: &'static str| if beyond { sign } else { "" };
     let _ = writeln!(
         s,
-        r#"<text x="{x0:.1}" y="{:.1}" font-size="11">{} {}</text>"#,
+        r#"<text x="{x0:.1}" y="{:.1}" font-size="11">{}{} {}</text>"#,
         y0 + 28.0,
+        esc(mark(below, "<= ")),
         num(lo),
         esc(unit)
     );
@@ -222,9 +253,17 @@ fn legend(s: &mut String, x0: f64, y0: f64, (lo, hi): (f64, f64), unit: &str) {
     }
     let _ = writeln!(
         s,
-        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{} {}</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
+        x0 + STEPS as f64 * STEP_W / 2.0,
+        y0 + 28.0,
+        num((lo + hi) / 2.0)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}{} {}</text>"#,
         x0 + STEPS as f64 * STEP_W,
         y0 + 28.0,
+        esc(mark(above, ">= ")),
         num(hi),
         esc(unit)
     );
@@ -314,6 +353,36 @@ mod tests {
         assert!(h.render().is_ok());
     }
 
+    /// One disturbed pair in a large map: the scale leaves it out, so the levels below it keep
+    /// their own shades (min-max, the three levels all came out near the light end).
+    #[test]
+    fn one_outlier_does_not_bleach_a_large_map() {
+        let n = 16;
+        let mut values: Vec<Option<f64>> = (0..n * n)
+            .map(|i| {
+                (i / n != i % n).then_some(if (i / n < 8) == (i % n < 8) {
+                    100.0
+                } else {
+                    400.0
+                })
+            })
+            .collect();
+        values[1] = Some(40_000.0);
+        let h = Heatmap {
+            title: "outlier".into(),
+            subtitle: String::new(),
+            unit: "ns".into(),
+            labels: (0..n).map(|i| i.to_string()).collect(),
+            groups: (0..n).map(|i| i / 8).collect(),
+            values,
+        };
+        let ((lo, hi), (below, above)) = h.range().unwrap();
+        assert_eq!((lo, hi, below, above), (100.0, 400.0, false, true));
+        let svg = h.render().unwrap();
+        assert!(svg.contains(&format!(r#"fill="{}""#, colour(0.0))));
+        assert!(svg.contains(&format!(r#"fill="{}""#, colour(1.0))));
+    }
+
     #[test]
     fn colours_run_from_light_to_dark_and_clamp() {
         assert_eq!(colour(0.0), "#fff5eb");
@@ -336,9 +405,16 @@ mod tests {
         };
         let svg = h.render().unwrap();
         assert_eq!(svg.matches("<rect ").count(), 1 + n * n + 10);
-        // Only labels and the legend's two ends are text; no cell values.
-        assert_eq!(svg.matches("<text ").count(), 2 + 2 * n + 2);
-        assert!(svg.contains(">0.000 ns<") && svg.contains(">1599 ns<"));
+        // Only labels and the legend's three ticks are text; no cell values (they are in the
+        // cells' tooltips).
+        assert_eq!(svg.matches("<text ").count(), 2 + 2 * n + 3);
+        assert_eq!(svg.matches("<title>").count(), n * n);
+        assert!(svg.contains("<title>3 / 4: 124 ns</title>"));
+        // 1,600 values: the scale runs from the 2nd to the 98th percentile, its ends marked.
+        assert!(
+            svg.contains(">&lt;= 32 ns<") && svg.contains(">&gt;= 1567 ns<"),
+            "{svg}"
+        );
         // Three group changes, two lines each.
         assert_eq!(svg.matches("<line ").count(), 6);
     }
