@@ -38,6 +38,9 @@ pub struct Heatmap {
     /// One group id per row, or empty for no grouping: a separator is drawn between two
     /// neighbouring rows (and columns) whose groups differ.
     pub groups: Vec<usize>,
+    /// Coarser groups (packages around NUMA nodes), as `groups`: their separators are drawn
+    /// thicker, so a node line and a socket line read apart.
+    pub supergroups: Vec<usize>,
     /// Row-major values, `labels.len()²` of them; `None` where nothing was measured.
     pub values: Vec<Option<f64>>,
 }
@@ -81,11 +84,13 @@ impl Heatmap {
                 n * n
             ));
         }
-        if !self.groups.is_empty() && self.groups.len() != n {
-            return bad(format!(
-                "heatmap: {} groups for {n} labels (wants {n}, or none)",
-                self.groups.len()
-            ));
+        for (what, g) in [("groups", &self.groups), ("supergroups", &self.supergroups)] {
+            if !g.is_empty() && g.len() != n {
+                return bad(format!(
+                    "heatmap: {} {what} for {n} labels (wants {n}, or none)",
+                    g.len()
+                ));
+            }
         }
         Ok(n)
     }
@@ -177,27 +182,34 @@ impl Heatmap {
                 }
             }
         }
-        // Group separators, across the whole grid in both directions.
-        for i in 1..self.groups.len() {
-            if self.groups[i] != self.groups[i - 1] {
-                let at = i as f64 * cell;
-                let _ = writeln!(
-                    s,
-                    r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black" stroke-width="2"/>"#,
-                    MARGIN_LEFT + at,
-                    MARGIN_TOP,
-                    MARGIN_LEFT + at,
-                    MARGIN_TOP + side
-                );
-                let _ = writeln!(
-                    s,
-                    r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black" stroke-width="2"/>"#,
-                    MARGIN_LEFT,
-                    MARGIN_TOP + at,
-                    MARGIN_LEFT + side,
-                    MARGIN_TOP + at
-                );
-            }
+        // Group separators, across the whole grid in both directions: a supergroup change
+        // thick, else a group change thin.
+        for i in 1..n {
+            let changes = |g: &[usize]| !g.is_empty() && g[i] != g[i - 1];
+            let width = if changes(&self.supergroups) {
+                4.0
+            } else if changes(&self.groups) {
+                1.5
+            } else {
+                continue;
+            };
+            let at = i as f64 * cell;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black" stroke-width="{width}"/>"#,
+                MARGIN_LEFT + at,
+                MARGIN_TOP,
+                MARGIN_LEFT + at,
+                MARGIN_TOP + side
+            );
+            let _ = writeln!(
+                s,
+                r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black" stroke-width="{width}"/>"#,
+                MARGIN_LEFT,
+                MARGIN_TOP + at,
+                MARGIN_LEFT + side,
+                MARGIN_TOP + at
+            );
         }
         legend(
             &mut s,
@@ -292,6 +304,7 @@ mod tests {
             unit: "ns".into(),
             labels: vec!["cpu 0".into(), "cpu 1".into()],
             groups: vec![0, 1],
+            supergroups: Vec::new(),
             values: vec![None, Some(100.0), Some(300.0), None],
         }
     }
@@ -374,6 +387,7 @@ mod tests {
             unit: "ns".into(),
             labels: (0..n).map(|i| i.to_string()).collect(),
             groups: (0..n).map(|i| i / 8).collect(),
+            supergroups: Vec::new(),
             values,
         };
         let ((lo, hi), (below, above)) = h.range().unwrap();
@@ -401,6 +415,7 @@ mod tests {
             unit: "ns".into(),
             labels: (0..n).map(|i| format!("{i}")).collect(),
             groups: (0..n).map(|i| i / 10).collect(),
+            supergroups: (0..n).map(|i| i / 20).collect(),
             values: (0..n * n).map(|i| Some(i as f64)).collect(),
         };
         let svg = h.render().unwrap();
@@ -415,7 +430,9 @@ mod tests {
             svg.contains(">&lt;= 32 ns<") && svg.contains(">&gt;= 1567 ns<"),
             "{svg}"
         );
-        // Three group changes, two lines each.
+        // Three group changes, two lines each: the one that is also a supergroup change thick.
         assert_eq!(svg.matches("<line ").count(), 6);
+        assert_eq!(svg.matches(r#"stroke-width="4""#).count(), 2);
+        assert_eq!(svg.matches(r#"stroke-width="1.5""#).count(), 4);
     }
 }

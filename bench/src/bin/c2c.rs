@@ -736,11 +736,19 @@ mod matrix {
             title: "c2c: core-to-core cache-line round trip".into(),
             subtitle: format!(
                 "one line, busy-polling, median of {PASSES} shuffled passes of {per_pass} round \
-                 trips per pair; lines between NUMA nodes"
+                 trips per pair; thin lines between NUMA nodes, thick between packages"
             ),
             unit: "ns".into(),
             labels,
             groups,
+            supergroups: if view.places.iter().any(|p| p.package.is_some()) {
+                shown
+                    .iter()
+                    .map(|&i| view.places[i].package.unwrap_or(usize::MAX))
+                    .collect()
+            } else {
+                Vec::new()
+            },
             values: p50.iter().map(|v| v.map(|v| v as f64)).collect(),
         };
         Ok(report_written("c2c", &args.svg, map.write(&args.svg)))
