@@ -53,7 +53,7 @@ const DARK: (f64, f64, f64) = (127.0, 39.0, 4.0);
 const MISSING: &str = "#dddddd";
 /// Narrowest image: the subtitle and the legend need the room.
 const MIN_WIDTH: f64 = 640.0;
-/// Values from which the colour scale leaves out the lowest and highest 2 % ([`Heatmap::range`]).
+/// Values from which the colour scale leaves out the lowest and highest 2 % (see the module docs).
 pub const ROBUST_FROM: usize = 50;
 /// Left and top margins that hold the labels.
 const MARGIN_LEFT: f64 = 70.0;
