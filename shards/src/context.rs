@@ -129,6 +129,11 @@ pub(crate) struct Core {
     /// when they resolve or are dropped): the reply spin is due only while one does, or a
     /// reply handled before the loop ran out of work left it spinning for nothing.
     pub(crate) replies_awaited: Cell<usize>,
+    /// This `Core`'s own identity (one per loop and run, never reused in the process): what a
+    /// join counted in `replies_awaited` remembers, so that it takes itself off this count
+    /// only. The loop's `uid` is the same in every run, and a join kept from one run to the next
+    /// (returned by a `block_on`) took itself off the next run's count.
+    pub(crate) id: u64,
     /// Work-first joins the task being polled may still run inline (steal/mod.rs rule 6): set
     /// before each poll of a migratable task, which the loop picks from its deque or
     /// injector only; read only while `current` names a task (never between polls), and of
@@ -369,6 +374,11 @@ impl Core {
             coop_left: Cell::new(COOP_FRESH),
             reply_awaited: Cell::new(false),
             replies_awaited: Cell::new(0),
+            id: {
+                // A counter, not a protocol: std's atomic under loom too (as `NEXT_JOB`).
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
             inline_left: Cell::new(0),
             inline_runs: Cell::new(0),
             inline_floor: Cell::new(usize::MAX),

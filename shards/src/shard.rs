@@ -103,7 +103,7 @@ where
 struct AwaitReply<T> {
     join: JoinHandle<T>,
     remote: bool,
-    /// The loop (`LoopShared::uid`) whose `Core::replies_awaited` counts this join, from its
+    /// The loop run (`Core::id`) whose `Core::replies_awaited` counts this join, from its
     /// first waiting poll in a pinned task until it resolves or is dropped.
     counted_on: Option<u64>,
 }
@@ -117,14 +117,14 @@ impl<T> AwaitReply<T> {
         }
     }
 
-    /// Takes this join off the count of the loop that counted it. Off that loop (the future
-    /// moved to another loop, or is dropped off any loop) there is nothing to take it from:
-    /// that loop's count then stays high, which only lets a later waiting poll there spin as
-    /// it did before the count existed.
+    /// Takes this join off the count of the loop run that counted it. Off that run (the
+    /// future moved to another loop, or is dropped off any loop, or in a later run of the same
+    /// loop) there is nothing to take it from: that run's count then stays high, which only
+    /// lets a later waiting poll there spin as it did before the count existed.
     fn uncount(&mut self) {
-        if let Some(uid) = self.counted_on.take() {
+        if let Some(id) = self.counted_on.take() {
             with_core(|c| {
-                if c.shared.uid() == uid {
+                if c.id == id {
                     c.replies_awaited
                         .set(c.replies_awaited.get().saturating_sub(1));
                 }
@@ -168,7 +168,7 @@ impl<T> Future for AwaitReply<T> {
                 c.reply_awaited.set(true);
                 if counted.is_none() {
                     c.replies_awaited.set(c.replies_awaited.get() + 1);
-                    *counted = Some(c.shared.uid());
+                    *counted = Some(c.id);
                 }
             }
         });
