@@ -449,6 +449,86 @@ where
     }
 }
 
+/// One runtime's thread for runs taken in turns with other runtimes' ([`Worker::run`]): pinned
+/// once, it runs one job at a time, so the runs of several runtimes can alternate (round by
+/// round) while each keeps its own warm thread (allocator caches, thread-locals), where
+/// [`isolated`] starts a thread per call. Dropping it ends the thread once its queue is empty.
+#[derive(Debug)]
+pub struct Worker {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    results: std::sync::mpsc::Receiver<Result<Duration, String>>,
+    /// A run went past its deadline: the thread is left behind, and takes no more jobs.
+    hung: bool,
+}
+
+type Job = Box<dyn FnOnce() -> Result<Duration, String> + Send>;
+
+impl Worker {
+    /// Starts the thread, pinned to `cpu` if given (unpinned is a valid, noisier run).
+    pub fn start(cpu: Option<usize>) -> Result<Worker, String> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        let (tx, results) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("xtc-bench-worker".into())
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    let _ = pin_current_thread(cpu);
+                }
+                for job in rx {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+                        .unwrap_or_else(|p| Err(panic_message(&*p)));
+                    if tx.send(r).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| format!("could not spawn the benchmark thread: {e}"))?;
+        Ok(Worker {
+            jobs: Some(jobs),
+            results,
+            hung: false,
+        })
+    }
+
+    /// Runs `job` on this worker's thread and waits for its result, as [`isolated`] does: a
+    /// panic comes back as `Err`, and so does a run still going after `deadline` (the worker
+    /// is then abandoned, counted in [`abandoned_runs`], and refuses later jobs).
+    pub fn run(
+        &mut self,
+        deadline: Duration,
+        job: impl FnOnce() -> Result<Duration, String> + Send + 'static,
+    ) -> Result<Duration, String> {
+        if self.hung {
+            return Err("an earlier run hung on this thread".to_string());
+        }
+        let sent = self.jobs.as_ref().map(|j| j.send(Box::new(job)));
+        if !matches!(sent, Some(Ok(()))) {
+            return Err("the benchmark thread is gone".to_string());
+        }
+        match self.results.recv_timeout(deadline) {
+            Ok(r) => r,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                self.hung = true;
+                ABANDONED_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(format!(
+                    "hung: no result after {:.0} s, run abandoned",
+                    deadline.as_secs_f64()
+                ))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err("the benchmark thread ended without a result".to_string())
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread's loop (a hung one is left detached).
+        self.jobs.take();
+    }
+}
+
 /// Runs [`isolated`] gave up on. Their threads live on, detached, and may keep a CPU busy (a
 /// busy-polling ring thread whose peer hung spins for good, on the CPU the later runs are pinned
 /// to): [`Table::render`] says so under the table, so figures measured beside them are not read
@@ -760,6 +840,36 @@ mod tests {
         // table rendered after it says so.
         let text = Table::new(vec!["xtc".into()], 0, vec![]).render();
         assert!(text.contains("abandoned"), "{text}");
+    }
+
+    /// A worker runs its jobs one at a time on one thread (thread-locals carry over from run
+    /// to run); a panic comes back as `Err` and the worker goes on; a hung run is abandoned and
+    /// the worker refuses what comes after it.
+    #[test]
+    fn a_worker_runs_jobs_on_one_thread_until_one_hangs() {
+        thread_local!(static RUNS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
+        let mut w = Worker::start(None).unwrap();
+        let run = || {
+            RUNS.with(|r| r.set(r.get() + 1));
+            Ok(Duration::from_millis(u64::from(RUNS.with(|r| r.get()))))
+        };
+        let long = Duration::from_secs(60);
+        assert_eq!(w.run(long, run), Ok(Duration::from_millis(1)));
+        assert_eq!(
+            w.run(long, run),
+            Ok(Duration::from_millis(2)),
+            "the same thread"
+        );
+        let e = w.run(long, || panic!("boom in a run")).unwrap_err();
+        assert!(e.contains("boom in a run"), "{e}");
+        assert_eq!(w.run(long, run), Ok(Duration::from_millis(3)), "it went on");
+        let (_keep, park) = std::sync::mpsc::channel::<()>();
+        let hung = w.run(Duration::from_millis(10), move || {
+            let _ = park.recv();
+            Ok(Duration::ZERO)
+        });
+        assert!(hung.unwrap_err().starts_with("hung"));
+        assert!(w.run(long, run).unwrap_err().contains("hung"));
     }
 
     #[test]

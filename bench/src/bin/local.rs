@@ -910,18 +910,91 @@ mod xtc_rt {
 /// spawn+join: 169 ms cold, 92 ms warm, in `sched`'s runs), and that for every runtime.
 const RUNS: usize = 5;
 
-/// Runs `f` once to warm up, then [`RUNS`] times; the median of the timed runs, and every run
-/// (the warm-up first).
-fn median_of_runs(
-    f: impl Fn() -> Result<Duration, String>,
-) -> Result<(Duration, Vec<Duration>), String> {
-    let all = (0..=RUNS).map(|_| f()).collect::<Result<Vec<_>, _>>()?;
+/// The median of a runtime's timed runs (every run but the first, a warm-up), and all of them.
+fn median_of(all: Vec<Duration>) -> (Duration, Vec<Duration>) {
     let mut timed = all[1..].to_vec();
     timed.sort();
-    Ok((timed[RUNS / 2], all))
+    (timed[RUNS / 2], all)
 }
 
-/// The median of [`median_of_runs`]; its runs go to `notes`.
+/// One run of benchmark `bench` ("spawn" or "yield") on runtime `rt`: its time.
+fn one_run(
+    bench: &str,
+    rt: usize,
+    p: Params,
+) -> impl FnOnce() -> Result<Duration, String> + Send + 'static {
+    let spawn = bench == "spawn";
+    let f = if spawn {
+        [
+            xtc_rt::spawn_join,
+            raw::spawn_join,
+            tokio_rt::spawn_join,
+            glommio_rt::spawn_join,
+            monoio_rt::spawn_join,
+            async_task_floor::spawn_join,
+        ][rt]
+    } else {
+        [
+            xtc_rt::yields,
+            raw::yields,
+            tokio_rt::yields,
+            glommio_rt::yields,
+            monoio_rt::yields,
+            async_task_floor::yields,
+        ][rt]
+    };
+    move || {
+        if spawn {
+            return f(p);
+        }
+        // Counted per run: every run on this thread adds to the same counters.
+        YIELD_STEPS.with(|c| c.set(0));
+        SWITCHED.with(|c| c.set(0));
+        let took = f(p)?;
+        check_interleaved(p)?;
+        Ok(took)
+    }
+}
+
+/// Runs benchmark `bench` ("spawn" or "yield") on every runtime in turns: a warm-up round,
+/// then [`RUNS`] rounds, each runtime once per round on a thread of its own, pinned to `cpu`
+/// ([`xtc_bench::Worker`]). The VM's speed moves within minutes; measured one runtime after
+/// the other, a slow stretch fell on one runtime's runs alone (monoio's spawn+join read 96 ms
+/// in one run and 137 ms two minutes later). Per runtime: the median of its timed runs and
+/// every run, or why it has none.
+#[allow(clippy::type_complexity)]
+fn in_turns(
+    bench: &str,
+    p: Params,
+    cpu: Option<usize>,
+) -> Vec<Result<(Duration, Vec<Duration>), String>> {
+    let mut workers: Vec<Result<xtc_bench::Worker, String>> = RUNTIMES
+        .iter()
+        .map(|_| xtc_bench::Worker::start(cpu))
+        .collect();
+    let mut runs: Vec<Result<Vec<Duration>, String>> = vec![Ok(Vec::new()); RUNTIMES.len()];
+    for _ in 0..=RUNS {
+        for (rt, worker) in workers.iter_mut().enumerate() {
+            let (Ok(w), Ok(done)) = (worker, &mut runs[rt]) else {
+                continue;
+            };
+            match w.run(p.deadline, one_run(bench, rt, p)) {
+                Ok(d) => done.push(d),
+                Err(e) => runs[rt] = Err(e),
+            }
+        }
+    }
+    workers
+        .into_iter()
+        .zip(runs)
+        .map(|(w, r)| {
+            w?;
+            r.map(median_of)
+        })
+        .collect()
+}
+
+/// The median of [`in_turns`]; its runs go to `notes`.
 fn note_runs(
     r: Result<(Duration, Vec<Duration>), String>,
     bench: &str,
@@ -934,56 +1007,17 @@ fn note_runs(
         .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
         .collect();
     notes.push(format!(
-        "{bench} / {} runs, the first a warm-up: {} ms",
+        "{bench} / {} runs, in turns with the other runtimes, the first a warm-up: {} ms",
         RUNTIMES[rt],
         ms.join(" ")
     ));
     Ok(median)
 }
 
-fn run_one(
-    bench: &str,
-    rt: usize,
-    p: Params,
-    cpu: Option<usize>,
-    notes: &mut Vec<String>,
-) -> Vec<Result<f64, String>> {
-    let per_sec = |n: usize| move |d: Duration| n as f64 / d.as_secs_f64() / 1e6;
+/// Benchmarks "sleep" and "idle" on runtime `rt`, on a thread of their own ([`isolated`]): the
+/// values of their rows.
+fn run_one(bench: &str, rt: usize, p: Params, cpu: Option<usize>) -> Vec<Result<f64, String>> {
     match bench {
-        "spawn" => {
-            let f = [
-                xtc_rt::spawn_join,
-                raw::spawn_join,
-                tokio_rt::spawn_join,
-                glommio_rt::spawn_join,
-                monoio_rt::spawn_join,
-                async_task_floor::spawn_join,
-            ][rt];
-            let r = isolated(cpu, p.deadline, move || median_of_runs(|| f(p)));
-            vec![note_runs(r, "spawn", rt, notes).map(per_sec(p.spawn_tasks))]
-        }
-        "yield" => {
-            let f = [
-                xtc_rt::yields,
-                raw::yields,
-                tokio_rt::yields,
-                glommio_rt::yields,
-                monoio_rt::yields,
-                async_task_floor::yields,
-            ][rt];
-            let checked = move || {
-                median_of_runs(|| {
-                    // Counted per run: every run on this thread adds to the same counters.
-                    YIELD_STEPS.with(|c| c.set(0));
-                    SWITCHED.with(|c| c.set(0));
-                    let took = f(p)?;
-                    check_interleaved(p)?;
-                    Ok(took)
-                })
-            };
-            let r = isolated(cpu, p.deadline, checked);
-            vec![note_runs(r, "yield", rt, notes).map(per_sec(p.yield_tasks * p.yields_per_task))]
-        }
         "sleep" => {
             let f = [
                 xtc_rt::sleeps,
@@ -1015,7 +1049,9 @@ fn run_one(
                 u.map(|u| u.switches as f64),
             ]
         }
-        _ => unreachable!("benchmark names are checked when parsing"),
+        _ => unreachable!(
+            "spawn and yield run in turns (`in_turns`); names are checked when parsing"
+        ),
     }
 }
 
@@ -1206,15 +1242,26 @@ fn main() -> ExitCode {
     for bench in &benches {
         let specs = rows_of(bench, p);
         let mut values: Vec<Vec<Result<f64, String>>> = vec![Vec::new(); specs.len()];
-        for (rt, name) in RUNTIMES.iter().enumerate() {
-            bar.set_message(format!("{bench} / {name}"));
-            for (i, v) in run_one(bench, rt, p, cpu, &mut notes)
-                .into_iter()
-                .enumerate()
-            {
-                values[i].push(v);
+        if matches!(*bench, "spawn" | "yield") {
+            bar.set_message(format!("{bench} / every runtime in turns"));
+            let n = if *bench == "spawn" {
+                p.spawn_tasks
+            } else {
+                p.yield_tasks * p.yields_per_task
+            };
+            for (rt, r) in in_turns(bench, p, cpu).into_iter().enumerate() {
+                let per_sec = |d: Duration| n as f64 / d.as_secs_f64() / 1e6;
+                values[0].push(note_runs(r, bench, rt, &mut notes).map(per_sec));
             }
-            bar.inc(1);
+            bar.inc(RUNTIMES.len() as u64);
+        } else {
+            for (rt, name) in RUNTIMES.iter().enumerate() {
+                bar.set_message(format!("{bench} / {name}"));
+                for (i, v) in run_one(bench, rt, p, cpu).into_iter().enumerate() {
+                    values[i].push(v);
+                }
+                bar.inc(1);
+            }
         }
         for ((name, unit, better), values) in specs.into_iter().zip(values) {
             table.push(Row {
