@@ -717,13 +717,16 @@ mod matrix {
             );
         }
 
-        let groups: Vec<usize> = if view.places.iter().any(|p| p.numa.is_some()) {
-            shown
-                .iter()
-                .map(|&i| view.places[i].numa.unwrap_or(usize::MAX))
-                .collect()
-        } else {
-            Vec::new()
+        // One id per shown CPU from its place (none at all where no CPU has one).
+        let per_cpu = |of: fn(&Place) -> Option<usize>| -> Vec<usize> {
+            if view.places.iter().any(|p| of(p).is_some()) {
+                shown
+                    .iter()
+                    .map(|&i| of(&view.places[i]).unwrap_or(usize::MAX))
+                    .collect()
+            } else {
+                Vec::new()
+            }
         };
         let labels = shown
             .iter()
@@ -740,15 +743,8 @@ mod matrix {
             ),
             unit: "ns".into(),
             labels,
-            groups,
-            supergroups: if view.places.iter().any(|p| p.package.is_some()) {
-                shown
-                    .iter()
-                    .map(|&i| view.places[i].package.unwrap_or(usize::MAX))
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            groups: per_cpu(|p| p.numa),
+            supergroups: per_cpu(|p| p.package),
             values: p50.iter().map(|v| v.map(|v| v as f64)).collect(),
         };
         Ok(report_written("c2c", &args.svg, map.write(&args.svg)))

@@ -49,20 +49,18 @@ impl Builder {
     /// The class lane to spawn a local task into: 0 (the default) unless this builder's class
     /// belongs to the current loop.
     fn class_here(&self) -> u32 {
-        if let Some(c) = self.class {
-            let here = crate::context::with_core(|core| {
-                (core.index() == c.shard, core.shared.exec_id == c.exec_id)
-            });
-            let place = match here {
-                Some((true, true)) => return c.id,
-                Some((_, false)) => "of another executor",
-                _ => "used on another shard",
-            };
-            tracing::warn!(
-                "task::Builder::class: class of shard {} {place}; spawning in the default lane",
-                c.shard
-            );
-        }
+        let Some(c) = self.class else {
+            return 0;
+        };
+        let here = crate::context::with_core(|core| (core.index(), core.shared.exec_id));
+        let why = match here {
+            Some((shard, exec_id)) => match misplaced(c, shard, exec_id) {
+                None => return c.id,
+                Some(why) => why,
+            },
+            None => format!("a class of shard {} used off any loop", c.shard),
+        };
+        tracing::warn!("task::Builder::class: {why}; spawning in the default lane");
         0
     }
 
@@ -163,18 +161,27 @@ fn class_on(
     let Some(target) = exec.loops.get(shard) else {
         return Ok(0);
     };
-    if c.shard == shard && target.exec_id == c.exec_id {
-        return Ok(c.id);
+    match misplaced(c, shard, target.exec_id) {
+        None => Ok(c.id),
+        Some(why) => Err(crate::Error::InvalidArgument(format!(
+            "task::Builder::class: {why}: create the class on the shard that runs the task \
+             (Handle::create_class(shard, ..)), or spawn on the class's shard"
+        ))),
     }
-    let whose = if target.exec_id != c.exec_id {
+}
+
+/// Why class `c` cannot order a task on `shard` of executor `exec_id`, or `None` if it can.
+fn misplaced(c: crate::Class, shard: usize, exec_id: u64) -> Option<String> {
+    if c.shard == shard && c.exec_id == exec_id {
+        return None;
+    }
+    let whose = if c.exec_id != exec_id {
         " of another executor"
     } else {
         ""
     };
-    Err(crate::Error::InvalidArgument(format!(
-        "task::Builder::class: a class of shard {}{whose} for a task on shard {shard}: create \
-         the class on the shard that runs the task (Handle::create_class(shard, ..)), or \
-         spawn on the class's shard",
+    Some(format!(
+        "a class of shard {}{whose} for a task on shard {shard}",
         c.shard
-    )))
+    ))
 }
