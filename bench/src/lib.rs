@@ -417,59 +417,34 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, String> + Send + 'static,
 {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let handle = std::thread::Builder::new()
-        .name("xtc-bench-run".into())
-        .spawn(move || {
-            if let Some(cpu) = cpu {
-                // Not pinned is still a valid (noisier) run; the caller reports the CPU asked.
-                let _ = pin_current_thread(cpu);
-            }
-            // The receiver is gone only if the run was abandoned: nobody wants the result.
-            let _ = tx.send(f());
-        })
-        .map_err(|e| format!("could not spawn the benchmark thread: {e}"))?;
-    match rx.recv_timeout(deadline) {
-        Ok(r) => {
-            let _ = handle.join();
-            r
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            ABANDONED_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Err(format!(
-                "hung: no result after {:.0} s, run abandoned",
-                deadline.as_secs_f64()
-            ))
-        }
-        // The sender was dropped without sending: `f` panicked.
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
-            Ok(()) => Err("the benchmark thread ended without a result".to_string()),
-            Err(panic) => Err(panic_message(&*panic)),
-        },
-    }
+    // A worker for one run: joined when dropped, so the run's thread-locals are gone before
+    // the next runtime starts (unless it hung).
+    Worker::start(cpu)?.run(deadline, f)
 }
 
 /// One runtime's thread for runs taken in turns with other runtimes' ([`Worker::run`]): pinned
 /// once, it runs one job at a time, so the runs of several runtimes can alternate (round by
-/// round) while each keeps its own warm thread (allocator caches, thread-locals), where
-/// [`isolated`] starts a thread per call. Dropping it ends the thread once its queue is empty.
+/// round) while each keeps its own warm thread (allocator caches, thread-locals); [`isolated`]
+/// is a worker for one run. Dropping it ends the thread and joins it (a hung one is left
+/// behind, detached).
 #[derive(Debug)]
-pub struct Worker {
-    jobs: Option<std::sync::mpsc::Sender<Job>>,
-    results: std::sync::mpsc::Receiver<Result<Duration, String>>,
+pub struct Worker<T = Duration> {
+    jobs: Option<std::sync::mpsc::Sender<Job<T>>>,
+    results: std::sync::mpsc::Receiver<Result<T, String>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     /// A run went past its deadline: the thread is left behind, and takes no more jobs.
     hung: bool,
 }
 
-type Job = Box<dyn FnOnce() -> Result<Duration, String> + Send>;
+type Job<T> = Box<dyn FnOnce() -> Result<T, String> + Send>;
 
-impl Worker {
+impl<T: Send + 'static> Worker<T> {
     /// Starts the thread, pinned to `cpu` if given (unpinned is a valid, noisier run).
-    pub fn start(cpu: Option<usize>) -> Result<Worker, String> {
-        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+    pub fn start(cpu: Option<usize>) -> Result<Worker<T>, String> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Job<T>>();
         let (tx, results) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("xtc-bench-worker".into())
+        let thread = std::thread::Builder::new()
+            .name("xtc-bench-run".into())
             .spawn(move || {
                 if let Some(cpu) = cpu {
                     let _ = pin_current_thread(cpu);
@@ -486,18 +461,19 @@ impl Worker {
         Ok(Worker {
             jobs: Some(jobs),
             results,
+            thread: Some(thread),
             hung: false,
         })
     }
 
-    /// Runs `job` on this worker's thread and waits for its result, as [`isolated`] does: a
-    /// panic comes back as `Err`, and so does a run still going after `deadline` (the worker
+    /// Runs `job` on this worker's thread and waits for its result: a panic comes back as
+    /// `Err` with its message, and so does a run still going after `deadline` (the worker
     /// is then abandoned, counted in [`abandoned_runs`], and refuses later jobs).
     pub fn run(
         &mut self,
         deadline: Duration,
-        job: impl FnOnce() -> Result<Duration, String> + Send + 'static,
-    ) -> Result<Duration, String> {
+        job: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
         if self.hung {
             return Err("an earlier run hung on this thread".to_string());
         }
@@ -522,10 +498,13 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
+impl<T> Drop for Worker<T> {
     fn drop(&mut self) {
-        // Closing the queue ends the thread's loop (a hung one is left detached).
+        // Closing the queue ends the thread's loop; a hung one is left detached.
         self.jobs.take();
+        if let Some(thread) = self.thread.take().filter(|_| !self.hung) {
+            let _ = thread.join();
+        }
     }
 }
 

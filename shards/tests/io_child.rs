@@ -668,13 +668,7 @@ fn child_a_file_read_into_a_huge_buffer_does_not_abort() {
         // Heuristic overcommit refuses one allocation larger than memory and swap together:
         // on a smaller machine the buffer itself cannot be had, whatever the driver does.
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let kib = |key: &str| -> u64 {
-            meminfo
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or(0)
-        };
+        let kib = |key| kib_field(&meminfo, key).unwrap_or(0);
         let room = (kib("MemTotal:") + kib("SwapTotal:")) << 10;
         if room < (5 << 30) {
             eprintln!(
@@ -704,11 +698,7 @@ fn child_a_file_read_into_a_huge_buffer_does_not_abort() {
                 // Now, with the loop and its driver up: the limit is the address space in use
                 // plus the buffer and 3 GiB.
                 let status = std::fs::read_to_string("/proc/self/status").unwrap();
-                let vm_kib: u64 = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmSize:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                    .expect("VmSize in /proc/self/status");
+                let vm_kib = kib_field(&status, "VmSize:").expect("VmSize in /proc/self/status");
                 let limit = (vm_kib << 10) + CAP as u64 + (3 << 30);
                 let rl = libc::rlimit {
                     rlim_cur: limit,
@@ -732,6 +722,13 @@ fn child_a_file_read_into_a_huge_buffer_does_not_abort() {
         },
     );
     std::fs::remove_file(&path).unwrap();
+}
+
+/// The value of a `/proc` line such as `VmSize:   1234 kB` (`key` with its colon), in KiB.
+fn kib_field(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// Makes this child process one in which no thread may start: `RLIMIT_NPROC` of 1, below the

@@ -374,6 +374,15 @@ fn spin_before_park_knob() {
     assert_eq!(v, 100);
 }
 
+/// Holds a reply back (blocking its shard's thread) until shard 0 has parked more than
+/// `parks` times, or for `hold` at most.
+fn hold_until_shard_0_parks(h: &xtc_shards::Handle, parks: u64, hold: Duration) {
+    let t0 = std::time::Instant::now();
+    while h.loop_stats(0).unwrap().parks == parks && t0.elapsed() < hold {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
 /// The reply spin: a loop whose task awaits a `submit_to` reply polls for it instead of
 /// parking, so with the target asleep (no spin-before-park) a round trip pays the target's
 /// wake-up only. With the longest reply spin the caller's loop never parks during the round
@@ -407,10 +416,7 @@ fn a_loop_awaiting_a_reply_spins_for_it_instead_of_parking() {
                     let (hh, parks) = (h.clone(), h.loop_stats(0).unwrap().parks);
                     let t0 = std::time::Instant::now();
                     let v = shard::submit_to(1, move || async move {
-                        let t0 = std::time::Instant::now();
-                        while hh.loop_stats(0).unwrap().parks == parks && t0.elapsed() < hold {
-                            std::thread::sleep(Duration::from_micros(100));
-                        }
+                        hold_until_shard_0_parks(&hh, parks, hold);
                         i * 2
                     })
                     .await;
@@ -498,12 +504,7 @@ fn a_call_kept_from_an_earlier_run_leaves_this_runs_reply_count_alone() {
             shard::submit_to(1, || async {}).await.unwrap();
             let (hh, parks) = (h.clone(), h.loop_stats(0).unwrap().parks);
             let mut call = Box::pin(shard::submit_to(1, move || async move {
-                let t0 = std::time::Instant::now();
-                while hh.loop_stats(0).unwrap().parks == parks
-                    && t0.elapsed() < Duration::from_millis(20)
-                {
-                    std::thread::sleep(Duration::from_micros(100));
-                }
+                hold_until_shard_0_parks(&hh, parks, Duration::from_millis(20));
                 7
             }));
             std::future::poll_fn(|cx| {
