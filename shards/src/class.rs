@@ -359,15 +359,14 @@ pub(crate) fn latency_due(core: &Core) -> bool {
     let Some(any) = any_bound else {
         return false;
     };
-    let now = Instant::now();
-    let ran = now.duration_since(started);
+    let ran = crate::clock::Tick::now().since(started);
     if runnable_bound.is_some_and(|b| ran >= b) {
         return true;
     }
     // A wake waiting for the loop to turn (`event_loop::turn_pending`): without this a task
     // woken from elsewhere waited, in or out of a latency class, until the running task
     // ended its poll.
-    ran >= any && (crate::event_loop::turn_pending(core) || timer_due(core, now))
+    ran >= any && (crate::event_loop::turn_pending(core) || timer_due(core, Instant::now()))
 }
 
 /// Rule 4: whether a timer is due at `now`.

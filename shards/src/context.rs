@@ -101,7 +101,7 @@ pub(crate) struct Core {
     pub(crate) classes_seen: Cell<usize>,
     pub(crate) lanes: RefCell<crate::class::Lanes>,
     /// When the current task poll started, while classes or the watchdog need it.
-    pub(crate) poll_started: Cell<Option<std::time::Instant>>,
+    pub(crate) poll_started: Cell<Option<crate::clock::Tick>>,
     /// Metadata of the task being polled (null between polls).
     pub(crate) current: Cell<*const TaskMeta>,
     /// Migratable tasks spawned minus finished on this loop this turn (steal::flush_live).
@@ -475,7 +475,7 @@ impl Core {
     #[cold]
     fn classes_began_mid_poll(&self) {
         if self.poll_started.get().is_none() {
-            self.poll_started.set(Some(std::time::Instant::now()));
+            self.poll_started.set(Some(crate::clock::Tick::now()));
         }
         self.end_batch.set(true);
     }

@@ -147,6 +147,7 @@
 
 pub mod channel;
 mod class;
+mod clock;
 mod context;
 mod error;
 mod event_loop;

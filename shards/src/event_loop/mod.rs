@@ -36,6 +36,7 @@ pub(crate) use inbox::Inbox;
 pub(crate) use park::Parker;
 
 use crate::{
+    clock::Tick,
     context::Core,
     ring,
     stats::{bump, StatsCell},
@@ -334,7 +335,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         }
         // Read after the busy check above, which may wait for the coordinator's decision: that
         // wait is not the first poll's time (a false stall report, a class charged for it).
-        let mut t0 = if timed { Some(Instant::now()) } else { None };
+        let mut t0 = if timed { Some(Tick::now()) } else { None };
         let first_migratable = !std::mem::take(&mut migratable_ran);
         // Tasks run inline at joins (steal rule 6, `inline_runs`) count toward the batch and
         // the reap interval like the loop's own polls: a turn runs at most BATCH tasks plus
@@ -370,8 +371,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 // The task may be gone (a detached task that finished is freed inside `run`):
                 // nothing below (the stall callback is user code) may see it as current.
                 core.current.set(std::ptr::null());
-                let now = Instant::now();
-                let held = now.saturating_duration_since(start);
+                let now = Tick::now();
+                let held = now.since(start);
                 // Inline joins' time is their tasks' (steal rule 6), not this one's.
                 let cost = held.saturating_sub(core.inline_time.replace(Duration::ZERO));
                 t0 = Some(now);
@@ -386,7 +387,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     if held > budget && report_stalls(core, &info, budget, held) {
                         // The report's own time (a callback, a backtrace) is nobody's poll:
                         // charged to the next one, it made that one look stalled too.
-                        t0 = Some(Instant::now());
+                        t0 = Some(Tick::now());
                     }
                 }
             } else {
@@ -400,7 +401,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                 core.io.reap();
                 if t0.is_some() {
                     // Nor is the reap's (the wakes it dispatches) the next poll's.
-                    t0 = Some(Instant::now());
+                    t0 = Some(Tick::now());
                 }
             }
             if core.end_batch.replace(false) {

@@ -890,9 +890,9 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
 #[inline(never)]
 fn run_timed(core: &Core, r: Runnable, budget: u64) {
     let outer = core.inline_time.replace(std::time::Duration::ZERO);
-    let (start, info) = (std::time::Instant::now(), r.metadata().info.clone());
+    let (start, info) = (crate::clock::Tick::now(), r.metadata().info.clone());
     r.run();
-    let took = start.elapsed();
+    let took = crate::clock::Tick::now().since(start);
     let own = took.saturating_sub(core.inline_time.get());
     if own > std::time::Duration::from_nanos(budget) {
         core.inline_stalls.borrow_mut().push((info, own));
