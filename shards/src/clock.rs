@@ -8,55 +8,105 @@
 //! `quanta`'s calibrated reading of the CPU's time-stamp counter, scaled to nanoseconds only
 //! when a duration is taken, is about 12 ns per reading and difference (`bench/RESULTS.md`).
 //! quanta reads the TSC only where the CPU says it is invariant (constant rate, not stopped
-//! in idle states) and otherwise reads the OS clock itself, so the fallback is what
-//! `Instant` costs. Timers, sleeps and everything a user sees as a point in time stay on
-//! `Instant`: a `Tick` is only ever subtracted from another one of the same clock.
+//! in idle states), and xtc only where, on x86, the kernel also keeps the TSC as its own
+//! clocksource (`/sys/devices/system/clocksource/clocksource0/current_clocksource`): a kernel
+//! that found the counters of its CPUs out of step, or a hypervisor that moves them, switches
+//! to another clocksource, and a thread that is not pinned could then read a poll as longer
+//! than it was and report a stall that was not one. Otherwise, and under Miri (which models no
+//! time-stamp counter), the poll clock is `Instant`, at `Instant`'s cost. Timers, sleeps and
+//! everything a user sees as a point in time stay on `Instant`: a `Tick` is only ever
+//! subtracted from another one of the same clock.
 //!
-//! The first reading in a process calibrates the clock (about 0.7 ms, once); it is taken
-//! before the first timed poll starts, so no task is charged for it. Under Miri, which models
-//! no time-stamp counter, a `Tick` is an `Instant`.
+//! The first reading in a process picks the source and calibrates the counter (about 0.7 ms,
+//! once); it is taken before the first timed poll starts, so no task is charged for it.
 
-use std::time::Duration;
+use std::{sync::OnceLock, time::Duration, time::Instant};
 
 /// A reading of the poll clock. Only the difference of two readings means anything
-/// ([`Tick::since`]). Cost of [`Tick::now`]: a TSC read (or the OS clock where the TSC is not
-/// invariant) and the load of the process's calibrated clock.
+/// ([`Tick::since`]). Cost of [`Tick::now`]: a TSC read (or `Instant::now` where the TSC is
+/// not trusted, see the module doc), the load of the process's source and a branch on it.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Tick(#[cfg(not(miri))] u64, #[cfg(miri)] std::time::Instant);
+pub(crate) struct Tick(u64);
 
-#[cfg(not(miri))]
-static CLOCK: std::sync::OnceLock<quanta::Clock> = std::sync::OnceLock::new();
+/// Where the poll clock's readings come from, chosen once per process.
+#[derive(Debug)]
+enum Source {
+    /// quanta's calibrated counter: readings are counter ticks.
+    Counter(quanta::Clock),
+    /// The OS clock: readings are nanoseconds since `Instant`'s base.
+    Os(Instant),
+}
 
-/// The process's calibrated clock, calibrated by the first call.
-#[cfg(not(miri))]
+static SOURCE: OnceLock<Source> = OnceLock::new();
+
+/// The process's source, picked (and the counter calibrated) by the first call.
 #[inline]
-fn clock() -> &'static quanta::Clock {
-    CLOCK.get_or_init(quanta::Clock::new)
+fn source() -> &'static Source {
+    SOURCE.get_or_init(Source::pick)
+}
+
+impl Source {
+    /// The counter where quanta and the kernel both trust it, else the OS clock.
+    fn pick() -> Source {
+        #[cfg(not(miri))]
+        {
+            let kernels = std::fs::read_to_string(
+                "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+            )
+            .ok();
+            if counter_trusted(cfg!(target_arch = "x86_64"), kernels.as_deref()) {
+                return Source::Counter(quanta::Clock::new());
+            }
+            tracing::debug!(
+                "xtc: the kernel's clocksource is {:?}, not the TSC: classes and the stall \
+                 watchdog time polls with the OS clock",
+                kernels.as_deref().map(str::trim)
+            );
+        }
+        Source::Os(Instant::now())
+    }
+
+    #[inline]
+    fn now(&self) -> Tick {
+        match self {
+            Source::Counter(c) => Tick(c.raw()),
+            // Nanoseconds fit a `u64` for 584 years of a process.
+            Source::Os(base) => Tick(base.elapsed().as_nanos() as u64),
+        }
+    }
+
+    #[inline]
+    fn since(&self, later: Tick, earlier: Tick) -> Duration {
+        if later.0 <= earlier.0 {
+            return Duration::ZERO;
+        }
+        match self {
+            Source::Counter(c) => c.delta(earlier.0, later.0),
+            Source::Os(_) => Duration::from_nanos(later.0 - earlier.0),
+        }
+    }
+}
+
+/// Whether the counter may time polls: always off x86 (quanta's own checks decide: on aarch64
+/// the architected counter, which keeps one rate on every CPU); on x86 unless the kernel's
+/// clocksource is readable and is not `tsc`. Without sysfs (a container that hides it) the
+/// CPU's invariant-TSC flag, which quanta checks, decides alone.
+fn counter_trusted(x86: bool, kernels_clocksource: Option<&str>) -> bool {
+    !x86 || kernels_clocksource.is_none_or(|s| s.trim() == "tsc")
 }
 
 impl Tick {
     /// Now, on the poll clock.
     #[inline]
     pub(crate) fn now() -> Tick {
-        #[cfg(not(miri))]
-        return Tick(clock().raw());
-        #[cfg(miri)]
-        return Tick(std::time::Instant::now());
+        source().now()
     }
 
     /// The time from `earlier` to `self`; zero if `earlier` is not earlier (two CPUs' counters
     /// may differ slightly, and a thread that is not pinned can move between them).
     #[inline]
     pub(crate) fn since(self, earlier: Tick) -> Duration {
-        #[cfg(not(miri))]
-        {
-            if self.0 <= earlier.0 {
-                return Duration::ZERO;
-            }
-            clock().delta(earlier.0, self.0)
-        }
-        #[cfg(miri)]
-        self.0.saturating_duration_since(earlier.0)
+        source().since(self, earlier)
     }
 }
 
@@ -64,18 +114,17 @@ impl Tick {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::Tick;
+    use super::{counter_trusted, Source, Tick};
 
-    /// A `Tick` difference measures what `Instant` measures around the same interval, within
-    /// the calibration's error (5 % allowed, plus 0.2 ms for the readings themselves), and never
-    /// runs backwards. Each `Tick` is read between two `Instant`s, so a thread descheduled
-    /// between the readings widens the bounds instead of failing the test.
-    #[test]
-    fn tick_differences_agree_with_instant() {
-        let (a, t0, b) = (Instant::now(), Tick::now(), Instant::now());
+    /// Differences of `source`'s readings measure what `Instant` measures around the same
+    /// interval, within a calibration's error (5 % allowed, plus 0.2 ms for the readings
+    /// themselves), and never run backwards. Each reading is taken between two `Instant`s, so a
+    /// thread descheduled between them widens the bounds instead of failing the test.
+    fn agrees_with_instant(source: &Source) {
+        let (a, t0, b) = (Instant::now(), source.now(), Instant::now());
         std::thread::sleep(Duration::from_millis(20));
-        let (c, t1, d) = (Instant::now(), Tick::now(), Instant::now());
-        let by_tick = t1.since(t0).as_secs_f64();
+        let (c, t1, d) = (Instant::now(), source.now(), Instant::now());
+        let by_tick = source.since(t1, t0).as_secs_f64();
         let (shortest, longest) = (
             c.duration_since(b).as_secs_f64(),
             d.duration_since(a).as_secs_f64(),
@@ -83,13 +132,37 @@ mod tests {
         assert!(shortest >= 0.020);
         assert!(
             by_tick >= shortest * 0.95 - 0.000_2 && by_tick <= longest * 1.05 + 0.000_2,
-            "tick {by_tick} s, between the instants {shortest} to {longest} s"
+            "{source:?}: tick {by_tick} s, between the instants {shortest} to {longest} s"
         );
         assert_eq!(
-            t0.since(t1),
+            source.since(t0, t1),
             Duration::ZERO,
-            "a later reading minus an earlier one"
+            "{source:?}: an earlier reading minus a later one"
         );
-        assert_eq!(t0.since(t0), Duration::ZERO);
+        assert_eq!(source.since(t0, t0), Duration::ZERO);
+    }
+
+    /// The process's source, whichever it picked, and each of the two explicitly.
+    #[test]
+    fn tick_differences_agree_with_instant() {
+        let (t0, t1) = (Tick::now(), Tick::now());
+        assert_eq!(t0.since(t1), Duration::ZERO);
+        agrees_with_instant(super::source());
+        agrees_with_instant(&Source::Os(Instant::now()));
+        #[cfg(not(miri))]
+        agrees_with_instant(&Source::Counter(quanta::Clock::new()));
+    }
+
+    /// The counter is trusted off x86, and on x86 unless the kernel names another clocksource.
+    #[test]
+    fn the_counter_follows_the_kernels_clocksource_on_x86() {
+        assert!(counter_trusted(true, Some("tsc\n")));
+        assert!(
+            counter_trusted(true, None),
+            "no sysfs: the CPU's flag decides"
+        );
+        assert!(!counter_trusted(true, Some("kvm-clock\n")));
+        assert!(!counter_trusted(true, Some("hpet")));
+        assert!(counter_trusted(false, Some("arch_sys_counter\n")));
     }
 }

@@ -399,7 +399,8 @@ where
 /// shares out of range, a zero bound, or off any loop. Cost: one allocation of about 64 bytes
 /// for the life of the process, a process-wide lock and the loop's class-list lock; once a
 /// loop has a class, each of its task polls costs one clock read (a time-stamp counter read
-/// where the CPU's is invariant, about 12 ns with the difference) and the class's accounting.
+/// where the CPU and the kernel trust it, about 12 ns with the difference; else a
+/// `clock_gettime`) and the class's accounting.
 pub fn create_class(shares: u32, latency: Option<std::time::Duration>) -> Result<crate::Class> {
     crate::class::create_here(shares, latency)
 }

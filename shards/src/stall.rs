@@ -1,9 +1,9 @@
 //! The stall watchdog: reports a task poll that kept its loop longer than the loop's budget.
 //!
 //! The check sits at the end of every task poll in the loop step: one clock read (the poll
-//! clock of `clock.rs`, a time-stamp counter read where the CPU's is invariant) and a compare
-//! when a budget is armed, one branch on a value read once per turn when not. No watcher thread,
-//! no signal. With no callback installed the report is logged with `tracing::warn!`, with a
+//! clock of `clock.rs`, a time-stamp counter read where the CPU and the kernel trust it) and a
+//! compare when a budget is armed, one branch on a value read once per turn when not. No
+//! watcher thread, no signal. With no callback installed the report is logged with `tracing::warn!`, with a
 //! backtrace of the loop (install a `tracing` subscriber, e.g. `tracing-subscriber`'s `fmt`, to
 //! see it on stderr).
 

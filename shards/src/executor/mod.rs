@@ -1686,8 +1686,9 @@ impl Handle {
 
     /// Arms the stall watchdog on every loop (zero disarms): a task poll that keeps its loop
     /// longer than `budget` is reported. Cost when armed: one clock read per task poll (the
-    /// CPU's time-stamp counter where it is invariant, about 12 ns with the difference); when
-    /// not, one branch per poll on a value read once per turn. Takes effect at the next turn.
+    /// CPU's time-stamp counter where the CPU and the kernel trust it, about 12 ns with the
+    /// difference; else a `clock_gettime`); when not, one branch per poll on a value read once
+    /// per turn. Takes effect at the next turn.
     /// Cost of the call: one atomic store per loop, O(shards).
     pub fn set_stall_budget(&self, budget: Duration) {
         for l in &self.shared.loops {
