@@ -9,7 +9,9 @@
 //! a large map into one shade. Rows and
 //! columns may be split into groups (NUMA nodes): a line is drawn where the group changes,
 //! so the blocks a multi-socket host shows stand out. A missing value (the diagonal: a CPU
-//! with itself) is drawn grey and labelled `-`.
+//! with itself) is drawn grey and labelled `-`. Rows and columns are labelled every one while
+//! the cells are as tall as the labels' font, and every second (third, ...) one on larger
+//! maps (from about 180 CPUs), so the labels never overlap.
 
 use std::{fmt::Write as _, io, path::Path};
 
@@ -70,6 +72,15 @@ impl Heatmap {
         }
     }
 
+    /// Which rows (and columns) get a printed label: every one while the cells are at least as
+    /// tall as the label's font, else every `k`-th one, spaced by at least the font's size.
+    /// From about 180 rows (cells under 5 pixels, a 5-pixel font) labels printed for every row
+    /// overlapped into an unreadable band; every cell still names its row and column in its
+    /// tooltip, and the group lines show the structure.
+    fn label_every(cell: f64, label_size: f64) -> usize {
+        ((label_size / cell).ceil() as usize).max(1)
+    }
+
     /// Checks the shape: `n²` values, `n` or no groups, at least one row.
     fn check(&self) -> io::Result<usize> {
         let n = self.labels.len();
@@ -128,7 +139,11 @@ impl Heatmap {
         let ((lo, hi), clamped) = self.range().unwrap_or(((0.0, 0.0), (false, false)));
         let mut s = crate::svg::open(width, height, &self.title, &self.subtitle);
         let label_size = (cell * 0.3).clamp(5.0, 12.0);
+        let every = Self::label_every(cell, label_size);
         for (i, label) in self.labels.iter().enumerate() {
+            if i % every != 0 {
+                continue;
+            }
             let mid = i as f64 * cell + cell / 2.0;
             // Row labels right-aligned left of the grid; column labels turned up above it.
             let _ = writeln!(
@@ -425,6 +440,8 @@ mod tests {
         assert_eq!(svg.matches("<text ").count(), 2 + 2 * n + 3);
         assert_eq!(svg.matches("<title>").count(), n * n);
         assert!(svg.contains("<title>3 / 4: 124 ns</title>"));
+        // 40 rows: 22.5-pixel cells, every label printed.
+        assert!(svg.contains(">39</text>"));
         // 1,600 values: the scale runs from the 2nd to the 98th percentile, its ends marked.
         assert!(
             svg.contains(">&lt;= 32 ns<") && svg.contains(">&gt;= 1567 ns<"),
@@ -434,5 +451,38 @@ mod tests {
         assert_eq!(svg.matches("<line ").count(), 6);
         assert_eq!(svg.matches(r#"stroke-width="4""#).count(), 2);
         assert_eq!(svg.matches(r#"stroke-width="1.5""#).count(), 4);
+    }
+
+    /// With more rows than the labels' font fits (a 256-CPU host's matrix: 4-pixel cells,
+    /// a 5-pixel font), every second label is printed, and printed labels never overlap.
+    #[test]
+    fn labels_of_many_rows_are_thinned_so_they_do_not_overlap() {
+        let n = 256;
+        let h = Heatmap {
+            title: "many".into(),
+            subtitle: String::new(),
+            unit: "ns".into(),
+            labels: (0..n).map(|i| format!("cpu {i}")).collect(),
+            groups: Vec::new(),
+            supergroups: Vec::new(),
+            values: (0..n * n).map(|i| Some((i % 97) as f64)).collect(),
+        };
+        let svg = h.render().unwrap();
+        let rows: Vec<f64> = svg
+            .lines()
+            .filter(|l| l.starts_with("<text ") && l.contains(r#"text-anchor="end" dominant"#))
+            .map(|l| {
+                let y = l.split(r#" y=""#).nth(1).unwrap();
+                y[..y.find('"').unwrap()].parse().unwrap()
+            })
+            .collect();
+        assert_eq!(rows.len(), n / 2);
+        let size = 5.0;
+        assert!(rows.windows(2).all(|w| w[1] - w[0] >= size), "{rows:?}");
+        assert!(svg.contains(">cpu 254</text>") && !svg.contains(">cpu 255</text>"));
+        // Every cell still names its row and column.
+        assert!(svg.contains("<title>cpu 255 / cpu 3: "));
+        // 16 rows: every label.
+        assert_eq!(Heatmap::label_every(Heatmap::cell(16), 12.0), 1);
     }
 }
