@@ -19,7 +19,10 @@
 //!    running task has run longer than the smallest bound among runnable latency lanes, or
 //!    longer than the smallest bound of any latency class while a wake waits for the loop to
 //!    turn (a due timer, the inbox, an incoming ring, an io_uring completion): its task may be
-//!    of a latency class.
+//!    of a latency class. The bound shortens the yield interval (the manual's words); it is not
+//!    a priority. The next pick is still rule 2's, so a latency class that has used more than
+//!    its share waits behind the lane that just yielded (which wins a tie, being lane 0 or of
+//!    a lower index) until that lane's virtual runtime passes its own, as in Glommio.
 
 use std::{
     collections::VecDeque,
@@ -128,6 +131,10 @@ pub(crate) fn create(owner: &LoopShared, shares: u32, latency: Option<Duration>)
             "a class latency bound must be positive (or None)".into(),
         ));
     }
+    // The loop times its polls from the moment it sees the class, maybe inside a poll; the
+    // first reading of a process calibrates the clock, which is then done here, on the
+    // creating thread (`clock.rs`).
+    crate::clock::prime();
     let stats: &'static ClassStats = Box::leak(Box::new(ClassStats {
         shares,
         latency,

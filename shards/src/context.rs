@@ -450,7 +450,7 @@ impl Core {
     /// a spawn into it or by `yield_if_due`) take effect within this poll: it is timed from
     /// now, and the batch ends after it. The rest of the turn would run on the flags read at
     /// its start (no class: the plain FIFO, polls untimed), so a task polled after this one
-    /// could neither be picked from a lane nor see `yield_if_due` give way to a latency task
+    /// could neither be picked from a lane nor see `yield_if_due` yield for a latency task
     /// (no poll start to measure): a task computing under `yield_if_due` starved a latency
     /// task for as long as it computed. Outside a poll (the turn's own look, a task queued
     /// from the inbox or a ring) the turn's batch reads the flags afresh.

@@ -395,7 +395,10 @@ where
 
 /// Creates a scheduling class on the current loop: `shares` 1..=1000 (a class with 3× the
 /// shares of another gets about 3× the CPU when both are always runnable), and an optional
-/// latency bound that makes [`yield_if_due`](crate::yield_if_due) give way to it. `Err` for
+/// latency bound: while a task of the class is runnable, [`yield_if_due`](crate::yield_if_due)
+/// tells a task that has run that long to yield. The bound shortens the yield interval; it is
+/// not a priority: the next task is still picked by virtual runtime, so a latency class that
+/// has used more than its share of the CPU waits for its turn by shares. `Err` for
 /// shares out of range, a zero bound, or off any loop. Cost: one allocation of about 64 bytes
 /// for the life of the process, a process-wide lock and the loop's class-list lock; once a
 /// loop has a class, each of its task polls costs one clock read (a time-stamp counter read

@@ -385,7 +385,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     let budget = Duration::from_nanos(budget);
                     // An inline task over budget alone makes the whole poll over budget too.
                     if held > budget && report_stalls(core, &info, budget, held) {
-                        // The report's own time (a callback, a backtrace) is nobody's poll:
+                        // The report's own time (a callback, a log line) is nobody's poll:
                         // charged to the next one, it made that one look stalled too.
                         t0 = Some(Tick::now());
                     }

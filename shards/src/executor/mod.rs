@@ -1709,7 +1709,7 @@ impl Handle {
     }
 
     /// Installs the stall report sink of loop `shard`, called on that loop after the stalling
-    /// poll. Without one, reports go to `tracing::warn!` with a backtrace of the loop.
+    /// poll. Without one, reports go to `tracing::warn!` (task name, spawn site, time held).
     /// The callback is dropped with the `Executor` (at once, if that is already gone), so it
     /// may hold a `Handle`. Replaces (and drops) the loop's previous callback.
     /// `Err(InvalidShard)` out of range. Cost: one `Arc` allocation and a lock of the loop's

@@ -31,7 +31,9 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
 /// Missed ticks (a loop busy for longer than a period) are skipped: the next tick is the first
 /// on the schedule at or after now (one exactly at now is due, not missed), so a slow
 /// consumer does not get a burst. This is tokio's
-/// `MissedTickBehavior::Skip`. A tick that is already due when first polled (after the first
+/// `MissedTickBehavior::Skip` with two differences: a tick exactly at now is due here (tokio
+/// schedules the next one a period on), and any lateness skips (tokio's interval fires a tick
+/// up to 5 ms late as it is). A tick that is already due when first polled (after the first
 /// one) yields to the loop once before it completes, so other tasks run between ticks however
 /// short the period or slow the consumer. Cost: one timer, as [`sleep`](super::sleep), and a
 /// loop turn per tick that came due before it was polled.
