@@ -82,7 +82,10 @@
 //! stall watchdog (`XTC_STALL_BUDGET`, [`StallReport`]) names the task. A blocking wait on
 //! another loop's work ends: a [`JoinHandle`], a shared channel end or a `submit_to` polled
 //! with a waker other than the task's own sends the turn's deferred wakes, ring pings and
-//! eager rebalance's nudge first, so the other loop is woken. Await instead of blocking; run blocking code on a
+//! eager rebalance's nudge first, so the other loop is woken. Only a wait on one of those
+//! does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
+//! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
+//! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of blocking; run blocking code on a
 //! thread of its own (`std::thread::spawn`, then await a shared channel or a [`Handle`] call).
 //!
 //! # Environment variables

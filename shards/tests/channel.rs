@@ -350,6 +350,123 @@ fn local_a_repolled_waiting_send_keeps_one_place_in_line() {
     });
 }
 
+/// A `recv` that waited and was dropped (a timeout), then a `recv` that waits with another
+/// waker (another task): the next send wakes the new waker, not the stale one. The receiver
+/// keeps the waker of its last wait for the next one (`will_wake` skips the clone), so a
+/// stale one kept there would take the wake-up from the task now waiting.
+#[test]
+fn shared_a_recv_waiting_again_with_another_waker_gets_the_wake() {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{
+            atomic::{AtomicUsize, Ordering::SeqCst},
+            Arc,
+        },
+        task::{Context, Wake, Waker},
+    };
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    // Off any loop every push signals at once; 4 and 64 slots alike.
+    for cap in [4usize, 64] {
+        let (mut tx, mut rx) = shared::bounded::<u32>(cap).unwrap();
+        let (old, new) = (
+            Arc::new(Count(AtomicUsize::new(0))),
+            Arc::new(Count(AtomicUsize::new(0))),
+        );
+        for (w, polls) in [(&old, 1), (&new, 2)] {
+            let waker = Waker::from(w.clone());
+            let mut recv = rx.recv();
+            for _ in 0..polls {
+                let polled = Pin::new(&mut recv).poll(&mut Context::from_waker(&waker));
+                assert!(polled.is_pending());
+            }
+        }
+        tx.try_send(7).unwrap();
+        assert_eq!(
+            (old.0.load(SeqCst), new.0.load(SeqCst)),
+            (0, 1),
+            "capacity {cap}"
+        );
+        assert_eq!(rx.try_recv(), Ok(7));
+    }
+}
+
+/// Waiting senders that were woken for freed slots and lost them to `try_send`s go back into
+/// the line in the order they first waited: the older one gets the next slot. Both went back
+/// to the front of the line, one after the other, which put the later one first.
+#[test]
+fn local_woken_senders_that_lose_their_slots_keep_their_order() {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{
+            atomic::{AtomicUsize, Ordering::SeqCst},
+            Arc,
+        },
+        task::{Context, Poll, Wake, Waker},
+    };
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    for waiting in [2usize, 3] {
+        let (tx, mut rx) = local::bounded::<usize>(waiting).unwrap();
+        for _ in 0..waiting {
+            tx.try_send(0).unwrap();
+        }
+        let wakes: Vec<_> = (0..waiting)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let wakers: Vec<Waker> = wakes.iter().map(|w| Waker::from(w.clone())).collect();
+        let mut sends: Vec<_> = (1..=waiting).map(|i| tx.send(i)).collect();
+        let poll = |i: usize, sends: &mut Vec<local::SendFut<'_, usize>>| {
+            Pin::new(&mut sends[i]).poll(&mut Context::from_waker(&wakers[i]))
+        };
+        // Oldest first, every sender waits on the full channel.
+        for i in 0..waiting {
+            assert!(poll(i, &mut sends).is_pending());
+        }
+        // Every slot is freed (every waiter is woken), then taken by a `try_send`.
+        for _ in 0..waiting {
+            rx.try_recv().unwrap();
+        }
+        assert!(wakes.iter().all(|w| w.0.load(SeqCst) == 1));
+        for _ in 0..waiting {
+            tx.try_send(9).unwrap();
+        }
+        // The woken senders find no slot, oldest polled first, and go back into line.
+        for i in 0..waiting {
+            assert!(poll(i, &mut sends).is_pending());
+        }
+        // One slot at a time: the senders get them in the order they first waited.
+        let mut got = Vec::new();
+        for i in 0..waiting {
+            got.push(rx.try_recv().unwrap());
+            assert_eq!(
+                wakes[i].0.load(SeqCst),
+                2,
+                "sender {i} of {waiting} not woken next"
+            );
+            assert!(matches!(poll(i, &mut sends), Poll::Ready(Ok(()))));
+            for (j, w) in wakes.iter().enumerate().skip(i + 1) {
+                assert_eq!(w.0.load(SeqCst), 1, "sender {j} woken before sender {i}");
+            }
+        }
+        // What the receiver sees: the try_sends' values, then the senders' in order.
+        got.extend(std::iter::from_fn(|| rx.try_recv().ok()));
+        let mut want = vec![9; waiting];
+        want.extend(1..=waiting);
+        assert_eq!(got, want);
+    }
+}
+
 /// A send that starts while another waits in line goes behind it: a slot freed for the
 /// waiting sender, or freed beside it, is not taken by a newer `send` that polls before the
 /// woken one runs (its wake queues it behind tasks already queued). It was: the newer send's

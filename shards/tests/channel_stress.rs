@@ -22,12 +22,19 @@ fn rng(seed: &mut u64) -> u64 {
 /// once, in order, and the close is seen after the last one.
 #[test]
 fn shared_stream_with_cancelled_waits_keeps_every_value_in_order() {
+    // Rings under 8 slots signal every message at once; from 8 on a side signals the other
+    // every `capacity / 4` messages and at the end of its loop turn (shared.rs, rule 3), and
+    // those rings take the cancelled waits through the deferred path.
     for (cap, same) in [
         (1usize, false),
         (2, false),
         (3, true),
         (7, false),
         (5, true),
+        (8, false),
+        (9, true),
+        (16, false),
+        (64, true),
     ] {
         let ex = exec(2);
         let (mut tx, mut rx) = shared::bounded::<u64>(cap).unwrap();

@@ -12,7 +12,9 @@
 //! sender that went away. A new `send` goes behind the line: it takes a free slot at once
 //! only while no sender waits, woken or not; a woken sender that sends while more slots are
 //! free notifies the next waiter too. A notified sender that finds the slot taken by a
-//! `try_send` goes back to the front of the line.
+//! `try_send` goes back into the line at the place its first wait gave it (ahead of every
+//! sender that began waiting after it), so waiting senders keep their order however many
+//! of them lose their slots to `try_send`s at once.
 
 use std::{
     cell::RefCell,
@@ -32,6 +34,9 @@ struct Waiter {
     waker: Waker,
     /// Woken for a freed slot it has not used yet.
     notified: bool,
+    /// When it began waiting (`State::tickets`): its place in line, kept when it goes back
+    /// into the line after losing its slot.
+    ticket: u64,
 }
 
 struct State<T> {
@@ -40,8 +45,10 @@ struct State<T> {
     rx_waker: Option<Waker>,
     /// Waiting senders, by key.
     waiters: Slab<Waiter>,
-    /// Keys of waiters not yet notified, oldest first.
+    /// Keys of waiters not yet notified, oldest first: in the order of their tickets.
     line: VecDeque<usize>,
+    /// Tickets handed out so far, one per sender that began waiting.
+    tickets: u64,
     senders: usize,
     rx_alive: bool,
 }
@@ -104,7 +111,8 @@ impl<T> State<T> {
 
 /// Creates a channel holding up to `capacity` values. `Err` for a capacity of 0, and for one
 /// whose slots' bytes exceed `isize::MAX`. Cost: one allocation for the shared state and one
-/// for the queue, up to 1,024 slots or 64 KiB up front (the queue grows as it fills, up to
+/// for the queue, up to 1,024 slots or 64 KiB up front (none up front for zero-sized values or
+/// values over 64 KiB) (the queue grows as it fills, up to
 /// `capacity`).
 pub fn bounded<T>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
     // Checked before anything is allocated: a capacity too large for memory is an `Err`, not
@@ -118,6 +126,7 @@ pub fn bounded<T>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
         rx_waker: None,
         waiters: Slab::new(),
         line: VecDeque::new(),
+        tickets: 0,
         senders: 1,
         rx_alive: true,
     }));
@@ -264,17 +273,29 @@ impl<T> SendFut<'_, T> {
                     old = Some(std::mem::replace(&mut w.waker, fresh));
                 }
                 if w.notified {
-                    // Woken, but a `try_send` took the slot: first in line again.
+                    // Woken, but a `try_send` took the slot: back into line, at its place.
+                    // Pushed to the front, two woken waiters that both lost their slots went
+                    // back in the reverse of their order (the later poll ended up first).
+                    // Every waiter in line is still waiting, so the tickets read here exist,
+                    // and the line stays sorted by them. Cost: a search of the line and an
+                    // insert, only when a `try_send` took a woken waiter's slot.
                     w.notified = false;
-                    st.line.push_front(key);
+                    let mine = w.ticket;
+                    let at = st.line.partition_point(|&k| {
+                        st.waiters.get(k).is_some_and(|other| other.ticket < mine)
+                    });
+                    st.line.insert(at, key);
                 }
             }
             None => {
                 // No place yet, so `stored` was false and `fresh` holds the clone.
                 let waker = fresh.unwrap_or_else(|| Waker::noop().clone());
+                let ticket = st.tickets;
+                st.tickets += 1;
                 let key = st.waiters.insert(Waiter {
                     waker,
                     notified: false,
+                    ticket,
                 });
                 st.line.push_back(key);
                 self.key = Some(key);

@@ -131,7 +131,7 @@ fn check_capacity<T>(capacity: usize) -> crate::Result<usize> {
         ))
     } else if capacity > isize::MAX as usize / slot {
         Err(crate::Error::InvalidArgument(format!(
-            "a channel capacity of {capacity} slots of {slot} bytes does not fit in memory: \
+            "a channel capacity of {capacity} slots of {slot} byte(s) does not fit in memory: \
              use a smaller capacity"
         )))
     } else {

@@ -24,6 +24,12 @@
 //! Off any loop there is no turn: every push or pop swaps. A side that waits with a waker other
 //! than its task's own (a foreign executor blocking inside the task, whose turn then never
 //! ends) first sends the turn's deferred signals and ring pings (`Core::flush_deferred`).
+//! A side that did not wait leaves its signal to the end of the turn (or to the countdown):
+//! a task that, after a `send` or `recv` that completed at once, blocks its loop on anything
+//! but an xtc future (a `futures` oneshot inside `futures::executor::block_on`, std's
+//! `mpsc::Receiver::recv`, a lock) keeps the other side from being woken by it, as it keeps
+//! the rest of its loop's work waiting (crate docs, "Blocking a loop"). Checking the waker on
+//! every completed call would cost the per-message path a thread-local read.
 //! Closing (dropping an end) sets a flag and wakes the other side at once.
 //!
 //! The batch calls ([`Sender::send_many`], [`Receiver::recv_many`] and their `try_` forms) move
@@ -514,6 +520,9 @@ impl<T> Sender<T> {
     /// to learn that more were coming: that one stays in the `Sender` and goes first, before
     /// anything sent after it (or, if the `Sender` drops first, after what the ring holds);
     /// if the receiver drops first, or had already, it is dropped as the ring's items are.
+    /// The receiver cannot see it before then: a consumer that waits for that very item before
+    /// it answers the sender waits for good unless the sender sends again (an empty
+    /// `try_send_many` pushes it) or drops its end.
     ///
     /// Cost per batch: as [`try_send_many`](Self::try_send_many); a stream sent this way costs
     /// a fraction of per-message `send`s (see `mesh`'s batched stream row in bench/).
