@@ -436,7 +436,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // steal below looks at every victim anyway); one that lands from here on is one the
         // recheck below looks for.
         steal::forget_work_ping(core);
-        if steal::would_steal(core) && steal::try_steal(core) {
+        if !steal::would_steal(core) {
+            steal::pass_look(core);
+        } else if steal::try_steal(core) {
             core.empty_ticks.set(0);
             // Step 1 comes next either way (a closing coordinator may have stopped).
             let _ = status.busy();
@@ -1282,6 +1284,87 @@ mod tests {
             "shard 1 parked {} times before it stole the child: its waiver was spent on the \
              empty look",
             parks_at_run - before
+        );
+    }
+
+    /// Steal rule 3: a park decision that does not look (rule 2: the loop owns a timer and a
+    /// parked task, eager rebalance off) ends a kept waiver. It lasted until the loop next
+    /// looked, however much later, and that look stole below `min_tasks_to_steal` on a wake
+    /// long gone. Shard 1 keeps a waiver at one decision while its task sleeps (as a thief
+    /// whose look after a work ping found nothing does), is woken by pinned work, and the
+    /// waiver is read at its next decision, the timer still pending.
+    #[test]
+    fn a_park_decision_that_does_not_look_ends_a_kept_waiver() {
+        use std::sync::{
+            atomic::{AtomicU8, Ordering::SeqCst},
+            Arc,
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .min_tasks_to_steal(1000)
+            .build()
+            .unwrap();
+        let exec_id = exec.handle().shared.loops[1].exec_id;
+        let h = exec.handle();
+        // 0: not yet; 1: kept at the first decision; 2 / 3: the second decision read it
+        // kept / gone.
+        let state = Arc::new(AtomicU8::new(0));
+        let s = state.clone();
+        let seen = exec
+            .block_on(move || async move {
+                let sleeper = h
+                    .spawn_on(1, move || async move {
+                        arm((
+                            exec_id,
+                            1,
+                            Box::new(move |core: &super::Core| {
+                                assert!(!crate::steal::would_steal(core), "the sleeper is parked");
+                                let mut w = core.waiver.get();
+                                w.begin(true);
+                                w.end(false);
+                                core.waiver.set(w);
+                                s.store(1, SeqCst);
+                                arm((
+                                    exec_id,
+                                    1,
+                                    Box::new(move |core: &super::Core| {
+                                        assert!(!crate::steal::would_steal(core));
+                                        let kept = core.waiver.get().begin(false);
+                                        s.store(if kept { 2 } else { 3 }, SeqCst);
+                                    }),
+                                ));
+                            }),
+                        ));
+                        crate::time::sleep(std::time::Duration::from_secs(2)).await;
+                    })
+                    .unwrap();
+                // Awaited, not held: the spawn's ring ping leaves at the end of this turn.
+                let until = |at_least: u8| {
+                    let state = state.clone();
+                    async move {
+                        for _ in 0..10_000 {
+                            if state.load(SeqCst) >= at_least {
+                                return true;
+                            }
+                            crate::time::sleep(std::time::Duration::from_millis(1)).await;
+                        }
+                        false
+                    }
+                };
+                assert!(until(1).await, "no first decision");
+                // Pinned work wakes shard 1; its next decision still owns the sleeper.
+                h.spawn_on(1, || async {}).unwrap().await.unwrap();
+                assert!(until(2).await, "no second decision");
+                let seen = state.load(SeqCst);
+                sleeper.abort();
+                let _ = sleeper.await;
+                seen
+            })
+            .unwrap();
+        assert_eq!(
+            seen, 3,
+            "the waiver outlived a park decision that did not look"
         );
     }
 

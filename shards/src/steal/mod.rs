@@ -32,7 +32,9 @@
 //!    at once from a victim below it. The waiver is spent by the first look that finds work
 //!    queued at a victim: a spawner pings before it queues its task, so a thief woken at once
 //!    may find every victim empty, and keeps the waiver for its next look only
-//!    (`policy::Waiver`). Stealing switched off drops it. A spin's look for work a nudge passed
+//!    (`policy::Waiver`); a look that stops early (no migratable task alive) is such a look.
+//!    Stealing switched off drops it, and so does a park decision that does not look (rule 2:
+//!    the loop owns a timer or a parked pinned task). A spin's look for work a nudge passed
 //!    over (rule 4, `nudged_before_spin`) is no wake: it takes only work at the minimum.
 //! 4. **Finding work while parked.** While any migratable task is alive (the count of rule 5 is
 //!    above zero), a loop holds spawns it has not counted yet (its `spawning` flag, raised at
@@ -51,8 +53,9 @@
 //!    loop spinning before it parks included (its spin watches `work_ping`; a spin that
 //!    begins looks at its victims once, after a fence paired with the nudger's, for work whose
 //!    nudge passed it over just before: `nudged_before_spin`).
-//!    Work queued from another thread into a busy loop's injector (a wake, `Executor::spawn`)
-//!    nudges that loop's nearest idle peer at once, as its ping wakes nothing.
+//!    With eager rebalance on, too, work queued from another thread into a busy loop's
+//!    injector (a wake, `Executor::spawn`) nudges that loop's nearest idle peer at once, as
+//!    its ping wakes nothing.
 //! 5. **Counting.** A shared count of live migratable tasks (incremented at spawn, decremented
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
@@ -540,7 +543,11 @@ pub(crate) fn flush_live(core: &Core) {
     if delta != 0 && live_add_shared(&core.exec, delta) {
         ping_all_for_work(&core.exec);
     }
-    // After the count: an idle loop that sees the flag down sees the count with this batch.
+    // Lowered after the count is published. A single look of an idle loop (`may_find_work`
+    // reads the count, then the flags) can still fall between the two and miss this batch;
+    // the count's rise from zero or less pinged every loop parked without a tick (above), and
+    // a loop deciding to park meanwhile finds that ping in its recheck after announcing
+    // (park.rs rule 1), so none sleeps through it (loom: `spawning_flag_model`).
     if core.spawning.replace(false) {
         core.shared.steal.spawning.store(false, SeqCst);
     }
@@ -550,9 +557,10 @@ pub(crate) fn flush_live(core: &Core) {
 /// says a task is alive, a loop holds spawns it has not counted yet (its `spawning` flag), or
 /// one of its victims has tasks queued. The count alone can read zero or less with tasks
 /// alive, for a whole turn of a busy loop whose fresh spawns are still in its batch: a thief
-/// that ran some of them publishes their ends first. Without a flag up, though, every live
-/// task's start is counted, so a count of zero or less means no migratable task is alive.
-/// Cost: a load, one per loop, and two per victim when the count reads zero or less.
+/// that ran some of them publishes their ends first; the spawner's flag is up meanwhile. One
+/// call can still read the count before a batch is published and the flags after it, and miss
+/// that batch: what keeps a loop from sleeping through it is the publishing loop's ping (see
+/// [`flush_live`]) and the park's recheck, not this look. Cost: a load, one per loop, and two per victim when the count reads zero or less.
 fn may_find_work(core: &Core) -> bool {
     let exec = &*core.exec;
     // In this order: the count, then the flags (see `flush_live`), then the queues.
@@ -916,6 +924,15 @@ pub(crate) fn would_steal(core: &Core) -> bool {
         || (core.registry.borrow().is_empty() && core.timers.borrow().is_empty())
 }
 
+/// Rule 3, for a park decision that does not look ([`would_steal`] is false): that was the
+/// look a wake's waiver was for, so the waiver ends here, kept or fresh. Cost: two stores.
+pub(crate) fn pass_look(core: &Core) {
+    core.fresh_wake.set(false);
+    let mut waiver = core.waiver.get();
+    waiver.clear();
+    core.waiver.set(waiver);
+}
+
 /// Rule 2 and 3: tries the victims nearest first. Returns whether it got a task (queued on
 /// this loop's deque, ready for the next turn).
 pub(crate) fn try_steal(core: &Core) -> bool {
@@ -929,25 +946,32 @@ pub(crate) fn try_steal(core: &Core) -> bool {
         core.waiver.set(waiver);
         return false;
     }
-    if !may_find_work(core) {
-        return false;
-    }
-    let me = core.index();
-    let victims = exec.victims(me);
-    if victims.is_empty() {
-        return false;
-    }
-    let Some(w) = core.deque.as_ref() else {
-        return false;
-    };
-    let min = exec.min_tasks_to_steal();
     // Rule 3: the last park ended by a ping for new migratable work (`woke`), or such a ping's
     // waiver kept from a look that found nothing. Spent by the first look that finds work
     // queued: a spawner pings (rule 4) before it queues its task, so the woken thief may look
     // first and find every victim empty; it keeps the waiver then (`policy::Waiver`), for
-    // its next look only, an idle tick away (the spawner's flag is up).
+    // its next look only, an idle tick away (the spawner's flag is up). A look that stops
+    // early below is such an empty look: one that left the waiver alone let a later look,
+    // after a knob setter's ping, waive the minimum on an old wake.
     let mut waiver = core.waiver.get();
     let fresh = waiver.begin(core.fresh_wake.replace(false));
+    let empty_look = |mut waiver: policy::Waiver| {
+        waiver.end(false);
+        core.waiver.set(waiver);
+        false
+    };
+    if !may_find_work(core) {
+        return empty_look(waiver);
+    }
+    let me = core.index();
+    let victims = exec.victims(me);
+    if victims.is_empty() {
+        return empty_look(waiver);
+    }
+    let Some(w) = core.deque.as_ref() else {
+        return empty_look(waiver);
+    };
+    let min = exec.min_tasks_to_steal();
     // A steal below returns at once: what `begin` left (nothing kept) is that look's end.
     core.waiver.set(waiver);
     let mut seen_work = false;

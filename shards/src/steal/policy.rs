@@ -60,7 +60,11 @@ impl Waiver {
         };
     }
 
-    /// Stealing was switched off: a waiver from before does not outlive it.
+    /// Stealing was switched off, or a park decision passed its look (rule 2: the loop owns a
+    /// timer or a parked pinned task): a waiver from before does not outlive it. Passed over,
+    /// a kept waiver lasted until the loop next looked, however much later (seconds, for a
+    /// loop that then waited on its timer), and that look took work below the minimum on a
+    /// wake long gone.
     pub(crate) fn clear(&mut self) {
         *self = Waiver::default();
     }
@@ -228,7 +232,7 @@ mod tests {
         assert!(!w.begin(false));
         w.end(false);
 
-        // Stealing switched off drops a kept waiver.
+        // Stealing switched off, or a decision that does not look, drops a kept waiver.
         assert!(w.begin(true));
         w.end(false);
         w.clear();
