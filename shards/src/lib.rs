@@ -42,6 +42,7 @@
 //! | call shard `n` and get the answer | [`shard::submit_to`] (waits for ring room) | [`Handle::submit_to`] (through the inbox) |
 //! | the same on every shard | [`shard::submit_to_all`] | [`Handle::submit_to_all`] |
 //! | fire and forget on shard `n` | [`shard::send_to`] (a future: awaits ring room) | [`Handle::send_to`] (queued at once) |
+//! | run blocking code and await its result | [`spawn_blocking`] | (any thread may block) |
 //! | stop the run | [`stop`] | [`Handle::stop`] |
 //! | where am I | [`shard::id`], [`shard::count`], [`shard::cpu`], [`shard::numa_node`] | [`Handle::shard_count`], [`Handle::placement`] |
 //!
@@ -85,8 +86,13 @@
 //! eager rebalance's nudge first, so the other loop is woken. Only a wait on one of those
 //! does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
-//! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of blocking; run blocking code on a
-//! thread of its own (`std::thread::spawn`, then await a shared channel or a [`Handle`] call).
+//! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of
+//! blocking; run blocking code with [`spawn_blocking`] (the runtime's blocking-thread pool;
+//! its loop counts as waiting on the job, however long it takes). A task that awaits a plain
+//! thread of its own instead (`std::thread::spawn`, then a shared channel or a [`Handle`]
+//! call) is waiting on something the runtime cannot see: once every loop has been idle for
+//! the deadlock grace (`XTC_DEADLOCK_GRACE`, 5 s by default) the run ends with
+//! [`Error::Deadlock`] naming that task.
 //!
 //! # Environment variables
 //!
@@ -186,7 +192,7 @@ pub use shard::{send_to, spawn, spawn_local, stop, submit_to, submit_to_all};
 pub use sharded::Sharded;
 pub use stall::StallReport;
 pub use stats::LoopStats;
-pub use task::{yield_now, JoinHandle};
+pub use task::{spawn_blocking, yield_now, JoinHandle};
 
 /// Timers: [`sleep`](time::sleep), [`sleep_until`](time::sleep_until),
 /// [`timeout`](time::timeout), [`interval`](time::interval). Each timer lives on the loop that

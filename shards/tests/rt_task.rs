@@ -1293,3 +1293,136 @@ fn is_finished_asked_from_inside_abort_sees_a_live_task() {
     );
     assert!(joined.unwrap_err().is_cancelled());
 }
+
+/// `spawn_blocking` runs its closure on a pool thread (not the loop's), gives back its value,
+/// and a panic as a `JoinError`; the loop runs its other tasks meanwhile; and a job longer
+/// than the deadlock grace is work in flight, not a deadlock, where the same wait on a plain
+/// thread of the program's own is reported.
+#[test]
+fn spawn_blocking_runs_off_the_loop_and_counts_as_work_in_flight() {
+    use std::{
+        sync::{
+            atomic::{AtomicBool, Ordering::SeqCst},
+            Arc,
+        },
+        time::Duration,
+    };
+    let exec = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .deadlock_grace(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let out = exec
+        .block_on(|| async {
+            let loop_thread = std::thread::current().id();
+            let (value, thread) = xtc_shards::spawn_blocking(move || {
+                // Longer than the grace, with every loop idle.
+                std::thread::sleep(Duration::from_millis(400));
+                (7u32, std::thread::current().id())
+            })
+            .await
+            .unwrap();
+            assert_ne!(thread, loop_thread, "the closure ran on the loop's thread");
+            // The loop serves other tasks while a job blocks.
+            let release = Arc::new(AtomicBool::new(false));
+            let r = release.clone();
+            let job = xtc_shards::spawn_blocking(move || {
+                while !r.load(SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                "released"
+            });
+            let other = xtc_shards::spawn_local(async move {
+                release.store(true, SeqCst);
+            });
+            other.await.unwrap();
+            assert_eq!(job.await.unwrap(), "released");
+            let err =
+                xtc_shards::spawn_blocking(|| -> u32 { panic!("test: a blocking job panics") })
+                    .await
+                    .unwrap_err();
+            assert!(err.is_panic(), "{err}");
+            value
+        })
+        .unwrap();
+    assert_eq!(out, 7);
+
+    // The same wait on a plain thread is invisible to the runtime: reported after the grace.
+    let exec = Executor::builder()
+        .shards(1)
+        .deadlock_grace(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let r = exec.block_on(|| async {
+        let (tx, mut rx) = xtc_shards::channel::shared::bounded::<u32>(1).unwrap();
+        let mut tx = tx;
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            let _ = tx.try_send(1);
+        });
+        let got = rx.recv().await;
+        drop(t);
+        got
+    });
+    assert!(
+        matches!(r, Err(xtc_shards::Error::Deadlock { .. })),
+        "a plain thread's long wait: {r:?}"
+    );
+}
+
+/// A running `spawn_blocking` job whose future is dropped runs to its end undisturbed: the
+/// pool interrupts a dropped file operation with a signal, which user code must not see (its
+/// blocking `read` returned `Interrupted` where it waited for data).
+#[test]
+fn a_dropped_spawn_blocking_job_is_not_interrupted() {
+    use std::{
+        io::{Read, Write},
+        os::fd::FromRawFd,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a live array of two descriptors for the kernel to fill.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned by these files alone.
+    let (mut reader, mut writer) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    let seen = Arc::new(Mutex::new(None));
+    let s = seen.clone();
+    let exec = Executor::builder().shards(1).build().unwrap();
+    exec.block_on(move || async move {
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let st = started.clone();
+        let job = xtc_shards::spawn_blocking(move || {
+            st.store(true, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = [0u8; 4];
+            let r = reader.read(&mut buf);
+            *s.lock().unwrap() = Some(r.map_err(|e| e.kind()));
+        });
+        while !started.load(std::sync::atomic::Ordering::SeqCst) {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The job is in its `read`: drop its future.
+        xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        drop(job);
+    })
+    .unwrap();
+    // Fails (EPIPE) if the read was cut short and its job dropped the reader: the assert
+    // below says why.
+    let _ = writer.write_all(b"data");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen.lock().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the job never ended");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some(Ok(4)),
+        "the job's read was disturbed"
+    );
+}

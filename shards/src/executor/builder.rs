@@ -32,7 +32,10 @@ pub const DEFAULT_REPLY_SPIN: Duration = Duration::from_micros(50);
 pub const MAX_SPIN_BEFORE_PARK: Duration = Duration::from_secs(1);
 
 /// Default grace period before an all-parked executor is reported as deadlocked.
-/// Long enough that a task waiting a moment on a foreign thread is no false alarm.
+/// Long enough that a task waiting a moment on a foreign thread is no false alarm; a wait
+/// longer than this on a thread of the program's own is reported (use
+/// [`spawn_blocking`](crate::spawn_blocking), whose jobs count as work in flight, or a longer
+/// grace).
 pub const DEFAULT_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
 
 /// Configures and builds an [`Executor`].

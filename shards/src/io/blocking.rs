@@ -460,7 +460,7 @@ pub(crate) fn settle() {
     while abandoned() > 0 {
         if std::time::Instant::now() >= deadline {
             tracing::warn!(
-                "xtc: {} dropped blocking file operation(s) of a stopping loop still run after \
+                "xtc: {} dropped blocking job(s) (file operations, spawn_blocking) of a stopping loop still run after \
                  {:?}; leaving them",
                 abandoned(),
                 SHUTDOWN_WAIT
@@ -572,6 +572,27 @@ pub(crate) struct Blocking<R> {
 pub(crate) fn run<R: Send + 'static>(
     f: impl FnOnce() -> io::Result<R> + Send + 'static,
 ) -> Blocking<R> {
+    submit(f, true)
+}
+
+/// Runs `f`, the user's own code (`task::spawn_blocking`), on the pool: as [`run`], but a
+/// cancel never signals its thread. A file operation's calls are the pool's own and retry or
+/// end on the signal's `EINTR` ([`retrying`]); the user's calls may not expect one (a `read`
+/// that returns `Interrupted` to code that treats it as an error), so a dropped job that
+/// already started runs to its end, and a stopping loop waits for it as for any dropped job
+/// ([`settle`], up to [`SHUTDOWN_WAIT`]).
+pub(crate) fn run_uninterrupted<R: Send + 'static>(
+    f: impl FnOnce() -> io::Result<R> + Send + 'static,
+) -> Blocking<R> {
+    submit(f, false)
+}
+
+/// [`run`] and [`run_uninterrupted`]: `interruptible` says whether a cancel may signal the
+/// job's thread.
+fn submit<R: Send + 'static>(
+    f: impl FnOnce() -> io::Result<R> + Send + 'static,
+    interruptible: bool,
+) -> Blocking<R> {
     let slot = Arc::new(Mutex::new(Slot {
         result: None,
         waker: None,
@@ -625,7 +646,7 @@ pub(crate) fn run<R: Send + 'static>(
         } = caps;
         let start = {
             let mut c = lock(&their_ctl.state);
-            if !c.cancelled {
+            if !c.cancelled && interruptible {
                 // SAFETY: no preconditions.
                 c.thread = Some(unsafe { libc::pthread_self() });
             }
@@ -708,8 +729,8 @@ pub(crate) fn run<R: Send + 'static>(
                     .expect("found above");
                 drop(st);
                 tracing::warn!(
-                    "xtc: could not start a blocking-pool thread ({e}); running this file \
-                     operation on the loop's thread"
+                    "xtc: could not start a blocking-pool thread ({e}); running this blocking job \
+                     on the loop's thread"
                 );
                 job();
             } else {

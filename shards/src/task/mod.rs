@@ -37,11 +37,13 @@
 //! parks adds one waker clone and one slab insert, once (rule 3; one that finishes in its first
 //! poll registers nothing); a local wake is a thread-local push, no shared atomic.
 
+mod blocking;
 mod builder;
 pub(crate) mod home;
 mod join;
 mod yield_now;
 
+pub use blocking::{spawn_blocking, SpawnBlocking};
 pub use builder::Builder;
 pub(crate) use home::{release_units, Home};
 pub(crate) use join::polled_with_own_waker;

@@ -1,0 +1,75 @@
+//! [`spawn_blocking`]: blocking code on the runtime's blocking-thread pool.
+
+use std::{
+    any::Any,
+    fmt,
+    future::Future,
+    panic::{catch_unwind, AssertUnwindSafe},
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use crate::{io::blocking, JoinError};
+
+type Caught<T> = Result<T, Box<dyn Any + Send + 'static>>;
+
+/// Runs `f` on the blocking-thread pool (the one `xtc::fs` uses on the epoll driver) and
+/// returns a future of its result, as tokio's and Glommio's `spawn_blocking` do: the way to
+/// call blocking code (a blocking library, a long computation, a `std::fs` call) from a task
+/// without stalling its loop. A panic in `f` comes back as a [`JoinError`] (`is_panic`).
+///
+/// While the job has not ended, its loop counts as waiting on it, as on I/O in flight: the
+/// executor is not quiescent and no deadlock is reported, however long `f` takes. (A task that
+/// awaits a plain `std::thread` of its own, through a channel, is reported as deadlocked once
+/// the executor has been idle for the deadlock grace, `XTC_DEADLOCK_GRACE`, 5 s by default.)
+///
+/// Dropping the future cancels a job not started yet (it never runs); one already running
+/// runs to its end, and its result is dropped (the pool sends no signal into user code), and
+/// a loop that stops waits up to a second for such a job before it returns.
+///
+/// Works on and off a loop. The future is `!Send`, as `xtc::fs`'s are (its job counts in the
+/// calling loop's work): await it in a pinned task ([`spawn_local`](crate::spawn_local),
+/// [`Handle::spawn_on`](crate::Handle::spawn_on), a [`submit_to`](crate::submit_to) call);
+/// a migratable task ([`spawn`](crate::spawn), whose future is `Send`) cannot hold it across
+/// an `.await`.
+///
+/// Cost: a boxed job and two small shared allocations (its result slot and its control
+/// block), a lock of the pool's queue, and a thread start when no pool thread is idle (up to
+/// 512 threads, each exiting after 10 s without work); the result's wake-up reaches the loop
+/// through its inbox.
+pub fn spawn_blocking<F, T>(f: F) -> SpawnBlocking<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    SpawnBlocking {
+        job: blocking::run_uninterrupted(move || Ok(catch_unwind(AssertUnwindSafe(f)))),
+    }
+}
+
+/// The future of [`spawn_blocking`]: the closure's return value, or its panic as a
+/// [`JoinError`].
+#[must_use = "futures do nothing unless awaited; dropped, the job is cancelled if not started"]
+pub struct SpawnBlocking<T> {
+    job: blocking::Blocking<Caught<T>>,
+}
+
+impl<T> Future for SpawnBlocking<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.job).poll(cx).map(|r| match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(payload)) => Err(JoinError::panic(payload)),
+            // The pool reports an error only for a job it skipped (cancelled, which takes
+            // dropping this future) or one whose closure panicked, which the closure catches.
+            Err(_) => Err(JoinError::cancelled()),
+        })
+    }
+}
+
+impl<T> fmt::Debug for SpawnBlocking<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpawnBlocking").finish_non_exhaustive()
+    }
+}
