@@ -11,6 +11,11 @@
 //! so concurrent operations on one file never race on it. `!Send`, like the other I/O types.
 //! Called off any xtc loop (or on a loop without an I/O driver), every operation but
 //! [`File::close`] fails with an `io::Error` of kind `Other` saying so; none panics.
+//!
+//! A write to a FIFO (or pipe) whose reader is gone is a `write(2)`, on both drivers, and the
+//! kernel answers it with `SIGPIPE` as well as `EPIPE` (there is no `MSG_NOSIGNAL` for
+//! files; `xtc::net`'s sockets never raise it). A Rust `main` ignores `SIGPIPE`, so the call
+//! returns the `EPIPE` error; a program that restores the default action (or a C host) dies.
 
 use std::{
     ffi::CString,

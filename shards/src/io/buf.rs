@@ -155,9 +155,10 @@ impl Drop for PoolInner {
 }
 
 /// A set of equal-sized buffers registered with the current loop's io_uring
-/// (`io_uring_register_buffers`), so reads and writes through them skip the per-operation page
-/// pinning (`READ_FIXED`; `WRITE_FIXED` for files, socket writes stay `SEND` so a gone peer
-/// cannot raise `SIGPIPE`). On the epoll driver they are plain buffers.
+/// (`io_uring_register_buffers`), so file reads and writes through them skip the
+/// per-operation page pinning (`READ_FIXED`, `WRITE_FIXED`). On a socket, and on the epoll
+/// driver, they are plain buffers (`RECV`, and `SEND` so a gone peer cannot raise `SIGPIPE`;
+/// `io/ops/rw.rs` says why).
 ///
 /// One pool per loop (io_uring allows one registered set per ring); `!Send`, like the loop's
 /// other I/O objects. Cost: `count × size` bytes allocated once (`count + 2` allocations: the

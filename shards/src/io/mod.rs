@@ -16,11 +16,14 @@
 //!
 //! * **io_uring** (`uring.rs`): an operation is a submission whose buffers and addresses are
 //!   owned by the operation's future. Each in-flight operation has a slot whose state is
-//!   `Submitted | Waiting(waker) | Ignored(owned data) | Completed(result)`. Dropping the
-//!   future before completion moves its buffers into the slot (`Ignored`) and submits an
-//!   `AsyncCancel`: the kernel may still write into them until the completion arrives, which is
-//!   when they are freed. A reactor dropped at loop shutdown cancels and waits for every
-//!   in-flight operation first.
+//!   `Submitted | Waiting(waker) | Ignored(owned data) | Detached(owned data) |
+//!   Completed(result)`. Dropping the future before completion moves its buffers into the
+//!   slot (`Ignored`) and submits an `AsyncCancel`: the kernel may still write into them until
+//!   the completion arrives, which is when they are freed. A stream's write-behind send and a
+//!   dropped `CLOSE` are left to finish instead (`Detached`, `uring.rs` rule 4b). A reactor
+//!   dropped at loop shutdown gives detached sends a grace period, cancels the rest and waits
+//!   for their completions for a bounded time (about a second each), then leaks what is still
+//!   in flight rather than free memory the kernel may still write (`uring.rs` rule 5).
 //! * **epoll** (`epoll.rs`): readiness, edge-triggered, each fd added once. An operation tries
 //!   its non-blocking system call while its direction's ready bit is set; `EAGAIN` or a short
 //!   stream transfer clears the bit, and the waker waits for the next event, which sets it

@@ -218,7 +218,7 @@ impl TcpStream {
     /// before the cancel still go to the next read (see `into_std` too). One exception on
     /// io_uring: a read dropped from inside another call on the same stream (a buffer whose
     /// own `Drop` drops it) is cancelled unkept, so bytes that reached it are lost. Cost: one
-    /// `RECV` (or `READ_FIXED` for a [`FixedBuf`](crate::io::FixedBuf)) submission, or one
+    /// `RECV` submission (a [`FixedBuf`](crate::io::FixedBuf) too), or one
     /// `recv` (the socket joins the loop's epoll set once, at its first wait); a dropped read
     /// costs a boxed handle.
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {

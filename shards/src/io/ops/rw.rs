@@ -1,14 +1,18 @@
 //! Stream reads and writes with owned buffers: `recv` into a buffer's start, `send` from an
-//! offset of a buffer. A registered buffer ([`FixedBuf`](crate::io::FixedBuf)) uses
-//! `READ_FIXED` for reads on io_uring; writes of one are a plain `SEND` with `MSG_NOSIGNAL`,
-//! because `WRITE_FIXED` on a socket is a `write(2)`, which raises `SIGPIPE` when the peer is
-//! gone.
+//! offset of a buffer. A registered buffer ([`FixedBuf`](crate::io::FixedBuf)) is a plain
+//! buffer on a socket, on io_uring too: a `RECV` into it and a `SEND` from it with
+//! `MSG_NOSIGNAL`. `WRITE_FIXED` on a socket is a `write(2)`, which raises `SIGPIPE` when the
+//! peer is gone; and `READ_FIXED` on a non-blocking socket (xtc's are) answers `EAGAIN` at once
+//! on kernels before 5.15, which io_uring then did not retry when data came: the read was
+//! submitted again every loop turn, a loop spinning at full CPU while a connection sat idle.
+//! A socket receive copies from the kernel's buffers either way, so the registration saved
+//! nothing there; it serves files (`file.rs`).
 
 use std::io;
 
 use io_uring::{opcode, types};
 
-use super::{backend_or_give_back, cvt, fixed_index, submit};
+use super::{backend_or_give_back, cvt, submit};
 use crate::io::{
     epoll::Dir,
     source::{ready_stream, Source},
@@ -64,15 +68,10 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
 /// (the stream keeps one whose future was dropped unfinished: `net/stream.rs`).
 pub(crate) fn submit_recv<B: IoBufMut>(src: &Source, buf: B) -> Result<Op<B>, (io::Error, B)> {
     let fd = src.fd();
-    let fixed = fixed_index(&buf);
+    // A `RECV` for a registered buffer too (module doc).
     submit(buf, |b| {
         let (ptr, len) = (b.stable_mut_ptr(), clamp(b.bytes_total()));
-        match fixed {
-            Some(index) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, index)
-                .offset(u64::MAX)
-                .build(),
-            None => opcode::Recv::new(types::Fd(fd), ptr, len).build(),
-        }
+        opcode::Recv::new(types::Fd(fd), ptr, len).build()
     })
 }
 
