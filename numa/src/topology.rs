@@ -209,8 +209,10 @@ impl Topology {
     /// # Errors
     ///
     /// [`Error::Hwloc`] if hwloc cannot discover the machine, if the environment makes it
-    /// describe another machine (above), or if `HWLOC_SYNTHETIC` holds a description that
-    /// [`Topology::synthetic`] refuses.
+    /// describe another machine (above), if `HWLOC_SYNTHETIC` holds a description that
+    /// [`Topology::synthetic`] refuses, or if `HWLOC_XMLFILE` names a file that
+    /// [`Topology::from_xml`] would refuse to read (over 64 MiB, not UTF-8, unreadable): checked
+    /// before hwloc, which reads the whole file however large. Each names the variable.
     #[cfg(not(miri))]
     pub fn detect() -> Result<Topology> {
         let this_system = std::env::var("HWLOC_THISSYSTEM").is_ok_and(|v| v.trim() == "1");
@@ -219,8 +221,33 @@ impl Topology {
             if !this_system {
                 return Err(not_this_system(&format!("HWLOC_SYNTHETIC={desc:?}")));
             }
-            // Checked before hwloc reads it: the descriptions it aborts on are refused here.
-            Self::synthetic(&desc)?;
+            // Checked before hwloc reads it: the descriptions it aborts on are refused here,
+            // with the variable named (the error of `synthetic` alone did not say where the
+            // description came from).
+            Self::synthetic(&desc).map_err(|e| {
+                Error::hwloc(
+                    format!("use HWLOC_SYNTHETIC={desc:?}"),
+                    e,
+                    "fix HWLOC_SYNTHETIC, or unset it to use this machine's topology",
+                )
+            })?;
+        }
+        if let Some(path) = std::env::var_os("HWLOC_XMLFILE").filter(|p| !p.is_empty()) {
+            let shown = format!("HWLOC_XMLFILE={:?}", path.to_string_lossy());
+            // Refused before hwloc reads the file, which it reads whole, however large (a
+            // wrong path, `/dev/zero`, was read until memory ran out): not this machine
+            // unless `HWLOC_THISSYSTEM=1` says so, and then the file must pass the checks
+            // `from_xml` makes (size cap, UTF-8).
+            if !this_system {
+                return Err(not_this_system(&shown));
+            }
+            read_xml(Path::new(&path)).map_err(|e| {
+                Error::hwloc(
+                    format!("use {shown}"),
+                    e,
+                    "point HWLOC_XMLFILE at an lstopo XML export, or unset it",
+                )
+            })?;
         }
         let hw = hwlocality::Topology::new().map_err(|e| {
             Error::hwloc(

@@ -128,6 +128,14 @@ fn detect_refuses_a_machine_hwloc_was_told_to_describe() {
             "aborting" => {
                 let e = r.unwrap_err().to_string();
                 assert!(e.contains("memory-side cache"), "{e}");
+                assert!(e.contains("HWLOC_SYNTHETIC="), "names the variable: {e}");
+            }
+            "xml-endless" => {
+                // `/dev/zero` as this machine's XML: refused after the size cap, not read
+                // until memory runs out (hwloc reads the whole file).
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("HWLOC_XMLFILE=\"/dev/zero\""), "{e}");
+                assert!(e.contains("MiB"), "says why: {e}");
             }
             "this-system" => {
                 let t = r.unwrap();
@@ -172,6 +180,19 @@ fn detect_refuses_a_machine_hwloc_was_told_to_describe() {
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&xml);
+    common::assert_child_passed(&out);
+    let out = Command::new(&exe)
+        .args([
+            "detect_refuses_a_machine_hwloc_was_told_to_describe",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env(HWLOC_ENV_CHILD, "xml-endless")
+        .env("HWLOC_XMLFILE", "/dev/zero")
+        .env("HWLOC_THISSYSTEM", "1")
+        .env_remove("HWLOC_SYNTHETIC")
+        .output()
+        .unwrap();
     common::assert_child_passed(&out);
     for (case, desc, this_system) in [
         ("synthetic", "pack:1 core:2 pu:1", false),

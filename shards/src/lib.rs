@@ -74,8 +74,12 @@
 //! # Blocking a loop
 //!
 //! A loop thread that blocks (a lock, a blocking system call, `futures::executor::block_on`
+//! inside a task, another executor's [`Executor::run`] or [`Executor::block_on`] called
 //! inside a task) runs nothing else until it returns: its other tasks, its timers, its I/O, the
-//! messages other loops send it and the room in its rings all wait. A blocking wait inside a
+//! messages other loops send it and the room in its rings all wait, and so do the wake-ups
+//! of what it already sent: a message to another shard (a [`Handle::spawn_on`] or
+//! [`shard::submit_to`] from a task, a shared channel's signal) is pinged at the end of the
+//! loop's turn, so a shard asleep when the sender blocked stays asleep. A blocking wait inside a
 //! task on work the blocked loop itself must do (a [`time::sleep`], a [`spawn_local`]ed task,
 //! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring to another shard, a
 //! migratable [`spawn`] that no peer may steal: stealing off, one shard, or eager rebalance

@@ -80,7 +80,10 @@ where
         let runnable = queued.take()?;
         // SAFETY: the pointer comes from the `Home` in this task's metadata, which keeps the
         // loop alive while we hold `runnable`; `route_from` reads what it needs before it
-        // hands `runnable` on (as in `task::schedule_away`).
+        // hands `runnable` on (as in `task::schedule_away`). The reference outlives that hand
+        // over (it is `route_from`'s argument for the whole call): on the paths that hand the
+        // task on, this loop is one of the owner's executor's (`c.exec.loops` holds the
+        // owner's `Arc` for the whole run, `context.rs`), and on the others it is handed back.
         let owner = unsafe { &*task::Home::as_ptr(&runnable.metadata().home) };
         // A loop of another executor (a future polled by hand there) hands it back.
         queued = context::route_from(c, owner, runnable);

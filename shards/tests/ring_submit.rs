@@ -1211,3 +1211,70 @@ fn full_rings_are_drained_in_turns_so_no_peer_waits_behind_another() {
         DRAIN_PER_RING + 1
     );
 }
+
+/// Rule 2 in a live run: spawns from a loop that find the ring full go to the sender's
+/// backlog, and a `send_to` made after them waits behind that backlog: the target runs all of
+/// them in the order they were sent. Shard 1 is held busy while shard 0 sends, so the
+/// two-slot ring fills at once.
+#[test]
+fn spawns_through_a_backlog_and_sends_behind_it_keep_their_order() {
+    use std::sync::{atomic::AtomicBool, Mutex};
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(2)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let hold = Arc::new(AtomicBool::new(true));
+    let inside = Arc::new(AtomicBool::new(false));
+    let (s, held, entered) = (seen.clone(), hold.clone(), inside.clone());
+    ex.block_on(move || async move {
+        let busy = h
+            .spawn_on(1, move || async move {
+                entered.store(true, SeqCst);
+                // Holds shard 1 until shard 0 has sent everything.
+                while held.load(SeqCst) {
+                    std::thread::yield_now();
+                }
+            })
+            .unwrap();
+        // Shard 1 is in the task before the burst begins.
+        while !inside.load(SeqCst) {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
+        for i in 0..100u32 {
+            let s = s.clone();
+            h.spawn_on(1, move || async move { s.lock().unwrap().push(i) })
+                .unwrap();
+        }
+        let before = h.loop_stats(0).unwrap();
+        // The sends wait for room behind the backlog; let shard 1 go once the first is
+        // waiting (it cannot complete while shard 1 is held and the ring is full).
+        let release = {
+            let hold = hold.clone();
+            xtc_shards::spawn_local(async move {
+                xtc_shards::time::sleep(Duration::from_millis(20)).await;
+                hold.store(false, SeqCst);
+            })
+        };
+        for i in 100..110u32 {
+            let s = s.clone();
+            shard::send_to(1, move || async move { s.lock().unwrap().push(i) })
+                .await
+                .unwrap();
+        }
+        release.await.unwrap();
+        busy.await.unwrap();
+        // Everything sent has run once shard 1 answers a call sent after it.
+        shard::submit_to(1, || async {}).await.unwrap();
+        let after = h.loop_stats(0).unwrap();
+        assert!(
+            after.ring_full_waits > before.ring_full_waits,
+            "the sends never waited for room: {before:?} {after:?}"
+        );
+    })
+    .unwrap();
+    assert_eq!(*seen.lock().unwrap(), (0..110).collect::<Vec<_>>());
+}

@@ -4,7 +4,8 @@
 //!
 //! Each turn of [`run`]:
 //! 1. stop check (one relaxed load of the executor's stop flag);
-//! 2. drain the inbox (one SeqCst load when empty; one lock and a vector swap otherwise);
+//! 2. drain the inbox (one SeqCst load when empty; one lock and a vector swap otherwise) and
+//!    the incoming rings (`ring/mod.rs`, fairly across peers);
 //! 3. reap the I/O driver (io/mod.rs: submit what the last turn queued, dispatch completions;
 //!    no system call on io_uring when nothing was queued, none on epoll while nothing waits),
 //!    then fire due timers (only when the loop has any: one clock read);
@@ -117,7 +118,15 @@ impl LoopShared {
     pub(crate) fn uid(&self) -> u64 {
         ((self.exec_id << 20) | self.index as u64) + 1
     }
+}
 
+/// `LoopShared::uid`'s bound, checked where it would break: every build makes a victim order,
+/// which refuses more than `MAX_VICTIM_SHARDS` shards, so indices stay below 2^20. Raising
+/// that cap past it would let two loops share a uid, and `Sharded<T>` one slot between two
+/// threads (a data race); this stops the build instead.
+const _: () = assert!(xtc_numa::MAX_VICTIM_SHARDS < 1 << 20);
+
+impl LoopShared {
     pub(crate) fn new(
         index: usize,
         exec_id: u64,
@@ -413,6 +422,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             core.empty_ticks.set(0);
             core.io.submit();
         }
+        // Step 5.
         core.run_flushes();
         ring::flush(core);
         steal::flush_live(core);
@@ -428,7 +438,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         {
             continue;
         }
-        // Step 5.
+        // Step 6.
         if core.mesh.borrow().incoming_pending() {
             continue;
         }

@@ -249,7 +249,11 @@ impl Builder {
     }
 
     /// Number of shards (loops); 0 (the default) means one per allowed physical core, or with
-    /// a CPU list ([`Policy::Cpus`]) one per listed CPU. On this machine's topology the default
+    /// a CPU list ([`Policy::Cpus`]) one per listed CPU. "Allowed" is the affinity mask of the
+    /// thread that calls `build()`, as `std::thread::available_parallelism` reads it: built
+    /// on a pinned thread (inside an xtc shard's task, or on a thread the program pinned), the
+    /// executor sees that thread's CPUs only, and more shards than those need
+    /// [`oversubscribe`](Self::oversubscribe). On this machine's topology the default
     /// is capped by the cgroup's CPU quota (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`, the
     /// smallest on the way up, rounded down, at least 1: `docker --cpus=2.5` gives at most 2
     /// shards), as `std::thread::available_parallelism` and tokio's default are; `build()` logs the cap
@@ -311,8 +315,8 @@ impl Builder {
     /// Grace period before an all-parked executor is reported as deadlocked; `None` disables the
     /// report (an all-parked executor then waits forever, like tokio). Default 5 s. A zero
     /// grace is not "off": it reports as soon as two looks about a millisecond apart find the
-    /// executor all-parked (`XTC_DEADLOCK_GRACE` refuses `0`; write `off`). Cost: stores the
-    /// value.
+    /// executor all-parked (`XTC_DEADLOCK_GRACE` refuses `0`; write `off`), and so does any
+    /// grace of 1 ms or less (the looks are at least 1 ms apart). Cost: stores the value.
     pub fn deadlock_grace(mut self, grace: Option<Duration>) -> Builder {
         self.deadlock_grace = grace;
         self

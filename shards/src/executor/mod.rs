@@ -545,9 +545,6 @@ impl Executor {
                 }
             }
         }
-        if !topology.is_synthetic() {
-            crate::io::blocking::set_topology(topology.clone());
-        }
         // The ring mesh is allocated up front: N·(N−1) rings of `ring_capacity` pointer slots,
         // each with its bookkeeping, and three N×N victim tables (crate::ring::mesh_bytes).
         let n = placement.len();
@@ -603,6 +600,12 @@ impl Executor {
             },
         )?;
         crate::io::blocking::fix_interrupt_signal(interrupt_signal)?;
+        // Last, as the signal: a build refused above fixes nothing process-wide (the pool's
+        // threads bind to the first recorded topology's CPUs; recorded by a refused build on a
+        // narrowed thread, they stayed on that thread's mask for the process's life).
+        if !topology.is_synthetic() {
+            crate::io::blocking::set_topology(topology.clone());
+        }
         tracing::debug!(shards = placement.len(), "xtc executor built");
         Ok(Executor {
             handle: Handle { shared },
@@ -647,7 +650,11 @@ impl Executor {
     /// `Err(AlreadyRunning)` while another `run` or `block_on` of this executor is in
     /// progress; `Err(Io)` if a shard thread cannot be spawned and `Err(Numa)` if one cannot
     /// be pinned (then no loop runs, and the queued work stays for the next run).
-    /// Cost: one thread spawn and pin per shard, joined before `run` returns; the calling
+    /// `Err(ShardPanicked)` if a loop's thread panicked outside any task (a bug in xtc): the
+    /// run ends there. A panic of
+    /// the quiescence coordinator itself (a bug in xtc) stops and joins the loops, then
+    /// resumes in the caller. A panic inside a task is the task's ([`crate::JoinError`]), never the
+    /// run's. Cost: one thread spawn and pin per shard, joined before `run` returns; the calling
     /// thread runs the quiescence coordinator, asleep on a condition variable meanwhile.
     pub fn run(&self) -> Result<()> {
         let claim = self.claim_run()?;
@@ -790,7 +797,7 @@ impl Executor {
     /// before it completed, `Err(Deadlock)` as for [`run`](Self::run). The main task is named
     /// `main` and spawned here, at the caller's `block_on` call (deadlock and stall reports).
     /// `Err(AlreadyRunning)` while another `run` or `block_on` is in progress, and the start
-    /// errors of `run`. Cost: those of [`run`](Self::run) plus one task allocation and the
+    /// and `ShardPanicked` errors of `run`. Cost: those of [`run`](Self::run) plus one task allocation and the
     /// main task's name (a `String` in an `Arc`).
     #[track_caller]
     pub fn block_on<F, Fut>(&self, make: F) -> Result<Fut::Output>

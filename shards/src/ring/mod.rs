@@ -10,14 +10,16 @@
 //!
 //! 1. **Ownership.** Ring `i→j`'s producer is owned by loop `i`'s `Core`, its consumer by loop
 //!    `j`'s, both taken from the executor when the loop starts and given back when it stops.
-//!    Only the owning thread touches an end, so pushes and pops need no lock.
+//!    Only the owning thread touches an end, so pushes and pops need no lock; the exceptions
+//!    hold the mesh's lock with the ends given back (`evacuate` and `drop_queued`, below).
 //! 2. **Never drop, never reorder.** A `Runnable` for `j` is pushed on `i→j` unless that ring is
 //!    full or `i`'s backlog for `j` is non-empty; then it is appended to the backlog, a
 //!    loop-local FIFO that `i` moves into the ring, in order, as space frees. Wakes cannot wait,
 //!    so the backlog absorbs them (at most one `Runnable` per woken task). It also takes the
 //!    spawns that do not wait for space: `Handle::spawn_on`/`submit_to`/`send_to` called on a
-//!    loop, and the sends of reserve waiters woken together for fewer free slots than they
-//!    are (unbounded then, as a `Vec` is, but in order and never dropped).
+//!    loop (unbounded then, as a `Vec` is, but in order and never dropped). Reserve waiters
+//!    (rule 3) never use it: woken together for fewer free slots than they are, each checks
+//!    for room again and pushes in that same poll, and those that find none wait again.
 //! 3. **Backpressure for senders that can wait.** `submit_to`/`send_to` first wait for ring space
 //!    ([`reserve`]): if the ring is full (or backlogged) the task parks on `i`'s waiter list for
 //!    `j`, sets `want_space[i→j]` by `swap`, and rechecks the ring. The consumer `j`, after
@@ -565,7 +567,7 @@ fn notify(core: &Core, to: usize) {
     }
 }
 
-/// Loop steps 4→5 for rings: moves backlogs into rings, wakes tasks waiting for space, and
+/// Loop step 5 for rings: moves backlogs into rings, wakes tasks waiting for space, and
 /// sends the batched notifications (rules 2, 3, 5).
 pub(crate) fn flush(core: &Core) {
     let mut m = core.mesh.borrow_mut();
