@@ -587,3 +587,40 @@ fn parse_grace(name: &'static str, v: &str) -> Result<Option<Duration>> {
                        such as 500ms, 5s (a bare number is milliseconds)",
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// Every variable the builder reads (each is a string literal `"XTC_..."` in this file's
+    /// code, above these tests) has its row in the crate docs' table, and every row names one
+    /// it reads: the table is the one place the variables are documented, and a variable added
+    /// to the code alone went unlisted.
+    #[test]
+    fn the_env_table_lists_exactly_the_variables_read() {
+        // Names `open` starts and `close` ends, made of capitals and underscores.
+        let names = |text: &str, open: &str, close: char| -> BTreeSet<String> {
+            text.split(open)
+                .skip(1)
+                .filter_map(|rest| {
+                    let end = rest.find(|c: char| !(c.is_ascii_uppercase() || c == '_'))?;
+                    (end > 0 && rest[end..].starts_with(close))
+                        .then(|| format!("XTC_{}", &rest[..end]))
+                })
+                .collect()
+        };
+        let code = include_str!("builder.rs");
+        let code = &code[..code.find("#[cfg(test)]\nmod tests").expect("this module")];
+        let read = names(code, "\"XTC_", '"');
+        let table: BTreeSet<String> = include_str!("../lib.rs")
+            .lines()
+            .filter(|l| l.starts_with("//! | `XTC_"))
+            .flat_map(|l| names(l, "`XTC_", '`'))
+            .collect();
+        assert!(read.len() >= 19, "{read:?}");
+        assert_eq!(
+            read, table,
+            "variables read (left) against the table's rows (right)"
+        );
+    }
+}

@@ -881,6 +881,18 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
         core.inline_left.set(left - 1);
         core.inline_runs.set(core.inline_runs.get() + 1);
         r.metadata().last.store(core.index() as u32, Relaxed);
+        /// Puts the parent back as the polled task when the inline run ends, also if it
+        /// unwinds: nothing in it unwinds today (async-task contains a future's panic, and
+        /// aborts on one in a drop), but one that did would reach the parent's poll, whose
+        /// own panic capture would then run with the child as `current` (a child async-task
+        /// may already have freed). The store runs either way.
+        struct Parent<'a>(&'a Core, *const TaskMeta);
+        impl Drop for Parent<'_> {
+            fn drop(&mut self) {
+                self.0.current.set(self.1);
+            }
+        }
+        let _parent = Parent(core, parent);
         core.current.set(r.metadata());
         let budget = core.stall_ns.get();
         if budget == 0 {
@@ -888,7 +900,6 @@ pub(crate) fn join_inline(child: *const TaskMeta) {
         } else {
             run_timed(core, r, budget);
         }
-        core.current.set(parent);
     });
 }
 
