@@ -1,5 +1,6 @@
 //! Hello from every shard: per-shard state without locks, a local task, a timer, and a
-//! cross-shard call. The README's usage example. Run: `cargo run --example hello`.
+//! cross-shard call, the calls the README's usage example shows. Run: `cargo run --example
+//! hello`.
 
 #[path = "shared/print.rs"]
 mod print;

@@ -161,7 +161,9 @@ async fn answer(store: &Store, counts: &Counts, req: Request) -> Vec<u8> {
 }
 
 /// Serves one connection until the peer closes: every complete line read so far is answered,
-/// in order, and the replies go out in one write.
+/// in order, and the replies go out in one write, or in writes of about [`REPLY_CHUNK`] as
+/// they grow (a read of 4 KiB of pipelined `GET`s of a large value would otherwise buffer
+/// hundreds of MiB of replies).
 async fn serve(stream: TcpStream, store: Store, counts: Counts) {
     let _ = stream.set_nodelay(true);
     let mut pending = Vec::new();
@@ -192,6 +194,14 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
             replies.extend_from_slice(&reply);
             replies.push(b'\n');
             start += i + 1;
+            if replies.len() >= REPLY_CHUNK {
+                let (r, mut sent) = stream.write_all(replies).await;
+                if r.is_err() {
+                    return;
+                }
+                sent.clear();
+                replies = sent;
+            }
         }
         pending.drain(..start);
         if pending.len() > 1 << 20 {
@@ -206,6 +216,9 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
         }
     }
 }
+
+/// Replies buffered for one connection before they are written out.
+const REPLY_CHUNK: usize = 64 << 10;
 
 /// A client connection that sends one line and reads one reply line.
 struct Client {

@@ -1,7 +1,8 @@
 //! A sharded TCP proxy: every shard accepts on its own `SO_REUSEPORT` listener (behind the
 //! shared `ConnBalancer`), opens a connection to the upstream server from the same shard and
 //! pipes bytes both ways, so a connection's two sockets, its buffers and both directions' tasks
-//! live on one shard, with no lock and no cross-shard traffic. A half-close is passed on: when
+//! live on one shard, with no lock and no cross-shard traffic once the connection is placed
+//! (the balancer may hand a new connection to a less loaded shard at accept, once). A half-close is passed on: when
 //! one side ends its writes, the proxy shuts down writing on the other side and keeps piping
 //! the opposite direction until it ends too, as a TCP proxy must for request/response
 //! protocols that close their sending half to say "done".
@@ -10,7 +11,7 @@
 //! so the example is self-contained. With `--clients N` it also runs N clients (pinned tasks
 //! spread over the shards) that each stream `--bytes` pseudo-random bytes through the proxy in
 //! chunks of varied sizes while reading the echo, then close their sending half, read to the
-//! end, and check the echo byte for byte (length and checksum); it prints the throughput and
+//! end, and check the echo (its length and a 64-bit checksum of its bytes, in order); it prints the throughput and
 //! per-shard I/O stats and exits (non-zero if any check failed).
 //!
 //! Run: `cargo run --release --example proxy -- --clients 32 --bytes 1000000` (`--help` lists

@@ -4146,3 +4146,28 @@ fn a_busy_loop_reaps_its_driver_within_a_turn() {
         },
     );
 }
+
+/// `bind`'s documented error kinds: `AddrInUse` for a port another socket holds (a
+/// `SO_REUSEPORT` bind too, when the holder did not set it), `InvalidInput` for an address
+/// list that is empty. Synchronous, and allowed off any loop.
+#[test]
+fn bind_errors_have_the_kinds_the_docs_name() {
+    use std::io::ErrorKind::{AddrInUse, InvalidInput};
+    let none: &[std::net::SocketAddr] = &[];
+
+    let held = xtc_shards::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap();
+    let e = xtc_shards::net::TcpListener::bind(addr).unwrap_err();
+    assert_eq!(e.kind(), AddrInUse, "{e}");
+    let e = xtc_shards::net::TcpListener::bind_reuseport(addr).unwrap_err();
+    assert_eq!(e.kind(), AddrInUse, "{e}");
+    let e = xtc_shards::net::TcpListener::bind(none).unwrap_err();
+    assert_eq!(e.kind(), InvalidInput, "{e}");
+
+    let held = xtc_shards::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap();
+    let e = xtc_shards::net::UdpSocket::bind(addr).unwrap_err();
+    assert_eq!(e.kind(), AddrInUse, "{e}");
+    let e = xtc_shards::net::UdpSocket::bind(none).unwrap_err();
+    assert_eq!(e.kind(), InvalidInput, "{e}");
+}

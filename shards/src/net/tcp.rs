@@ -39,8 +39,9 @@ impl TcpListener {
     /// serves a [`LocalExecutor`](crate::LocalExecutor) of that thread; to hand it to a shard,
     /// send [`into_std`](Self::into_std)'s listener and rebuild it there with
     /// [`from_std`](Self::from_std) (or bind inside the shard's task). Host names are resolved
-    /// synchronously. `Err`: the last address's error (`AddrInUse`, ..), or `InvalidInput` if
-    /// `addr` resolves to nothing. Cost per address tried: `socket`, one `setsockopt`, `bind`
+    /// synchronously. `Err`: the resolver's error for a name that does not resolve, the last
+    /// address's error (`AddrInUse`, ..), or `InvalidInput` if `addr` resolves to an empty
+    /// list. Cost per address tried: `socket`, one `setsockopt`, `bind`
     /// and `listen` system calls.
     pub fn bind(addr: impl std::net::ToSocketAddrs) -> io::Result<TcpListener> {
         each_addr(addr, |a| listener(a, false)).map(|s| TcpListener {

@@ -250,8 +250,9 @@ impl Drop for Listed<'_> {
 }
 
 impl UdpSocket {
-    /// Binds a socket (synchronous). Port 0 picks a free port. `Err`: the last address's
-    /// error (`AddrInUse`, ..), or `InvalidInput` if `addr` resolves to nothing. Cost per
+    /// Binds a socket (synchronous). Port 0 picks a free port. `Err`: the resolver's error for
+    /// a name that does not resolve, the last address's error (`AddrInUse`, ..), or
+    /// `InvalidInput` if `addr` resolves to an empty list. Cost per
     /// address tried: a `socket` and a `bind` system call.
     pub fn bind(addr: impl std::net::ToSocketAddrs) -> io::Result<UdpSocket> {
         each_addr(addr, |a| {
@@ -278,8 +279,9 @@ impl UdpSocket {
         }
     }
 
-    /// Receives one datagram into `buf` from its start (a `Vec`'s length becomes its size; a
-    /// datagram longer than the capacity is truncated) and the sender's address. Dropping the
+    /// Receives one datagram into `buf` from its start (a `Vec`'s length becomes the bytes
+    /// copied; a datagram longer than the capacity is truncated, and as with std the count
+    /// does not tell: leave room for the largest datagram expected) and the sender's address. Dropping the
     /// future before it resolves loses no datagram on either driver: on io_uring the socket
     /// cancels the receive it submitted but keeps it, and the next `recv_from` takes it over
     /// (kept ones in the order their receives completed, else by when they were first kept,
