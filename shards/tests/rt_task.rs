@@ -1063,8 +1063,8 @@ impl std::task::Wake for SetClassWaker {
 /// there read and wrote the freed task's class (valgrind: an invalid read 32 bytes inside a
 /// block freed by `RawTask::destroy`). A `JoinHandle`'s foreign waker is not the polled task's
 /// code: it runs with no task current, so `set_class` is refused there. A live handle dropped
-/// by the task itself in its last poll did the same until a dropped handle took its waker back:
-/// that waker is now not woken at all.
+/// by the task itself in its last poll did the same until a dropped handle took its waker back,
+/// and an aborted handle dropped first takes it back too now: neither waker is woken at all.
 #[test]
 fn a_join_handle_waker_woken_after_its_task_was_freed_sees_no_current_task() {
     for aborted in [false, true] {
@@ -1104,10 +1104,10 @@ fn a_join_handle_waker_woken_after_its_task_was_freed_sees_no_current_task() {
             let accepted = w.accepted.lock().unwrap().clone();
             accepted
         });
-        // A live handle gives its waker back when dropped: nothing wakes it.
-        let expected = if aborted { vec![false] } else { vec![] };
+        // A handle, live or aborted, gives its waker back when dropped: nothing wakes it.
         assert_eq!(
-            accepted, expected,
+            accepted,
+            Vec::<bool>::new(),
             "aborted {aborted}: the waker ran with the freed task as the current one, or ran \
              after its handle was dropped"
         );
@@ -1425,4 +1425,70 @@ fn a_dropped_spawn_blocking_job_is_not_interrupted() {
         Some(Ok(4)),
         "the job's read was disturbed"
     );
+}
+
+/// A task whose future's `Drop` panics, cancelled while a `tracing` subscriber that panics on
+/// errors is installed: the runtime contains the drop's panic and logs it, and the log's own
+/// panic is contained too. The log ran outside the containment, inside async-task's
+/// abort-on-panic section for a cancelled future's drop: the process aborted.
+#[test]
+fn a_subscriber_that_panics_on_the_contained_panics_log_does_not_abort() {
+    in_child(
+        "a_subscriber_that_panics_on_the_contained_panics_log_does_not_abort",
+        || {
+            struct PanicsOnDrop;
+            impl Drop for PanicsOnDrop {
+                fn drop(&mut self) {
+                    panic!("test: a future's drop panics");
+                }
+            }
+            let out =
+                tracing::subscriber::with_default(panic_on_events(tracing::Level::ERROR), || {
+                    LocalExecutor::new().unwrap().block_on(async {
+                        let h = spawn_local(async {
+                            let _bomb = PanicsOnDrop;
+                            std::future::pending::<()>().await
+                        });
+                        task::yield_now().await;
+                        h.abort();
+                        let cancelled = h.await.unwrap_err().is_cancelled();
+                        (cancelled, 7)
+                    })
+                });
+            assert_eq!(out, (true, 7));
+        },
+    );
+}
+
+/// Dropping an aborted handle whose task's future is not dropped yet (a parked task, whose
+/// owner drops it at its next turn) drops the waker the handle's last poll left with the task:
+/// it was kept alive, and woken when the owner dropped the future, as a live handle's no
+/// longer is.
+#[test]
+fn dropping_an_aborted_handle_drops_its_last_pollers_waker() {
+    struct FlagWaker(AtomicBool);
+    impl std::task::Wake for FlagWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, SeqCst);
+        }
+    }
+    LocalExecutor::new().unwrap().block_on(async {
+        let flag = Arc::new(FlagWaker(AtomicBool::new(false)));
+        let mut h = Box::pin(spawn_local(std::future::pending::<()>()));
+        task::yield_now().await;
+        h.abort();
+        let waker = Waker::from(flag.clone());
+        assert!(matches!(poll_caught(h.as_mut(), &waker), Ok(true)));
+        drop(waker);
+        drop(h);
+        // The owner (this loop) drops the cancelled future at a later turn.
+        for _ in 0..4 {
+            task::yield_now().await;
+        }
+        assert!(
+            !flag.0.load(SeqCst),
+            "the dropped handle's poller was woken"
+        );
+        assert_eq!(Arc::strong_count(&flag), 1, "the poller's waker was kept");
+    });
 }

@@ -42,6 +42,12 @@
 //! `Core`, and a run always drops its `Core`), or given back, so the loop is freed once the
 //! executor, the loop's threads and every task that names it are gone, as with the `Arc` per
 //! task (`tests` below check both).
+//!
+//! The counts are `usize` and nothing caps them: a bank grows by one for each task made
+//! elsewhere and freed on its loop, for the life of its `Core`. On a 64-bit target that needs
+//! 2^64 such tasks to wrap (xtc builds only for x86_64 Linux today); a 32-bit port would need
+//! a cap (trim a bank above a few `REFILL`s with one `fetch_sub`), or a wrap would read as the
+//! last release while units are still out.
 
 use std::{ops::Deref, ptr::NonNull, sync::Arc};
 
@@ -204,8 +210,11 @@ fn add_units(shared: &Arc<LoopShared>, n: usize) {
 /// The caller owns `n` units of that loop (so it is alive until this call returns the last).
 #[inline(never)]
 pub(crate) unsafe fn release_units(ptr: *const LoopShared, n: usize) {
-    // SAFETY: the caller's units keep the loop alive for this call; the reference ends with
-    // it, before the loop may be freed below.
+    // SAFETY: the caller's units keep the loop alive until `release`'s `fetch_sub`. When that
+    // is not the last release, another thread may free the loop before `release` returns,
+    // while it still holds this reference, with nothing read through it after the
+    // decrement: the pattern of std's `Arc::drop`, sound for a reference to an atomic
+    // (interior mutability, rust-lang/rust#55005).
     let last = release(unsafe { &(*ptr).task_refs }, n);
     if last {
         // SAFETY: the units together owned one strong count of this `Arc` (rule 1), and this

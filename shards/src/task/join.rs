@@ -390,7 +390,16 @@ impl<T> JoinHandle<T> {
                 }
                 task.detach()
             }
-            State::Aborted(aborted) => drop(aborted),
+            State::Aborted(mut aborted) => {
+                // The same for an aborted handle whose cancellation is still under way: its
+                // cancel future holds the task, whose drop detaches it with the last poll's
+                // waker still registered (kept alive, and woken when the owner drops the
+                // future). One poll with a no-op waker puts that in its place first.
+                if aborted.cancel.is_some() {
+                    aborted.poll_over(&mut Context::from_waker(Waker::noop()));
+                }
+                drop(aborted)
+            }
             State::Taken | State::Busy => {}
         }
     }

@@ -301,7 +301,10 @@ where
                 Poll::Pending
             }
             Ok(Poll::Ready(v)) => {
-                // Drop the user's future now, on the owner, rather than when the task is freed.
+                // Drop the user's future inside this poll, under this crate's guard (rule 4).
+                // async-task drops this wrapper right after the poll, before it publishes the
+                // output, and `Drop` below would drop the future then, guarded the same way:
+                // this only makes the stage `Done` from here on.
                 set_done(&mut this.stage);
                 Poll::Ready(Outcome::new(Ok(v)))
             }
@@ -362,11 +365,20 @@ pub(crate) fn drop_wakers_guarded(wakers: impl IntoIterator<Item = std::task::Wa
 
 /// Runs `f`; a panic is logged as `what` and goes no further. The payload is dropped under
 /// `catch_unwind` too, since its own drop could panic ([`drop_payload`]). (Forgetting every
-/// payload leaked one allocation per contained panic; Miri reported it, `scripts/miri`.)
+/// payload leaked one allocation per contained panic; Miri reported it, `scripts/miri`.) So is
+/// the log line: a `tracing` subscriber is user code, and one that panicked on the error
+/// unwound out of here, inside async-task's abort-on-panic sections (a future's or an
+/// output's drop: the process aborted) or out of a loop's shutdown halfway. Such a panic
+/// is dropped unlogged; `guarded` never unwinds.
 pub(crate) fn guarded(what: &str, f: impl FnOnce()) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
-        let msg = crate::error::payload_message(&*payload).unwrap_or("a non-string payload");
-        tracing::error!("xtc: {what} (ignored): {msg}");
+        let logged = catch_unwind(AssertUnwindSafe(|| {
+            let msg = crate::error::payload_message(&*payload).unwrap_or("a non-string payload");
+            tracing::error!("xtc: {what} (ignored): {msg}");
+        }));
+        if let Err(subscriber) = logged {
+            drop_payload(subscriber);
+        }
         drop_payload(payload);
     }
 }
@@ -397,7 +409,8 @@ const PAYLOAD_DROPS: usize = 8;
 /// finished: async-task marks the task closed first, which `is_finished` read as finished
 /// while the future's `Drop` (a lock, a socket it releases) still ran; as for an aborted
 /// handle, and as in tokio, finished means dropped. Every site that drops a `Runnable` goes
-/// through here. The drop runs with no task marked as polled on this loop
+/// through here (but a loop's queues dropped by an unwind, a bug in xtc the run reports as
+/// `ShardPanicked`). The drop runs with no task marked as polled on this loop
 /// (`context::outside_task`): it is the cancelled task's code, not the polled one's, and a
 /// cancel can come inside a poll (a wake whose migratable task's executor is gone, dropped by
 /// `steal::schedule`), even after async-task freed the task that poll ran (it wakes an
@@ -472,7 +485,10 @@ pub(crate) fn schedule(runnable: Runnable) {
 fn schedule_away(runnable: Runnable) {
     // SAFETY: the pointer comes from the `Home` in this task's metadata, which keeps the loop
     // alive while we hold `runnable`; `route` reads what it needs before it hands `runnable`
-    // on.
+    // on. Once it handed it on, to a ring of the owner's executor, the task may end at once,
+    // and then what keeps the owner alive for the rest of the call is this loop's executor,
+    // which holds every one of its loops (`context::route`); otherwise `route` hands
+    // `runnable` back, and the `Home` keeps it alive again.
     let owner_ref = unsafe { &*Home::as_ptr(&runnable.metadata().home) };
     if let Some(runnable) = crate::context::route(owner_ref, runnable) {
         // Foreign thread: we hold the runnable again, so its metadata is alive; the clone
