@@ -350,6 +350,15 @@ fn local_a_repolled_waiting_send_keeps_one_place_in_line() {
     });
 }
 
+/// A waker that counts its wake-ups.
+struct Count(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Count {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A `recv` that waited and was dropped (a timeout), then a `recv` that waits with another
 /// waker (another task): the next send wakes the new waker, not the stale one. The receiver
 /// keeps the waker of its last wait for the next one (`will_wake` skips the clone), so a
@@ -363,14 +372,8 @@ fn shared_a_recv_waiting_again_with_another_waker_gets_the_wake() {
             atomic::{AtomicUsize, Ordering::SeqCst},
             Arc,
         },
-        task::{Context, Wake, Waker},
+        task::{Context, Waker},
     };
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
     // Off any loop every push signals at once; 4 and 64 slots alike.
     for cap in [4usize, 64] {
         let (mut tx, mut rx) = shared::bounded::<u32>(cap).unwrap();
@@ -408,14 +411,8 @@ fn local_woken_senders_that_lose_their_slots_keep_their_order() {
             atomic::{AtomicUsize, Ordering::SeqCst},
             Arc,
         },
-        task::{Context, Poll, Wake, Waker},
+        task::{Context, Poll, Waker},
     };
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
     for waiting in [2usize, 3] {
         let (tx, mut rx) = local::bounded::<usize>(waiting).unwrap();
         for _ in 0..waiting {
