@@ -1492,3 +1492,54 @@ fn dropping_an_aborted_handle_drops_its_last_pollers_waker() {
         assert_eq!(Arc::strong_count(&flag), 1, "the poller's waker was kept");
     });
 }
+
+/// A `spawn_blocking` job whose future was dropped while it ran leaves its result to the pool
+/// thread to drop; a result whose `Drop` panics is contained there, the job ends as it should
+/// (the panic unwound the pool thread before it marked the job done, so the stopping loop
+/// waited its full second for the "still running" job and warned), and the pool serves the
+/// next job.
+#[test]
+fn an_unclaimed_spawn_blocking_result_that_panics_when_dropped_is_contained() {
+    struct PanicsOnDrop(Arc<AtomicBool>);
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+            panic!("test: an unclaimed result's drop panics");
+        }
+    }
+    let dropped = Arc::new(AtomicBool::new(false));
+    let d = dropped.clone();
+    let warnings = Arc::new(AtomicUsize::new(0));
+    let ex = LocalExecutor::new().unwrap();
+    let next = tracing::subscriber::with_default(
+        count_events(tracing::Level::WARN, warnings.clone()),
+        || {
+            ex.block_on(async move {
+                let started = Arc::new(AtomicBool::new(false));
+                let st = started.clone();
+                let job = xtc_shards::spawn_blocking(move || {
+                    st.store(true, SeqCst);
+                    std::thread::sleep(Duration::from_millis(50));
+                    PanicsOnDrop(d)
+                });
+                while !started.load(SeqCst) {
+                    xtc_shards::time::sleep(Duration::from_millis(1)).await;
+                }
+                drop(job);
+                // The pool's thread ends the job and drops the result; then it serves this one.
+                xtc_shards::time::sleep(Duration::from_millis(100)).await;
+                xtc_shards::spawn_blocking(|| 11).await.unwrap()
+            })
+        },
+    );
+    assert_eq!(next, 11);
+    assert!(
+        dropped.load(SeqCst),
+        "the unclaimed result was never dropped"
+    );
+    assert_eq!(
+        warnings.load(SeqCst),
+        0,
+        "the loop's stop found the job still running"
+    );
+}

@@ -674,7 +674,13 @@ fn submit<R: Send + 'static>(
         // opened closes at the future's drop, or here, before the job counts as done, if the
         // future is gone). Kept until the job's end, after its wake-up (user code, or a
         // preemption), it stayed open after a dropped future's `block_on` or `run()` returned.
-        drop(theirs);
+        // Guarded: with the future gone the result is dropped here, on the pool thread, and a
+        // `spawn_blocking` result is the user's value (or a panic payload), whose `Drop` may
+        // panic; unguarded, that unwound the pool thread out of its loop, uncounted.
+        crate::task::guarded(
+            "a blocking job's unclaimed result panicked while being dropped",
+            || drop(theirs),
+        );
         {
             // From here on no interrupt is sent to this thread for this job.
             let mut c = lock(&their_ctl.state);
