@@ -92,7 +92,8 @@
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
 //! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of
 //! blocking; run blocking code with [`spawn_blocking`] (the runtime's blocking-thread pool;
-//! its loop counts as waiting on the job, however long it takes). A task that awaits a plain
+//! its loop counts as waiting on the job, however long it takes; pinned and migratable tasks
+//! alike). A task that awaits a plain
 //! thread of its own instead (`std::thread::spawn`, then a shared channel or a [`Handle`]
 //! call) is waiting on something the runtime cannot see: once every loop has been idle for
 //! the deadlock grace (`XTC_DEADLOCK_GRACE`, 5 s by default) the run ends with

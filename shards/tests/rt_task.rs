@@ -1543,3 +1543,43 @@ fn an_unclaimed_spawn_blocking_result_that_panics_when_dropped_is_contained() {
         "the loop's stop found the job still running"
     );
 }
+
+/// `spawn_blocking` in migratable tasks: its future is `Send`, so `xtc::spawn` takes a task
+/// that awaits it, on both shards, with stealing on; every result comes back.
+#[test]
+fn spawn_blocking_in_migratable_tasks() {
+    fn assert_send<T: Send>(_: &T) {}
+    let exec = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .eager_rebalance(true)
+        .build()
+        .unwrap();
+    let h = exec.handle();
+    let sum = exec
+        .block_on(move || async move {
+            let tasks: Vec<_> = (0..16u64)
+                .map(|i| {
+                    h.spawn(async move {
+                        let job = xtc_shards::spawn_blocking(move || {
+                            std::thread::sleep(Duration::from_millis(2));
+                            i * 10
+                        });
+                        assert_send(&job);
+                        let before = xtc_shards::shard::id();
+                        let v = job.await.unwrap();
+                        // Wherever the task was stolen to meanwhile.
+                        assert!(xtc_shards::shard::id() < 2 && before < 2);
+                        v
+                    })
+                })
+                .collect();
+            let mut sum = 0;
+            for t in tasks {
+                sum += t.await.unwrap();
+            }
+            sum
+        })
+        .unwrap();
+    assert_eq!(sum, (0..16u64).map(|i| i * 10).sum::<u64>());
+}

@@ -27,11 +27,10 @@ type Caught<T> = Result<T, Box<dyn Any + Send + 'static>>;
 /// runs to its end, and its result is dropped (the pool sends no signal into user code), and
 /// a loop that stops waits up to a second for such a job before it returns.
 ///
-/// Works on and off a loop. The future is `!Send`, as `xtc::fs`'s are (its job counts in the
-/// calling loop's work): await it in a pinned task ([`spawn_local`](crate::spawn_local),
-/// [`Handle::spawn_on`](crate::Handle::spawn_on), a [`submit_to`](crate::submit_to) call);
-/// a migratable task ([`spawn`](crate::spawn), whose future is `Send`) cannot hold it across
-/// an `.await`.
+/// Works on and off a loop, in pinned and migratable tasks alike: the future is `Send` when
+/// `T` is, so a migratable task ([`spawn`](crate::spawn)) may await it and be stolen
+/// meanwhile. The job counts in the work of the loop that called this until it ends, wherever
+/// the awaiting task has moved.
 ///
 /// Cost: a boxed job and two small shared allocations (its result slot and its control
 /// block), a lock of the pool's queue, and a thread start when no pool thread is idle (up to
@@ -53,6 +52,17 @@ where
 pub struct SpawnBlocking<T> {
     job: blocking::Blocking<Caught<T>>,
 }
+
+// SAFETY: `blocking::Blocking` is `!Send` only by a marker, which keeps a file operation's
+// future on its loop (with the descriptor it serves). Its fields are an
+// `Arc<Mutex<Slot<io::Result<Caught<T>>>>>` (`Send` when `T` is: `Caught`'s payload is `Send`),
+// an `Arc` of a control block (a `Mutex` of plain data), an id and a flag, and polling or
+// dropping it from any thread touches only those and the current thread's own thread-locals
+// (its list of abandoned jobs). The job's count in its loop's work is an `Arc` the job took
+// at submission, held until the job ends, whichever thread the future is on by then. A job
+// of `spawn_blocking` is never sent the pool's interrupt signal (`run_uninterrupted`), the
+// one thing a cancel aims at a particular thread.
+unsafe impl<T: Send> Send for SpawnBlocking<T> {}
 
 impl<T> Future for SpawnBlocking<T> {
     type Output = Result<T, JoinError>;
