@@ -447,7 +447,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // recheck below looks for.
         steal::forget_work_ping(core);
         if !steal::would_steal(core) {
-            steal::pass_look(core);
+            steal::drop_waiver(core);
         } else if steal::try_steal(core) {
             core.empty_ticks.set(0);
             // Step 1 comes next either way (a closing coordinator may have stopped).

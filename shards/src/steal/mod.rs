@@ -935,9 +935,11 @@ pub(crate) fn would_steal(core: &Core) -> bool {
         || (core.registry.borrow().is_empty() && core.timers.borrow().is_empty())
 }
 
-/// Rule 3, for a park decision that does not look ([`would_steal`] is false): that was the
-/// look a wake's waiver was for, so the waiver ends here, kept or fresh. Cost: two stores.
-pub(crate) fn pass_look(core: &Core) {
+/// Rule 3: ends a wake's waiver, kept or fresh, where the look it was for will not come: a
+/// park decision that does not look ([`would_steal`] is false), or stealing switched off
+/// (switched on again, the first look stole below the minimum on a ping from before). Cost:
+/// two stores.
+pub(crate) fn drop_waiver(core: &Core) {
     core.fresh_wake.set(false);
     let mut waiver = core.waiver.get();
     waiver.clear();
@@ -949,12 +951,7 @@ pub(crate) fn pass_look(core: &Core) {
 pub(crate) fn try_steal(core: &Core) -> bool {
     let exec = &*core.exec;
     if !exec.stealing() {
-        // A waiver does not outlive stealing switched off: switched on again, the first look
-        // stole below the minimum on a ping from before.
-        core.fresh_wake.set(false);
-        let mut waiver = core.waiver.get();
-        waiver.clear();
-        core.waiver.set(waiver);
+        drop_waiver(core);
         return false;
     }
     // Rule 3: the last park ended by a ping for new migratable work (`woke`), or such a ping's
