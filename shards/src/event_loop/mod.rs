@@ -109,6 +109,42 @@ pub(crate) struct LoopShared {
     /// The executor, weakly (set once by `ExecShared::new_arc`): how a migratable task, whose
     /// metadata holds its spawn loop, reaches its executor (steal/mod.rs rule 1).
     exec: std::sync::OnceLock<std::sync::Weak<crate::executor::ExecShared>>,
+    /// Set (for good) when a run's shutdown of this loop was cut short by a panic (a bug in
+    /// xtc): tasks of the loop that had no `Runnable` then were not dropped on the loop's
+    /// thread, and their futures may be `!Send`. From then on what is routed to this loop (a
+    /// wake of such a task, through its inbox or a ring) is leaked, never polled or dropped
+    /// on another thread, and the executor refuses to run again (`Executor::run`). Written
+    /// once by the loop's worker before its `Core` goes; read by the sweeps that would drop
+    /// the loop's messages.
+    pub(crate) poisoned: crate::sync::AtomicBool,
+}
+
+/// A poisoned loop's inbox is leaked with it: dropped here, a wake of one of its `!Send`
+/// tasks dropped that task's future on whichever thread freed the executor.
+impl Drop for LoopShared {
+    fn drop(&mut self) {
+        if self.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
+            let mut queued = Vec::new();
+            self.inbox.drain_into(&mut queued);
+            leak_all(queued);
+        }
+    }
+}
+
+/// Leaks what was routed to a poisoned loop ([`LoopShared::poisoned`]), with an error logged:
+/// no thread may drop it but the loop's own, which is gone.
+pub(crate) fn leak_all(tasks: Vec<Runnable>) {
+    if tasks.is_empty() {
+        return;
+    }
+    tracing::error!(
+        tasks = tasks.len(),
+        "xtc: tasks routed to a loop whose shutdown panicked are leaked, not dropped (their \
+         futures may be tied to that loop's thread)"
+    );
+    for r in tasks {
+        std::mem::forget(r);
+    }
 }
 
 impl LoopShared {
@@ -147,6 +183,7 @@ impl LoopShared {
             timer_generation: AtomicU64::new(0),
             task_refs: crate::sync::AtomicUsize::new(0),
             exec: std::sync::OnceLock::new(),
+            poisoned: crate::sync::AtomicBool::new(false),
         })
     }
 
@@ -780,6 +817,10 @@ fn publish_counts(core: &Core, polls: u64) {
 /// a drain that waited for an empty inbox never ended while they spawned faster than the loop
 /// dropped.
 pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
+    #[cfg(test)]
+    if core.exec.panic_shutdown.load(SeqCst) == core.index() {
+        panic!("planted: shard {}'s shutdown panics", core.index());
+    }
     let shared = &*core.shared;
     // Counted before the push: every message pushed before this point, in flight included,
     // is among the first `inbox_before` the loop takes. Once no task is registered, whatever

@@ -114,6 +114,10 @@ pub(crate) struct ExecShared {
     /// none), as a panic in the pinning (or in a tracing subscriber handling its event) would.
     #[cfg(test)]
     pub(crate) panic_pin: std::sync::atomic::AtomicUsize,
+    /// Tests only: the shard whose shutdown panics as it begins (`usize::MAX`: none), as a bug
+    /// in it would, leaving that loop's parked tasks alive.
+    #[cfg(test)]
+    pub(crate) panic_shutdown: std::sync::atomic::AtomicUsize,
     /// Tests only: run by the coordinator between finding quiescence and closing, to widen
     /// the window in which a foreign spawn races the decision.
     #[cfg(test)]
@@ -195,6 +199,8 @@ impl ExecShared {
             fail_pin: std::sync::atomic::AtomicUsize::new(usize::MAX),
             #[cfg(test)]
             panic_pin: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            #[cfg(test)]
+            panic_shutdown: std::sync::atomic::AtomicUsize::new(usize::MAX),
             #[cfg(test)]
             before_closing: Mutex::new(None),
             #[cfg(test)]
@@ -651,7 +657,9 @@ impl Executor {
     /// progress; `Err(Io)` if a shard thread cannot be spawned and `Err(Numa)` if one cannot
     /// be pinned (then no loop runs, and the queued work stays for the next run).
     /// `Err(ShardPanicked)` if a loop's thread panicked outside any task (a bug in xtc): the
-    /// run ends there. A panic of
+    /// run ends there. If that panic also cut the loop's shutdown short, the loop's remaining
+    /// tasks are leaked (their futures may be `!Send`, tied to the loop's thread) and every
+    /// later run of this executor returns `Err(ShardPanicked)` too. A panic of
     /// the quiescence coordinator itself (a bug in xtc) stops and joins the loops, then
     /// resumes in the caller. A panic inside a task is the task's ([`crate::JoinError`]), never the
     /// run's. Cost: one thread spawn and pin per shard, joined before `run` returns; the calling
@@ -677,6 +685,14 @@ impl Executor {
 
     fn run_inner(&self, claim: &RunClaim<'_>) -> Result<()> {
         let shared = &self.handle.shared;
+        if shared.loops.iter().any(|l| l.poisoned.load(SeqCst)) {
+            // Its live tasks were left behind by a shutdown cut short: run on a new thread,
+            // one whose future is `!Send` would be polled or dropped off its own.
+            return Err(Error::ShardPanicked(
+                "an earlier run's shard loop panicked while shutting down (a bug in xtc), so \
+                 this executor cannot run again: build a new one",
+            ));
+        }
         lock(&shared.deadlock_tasks).clear();
         // Every loop is BUSY, in a new epoch, before any thread of this run looks: a loop that
         // left the last run showing an idle kind (a stop landing just after an idle tick)
@@ -915,6 +931,11 @@ impl ExecShared {
                 };
                 for l in &self.loops {
                     dropped += l.inbox.drain_into(&mut batch) + l.steal.drop_injected();
+                    if l.poisoned.load(SeqCst) {
+                        // Wakes of the live tasks of a loop whose shutdown a panic cut short
+                        // (`LoopShared::poisoned`): no other thread may drop them.
+                        event_loop::leak_all(std::mem::take(&mut batch));
+                    }
                     crate::task::cancel_all(batch.drain(..));
                 }
                 if dropped == 0 {
@@ -1353,6 +1374,12 @@ fn worker(
     // works.
     // Busy + idle from here until the shutdown below has ended (or a panic unwinds).
     let _clock = event_loop::RunClock::start(&core.shared.stats);
+    // Dropped before `core` (declared after it): a shutdown cut short poisons the loop before
+    // its `Core` gives its ring ends back, so whoever takes them sees the flag.
+    let mut shut = ShutdownGuard {
+        shared: &core.shared,
+        done: false,
+    };
     let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // Armed here, before the first turn, and re-armed by the loop when the interval
         // changes (`preempt::sync_timer`).
@@ -1368,6 +1395,7 @@ fn worker(
         let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             event_loop::shutdown(&core, false)
         }));
+        shut.done = closed.is_ok();
         tracing::error!(shard = core.index(), "xtc: a shard loop panicked; stopping");
         if closed.is_err() {
             tracing::error!(shard = core.index(), "xtc: its shutdown panicked too");
@@ -1393,6 +1421,7 @@ fn worker(
         lock(&exec.deadlock_tasks).extend(lines);
     }
     event_loop::shutdown(&core, reason == StopReason::Quiescent as u32);
+    shut.done = true;
     #[cfg(test)]
     {
         // Outside the lock: the hooks of two shards may run at once.
@@ -1402,6 +1431,22 @@ fn worker(
         }
     }
     tracing::trace!(shard = core.index(), "shard loop stopped");
+}
+
+/// A worker's loop between its end and its completed shutdown: dropped before `done` (a panic
+/// cut the shutdown short, a bug in xtc), it poisons the loop ([`LoopShared::poisoned`]), whose
+/// live tasks were not dropped on its thread.
+struct ShutdownGuard<'a> {
+    shared: &'a LoopShared,
+    done: bool,
+}
+
+impl Drop for ShutdownGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.poisoned.store(true, SeqCst);
+        }
+    }
 }
 
 /// Every [`Handle`] method (spawning, stop, knobs, stats) is callable on the executor itself.
@@ -2362,5 +2407,108 @@ mod tests {
         for h in handles {
             futures::executor::block_on(h).unwrap();
         }
+    }
+    /// Where a pinned task's probe says it was polled or dropped on a thread not its own.
+    struct OwnThread {
+        home: std::thread::ThreadId,
+        wrong: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl OwnThread {
+        fn check(&self) {
+            if std::thread::current().id() != self.home {
+                self.wrong.fetch_add(1, SeqCst);
+            }
+        }
+    }
+
+    impl Drop for OwnThread {
+        fn drop(&mut self) {
+            self.check();
+        }
+    }
+
+    /// A loop whose shutdown a panic cut short (a bug in xtc, planted here) leaves its parked
+    /// tasks alive. Their futures may be `!Send`: a wake that routes one to the loop's inbox
+    /// later must neither run it in a later run (on that run's new thread) nor drop it on the
+    /// thread that frees the executor. Both happened: later runs went on, and the executor's
+    /// drop cancelled what the inbox held.
+    #[test]
+    fn a_shutdown_cut_short_leaks_its_loops_tasks_and_refuses_later_runs() {
+        cut_short(false);
+    }
+
+    /// As above, the wake sent by shard 0's shutdown (dropping a task that wakes shard 1's on
+    /// drop) through the ring to shard 1: shard 0's evacuation (or the run's sweep of the
+    /// rings) dropped it on its own thread.
+    #[test]
+    fn a_wake_sent_through_a_ring_to_a_loop_whose_shutdown_was_cut_short_is_leaked() {
+        cut_short(true);
+    }
+
+    struct WakeOnDrop(Option<std::task::Waker>);
+
+    impl Drop for WakeOnDrop {
+        fn drop(&mut self) {
+            if let Some(w) = self.0.take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// Shard 1's shutdown panics with a `!Send` task of its parked; it is then woken by shard
+    /// 0's shutdown (`in_shutdown`) or from this thread after the run.
+    fn cut_short(in_shutdown: bool) {
+        let exec = two_shards();
+        let wrong = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let slot = Arc::new(std::sync::Mutex::new(None::<std::task::Waker>));
+        let (w, s) = (wrong.clone(), slot.clone());
+        exec.spawn_on(1, move || async move {
+            let probe = OwnThread {
+                home: std::thread::current().id(),
+                wrong: w,
+            };
+            // `!Send`, as a pinned task's future may be.
+            let _rc = std::rc::Rc::new(());
+            futures::future::poll_fn(|cx| {
+                probe.check();
+                *s.lock().unwrap() = Some(cx.waker().clone());
+                std::task::Poll::<()>::Pending
+            })
+            .await;
+        })
+        .unwrap();
+        let s = slot.clone();
+        exec.spawn_on(0, move || async move {
+            while s.lock().unwrap().is_none() {
+                crate::time::sleep(Duration::from_millis(1)).await;
+            }
+            let _wake = WakeOnDrop(s.lock().unwrap().clone().filter(|_| in_shutdown));
+            crate::stop();
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        exec.handle.shared.panic_shutdown.store(1, SeqCst);
+        let ran = exec.run();
+        exec.handle.shared.panic_shutdown.store(usize::MAX, SeqCst);
+        assert!(
+            matches!(ran, Err(crate::Error::ShardPanicked(_))),
+            "the planted panic was not reported: {ran:?}"
+        );
+        if !in_shutdown {
+            // Routed to shard 1's inbox: this thread is no worker.
+            slot.lock().unwrap().take().expect("parked").wake();
+        }
+        let again = exec.run();
+        assert!(
+            matches!(again, Err(crate::Error::ShardPanicked(_))),
+            "a later run was not refused: {again:?}"
+        );
+        drop(exec);
+        assert_eq!(
+            wrong.load(SeqCst),
+            0,
+            "shard 1's task was polled or dropped off its loop's thread"
+        );
     }
 }

@@ -228,6 +228,9 @@ impl Mesh {
     /// `Send` closures (the tasks of a stopped loop are gone, so nothing wakes them): any thread
     /// may drop them. Each counts as received by its target (`loops[to]`'s stats, from which its
     /// next run starts counting), so a later run's quiescence check still balances (rule 6).
+    /// The exception is a loop whose shutdown was cut short by a panic
+    /// ([`LoopShared::poisoned`](crate::event_loop::LoopShared::poisoned)): its tasks live on,
+    /// so what waits for it is leaked, not dropped.
     pub(crate) fn drop_queued(
         &self,
         loops: &[std::sync::Arc<crate::event_loop::LoopShared>],
@@ -239,6 +242,11 @@ impl Mesh {
             let before = dropped.len();
             while let Ok(r) = c.pop() {
                 dropped.push(r);
+            }
+            if loops[slot % self.n].poisoned.load(SeqCst) {
+                // Not only spawns: wakes of the live tasks of a loop whose shutdown was cut
+                // short (`LoopShared::poisoned`), which no other thread may drop.
+                crate::event_loop::leak_all(dropped.split_off(before));
             }
             let n = (dropped.len() - before) as u64;
             if n > 0 {
@@ -712,7 +720,9 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
 /// when the run ended, so the same spawns survived or not by the ring's fill. What the drops
 /// of this loop's shutdown sent (the newest messages) is dropped here, as the stopped run's
 /// own tasks are, rather than run in the next, unrelated `run()`; an owner that has stopped
-/// has no live task, so these are spawns, whose `Send` closures any thread may drop. An owner
+/// has no live task, so these are spawns, whose `Send` closures any thread may drop (but for an
+/// owner whose shutdown a panic cut short, `LoopShared::poisoned`: what is left for it is
+/// leaked). An owner
 /// that still holds its end drains the ring in its own shutdown (dropping what it takes, as a
 /// stopping loop drops its queue), and while this loop has anything for it, in the ring or a
 /// backlog, the caller comes back until the owner drained it or has stopped: moved to the
@@ -765,11 +775,18 @@ pub(crate) fn evacuate(core: &Core) -> bool {
         // as handed over, which the quiescence check takes off the sent ones: taken off `sent`
         // itself, the published `messages_sent` went down.
         m.handed_over += moved.len() as u64;
+        let owner = &core.exec.loops[to];
+        if owner.poisoned.load(SeqCst) {
+            // Its shutdown was cut short (`LoopShared::poisoned`; set before it gave its ring
+            // ends back, so seen here): these may be wakes of its live `!Send` tasks, which no
+            // other thread may drop or run.
+            crate::event_loop::leak_all(moved);
+            continue;
+        }
         dropped.extend(moved.drain(keep..));
         if moved.is_empty() {
             continue;
         }
-        let owner = &core.exec.loops[to];
         for r in moved {
             owner.inbox.push(r);
         }
