@@ -154,9 +154,21 @@ impl Mesh {
         self.capacity
     }
 
-    /// Rule 1: loop `me` takes its ring ends.
+    /// Rule 1: loop `me` takes its ring ends. What an earlier run left of its rule 3 state for
+    /// its outgoing rings is cleared: a `want_space` flag its last park decision set, and the
+    /// wakers of foreign waits (3b) that ended some other way (a recheck found room), which
+    /// stayed in the list, each keeping its `Arc` alive until a later run's consumer took them
+    /// and woke them for nothing. Only code on this loop's thread sets either, and it has not
+    /// run yet. Cost: per outgoing ring, one store and one lock.
     pub(crate) fn take(&self, me: usize) -> LocalMesh {
         let n = self.n;
+        let mut stale = Vec::new();
+        for to in 0..n {
+            self.want_space(me, to).store(false, SeqCst);
+            stale.append(&mut lock(self.foreign(me, to)));
+        }
+        // Outside the locks: a waker's drop is user code.
+        crate::task::drop_wakers_guarded(stale);
         LocalMesh {
             me,
             out: (0..n)
@@ -950,5 +962,45 @@ mod tests {
         let again = mesh.take(0);
         assert!(again.out[1].is_some() && again.inc[1].is_some());
         mesh.give_back(again);
+    }
+
+    /// A waker woken (or dropped) sets its flag.
+    struct FlagWake(Arc<AtomicBool>, Arc<AtomicBool>);
+
+    impl std::task::Wake for FlagWake {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, SeqCst);
+        }
+    }
+
+    impl Drop for FlagWake {
+        fn drop(&mut self) {
+            self.1.store(true, SeqCst);
+        }
+    }
+
+    /// Rule 3 state an earlier run left for a loop's outgoing rings (a `want_space` flag, a
+    /// foreign waiter whose wait ended another way) is gone when the loop takes its ends
+    /// again: the waker is dropped unwoken rather than kept alive until a later consumer's
+    /// drain woke it for nothing.
+    #[test]
+    fn taking_the_ring_ends_clears_an_earlier_runs_space_waits() {
+        let mesh = Mesh::new(2, 4);
+        let (woken, dropped) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let waker = std::task::Waker::from(Arc::new(FlagWake(woken.clone(), dropped.clone())));
+        mesh.foreign(0, 1).lock().unwrap().push(waker);
+        mesh.want_space(0, 1).store(true, SeqCst);
+        let local = mesh.take(0);
+        assert!(!mesh.want_space(0, 1).load(SeqCst), "the stale flag stayed");
+        assert!(
+            mesh.foreign(0, 1).lock().unwrap().is_empty(),
+            "the stale waiter stayed"
+        );
+        assert!(dropped.load(SeqCst), "the stale waker was kept alive");
+        assert!(!woken.load(SeqCst), "the stale waker was woken");
+        mesh.give_back(local);
     }
 }
