@@ -464,6 +464,80 @@ fn local_woken_senders_that_lose_their_slots_keep_their_order() {
     }
 }
 
+/// Waiting senders that give up (dropped `send`s, as timeouts drop them) leave the line
+/// without a search of it, and the senders that still wait get the freed slots in the order
+/// they began waiting, whether few gave up or most did (which compacts the line), and when
+/// later senders reuse the places the ones that left had in the waiters' table.
+#[test]
+fn local_senders_that_give_up_leave_the_others_their_order() {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{
+            atomic::{AtomicUsize, Ordering::SeqCst},
+            Arc,
+        },
+        task::{Context, Poll, Waker},
+    };
+    // (10, 4): a few give up. (200, 100): most do, and the line is compacted after later
+    // senders took the leavers' places in the table.
+    for (first, later) in [(10usize, 4usize), (200, 100)] {
+        let (tx, mut rx) = local::bounded::<usize>(1).unwrap();
+        tx.try_send(usize::MAX).unwrap();
+        let total = first + later;
+        let wakes: Vec<_> = (0..total)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let wakers: Vec<Waker> = wakes.iter().map(|w| Waker::from(w.clone())).collect();
+        let mut sends: Vec<Option<local::SendFut<'_, usize>>> = Vec::new();
+        let poll = |i: usize, sends: &mut Vec<Option<local::SendFut<'_, usize>>>| {
+            let f = sends[i].as_mut().expect("a live send");
+            Pin::new(f).poll(&mut Context::from_waker(&wakers[i]))
+        };
+        // The first senders wait, then every other one gives up.
+        for i in 0..first {
+            sends.push(Some(tx.send(i)));
+            assert!(poll(i, &mut sends).is_pending());
+        }
+        for i in (0..first).step_by(2) {
+            sends[i] = None;
+        }
+        // Later senders wait behind them (in the places the leavers had in the table), and
+        // two of every three of those give up too.
+        for i in first..total {
+            sends.push(Some(tx.send(i)));
+            assert!(poll(i, &mut sends).is_pending());
+        }
+        for (n, send) in sends[first..].iter_mut().enumerate() {
+            if n % 3 != 0 {
+                *send = None;
+            }
+        }
+        let waiting: Vec<usize> = (0..total).filter(|&i| sends[i].is_some()).collect();
+        assert_eq!(rx.try_recv(), Ok(usize::MAX));
+        // One slot at a time, each to the oldest sender still waiting, and to no other.
+        for (n, &i) in waiting.iter().enumerate() {
+            assert_eq!(
+                wakes[i].0.load(SeqCst),
+                1,
+                "{first}+{later}: sender {i} not woken when its turn came"
+            );
+            for &j in &waiting[n + 1..] {
+                assert_eq!(
+                    wakes[j].0.load(SeqCst),
+                    0,
+                    "{first}+{later}: sender {j} woken before sender {i}"
+                );
+            }
+            assert!(matches!(poll(i, &mut sends), Poll::Ready(Ok(()))));
+            assert_eq!(rx.try_recv(), Ok(i), "{first}+{later}");
+        }
+        assert!(rx.try_recv().is_err(), "{first}+{later}: a value too many");
+        // Nobody waits now: a new send takes the free slot at once.
+        assert!(tx.try_send(7).is_ok(), "{first}+{later}");
+    }
+}
+
 /// A send that starts while another waits in line goes behind it: a slot freed for the
 /// waiting sender, or freed beside it, is not taken by a newer `send` that polls before the
 /// woken one runs (its wake queues it behind tasks already queued). It was: the newer send's

@@ -45,8 +45,13 @@ struct State<T> {
     rx_waker: Option<Waker>,
     /// Waiting senders, by key.
     waiters: Slab<Waiter>,
-    /// Keys of waiters not yet notified, oldest first: in the order of their tickets.
-    line: VecDeque<usize>,
+    /// Waiters not yet notified, by key and ticket, oldest first: in the order of their
+    /// tickets. An entry whose waiter left (its key free, or reused by a later waiter with
+    /// another ticket) stays until it reaches the front or a compaction drops it: removed at
+    /// once, N waiters that all gave up (a timeout each) cost O(N²).
+    line: VecDeque<(usize, u64)>,
+    /// How many entries of `line` are stale (their waiter left).
+    stale: usize,
     /// Tickets handed out so far, one per sender that began waiting.
     tickets: u64,
     senders: usize,
@@ -58,19 +63,34 @@ impl<T> State<T> {
     /// its waker, to be woken once the state's borrow ends: taken, not cloned (a clone is
     /// user code, for a custom waker), and the sender stores a fresh one when it polls again.
     fn notify_one(&mut self) -> Option<Waker> {
-        while let Some(key) = self.line.pop_front() {
-            if let Some(w) = self.waiters.get_mut(key) {
-                w.notified = true;
-                return Some(std::mem::replace(&mut w.waker, Waker::noop().clone()));
+        while let Some((key, ticket)) = self.line.pop_front() {
+            match self.waiters.get_mut(key) {
+                Some(w) if w.ticket == ticket => {
+                    w.notified = true;
+                    return Some(std::mem::replace(&mut w.waker, Waker::noop().clone()));
+                }
+                _ => self.stale -= 1,
             }
         }
         None
     }
 
-    /// The waiters woken for a freed slot and not run yet: every waiter not in line (the
-    /// line holds no key that left it).
+    /// The waiters woken for a freed slot and not run yet: every waiter not in line.
     fn woken(&self) -> usize {
-        self.waiters.len().saturating_sub(self.line.len())
+        self.waiters.len() - (self.line.len() - self.stale)
+    }
+
+    /// An un-notified waiter left: its entry in line goes stale. Once most of the line is
+    /// stale it is compacted, so the line stays within twice the waiters in it and each
+    /// departure costs O(1) amortized.
+    fn forget_in_line(&mut self) {
+        self.stale += 1;
+        if self.stale > 32 && self.stale * 2 > self.line.len() {
+            let waiters = &self.waiters;
+            self.line
+                .retain(|&(k, t)| waiters.get(k).is_some_and(|w| w.ticket == t));
+            self.stale = 0;
+        }
     }
 
     /// Whether a `send` may take a free slot now: waiter `key` only once woken for one (a
@@ -98,7 +118,7 @@ impl<T> State<T> {
             return (None, None);
         };
         let next = if !w.notified {
-            self.line.retain(|&k| k != key);
+            self.forget_in_line();
             None
         } else if (pass_on || self.queue.len() + self.woken() < self.capacity) && self.rx_alive {
             self.notify_one()
@@ -126,6 +146,7 @@ pub fn bounded<T>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
         rx_waker: None,
         waiters: Slab::new(),
         line: VecDeque::new(),
+        stale: 0,
         tickets: 0,
         senders: 1,
         rx_alive: true,
@@ -276,15 +297,13 @@ impl<T> SendFut<'_, T> {
                     // Woken, but a `try_send` took the slot: back into line, at its place.
                     // Pushed to the front, two woken waiters that both lost their slots went
                     // back in the reverse of their order (the later poll ended up first).
-                    // Every waiter in line is still waiting, so the tickets read here exist,
-                    // and the line stays sorted by them. Cost: a search of the line and an
-                    // insert, only when a `try_send` took a woken waiter's slot.
+                    // The line is sorted by ticket (stale entries included). Cost: a search
+                    // of the line and an insert, only when a `try_send` took a woken
+                    // waiter's slot.
                     w.notified = false;
                     let mine = w.ticket;
-                    let at = st.line.partition_point(|&k| {
-                        st.waiters.get(k).is_some_and(|other| other.ticket < mine)
-                    });
-                    st.line.insert(at, key);
+                    let at = st.line.partition_point(|&(_, t)| t < mine);
+                    st.line.insert(at, (key, mine));
                 }
             }
             None => {
@@ -297,7 +316,7 @@ impl<T> SendFut<'_, T> {
                     notified: false,
                     ticket,
                 });
-                st.line.push_back(key);
+                st.line.push_back((key, ticket));
                 self.key = Some(key);
             }
         }
@@ -442,6 +461,7 @@ impl<T> Drop for Receiver<T> {
         st.rx_alive = false;
         // Every waiting sender finds the channel closed when it runs.
         st.line.clear();
+        st.stale = 0;
         let wakers: Vec<Waker> = st
             .waiters
             .iter_mut()
