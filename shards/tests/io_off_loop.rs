@@ -360,6 +360,50 @@ fn an_owned_read_behind_a_kept_receive_fails_at_once_while_the_loop_is_hidden() 
     );
 }
 
+/// An end of stream a kept receive already brought (an owned read dropped while pending on
+/// io_uring, whose receive completed with 0 when the peer closed) is handed out with the loop
+/// hidden as bytes are: `read` returns `Ok(0)`. It was taken as "nothing received", and the
+/// fresh receive that followed failed as off any loop. On epoll nothing was received (a
+/// dropped read takes nothing), so the read fails as off any loop there.
+#[test]
+fn an_end_of_stream_a_kept_receive_brought_is_read_while_the_loop_is_hidden() {
+    on_each_driver("eof_behind_kept_receive_off_loop", 1, |driver| async move {
+        use xtc_shards::io::Driver;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (close, closing) = std::sync::mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let _ = closing.recv_timeout(Duration::from_secs(10));
+            drop(s); // the end of stream
+        });
+        let s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        {
+            // An owned read, polled once and dropped: io_uring keeps its receive.
+            let mut read = pin!(s.read(Vec::with_capacity(8)));
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(read.as_mut().poll(&mut cx).is_pending());
+        }
+        xtc_shards::time::sleep(Duration::from_millis(20)).await; // submitted
+        let _ = close.send(());
+        peer.join().unwrap();
+        xtc_shards::time::sleep(Duration::from_millis(50)).await; // completed with 0, reaped
+        LEFT.with(|l| *l.borrow_mut() = Some(s));
+        let r = call_in_a_swept_drop(|s| {
+            Box::pin(async move {
+                let (r, _) = s.read(Vec::with_capacity(8)).await;
+                r.map(|n| assert_eq!(n, 0, "bytes after the end"))
+            })
+        });
+        LEFT.with(|l| l.borrow_mut().take());
+        match (driver, r) {
+            (Driver::IoUring, Some(Ok(()))) => {}
+            (Driver::Epoll, Some(Err(e))) if e.to_string().contains("off any xtc loop") => {}
+            (_, other) => panic!("[{driver}] a read of a received end off the loop: {other:?}"),
+        }
+    });
+}
+
 /// `flush` with the loop hidden, on a stream whose write-behind send (io_uring) waits for
 /// room in a full socket: it fails at once as off any loop, leaving the send to a later
 /// flush, rather than waiting for the hidden loop. On epoll there is nothing to flush.

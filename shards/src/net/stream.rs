@@ -1122,8 +1122,9 @@ impl StreamIo {
             .await;
             wait.release();
             match taken {
-                Ok(0) => {}
-                other => return (other, buf),
+                Ok(None) => {}
+                Ok(Some(n)) => return (Ok(n), buf),
+                Err(e) => return (Err(e), buf),
             }
             if !matches!(kind(), Ok(Kind::Uring)) {
                 // On epoll, with a request a cut write-behind left unsent sent meanwhile
@@ -1327,14 +1328,15 @@ impl StreamIo {
     }
 
     /// Owned reads: copies into `buf` what an `AsyncRead` took from the kernel and did not hand
-    /// out (waiting for its read still in flight first); `Ok(0)` when there is nothing, so the
-    /// caller reads from the kernel. A zero-capacity `buf` gets `Ok(0)` either way. Pending,
+    /// out (waiting for its read still in flight first): `Ok(Some(n))` for `n` bytes taken, or
+    /// `Ok(Some(0))` for an end of stream a receive already brought; `Ok(None)` when there is
+    /// nothing, so the caller reads from the kernel (so does a zero-capacity `buf`). Pending,
     /// with the waiter entry the task is listed under (`BehindWait::note`).
     fn poll_read_behind<B: IoBufMut>(
         &self,
         cx: &mut Context<'_>,
         buf: &mut B,
-    ) -> (Poll<io::Result<usize>>, Option<u64>) {
+    ) -> (Poll<io::Result<Option<usize>>>, Option<u64>) {
         // Finished after the borrow: a kept read's buffer may read this stream in its
         // `Drop`, and a custom waker's clone may use it.
         After::around(cx, |cx, after| {
@@ -1349,7 +1351,7 @@ impl StreamIo {
         cx: &mut Context<'_>,
         buf: &mut B,
         after: &mut After,
-    ) -> Poll<io::Result<usize>> {
+    ) -> Poll<io::Result<Option<usize>>> {
         // Unread bytes first: a read in flight (a kept one, an `AsyncRead`'s) can only bring
         // later ones, and may never complete.
         if st.rpos == st.rbuf.len() {
@@ -1360,8 +1362,23 @@ impl StreamIo {
                     return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
                 }
             }
-            if let Some(r) = ready!(poll_reading(st, cx, false, after)) {
-                r?;
+            match ready!(poll_reading(st, cx, false, after)) {
+                // An end of stream a receive already brought: taken, as bytes are. Reported
+                // as "nothing behind", the caller read afresh: one receive more on a running
+                // loop (the end is sticky), but an error with the loop hidden, where only
+                // what was already received may be handed out.
+                Some(Ok(0)) => return Poll::Ready(Ok(Some(0))),
+                Some(r) => {
+                    r?;
+                }
+                // Only kept receives that moved nothing were taken: an error stashed behind
+                // them is next.
+                None if st.stray.is_empty() => {
+                    if let Some(e) = st.read_error.take() {
+                        return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
+                    }
+                }
+                None => {}
             }
         }
         let left = st.rbuf.len() - st.rpos;
@@ -1379,8 +1396,9 @@ impl StreamIo {
                 buf.set_init(n);
             }
             st.rpos += n;
+            return Poll::Ready(Ok(Some(n)));
         }
-        Poll::Ready(Ok(n))
+        Poll::Ready(Ok(None))
     }
 
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
