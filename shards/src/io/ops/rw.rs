@@ -39,13 +39,23 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
     }
     let kind = backend_or_give_back!(buf);
     let res = match kind {
-        Driver::IoUring => match submit_recv(src, buf) {
-            Ok(op) => {
-                let (res, b) = op.await;
-                buf = b;
-                result(res).map(|n| n as usize)
+        // Not reached from a stream's `read`, which submits its own receive on io_uring (the
+        // stream keeps one whose read was dropped); here for any other caller, with the same
+        // rule as `send_on`.
+        Driver::IoUring => loop {
+            match submit_recv(src, buf) {
+                Ok(op) => {
+                    let (res, b) = op.await;
+                    buf = b;
+                    if nothing_moved(res) {
+                        // See `nothing_moved`: cancelled by a driver's shutdown, or given up
+                        // by io-wq; nothing was received, so receive again on this loop.
+                        continue;
+                    }
+                    break result(res).map(|n| n as usize);
+                }
+                Err((e, b)) => return (Err(e), b),
             }
-            Err((e, b)) => return (Err(e), b),
         },
         Driver::Epoll => {
             let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
