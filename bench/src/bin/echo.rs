@@ -1321,8 +1321,8 @@ impl Figures {
 }
 
 impl Figures {
-    /// The median of each figure over the runs that succeeded (the upper one of an even
-    /// count); the note lists every run. `Err` of the first failure if none succeeded.
+    /// The median of each figure over the runs that succeeded (the mean of the middle two of an
+    /// even count, so that a failed run biases no figure up or down); the note lists every run. `Err` of the first failure if none succeeded.
     fn median(runs: &[Result<Figures, String>]) -> Result<Figures, String> {
         let ok: Vec<&Figures> = runs.iter().filter_map(|r| r.as_ref().ok()).collect();
         if ok.is_empty() {
@@ -1337,7 +1337,12 @@ impl Figures {
         let med = |f: fn(&Figures) -> f64| {
             let mut v: Vec<f64> = ok.iter().map(|x| f(x)).collect();
             v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
+            let mid = v.len() / 2;
+            if v.len() % 2 == 0 {
+                (v[mid - 1] + v[mid]) / 2.0
+            } else {
+                v[mid]
+            }
         };
         let failed = runs.len() - ok.len();
         let mut note = format!(

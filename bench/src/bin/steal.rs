@@ -731,14 +731,14 @@ fn run_fib(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     let goals = vec![
         Goal::ratio(
             5,
-            "fib: xtc/tokio",
+            "fib: xtc (eager_rebalance on, not the default)/tokio",
             true,
             GOAL_FIB_VS_TOKIO,
             table.ratio(row, 1),
         ),
         Goal::ratio(
             5,
-            "fib: xtc/rayon",
+            "fib: xtc (eager_rebalance on, not the default)/rayon",
             true,
             GOAL_FIB_VS_RAYON,
             table.ratio(row, 2),
