@@ -4,13 +4,17 @@
 //! to 512 threads, started on demand: epoll cannot wait on regular files), with one copy
 //! through a pool buffer. Two exceptions: closing (a `File`'s drop on either driver,
 //! [`File::close`] on epoll) calls `close(2)` on the loop's thread, which on a network or FUSE
-//! file system flushes and may hold the loop that long; and where no pool thread can be
-//! started at all (a process or cgroup thread limit), a call runs on the loop's thread, where
-//! an `open` of a FIFO blocks the whole loop until its peer comes (logged as a warning). A file's first positioned call adds one `lseek` system call (whether
+//! file system flushes and may hold the loop that long; and where a pool thread cannot be
+//! started (a process or cgroup thread limit) while the pool has no thread at all, a call runs
+//! on the loop's thread, where an `open` of a FIFO blocks the whole loop until its peer comes
+//! (logged as a warning); with some pool thread alive, it waits in the queue for one. A file's first positioned call adds one `lseek` system call (whether
 //! it takes offsets). Positional I/O only (`read_at`, `write_at`): there is no shared cursor,
 //! so concurrent operations on one file never race on it. `!Send`, like the other I/O types.
 //! Called off any xtc loop (or on a loop without an I/O driver), every operation but
-//! [`File::close`] fails with an `io::Error` of kind `Other` saying so; none panics.
+//! [`File::close`] fails with an `io::Error` of kind `Other` saying so, unless a check of its
+//! arguments fails first (an offset past `i64::MAX`, a bad [`OpenOptions`] combination, a path
+//! with a NUL byte: `InvalidInput`; a positioned call on a FIFO: `ESPIPE`) or it has nothing to
+//! do (an empty `write_all_at` returns `Ok`); none panics.
 //!
 //! A write to a FIFO (or pipe) whose reader is gone is a `write(2)`, on both drivers, and the
 //! kernel answers it with `SIGPIPE` as well as `EPIPE` (there is no `MSG_NOSIGNAL` for

@@ -1294,6 +1294,36 @@ fn is_finished_asked_from_inside_abort_sees_a_live_task() {
     assert!(joined.unwrap_err().is_cancelled());
 }
 
+/// A `spawn_blocking` job given up on while it runs (`timeout` around it) lets its loop sleep
+/// until it ends, as an awaited one does: such a job is never signalled, and its end wakes
+/// the loop. The loop woke every millisecond for as long as the job ran (about 500 parks here
+/// against 2).
+#[test]
+fn a_dropped_running_spawn_blocking_job_does_not_wake_its_loop_every_millisecond() {
+    let parks_with = |drop_it: bool| {
+        let ex = exec(1);
+        ex.spawn_on(0, move || async move {
+            let job = xtc_shards::spawn_blocking(|| std::thread::sleep(Duration::from_millis(600)));
+            if drop_it {
+                // Dropped once the job runs: abandoned.
+                let gave_up = xtc_shards::time::timeout(Duration::from_millis(50), job).await;
+                assert!(gave_up.is_err(), "the job ended within 50 ms");
+            } else {
+                job.await.unwrap();
+            }
+        })
+        .unwrap();
+        run_within(&ex, HANG).expect("run() hung").unwrap();
+        ex.loop_stats(0).unwrap().parks
+    };
+    let awaited = parks_with(false);
+    let dropped = parks_with(true);
+    assert!(
+        dropped < awaited + 50,
+        "parks: {awaited} with the job awaited, {dropped} with it dropped while it ran"
+    );
+}
+
 /// `spawn_blocking` runs its closure on a pool thread (not the loop's), gives back its value,
 /// and a panic as a `JoinError`; the loop runs its other tasks meanwhile; and a job longer
 /// than the deadlock grace is work in flight, not a deadlock, where the same wait on a plain

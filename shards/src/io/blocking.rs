@@ -110,9 +110,10 @@ thread_local! {
     static PENDING: std::cell::OnceCell<Arc<AtomicUsize>> = const { std::cell::OnceCell::new() };
     /// Loop threads: the controls of this loop's abandoned jobs (their future was dropped
     /// before their result came) that may still run. Their `pwrite` or `open` may still land,
-    /// so the loop is not idle until they end ([`abandoned`]); nothing wakes the loop then, so
-    /// while one runs the loop parks for at most [`ABANDONED_RECHECK`], signals them again (a
-    /// signal can land just before the blocking call) and looks again. Those that ended are
+    /// so the loop is not idle until they end ([`abandoned`]; the job that empties the loop's
+    /// count [`nudge`]s it). While one that a signal may end runs, the loop parks for at most
+    /// [`ABANDONED_RECHECK`], signals them again (a signal can land just before the blocking
+    /// call) and looks again. Those that ended are
     /// forgotten there, and by a drop that finds the list doubled (a busy loop never parks).
     static ABANDONED: RefCell<Vec<Arc<Ctl>>> = const { RefCell::new(Vec::new()) };
     /// Pool threads: the control of the job this thread runs ([`retrying`]).
@@ -123,6 +124,10 @@ thread_local! {
 #[derive(Default)]
 struct Ctl {
     state: Mutex<CtlState>,
+    /// A cancel may signal the job's thread ([`run`]); a `spawn_blocking` job
+    /// ([`run_uninterrupted`]) is never signalled, so its loop need not look at it again
+    /// while it runs ([`park_timeout`]).
+    interruptible: bool,
 }
 
 #[derive(Default)]
@@ -485,11 +490,22 @@ fn abandoned() -> usize {
         .unwrap_or(0)
 }
 
-/// The loop's park `timeout`, cut to [`ABANDONED_RECHECK`] while an abandoned job runs: its
-/// end wakes nobody but the [`nudge`] of the job that empties the loop's count, so the loop
-/// looks again soon (to interrupt it, and see it go). Cost: as [`abandoned`].
+/// The loop's park `timeout`, cut to [`ABANDONED_RECHECK`] while an abandoned job that a
+/// signal may end runs: the signal can land just before its blocking call, so the loop sends
+/// it again soon. Its end needs no look: the job that empties the loop's count [`nudge`]s it.
+/// An abandoned `spawn_blocking` job is never signalled, so it cuts nothing: a
+/// `timeout(d, spawn_blocking(..))` that gave up woke its loop every millisecond for as long
+/// as the user's job ran. Cost: as [`abandoned`].
 pub(crate) fn park_timeout(timeout: Option<Duration>) -> Option<Duration> {
-    if abandoned() == 0 {
+    // `try_with`: at thread exit, after this thread-local is gone, nothing is abandoned.
+    let signalled = ABANDONED
+        .try_with(|v| {
+            let mut v = v.borrow_mut();
+            v.retain(|ctl| !lock(&ctl.state).done);
+            v.iter().any(|ctl| ctl.interruptible)
+        })
+        .unwrap_or(false);
+    if !signalled {
         return timeout;
     }
     interrupt_abandoned();
@@ -598,15 +614,34 @@ fn submit<R: Send + 'static>(
         waker: None,
     }));
     let theirs = slot.clone();
-    let ctl = Arc::new(Ctl::default());
+    let ctl = Arc::new(Ctl {
+        interruptible,
+        ..Ctl::default()
+    });
     let their_ctl = ctl.clone();
     /// Takes its job off its loop's count when the job ends (runs, is skipped, or is dropped
-    /// unrun), after the job's wake-up went out (see `PENDING`).
-    struct Ended(Option<Arc<AtomicUsize>>);
+    /// unrun), after the job's wake-up went out (see `PENDING`), and [`nudge`]s the loop if
+    /// that was its last. On every path: a job dropped unrun (`unqueue`) by a future dropped
+    /// off its loop's thread (a `spawn_blocking` future is `Send`: a stolen task's, or one
+    /// sent to a plain thread) took the count to zero and woke nobody, and its loop, parked
+    /// `WAITING` on it, stayed parked for good (`run()` never returned).
+    struct Ended {
+        count: Option<Arc<AtomicUsize>>,
+        /// The loop to nudge when its last job ends.
+        home: Option<std::sync::Weak<crate::event_loop::LoopShared>>,
+    }
     impl Ended {
-        /// Takes the job off the count (once); whether it was the loop's last.
-        fn end(&mut self) -> bool {
-            self.0.take().is_some_and(|n| n.fetch_sub(1, SeqCst) == 1)
+        /// Takes the job off the count (once), nudging the loop if it was its last.
+        fn end(&mut self) {
+            if self
+                .count
+                .take()
+                .is_some_and(|n| n.fetch_sub(1, SeqCst) == 1)
+            {
+                if let Some(home) = &self.home {
+                    nudge(home);
+                }
+            }
         }
     }
     impl Drop for Ended {
@@ -625,23 +660,23 @@ fn submit<R: Send + 'static>(
         f: F,
         theirs: Arc<Mutex<Slot<T>>>,
         their_ctl: Arc<Ctl>,
-        home: Option<std::sync::Weak<crate::event_loop::LoopShared>>,
         ended: Ended,
     }
     let caps = Captures {
         f,
         theirs,
         their_ctl,
-        // The loop to nudge when its last job ends (see `nudge`).
-        home: crate::context::with_core(|c| Arc::downgrade(&c.shared)),
-        ended: Ended(counter),
+        ended: Ended {
+            count: counter,
+            // The loop to nudge when its last job ends (see `nudge`).
+            home: crate::context::with_core(|c| Arc::downgrade(&c.shared)),
+        },
     };
     let job: Job = Box::new(move || {
         let Captures {
             f,
             theirs,
             their_ctl,
-            home,
             mut ended,
         } = caps;
         let start = {
@@ -662,7 +697,14 @@ fn submit<R: Send + 'static>(
             r
         } else {
             // Its captures (the file's descriptor) go now, before the job counts as done.
-            drop(f);
+            // Guarded: a `spawn_blocking` closure's captures are the user's, whose `Drop` may
+            // panic; unguarded, that unwound the pool thread out of its loop (a slot of the
+            // pool lost for good, the job never marked done, its loop re-parking every
+            // millisecond and waiting a second at every stop).
+            crate::task::guarded(
+                "a cancelled blocking job's captures panicked while being dropped",
+                || drop(f),
+            );
             Err(io::Error::from_raw_os_error(libc::ECANCELED))
         };
         let waker = {
@@ -693,11 +735,7 @@ fn submit<R: Send + 'static>(
         // Off the loop's count only after its wake-up went out, then a nudge if it was the
         // last (see `PENDING`): off before, a loop that took a turn in between read its task
         // parked on nothing and reported a deadlock while the wake-up was still to come.
-        if ended.end() {
-            if let Some(home) = &home {
-                nudge(home);
-            }
-        }
+        ended.end();
     });
     static NEXT_JOB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let id = NEXT_JOB.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -855,9 +893,11 @@ impl<R> Drop for Blocking<R> {
             // `cancelled` and is skipped, or is interrupted below. Cost: a lock of the pool
             // and a walk of its queue, empty unless every pool thread is busy.
             if let Some(job) = unqueue(self.id) {
-                drop(job);
-                // Skipped, as a thread that found it cancelled would have marked it.
+                // Skipped, as a thread that found it cancelled would have marked it; marked
+                // first, so a panic in the captures' drop (user code, going on to whoever
+                // drops this future) leaves the job ended, not running for good.
                 lock(&self.ctl.state).done = true;
+                drop(job);
                 return;
             }
             if interrupt(&self.ctl) {

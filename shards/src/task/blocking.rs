@@ -25,7 +25,10 @@ type Caught<T> = Result<T, Box<dyn Any + Send + 'static>>;
 ///
 /// Dropping the future cancels a job not started yet (it never runs); one already running
 /// runs to its end, and its result is dropped (the pool sends no signal into user code), and
-/// a loop that stops waits up to a second for such a job before it returns.
+/// the loop whose thread dropped the future, if it stops meanwhile, waits up to a second for
+/// such a job before it returns. Where a pool thread cannot be started (a process or cgroup
+/// thread limit) while the pool has no thread at all, `f` runs on the calling thread, inside
+/// this call, blocking its loop for as long as it takes (logged as a warning).
 ///
 /// Works on and off a loop, in pinned and migratable tasks alike: the future is `Send` when
 /// `T` is, so a migratable task ([`spawn`](crate::spawn)) may await it and be stolen
