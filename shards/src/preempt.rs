@@ -14,7 +14,9 @@ use crate::{
     sys::cputimer::{CpuTimer, DUE},
 };
 
-/// Yields if this loop's preemption tick has fired since the last yield, or if a task of a
+/// Yields if this loop's preemption tick has fired since the current poll began (a tick
+/// earned before it, by another task or the loop's idle spin, is dropped as the poll starts),
+/// or if a task of a
 /// latency class is runnable and the current task has run longer than that class's bound (a
 /// wake still on its way to the loop counts: a due timer, a message in the inbox or a ring, an
 /// io_uring completion); otherwise completes at once.
@@ -63,13 +65,15 @@ pub(crate) fn is_due() -> bool {
     .unwrap_or(false)
 }
 
-/// Drops a tick the loop's own idle-path CPU time earned (its spin before parking, up to
-/// `spin_before_park` or the reply spin), called once per idle period: the timer counts the
-/// worker's CPU time, the loop's included, and left pending such a tick made the next task's
-/// first `yield_if_due` yield before it had done any work. Only a tick already delivered:
-/// the kernel checks CPU-time timers at its scheduler tick, so one the spin earned can still
-/// arrive just after this (rare; restarting the timer here would cost a system call per idle
-/// period). Cost: a cell read; with preemption on, a thread-local store.
+/// Drops a tick delivered before a poll starts, called as each poll starts: the timer counts
+/// the worker's CPU time, whichever task (or the loop's own spin before parking) used it, and
+/// left pending such a tick made the next task's first `yield_if_due` yield before it had
+/// done any work. Dropped only after the idle spin, a task that never checks (a hog, or a
+/// batch of short polls) earned ticks that cut a checking task's slice down to one unit of
+/// work per turn. Only a tick already delivered: the kernel checks CPU-time timers at its
+/// scheduler tick, so one earned before can still arrive just after this (rare; restarting
+/// the timer per poll would cost a system call). Cost: a cell read; with preemption on, a
+/// thread-local store.
 pub(crate) fn forget_idle_tick(core: &Core) {
     if core.preempt_ns.get() != 0 {
         DUE.with(|d| d.store(false, Relaxed));

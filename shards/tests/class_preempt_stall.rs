@@ -225,6 +225,49 @@ fn yield_if_due_does_not_yield_when_idle() {
     assert!(polls <= 22, "{polls} polls");
 }
 
+/// A tick earned by a task that never checks (here a 30 ms hog) is not the next task's: a
+/// fresh task's first `yield_if_due` completes at once. The tick stayed pending, so the
+/// checking task yielded before any work, and beside a hog that ran more than the kernel's
+/// tick per turn it got one unit of work per turn (2 units per poll against 133, measured).
+/// Three tries: one tick can still land in the microseconds between a poll's start and its
+/// check (the kernel delivers CPU-time ticks on its own tick).
+#[test]
+fn a_tick_earned_by_another_task_does_not_make_a_fresh_task_yield_at_once() {
+    let mut at_once = 0;
+    for _ in 0..3 {
+        let ex = Executor::builder()
+            .shards(1)
+            .preempt(Duration::from_millis(1))
+            .build()
+            .unwrap();
+        let yielded = Arc::new(AtomicBool::new(false));
+        let y = yielded.clone();
+        ex.spawn_on(0, move || async move {
+            // A hog that never checks: the timer ticks during it.
+            let hog = xtc_shards::spawn_local(async {
+                let t = std::time::Instant::now();
+                while t.elapsed() < Duration::from_millis(30) {
+                    std::hint::spin_loop();
+                }
+            });
+            let fresh = xtc_shards::spawn_local(async move {
+                // The first check, with no work done.
+                let mut check = std::pin::pin!(yield_if_due());
+                y.store(futures::poll!(check.as_mut()).is_pending(), SeqCst);
+            });
+            hog.await.unwrap();
+            fresh.await.unwrap();
+        })
+        .unwrap();
+        run_within(&ex, HANG).expect("run() hung").unwrap();
+        at_once += usize::from(yielded.load(SeqCst));
+    }
+    assert!(
+        at_once < 3,
+        "a fresh task yielded at its first check in every try"
+    );
+}
+
 /// The loop's own spin before parking uses CPU time, which the preemption timer counts: a
 /// tick it earned stayed pending, and the task the next wake-up ran yielded at its first
 /// `yield_if_due`, before doing any work. Here each of the 20 idle periods spins until the

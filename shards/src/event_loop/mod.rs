@@ -408,6 +408,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             let meta: *const crate::task::TaskMeta = r.metadata();
             core.current.set(meta);
             core.coop_left.set(crate::context::COOP_FRESH);
+            // A preemption tick earned before this poll (another task's, or the loop's own
+            // spin) is not this task's to yield for.
+            crate::preempt::forget_idle_tick(core);
             core.poll_started.set(t0);
             if let Some(start) = t0 {
                 // The metadata is needed after `run`, when the task may be gone: keep a copy
@@ -506,9 +509,8 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             spin = spin.max(exec.reply_spin());
         }
         let spun = !spin.is_zero();
+        // A preemption tick the spin's CPU time earned is dropped when the next poll starts.
         let found = spun && spin_for_work(core, spin);
-        // Whatever the spin found: a preemption tick its CPU time earned is no task's.
-        crate::preempt::forget_idle_tick(core);
         if found {
             continue;
         }

@@ -1,7 +1,7 @@
 //! Per-loop timers and the `xtc::time` API.
 //!
 //! Structure: a binary min-heap of `(deadline, key, generation)` over a slab of entries
-//! (deadline, waker, generation). Insert and fire are O(log n), cancel is amortised O(1) (the slab
+//! (waker, generation). Insert and fire are O(log n), cancel is amortised O(1) (the slab
 //! entry is removed; its heap node is skipped when it surfaces, or dropped by a rebuild once
 //! such nodes outnumber the live timers). A hashed wheel would make insert O(1) but
 //! costs a tick granularity and a scan of empty slots; with the loop parking precisely until the

@@ -70,11 +70,15 @@ impl Sleep {
         self.deadline
     }
 
-    /// Moves the deadline. As in tokio, the task that last polled the sleep keeps its wake-up:
-    /// it is woken at the new deadline (at once if that has passed) without polling the sleep
-    /// again first, so a sleep in a `FuturesUnordered`, reset by another branch, still wakes
-    /// its task. Cost: a timer removal and insert (O(log n)) when it was registered on this
-    /// loop; after a migratable task moved, a small task on the old loop moves the wake-up.
+    /// Moves the deadline. As in tokio, on the loop that holds its timer, the task that last
+    /// polled the sleep keeps its wake-up: it is woken at the new deadline (at once if that has
+    /// passed) without polling the sleep again first, so a sleep in a `FuturesUnordered`, reset
+    /// by another branch, still wakes its task. Away from that loop (a migratable task that
+    /// moved, a plain thread, another executor), the old loop cancels the timer and wakes the
+    /// task at once, early: the new deadline is registered when the task next polls the
+    /// sleep, so a task woken then must poll it (as `select!` and `FuturesUnordered` do) or
+    /// no wake-up comes at the new deadline. Cost: a timer removal and insert (O(log n)) on
+    /// the timer's loop; elsewhere, a small task sent to the old loop.
     pub fn reset(&mut self, deadline: Instant) {
         self.deadline = deadline;
         let Some((owner, k)) = self.key.take() else {
