@@ -166,6 +166,28 @@ fn same<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
 /// [`Topology::detect`]'s refusal of a topology that hwloc, told so by the environment
 /// (`vars`, as `NAME=value` pairs), describes for another machine than this one.
 #[cfg(not(miri))]
+/// A variable's value read as C's `atoi` reads it, as hwloc reads `HWLOC_THISSYSTEM`: leading
+/// whitespace, an optional sign, then digits up to the first other character (none: 0).
+fn atoi(v: &str) -> i64 {
+    let v = v.trim_start();
+    let (neg, digits) = match v.as_bytes().first() {
+        Some(b'-') => (true, &v[1..]),
+        Some(b'+') => (false, &v[1..]),
+        _ => (false, v),
+    };
+    let n = digits
+        .bytes()
+        .take_while(u8::is_ascii_digit)
+        .fold(0i64, |n, d| {
+            n.saturating_mul(10).saturating_add(i64::from(d - b'0'))
+        });
+    if neg {
+        -n
+    } else {
+        n
+    }
+}
+
 fn not_this_system(vars: &str) -> Error {
     let vars = if vars.is_empty() {
         "hwloc's environment"
@@ -178,9 +200,9 @@ fn not_this_system(vars: &str) -> Error {
             "hwloc describes another machine than this one ({vars}), on which pinning threads \
              would silently do nothing"
         ),
-        "unset those HWLOC_ variables (HWLOC_SYNTHETIC, HWLOC_XMLFILE, HWLOC_FSROOT) to use this \
-         machine, or set HWLOC_THISSYSTEM=1 if they describe this machine; for a what-if \
-         topology use Topology::synthetic (the demo's --synthetic)",
+        "unset those HWLOC_ variables (HWLOC_SYNTHETIC, HWLOC_XMLFILE, HWLOC_FSROOT, a \
+         HWLOC_THISSYSTEM of 0) to use this machine, or set HWLOC_THISSYSTEM=1 if they describe \
+         this machine; for a what-if topology use Topology::synthetic (the demo's --synthetic)",
     )
 }
 
@@ -211,11 +233,13 @@ impl Topology {
     /// [`Error::Hwloc`] if hwloc cannot discover the machine, if the environment makes it
     /// describe another machine (above), if `HWLOC_SYNTHETIC` holds a description that
     /// [`Topology::synthetic`] refuses, or if `HWLOC_XMLFILE` names a file that
-    /// [`Topology::from_xml`] would refuse to read (over 64 MiB, not UTF-8, unreadable): checked
-    /// before hwloc, which reads the whole file however large. Each names the variable.
+    /// [`Topology::from_xml`] would refuse to read (over 64 MiB, not UTF-8, unreadable, an
+    /// object without its CPU or node sets): checked before hwloc, which reads the whole file
+    /// however large. Each names the variable.
     #[cfg(not(miri))]
     pub fn detect() -> Result<Topology> {
-        let this_system = std::env::var("HWLOC_THISSYSTEM").is_ok_and(|v| v.trim() == "1");
+        let this_system =
+            std::env::var_os("HWLOC_THISSYSTEM").is_some_and(|v| atoi(&v.to_string_lossy()) != 0);
         if let Some(desc) = std::env::var_os("HWLOC_SYNTHETIC").filter(|d| !d.is_empty()) {
             let desc = desc.to_string_lossy().into_owned();
             if !this_system {
@@ -241,13 +265,12 @@ impl Topology {
             if !this_system {
                 return Err(not_this_system(&shown));
             }
-            read_xml(Path::new(&path)).map_err(|e| {
-                Error::hwloc(
-                    format!("use {shown}"),
-                    e,
-                    "point HWLOC_XMLFILE at an lstopo XML export, or unset it",
-                )
-            })?;
+            let hint = "point HWLOC_XMLFILE at an lstopo XML export, or unset it";
+            let xml = read_xml(Path::new(&path))
+                .map_err(|e| Error::hwloc(format!("use {shown}"), e, hint))?;
+            if let Some(problem) = xml_missing_sets(&xml) {
+                return Err(Error::hwloc(format!("use {shown}"), problem, hint));
+            }
         }
         let hw = hwlocality::Topology::new().map_err(|e| {
             Error::hwloc(
@@ -261,8 +284,10 @@ impl Topology {
             let set: Vec<String> = std::env::vars_os()
                 .filter_map(|(k, v)| {
                     let k = k.to_string_lossy().into_owned();
-                    (k.starts_with("HWLOC_") && k != "HWLOC_THISSYSTEM")
-                        .then(|| format!("{k}={:?}", v.to_string_lossy()))
+                    let v = v.to_string_lossy();
+                    // `HWLOC_THISSYSTEM=0` says it by itself; set to true it is no cause.
+                    (k.starts_with("HWLOC_") && (k != "HWLOC_THISSYSTEM" || atoi(&v) == 0))
+                        .then(|| format!("{k}={v:?}"))
                 })
                 .collect();
             return Err(not_this_system(&set.join(", ")));
@@ -284,9 +309,11 @@ impl Topology {
     /// [`Error::Hwloc`] if hwloc rejects the description, or if it describes more than 8,192
     /// PUs, a level of more than 1,024 objects under one parent, more than 8,192 NUMA nodes
     /// attached with `[numa]` blocks, or names an OS index
-    /// (`indexes=`) of 8,192 or more: hwloc would spend seconds to minutes and gigabytes
-    /// building it (it inserts siblings one at a time: `pu:4096` took 0.9 s here, `pu:16384`
-    /// 42 s, and 16,384 PUs in small groups 0.4 s). Real machines stay far below these.
+    /// (`indexes=`) of 8,192 or more, or more than 24,576 objects over all its levels: hwloc
+    /// would spend seconds to minutes and gigabytes building it (it inserts siblings one at a
+    /// time: `pu:4096` took 0.9 s here, `pu:16384` 42 s, and 16,384 PUs in small groups
+    /// 0.4 s). Real machines stay far below these. [`Error::Hwloc`] for more than 32 levels:
+    /// hwloc 2.9 overflows its level array on 126 levels without a NUMA level.
     /// [`Error::Hwloc`] too for a level of memory-side caches (`memcache:2`), which hwloc
     /// parses and then aborts the process on while building it, and for an `indexes=`
     /// interleaving pattern by type (`indexes=core:pack`), or by `step*count` loops whose
@@ -295,14 +322,24 @@ impl Topology {
     /// [`Error::Hwloc`] as well for a PU level whose `indexes=` list names an OS index twice
     /// (`pu:2(indexes=0,0)`), of which hwloc silently built fewer PUs than described, or whose
     /// list has fewer indexes than PUs (`pack:2 pu:2(indexes=1,0)`), which hwloc silently
-    /// ignored (of a longer list it uses the first entries, one per PU, as given).
+    /// ignored (of a longer list it uses the first entries, one per PU, as given), and for a
+    /// level with two `indexes=` lists (hwloc uses the last) or a list with an empty entry
+    /// (`indexes=0,,1`, which hwloc drops).
     pub fn synthetic(desc: &str) -> Result<Topology> {
         let what = format!("load the synthetic topology {desc:?}");
         let hint =
             "write levels from the top as type:count, e.g. \"pack:2 numa:2 l3:1 core:4 pu:2\"";
         // hwloc builds every object of the description: a few huge counts ran for minutes and
         // ended in an out-of-memory kill, which no error handling survives.
-        let (objects, widest, attached, memcache, pu_attrs) = synthetic_leaves(desc);
+        let Shape {
+            pus: objects,
+            widest,
+            attached,
+            levels,
+            total,
+            memcache,
+            pu_attrs,
+        } = synthetic_leaves(desc);
         // hwloc parses a memory-side cache level, then aborts the process on an assertion
         // while it builds the tree (hwloc 2.9): refused before hwloc sees it.
         if let Some(level) = memcache {
@@ -345,6 +382,19 @@ impl Topology {
                 "split the level in two, e.g. \"core:4096 pu:1\" as \"numa:4 core:1024 pu:1\"",
             ));
         }
+        // hwloc 2.9 writes past the end of its level array for a description of 126 levels
+        // without a NUMA level (a heap overflow: the process aborts, or its heap is corrupt),
+        // and no real machine has more than about 16.
+        if levels > MAX_SYNTHETIC_LEVELS {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "it has {levels} levels, more than the {MAX_SYNTHETIC_LEVELS} a synthetic \
+                     topology may have"
+                ),
+                "leave out levels of one object each (group:1); real machines have fewer than 16",
+            ));
+        }
         // NUMA nodes attached with `[numa]` (one per object of the level before the block)
         // cost hwloc as much: 16,000 took 11 s, and each is 7 bytes of description.
         if attached > MAX_SYNTHETIC_PUS {
@@ -358,6 +408,18 @@ impl Topology {
                  before it), or make them a level, e.g. \"pack:2 numa:2 core:4 pu:2\"",
             ));
         }
+        // Every object costs hwloc a walk of its siblings: levels of one object under a wide
+        // one (`pack:8 core:1024 group:1 ... pu:1`) pass the bounds above and took minutes.
+        if total > MAX_SYNTHETIC_OBJECTS {
+            return Err(Error::hwloc(
+                &what,
+                format!(
+                    "it describes {total} objects over all its levels, more than the \
+                     {MAX_SYNTHETIC_OBJECTS} a synthetic topology may have"
+                ),
+                "leave out levels of one object each (group:1), or use smaller counts",
+            ));
+        }
         // And every object's CPU set is as large as the largest OS index named.
         let index = synthetic_max_index(desc);
         if index >= MAX_SYNTHETIC_PUS {
@@ -368,6 +430,17 @@ impl Topology {
                      {MAX_SYNTHETIC_PUS}"
                 ),
                 "use smaller indexes; real machines number their PUs below a few thousand",
+            ));
+        }
+        // hwloc uses the last `indexes=` of an attribute block, and drops a list with an
+        // empty entry without a word: the checks below read the first list, and a second one
+        // (or a gap) built a machine other than the one checked, silently.
+        if let Some(problem) = ambiguous_indexes(desc) {
+            return Err(Error::hwloc(
+                &what,
+                format!("its {problem}; hwloc would build another machine than described"),
+                "give each level at most one indexes= list, with no empty entry, e.g. \
+                 \"core:2 pu:2(indexes=0,2,1,3)\"",
             ));
         }
         // Two PUs with one OS index are one CPU: hwloc merged them (and the objects above them
@@ -435,7 +508,10 @@ impl Topology {
     /// 64 MiB (an `lstopo` export of 8,192 PUs is about 5 MiB; the cap keeps a wrong path
     /// such as `/dev/zero` from reading until memory runs out); [`Error::Hwloc`] if hwloc
     /// cannot parse it, if it gives a PU an OS index above 2^31 − 1 (more than a CPU set
-    /// holds), or if it gives two PUs the same OS index.
+    /// holds), if it gives two PUs the same OS index, or if an object lacks one of its CPU or
+    /// node sets (`complete_cpuset`, ...), on which hwloc 2.9 crashes instead of failing.
+    /// hwloc (up to 2.14) has other crash bugs on malformed XML: treat the file as trusted
+    /// input, as an `lstopo` export is.
     ///
     /// A build of `hwlocality` with debug assertions runs hwloc's consistency check on every
     /// topology it loads, which aborts the process (no `Err`, no panic) on a file whose
@@ -449,6 +525,9 @@ impl Topology {
         })?;
         let what = format!("load the XML topology {}", path.display());
         let hint = "give a file written by `lstopo file.xml` or Topology::export_xml";
+        if let Some(problem) = xml_missing_sets(&xml) {
+            return Err(Error::hwloc(&what, problem, hint));
+        }
         let hw = guarded(&what, hint, || {
             hwlocality::Topology::builder()
                 .from_xml(&xml)
@@ -1044,33 +1123,72 @@ const MAX_SYNTHETIC_PUS: u128 = 1 << 13;
 
 /// Most objects one level of a synthetic topology may have under each parent: hwloc inserts
 /// siblings one by one, at a cost that grows with the square of their number (`pu:2048` took
-/// 0.15 s, `pu:4096` 0.9 s, `pu:8192` 6 s; `pack:8 core:1024 pu:1`, the worst the two bounds
-/// allow, 1.5 s).
+/// 0.15 s, `pu:4096` 0.9 s, `pu:8192` 6 s; `pack:8 core:1024 pu:1` 1.5 to 3 s).
 const MAX_SYNTHETIC_ARITY: u128 = 1 << 10;
 
-/// The product of the level counts of a synthetic description (how many leaves hwloc would
-/// build), the largest count (its widest level under one parent) and how many NUMA nodes its
-/// `[numa]` blocks attach. Walked as hwloc walks it: levels need no space between them (`pack:2core:2pu:2` is
+/// Most levels a synthetic topology may have: real machines have fewer than 16, and hwloc 2.9
+/// overflows its level array (128 entries) on a description of 126 levels without a NUMA
+/// level, aborting the process.
+const MAX_SYNTHETIC_LEVELS: u32 = 32;
+
+/// Most objects a synthetic topology may describe over all its levels (every level's objects
+/// plus the `[numa]` nodes): three levels of [`MAX_SYNTHETIC_PUS`]. `pack:8 core:1024 pu:1`
+/// (16,392) passes; each level of one object under it (`group:1`) added about a second
+/// (122 of them: 151 s).
+const MAX_SYNTHETIC_OBJECTS: u128 = 3 * MAX_SYNTHETIC_PUS;
+
+/// What [`synthetic_leaves`] reads of a synthetic description.
+struct Shape<'a> {
+    /// The product of the level counts: how many leaves (PUs) hwloc would build.
+    pus: u128,
+    /// The largest count: its widest level under one parent.
+    widest: u128,
+    /// How many NUMA nodes its `[numa]` blocks attach.
+    attached: u128,
+    /// How many levels it has (`[numa]` blocks not counted).
+    levels: u32,
+    /// How many objects all its levels hold, the attached NUMA nodes included.
+    total: u128,
+    /// The type of the first level hwloc reads as a memory-side cache ([`names_memcache`]).
+    memcache: Option<&'a str>,
+    /// The attribute block of the last level, the PUs' (hwloc requires the last level to be
+    /// theirs), if it has one.
+    pu_attrs: Option<&'a str>,
+}
+
+/// The [`Shape`] of a synthetic description. Walked as hwloc walks it: levels need no space between them (`pack:2core:2pu:2` is
 /// three), after an optional root `(attributes)` block, each an optional `type:` then a count read as [`strtoul_prefix`] reads it, then an
 /// optional `(attributes)` block; a `[...]` block attaches one NUMA node to every object of the
 /// level before it (as many as the product so far). A count too large for `u128` saturates, as
-/// do the product and the sum. Where hwloc would stop with a syntax error, so does this. The
-/// fourth value is the type of the first level hwloc reads as a memory-side cache
-/// ([`names_memcache`]), if any. The fifth is the attribute block of the last level, the PUs
-/// (hwloc requires the last level to be theirs), if it has one.
-fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>, Option<&str>) {
+/// do the product and the sums. Where hwloc would stop with a syntax error, so does this.
+fn synthetic_leaves(desc: &str) -> Shape<'_> {
     let b = desc.as_bytes();
     let mut i = 0;
     let mut product = 1u128;
     let mut widest = 1u128;
     let mut attached = 0u128;
+    let mut levels = 0u32;
+    let mut total = 0u128;
     let mut memcache = None;
     let mut last_attrs = None;
+    let shape = |product, widest, attached, levels, total: u128, memcache, pu_attrs| Shape {
+        pus: product,
+        widest,
+        attached,
+        levels,
+        total: total.saturating_add(attached),
+        memcache,
+        pu_attrs,
+    };
     // A root attribute block, `(memory=1GB)2 256 256`, as hwloc reads one first.
     if b.first() == Some(&b'(') {
         match desc.find(')') {
             Some(end) => i = end + 1,
-            None => return (product, widest, attached, memcache, last_attrs),
+            None => {
+                return shape(
+                    product, widest, attached, levels, total, memcache, last_attrs,
+                )
+            }
         }
     }
     loop {
@@ -1105,6 +1223,8 @@ fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>, Option<&str>
         };
         product = product.saturating_mul(count.max(1));
         widest = widest.max(count);
+        levels = levels.saturating_add(1);
+        total = total.saturating_add(product);
         i += used;
         last_attrs = None;
         if i < b.len() && b[i] == b'(' {
@@ -1117,7 +1237,9 @@ fn synthetic_leaves(desc: &str) -> (u128, u128, u128, Option<&str>, Option<&str>
             }
         }
     }
-    (product, widest, attached, memcache, last_attrs)
+    shape(
+        product, widest, attached, levels, total, memcache, last_attrs,
+    )
 }
 
 /// The first OS index that an explicit `indexes=a,b,...` list in the attribute block `attrs`
@@ -1130,6 +1252,28 @@ fn repeated_index(attrs: &str, used: u128) -> Option<u128> {
         .filter_map(|n| strtoul_prefix(n, 10).map(|(n, _)| n))
         .take(usize::try_from(used).unwrap_or(usize::MAX))
         .find(|&n| !seen.insert(n))
+}
+
+/// What makes a description's `indexes=` lists read differently by hwloc than by the checks
+/// of [`Topology::synthetic`], if anything: an attribute block with two `indexes=` (hwloc
+/// keeps the last, the checks read the first), or an explicit list with an empty entry
+/// (`0,,1`: hwloc drops the whole list; one trailing comma ends the list).
+fn ambiguous_indexes(desc: &str) -> Option<String> {
+    for block in desc.split('(').skip(1) {
+        let block = &block[..block.find(')').unwrap_or(block.len())];
+        if block.matches("indexes=").count() > 1 {
+            return Some(format!("attribute block ({block}) gives indexes= twice"));
+        }
+    }
+    // One trailing comma is read as the end of the list, by hwloc too.
+    index_lists(desc)
+        .find(|list| {
+            list.strip_suffix(',')
+                .unwrap_or(list)
+                .split(',')
+                .any(str::is_empty)
+        })
+        .map(|list| format!("indexes={list} list has an empty entry"))
 }
 
 /// The explicit `indexes=a,b,...` lists in `text` (digits and commas, up to the `)` or space
@@ -1197,6 +1341,61 @@ fn read_xml(path: &Path) -> std::io::Result<String> {
     }
     String::from_utf8(bytes)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
+}
+
+/// The first object of an XML topology that lacks one of the CPU and node sets hwloc needs
+/// (`cpuset`, `complete_cpuset`, `nodeset`, `complete_nodeset`; I/O and Misc objects have
+/// none), described, if any: hwloc 2.9 accepts such an object and then dereferences the
+/// missing set while it builds the tree, a crash no error handling survives (fixed in hwloc's
+/// development tree only). An `lstopo` export always has them; a hand-edited or truncated
+/// file may not. Cost: one pass over the text.
+fn xml_missing_sets(xml: &str) -> Option<String> {
+    const SETS: [&str; 4] = ["cpuset", "complete_cpuset", "nodeset", "complete_nodeset"];
+    const SPECIAL: [&str; 4] = ["Misc", "Bridge", "PCIDev", "OSDev"];
+    for (n, tag) in xml.split("<object").skip(1).enumerate() {
+        // Up to the tag's end; an attribute value holds no '>' in an export.
+        let tag = &tag[..tag.find('>').unwrap_or(tag.len())];
+        let attrs = xml_attributes(tag);
+        let ty = attrs
+            .iter()
+            .find(|(k, _)| *k == "type")
+            .map_or("", |(_, v)| *v);
+        if SPECIAL.contains(&ty) {
+            continue;
+        }
+        if let Some(missing) = SETS.iter().find(|s| !attrs.iter().any(|(k, _)| k == *s)) {
+            return Some(format!(
+                "its object number {} (type {ty:?}) has no {missing} attribute, which hwloc \
+                 needs (it would crash, not fail)",
+                n + 1
+            ));
+        }
+    }
+    None
+}
+
+/// The `name="value"` pairs at the start of an XML tag's text (after its element name), up to
+/// the first text that is not one.
+fn xml_attributes(tag: &str) -> Vec<(&str, &str)> {
+    let mut out = Vec::new();
+    let mut rest = tag;
+    loop {
+        rest = rest.trim_start();
+        let Some(eq) = rest.find('=') else { break };
+        let name = rest[..eq].trim_end();
+        if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '/') {
+            break;
+        }
+        let after = rest[eq + 1..].trim_start();
+        let Some(quote) = after.chars().next().filter(|c| *c == '"' || *c == '\'') else {
+            break;
+        };
+        let body = &after[1..];
+        let Some(end) = body.find(quote) else { break };
+        out.push((name, &body[..end]));
+        rest = &body[end + 1..];
+    }
+    out
 }
 
 /// The first `indexes=` value of a synthetic description that hwloc (2.9) cannot process

@@ -137,6 +137,22 @@ fn detect_refuses_a_machine_hwloc_was_told_to_describe() {
                 assert!(e.contains("HWLOC_XMLFILE=\"/dev/zero\""), "{e}");
                 assert!(e.contains("MiB"), "says why: {e}");
             }
+            "this-system-zero" => {
+                // hwloc's own variable says "not this system": named, with what to do.
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("HWLOC_THISSYSTEM=\"0\""), "{e}");
+                assert!(
+                    e.contains("a HWLOC_THISSYSTEM of 0"),
+                    "says what to do: {e}"
+                );
+            }
+            "xml-missing-set" => {
+                // An object without its `complete_cpuset`: refused before hwloc, which
+                // crashed (SIGSEGV) building the tree.
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("HWLOC_XMLFILE="), "{e}");
+                assert!(e.contains("complete_cpuset"), "says why: {e}");
+            }
             "this-system" => {
                 let t = r.unwrap();
                 assert_eq!(t.pus().len(), 2, "the described machine: {:?}", t.pus());
@@ -194,6 +210,46 @@ fn detect_refuses_a_machine_hwloc_was_told_to_describe() {
         .output()
         .unwrap();
     common::assert_child_passed(&out);
+    let bad = std::env::temp_dir().join(format!("xtc-numa-noset-{}.xml", std::process::id()));
+    Topology::synthetic("pack:1 core:2 pu:1")
+        .unwrap()
+        .export_xml(&bad)
+        .unwrap();
+    let good = std::fs::read_to_string(&bad).unwrap();
+    let at = good.find(" complete_cpuset=\"").unwrap();
+    let end = at + " complete_cpuset=\"".len();
+    let end = end + good[end..].find('"').unwrap() + 1;
+    std::fs::write(&bad, format!("{}{}", &good[..at], &good[end..])).unwrap();
+    let out = Command::new(&exe)
+        .args([
+            "detect_refuses_a_machine_hwloc_was_told_to_describe",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env(HWLOC_ENV_CHILD, "xml-missing-set")
+        .env("HWLOC_XMLFILE", &bad)
+        .env("HWLOC_THISSYSTEM", "1")
+        .env_remove("HWLOC_SYNTHETIC")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&bad);
+    common::assert_child_passed(&out);
+    let mut cmd = Command::new(&exe);
+    cmd.args([
+        "detect_refuses_a_machine_hwloc_was_told_to_describe",
+        "--exact",
+        "--test-threads=1",
+    ])
+    .env(HWLOC_ENV_CHILD, "this-system-zero")
+    .env("HWLOC_THISSYSTEM", "0");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HWLOC_") && k != "HWLOC_THISSYSTEM" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env_remove("HWLOC_SYNTHETIC")
+        .env_remove("HWLOC_XMLFILE");
+    common::assert_child_passed(&cmd.output().unwrap());
     for (case, desc, this_system) in [
         ("synthetic", "pack:1 core:2 pu:1", false),
         ("aborting", "memcache:2 pu:2", true),

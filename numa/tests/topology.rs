@@ -609,3 +609,92 @@ fn a_pu_os_index_listed_twice_is_an_error() {
     let t = Topology::synthetic("pack:2 core:2(indexes=0,1,0,1) pu:1").unwrap();
     assert_eq!((t.packages(), t.cores(), t.pus().len()), (2, 4, 4));
 }
+
+/// 126 levels and no NUMA level is an `Err`: hwloc 2.9, inserting its NUMA level, copied one
+/// level past the end of its 128-entry array (a heap overflow; a fortified libhwloc aborts the
+/// process). Levels are capped at 32. From an audit.
+#[test]
+fn a_synthetic_description_of_126_levels_is_an_error() {
+    if !in_child("a_synthetic_description_of_126_levels_is_an_error") {
+        return;
+    }
+    let desc = "group:1 ".repeat(125) + "pu:1";
+    match Topology::synthetic(&desc) {
+        Err(e @ Error::Hwloc { .. }) => assert!(e.to_string().contains("126 levels"), "{e}"),
+        other => panic!("expected Err(Hwloc), got {other:?}"),
+    }
+    assert!(Topology::synthetic(&("group:1 ".repeat(30) + "pu:2")).is_ok());
+}
+
+/// Levels of one object each under a wide level are an `Err` past 24,576 objects in all: they
+/// passed every bound (width, PUs) and hwloc spent about a second per level (122 of them under
+/// `pack:8 core:1024`: 151 s). `pack:8 core:1024 pu:1` still loads. From an audit.
+#[test]
+fn many_objects_over_all_levels_are_an_error() {
+    let e = Topology::synthetic("pack:8 core:1024 group:1 group:1 pu:1").unwrap_err();
+    assert!(e.to_string().contains("objects over all its levels"), "{e}");
+    assert_eq!(
+        Topology::synthetic("pack:8 core:1024 pu:1")
+            .unwrap()
+            .pus()
+            .len(),
+        8192
+    );
+}
+
+/// An XML object without one of its CPU or node sets is an `Err`: hwloc 2.9 accepted it and
+/// then crashed (SIGSEGV) building the tree, through `from_xml` and through `HWLOC_XMLFILE`.
+/// From an audit.
+#[test]
+fn an_xml_object_without_one_of_its_sets_is_an_error() {
+    if !in_child("an_xml_object_without_one_of_its_sets_is_an_error") {
+        return;
+    }
+    let good = temp_path("sets-good.xml");
+    Topology::synthetic("pack:1 core:2 pu:1")
+        .unwrap()
+        .export_xml(&good)
+        .unwrap();
+    let xml = std::fs::read_to_string(&good).unwrap();
+    for attr in ["complete_cpuset", "complete_nodeset"] {
+        // The first ` attr="value"` gone.
+        let at = xml.find(&format!(" {attr}=\"")).expect(attr);
+        let value = at + attr.len() + 3;
+        let end = value + xml[value..].find('"').unwrap() + 1;
+        let edited = format!("{}{}", &xml[..at], &xml[end..]);
+        let bad = temp_path(&format!("sets-bad-{attr}.xml"));
+        std::fs::write(&bad, &edited).unwrap();
+        let r = Topology::from_xml(&bad);
+        let _ = std::fs::remove_file(&bad);
+        match r {
+            Err(e @ Error::Hwloc { .. }) => assert!(e.to_string().contains(attr), "{e}"),
+            other => panic!("{attr}: expected Err(Hwloc), got {other:?}"),
+        }
+    }
+    // The export itself loads.
+    assert_eq!(Topology::from_xml(&good).unwrap().pus().len(), 2);
+    let _ = std::fs::remove_file(&good);
+}
+
+/// An attribute block with two `indexes=` lists, or a list with an empty entry, is an `Err`:
+/// hwloc uses the last list (the checks read the first) and drops a list with a gap, so
+/// `pu:2(indexes=0,1 indexes=1,1)` built a machine of one PU. From an audit.
+#[test]
+fn ambiguous_index_lists_are_an_error() {
+    for desc in [
+        "pu:2(indexes=0,1 indexes=1,1)",
+        "core:2 pu:2(indexes=0,1,2,3 indexes=3,3,1,0)",
+        "pu:3(indexes=0,,1,2)",
+        "pu:2(indexes=,0,1)",
+    ] {
+        match Topology::synthetic(desc) {
+            Err(Error::Hwloc { .. }) => {}
+            other => panic!("{desc}: expected Err(Hwloc), got {other:?}"),
+        }
+    }
+    // One trailing comma ends a list, for hwloc too.
+    assert_eq!(
+        Topology::synthetic("pu:2(indexes=1,0,)").unwrap().pus(),
+        vec![0, 1]
+    );
+}
