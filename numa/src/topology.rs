@@ -774,13 +774,17 @@ impl Topology {
         self.numa_nodes
     }
 
-    /// Number of physical cores, allowed or not; a PU that hwloc places under no core counts as
-    /// a core of its own (as in [`Topology::allowed_cores`]). Cost: none.
+    /// Number of physical cores hwloc reports, allowed by the thread's affinity or not; a PU
+    /// that hwloc places under no core counts as a core of its own (as in
+    /// [`Topology::allowed_cores`]). On a detected machine hwloc leaves out the CPUs the
+    /// process's cgroup (`cpuset.cpus`) excludes: they are not counted. Cost: none.
     pub fn cores(&self) -> usize {
         self.cores
     }
 
-    /// OS indices of all PUs (hardware threads), sorted. Cost: one `Vec` allocation.
+    /// OS indices of the PUs (hardware threads) hwloc reports, sorted: on a detected machine,
+    /// those the process's cgroup allows (whatever the thread's affinity; see
+    /// [`Topology::allowed_pus`]). Cost: one `Vec` allocation.
     pub fn pus(&self) -> Vec<usize> {
         self.pus.iter().map(|p| p.os).collect()
     }
@@ -818,7 +822,9 @@ impl Topology {
     }
 
     /// Logical index of the NUMA node holding this PU (OS index), or `None` for an unknown
-    /// PU. Cost: a binary search.
+    /// PU, and for one whose memory node hwloc left out (a cgroup's `cpuset.mems` that
+    /// excludes it, as `docker --cpuset-mems`): such PUs form one group of their own for
+    /// [`crate::Placement`] and [`crate::VictimOrder`]. Cost: a binary search.
     pub fn numa_node_of(&self, pu: usize) -> Option<usize> {
         self.info(pu)?.numa
     }
@@ -912,7 +918,8 @@ impl Topology {
     }
 
     /// An `lstopo`-like text tree: Machine, Package, Group, NUMANode, L3, L2, Core, PU,
-    /// with logical (`L#`) and OS (`P#`) indices; PUs this process may not use are marked.
+    /// with logical (`L#`) and OS (`P#`) indices; PUs outside this thread's affinity are
+    /// marked (those the cgroup excludes are not in the tree at all).
     /// The NUMA latency matrix, if any, follows the tree.
     ///
     /// Cost: walks the hwloc tree once; allocates the string. For humans and logs.

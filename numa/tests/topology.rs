@@ -698,3 +698,63 @@ fn ambiguous_index_lists_are_an_error() {
         vec![0, 1]
     );
 }
+
+/// An XML export of `desc` with the root's `attr` (`allowed_cpuset`, `allowed_nodeset`) set to
+/// `mask`, loaded back: a machine whose cgroup or affinity leaves some of it out.
+fn with_root_mask(desc: &str, attr: &str, mask: &str) -> Topology {
+    let path = temp_path(&format!("mask-{attr}-{mask}.xml"));
+    Topology::synthetic(desc)
+        .unwrap()
+        .export_xml(&path)
+        .unwrap();
+    let xml = std::fs::read_to_string(&path).unwrap();
+    let key = format!(" {attr}=\"");
+    let at = xml.find(&key).expect(attr) + key.len();
+    let end = at + xml[at..].find('"').unwrap();
+    std::fs::write(&path, format!("{}{mask}{}", &xml[..at], &xml[end..])).unwrap();
+    let t = Topology::from_xml(&path);
+    let _ = std::fs::remove_file(&path);
+    t.unwrap()
+}
+
+/// A memory node the cgroup leaves out (`cpuset.mems`, as `docker --cpuset-mems`) is gone from
+/// the tree: its PUs, still known, have no node, and form a group of their own for placement
+/// and the victim order, kept apart from node 0 at sensitivity 2. As documented on
+/// `numa_node_of`; from an audit.
+#[test]
+fn pus_whose_memory_node_is_left_out_have_no_node_and_group_together() {
+    let t = with_root_mask("pack:2 numa:1 core:2 pu:1", "allowed_nodeset", "0x00000001");
+    assert_eq!(t.numa_nodes(), 1);
+    assert_eq!(t.pus(), vec![0, 1, 2, 3]);
+    assert_eq!(t.numa_node_of(0), Some(0));
+    assert_eq!(t.numa_node_of(2), None);
+    assert_eq!(t.numa_node_of(3), None);
+    let p = Placement::new(&t, 2, &Policy::Spread, false).unwrap();
+    assert_eq!(
+        p.cpus(),
+        &[0, 2],
+        "spread over node 0 and the node-less group"
+    );
+    let p = Placement::new(&t, 4, &Policy::Compact, false).unwrap();
+    let v = VictimOrder::new(&t, &p, 2).unwrap();
+    for (shard, victims) in [(0, vec![1]), (1, vec![0]), (2, vec![3]), (3, vec![2])] {
+        assert_eq!(
+            v.victims(shard),
+            &victims[..],
+            "shard {shard}, sensitivity 2"
+        );
+    }
+}
+
+/// Spread over nodes of different sizes (the affinity leaves node 1 one core of three): shard
+/// `i` goes to node `i % nodes` while every node has cores left, then to the rest in order.
+/// From an audit.
+#[test]
+fn spread_over_nodes_of_different_sizes() {
+    let t = with_root_mask("pack:2 numa:1 core:3 pu:1", "allowed_cpuset", "0x0000000f");
+    assert_eq!(t.allowed_pus(), vec![0, 1, 2, 3]);
+    let p = Placement::new(&t, 4, &Policy::Spread, false).unwrap();
+    assert_eq!(p.cpus(), &[0, 3, 1, 2]);
+    let nodes: Vec<_> = p.cpus().iter().map(|&c| t.numa_node_of(c)).collect();
+    assert_eq!(nodes, vec![Some(0), Some(1), Some(0), Some(0)]);
+}
