@@ -25,6 +25,12 @@
 //! calling `shard::create_class`, which is then that call's cost, charged to no class). The
 //! stall watchdog's budget takes effect at a turn's start, so its first reading is outside
 //! any poll, and no task is charged for the calibration either way.
+//!
+//! The source is picked once: a kernel that later marks the TSC unstable (its clocksource
+//! watchdog, after a VM's live migration, say) is not followed, and poll durations may then
+//! be misread (a false stall report, a class charged wrongly; a negative difference reads as
+//! zero). A thread that made `rdtsc` fault (`prctl(PR_SET_TSC, PR_TSC_SIGSEGV)`) gets SIGSEGV at
+//! its first timed poll where the TSC is used.
 
 use std::{sync::OnceLock, time::Duration, time::Instant};
 
