@@ -341,6 +341,29 @@ impl BenchArgs {
     }
 }
 
+/// Which I/O driver an xtc executor built here, with `XTC_IO` read as the benchmarks' own
+/// executors read it, would run ("io_uring", "epoll"), for a benchmark's header: where
+/// io_uring is unavailable xtc falls back to epoll, and its figures are then epoll's. Cost:
+/// one executor built and dropped.
+pub fn xtc_io_driver() -> String {
+    #[cfg(feature = "xtc")]
+    {
+        let built = xtc::Executor::builder()
+            .shards(1)
+            .oversubscribe(true)
+            .env()
+            .and_then(|b| b.build());
+        match built {
+            Ok(exec) => format!("{:?}", exec.io_driver()),
+            Err(e) => format!("unknown ({e})"),
+        }
+    }
+    #[cfg(not(feature = "xtc"))]
+    {
+        "none (built without the `xtc` feature)".into()
+    }
+}
+
 /// Where a benchmark writes its chart by default: `target/bench-NAME.svg` in the workspace.
 pub fn default_svg(name: &str) -> std::path::PathBuf {
     // bench/ is one level under the workspace root.

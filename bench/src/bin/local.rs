@@ -1216,6 +1216,7 @@ fn main() -> ExitCode {
         },
         cpu.map_or("none".to_string(), |c| c.to_string()),
     );
+    println!("  xtc I/O driver: {}", xtc_bench::xtc_io_driver());
     println!(
         "  raw = the floor: spawn/yield on a VecDeque of tasks (one Rc each) re-polled on Pending (no \
          wakers); sleep = std::thread::sleep; idle = 2 threads in std::thread::sleep"

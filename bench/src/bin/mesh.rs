@@ -1589,6 +1589,7 @@ fn main() -> ExitCode {
         cpus.0,
         cpus.1,
     );
+    println!("  xtc I/O driver: {}", xtc_bench::xtc_io_driver());
     println!(
         "  rtt: {} timed round trips after {} warm-up; stream: {} u64 one way, channels of \
          {STREAM_CAP}, median of {STREAM_RUNS} runs",

@@ -1004,6 +1004,7 @@ fn main() -> ExitCode {
         if args.quick { "quick" } else { "full" },
         cpu.map_or("none".to_string(), |c| c.to_string()),
     );
+    println!("  xtc I/O driver: {}", xtc_bench::xtc_io_driver());
     if !cfg!(feature = "xtc") {
         println!("  NOTE: built without the `xtc` feature: the xtc column is empty");
     }

@@ -917,6 +917,7 @@ fn main() -> ExitCode {
         cpus.0,
         cpus.1,
     );
+    println!("  xtc I/O driver: {}", xtc_bench::xtc_io_driver());
     println!(
         "  fib({}) and {} unbalanced tasks: median of {} runs after a warm-up; idle-steal: a {:.1} s \
          window",
