@@ -399,12 +399,9 @@ fn shared_a_recv_waiting_again_with_another_waker_gets_the_wake() {
     }
 }
 
-/// Waiting senders that were woken for freed slots and lost them to `try_send`s go back into
-/// the line in the order they first waited: the older one gets the next slot. Both went back
-/// to the front of the line, one after the other, which put the later one first.
-#[test]
-fn local_woken_senders_that_lose_their_slots_keep_their_order() {
-    use std::{
+/// What the tests that poll a channel's futures by hand, with counting wakers, use.
+mod manual {
+    pub(crate) use std::{
         future::Future,
         pin::Pin,
         sync::{
@@ -413,6 +410,14 @@ fn local_woken_senders_that_lose_their_slots_keep_their_order() {
         },
         task::{Context, Poll, Waker},
     };
+}
+
+/// Waiting senders that were woken for freed slots and lost them to `try_send`s go back into
+/// the line in the order they first waited: the older one gets the next slot. Both went back
+/// to the front of the line, one after the other, which put the later one first.
+#[test]
+fn local_woken_senders_that_lose_their_slots_keep_their_order() {
+    use manual::*;
     for waiting in [2usize, 3] {
         let (tx, mut rx) = local::bounded::<usize>(waiting).unwrap();
         for _ in 0..waiting {
@@ -470,15 +475,7 @@ fn local_woken_senders_that_lose_their_slots_keep_their_order() {
 /// later senders reuse the places the ones that left had in the waiters' table.
 #[test]
 fn local_senders_that_give_up_leave_the_others_their_order() {
-    use std::{
-        future::Future,
-        pin::Pin,
-        sync::{
-            atomic::{AtomicUsize, Ordering::SeqCst},
-            Arc,
-        },
-        task::{Context, Poll, Waker},
-    };
+    use manual::*;
     // (10, 4): a few give up. (200, 100): most do, and the line is compacted after later
     // senders took the leavers' places in the table.
     for (first, later) in [(10usize, 4usize), (200, 100)] {

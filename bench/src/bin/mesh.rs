@@ -1235,59 +1235,50 @@ fn run_rtt(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     );
     // The same, the caller pausing before each round trip so the target is asleep for good.
     let pa = p.asleep();
+    let xtc_asleep = run(
+        "xtc, target asleep",
+        None,
+        Box::new(move || xtc_rt::rtt(cpus, pa, Duration::ZERO, Some(xtc_rt::REPLY_SPIN))),
+    );
+    let raw_asleep = run(
+        "raw, target asleep",
+        Some(cpus.0),
+        Box::new(move || raw::rtt_target_parked(cpus, pa)),
+    );
+    // Each peer both ways, its caller parking and spinning for the reply (the better kept:
+    // glommio's caller spin did not always help).
+    type Job = Box<dyn FnOnce() -> RttOut + Send>;
+    let mut both_ways = |rt: &str, pin: Option<usize>, parks: Job, spins: Job| {
+        let parks = run(&format!("{rt}, target asleep, caller parks"), pin, parks);
+        let spins = run(&format!("{rt}, target asleep, caller spins"), pin, spins);
+        (parks, spins)
+    };
+    let (tokio_parks, tokio_spins) = both_ways(
+        "tokio",
+        Some(cpus.0),
+        Box::new(move || tokio_rt::rtt(cpus, pa, Duration::ZERO)),
+        Box::new(move || tokio_rt::rtt(cpus, pa, xtc_rt::REPLY_SPIN)),
+    );
+    let (glommio_parks, glommio_spins) = both_ways(
+        "glommio",
+        None,
+        Box::new(move || glommio_rt::rtt(cpus, pa, Duration::ZERO)),
+        Box::new(move || glommio_rt::rtt_spins(cpus, pa, Duration::ZERO, xtc_rt::REPLY_SPIN)),
+    );
+    let (monoio_parks, monoio_spins) = both_ways(
+        "monoio",
+        Some(cpus.0),
+        Box::new(move || monoio_rt::rtt(cpus, pa, Duration::ZERO)),
+        Box::new(move || monoio_rt::rtt(cpus, pa, xtc_rt::REPLY_SPIN)),
+    );
+    let mut asleep_of =
+        |rt, parks, spins| better_of(&mut choices, rt, "target asleep", parks, spins);
     let asleep = [
-        run(
-            "xtc, target asleep",
-            None,
-            Box::new(move || xtc_rt::rtt(cpus, pa, Duration::ZERO, Some(xtc_rt::REPLY_SPIN))),
-        ),
-        run(
-            "raw, target asleep",
-            Some(cpus.0),
-            Box::new(move || raw::rtt_target_parked(cpus, pa)),
-        ),
-        {
-            let parks = run(
-                "tokio, target asleep, caller parks",
-                Some(cpus.0),
-                Box::new(move || tokio_rt::rtt(cpus, pa, Duration::ZERO)),
-            );
-            let spins = run(
-                "tokio, target asleep, caller spins",
-                Some(cpus.0),
-                Box::new(move || tokio_rt::rtt(cpus, pa, xtc_rt::REPLY_SPIN)),
-            );
-            better_of(&mut choices, "tokio", "target asleep", parks, spins)
-        },
-        {
-            // glommio both ways, the better kept: its caller spin did not always help.
-            let parks = run(
-                "glommio, target asleep, caller parks",
-                None,
-                Box::new(move || glommio_rt::rtt(cpus, pa, Duration::ZERO)),
-            );
-            let spins = run(
-                "glommio, target asleep, caller spins",
-                None,
-                Box::new(move || {
-                    glommio_rt::rtt_spins(cpus, pa, Duration::ZERO, xtc_rt::REPLY_SPIN)
-                }),
-            );
-            better_of(&mut choices, "glommio", "target asleep", parks, spins)
-        },
-        {
-            let parks = run(
-                "monoio, target asleep, caller parks",
-                Some(cpus.0),
-                Box::new(move || monoio_rt::rtt(cpus, pa, Duration::ZERO)),
-            );
-            let spins = run(
-                "monoio, target asleep, caller spins",
-                Some(cpus.0),
-                Box::new(move || monoio_rt::rtt(cpus, pa, xtc_rt::REPLY_SPIN)),
-            );
-            better_of(&mut choices, "monoio", "target asleep", parks, spins)
-        },
+        xtc_asleep,
+        raw_asleep,
+        asleep_of("tokio", tokio_parks, tokio_spins),
+        asleep_of("glommio", glommio_parks, glommio_spins),
+        asleep_of("monoio", monoio_parks, monoio_spins),
     ];
 
     let glommio_target_parks = better_of(
