@@ -1294,6 +1294,82 @@ fn is_finished_asked_from_inside_abort_sees_a_live_task() {
     assert!(joined.unwrap_err().is_cancelled());
 }
 
+/// A `spawn_blocking` job awaited by a loop that did not start it counts in that loop's work
+/// in flight, as its own jobs do: started off any loop, or in an earlier run, and awaited by
+/// a task, it was counted by no running loop, and with a job longer than the deadlock grace
+/// the run ended with `Err(Deadlock)`, the task dropped while the job ran on.
+#[test]
+fn a_spawn_blocking_job_awaited_away_from_where_it_started_is_no_deadlock() {
+    let ex = || {
+        Executor::builder()
+            .shards(1)
+            .deadlock_grace(Some(Duration::from_millis(100)))
+            .build()
+            .unwrap()
+    };
+    let slow = || {
+        xtc_shards::spawn_blocking(|| {
+            std::thread::sleep(Duration::from_millis(600));
+            7
+        })
+    };
+    // Started off any loop.
+    let job = slow();
+    let got = ex().block_on(move || async move { job.await.unwrap() });
+    assert_eq!(got.unwrap(), 7, "started off any loop");
+    // Started in one run, awaited in the next.
+    let e = ex();
+    // A future of the job, returned (not awaited) by the first run's main task.
+    let job = e
+        .block_on(move || async move { Some(slow()) })
+        .unwrap()
+        .expect("returned");
+    let got = e.block_on(move || async move { job.await.unwrap() });
+    assert_eq!(got.unwrap(), 7, "started in an earlier run");
+}
+
+/// A running `spawn_blocking` job whose awaiting task the stop drops has ended when
+/// `block_on` returns, whether that task was pinned (its loop waits for it, up to a second)
+/// or migratable: a migratable task left parked is dropped by `run()`'s own thread after the
+/// loops stopped, and nobody waited for its job.
+#[test]
+fn a_stop_waits_for_the_blocking_job_of_a_dropped_migratable_task() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    for migratable in [false, true] {
+        let ex = exec(2);
+        let ended = Arc::new(AtomicBool::new(false));
+        let e = ended.clone();
+        ex.block_on(move || async move {
+            let started = Arc::new(AtomicBool::new(false));
+            let s = started.clone();
+            let holder = async move {
+                let _ = xtc_shards::spawn_blocking(move || {
+                    s.store(true, SeqCst);
+                    std::thread::sleep(Duration::from_millis(300));
+                    e.store(true, SeqCst);
+                })
+                .await;
+            };
+            if migratable {
+                drop(xtc_shards::spawn(holder));
+            } else {
+                drop(spawn_local(holder));
+            }
+            while !started.load(SeqCst) {
+                xtc_shards::time::sleep(Duration::from_millis(1)).await;
+            }
+            // The holder parks on the job; the main task ends, and the stop drops it.
+            xtc_shards::time::sleep(Duration::from_millis(20)).await;
+        })
+        .unwrap();
+        assert!(
+            ended.load(SeqCst),
+            "block_on returned while the job of a dropped {} task still ran",
+            if migratable { "migratable" } else { "pinned" }
+        );
+    }
+}
+
 /// A `spawn_blocking` job given up on while it runs (`timeout` around it) lets its loop sleep
 /// until it ends, as an awaited one does: such a job is never signalled, and its end wakes
 /// the loop. The loop woke every millisecond for as long as the job ran (about 500 parks here

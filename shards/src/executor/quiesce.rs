@@ -5,8 +5,14 @@
 //!
 //! Each loop publishes `status = epoch << 2 | kind` (SeqCst) before it parks, and
 //! `epoch + 1 | BUSY` when it wakes, before it drains its inbox (after an idle tick that found
-//! nothing, the loop keeps its idle word and publishes `BUSY` just before it takes work: from
-//! its inbox or rings, or from its queues). `kind` is `EMPTY` (no live
+//! nothing, the loop keeps its idle word and publishes `BUSY` just before it runs work). Two
+//! takes come before `BUSY` on that path, and only queue tasks: a ring drain (every ring
+//! message is a `Runnable`, queued, never handled inside the drain; its received count is
+//! published at the end of that turn) and a steal (into the thief's deque, which a shutdown
+//! at a quiescent stop keeps for the next run). A message can reach a ring only from a loop
+//! that left idle through `BUSY`, or one that is `WAITING`, so a snapshot misses no sender.
+//! Handling a ring message inside the drain, or dropping the deque at a quiescent stop, would
+//! break this argument. `kind` is `EMPTY` (no live
 //! task, no timer), `PARKED` (live tasks, none runnable, no timer) or `WAITING` (something will
 //! wake it: a pending timer, I/O or a blocking-pool job in flight, a ring backlog, a task
 //! waiting for ring space, which the consumer's drain pings without any count moving). Each inbox
@@ -239,7 +245,8 @@ pub(crate) fn coordinate(exec: &ExecShared) {
 /// raced the end of `run()` came back cancelled, instead of staying queued for the next run.
 /// So: set `closing`, take a third snapshot, and stop only if nothing moved since `seen`;
 /// otherwise clear `closing` and go on. A loop publishes its new epoch (leaving idle) and
-/// then looks at `closing`, under its lock, before it takes any work
+/// then looks at `closing`, under its lock, before it runs any work (what it took before,
+/// ring messages and steals, only queued tasks: see the module doc)
 /// (`event_loop::Status::busy`); the coordinator sets `closing` under the lock and then reads
 /// the epochs. The lock orders the two, so one side sees the other: the loop sees `closing`
 /// and waits for the decision (taking nothing if it is a stop: the work stays queued), or the

@@ -142,6 +142,17 @@ struct CtlState {
     /// The job is inside the read or write [`when_ready`] found its descriptor ready for:
     /// a cancel waits for it to end ([`wait_call`]).
     calling: bool,
+    /// The count (`PENDING`) of the thread that submitted the job.
+    own: Option<Arc<AtomicUsize>>,
+    /// The counts of other loops that polled the job's future and wait on it, each with the
+    /// loop to nudge, released with the job's own at its end (`Ended`). A `spawn_blocking`
+    /// future is `Send`: started off any loop, or in an earlier run (whose thread is gone),
+    /// and awaited by a task, no loop counted it, the awaiting loop looked parked on nothing,
+    /// and a job longer than the deadlock grace ended the run with `Err(Deadlock)`.
+    waiting: Vec<(
+        Arc<AtomicUsize>,
+        std::sync::Weak<crate::event_loop::LoopShared>,
+    )>,
 }
 
 /// The signal that interrupts a cancelled job's blocking call, one per process as the pool
@@ -629,10 +640,19 @@ fn submit<R: Send + 'static>(
         count: Option<Arc<AtomicUsize>>,
         /// The loop to nudge when its last job ends.
         home: Option<std::sync::Weak<crate::event_loop::LoopShared>>,
+        /// Where the counts of the loops that wait on the job elsewhere are (`waiting`).
+        ctl: Arc<Ctl>,
     }
     impl Ended {
-        /// Takes the job off the count (once), nudging the loop if it was its last.
+        /// Takes the job off the counts it is on (once), nudging each loop it was the last
+        /// of.
         fn end(&mut self) {
+            let waiting = std::mem::take(&mut lock(&self.ctl.state).waiting);
+            for (n, home) in waiting {
+                if n.fetch_sub(1, SeqCst) == 1 {
+                    nudge(&home);
+                }
+            }
             if self
                 .count
                 .take()
@@ -653,6 +673,7 @@ fn submit<R: Send + 'static>(
     if let Some(n) = &counter {
         n.fetch_add(1, SeqCst);
     }
+    lock(&ctl.state).own = counter.clone();
     /// What a job holds, in one struct so that a job dropped unrun (`unqueue`) drops it in
     /// field order: the operation and its captures (the file's descriptor) before the count
     /// (`ended`) falls. A closure's captures drop in an order the language does not promise.
@@ -670,6 +691,7 @@ fn submit<R: Send + 'static>(
             count: counter,
             // The loop to nudge when its last job ends (see `nudge`).
             home: crate::context::with_core(|c| Arc::downgrade(&c.shared)),
+            ctl: ctl.clone(),
         },
     };
     let job: Job = Box::new(move || {
@@ -861,8 +883,32 @@ impl<R> Future for Blocking<R> {
                 self.collected = true;
                 Poll::Ready(r)
             }
-            None => Poll::Pending,
+            None => {
+                wait_here(&self.ctl);
+                Poll::Pending
+            }
         }
+    }
+}
+
+/// A loop that polled a job's future and waits on it counts the job in its work in flight
+/// (`PENDING`) until the job ends, if the job is not on its count already (see
+/// `CtlState::waiting`). Cost: a thread-local read, and a lock of the job's control block on
+/// a loop.
+fn wait_here(ctl: &Ctl) {
+    let Some(home) = crate::context::with_core(|c| Arc::downgrade(&c.shared)) else {
+        return;
+    };
+    let Some(mine) = pending() else {
+        return;
+    };
+    let mut c = lock(&ctl.state);
+    let counted = c.own.as_ref().is_some_and(|o| Arc::ptr_eq(o, &mine))
+        || c.waiting.iter().any(|(n, _)| Arc::ptr_eq(n, &mine));
+    // Once `done`, the job's end has taken (or is taking) the list: it counts no more.
+    if !c.done && !counted {
+        mine.fetch_add(1, SeqCst);
+        c.waiting.push((mine, home));
     }
 }
 
