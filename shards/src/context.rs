@@ -498,7 +498,7 @@ impl Drop for Core {
         }
         // Ring protocol rule 1: give the ring ends back for the next run.
         let mesh = self.mesh.replace(LocalMesh::none(self.shared.index));
-        self.exec.mesh.give_back(mesh);
+        self.exec.mesh.give_back(mesh, &self.exec.loops);
         if let Some(w) = self.deque.take() {
             self.exec.migratable.give_back_worker(self.shared.index, w);
         }

@@ -90,7 +90,9 @@ impl LocalExecutor {
     /// while its own run is in progress (from a `Drop` that another executor's sweep runs in
     /// one of its tasks). A panic out of the loop itself, outside any task (user code xtc
     /// does not guard, such as a panicking `tracing` subscriber), is re-raised here once the
-    /// run's tasks have been dropped.
+    /// run's tasks have been dropped. If the loop's shutdown itself panicked (a bug in xtc),
+    /// the tasks it left alive are leaked, never polled or dropped elsewhere, and every later
+    /// `block_on` of this executor panics, saying to build a new one.
     ///
     /// `fut` runs as the loop's main task, spawned here, at the caller's `block_on` call (the
     /// spawn site a stall report names).
@@ -113,6 +115,15 @@ impl LocalExecutor {
         // loop's `LoopStats::io_driver` said epoll). `enter` asks the same.
         if !context::may_enter(&self.shared.loops[0]) {
             panic!("{NESTED}");
+        }
+        // Tasks a shutdown cut short left alive (`LoopShared::poisoned`) may be `!Send` and
+        // keep registry keys of that run: polled here, one ended by taking another task's
+        // entry out of the new run's registry.
+        if self.shared.loops[0]
+            .poisoned
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("{POISONED}");
         }
         // Run again from a `Drop` of its own stopped run's leftovers (a nested `block_on`):
         // the rest of those leftovers go first, still as that run's (their drops' `Handle`
@@ -138,6 +149,11 @@ impl LocalExecutor {
         // unresolved until a later `block_on` dropped them.
         // Busy + idle from here until the shutdown below has ended (or a panic unwinds).
         let clock = event_loop::RunClock::start(&core.shared.stats);
+        // Dropped before `core` (declared after it): a shutdown cut short poisons the loop.
+        let mut shut = crate::executor::ShutdownGuard {
+            shared: &core.shared,
+            done: false,
+        };
         let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             event_loop::run(&core, false, &|| main.is_finished())
         }));
@@ -146,12 +162,15 @@ impl LocalExecutor {
             let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 event_loop::shutdown(&core, false)
             }));
+            shut.done = closed.is_ok();
             if closed.is_err() {
                 tracing::error!("xtc: a LocalExecutor's loop panicked, and so did its shutdown");
             }
         } else {
             event_loop::shutdown(&core, false);
+            shut.done = true;
         }
+        drop(shut);
         drop(clock);
         drop(enter);
         drop(live);
@@ -186,6 +205,11 @@ impl LocalExecutor {
 
 /// The panic of a `block_on` called where it may not run (see its `# Panics`).
 const NESTED: &str = "LocalExecutor::block_on called inside an xtc loop: spawn the future instead";
+
+/// The panic of a `block_on` of an executor whose loop is poisoned (see its `# Panics`).
+const POISONED: &str = "LocalExecutor::block_on: an earlier run's shutdown panicked (a bug in \
+                        xtc), leaving tasks tied to it alive; this executor cannot run again: \
+                        build a new one";
 
 impl Drop for LocalExecutor {
     /// Closes the executor as `Executor`'s drop does: a `Handle` spawning afterwards gets
@@ -289,6 +313,77 @@ mod tests {
         assert!(
             msg.contains("inside an xtc loop"),
             "the nested block_on was not refused: {msg:?}"
+        );
+    }
+
+    /// A `block_on` whose loop's shutdown panics (planted: a bug in xtc) leaves a polled,
+    /// parked `!Send` task alive. A wake from another thread routes it to the loop's inbox:
+    /// the sweep of the last `Handle`'s drop, on that thread, dropped its future there, and a
+    /// later `block_on` polled it with a registry key of the old run (its end took another
+    /// task's entry). Now the loop is poisoned: the task is leaked, and `block_on` refuses.
+    #[test]
+    #[cfg_attr(miri, ignore = "leaks the task, as it should: Miri reports leaks")]
+    fn a_shutdown_cut_short_leaks_the_runs_tasks_and_refuses_later_runs() {
+        use std::{
+            sync::{atomic::Ordering::SeqCst, Mutex},
+            task::{Poll, Waker},
+            thread::ThreadId,
+        };
+        /// Records where it is dropped; `!Send` (its `Rc`), as a pinned task's state may be.
+        struct Probe(
+            Arc<Mutex<Option<ThreadId>>>,
+            #[allow(dead_code)] std::rc::Rc<()>,
+        );
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                *self.0.lock().unwrap() = Some(std::thread::current().id());
+            }
+        }
+        let ex = LocalExecutor::new().unwrap();
+        let slot: Arc<Mutex<Option<Waker>>> = Arc::new(Mutex::new(None));
+        let dropped_on: Arc<Mutex<Option<ThreadId>>> = Arc::new(Mutex::new(None));
+        ex.shared.panic_shutdown.store(0, SeqCst);
+        let (s, d) = (slot.clone(), dropped_on.clone());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ex.block_on(async move {
+                drop(crate::spawn_local(async move {
+                    let _p = Probe(d, std::rc::Rc::new(()));
+                    std::future::poll_fn(|cx| {
+                        *s.lock().unwrap() = Some(cx.waker().clone());
+                        Poll::<()>::Pending
+                    })
+                    .await;
+                }));
+                crate::yield_now().await;
+                crate::yield_now().await;
+            })
+        }));
+        ex.shared.panic_shutdown.store(usize::MAX, SeqCst);
+        assert!(r.is_err(), "the planted shutdown panic");
+        assert!(
+            dropped_on.lock().unwrap().is_none(),
+            "the parked task lives on"
+        );
+        let again =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ex.block_on(async {})));
+        let msg = again.map_err(|p| crate::error::payload_message(&*p).map(str::to_owned));
+        assert!(
+            matches!(&msg, Err(Some(m)) if m.contains("cannot run again")),
+            "a later block_on was not refused: {msg:?}"
+        );
+        let handle = ex.shared.clone();
+        drop(ex);
+        let other = std::thread::spawn(move || {
+            slot.lock().unwrap().take().expect("parked").wake();
+            drop(handle);
+            std::thread::current().id()
+        })
+        .join()
+        .unwrap();
+        assert_ne!(
+            *dropped_on.lock().unwrap(),
+            Some(other),
+            "the task's !Send future was dropped on another thread"
         );
     }
 }

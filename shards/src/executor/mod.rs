@@ -1437,12 +1437,12 @@ fn worker(
     tracing::trace!(shard = core.index(), "shard loop stopped");
 }
 
-/// A worker's loop between its end and its completed shutdown: dropped before `done` (a panic
-/// cut the shutdown short, a bug in xtc), it poisons the loop ([`LoopShared::poisoned`]), whose
-/// live tasks were not dropped on its thread.
-struct ShutdownGuard<'a> {
-    shared: &'a LoopShared,
-    done: bool,
+/// A worker's (or a `LocalExecutor::block_on`'s) loop between its end and its completed
+/// shutdown: dropped before `done` (a panic cut the shutdown short, a bug in xtc), it poisons
+/// the loop ([`LoopShared::poisoned`]), whose live tasks were not dropped on its thread.
+pub(crate) struct ShutdownGuard<'a> {
+    pub(crate) shared: &'a LoopShared,
+    pub(crate) done: bool,
 }
 
 impl Drop for ShutdownGuard<'_> {
@@ -2514,5 +2514,72 @@ mod tests {
             0,
             "shard 1's task was polled or dropped off its loop's thread"
         );
+    }
+
+    /// A loop whose shutdown panics (planted) while its backlog holds the wake of a task
+    /// parked on another shard: that wake goes to the other shard's inbox, whose shutdown
+    /// drops the task, and `run()` returns `ShardPanicked`. Leaked, the wake never came, the
+    /// other shard's shutdown waited for its registered task for good, and `run()` hung.
+    #[test]
+    fn a_cut_short_shutdown_hands_a_peers_wake_to_the_peer() {
+        use std::sync::Mutex;
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .ring_capacity(1)
+            .build()
+            .unwrap();
+        let slot = Arc::new(Mutex::new(None::<std::task::Waker>));
+        let holding = Arc::new(AtomicBool::new(false));
+        let one = exec.handle.shared.loops[1].clone();
+        let s = slot.clone();
+        // T: parks on shard 0, registered there.
+        exec.spawn_on(0, move || async move {
+            futures::future::poll_fn(|cx| {
+                *s.lock().unwrap() = Some(cx.waker().clone());
+                std::task::Poll::<()>::Pending
+            })
+            .await;
+        })
+        .unwrap();
+        let (s, h) = (slot.clone(), holding.clone());
+        exec.spawn_on(0, move || async move {
+            while s.lock().unwrap().is_none() {
+                crate::yield_now().await;
+            }
+            // Holds shard 0 (it drains nothing) until shard 1 is poisoned.
+            h.store(true, SeqCst);
+            let t0 = std::time::Instant::now();
+            while !one.poisoned.load(SeqCst) && t0.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .unwrap();
+        let (s, h) = (slot.clone(), holding.clone());
+        let handle = exec.handle();
+        exec.spawn_on(1, move || async move {
+            while !h.load(SeqCst) {
+                crate::time::sleep(Duration::from_millis(1)).await;
+            }
+            // Fills the one-slot ring 1 -> 0, then wakes T: its `Runnable` goes to the backlog.
+            handle.spawn_on(0, || async {}).unwrap();
+            s.lock().unwrap().take().unwrap().wake();
+            crate::stop();
+        })
+        .unwrap();
+        exec.handle.shared.panic_shutdown.store(1, SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let exec = Arc::new(exec);
+        let e = exec.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(e.run());
+        });
+        let ran = rx.recv_timeout(Duration::from_secs(30));
+        exec.handle.shared.panic_shutdown.store(usize::MAX, SeqCst);
+        match ran {
+            Ok(Err(crate::Error::ShardPanicked(_))) => {}
+            Ok(other) => panic!("the planted panic was not reported: {other:?}"),
+            Err(_) => panic!("run() never returned: shard 0 waited for a wake shard 1 leaked"),
+        }
     }
 }

@@ -193,28 +193,38 @@ impl Mesh {
 
     /// Rule 1: loop `me` gives its ring ends back. The backlog must be empty, but for a loop
     /// whose shutdown was cut short by a panic (its `Core` dropped while that panic unwinds;
-    /// a second panic here aborted the process). Such a backlog's tasks are leaked, with an
-    /// error logged: they are other loops' tasks (wakes of their pinned tasks, whose futures
-    /// may be `!Send`, as well as spawns), and dropping them here dropped those futures on
-    /// this thread; each also keeps its home loop's shared half allocated (`task/home.rs`).
-    /// Moving them to their owners' inboxes would need the counts a shutdown keeps
-    /// (`evacuate`), which the panic cut short.
-    pub(crate) fn give_back(&self, mut local: LocalMesh) {
+    /// a second panic here aborted the process). Such a backlog's tasks are other loops'
+    /// (wakes of their pinned tasks, whose futures may be `!Send`, as well as spawns): never
+    /// dropped here, on this thread. Each goes to its owner's inbox, whose shutdown (under way:
+    /// the panic stopped the run) takes it and drops it on the owner's thread; leaked it was,
+    /// and an owner whose parked task's wake it was waited for that task for good, so `run()`
+    /// never returned. Only what is for a loop that is poisoned too is leaked, with an error
+    /// logged. The counts a shutdown keeps (`evacuate`) go unbalanced, which no run reads: the
+    /// executor of a poisoned loop runs no more (`LoopShared::poisoned`).
+    pub(crate) fn give_back(
+        &self,
+        mut local: LocalMesh,
+        loops: &[std::sync::Arc<crate::event_loop::LoopShared>],
+    ) {
         debug_assert!(
             local.backlogged == 0 || std::thread::panicking(),
             "a loop gave its ring ends back with {} backlogged messages",
             local.backlogged
         );
         if local.backlogged > 0 {
-            tracing::error!(
-                shard = local.me,
-                tasks = local.backlogged,
-                "xtc: a loop stopped by a panic still held messages for other shards: their \
-                 tasks are leaked, not run (dropped on this thread, a task's future could be \
-                 one that must stay on its own shard's thread)"
-            );
-            for r in local.backlog.drain(..).flatten() {
-                std::mem::forget(r);
+            for (to, queue) in local.backlog.iter_mut().enumerate() {
+                if queue.is_empty() {
+                    continue;
+                }
+                match loops.get(to).filter(|o| !o.poisoned.load(SeqCst)) {
+                    Some(owner) => {
+                        for r in queue.drain(..) {
+                            owner.inbox.push(r);
+                        }
+                        owner.parker.unpark();
+                    }
+                    None => crate::event_loop::leak_all(queue.drain(..).collect()),
+                }
             }
             local.backlogged = 0;
         }
@@ -908,60 +918,78 @@ mod tests {
     }
 
     /// Gives a loop's ring ends back when dropped, as `Core`'s drop does.
-    struct GiveBack<'a>(&'a Mesh, Option<LocalMesh>);
+    struct GiveBack<'a>(
+        &'a Mesh,
+        Option<LocalMesh>,
+        &'a [Arc<crate::event_loop::LoopShared>],
+    );
 
     impl Drop for GiveBack<'_> {
         fn drop(&mut self) {
             if let Some(local) = self.1.take() {
-                self.0.give_back(local);
+                self.0.give_back(local, self.2);
             }
         }
     }
 
     /// A loop whose own code panics while it holds a backlog for another shard gives its
     /// ends back during the unwind: the backlog's task, which belongs to that other shard,
-    /// is leaked there, not dropped on this thread (a pinned task's future may be `!Send`).
+    /// is not dropped on this thread (a pinned task's future may be `!Send`). It goes to its
+    /// owner's inbox, whose shutdown drops it on the owner's thread: leaked, a wake of one of
+    /// the owner's parked tasks left that shutdown waiting for good. For an owner that is
+    /// poisoned too, it is leaked.
     #[test]
     #[cfg_attr(
         miri,
         ignore = "leaks the backlog's task, as it should: Miri reports leaks"
     )]
-    fn a_backlog_given_back_by_a_panicking_loop_is_not_dropped_on_its_thread() {
-        let exec = crate::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .build()
-            .unwrap();
-        let owner = exec.handle().shared.loops[1].clone();
-        let dropped = Arc::new(AtomicBool::new(false));
-        let flag = Flag(dropped.clone());
-        let (runnable, join) = task::create(
-            Home::new(&owner),
-            move || {
-                let _flag = flag;
-                async {}
-            },
-            TaskInfo::here(None),
-            0,
-        );
-        drop(join);
-        let mesh = Mesh::new(2, 4);
-        let mut local = mesh.take(0);
-        local.backlogged = 1;
-        local.backlog[1].push_back(runnable);
-        let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let _give_back = GiveBack(&mesh, Some(local));
-            panic!("test: a loop's own code panics");
-        }));
-        assert!(unwound.is_err());
-        assert!(
-            !dropped.load(SeqCst),
-            "the other shard's task was dropped on the panicking loop's thread"
-        );
-        // The ends are back for the next run.
-        let again = mesh.take(0);
-        assert!(again.out[1].is_some() && again.inc[1].is_some());
-        mesh.give_back(again);
+    fn a_backlog_given_back_by_a_panicking_loop_goes_to_its_owner_not_dropped_on_its_thread() {
+        for owner_poisoned in [false, true] {
+            let exec = crate::Executor::builder()
+                .shards(2)
+                .oversubscribe(true)
+                .build()
+                .unwrap();
+            let owner = exec.handle().shared.loops[1].clone();
+            owner.poisoned.store(owner_poisoned, SeqCst);
+            let dropped = Arc::new(AtomicBool::new(false));
+            let flag = Flag(dropped.clone());
+            let (runnable, join) = task::create(
+                Home::new(&owner),
+                move || {
+                    let _flag = flag;
+                    async {}
+                },
+                TaskInfo::here(None),
+                0,
+            );
+            drop(join);
+            let mesh = Mesh::new(2, 4);
+            let mut local = mesh.take(0);
+            local.backlogged = 1;
+            local.backlog[1].push_back(runnable);
+            let (pushed, _) = owner.inbox.counts();
+            let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let loops = exec.handle().shared.loops.clone();
+                let _give_back = GiveBack(&mesh, Some(local), &loops);
+                panic!("test: a loop's own code panics");
+            }));
+            assert!(unwound.is_err());
+            assert!(
+                !dropped.load(SeqCst),
+                "the other shard's task was dropped on the panicking loop's thread"
+            );
+            let moved = owner.inbox.counts().0 - pushed;
+            assert_eq!(
+                moved,
+                u64::from(!owner_poisoned),
+                "owner poisoned: {owner_poisoned}"
+            );
+            // The ends are back for the next run.
+            let again = mesh.take(0);
+            assert!(again.out[1].is_some() && again.inc[1].is_some());
+            mesh.give_back(again, &[]);
+        }
     }
 
     /// A waker woken (or dropped) sets its flag.
@@ -1001,6 +1029,6 @@ mod tests {
         );
         assert!(dropped.load(SeqCst), "the stale waker was kept alive");
         assert!(!woken.load(SeqCst), "the stale waker was woken");
-        mesh.give_back(local);
+        mesh.give_back(local, &[]);
     }
 }

@@ -542,7 +542,10 @@ where
     //   polled. Before the first poll the future holds only `make`; callers on other threads
     //   pass a `Send` `make`, and only such a task, never polled, is dropped off the owner's
     //   thread (rule 1: a stopped owner's ring, or the sweep of a stopped executor's queues;
-    //   a `spawn_local` task is queued on its own loop, and dropped by it).
+    //   a `spawn_local` task is queued on its own loop, and dropped by it). The exception is
+    //   a loop whose shutdown a panic cut short (a bug in xtc): its polled tasks outlive it,
+    //   so it is poisoned, and whatever is routed to it later is leaked, never run or dropped
+    //   elsewhere, and its executor runs no more (`LoopShared::poisoned`).
     // - The schedule function is `Send + Sync + 'static`, so wakers may go anywhere.
     let (runnable, task) = unsafe {
         async_task::Builder::new()
