@@ -643,7 +643,12 @@ fn loom_injected_task_is_seen_or_pings() {
 /// looks at `work_pinged`; without it when `!recheck`, the order before commit 27531a9),
 /// then the sleep, which stands for the idle tick (up to 32 ms with backoff): a loom deadlock
 /// is a thief that slept its tick with the ping's work queued at its victim.
-fn work_ping_model(spin: bool, recheck: bool) {
+///
+/// With `idle_turn`, the decision's first turn is an idle tick's, which keeps the loop's idle
+/// status, so a nudger picks the loop and may ping before step 6 starts; step 6 then takes a
+/// ping as a wake by new work (`take_in_idle_turn`, the code since the audit of
+/// 2026-12-07), or forgets it as one that came while the loop was busy (the code before).
+fn work_ping_model(spin: bool, recheck: bool, idle_turn: bool, take_in_idle_turn: bool) {
     use loom::sync::atomic::{AtomicUsize, Ordering::*};
 
     use crate::steal::WorkPing;
@@ -656,9 +661,25 @@ fn work_ping_model(spin: bool, recheck: bool) {
         let mut nudger = None;
         // `Core::fresh_wake`.
         let mut fresh = false;
+        let mut idle = idle_turn;
         loop {
+            if idle && nudger.is_none() {
+                let (queued, ping, parker) = (queued.clone(), ping.clone(), parker.clone());
+                nudger = Some(thread::spawn(move || {
+                    queued.store(1, Release);
+                    ping.mark();
+                    parker.unpark();
+                }));
+            }
             // Step 6's start.
-            ping.forget();
+            if std::mem::take(&mut idle) && take_in_idle_turn {
+                // `woke(core, true)` on a ping that is set.
+                if ping.is_set() {
+                    fresh = ping.take();
+                }
+            } else {
+                ping.forget();
+            }
             if nudger.is_none() {
                 let (queued, ping, parker) = (queued.clone(), ping.clone(), parker.clone());
                 nudger = Some(thread::spawn(move || {
@@ -696,13 +717,34 @@ fn work_ping_model(spin: bool, recheck: bool) {
 /// wake by new work: the thief steals the task below the minimum without sleeping its tick.
 #[test]
 fn loom_work_ping_lands_in_the_park_decision() {
-    work_ping_model(false, true);
+    work_ping_model(false, true, false, true);
+}
+
+/// A nudge that lands in an idle tick's turn (the loop's status still idle), before or in the
+/// park decision, is not lost.
+#[test]
+fn loom_work_ping_in_an_idle_ticks_turn_is_not_lost() {
+    work_ping_model(false, true, true, true);
+}
+
+/// The same turn forgetting the ping as one that came while the loop was busy (before the
+/// audit of 2026-12-07): loom must report the thief asleep on its tick. In a child process.
+#[test]
+fn loom_work_ping_forgotten_in_an_idle_ticks_turn_loses_the_wakeup() {
+    model_loses_a_wakeup("loom_park::loom_model_work_ping_forgotten_in_an_idle_ticks_turn");
+}
+
+/// Run by `loom_work_ping_forgotten_in_an_idle_ticks_turn_loses_the_wakeup` in a child process.
+#[test]
+#[ignore = "expected to fail: run by loom_work_ping_forgotten_in_an_idle_ticks_turn_loses_the_wakeup"]
+fn loom_model_work_ping_forgotten_in_an_idle_ticks_turn() {
+    work_ping_model(false, true, true, false);
 }
 
 /// The same with the spin before the park, which ends on the ping (commit 5e2212c).
 #[test]
 fn loom_work_ping_ends_the_spin_or_the_park() {
-    work_ping_model(true, true);
+    work_ping_model(true, true, false, true);
 }
 
 /// The recheck without its look at `work_pinged` (before commit 27531a9): loom must report
@@ -717,7 +759,7 @@ fn loom_work_ping_without_the_recheck_loses_the_wakeup() {
 #[test]
 #[ignore = "expected to fail: run by loom_work_ping_without_the_recheck_loses_the_wakeup"]
 fn loom_model_work_ping_without_the_recheck() {
-    work_ping_model(true, false);
+    work_ping_model(true, false, false, true);
 }
 
 /// Shutdown's wait (`event_loop::shutdown`, `stopping_sleep`) over the shipping `Inbox` and

@@ -485,7 +485,22 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // Steal rule 3: a work ping that came while the loop was awake woke nothing (the
         // steal below looks at every victim anyway); one that lands from here on is one the
         // recheck below looks for.
-        steal::forget_work_ping(core);
+        #[cfg(test)]
+        if status.is_idle() {
+            tests::before_forget(core);
+        }
+        if status.is_idle() {
+            // An idle tick's turn kept the idle status, so a nudger picked this loop as idle:
+            // its ping is a wake by new work, not one that came while the loop was busy.
+            // Forgotten, the nudged task waited for the 16-look starvation override (rule 3).
+            if steal::work_pinged(core) {
+                steal::woke(core, true);
+            }
+        } else {
+            steal::forget_work_ping(core);
+        }
+        #[cfg(test)]
+        tests::before_steal(core);
         if !steal::would_steal(core) {
             steal::drop_waiver(core);
         } else if steal::try_steal(core) {
@@ -493,6 +508,10 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             // Step 1 comes next either way (a closing coordinator may have stopped).
             let _ = status.busy();
             continue;
+        }
+        #[cfg(test)]
+        if !status.is_idle() && !worked {
+            tests::after_look(core);
         }
         // Spin-before-park only after a turn that did work: a loop in a conversation with a
         // peer gets the answer without a wake-up, an idle loop (woken by a tick that found
@@ -535,6 +554,13 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             // After the idle status: a nudger that finds the flag down sees that status
             // (`steal::nudge_idle_peer`), so it picks this loop either way.
             shared.steal.spinning.store(false, Release);
+        } else if steal::nudged_before_spin(core) {
+            // No spin looked after the idle status: a nudger that read this loop BUSY (before
+            // the idle status above) and passed it over had queued its work before its fence;
+            // this look, after ours, sees it. Without it, the loop slept a whole idle tick
+            // (up to 32 ms with backoff) with that work queued.
+            let _ = status.busy();
+            continue;
         }
         if went_empty && stop_aware {
             exec.loop_went_empty(shared.index);
@@ -969,6 +995,327 @@ mod tests {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(hook);
+    }
+
+    /// A test's hook at the start of step 6 of a turn that kept the idle status (an idle
+    /// tick's turn), before its work ping is looked at.
+    static BEFORE_FORGET: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
+
+    pub(super) fn before_forget(core: &super::Core) {
+        let mut armed = BEFORE_FORGET
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = armed
+            .iter()
+            .position(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index());
+        if let Some(i) = mine {
+            let (_, _, hook) = armed.swap_remove(i);
+            drop(armed);
+            hook(core);
+        }
+    }
+
+    /// A nudge that reaches an idle loop in its idle tick's turn (its status still idle, so
+    /// the nudger picks it) wakes it as new work would: it was erased as a ping that came
+    /// while the loop was busy, and the thief took the nudged task only at the starvation
+    /// override (16 looks). From an audit.
+    #[test]
+    fn a_nudge_landing_in_an_idle_ticks_turn_is_not_lost() {
+        use std::{
+            future::Future,
+            sync::{
+                atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+                Arc,
+            },
+            task::{Context, Wake, Waker},
+            time::Duration,
+        };
+        struct HoldShard0 {
+            child_ran: Arc<AtomicBool>,
+        }
+        impl Wake for HoldShard0 {
+            fn wake(self: Arc<Self>) {
+                hold_until(|| self.child_ran.load(SeqCst));
+            }
+        }
+        let (exec, exec_id) = eager_executor(true);
+        let h = exec.handle();
+        let (in_window, child_ran) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let parks_then = Arc::new(AtomicU64::new(u64::MAX));
+        let (shard, parks_at_run, before) = exec
+            .block_on(move || async move {
+                let keeper = keeper_on_shard_0().await;
+                crate::time::sleep(Duration::from_millis(5)).await;
+                let (w, p) = (in_window.clone(), parks_then.clone());
+                BEFORE_FORGET.lock().unwrap().push((
+                    exec_id,
+                    1,
+                    Box::new(move |core: &super::Core| {
+                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                        w.store(true, SeqCst);
+                        // Until the nudge marked this loop (it reads its status idle).
+                        assert!(hold_until(|| crate::steal::work_pinged(core)), "no nudge");
+                    }),
+                ));
+                assert!(
+                    hold_until(|| in_window.load(SeqCst)),
+                    "shard 1 never ticked"
+                );
+                let waker = Waker::from(Arc::new(HoldShard0 {
+                    child_ran: child_ran.clone(),
+                }));
+                let due = loop {
+                    let mut due = Box::pin(crate::time::sleep(Duration::from_millis(1)));
+                    if due
+                        .as_mut()
+                        .poll(&mut Context::from_waker(&waker))
+                        .is_pending()
+                    {
+                        break due;
+                    }
+                };
+                std::thread::sleep(Duration::from_millis(3));
+                let (c, hh) = (child_ran.clone(), h.clone());
+                let child = crate::spawn(async move {
+                    let parks = hh.loop_stats(1).unwrap().parks;
+                    c.store(true, SeqCst);
+                    (crate::shard::id(), parks)
+                });
+                for _ in 0..super::BATCH {
+                    drop(crate::shard::spawn_local(async {}));
+                }
+                let (shard, parks) = child.await.unwrap();
+                drop(due);
+                keeper.abort();
+                (shard, parks, parks_then.load(SeqCst))
+            })
+            .unwrap();
+        assert_eq!(shard, 1, "shard 1 did not steal the child");
+        assert_eq!(
+            parks_at_run,
+            before,
+            "the nudge was lost: shard 1 parked {} more time(s) before it stole the child",
+            parks_at_run - before
+        );
+    }
+
+    /// A test's hook after the steal's look of a busy turn that ran nothing (no spin follows).
+    static AFTER_LOOK: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
+
+    pub(super) fn after_look(core: &super::Core) {
+        let mut armed = AFTER_LOOK
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = armed
+            .iter()
+            .position(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index());
+        if let Some(i) = mine {
+            let (_, _, hook) = armed.swap_remove(i);
+            drop(armed);
+            hook(core);
+        }
+    }
+
+    /// Eager rebalance's nudge that reads a peer's status BUSY between that peer's look at
+    /// its victims and its idle status, in a turn that ran nothing (so it does not spin), is
+    /// not lost: the peer looks again after its idle status (`nudged_before_spin`). It slept
+    /// a whole idle tick (32.6 ms with backoff) with the work queued at its victim. From an
+    /// audit.
+    #[test]
+    fn a_nudge_passing_over_a_peer_that_ran_nothing_is_not_lost() {
+        use std::{
+            future::Future,
+            sync::{
+                atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+                Arc,
+            },
+            task::{Context, Wake, Waker},
+            time::Duration,
+        };
+        struct HoldShard0 {
+            nudged: Arc<AtomicBool>,
+            child_ran: Arc<AtomicBool>,
+        }
+        impl Wake for HoldShard0 {
+            fn wake(self: Arc<Self>) {
+                self.nudged.store(true, SeqCst);
+                hold_until(|| self.child_ran.load(SeqCst));
+            }
+        }
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .eager_rebalance(true)
+            .steal_backoff(true)
+            .build()
+            .unwrap();
+        let exec_id = exec.handle().shared.loops[1].exec_id;
+        let h = exec.handle();
+        let (in_window, nudged, child_ran) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let parks_then = Arc::new(AtomicU64::new(u64::MAX));
+        let (shard, parks_at_run, before, took) = exec
+            .block_on(move || async move {
+                let keeper = keeper_on_shard_0().await;
+                // Long enough for shard 1's backoff to reach 32 ms.
+                crate::time::sleep(Duration::from_millis(200)).await;
+                let (w, n, p) = (in_window.clone(), nudged.clone(), parks_then.clone());
+                AFTER_LOOK.lock().unwrap().push((
+                    exec_id,
+                    1,
+                    Box::new(move |core: &super::Core| {
+                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                        w.store(true, SeqCst);
+                        hold_until(|| n.load(SeqCst));
+                    }),
+                ));
+                let waker = Waker::from(Arc::new(HoldShard0 {
+                    nudged: nudged.clone(),
+                    child_ran: child_ran.clone(),
+                }));
+                // A knob setter's ping: shard 1 takes a busy turn that runs nothing.
+                h.set_min_tasks_to_steal(0);
+                assert!(
+                    hold_until(|| in_window.load(SeqCst)),
+                    "shard 1 never looked"
+                );
+                let due = loop {
+                    let mut due = Box::pin(crate::time::sleep(Duration::from_millis(1)));
+                    if due
+                        .as_mut()
+                        .poll(&mut Context::from_waker(&waker))
+                        .is_pending()
+                    {
+                        break due;
+                    }
+                };
+                std::thread::sleep(Duration::from_millis(3));
+                let (c, hh) = (child_ran.clone(), h.clone());
+                let t0 = std::time::Instant::now();
+                let child = crate::spawn(async move {
+                    let parks = hh.loop_stats(1).unwrap().parks;
+                    c.store(true, SeqCst);
+                    (crate::shard::id(), parks, t0.elapsed())
+                });
+                for _ in 0..super::BATCH {
+                    drop(crate::shard::spawn_local(async {}));
+                }
+                let (shard, parks, took) = child.await.unwrap();
+                drop(due);
+                keeper.abort();
+                (shard, parks, parks_then.load(SeqCst), took)
+            })
+            .unwrap();
+        assert_eq!(shard, 1, "shard 1 did not steal the child");
+        assert_eq!(
+            parks_at_run, before,
+            "the nudge was lost: shard 1 parked {} more time(s) ({took:?}) before it stole the child",
+            parks_at_run - before
+        );
+    }
+
+    /// A test's hook right before the park decision's steal.
+    static BEFORE_STEAL: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
+
+    pub(super) fn before_steal(core: &super::Core) {
+        let mut armed = BEFORE_STEAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = armed
+            .iter()
+            .position(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index());
+        if let Some(i) = mine {
+            let (_, _, hook) = armed.swap_remove(i);
+            drop(armed);
+            hook(core);
+        }
+    }
+
+    /// Steal rule 3. A thief woken by a spawn's ping whose look stops early (the task
+    /// already ran and ended: no migratable task alive) keeps the waiver "for its next look,
+    /// an idle tick away"; but with nothing alive it parks without a tick, so that next look
+    /// comes after whatever wakes it next: here pinned work (a `spawn_on`), which rule 3 says
+    /// waives nothing, and the thief took a task queued meanwhile below the minimum at once.
+    /// Such a look now spends the waiver. From an audit.
+    #[test]
+    fn a_kept_waiver_does_not_survive_a_tickless_park() {
+        use std::sync::{
+            atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+            Arc,
+        };
+        let exec = Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .min_tasks_to_steal(1000)
+            .build()
+            .unwrap();
+        let exec_id = exec.handle().shared.loops[1].exec_id;
+        let h = exec.handle();
+        let looked = Arc::new(AtomicBool::new(false));
+        let (parks_idle, parks_run, shard) = exec
+            .block_on(move || async move {
+                let shared = h.shared.clone();
+                // Shard 1 parked without a tick (nothing migratable alive).
+                wait_until(|| shared.migratable.tickless.load(SeqCst) == 1).await;
+                crate::time::sleep(std::time::Duration::from_millis(5)).await;
+                assert_eq!(shared.migratable.tickless.load(SeqCst), 1);
+                let l = looked.clone();
+                BEFORE_STEAL.lock().unwrap().push((
+                    exec_id,
+                    1,
+                    Box::new(move |core: &super::Core| {
+                        assert!(core.fresh_wake.get(), "woken by the spawn's ping");
+                        // Until the child ran and ended and shard 0's turn published it.
+                        let ex = core.exec.clone();
+                        assert!(hold_until(|| ex.migratable.live.load(SeqCst) <= 0
+                            && ex.loops.iter().all(|l| !l.steal.spawning.load(SeqCst))));
+                        l.store(true, SeqCst);
+                    }),
+                ));
+                // The spawn pings shard 1 (tickless) as a wake by new work; the child runs
+                // here and ends within this turn.
+                crate::spawn(async {}).await.unwrap();
+                // This turn ends (its batch published); shard 1 looks, finds nothing alive.
+                wait_until(|| looked.load(SeqCst)).await;
+                wait_until(|| shared.migratable.tickless.load(SeqCst) == 1).await;
+                // Pinned work wakes shard 1; it runs until a child is queued here.
+                let queued = Arc::new(AtomicBool::new(false));
+                let idle_at = Arc::new(AtomicU64::new(u64::MAX));
+                let started = Arc::new(AtomicBool::new(false));
+                let (q, ia, hh, st) = (queued.clone(), idle_at.clone(), h.clone(), started.clone());
+                drop(h.spawn_on(1, move || async move {
+                    st.store(true, SeqCst);
+                    hold_until(|| q.load(SeqCst));
+                    ia.store(hh.loop_stats(1).unwrap().parks, SeqCst);
+                }));
+                // Shard 1 awake on that task (not tickless): the spawn below pings nobody.
+                wait_until(|| started.load(SeqCst)).await;
+                assert_eq!(shared.migratable.tickless.load(SeqCst), 0);
+                let done = Arc::new(AtomicBool::new(false));
+                let (d, hh) = (done.clone(), h.clone());
+                let child = crate::spawn(async move {
+                    d.store(true, SeqCst);
+                    (hh.loop_stats(1).unwrap().parks, crate::shard::id())
+                });
+                queued.store(true, SeqCst);
+                // Busy until another loop took the child.
+                hold_until(|| done.load(SeqCst));
+                let (parks, shard) = child.await.unwrap();
+                (idle_at.load(SeqCst), parks, shard)
+            })
+            .unwrap();
+        assert_eq!(shard, 1, "nobody stole the child");
+        assert!(
+            parks_run - parks_idle >= 10,
+            "stolen after {} parks of the thief: a waiver kept from a wake long gone",
+            parks_run - parks_idle
+        );
     }
 
     /// Runs the armed hook if it names this loop (test builds only).
@@ -1751,6 +2098,15 @@ mod tests {
                     });
                     let seen = with_core(|c| {
                         assert!(super::steal::would_steal(c));
+                        // Nothing queued at the victim before the spin (a keeper aborted on
+                        // a loaded machine leaves its cancel queued there for a moment): the
+                        // spin would end at once on it, its flag never raised, and the
+                        // spawner above waited for good.
+                        let victim = &c.exec.loops[0].steal;
+                        assert!(
+                            hold_until(|| victim.stealer.len() + victim.injector.len() == 0),
+                            "shard 0's queues never emptied"
+                        );
                         // Longer than any real spin: the nudge comes from another thread
                         // (shard 0, woken by the spawner thread's spawn), which a loaded
                         // machine can hold off a CPU for most of a second. A spin that missed

@@ -969,7 +969,14 @@ pub(crate) fn try_steal(core: &Core) -> bool {
         false
     };
     if !may_find_work(core) {
-        return empty_look(waiver);
+        // Nothing alive and no batch unpublished: the work the wake was for is gone, and with
+        // nothing alive the loop parks without a tick, so a waiver kept here served whatever
+        // ping came next (pinned work, a knob setter) and let that look steal below the
+        // minimum. Spent instead; a publish racing this look pings again (rule 4), as a wake
+        // by new work.
+        waiver.end(true);
+        core.waiver.set(waiver);
+        return false;
     }
     let me = core.index();
     let victims = exec.victims(me);
@@ -1137,7 +1144,8 @@ fn nudge_peer_of(exec: &ExecShared, me: usize, only_if_busy: bool) {
     }
 }
 
-/// Rule 4, as a spin before parking begins, with eager rebalance on: whether a victim's queues
+/// Rule 4, as a spin before parking begins (or, for a loop that does not spin, right after
+/// it published its idle status), with eager rebalance on: whether a victim's queues
 /// hold migratable work this loop may take (at least the minimum, rule 3). The partner of
 /// [`nudge_idle_peer`]'s fence: the caller raised its `spinning` flag (`SeqCst`) first, so a
 /// nudger that read the flag down (and the loop's status BUSY) and passed this loop over had
@@ -1147,7 +1155,7 @@ fn nudge_peer_of(exec: &ExecShared, me: usize, only_if_busy: bool) {
 /// look applies the minimum. Taken as one (the minimum waived), every loop that went idle
 /// with eager rebalance on stole below the minimum, also work its last look had just found
 /// short; and ignoring the minimum here instead, a short victim ended every spin at once.
-/// Cost: a fence and four loads per victim, per spin.
+/// Cost: a fence and four loads per victim, per spin or park decision.
 pub(crate) fn nudged_before_spin(core: &Core) -> bool {
     let exec = &*core.exec;
     if !exec.eager_rebalance() || !exec.stealing() {
