@@ -205,7 +205,7 @@ enum Lifecycle {
 /// Logs a detached send ([`Op::detach_send`]) that ended without moving all of its `want`
 /// bytes: its stream reported them written, and nothing is left to send the rest. A short
 /// result is a warning (the connection lives on, and its peer gets a stream cut short): Linux
-/// before 6.0 ignores `MSG_WAITALL` on a send and may complete it short, and a signal may cut
+/// before 5.19 ignores `MSG_WAITALL` on a send and may complete it short, and a signal may cut
 /// one on any kernel. An error (the peer gone, or the expiry's cancel, rule 4b) is a debug
 /// line. Nothing to send (`want` 0): nothing.
 fn check_detached_send(res: i32, want: u32) {
@@ -215,7 +215,7 @@ fn check_detached_send(res: i32, want: u32) {
     if res >= 0 && (res as u32) < want {
         tracing::warn!(
             "xtc: a send detached at a stream's drop sent {res} of its {want} bytes, and the \
-             rest is lost (the kernel completed it short; Linux before 6.0 ignores MSG_WAITALL \
+             rest is lost (the kernel completed it short; Linux before 5.19 ignores MSG_WAITALL \
              on a send): flush (or close) a stream before dropping it where every byte must \
              arrive"
         );
@@ -2352,7 +2352,7 @@ mod tests {
     }
 
     /// A detached send's end is looked at: one that moved fewer bytes than it had to (a short
-    /// completion, which kernels before 6.0 may give: they ignore `MSG_WAITALL` on a send)
+    /// completion, which kernels before 5.19 may give: they ignore `MSG_WAITALL` on a send)
     /// is a warning, as its rest is lost with nothing left to send it; a failed one a debug
     /// line; a full one, or an operation that is no send, nothing. The driver freed a short
     /// detached send's buffer without a word.

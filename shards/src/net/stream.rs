@@ -80,7 +80,7 @@ const WRITE_BUF: usize = 64 * 1024;
 /// Dropped with its stream, a send in flight is detached, not cancelled: `poll_write`
 /// reported its bytes written, as a kernel socket buffer would have taken them (tokio, and
 /// this stream on epoll), so code that drops a stream without `flush`/`close` still delivers
-/// them, on Linux 6.0 and later: the send asks the kernel to finish a short send itself
+/// them, on Linux 5.19 and later (and 5.10 and 5.15 stable kernels with the backport): the send asks the kernel to finish a short send itself
 /// (`MSG_WAITALL`), which older kernels ignore on a send, and a detached send completed short
 /// loses the rest (logged as a warning: flush before dropping there). The send holds its own reference to the socket, which closes after it; a peer that
 /// does not take them within `uring::DETACH_LIMIT_SECS` (10 s) gets them cancelled, and the
@@ -830,7 +830,7 @@ fn submit_send(fd: i32, buf: Vec<u8>, from: usize) -> Result<Op<Vec<u8>>, (io::E
         // SAFETY: `from < len`, so the pointer stays inside the buffer.
         let ptr = unsafe { b.as_ptr().add(from) };
         opcode::Send::new(types::Fd(fd), ptr, (b.len() - from) as u32)
-            // MSG_WAITALL: the kernel completes a short send itself (io_uring, Linux 6.0+), so a
+            // MSG_WAITALL: the kernel completes a short send itself (io_uring, Linux 5.19+), so a
             // detached send (see `PollState`) delivers all of its bytes; older kernels ignore it
             // on a send, and `drain` resubmits the rest.
             .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)

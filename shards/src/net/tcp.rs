@@ -218,7 +218,11 @@ impl TcpStream {
     /// read of the stream is in flight is cancelled, but kept too, so bytes that reached it
     /// before the cancel still go to the next read (see `into_std` too). One exception on
     /// io_uring: a read dropped from inside another call on the same stream (a buffer whose
-    /// own `Drop` drops it) is cancelled unkept, so bytes that reached it are lost. Cost: one
+    /// own `Drop` drops it) is cancelled unkept, so bytes that reached it are lost. Two reads
+    /// of one stream in flight at once (a `select!` over two reads of it) may get their bytes
+    /// in either order on io_uring: the kernel fills the receive armed last first, and the
+    /// one that lost the `select!` hands its earlier bytes to the next read. Read a stream
+    /// from one place at a time. Cost: one
     /// `RECV` submission (a [`FixedBuf`](crate::io::FixedBuf) too), or one
     /// `recv` (the socket joins the loop's epoll set once, at its first wait); a dropped read
     /// costs a boxed handle.

@@ -285,7 +285,9 @@ impl UdpSocket {
     /// future before it resolves loses no datagram on either driver: on io_uring the socket
     /// cancels the receive it submitted but keeps it, and the next `recv_from` takes it over
     /// (kept ones in the order their receives completed, else by when they were first kept,
-    /// so datagrams keep their order).
+    /// so datagrams keep their order, for one receive at a time: two `recv_from`s in flight at
+    /// once, as in a `select!` over both, may get them in either order on io_uring, whose
+    /// kernel fills the receive armed last first).
     /// A datagram the kept receive already got (before its cancellation) comes back as it got
     /// it, truncated to the dropped buffer's capacity if that was smaller; the dropped buffer
     /// (a [`FixedBuf`](crate::io::FixedBuf) too) is held until then. One cancelled with nothing
