@@ -1002,17 +1002,7 @@ mod tests {
     static BEFORE_FORGET: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
 
     pub(super) fn before_forget(core: &super::Core) {
-        let mut armed = BEFORE_FORGET
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mine = armed
-            .iter()
-            .position(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index());
-        if let Some(i) = mine {
-            let (_, _, hook) = armed.swap_remove(i);
-            drop(armed);
-            hook(core);
-        }
+        run_armed(&BEFORE_FORGET, core);
     }
 
     /// A nudge that reaches an idle loop in its idle tick's turn (its status still idle, so
@@ -1022,28 +1012,15 @@ mod tests {
     #[test]
     fn a_nudge_landing_in_an_idle_ticks_turn_is_not_lost() {
         use std::{
-            future::Future,
             sync::{
                 atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
                 Arc,
             },
-            task::{Context, Wake, Waker},
             time::Duration,
         };
-        struct HoldShard0 {
-            child_ran: Arc<AtomicBool>,
-        }
-        impl Wake for HoldShard0 {
-            fn wake(self: Arc<Self>) {
-                hold_until(|| self.child_ran.load(SeqCst));
-            }
-        }
         let (exec, exec_id) = eager_executor(true);
         let h = exec.handle();
-        let (in_window, child_ran) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
+        let in_window = Arc::new(AtomicBool::new(false));
         let parks_then = Arc::new(AtomicU64::new(u64::MAX));
         let (shard, parks_at_run, before) = exec
             .block_on(move || async move {
@@ -1064,31 +1041,8 @@ mod tests {
                     hold_until(|| in_window.load(SeqCst)),
                     "shard 1 never ticked"
                 );
-                let waker = Waker::from(Arc::new(HoldShard0 {
-                    child_ran: child_ran.clone(),
-                }));
-                let due = loop {
-                    let mut due = Box::pin(crate::time::sleep(Duration::from_millis(1)));
-                    if due
-                        .as_mut()
-                        .poll(&mut Context::from_waker(&waker))
-                        .is_pending()
-                    {
-                        break due;
-                    }
-                };
-                std::thread::sleep(Duration::from_millis(3));
-                let (c, hh) = (child_ran.clone(), h.clone());
-                let child = crate::spawn(async move {
-                    let parks = hh.loop_stats(1).unwrap().parks;
-                    c.store(true, SeqCst);
-                    (crate::shard::id(), parks)
-                });
-                for _ in 0..super::BATCH {
-                    drop(crate::shard::spawn_local(async {}));
-                }
-                let (shard, parks) = child.await.unwrap();
-                drop(due);
+                let ms = Duration::from_millis;
+                let (shard, parks, _) = nudged_child(h, ms(1), ms(3), || {}).await;
                 keeper.abort();
                 (shard, parks, parks_then.load(SeqCst))
             })
@@ -1102,21 +1056,73 @@ mod tests {
         );
     }
 
+    /// From a task on shard 0 (a keeper alive there): spawns a migratable child and holds
+    /// shard 0 from its next turn on, so that only a thief runs the child: a timer due `due`
+    /// from now, whose waker runs `on_hold` and then waits (at that turn's step 3) until the
+    /// child ran; this thread waits `wait` first, so that timer is due by the time this turn
+    /// ends. Pinned work fills the rest of this turn's batch: the child stays queued, and the
+    /// turn's end nudges an idle peer. Returns the shard that ran the child, shard 1's park
+    /// count then, and the time from the spawn.
+    async fn nudged_child(
+        h: crate::Handle,
+        due: std::time::Duration,
+        wait: std::time::Duration,
+        on_hold: impl Fn() + Send + Sync + 'static,
+    ) -> (usize, u64, std::time::Duration) {
+        use std::{
+            future::Future,
+            sync::{
+                atomic::{AtomicBool, Ordering::SeqCst},
+                Arc,
+            },
+            task::{Context, Wake, Waker},
+        };
+        struct Hold<F> {
+            on_hold: F,
+            child_ran: Arc<AtomicBool>,
+        }
+        impl<F: Fn() + Send + Sync + 'static> Wake for Hold<F> {
+            fn wake(self: Arc<Self>) {
+                (self.on_hold)();
+                hold_until(|| self.child_ran.load(SeqCst));
+            }
+        }
+        let child_ran = Arc::new(AtomicBool::new(false));
+        let waker = Waker::from(Arc::new(Hold {
+            on_hold,
+            child_ran: child_ran.clone(),
+        }));
+        let timer = loop {
+            let mut timer = Box::pin(crate::time::sleep(due));
+            // (Already due if this thread was held up that long since: try again.)
+            if timer
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+            {
+                break timer;
+            }
+        };
+        std::thread::sleep(wait);
+        let t0 = std::time::Instant::now();
+        let child = crate::spawn(async move {
+            let parks = h.loop_stats(1).unwrap().parks;
+            child_ran.store(true, SeqCst);
+            (crate::shard::id(), parks, t0.elapsed())
+        });
+        for _ in 0..super::BATCH {
+            drop(crate::shard::spawn_local(async {}));
+        }
+        let ran = child.await.unwrap();
+        drop(timer);
+        ran
+    }
+
     /// A test's hook after the steal's look of a busy turn that ran nothing (no spin follows).
     static AFTER_LOOK: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
 
     pub(super) fn after_look(core: &super::Core) {
-        let mut armed = AFTER_LOOK
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mine = armed
-            .iter()
-            .position(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index());
-        if let Some(i) = mine {
-            let (_, _, hook) = armed.swap_remove(i);
-            drop(armed);
-            hook(core);
-        }
+        run_armed(&AFTER_LOOK, core);
     }
 
     /// Eager rebalance's nudge that reads a peer's status BUSY between that peer's look at
@@ -1127,24 +1133,12 @@ mod tests {
     #[test]
     fn a_nudge_passing_over_a_peer_that_ran_nothing_is_not_lost() {
         use std::{
-            future::Future,
             sync::{
                 atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
                 Arc,
             },
-            task::{Context, Wake, Waker},
             time::Duration,
         };
-        struct HoldShard0 {
-            nudged: Arc<AtomicBool>,
-            child_ran: Arc<AtomicBool>,
-        }
-        impl Wake for HoldShard0 {
-            fn wake(self: Arc<Self>) {
-                self.nudged.store(true, SeqCst);
-                hold_until(|| self.child_ran.load(SeqCst));
-            }
-        }
         let exec = Executor::builder()
             .shards(2)
             .oversubscribe(true)
@@ -1154,8 +1148,7 @@ mod tests {
             .unwrap();
         let exec_id = exec.handle().shared.loops[1].exec_id;
         let h = exec.handle();
-        let (in_window, nudged, child_ran) = (
-            Arc::new(AtomicBool::new(false)),
+        let (in_window, nudged) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicBool::new(false)),
         );
@@ -1175,39 +1168,15 @@ mod tests {
                         hold_until(|| n.load(SeqCst));
                     }),
                 ));
-                let waker = Waker::from(Arc::new(HoldShard0 {
-                    nudged: nudged.clone(),
-                    child_ran: child_ran.clone(),
-                }));
                 // A knob setter's ping: shard 1 takes a busy turn that runs nothing.
                 h.set_min_tasks_to_steal(0);
                 assert!(
                     hold_until(|| in_window.load(SeqCst)),
                     "shard 1 never looked"
                 );
-                let due = loop {
-                    let mut due = Box::pin(crate::time::sleep(Duration::from_millis(1)));
-                    if due
-                        .as_mut()
-                        .poll(&mut Context::from_waker(&waker))
-                        .is_pending()
-                    {
-                        break due;
-                    }
-                };
-                std::thread::sleep(Duration::from_millis(3));
-                let (c, hh) = (child_ran.clone(), h.clone());
-                let t0 = std::time::Instant::now();
-                let child = crate::spawn(async move {
-                    let parks = hh.loop_stats(1).unwrap().parks;
-                    c.store(true, SeqCst);
-                    (crate::shard::id(), parks, t0.elapsed())
-                });
-                for _ in 0..super::BATCH {
-                    drop(crate::shard::spawn_local(async {}));
-                }
-                let (shard, parks, took) = child.await.unwrap();
-                drop(due);
+                let ms = Duration::from_millis;
+                let (shard, parks, took) =
+                    nudged_child(h, ms(1), ms(3), move || nudged.store(true, SeqCst)).await;
                 keeper.abort();
                 (shard, parks, parks_then.load(SeqCst), took)
             })
@@ -1224,17 +1193,7 @@ mod tests {
     static BEFORE_STEAL: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
 
     pub(super) fn before_steal(core: &super::Core) {
-        let mut armed = BEFORE_STEAL
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mine = armed
-            .iter()
-            .position(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index());
-        if let Some(i) = mine {
-            let (_, _, hook) = armed.swap_remove(i);
-            drop(armed);
-            hook(core);
-        }
+        run_armed(&BEFORE_STEAL, core);
     }
 
     /// Steal rule 3. A thief woken by a spawn's ping whose look stops early (the task
@@ -1320,7 +1279,12 @@ mod tests {
 
     /// Runs the armed hook if it names this loop (test builds only).
     pub(super) fn before_announce(core: &super::Core) {
-        let mut armed = BEFORE_ANNOUNCE
+        run_armed(&BEFORE_ANNOUNCE, core);
+    }
+
+    /// Runs, once, the hook of `armed` that names this loop, if any (test builds only).
+    fn run_armed(armed: &std::sync::Mutex<Vec<Hook>>, core: &super::Core) {
+        let mut armed = armed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mine = armed
@@ -1343,27 +1307,12 @@ mod tests {
     #[test]
     fn a_nudge_that_lands_before_the_thief_announces_its_sleep_is_not_lost() {
         use std::{
-            future::Future,
             sync::{
                 atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
                 Arc,
             },
-            task::{Context, Wake, Waker},
             time::Duration,
         };
-        /// A timer's waker that blocks shard 0 (step 3 of its turn after the nudge) until the
-        /// child ran elsewhere: shard 0 cannot run the child itself meanwhile.
-        struct HoldShard0 {
-            nudged: Arc<AtomicBool>,
-            child_ran: Arc<AtomicBool>,
-        }
-        impl Wake for HoldShard0 {
-            fn wake(self: Arc<Self>) {
-                // The nudge went out at the end of the turn before this one.
-                self.nudged.store(true, SeqCst);
-                hold_until(|| self.child_ran.load(SeqCst));
-            }
-        }
         let exec = Executor::builder()
             .shards(2)
             .oversubscribe(true)
@@ -1372,8 +1321,7 @@ mod tests {
             .unwrap();
         let h = exec.handle();
         let exec_id = h.shared.loops[1].exec_id;
-        let (in_window, nudged, child_ran) = (
-            Arc::new(AtomicBool::new(false)),
+        let (in_window, nudged) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicBool::new(false)),
         );
@@ -1400,35 +1348,10 @@ mod tests {
                     "shard 1 never parked"
                 );
                 // A timer due at the next turn's step 3, whose waker holds shard 0 there.
-                let waker = Waker::from(Arc::new(HoldShard0 {
-                    nudged: nudged.clone(),
-                    child_ran: child_ran.clone(),
-                }));
-                let due = loop {
-                    let mut due = Box::pin(crate::time::sleep(Duration::from_millis(20)));
-                    // (Already due if this thread was held up 20 ms since: try again.)
-                    if due
-                        .as_mut()
-                        .poll(&mut Context::from_waker(&waker))
-                        .is_pending()
-                    {
-                        break due;
-                    }
-                };
-                std::thread::sleep(Duration::from_millis(30));
-                let (c, hh) = (child_ran.clone(), h.clone());
-                let child = crate::spawn(async move {
-                    let parks = hh.loop_stats(1).unwrap().parks;
-                    c.store(true, SeqCst);
-                    (crate::shard::id(), parks)
-                });
-                // Pinned work fills the rest of this turn's batch: the child stays queued, and
-                // the turn's end nudges shard 1.
-                for _ in 0..super::BATCH {
-                    drop(crate::shard::spawn_local(async {}));
-                }
-                let (shard, parks) = child.await.unwrap();
-                drop(due);
+                let ms = Duration::from_millis;
+                // (When shard 0 holds, the nudge went out at the end of the turn before.)
+                let (shard, parks, _) =
+                    nudged_child(h, ms(20), ms(30), move || nudged.store(true, SeqCst)).await;
                 keeper.abort();
                 (shard, parks, parks_then.load(SeqCst))
             })
