@@ -485,11 +485,9 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         // Steal rule 3: a work ping that came while the loop was awake woke nothing (the
         // steal below looks at every victim anyway); one that lands from here on is one the
         // recheck below looks for.
-        #[cfg(test)]
         if status.is_idle() {
-            tests::before_forget(core);
-        }
-        if status.is_idle() {
+            #[cfg(test)]
+            tests::hook(tests::At::Forget, core);
             // An idle tick's turn kept the idle status, so a nudger picked this loop as idle:
             // its ping is a wake by new work, not one that came while the loop was busy.
             // Forgotten, the nudged task waited for the 16-look starvation override (rule 3).
@@ -500,7 +498,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
             steal::forget_work_ping(core);
         }
         #[cfg(test)]
-        tests::before_steal(core);
+        tests::hook(tests::At::Steal, core);
         if !steal::would_steal(core) {
             steal::drop_waiver(core);
         } else if steal::try_steal(core) {
@@ -511,7 +509,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         }
         #[cfg(test)]
         if !status.is_idle() && !worked {
-            tests::after_look(core);
+            tests::hook(tests::At::Look, core);
         }
         // Spin-before-park only after a turn that did work: a loop in a conversation with a
         // peer gets the answer without a wake-up, an idle loop (woken by a tick that found
@@ -577,7 +575,7 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
         let mut idle_tick_only = false;
         if timeout != Some(Duration::ZERO) {
             #[cfg(test)]
-            tests::before_announce(core);
+            tests::hook(tests::At::Announce, core);
             shared.parker.announce();
             // Steal rule 4: a thief parking without a tick counts itself first, then looks
             // again (below), so a spawn either sees it counted and pings, or is seen.
@@ -980,29 +978,56 @@ fn stopping_sleep(core: &Core, timeout: Duration) -> bool {
 mod tests {
     use crate::{context::with_core, Executor, MAX_SPIN_BEFORE_PARK};
 
-    /// What [`before_announce`] runs, once, on the loop it names: `(executor id, shard, hook)`.
+    /// What [`hook`] runs, once, on the loop it names: `(executor id, shard, hook)`.
     type Hook = (u64, usize, Box<dyn FnOnce(&super::Core) + Send>);
 
-    /// A test's hook into one park decision: run on the loop's thread after it published its
-    /// idle status and before it announces its sleep (the window a ping cannot reach).
-    /// A list, not one slot: the tests that arm it run in parallel, each on its own executor,
-    /// and one slot let a test's hook overwrite another's before that one's loop reached it.
-    static BEFORE_ANNOUNCE: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
-
-    /// Arms `hook` for the next park decision of the loop it names.
-    fn arm(hook: Hook) {
-        BEFORE_ANNOUNCE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(hook);
+    /// Where in a loop's park decision (step 6) a test's hook runs, on the loop's thread.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub(super) enum At {
+        /// At the start of step 6 of a turn that kept the idle status (an idle tick's turn),
+        /// before its work ping is looked at.
+        Forget,
+        /// Right before the park decision's steal.
+        Steal,
+        /// After the steal's look of a busy turn that ran nothing (no spin follows).
+        Look,
+        /// After the loop published its idle status and before it announces its sleep (the
+        /// window a ping cannot reach).
+        Announce,
     }
 
-    /// A test's hook at the start of step 6 of a turn that kept the idle status (an idle
-    /// tick's turn), before its work ping is looked at.
-    static BEFORE_FORGET: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
+    /// The armed hooks, each with its point. A list, not one slot: the tests that arm them run
+    /// in parallel, each on its own executor, and one slot let a test's hook overwrite
+    /// another's before that one's loop reached it.
+    static ARMED: std::sync::Mutex<Vec<(At, Hook)>> = std::sync::Mutex::new(Vec::new());
 
-    pub(super) fn before_forget(core: &super::Core) {
-        run_armed(&BEFORE_FORGET, core);
+    /// Arms `hook` for the next time the loop it names reaches `at`.
+    fn arm_at(at: At, hook: Hook) {
+        ARMED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((at, hook));
+    }
+
+    /// Arms `hook` for the next park decision (before the announcement) of the loop it names.
+    fn arm(hook: Hook) {
+        arm_at(At::Announce, hook);
+    }
+
+    /// Runs, once, the hook armed for `at` that names this loop, if any (test builds only).
+    pub(super) fn hook(at: At, core: &super::Core) {
+        let mut armed = ARMED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = armed.iter().position(|(point, (exec, shard, _))| {
+            *point == at && *exec == core.shared.exec_id && *shard == core.index()
+        });
+        if let Some(i) = mine {
+            let (_, (_, _, hook)) = armed.swap_remove(i);
+            // Unlocked first: a hook may arm the next one.
+            drop(armed);
+            hook(core);
+        }
     }
 
     /// A nudge that reaches an idle loop in its idle tick's turn (its status still idle, so
@@ -1027,16 +1052,19 @@ mod tests {
                 let keeper = keeper_on_shard_0().await;
                 crate::time::sleep(Duration::from_millis(5)).await;
                 let (w, p) = (in_window.clone(), parks_then.clone());
-                BEFORE_FORGET.lock().unwrap().push((
-                    exec_id,
-                    1,
-                    Box::new(move |core: &super::Core| {
-                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
-                        w.store(true, SeqCst);
-                        // Until the nudge marked this loop (it reads its status idle).
-                        assert!(hold_until(|| crate::steal::work_pinged(core)), "no nudge");
-                    }),
-                ));
+                arm_at(
+                    At::Forget,
+                    (
+                        exec_id,
+                        1,
+                        Box::new(move |core: &super::Core| {
+                            p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                            w.store(true, SeqCst);
+                            // Until the nudge marked this loop (it reads its status idle).
+                            assert!(hold_until(|| crate::steal::work_pinged(core)), "no nudge");
+                        }),
+                    ),
+                );
                 assert!(
                     hold_until(|| in_window.load(SeqCst)),
                     "shard 1 never ticked"
@@ -1118,13 +1146,6 @@ mod tests {
         ran
     }
 
-    /// A test's hook after the steal's look of a busy turn that ran nothing (no spin follows).
-    static AFTER_LOOK: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
-
-    pub(super) fn after_look(core: &super::Core) {
-        run_armed(&AFTER_LOOK, core);
-    }
-
     /// Eager rebalance's nudge that reads a peer's status BUSY between that peer's look at
     /// its victims and its idle status, in a turn that ran nothing (so it does not spin), is
     /// not lost: the peer looks again after its idle status (`nudged_before_spin`). It slept
@@ -1159,15 +1180,18 @@ mod tests {
                 // Long enough for shard 1's backoff to reach 32 ms.
                 crate::time::sleep(Duration::from_millis(200)).await;
                 let (w, n, p) = (in_window.clone(), nudged.clone(), parks_then.clone());
-                AFTER_LOOK.lock().unwrap().push((
-                    exec_id,
-                    1,
-                    Box::new(move |core: &super::Core| {
-                        p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
-                        w.store(true, SeqCst);
-                        hold_until(|| n.load(SeqCst));
-                    }),
-                ));
+                arm_at(
+                    At::Look,
+                    (
+                        exec_id,
+                        1,
+                        Box::new(move |core: &super::Core| {
+                            p.store(core.shared.stats.parks.load(SeqCst), SeqCst);
+                            w.store(true, SeqCst);
+                            hold_until(|| n.load(SeqCst));
+                        }),
+                    ),
+                );
                 // A knob setter's ping: shard 1 takes a busy turn that runs nothing.
                 h.set_min_tasks_to_steal(0);
                 assert!(
@@ -1187,13 +1211,6 @@ mod tests {
             "the nudge was lost: shard 1 parked {} more time(s) ({took:?}) before it stole the child",
             parks_at_run - before
         );
-    }
-
-    /// A test's hook right before the park decision's steal.
-    static BEFORE_STEAL: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
-
-    pub(super) fn before_steal(core: &super::Core) {
-        run_armed(&BEFORE_STEAL, core);
     }
 
     /// Steal rule 3. A thief woken by a spawn's ping whose look stops early (the task
@@ -1225,18 +1242,21 @@ mod tests {
                 crate::time::sleep(std::time::Duration::from_millis(5)).await;
                 assert_eq!(shared.migratable.tickless.load(SeqCst), 1);
                 let l = looked.clone();
-                BEFORE_STEAL.lock().unwrap().push((
-                    exec_id,
-                    1,
-                    Box::new(move |core: &super::Core| {
-                        assert!(core.fresh_wake.get(), "woken by the spawn's ping");
-                        // Until the child ran and ended and shard 0's turn published it.
-                        let ex = core.exec.clone();
-                        assert!(hold_until(|| ex.migratable.live.load(SeqCst) <= 0
-                            && ex.loops.iter().all(|l| !l.steal.spawning.load(SeqCst))));
-                        l.store(true, SeqCst);
-                    }),
-                ));
+                arm_at(
+                    At::Steal,
+                    (
+                        exec_id,
+                        1,
+                        Box::new(move |core: &super::Core| {
+                            assert!(core.fresh_wake.get(), "woken by the spawn's ping");
+                            // Until the child ran and ended and shard 0's turn published it.
+                            let ex = core.exec.clone();
+                            assert!(hold_until(|| ex.migratable.live.load(SeqCst) <= 0
+                                && ex.loops.iter().all(|l| !l.steal.spawning.load(SeqCst))));
+                            l.store(true, SeqCst);
+                        }),
+                    ),
+                );
                 // The spawn pings shard 1 (tickless) as a wake by new work; the child runs
                 // here and ends within this turn.
                 crate::spawn(async {}).await.unwrap();
@@ -1275,27 +1295,6 @@ mod tests {
             "stolen after {} parks of the thief: a waiver kept from a wake long gone",
             parks_run - parks_idle
         );
-    }
-
-    /// Runs the armed hook if it names this loop (test builds only).
-    pub(super) fn before_announce(core: &super::Core) {
-        run_armed(&BEFORE_ANNOUNCE, core);
-    }
-
-    /// Runs, once, the hook of `armed` that names this loop, if any (test builds only).
-    fn run_armed(armed: &std::sync::Mutex<Vec<Hook>>, core: &super::Core) {
-        let mut armed = armed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mine = armed
-            .iter()
-            .position(|(exec, shard, _)| *exec == core.shared.exec_id && *shard == core.index());
-        if let Some(i) = mine {
-            let (_, _, hook) = armed.swap_remove(i);
-            // Unlocked first: a hook may arm the next one.
-            drop(armed);
-            hook(core);
-        }
     }
 
     /// Eager rebalance's nudge lands on an idle peer after that peer published its idle status
@@ -1432,7 +1431,7 @@ mod tests {
 
     /// Two shards with eager rebalance on and a steal minimum no queue here reaches (only a
     /// nudged thief's first steal, or the starvation override, takes a task), stealing as
-    /// given; and the executor's id (for [`BEFORE_ANNOUNCE`]).
+    /// given; and the executor's id (for [`arm`]).
     fn eager_executor(stealing: bool) -> (Executor, u64) {
         let exec = Executor::builder()
             .shards(2)
@@ -1691,7 +1690,7 @@ mod tests {
         );
     }
 
-    /// A 2-shard executor with steal backoff on, and its id (for [`BEFORE_ANNOUNCE`]).
+    /// A 2-shard executor with steal backoff on, and its id (for [`arm`]).
     fn backoff_executor() -> (Executor, u64) {
         let exec = Executor::builder()
             .shards(2)

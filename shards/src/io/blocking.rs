@@ -142,7 +142,8 @@ struct CtlState {
     /// The job is inside the read or write [`when_ready`] found its descriptor ready for:
     /// a cancel waits for it to end ([`wait_call`]).
     calling: bool,
-    /// The count (`PENDING`) of the thread that submitted the job.
+    /// The count (`PENDING`) of the thread that submitted the job, taken (once) by the
+    /// job's end (`Ended`).
     own: Option<Arc<AtomicUsize>>,
     /// The counts of other loops that polled the job's future and wait on it, each with the
     /// loop to nudge, released with the job's own at its end (`Ended`). A `spawn_blocking`
@@ -637,27 +638,28 @@ fn submit<R: Send + 'static>(
     /// sent to a plain thread) took the count to zero and woke nobody, and its loop, parked
     /// `WAITING` on it, stayed parked for good (`run()` never returned).
     struct Ended {
-        count: Option<Arc<AtomicUsize>>,
-        /// The loop to nudge when its last job ends.
+        /// The loop to nudge when its last job ends (the one that submitted it).
         home: Option<std::sync::Weak<crate::event_loop::LoopShared>>,
-        /// Where the counts of the loops that wait on the job elsewhere are (`waiting`).
+        /// Where the counts the job is on are (`own`, `waiting`).
         ctl: Arc<Ctl>,
     }
     impl Ended {
-        /// Takes the job off the counts it is on (once), nudging each loop it was the last
-        /// of.
+        /// Takes the job off the counts it is on (once: they are taken from its control
+        /// block), nudging each loop it was the last of.
         fn end(&mut self) {
-            let waiting = std::mem::take(&mut lock(&self.ctl.state).waiting);
+            let (own, waiting) = {
+                let mut c = lock(&self.ctl.state);
+                // Ended, whichever way it went (already marked on every path that runs or
+                // skips the job): no poll joins a count from here on (`wait_here`).
+                c.done = true;
+                (c.own.take(), std::mem::take(&mut c.waiting))
+            };
             for (n, home) in waiting {
                 if n.fetch_sub(1, SeqCst) == 1 {
                     nudge(&home);
                 }
             }
-            if self
-                .count
-                .take()
-                .is_some_and(|n| n.fetch_sub(1, SeqCst) == 1)
-            {
+            if own.is_some_and(|n| n.fetch_sub(1, SeqCst) == 1) {
                 if let Some(home) = &self.home {
                     nudge(home);
                 }
@@ -673,7 +675,7 @@ fn submit<R: Send + 'static>(
     if let Some(n) = &counter {
         n.fetch_add(1, SeqCst);
     }
-    lock(&ctl.state).own = counter.clone();
+    lock(&ctl.state).own = counter;
     /// What a job holds, in one struct so that a job dropped unrun (`unqueue`) drops it in
     /// field order: the operation and its captures (the file's descriptor) before the count
     /// (`ended`) falls. A closure's captures drop in an order the language does not promise.
@@ -688,7 +690,6 @@ fn submit<R: Send + 'static>(
         theirs,
         their_ctl,
         ended: Ended {
-            count: counter,
             // The loop to nudge when its last job ends (see `nudge`).
             home: crate::context::with_core(|c| Arc::downgrade(&c.shared)),
             ctl: ctl.clone(),

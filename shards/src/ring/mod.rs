@@ -217,12 +217,7 @@ impl Mesh {
                     continue;
                 }
                 match loops.get(to).filter(|o| !o.poisoned.load(SeqCst)) {
-                    Some(owner) => {
-                        for r in queue.drain(..) {
-                            owner.inbox.push(r);
-                        }
-                        owner.parker.unpark();
-                    }
+                    Some(owner) => hand_over(owner, queue.drain(..)),
                     None => crate::event_loop::leak_all(queue.drain(..).collect()),
                 }
             }
@@ -709,6 +704,15 @@ fn space_freed_slow(m: &LocalMesh) -> bool {
     })
 }
 
+/// Moves `tasks` into `owner`'s inbox and wakes it: messages for a loop whose end of the ring
+/// is gone, or going (`evacuate`, `Mesh::give_back`).
+fn hand_over(owner: &crate::event_loop::LoopShared, tasks: impl IntoIterator<Item = Runnable>) {
+    for r in tasks {
+        owner.inbox.push(r);
+    }
+    owner.parker.unpark();
+}
+
 /// Before parking with a backlog or waiters: rule 3's producer side for every blocked ring.
 /// Returns `true` if a ring has space again (do not park).
 pub(crate) fn prepare_park(core: &Core) -> bool {
@@ -809,10 +813,7 @@ pub(crate) fn evacuate(core: &Core) -> bool {
         if moved.is_empty() {
             continue;
         }
-        for r in moved {
-            owner.inbox.push(r);
-        }
-        owner.parker.unpark();
+        hand_over(owner, moved);
     }
     let wakers: Vec<Waker> = m.waiters.iter_mut().flat_map(std::mem::take).collect();
     m.waiting = 0;
