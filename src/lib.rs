@@ -1,7 +1,7 @@
 //! # xtc
 //!
 //! A thread-per-core, shared-nothing async runtime in the family of Seastar and Glommio: one
-//! event loop per CPU, pinned by the hwloc topology; per-core state indexed by
+//! event loop per core (by default; per CPU where asked), pinned by the hwloc topology; per-core state indexed by
 //! [`shard::id()`] and sized by [`shard::count()`].
 //!
 //! ```

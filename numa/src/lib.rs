@@ -47,7 +47,8 @@
 //! # Ok::<(), xtc_numa::Error>(())
 //! ```
 //!
-//! Everything here runs once, at executor start; the results are plain slices.
+//! Placement and victim orders are computed once, at executor start, into plain slices;
+//! binding runs once per thread that binds itself (each loop, each blocking-pool thread).
 
 mod error;
 mod pin;

@@ -1,4 +1,4 @@
-//! Pinning the calling thread to one CPU.
+//! Binding the calling thread to one CPU, or to a set of them.
 
 #[cfg(not(miri))]
 use hwlocality::cpu::binding::{CpuBindingError, CpuBindingFlags};

@@ -970,8 +970,8 @@ fn run_overhead(p: Params, cpu: Option<usize>, r: &mut Report) {
     r.verdict(
         "overhead of classes, preemption and the stall watchdog when off",
         Err(
-            &"they are always compiled in: off is the plain path, one branch per poll on a \
-               loop-local flag, and there is no build without them to compare with"
+            &"they are always compiled in: off is the plain path, a few branches per poll on \
+               loop-local state, and there is no build without them to compare with"
                 .to_string(),
         ),
         "",

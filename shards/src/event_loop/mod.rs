@@ -7,7 +7,8 @@
 //! 2. drain the inbox (one SeqCst load when empty; one lock and a vector swap otherwise) and
 //!    the incoming rings (`ring/mod.rs`, fairly across peers);
 //! 3. reap the I/O driver (io/mod.rs: submit what the last turn queued, dispatch completions;
-//!    no system call on io_uring when nothing was queued, none on epoll while nothing waits),
+//!    no system call on io_uring when nothing was queued and the kernel flags no completion
+//!    work pending, none on epoll while nothing waits),
 //!    then fire due timers (only when the loop has any: one clock read);
 //! 4. run up to [`BATCH`] runnable tasks (a migratable one first after a turn that ran none,
 //!    then pinned ones FIFO or by class, then migratable ones from the LIFO deque and the
@@ -19,7 +20,7 @@
 //!    the loop's status for quiescence detection (`executor/quiesce.rs`), then park *in the I/O
 //!    driver* until an I/O event, the next timer deadline or a wake ping (the ping's eventfd is
 //!    registered in the driver), by the announce → recheck → sleep protocol of
-//!    [`park`](self::park).
+//!    [`park`].
 //!
 //! ARCHITECTURE.md's "The loop step" has each step's costs and conditions.
 //!

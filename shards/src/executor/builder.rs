@@ -124,8 +124,8 @@ impl Builder {
 
     /// Applies the `XTC_*` environment variables that are set (and not empty) on top of this
     /// builder; a setter called afterwards overrides them. `Err(Env)` naming the first
-    /// variable whose value does not parse (or is out of range). Cost: one environment read
-    /// (under std's environment lock) and one small allocation per variable that is set.
+    /// variable whose value does not parse (or is out of range). Cost: 19 environment reads (each
+    /// under std's environment lock) and two small allocations per variable that is set.
     pub fn env(mut self) -> Result<Builder> {
         if let Some(v) = var("XTC_SHARDS") {
             self.shards = v.trim().parse().map_err(|_| Error::Env {
@@ -459,8 +459,10 @@ impl Builder {
     /// (`Err(EnvPlacement)` naming the variables when some of its inputs came from
     /// [`env`](Self::env)); `Err(InvalidArgument)` for a ring capacity outside
     /// 1..=[`MAX_RING_CAPACITY`](crate::MAX_RING_CAPACITY), a spin or reply spin over
-    /// [`MAX_SPIN_BEFORE_PARK`], a NUMA sensitivity above 2, a ring mesh over 4 GiB, or a
-    /// forced io_uring that is unavailable; `Err(Env)` for a bad `XTC_IO` when
+    /// [`MAX_SPIN_BEFORE_PARK`], a NUMA sensitivity above 2, a ring mesh over 4 GiB, a
+    /// forced io_uring that is unavailable, a signal outside `SIGRTMIN..=SIGRTMAX`, the
+    /// preemption and interrupt signals equal, or an interrupt signal other than the one the
+    /// process already uses; `Err(Env)` for a bad `XTC_IO` when
     /// [`io_driver`](Self::io_driver) was not set; `Err(Io)` if a loop's wake-up eventfd cannot
     /// be created.
     ///

@@ -1584,7 +1584,8 @@ impl Handle {
         self.shared.poke();
     }
 
-    /// The deadlock grace period. Cost: an atomic load.
+    /// The deadlock grace period. Cost: an atomic load. Kept in whole nanoseconds in 64 bits,
+    /// as [`preempt`](Self::preempt) is: a grace above about 584 years reads back as that.
     pub fn deadlock_grace(&self) -> Option<Duration> {
         self.shared.deadlock_grace()
     }
@@ -1735,7 +1736,9 @@ impl Handle {
         crate::io::blocking::interrupt_signal_now()
     }
 
-    /// The preemption interval (zero: off). Cost: an atomic load.
+    /// The preemption interval (zero: off). Cost: an atomic load. Kept in whole nanoseconds in
+    /// 64 bits: an interval set above `u64::MAX` ns (about 584 years, "never" in practice) reads
+    /// back as that, not as the `Duration` given.
     pub fn preempt(&self) -> Duration {
         Duration::from_nanos(self.shared.preempt_ns.load(Relaxed))
     }

@@ -5,7 +5,7 @@
 //!
 //! Every loop owns a `Reactor`: an io_uring instance (`uring.rs`), an epoll instance
 //! (`epoll.rs`), or, if the OS refused both, none (I/O calls then fail with a clear error and the
-//! loop parks on its eventfd as before). The reactor *is* the loop's park (event_loop step 5):
+//! loop parks on its eventfd as before). The reactor *is* the loop's park (event_loop step 6):
 //! an idle loop waits in the reactor until a completion or readiness event, its wake eventfd
 //! (registered in the reactor) or its timeout, which is the next timer deadline or the idle
 //! tick — so timers are served by the driver (an io_uring wait timeout, or epoll_wait's).

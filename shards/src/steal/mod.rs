@@ -24,7 +24,7 @@
 //!    current NUMA sensitivity (xtc-numa), taking about half of a victim's deque
 //!    (`steal_batch_and_pop`), then the victim's injector.
 //! 3. **Thresholds (HPX).** A victim is stolen from only if it has at least `min_tasks_to_steal`
-//!    queued, unless this thief found it short but non-empty [`STARVATION_LOOKS`] times in a row,
+//!    queued, unless this thief found it short but non-empty [`STARVATION_LOOKS`](policy::STARVATION_LOOKS) times in a row,
 //!    or this is the thief's first steal after being woken by new work: a ping for migratable
 //!    work (rule 4's spawn pings, eager rebalance's nudge), marked in the loop's `work_ping`.
 //!    Other pings end a park too (a knob setter's, pinned work's, a stop's) and waive nothing:

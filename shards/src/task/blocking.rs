@@ -32,13 +32,14 @@ type Caught<T> = Result<T, Box<dyn Any + Send + 'static>>;
 ///
 /// Works on and off a loop, in pinned and migratable tasks alike: the future is `Send` when
 /// `T` is, so a migratable task ([`spawn`](crate::spawn)) may await it and be stolen
-/// meanwhile. The job counts in the work of the loop that called this until it ends, wherever
-/// the awaiting task has moved.
+/// meanwhile. Until the job ends it counts in the work of the loop that called this (none when
+/// called off any loop), wherever the awaiting task has moved, and of each loop that polls this
+/// future while it waits, so no loop that waits on it reads as idle.
 ///
 /// Cost: a boxed job and two small shared allocations (its result slot and its control
 /// block), a lock of the pool's queue, and a thread start when no pool thread is idle (up to
-/// 512 threads, each exiting after 10 s without work); the result's wake-up reaches the loop
-/// through its inbox.
+/// 512 threads, each exiting after 10 s without work); each poll on a loop while the job runs,
+/// a lock of its control block; the result's wake-up reaches the loop through its inbox.
 pub fn spawn_blocking<F, T>(f: F) -> SpawnBlocking<T>
 where
     F: FnOnce() -> T + Send + 'static,

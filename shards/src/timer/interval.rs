@@ -16,7 +16,8 @@ pub fn interval(period: Duration) -> Interval {
 }
 
 /// Ticks every `period`, the first tick at `start` (a zero period: as [`interval`]). Lazy:
-/// no timer is registered until the first poll.
+/// no timer is registered until the first poll. Cost: none here (no clock read, no
+/// allocation); each tick as [`Interval::tick`].
 pub fn interval_at(start: Instant, period: Duration) -> Interval {
     Interval {
         next: start,
@@ -35,7 +36,7 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
 /// schedules the next one a period on), and any lateness skips (tokio's interval fires a tick
 /// up to 5 ms late as it is). A tick that is already due when first polled (after the first
 /// one) yields to the loop once before it completes, so other tasks run between ticks however
-/// short the period or slow the consumer. Cost: one timer, as [`sleep`](super::sleep), and a
+/// short the period or slow the consumer. Cost: one timer, as [`sleep`](super::sleep()), and a
 /// loop turn per tick that came due before it was polled.
 #[derive(Debug)]
 pub struct Interval {
@@ -56,7 +57,7 @@ impl Interval {
     /// loop taken and later dropped).
     ///
     /// # Panics
-    /// When polled off any xtc loop (its timer needs a loop, as [`sleep`](super::sleep)'s).
+    /// When polled off any xtc loop (its timer needs a loop, as [`sleep`](super::sleep())'s).
     pub async fn tick(&mut self) -> Instant {
         poll_fn(|cx| self.poll_tick(cx)).await
     }
