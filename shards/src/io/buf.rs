@@ -183,7 +183,10 @@ impl fmt::Debug for FixedBufPool {
 }
 
 impl FixedBufPool {
-    /// Allocates `count` buffers of `size` bytes and registers them with this loop's driver.
+    /// Allocates `count` buffers of `size` bytes and registers them with this loop's driver
+    /// (io_uring on Linux 5.13 or later: before that a registration, and its undoing, waited
+    /// for every request in flight on the ring, an idle socket's receive among them, which
+    /// could block the loop for good; the buffers are plain ones there, as on epoll).
     /// `Err` off any loop, for `count` of 0 or above 16,384 or `size` of 0 or above 1 GiB,
     /// for a total (`count × size`) above the machine's physical memory (`InvalidInput`: the
     /// kernel pins every page of a registered buffer, so such a pool can never be backed),
@@ -224,7 +227,11 @@ impl FixedBufPool {
             bufs.push(b);
         }
         let registered = super::with_reactor(|r| match r {
-            super::Reactor::Uring(u) => u.register_buffers(&bufs, size).map(Some),
+            // Before Linux 5.13 a registration (and its undoing) waits until every request
+            // in flight completes: plain buffers there.
+            super::Reactor::Uring(u) if u.registers_buffers() => {
+                u.register_buffers(&bufs, size).map(Some)
+            }
             _ => Ok(None),
         })?;
         let slots = bufs.into_iter().map(Some).collect();
@@ -255,7 +262,8 @@ impl FixedBufPool {
         self.inner.size
     }
 
-    /// Whether the buffers are registered with io_uring: false on epoll, and false once the
+    /// Whether the buffers are registered with io_uring: false on epoll and on kernels before
+    /// 5.13 (see [`register`](Self::register)), and false once the
     /// driver that registered them has closed (a pool kept past the
     /// [`LocalExecutor::block_on`](crate::LocalExecutor::block_on) or `run` that made it: its
     /// registration went with that driver, and its buffers are plain ones from then on). Cost:

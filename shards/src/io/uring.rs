@@ -148,9 +148,16 @@ pub(crate) fn probe() -> Result<(), String> {
     let ring =
         IoUring::new(8).map_err(|e| format!("io_uring_setup failed: {e}{}", setup_hint(&e)))?;
     let mut probe = Probe::new();
-    ring.submitter()
-        .register_probe(&mut probe)
-        .map_err(|e| format!("IORING_REGISTER_PROBE failed: {e} (kernel older than 5.6)"))?;
+    ring.submitter().register_probe(&mut probe).map_err(|e| {
+        // EINVAL: an opcode this kernel does not know; anything else (a seccomp filter's
+        // EPERM, say) is no sign of its age.
+        let why = if e.raw_os_error() == Some(libc::EINVAL) {
+            " (kernel older than 5.6)"
+        } else {
+            ""
+        };
+        format!("IORING_REGISTER_PROBE failed: {e}{why}")
+    })?;
     // Without fast poll (Linux 5.6) a socket operation with nothing to do yet goes to a
     // kernel worker, where the socket's `O_NONBLOCK` answers `EAGAIN` at once: the operations
     // would start again every turn (`nothing_moved`), a busy loop, where epoll waits.
@@ -393,6 +400,11 @@ pub(crate) struct Uring {
     /// `O_NONBLOCK` in io_uring reads): wait with `POLL_ADD` instead and let the parker drain.
     ping_by_poll: Cell<bool>,
     ext_arg: bool,
+    /// The kernel registers and unregisters buffers without quiescing the ring
+    /// (`IORING_FEAT_RSRC_TAGS`, Linux 5.13, which came with that rework): before it,
+    /// `IORING_(UN)REGISTER_BUFFERS` waited for every request in flight to complete (the
+    /// wake-ping read, an idle socket's receive), blocking the loop for good.
+    buffers_without_quiesce: bool,
     /// Entries pushed since the last `io_uring_enter`.
     unsubmitted: Cell<bool>,
     /// Entries pushed while the submission ring was full and the kernel refused a submit for
@@ -490,6 +502,7 @@ impl Uring {
             tracing::debug!("xtc: io_uring keeps its default io-wq worker limit: {e}");
         }
         let ext_arg = ring.params().is_feature_ext_arg();
+        let buffers_without_quiesce = ring.params().is_feature_resource_tagging();
         // A power of two (the kernel rounds it up), so a place is a mask away.
         let sq_places = (ring.params().sq_entries() as usize).next_power_of_two();
         Ok(Uring {
@@ -508,6 +521,7 @@ impl Uring {
             pinged: Cell::new(false),
             ping_by_poll: Cell::new(false),
             ext_arg,
+            buffers_without_quiesce,
             unsubmitted: Cell::new(false),
             overflow: RefCell::new(std::collections::VecDeque::new()),
             sq_uds: (0..sq_places).map(|_| Cell::new(0)).collect(),
@@ -1045,6 +1059,12 @@ impl Uring {
             }
         }
         (self.pinged.get(), !self.ping_by_poll.get(), n)
+    }
+
+    /// Whether buffers can be registered without stalling the loop (see
+    /// [`buffers_without_quiesce`](Self::buffers_without_quiesce)).
+    pub(crate) fn registers_buffers(&self) -> bool {
+        self.buffers_without_quiesce
     }
 
     /// Registers the buffers of a `FixedBufPool`, `size` bytes each; returns this driver's id.
