@@ -269,8 +269,11 @@ where
 /// ordered pair, FIFO), as with [`submit_to`]. Nothing more is promised: not between what
 /// different shards send, not between these ring messages and what a plain thread sends
 /// through [`Handle::send_to`] (the target's inbox), and not for a migratable task that is
-/// stolen between two sends (its sends then leave from two shards). A protocol that needs
-/// order across those awaits each [`submit_to`] before sending the next.
+/// stolen between two sends (its sends then leave from two shards), and not between calls
+/// spawned into different scheduling classes on the target (`task::Builder::class`: each class
+/// is a lane of its own, picked by its shares, so a later call in one class may start before an
+/// earlier one in another). A protocol that needs order across those awaits each
+/// [`submit_to`] before sending the next.
 #[track_caller]
 pub fn send_to<F, Fut>(shard: usize, make: F) -> impl Future<Output = Result<()>>
 where
