@@ -1,11 +1,13 @@
 //! A sharded TCP proxy: every shard accepts on its own `SO_REUSEPORT` listener (behind the
 //! shared `ConnBalancer`), opens a connection to the upstream server from the same shard and
-//! pipes bytes both ways, so a connection's two sockets, its buffers and both directions' tasks
-//! live on one shard, with no lock and no cross-shard traffic once the connection is placed
-//! (the balancer may hand a new connection to a less loaded shard at accept, once). A half-close is passed on: when
-//! one side ends its writes, the proxy shuts down writing on the other side and keeps piping
-//! the opposite direction until it ends too, as a TCP proxy must for request/response
-//! protocols that close their sending half to say "done".
+//! pipes bytes both ways in one task, so a connection's two sockets, its buffers and both
+//! directions live on one shard, with no lock and no cross-shard traffic once the connection is
+//! placed (the balancer may hand a new connection to a less loaded shard at accept, once). A
+//! half-close is passed on: when one side ends its writes, the proxy shuts down writing on the
+//! other side and keeps piping the opposite direction until it ends too, as a TCP proxy must
+//! for request/response protocols that close their sending half to say "done". A reset is
+//! passed on as a reset (`TcpStream::set_linger(Some(ZERO))`), so a peer whose stream was cut
+//! does not read a clean end of it.
 //!
 //! The upstream here is an echo server on the same executor (its own listener on a free port),
 //! so the example is self-contained. With `--clients N` it also runs N clients (pinned tasks
@@ -29,52 +31,55 @@ use xtc::net::TcpStream;
 const BUF: usize = 16 * 1024;
 
 /// Copies `from` to `to` until `from` ends, then shuts down `to`'s writing half (the
-/// half-close passed on). Returns the bytes copied. On an error both sockets are shut down
-/// in both directions, so the opposite direction's read, which may be waiting on either,
-/// ends too instead of keeping the connection's task alive.
-async fn pipe(from: Rc<TcpStream>, to: Rc<TcpStream>) -> io::Result<u64> {
-    let result = async {
-        let mut buf = Vec::with_capacity(BUF);
-        let mut total = 0u64;
-        loop {
-            let (n, b) = from.read(buf).await;
-            let n = n?;
-            if n == 0 {
-                to.shutdown(Shutdown::Write)?;
-                return Ok(total);
-            }
-            let (w, b) = to.write_all(b).await;
-            w?;
-            total += n as u64;
-            buf = b;
+/// half-close passed on). Returns the bytes copied.
+async fn pipe(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
+    let mut buf = Vec::with_capacity(BUF);
+    let mut total = 0u64;
+    loop {
+        let (n, b) = from.read(buf).await;
+        let n = n?;
+        if n == 0 {
+            to.shutdown(Shutdown::Write)?;
+            return Ok(total);
         }
+        let (w, b) = to.write_all(b).await;
+        w?;
+        total += n as u64;
+        buf = b;
     }
-    .await;
-    if result.is_err() {
-        let _ = from.shutdown(Shutdown::Both);
-        let _ = to.shutdown(Shutdown::Both);
-    }
-    result
 }
 
-/// Serves one client connection: connects upstream from this shard, then pipes both ways, the
-/// upstream-to-client direction in a task of its own on the same shard.
+/// Makes the close of `s` a reset: its peer reads an error, not a clean end of stream that
+/// would pass a cut-off request or response for a whole one.
+fn reset_on_close(s: &TcpStream) {
+    // Refused only for a socket already gone bad; it then closes as it can.
+    let _ = s.set_linger(Some(std::time::Duration::ZERO));
+}
+
+/// Serves one client connection: connects upstream from this shard, then pipes both ways in
+/// this task. An error on either side (a peer that reset its connection) ends both directions
+/// at once (the other one's I/O is dropped) and resets both connections, so that each peer
+/// learns the stream was cut, where a clean end of stream passed a cut-off request or response
+/// for a whole one; it is that peer's business, not the proxy's, so it is not reported. A
+/// failed upstream connect resets the client's connection the same way.
 async fn proxy(client: TcpStream, upstream: SocketAddr) {
     let up = match TcpStream::connect(upstream).await {
         Ok(up) => up,
         Err(e) => {
             shared::err(format_args!("proxy: connect to upstream {upstream}: {e}"));
+            reset_on_close(&client);
             return;
         }
     };
     let _ = client.set_nodelay(true);
     let _ = up.set_nodelay(true);
-    let (client, up) = (Rc::new(client), Rc::new(up));
-    let back = xtc::spawn_local(pipe(up.clone(), client.clone()));
-    // An error (a peer that reset its connection) ends both directions (see `pipe`); it is
-    // that peer's business, not the proxy's, so it is not reported.
-    let _ = pipe(client, up).await;
-    let _ = back.await;
+    if futures::future::try_join(pipe(&client, &up), pipe(&up, &client))
+        .await
+        .is_err()
+    {
+        reset_on_close(&client);
+        reset_on_close(&up);
+    }
 }
 
 /// The upstream: echoes until the peer ends its writes, then closes.

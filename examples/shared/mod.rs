@@ -213,21 +213,31 @@ where
 /// splitting the connections between the two. An error names the address: alone, "Cannot
 /// assign requested address" did not say which.
 fn claim(addr: SocketAddr) -> Result<SocketAddr, String> {
-    std::net::TcpListener::bind(addr)
-        .and_then(|l| l.local_addr())
-        .map_err(|e| {
-            let hint = match e.kind() {
-                std::io::ErrorKind::AddrInUse => {
-                    ": another program serves that port; stop it or pick another --addr"
-                }
-                std::io::ErrorKind::AddrNotAvailable => {
-                    ": no interface of this machine has that address; give one it has \
+    // A busy port is tried again for a second: a server that has just exited on io_uring may
+    // hold its listeners a moment longer (the kernel tears its ring down, and the accepts in
+    // it, after the process ends), and a restart at once was refused.
+    let deadline = Instant::now() + std::time::Duration::from_secs(1);
+    let bound = loop {
+        match std::net::TcpListener::bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => break r,
+        }
+    };
+    bound.and_then(|l| l.local_addr()).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                ": another program serves that port; stop it or pick another --addr"
+            }
+            std::io::ErrorKind::AddrNotAvailable => {
+                ": no interface of this machine has that address; give one it has \
                      (127.0.0.1, 0.0.0.0 for all, or see `ip addr`)"
-                }
-                _ => "",
-            };
-            format!("bind {addr}: {e}{hint}")
-        })
+            }
+            _ => "",
+        };
+        format!("bind {addr}: {e}{hint}")
+    })
 }
 
 /// [`listen`] on `addr` as it is, without [`claim`]ing it first.

@@ -318,3 +318,27 @@ fn io_types_lend_their_descriptor_as_as_fd() {
         let _ = std::fs::remove_file(temp_path("asfd-file"));
     });
 }
+
+/// A listener's socket file stays after the listener is dropped (as with `std`): binding the
+/// path again is `AddrInUse` with a message that names the path and the remedy, and works
+/// once the file is removed.
+#[test]
+fn a_unix_listener_path_left_behind_names_the_path_and_the_remedy() {
+    on_each_driver("a_unix_listener_path_left_behind", 1, |d| async move {
+        let path = std::env::temp_dir().join(format!("xtc-left-{}-{d}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists(), "the socket file stays after the drop");
+        let e = UnixListener::bind(&path).map(drop).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&path.display().to_string()),
+            "names the path: {msg}"
+        );
+        assert!(msg.contains("remove it"), "says what to do: {msg}");
+        std::fs::remove_file(&path).unwrap();
+        drop(UnixListener::bind(&path).unwrap());
+        let _ = std::fs::remove_file(&path);
+    });
+}

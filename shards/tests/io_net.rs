@@ -4171,3 +4171,38 @@ fn bind_errors_have_the_kinds_the_docs_name() {
     let e = xtc_shards::net::UdpSocket::bind(none).unwrap_err();
     assert_eq!(e.kind(), InvalidInput, "{e}");
 }
+
+/// `set_linger(Some(ZERO))` makes a close a reset the peer reads as `ConnectionReset` (what a
+/// proxy passes on for a cut stream); `None` is the default close, a clean end of stream; a
+/// nonzero linger, which would hold the loop's thread in `close`, is refused.
+#[test]
+fn linger_zero_closes_with_a_reset() {
+    on_each_driver("linger_zero_closes_with_a_reset", 1, |_| async move {
+        let (a, b) = io_common::tcp_pair().await;
+        assert_eq!(a.linger().unwrap(), None, "the default close");
+        let e = a.set_linger(Some(Duration::from_secs(1))).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert_eq!(
+            a.linger().unwrap(),
+            None,
+            "a refused linger changes nothing"
+        );
+        a.set_linger(Some(Duration::ZERO)).unwrap();
+        assert_eq!(a.linger().unwrap(), Some(Duration::ZERO));
+        drop(a);
+        let (r, _) = b.read(Vec::with_capacity(16)).await;
+        assert_eq!(
+            r.map_err(|e| e.kind()),
+            Err(io::ErrorKind::ConnectionReset),
+            "a linger-0 close reads as a reset"
+        );
+
+        let (a, b) = io_common::tcp_pair().await;
+        a.set_linger(Some(Duration::ZERO)).unwrap();
+        a.set_linger(None).unwrap();
+        assert_eq!(a.linger().unwrap(), None);
+        drop(a);
+        let (r, _) = b.read(Vec::with_capacity(16)).await;
+        assert_eq!(r.unwrap(), 0, "the default close is a clean end of stream");
+    });
+}

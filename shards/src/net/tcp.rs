@@ -4,6 +4,7 @@ use std::{
     io,
     net::{Shutdown, SocketAddr},
     os::fd::{AsRawFd, OwnedFd, RawFd},
+    time::Duration,
 };
 
 use socket2::{Domain, SockRef, Socket, Type};
@@ -272,6 +273,30 @@ impl TcpStream {
     /// Whether `TCP_NODELAY` is set. Cost: one `getsockopt`.
     pub fn nodelay(&self) -> io::Result<bool> {
         SockRef::from(&BorrowedRaw(self.io.src.fd())).nodelay()
+    }
+
+    /// Sets `SO_LINGER`: `Some(Duration::ZERO)` makes the stream's close a reset (`RST`: the
+    /// peer's next read or write fails with `ConnectionReset`, and unsent bytes are dropped),
+    /// the way a proxy passes on that a stream was cut rather than ended; `None` restores the
+    /// default close, which sends what is queued and then a `FIN`. A nonzero linger is
+    /// refused (`InvalidInput`): it makes `close(2)` wait up to that long for the peer's
+    /// acknowledgement, and the stream is closed on its loop's thread, which the wait would
+    /// hold. Cost: one `setsockopt`.
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        if linger.is_some_and(|d| !d.is_zero()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "TcpStream::set_linger: only Some(Duration::ZERO) (close with a reset) or None \
+                 (the default close): a nonzero linger would block the loop's thread in close",
+            ));
+        }
+        SockRef::from(&BorrowedRaw(self.io.src.fd())).set_linger(linger)
+    }
+
+    /// `SO_LINGER` as [`set_linger`](Self::set_linger) left it (`None`: the default close).
+    /// Cost: one `getsockopt`.
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        SockRef::from(&BorrowedRaw(self.io.src.fd())).linger()
     }
 
     /// The peer's address. Cost: one `getpeername`.

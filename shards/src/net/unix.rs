@@ -63,13 +63,27 @@ fn unix_addr(path: &Path) -> io::Result<SockAddr> {
 
 impl UnixListener {
     /// Binds to `path` and listens (backlog 1024). Synchronous. The path must not exist
-    /// (`AddrInUse`); an empty path, an abstract name (a leading NUL), a path with a NUL byte
-    /// and one over 107 bytes are `InvalidInput` (before any system call).
+    /// (`AddrInUse`, naming the path): the socket file stays after the listener is dropped,
+    /// as with `std`, so a server that binds its path again removes the file first
+    /// (`std::fs::remove_file`) once it knows no other server listens there. An empty path,
+    /// an abstract name (a leading NUL), a path with a NUL byte and one over 107 bytes are
+    /// `InvalidInput` (before any system call).
     /// Cost: `socket`, `bind` and `listen` system calls.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
-        let addr = unix_addr(path.as_ref())?;
+        let path = path.as_ref();
+        let addr = unix_addr(path)?;
         let s = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
-        s.bind(&addr)?;
+        s.bind(&addr).map_err(|e| match e.kind() {
+            io::ErrorKind::AddrInUse => io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "{}: {e}: a file exists at that path (a listener's socket file stays after \
+                     it is dropped): remove it if no server listens there, or bind another path",
+                    path.display()
+                ),
+            ),
+            _ => e,
+        })?;
         s.listen(1024)?;
         Ok(UnixListener {
             kept: Default::default(),
