@@ -9,17 +9,25 @@
 //!
 //! let exec = xtc::Executor::builder().shards(2).oversubscribe(true).build()?;
 //! let hits = Arc::new(xtc::Sharded::new(exec.shard_count(), |_| Cell::new(0u32)));
+//! let mut tasks = Vec::new();
 //! for shard in 0..exec.shard_count() {
 //!     let hits = hits.clone();
-//!     exec.spawn_on(shard, move || async move {
+//!     tasks.push(exec.spawn_on(shard, move || async move {
 //!         // `make` ran on `shard`; this future may be !Send.
 //!         let local = xtc::spawn_local(async { xtc::shard::id() });
 //!         assert_eq!(local.await.unwrap(), shard);
 //!         xtc::time::sleep(std::time::Duration::from_millis(1)).await;
 //!         hits.get().set(hits.get().get() + 1);
-//!     })?;
+//!     })?);
 //! }
 //! exec.run()?; // returns at quiescence: every task done, every timer fired
+//! // A task's panic is its handle's, not the run's: check the handles (all done by now).
+//! exec.block_on(move || async move {
+//!     for t in tasks {
+//!         t.await?;
+//!     }
+//!     Ok::<_, xtc::Error>(())
+//! })??;
 //! # Ok::<(), xtc::Error>(())
 //! ```
 //!
