@@ -80,10 +80,13 @@ pub enum Error {
     )]
     Stopped,
     /// Every loop went idle while tasks stayed parked with nothing that could wake them.
-    #[error("deadlock: every loop is idle but {} task(s) are parked with no timer, I/O or message that could wake them:\n  {}\n(raise XTC_DEADLOCK_GRACE or Builder::deadlock_grace if they wait on a foreign thread)", tasks.len(), tasks.join("\n  "))]
+    #[error("deadlock: every loop stayed idle for the deadlock grace ({grace:?}) but {} task(s) are parked with no timer, I/O or message that could wake them:\n  {}\n(raise XTC_DEADLOCK_GRACE, e.g. to 30s, or Builder::deadlock_grace if they wait on a foreign thread)", tasks.len(), tasks.join("\n  "))]
     Deadlock {
         /// One line per parked task: name (if any), spawn location, shard.
         tasks: Vec<String>,
+        /// The deadlock grace in effect when the run ended (`Handle::deadlock_grace`): how
+        /// long every loop had been idle with these tasks parked.
+        grace: std::time::Duration,
     },
     /// A task this call waited for panicked or was cancelled: the main future of `block_on`,
     /// the closure or future of a `submit_to`, or a [`JoinError`] converted with `?`.

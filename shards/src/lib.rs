@@ -107,7 +107,8 @@
 //! value is an [`Error::Env`] naming it, never a silent default (so is one of blanks only);
 //! an empty or unset variable leaves the builder's value. A bool is `1`/`0`, `true`/`false`, `on`/`off` or `yes`/`no`,
 //! and such words (`spread`, `epoll`, `off`) are case-insensitive; a duration is a whole number
-//! with unit `ns`, `us` (or `µs`), `ms` or `s` (a bare number is milliseconds).
+//! with its unit, `ns`, `us` (or `µs`), `ms` or `s`: `5` is refused (5 what?), only `0` goes
+//! without one.
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |
@@ -116,7 +117,7 @@
 //! | `XTC_PIN` | bool | on | bind each shard thread to its placed CPU; off: to all the placement's CPUs, moved by the OS (`Builder::pin`) |
 //! | `XTC_OVERSUBSCRIBE` | bool | off | allow more shards than allowed CPUs (and a CPU list that repeats a CPU), at most 64 per CPU |
 //! | `XTC_SERVICE_MODE` | bool | off | `run()` returns only after `stop()` |
-//! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (bare number = ms; not zero) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
+//! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (not zero) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
 //! | `XTC_RING_CAPACITY` | integer 1 ..= 1048576 | `1024` | messages per ring of the cross-shard mesh |
 //! | `XTC_STEALING` | bool | on | idle loops steal migratable tasks |
 //! | `XTC_EAGER_REBALANCE` | bool | off | steal even with parked tasks; ping an idle peer on enqueue |

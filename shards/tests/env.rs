@@ -89,6 +89,12 @@ fn env_variables() {
         ("XTC_OVERSUBSCRIBE", "2"),
         ("XTC_PIN", "loosely"),
         ("XTC_DEADLOCK_GRACE", "5 parsecs"),
+        // A duration without its unit (5 ms or 5 s?) is refused; only 0 needs none.
+        ("XTC_DEADLOCK_GRACE", "5"),
+        ("XTC_PREEMPT", "1"),
+        ("XTC_STALL_BUDGET", "100"),
+        ("XTC_SPIN_BEFORE_PARK", "20"),
+        ("XTC_REPLY_SPIN", "50"),
         // Zero is no "off": it reported every brief all-parked moment as a deadlock.
         ("XTC_DEADLOCK_GRACE", "0"),
         ("XTC_DEADLOCK_GRACE", "0ms"),
@@ -191,7 +197,7 @@ fn env_variables() {
         other => panic!("LocalExecutor::new with XTC_IO=bogus: expected Err(Env), got {other:?}"),
     }
 
-    // Every duration variable's error lists the units it takes and what a bare number means
+    // Every duration variable's error lists the units it takes and that the unit is needed
     // (XTC_PREEMPT's and XTC_STALL_BUDGET's said only "such as 0 (off), 1ms, 500us").
     for var in [
         "XTC_PREEMPT",
@@ -205,7 +211,7 @@ fn env_variables() {
         let msg = Builder::from_env().unwrap_err().to_string();
         std::env::remove_var(var);
         assert!(
-            msg.contains(var) && msg.contains("ns, us, ms or s") && msg.contains("bare number"),
+            msg.contains(var) && msg.contains("with its unit, ns, us, ms or s"),
             "{msg}"
         );
     }

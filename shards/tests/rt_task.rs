@@ -252,7 +252,7 @@ fn deadlock_report_names_the_stuck_task() {
     })
     .unwrap();
     match ex.run() {
-        Err(Error::Deadlock { tasks }) => {
+        Err(Error::Deadlock { tasks, .. }) => {
             let all = tasks.join("\n");
             assert!(all.contains("stuck-forever"), "{all}");
             assert!(all.contains("rt_task.rs"), "spawn location: {all}");
@@ -268,10 +268,15 @@ fn deadlock_report_names_the_stuck_task() {
     let msg = format!(
         "{}",
         Error::Deadlock {
-            tasks: vec!["x".into()]
+            tasks: vec!["x".into()],
+            grace: std::time::Duration::from_millis(5),
         }
     );
     assert!(msg.contains("XTC_DEADLOCK_GRACE"));
+    assert!(
+        msg.contains("grace (5ms)"),
+        "names the grace in effect: {msg}"
+    );
 }
 
 /// A task name is user input: one with a line break or another control character made its
@@ -291,7 +296,7 @@ fn a_task_name_with_control_characters_stays_on_its_report_line() {
     })
     .unwrap();
     match ex.run() {
-        Err(Error::Deadlock { tasks }) => {
+        Err(Error::Deadlock { tasks, .. }) => {
             let all = tasks.join(" | ");
             assert_eq!(tasks.len(), 3, "{all}");
             assert!(
@@ -352,7 +357,7 @@ fn the_main_tasks_spawn_site_is_the_block_on_call() {
     let line = line!() + 1;
     let r = ex.block_on(std::future::pending::<()>);
     match r {
-        Err(Error::Deadlock { tasks }) => {
+        Err(Error::Deadlock { tasks, .. }) => {
             let all = tasks.join("\n");
             assert_eq!(tasks.len(), 1, "{all}");
             assert!(all.contains("'main'"), "{all}");
@@ -513,7 +518,7 @@ fn deadlock_report_resumes_when_service_mode_is_switched_off() {
     let r = ex.run();
     dog.done();
     match r {
-        Err(Error::Deadlock { tasks }) => assert_eq!(tasks.len(), 1, "{tasks:?}"),
+        Err(Error::Deadlock { tasks, .. }) => assert_eq!(tasks.len(), 1, "{tasks:?}"),
         other => panic!("expected a deadlock report once service mode was off, got {other:?}"),
     }
     t.join().unwrap();

@@ -360,7 +360,7 @@ fn steal_backoff_knob_and_idle_executor_with_migratable_parked() {
     })
     .unwrap();
     match ex.run() {
-        Err(Error::Deadlock { tasks }) => {
+        Err(Error::Deadlock { tasks, .. }) => {
             assert!(
                 tasks.iter().any(|t| t.contains("lost-migrant")),
                 "{tasks:?}"
@@ -600,7 +600,7 @@ fn the_deadlock_report_names_a_migratable_task_that_shutdown_drops() {
     })
     .unwrap();
     match run_or_fail(ex, HANG, "a deadlock of a pinned and a migratable task") {
-        Err(Error::Deadlock { tasks }) => {
+        Err(Error::Deadlock { tasks, .. }) => {
             assert_eq!(tasks.len(), 2, "{tasks:?}");
             assert!(
                 tasks.iter().any(|t| t.contains("migrant")),

@@ -202,8 +202,8 @@ impl Builder {
             self.preempt = parse_duration(&v).ok_or_else(|| Error::Env {
                 var: "XTC_PREEMPT",
                 value: v.clone(),
-                expected: "a whole number with unit ns, us, ms or s, such as 0 (off), 1ms, \
-                           500us (a bare number is milliseconds)",
+                expected: "a whole number with its unit, ns, us, ms or s, such as 1ms or \
+                           500us, or 0 (off)",
             })?;
         }
         for (name, slot) in [
@@ -223,8 +223,8 @@ impl Builder {
             self.stall_budget = parse_duration(&v).ok_or_else(|| Error::Env {
                 var: "XTC_STALL_BUDGET",
                 value: v.clone(),
-                expected: "a whole number with unit ns, us, ms or s, such as 0 (off), 10ms \
-                           (a bare number is milliseconds)",
+                expected: "a whole number with its unit, ns, us, ms or s, such as 10ms, or 0 \
+                           (off)",
             })?;
         }
         if let Some(c) = io_choice_from_env()? {
@@ -504,8 +504,8 @@ fn spin_from_env(name: &'static str) -> Result<Option<Duration>> {
         .ok_or(Error::Env {
             var: name,
             value: v,
-            expected: "a duration of at most 1s, a whole number with unit ns, us, ms or s, such \
-                       as 0, 50us, 1ms (a bare number is milliseconds)",
+            expected: "a duration of at most 1s, a whole number with its unit, ns, us, ms or \
+                       s, such as 50us or 1ms, or 0",
         })
 }
 
@@ -554,7 +554,7 @@ fn parse_bool(name: &'static str, v: &str) -> Result<bool> {
     }
 }
 
-/// Parses a duration such as `500ms`, `5s`, `250us`; a bare number is milliseconds. (`off` is
+/// Parses a duration such as `500ms`, `5s`, `250us`; a bare number only for 0 (no unit is assumed). (`off` is
 /// not a duration: `parse_grace` takes it, for the one variable where it means something.)
 fn parse_duration(v: &str) -> Option<Duration> {
     let v = v.trim();
@@ -563,7 +563,11 @@ fn parse_duration(v: &str) -> Option<Duration> {
     let n: u64 = num.parse().ok()?;
     // Case-insensitive, as the crate docs say of every word a variable takes (`5MS`).
     match unit.trim().to_lowercase().as_str() {
-        "" | "ms" => Some(Duration::from_millis(n)),
+        // A bare number only for zero: `XTC_DEADLOCK_GRACE=5`, meant as seconds beside the
+        // documented "5 s" default, read as milliseconds and reported a task that waited on a
+        // plain thread for 200 ms as deadlocked.
+        "" if n == 0 => Some(Duration::ZERO),
+        "ms" => Some(Duration::from_millis(n)),
         "s" => Some(Duration::from_secs(n)),
         // The micro sign (U+00B5) or the Greek mu (U+03BC; its capital lowers to it).
         "us" | "\u{b5}s" | "\u{3bc}s" => Some(Duration::from_micros(n)),
@@ -585,8 +589,8 @@ fn parse_grace(name: &'static str, v: &str) -> Result<Option<Duration>> {
         .ok_or_else(|| Error::Env {
             var: name,
             value: v.to_string(),
-            expected: "off (no report), or a positive whole number with unit ns, us, ms or s, \
-                       such as 500ms, 5s (a bare number is milliseconds)",
+            expected: "off (no report), or a positive whole number with its unit, ns, us, ms \
+                       or s, such as 500ms or 5s",
         })
 }
 

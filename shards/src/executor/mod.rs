@@ -802,7 +802,8 @@ impl Executor {
             return Err(e);
         }
         if deadlock {
-            return Err(Error::Deadlock { tasks });
+            let grace = shared.deadlock_grace().unwrap_or_default();
+            return Err(Error::Deadlock { tasks, grace });
         }
         Ok(())
     }
