@@ -10,7 +10,9 @@
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use xtc_numa::{Placement, Policy, Topology, VictimOrder, DEFAULT_NUMA_SENSITIVITY};
+use xtc_numa::{
+    Level, Placement, Policy, Topology, VictimOrder, DEFAULT_NUMA_SENSITIVITY, MATRIX_BASE,
+};
 
 const USAGE: &str = "\
 usage: topology [--shards N] [--synthetic \"DESC\" | --xml FILE] [--policy POLICY]
@@ -103,7 +105,35 @@ fn run(args: &Args) -> xtc_numa::Result<()> {
     out("\n");
     let victims = VictimOrder::new(&topo, &placement, args.sensitivity)?;
     out(&victims.render());
+    out(&legend(&victims));
     Ok(())
+}
+
+/// What the victim table's numbers mean: an idle shard (a thief) tries the shards on its line
+/// left to right; the number in brackets after each group is how far those shards are from it.
+fn legend(victims: &VictimOrder) -> String {
+    let levels = [
+        Level::Pu,
+        Level::Core,
+        Level::L2,
+        Level::L3,
+        Level::NumaNode,
+        Level::Package,
+        Level::Machine,
+    ]
+    .map(|l| format!("{} {l}", l as u64))
+    .join(", ");
+    let who = match victims.numa_sensitivity() {
+        0 => "every shard may steal from every NUMA node",
+        1 => "only the first shard of each NUMA node looks beyond its own node",
+        _ => "no shard steals from another NUMA node",
+    };
+    format!(
+        "  (an idle shard tries the shards on its line left to right; [n] after a group is its \
+         distance: {levels}; {MATRIX_BASE}+d another NUMA node, d from the latency matrix; \
+         sensitivity {}: {who})\n",
+        victims.numa_sensitivity()
+    )
 }
 
 fn main() -> ExitCode {

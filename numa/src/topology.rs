@@ -930,13 +930,15 @@ impl Topology {
             Source::Synthetic(d) => format!("synthetic {d:?}"),
             Source::Xml(p) => format!("XML {}", p.display()),
         };
+        // "1 package", "2 packages".
+        let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
         let _ = writeln!(
             out,
-            "Machine ({source}): {} packages, {} NUMA nodes, {} cores, {} PUs, {} allowed",
-            self.packages,
-            self.numa_nodes,
-            self.cores,
-            self.pus.len(),
+            "Machine ({source}): {}, {}, {}, {}, {} allowed",
+            count(self.packages, "package"),
+            count(self.numa_nodes, "NUMA node"),
+            count(self.cores, "core"),
+            count(self.pus.len(), "PU"),
             self.allowed.len()
         );
         #[cfg(not(miri))]
