@@ -18,6 +18,48 @@ fn class_shares() {
     shares_split_the_cpu_in_proportion();
     default_lane_is_not_starved();
     migratable_work_is_not_charged_to_the_default_lane();
+    shares_split_time_not_polls();
+}
+
+/// 300:100 shares where the larger class's polls cost a third as much (10 µs against 30 µs):
+/// time splits 3:1, so polls split 9:1. A scheduler that charged each poll a fixed cost (or
+/// counted polls, not time) reads 3:1 here.
+fn shares_split_time_not_polls() {
+    unpreempted_runs("300:100 shares, polls of 10 us vs 30 us", || {
+        let (a, b) = measure_shares_costs(Duration::from_micros(10), Duration::from_micros(30));
+        let ratio = a as f64 / b as f64;
+        (
+            (7.0..=11.0).contains(&ratio),
+            format!("{ratio:.2} ({a} vs {b})"),
+        )
+    });
+}
+
+/// Polls of a 300-share class whose polls burn `hi_cost` and of a 100-share one burning
+/// `lo_cost`, both always runnable on one loop, once 12,000 polls ran between them.
+fn measure_shares_costs(hi_cost: Duration, lo_cost: Duration) -> (u64, u64) {
+    LocalExecutor::new().unwrap().block_on(async move {
+        let hi = shard::create_class(300, None).unwrap();
+        let lo = shard::create_class(100, None).unwrap();
+        let stop = Rc::new(Cell::new(false));
+        let spawn_in = |c, cost, stop: Rc<Cell<bool>>| {
+            task::Builder::new().class(c).spawn_local(async move {
+                while !stop.get() {
+                    burn(cost);
+                    xtc_shards::yield_now().await;
+                }
+            })
+        };
+        let h1 = spawn_in(hi, hi_cost, stop.clone());
+        let h2 = spawn_in(lo, lo_cost, stop.clone());
+        while hi.runs() + lo.runs() < 12_000 {
+            xtc_shards::time::sleep(Duration::from_millis(1)).await;
+        }
+        stop.set(true);
+        h1.await.unwrap();
+        h2.await.unwrap();
+        (hi.runs(), lo.runs())
+    })
 }
 
 /// Two always-runnable classes, 300 and 100 shares, equal cost per poll: polls split ~3:1,

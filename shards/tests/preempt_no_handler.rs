@@ -24,9 +24,15 @@ fn preemption_with_sigaction_refused_does_not_kill_the_process() {
         .build()
         .unwrap();
     for s in 0..2 {
-        // CPU time on each worker, so each armed timer would fire.
-        ex.spawn_on(s, || async { common::burn(Duration::from_millis(200)) })
-            .unwrap();
+        // 50 ms of CPU time on each worker (not wall time, which a loaded machine may give
+        // as less than one tick of CPU), so each armed timer would fire.
+        ex.spawn_on(s, || async {
+            let t0 = common::thread_cpu_time();
+            while common::thread_cpu_time() - t0 < Duration::from_millis(50) {
+                common::burn(Duration::from_micros(50));
+            }
+        })
+        .unwrap();
     }
     std::thread::spawn(move || {
         if !common::deny_syscall(libc::SYS_rt_sigaction, libc::EPERM as u32) {

@@ -1278,3 +1278,48 @@ fn spawns_through_a_backlog_and_sends_behind_it_keep_their_order() {
     .unwrap();
     assert_eq!(*seen.lock().unwrap(), (0..110).collect::<Vec<_>>());
 }
+
+/// `notifications_sent` counts the wake pings a loop sends for ring messages to a sleeping
+/// peer, and not the pings for migratable work (a nudge of an idle peer under eager
+/// rebalance): a call to a parked shard raises the caller's count, spawns of migratable tasks
+/// leave it. (No test read the counter: removing it, or counting nudges in it, passed.)
+#[test]
+fn notifications_sent_counts_ring_pings_to_sleeping_peers_only() {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .spin_before_park(Duration::ZERO)
+        .eager_rebalance(true)
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let t = ex
+        .spawn_on(0, move || async move {
+            let sent = || h.loop_stats(0).unwrap().notifications_sent;
+            let parks = || h.loop_stats(1).unwrap().parks;
+            // A call finds shard 1 asleep once it parked and nothing woke it since; its idle
+            // tick may wake it in between, so try until one ping was counted (a hang guard).
+            let before = sent();
+            let (mut calls, mut seen) = (0, 0);
+            while sent() == before && calls < 1000 {
+                // Shard 1 parked since the last call woke it (it parks once more after each).
+                assert!(sleep_until(|| parks() > seen).await, "shard 1 never parked");
+                seen = parks();
+                shard::submit_to(1, || async {}).await.unwrap();
+                calls += 1;
+            }
+            assert!(
+                sent() > before,
+                "{calls} calls to a parked shard counted no ping"
+            );
+            // Migratable work: pings (nudges) are not counted here.
+            let before = sent();
+            for _ in 0..100 {
+                xtc_shards::spawn(async {}).await.unwrap();
+            }
+            assert_eq!(sent(), before, "a ping for migratable work was counted");
+        })
+        .unwrap();
+    run_or_fail(ex, HANG, "notifications_sent").unwrap();
+    futures::executor::block_on(t).unwrap();
+}

@@ -924,3 +924,33 @@ fn a_due_sleep_dropped_on_another_loop_sends_no_cancel_home() {
     // Shard 0 finished its one task, and no cancel task after it.
     assert_eq!(ex.loop_stats(0).unwrap().tasks_run, 1);
 }
+
+/// The fast half of `a_sleep_kept_from_a_run_2_24_runs_ago_cancels_nothing_of_a_later_run`
+/// (ignored: 2^24 runs), run with the suite. A sleep polled in one run and dropped in the next
+/// must not cancel the next run's first timer (same slab key): the runs' generations must not
+/// overlap (a loop whose every run started at generation 0 passed the rest of the suite).
+#[test]
+fn a_sleep_kept_from_the_previous_run_cancels_nothing_of_this_run() {
+    let ex = LocalExecutor::new().unwrap();
+    #[allow(clippy::async_yields_async)]
+    let old = ex.block_on(async {
+        let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
+        assert!(futures::poll!(s.as_mut()).is_pending());
+        s
+    });
+    let woke = ex.block_on(async move {
+        let sleeper = spawn_local(time::sleep(Duration::from_millis(20)));
+        xtc_shards::yield_now().await;
+        drop(old);
+        let limit = time::sleep(Duration::from_secs(5));
+        futures::pin_mut!(limit);
+        matches!(
+            futures::future::select(sleeper, limit).await,
+            futures::future::Either::Left(_)
+        )
+    });
+    assert!(
+        woke,
+        "a 20 ms sleep never woke: the previous run's sleep cancelled its timer"
+    );
+}

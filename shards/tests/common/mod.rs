@@ -529,9 +529,35 @@ pub fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Yields of a task on shard 0 of `ex` that busy-loops, checking `yield_if_due` every 50 µs,
+/// until it has yielded `want` times or used `cap` of its thread's CPU time (a hang guard, not
+/// a window: with another process on the CPU, a thread that runs between kernel ticks gets
+/// few of them, and 80 ms of CPU time saw 0 to 2 ticks of a 1 ms preemption about half the
+/// time); runs `ex` to its end.
+pub fn yields_until(ex: Executor, want: u64, cap: Duration) -> u64 {
+    let h = ex
+        .spawn_on(0, move || async move {
+            let mut yields = 0;
+            let start = thread_cpu_time();
+            while yields < want && thread_cpu_time() - start < cap {
+                burn(Duration::from_micros(50));
+                let mut f = xtc_shards::yield_if_due();
+                if futures::poll!(&mut f).is_pending() {
+                    yields += 1;
+                    f.await;
+                }
+            }
+            yields
+        })
+        .unwrap();
+    ex.run().unwrap();
+    futures::executor::block_on(h).unwrap()
+}
+
 /// Yields of a task on shard 0 of `ex` that busy-loops for 80 ms of its thread's CPU time
 /// (not wall time: a descheduled thread gets no ticks), checking `yield_if_due` every 50 µs;
-/// runs `ex` to its end.
+/// runs `ex` to its end. For "no yields" checks: one that expects yields uses
+/// [`yields_until`], which has no window to miss.
 pub fn yields_in_busy_loop(ex: Executor) -> u64 {
     let h = ex
         .spawn_on(0, || async {
