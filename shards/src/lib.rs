@@ -211,6 +211,8 @@ pub mod time {
 }
 
 #[cfg(all(test, loom))]
+mod loom_close;
+#[cfg(all(test, loom))]
 mod loom_home;
 #[cfg(all(test, loom))]
 mod loom_park;

@@ -73,7 +73,7 @@ use crate::{
     event_loop::{self, LoopShared},
     ring::Mesh,
     steal::Migratable,
-    sync::{lock, AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, Ordering::*},
+    sync::{fence, lock, AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, Ordering::*},
     task::{self, JoinHandle, TaskInfo},
     Error, LoopStats, Result,
 };
@@ -949,7 +949,7 @@ impl ExecShared {
     /// The `Executor` (or `LocalExecutor`) is gone, so no run can come: from now on a `Handle`
     /// refuses or drops what it would queue (`drop_if_closed`), and what is queued is freed.
     pub(crate) fn close(&self) {
-        self.closed.store(true, SeqCst);
+        announce_closed(&self.closed);
         self.drop_queued();
         self.drop_stall_callbacks();
     }
@@ -968,11 +968,11 @@ impl ExecShared {
 
     /// A `Handle` queued work after a check of `closed`: if the `Executor` was dropped
     /// meanwhile, its sweep may have run before the push, so drop what sits in the inboxes
-    /// and injectors (where a foreign thread's pushes go) here. SeqCst, paired with the drop's
-    /// store-then-sweep: either the sweep sees the push or this load sees the store. Cost: one
-    /// load on the spawn path.
+    /// and injectors (where a foreign thread's pushes go) here ([`closed_after_push`], paired
+    /// with the drop's [`announce_closed`]: either the sweep sees the push or this sees the
+    /// close; `loom_close.rs`). Cost: a fence and a load on the spawn path.
     fn drop_if_closed(&self) {
-        if !self.closed.load(SeqCst) {
+        if !closed_after_push(&self.closed) {
             return;
         }
         // A task dropped here (or by `drop_queued`) whose `Drop` spawns again lands in the
@@ -985,6 +985,27 @@ impl ExecShared {
         }
         self.sweep(false);
     }
+}
+
+/// The close protocol's first half (`ExecShared::close`): marks the executor closed, then a
+/// SeqCst fence, before the sweep reads the queues. With [`closed_after_push`] on the other
+/// side it is Dekker's pattern: of the two fences one comes first in their single total order,
+/// and the read after the later one sees the write before the earlier (the sweep finds the
+/// push, or the pusher finds the close). SeqCst loads and stores alone order the same in
+/// C11, but loom models SeqCst accesses as acquire/release and only the fences as SeqCst, so
+/// the fences make `loom_close.rs` check the shipping order. Cost: a store and a fence, once
+/// per executor.
+pub(crate) fn announce_closed(closed: &AtomicBool) {
+    closed.store(true, SeqCst);
+    fence(SeqCst);
+}
+
+/// The close protocol's second half (`ExecShared::drop_if_closed`): after a push into a queue
+/// the sweep drains (an inbox, an injector), a SeqCst fence, then whether the executor is
+/// closed, in which case the pusher sweeps what it queued itself. Cost: a fence and a load.
+pub(crate) fn closed_after_push(closed: &AtomicBool) -> bool {
+    fence(SeqCst);
+    closed.load(SeqCst)
 }
 
 thread_local! {
