@@ -156,10 +156,11 @@ impl<T> Future for AwaitReply<T> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
-        // Polling for the reply: loads only (a poll of the join would write the task's header
-        // while the target runs it), and the task goes to the back of its loop's queue.
+        // Polling for the reply: `is_finished` only loads (a poll of the join would write the
+        // task's header while the target runs it; this handle is never aborted), and the task
+        // goes to the back of its loop's queue.
         if let Some(Some(until)) = this.spin_until {
-            if !this.join.is_over() {
+            if !this.join.is_finished() {
                 let alone = with_core(|c| !c.pinned_queued()).unwrap_or(false);
                 if alone && std::time::Instant::now() < until {
                     cx.waker().wake_by_ref();

@@ -699,6 +699,17 @@ fn an_interval_started_centuries_ago_ticks_within_a_period() {
 #[test]
 #[ignore = "about two minutes: 2^24 block_on calls"]
 fn a_sleep_kept_from_a_run_2_24_runs_ago_cancels_nothing_of_a_later_run() {
+    assert!(
+        a_kept_sleep_dropped_later_cancels_nothing((1u64 << 24) - 1),
+        "a 20 ms sleep never woke: an old run's sleep cancelled its timer"
+    );
+}
+
+/// A sleep polled (its timer registered) in one `block_on` of a `LocalExecutor`, then
+/// `runs_between` empty `block_on`s, then a `block_on` whose first timer is a 20 ms sleep
+/// of another task, during which the old sleep is dropped: whether that sleep still woke (a
+/// sleep whose timer the drop cancelled never wakes; the hang guard ends the wait).
+fn a_kept_sleep_dropped_later_cancels_nothing(runs_between: u64) -> bool {
     let ex = LocalExecutor::new().unwrap();
     #[allow(clippy::async_yields_async)]
     let old = ex.block_on(async {
@@ -706,26 +717,21 @@ fn a_sleep_kept_from_a_run_2_24_runs_ago_cancels_nothing_of_a_later_run() {
         assert!(futures::poll!(s.as_mut()).is_pending());
         s
     });
-    for _ in 0..(1u64 << 24) - 1 {
+    for _ in 0..runs_between {
         ex.block_on(async {});
     }
-    let woke = ex.block_on(async move {
+    ex.block_on(async move {
         // Registers its timer (the run's first) and parks.
         let sleeper = spawn_local(time::sleep(Duration::from_millis(20)));
         xtc_shards::yield_now().await;
         drop(old);
-        // A hang guard: a sleep whose timer was cancelled never wakes at all.
         let limit = time::sleep(common::HANG);
         futures::pin_mut!(limit);
         matches!(
             futures::future::select(sleeper, limit).await,
             futures::future::Either::Left(_)
         )
-    });
-    assert!(
-        woke,
-        "a 20 ms sleep never woke: an old run's sleep cancelled its timer"
-    );
+    })
 }
 
 /// How many messages the `LocalExecutor`'s loop takes from its inbox once a sleep registered
@@ -931,26 +937,8 @@ fn a_due_sleep_dropped_on_another_loop_sends_no_cancel_home() {
 /// overlap (a loop whose every run started at generation 0 passed the rest of the suite).
 #[test]
 fn a_sleep_kept_from_the_previous_run_cancels_nothing_of_this_run() {
-    let ex = LocalExecutor::new().unwrap();
-    #[allow(clippy::async_yields_async)]
-    let old = ex.block_on(async {
-        let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
-        assert!(futures::poll!(s.as_mut()).is_pending());
-        s
-    });
-    let woke = ex.block_on(async move {
-        let sleeper = spawn_local(time::sleep(Duration::from_millis(20)));
-        xtc_shards::yield_now().await;
-        drop(old);
-        let limit = time::sleep(Duration::from_secs(5));
-        futures::pin_mut!(limit);
-        matches!(
-            futures::future::select(sleeper, limit).await,
-            futures::future::Either::Left(_)
-        )
-    });
     assert!(
-        woke,
+        a_kept_sleep_dropped_later_cancels_nothing(0),
         "a 20 ms sleep never woke: the previous run's sleep cancelled its timer"
     );
 }

@@ -141,16 +141,6 @@ impl<T> JoinHandle<T> {
         r
     }
 
-    /// Whether the task of a live handle is over ([`over`]): loads only, no waker registered.
-    /// For a caller polling for a cross-shard reply itself (`shard::AwaitReply`), which must
-    /// not write the task's header while the target runs it. Cost: two atomic loads.
-    pub(crate) fn is_over(&self) -> bool {
-        self.with(|state| match state {
-            State::Live(task, meta) => over(task, *meta),
-            _ => true,
-        })
-    }
-
     /// Whether the task has completed (or been cancelled and its future dropped: a task
     /// cancelled by a stop is not finished while its future's `Drop` still runs). Cost: two
     /// atomic loads; after [`abort`](Self::abort), one poll of the cancellation.

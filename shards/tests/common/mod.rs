@@ -559,24 +559,7 @@ pub fn yields_until(ex: Executor, want: u64, cap: Duration) -> u64 {
 /// runs `ex` to its end. For "no yields" checks: one that expects yields uses
 /// [`yields_until`], which has no window to miss.
 pub fn yields_in_busy_loop(ex: Executor) -> u64 {
-    let h = ex
-        .spawn_on(0, || async {
-            let mut yields = 0;
-            let start = thread_cpu_time();
-            while thread_cpu_time() - start < Duration::from_millis(80) {
-                burn(Duration::from_micros(50));
-                // Pending on the first poll means it really yielded.
-                let mut f = xtc_shards::yield_if_due();
-                if futures::poll!(&mut f).is_pending() {
-                    yields += 1;
-                    f.await;
-                }
-            }
-            yields
-        })
-        .unwrap();
-    ex.run().unwrap();
-    futures::executor::block_on(h).unwrap()
+    yields_until(ex, u64::MAX, Duration::from_millis(80))
 }
 
 /// A fresh FIFO in the temp dir, named after `prefix` (the test binary's), this process and
