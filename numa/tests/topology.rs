@@ -398,24 +398,14 @@ fn an_endless_or_huge_xml_file_is_an_error() {
 /// (`Cargo.toml`), whose consistency check would otherwise abort the process on this file first.
 #[test]
 fn an_xml_pu_os_index_beyond_cpu_sets_is_an_error() {
-    let good = temp_path("pu-index-good.xml");
-    Topology::synthetic("pu:2")
-        .unwrap()
-        .export_xml(&good)
-        .unwrap();
-    let xml = std::fs::read_to_string(&good).unwrap();
-    let _ = std::fs::remove_file(&good);
+    let xml = synthetic_xml("pu:2", "pu-index-good.xml");
     let edited = xml.replacen(
         "type=\"PU\" os_index=\"1\"",
         "type=\"PU\" os_index=\"3000000000\"",
         1,
     );
     assert_ne!(edited, xml, "the export's format changed: {xml}");
-    let bad = temp_path("pu-index-bad.xml");
-    std::fs::write(&bad, edited).unwrap();
-    let res = Topology::from_xml(&bad);
-    let _ = std::fs::remove_file(&bad);
-    let e = res.unwrap_err();
+    let e = from_xml_text(&edited, "pu-index-bad.xml").unwrap_err();
     assert!(matches!(e, Error::Hwloc { .. }), "{e}");
     assert!(e.to_string().contains("3000000000"), "{e}");
 }
@@ -426,24 +416,14 @@ fn an_xml_pu_os_index_beyond_cpu_sets_is_an_error() {
 /// index now.
 #[test]
 fn an_xml_pu_os_index_given_twice_is_an_error() {
-    let good = temp_path("pu-twice-good.xml");
-    Topology::synthetic("core:4 pu:2")
-        .unwrap()
-        .export_xml(&good)
-        .unwrap();
-    let xml = std::fs::read_to_string(&good).unwrap();
-    let _ = std::fs::remove_file(&good);
+    let xml = synthetic_xml("core:4 pu:2", "pu-twice-good.xml");
     let edited = xml.replacen(
         "type=\"PU\" os_index=\"5\"",
         "type=\"PU\" os_index=\"4\"",
         1,
     );
     assert_ne!(edited, xml, "the export's format changed: {xml}");
-    let bad = temp_path("pu-twice-bad.xml");
-    std::fs::write(&bad, edited).unwrap();
-    let res = Topology::from_xml(&bad);
-    let _ = std::fs::remove_file(&bad);
-    let e = res.unwrap_err();
+    let e = from_xml_text(&edited, "pu-twice-bad.xml").unwrap_err();
     assert!(matches!(e, Error::Hwloc { .. }), "{e}");
     assert!(e.to_string().contains("OS index 4"), "{e}");
 }
@@ -650,30 +630,20 @@ fn an_xml_object_without_one_of_its_sets_is_an_error() {
     if !in_child("an_xml_object_without_one_of_its_sets_is_an_error") {
         return;
     }
-    let good = temp_path("sets-good.xml");
-    Topology::synthetic("pack:1 core:2 pu:1")
-        .unwrap()
-        .export_xml(&good)
-        .unwrap();
-    let xml = std::fs::read_to_string(&good).unwrap();
+    let xml = synthetic_xml("pack:1 core:2 pu:1", "sets-good.xml");
     for attr in ["complete_cpuset", "complete_nodeset"] {
         // The first ` attr="value"` gone.
         let at = xml.find(&format!(" {attr}=\"")).expect(attr);
         let value = at + attr.len() + 3;
         let end = value + xml[value..].find('"').unwrap() + 1;
         let edited = format!("{}{}", &xml[..at], &xml[end..]);
-        let bad = temp_path(&format!("sets-bad-{attr}.xml"));
-        std::fs::write(&bad, &edited).unwrap();
-        let r = Topology::from_xml(&bad);
-        let _ = std::fs::remove_file(&bad);
-        match r {
+        match from_xml_text(&edited, &format!("sets-bad-{attr}.xml")) {
             Err(e @ Error::Hwloc { .. }) => assert!(e.to_string().contains(attr), "{e}"),
             other => panic!("{attr}: expected Err(Hwloc), got {other:?}"),
         }
     }
     // The export itself loads.
-    assert_eq!(Topology::from_xml(&good).unwrap().pus().len(), 2);
-    let _ = std::fs::remove_file(&good);
+    assert_eq!(from_xml_text(&xml, "sets-good.xml").unwrap().pus().len(), 2);
 }
 
 /// An attribute block with two `indexes=` lists, or a list with an empty entry, is an `Err`:
@@ -702,19 +672,34 @@ fn ambiguous_index_lists_are_an_error() {
 /// An XML export of `desc` with the root's `attr` (`allowed_cpuset`, `allowed_nodeset`) set to
 /// `mask`, loaded back: a machine whose cgroup or affinity leaves some of it out.
 fn with_root_mask(desc: &str, attr: &str, mask: &str) -> Topology {
-    let path = temp_path(&format!("mask-{attr}-{mask}.xml"));
+    let name = format!("mask-{attr}-{mask}.xml");
+    let xml = synthetic_xml(desc, &name);
+    let key = format!(" {attr}=\"");
+    let at = xml.find(&key).expect(attr) + key.len();
+    let end = at + xml[at..].find('"').unwrap();
+    from_xml_text(&format!("{}{mask}{}", &xml[..at], &xml[end..]), &name).unwrap()
+}
+
+/// hwloc's XML export of the synthetic machine `desc`, as text (through a temporary file
+/// named `name`, removed again).
+fn synthetic_xml(desc: &str, name: &str) -> String {
+    let path = temp_path(name);
     Topology::synthetic(desc)
         .unwrap()
         .export_xml(&path)
         .unwrap();
     let xml = std::fs::read_to_string(&path).unwrap();
-    let key = format!(" {attr}=\"");
-    let at = xml.find(&key).expect(attr) + key.len();
-    let end = at + xml[at..].find('"').unwrap();
-    std::fs::write(&path, format!("{}{mask}{}", &xml[..at], &xml[end..])).unwrap();
+    let _ = std::fs::remove_file(&path);
+    xml
+}
+
+/// `Topology::from_xml` of `xml`, written to a temporary file named `name` (removed again).
+fn from_xml_text(xml: &str, name: &str) -> xtc_numa::Result<Topology> {
+    let path = temp_path(name);
+    std::fs::write(&path, xml).unwrap();
     let t = Topology::from_xml(&path);
     let _ = std::fs::remove_file(&path);
-    t.unwrap()
+    t
 }
 
 /// A memory node the cgroup leaves out (`cpuset.mems`, as `docker --cpuset-mems`) is gone from

@@ -360,6 +360,25 @@ fn an_owned_read_behind_a_kept_receive_fails_at_once_while_the_loop_is_hidden() 
     );
 }
 
+/// A stream connected to a plain thread's socket that reads nothing, and closes its end once
+/// told to (or after 10 s, a hang guard): the stream, the word to close, the thread.
+fn a_peer_that_waits() -> (
+    TcpStream,
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (close, closing) = std::sync::mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let _ = closing.recv_timeout(Duration::from_secs(10));
+        drop(s);
+    });
+    let s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+    (s, close, peer)
+}
+
 /// An end of stream a kept receive already brought (an owned read dropped while pending on
 /// io_uring, whose receive completed with 0 when the peer closed) is handed out with the loop
 /// hidden as bytes are: `read` returns `Ok(0)`. It was taken as "nothing received", and the
@@ -369,15 +388,7 @@ fn an_owned_read_behind_a_kept_receive_fails_at_once_while_the_loop_is_hidden() 
 fn an_end_of_stream_a_kept_receive_brought_is_read_while_the_loop_is_hidden() {
     on_each_driver("eof_behind_kept_receive_off_loop", 1, |driver| async move {
         use xtc_shards::io::Driver;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let (close, closing) = std::sync::mpsc::channel::<()>();
-        let peer = std::thread::spawn(move || {
-            let (s, _) = l.accept().unwrap();
-            let _ = closing.recv_timeout(Duration::from_secs(10));
-            drop(s); // the end of stream
-        });
-        let s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        let (s, close, peer) = a_peer_that_waits();
         {
             // An owned read, polled once and dropped: io_uring keeps its receive.
             let mut read = pin!(s.read(Vec::with_capacity(8)));
@@ -385,7 +396,7 @@ fn an_end_of_stream_a_kept_receive_brought_is_read_while_the_loop_is_hidden() {
             assert!(read.as_mut().poll(&mut cx).is_pending());
         }
         xtc_shards::time::sleep(Duration::from_millis(20)).await; // submitted
-        let _ = close.send(());
+        let _ = close.send(()); // the end of stream
         peer.join().unwrap();
         xtc_shards::time::sleep(Duration::from_millis(50)).await; // completed with 0, reaped
         LEFT.with(|l| *l.borrow_mut() = Some(s));
@@ -412,14 +423,7 @@ fn a_flush_behind_a_send_in_flight_fails_at_once_while_the_loop_is_hidden() {
     on_each_driver("flush_behind_send_off_loop", 1, |driver| async move {
         use futures::io::AsyncWriteExt;
         use xtc_shards::io::Driver;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let (done, wait) = std::sync::mpsc::channel::<()>();
-        let peer = std::thread::spawn(move || {
-            let (_s, _) = l.accept().unwrap();
-            let _ = wait.recv_timeout(Duration::from_secs(10)); // reads nothing
-        });
-        let mut s = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap()).unwrap();
+        let (mut s, done, peer) = a_peer_that_waits();
         // Fill the socket, then one more write: on io_uring reported written at once, its send
         // waiting for room; on epoll it waits itself, and times out unwritten.
         let chunk = vec![0u8; 64 * 1024];

@@ -1161,14 +1161,7 @@ mod tests {
             },
             time::Duration,
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .eager_rebalance(true)
-            .steal_backoff(true)
-            .build()
-            .unwrap();
-        let exec_id = exec.handle().shared.loops[1].exec_id;
+        let (exec, exec_id) = two_shards(|b| b.eager_rebalance(true).steal_backoff(true));
         let h = exec.handle();
         let (in_window, nudged) = (
             Arc::new(AtomicBool::new(false)),
@@ -1226,13 +1219,7 @@ mod tests {
             atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
             Arc,
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .min_tasks_to_steal(1000)
-            .build()
-            .unwrap();
-        let exec_id = exec.handle().shared.loops[1].exec_id;
+        let (exec, exec_id) = two_shards(|b| b.min_tasks_to_steal(1000));
         let h = exec.handle();
         let looked = Arc::new(AtomicBool::new(false));
         let (parks_idle, parks_run, shard) = exec
@@ -1313,14 +1300,8 @@ mod tests {
             },
             time::Duration,
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .eager_rebalance(true)
-            .build()
-            .unwrap();
+        let (exec, exec_id) = two_shards(|b| b.eager_rebalance(true));
         let h = exec.handle();
-        let exec_id = h.shared.loops[1].exec_id;
         let (in_window, nudged) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicBool::new(false)),
@@ -1434,12 +1415,17 @@ mod tests {
     /// nudged thief's first steal, or the starvation override, takes a task), stealing as
     /// given; and the executor's id (for [`arm`]).
     fn eager_executor(stealing: bool) -> (Executor, u64) {
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .eager_rebalance(true)
-            .stealing(stealing)
-            .min_tasks_to_steal(1000)
+        two_shards(|b| {
+            b.eager_rebalance(true)
+                .stealing(stealing)
+                .min_tasks_to_steal(1000)
+        })
+    }
+
+    /// A 2-shard executor (oversubscribed, so it runs on any machine) with `knobs` applied, and
+    /// its id (for [`arm`]).
+    fn two_shards(knobs: impl FnOnce(crate::Builder) -> crate::Builder) -> (Executor, u64) {
+        let exec = knobs(Executor::builder().shards(2).oversubscribe(true))
             .build()
             .unwrap();
         let id = exec.handle().shared.loops[1].exec_id;
@@ -1543,13 +1529,7 @@ mod tests {
             atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
             Arc,
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .min_tasks_to_steal(1000)
-            .build()
-            .unwrap();
-        let exec_id = exec.handle().shared.loops[1].exec_id;
+        let (exec, exec_id) = two_shards(|b| b.min_tasks_to_steal(1000));
         let h = exec.handle();
         // Shard 1's park count as it decided to park before the spawn, and as the child ran.
         let first = Arc::new(AtomicU64::new(u64::MAX));
@@ -1622,13 +1602,7 @@ mod tests {
             atomic::{AtomicU8, Ordering::SeqCst},
             Arc,
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .min_tasks_to_steal(1000)
-            .build()
-            .unwrap();
-        let exec_id = exec.handle().shared.loops[1].exec_id;
+        let (exec, exec_id) = two_shards(|b| b.min_tasks_to_steal(1000));
         let h = exec.handle();
         // 0: not yet; 1: kept at the first decision; 2 / 3: the second decision read it
         // kept / gone.
@@ -1693,14 +1667,7 @@ mod tests {
 
     /// A 2-shard executor with steal backoff on, and its id (for [`arm`]).
     fn backoff_executor() -> (Executor, u64) {
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .steal_backoff(true)
-            .build()
-            .unwrap();
-        let id = exec.handle().shared.loops[1].exec_id;
-        (exec, id)
+        two_shards(|b| b.steal_backoff(true))
     }
 
     /// From a task on shard 0: a migratable task alive and parked on shard 0's timer, so that
