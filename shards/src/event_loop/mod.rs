@@ -1076,13 +1076,7 @@ mod tests {
                 (shard, parks, parks_then.load(SeqCst))
             })
             .unwrap();
-        assert_eq!(shard, 1, "shard 1 did not steal the child");
-        assert_eq!(
-            parks_at_run,
-            before,
-            "the nudge was lost: shard 1 parked {} more time(s) before it stole the child",
-            parks_at_run - before
-        );
+        assert_stolen_without_a_park(shard, parks_at_run, before);
     }
 
     /// From a task on shard 0 (a keeper alive there): spawns a migratable child and holds
@@ -1337,6 +1331,12 @@ mod tests {
                 (shard, parks, parks_then.load(SeqCst))
             })
             .unwrap();
+        assert_stolen_without_a_park(shard, parks_at_run, before);
+    }
+
+    /// The check of the nudge tests: shard 1 stole the child (it ran on `shard`) without
+    /// parking again between the nudge (`before`: its parks then) and the run (`parks_at_run`).
+    fn assert_stolen_without_a_park(shard: usize, parks_at_run: u64, before: u64) {
         assert_eq!(shard, 1, "shard 1 did not steal the child");
         assert_eq!(
             parks_at_run,
