@@ -83,8 +83,9 @@
 //! loop's turn, so a shard asleep when the sender blocked stays asleep. A blocking wait inside a
 //! task on work the blocked loop itself must do (a [`time::sleep`], a [`spawn_local`]ed task,
 //! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring to another shard, a
-//! migratable [`spawn`] that no peer may steal: stealing off, one shard, or eager rebalance
-//! off while every peer owns parked tasks) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
+//! migratable [`spawn`] that no peer may steal: stealing off, one shard, eager rebalance
+//! off while every peer owns parked tasks, or a NUMA sensitivity that keeps every idle peer
+//! from stealing from this loop) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
 //! stall watchdog (`XTC_STALL_BUDGET`, [`StallReport`]) names the task. A blocking wait on
 //! another loop's work ends: a [`JoinHandle`], a shared channel end or a `submit_to` polled
 //! with a waker other than the task's own sends the turn's deferred wakes, ring pings and
@@ -212,6 +213,8 @@ pub mod time {
 
 #[cfg(all(test, loom))]
 mod loom_close;
+#[cfg(all(test, loom))]
+mod loom_evacuate;
 #[cfg(all(test, loom))]
 mod loom_home;
 #[cfg(all(test, loom))]
