@@ -1333,6 +1333,52 @@ fn a_spawn_blocking_job_awaited_away_from_where_it_started_is_no_deadlock() {
     assert_eq!(got.unwrap(), 7, "started in an earlier run");
 }
 
+/// A `spawn_blocking` job submitted while its loop is hidden (a task's drop run by another
+/// executor's sweep, `context::off_loop`) counts in that loop's jobs in flight, so the loop
+/// waits for it, and its end wakes the loop: it recorded no loop to wake, and `run()` never
+/// returned once the job ended (the loop stayed parked `WAITING` with a count of zero).
+#[test]
+fn a_spawn_blocking_job_submitted_under_a_hidden_loop_wakes_it_when_it_ends() {
+    struct Cleanup(Arc<AtomicBool>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            // A cleanup handed to the pool and not waited for, once it started (a job
+            // dropped before it starts is taken off the queue unrun).
+            let (started, ended) = (Arc::new(AtomicBool::new(false)), self.0.clone());
+            let s = started.clone();
+            let job = xtc_shards::spawn_blocking(move || {
+                s.store(true, SeqCst);
+                std::thread::sleep(Duration::from_millis(300));
+                ended.store(true, SeqCst);
+            });
+            while !started.load(SeqCst) {
+                std::thread::yield_now();
+            }
+            drop(job);
+        }
+    }
+    let ended = Arc::new(AtomicBool::new(false));
+    let e = ended.clone();
+    let ex = common::exec(1);
+    ex.spawn_on(0, move || async move {
+        // Another executor, never run, with a queued task: dropping it sweeps the task, whose
+        // closure's drop runs here with this loop hidden.
+        let other = common::exec(1);
+        let cleanup = Cleanup(e);
+        other
+            .spawn_on(0, move || async move { drop(cleanup) })
+            .unwrap();
+        drop(other);
+    })
+    .unwrap();
+    let ran = common::run_within(&ex, Duration::from_secs(20));
+    assert!(
+        matches!(ran, Some(Ok(()))),
+        "run() after the job ended: {ran:?} (None: hung)"
+    );
+    assert!(ended.load(SeqCst), "run() returned before the job ended");
+}
+
 /// A running `spawn_blocking` job whose awaiting task the stop drops has ended when
 /// `block_on` returns, whether that task was pinned (its loop waits for it, up to a second)
 /// or migratable: a migratable task left parked is dropped by `run()`'s own thread after the

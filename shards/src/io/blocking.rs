@@ -690,8 +690,11 @@ fn submit<R: Send + 'static>(
         theirs,
         their_ctl,
         ended: Ended {
-            // The loop to nudge when its last job ends (see `nudge`).
-            home: crate::context::with_core(|c| Arc::downgrade(&c.shared)),
+            // The loop to nudge when its last job ends (see `nudge`): the loop whose count
+            // `pending` raised, hidden too (a drop run by another executor's sweep,
+            // `context::off_loop`), or that loop, parked on a count back at zero, was never
+            // woken and `run()` never returned.
+            home: crate::context::with_own_core(|c| Some(Arc::downgrade(&c.shared))),
             ctl: ctl.clone(),
         },
     };
