@@ -24,8 +24,9 @@ use crate::{
 /// Cost when not due: two thread-local reads, a load of the executor's interval and one of the
 /// loop's count of classes; once the loop has classes, also a look at each class lane (a
 /// borrow and a scan for the smallest latency bound) and, where a latency class exists, one
-/// clock read and, once the task has run past that bound, a look at the loop's pending wakes
-/// (inbox, rings, I/O completions) and its next timer.
+/// clock read (the TSC) and, once the task has run past that bound, a look at the loop's
+/// pending wakes (inbox, rings, I/O completions) and its next timer (a second clock read, the
+/// OS clock).
 /// When due: one re-queue, as [`yield_now`](crate::yield_now).
 pub fn yield_if_due() -> YieldIfDue {
     YieldIfDue { yielded: false }
@@ -100,6 +101,11 @@ fn rearm(core: &Core, want: u64) {
     // but the cell is not borrowed across a system call either).
     let old = core.preempt_timer.borrow_mut().take();
     drop(old);
+    // A tick the old timer delivered and no `yield_if_due` took: left set, it outlived a
+    // switch to off (`forget_idle_tick` clears only while preemption is on), and the next
+    // `yield_if_due` on this worker yielded, in whatever poll, however much later. Cleared
+    // after the delete, whose return delivers a signal still pending from that timer.
+    DUE.with(|d| d.store(false, Relaxed));
     if want == 0 || core.exec.is_local() {
         return;
     }

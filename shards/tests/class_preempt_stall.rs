@@ -293,6 +293,40 @@ fn a_tick_earned_by_the_loops_spin_does_not_make_the_next_task_yield() {
     );
 }
 
+/// A tick delivered while preemption was on and taken by no `yield_if_due` does not outlive
+/// `set_preempt(ZERO)`: it stayed pending, and the next `yield_if_due` on that worker, in a
+/// poll that began long after, yielded though preemption was off. (On a loaded machine the
+/// tick may not land before the switch, and this passes without testing anything; it cannot
+/// fail wrongly.)
+#[test]
+fn a_tick_pending_when_preemption_is_switched_off_is_dropped() {
+    let ex = Executor::builder()
+        .shards(1)
+        .preempt(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let t = ex
+        .spawn_on(0, move || async move {
+            // Ticks earned and not looked at: 50 ms of this thread's CPU time at 1 ms.
+            let start = thread_cpu_time();
+            while thread_cpu_time() - start < Duration::from_millis(50) {
+                burn(Duration::from_micros(50));
+            }
+            h.set_preempt(Duration::ZERO).unwrap();
+            // A timer wake: the loop turns, and disarms its timer, before the next poll.
+            xtc_shards::time::sleep(Duration::from_millis(5)).await;
+            let mut f = yield_if_due();
+            futures::poll!(&mut f).is_pending()
+        })
+        .unwrap();
+    run_or_fail(ex, HANG, "a tick and preemption switched off").unwrap();
+    assert!(
+        !futures::executor::block_on(t).unwrap(),
+        "preemption off, and this poll began after the tick: yield_if_due yielded"
+    );
+}
+
 #[test]
 fn stall_callback_names_the_task_and_counts() {
     let ex = Executor::builder()
