@@ -283,9 +283,11 @@ fn migration_is_visible_through_shard_id() {
     })
     .unwrap();
     ex.run().unwrap();
-    // Whether any moved depends on timing; the count is consistent with the stats.
+    // Whether any moved depends on timing; each move is a steal (a task's yield queues it on
+    // its own loop, where only a thief takes it from), so the stats count at least as many.
     let steals: u64 = (0..2).map(|i| ex.loop_stats(i).unwrap().steals).sum();
-    assert!(moves.load(SeqCst) as u64 <= steals + 100);
+    let moves = moves.load(SeqCst) as u64;
+    assert!(moves <= steals, "{moves} moves, {steals} steals");
 }
 
 #[test]

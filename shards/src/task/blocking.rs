@@ -38,8 +38,9 @@ type Caught<T> = Result<T, Box<dyn Any + Send + 'static>>;
 ///
 /// Cost: a boxed job and two small shared allocations (its result slot and its control
 /// block), a lock of the pool's queue, and a thread start when no pool thread is idle (up to
-/// 512 threads, each exiting after 10 s without work); each poll on a loop while the job runs,
-/// a lock of its control block; the result's wake-up reaches the loop through its inbox.
+/// 512 threads, each exiting after 10 s without work); each poll while the job runs, a lock
+/// of its result slot (two, and a waker clone, when the waker changed) and, on a loop, one of
+/// its control block; the result's wake-up reaches the loop through its inbox.
 pub fn spawn_blocking<F, T>(f: F) -> SpawnBlocking<T>
 where
     F: FnOnce() -> T + Send + 'static,

@@ -50,8 +50,9 @@ pub struct Interval {
 
 impl Interval {
     /// Waits for the next tick and returns its scheduled instant (with a zero period: the
-    /// instant the previous tick completed, or `start` for the first). Cost per tick: a clock
-    /// read, a field write for the next deadline (the sleep has completed, so nothing is
+    /// instant the previous tick completed, or `start` for the first). Cost per tick: two or
+    /// three clock reads (the sleep's due check, the next deadline's, and that of the next
+    /// waiting poll), a field write for the next deadline (the sleep has completed, so nothing is
     /// registered to move), and at the next waiting poll a fresh timer registration on the
     /// polling loop (a heap insert, O(log n) in its live timers, and a weak reference to the
     /// loop taken and later dropped).

@@ -27,8 +27,9 @@ pub fn sleep(duration: Duration) -> Sleep {
 ///
 /// The timer lives on the loop that last polled the future (a migratable task that moves takes
 /// it along), which parks until the earliest
-/// deadline, so a sleep costs no CPU while it waits. Cost: one heap insert (O(log n)) and a
-/// weak reference to the loop (one uncontended atomic increment) on first poll, one removal
+/// deadline, so a sleep costs no CPU while it waits. Cost: a clock read, one heap insert
+/// (O(log n)) and a weak reference to the loop (one uncontended atomic increment) on first
+/// poll (a clock read again on a poll that finds its timer gone), one removal
 /// when it fires or is dropped. Dropping the future cancels the timer, wherever it is dropped:
 /// away from its loop, the cancel is sent there as a small task (none once the deadline has
 /// passed: that loop fires the timer at its next turn, before it could run the cancel).
