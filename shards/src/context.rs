@@ -272,11 +272,18 @@ impl Core {
     /// turn would have cost, earlier; a later message in the same turn registers its flush
     /// again; with a backlog left, a lock and a swap per backlogged ring.
     pub(crate) fn flush_deferred(&self, waker: &Waker) {
+        self.send_deferred();
+        crate::ring::wait_backlogs_foreign(self, waker);
+    }
+
+    /// [`flush_deferred`](Self::flush_deferred) without the wait for ring space: the turn's
+    /// end-of-turn flushes, ring pings and eager rebalance's nudge, sent now. Also as
+    /// [`off_loop`] hides the loop. Cost: as `flush_deferred`'s.
+    fn send_deferred(&self) {
         if self.has_flushes() {
             self.run_flushes();
         }
         crate::ring::flush(self);
-        crate::ring::wait_backlogs_foreign(self, waker);
         crate::steal::nudge_idle_peer(self);
     }
 
@@ -568,8 +575,10 @@ pub(crate) fn enter(core: &Core) -> Option<Enter<'_>> {
 /// an I/O operation dropped meanwhile is cancelled on it rather than taken for an orphan of a
 /// driver that is gone (whose buffer was then freed under the kernel). New I/O started
 /// meanwhile is not put on it (`io::with_running_reactor`): it would wait for the loop to turn
-/// again, so it fails as off any loop. Cost: two thread-local swaps and a push and pop each
-/// way.
+/// again, so it fails as off any loop. The loop's deferred wakes of this turn are sent
+/// before it hides (`Core::flush_deferred`'s, less its wait for ring space). Cost: two
+/// thread-local swaps and a push and pop each way, and the turn's deferred wakes sent
+/// early.
 pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
     struct Restore {
         current: *const Core,
@@ -584,6 +593,12 @@ pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
             TURN.with(|t| t.set(self.turn));
         }
     }
+    // The turn's deferred wakes go first: user code run hidden may block the thread on what
+    // they wake (a `futures::executor::block_on` of a call sent this turn to a sleeping
+    // shard, whose ring ping waits for the end of the turn), and a wait's early send
+    // (`Core::flush_deferred`) cannot reach a hidden loop. Sent later, at the turn's end, the
+    // block never ended.
+    with_core(Core::send_deferred);
     let current = CURRENT.with(|c| c.replace(ptr::null()));
     let outer = HIDDEN.with(Cell::get);
     // On this frame, and declared before `_restore`, which takes it out of the list (also on

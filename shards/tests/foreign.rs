@@ -53,6 +53,43 @@ fn a_foreign_block_on_inside_a_task_on_a_handle_call_to_another_shard() {
     assert_eq!(got, (1, 1));
 }
 
+/// The same foreign `block_on`, in a `Drop` that another executor's sweep runs with the loop
+/// hidden, on the handle of a call the task sent to a sleeping shard just before: the call's
+/// ring ping waits for the end of the turn, and the foreign poll's early send of it
+/// (`Core::flush_deferred`) cannot reach a hidden loop, so the `block_on` hung for good. The
+/// loop now sends its turn's deferred wakes as it hides. (Shard 1 might not be asleep yet,
+/// and then this passes without testing anything; it cannot fail wrongly.)
+#[test]
+fn a_foreign_block_on_under_a_hidden_loop_of_a_call_sent_before() {
+    struct Waits(Option<xtc_shards::JoinHandle<usize>>, mpsc::Sender<usize>);
+    impl Drop for Waits {
+        fn drop(&mut self) {
+            if let Some(j) = self.0.take() {
+                let _ = self.1.send(futures::executor::block_on(j).unwrap());
+            }
+        }
+    }
+    let got = within("foreign block_on under a hidden loop", || {
+        let a = exec(2);
+        let h = a.handle();
+        a.block_on(move || async move {
+            assert!(sleep_until(|| h.loop_stats(1).unwrap().parks > 0).await);
+            let j = h.spawn_on(1, || async { shard::id() }).unwrap();
+            let (tx, rx) = mpsc::channel();
+            let waits = Waits(Some(j), tx);
+            // Dropping an executor with a queued task: the sweep drops `waits` hidden.
+            let other = exec(1);
+            other
+                .spawn_on(0, move || async move { drop(waits) })
+                .unwrap();
+            drop(other);
+            rx.recv().unwrap()
+        })
+        .unwrap()
+    });
+    assert_eq!(got, 1);
+}
+
 /// A foreign `block_on` inside a task of a cross-shard call whose ring is full at its first
 /// poll (capacity 1, the one slot taken by a message shard 1, held busy, has not drained):
 /// `shard::submit_to` waits for ring space, `Handle::submit_to` leaves its message in the

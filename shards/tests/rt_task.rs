@@ -1379,6 +1379,51 @@ fn a_spawn_blocking_job_submitted_under_a_hidden_loop_wakes_it_when_it_ends() {
     assert!(ended.load(SeqCst), "run() returned before the job ended");
 }
 
+/// The same with the job submitted by a `LocalExecutor` run inside the hidden section, and
+/// handed back unfinished: the thread's job count is the one the hidden loop reads, and the
+/// job's end nudged only the nested loop, gone by then, so `run()` never returned.
+#[test]
+fn a_spawn_blocking_job_of_a_loop_nested_under_a_hidden_one_wakes_the_hidden_one() {
+    struct Cleanup(Arc<AtomicBool>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let (started, ended) = (Arc::new(AtomicBool::new(false)), self.0.clone());
+            let s = started.clone();
+            // Handed back in an `Option`, not awaited (a future returned bare from an async
+            // block reads as a missing `.await`).
+            let job = LocalExecutor::new().unwrap().block_on(async move {
+                Some(xtc_shards::spawn_blocking(move || {
+                    s.store(true, SeqCst);
+                    std::thread::sleep(Duration::from_millis(300));
+                    ended.store(true, SeqCst);
+                }))
+            });
+            while !started.load(SeqCst) {
+                std::thread::yield_now();
+            }
+            drop(job);
+        }
+    }
+    let ended = Arc::new(AtomicBool::new(false));
+    let e = ended.clone();
+    let ex = common::exec(1);
+    ex.spawn_on(0, move || async move {
+        let other = common::exec(1);
+        let cleanup = Cleanup(e);
+        other
+            .spawn_on(0, move || async move { drop(cleanup) })
+            .unwrap();
+        drop(other);
+    })
+    .unwrap();
+    let ran = common::run_within(&ex, Duration::from_secs(20));
+    assert!(
+        matches!(ran, Some(Ok(()))),
+        "run() after the job ended: {ran:?} (None: hung)"
+    );
+    assert!(ended.load(SeqCst), "run() returned before the job ended");
+}
+
 /// A running `spawn_blocking` job whose awaiting task the stop drops has ended when
 /// `block_on` returns, whether that task was pinned (its loop waits for it, up to a second)
 /// or migratable: a migratable task left parked is dropped by `run()`'s own thread after the

@@ -638,8 +638,10 @@ fn submit<R: Send + 'static>(
     /// sent to a plain thread) took the count to zero and woke nobody, and its loop, parked
     /// `WAITING` on it, stayed parked for good (`run()` never returned).
     struct Ended {
-        /// The loop to nudge when its last job ends (the one that submitted it).
-        home: Option<std::sync::Weak<crate::event_loop::LoopShared>>,
+        /// The loops to nudge when the thread's last job ends: the one that submitted it,
+        /// and those `context::off_loop` hid on this thread meanwhile, which read the same
+        /// count (`PENDING` is the thread's).
+        homes: Homes,
         /// Where the counts the job is on are (`own`, `waiting`).
         ctl: Arc<Ctl>,
     }
@@ -660,9 +662,11 @@ fn submit<R: Send + 'static>(
                 }
             }
             if own.is_some_and(|n| n.fetch_sub(1, SeqCst) == 1) {
-                if let Some(home) = &self.home {
-                    nudge(home);
-                }
+                self.homes
+                    .first
+                    .iter()
+                    .chain(&self.homes.hidden)
+                    .for_each(nudge);
             }
         }
     }
@@ -690,11 +694,7 @@ fn submit<R: Send + 'static>(
         theirs,
         their_ctl,
         ended: Ended {
-            // The loop to nudge when its last job ends (see `nudge`): the loop whose count
-            // `pending` raised, hidden too (a drop run by another executor's sweep,
-            // `context::off_loop`), or that loop, parked on a count back at zero, was never
-            // woken and `run()` never returned.
-            home: crate::context::with_own_core(|c| Some(Arc::downgrade(&c.shared))),
+            homes: Homes::here(),
             ctl: ctl.clone(),
         },
     };
@@ -839,6 +839,36 @@ fn unqueue(id: u64) -> Option<Job> {
 /// task sent instead showed in the loop's stats (`tasks_run`, `polls`, `inbox_received`) as a
 /// task per file operation nobody spawned, and one sent as a run stopped ran in the next run.
 /// Cost, when a loop's count of jobs falls to zero: an eventfd write.
+/// The loops of this thread that read its job count (`PENDING`), for a job's end to
+/// [`nudge`]: the running one, and the ones `context::off_loop` hides. A hidden loop
+/// left out (a job submitted in a drop run by another executor's sweep, or by a loop run
+/// inside such a drop, which is gone when the job ends) parked `WAITING` on a count back at
+/// zero, never woken: `run()` never returned.
+struct Homes {
+    first: Option<std::sync::Weak<crate::event_loop::LoopShared>>,
+    /// Empty (no allocation) unless a loop is hidden.
+    hidden: Vec<std::sync::Weak<crate::event_loop::LoopShared>>,
+}
+
+impl Homes {
+    /// Cost: a thread-local read; with a loop hidden, a walk of the hidden ones and a `Vec`.
+    fn here() -> Homes {
+        let mut homes = Homes {
+            first: None,
+            hidden: Vec::new(),
+        };
+        crate::context::with_own_core(|c| {
+            let w = Arc::downgrade(&c.shared);
+            match homes.first {
+                None => homes.first = Some(w),
+                Some(_) => homes.hidden.push(w),
+            }
+            None::<()>
+        });
+        homes
+    }
+}
+
 fn nudge(home: &std::sync::Weak<crate::event_loop::LoopShared>) {
     if let Some(home) = home.upgrade() {
         home.parker.force_unpark();
