@@ -2182,4 +2182,87 @@ mod tests {
             assert!(seen, "{driver:?}: the spin did not see the socket's data");
         }
     }
+
+    /// A task woken from a plain thread while its loop, which had published its idle status,
+    /// is held off its CPU for longer than the deadlock grace (the hook stands for the OS not
+    /// running that thread: it holds the loop until the coordinator decides, or 2 s), is no
+    /// deadlock. A pinned task's wake sits in the inbox, pushed > popped; a migratable task's
+    /// sits in the injector, which the snapshots compared only for equality, so the
+    /// coordinator reported the runnable task as deadlocked and dropped it.
+    fn held_loop_with_a_woken_task(migratable: bool) -> (crate::Result<()>, bool) {
+        use std::{
+            sync::{
+                atomic::{AtomicBool, Ordering::SeqCst},
+                Arc,
+            },
+            task::Poll,
+            time::Duration,
+        };
+        let (exec, exec_id) = two_shards(|b| {
+            b.stealing(false)
+                .deadlock_grace(Some(Duration::from_millis(50)))
+        });
+        let held = Arc::new(AtomicBool::new(false));
+        let woken = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel::<std::task::Waker>();
+        let (h2, w2, d2) = (held.clone(), woken.clone(), done.clone());
+        let body = async move {
+            let mut first = true;
+            std::future::poll_fn(move |cx| {
+                if w2.load(SeqCst) {
+                    return Poll::Ready(());
+                }
+                if first {
+                    first = false;
+                    let h = h2.clone();
+                    arm_at(
+                        At::Announce,
+                        (
+                            exec_id,
+                            crate::shard::id(),
+                            Box::new(move |core: &super::Core| {
+                                h.store(true, SeqCst);
+                                let t = std::time::Instant::now();
+                                while !core.exec.stop_requested()
+                                    && t.elapsed() < Duration::from_secs(2)
+                                {
+                                    std::thread::sleep(Duration::from_millis(1));
+                                }
+                            }),
+                        ),
+                    );
+                    tx.send(cx.waker().clone()).unwrap();
+                }
+                Poll::Pending
+            })
+            .await;
+            d2.store(true, SeqCst);
+        };
+        let _join = if migratable {
+            exec.spawn(body)
+        } else {
+            exec.spawn_on(0, move || body).unwrap()
+        };
+        let waker_thread = std::thread::spawn(move || {
+            let w = rx.recv().unwrap();
+            assert!(hold_until(|| held.load(SeqCst)), "the loop never parked");
+            woken.store(true, SeqCst);
+            w.wake();
+        });
+        let r = exec.run();
+        waker_thread.join().unwrap();
+        (r, done.load(SeqCst))
+    }
+
+    #[test]
+    fn a_task_woken_on_a_loop_held_after_it_showed_idle_is_no_deadlock() {
+        for migratable in [false, true] {
+            let (r, done) = held_loop_with_a_woken_task(migratable);
+            assert!(
+                r.is_ok() && done,
+                "migratable {migratable}: {r:?}, done: {done}"
+            );
+        }
+    }
 }

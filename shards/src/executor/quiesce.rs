@@ -79,12 +79,21 @@ pub(crate) struct Snapshot {
     /// spawn), summed over loops: such a wake moves no other count, so without it a task woken
     /// while the coordinator closed on a deadlock verdict was reported and dropped.
     injected: u64,
+    /// Whether some loop's injector or deque holds a task. A loop that shows idle takes its
+    /// own queued tasks before it sleeps, so a queued one means it is about to run (woken,
+    /// or stolen, while that loop's thread was off its CPU): a migratable task woken from
+    /// off the loops leaves no other trace the snapshots compare but `injected`, and a loop
+    /// held off its CPU for the whole grace after it published idle made two equal snapshots
+    /// of a runnable task, reported as a deadlock and dropped. (A pinned task's wake keeps
+    /// its inbox unbalanced meanwhile.)
+    queued: bool,
 }
 
 impl Snapshot {
     pub(crate) fn take(exec: &ExecShared) -> Snapshot {
         let mut ring = (0, 0);
         let mut injected = 0;
+        let mut queued = false;
         let loops = exec
             .loops
             .iter()
@@ -93,6 +102,7 @@ impl Snapshot {
                 let st = l.status.load(SeqCst);
                 let (pushed, popped) = l.inbox.counts();
                 injected += l.steal.injected.load(SeqCst);
+                queued |= !l.steal.injector.is_empty() || !l.steal.stealer.is_empty();
                 ring.1 += l.stats.messages_received.load(SeqCst);
                 // Sent over a ring, less what a shutdown took out of the mesh unreceived
                 // (saturating: the two are published one after the other, and a mixed read
@@ -111,11 +121,13 @@ impl Snapshot {
             ring,
             migratable,
             injected,
+            queued,
         }
     }
 
     fn balanced(&self) -> bool {
         self.ring.0 == self.ring.1
+            && !self.queued
             && self
                 .loops
                 .iter()
