@@ -66,11 +66,12 @@ pub enum Error {
     )]
     AlreadyRunning,
     /// A shard's thread panicked outside any task: a bug in xtc, or in code xtc runs on the
-    /// loop unguarded (a `tracing` subscriber). The panic itself was logged, and re-raised
-    /// on that thread.
+    /// loop unguarded (a `tracing` subscriber). Its message went to stderr (Rust's panic
+    /// hook) and to the log (an `error` event, "a shard thread panicked outside any task").
     #[error(
-        "{0}: its panic message is in the log above (a tracing subscriber shows it); please \
-         report it, with that message, as a bug in xtc unless it came from your subscriber"
+        "{0}: its panic message is on stderr and in the log (a tracing subscriber shows it); \
+         please report it, with that message, as a bug in xtc unless it came from your \
+         subscriber"
     )]
     ShardPanicked(&'static str),
     /// The executor stopped (or was stopped) before the operation could complete.

@@ -42,7 +42,8 @@ pub struct LoopStats {
     pub live_tasks: u64,
     /// Messages this loop sent to other shards over the ring mesh (spawns, `submit_to`, wakes).
     pub messages_sent: u64,
-    /// Messages this loop received from other shards over the ring mesh.
+    /// Messages this loop received from other shards over the ring mesh, those a run's end
+    /// took out of its rings unreceived included (dropped unrun after a stop, as its inbox's).
     pub messages_received: u64,
     /// Times a task of this loop waited for space on a full ring.
     pub ring_full_waits: u64,

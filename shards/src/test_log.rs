@@ -6,14 +6,18 @@ use std::sync::{
     Arc,
 };
 
-/// Counts the events logged at WARN (`[0]`) and at DEBUG (`[1]`) on the thread it is the
-/// default subscriber of.
-pub(crate) struct Levels(pub(crate) Arc<[AtomicUsize; 2]>);
+/// Counts the events logged at WARN (`[0]`), at DEBUG (`[1]`) and at ERROR (`[2]`) on the
+/// thread it is the default subscriber of.
+pub(crate) struct Levels(pub(crate) Arc<[AtomicUsize; 3]>);
 
 impl Levels {
     /// A subscriber and the counts it fills.
-    pub(crate) fn new() -> (Levels, Arc<[AtomicUsize; 2]>) {
-        let counts = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    pub(crate) fn new() -> (Levels, Arc<[AtomicUsize; 3]>) {
+        let counts = Arc::new([
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        ]);
         (Levels(counts.clone()), counts)
     }
 }
@@ -31,6 +35,7 @@ impl tracing::Subscriber for Levels {
         let i = match *event.metadata().level() {
             tracing::Level::WARN => 0,
             tracing::Level::DEBUG => 1,
+            tracing::Level::ERROR => 2,
             _ => return,
         };
         self.0[i].fetch_add(1, SeqCst);

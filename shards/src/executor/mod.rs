@@ -780,7 +780,8 @@ impl Executor {
             }
         }
         for t in threads {
-            if t.join().is_err() {
+            if let Err(payload) = t.join() {
+                log_shard_panic(payload);
                 failure.get_or_insert(Error::ShardPanicked(
                     "a shard thread panicked outside any task",
                 ));
@@ -870,6 +871,18 @@ impl Executor {
             Err(e) => Err(Error::Join(e)),
         }
     }
+}
+
+/// Logs the panic that ended a shard's thread (`Error::ShardPanicked` points at this line):
+/// the loop's own events name no payload, and one that died before its loop started logged
+/// nothing, so the message was only on stderr (Rust's panic hook). A subscriber that panics
+/// here is contained, and so is the payload's drop (`task::guarded`, `task::drop_payload`).
+fn log_shard_panic(payload: Box<dyn std::any::Any + Send>) {
+    let msg = crate::error::payload_message(&*payload).unwrap_or("a non-string payload");
+    crate::task::guarded("a tracing subscriber panicked", || {
+        tracing::error!("xtc: a shard thread panicked outside any task: {msg}")
+    });
+    crate::task::drop_payload(payload);
 }
 
 /// A claim on [`Executor::run`]: while it lives, other `run` and `block_on` calls get
@@ -2523,12 +2536,16 @@ mod tests {
         })
         .unwrap();
         exec.handle.shared.panic_shutdown.store(1, SeqCst);
-        let ran = exec.run();
+        // The panic's message is logged on this thread too (`log_shard_panic`), as the error
+        // says: the loop's own events carry none.
+        let (levels, seen) = crate::test_log::Levels::new();
+        let ran = tracing::subscriber::with_default(levels, || exec.run());
         exec.handle.shared.panic_shutdown.store(usize::MAX, SeqCst);
         assert!(
             matches!(ran, Err(crate::Error::ShardPanicked(_))),
             "the planted panic was not reported: {ran:?}"
         );
+        assert_eq!(seen[2].load(SeqCst), 1, "errors logged by run()'s thread");
         if !in_shutdown {
             // Routed to shard 1's inbox: this thread is no worker.
             slot.lock().unwrap().take().expect("parked").wake();
