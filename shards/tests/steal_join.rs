@@ -294,6 +294,13 @@ fn a_pinned_task_leaves_its_migratable_child_to_the_loop_and_thieves() {
     assert_eq!(stats.polls, 3, "{stats:?}");
 }
 
+/// The least a stall report reads for a poll that burned `ms` milliseconds timed by `Instant`
+/// (`burn`): reports are timed on the poll clock (a calibrated CPU counter, `clock.rs`), whose
+/// rate may differ from `Instant`'s by a few parts per million; 1% is left for that.
+fn on_poll_clock(ms: u64) -> Duration {
+    Duration::from_millis(ms) * 99 / 100
+}
+
 /// Stall reports `(task name, time)`, with a 50 ms budget, of a migratable task named
 /// "parent" running `body` (awaited by a pinned task) on a 1-shard executor, its counters, and
 /// the parent's life as its awaiter saw it: from before its spawn to after its end, so every
@@ -342,19 +349,25 @@ fn the_stall_watchdog_blames_the_task_run_inline_not_its_awaiter() {
     assert!(
         reports
             .iter()
-            .any(|(n, t)| n.as_deref() == Some("child") && *t >= Duration::from_millis(150)),
+            .any(|(n, t)| n.as_deref() == Some("child") && *t >= on_poll_clock(150)),
         "{reports:?}"
     );
     // The parent's and the child's reports are of separate times, all within the parent's
     // life, so they add up to no more than it however long a loaded machine kept either off
     // its CPU. Charged the child's time as well, the parent made them add up to the child's
-    // time twice: more than the life, unless the loop spent as long outside any poll.
+    // time twice: more than the life, unless the loop spent as long outside any poll. The
+    // reports are timed on the poll clock and the life on `Instant` (`on_poll_clock`): 1% is
+    // left for the two clocks' rates (a 150 ms report once read 1.4 us over a life of the
+    // same length), far below a second charge of the child's 150 ms.
     let reported: Duration = reports
         .iter()
         .filter(|(n, _)| matches!(n.as_deref(), Some("parent" | "child")))
         .map(|(_, t)| *t)
         .sum();
-    assert!(reported <= life, "{reports:?} in a life of {life:?}");
+    assert!(
+        reported <= life + life / 100,
+        "{reports:?} in a life of {life:?}"
+    );
     assert_eq!(stats.joins_inlined, 1);
 }
 
@@ -431,7 +444,7 @@ fn an_inline_task_over_budget_does_not_hide_the_rest_of_the_hold() {
     assert!(
         reports
             .iter()
-            .any(|(n, t)| n.as_deref() == Some("big") && *t >= Duration::from_millis(100)),
+            .any(|(n, t)| n.as_deref() == Some("big") && *t >= on_poll_clock(100)),
         "{reports:?}"
     );
     assert!(
