@@ -296,9 +296,11 @@ impl File {
 
     /// Writes `buf[..len]` at offset `pos` once; returns the count written. A file without
     /// offsets (a FIFO) is `Err(ESPIPE)` on both drivers, an offset past `i64::MAX` is
-    /// `InvalidInput`. Cost: one `WRITE` (`WRITE_FIXED` for a
-    /// [`FixedBuf`](crate::io::FixedBuf)) submission, or on epoll a copy (one allocation, at
-    /// most 2 GiB) into a pool job.
+    /// `InvalidInput`. Not cancellation safe: dropping the future after its first poll cancels
+    /// the write, but one the kernel (io_uring) or a pool thread (epoll) already started
+    /// may still land, and its count is lost with the future. Cost: one `WRITE` (`WRITE_FIXED`
+    /// for a [`FixedBuf`](crate::io::FixedBuf)) submission, or on epoll a copy (one
+    /// allocation, at most 2 GiB) into a pool job.
     pub async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
         if let Err(e) = self.check_seekable() {
             return (Err(e), buf);

@@ -69,8 +69,9 @@
 //! 8. Quiescence is exact and a deadlock is reported (`executor/quiesce.rs`).
 //! 9. Errors are values ([`Error`]); a panicking task is contained ([`JoinError`]).
 //! 10. I/O owns its buffers: an operation takes its buffer until the completion and gives it
-//!     back ([`io::BufResult`]); dropping the future cancels the operation and keeps the buffer
-//!     alive until the kernel is done with it (`io/uring.rs`, rules 1–5).
+//!     back ([`io::BufResult`]); dropping the future cancels the operation, or lets it finish
+//!     where the kernel already took it (a write or send may land: see each method), and keeps
+//!     the buffer alive until the kernel is done with it (`io/uring.rs`, rules 1–5).
 //!
 //! # Blocking a loop
 //!

@@ -264,8 +264,13 @@ impl UdpSocket {
     }
 
     /// Sends `buf[..len]` as one datagram to `addr`; returns the bytes sent. A datagram larger
-    /// than the protocol allows fails (`EMSGSIZE`), nothing is split. Cost: one `SENDMSG`
-    /// submission with two boxes (the message header and the address), or one `sendto`.
+    /// than the protocol allows fails (`EMSGSIZE`), nothing is split. Not cancellation safe on
+    /// io_uring: dropping the future after its first poll cancels its `SENDMSG`, but the
+    /// kernel may send the datagram before it handles the cancel (it usually does: the cancel
+    /// follows the send in one submission), so a retry after a timeout may send it twice. On
+    /// epoll the send runs in the poll that returns its count, so a dropped `send_to` sent
+    /// nothing. Cost: one `SENDMSG` submission with two boxes (the message header and the
+    /// address), or one `sendto`.
     pub async fn send_to<B: IoBuf>(&self, buf: B, addr: SocketAddr) -> BufResult<usize, B> {
         msg::send_to(&self.src, buf, addr.into()).await
     }
@@ -543,7 +548,9 @@ impl UdpSocket {
     /// Sends `buf[..len]` as one datagram to the connected peer; returns the bytes sent.
     /// Before [`connect`](Self::connect) it fails (`EDESTADDRREQ`); a datagram larger than the
     /// protocol allows fails (`EMSGSIZE`), nothing is split. A full send buffer makes it wait
-    /// for room, an empty datagram too. Cost: one `SEND` submission, or one `send`.
+    /// for room, an empty datagram too. Not cancellation safe on io_uring, as
+    /// [`send_to`](Self::send_to): a dropped `send` may still have sent its datagram. Cost: one
+    /// `SEND` submission, or one `send`.
     pub async fn send<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         crate::io::ops::rw::send_datagram(&self.src, buf).await
     }
