@@ -186,13 +186,29 @@ fn check_interleaved(p: Params) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks the spawn+join workload's answer: the sum of the `n` tasks' outputs, each its
+/// index, so a runtime whose handles resolved without running their tasks (or ran one twice)
+/// fails instead of looking fast. Not timed.
+fn check_spawn_sum(n: usize, sum: u64) -> Result<(), String> {
+    let n = n as u64;
+    let want = n * n.saturating_sub(1) / 2;
+    if sum == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "spawn+join: the tasks' outputs summed to {sum}, not {want}"
+        ))
+    }
+}
+
 fn yield_now() -> YieldNow {
     YieldNow::default()
 }
 
 /// The `spawn` workload of the two floors, whose handles resolve to the task's output itself:
-/// `p.spawn_tasks` trivial tasks spawned with `$spawn`, then each awaited; the future's output
-/// is the time both took. A macro, not a generic function: each floor's `spawn` is generic
+/// `p.spawn_tasks` trivial tasks spawned with `$spawn`, each returning its index, then each
+/// awaited; the future's output is the time both took and the sum of the outputs
+/// ([`check_spawn_sum`]). A macro, not a generic function: each floor's `spawn` is generic
 /// over the task's future, whose type (an `async` block's) a function could not name.
 macro_rules! spawn_join_floor {
     ($p:expr, $spawn:ident) => {{
@@ -200,13 +216,14 @@ macro_rules! spawn_join_floor {
         async move {
             let mut handles = Vec::with_capacity(n);
             let t0 = std::time::Instant::now();
-            for _ in 0..n {
-                handles.push($spawn(async {}));
+            for i in 0..n as u64 {
+                handles.push($spawn(async move { i }));
             }
+            let mut sum = 0;
             for h in handles {
-                h.await;
+                sum += h.await;
             }
-            t0.elapsed()
+            (t0.elapsed(), sum)
         }
     }};
 }
@@ -427,7 +444,8 @@ mod raw {
     }
 
     pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
-        Ok(block_on(spawn_join_floor!(p, spawn)))
+        let (took, sum) = block_on(spawn_join_floor!(p, spawn));
+        super::check_spawn_sum(p.spawn_tasks, sum).map(|()| took)
     }
 
     pub(super) fn yields(p: Params) -> Result<Duration, String> {
@@ -540,7 +558,8 @@ mod async_task_floor {
     }
 
     pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
-        block_on(spawn_join_floor!(p, spawn))
+        let (took, sum) = block_on(spawn_join_floor!(p, spawn))?;
+        super::check_spawn_sum(p.spawn_tasks, sum).map(|()| took)
     }
 
     pub(super) fn yields(p: Params) -> Result<Duration, String> {
@@ -577,13 +596,15 @@ mod tokio_rt {
         local(async move {
             let mut handles = Vec::with_capacity(p.spawn_tasks);
             let t0 = Instant::now();
-            for _ in 0..p.spawn_tasks {
-                handles.push(tokio::task::spawn_local(async {}));
+            for i in 0..p.spawn_tasks as u64 {
+                handles.push(tokio::task::spawn_local(async move { i }));
             }
+            let mut sum = 0;
             for h in handles {
-                h.await.map_err(|e| e.to_string())?;
+                sum += h.await.map_err(|e| e.to_string())?;
             }
-            Ok(t0.elapsed())
+            let took = t0.elapsed();
+            super::check_spawn_sum(p.spawn_tasks, sum).map(|()| took)
         })?
     }
 
@@ -653,17 +674,19 @@ mod glommio_rt {
     }
 
     pub(super) fn spawn_join(p: Params) -> Result<Duration, String> {
-        Ok(executor()?.run(async move {
+        executor()?.run(async move {
             let mut handles = Vec::with_capacity(p.spawn_tasks);
             let t0 = Instant::now();
-            for _ in 0..p.spawn_tasks {
-                handles.push(glommio::spawn_local(async {}));
+            for i in 0..p.spawn_tasks as u64 {
+                handles.push(glommio::spawn_local(async move { i }));
             }
+            let mut sum = 0;
             for h in handles {
-                h.await;
+                sum += h.await;
             }
-            t0.elapsed()
-        }))
+            let took = t0.elapsed();
+            super::check_spawn_sum(p.spawn_tasks, sum).map(|()| took)
+        })
     }
 
     pub(super) fn yields(p: Params) -> Result<Duration, String> {
@@ -733,14 +756,16 @@ mod monoio_rt {
         block_on(async move {
             let mut handles = Vec::with_capacity(p.spawn_tasks);
             let t0 = Instant::now();
-            for _ in 0..p.spawn_tasks {
-                handles.push(monoio::spawn(async {}));
+            for i in 0..p.spawn_tasks as u64 {
+                handles.push(monoio::spawn(async move { i }));
             }
+            let mut sum = 0;
             for h in handles {
-                h.await;
+                sum += h.await;
             }
-            t0.elapsed()
-        })
+            let took = t0.elapsed();
+            super::check_spawn_sum(p.spawn_tasks, sum).map(|()| took)
+        })?
     }
 
     pub(super) fn yields(p: Params) -> Result<Duration, String> {
@@ -807,13 +832,15 @@ mod xtc_rt {
         block_on(async move {
             let mut handles = Vec::with_capacity(p.spawn_tasks);
             let t0 = Instant::now();
-            for _ in 0..p.spawn_tasks {
-                handles.push(xtc::spawn_local(async {}));
+            for i in 0..p.spawn_tasks as u64 {
+                handles.push(xtc::spawn_local(async move { i }));
             }
+            let mut sum = 0;
             for h in handles {
-                h.await.map_err(|e| e.to_string())?;
+                sum += h.await.map_err(|e| e.to_string())?;
             }
-            Ok(t0.elapsed())
+            let took = t0.elapsed();
+            super::check_spawn_sum(p.spawn_tasks, sum).map(|()| took)
         })?
     }
 
@@ -1107,7 +1134,7 @@ const IDLE_SAME_PCT: f64 = 0.01;
 /// tokio's in the window (context switches) and its CPU is at most tokio's plus
 /// [`IDLE_SAME_PCT`]. `cpu` is the `% of 1 CPU` idle row; the switches row follows it.
 fn idle_vs_tokio(table: &Table, cpu: &Row) -> Goal {
-    const WHAT: &str = "idle 2-shard executor: xtc, no more than tokio";
+    const WHAT: &str = "idle 2-shard executor (no task): xtc, no more than tokio";
     let target = format!("<= tokio's CPU + {IDLE_SAME_PCT} % and context switches");
     let switches = table
         .rows
@@ -1172,7 +1199,7 @@ fn goals(table: &Table) -> Vec<Goal> {
         } else if row.name.starts_with("idle") && row.unit.starts_with('%') {
             goals.push(Goal::value(
                 3,
-                "idle 2-shard executor: xtc",
+                "idle 2-shard executor (no task): xtc",
                 true,
                 1.0,
                 "% of 1 CPU",
@@ -1343,9 +1370,15 @@ mod tests {
         assert_eq!(line("yield").measured, "n/a: monoio: only 0 of 9");
         // Every value 3.0: p99 3 us under 200, idle 3 % over 1 %, and over tokio's 1 %.
         assert_eq!(line("sleep").met, Some(true));
-        assert_eq!(line("idle 2-shard executor: xtc").met, Some(false));
+        assert_eq!(
+            line("idle 2-shard executor (no task): xtc").met,
+            Some(false)
+        );
         // 3 % against tokio's 1 %, the same switches: more than the noise allows.
-        assert_eq!(line("idle 2-shard executor: xtc, no more").met, Some(false));
+        assert_eq!(
+            line("idle 2-shard executor (no task): xtc, no more").met,
+            Some(false)
+        );
         assert_eq!(
             g.len(),
             5,

@@ -1451,6 +1451,12 @@ fn run_stream(cpus: Cpus, p: Params, bar: &ProgressBar) -> Filled {
     batched[RAW] = chunked.clone();
     batched[TOKIO] = keep(&mut notes, tokio_batched).map(rate);
     notes.push(chunked_note(&chunked, &batched[XTC]));
+    notes.push(format!(
+        "stream waits: xtc and glommio spin {} us before parking (xtc's default, given to \
+         glommio); tokio and monoio have no such knob and park when the channel is empty, so \
+         their stream columns may pay wake-ups the spinning ones do not (no goal reads them)",
+        STREAM_SPIN.as_micros()
+    ));
     Filled {
         rows: vec![
             Row {
