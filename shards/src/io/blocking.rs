@@ -829,22 +829,13 @@ fn unqueue(id: u64) -> Option<Job> {
     st.jobs.remove(at).map(|(_, job)| job)
 }
 
-/// Makes the loop whose last pool job just ended take a turn, by its wake ping: a loop that
-/// read the job in flight parked `WAITING`, with no timeout, and a job's end wakes nobody but
-/// the waker its future left in its slot, which may reach no loop (a future polled once with a
-/// no-op waker, then kept unpolled: a task stuck on it is a deadlock to report, and went
-/// unreported, `run()` hanging). The ping is written whatever the loop's state (as a stop's):
-/// a loop parked wakes and reads the count again, one not parked yet finds the ping when it
-/// parks, and a loop busy, stopping or between runs takes at most one spurious turn. A no-op
-/// task sent instead showed in the loop's stats (`tasks_run`, `polls`, `inbox_received`) as a
-/// task per file operation nobody spawned, and one sent as a run stopped ran in the next run.
-/// Cost, when a loop's count of jobs falls to zero: an eventfd write.
 /// The loops of this thread that read its job count (`PENDING`), for a job's end to
 /// [`nudge`]: the running one, and the ones `context::off_loop` hides. A hidden loop
 /// left out (a job submitted in a drop run by another executor's sweep, or by a loop run
 /// inside such a drop, which is gone when the job ends) parked `WAITING` on a count back at
 /// zero, never woken: `run()` never returned.
 struct Homes {
+    /// The loop running on this thread (none off any loop, the first hidden one if none runs).
     first: Option<std::sync::Weak<crate::event_loop::LoopShared>>,
     /// Empty (no allocation) unless a loop is hidden.
     hidden: Vec<std::sync::Weak<crate::event_loop::LoopShared>>,
@@ -869,6 +860,16 @@ impl Homes {
     }
 }
 
+/// Makes the loop whose last pool job just ended take a turn, by its wake ping: a loop that
+/// read the job in flight parked `WAITING`, with no timeout, and a job's end wakes nobody but
+/// the waker its future left in its slot, which may reach no loop (a future polled once with a
+/// no-op waker, then kept unpolled: a task stuck on it is a deadlock to report, and went
+/// unreported, `run()` hanging). The ping is written whatever the loop's state (as a stop's):
+/// a loop parked wakes and reads the count again, one not parked yet finds the ping when it
+/// parks, and a loop busy, stopping or between runs takes at most one spurious turn. A no-op
+/// task sent instead showed in the loop's stats (`tasks_run`, `polls`, `inbox_received`) as a
+/// task per file operation nobody spawned, and one sent as a run stopped ran in the next run.
+/// Cost, when a loop's count of jobs falls to zero: an eventfd write.
 fn nudge(home: &std::sync::Weak<crate::event_loop::LoopShared>) {
     if let Some(home) = home.upgrade() {
         home.parker.force_unpark();
