@@ -278,8 +278,10 @@ impl Core {
 
     /// [`flush_deferred`](Self::flush_deferred) without the wait for ring space: the turn's
     /// end-of-turn flushes, ring pings and eager rebalance's nudge, sent now. Also as
-    /// [`off_loop`] hides the loop. Cost: as `flush_deferred`'s.
-    fn send_deferred(&self) {
+    /// [`off_loop`] hides the loop, and as another executor's `run()` or `block_on` called
+    /// inside a task blocks this loop's thread until that executor stops. Cost: as
+    /// `flush_deferred`'s.
+    pub(crate) fn send_deferred(&self) {
         if self.has_flushes() {
             self.run_flushes();
         }

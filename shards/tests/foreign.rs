@@ -90,6 +90,34 @@ fn a_foreign_block_on_under_a_hidden_loop_of_a_call_sent_before() {
     assert_eq!(got, 1);
 }
 
+/// Another executor's `block_on` inside a task, awaiting the handle of a call the task sent
+/// to a sleeping shard just before: that run blocks the task's loop thread inside its turn, so
+/// the call's ring ping, deferred to the turn's end, never went: the inner run reported a
+/// false `Err(Deadlock)` (or, with the report off, hung). The outer loop now sends its turn's
+/// deferred wakes as the inner run starts. (Shard 1 might not be asleep yet, and then this
+/// passes without testing anything; it cannot fail wrongly.)
+#[test]
+fn another_executors_block_on_inside_a_task_of_a_call_sent_before() {
+    for grace in [Some(Duration::from_secs(2)), None] {
+        let got = within("another executor's block_on inside a task", move || {
+            let a = exec(2);
+            let h = a.handle();
+            a.block_on(move || async move {
+                assert!(sleep_until(|| h.loop_stats(1).unwrap().parks > 0).await);
+                let j = h.spawn_on(1, || async { shard::id() }).unwrap();
+                let b = Executor::builder()
+                    .shards(1)
+                    .deadlock_grace(grace)
+                    .build()
+                    .unwrap();
+                b.block_on(move || async move { j.await.unwrap() })
+            })
+            .unwrap()
+        });
+        assert_eq!(got.unwrap(), 1, "deadlock grace {grace:?}");
+    }
+}
+
 /// A foreign `block_on` inside a task of a cross-shard call whose ring is full at its first
 /// poll (capacity 1, the one slot taken by a message shard 1, held busy, has not drained):
 /// `shard::submit_to` waits for ring space, `Handle::submit_to` leaves its message in the
