@@ -1424,6 +1424,86 @@ fn a_spawn_blocking_job_of_a_loop_nested_under_a_hidden_one_wakes_the_hidden_one
     assert!(ended.load(SeqCst), "run() returned before the job ended");
 }
 
+/// Starts a `spawn_blocking` job that runs until `release` is set, waits until a pool thread
+/// runs it, and drops its future, once polled: the job is abandoned (never interrupted).
+async fn abandon_a_job(release: Arc<AtomicBool>) {
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let mut job = Box::pin(xtc_shards::spawn_blocking(move || {
+        s.store(true, SeqCst);
+        while !release.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }));
+    let _ = futures::poll!(job.as_mut());
+    while !started.load(SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(job);
+}
+
+/// A loop's end waits (up to a second, with a warning) for the blocking jobs it abandoned,
+/// not for those of another loop of its thread: a later `LocalExecutor` on the thread waited
+/// its second and warned for an earlier one's job, and so did one run inside a drop a hidden
+/// loop runs (another executor's sweep) for the hidden loop's job. Warnings are counted.
+#[test]
+fn a_loop_waits_at_its_end_for_its_own_abandoned_jobs_only() {
+    let warns = Arc::new(AtomicUsize::new(0));
+    let counted = |f: &mut dyn FnMut()| {
+        let before = warns.load(SeqCst);
+        tracing::subscriber::with_default(count_events(tracing::Level::WARN, warns.clone()), f);
+        warns.load(SeqCst) - before
+    };
+    let release = Arc::new(AtomicBool::new(false));
+    // One after another on this thread.
+    let r = release.clone();
+    let first = counted(&mut || {
+        LocalExecutor::new()
+            .unwrap()
+            .block_on(abandon_a_job(r.clone()))
+    });
+    assert_eq!(
+        first, 1,
+        "the first run waits for its own abandoned job, and warns"
+    );
+    let later = counted(&mut || LocalExecutor::new().unwrap().block_on(async {}));
+    assert_eq!(later, 0, "a later run waited for the first one's job");
+    release.store(true, SeqCst);
+    // One inside the other: the shard loop is hidden while the sweep drops `Nested`.
+    struct Nested;
+    impl Drop for Nested {
+        fn drop(&mut self) {
+            LocalExecutor::new().unwrap().block_on(async {});
+        }
+    }
+    let release = Arc::new(AtomicBool::new(false));
+    let (r, w) = (release.clone(), warns.clone());
+    let nested = Arc::new(AtomicUsize::new(usize::MAX));
+    let n = nested.clone();
+    let ex = common::exec(1);
+    ex.spawn_on(0, move || async move {
+        abandon_a_job(r.clone()).await;
+        let before = w.load(SeqCst);
+        tracing::subscriber::with_default(count_events(tracing::Level::WARN, w.clone()), || {
+            let other = common::exec(1);
+            let nested = Nested;
+            other
+                .spawn_on(0, move || async move { drop(nested) })
+                .unwrap();
+            drop(other);
+        });
+        n.store(w.load(SeqCst) - before, SeqCst);
+        r.store(true, SeqCst);
+    })
+    .unwrap();
+    run_or_fail(ex, HANG, "a loop run inside a hidden one").unwrap();
+    assert_eq!(
+        nested.load(SeqCst),
+        0,
+        "the nested run waited for the hidden loop's job"
+    );
+}
+
 /// A running `spawn_blocking` job whose awaiting task the stop drops has ended when
 /// `block_on` returns, whether that task was pinned (its loop waits for it, up to a second)
 /// or migratable: a migratable task left parked is dropped by `run()`'s own thread after the

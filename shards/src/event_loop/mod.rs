@@ -951,7 +951,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     // Blocking-pool jobs of dropped file operations (epoll driver) still writing: the loop
     // leaves once they end, or after a second, as an io_uring driver's drop waits for its
     // operations.
-    crate::io::blocking::settle();
+    crate::io::blocking::settle(core.id);
     // Futures dropped after the last flush above (a class lane's, evacuated wakes') may have
     // spawned: publish that batch too, and lower the loop's `spawning` flag (steal rule 4).
     // Left out, the count stayed one low into the next run, which could end as quiescent with

@@ -1246,8 +1246,8 @@ pub(crate) fn drop_migratable(shared: &ExecShared) {
     crate::context::off_loop(|| drop_registered_migratable(shared));
     // The blocking jobs those drops abandoned (a parked task awaiting `spawn_blocking`) are
     // this thread's now: waited for as a stopping loop waits for its own (up to a second), or
-    // their effect could land after `run()` returned.
-    crate::io::blocking::settle();
+    // their effect could land after `run()` returned. Abandoned with no loop running (tag 0).
+    crate::io::blocking::settle(0);
 }
 
 fn drop_registered_migratable(shared: &ExecShared) {

@@ -115,7 +115,12 @@ thread_local! {
     /// [`ABANDONED_RECHECK`], signals them again (a signal can land just before the blocking
     /// call) and looks again. Those that ended are
     /// forgotten there, and by a drop that finds the list doubled (a busy loop never parks).
-    static ABANDONED: RefCell<Vec<Arc<Ctl>>> = const { RefCell::new(Vec::new()) };
+    /// Each is tagged with the loop that abandoned it ([`running_loop`]): a thread may run
+    /// several loops, one after another (`LocalExecutor`s) or one inside another (a loop run
+    /// inside a task, or inside a drop a hidden loop runs), and a loop that waited for every
+    /// job of its thread waited its second, and warned, at each end for a job an earlier or an
+    /// enclosing loop had abandoned.
+    static ABANDONED: RefCell<Vec<(u64, Arc<Ctl>)>> = const { RefCell::new(Vec::new()) };
     /// Pool threads: the control of the job this thread runs ([`retrying`]).
     static RUNNING: RefCell<Option<Arc<Ctl>>> = const { RefCell::new(None) };
 }
@@ -299,9 +304,26 @@ fn interrupt(ctl: &Ctl) -> bool {
     true
 }
 
-/// Signals this loop's abandoned jobs that still run, and forgets those that ended.
-fn interrupt_abandoned() {
-    let _ = ABANDONED.try_with(|v| v.borrow_mut().retain(|ctl| interrupt(ctl)));
+/// Signals the abandoned jobs of loop `tag` ([`running_loop`]) that still run, and forgets
+/// those that ended.
+fn interrupt_abandoned(tag: u64) {
+    let _ = ABANDONED.try_with(|v| {
+        v.borrow_mut().retain(|(t, ctl)| {
+            if *t == tag {
+                interrupt(ctl)
+            } else {
+                !lock(&ctl.state).done
+            }
+        })
+    });
+}
+
+/// The `Core::id` of the loop running on this thread, the tag of the jobs it abandons; 0 when
+/// none runs (a plain thread, or a section where `context::off_loop` hides the loop: a run's
+/// drops of its parked migratable tasks, [`settle`]d by that run with tag 0). Cost: a
+/// thread-local read.
+fn running_loop() -> u64 {
+    crate::context::with_core(|c| c.id).unwrap_or(0)
 }
 
 /// Runs a pool job's blocking call, retrying `EINTR` unless the job was cancelled (then the
@@ -471,33 +493,34 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 /// [`ABANDONED_RECHECK`]. Logs the jobs still running when it gives up. A job whose future is
 /// still alive (kept past the run, in a thread-local or returned from `block_on`) is its
 /// owner's to await, not waited for: waiting for every job of the thread made each later
-/// `block_on` on it a second late. Cost: a thread-local read when none was abandoned.
-pub(crate) fn settle() {
+/// `block_on` on it a second late. Only the jobs loop `tag` abandoned ([`running_loop`]).
+/// Cost: a thread-local read when none was abandoned.
+pub(crate) fn settle(tag: u64) {
     let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
-    while abandoned() > 0 {
+    while abandoned(tag) > 0 {
         if std::time::Instant::now() >= deadline {
             tracing::warn!(
                 "xtc: {} dropped blocking job(s) (file operations, spawn_blocking) of a stopping loop still run after \
                  {:?}; leaving them",
-                abandoned(),
+                abandoned(tag),
                 SHUTDOWN_WAIT
             );
             return;
         }
-        interrupt_abandoned();
+        interrupt_abandoned(tag);
         std::thread::sleep(ABANDONED_RECHECK);
     }
 }
 
-/// Jobs of this thread's loop whose future is gone but which still run (those that ended
-/// are forgotten here). Cost: a thread-local borrow, and a lock per abandoned job.
-fn abandoned() -> usize {
+/// Jobs loop `tag` abandoned (their future is gone) which still run (those of any loop that
+/// ended are forgotten here). Cost: a thread-local borrow, and a lock per abandoned job.
+fn abandoned(tag: u64) -> usize {
     // `try_with`: at thread exit, after this thread-local is gone, nothing is abandoned.
     ABANDONED
         .try_with(|v| {
             let mut v = v.borrow_mut();
-            v.retain(|ctl| !lock(&ctl.state).done);
-            v.len()
+            v.retain(|(_, ctl)| !lock(&ctl.state).done);
+            v.iter().filter(|(t, _)| *t == tag).count()
         })
         .unwrap_or(0)
 }
@@ -509,18 +532,19 @@ fn abandoned() -> usize {
 /// `timeout(d, spawn_blocking(..))` that gave up woke its loop every millisecond for as long
 /// as the user's job ran. Cost: as [`abandoned`].
 pub(crate) fn park_timeout(timeout: Option<Duration>) -> Option<Duration> {
+    let tag = running_loop();
     // `try_with`: at thread exit, after this thread-local is gone, nothing is abandoned.
     let signalled = ABANDONED
         .try_with(|v| {
             let mut v = v.borrow_mut();
-            v.retain(|ctl| !lock(&ctl.state).done);
-            v.iter().any(|ctl| ctl.interruptible)
+            v.retain(|(_, ctl)| !lock(&ctl.state).done);
+            v.iter().any(|(t, ctl)| *t == tag && ctl.interruptible)
         })
         .unwrap_or(false);
     if !signalled {
         return timeout;
     }
-    interrupt_abandoned();
+    interrupt_abandoned(tag);
     Some(timeout.map_or(ABANDONED_RECHECK, |t| t.min(ABANDONED_RECHECK)))
 }
 
@@ -992,9 +1016,9 @@ impl<R> Drop for Blocking<R> {
                     // grew by one per dropped job for as long as it stayed busy. Cost:
                     // amortized one lock per drop.
                     if v.len() >= 64 && v.len().is_power_of_two() {
-                        v.retain(|ctl| !lock(&ctl.state).done);
+                        v.retain(|(_, ctl)| !lock(&ctl.state).done);
                     }
-                    v.push(self.ctl.clone());
+                    v.push((running_loop(), self.ctl.clone()));
                 });
             }
         }
