@@ -1333,95 +1333,77 @@ fn a_spawn_blocking_job_awaited_away_from_where_it_started_is_no_deadlock() {
     assert_eq!(got.unwrap(), 7, "started in an earlier run");
 }
 
-/// A `spawn_blocking` job submitted while its loop is hidden (a task's drop run by another
-/// executor's sweep, `context::off_loop`) counts in that loop's jobs in flight, so the loop
-/// waits for it, and its end wakes the loop: it recorded no loop to wake, and `run()` never
-/// returned once the job ended (the loop stayed parked `WAITING` with a count of zero).
-#[test]
-fn a_spawn_blocking_job_submitted_under_a_hidden_loop_wakes_it_when_it_ends() {
-    struct Cleanup(Arc<AtomicBool>);
-    impl Drop for Cleanup {
+/// Runs `f` in the `Drop` of a task queued on another executor, never run, dropped here:
+/// inside a task, that executor's sweep runs the drop with this loop hidden
+/// (`context::off_loop`).
+fn in_a_sweep(f: impl FnOnce() + Send + 'static) {
+    struct OnDrop<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for OnDrop<F> {
         fn drop(&mut self) {
-            // A cleanup handed to the pool and not waited for, once it started (a job
-            // dropped before it starts is taken off the queue unrun).
-            let (started, ended) = (Arc::new(AtomicBool::new(false)), self.0.clone());
-            let s = started.clone();
-            let job = xtc_shards::spawn_blocking(move || {
-                s.store(true, SeqCst);
-                std::thread::sleep(Duration::from_millis(300));
-                ended.store(true, SeqCst);
-            });
-            while !started.load(SeqCst) {
-                std::thread::yield_now();
+            if let Some(f) = self.0.take() {
+                f();
             }
-            drop(job);
         }
     }
-    let ended = Arc::new(AtomicBool::new(false));
-    let e = ended.clone();
-    let ex = common::exec(1);
-    ex.spawn_on(0, move || async move {
-        // Another executor, never run, with a queued task: dropping it sweeps the task, whose
-        // closure's drop runs here with this loop hidden.
-        let other = common::exec(1);
-        let cleanup = Cleanup(e);
-        other
-            .spawn_on(0, move || async move { drop(cleanup) })
-            .unwrap();
-        drop(other);
-    })
-    .unwrap();
-    let ran = common::run_within(&ex, Duration::from_secs(20));
-    assert!(
-        matches!(ran, Some(Ok(()))),
-        "run() after the job ended: {ran:?} (None: hung)"
-    );
-    assert!(ended.load(SeqCst), "run() returned before the job ended");
+    let other = common::exec(1);
+    let on_drop = OnDrop(Some(f));
+    other
+        .spawn_on(0, move || async move { drop(on_drop) })
+        .unwrap();
+    drop(other);
 }
 
-/// The same with the job submitted by a `LocalExecutor` run inside the hidden section, and
-/// handed back unfinished: the thread's job count is the one the hidden loop reads, and the
-/// job's end nudged only the nested loop, gone by then, so `run()` never returned.
+/// A `spawn_blocking` job submitted while its loop is hidden (in a drop another executor's
+/// sweep runs) counts in that loop's jobs in flight, so the loop waits for it, and its end
+/// wakes the loop: it recorded no loop to wake, and `run()` never returned once the job ended
+/// (the loop stayed parked `WAITING` with a count of zero). `nested`: the job is submitted by
+/// a `LocalExecutor` run inside the hidden section and handed back unfinished; the thread's
+/// job count is the one the hidden loop reads, and the job's end nudged only the nested loop,
+/// gone by then. The job is dropped once it started (one dropped before is taken off the
+/// queue unrun).
 #[test]
-fn a_spawn_blocking_job_of_a_loop_nested_under_a_hidden_one_wakes_the_hidden_one() {
-    struct Cleanup(Arc<AtomicBool>);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let (started, ended) = (Arc::new(AtomicBool::new(false)), self.0.clone());
-            let s = started.clone();
-            // Handed back in an `Option`, not awaited (a future returned bare from an async
-            // block reads as a missing `.await`).
-            let job = LocalExecutor::new().unwrap().block_on(async move {
-                Some(xtc_shards::spawn_blocking(move || {
-                    s.store(true, SeqCst);
-                    std::thread::sleep(Duration::from_millis(300));
-                    ended.store(true, SeqCst);
-                }))
+fn a_spawn_blocking_job_started_under_a_hidden_loop_wakes_it_when_it_ends() {
+    for nested in [false, true] {
+        let ended = Arc::new(AtomicBool::new(false));
+        let e = ended.clone();
+        let ex = common::exec(1);
+        ex.spawn_on(0, move || async move {
+            in_a_sweep(move || {
+                let started = Arc::new(AtomicBool::new(false));
+                let s = started.clone();
+                let submit = move || {
+                    xtc_shards::spawn_blocking(move || {
+                        s.store(true, SeqCst);
+                        std::thread::sleep(Duration::from_millis(300));
+                        e.store(true, SeqCst);
+                    })
+                };
+                // In an `Option` out of the nested run, not awaited (a future returned bare
+                // from an async block reads as a missing `.await`).
+                let job = if nested {
+                    LocalExecutor::new()
+                        .unwrap()
+                        .block_on(async move { Some(submit()) })
+                } else {
+                    Some(submit())
+                };
+                while !started.load(SeqCst) {
+                    std::thread::yield_now();
+                }
+                drop(job);
             });
-            while !started.load(SeqCst) {
-                std::thread::yield_now();
-            }
-            drop(job);
-        }
+        })
+        .unwrap();
+        let ran = common::run_within(&ex, Duration::from_secs(20));
+        assert!(
+            matches!(ran, Some(Ok(()))),
+            "nested {nested}: run() after the job ended: {ran:?} (None: hung)"
+        );
+        assert!(
+            ended.load(SeqCst),
+            "nested {nested}: run() returned before the job ended"
+        );
     }
-    let ended = Arc::new(AtomicBool::new(false));
-    let e = ended.clone();
-    let ex = common::exec(1);
-    ex.spawn_on(0, move || async move {
-        let other = common::exec(1);
-        let cleanup = Cleanup(e);
-        other
-            .spawn_on(0, move || async move { drop(cleanup) })
-            .unwrap();
-        drop(other);
-    })
-    .unwrap();
-    let ran = common::run_within(&ex, Duration::from_secs(20));
-    assert!(
-        matches!(ran, Some(Ok(()))),
-        "run() after the job ended: {ran:?} (None: hung)"
-    );
-    assert!(ended.load(SeqCst), "run() returned before the job ended");
 }
 
 /// Starts a `spawn_blocking` job that runs until `release` is set, waits until a pool thread
@@ -1469,13 +1451,7 @@ fn a_loop_waits_at_its_end_for_its_own_abandoned_jobs_only() {
     let later = counted(&mut || LocalExecutor::new().unwrap().block_on(async {}));
     assert_eq!(later, 0, "a later run waited for the first one's job");
     release.store(true, SeqCst);
-    // One inside the other: the shard loop is hidden while the sweep drops `Nested`.
-    struct Nested;
-    impl Drop for Nested {
-        fn drop(&mut self) {
-            LocalExecutor::new().unwrap().block_on(async {});
-        }
-    }
+    // One inside the other: a run in a drop the sweep runs with the shard loop hidden.
     let release = Arc::new(AtomicBool::new(false));
     let (r, w) = (release.clone(), warns.clone());
     let nested = Arc::new(AtomicUsize::new(usize::MAX));
@@ -1485,12 +1461,7 @@ fn a_loop_waits_at_its_end_for_its_own_abandoned_jobs_only() {
         abandon_a_job(r.clone()).await;
         let before = w.load(SeqCst);
         tracing::subscriber::with_default(count_events(tracing::Level::WARN, w.clone()), || {
-            let other = common::exec(1);
-            let nested = Nested;
-            other
-                .spawn_on(0, move || async move { drop(nested) })
-                .unwrap();
-            drop(other);
+            in_a_sweep(|| LocalExecutor::new().unwrap().block_on(async {}))
         });
         n.store(w.load(SeqCst) - before, SeqCst);
         r.store(true, SeqCst);
