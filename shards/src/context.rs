@@ -620,6 +620,23 @@ pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// What a wait polled with a foreign `waker` on this thread sends first: the running loop's
+/// deferred wakes and rule 3b backlog wait (`Core::flush_deferred`), or, for a loop that
+/// [`off_loop`] hides (whose turn's wakes went as it hid), its backlogs' moves into the rings
+/// and their rule 3b wait, which only that loop can do: a `futures::executor::block_on` in a
+/// drop run hidden, of a call the task left in the loop's backlog (its ring full), waited for
+/// good. Cost: as `flush_deferred`'s; with the loop hidden, a scan of the hidden loops.
+pub(crate) fn flush_for_foreign_wait(waker: &Waker) {
+    if with_core(|c| c.flush_deferred(waker)).is_some() {
+        return;
+    }
+    with_own_core(|c| {
+        crate::ring::flush(c);
+        crate::ring::wait_backlogs_foreign(c, waker);
+        Some(())
+    });
+}
+
 /// Whether [`off_loop`] hides a loop of this thread (for the I/O error's wording). Cost: a
 /// thread-local read.
 pub(crate) fn loop_hidden() -> bool {

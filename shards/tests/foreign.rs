@@ -61,29 +61,61 @@ fn a_foreign_block_on_inside_a_task_on_a_handle_call_to_another_shard() {
 /// and then this passes without testing anything; it cannot fail wrongly.)
 #[test]
 fn a_foreign_block_on_under_a_hidden_loop_of_a_call_sent_before() {
-    struct Waits(Option<xtc_shards::JoinHandle<usize>>, mpsc::Sender<usize>);
-    impl Drop for Waits {
-        fn drop(&mut self) {
-            if let Some(j) = self.0.take() {
-                let _ = self.1.send(futures::executor::block_on(j).unwrap());
-            }
-        }
-    }
     let got = within("foreign block_on under a hidden loop", || {
         let a = exec(2);
         let h = a.handle();
         a.block_on(move || async move {
             assert!(sleep_until(|| h.loop_stats(1).unwrap().parks > 0).await);
             let j = h.spawn_on(1, || async { shard::id() }).unwrap();
-            let (tx, rx) = mpsc::channel();
-            let waits = Waits(Some(j), tx);
-            // Dropping an executor with a queued task: the sweep drops `waits` hidden.
-            let other = exec(1);
-            other
-                .spawn_on(0, move || async move { drop(waits) })
-                .unwrap();
-            drop(other);
-            rx.recv().unwrap()
+            in_a_sweep(move || futures::executor::block_on(j).unwrap())
+        })
+        .unwrap()
+    });
+    assert_eq!(got, 1);
+}
+
+/// Runs `f` in the `Drop` of a task queued on another executor, never run, dropped here:
+/// inside a task, that executor's sweep runs the drop with this loop hidden
+/// (`context::off_loop`). Returns what `f` gave.
+fn in_a_sweep<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    struct OnDrop<F: FnOnce() -> T, T>(Option<F>, mpsc::Sender<T>);
+    impl<T, F: FnOnce() -> T> Drop for OnDrop<F, T> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                let _ = self.1.send(f());
+            }
+        }
+    }
+    let (tx, rx) = mpsc::channel();
+    let on_drop = OnDrop(Some(f), tx);
+    let other = exec(1);
+    other
+        .spawn_on(0, move || async move { drop(on_drop) })
+        .unwrap();
+    drop(other);
+    rx.recv().unwrap()
+}
+
+/// The same with the call left in the hidden loop's backlog, its ring full (one slot, taken
+/// by a message to shard 1, held busy until a plain thread lets it go): only that loop moves
+/// its backlog into the ring, and the foreign poll's rule 3b wait (`Core::flush_deferred`)
+/// could not reach it hidden, so the `block_on` waited for good.
+#[test]
+fn a_foreign_block_on_under_a_hidden_loop_of_a_call_left_in_the_backlog() {
+    let got = within("foreign block_on under a hidden loop, backlog", || {
+        let ex = ring_of_one();
+        let h = ex.handle();
+        ex.block_on(move || async move {
+            let release = hold_shard_1_with_a_full_ring().await;
+            // The ring is full: the spawn's message goes to this loop's backlog.
+            let j = h.spawn_on(1, || async { shard::id() }).unwrap();
+            in_a_sweep(move || {
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(100));
+                    release.store(true, SeqCst);
+                });
+                futures::executor::block_on(j).unwrap()
+            })
         })
         .unwrap()
     });
@@ -118,13 +150,6 @@ fn another_executors_block_on_inside_a_task_of_a_call_sent_before() {
     }
 }
 
-/// A foreign `block_on` inside a task of a cross-shard call whose ring is full at its first
-/// poll (capacity 1, the one slot taken by a message shard 1, held busy, has not drained):
-/// `shard::submit_to` waits for ring space, `Handle::submit_to` leaves its message in the
-/// loop's backlog. Either waited for the end of a loop turn (the waiters woken, the backlog
-/// moved), which the blocked loop never reached, while shard 1's drain only pinged the loop,
-/// not the foreign waker: the call hung for good. Shard 1 is let go from a plain thread once
-/// the `block_on` has surely parked.
 /// A 2-shard executor whose ring 0 -> 1 holds one message.
 fn ring_of_one() -> Executor {
     Executor::builder()
@@ -161,6 +186,13 @@ async fn hold_shard_1_with_a_full_ring() -> Arc<std::sync::atomic::AtomicBool> {
     release
 }
 
+/// A foreign `block_on` inside a task of a cross-shard call whose ring is full at its first
+/// poll (capacity 1, the one slot taken by a message shard 1, held busy, has not drained):
+/// `shard::submit_to` waits for ring space, `Handle::submit_to` leaves its message in the
+/// loop's backlog. Either waited for the end of a loop turn (the waiters woken, the backlog
+/// moved), which the blocked loop never reached, while shard 1's drain only pinged the loop,
+/// not the foreign waker: the call hung for good. Shard 1 is let go from a plain thread once
+/// the `block_on` has surely parked.
 fn foreign_block_on_with_a_full_ring(through_handle: bool) -> usize {
     let ex = ring_of_one();
     let h = ex.handle();

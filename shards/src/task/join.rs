@@ -305,7 +305,7 @@ impl<T> JoinHandle<T> {
                         if guard.is_some() {
                             // Polled for someone other than the task being polled: on a loop
                             // thread maybe a foreign executor that blocks it until woken.
-                            crate::context::with_core(|c| c.flush_deferred(cx.waker()));
+                            crate::context::flush_for_foreign_wait(cx.waker());
                         }
                         Poll::Pending
                     }
@@ -331,7 +331,7 @@ impl<T> JoinHandle<T> {
                 if foreign {
                     // As for a live task: the abort queued the task on its loop to be
                     // dropped, maybe over the ring, its ping waiting for the end of the turn.
-                    crate::context::with_core(|c| c.flush_deferred(cx.waker()));
+                    crate::context::flush_for_foreign_wait(cx.waker());
                 }
                 Poll::Pending
             }
