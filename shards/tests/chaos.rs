@@ -1,15 +1,19 @@
 //! Randomized soak of the whole runtime: a seeded workload generator that mixes pinned,
-//! `spawn_on` and migratable tasks (nested), join / detach / abort (local and from another
-//! task or thread) at random points, `submit_to` / `send_to` / `submit_to_all` (some
-//! panicking), shared and local channels with random capacities (ends dropped at random),
-//! short sleeps and timeouts, `yield_now`, CPU work under `yield_if_due`, scheduling classes,
-//! a little Unix and TCP I/O over loopback pairs, futures whose `Drop` panics or spawns,
-//! `Handle` calls from a plain thread, calls into a second executor, and knob flips (stealing,
-//! eager rebalance, steal backoff, minimum to steal, spin before park, service mode), on a
-//! 2–4 shard oversubscribed executor with rings of 1 to 1,024 slots, sometimes preemption, a
-//! stall budget and a short deadlock grace. One executor runs one to three rounds; each ends
-//! by quiescence (`run()`), by `block_on` returning, or by `stop()` from a task or a thread
-//! at a random moment. Tasks are queued between rounds, and after the last.
+//! `spawn_on` and migratable tasks (nested), join / detach / abort (local and from another task
+//! or thread) at random points, `submit_to` / `send_to` / `submit_to_all` (some panicking),
+//! shared and local channels with random capacities (ends dropped at random), short sleeps and
+//! timeouts, `yield_now`, CPU work under `yield_if_due`, scheduling classes, a little Unix and
+//! TCP I/O over loopback pairs, futures whose `Drop` panics or spawns, `Handle` calls from a
+//! plain thread, calls into a second executor, hidden loops (a task drops, or runs with a stop,
+//! a second executor whose queued tasks own payloads: their `Drop`s run with the task's loop
+//! hidden, `context::off_loop`, and call `spawn_blocking`, send on a shared channel, block on
+//! or drop a `JoinHandle` of a task on another shard, run a `LocalExecutor`, spawn through the
+//! `Handle`, cancel a sleep of the hidden loop), and knob flips (stealing, eager rebalance,
+//! steal backoff, minimum to steal, spin before park, service mode), on a 2–4 shard
+//! oversubscribed executor with rings of 1 to 1,024 slots, sometimes preemption, a stall budget
+//! and a short deadlock grace. One executor runs one to three rounds; each ends by quiescence
+//! (`run()`), by `block_on` returning, or by `stop()` from a task or a thread at a random
+//! moment. Tasks are queued between rounds, and after the last.
 //!
 //! What a seed asks for is deterministic (each task draws from its own generator, forked
 //! from its parent's at spawn); the schedule is the OS's. After each round it checks: the
@@ -36,7 +40,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use xtc_shards::{channel, shard, time, yield_now, Builder, Error, Executor, Handle, JoinHandle};
+use xtc_shards::{
+    channel, shard, time, yield_now, Builder, Error, Executor, Handle, JoinHandle, LocalExecutor,
+};
 
 /// splitmix64: small, seedable, good enough to pick workloads.
 #[derive(Clone)]
@@ -125,6 +131,14 @@ struct Soak {
     shards: usize,
     submits_started: AtomicU32,
     submits_done: AtomicU32,
+    /// Hidden-loop actions this round may still take ([`hidden`]).
+    hidden_left: AtomicIsize,
+    /// Held by the one payload that blocks its (hidden) loop on a task of another loop: two
+    /// loops each blocked on the other's task would wait for good (documented).
+    blocker: AtomicBool,
+    /// Payload drops that ran hidden, and blocking waits among them (`XTC_CHAOS_VERBOSE`).
+    hidden_drops: AtomicU32,
+    hidden_blocks: AtomicU32,
 }
 
 const MAGIC: u64 = 0x5eed_0000;
@@ -152,6 +166,14 @@ impl Soak {
         if shard::try_id().is_some() && shard::count() == 1 {
             return;
         }
+        let mut t = self.tasks.lock().unwrap();
+        if !t[id].panics {
+            t[id].optional = false;
+        }
+    }
+    /// Required whatever thread asks (`required` skips a loop of a one-shard executor, which
+    /// a second executor of [`hidden`] may be).
+    fn must(&self, id: usize) {
         let mut t = self.tasks.lock().unwrap();
         if !t[id].panics {
             t[id].optional = false;
@@ -214,7 +236,7 @@ fn body(s: Arc<Soak>, id: usize, mut rng: Rng, depth: u32, pinned: bool) -> BoxF
                 let kid = kids.swap_remove(k);
                 resolve(&s, kid).await;
             }
-            let op = rng.below(if depth >= 3 { 5 } else { 20 });
+            let op = rng.below(if depth >= 3 { 5 } else { 21 });
             match op {
                 0 => {
                     for _ in 0..rng.below(40) {
@@ -341,6 +363,7 @@ fn body(s: Arc<Soak>, id: usize, mut rng: Rng, depth: u32, pinned: bool) -> BoxF
                     }
                     yield_now().await;
                 }
+                20 => kids.extend(hidden(&s, &mut rng, depth).await),
                 _ => {
                     if pinned && shard::id() >= shard::count() {
                         s.error("shard id out of range".into());
@@ -567,6 +590,475 @@ async fn cross(s: &Arc<Soak>, rng: &mut Rng, depth: u32) {
         Err(e) if s.strict() => s.error(format!("cross task {kid}: {e}")),
         Err(_) => {}
     }
+}
+
+/// Hidden loops (`context::off_loop`): this task builds a second executor (1–2 shards),
+/// queues on it a few tasks (`spawn_on`, `send_to`, `Handle::spawn`) whose closures or futures
+/// own payloads, and ends it within this poll: dropped unrun (its sweep), or run, or
+/// `block_on`, with a stop kept for it (or a main task that returns at once), then dropped.
+/// Each payload's `Drop` ([`Act`]) runs with this loop hidden (a sweep, `run()`'s own last
+/// one) or on a loop of the second executor (its shutdown, or its task). What they start is
+/// accounted for: a job dropped once started under the hidden loop, which waits for it, and a
+/// task spawned on the main executor are required; a channel's consumer drains to its end; a
+/// sleep of this loop, cancelled from the drop, would hold a quiescent run for two minutes.
+async fn hidden(s: &Arc<Soak>, rng: &mut Rng, depth: u32) -> Vec<Kid> {
+    let mut kids = Vec::new();
+    // On the main executor only (the other one has a single shard), a few per round.
+    if shard::count() < 2 || s.hidden_left.fetch_sub(1, SeqCst) <= 0 || !s.take_budget() {
+        return kids;
+    }
+    let (me, count) = (shard::id(), shard::count());
+    let main = shard::handle().expect("on a loop");
+    let other = match Builder::new()
+        .shards(1 + rng.below(2) as usize)
+        .oversubscribe(true)
+        .ring_capacity([1, 16][rng.below(2) as usize])
+        .build()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            s.error(format!("hidden: build the second executor: {e}"));
+            return kids;
+        }
+    };
+    let oh = other.handle();
+    let strict = s.strict();
+    let (jtx, jrx) = std::sync::mpsc::channel();
+    let mut acts = Vec::new();
+    if rng.chance(40) {
+        // A shared channel: a payload sends (room for all), a task anywhere consumes.
+        let cap = 1 + rng.below(6);
+        let (tx, rx) = channel::shared::bounded::<Msg>(cap as usize).expect("capacity");
+        let ch = new_chan(s, "hidden", true);
+        let cid = s.new_task("hidden consumer", false);
+        let s2 = s.clone();
+        let consumer: BoxFut = Box::pin(async move {
+            let _live = Live::new(&s2.live);
+            let mut rx = rx;
+            while let Some(m) = rx.recv().await {
+                s2.chans.lock().unwrap()[ch].received.push(m.seq);
+            }
+            s2.chans.lock().unwrap()[ch].saw_end = true;
+            s2.complete(cid);
+            MAGIC ^ cid as u64
+        });
+        let kind = rng.below(3);
+        kids.push((
+            cid,
+            spawn_kind(kind, rng, consumer),
+            Fate::Await,
+            MAGIC ^ cid as u64,
+        ));
+        acts.push(Act::Send {
+            tx,
+            ch,
+            n: rng.below(cap + 1),
+            wait: rng.chance(50),
+        });
+    }
+    for _ in 0..1 + rng.below(5) {
+        let act = match rng.below(6) {
+            0 | 1 => {
+                let kid = s.new_task("hidden job", false);
+                s.optional(kid);
+                Act::Blocking {
+                    kid,
+                    us: rng.below(500),
+                    keep: rng.chance(30).then(|| jtx.clone()),
+                }
+            }
+            2 => {
+                // A trivial task on another shard of this executor.
+                let kid = s.new_task("hidden target", false);
+                s.optional(kid);
+                let n = (me + 1 + rng.below(count as u64 - 1) as usize) % count;
+                let block = strict && rng.chance(60);
+                // Sent now (a ring message whose ping waits for the end of this turn, or
+                // which waits in this loop's backlog behind a full ring), or from the drop (an
+                // inbox push).
+                let target = if rng.chance(if block { 70 } else { 50 }) {
+                    let s2 = s.clone();
+                    match main.spawn_on(n, move || async move {
+                        let _live = Live::new(&s2.live);
+                        s2.complete(kid);
+                        MAGIC ^ kid as u64
+                    }) {
+                        Ok(j) => {
+                            s.required(kid);
+                            Target::Sent(j)
+                        }
+                        Err(e) => {
+                            s.error(format!("hidden: spawn_on({n}): {e}"));
+                            continue;
+                        }
+                    }
+                } else {
+                    Target::Shard(n)
+                };
+                Act::Join { kid, target, block }
+            }
+            3 => {
+                let kid = s.new_task("hidden local", false);
+                s.optional(kid);
+                Act::Local {
+                    kid,
+                    job: rng.below(3) as u8,
+                }
+            }
+            4 => {
+                if !s.take_budget() {
+                    continue;
+                }
+                let kid = s.new_task("hidden spawn", false);
+                s.optional(kid);
+                Act::Spawn {
+                    kid,
+                    rng: rng.fork(),
+                    depth: depth + 1,
+                    on: rng.chance(50).then(|| rng.below(count as u64) as usize),
+                }
+            }
+            _ => {
+                // Registered on this loop now; the drop cancels it from elsewhere.
+                let mut sl = Box::pin(time::sleep(Duration::from_secs(120)));
+                let mut cx = Context::from_waker(Waker::noop());
+                if sl.as_mut().poll(&mut cx).is_ready() {
+                    s.error("hidden: a 120 s sleep was ready".into());
+                }
+                Act::Sleep(sl)
+            }
+        };
+        acts.push(act);
+    }
+    drop(jtx);
+    // The payloads, spread over a few tasks of the second executor.
+    let groups_n = 1 + rng.below(3);
+    let mut groups: Vec<Vec<Payload>> = (0..groups_n).map(|_| Vec::new()).collect();
+    for act in acts {
+        groups[rng.below(groups_n) as usize].push(Payload {
+            s: s.clone(),
+            act: Some(act),
+            _live: Live::new(&s.live),
+        });
+    }
+    let mut handles = Vec::new();
+    for g in groups {
+        let n = rng.below(oh.shard_count() as u64) as usize;
+        let queued = match rng.below(4) {
+            // The closure owns them.
+            0 => oh
+                .spawn_on(n, move || {
+                    drop(g);
+                    async {}
+                })
+                .map(Some),
+            1 => oh
+                .spawn_on(n, move || async move {
+                    yield_now().await;
+                    drop(g);
+                })
+                .map(Some),
+            2 => oh
+                .send_to(n, move || async move {
+                    yield_now().await;
+                    drop(g);
+                })
+                .map(|()| None),
+            _ => Ok(Some(oh.spawn(async move {
+                yield_now().await;
+                drop(g);
+            }))),
+        };
+        match queued {
+            Ok(j) => handles.extend(j),
+            Err(e) => s.error(format!("hidden: queue on the second executor: {e}")),
+        }
+    }
+    // Ends it in this poll.
+    let end = rng.below(6);
+    let ran = match end {
+        0..=2 => Ok(()),
+        3 => {
+            oh.stop();
+            other.run()
+        }
+        4 => {
+            oh.stop();
+            match other.block_on(|| async { 7u32 }) {
+                Ok(7) | Err(Error::Stopped) => Ok(()),
+                Ok(v) => {
+                    s.error(format!("hidden: block_on gave {v}"));
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        _ => other.block_on(|| async { 7u32 }).map(|v| {
+            if v != 7 {
+                s.error(format!("hidden: block_on gave {v}"));
+            }
+        }),
+    };
+    if let Err(e) = ran {
+        s.error(format!("hidden: the second executor's run ({end}): {e}"));
+    }
+    drop(other);
+    for mut j in handles {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut j).poll(&mut cx) {
+            Poll::Ready(Err(e)) if e.is_cancelled() => {}
+            // Its main task returned at once: the others may have run first.
+            Poll::Ready(Ok(())) if end == 5 => {}
+            other => s.error(format!(
+                "hidden: a task of the second executor (end {end}) gave {:?}",
+                other.map(|r| r.map_err(|e| e.to_string()))
+            )),
+        }
+    }
+    // Jobs handed over by the payloads.
+    let jobs: Vec<(usize, xtc_shards::task::SpawnBlocking<()>)> = jrx.try_iter().collect();
+    drop(jrx);
+    for (kid, job) in jobs {
+        match job.await {
+            Ok(()) => {}
+            Err(e) if s.strict() => s.error(format!("hidden: kept job {kid}: {e}")),
+            Err(_) => {}
+        }
+    }
+    kids
+}
+
+/// What a payload's `Drop` does ([`hidden`]), where it runs: with the main loop hidden
+/// (`shard::try_id()` is `None` there) or on a loop of the second executor.
+enum Act {
+    /// `spawn_blocking` a short job: its future dropped once the job started (the hidden loop
+    /// counts it and waits for it: required then), or handed over (`keep`) to be awaited.
+    Blocking {
+        kid: usize,
+        us: u64,
+        keep: Option<std::sync::mpsc::Sender<(usize, xtc_shards::task::SpawnBlocking<()>)>>,
+    },
+    /// Sends `n` messages (the channel has room for all: never waits), then drops the sender.
+    Send {
+        tx: channel::shared::Sender<Msg>,
+        ch: usize,
+        n: u64,
+        /// `futures::executor::block_on(send)` rather than `try_send`.
+        wait: bool,
+    },
+    /// A trivial task on another shard of the main executor: its handle dropped, or, hidden
+    /// in a strict round, blocked on (`futures::executor::block_on`).
+    Join {
+        kid: usize,
+        target: Target,
+        block: bool,
+    },
+    /// Hidden only (a loop running refuses it): a `LocalExecutor::block_on` that spawns and
+    /// awaits; with `job` 1 it hands back a started `spawn_blocking` job, dropped (required:
+    /// the hidden loop waits for it), with 2 it awaits one.
+    Local { kid: usize, job: u8 },
+    /// A task body spawned on the main executor through its `Handle` (on a shard, or
+    /// migratable): required.
+    Spawn {
+        kid: usize,
+        rng: Rng,
+        depth: u32,
+        on: Option<usize>,
+    },
+    /// A sleep registered on the main loop, cancelled by its drop from elsewhere.
+    Sleep(Pin<Box<time::Sleep>>),
+}
+
+enum Target {
+    /// Spawned by the task (`Handle::spawn_on` from a loop: a ring message).
+    Sent(JoinHandle<u64>),
+    /// To spawn from the drop, on this shard (an inbox push).
+    Shard(usize),
+}
+
+struct Payload {
+    s: Arc<Soak>,
+    act: Option<Act>,
+    _live: Live,
+}
+
+impl Drop for Payload {
+    fn drop(&mut self) {
+        let Some(act) = self.act.take() else { return };
+        let s = &self.s;
+        let hidden = shard::try_id().is_none();
+        if hidden {
+            s.hidden_drops.fetch_add(1, SeqCst);
+        }
+        match act {
+            Act::Blocking { kid, us, keep } => {
+                let (job, started) = blocking_job(s, kid, us);
+                match keep {
+                    Some(tx) => drop(tx.send((kid, job))),
+                    None => {
+                        // Dropped before it starts, a job never runs.
+                        while !started.load(SeqCst) {
+                            std::thread::yield_now();
+                        }
+                        drop(job);
+                        if hidden {
+                            s.must(kid);
+                        }
+                    }
+                }
+            }
+            Act::Send {
+                mut tx,
+                ch,
+                n,
+                wait,
+            } => {
+                for seq in 0..n {
+                    let m = Msg {
+                        chan: ch,
+                        seq,
+                        _live: Live::new(&s.live),
+                    };
+                    let sent = if wait {
+                        futures::executor::block_on(tx.send(m)).is_ok()
+                    } else {
+                        tx.try_send(m).is_ok()
+                    };
+                    if !sent {
+                        break;
+                    }
+                    s.chans.lock().unwrap()[ch].sent_ok.push(seq);
+                }
+                drop(tx);
+            }
+            Act::Join { kid, target, block } => {
+                let j = match target {
+                    Target::Sent(j) => j,
+                    Target::Shard(n) => {
+                        let s2 = s.clone();
+                        let spawned = s.handle.as_ref().unwrap().spawn_on(n, move || async move {
+                            let _live = Live::new(&s2.live);
+                            s2.complete(kid);
+                            MAGIC ^ kid as u64
+                        });
+                        match spawned {
+                            Ok(j) => {
+                                s.must(kid);
+                                j
+                            }
+                            Err(e) => {
+                                s.error(format!("hidden: spawn_on({n}) from a drop: {e}"));
+                                return;
+                            }
+                        }
+                    }
+                };
+                // One blocked loop at a time, and only while the run cannot stop (a stopped
+                // shard may leave the task queued for a next run that never comes).
+                if block
+                    && hidden
+                    && s.strict()
+                    && s.blocker
+                        .compare_exchange(false, true, SeqCst, SeqCst)
+                        .is_ok()
+                {
+                    s.hidden_blocks.fetch_add(1, SeqCst);
+                    let r = futures::executor::block_on(j);
+                    s.blocker.store(false, SeqCst);
+                    match r {
+                        Ok(v) if v == MAGIC ^ kid as u64 => {}
+                        Ok(v) => s.error(format!("hidden: target {kid} gave {v:#x}")),
+                        Err(e) => s.error(format!("hidden: blocked on target {kid}: {e}")),
+                    }
+                } else {
+                    drop(j);
+                }
+            }
+            Act::Local { kid, job } => {
+                if !hidden {
+                    return;
+                }
+                let ex = match LocalExecutor::new() {
+                    Ok(ex) => ex,
+                    Err(e) => {
+                        s.error(format!("hidden: LocalExecutor::new: {e}"));
+                        return;
+                    }
+                };
+                let s2 = s.clone();
+                let (v, back) = ex.block_on(async move {
+                    let t = shard::spawn_local(async {
+                        yield_now().await;
+                        5u64
+                    });
+                    time::sleep(Duration::ZERO).await;
+                    let v = t.await.map_or(0, |v| v + 2);
+                    match job {
+                        1 => (v, Some(blocking_job(&s2, kid, 200))),
+                        2 => {
+                            let (j, _) = blocking_job(&s2, kid, 200);
+                            (v + j.await.map_or(100, |()| 0), None)
+                        }
+                        _ => (v, None),
+                    }
+                });
+                drop(ex);
+                if v != 7 {
+                    s.error(format!("hidden: LocalExecutor block_on gave {v}"));
+                }
+                match back {
+                    Some((job, started)) => {
+                        while !started.load(SeqCst) {
+                            std::thread::yield_now();
+                        }
+                        drop(job);
+                        s.must(kid);
+                    }
+                    None if job == 2 => s.must(kid),
+                    None => {}
+                }
+            }
+            Act::Spawn {
+                kid,
+                rng,
+                depth,
+                on,
+            } => {
+                let h = s.handle.as_ref().unwrap();
+                let r = match on {
+                    Some(n) => {
+                        let b = body(s.clone(), kid, rng, depth, true);
+                        h.spawn_on(n, move || b)
+                    }
+                    None => Ok(h.spawn(body(s.clone(), kid, rng, depth, false))),
+                };
+                match r {
+                    Ok(j) => {
+                        s.must(kid);
+                        drop(j);
+                    }
+                    Err(e) => s.error(format!("hidden: Handle spawn from a drop: {e}")),
+                }
+            }
+            Act::Sleep(sl) => drop(sl),
+        }
+    }
+}
+
+/// A `spawn_blocking` job of `us` microseconds that completes `kid`, and its start flag.
+fn blocking_job(
+    s: &Arc<Soak>,
+    kid: usize,
+    us: u64,
+) -> (xtc_shards::task::SpawnBlocking<()>, Arc<AtomicBool>) {
+    let started = Arc::new(AtomicBool::new(false));
+    let (st, s2) = (started.clone(), s.clone());
+    let job = xtc_shards::spawn_blocking(move || {
+        st.store(true, SeqCst);
+        std::thread::sleep(Duration::from_micros(us));
+        s2.complete(kid);
+    });
+    (job, started)
 }
 
 fn flip_knob(rng: &mut Rng) {
@@ -1101,6 +1593,10 @@ fn run_seed(seed: u64) -> Result<(), String> {
             shards,
             submits_started: AtomicU32::new(0),
             submits_done: AtomicU32::new(0),
+            hidden_left: AtomicIsize::new(rng.below(4) as isize),
+            blocker: AtomicBool::new(false),
+            hidden_drops: AtomicU32::new(0),
+            hidden_blocks: AtomicU32::new(0),
         });
         soaks.push(s.clone());
         if round > 0 {
@@ -1437,13 +1933,16 @@ fn run_round(
         let done = s.done.lock().unwrap();
         let chans = s.chans.lock().unwrap();
         eprintln!(
-            "{desc}: {} tasks, {} completed, {} chans, {} msgs sent, {} received, {} submits",
+            "{desc}: {} tasks, {} completed, {} chans, {} msgs sent, {} received, {} submits, \
+             {} hidden drops, {} hidden blocks",
             done.len(),
             done.iter().filter(|d| **d > 0).count(),
             chans.len(),
             chans.iter().map(|c| c.sent_ok.len()).sum::<usize>(),
             chans.iter().map(|c| c.received.len()).sum::<usize>(),
             s.submits_started.load(SeqCst),
+            s.hidden_drops.load(SeqCst),
+            s.hidden_blocks.load(SeqCst),
         );
     }
     Some((ex, problems))
