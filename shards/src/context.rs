@@ -280,7 +280,7 @@ impl Core {
     /// end-of-turn flushes, ring pings and eager rebalance's nudge, sent now. Also as
     /// [`off_loop`] hides the loop, and as another executor's `run()` or `block_on` called
     /// inside a task blocks this loop's thread until that executor stops. Cost: as
-    /// `flush_deferred`'s.
+    /// `flush_deferred`'s, less the backlog wait (no lock or swap per backlogged ring).
     pub(crate) fn send_deferred(&self) {
         if self.has_flushes() {
             self.run_flushes();
@@ -621,11 +621,11 @@ pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// What a wait polled with a foreign `waker` on this thread sends first: the running loop's
-/// deferred wakes and rule 3b backlog wait (`Core::flush_deferred`), or, for a loop that
-/// [`off_loop`] hides (whose turn's wakes went as it hid), its backlogs' moves into the rings
+/// deferred wakes and rule 3b backlog wait (`Core::flush_deferred`), or, with no loop running,
+/// for the innermost loop that [`off_loop`] hides (whose turn's wakes went as it hid), its backlogs' moves into the rings
 /// and their rule 3b wait, which only that loop can do: a `futures::executor::block_on` in a
 /// drop run hidden, of a call the task left in the loop's backlog (its ring full), waited for
-/// good. Cost: as `flush_deferred`'s; with the loop hidden, a scan of the hidden loops.
+/// good. Cost: as `flush_deferred`'s; with the loop hidden, a second thread-local read.
 pub(crate) fn flush_for_foreign_wait(waker: &Waker) {
     if with_core(|c| c.flush_deferred(waker)).is_some() {
         return;

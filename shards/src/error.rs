@@ -66,8 +66,8 @@ pub enum Error {
     )]
     AlreadyRunning,
     /// A shard's thread panicked outside any task: a bug in xtc, or in code xtc runs on the
-    /// loop unguarded (a `tracing` subscriber). Its message went to stderr (Rust's panic
-    /// hook) and to the log (an `error` event, "a shard thread panicked outside any task").
+    /// loop unguarded (a `tracing` subscriber). Its message went to the panic hook (stderr by
+    /// default) and to the log (an `error` event, "a shard thread panicked outside any task").
     #[error(
         "{0}: its panic message is on stderr and in the log (a tracing subscriber shows it); \
          please report it, with that message, as a bug in xtc unless it came from your \

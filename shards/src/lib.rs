@@ -81,9 +81,12 @@
 //! messages other loops send it and the room in its rings all wait, and so do the wake-ups
 //! of what it already sent: a message to another shard (a [`Handle::spawn_on`] or
 //! [`shard::submit_to`] from a task, a shared channel's signal) is pinged at the end of the
-//! loop's turn, so a shard asleep when the sender blocked stays asleep. A blocking wait inside a
+//! loop's turn, so a shard asleep when the sender blocked stays asleep (another executor's `run`
+//! or `block_on` is the exception: it sends those pings, the turn's end-of-turn flushes and
+//! eager rebalance's nudge before it blocks, though the rest of the loop's work still waits).
+//! A blocking wait inside a
 //! task on work the blocked loop itself must do (a [`time::sleep`], a [`spawn_local`]ed task,
-//! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring to another shard, a
+//! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring from another shard, a
 //! migratable [`spawn`] that no peer may steal: stealing off, one shard, eager rebalance
 //! off while every peer owns parked tasks, or a NUMA sensitivity that keeps every idle peer
 //! from stealing from this loop) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the

@@ -104,7 +104,8 @@ fn rearm(core: &Core, want: u64) {
     // A tick the old timer delivered and no `yield_if_due` took: left set, it outlived a
     // switch to off (`forget_idle_tick` clears only while preemption is on), and the next
     // `yield_if_due` on this worker yielded, in whatever poll, however much later. Cleared
-    // after the delete, whose return delivers a signal still pending from that timer.
+    // after the delete: by its return no tick of that timer can still arrive (a signal still
+    // pending is discarded or has been handled).
     DUE.with(|d| d.store(false, Relaxed));
     if want == 0 || core.exec.is_local() {
         return;

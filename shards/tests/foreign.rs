@@ -187,7 +187,7 @@ async fn hold_shard_1_with_a_full_ring() -> Arc<std::sync::atomic::AtomicBool> {
 }
 
 /// A foreign `block_on` inside a task of a cross-shard call whose ring is full at its first
-/// poll (capacity 1, the one slot taken by a message shard 1, held busy, has not drained):
+/// poll (capacity 1, its one slot taken by a message that shard 1, held busy, has not drained):
 /// `shard::submit_to` waits for ring space, `Handle::submit_to` leaves its message in the
 /// loop's backlog. Either waited for the end of a loop turn (the waiters woken, the backlog
 /// moved), which the blocked loop never reached, while shard 1's drain only pinged the loop,

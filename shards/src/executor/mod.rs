@@ -879,7 +879,7 @@ impl Executor {
     }
 }
 
-/// Logs the panic that ended a shard's thread (`Error::ShardPanicked` points at this line):
+/// Logs the panic that ended a shard's thread (`Error::ShardPanicked` points at this event):
 /// the loop's own events name no payload, and one that died before its loop started logged
 /// nothing, so the message was only on stderr (Rust's panic hook). A subscriber that panics
 /// here is contained, and so is the payload's drop (`task::guarded`, `task::drop_payload`).

@@ -46,15 +46,19 @@
 //!
 //! # Deadlock
 //!
-//! If two equal snapshots show every loop `EMPTY` or `PARKED`, balanced inboxes and rings, and
+//! If two equal snapshots show every loop `EMPTY` or `PARKED`, balanced inboxes and rings, no
+//! task queued in any loop's injector or deque (a loop shows idle only after it took its own
+//! queued work, so a queued task is about to run: woken, or stolen, while its loop was held off
+//! its CPU), and
 //! at least one `PARKED` loop or a live migratable task (a loop's status counts only its
 //! pinned tasks), nothing inside the executor can wake the parked tasks. The coordinator checks again
 //! after the grace period (a task may wait on a foreign thread); if no epoch or count moved it
 //! stops the executor and `run()` returns [`Error::Deadlock`](crate::Error::Deadlock) naming
 //! each task. A foreign wake of a pinned task moves its loop's inbox count; one of a migratable
 //! task moves its loop's injector count (`StealShared::injected`, counted before the push), so
-//! a wake that comes before the decision takes it back, whether or not the woken loop has
-//! published its new epoch yet.
+//! a wake that comes between the snapshots or before the decision takes it back, whether or not
+//! the woken loop has published its new epoch yet, and one that came before the first snapshot
+//! leaves the task queued, which reads as busy.
 //! The coordinator polls for this every `grace / 2`, at least 1 ms and at most 1 s: deadlocks
 //! need no prompt answer.
 //! In service mode it does not poll at all; switching service mode or the grace period pokes it.

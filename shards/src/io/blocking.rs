@@ -94,11 +94,12 @@ fn pool() -> &'static Pool {
 }
 
 thread_local! {
-    /// Jobs started from this thread's loop that have not ended (queued or running, their
+    /// Jobs started from this thread's loops that have not ended (queued or running, their
     /// future alive or abandoned): a loop with one is not idle for good, as its result (or its
     /// effect on a file) is still to come. A job takes itself off when it ends, once its result
     /// is in its slot, it is marked `done` and its wake-up went out, and the job that takes the
-    /// count to zero then [`nudge`]s its loop (its wake ping): nothing else wakes a loop when
+    /// count to zero then [`nudge`]s the loops that read it (`Homes`, their wake pings): nothing
+    /// else wakes a loop when
     /// the count falls, and a loop that read the count before (its woken task ended meanwhile,
     /// or the job was abandoned, or its waker reaches no loop) parked `WAITING` for good. Off
     /// the count before its wake-up, a job left a gap in which a loop taking a turn read its
@@ -108,7 +109,7 @@ thread_local! {
     /// *taken* instead kept a loop whose task never polled a finished job busy for good: its
     /// deadlock was never reported.
     static PENDING: std::cell::OnceCell<Arc<AtomicUsize>> = const { std::cell::OnceCell::new() };
-    /// Loop threads: the controls of this loop's abandoned jobs (their future was dropped
+    /// Loop threads: the controls of the abandoned jobs of this thread's loops (their future was dropped
     /// before their result came) that may still run. Their `pwrite` or `open` may still land,
     /// so the loop is not idle until they end ([`abandoned`]; the job that empties the loop's
     /// count [`nudge`]s it). While one that a signal may end runs, the loop parks for at most
@@ -116,8 +117,9 @@ thread_local! {
     /// call) and looks again. Those that ended are
     /// forgotten there, and by a drop that finds the list doubled (a busy loop never parks).
     /// Each is tagged with the loop that abandoned it ([`running_loop`]): a thread may run
-    /// several loops, one after another (`LocalExecutor`s) or one inside another (a loop run
-    /// inside a task, or inside a drop a hidden loop runs), and a loop that waited for every
+    /// several loops, one after another (`LocalExecutor`s) or one inside another (a
+    /// `LocalExecutor` run inside a drop that another executor's sweep runs while this thread's
+    /// loop is hidden), and a loop that waited for every
     /// job of its thread waited its second, and warned, at each end for a job an earlier or an
     /// enclosing loop had abandoned.
     static ABANDONED: RefCell<Vec<(u64, Arc<Ctl>)>> = const { RefCell::new(Vec::new()) };
@@ -319,8 +321,9 @@ fn interrupt_abandoned(tag: u64) {
 }
 
 /// The `Core::id` of the loop running on this thread, the tag of the jobs it abandons; 0 when
-/// none runs (a plain thread, or a section where `context::off_loop` hides the loop: a run's
-/// drops of its parked migratable tasks, [`settle`]d by that run with tag 0). Cost: a
+/// none runs: a plain thread, or a section where `context::off_loop` hides the loop (an
+/// executor's sweep, whose abandoned jobs no loop waits for at its end, or `run()`'s drop of
+/// its parked migratable tasks, after which that thread [`settle`]s every tag-0 job). Cost: a
 /// thread-local read.
 fn running_loop() -> u64 {
     crate::context::with_core(|c| c.id).unwrap_or(0)
@@ -512,8 +515,8 @@ pub(crate) fn settle(tag: u64) {
     }
 }
 
-/// Jobs loop `tag` abandoned (their future is gone) which still run (those of any loop that
-/// ended are forgotten here). Cost: a thread-local borrow, and a lock per abandoned job.
+/// Jobs that loop `tag` abandoned (their future is gone) and that still run. Jobs that ended,
+/// whatever their loop, are forgotten here. Cost: a thread-local borrow, and a lock per abandoned job.
 fn abandoned(tag: u64) -> usize {
     // `try_with`: at thread exit, after this thread-local is gone, nothing is abandoned.
     ABANDONED
@@ -656,15 +659,15 @@ fn submit<R: Send + 'static>(
     });
     let their_ctl = ctl.clone();
     /// Takes its job off its loop's count when the job ends (runs, is skipped, or is dropped
-    /// unrun), after the job's wake-up went out (see `PENDING`), and [`nudge`]s the loop if
-    /// that was its last. On every path: a job dropped unrun (`unqueue`) by a future dropped
+    /// unrun), after the job's wake-up went out (see `PENDING`), and [`nudge`]s its loops
+    /// (`Homes`) if that was the thread's last. On every path: a job dropped unrun (`unqueue`) by a future dropped
     /// off its loop's thread (a `spawn_blocking` future is `Send`: a stolen task's, or one
     /// sent to a plain thread) took the count to zero and woke nobody, and its loop, parked
     /// `WAITING` on it, stayed parked for good (`run()` never returned).
     struct Ended {
         /// The loops to nudge when the thread's last job ends: the one that submitted it,
-        /// and those `context::off_loop` hid on this thread meanwhile, which read the same
-        /// count (`PENDING` is the thread's).
+        /// and those `context::off_loop` hid on this thread when it was submitted, which read
+        /// the same count (`PENDING` is the thread's).
         homes: Homes,
         /// Where the counts the job is on are (`own`, `waiting`).
         ctl: Arc<Ctl>,

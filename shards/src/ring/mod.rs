@@ -738,10 +738,12 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
 /// have sent more. The caller keeps looping (draining its own rings meanwhile, so two loops
 /// waiting on each other both progress).
 ///
-/// For an owner that has stopped (its end of the ring is parked in the executor's mesh; so is
-/// the end of an owner of this run that has not taken its ends yet, `Mesh::take`, which comes
-/// after the start gate: it is treated the same way, and its own shutdown then drops what was
-/// handed over, as it drops the rest of its queue), nothing will drain what this loop still has for it, the ring's content and then the
+/// An owner of this run that has not taken its ends yet (`Mesh::take`, in `Core::new`, after
+/// the start gate) has them parked in the mesh too, and is treated as one that has stopped: its
+/// own shutdown then drops what was handed over, as it drops the rest of its queue.
+///
+/// For an owner that has stopped (its end of the ring is parked in the executor's mesh),
+/// nothing will drain what this loop still has for it, the ring's content and then the
 /// backlog, in that order (rule 2). What this loop sent before its own shutdown began (a
 /// running task's spawns) moves to the owner's inbox for its next run, whether or not it
 /// overflowed the ring: only a backlog used to move, and what fitted in the ring was dropped

@@ -25,8 +25,10 @@ type Caught<T> = Result<T, Box<dyn Any + Send + 'static>>;
 ///
 /// Dropping the future cancels a job not started yet (it never runs); one already running
 /// runs to its end, and its result is dropped (the pool sends no signal into user code), and
-/// the loop whose thread dropped the future, if it stops meanwhile, waits up to a second for
-/// such a job before it returns. Where a pool thread cannot be started (a process or cgroup
+/// the loop that was running when the future was dropped, if it stops meanwhile, waits up to
+/// a second for such a job before it returns (no loop waits for a future dropped off any loop
+/// or in another executor's sweep, but `run()`'s own drop of the migratable tasks it left
+/// parked waits for theirs). Where a pool thread cannot be started (a process or cgroup
 /// thread limit) while the pool has no thread at all, `f` runs on the calling thread, inside
 /// this call, blocking its loop for as long as it takes (logged as a warning).
 ///
