@@ -186,6 +186,33 @@ async fn hold_shard_1_with_a_full_ring() -> Arc<std::sync::atomic::AtomicBool> {
     release
 }
 
+/// The same for a shared channel end: a foreign `block_on` under a hidden loop of a receive
+/// whose sender is a task the loop's task spawned behind a full ring (in its backlog) moves
+/// the backlog, so the sender runs.
+#[test]
+fn a_foreign_block_on_under_a_hidden_loop_of_a_channel_fed_from_the_backlog() {
+    let got = within("foreign channel recv under a hidden loop, backlog", || {
+        let ex = ring_of_one();
+        let h = ex.handle();
+        ex.block_on(move || async move {
+            let release = hold_shard_1_with_a_full_ring().await;
+            let (mut tx, mut rx) = channel::shared::bounded::<u32>(4).unwrap();
+            // The ring is full: the sender's spawn goes to this loop's backlog.
+            h.spawn_on(1, move || async move { tx.send(7).await.unwrap() })
+                .unwrap();
+            in_a_sweep(move || {
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(100));
+                    release.store(true, SeqCst);
+                });
+                futures::executor::block_on(rx.recv())
+            })
+        })
+        .unwrap()
+    });
+    assert_eq!(got, Some(7));
+}
+
 /// A foreign `block_on` inside a task of a cross-shard call whose ring is full at its first
 /// poll (capacity 1, its one slot taken by a message that shard 1, held busy, has not drained):
 /// `shard::submit_to` waits for ring space, `Handle::submit_to` leaves its message in the

@@ -103,12 +103,12 @@ impl Side {
         drop(old);
         // Woken by someone other than the task being polled (a foreign executor blocking
         // inside it): this turn's deferred wakes go now, or the side that would wake this one
-        // may never have been woken itself (`Core::flush_deferred`).
-        context::with_core(|core| {
-            if !crate::task::polled_with_own_waker(core, waker) {
-                core.flush_deferred(waker);
-            }
-        });
+        // may never have been woken itself (`Core::flush_deferred`); with no loop running,
+        // a hidden loop's backlog moves (`context::flush_for_foreign_wait`).
+        let own = context::with_core(|core| crate::task::polled_with_own_waker(core, waker));
+        if own != Some(true) {
+            context::flush_for_foreign_wait(waker);
+        }
     }
 
     /// Rule 2: wake this side if it announced it waits.
