@@ -1622,3 +1622,64 @@ fn recv_from_waiting_on_epoll_behind_a_kept_datagram(test: &str, tag: &str, then
         panic!("{e}");
     }
 }
+
+/// Calls `into_std` on the listener in `LISTENER` when dropped: directly (in the hidden
+/// section a sweep runs it in), or on a `LocalExecutor` run there (`nested`). Puts the listener
+/// back, and what the call came to in `out`.
+struct IntoStdOnDrop {
+    nested: bool,
+    out: Outcome,
+}
+
+impl Drop for IntoStdOnDrop {
+    fn drop(&mut self) {
+        use xtc_shards::net::TcpListener;
+        let l = LISTENER
+            .with(|l| l.borrow_mut().take())
+            .expect("left there");
+        let call = move |l: TcpListener| match l.into_std() {
+            Ok(std) => (Ok(()), TcpListener::from_std(std).unwrap()),
+            Err(e) => (Err(format!("{e}")), e.into_inner()),
+        };
+        let (r, l) = if self.nested {
+            LocalExecutor::new()
+                .unwrap()
+                .block_on(async move { call(l) })
+        } else {
+            call(l)
+        };
+        LISTENER.with(|s| *s.borrow_mut() = Some(l));
+        *self.out.lock().unwrap() = Some(r);
+    }
+}
+
+/// A listener whose dropped accept io_uring keeps (cancelled in place), handed to `std` in a
+/// swept drop, directly or on a loop run inside the hidden section: `into_std` reaps the
+/// drivers to see the cancel settle, and on the inner loop it reaped only that loop's, never
+/// the hidden one whose accept it waited for, so it busy-waited its second and refused,
+/// though the kernel had answered the cancel at once. (On epoll no accept is kept.)
+#[test]
+fn into_std_on_an_inner_loop_settles_a_kept_accept_of_the_hidden_loop() {
+    for nested in [false, true] {
+        on_each_driver("into_std_inner", 1, move |driver| async move {
+            let l = xtc_shards::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            {
+                let mut accept = pin!(l.accept());
+                let mut cx = Context::from_waker(Waker::noop());
+                assert!(accept.as_mut().poll(&mut cx).is_pending());
+            }
+            LISTENER.with(|s| *s.borrow_mut() = Some(l));
+            let out = Outcome::default();
+            drop_off_the_loop(IntoStdOnDrop {
+                nested,
+                out: out.clone(),
+            });
+            let r = out.lock().unwrap().take().expect("the drop ran");
+            drop(LISTENER.with(|s| s.borrow_mut().take()));
+            assert!(
+                r.is_ok(),
+                "[{driver}] nested {nested}: into_std refused: {r:?}"
+            );
+        });
+    }
+}

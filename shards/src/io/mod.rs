@@ -367,13 +367,17 @@ pub(crate) fn with_running_reactor<R>(f: impl FnOnce(&Reactor) -> io::Result<R>)
     }
 }
 
-/// Reaps this thread's loop's driver now: completions already in the kernel's queue reach
-/// their slots (and wake their tasks). For a drop deciding from whether its operation has
-/// finished (`Op::completed` sees only reaped completions). Nothing off a loop.
+/// Reaps the drivers of this thread's loops now (the running one's, and those of loops
+/// `context::off_loop` hides): completions already in the kernel's queue reach their slots
+/// (and wake their tasks). For a drop deciding from whether its operation has finished
+/// (`Op::completed` sees only reaped completions). The operation may be a hidden loop's, its
+/// object used on a loop run inside the hidden section: reaping only that inner loop, an
+/// `into_std` there waited its second for a cancel the kernel had answered at once, and
+/// refused. Nothing off a loop. Cost: a reap per loop of the thread.
 pub(crate) fn reap_now() {
-    let _ = with_reactor(|r| {
-        r.reap();
-        Ok(())
+    context::with_own_core(|c| {
+        c.io.reap();
+        None::<()>
     });
 }
 
