@@ -102,24 +102,40 @@ fn in_a_sweep<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
 /// could not reach it hidden, so the `block_on` waited for good.
 #[test]
 fn a_foreign_block_on_under_a_hidden_loop_of_a_call_left_in_the_backlog() {
-    let got = within("foreign block_on under a hidden loop, backlog", || {
+    let got = wait_in_a_sweep_behind_a_full_ring(
+        "foreign block_on under a hidden loop, backlog",
+        |h| h.spawn_on(1, || async { shard::id() }).unwrap(),
+        |j| futures::executor::block_on(j).unwrap(),
+    );
+    assert_eq!(got, 1);
+}
+
+/// On shard 0 of a [`ring_of_one`] executor, with ring 0 -> 1 full and shard 1 held busy:
+/// `queue` queues work on shard 1 through the handle (its message goes to this loop's
+/// backlog) and returns what to wait on, then `wait` waits on it in a drop that another
+/// executor's sweep runs with this loop hidden ([`in_a_sweep`]); a plain thread lets shard 1
+/// go 100 ms later. Hang-guarded ([`within`], naming `what`).
+fn wait_in_a_sweep_behind_a_full_ring<W: Send + 'static, T: Send + 'static>(
+    what: &str,
+    queue: impl FnOnce(&xtc_shards::Handle) -> W + Send + 'static,
+    wait: impl FnOnce(W) -> T + Send + 'static,
+) -> T {
+    within(what, move || {
         let ex = ring_of_one();
         let h = ex.handle();
         ex.block_on(move || async move {
             let release = hold_shard_1_with_a_full_ring().await;
-            // The ring is full: the spawn's message goes to this loop's backlog.
-            let j = h.spawn_on(1, || async { shard::id() }).unwrap();
+            let w = queue(&h);
             in_a_sweep(move || {
                 std::thread::spawn(move || {
                     std::thread::sleep(Duration::from_millis(100));
                     release.store(true, SeqCst);
                 });
-                futures::executor::block_on(j).unwrap()
+                wait(w)
             })
         })
         .unwrap()
-    });
-    assert_eq!(got, 1);
+    })
 }
 
 /// Another executor's `block_on` inside a task, awaiting the handle of a call the task sent
@@ -191,25 +207,16 @@ async fn hold_shard_1_with_a_full_ring() -> Arc<std::sync::atomic::AtomicBool> {
 /// the backlog, so the sender runs.
 #[test]
 fn a_foreign_block_on_under_a_hidden_loop_of_a_channel_fed_from_the_backlog() {
-    let got = within("foreign channel recv under a hidden loop, backlog", || {
-        let ex = ring_of_one();
-        let h = ex.handle();
-        ex.block_on(move || async move {
-            let release = hold_shard_1_with_a_full_ring().await;
-            let (mut tx, mut rx) = channel::shared::bounded::<u32>(4).unwrap();
-            // The ring is full: the sender's spawn goes to this loop's backlog.
+    let got = wait_in_a_sweep_behind_a_full_ring(
+        "foreign channel recv under a hidden loop, backlog",
+        |h| {
+            let (mut tx, rx) = channel::shared::bounded::<u32>(4).unwrap();
             h.spawn_on(1, move || async move { tx.send(7).await.unwrap() })
                 .unwrap();
-            in_a_sweep(move || {
-                std::thread::spawn(move || {
-                    std::thread::sleep(Duration::from_millis(100));
-                    release.store(true, SeqCst);
-                });
-                futures::executor::block_on(rx.recv())
-            })
-        })
-        .unwrap()
-    });
+            rx
+        },
+        |mut rx| futures::executor::block_on(rx.recv()),
+    );
     assert_eq!(got, Some(7));
 }
 
