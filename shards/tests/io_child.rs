@@ -1922,3 +1922,47 @@ fn child_the_default_shard_count_follows_a_cgroup_cpu_quota() {
         std::panic::resume_unwind(p);
     }
 }
+
+/// `spawn_blocking`'s fallback when no pool thread can start (and the pool has none) runs the
+/// job on the loop's thread, inside its turn: the turn's deferred wakes go first, so a job
+/// that waits on another shard, fed by a call sent to it (asleep) just before, ends. Its ping
+/// waited for the end of the turn, and the job waited for good (here: its 10 s timeout).
+#[test]
+fn child_an_inline_blocking_job_waiting_on_a_call_sent_before() {
+    const ROLE: &str = "inline-job";
+    if !is_child(ROLE) {
+        let io = std::env::var("XTC_IO").unwrap_or_default();
+        run_child(
+            "child_an_inline_blocking_job_waiting_on_a_call_sent_before",
+            ROLE,
+            &[("XTC_IO", if io.is_empty() { "auto" } else { &io })],
+        );
+        return;
+    }
+    let exec = common::exec(2);
+    let got = exec
+        .block_on(|| async {
+            // Shard 1 parks (no migratable task: no idle tick).
+            sleep(Duration::from_millis(100)).await;
+            no_thread_may_start();
+            assert!(
+                std::thread::Builder::new().spawn(|| {}).is_err(),
+                "a thread could still start: nothing is tested"
+            );
+            let (tx, rx) = std::sync::mpsc::channel();
+            // Sent into the ring; its ping to the parked shard 1 waits for the turn's end.
+            shard::send_to(1, move || async move {
+                let _ = tx.send(5);
+            })
+            .await
+            .unwrap();
+            // No pool thread can start and the pool has none: the job runs here, inline.
+            xtc_shards::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(10))).await
+        })
+        .unwrap();
+    assert_eq!(
+        got.unwrap(),
+        Ok(5),
+        "the inline job waited on shard 1, which was never pinged"
+    );
+}

@@ -829,6 +829,10 @@ fn submit<R: Send + 'static>(
                     "xtc: could not start a blocking-pool thread ({e}); running this blocking job \
                      on the loop's thread"
                 );
+                // It blocks the loop's thread inside its turn: the turn's deferred wakes go
+                // first, or a job that waits on another shard (fed by a message sent this turn
+                // to a sleeping one, whose ping waits for the turn's end) waited for good.
+                crate::context::with_core(crate::context::Core::send_deferred);
                 job();
             } else {
                 drop(st);
