@@ -89,7 +89,9 @@
 //! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring from another shard, a
 //! migratable [`spawn`] that no peer may steal: stealing off, one shard, eager rebalance
 //! off while every peer owns parked tasks, or a NUMA sensitivity that keeps every idle peer
-//! from stealing from this loop) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
+//! from stealing from this loop; a call, from a `Drop` that this loop's shutdown runs, to a
+//! shard that has already stopped: only this loop's shutdown can drop that call, once the
+//! `Drop` returns) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
 //! stall watchdog (`XTC_STALL_BUDGET`, [`StallReport`]) names the task. A blocking wait on
 //! another loop's work ends: a [`JoinHandle`], a shared channel end or a `submit_to` polled
 //! with a waker other than the task's own sends the turn's deferred wakes, ring pings and
