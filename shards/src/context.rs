@@ -281,7 +281,7 @@ impl Core {
     /// [`off_loop`] hides the loop, and as another executor's `run()` or `block_on` called
     /// inside a task blocks this loop's thread until that executor stops. Cost: as
     /// `flush_deferred`'s, less the backlog wait (no lock or swap per backlogged ring).
-    pub(crate) fn send_deferred(&self) {
+    fn send_deferred(&self) {
         if self.has_flushes() {
             self.run_flushes();
         }
@@ -600,7 +600,7 @@ pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
     // shard, whose ring ping waits for the end of the turn), and a wait's early send
     // (`Core::flush_deferred`) cannot reach a hidden loop. Sent later, at the turn's end, the
     // block never ended.
-    with_core(Core::send_deferred);
+    before_blocking_the_turn();
     let current = CURRENT.with(|c| c.replace(ptr::null()));
     let outer = HIDDEN.with(Cell::get);
     // On this frame, and declared before `_restore`, which takes it out of the list (also on
@@ -618,6 +618,15 @@ pub(crate) fn off_loop<R>(f: impl FnOnce() -> R) -> R {
         HIDDEN.with(|h| h.set(&node));
     }
     f()
+}
+
+/// For code about to block this thread inside the running loop's turn (a hidden section,
+/// another executor's run, a blocking job run inline): sends the turn's deferred wakes now
+/// (`Core::send_deferred`), since the turn's end, which would send them, comes only after the
+/// block, and what the block waits on may need them. Nothing off a loop. Cost: as
+/// `send_deferred`'s.
+pub(crate) fn before_blocking_the_turn() {
+    with_core(Core::send_deferred);
 }
 
 /// What a wait polled with a foreign `waker` on this thread sends first: the running loop's

@@ -61,17 +61,28 @@ fn a_foreign_block_on_inside_a_task_on_a_handle_call_to_another_shard() {
 /// and then this passes without testing anything; it cannot fail wrongly.)
 #[test]
 fn a_foreign_block_on_under_a_hidden_loop_of_a_call_sent_before() {
-    let got = within("foreign block_on under a hidden loop", || {
+    let got = wait_on_a_call_to_a_sleeping_shard("foreign block_on under a hidden loop", |j| {
+        in_a_sweep(move || futures::executor::block_on(j).unwrap())
+    });
+    assert_eq!(got, 1);
+}
+
+/// On shard 0 of a 2-shard executor, once shard 1 has parked: sends it a call (its ring ping
+/// deferred to the end of this turn) and gives the call's handle to `wait`, in the same turn.
+/// Hang-guarded ([`within`], naming `what`).
+fn wait_on_a_call_to_a_sleeping_shard<T: Send + 'static>(
+    what: &str,
+    wait: impl FnOnce(xtc_shards::JoinHandle<usize>) -> T + Send + 'static,
+) -> T {
+    within(what, move || {
         let a = exec(2);
         let h = a.handle();
         a.block_on(move || async move {
             assert!(sleep_until(|| h.loop_stats(1).unwrap().parks > 0).await);
-            let j = h.spawn_on(1, || async { shard::id() }).unwrap();
-            in_a_sweep(move || futures::executor::block_on(j).unwrap())
+            wait(h.spawn_on(1, || async { shard::id() }).unwrap())
         })
         .unwrap()
-    });
-    assert_eq!(got, 1);
+    })
 }
 
 /// Runs `f` in the `Drop` of a task queued on another executor, never run, dropped here:
@@ -147,21 +158,17 @@ fn wait_in_a_sweep_behind_a_full_ring<W: Send + 'static, T: Send + 'static>(
 #[test]
 fn another_executors_block_on_inside_a_task_of_a_call_sent_before() {
     for grace in [Some(Duration::from_secs(2)), None] {
-        let got = within("another executor's block_on inside a task", move || {
-            let a = exec(2);
-            let h = a.handle();
-            a.block_on(move || async move {
-                assert!(sleep_until(|| h.loop_stats(1).unwrap().parks > 0).await);
-                let j = h.spawn_on(1, || async { shard::id() }).unwrap();
+        let got = wait_on_a_call_to_a_sleeping_shard(
+            "another executor's block_on inside a task",
+            move |j| {
                 let b = Executor::builder()
                     .shards(1)
                     .deadlock_grace(grace)
                     .build()
                     .unwrap();
                 b.block_on(move || async move { j.await.unwrap() })
-            })
-            .unwrap()
-        });
+            },
+        );
         assert_eq!(got.unwrap(), 1, "deadlock grace {grace:?}");
     }
 }

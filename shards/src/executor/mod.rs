@@ -706,7 +706,7 @@ impl Executor {
         // flushes, rebalance nudge) go now. Left for the turn's end, a call sent to a sleeping
         // shard just before, awaited by this run's tasks, was never woken: a false
         // `Err(Deadlock)`, or a hang with the report off.
-        crate::context::with_core(crate::context::Core::send_deferred);
+        crate::context::before_blocking_the_turn();
         let (tx, rx) = std::sync::mpsc::channel::<xtc_numa::Result<()>>();
         // No loop starts before every shard thread is up and pinned: a run that fails to start
         // then runs nothing, and the work queued for it stays queued (for a later run, or

@@ -832,7 +832,7 @@ fn submit<R: Send + 'static>(
                 // It blocks the loop's thread inside its turn: the turn's deferred wakes go
                 // first, or a job that waits on another shard (fed by a message sent this turn
                 // to a sleeping one, whose ping waits for the turn's end) waited for good.
-                crate::context::with_core(crate::context::Core::send_deferred);
+                crate::context::before_blocking_the_turn();
                 job();
             } else {
                 drop(st);
