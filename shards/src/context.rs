@@ -270,10 +270,13 @@ impl Core {
     /// ring (a backlog) waits with `waker` for the consumer to make room (ring rule 3b), as
     /// the end of a turn that may never come would have retried it. Cost: what the end of the
     /// turn would have cost, earlier; a later message in the same turn registers its flush
-    /// again; with a backlog left, a lock and a swap per backlogged ring.
+    /// again; with a backlog left, a lock and a swap per backlogged ring. In a drop that this
+    /// loop's shutdown runs, also that shutdown's handover to loops that have stopped
+    /// ([`ring::wait_in_shutdown`](crate::ring::wait_in_shutdown)).
     pub(crate) fn flush_deferred(&self, waker: &Waker) {
         self.send_deferred();
         crate::ring::wait_backlogs_foreign(self, waker);
+        crate::ring::wait_in_shutdown(self, waker);
     }
 
     /// [`flush_deferred`](Self::flush_deferred) without the wait for ring space: the turn's

@@ -88,14 +88,16 @@
 //! task on work the blocked loop itself must do (a [`time::sleep`], a [`spawn_local`]ed task,
 //! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring from another shard, a
 //! migratable [`spawn`] that no peer may steal: stealing off, one shard, eager rebalance
-//! off while every peer owns parked tasks, or a NUMA sensitivity that keeps every idle peer
-//! from stealing from this loop; a call, from a `Drop` that this loop's shutdown runs, to a
-//! shard that has already stopped: only this loop's shutdown can drop that call, once the
-//! `Drop` returns) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
+//! off while every peer owns parked tasks, a NUMA sensitivity that keeps every idle peer
+//! from stealing from this loop, or in a `Drop` that this loop's shutdown runs, when no loop
+//! steals) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
 //! stall watchdog (`XTC_STALL_BUDGET`, [`StallReport`]) names the task. A blocking wait on
 //! another loop's work ends: a [`JoinHandle`], a shared channel end or a `submit_to` polled
 //! with a waker other than the task's own sends the turn's deferred wakes, ring pings and
-//! eager rebalance's nudge first, so the other loop is woken. Only a wait on one of those
+//! eager rebalance's nudge first, so the other loop is woken. In a `Drop` that a loop's
+//! shutdown runs, such a wait on a call to a shard that has stopped ends too, with
+//! [`Error::Stopped`] (a join handle: cancelled): the wait hands over or drops what the loop
+//! sent to stopped loops, as the shutdown does once the `Drop` returns. Only a wait on one of those
 //! does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
 //! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of

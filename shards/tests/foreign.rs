@@ -1009,3 +1009,101 @@ fn a_foreign_block_on_inside_a_task_on_an_aborted_handle() {
     });
     assert!(got);
 }
+
+thread_local! {
+    /// Set when its shard thread exits: after that loop's `Core` gave its ring ends back.
+    static GONE: std::cell::RefCell<Option<SetOnDrop>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, SeqCst);
+    }
+}
+
+/// A guard held by a task on shard 0 that is still parked when the executor stops: its drop,
+/// which shard 0's shutdown runs, waits until shard 1's thread has exited, then makes a
+/// blocking call to shard 1 (`call`), and reports what it got.
+struct CallOnDrop<F: FnOnce() -> String> {
+    gone: Arc<AtomicBool>,
+    call: Option<F>,
+    out: mpsc::Sender<String>,
+}
+
+impl<F: FnOnce() -> String> Drop for CallOnDrop<F> {
+    fn drop(&mut self) {
+        block_until(|| self.gone.load(SeqCst));
+        let got = (self.call.take().unwrap())();
+        let _ = self.out.send(got);
+    }
+}
+
+/// Runs a 2-shard executor (ring capacity 1) whose shard 1 stops at once and whose shard 0
+/// stops with a parked task holding a [`CallOnDrop`] that makes `call` to the stopped shard 1.
+/// The loops stop in any order; here shard 1 surely stopped first. Returns what the call got.
+fn call_a_stopped_shard_from_a_shutdown_drop(
+    call: impl FnOnce(xtc_shards::Handle) -> String + Send + 'static,
+) -> String {
+    let ex = Executor::builder()
+        .shards(2)
+        .oversubscribe(true)
+        .ring_capacity(1)
+        .deadlock_grace(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let h = ex.handle();
+    let gone = Arc::new(AtomicBool::new(false));
+    let g = gone.clone();
+    ex.spawn_on(1, move || async move {
+        GONE.with(|s| *s.borrow_mut() = Some(SetOnDrop(g)));
+    })
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    ex.spawn_on(0, move || async move {
+        let _guard = CallOnDrop {
+            gone,
+            call: Some(move || call(h)),
+            out: tx,
+        };
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    let r = run_or_fail(ex, HANG, "a shutdown drop's call to a stopped shard");
+    assert!(
+        matches!(r, Err(Error::Deadlock { .. })),
+        "the parked task is reported: {r:?}"
+    );
+    rx.recv_timeout(HANG).expect("the drop made no call")
+}
+
+/// A blocking call, made from a drop that a loop's shutdown runs, to a shard whose loop has
+/// already stopped ends with the error of a stopped target. Only that shutdown hands over or
+/// drops what the loop sent to a stopped loop (its ring's content is drained by nobody), and
+/// it did so once the drop returned: the drop waited for good, and `run()` never returned.
+/// The same for a call left waiting for room in a full ring to that loop, and for a join
+/// handle of a task spawned there.
+#[test]
+fn a_shutdown_drop_blocking_on_a_call_to_a_shard_that_has_stopped() {
+    let got = call_a_stopped_shard_from_a_shutdown_drop(|_| {
+        let r = futures::executor::block_on(shard::submit_to(1, || async { 7 }));
+        format!("{}", matches!(r, Err(Error::Stopped)))
+    });
+    assert_eq!(got, "true", "submit_to: not Err(Stopped)");
+    let got = call_a_stopped_shard_from_a_shutdown_drop(|h| {
+        let r = futures::executor::block_on(h.spawn_on(1, || async { 7 }).unwrap());
+        format!("{}", r.is_err_and(|e| e.is_cancelled()))
+    });
+    assert_eq!(got, "true", "a join handle: not a cancelled error");
+    // The ring holds one message: the second send waits for room that only the handover of
+    // the first makes. Each resolves once its message is enqueued (then dropped).
+    let got = call_a_stopped_shard_from_a_shutdown_drop(|_| {
+        let sends: Vec<_> = (0..3)
+            .map(|_| futures::executor::block_on(shard::send_to(1, || async {})))
+            .collect();
+        format!("{}", sends.iter().all(|r| r.is_ok()))
+    });
+    assert_eq!(got, "true", "send_to: not Ok once enqueued");
+}

@@ -831,6 +831,28 @@ pub(crate) fn evacuate(core: &Core) -> bool {
     waits || again || core.mesh.borrow().backlogged() > 0
 }
 
+/// A foreign wait (see `Core::flush_deferred`) in a drop that this loop's shutdown runs: what
+/// the shutdown does for loops that have stopped ([`evacuate`]) is done now too, and the wait
+/// is polled again a millisecond later while anything is left for a loop still shutting down.
+/// A call that the drop makes to a loop that has stopped (a `submit_to`, a task spawned there,
+/// a `send_to` waiting for room in its full ring) sits in a ring no thread drains: the
+/// shutdown hands it over or drops it (then the call ends with `Stopped`, a join handle with
+/// a cancelled error), but only once the drop returns, and the drop waited for the call, so
+/// `run()` never returned. For a loop still shutting down the wait ends when that loop drains
+/// the call (and drops it) or stops (then the next poll's evacuation does): the re-poll is
+/// what sees the second, which sends no wake. Cost outside a shutdown: a borrow and a load;
+/// inside one, an evacuation, and a 1 ms sleep of this thread (which the drop blocks anyway)
+/// per poll while the evacuation is not done, as the shutdown's own wait.
+pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker) {
+    if !core.mesh.borrow().is_stopping() {
+        return;
+    }
+    if evacuate(core) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        waker.wake_by_ref();
+    }
+}
+
 /// Whether a [`reserve`] for loop `to` would be ready now (rule 3): `to` can take a message
 /// from this loop without backlog, or there is no ring to wait on (`to` is this loop, or out
 /// of range). Cost: a borrow and two loads.
