@@ -371,6 +371,16 @@ impl ExecShared {
         }
     }
 
+    /// `Err(ShardPanicked)` if a loop is poisoned ([`LoopShared::poisoned`]): its live tasks
+    /// were left behind by a shutdown cut short, and run on a new thread, one whose future is
+    /// `!Send` would be polled or dropped off its own. Cost: a load per loop.
+    fn refuse_if_poisoned(&self) -> Result<()> {
+        if self.loops.iter().any(|l| l.poisoned.load(SeqCst)) {
+            return Err(Error::ShardPanicked(POISONED));
+        }
+        Ok(())
+    }
+
     pub(crate) fn shard(&self, shard: usize) -> Result<&Arc<LoopShared>> {
         // Built only on the error path: `ok_or` built (and dropped) the error on every call,
         // once per cross-shard call (callgrind: about 40 instructions per `submit_to`).
@@ -397,6 +407,15 @@ impl ExecShared {
     {
         if self.closed.load(SeqCst) || Discarding::active_for(self) {
             return Err(Error::Stopped);
+        }
+        if self.loops.get(shard).is_some_and(|l| l.poisoned.load(SeqCst)) {
+            // No run can come to take the task, and a poisoned loop's inbox is leaked, not
+            // dropped (`LoopShared::poisoned`: its other entries may be wakes of `!Send`
+            // tasks): queued, its closure and what it holds (a `Handle` keeping the executor
+            // alive, a channel end) were never freed and its `JoinHandle` never resolved. A
+            // spawn racing the very panic that poisons the loop can still be queued, as any
+            // racing that loop's end.
+            return Err(Error::ShardPanicked(POISONED));
         }
         let h = self.spawn_on_in(shard, make, info, class);
         self.drop_if_closed();
@@ -435,6 +454,10 @@ impl ExecShared {
         Ok(task::spawn_raw(home, make, info, class))
     }
 }
+
+/// [`Error::ShardPanicked`]'s message once a loop is poisoned (`LoopShared::poisoned`).
+const POISONED: &str = "an earlier run's shard loop panicked while shutting down (a bug in \
+    xtc), so this executor cannot run again: build a new one";
 
 fn duration_ns(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128) as u64
@@ -685,14 +708,7 @@ impl Executor {
 
     fn run_inner(&self, claim: &RunClaim<'_>) -> Result<()> {
         let shared = &self.handle.shared;
-        if shared.loops.iter().any(|l| l.poisoned.load(SeqCst)) {
-            // Its live tasks were left behind by a shutdown cut short: run on a new thread,
-            // one whose future is `!Send` would be polled or dropped off its own.
-            return Err(Error::ShardPanicked(
-                "an earlier run's shard loop panicked while shutting down (a bug in xtc), so \
-                 this executor cannot run again: build a new one",
-            ));
-        }
+        shared.refuse_if_poisoned()?;
         lock(&shared.deadlock_tasks).clear();
         // Every loop is BUSY, in a new epoch, before any thread of this run looks: a loop that
         // left the last run showing an idle kind (a stop landing just after an idle tick)
@@ -847,6 +863,9 @@ impl Executor {
         // Claimed before the main task exists: queued while another thread's `run()` is in
         // progress, it would run there and stop that run when it ends.
         let claim = self.claim_run()?;
+        // Before the main task exists: queued on a poisoned shard 0, it was leaked with that
+        // loop's inbox, and its guard with the executor (`ExecShared::spawn_on_open`).
+        self.handle.shared.refuse_if_poisoned()?;
         let guard = StopOnDrop {
             shared: self.handle.shared.clone(),
             run: self.handle.shared.runs.load(SeqCst),
@@ -1547,7 +1566,9 @@ impl Handle {
     /// every loop idle) is not run by that `run()`: it stays queued for the next run, and its
     /// `JoinHandle` resolves as cancelled if the `Executor` is dropped first.
     ///
-    /// `Err(InvalidShard)` for an out-of-range shard, `Err(Stopped)` once the `Executor` is
+    /// `Err(InvalidShard)` for an out-of-range shard, `Err(ShardPanicked)` once a loop's
+    /// shutdown was cut short by a panic (a bug in xtc; no later run starts, see
+    /// [`Executor::run`]), `Err(Stopped)` once the `Executor` is
     /// dropped (through a `Handle`: no run can come), and from the `Drop` of a task that a
     /// stopped run drops on the thread in `run()` or `LocalExecutor::block_on` (a parked
     /// migratable one, one left in a ring):
@@ -2035,13 +2056,22 @@ impl Handle {
 mod tests {
     use std::{
         sync::{
-            atomic::{AtomicBool, Ordering::SeqCst},
+            atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
             Arc,
         },
         time::Duration,
     };
 
     use crate::event_loop::status;
+
+    /// Adds one to its counter when dropped.
+    struct CountDrop(Arc<AtomicUsize>);
+
+    impl Drop for CountDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
 
     /// Two shards, oversubscribed so they run on any machine.
     fn two_shards() -> super::Executor {
@@ -2567,6 +2597,52 @@ mod tests {
             0,
             "shard 1's task was polled or dropped off its loop's thread"
         );
+    }
+
+    /// Once a loop is poisoned (its shutdown panicked, planted here), no run can come to take
+    /// a new task: a spawn to it (`spawn_on`, `submit_to`, `send_to`) and a `block_on` are
+    /// refused with `ShardPanicked`. Accepted, the spawn was queued in the poisoned loop's
+    /// inbox, which is leaked, not dropped: its closure (and what it held) was never freed,
+    /// its `JoinHandle` never resolved. A healthy shard still takes spawns, dropped with the
+    /// executor.
+    #[test]
+    fn a_poisoned_loop_refuses_new_work_rather_than_leak_it() {
+        let exec = two_shards();
+        exec.spawn_on(1, || std::future::pending::<()>()).unwrap();
+        exec.spawn_on(0, || async {
+            crate::time::sleep(Duration::from_millis(5)).await;
+            crate::stop();
+        })
+        .unwrap();
+        exec.handle.shared.panic_shutdown.store(1, SeqCst);
+        let ran = exec.run();
+        exec.handle.shared.panic_shutdown.store(usize::MAX, SeqCst);
+        assert!(matches!(ran, Err(crate::Error::ShardPanicked(_))), "{ran:?}");
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let d = CountDrop(dropped.clone());
+        let refused = exec.spawn_on(1, move || async move { drop(d) });
+        assert!(
+            matches!(refused, Err(crate::Error::ShardPanicked(_))),
+            "spawn_on to a poisoned loop: {:?}",
+            refused.map(drop)
+        );
+        assert_eq!(dropped.load(SeqCst), 1, "the refused closure was kept");
+        let h = exec.handle();
+        assert!(matches!(
+            h.send_to(1, || async {}),
+            Err(crate::Error::ShardPanicked(_))
+        ));
+        let call = futures_lite::future::block_on(h.submit_to(1, || async { 1 }));
+        assert!(matches!(call, Err(crate::Error::ShardPanicked(_))), "{call:?}");
+        let d = CountDrop(dropped.clone());
+        let main = exec.block_on(move || async move { drop(d) });
+        assert!(matches!(main, Err(crate::Error::ShardPanicked(_))), "{main:?}");
+        assert_eq!(dropped.load(SeqCst), 2, "block_on's closure was kept");
+        let d = CountDrop(dropped.clone());
+        let kept = exec.spawn_on(0, move || async move { drop(d) }).unwrap();
+        drop(exec);
+        assert_eq!(dropped.load(SeqCst), 3, "the healthy shard's spawn was not dropped");
+        assert!(kept.is_finished());
     }
 
     /// A loop whose shutdown panics (planted) while its backlog holds the wake of a task
