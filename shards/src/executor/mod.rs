@@ -2608,7 +2608,7 @@ mod tests {
     #[test]
     fn a_poisoned_loop_refuses_new_work_rather_than_leak_it() {
         let exec = two_shards();
-        exec.spawn_on(1, || std::future::pending::<()>()).unwrap();
+        exec.spawn_on(1, std::future::pending::<()>).unwrap();
         exec.spawn_on(0, || async {
             crate::time::sleep(Duration::from_millis(5)).await;
             crate::stop();
