@@ -408,7 +408,11 @@ impl ExecShared {
         if self.closed.load(SeqCst) || Discarding::active_for(self) {
             return Err(Error::Stopped);
         }
-        if self.loops.get(shard).is_some_and(|l| l.poisoned.load(SeqCst)) {
+        if self
+            .loops
+            .get(shard)
+            .is_some_and(|l| l.poisoned.load(SeqCst))
+        {
             // No run can come to take the task, and a poisoned loop's inbox is leaked, not
             // dropped (`LoopShared::poisoned`: its other entries may be wakes of `!Send`
             // tasks): queued, its closure and what it holds (a `Handle` keeping the executor
@@ -2617,7 +2621,10 @@ mod tests {
         exec.handle.shared.panic_shutdown.store(1, SeqCst);
         let ran = exec.run();
         exec.handle.shared.panic_shutdown.store(usize::MAX, SeqCst);
-        assert!(matches!(ran, Err(crate::Error::ShardPanicked(_))), "{ran:?}");
+        assert!(
+            matches!(ran, Err(crate::Error::ShardPanicked(_))),
+            "{ran:?}"
+        );
         let dropped = Arc::new(AtomicUsize::new(0));
         let d = CountDrop(dropped.clone());
         let refused = exec.spawn_on(1, move || async move { drop(d) });
@@ -2633,15 +2640,25 @@ mod tests {
             Err(crate::Error::ShardPanicked(_))
         ));
         let call = futures_lite::future::block_on(h.submit_to(1, || async { 1 }));
-        assert!(matches!(call, Err(crate::Error::ShardPanicked(_))), "{call:?}");
+        assert!(
+            matches!(call, Err(crate::Error::ShardPanicked(_))),
+            "{call:?}"
+        );
         let d = CountDrop(dropped.clone());
         let main = exec.block_on(move || async move { drop(d) });
-        assert!(matches!(main, Err(crate::Error::ShardPanicked(_))), "{main:?}");
+        assert!(
+            matches!(main, Err(crate::Error::ShardPanicked(_))),
+            "{main:?}"
+        );
         assert_eq!(dropped.load(SeqCst), 2, "block_on's closure was kept");
         let d = CountDrop(dropped.clone());
         let kept = exec.spawn_on(0, move || async move { drop(d) }).unwrap();
         drop(exec);
-        assert_eq!(dropped.load(SeqCst), 3, "the healthy shard's spawn was not dropped");
+        assert_eq!(
+            dropped.load(SeqCst),
+            3,
+            "the healthy shard's spawn was not dropped"
+        );
         assert!(kept.is_finished());
     }
 
