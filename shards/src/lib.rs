@@ -97,7 +97,9 @@
 //! eager rebalance's nudge first, so the other loop is woken. In a `Drop` that a loop's
 //! shutdown runs, such a wait on a call to a shard that has stopped ends too, with
 //! [`Error::Stopped`] (a join handle: cancelled): the wait hands over or drops what the loop
-//! sent to stopped loops, as the shutdown does once the `Drop` returns. Only a wait on one of those
+//! sent to stopped loops, as the shutdown does once the `Drop` returns; but two such `Drop`s on
+//! two shards, each waiting on work the other's shutdown would drop (a call to it, a task there
+//! holding a channel's other end), wait for good, as two loops blocked on each other do. Only a wait on one of those
 //! does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
 //! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of
@@ -229,3 +231,5 @@ mod loom_home;
 mod loom_park;
 #[cfg(all(test, loom))]
 mod loom_ring;
+#[cfg(all(test, loom))]
+mod loom_shutdown_wait;

@@ -40,6 +40,16 @@
 //!    blocked in a foreign executor on the other's full ring. A blocked loop drains nothing
 //!    (rule 4 needs turns), so neither frees the other's space, and both wait for good; one
 //!    blocked loop is fine, its peer drains.
+//!    **3c. A foreign waiter in a stopping loop** (a `Drop` that the loop's shutdown runs,
+//!    [`wait_in_shutdown`]): what the shutdown does for loops that have stopped
+//!    ([`evacuate`]) is done at each poll too, since the shutdown does it only once the drop
+//!    returns, and the waker joins the foreign list of each ring that still holds something
+//!    for an owner holding its end, then announces (`want_space`) and looks at the owner's
+//!    slot in the mesh. The owner's drain wakes the list (3b); so does its
+//!    `Mesh::give_back`, after it parks its end: a waiter that looked first is woken, one that
+//!    looks later sees the end parked and polls again. Not covered, as in 3b: two stopping
+//!    loops each blocked in such a drop on work the other's shutdown would drop (a call
+//!    drained into the other's queue, a task there holding a channel's other end).
 //! 4. **Fair draining.** Each turn a loop pops at most [`DRAIN_PER_RING`] messages from each
 //!    incoming ring, starting one ring further on each turn, so no peer can starve another.
 //!    Draining never depends on ring space, so two loops that fill each other's rings still make
@@ -230,10 +240,18 @@ impl Mesh {
                 *lock(&self.producers[me * n + to]) = p;
             }
         }
+        let mut woken = Vec::new();
         for (from, c) in local.inc.into_iter().enumerate() {
             if c.is_some() {
                 *lock(&self.consumers[from * n + me]) = c;
+                // Rule 3c: after the end is parked, so a waiter that joined before this looks
+                // is woken here, and one that joins later sees the end parked.
+                woken.append(&mut lock(self.foreign(from, me)));
             }
+        }
+        // Outside the locks: a waker is user code.
+        for w in woken {
+            crate::task::wake_guarded(w);
         }
     }
 
@@ -760,6 +778,14 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
 /// messages in the ring, or those were lost; and what this loop left in the ring of an owner
 /// past its last drain was dropped unrun when the run ended (`Mesh::drop_queued`).
 pub(crate) fn evacuate(core: &Core) -> bool {
+    let (waits, again) = evacuate_parts(core);
+    waits || again || core.mesh.borrow().backlogged() > 0
+}
+
+/// [`evacuate`]'s two reasons to come back: whether something waits for an owner that still
+/// holds its end (in the ring or a backlog), and whether the evacuation ran user code (drops)
+/// that may have sent more.
+fn evacuate_parts(core: &Core) -> (bool, bool) {
     flush(core);
     let mesh = &core.exec.mesh;
     let mut m = core.mesh.borrow_mut();
@@ -828,29 +854,56 @@ pub(crate) fn evacuate(core: &Core) -> bool {
     crate::task::cancel_all(dropped);
     crate::task::drop_wakers_guarded(wakers);
     drain(core);
-    waits || again || core.mesh.borrow().backlogged() > 0
+    (waits, again)
 }
 
-/// A foreign wait (see `Core::flush_deferred`) in a drop that this loop's shutdown runs: what
-/// the shutdown does for loops that have stopped ([`evacuate`]) is done now too, and the wait
-/// is polled again a millisecond later while anything is left for a loop still shutting down.
-/// A call that the drop makes to a loop that has stopped (a `submit_to`, a task spawned there,
-/// a `send_to` waiting for room in its full ring) sits in a ring no thread drains: the
-/// shutdown hands it over or drops it (then the call ends with `Stopped`, a join handle with
-/// a cancelled error), but only once the drop returns, and the drop waited for the call, so
-/// `run()` never returned. For a loop still shutting down the wait ends when that loop drains
-/// the call (and drops it) or stops (then the next poll's evacuation does): the re-poll is
-/// what sees the second, which sends no wake. Cost outside a shutdown: a borrow and a load;
-/// inside one, an evacuation, and a 1 ms sleep of this thread (which the drop blocks anyway)
-/// per poll while the evacuation is not done, as the shutdown's own wait.
+/// Rule 3c: a foreign wait (see `Core::flush_deferred`) in a drop that this loop's shutdown
+/// runs: what the shutdown does for loops that have stopped ([`evacuate`]) is done now too,
+/// and the wait joins the foreign list of each ring that still holds something for an owner
+/// still holding its end. A call that the drop makes to a loop that has stopped (a
+/// `submit_to`, a task spawned there, a `send_to` waiting for room in its full ring) sits in a
+/// ring no thread drains: the shutdown hands it over or drops it (then the call ends with
+/// `Stopped`, a join handle with a cancelled error), but only once the drop returns, and the
+/// drop waited for the call, so `run()` never returned. For an owner still running or
+/// shutting down, the wait ends when it drains the call (and runs or drops it: the call's own
+/// wake), or when it stops without draining it (past its last drain): its `Mesh::give_back`
+/// wakes the list, and the next poll's evacuation hands the call over or drops it. The waker
+/// joins before the announce (`want_space`, whose swap by the consumer's drain also wakes the
+/// list) and before the look at the consumer's slot, which `give_back` fills before it takes
+/// the list: whichever comes second sees the other. Cost outside a shutdown: a borrow and a
+/// load; inside one, an evacuation, and per ring still holding something a lock, a swap and a
+/// look at the consumer's slot (a second lock).
 pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker) {
     if !core.mesh.borrow().is_stopping() {
         return;
     }
-    if evacuate(core) {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        waker.wake_by_ref();
+    // As the shutdown's passes: again while the drops an evacuation ran may have sent more.
+    while evacuate_parts(core).1 {}
+    let mesh = &core.exec.mesh;
+    let (me, left) = {
+        let m = core.mesh.borrow();
+        let left: Vec<usize> = (0..m.out.len())
+            .filter(|&to| to != m.me && !ring_empty(&m, to))
+            .collect();
+        (m.me, left)
+    };
+    for to in left {
+        join_foreign(core, me, to, waker);
+        mesh.want_space(me, to).swap(true, SeqCst);
+        let stopped = lock(&mesh.consumers[me * mesh.n + to]).is_some();
+        if stopped || ring_empty(&core.mesh.borrow(), to) {
+            // Changed since the evacuation: poll again (an evacuation of its own).
+            waker.wake_by_ref();
+            return;
+        }
     }
+}
+
+/// Whether this loop's ring to `to` holds nothing (or there is none).
+fn ring_empty(m: &LocalMesh, to: usize) -> bool {
+    m.out[to]
+        .as_ref()
+        .is_none_or(|p| p.slots() == p.buffer().capacity())
 }
 
 /// Whether a [`reserve`] for loop `to` would be ready now (rule 3): `to` can take a message
