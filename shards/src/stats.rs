@@ -38,7 +38,9 @@ pub struct LoopStats {
     /// Messages taken from the loop's inbox (spawns and wakes from other threads), those its
     /// shutdown takes included (dropped unrun after a requested stop).
     pub inbox_received: u64,
-    /// Tasks currently registered (live) on the loop.
+    /// Pinned tasks alive on the loop that have parked at least once (registered there: the
+    /// deadlock report's list). Not counted: a task queued that has not parked yet, and any
+    /// migratable task (registered with its executor, not a loop).
     pub live_tasks: u64,
     /// Messages this loop sent to other shards over the ring mesh (spawns, `submit_to`, wakes).
     pub messages_sent: u64,
@@ -69,7 +71,9 @@ pub struct LoopStats {
     pub stalls: u64,
     /// I/O operations submitted (io_uring) or readiness waits armed (epoll).
     pub io_submitted: u64,
-    /// I/O completions reaped (io_uring) or readiness events dispatched (epoll).
+    /// I/O completions reaped (io_uring) or readiness waits ended (epoll: an event no task
+    /// waited for, such as the `EPOLLOUT` a socket reports as it joins the set, counts none,
+    /// so once nothing is in flight this is at most `io_submitted`).
     pub io_completed: u64,
     /// The loop's I/O driver (`None` before it first ran, or if the OS refused both).
     pub io_driver: Option<crate::io::Driver>,

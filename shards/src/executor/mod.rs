@@ -1274,6 +1274,12 @@ pub(crate) fn drop_migratable(shared: &ExecShared) {
 }
 
 fn drop_registered_migratable(shared: &ExecShared) {
+    // The parked tasks dropped here end on no loop: each counts in `LoopStats::tasks_run` of
+    // the loop it first parked on (its registry shard), cancelled, as a pinned task that a
+    // shutdown drops does. No loop of this executor runs now (its run's threads are joined,
+    // or a `LocalExecutor`'s loop is gone), so their single-writer counts may be written here.
+    let before = shared.migratable.registered_per_shard();
+    let _count = CountDropped { shared, before };
     // One wake per task is enough: each `Runnable` then surfaces in an injector (this thread
     // is no worker) or is already in a queue drained below.
     shared.migratable.wake_all();
@@ -1292,6 +1298,24 @@ fn drop_registered_migratable(shared: &ExecShared) {
         }
     }
     tracing::warn!("some migratable tasks could not be dropped at stop (a bug in xtc)");
+}
+
+/// Adds the registered migratable tasks [`drop_registered_migratable`] dropped to the
+/// `tasks_run` of the loops they parked on (on every way out of it).
+struct CountDropped<'a> {
+    shared: &'a ExecShared,
+    before: Vec<usize>,
+}
+
+impl Drop for CountDropped<'_> {
+    fn drop(&mut self) {
+        let after = self.shared.migratable.registered_per_shard();
+        for (i, (b, a)) in self.before.iter().zip(after).enumerate() {
+            if let Some(l) = self.shared.loops.get(i) {
+                crate::stats::bump(&l.stats.tasks_run, b.saturating_sub(a) as u64);
+            }
+        }
+    }
 }
 
 /// Tests only: a callback the coordinator (or a shard thread) runs at a point of its protocol.

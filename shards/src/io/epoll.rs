@@ -549,7 +549,6 @@ impl Epoll {
                 unsafe { libc::read(self.ping_fd, (&mut buf as *mut u64).cast(), 8) };
                 continue;
             }
-            self.fired.set(self.fired.get() + 1);
             let mut slots = self.slots.borrow_mut();
             let Some(slot) = slots.get_mut(token as usize) else {
                 continue;
@@ -572,8 +571,12 @@ impl Epoll {
                 slot.ready |= READY_WRITE;
                 wakers.extend(slot.writers.drain(..).map(|(_, w)| w));
             }
-            self.waiting
-                .set(self.waiting.get() - (wakers.len() - before));
+            let woken = wakers.len() - before;
+            self.waiting.set(self.waiting.get() - woken);
+            // `LoopStats::io_completed`: the waits this event ended (each armed one counted in
+            // `waits`), not the event itself: an event no task waited for (the `EPOLLOUT` a
+            // socket reports as it joins the set) made the completions outnumber the waits.
+            self.fired.set(self.fired.get() + woken as u64);
         }
         let n = wakers.len();
         for w in wakers {

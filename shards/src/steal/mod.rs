@@ -286,6 +286,11 @@ impl Migratable {
         out
     }
 
+    /// How many migratable tasks are registered (parked) per registry shard.
+    pub(crate) fn registered_per_shard(&self) -> Vec<usize> {
+        self.registry.iter().map(|r| lock(r).len()).collect()
+    }
+
     /// Whether any migratable task is registered.
     pub(crate) fn any_registered(&self) -> bool {
         self.registry.iter().any(|r| !lock(r).is_empty())
