@@ -274,9 +274,16 @@ impl Core {
     /// loop's shutdown runs, also that shutdown's handover to loops that have stopped
     /// ([`ring::wait_in_shutdown`](crate::ring::wait_in_shutdown)).
     pub(crate) fn flush_deferred(&self, waker: &Waker) {
+        self.flush_deferred_on(waker, std::ptr::null());
+    }
+
+    /// [`flush_deferred`](Self::flush_deferred) for a wait on the task whose metadata is at
+    /// `awaited` (null: none), which a stopping loop drops rather than keeps for the next run
+    /// of a loop that has stopped ([`ring::wait_in_shutdown`](crate::ring::wait_in_shutdown)).
+    pub(crate) fn flush_deferred_on(&self, waker: &Waker, awaited: *const crate::task::TaskMeta) {
         self.send_deferred();
         crate::ring::wait_backlogs_foreign(self, waker);
-        crate::ring::wait_in_shutdown(self, waker);
+        crate::ring::wait_in_shutdown(self, waker, awaited);
     }
 
     /// [`flush_deferred`](Self::flush_deferred) without the wait for ring space: the turn's
@@ -639,7 +646,14 @@ pub(crate) fn before_blocking_the_turn() {
 /// drop run hidden, of a call the task left in the loop's backlog (its ring full), waited for
 /// good. Cost: as `flush_deferred`'s; with the loop hidden, a second thread-local read.
 pub(crate) fn flush_for_foreign_wait(waker: &Waker) {
-    if with_core(|c| c.flush_deferred(waker)).is_some() {
+    flush_for_foreign_wait_on(waker, std::ptr::null());
+}
+
+/// [`flush_for_foreign_wait`] of a join handle of the task whose metadata is at `awaited`: in
+/// a stopping loop, that task is dropped rather than kept for its loop's next run
+/// ([`ring::wait_in_shutdown`](crate::ring::wait_in_shutdown)).
+pub(crate) fn flush_for_foreign_wait_on(waker: &Waker, awaited: *const crate::task::TaskMeta) {
+    if with_core(|c| c.flush_deferred_on(waker, awaited)).is_some() {
         return;
     }
     with_own_core(|c| {

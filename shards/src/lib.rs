@@ -95,11 +95,15 @@
 //! another loop's work ends: a [`JoinHandle`], a shared channel end or a `submit_to` polled
 //! with a waker other than the task's own sends the turn's deferred wakes, ring pings and
 //! eager rebalance's nudge first, so the other loop is woken. In a `Drop` that a loop's
-//! shutdown runs, such a wait on a call to a shard that has stopped ends too, with
-//! [`Error::Stopped`] (a join handle: cancelled): the wait hands over or drops what the loop
-//! sent to stopped loops, as the shutdown does once the `Drop` returns; but two such `Drop`s on
-//! two shards, each waiting on work the other's shutdown would drop (a call to it, a task there
-//! holding a channel's other end), wait for good, as two loops blocked on each other do. Only a wait on one of those
+//! shutdown runs, a new call ([`shard::submit_to`], [`shard::send_to`],
+//! [`shard::submit_to_all`], [`Handle::spawn_on`] and the rest) is refused at once with
+//! [`Error::Stopped`], whichever shard it is for: the executor is stopping, so the call would
+//! only be dropped unrun, and waiting for that waited on another loop's shutdown, which could
+//! itself be blocked in a `Drop` waiting on this loop. A wait there on the join handle of a
+//! call made earlier ends (cancelled, if it had not run) once its loop drops it, or, for a
+//! loop that has already stopped, at once: the wait drops it, rather than keep it for that
+//! loop's next run. Two such `Drop`s on two shards, each waiting on a channel end that a task
+//! of the other's holds, still wait for good, as two loops blocked on each other do. Only a wait on one of those
 //! does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
 //! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of

@@ -32,8 +32,9 @@ pub(crate) fn join_result<T>(r: std::result::Result<T, JoinError>) -> Result<T> 
 /// [`timeout`](crate::time::timeout) around it, a `select!`) does not cancel the call: the
 /// closure still runs on `shard`, and its output is dropped. `Err(InvalidShard)` for an
 /// out-of-range shard, `Err(Join)` if the closure or its future panicked (the target loop goes
-/// on), `Err(Stopped)` if the executor stopped before it completed, `Err(OffLoop)` off any loop
-/// (use [`Handle::submit_to`] there).
+/// on), `Err(Stopped)` if the executor stopped before it completed, and at once, nothing sent,
+/// from a `Drop` that this loop's shutdown runs (to any shard: see "Blocking a loop" in the
+/// crate docs), `Err(OffLoop)` off any loop (use [`Handle::submit_to`] there).
 ///
 /// Cost: one task allocation, one ring message each way and one local wake; no lock. Shared
 /// atomics: the rings' own indices, the task's state (async-task), and a reference to the
@@ -261,10 +262,10 @@ pub(crate) async fn reserve_on(shard: usize, what: &'static str) -> Result<task:
         // The batch ends after this poll (`coop_spend` saw to it).
         crate::yield_now().await;
     }
-    if wait || spent {
-        // After a yield, the room may have gone meanwhile: looked at again (ready at once
-        // while there is room, and for the own shard).
-        ring::reserve(shard).await;
+    // After a yield, the room may have gone meanwhile: looked at again (ready at once while
+    // there is room, and for the own shard). Refused in a stopping loop (`ring::reserve`).
+    if (wait || spent) && !ring::reserve(shard).await {
+        return Err(Error::Stopped);
     }
     Ok(owner)
 }
@@ -292,13 +293,20 @@ where
         // leaves it (for the reply spin).
         let mut handles = Vec::with_capacity(exec.loops.len());
         for (i, owner) in exec.loops.iter().enumerate() {
-            ring::reserve(i).await;
+            if !ring::reserve(i).await {
+                // Refused in a stopping loop (`ring::reserve`).
+                handles.push(None);
+                continue;
+            }
             let (join, remote) = spawn_call(task::Home::new(owner), i, make.clone(), info.clone());
-            handles.push(AwaitReply::new(join, remote));
+            handles.push(Some(AwaitReply::new(join, remote)));
         }
         let mut out = Vec::with_capacity(handles.len());
         for h in handles {
-            out.push(join_result(h.await));
+            out.push(match h {
+                Some(h) => join_result(h.await),
+                None => Err(Error::Stopped),
+            });
         }
         out
     }
@@ -307,8 +315,9 @@ where
 /// Fire-and-forget: sends `make` to run on `shard` and resolves once the message is enqueued
 /// (after waiting for ring space if the ring is full), not when it has run.
 /// `Err(InvalidShard)` for an out-of-range shard, `Err(OffLoop)` off any loop (use
-/// [`Handle::send_to`] there); nothing else: a panic on the target is caught there and not
-/// reported, and a closure the executor's stop drops unrun is not reported either. Cost: as
+/// [`Handle::send_to`] there), `Err(Stopped)` at once, nothing sent, from a `Drop` that this
+/// loop's shutdown runs (as [`submit_to`]); nothing else: a panic on the target is caught there
+/// and not reported, and a closure the executor's stop drops unrun is not reported either. Cost: as
 /// [`submit_to`]'s, less the reply. A call that finds room (or sends to its own shard)
 /// resolves without a loop turn; after 128 such calls in one poll of the task, the next one
 /// yields for one turn first, so a loop of sends cannot hold its loop.

@@ -1079,31 +1079,104 @@ fn call_a_stopped_shard_from_a_shutdown_drop(
     rx.recv_timeout(HANG).expect("the drop made no call")
 }
 
-/// A blocking call, made from a drop that a loop's shutdown runs, to a shard whose loop has
-/// already stopped ends with the error of a stopped target. Only that shutdown hands over or
-/// drops what the loop sent to a stopped loop (its ring's content is drained by nobody), and
-/// it did so once the drop returned: the drop waited for good, and `run()` never returned.
-/// The same for a call left waiting for room in a full ring to that loop, and for a join
-/// handle of a task spawned there.
+/// A call made from a drop that a loop's shutdown runs, to another shard, is refused at once
+/// with `Err(Stopped)`: the executor is stopping, so the call could only be dropped unrun by
+/// a shutdown, and a drop that waited for that waited on it. To a shard that had already
+/// stopped, the drop waited for good (only this loop's shutdown hands over or drops what it
+/// sent there, once the drop returns), and two such drops each calling the other's shard did
+/// too. The same for `send_to` (into a full ring), `submit_to_all` and `Handle::spawn_on`, and
+/// for a call to the stopping loop's own shard (it runs nothing: that one waited for good).
 #[test]
-fn a_shutdown_drop_blocking_on_a_call_to_a_shard_that_has_stopped() {
+fn a_shutdown_drops_call_to_another_shard_is_refused() {
     let got = call_a_stopped_shard_from_a_shutdown_drop(|_| {
         let r = futures::executor::block_on(shard::submit_to(1, || async { 7 }));
         format!("{}", matches!(r, Err(Error::Stopped)))
     });
     assert_eq!(got, "true", "submit_to: not Err(Stopped)");
     let got = call_a_stopped_shard_from_a_shutdown_drop(|h| {
-        let r = futures::executor::block_on(h.spawn_on(1, || async { 7 }).unwrap());
-        format!("{}", r.is_err_and(|e| e.is_cancelled()))
+        format!(
+            "{}",
+            matches!(h.spawn_on(1, || async { 7 }), Err(Error::Stopped))
+        )
     });
-    assert_eq!(got, "true", "a join handle: not a cancelled error");
-    // The ring holds one message: the second send waits for room that only the handover of
-    // the first makes. Each resolves once its message is enqueued (then dropped).
+    assert_eq!(got, "true", "Handle::spawn_on: not Err(Stopped)");
+    let got = call_a_stopped_shard_from_a_shutdown_drop(|h| {
+        let r = futures::executor::block_on(h.submit_to(1, || async { 7 }));
+        format!("{}", matches!(r, Err(Error::Stopped)))
+    });
+    assert_eq!(got, "true", "Handle::submit_to: not Err(Stopped)");
+    // The ring holds one message: without the refusal the second send waited for room.
     let got = call_a_stopped_shard_from_a_shutdown_drop(|_| {
         let sends: Vec<_> = (0..3)
             .map(|_| futures::executor::block_on(shard::send_to(1, || async {})))
             .collect();
-        format!("{}", sends.iter().all(|r| r.is_ok()))
+        format!("{}", sends.iter().all(|r| matches!(r, Err(Error::Stopped))))
     });
-    assert_eq!(got, "true", "send_to: not Ok once enqueued");
+    assert_eq!(got, "true", "send_to: not Err(Stopped)");
+    let got = call_a_stopped_shard_from_a_shutdown_drop(|_| {
+        let all = futures::executor::block_on(shard::submit_to_all(|| async { shard::id() }));
+        // Its own shard's call too: a stopping loop runs nothing (it waited for good).
+        format!("{}", all.iter().all(|r| matches!(r, Err(Error::Stopped))))
+    });
+    assert_eq!(
+        got, "true",
+        "submit_to_all: not Err(Stopped) for every shard"
+    );
+    let got = call_a_stopped_shard_from_a_shutdown_drop(|h| {
+        let own = futures::executor::block_on(shard::submit_to(0, || async { 7 }));
+        let spawned = h.spawn_on(0, || async { 7 });
+        format!(
+            "{}",
+            matches!(own, Err(Error::Stopped)) && matches!(spawned, Err(Error::Stopped))
+        )
+    });
+    assert_eq!(
+        got, "true",
+        "a call to the stopping loop's own shard: not Err(Stopped)"
+    );
+}
+
+/// A drop that a loop's shutdown runs blocks on the join handle of a call sent to shard 1
+/// before that shutdown began, which shard 1 never drained: it stopped first (its thread is
+/// gone). The call is kept for shard 1's next run, which cannot come while this run waits for
+/// the drop: the wait drops it instead (its handle: cancelled), and the run ends.
+#[test]
+fn a_shutdown_drop_blocking_on_a_call_sent_before_to_a_shard_that_has_stopped() {
+    let ex = exec_with_grace(2, Duration::from_millis(100));
+    let h = ex.handle();
+    let gone = Arc::new(AtomicBool::new(false));
+    let g = gone.clone();
+    ex.spawn_on(1, move || async move {
+        GONE.with(|s| *s.borrow_mut() = Some(SetOnDrop(g)));
+    })
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let h2 = h.clone();
+    ex.spawn_on(0, move || async move {
+        // Holds this loop in one poll while the run stops and shard 1's thread exits.
+        h2.stop();
+        block_until(|| gone.load(SeqCst));
+        let call = h2.spawn_on(1, || async { 7 }).unwrap();
+        let _guard = CallOnDrop {
+            gone,
+            call: Some(move || {
+                let r = futures::executor::block_on(call);
+                format!("{}", r.is_err_and(|e| e.is_cancelled()))
+            }),
+            out: tx,
+        };
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    let r = run_or_fail(
+        ex,
+        HANG,
+        "a shutdown drop's wait on a call kept for a next run",
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(
+        rx.recv_timeout(HANG).unwrap(),
+        "true",
+        "not a cancelled error"
+    );
 }

@@ -71,6 +71,18 @@ impl<T> Inbox<T> {
         n as usize
     }
 
+    /// Takes out the first queued message that `pred` picks, counted as taken by the consumer
+    /// (it was pushed, and will not be drained). For a stopping loop whose drop waits on a task
+    /// kept here for this loop's next run (`ring::wait_in_shutdown`), with this loop stopped:
+    /// several threads may call it, as they may sweep. Cost: a lock and a scan.
+    pub(crate) fn take_where(&self, pred: impl Fn(&T) -> bool) -> Option<T> {
+        let mut q = lock(&self.queue);
+        let i = q.iter().position(pred)?;
+        let taken = q.remove(i);
+        self.popped.store(self.popped.load(SeqCst) + 1, SeqCst);
+        Some(taken)
+    }
+
     /// Messages ever pushed, counting pushes still in flight (a stopping loop's bound on what
     /// it drains, `event_loop::shutdown`).
     pub(crate) fn pushed(&self) -> u64 {

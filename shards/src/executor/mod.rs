@@ -381,6 +381,13 @@ impl ExecShared {
         Ok(())
     }
 
+    /// Whether the caller runs on a loop of this executor whose shutdown has begun. Cost: a
+    /// thread-local read; on a loop, a pointer compare and a borrow.
+    fn on_a_stopping_loop(&self) -> bool {
+        crate::context::with_core(|c| std::ptr::eq(&*c.exec, self) && c.mesh.borrow().is_stopping())
+            .unwrap_or(false)
+    }
+
     pub(crate) fn shard(&self, shard: usize) -> Result<&Arc<LoopShared>> {
         // Built only on the error path: `ok_or` built (and dropped) the error on every call,
         // once per cross-shard call (callgrind: about 40 instructions per `submit_to`).
@@ -420,6 +427,12 @@ impl ExecShared {
             // spawn racing the very panic that poisons the loop can still be queued, as any
             // racing that loop's end.
             return Err(Error::ShardPanicked(POISONED));
+        }
+        if shard < self.loops.len() && self.on_a_stopping_loop() {
+            // A `Drop` that a loop's shutdown runs: refused, as `shard::submit_to` from there
+            // is (`ring::reserve`): dropped unrun by the shutdown that finds it, and a `Drop`
+            // waiting for it waited on that shutdown, which may wait on this one's.
+            return Err(Error::Stopped);
         }
         let h = self.spawn_on_in(shard, make, info, class);
         self.drop_if_closed();
@@ -1065,8 +1078,8 @@ thread_local! {
 /// Marks this thread as dropping the leftovers of a stopped run of an executor (tasks left in
 /// the rings, parked migratable tasks) until dropped: a `Drop` there that spawns on that
 /// executor through a `Handle` is refused (`Err(Stopped)`, or a migratable task dropped at
-/// once), as the spawns of the drops a stopping loop runs are dropped. Queued, they ran in the
-/// next, unrelated run.
+/// once), as the spawns of the drops a stopping loop runs are (`ExecShared::spawn_on_open`).
+/// Queued, they ran in the next, unrelated run.
 ///
 /// Holds its node as a raw pointer (`Box::leak`), not a `Box`: the list's pointer to it is
 /// a raw pointer too, and a `Box` moved after it was taken (into the guard, out of `enter`)
@@ -1594,13 +1607,15 @@ impl Handle {
     /// every loop idle) is not run by that `run()`: it stays queued for the next run, and its
     /// `JoinHandle` resolves as cancelled if the `Executor` is dropped first.
     ///
-    /// `Err(InvalidShard)` for an out-of-range shard, `Err(ShardPanicked)` once a loop's
-    /// shutdown was cut short by a panic (a bug in xtc; no later run starts, see
+    /// `Err(InvalidShard)` for an out-of-range shard, `Err(ShardPanicked)` for a shard whose
+    /// loop's shutdown was cut short by a panic (a bug in xtc; no later run starts, see
     /// [`Executor::run`]), `Err(Stopped)` once the `Executor` is
-    /// dropped (through a `Handle`: no run can come), and from the `Drop` of a task that a
+    /// dropped (through a `Handle`: no run can come), from the `Drop` of a task that a
     /// stopped run drops on the thread in `run()` or `LocalExecutor::block_on` (a parked
-    /// migratable one, one left in a ring):
-    /// the spawns of the drops a stopping loop runs are dropped too. Cost: one allocation; from the shard
+    /// migratable one, one left in a ring), and from a `Drop` that one of this executor's
+    /// loops runs in its shutdown, whichever shard the spawn is for (the executor is stopping:
+    /// queued, the task was dropped unrun, and a `Drop` that waited for it could wait for good,
+    /// see "Blocking a loop" in the crate docs). Cost: one allocation; from the shard
     /// itself a thread-local push; from another loop of the same executor a ring push (into a
     /// backlog while the ring is full), with the wake ping, if the shard sleeps, sent at the end
     /// of that loop's turn; from any other thread an inbox push (a short lock) plus a wake ping

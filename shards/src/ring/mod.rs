@@ -41,15 +41,18 @@
 //!    (rule 4 needs turns), so neither frees the other's space, and both wait for good; one
 //!    blocked loop is fine, its peer drains.
 //!    **3c. A foreign waiter in a stopping loop** (a `Drop` that the loop's shutdown runs,
-//!    [`wait_in_shutdown`]): what the shutdown does for loops that have stopped
-//!    ([`evacuate`]) is done at each poll too, since the shutdown does it only once the drop
-//!    returns, and the waker joins the foreign list of each ring that still holds something
-//!    for an owner holding its end, then announces (`want_space`) and looks at the owner's
-//!    slot in the mesh. The owner's drain wakes the list (3b); so does its
-//!    `Mesh::give_back`, after it parks its end: a waiter that looked first is woken, one that
-//!    looks later sees the end parked and polls again. Not covered, as in 3b: two stopping
-//!    loops each blocked in such a drop on work the other's shutdown would drop (a call
-//!    drained into the other's queue, a task there holding a channel's other end).
+//!    [`wait_in_shutdown`]). New sends wait for nothing there: [`reserve`] refuses them. A
+//!    wait on what was sent before (a join handle) gets, at each poll, what the shutdown does
+//!    for loops that have stopped ([`evacuate`]), since the shutdown does it only once the
+//!    drop returns; the awaited task itself is dropped rather than kept for a stopped loop's
+//!    next run (from the ring, or from that loop's inbox, where the shutdown's first
+//!    evacuation may have put it), which cannot start before this run ends. Then the waker
+//!    joins the foreign list of each ring that still holds something for an owner holding its
+//!    end, announces (`want_space`) and looks at the owner's slot in the mesh. The owner's
+//!    drain wakes the list (3b); so does its `Mesh::give_back`, after it parks its end: a
+//!    waiter that looked first is woken, one that looks later sees the end parked and polls
+//!    again (`loom_shutdown_wait.rs`). Not covered, as in 3b: two stopping loops each blocked
+//!    in such a drop on a channel end that a task of the other's holds.
 //! 4. **Fair draining.** Each turn a loop pops at most [`DRAIN_PER_RING`] messages from each
 //!    incoming ring, starting one ring further on each turn, so no peer can starve another.
 //!    Draining never depends on ring space, so two loops that fill each other's rings still make
@@ -395,10 +398,11 @@ impl LocalMesh {
         self.backlog[to].push_back(r);
     }
 
-    /// [`reserved`]: no ring to `to` to wait on, or room in it.
+    /// [`reserved`]: no ring to `to` to wait on, or room in it, and this loop is not stopping
+    /// (then a [`reserve`] refuses the send).
     #[inline]
     fn reserved(&self, to: usize) -> bool {
-        to == self.me || to >= self.out.len() || self.has_space(to)
+        self.stopping.is_none() && (to == self.me || to >= self.out.len() || self.has_space(to))
     }
 
     /// Whether `to` can take a message from this loop now, without backlog.
@@ -778,14 +782,16 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
 /// messages in the ring, or those were lost; and what this loop left in the ring of an owner
 /// past its last drain was dropped unrun when the run ended (`Mesh::drop_queued`).
 pub(crate) fn evacuate(core: &Core) -> bool {
-    let (waits, again) = evacuate_parts(core);
+    let (waits, again) = evacuate_parts(core, std::ptr::null());
     waits || again || core.mesh.borrow().backlogged() > 0
 }
 
 /// [`evacuate`]'s two reasons to come back: whether something waits for an owner that still
 /// holds its end (in the ring or a backlog), and whether the evacuation ran user code (drops)
-/// that may have sent more.
-fn evacuate_parts(core: &Core) -> (bool, bool) {
+/// that may have sent more. The task whose metadata is at `awaited` (null: none), if found
+/// among what would be kept for a stopped owner's next run, is dropped instead
+/// ([`wait_in_shutdown`]).
+fn evacuate_parts(core: &Core, awaited: *const crate::task::TaskMeta) -> (bool, bool) {
     flush(core);
     let mesh = &core.exec.mesh;
     let mut m = core.mesh.borrow_mut();
@@ -840,6 +846,16 @@ fn evacuate_parts(core: &Core) -> (bool, bool) {
             continue;
         }
         dropped.extend(moved.drain(keep..));
+        if !awaited.is_null() {
+            if let Some(i) = moved
+                .iter()
+                .position(|r| std::ptr::eq(r.metadata(), awaited))
+            {
+                // A drop of this shutdown blocks on it: kept, it waited for a next run that
+                // cannot come before this one ends, which waits for that drop.
+                dropped.push(moved.remove(i));
+            }
+        }
         if moved.is_empty() {
             continue;
         }
@@ -858,27 +874,30 @@ fn evacuate_parts(core: &Core) -> (bool, bool) {
 }
 
 /// Rule 3c: a foreign wait (see `Core::flush_deferred`) in a drop that this loop's shutdown
-/// runs: what the shutdown does for loops that have stopped ([`evacuate`]) is done now too,
-/// and the wait joins the foreign list of each ring that still holds something for an owner
-/// still holding its end. A call that the drop makes to a loop that has stopped (a
-/// `submit_to`, a task spawned there, a `send_to` waiting for room in its full ring) sits in a
-/// ring no thread drains: the shutdown hands it over or drops it (then the call ends with
-/// `Stopped`, a join handle with a cancelled error), but only once the drop returns, and the
-/// drop waited for the call, so `run()` never returned. For an owner still running or
-/// shutting down, the wait ends when it drains the call (and runs or drops it: the call's own
-/// wake), or when it stops without draining it (past its last drain): its `Mesh::give_back`
-/// wakes the list, and the next poll's evacuation hands the call over or drops it. The waker
+/// runs, on the task at `awaited` (a join handle's; null for other waits): what the shutdown
+/// does for loops that have stopped ([`evacuate`]) is done now too, that task is dropped
+/// rather than kept for a stopped loop's next run ([`drop_awaited_kept`]), and the wait joins
+/// the foreign list of each ring that still holds something for an owner still holding its
+/// end. What sits in a ring of a loop that has stopped is drained by no thread: the shutdown
+/// hands it over or drops it, but only once the drop returns, and a drop that waited for it
+/// never returned, nor did `run()`. For an owner still running or shutting down, the wait
+/// ends when it drains the call (and runs or drops it: the call's own wake), or when it stops
+/// without draining it (past its last drain): its `Mesh::give_back` wakes the list, and the
+/// next poll's evacuation hands the call over or drops it. The waker
 /// joins before the announce (`want_space`, whose swap by the consumer's drain also wakes the
 /// list) and before the look at the consumer's slot, which `give_back` fills before it takes
 /// the list: whichever comes second sees the other. Cost outside a shutdown: a borrow and a
 /// load; inside one, an evacuation, and per ring still holding something a lock, a swap and a
 /// look at the consumer's slot (a second lock).
-pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker) {
+pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker, awaited: *const crate::task::TaskMeta) {
     if !core.mesh.borrow().is_stopping() {
         return;
     }
     // As the shutdown's passes: again while the drops an evacuation ran may have sent more.
-    while evacuate_parts(core).1 {}
+    while evacuate_parts(core, awaited).1 {}
+    if !awaited.is_null() {
+        drop_awaited_kept(core, awaited);
+    }
     let mesh = &core.exec.mesh;
     let (me, left) = {
         let m = core.mesh.borrow();
@@ -899,6 +918,40 @@ pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker) {
     }
 }
 
+/// The task at `awaited`, which a drop of this loop's shutdown blocks on, if an evacuation
+/// (the shutdown's first, before any drop ran) handed it to the inbox of a loop that has
+/// stopped, for that loop's next run: taken out and dropped (its join handle: cancelled).
+/// Kept, it waited for a run that cannot start before this one ends, which waits for the drop.
+/// What an evacuation keeps for a stopped loop is a spawn, whose `Send` closure any thread may
+/// drop (a stopped loop has no live task to wake). A loop still running or shutting down
+/// takes its inbox itself (and drops it: the executor is stopping).
+fn drop_awaited_kept(core: &Core, awaited: *const crate::task::TaskMeta) {
+    // SAFETY: `awaited` is the metadata of the task whose join handle is being polled, in the
+    // caller's frame: the handle keeps the task's header, and so its `Home`, alive; a `Home`
+    // keeps its loop's `LoopShared` alive.
+    let home = unsafe { &*crate::task::Home::as_ptr(&(*awaited).home) };
+    let me = core.index();
+    let Some(to) = core
+        .exec
+        .loops
+        .iter()
+        .position(|l| std::ptr::eq(&**l, home))
+    else {
+        // Another executor's task.
+        return;
+    };
+    let mesh = &core.exec.mesh;
+    if to == me || lock(&mesh.consumers[me * mesh.n + to]).is_none() {
+        return;
+    }
+    if let Some(r) = home
+        .inbox
+        .take_where(|r| std::ptr::eq(r.metadata(), awaited))
+    {
+        crate::task::cancel(r);
+    }
+}
+
 /// Whether this loop's ring to `to` holds nothing (or there is none).
 fn ring_empty(m: &LocalMesh, to: usize) -> bool {
     m.out[to]
@@ -906,15 +959,22 @@ fn ring_empty(m: &LocalMesh, to: usize) -> bool {
         .is_none_or(|p| p.slots() == p.buffer().capacity())
 }
 
-/// Whether a [`reserve`] for loop `to` would be ready now (rule 3): `to` can take a message
-/// from this loop without backlog, or there is no ring to wait on (`to` is this loop, or out
-/// of range). Cost: a borrow and two loads.
+/// Whether a [`reserve`] for loop `to` would be ready now with room (rule 3): `to` can take a
+/// message from this loop without backlog, or there is no ring to wait on (`to` is this loop,
+/// or out of range); never once this loop's shutdown began (the reserve then refuses). Cost:
+/// a borrow and three loads.
 #[inline]
 pub(crate) fn reserved(core: &Core, to: usize) -> bool {
     core.mesh.borrow().reserved(to)
 }
 
-/// Waits until loop `to` can take a message from this loop without backlog (rule 3).
+/// Waits until loop `to` can take a message from this loop without backlog (rule 3), and
+/// resolves to `true`; to `false` at once, sending nothing, once this loop's shutdown has
+/// begun (a call from a `Drop` that the shutdown runs): the executor is stopping, so a call
+/// is dropped unrun by the shutdown that finds it (this loop's own included: a stopping loop
+/// runs nothing), and a `Drop` that waited for it waited on that shutdown, which may itself
+/// be blocked in a `Drop` waiting on this loop's (two such calls, each to the other's shard,
+/// waited for good; one to this loop's own shard, for good too).
 pub(crate) fn reserve(to: usize) -> Reserve {
     Reserve { to }
 }
@@ -926,14 +986,17 @@ pub(crate) struct Reserve {
 }
 
 impl Future for Reserve {
-    type Output = ();
+    type Output = bool;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
         let to = self.to;
         let ready = with_core(|core| {
             let m = core.mesh.borrow();
+            if m.stopping.is_some() {
+                return Some(false);
+            }
             if m.reserved(to) {
-                return true;
+                return Some(true);
             }
             // One entry per task: a `Reserve` polled again while it waits (a `select!` with a
             // timer, a re-created `submit_to`) would otherwise add a waker clone per poll.
@@ -963,14 +1026,13 @@ impl Future for Reserve {
             }
             // Rule 3: announce, then recheck.
             core.exec.mesh.want_space(me, to).swap(true, SeqCst);
-            core.mesh.borrow().has_space(to)
+            core.mesh.borrow().has_space(to).then_some(true)
         })
-        .unwrap_or(true);
-        if ready {
+        .unwrap_or(Some(true));
+        match ready {
             // A waker left on the list by the recheck path only costs a spurious wake.
-            Poll::Ready(())
-        } else {
-            Poll::Pending
+            Some(room) => Poll::Ready(room),
+            None => Poll::Pending,
         }
     }
 }

@@ -122,7 +122,8 @@ impl Builder {
         let exec =
             crate::context::exec().ok_or(crate::Error::OffLoop("xtc::task::Builder::spawn_on"))?;
         let class = class_on(self.class, &exec, shard)?;
-        exec.spawn_on_in(shard, make, info, class)
+        // As `Handle::spawn_on`, refusals included (a stopping loop's `Drop`, a poisoned shard).
+        exec.spawn_on_open(shard, make, info, class)
     }
 
     /// Like [`Handle::spawn_on`](crate::Handle::spawn_on), with this builder's options: from

@@ -305,7 +305,7 @@ impl<T> JoinHandle<T> {
                         if guard.is_some() {
                             // Polled for someone other than the task being polled: on a loop
                             // thread maybe a foreign executor that blocks it until woken.
-                            crate::context::flush_for_foreign_wait(cx.waker());
+                            crate::context::flush_for_foreign_wait_on(cx.waker(), meta);
                         }
                         Poll::Pending
                     }
