@@ -103,7 +103,9 @@
 //! call made earlier ends (cancelled, if it had not run) once its loop drops it, or, for a
 //! loop that has already stopped, at once: the wait drops it, rather than keep it for that
 //! loop's next run. Two such `Drop`s on two shards, each waiting on a channel end that a task
-//! of the other's holds, still wait for good, as two loops blocked on each other do. Only a wait on one of those
+//! of the other's holds, still wait for good, as two loops blocked on each other do, and so
+//! does one waiting on the join handle of a migratable task parked on another loop (parked
+//! migratable tasks are dropped only once every loop has stopped). Only a wait on one of those
 //! does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
 //! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of

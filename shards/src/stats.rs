@@ -22,8 +22,11 @@ use crate::sync::{
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LoopStats {
-    /// Tasks that finished on this loop (completed, panicked or were cancelled). Note: the
-    /// reference manual's `tasks_run` counts task *steps*; that is [`polls`](Self::polls) here.
+    /// Tasks that finished on this loop (completed, panicked or were cancelled), and the
+    /// migratable tasks that first parked on it and were still parked when a run ended
+    /// (dropped after the loops stopped, on no loop; a migratable task dropped from a queue
+    /// then, never having parked, counts nowhere). Note: the reference manual's `tasks_run`
+    /// counts task *steps*; that is [`polls`](Self::polls) here.
     pub tasks_run: u64,
     /// Task polls (steps) the loop executed.
     pub polls: u64,
@@ -71,9 +74,10 @@ pub struct LoopStats {
     pub stalls: u64,
     /// I/O operations submitted (io_uring) or readiness waits armed (epoll).
     pub io_submitted: u64,
-    /// I/O completions reaped (io_uring) or readiness waits ended (epoll: an event no task
-    /// waited for, such as the `EPOLLOUT` a socket reports as it joins the set, counts none,
-    /// so once nothing is in flight this is at most `io_submitted`).
+    /// I/O completions reaped (io_uring) or readiness waits that an event ended (epoll: an
+    /// event no task waited for, such as the `EPOLLOUT` a socket reports as it joins the set,
+    /// counts none, nor does a wait ended another way, a drop or a shutdown; so this is at most
+    /// `io_submitted`).
     pub io_completed: u64,
     /// The loop's I/O driver (`None` before it first ran, or if the OS refused both).
     pub io_driver: Option<crate::io::Driver>,

@@ -601,3 +601,56 @@ fn io_completed_never_exceeds_io_submitted_once_nothing_is_in_flight() {
         "more completions than submissions: {s:?}"
     );
 }
+
+/// A parked migratable task of a `LocalExecutor` whose drop runs the same `LocalExecutor`
+/// again (a nested `block_on`, as tests/steal.rs does) while two other leftovers are still
+/// parked: the nested run drops those two first (`Discarding::active_for`), counting them in
+/// its sweep; counted from registry sizes before and after each sweep, the outer sweep counted
+/// them again (7, not 5). Each task is counted once, by its own drop.
+#[test]
+fn nested_block_on_from_a_leftovers_drop_counts_each_leftover_once() {
+    thread_local! {
+        static EX: LocalExecutor = LocalExecutor::new().unwrap();
+    }
+    thread_local! {
+        static RAN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    /// The first of these dropped runs the executor again; the others do nothing.
+    struct RunAgain;
+    impl Drop for RunAgain {
+        fn drop(&mut self) {
+            if !RAN.with(|r| r.replace(true)) {
+                EX.with(|ex| ex.block_on(async {}));
+            }
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let h = EX.with(|ex| {
+            ex.block_on(async {
+                let g = RunAgain;
+                // The one that runs the executor again parks first: the sweep meets it first.
+                drop(xtc_shards::spawn(async move {
+                    let _g = g;
+                    std::future::pending::<()>().await
+                }));
+                xtc_shards::yield_now().await;
+                for _ in 0..2 {
+                    let g = RunAgain;
+                    drop(xtc_shards::spawn(async move {
+                        let _g = g;
+                        std::future::pending::<()>().await
+                    }));
+                }
+                for _ in 0..4 {
+                    xtc_shards::yield_now().await;
+                }
+                shard::handle().unwrap()
+            })
+        });
+        let _ = tx.send(h.loop_stats(0).unwrap());
+    });
+    let s = rx.recv_timeout(HANG).expect("hung");
+    // The outer main task, the nested run's main task, the three leftovers.
+    assert_eq!(s.tasks_run, 5, "{s:?}");
+}

@@ -1291,8 +1291,8 @@ fn drop_registered_migratable(shared: &ExecShared) {
     // the loop it first parked on (its registry shard), cancelled, as a pinned task that a
     // shutdown drops does. No loop of this executor runs now (its run's threads are joined,
     // or a `LocalExecutor`'s loop is gone), so their single-writer counts may be written here.
-    let before = shared.migratable.registered_per_shard();
-    let _count = CountDropped { shared, before };
+    SWEEPS.with(|s| s.borrow_mut().push(shared as *const ExecShared));
+    let _count = CountDropped;
     // One wake per task is enough: each `Runnable` then surfaces in an injector (this thread
     // is no worker) or is already in a queue drained below.
     shared.migratable.wake_all();
@@ -1313,21 +1313,35 @@ fn drop_registered_migratable(shared: &ExecShared) {
     tracing::warn!("some migratable tasks could not be dropped at stop (a bug in xtc)");
 }
 
-/// Adds the registered migratable tasks [`drop_registered_migratable`] dropped to the
-/// `tasks_run` of the loops they parked on (on every way out of it).
-struct CountDropped<'a> {
-    shared: &'a ExecShared,
-    before: Vec<usize>,
+thread_local! {
+    /// The executors whose parked migratable tasks this thread is dropping
+    /// ([`drop_registered_migratable`]), innermost last.
+    static SWEEPS: std::cell::RefCell<Vec<*const ExecShared>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl Drop for CountDropped<'_> {
-    fn drop(&mut self) {
-        let after = self.shared.migratable.registered_per_shard();
-        for (i, (b, a)) in self.before.iter().zip(after).enumerate() {
-            if let Some(l) = self.shared.loops.get(i) {
-                crate::stats::bump(&l.stats.tasks_run, b.saturating_sub(a) as u64);
-            }
+/// A registered migratable task of `exec` was dropped off any loop: counted in `tasks_run`
+/// of its registry shard if a [`drop_registered_migratable`] of `exec` runs on this thread
+/// (no loop of `exec` runs then, nested runs being sequential on this thread).
+pub(crate) fn count_swept(exec: &ExecShared, shard: usize) {
+    let sweeping = SWEEPS
+        .try_with(|s| s.borrow().iter().any(|&e| std::ptr::eq(e, exec)))
+        .unwrap_or(false);
+    if sweeping {
+        if let Some(l) = exec.loops.get(shard) {
+            crate::stats::bump(&l.stats.tasks_run, 1);
         }
+    }
+}
+
+/// Pops this thread's [`SWEEPS`] entry (on every way out of the sweep). A nested sweep of the
+/// same executor (a task's `Drop` that runs a `LocalExecutor` again) pushes its own entry: each
+/// task is counted once, by its own drop, whichever sweep drops it (counted before and after
+/// each sweep instead, the nested sweep's drops were counted by both).
+struct CountDropped;
+
+impl Drop for CountDropped {
+    fn drop(&mut self) {
+        SWEEPS.with(|s| s.borrow_mut().pop());
     }
 }
 

@@ -286,11 +286,6 @@ impl Migratable {
         out
     }
 
-    /// How many migratable tasks are registered (parked) per registry shard.
-    pub(crate) fn registered_per_shard(&self) -> Vec<usize> {
-        self.registry.iter().map(|r| lock(r).len()).collect()
-    }
-
     /// Whether any migratable task is registered.
     pub(crate) fn any_registered(&self) -> bool {
         self.registry.iter().any(|r| !lock(r).is_empty())
@@ -442,6 +437,7 @@ impl<F> Drop for MigrFuture<F> {
         // its drop under way below it, stayed registered: the sweep waited for it for two
         // seconds and then warned that it "could not be dropped". A task being dropped
         // needs its entry no more (the entry's waker only served to surface it).
+        let registered = unpack_key(self.key).map(|(shard, _)| shard);
         self.unregister();
         // Then the user's future, guarded where it has drop code at all (`needs_drop` is a
         // compile-time constant).
@@ -470,6 +466,9 @@ impl<F> Drop for MigrFuture<F> {
         if done_here != Some(true) {
             if let Some(exec) = weak.upgrade() {
                 exec.migratable.live.fetch_sub(1, SeqCst);
+                if let Some(shard) = registered {
+                    crate::executor::count_swept(&exec, shard);
+                }
             }
         }
     }
