@@ -238,4 +238,6 @@ mod loom_park;
 #[cfg(all(test, loom))]
 mod loom_ring;
 #[cfg(all(test, loom))]
+mod loom_run;
+#[cfg(all(test, loom))]
 mod loom_shutdown_wait;

@@ -262,8 +262,32 @@ impl ExecShared {
         self.poke();
     }
 
-    fn stop_reason(&self) -> u32 {
+    pub(crate) fn stop_reason(&self) -> u32 {
         self.stop_reason.load(SeqCst)
+    }
+
+    /// The reason of a stop this thread has seen through [`stop_requested`](Self::stop_requested)
+    /// (a `Relaxed` load, which orders nothing): an `Acquire` load of the flag first reads that
+    /// stop's store or a later one, and so orders the reason `request_stop` wrote before it
+    /// ahead of the read below. Without it a loop could see the flag and an older reason
+    /// (`None` for `Quiescent`), and drop at a quiescent stop what it must keep
+    /// (`loom_run.rs`).
+    pub(crate) fn seen_stop_reason(&self) -> u32 {
+        let _ = self.stop.load(Acquire);
+        self.stop_reason.load(SeqCst)
+    }
+
+    /// Marks the executor running, or `Err(AlreadyRunning)`; the claim ends (ready for another
+    /// run) when the returned guard drops (`loom_run.rs`).
+    pub(crate) fn claim_run(&self) -> Result<RunClaim<'_>> {
+        if self.running.swap(true, SeqCst) {
+            return Err(Error::AlreadyRunning);
+        }
+        self.runs.fetch_add(1, SeqCst);
+        Ok(RunClaim {
+            shared: self,
+            started: Cell::new(false),
+        })
     }
 
     pub(crate) fn unpark_all(&self) {
@@ -709,18 +733,9 @@ impl Executor {
         self.run_inner(&claim)
     }
 
-    /// Marks the executor running, or `Err(AlreadyRunning)`; the claim ends (ready for another
-    /// run) when the returned guard drops.
+    /// [`ExecShared::claim_run`].
     fn claim_run(&self) -> Result<RunClaim<'_>> {
-        let shared = &*self.handle.shared;
-        if shared.running.swap(true, SeqCst) {
-            return Err(Error::AlreadyRunning);
-        }
-        shared.runs.fetch_add(1, SeqCst);
-        Ok(RunClaim {
-            shared,
-            started: Cell::new(false),
-        })
+        self.handle.shared.claim_run()
     }
 
     fn run_inner(&self, claim: &RunClaim<'_>) -> Result<()> {
@@ -928,12 +943,12 @@ fn log_shard_panic(payload: Box<dyn std::any::Any + Send>) {
 }
 
 /// A claim on [`Executor::run`]: while it lives, other `run` and `block_on` calls get
-/// `Err(AlreadyRunning)`. Dropping it readies the executor for another run.
-struct RunClaim<'a> {
+/// `Err(AlreadyRunning)`. Dropping it readies the executor for another run (`loom_run.rs`).
+pub(crate) struct RunClaim<'a> {
     shared: &'a ExecShared,
     /// Whether the loops started (`run_inner`). A run that failed to start ran nothing, so it
     /// consumes no stop: that is kept for the next run with the queued work it is to drop.
-    started: Cell<bool>,
+    pub(crate) started: Cell<bool>,
 }
 
 impl Drop for RunClaim<'_> {
@@ -1521,7 +1536,7 @@ fn worker(
         }
         std::panic::resume_unwind(payload);
     }
-    let reason = exec.stop_reason();
+    let reason = exec.seen_stop_reason();
     if reason == StopReason::Deadlock as u32 {
         let lines: Vec<String> = core
             .registry

@@ -195,7 +195,11 @@ pub(crate) fn coordinate(exec: &ExecShared) {
             }
             *dirty = false;
         }
-        if exec.stop_requested() {
+        // `Acquire`: the stop's reason (`request_stop`, before the flag) comes before the
+        // claim's drop clears it as `run()` returns, so no reason outlives its stop. In C11
+        // the `SeqCst` order gives that already; loom sees it only through this edge
+        // (`loom_run.rs`).
+        if exec.stop.load(crate::sync::Ordering::Acquire) {
             return;
         }
         if exec.service_mode() {
