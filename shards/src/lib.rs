@@ -58,8 +58,10 @@
 //!    never leaves its loop and may be `!Send` (task protocol rule 1).
 //! 2. Migratable is a type and a choice: only `Send` futures spawned with [`spawn`] /
 //!    [`Handle::spawn`] sit on a steal deque; policy lives in the executor's knobs.
-//! 3. Cross-shard traffic goes through the SPSC mesh; a full ring applies backpressure, nothing
-//!    is dropped or reordered (`ring/mod.rs`).
+//! 3. Cross-shard traffic between running loops goes through the SPSC mesh; a full ring
+//!    applies backpressure, nothing is dropped or reordered (`ring/mod.rs`). Plain threads, and
+//!    a loop thread whose loop is hidden (a `Drop` of another executor's task run inside a
+//!    task), reach a loop through its inbox instead: see [`Handle::send_to`] for the order.
 //! 4. A sleeping loop is woken exactly when needed (`event_loop/park.rs`, loom-checked).
 //! 5. Wakes are idempotent: async-task collapses concurrent wakes into one schedule.
 //! 6. Knobs are atomics: `set_x` / `x()` on [`Handle`] (and so on [`Executor`]), effective at

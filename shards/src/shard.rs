@@ -326,8 +326,10 @@ where
 /// Messages from one shard to another start in the order they were sent (one ring per
 /// ordered pair, FIFO), as with [`submit_to`]. Nothing more is promised: not between what
 /// different shards send, not between these ring messages and what a plain thread sends
-/// through [`Handle::send_to`] (the target's inbox), and not for a migratable task that is
-/// stolen between two sends (its sends then leave from two shards), and not between calls
+/// through [`Handle::send_to`] (the target's inbox), and not for a migratable task that
+/// moves between two sends (stolen, or woken from another loop, which it then runs on: its
+/// sends leave from two shards), not across a stop (what the stop drops unrun is gone, while
+/// a later send, made after the target stopped, is kept for its next run), and not between calls
 /// spawned into different scheduling classes on the target (`task::Builder::class`: each class
 /// is a lane of its own, picked by its shares, so a later call in one class may start before an
 /// earlier one in another). A protocol that needs order across those awaits each

@@ -2095,12 +2095,18 @@ impl Handle {
 
     /// Fire-and-forget: queues `make` to run on `shard` and returns once it is queued (as
     /// [`spawn_on`](Handle::spawn_on): between runs, it runs when the next `run()` starts).
-    /// `Err(InvalidShard)` out of range, `Err(Stopped)` once the `Executor` is dropped.
+    /// `Err(InvalidShard)` out of range, `Err(Stopped)` once the `Executor` is dropped, and
+    /// the errors of `spawn_on` (a stopping loop's `Drop`, a poisoned shard).
     /// Cost: as `spawn_on`.
     ///
-    /// Order: what one thread sends to one shard this way starts in the order sent (the
-    /// target's inbox is FIFO); nothing is promised against what the shards send each other
-    /// over the ring mesh (see [`crate::shard::send_to`]).
+    /// Order: what one plain thread sends to one shard this way starts in the order sent (the
+    /// target's inbox is FIFO), and so does what one loop's tasks send (the ring from that
+    /// loop, as [`crate::shard::send_to`]). Nothing is promised between the two paths: not
+    /// against what the shards send each other over the ring mesh, and not for a loop thread
+    /// whose loop is hidden meanwhile (the `Drop`s of another executor's tasks that a task
+    /// drops, or that another executor's `run` ends inside a task: sent from there, a message
+    /// goes to the target's inbox, which the target takes before its rings, so it may start
+    /// before what that thread's tasks sent earlier).
     #[track_caller]
     pub fn send_to<F, Fut>(&self, shard: usize, make: F) -> Result<()>
     where
