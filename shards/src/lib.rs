@@ -102,9 +102,9 @@
 //! [`Error::Stopped`], whichever shard it is for: the executor is stopping, so the call would
 //! only be dropped unrun, and waiting for that waited on another loop's shutdown, which could
 //! itself be blocked in a `Drop` waiting on this loop. A wait there on the join handle of a
-//! call made earlier ends (cancelled, if it had not run) once its loop drops it, or, for a
-//! loop that has already stopped, at once: the wait drops it, rather than keep it for that
-//! loop's next run. Two such `Drop`s on two shards, each waiting on a channel end that a task
+//! pinned task of another loop (a call made earlier) ends (cancelled, if it had not run) once
+//! its loop drops it, or, if that loop stops without (keeping it for its next run), within a
+//! millisecond: the wait looks every millisecond and drops it there. Two such `Drop`s on two shards, each waiting on a channel end that a task
 //! of the other's holds, still wait for good, as two loops blocked on each other do, and so
 //! does one waiting on the join handle of a migratable task parked on another loop (parked
 //! migratable tasks are dropped only once every loop has stopped). Only a wait on one of those

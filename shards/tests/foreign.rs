@@ -1145,14 +1145,18 @@ fn a_shutdown_drop_blocking_on_a_call_sent_before_to_a_shard_that_has_stopped() 
     let ex = exec_with_grace(2, Duration::from_millis(100));
     let h = ex.handle();
     let gone = Arc::new(AtomicBool::new(false));
-    let g = gone.clone();
+    let (g, set) = (gone.clone(), Arc::new(AtomicBool::new(false)));
+    let s2 = set.clone();
     ex.spawn_on(1, move || async move {
         GONE.with(|s| *s.borrow_mut() = Some(SetOnDrop(g)));
+        s2.store(true, SeqCst);
     })
     .unwrap();
     let (tx, rx) = mpsc::channel();
     let h2 = h.clone();
     ex.spawn_on(0, move || async move {
+        // Shard 1's flag first (a stop before it ran dropped it: the flag never came).
+        sleep_until(|| set.load(SeqCst)).await;
         // Holds this loop in one poll while the run stops and shard 1's thread exits.
         h2.stop();
         block_until(|| gone.load(SeqCst));

@@ -2677,6 +2677,79 @@ mod tests {
         );
     }
 
+    /// Shard 1's shutdown panics (planted) with a `!Send` task U parked; a plain thread then
+    /// wakes U (its `Runnable` goes to shard 1's inbox, which is leaked). A Drop that shard 0's
+    /// shutdown runs polls U's join handle once: `ring::drop_awaited_kept` must leave the
+    /// poisoned loop's inbox alone (it took U's wake out and dropped U on shard 0's thread).
+    #[test]
+    fn a_shutdown_drops_wait_leaves_a_poisoned_loops_inbox_alone() {
+        let exec = two_shards();
+        let shared = exec.handle.shared.clone();
+        let wrong = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let slot = Arc::new(std::sync::Mutex::new(None::<std::task::Waker>));
+        let (w, s) = (wrong.clone(), slot.clone());
+        let u = exec
+            .spawn_on(1, move || async move {
+                let probe = OwnThread {
+                    home: std::thread::current().id(),
+                    wrong: w,
+                };
+                let _rc = std::rc::Rc::new(());
+                futures::future::poll_fn(|cx| {
+                    probe.check();
+                    *s.lock().unwrap() = Some(cx.waker().clone());
+                    std::task::Poll::<()>::Pending
+                })
+                .await;
+            })
+            .unwrap();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        struct PollOnDrop(Option<crate::JoinHandle<()>>, std::sync::mpsc::Receiver<()>);
+        impl Drop for PollOnDrop {
+            fn drop(&mut self) {
+                let _ = self.1.recv_timeout(Duration::from_secs(20));
+                let mut j = self.0.take().unwrap();
+                let _ = futures::executor::block_on(futures::future::poll_immediate(&mut j));
+                std::mem::forget(j);
+            }
+        }
+        let s = slot.clone();
+        exec.spawn_on(0, move || async move {
+            while s.lock().unwrap().is_none() {
+                crate::time::sleep(Duration::from_millis(1)).await;
+            }
+            let _g = PollOnDrop(Some(u), go_rx);
+            crate::stop();
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        let sl = slot.clone();
+        let waker_thread = std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while !shared.loops[1].poisoned.load(SeqCst) && t.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Shard 1's `Core` gives its ring ends back after the poison.
+            std::thread::sleep(Duration::from_millis(100));
+            sl.lock().unwrap().take().expect("parked").wake();
+            let _ = go_tx.send(());
+        });
+        exec.handle.shared.panic_shutdown.store(1, SeqCst);
+        let ran = exec.run();
+        exec.handle.shared.panic_shutdown.store(usize::MAX, SeqCst);
+        waker_thread.join().unwrap();
+        assert!(
+            matches!(ran, Err(crate::Error::ShardPanicked(_))),
+            "{ran:?}"
+        );
+        assert_eq!(
+            wrong.load(SeqCst),
+            0,
+            "shard 1's !Send task was dropped off its loop's thread (by drop_awaited_kept)"
+        );
+        std::mem::forget(exec);
+    }
+
     /// Once a loop is poisoned (its shutdown panicked, planted here), no run can come to take
     /// a new task: a spawn to it (`spawn_on`, `submit_to`, `send_to`) and a `block_on` are
     /// refused with `ShardPanicked`. Accepted, the spawn was queued in the poisoned loop's

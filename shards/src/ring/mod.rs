@@ -46,7 +46,9 @@
 //!    for loops that have stopped ([`evacuate`]), since the shutdown does it only once the
 //!    drop returns; the awaited task itself is dropped rather than kept for a stopped loop's
 //!    next run (from the ring, or from that loop's inbox, where the shutdown's first
-//!    evacuation may have put it), which cannot start before this run ends. Then the waker
+//!    evacuation, another loop's or a plain thread may have put it), which cannot start
+//!    before this run ends; while it is another loop's and not over, the wait polls again
+//!    every millisecond (what keeps it wakes no one). Then the waker
 //!    joins the foreign list of each ring that still holds something for an owner holding its
 //!    end, announces (`want_space`) and looks at the owner's slot in the mesh. The owner's
 //!    drain wakes the list (3b); so does its `Mesh::give_back`, after it parks its end: a
@@ -895,8 +897,16 @@ pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker, awaited: *const crate
     }
     // As the shutdown's passes: again while the drops an evacuation ran may have sent more.
     while evacuate_parts(core, awaited).1 {}
-    if !awaited.is_null() {
-        drop_awaited_kept(core, awaited);
+    if !awaited.is_null() && drop_awaited_kept(core, awaited) {
+        // The awaited task is another loop's and not over: what will end it (that loop's run
+        // or shutdown) wakes this wait, but what may instead keep it for that loop's next
+        // run wakes no one here (a plain thread's spawn that came after that shutdown's last
+        // look at its inbox, a third loop's evacuation handing it over once that loop has
+        // stopped). Polled again 1 ms later (a sleep of this thread, which the drop blocks
+        // anyway), as the shutdown's own wait.
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        waker.wake_by_ref();
+        return;
     }
     let mesh = &core.exec.mesh;
     let (me, left) = {
@@ -924,8 +934,9 @@ pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker, awaited: *const crate
 /// Kept, it waited for a run that cannot start before this one ends, which waits for the drop.
 /// What an evacuation keeps for a stopped loop is a spawn, whose `Send` closure any thread may
 /// drop (a stopped loop has no live task to wake). A loop still running or shutting down
-/// takes its inbox itself (and drops it: the executor is stopping).
-fn drop_awaited_kept(core: &Core, awaited: *const crate::task::TaskMeta) {
+/// takes its inbox itself (and drops it: the executor is stopping). Returns whether the wait
+/// must look again: the task is another healthy loop's pinned task and was not found here.
+fn drop_awaited_kept(core: &Core, awaited: *const crate::task::TaskMeta) -> bool {
     // SAFETY: `awaited` is the metadata of the task whose join handle is being polled, in the
     // caller's frame: the handle keeps the task's header, and so its `Home`, alive; a `Home`
     // keeps its loop's `LoopShared` alive.
@@ -938,18 +949,31 @@ fn drop_awaited_kept(core: &Core, awaited: *const crate::task::TaskMeta) {
         .position(|l| std::ptr::eq(&**l, home))
     else {
         // Another executor's task.
-        return;
+        return false;
     };
+    // SAFETY: as above.
+    let migratable = unsafe { &*awaited }.class.load(SeqCst) == crate::task::MIGRATABLE_CLASS;
+    if to == me || migratable || home.poisoned.load(SeqCst) {
+        // This loop's own (a stopping loop runs nothing: dropped by this shutdown), a
+        // migratable task (dropped once every loop has stopped: documented never to end), or
+        // a poisoned loop's, whose inbox may hold wakes of its live `!Send` tasks.
+        return false;
+    }
     let mesh = &core.exec.mesh;
-    if to == me || lock(&mesh.consumers[me * mesh.n + to]).is_none() {
-        return;
+    if lock(&mesh.consumers[me * mesh.n + to]).is_none() {
+        return true;
     }
     if let Some(r) = home
         .inbox
         .take_where(|r| std::ptr::eq(r.metadata(), awaited))
     {
+        // Taken from that loop's inbox, as its shutdown would have (`inbox_received`); no
+        // loop of it runs now, so its single-writer count may be written here.
+        crate::stats::bump(&home.stats.inbox_received, 1);
         crate::task::cancel(r);
+        return false;
     }
+    true
 }
 
 /// Whether this loop's ring to `to` holds nothing (or there is none).
