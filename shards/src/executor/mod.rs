@@ -2617,12 +2617,13 @@ mod tests {
         }
     }
 
-    /// Shard 1's shutdown panics with a `!Send` task of its parked; it is then woken by shard
-    /// 0's shutdown (`in_shutdown`) or from this thread after the run.
-    fn cut_short(in_shutdown: bool) {
-        let exec = two_shards();
-        let wrong = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let slot = Arc::new(std::sync::Mutex::new(None::<std::task::Waker>));
+    /// Spawns on shard 1 a `!Send` task that parks for good, leaving its waker in `slot`;
+    /// each poll or drop of it off shard 1's thread counts in `wrong` ([`OwnThread`]).
+    fn park_a_probe_on_shard_1(
+        exec: &super::Executor,
+        wrong: &Arc<std::sync::atomic::AtomicUsize>,
+        slot: &Arc<std::sync::Mutex<Option<std::task::Waker>>>,
+    ) -> crate::JoinHandle<()> {
         let (w, s) = (wrong.clone(), slot.clone());
         exec.spawn_on(1, move || async move {
             let probe = OwnThread {
@@ -2638,7 +2639,16 @@ mod tests {
             })
             .await;
         })
-        .unwrap();
+        .unwrap()
+    }
+
+    /// Shard 1's shutdown panics with a `!Send` task of its parked; it is then woken by shard
+    /// 0's shutdown (`in_shutdown`) or from this thread after the run.
+    fn cut_short(in_shutdown: bool) {
+        let exec = two_shards();
+        let wrong = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let slot = Arc::new(std::sync::Mutex::new(None::<std::task::Waker>));
+        drop(park_a_probe_on_shard_1(&exec, &wrong, &slot));
         let s = slot.clone();
         exec.spawn_on(0, move || async move {
             while s.lock().unwrap().is_none() {
@@ -2687,22 +2697,7 @@ mod tests {
         let shared = exec.handle.shared.clone();
         let wrong = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let slot = Arc::new(std::sync::Mutex::new(None::<std::task::Waker>));
-        let (w, s) = (wrong.clone(), slot.clone());
-        let u = exec
-            .spawn_on(1, move || async move {
-                let probe = OwnThread {
-                    home: std::thread::current().id(),
-                    wrong: w,
-                };
-                let _rc = std::rc::Rc::new(());
-                futures::future::poll_fn(|cx| {
-                    probe.check();
-                    *s.lock().unwrap() = Some(cx.waker().clone());
-                    std::task::Poll::<()>::Pending
-                })
-                .await;
-            })
-            .unwrap();
+        let u = park_a_probe_on_shard_1(&exec, &wrong, &slot);
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
         struct PollOnDrop(Option<crate::JoinHandle<()>>, std::sync::mpsc::Receiver<()>);
         impl Drop for PollOnDrop {
