@@ -45,8 +45,8 @@
 //!    wait on what was sent before (a join handle) gets, at each poll, what the shutdown does
 //!    for loops that have stopped ([`evacuate`]), since the shutdown does it only once the
 //!    drop returns; the awaited task itself is dropped rather than kept for a stopped loop's
-//!    next run (from the ring, or from that loop's inbox, where the shutdown's first
-//!    evacuation, another loop's or a plain thread may have put it), which cannot start
+//!    next run (taken from that loop's inbox, where an evacuation, this one or another
+//!    loop's, or a plain thread put it), which cannot start
 //!    before this run ends; while it is another loop's and not over, the wait polls again
 //!    every millisecond (what keeps it wakes no one). Then the waker
 //!    joins the foreign list of each ring that still holds something for an owner holding its
@@ -784,16 +784,14 @@ pub(crate) fn prepare_park(core: &Core) -> bool {
 /// messages in the ring, or those were lost; and what this loop left in the ring of an owner
 /// past its last drain was dropped unrun when the run ended (`Mesh::drop_queued`).
 pub(crate) fn evacuate(core: &Core) -> bool {
-    let (waits, again) = evacuate_parts(core, std::ptr::null());
+    let (waits, again) = evacuate_parts(core);
     waits || again || core.mesh.borrow().backlogged() > 0
 }
 
 /// [`evacuate`]'s two reasons to come back: whether something waits for an owner that still
 /// holds its end (in the ring or a backlog), and whether the evacuation ran user code (drops)
-/// that may have sent more. The task whose metadata is at `awaited` (null: none), if found
-/// among what would be kept for a stopped owner's next run, is dropped instead
-/// ([`wait_in_shutdown`]).
-fn evacuate_parts(core: &Core, awaited: *const crate::task::TaskMeta) -> (bool, bool) {
+/// that may have sent more.
+fn evacuate_parts(core: &Core) -> (bool, bool) {
     flush(core);
     let mesh = &core.exec.mesh;
     let mut m = core.mesh.borrow_mut();
@@ -848,16 +846,6 @@ fn evacuate_parts(core: &Core, awaited: *const crate::task::TaskMeta) -> (bool, 
             continue;
         }
         dropped.extend(moved.drain(keep..));
-        if !awaited.is_null() {
-            if let Some(i) = moved
-                .iter()
-                .position(|r| std::ptr::eq(r.metadata(), awaited))
-            {
-                // A drop of this shutdown blocks on it: kept, it waited for a next run that
-                // cannot come before this one ends, which waits for that drop.
-                dropped.push(moved.remove(i));
-            }
-        }
         if moved.is_empty() {
             continue;
         }
@@ -896,7 +884,7 @@ pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker, awaited: *const crate
         return;
     }
     // As the shutdown's passes: again while the drops an evacuation ran may have sent more.
-    while evacuate_parts(core, awaited).1 {}
+    while evacuate_parts(core).1 {}
     if !awaited.is_null() && drop_awaited_kept(core, awaited) {
         // The awaited task is another loop's and not over: what will end it (that loop's run
         // or shutdown) wakes this wait, but what may instead keep it for that loop's next
@@ -929,8 +917,9 @@ pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker, awaited: *const crate
 }
 
 /// The task at `awaited`, which a drop of this loop's shutdown blocks on, if an evacuation
-/// (the shutdown's first, before any drop ran) handed it to the inbox of a loop that has
-/// stopped, for that loop's next run: taken out and dropped (its join handle: cancelled).
+/// (this shutdown's, the wait's own just before, another loop's) or a plain thread left it in
+/// the inbox of a loop that has stopped, for that loop's next run: taken out and dropped (its
+/// join handle: cancelled).
 /// Kept, it waited for a run that cannot start before this one ends, which waits for the drop.
 /// What an evacuation keeps for a stopped loop is a spawn, whose `Send` closure any thread may
 /// drop (a stopped loop has no live task to wake). A loop still running or shutting down
