@@ -31,6 +31,51 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
+/// One round: `run()` must return `Ok` within 20 s.
+fn run_round(ex: &Executor, i: usize) {
+    match run_within(ex, Duration::from_secs(20)) {
+        Some(Ok(())) => {}
+        Some(Err(e)) => panic!("round {i}: run() failed: {e}"),
+        None => panic!("round {i}: run() hung"),
+    }
+}
+
+/// After the churn: runs until nothing is queued (a kept stop may end the first at once),
+/// drops the executor, and checks that every accepted spawn ended exactly once (run, or
+/// dropped with its handle cancelled). Returns how many ran and how many were cancelled.
+fn settle_and_check(
+    ex: Executor,
+    handles: Vec<xtc_shards::JoinHandle<()>>,
+    spawned: &AtomicUsize,
+    ran: &AtomicUsize,
+    gone: &AtomicUsize,
+) -> (usize, usize) {
+    for k in 0..3 {
+        run_round(&ex, 1000 + k);
+    }
+    drop(ex);
+    let (mut ok, mut cancelled) = (0, 0);
+    for j in handles {
+        assert!(
+            j.is_finished(),
+            "a handle left unresolved after the executor's drop"
+        );
+        match futures::executor::block_on(j) {
+            Ok(()) => ok += 1,
+            Err(e) if e.is_cancelled() => cancelled += 1,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    let (s, r, g) = (spawned.load(SeqCst), ran.load(SeqCst), gone.load(SeqCst));
+    eprintln!("spawned {s}, ran {r}, gone {g}, ok {ok}, cancelled {cancelled}");
+    assert_eq!(g, s, "a task's closure or future was never dropped (leak)");
+    assert_eq!(
+        r, ok,
+        "a task ran but its handle says otherwise, or the reverse"
+    );
+    (ok, cancelled)
+}
+
 /// Plain threads spawn (pinned and migratable) and stop at random, while this thread runs
 /// the executor over and over. Every accepted spawn ends exactly once: run, or dropped (its
 /// handle cancelled), by the last run or the executor's drop. No run errs or hangs.
@@ -95,11 +140,7 @@ fn churn(shards: usize, migratable: bool, rounds: usize) {
         })
     };
     for i in 0..rounds {
-        match run_within(&ex, Duration::from_secs(20)) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => panic!("round {i}: run() failed: {e}"),
-            None => panic!("round {i}: run() hung"),
-        }
+        run_round(&ex, i);
     }
     go.store(false, SeqCst);
     let stops = stopper.join().unwrap();
@@ -107,32 +148,9 @@ fn churn(shards: usize, migratable: bool, rounds: usize) {
         .into_iter()
         .flat_map(|s| s.join().unwrap())
         .collect();
-    // Runs until nothing is queued (a kept stop may end the first at once).
-    for _ in 0..3 {
-        run_within(&ex, Duration::from_secs(20))
-            .expect("final run hung")
-            .unwrap();
-    }
-    drop(ex);
-    let (mut ok, mut cancelled) = (0, 0);
-    for j in handles {
-        assert!(
-            j.is_finished(),
-            "a handle left unresolved after the executor's drop"
-        );
-        match futures::executor::block_on(j) {
-            Ok(()) => ok += 1,
-            Err(e) if e.is_cancelled() => cancelled += 1,
-            Err(e) => panic!("{e:?}"),
-        }
-    }
-    let (s, r, g) = (spawned.load(SeqCst), ran.load(SeqCst), gone.load(SeqCst));
-    eprintln!("spawned {s}, ran {r}, gone {g}, ok {ok}, cancelled {cancelled}, stops {stops}");
-    assert_eq!(g, s, "a task's closure or future was never dropped (leak)");
-    assert_eq!(
-        r, ok,
-        "a task ran but its handle says otherwise, or the reverse"
-    );
+    eprintln!("stops {stops}");
+    let (ok, cancelled) = settle_and_check(ex, handles, &spawned, &ran, &gone);
+    let s = spawned.load(SeqCst);
     assert_eq!(ok + cancelled, s);
 }
 
@@ -432,11 +450,7 @@ fn churn_parked(shards: usize, rounds: usize, block_on_too: bool) {
             }
             continue;
         }
-        match run_within(&ex, Duration::from_secs(20)) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => panic!("round {i}: run() failed: {e}"),
-            None => panic!("round {i}: run() hung"),
-        }
+        run_round(&ex, i);
     }
     go.store(false, SeqCst);
     stopper.join().unwrap();
@@ -444,30 +458,7 @@ fn churn_parked(shards: usize, rounds: usize, block_on_too: bool) {
         .into_iter()
         .flat_map(|s| s.join().unwrap())
         .collect();
-    for k in 0..3 {
-        match run_within(&ex, Duration::from_secs(20)) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => panic!("final run {k}: {e}"),
-            None => panic!("final run {k} hung"),
-        }
-    }
-    drop(ex);
-    let (mut ok, mut cancelled) = (0, 0);
-    for j in handles {
-        assert!(
-            j.is_finished(),
-            "a handle left unresolved after the executor's drop"
-        );
-        match futures::executor::block_on(j) {
-            Ok(()) => ok += 1,
-            Err(e) if e.is_cancelled() => cancelled += 1,
-            Err(e) => panic!("{e:?}"),
-        }
-    }
-    let (s, r, g) = (spawned.load(SeqCst), ran.load(SeqCst), gone.load(SeqCst));
-    eprintln!("spawned {s}, ran {r}, gone {g}, ok {ok}, cancelled {cancelled}");
-    assert_eq!(g, s, "leak");
-    assert_eq!(r, ok);
+    settle_and_check(ex, handles, &spawned, &ran, &gone);
 }
 
 #[test]

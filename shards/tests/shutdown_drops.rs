@@ -92,6 +92,21 @@ enum Res {
     Rx(shared::Receiver<Tracker>),
 }
 
+/// A call's result for the log: waited for (`block_on`) when `blocking`, else polled once.
+fn outcome<T: std::fmt::Debug>(
+    f: impl std::future::Future<Output = xtc_shards::Result<T>>,
+    blocking: bool,
+) -> String {
+    if blocking {
+        format!(
+            "{:?}",
+            futures::executor::block_on(f).map_err(|e| e.to_string())
+        )
+    } else {
+        format!("{:?}", f.now_or_never().map(|r| r.is_ok()))
+    }
+}
+
 /// Held by a parked task: its drop (in the shutdown) does `acts`.
 struct Guard {
     acts: Vec<(Act, Res)>,
@@ -113,26 +128,12 @@ impl Drop for Guard {
                         drop(tr);
                         1
                     });
-                    if a.blocking {
-                        format!(
-                            "{:?}",
-                            futures::executor::block_on(f).map_err(|e| e.to_string())
-                        )
-                    } else {
-                        format!("{:?}", f.now_or_never().map(|r| r.is_ok()))
-                    }
+                    outcome(f, a.blocking)
                 }
                 Kind::SendTo => {
                     let tr = Tracker::new(c);
                     let f = shard::send_to(a.to, move || async move { drop(tr) });
-                    if a.blocking {
-                        format!(
-                            "{:?}",
-                            futures::executor::block_on(f).map_err(|e| e.to_string())
-                        )
-                    } else {
-                        format!("{:?}", f.now_or_never().map(|r| r.is_ok()))
-                    }
+                    outcome(f, a.blocking)
                 }
                 Kind::SpawnOn => {
                     let tr = Tracker::new(c);
