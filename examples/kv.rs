@@ -212,6 +212,21 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
         searched = pending.len();
         if pending.len() > 1 << 20 {
             let _ = stream.write_all(b"ERR line over 1 MiB\n".to_vec()).await;
+            // Closed with the client's input unread, the socket sends a reset, and a client
+            // that sends everything before it reads (`nc -N`) lost the ERR to it: end our
+            // side, then read the rest away (for at most a few seconds) before closing.
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            let mut b = buf;
+            let _ = xtc::time::timeout(std::time::Duration::from_secs(5), async move {
+                loop {
+                    let (n, r) = stream.read(b).await;
+                    b = r;
+                    if !matches!(n, Ok(n) if n > 0) {
+                        return;
+                    }
+                }
+            })
+            .await;
             return;
         }
         if !replies.is_empty() && stream.write_all(replies).await.0.is_err() {

@@ -213,6 +213,12 @@ pub use executor::{
 };
 pub use local::LocalExecutor;
 pub use preempt::{yield_if_due, YieldIfDue};
+
+/// More shards than any executor can have: `MAX_SHARDS_PER_CPU` on each of the 8192 CPUs
+/// Linux supports at most (`CONFIG_NR_CPUS`). Per-shard tables sized by the user
+/// ([`ConnBalancer::new`](net::ConnBalancer::new), [`Sharded::try_new`]) refuse a larger count:
+/// it panicked (capacity overflow) or aborted the process (the allocation failed) before.
+pub(crate) const MAX_SHARDS: usize = xtc_numa::MAX_SHARDS_PER_CPU * 8192;
 pub use ring::{DEFAULT_RING_CAPACITY, MAX_RING_CAPACITY};
 pub use shard::{send_to, spawn, spawn_local, stop, submit_to, submit_to_all};
 pub use sharded::Sharded;

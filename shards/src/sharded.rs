@@ -7,6 +7,7 @@ use crossbeam_utils::CachePadded;
 use crate::{
     context::with_core,
     sync::{AtomicU64, Ordering::Relaxed},
+    Error, Result, MAX_SHARDS,
 };
 
 struct Slot<T> {
@@ -74,10 +75,35 @@ impl<T> Sharded<T> {
     /// (128 bytes on x86_64 and aarch64).
     ///
     /// # Panics
-    /// If `init` panics (the values made so far are dropped), or if `count` slots overflow
-    /// the address space ("capacity overflow", as `Vec::with_capacity`).
-    pub fn new(count: usize, mut init: impl FnMut(usize) -> T) -> Sharded<T> {
-        Sharded {
+    /// If `init` panics (the values made so far are dropped), or if `count` is more shards than
+    /// any executor can have (`MAX_SHARDS_PER_CPU` times the 8192 CPUs Linux supports at most:
+    /// slots past the executor's `shard_count()` are never reached, and such a count could only
+    /// fail to allocate, which aborts the process). Where the count comes from input, use
+    /// [`try_new`](Self::try_new).
+    #[track_caller]
+    pub fn new(count: usize, init: impl FnMut(usize) -> T) -> Sharded<T> {
+        match Self::try_new(count, init) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// As [`new`](Self::new), with `Err(InvalidArgument)` rather than a panic for a `count`
+    /// above the largest shard count any executor can have. Cost: as `new`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the count and the range to give (the executor's
+    /// `shard_count()`).
+    ///
+    /// # Panics
+    /// If `init` panics (the values made so far are dropped).
+    pub fn try_new(count: usize, mut init: impl FnMut(usize) -> T) -> Result<Sharded<T>> {
+        if count > MAX_SHARDS {
+            return Err(Error::InvalidArgument(format!(
+                "Sharded::new({count}): give the executor's shard_count() (at most {MAX_SHARDS})"
+            )));
+        }
+        Ok(Sharded {
             slots: (0..count)
                 .map(|i| {
                     CachePadded::new(Slot {
@@ -86,7 +112,7 @@ impl<T> Sharded<T> {
                     })
                 })
                 .collect(),
-        }
+        })
     }
 
     /// Number of slots. Cost: a field read.

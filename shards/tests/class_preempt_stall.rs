@@ -1042,3 +1042,63 @@ fn a_class_created_from_another_shard_makes_a_busy_loops_yield_if_due_yield() {
         "the latency task did not run while shard 0's busy task called yield_if_due for {HANG:?}"
     );
 }
+
+/// A latency class switched on between two polls of a batch (here by the mid-batch I/O reap
+/// after the 32nd poll, which wakes a task `set_class`'d into a class the loop had not picked
+/// up yet) ends the batch, so the next turn picks by class and times its polls: the rest of
+/// the batch ran classless and untimed, and `yield_if_due` in a 300 ms computation never
+/// yielded to the runnable latency task (class rule 4; found by the classes audit).
+#[test]
+fn a_latency_class_switched_on_by_a_mid_batch_reap_is_seen_by_yield_if_due() {
+    use std::{cell::Cell, rc::Rc, time::Instant};
+    let (yielded_after, l_ran_before_t_done) = LocalExecutor::new().unwrap().block_on(async {
+        let (a, b) = xtc_shards::net::UnixStream::pair().unwrap();
+        let l_ran = Rc::new(Cell::new(false));
+        let lr = l_ran.clone();
+        // Poll 2: L takes a latency class made through a Handle (the loop has not looked yet),
+        // then waits on a read.
+        let l = xtc_shards::spawn_local(async move {
+            let c = shard::handle()
+                .unwrap()
+                .create_class(0, 100, Some(Duration::from_millis(1)))
+                .unwrap();
+            shard::set_class(c).unwrap();
+            let (r, _buf) = a.read(vec![0u8; 16]).await;
+            r.unwrap();
+            lr.set(true);
+        });
+        // Poll 3: the peer writes.
+        let w = xtc_shards::spawn_local(async move {
+            let (r, _) = b.write_all(b"x".to_vec()).await;
+            r.unwrap();
+            b
+        });
+        // Polls 4..=32 and 33: fillers (the reap after the 32nd poll wakes L).
+        for _ in 0..30 {
+            drop(xtc_shards::spawn_local(async {}));
+        }
+        // Poll 34: T computes under yield_if_due.
+        let lr = l_ran.clone();
+        let t = xtc_shards::spawn_local(async move {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(300) {
+                burn(Duration::from_micros(20));
+                let mut f = xtc_shards::yield_if_due();
+                if futures::poll!(&mut f).is_pending() {
+                    f.await;
+                    return (Some(start.elapsed()), lr.get());
+                }
+            }
+            (None, lr.get())
+        });
+        let out = t.await.unwrap();
+        l.await.unwrap();
+        drop(w.await.unwrap());
+        out
+    });
+    assert!(
+        l_ran_before_t_done,
+        "a latency task (1 ms bound) was runnable, yet it waited for T's whole 300 ms \
+         computation under yield_if_due (T yielded after {yielded_after:?})"
+    );
+}

@@ -133,6 +133,8 @@ fn env_variables() {
         ("XTC_PREEMPT_SIGNAL", "SIGRTMIN+999"),
         ("XTC_PREEMPT_SIGNAL", "9"),
         ("XTC_PREEMPT_SIGNAL", " "),
+        // A blank inside a number: not read as the number without it (35).
+        ("XTC_PREEMPT_SIGNAL", "3 5"),
         ("XTC_INTERRUPT_SIGNAL", "SIGRTMIN+x"),
     ] {
         let old = std::env::var(var).ok();

@@ -142,3 +142,37 @@ fn get_panics_with_its_cause() {
         .block_on(async move { get_message(&small) });
     assert!(taken.contains("another loop"), "{taken}");
 }
+
+/// A count no executor can have is refused before anything is allocated: `try_new` gives
+/// `Err(InvalidArgument)`, `new` a panic naming the count. `Sharded::new(1 << 40, ..)` (128 TiB
+/// of slots) aborted the process, a failed allocation, which no `catch_unwind` can catch.
+#[test]
+fn a_count_beyond_any_executor_is_refused_not_allocated() {
+    for count in [1usize << 40, usize::MAX] {
+        let made = std::cell::Cell::new(0);
+        match Sharded::try_new(count, |_| made.set(made.get() + 1)) {
+            Err(xtc_shards::Error::InvalidArgument(msg)) => {
+                assert!(msg.contains(&count.to_string()), "{msg}");
+                assert!(msg.contains("shard_count()"), "{msg}");
+            }
+            other => panic!("try_new({count}) gave {:?}", other.map(|s| s.len())),
+        }
+        assert_eq!(made.get(), 0, "no value is made for a refused count");
+        let panicked = std::panic::catch_unwind(|| Sharded::new(count, |_| 0u8).len())
+            .expect_err("new() of a count beyond any executor must panic");
+        let msg = panicked
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(msg.contains(&count.to_string()), "panic message: {msg:?}");
+    }
+    // The largest count still allowed (64 per CPU on 8192 CPUs, 64 MiB of slots) is made, and
+    // one more is refused (under Miri, too slow to interpret, only the refusal).
+    let max = xtc_numa::MAX_SHARDS_PER_CPU * 8192;
+    assert!(Sharded::try_new(max + 1, |_| ()).is_err());
+    if !cfg!(miri) {
+        let big = Sharded::try_new(max, |i| i as u32).expect("the largest count is accepted");
+        assert_eq!(big.len(), max);
+    }
+    assert!(Sharded::try_new(0, |_| ()).unwrap().is_empty());
+}

@@ -453,6 +453,13 @@ pub(crate) fn run(core: &Core, stop_aware: bool, done: &dyn Fn() -> bool) -> Exi
                     // Nor is the reap's (the wakes it dispatches) the next poll's.
                     t0 = Some(Tick::now());
                 }
+                if !classes && core.classes_active.get() {
+                    // A wake the reap dispatched switched classes on (a task of a class this
+                    // loop had not picked up yet): the rest of this batch would run classless
+                    // and untimed, `yield_if_due` blind to a runnable latency task.
+                    core.end_batch.set(false);
+                    break;
+                }
             }
             if core.end_batch.replace(false) {
                 break;

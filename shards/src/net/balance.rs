@@ -25,13 +25,8 @@ use std::{
 };
 
 use super::{TcpListener, TcpStream};
-use crate::task::TaskInfo;
+use crate::{task::TaskInfo, MAX_SHARDS};
 
-/// More shards than any executor can have: `MAX_SHARDS_PER_CPU` on each of the 8192 CPUs
-/// Linux supports at most (`CONFIG_NR_CPUS`). A larger count given to
-/// [`ConnBalancer::new`] panicked (capacity overflow) or aborted the process (the allocation
-/// of its counts failed) instead of being refused.
-const MAX_SHARDS: usize = xtc_numa::MAX_SHARDS_PER_CPU * 8192;
 
 /// One shard's count on a cache line of its own (each acceptor writes only the counts of the
 /// shards it places connections on, and every connection's end writes its shard's).

@@ -27,14 +27,21 @@ pub(crate) fn signal_name(sig: libc::c_int) -> String {
 }
 
 /// A real-time signal from text: `SIGRTMIN+3`, `RTMIN+3`, `SIGRTMIN`, `SIGRTMAX-2` (any case,
-/// spaces ignored) or the signal's number. `None` for anything else or a number outside
-/// [`rt_signals`].
+/// blanks allowed at the ends and around the sign, as in `SIGRTMIN + 3`) or the signal's
+/// number. `None` for anything else, a blank inside a name or number (`3 5` is not 35), or a
+/// number outside [`rt_signals`].
 pub(crate) fn parse_rt_signal(text: &str) -> Option<libc::c_int> {
-    let t = text
-        .chars()
-        .filter(|c| !c.is_whitespace())
-        .collect::<String>()
-        .to_ascii_uppercase();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    // Two words that meet with no sign between them would run together into another name or
+    // number ("3 5" into 35): refused, as every other variable refuses such a value.
+    let glued = words.windows(2).any(|w| {
+        let signed = |c: char| c == '+' || c == '-';
+        !w[0].ends_with(signed) && !w[1].starts_with(signed)
+    });
+    if glued {
+        return None;
+    }
+    let t = words.concat().to_ascii_uppercase();
     let t = t.strip_prefix("SIG").unwrap_or(&t);
     let sig = if let Some(rest) = t.strip_prefix("RTMIN") {
         libc::SIGRTMIN().checked_add(offset(rest)?)?
@@ -228,6 +235,15 @@ mod tests {
             ("SIGRTMIN+-3", None),
             ("SIGRTMIN+99999999999", None),
             ("", None),
+            // Blanks at the ends and around the sign only: inside a number or name they would
+            // make another signal of it ("3 5" read as 35 before).
+            (" SIGRTMIN + 3 ", Some(min + 3)),
+            ("SIGRTMAX -1", Some(max - 1)),
+            (&format!("\t{}\n", min + 5), Some(min + 5)),
+            (&format!("{} {}", (min + 5) / 10, (min + 5) % 10), None),
+            ("3\t6", None),
+            ("SIG RTMIN+3", None),
+            ("SIGRTMIN+1 0", None),
         ] {
             assert_eq!(parse_rt_signal(text), want, "{text:?}");
         }
