@@ -27,7 +27,6 @@ use std::{
 use super::{TcpListener, TcpStream};
 use crate::{task::TaskInfo, MAX_SHARDS};
 
-
 /// One shard's count on a cache line of its own (each acceptor writes only the counts of the
 /// shards it places connections on, and every connection's end writes its shard's).
 #[repr(align(128))]
