@@ -399,8 +399,10 @@ fn after_take_where_the_next_run_is_quiescent() {
         let t = Instant::now();
         let r2 = run_detached(ex.clone(), LIMIT).expect("run 2 hung");
         assert!(r2.is_ok(), "round {round}: run 2: {r2:?}");
+        // A run whose counts did not balance ends only by the hang limit; an interpreter
+        // (Miri) takes seconds over what takes microseconds here, so it checks the rest only.
         assert!(
-            t.elapsed() < Duration::from_secs(2),
+            cfg!(miri) || t.elapsed() < Duration::from_secs(2),
             "run 2 took {:?}",
             t.elapsed()
         );
