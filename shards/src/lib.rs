@@ -91,8 +91,8 @@
 //! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring from another shard, a
 //! migratable [`spawn`] that no peer may steal: stealing off, one shard, eager rebalance
 //! off while every peer owns parked tasks, a NUMA sensitivity that keeps every idle peer
-//! from stealing from this loop, or in a `Drop` that this loop's shutdown runs, when no loop
-//! steals) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
+//! from stealing from this loop; in a `Drop` that this loop's shutdown runs, it ends
+//! cancelled once every loop's shutdown has begun, see below) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
 //! stall watchdog (`XTC_STALL_BUDGET`, [`StallReport`]) names the task. A blocking wait on
 //! another loop's work ends: a [`JoinHandle`], a shared channel end or a `submit_to` polled
 //! with a waker other than the task's own sends the turn's deferred wakes, ring pings and
@@ -104,11 +104,13 @@
 //! itself be blocked in a `Drop` waiting on this loop. A wait there on the join handle of a
 //! pinned task of another loop (a call made earlier) ends (cancelled, if it had not run) once
 //! its loop drops it, or, if that loop stops without (keeping it for its next run), within a
-//! millisecond: the wait looks every millisecond and drops it there. Two such `Drop`s on two shards, each waiting on a channel end that a task
-//! of the other's holds, still wait for good, as two loops blocked on each other do, and so
-//! does one waiting on the join handle of a migratable task parked on another loop (parked
-//! migratable tasks are dropped only once every loop has stopped). Only a wait on one of those
-//! does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
+//! millisecond: the wait looks every millisecond and drops it there. A wait there on the join
+//! handle of a migratable task (parked on any loop, or spawned by the `Drop` itself) ends
+//! once its task ends, or, once every loop's shutdown has begun (no loop runs it any more),
+//! cancelled within a millisecond: the wait drops it; until then it is left to the loops that
+//! may still run it. Two such `Drop`s on two shards, each waiting on a channel end that a task
+//! of the other's holds, still wait for good, as two loops blocked on each other do. Only a
+//! wait on one of those does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
 //! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of
 //! blocking; run blocking code with [`spawn_blocking`] (the runtime's blocking-thread pool;

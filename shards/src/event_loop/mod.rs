@@ -118,6 +118,13 @@ pub(crate) struct LoopShared {
     /// once by the loop's worker before its `Core` goes; read by the sweeps that would drop
     /// the loop's messages.
     pub(crate) poisoned: crate::sync::AtomicBool,
+    /// The run (`ExecShared::run_id`) in which this loop's shutdown last began, 0 before any:
+    /// stored first thing in [`shutdown`], after which this loop polls no task in that run.
+    /// Read by a wait in a drop that another loop's shutdown runs, on a migratable task that
+    /// no loop may run any more once every loop's shutdown has begun
+    /// (`steal::cancel_awaited_at_stop`, ring rule 3c). A run id, not a flag: a loop yet to
+    /// start in a later run never reads as stopping from the earlier run's stamp.
+    pub(crate) shut_run: AtomicU64,
 }
 
 /// A poisoned loop's inbox is leaked with it: dropped here, a wake of one of its `!Send`
@@ -185,6 +192,7 @@ impl LoopShared {
             task_refs: crate::sync::AtomicUsize::new(0),
             exec: std::sync::OnceLock::new(),
             poisoned: crate::sync::AtomicBool::new(false),
+            shut_run: AtomicU64::new(0),
         })
     }
 
@@ -851,6 +859,10 @@ fn publish_counts(core: &Core, polls: u64) {
 /// a drain that waited for an empty inbox never ended while they spawned faster than the loop
 /// dropped.
 pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
+    // First: from here this loop polls no task in this run (a planted panic below included,
+    // which poisons it). A drop that another loop's shutdown runs may wait on a migratable
+    // task until every loop has this (`steal::cancel_awaited_at_stop`).
+    core.shared.shut_run.store(core.exec.run_id(), SeqCst);
     #[cfg(test)]
     if core.exec.panic_shutdown.load(SeqCst) == core.index() {
         panic!("planted: shard {}'s shutdown panics", core.index());

@@ -277,6 +277,12 @@ impl ExecShared {
         self.stop_reason.load(SeqCst)
     }
 
+    /// The id of the run claimed last (`claim_run`; 0 before any): a loop stamps it when its
+    /// shutdown begins (`LoopShared::shut_run`). Cost: a load.
+    pub(crate) fn run_id(&self) -> u64 {
+        self.runs.load(SeqCst)
+    }
+
     /// Marks the executor running, or `Err(AlreadyRunning)`; the claim ends (ready for another
     /// run) when the returned guard drops (`loom_run.rs`).
     pub(crate) fn claim_run(&self) -> Result<RunClaim<'_>> {

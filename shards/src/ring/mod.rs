@@ -48,7 +48,12 @@
 //!    next run (taken from that loop's inbox, where an evacuation, this one or another
 //!    loop's, or a plain thread put it), which cannot start
 //!    before this run ends; while it is another loop's and not over, the wait polls again
-//!    every millisecond (what keeps it wakes no one). Then the waker
+//!    every millisecond (what keeps it wakes no one). An awaited migratable task (parked,
+//!    it was dropped only once every loop had stopped) is dropped by the wait once every
+//!    loop of the run has begun its shutdown, after which no loop polls it: woken through
+//!    its registry entry onto this loop's deque if it is parked, taken from this loop's
+//!    deque, an injector or a parked deque (`steal::cancel_awaited_at_stop`); until then the
+//!    wait polls every millisecond, leaving it to a loop that may still run it. Then the waker
 //!    joins the foreign list of each ring that still holds something for an owner holding its
 //!    end, announces (`want_space`) and looks at the owner's slot in the mesh. The owner's
 //!    drain wakes the list (3b); so does its `Mesh::give_back`, after it parks its end: a
@@ -886,9 +891,11 @@ pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker, awaited: *const crate
     // As the shutdown's passes: again while the drops an evacuation ran may have sent more.
     while evacuate_parts(core).1 {}
     if !awaited.is_null() && drop_awaited_kept(core, awaited) {
-        // The awaited task is another loop's and not over: what will end it (that loop's run
-        // or shutdown) wakes this wait, but what may instead keep it for that loop's next
-        // run wakes no one here (a plain thread's spawn that came after that shutdown's last
+        // The awaited task is another loop's and not over (or a migratable task that a loop
+        // may still run, or whose `Runnable` is on its way to a queue): what will end it
+        // (that loop's run or shutdown) wakes this wait, but what may instead keep it for
+        // that loop's next run (or leave it parked until every loop has stopped) wakes no one
+        // here (a plain thread's spawn that came after that shutdown's last
         // look at its inbox, a third loop's evacuation handing it over once that loop has
         // stopped). Polled again 1 ms later (a sleep of this thread, which the drop blocks
         // anyway), as the shutdown's own wait.
@@ -923,8 +930,11 @@ pub(crate) fn wait_in_shutdown(core: &Core, waker: &Waker, awaited: *const crate
 /// Kept, it waited for a run that cannot start before this one ends, which waits for the drop.
 /// What an evacuation keeps for a stopped loop is a spawn, whose `Send` closure any thread may
 /// drop (a stopped loop has no live task to wake). A loop still running or shutting down
-/// takes its inbox itself (and drops it: the executor is stopping). Returns whether the wait
-/// must look again: the task is another healthy loop's pinned task and was not found here.
+/// takes its inbox itself (and drops it: the executor is stopping). A migratable task, whose
+/// `Runnable` is in no inbox, is dropped here once no loop may run it any more
+/// ([`crate::steal::cancel_awaited_at_stop`]). Returns whether the wait must look again: the
+/// task is another healthy loop's pinned task, or a migratable task some loop may still run
+/// (or whose `Runnable` is in flight), and was not found here.
 fn drop_awaited_kept(core: &Core, awaited: *const crate::task::TaskMeta) -> bool {
     // SAFETY: `awaited` is the metadata of the task whose join handle is being polled, in the
     // caller's frame: the handle keeps the task's header, and so its `Home`, alive; a `Home`
@@ -941,11 +951,14 @@ fn drop_awaited_kept(core: &Core, awaited: *const crate::task::TaskMeta) -> bool
         return false;
     };
     // SAFETY: as above.
-    let migratable = unsafe { &*awaited }.class.load(SeqCst) == crate::task::MIGRATABLE_CLASS;
-    if to == me || migratable || home.poisoned.load(SeqCst) {
-        // This loop's own (a stopping loop runs nothing: dropped by this shutdown), a
-        // migratable task (dropped once every loop has stopped: documented never to end), or
-        // a poisoned loop's, whose inbox may hold wakes of its live `!Send` tasks.
+    if unsafe { &*awaited }.class.load(SeqCst) == crate::task::MIGRATABLE_CLASS {
+        // A migratable task, of any loop (this one's too: parked, it is in no loop's registry,
+        // and this shutdown does not drop it): dropped here once no loop may run it.
+        return crate::steal::cancel_awaited_at_stop(core, awaited);
+    }
+    if to == me || home.poisoned.load(SeqCst) {
+        // This loop's own (a stopping loop runs nothing: dropped by this shutdown), or a
+        // poisoned loop's, whose inbox may hold wakes of its live `!Send` tasks.
         return false;
     }
     let mesh = &core.exec.mesh;

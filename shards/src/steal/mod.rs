@@ -60,10 +60,11 @@
 //!    when the future is dropped; on a worker batched into one RMW per loop turn, flushed before
 //!    the loop publishes an idle status) keeps quiescence exact with tasks in flight between
 //!    loops: when every loop is idle every delta is flushed and the count is exact. A task
-//!    joins a sharded registry (waker, name, spawn site; the shard of the loop it parks on) the
-//!    first time it parks: the registry serves the deadlock report and lets `run()` drop every
-//!    parked migratable task when the executor stops (one never parked is in a queue, dropped
-//!    with it), and its waker keeps a parked task's future from being freed undropped. It
+//!    joins a sharded registry (waker, name, spawn site, metadata address; the shard of the
+//!    loop it parks on) the first time it parks: the registry serves the deadlock report and
+//!    lets `run()` drop every parked migratable task when the executor stops (one never parked
+//!    is in a queue, dropped with it), and a wait in a shutdown `Drop` surface the task it
+//!    awaits ([`cancel_awaited_at_stop`], ring rule 3c), and its waker keeps a parked task's future from being freed undropped. It
 //!    leaves the registry as its future starts to drop: that drop is user code, which may run
 //!    the executor again and sweep the registry (a nested `LocalExecutor::block_on`). A task
 //!    that finishes in its first poll never takes the registry's lock.
@@ -211,6 +212,9 @@ impl StealShared {
 struct MEntry {
     waker: Waker,
     info: TaskInfo,
+    /// The task's metadata address (its identity while its header lives), for
+    /// [`Migratable::registered_waker`].
+    meta: usize,
 }
 
 /// Executor-wide migratable-task state.
@@ -289,6 +293,27 @@ impl Migratable {
     /// Whether any migratable task is registered.
     pub(crate) fn any_registered(&self) -> bool {
         self.registry.iter().any(|r| !lock(r).is_empty())
+    }
+
+    /// The waker of the registered (parked at some point) task whose metadata is at `meta`, if
+    /// it is registered: a scan of every registry shard (rare: ring rule 3c's wait,
+    /// [`cancel_awaited_at_stop`]).
+    fn registered_waker(&self, meta: *const TaskMeta) -> Option<Waker> {
+        self.registry.iter().find_map(|r| {
+            lock(r)
+                .iter()
+                .find(|(_, e)| e.meta == meta as usize)
+                .map(|(_, e)| e.waker.clone())
+        })
+    }
+
+    /// Takes the `Runnable` of the task at `meta` out of the deques parked between runs (those
+    /// of loops that have stopped, or not started yet), leaving the rest in their order.
+    fn take_parked(&self, meta: *const TaskMeta) -> Option<Runnable> {
+        self.workers.iter().find_map(|w| {
+            let w = lock(w);
+            take_from_deque(w.as_ref()?, meta)
+        })
     }
 
     /// Wakes every registered task (executor stop), so its `Runnable` surfaces to be dropped.
@@ -395,6 +420,7 @@ fn register_parked(meta: *const TaskMeta, waker: &Waker) -> Option<u64> {
         entry.insert(MEntry {
             waker: waker.clone(),
             info,
+            meta: meta as usize,
         });
         Some(packed)
     })
@@ -1196,6 +1222,112 @@ pub(crate) fn drop_local(core: &Core) {
         }
     }
     core.shared.steal.drop_injected();
+}
+
+/// Takes the `Runnable` of the task at `meta` out of `w`, leaving the rest in their order:
+/// the caller owns `w` (a loop's own deque on its thread, or a parked one under its lock) and
+/// no loop steals meanwhile (every loop's shutdown has begun), so the pops and pushes see no
+/// one else's.
+fn take_from_deque(w: &Worker<Runnable>, meta: *const TaskMeta) -> Option<Runnable> {
+    let mut popped = Vec::new();
+    let mut found = None;
+    while let Some(r) = w.pop() {
+        if std::ptr::eq(r.metadata(), meta) {
+            found = Some(r);
+            break;
+        }
+        popped.push(r);
+    }
+    // Popped newest first: pushed back oldest first.
+    for r in popped.into_iter().rev() {
+        w.push(r);
+    }
+    found
+}
+
+/// Takes the `Runnable` of the task at `meta` out of `injector`: one pass over what it held
+/// when called, the others pushed back in the order taken (behind what other threads push
+/// meanwhile).
+fn take_from_injector(injector: &Injector<Runnable>, meta: *const TaskMeta) -> Option<Runnable> {
+    let mut left = injector.len();
+    let mut found = None;
+    while left > 0 {
+        match injector.steal() {
+            Steal::Success(r) => {
+                left -= 1;
+                if found.is_none() && std::ptr::eq(r.metadata(), meta) {
+                    found = Some(r);
+                } else {
+                    injector.push(r);
+                }
+            }
+            Steal::Retry => continue,
+            Steal::Empty => break,
+        }
+    }
+    found
+}
+
+/// Ring rule 3c for a migratable task: a drop that this loop's shutdown runs waits on the
+/// join handle of the migratable task at `awaited` (of this executor), which is not over.
+/// Parked, such a task was dropped only once every loop had stopped (`run()`'s
+/// [`drop_migratable`](crate::executor::drop_migratable)), which waited for this drop: the
+/// wait never ended. Once every loop of this run has begun its shutdown
+/// (`LoopShared::shut_run`), no loop polls the task again (a stopping loop polls nothing,
+/// and only loops poll migratable tasks): its one fate is to be dropped unrun, so it is
+/// dropped here, its handle cancelled. While some loop has not begun its shutdown, that loop
+/// may still run the task (woken in its last turns), and the task is left to it.
+///
+/// How: a parked task has no `Runnable`; its registry waker (rule 5) is woken here, on this
+/// loop's thread, which queues it on this loop's deque (rule 1). One already queued is where
+/// a wake put it: a stopping loop's deque, which that loop's shutdown drops (its own run:
+/// the handle resolves), this loop's deque, an injector (a wake off any loop, into its last
+/// loop's: drained by no loop once that loop has stopped), or the deque a loop gave back as
+/// it stopped. Those this loop can reach are searched (its deque, every injector, the parked
+/// deques), the task's `Runnable` taken out and dropped, the rest left in their order. A
+/// `Runnable` in flight (pushed by another thread a moment later) is found by the next poll.
+/// Returns whether the wait must poll again (in 1 ms): the task was not found (left to a
+/// loop, or in flight, or being dropped by another loop's shutdown).
+///
+/// Sound: the waker's clone (under the registry's lock) keeps the task's allocation alive,
+/// and a wake of a task that is queued, running its cancel or over does nothing (async-task);
+/// the `Runnable` taken is the task's only one, dropped once by [`crate::task::cancel`], the
+/// same drop the sweeps would do (the future is `Send`: any thread may drop it). Cost:
+/// nothing outside such a wait; in one, a load per loop, then a scan of the registry and of
+/// every injector and deque.
+pub(crate) fn cancel_awaited_at_stop(core: &Core, awaited: *const TaskMeta) -> bool {
+    let exec = &*core.exec;
+    let run = exec.run_id();
+    let me = core.index();
+    if exec
+        .loops
+        .iter()
+        .enumerate()
+        .any(|(i, l)| i != me && l.shut_run.load(SeqCst) != run)
+    {
+        return true;
+    }
+    if let Some(w) = exec.migratable.registered_waker(awaited) {
+        // Outside the registry's lock: the wake queues the task (rule 1) on this loop's deque.
+        w.wake();
+    }
+    let found = core
+        .deque
+        .as_ref()
+        .and_then(|w| take_from_deque(w, awaited))
+        .or_else(|| {
+            exec.loops
+                .iter()
+                .find_map(|l| take_from_injector(&l.steal.injector, awaited))
+        })
+        .or_else(|| exec.migratable.take_parked(awaited));
+    match found {
+        Some(r) => {
+            crate::task::cancel(r);
+            false
+        }
+        None => true,
+    }
 }
 
 /// Whether this loop's deque holds a task (a stopping loop's drops may queue there).
