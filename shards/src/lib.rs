@@ -65,9 +65,11 @@
 //! 4. A sleeping loop is woken exactly when needed (`event_loop/park.rs`, loom-checked).
 //! 5. Wakes are idempotent: async-task collapses concurrent wakes into one schedule.
 //! 6. Knobs are atomics: `set_x` / `x()` on [`Handle`] (and so on [`Executor`]), effective at
-//!    once, each documented with its effect, cost and default.
+//!    once (a loop reads the stall budget and the preemption tick at its next turn), each
+//!    documented with its effect, cost and default.
 //! 7. Off means a few loop-local branches: with no class and no stall budget the loop's FIFO
-//!    path is unchanged (no clock read, no shared write; `class.rs` itemizes them).
+//!    path is unchanged (no clock read, no shared write; `class.rs`, `preempt.rs` and
+//!    `event_loop/mod.rs` step 4 itemize them).
 //! 8. Quiescence is exact and a deadlock is reported (`executor/quiesce.rs`).
 //! 9. Errors are values ([`Error`]); a panicking task is contained ([`JoinError`]).
 //! 10. I/O owns its buffers: an operation takes its buffer until the completion and gives it

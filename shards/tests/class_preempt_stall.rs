@@ -421,8 +421,17 @@ fn stall_budget_changed_at_run_time_takes_effect() {
         std::thread::sleep(Duration::from_millis(15)); // disarmed again
     })
     .unwrap();
+    assert_eq!(ex.stall_budget(0).unwrap(), Duration::ZERO, "off by default");
     ex.run().unwrap();
     assert!(armed.load(SeqCst));
+    // The getter reads back what the setters left.
+    assert_eq!(ex.stall_budget(0).unwrap(), Duration::ZERO);
+    ex.set_stall_budget(Duration::from_millis(7));
+    assert_eq!(ex.stall_budget(0).unwrap(), Duration::from_millis(7));
+    assert!(matches!(
+        ex.stall_budget(1),
+        Err(xtc_shards::Error::InvalidShard { .. })
+    ));
     let seen = seen.lock().unwrap().clone();
     let in_phase = |p: u64| seen.iter().filter(|(q, _)| *q == p).count();
     assert_eq!(in_phase(1), 0, "reported before it was armed: {seen:?}");

@@ -1892,7 +1892,9 @@ impl Handle {
     /// longer than `budget` is reported. Cost when armed: one clock read per task poll (the
     /// CPU's time-stamp counter where the CPU and the kernel trust it, about 12 ns with the
     /// difference; else a `clock_gettime`); when not, one branch per poll on a value read once
-    /// per turn. Takes effect at the next turn.
+    /// per turn. Takes effect at the next turn. Default: zero (off), or
+    /// [`Builder::stall_budget`] / `XTC_STALL_BUDGET`; read back per loop with
+    /// [`stall_budget`](Self::stall_budget).
     /// Cost of the call: one atomic store per loop, O(shards).
     pub fn set_stall_budget(&self, budget: Duration) {
         for l in &self.shared.loops {
@@ -1910,6 +1912,16 @@ impl Handle {
             .budget_ns
             .store(duration_ns(budget), SeqCst);
         Ok(())
+    }
+
+    /// The stall budget of loop `shard` (zero: the watchdog is off there), as
+    /// [`set_stall_budget`](Self::set_stall_budget) or
+    /// [`set_loop_stall_budget`](Self::set_loop_stall_budget) left it. Kept in whole
+    /// nanoseconds in 64 bits: a budget above `u64::MAX` ns reads back as that.
+    /// `Err(InvalidShard)` out of range. Cost: an atomic load.
+    pub fn stall_budget(&self, shard: usize) -> Result<Duration> {
+        let ns = self.shared.shard(shard)?.stall.budget_ns.load(SeqCst);
+        Ok(Duration::from_nanos(ns))
     }
 
     /// Installs the stall report sink of loop `shard`, called on that loop after the stalling
