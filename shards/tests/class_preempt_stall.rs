@@ -421,7 +421,11 @@ fn stall_budget_changed_at_run_time_takes_effect() {
         std::thread::sleep(Duration::from_millis(15)); // disarmed again
     })
     .unwrap();
-    assert_eq!(ex.stall_budget(0).unwrap(), Duration::ZERO, "off by default");
+    assert_eq!(
+        ex.stall_budget(0).unwrap(),
+        Duration::ZERO,
+        "off by default"
+    );
     ex.run().unwrap();
     assert!(armed.load(SeqCst));
     // The getter reads back what the setters left.
