@@ -253,3 +253,5 @@ mod loom_ring;
 mod loom_run;
 #[cfg(all(test, loom))]
 mod loom_shutdown_wait;
+#[cfg(all(test, loom))]
+mod loom_steal_window;

@@ -995,7 +995,7 @@ fn stopping_sleep(core: &Core, timeout: Duration) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::{context::with_core, Executor, MAX_SPIN_BEFORE_PARK};
 
     /// What [`hook`] runs, once, on the loop it names: `(executor id, shard, hook)`.
@@ -1003,7 +1003,7 @@ mod tests {
 
     /// Where in a loop's park decision (step 6) a test's hook runs, on the loop's thread.
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-    pub(super) enum At {
+    pub(crate) enum At {
         /// At the start of step 6 of a turn that kept the idle status (an idle tick's turn),
         /// before its work ping is looked at.
         Forget,
@@ -1014,6 +1014,9 @@ mod tests {
         /// After the loop published its idle status and before it announces its sleep (the
         /// window a ping cannot reach).
         Announce,
+        /// In a steal that succeeded, before the thief pushes what it took into its deque (the
+        /// task is in no queue then: `steal::try_steal`).
+        Stolen,
     }
 
     /// The armed hooks, each with its point. A list, not one slot: the tests that arm them run
@@ -1035,7 +1038,7 @@ mod tests {
     }
 
     /// Runs, once, the hook armed for `at` that names this loop, if any (test builds only).
-    pub(super) fn hook(at: At, core: &super::Core) {
+    pub(crate) fn hook(at: At, core: &super::Core) {
         let mut armed = ARMED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -1433,6 +1436,86 @@ mod tests {
     /// Two shards with eager rebalance on and a steal minimum no queue here reaches (only a
     /// nudged thief's first steal, or the starvation override, takes a task), stealing as
     /// given; and the executor's id (for [`arm`]).
+    /// A migratable task woken from a plain thread and stolen by an idle loop is in no queue
+    /// between the steal and the thief's push: a thief held off its CPU there (the hook) for
+    /// longer than the deadlock grace made the coordinator read every loop idle, the task
+    /// parked, and report a deadlock, dropping the woken task. The thief raises
+    /// `StealShared::stealing` around the steal, which the snapshot counts as queued. From
+    /// the deadlock-report audit.
+    #[test]
+    fn a_task_in_a_thiefs_hands_is_not_reported_as_a_deadlock() {
+        use std::{
+            sync::{
+                atomic::{AtomicBool, Ordering::SeqCst},
+                mpsc, Arc,
+            },
+            task::{Poll, Waker},
+            time::Duration,
+        };
+        let (exec, exec_id) = two_shards(|b| {
+            b.min_tasks_to_steal(1)
+                .steal_backoff(false)
+                .deadlock_grace(Some(Duration::from_millis(50)))
+        });
+        let (wtx, wrx) = mpsc::channel::<Waker>();
+        let woken = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(AtomicBool::new(false));
+        let (w2, d) = (woken.clone(), done.clone());
+        exec.spawn_on(0, move || async move {
+            // Migratable, parked on shard 0 with its waker on a plain thread.
+            let m = crate::task::Builder::new().name("woken").spawn(async move {
+                let mut sent = false;
+                std::future::poll_fn(|cx| {
+                    if w2.load(SeqCst) {
+                        return Poll::Ready(());
+                    }
+                    if !sent {
+                        sent = true;
+                        wtx.send(cx.waker().clone()).unwrap();
+                    }
+                    Poll::Pending
+                })
+                .await;
+                d.store(true, SeqCst);
+            });
+            // Shard 0 busy when the wake comes (its injector), so idle shard 1 steals it.
+            crate::time::sleep(Duration::from_millis(20)).await;
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_millis(100) {
+                std::hint::spin_loop();
+            }
+            let _ = m.await;
+        })
+        .unwrap();
+        let h = held.clone();
+        arm_at(
+            At::Stolen,
+            (
+                exec_id,
+                1,
+                Box::new(move |_core: &super::Core| {
+                    // Held in the window for many graces: every other loop goes idle.
+                    std::thread::sleep(Duration::from_millis(400));
+                    h.store(true, SeqCst);
+                }),
+            ),
+        );
+        let waker = std::thread::spawn(move || {
+            let w = wrx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(40));
+            woken.store(true, SeqCst);
+            w.wake();
+        });
+        let out = exec.run();
+        waker.join().unwrap();
+        assert!(held.load(SeqCst), "shard 1 did not steal the woken task");
+        assert!(
+            out.is_ok() && done.load(SeqCst),
+            "a woken task in a thief's hands was reported: {out:?}"
+        );
+    }
+
     fn eager_executor(stealing: bool) -> (Executor, u64) {
         two_shards(|b| {
             b.eager_rebalance(true)

@@ -9,7 +9,11 @@
 //! takes come before `BUSY` on that path, and only queue tasks: a ring drain (every ring
 //! message is a `Runnable`, queued, never handled inside the drain; its received count is
 //! published at the end of that turn) and a steal (into the thief's deque, which a shutdown
-//! at a quiescent stop keeps for the next run). A message can reach a ring only from a loop
+//! at a quiescent stop keeps for the next run). A steal holds what it took outside every
+//! queue for a moment (crossbeam's `steal_batch_and_pop` hands the task back before the
+//! thief pushes it), so the thief raises `StealShared::stealing` around it and a snapshot
+//! counts that as queued: a thief held off its CPU there made a woken task read as parked,
+//! reported as a deadlock and dropped, under a short grace. A message can reach a ring only from a loop
 //! that left idle through `BUSY`, or one that is `WAITING`, so a snapshot misses no sender.
 //! Handling a ring message inside the drain, or dropping the deque at a quiescent stop, would
 //! break this argument. `kind` is `EMPTY` (no live
@@ -106,7 +110,9 @@ impl Snapshot {
                 let st = l.status.load(SeqCst);
                 let (pushed, popped) = l.inbox.counts();
                 injected += l.steal.injected.load(SeqCst);
-                queued |= !l.steal.injector.is_empty() || !l.steal.stealer.is_empty();
+                queued |= l.steal.stealing.load(SeqCst)
+                    || !l.steal.injector.is_empty()
+                    || !l.steal.stealer.is_empty();
                 ring.1 += l.stats.messages_received.load(SeqCst);
                 // Sent over a ring, less what a shutdown took out of the mesh unreceived
                 // (saturating: the two are published one after the other, and a mixed read

@@ -139,6 +139,10 @@ pub(crate) struct StealShared {
     /// the work queued at its victim. Raised with `SeqCst`, paired with the nudger's fence
     /// ([`nudged_before_spin`]).
     pub(crate) spinning: AtomicBool,
+    /// Raised (SeqCst) by this loop as a thief before it takes from a victim, lowered once
+    /// what it took is in its own deque: in between the task is in no queue that the
+    /// quiescence snapshot reads, which counts this as queued (`quiesce::Snapshot`).
+    pub(crate) stealing: AtomicBool,
 }
 
 /// Rule 3's mark of a ping for new migratable work (`StealShared::work_ping`): its four
@@ -248,6 +252,7 @@ impl Migratable {
                 spawning: CachePadded::new(AtomicBool::new(false)),
                 work_ping: WorkPing::default(),
                 spinning: AtomicBool::new(false),
+                stealing: AtomicBool::new(false),
             });
             workers.push(Mutex::new(Some(w)));
         }
@@ -1031,6 +1036,8 @@ pub(crate) fn try_steal(core: &Core) -> bool {
             continue;
         }
         let before = w.len();
+        let stealing = &core.shared.steal.stealing;
+        stealing.store(true, SeqCst);
         let got = loop {
             let s = match vs.stealer.steal_batch_and_pop(w) {
                 Steal::Empty => vs.injector.steal_batch_and_pop(w),
@@ -1043,14 +1050,20 @@ pub(crate) fn try_steal(core: &Core) -> bool {
         };
         match got {
             Steal::Success(r) => {
+                #[cfg(test)]
+                crate::event_loop::tests::hook(crate::event_loop::tests::At::Stolen, core);
                 let n = 1 + (w.len() - before) as u64;
                 bump(&stats.steals, n);
                 vs.stolen_from.fetch_add(n, Relaxed);
                 // Run it first: push it back at the front by running it next turn.
                 w.push(r);
+                stealing.store(false, SeqCst);
                 return true;
             }
-            _ => bump(&stats.steal_attempts_failed, 1),
+            _ => {
+                stealing.store(false, SeqCst);
+                bump(&stats.steal_attempts_failed, 1);
+            }
         }
     }
     waiver.end(seen_work);
