@@ -4206,3 +4206,40 @@ fn linger_zero_closes_with_a_reset() {
         assert_eq!(r.unwrap(), 0, "the default close is a clean end of stream");
     });
 }
+
+/// `AsyncWriteExt::close` is idempotent on TCP, as a second `shutdown(Write)` of std's stream
+/// is while the connection lives: a second close, and a close after both sides closed, are
+/// `Ok`. The second shut down the socket again, which TCP refuses with `ENOTCONN`
+/// (`NotConnected`) once the connection has ended. From the `futures::io` audit.
+#[test]
+fn a_tcp_close_again_is_ok() {
+    on_each_driver("a_tcp_close_again_is_ok", 1, |driver| async move {
+        let (mut c, mut s) = tcp_pair().await;
+        AsyncWriteExt::write_all(&mut c, b"hello").await.unwrap();
+        AsyncWriteExt::close(&mut c).await.unwrap();
+        AsyncWriteExt::close(&mut c)
+            .await
+            .unwrap_or_else(|e| panic!("[{driver}] a second close: {e}"));
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"hello", "[{driver}]");
+        // The server answers after the half-close, and closes: the connection ends.
+        AsyncWriteExt::write_all(&mut s, b"world").await.unwrap();
+        AsyncWriteExt::close(&mut s).await.unwrap();
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"world", "[{driver}]");
+        sleep(Duration::from_millis(20)).await;
+        for (who, st) in [("client", &mut c), ("server", &mut s)] {
+            AsyncWriteExt::close(st)
+                .await
+                .unwrap_or_else(|e| panic!("[{driver}] the {who}'s close once both closed: {e}"));
+        }
+        // A write after close still fails.
+        let w = async {
+            AsyncWriteExt::write_all(&mut c, b"x").await?;
+            AsyncWriteExt::flush(&mut c).await
+        };
+        assert!(w.await.is_err(), "[{driver}] a write after close");
+    });
+}

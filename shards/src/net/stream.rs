@@ -74,6 +74,10 @@ const READ_MAX: usize = 256 * 1024;
 const READ_KEEP: usize = 16 * 1024;
 /// Most bytes one `poll_write` takes on io_uring (bounds the internal copy).
 const WRITE_BUF: usize = 64 * 1024;
+/// Capacity of the internal write buffer kept once its bytes are flushed: a larger one, left
+/// by a large write, is given back at the `flush` or `close` that waited
+/// for it, so an idle stream that once wrote a big body does not hold `WRITE_BUF` for its life.
+const WRITE_KEEP: usize = 16 * 1024;
 
 /// The `futures::io` side's state on io_uring.
 ///
@@ -1890,12 +1894,28 @@ impl StreamIo {
     }
 
     pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.poll_drain(cx)
+        let r = ready!(self.poll_drain(cx));
+        shed_wbuf(self.poll.get_mut());
+        Poll::Ready(r)
     }
 
     pub(crate) fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.poll_drain(cx))?;
+        let r = ready!(self.poll_drain(cx));
+        shed_wbuf(self.poll.get_mut());
+        r?;
+        if self.write_shut.get() {
+            // Shut already (an earlier `close` or `shutdown`): done, as the first one said.
+            // Shut again, TCP refused it with `ENOTCONN` once the connection had ended.
+            return Poll::Ready(Ok(()));
+        }
         Poll::Ready(self.shutdown(Shutdown::Write))
+    }
+}
+
+/// Gives back a write buffer larger than [`WRITE_KEEP`] once no send uses it.
+fn shed_wbuf(st: &mut PollState) {
+    if st.writing.is_none() && st.unsent.is_none() && st.wbuf.capacity() > WRITE_KEEP {
+        st.wbuf = Vec::new();
     }
 }
 
@@ -2203,6 +2223,13 @@ macro_rules! impl_async_io {
         /// `futures::io` reads. Cost: on io_uring one `RECV` into an internal buffer (at most
         /// 256 KiB, never more than asked) whenever it is empty, plus a copy out; on epoll one
         /// `recv` straight into the caller's slice. Mixes with the owned calls in byte order.
+        ///
+        /// A read given up before it is ready (a `timeout` or a lost `select!` branch around
+        /// `AsyncReadExt::read`) loses nothing: its receive stays in flight and the next read
+        /// takes what it got. Until then it counts as I/O the loop waits on, so `run()` does not
+        /// end at quiescence, nor report a deadlock, while a stream left in that state lives
+        /// (say, kept in a pool): read again, or drop the stream, to end it. The owned
+        /// [`read`](Self::read) cancels its operation when dropped and has no such effect.
         impl futures_io::AsyncRead for $t {
             fn poll_read(
                 self: std::pin::Pin<&mut Self>,
@@ -2217,6 +2244,19 @@ macro_rules! impl_async_io {
         /// buffer and one `SEND`, reported written at once (write-behind: the next write,
         /// `flush` or `close` waits for it and reports its error); on epoll one `send` straight
         /// from the caller's slice.
+        ///
+        /// Bytes reported written are sent: dropped without `flush` or `close`, the stream
+        /// leaves its last send to finish on its own (on io_uring detached, cancelled if the
+        /// peer takes nothing for 10 s; flush first where every byte must arrive whatever the
+        /// peer's pace). A write or flush given up while it waits for room keeps its send in
+        /// flight, which, as a given-up read does, keeps `run()` from ending at quiescence
+        /// while the stream lives. `close` flushes and then shuts the write half; closing
+        /// again is `Ok`. On io_uring, a reset by the peer while a send waits for room fails
+        /// that send's writer (`BrokenPipe`), and a read pending at the same time may see a
+        /// plain end of stream (`Ok(0)`) rather than `ConnectionReset`: the kernel's
+        /// completion of the whole send (`MSG_WAITALL`, which the drop above needs) takes the
+        /// reset's error. Where a cut stream must not read as complete, frame the data (a
+        /// length or an end marker) or check the writer's result.
         impl futures_io::AsyncWrite for $t {
             fn poll_write(
                 self: std::pin::Pin<&mut Self>,
