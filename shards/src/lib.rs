@@ -167,8 +167,17 @@
 //! itself: with the tick's signal taken, a worker runs without preemption and logs the error
 //! (`XTC_PREEMPT` stays without effect); with the interrupt's taken, cancelled blocking file
 //! operations are not interrupted. Both handlers
-//! run on the alternate signal stack where a thread has one (`SA_ONSTACK`). Threads
-//! inherit their signal mask from the thread that calls `run()`. A worker unblocks
+//! run on the alternate signal stack where a thread has one (`SA_ONSTACK`). Workers
+//! inherit their signal mask from the thread that calls `run()`; blocking-pool threads, which
+//! outlive runs and are shared by every executor of the process, keep the mask of the thread
+//! that started them (a loop thread of an earlier run, perhaps before the program blocked a
+//! signal for `signalfd`: block it before the first run, or in `main` before any thread). A
+//! handler is looked at when xtc installs it, when a worker arms its timer and before each
+//! interrupt: one the program installs for the tick's signal while a worker's timer runs
+//! gets the ticks until that worker re-arms, so pick another signal for xtc rather than
+//! taking its own mid-run. A cancelled job is sent the interrupt again only once it took the
+//! last one (a real-time signal queues, one per send, against the user's
+//! `RLIMIT_SIGPENDING`). A worker unblocks
 //! the tick's signal for itself when it arms its preemption timer (a caller that blocks every
 //! signal for `sigwait` or `signalfd` would otherwise turn preemption off unseen). Each
 //! blocking-pool thread unblocks the interrupt signal for itself when it starts, once xtc's handler is

@@ -141,6 +141,11 @@ struct Ctl {
 struct CtlState {
     /// The pool thread running the job, while it runs.
     thread: Option<libc::pthread_t>,
+    /// The address of that thread's [`DELIVERED`] flag, while it runs the job.
+    delivered: usize,
+    /// An interrupt was sent to the job's thread: another is sent only once the handler ran
+    /// since (a real-time signal queues, one per send, until the thread takes it).
+    signalled: bool,
     /// The job's future was dropped: it is not started, and its blocking calls give up on
     /// `EINTR`.
     cancelled: bool,
@@ -226,8 +231,17 @@ fn already_fixed(sig: libc::c_int, fixed: libc::c_int) -> crate::Error {
     ))
 }
 
+thread_local! {
+    /// Set by the interrupt handler on the thread that took the signal: an interrupt sent
+    /// there is no longer pending (see `CtlState::signalled`). Const, no destructor: a plain
+    /// TLS access, async-signal-safe.
+    static DELIVERED: std::sync::atomic::AtomicBool =
+        const { std::sync::atomic::AtomicBool::new(true) };
+}
+
 extern "C" fn on_interrupt(_sig: libc::c_int) {
-    // Nothing: the signal exists to make the blocking call return `EINTR`.
+    // The signal exists to make the blocking call return `EINTR`; it also says it arrived.
+    DELIVERED.with(|d| d.store(true, std::sync::atomic::Ordering::Release));
 }
 
 /// Installs the interrupt signal's handler, unless the program has one of its own there.
@@ -292,12 +306,22 @@ fn interrupt_handler_current() -> bool {
 
 /// Signals the pool thread running `ctl`'s job, if it still runs; `false` once it ended.
 fn interrupt(ctl: &Ctl) -> bool {
-    let st = lock(&ctl.state);
+    let mut st = lock(&ctl.state);
     if st.done {
         return false;
     }
     if let Some(thread) = st.thread {
+        // SAFETY: the flag is a thread-local of `thread`, which runs this job (and so lives)
+        // while `thread` is set, under this lock.
+        let delivered = unsafe { &*(st.delivered as *const std::sync::atomic::AtomicBool) };
+        if st.signalled && !delivered.load(std::sync::atomic::Ordering::Acquire) {
+            // The last one is still queued: the thread is in a call that does not take it
+            // yet (uninterruptible), and another would only queue behind it.
+            return true;
+        }
         if interrupt_handler_current() {
+            delivered.store(false, std::sync::atomic::Ordering::Release);
+            st.signalled = true;
             // SAFETY: `thread` runs this job (it clears the field under this lock before it
             // moves on), so it is a live thread; the signal has xtc's handler installed.
             unsafe { libc::pthread_kill(thread, interrupt_signal()) };
@@ -737,6 +761,7 @@ fn submit<R: Send + 'static>(
             if !c.cancelled && interruptible {
                 // SAFETY: no preconditions.
                 c.thread = Some(unsafe { libc::pthread_self() });
+                c.delivered = DELIVERED.with(|d| d as *const _ as usize);
             }
             !c.cancelled
         };
@@ -1089,6 +1114,67 @@ mod tests {
             }
         });
         assert_eq!((r.unwrap(), calls), (1, 2));
+    }
+
+    /// Signals queued for this real user (`SigQ:` of /proc/self/status, the first number).
+    fn queued_signals() -> usize {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let l = s.lines().find(|l| l.starts_with("SigQ:")).unwrap();
+        l[5..].trim().split('/').next().unwrap().parse().unwrap()
+    }
+
+    /// A cancelled job whose thread does not take the interrupt (a call the signal cannot
+    /// cut: an `fsync` in uninterruptible sleep; here, the signal blocked) is sent one
+    /// interrupt, not one per look: each send of a real-time signal queues, charged to the
+    /// user's `RLIMIT_SIGPENDING` that every process of the user shares, and a loop that
+    /// parked often queued hundreds per 40 ms fsync. Once the thread took it, the next look
+    /// sends again. From the signals audit.
+    #[test]
+    fn an_interrupt_not_yet_taken_is_not_sent_again() {
+        use std::sync::{atomic::Ordering::Acquire, mpsc};
+        assert!(interrupt_handler_installed());
+        let sig = interrupt_signal();
+        let (tx, rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let job = std::thread::spawn(move || {
+            // SAFETY: a zeroed `sigset_t` is valid; these calls change this thread's mask only.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, sig);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                let flag = DELIVERED.with(|d| d as *const _ as usize);
+                tx.send((libc::pthread_self(), flag)).unwrap();
+                go_rx.recv().unwrap();
+                // Takes what is pending: the handler runs and marks it taken.
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            }
+            DELIVERED.with(|d| d.load(Acquire))
+        });
+        let (thread, flag) = rx.recv().unwrap();
+        let ctl = Ctl::default();
+        {
+            let mut st = lock(&ctl.state);
+            st.thread = Some(thread);
+            st.delivered = flag;
+            st.cancelled = true;
+        }
+        let before = queued_signals();
+        for _ in 0..500 {
+            assert!(interrupt(&ctl), "the job still runs");
+        }
+        let queued = queued_signals().saturating_sub(before);
+        // Other tests' signals come and go meanwhile; 500 sends would show.
+        assert!(
+            queued < 100,
+            "{queued} interrupts queued for one job that had not taken the first"
+        );
+        go_tx.send(()).unwrap();
+        assert!(
+            job.join().unwrap(),
+            "the handler marked the interrupt taken"
+        );
+        lock(&ctl.state).thread = None;
     }
 
     /// CPUs the calling thread may run on.
