@@ -1082,7 +1082,9 @@ impl Uring {
             match e.raw_os_error() {
                 Some(libc::EBUSY) => io::Error::new(
                     io::ErrorKind::AlreadyExists,
-                    "this loop already has a registered FixedBufPool: drop it first",
+                    "this loop already has a registered FixedBufPool: drop it first (a \
+                     pool stays registered while one of its buffers is out, in a dropped \
+                     read the kernel has not finished with among them)",
                 ),
                 Some(libc::ENOMEM) => io::Error::new(
                     io::ErrorKind::OutOfMemory,
