@@ -11,9 +11,10 @@ use common::*;
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
-        mpsc, Arc,
+        mpsc, Arc, Mutex,
     },
-    time::Duration,
+    task::Waker,
+    time::{Duration, Instant},
 };
 
 use xtc_shards::{Executor, JoinHandle};
@@ -334,4 +335,329 @@ fn local_executor_shutdown_drop_waiting_on_a_parked_migratable_task() {
     );
     let got = out_rx.recv_timeout(LIMIT).unwrap();
     assert!(got.contains("ancelled"), "{got}");
+}
+
+/// Run 2 on the same executor: a pinned and a migratable task; it ends (quiescent) with its
+/// task run (a count left off by the first run would keep it going until the hang limit).
+fn second_run_is_quiescent(ex: &Arc<Executor>, what: &str) {
+    let done = Arc::new(AtomicUsize::new(0));
+    let d = done.clone();
+    ex.spawn_on(1, move || async move {
+        let j = xtc_shards::spawn(async { 3u32 });
+        assert_eq!(j.await.unwrap(), 3);
+        d.fetch_add(1, SeqCst);
+    })
+    .unwrap();
+    let t = Instant::now();
+    let r = run_detached(ex.clone(), LIMIT).unwrap_or_else(|| panic!("{what}: run 2 hung"));
+    assert!(r.is_ok(), "{what}: run 2: {r:?}");
+    assert_eq!(done.load(SeqCst), 1, "{what}: run 2's task");
+    assert!(
+        cfg!(miri) || t.elapsed() < Duration::from_secs(3),
+        "{what}: run 2 took {:?} (counts off?)",
+        t.elapsed()
+    );
+}
+
+/// `JoinHandle::abort()` then a blocking wait on the handle, in a Drop that shard 0's
+/// shutdown runs (the usual "abort and wait for its cleanup" guard), on a PARKED migratable
+/// task. It hung: the aborted handle's wait passed no task to the shutdown wait (the audit of this
+/// stop's commits).
+#[test]
+fn abort_then_wait_in_a_shutdown_drop_on_a_parked_migratable_task() {
+    for from in [1usize, 0] {
+        let ex = executor(2, false);
+        let h = ex.handle();
+        let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
+        let (out_tx, out_rx) = mpsc::channel::<String>();
+        let parked = Arc::new(AtomicUsize::new(0));
+        let t_dropped = Arc::new(AtomicUsize::new(0));
+        let p0 = parked.clone();
+        ex.spawn_on(0, move || async move {
+            let mut out = Some(out_tx);
+            let mut hr = Some(handle_rx);
+            let _g = OnDrop(move || {
+                let j = hr.take().unwrap().recv_timeout(LIMIT).unwrap();
+                j.abort();
+                let r = futures::executor::block_on(j);
+                let _ = out.take().unwrap().send(format!("{r:?}"));
+            });
+            p0.fetch_add(1, SeqCst);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        let (p, d) = (parked.clone(), t_dropped.clone());
+        ex.spawn_on(from, move || async move {
+            let p2 = p.clone();
+            let t = xtc_shards::spawn(async move {
+                let _c = CountDrop(d);
+                p2.fetch_add(1, SeqCst);
+                std::future::pending::<()>().await;
+                7u32
+            });
+            handle_tx.send(t).unwrap();
+        })
+        .unwrap();
+        let driver = std::thread::spawn(move || {
+            block_until(|| parked.load(SeqCst) == 2);
+            std::thread::sleep(Duration::from_millis(20));
+            h.stop();
+        });
+        let r = run_detached(ex.clone(), LIMIT);
+        driver.join().unwrap();
+        assert!(
+            r.is_some(),
+            "from={from}: run() hung: shard 0's shutdown Drop aborted a parked migratable task \
+             and waits on its handle (T dropped {} times)",
+            t_dropped.load(SeqCst)
+        );
+        let got = out_rx.recv_timeout(LIMIT).unwrap();
+        assert!(got.contains("ancelled"), "from={from}: {got}");
+        assert_eq!(t_dropped.load(SeqCst), 1);
+    }
+}
+
+/// Plain threads wake the awaited task T over and over while the executor stops (its
+/// `Runnable` in flight between injectors, deques and drops): T's future is dropped exactly
+/// once, run() returns, and a second run ends quiescent.
+#[test]
+fn plain_thread_wakes_race_the_wait_in_a_shutdown_drop() {
+    for round in 0..30 {
+        let stealing = round % 2 == 0;
+        let ex = executor(3, stealing);
+        let h = ex.handle();
+        let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
+        let (out_tx, out_rx) = mpsc::channel::<String>();
+        let parked = Arc::new(AtomicUsize::new(0));
+        let t_dropped = Arc::new(AtomicUsize::new(0));
+        let waker: Arc<Mutex<Option<Waker>>> = Arc::new(Mutex::new(None));
+        let p0 = parked.clone();
+        ex.spawn_on(0, move || async move {
+            let mut out = Some(out_tx);
+            let mut hr = Some(handle_rx);
+            let _g = OnDrop(move || {
+                let j = hr.take().unwrap().recv_timeout(LIMIT).unwrap();
+                let r = futures::executor::block_on(j);
+                let _ = out.take().unwrap().send(format!("{r:?}"));
+            });
+            p0.fetch_add(1, SeqCst);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        let (p, d, w) = (parked.clone(), t_dropped.clone(), waker.clone());
+        ex.spawn_on(2, move || async move {
+            let p2 = p.clone();
+            let t = xtc_shards::spawn(async move {
+                let _c = CountDrop(d);
+                p2.fetch_add(1, SeqCst);
+                std::future::poll_fn(|cx| {
+                    *w.lock().unwrap() = Some(cx.waker().clone());
+                    std::task::Poll::<()>::Pending
+                })
+                .await;
+                7u32
+            });
+            handle_tx.send(t).unwrap();
+        })
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let wakers: Vec<_> = (0..2)
+            .map(|_| {
+                let (w, d, stop) = (waker.clone(), t_dropped.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    while d.load(SeqCst) == 0 && !stop.load(SeqCst) && t.elapsed() < LIMIT {
+                        let w = w.lock().unwrap().clone();
+                        if let Some(w) = w {
+                            w.wake();
+                        }
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let driver = std::thread::spawn(move || {
+            block_until(|| parked.load(SeqCst) >= 2);
+            std::thread::sleep(Duration::from_millis(round % 5));
+            h.stop();
+        });
+        let r = run_detached(ex.clone(), LIMIT);
+        stop.store(true, SeqCst);
+        driver.join().unwrap();
+        for w in wakers {
+            w.join().unwrap();
+        }
+        assert!(r.is_some(), "round {round}: run() hung");
+        assert!(r.unwrap().is_ok());
+        let got = out_rx.recv_timeout(LIMIT).unwrap();
+        assert!(got.contains("ancelled"), "round {round}: {got}");
+        assert_eq!(t_dropped.load(SeqCst), 1, "round {round}: T dropped once");
+        *waker.lock().unwrap() = None;
+        second_run_is_quiescent(&ex, &format!("round {round}"));
+    }
+}
+
+/// While shard 0's Drop polls every millisecond (T sits on shard 1's deque, shard 1 busy in
+/// a Drop of its own for a while), the wait scans every injector (steal, push back) as plain
+/// threads spawn into them: no task is lost or run twice; every future is dropped exactly
+/// once by the time the executor is gone; a second run ends quiescent.
+#[test]
+fn injector_scans_race_plain_thread_spawns() {
+    for round in 0..6 {
+        let ex = executor(3, false);
+        let h = ex.handle();
+        let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
+        let (out_tx, out_rx) = mpsc::channel::<String>();
+        let parked = Arc::new(AtomicUsize::new(0));
+        let t_dropped = Arc::new(AtomicUsize::new(0));
+        let p0 = parked.clone();
+        ex.spawn_on(0, move || async move {
+            let mut out = Some(out_tx);
+            let mut hr = Some(handle_rx);
+            let _g = OnDrop(move || {
+                let j = hr.take().unwrap().recv_timeout(LIMIT).unwrap();
+                let r = futures::executor::block_on(j);
+                let _ = out.take().unwrap().send(format!("{r:?}"));
+            });
+            p0.fetch_add(1, SeqCst);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        // Shard 1: T awaits a oneshot whose sender a parked task of shard 1 holds; that task's
+        // guard (shard 1's shutdown) drops the sender (T woken onto shard 1's deque), then
+        // holds shard 1 for 300 ms.
+        let (p, d) = (parked.clone(), t_dropped.clone());
+        ex.spawn_on(1, move || async move {
+            let (tx, rx) = futures::channel::oneshot::channel::<()>();
+            let p2 = p.clone();
+            let t = xtc_shards::spawn(async move {
+                let _c = CountDrop(d);
+                p2.fetch_add(1, SeqCst);
+                let _ = rx.await;
+                std::future::pending::<()>().await;
+                7u32
+            });
+            handle_tx.send(t).unwrap();
+            let mut tx = Some(tx);
+            let _g = OnDrop(move || {
+                drop(tx.take());
+                std::thread::sleep(Duration::from_millis(300));
+            });
+            p.fetch_add(1, SeqCst);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        let spawned = Arc::new(AtomicUsize::new(0));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let stop_spawning = Arc::new(AtomicBool::new(false));
+        let spawners: Vec<_> = (0..2)
+            .map(|_| {
+                let (h, s, r, d, stop) = (
+                    ex.handle(),
+                    spawned.clone(),
+                    ran.clone(),
+                    dropped.clone(),
+                    stop_spawning.clone(),
+                );
+                std::thread::spawn(move || {
+                    while !stop.load(SeqCst) {
+                        let (r, d) = (r.clone(), d.clone());
+                        s.fetch_add(1, SeqCst);
+                        let c = CountDrop(d);
+                        drop(h.spawn(async move {
+                            let _c = c;
+                            r.fetch_add(1, SeqCst);
+                        }));
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                })
+            })
+            .collect();
+        let driver = std::thread::spawn(move || {
+            block_until(|| parked.load(SeqCst) == 3);
+            h.stop();
+        });
+        let r = run_detached(ex.clone(), LIMIT);
+        driver.join().unwrap();
+        stop_spawning.store(true, SeqCst);
+        for s in spawners {
+            s.join().unwrap();
+        }
+        assert!(r.is_some(), "round {round}: run() hung");
+        assert!(r.unwrap().is_ok());
+        let got = out_rx.recv_timeout(LIMIT).unwrap();
+        assert!(got.contains("ancelled"), "round {round}: {got}");
+        assert_eq!(t_dropped.load(SeqCst), 1, "round {round}: T dropped once");
+        let after1 = (spawned.load(SeqCst), ran.load(SeqCst), dropped.load(SeqCst));
+        second_run_is_quiescent(&ex, &format!("round {round}"));
+        let after2 = (spawned.load(SeqCst), ran.load(SeqCst), dropped.load(SeqCst));
+        println!(
+            "round {round}: (spawned, ran, dropped) after run 1 {after1:?}, after run 2 {after2:?}"
+        );
+        let (s, rn) = (spawned.load(SeqCst), ran.load(SeqCst));
+        block_until(|| Arc::strong_count(&ex) == 1);
+        drop(ex);
+        let dr = dropped.load(SeqCst);
+        println!("round {round}: spawned {s} ran {rn} dropped {dr}");
+        assert!(rn <= s, "round {round}: ran {rn} > spawned {s}");
+        assert_eq!(dr, s, "round {round}: futures dropped {dr} != spawned {s}");
+    }
+}
+
+/// The stamp is per run: the "left to a loop that still runs it" case, twice on one
+/// executor (run 2 must not read run 1's stamps as stopping).
+#[test]
+fn left_to_a_running_loop_in_a_second_run_too() {
+    let ex = executor(2, false);
+    for run in 0..2 {
+        let h = ex.handle();
+        let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
+        let (out_tx, out_rx) = mpsc::channel::<String>();
+        let parked = Arc::new(AtomicUsize::new(0));
+        let in_drop = Arc::new(AtomicBool::new(false));
+        let long_poll = Arc::new(AtomicBool::new(false));
+        let (p0, idr) = (parked.clone(), in_drop.clone());
+        ex.spawn_on(0, move || async move {
+            let mut out = Some(out_tx);
+            let mut hr = Some(handle_rx);
+            let _g = OnDrop(move || {
+                let j = hr.take().unwrap().recv_timeout(LIMIT).unwrap();
+                idr.store(true, SeqCst);
+                let r = futures::executor::block_on(j);
+                let _ = out.take().unwrap().send(format!("{r:?}"));
+            });
+            p0.fetch_add(1, SeqCst);
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        let (p, lp) = (parked.clone(), long_poll.clone());
+        ex.spawn_on(1, move || async move {
+            let (wake_tx, wake_rx) = futures::channel::oneshot::channel::<()>();
+            let p2 = p.clone();
+            let t = xtc_shards::spawn(async move {
+                p2.fetch_add(1, SeqCst);
+                let _ = wake_rx.await;
+                42u32
+            });
+            handle_tx.send(t).unwrap();
+            xtc_shards::time::sleep(Duration::from_millis(50)).await;
+            p.fetch_add(1, SeqCst);
+            lp.store(true, SeqCst);
+            block_until(|| in_drop.load(SeqCst));
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = wake_tx.send(());
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+        let driver = std::thread::spawn(move || {
+            block_until(|| long_poll.load(SeqCst));
+            h.stop();
+        });
+        let r = run_detached(ex.clone(), LIMIT);
+        driver.join().unwrap();
+        assert!(r.is_some(), "run {run}: hung");
+        let got = out_rx.recv_timeout(LIMIT).unwrap();
+        assert_eq!(got, "Ok(42)", "run {run}");
+    }
 }

@@ -85,6 +85,9 @@ struct Aborted<T> {
     waker: Option<Waker>,
     /// What came out once `cancel` resolved: the output, or `None` if it was cancelled.
     out: Option<Outcome<T>>,
+    /// The task's metadata (kept alive by `cancel` while that is `Some`): a wait in a
+    /// stopping loop's `Drop` passes it on (ring rule 3c), as a live handle's does.
+    meta: *const TaskMeta,
 }
 
 impl<T> Aborted<T> {
@@ -194,13 +197,14 @@ impl<T: 'static> JoinHandle<T> {
             if task.is_finished() || unsafe { &**meta }.cancel_dropping() {
                 return;
             }
-            let State::Live(task, _) = std::mem::replace(state, State::Taken) else {
+            let State::Live(task, meta) = std::mem::replace(state, State::Taken) else {
                 unreachable!("checked just above");
             };
             let mut aborted = Box::new(Aborted {
                 cancel: Some(Box::pin(task.cancel())),
                 waker: None,
                 out: None,
+                meta,
             });
             // The first poll marks the task cancelled (scheduling it if it is parked, so its
             // owner drops the future) and picks up an output that was already there.
@@ -327,11 +331,13 @@ impl<T> JoinHandle<T> {
                     return Poll::Ready(output(a.out.take()));
                 }
                 a.waker = Some(waker);
+                let meta = a.meta;
                 self.state.set(State::Aborted(a));
                 if foreign {
                     // As for a live task: the abort queued the task on its loop to be
                     // dropped, maybe over the ring, its ping waiting for the end of the turn.
-                    crate::context::flush_for_foreign_wait(cx.waker());
+                    // `cancel` is still `Some` (not over): it keeps the header, so `meta`, alive.
+                    crate::context::flush_for_foreign_wait_on(cx.waker(), meta);
                 }
                 Poll::Pending
             }
