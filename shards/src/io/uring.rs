@@ -1307,6 +1307,7 @@ impl Drop for Uring {
         // (`with_uring`), so such an `Op` is abandoned as on a running loop (rule 4) and its
         // data lives until its completion, rather than taken for an orphan of a driver that is
         // gone, with no record yet, and freed under the kernel.
+        let mut unwinding = None;
         {
             let this: &Uring = self;
             let frame = Dropping {
@@ -1316,13 +1317,28 @@ impl Drop for Uring {
             // Takes `frame` out of the list before it goes, also on unwind.
             let _unlink = Unlink(frame.outer);
             DROPPING.with(|d| d.set(&frame));
-            this.shut_down();
+            // A panic out of the shutdown (its logs run the program's tracing subscriber, user
+            // code) left operations the kernel may still hold: their data is leaked with
+            // everything else, never freed by the drop glue below while the kernel may use it.
+            let shut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| this.shut_down()));
+            if let Err(payload) = shut {
+                if let Ok(mut ops) = this.ops.try_borrow_mut() {
+                    for slot in ops.drain() {
+                        std::mem::forget(slot);
+                    }
+                }
+                this.shutdown_leaked.set(true);
+                unwinding = Some(payload);
+            }
         }
         if self.shutdown_leaked.get() {
             std::mem::forget(std::mem::replace(
                 &mut self.ping_buf,
                 Box::new(Cell::new(0)),
             ));
+        }
+        if let Some(payload) = unwinding {
+            std::panic::resume_unwind(payload);
         }
     }
 }
