@@ -942,3 +942,94 @@ fn a_sleep_kept_from_the_previous_run_cancels_nothing_of_this_run() {
         "a 20 ms sleep never woke: the previous run's sleep cancelled its timer"
     );
 }
+
+/// Timers fired on loops `0..n` so far.
+fn fired_total(ex: &Executor, n: usize) -> u64 {
+    (0..n).map(|i| ex.loop_stats(i).unwrap().timers_fired).sum()
+}
+
+/// A block_on whose main ends while other tasks sleep: the next run starts clean, its
+/// timers_fired count is exact, and a registered sleep kept from the first run and dropped
+/// between runs leaves nothing for the next run: its cancel was queued into the loop's inbox and ran, an
+/// unrelated task, in the next run (a timer of an ended run went with it). From the timers
+/// audit of stop 49.
+#[test]
+// The block_on returns its pending sleep on purpose, to drop it between runs.
+#[allow(clippy::async_yields_async)]
+fn timers_after_block_on_end_next_run_clean() {
+    let ex = common::exec(2);
+    let kept = ex
+        .block_on(|| async {
+            let h = xtc_shards::shard::handle().unwrap();
+            for s in 0..2 {
+                h.spawn_on(s, || async {
+                    time::sleep(Duration::from_secs(3600)).await;
+                })
+                .unwrap();
+            }
+            let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
+            assert!(futures::poll!(s.as_mut()).is_pending());
+            xtc_shards::yield_now().await;
+            s
+        })
+        .unwrap();
+    let fired0 = fired_total(&ex, 2);
+    let run0: Vec<_> = (0..2).map(|i| ex.loop_stats(i).unwrap()).collect();
+    drop(kept); // on this plain thread, between runs
+    for s in 0..2 {
+        ex.spawn_on(s, || async {
+            for _ in 0..5 {
+                time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .unwrap();
+    }
+    common::run_within(&ex, Duration::from_secs(20))
+        .expect("second run hung")
+        .unwrap();
+    assert_eq!(
+        fired_total(&ex, 2) - fired0,
+        10,
+        "timers_fired of the second run"
+    );
+    let tasks: Vec<u64> = (0..2)
+        .map(|i| ex.loop_stats(i).unwrap().tasks_run - run0[i].tasks_run)
+        .collect();
+    let inbox: Vec<u64> = (0..2)
+        .map(|i| ex.loop_stats(i).unwrap().inbox_received - run0[i].inbox_received)
+        .collect();
+    println!("tasks run in the 2nd run: {tasks:?}, inbox received {inbox:?}");
+    assert_eq!(
+        tasks,
+        vec![1, 1],
+        "the second run ran a task nobody spawned (a cancel of a timer of the first run)"
+    );
+}
+
+/// The same for a LocalExecutor: a sleep returned by block_on and dropped outside.
+#[test]
+// The block_on returns its pending sleep on purpose, to drop it between runs.
+#[allow(clippy::async_yields_async)]
+fn local_kept_sleep_dropped_between_block_ons_leaves_no_task() {
+    let ex = LocalExecutor::new().unwrap();
+    let kept = ex.block_on(async {
+        let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
+        assert!(futures::poll!(s.as_mut()).is_pending());
+        s
+    });
+    let h = ex.block_on(async { xtc_shards::shard::handle().unwrap() });
+    let before = h.loop_stats(0).unwrap();
+    drop(kept);
+    ex.block_on(async {});
+    let after = h.loop_stats(0).unwrap();
+    println!(
+        "tasks_run +{}, inbox_received +{}",
+        after.tasks_run - before.tasks_run,
+        after.inbox_received - before.inbox_received
+    );
+    assert_eq!(
+        after.inbox_received - before.inbox_received,
+        0,
+        "a cancel for a timer of a finished block_on was queued into the next one"
+    );
+}

@@ -143,6 +143,16 @@ fn cancel_elsewhere(owner: &Weak<LoopShared>, k: TimerKey, wake: bool) {
     let Some(home) = owner.upgrade() else {
         return;
     };
+    // A timer of a run that has ended went with it (its loop stores where its generations
+    // ended as the run's `Core` goes): nothing to cancel, and a task sent now would wait in
+    // the loop's inbox for an unrelated later run.
+    if k.generation
+        < home
+            .timer_generation
+            .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return;
+    }
     let Some(exec) = home.exec().upgrade() else {
         return;
     };
