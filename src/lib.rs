@@ -32,9 +32,11 @@
 //! ```
 //!
 //! The engine lives in `xtc-shards` (re-exported here at the root) and the topology, placement
-//! and victim orders in `xtc-numa` (re-exported as [`numa`]). See the
-//! [`xtc-shards` crate docs](xtc_shards#environment-variables) for the environment variables,
-//! and ARCHITECTURE.md for the loop step and the wake protocol.
+//! and victim orders in `xtc-numa` (re-exported as [`numa`]). The crate docs of
+//! [`xtc_shards`] hold what a re-export does not carry over: which call to use where, the
+//! invariants, blocking a loop, the table of environment variables and the signals xtc uses
+//! (`cargo doc -p xtc --open` builds them beside these). ARCHITECTURE.md describes the loop
+//! step and the wake protocol.
 
 pub use xtc_numa as numa;
 

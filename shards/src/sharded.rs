@@ -26,7 +26,9 @@ struct Slot<T> {
 /// sound but credits the wrong shard: migratable code calls `get()` again after each `.await`
 /// (the `shard::id()` idiom). `get()` costs a thread-local read and one atomic load of a line that only this
 /// shard uses; no lock, no read-modify-write after the first access. Slots are cache-line padded
-/// so shards do not false-share.
+/// so shards do not false-share. Shared between threads (in an `Arc`, a `static`, a leaked
+/// `&'static`) it needs `T: Send`: it is `Sync` for any `T: Send`, also a `!Sync` one such as a
+/// `Cell` or a `RefCell`.
 ///
 /// Reaching it through an `Arc` (as below) costs each `submit_to` closure that captures a
 /// clone two atomic read-modify-writes on the one count every shard touches. State that lives

@@ -187,7 +187,8 @@ impl Flush for SignalTx {
 /// (it is allocated up front; a smaller ring the allocator refuses aborts, as `Vec` does).
 /// Cost: six allocations: the ring's `capacity` slots (none for a zero-sized `T`), rtrb's
 /// shared head and tail, the two ends' wake state, each end's end-of-turn signal, and the slot
-/// for the item a cancelled `send_many` leaves (`Sender::last`); a ring over 1 MiB is
+/// for the item a cancelled `send_many` leaves (held back by the sender, delivered after the
+/// ring's items); a ring over 1 MiB is
 /// allocated and freed once more first.
 pub fn bounded<T: Send>(capacity: usize) -> crate::Result<(Sender<T>, Receiver<T>)> {
     let capacity = check_capacity::<T>(capacity)?;
@@ -747,8 +748,8 @@ impl<T> Receiver<T> {
         }
     }
 
-    /// The item a dropped `Sender` left after the ring's (`Sender::last`), once the sender is
-    /// gone and the ring drained.
+    /// The item a cancelled `send_many` of a dropped `Sender` left (held back, after the
+    /// ring's items), once the sender is gone and the ring drained.
     #[cold]
     fn take_last(&mut self) -> Option<T> {
         let last = lock(&self.last).take();
@@ -921,7 +922,7 @@ impl<T> Drop for Receiver<T> {
     /// end), and a value holding the sender of a reply channel kept that channel open for
     /// good, so whoever awaited the reply never saw it close. A send racing the close may
     /// still land after the drain; its value goes with the `Sender`. The item a cancelled
-    /// `send_many` left (`Sender::last`) is dropped last, whether or not the `Sender` is still
+    /// `send_many` left (the one item the sender holds back) is dropped last, whether or not the `Sender` is still
     /// alive. A value whose `Drop`
     /// panics does not stop the drain: every value is dropped, then the first panic goes on.
     /// Cost: an atomic store and a wake of a waiting sender, then the drops of the values

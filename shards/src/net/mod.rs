@@ -4,8 +4,9 @@
 //!
 //! Reads and writes take an owned buffer and give it back with the result
 //! ([`BufResult`](crate::io::BufResult)), because io_uring's kernel side uses the memory after
-//! the call returns; streams also implement `futures::io::{AsyncRead, AsyncWrite}` (on
-//! `&mut` stream) for codecs. Their inherent `read`/`write`/`write_all` (owned buffers) take
+//! the call returns; streams also implement `futures::io::{AsyncRead, AsyncWrite}` for codecs
+//! (on the stream itself, used through `&mut`; not on `&TcpStream`: a stream inside a
+//! `futures::io::BufReader` is still written with the owned calls through `get_ref()`). Their inherent `read`/`write`/`write_all` (owned buffers) take
 //! precedence over `AsyncReadExt`/`AsyncWriteExt`'s methods of the same names: with those
 //! traits in scope, call them by path (`AsyncWriteExt::write_all(&mut stream, b"..")`). For a
 //! full-duplex copy (a proxy), `futures::io::AsyncReadExt::split` gives read and write halves
