@@ -1,4 +1,6 @@
-//! Files on the current loop's I/O driver: [`File`], [`read()`], [`write()`], [`OpenOptions`].
+//! Files on the current loop's I/O driver: [`File`], [`read()`], [`write()`], [`OpenOptions`],
+//! and the path operations [`rename`], [`remove_file`], [`create_dir`], [`create_dir_all`] and
+//! [`remove_dir`] (blocking-pool jobs on both drivers).
 //!
 //! On io_uring every call is one submission; on epoll each runs on a blocking thread pool (up
 //! to 512 threads, started on demand: epoll cannot wait on regular files), with one copy
@@ -454,6 +456,45 @@ pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Resu
     let (r, _) = f.write_all(data.into(), pos).await;
     r?;
     f.close().await
+}
+
+/// Renames `from` to `to`, replacing `to` if it exists (`rename(2)`, atomic within one file
+/// system: the last step of a snapshot written to a temporary file and synced), as
+/// [`std::fs::rename`]. Dropped before its job starts, nothing is renamed; once started it
+/// completes. Cost: two path copies and a job on the blocking pool, on either driver (see
+/// the module docs; no io_uring opcode is used for path operations).
+pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+    let (from, to) = (from.as_ref().to_owned(), to.as_ref().to_owned());
+    file::path_call(move || std::fs::rename(&from, &to)).await
+}
+
+/// Removes a file (or a symbolic link, not what it points to), as [`std::fs::remove_file`].
+/// Cancellation and cost as [`rename`].
+pub async fn remove_file(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref().to_owned();
+    file::path_call(move || std::fs::remove_file(&path)).await
+}
+
+/// Creates a directory (its parent must exist), as [`std::fs::create_dir`]. Cancellation and
+/// cost as [`rename`].
+pub async fn create_dir(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref().to_owned();
+    file::path_call(move || std::fs::create_dir(&path)).await
+}
+
+/// Creates a directory and every missing parent, `Ok` if it exists already, as
+/// [`std::fs::create_dir_all`]. Cancellation and cost as [`rename`] (one job for the whole
+/// path).
+pub async fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref().to_owned();
+    file::path_call(move || std::fs::create_dir_all(&path)).await
+}
+
+/// Removes an empty directory, as [`std::fs::remove_dir`]. Cancellation and cost as
+/// [`rename`].
+pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref().to_owned();
+    file::path_call(move || std::fs::remove_dir(&path)).await
 }
 
 #[cfg(test)]

@@ -1767,3 +1767,63 @@ fn a_dropped_close_still_closes_the_file() {
         Some(Some(left)) => assert_eq!(left, 0, "files left open"),
     }
 }
+
+/// The path operations on both drivers: a snapshot written to a temporary file, synced and
+/// renamed over the old one (the reader sees the new bytes), a rename's and a removal's errors
+/// as std gives them, directories made (nested, again: `Ok`) and removed; off any loop the
+/// same error as every other file call (kind `Other`), nothing done.
+#[test]
+fn path_operations_rename_remove_and_make_directories() {
+    on_each_driver("path_operations", 1, |driver| async move {
+        let dir = temp_path("dir");
+        let _dir = DirCleanup(dir.clone());
+        let nested = dir.join("a").join("b");
+        fs::create_dir_all(&nested).await.unwrap();
+        fs::create_dir_all(&nested).await.unwrap();
+        assert!(std::fs::metadata(&nested).unwrap().is_dir(), "[{driver}]");
+        let e = fs::create_dir(&nested).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "[{driver}]");
+        let e = fs::create_dir(dir.join("x").join("y")).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "[{driver}]");
+
+        let live = nested.join("snapshot");
+        let tmp = nested.join("snapshot.tmp");
+        fs::write(&live, b"old".to_vec()).await.unwrap();
+        let f = File::create(&tmp).await.unwrap();
+        let (r, _) = f.write_all_at(b"new snapshot".to_vec(), 0).await;
+        r.unwrap();
+        f.sync_all().await.unwrap();
+        f.close().await.unwrap();
+        fs::rename(&tmp, &live).await.unwrap();
+        assert_eq!(
+            fs::read(&live).await.unwrap(),
+            b"new snapshot",
+            "[{driver}]"
+        );
+        assert!(!tmp.exists(), "[{driver}] the temporary file is gone");
+        let e = fs::rename(&tmp, &live).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "[{driver}]");
+
+        let e = fs::remove_dir(&nested).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::DirectoryNotEmpty, "[{driver}]");
+        fs::remove_file(&live).await.unwrap();
+        let e = fs::remove_file(&live).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "[{driver}]");
+        fs::remove_dir(&nested).await.unwrap();
+        assert!(!nested.exists(), "[{driver}]");
+    });
+    // Off any loop: refused before any job, nothing made.
+    let off = temp_path("off-loop");
+    let e = futures::executor::block_on(fs::create_dir_all(&off)).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::Other, "{e}");
+    assert!(!off.exists());
+}
+
+/// Removes a directory tree when dropped (also when the test fails).
+struct DirCleanup(PathBuf);
+
+impl Drop for DirCleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

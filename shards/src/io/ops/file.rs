@@ -75,6 +75,19 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
     }
 }
 
+/// Runs `call`, a path operation (`rename`, `unlink`, `mkdir`, ...), as a blocking-pool job on
+/// either driver, retrying a late interrupt's `EINTR` ([`blocking::retrying`]). io_uring has
+/// opcodes for some of them (`RENAMEAT`, `UNLINKAT`, `MKDIRAT`), from Linux 5.11 and 5.15,
+/// above the floor the driver probes for; these calls are rare beside reads and writes, and
+/// one path for both drivers keeps them alike (tokio runs them on its pool too). Off any loop
+/// (or on one without a driver), the same error as every other file call, before any job.
+pub(crate) async fn path_call(
+    mut call: impl FnMut() -> io::Result<()> + Send + 'static,
+) -> io::Result<()> {
+    backend()?;
+    blocking::run(move || blocking::retrying(&mut call)).await
+}
+
 /// The kernel's internal "restart the system call" error, which an io_uring worker's
 /// interrupted call can complete with (never a real answer).
 const ERESTARTSYS: i32 = 512;
