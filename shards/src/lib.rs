@@ -92,7 +92,7 @@
 //! task on work the blocked loop itself must do (a [`time::sleep`], a [`spawn_local`]ed task,
 //! socket I/O, [`Handle::submit_to`] its own shard, room in a full ring from another shard, a
 //! migratable [`spawn`] that no peer may steal: stealing off, one shard, eager rebalance
-//! off while every peer owns parked tasks, a NUMA sensitivity that keeps every idle peer
+//! off while every peer owns parked pinned tasks or timers, a NUMA sensitivity that keeps every idle peer
 //! from stealing from this loop; in a `Drop` that this loop's shutdown runs, it ends
 //! cancelled once every loop's shutdown has begun, see below) therefore never ends, and the deadlock report cannot see it (the loop reads as busy); the
 //! stall watchdog (`XTC_STALL_BUDGET`, [`StallReport`]) names the task. A blocking wait on
@@ -145,7 +145,7 @@
 //! | `XTC_DEADLOCK_GRACE` | `off`, `500ms`, `5s`, `250us` (not zero) | `5s` | how long an all-parked executor waits before `run()` reports a deadlock |
 //! | `XTC_RING_CAPACITY` | integer 1 ..= 1048576 | `1024` | messages per ring of the cross-shard mesh |
 //! | `XTC_STEALING` | bool | on | idle loops steal migratable tasks |
-//! | `XTC_EAGER_REBALANCE` | bool | off | steal even with parked tasks; ping an idle peer on enqueue |
+//! | `XTC_EAGER_REBALANCE` | bool | off | steal even with parked pinned tasks or timers; ping an idle peer on enqueue |
 //! | `XTC_STEAL_BACKOFF` | bool | off | grow the idle tick from 1 ms to 32 ms while nothing is found |
 //! | `XTC_NUMA_SENSITIVITY` | `0`, `1`, `2` | `1` | HPX levels: who may steal across NUMA nodes |
 //! | `XTC_MIN_TASKS_TO_STEAL` | integer | `0` | a victim needs this many queued tasks |

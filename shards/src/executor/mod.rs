@@ -1980,7 +1980,10 @@ impl Handle {
 
     /// Eager rebalance: a loop whose run queue is empty steals before it blocks even if it owns
     /// parked tasks or timers, and queuing a migratable task pings one idle peer that may steal
-    /// it (none while stealing is off). Trades cross-loop migration (cache and NUMA cost) and
+    /// it (none while stealing is off). Off, a loop steals only when fully idle: no timer and
+    /// no parked pinned task. A parked migratable task does not hold its last loop back (its
+    /// wake may send it to any loop, and counting it per loop would cost two shared updates per
+    /// park and wake of every migratable task). Trades cross-loop migration (cache and NUMA cost) and
     /// wake-ups for using idle capacity under partial load. Default off (`XTC_EAGER_REBALANCE`). Takes effect at once, from any thread.
     /// Cost of the call: an atomic store and a wake ping to each sleeping loop.
     pub fn set_eager_rebalance(&self, on: bool) {
