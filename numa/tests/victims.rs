@@ -100,6 +100,7 @@ fn numa_matrix_orders_nodes() {
     assert_eq!(v1.victims(4), v.victims(4));
     let text = v.render();
     assert!(text.contains("[31]"), "{text}"); // MATRIX_BASE 16 + 15
+
     // Node 0's four thieves start a tie on another node at four different victims (rule 2:
     // by rank within their node); they all began at shard 8 before.
     let first_remote: Vec<usize> = (0..4).map(|t| v.victims(t)[3]).collect();
