@@ -465,6 +465,9 @@ pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Resu
 /// the module docs; no io_uring opcode is used for path operations).
 pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
     let (from, to) = (from.as_ref().to_owned(), to.as_ref().to_owned());
+    // Arguments first, as every other call (the module docs): a NUL is `InvalidInput`.
+    cstr(&from)?;
+    cstr(&to)?;
     file::path_call(move || std::fs::rename(&from, &to)).await
 }
 
@@ -472,6 +475,7 @@ pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<
 /// Cancellation and cost as [`rename`].
 pub async fn remove_file(path: impl AsRef<Path>) -> io::Result<()> {
     let path = path.as_ref().to_owned();
+    cstr(&path)?;
     file::path_call(move || std::fs::remove_file(&path)).await
 }
 
@@ -479,6 +483,7 @@ pub async fn remove_file(path: impl AsRef<Path>) -> io::Result<()> {
 /// cost as [`rename`].
 pub async fn create_dir(path: impl AsRef<Path>) -> io::Result<()> {
     let path = path.as_ref().to_owned();
+    cstr(&path)?;
     file::path_call(move || std::fs::create_dir(&path)).await
 }
 
@@ -487,6 +492,7 @@ pub async fn create_dir(path: impl AsRef<Path>) -> io::Result<()> {
 /// path).
 pub async fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
     let path = path.as_ref().to_owned();
+    cstr(&path)?;
     file::path_call(move || std::fs::create_dir_all(&path)).await
 }
 
@@ -494,6 +500,7 @@ pub async fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
 /// [`rename`].
 pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
     let path = path.as_ref().to_owned();
+    cstr(&path)?;
     file::path_call(move || std::fs::remove_dir(&path)).await
 }
 

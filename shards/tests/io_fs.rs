@@ -1817,6 +1817,26 @@ fn path_operations_rename_remove_and_make_directories() {
     let e = futures::executor::block_on(fs::create_dir_all(&off)).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::Other, "{e}");
     assert!(!off.exists());
+    // A NUL in a path is `InvalidInput`, checked first (on a loop and off any), as `open`'s.
+    const BAD: &str = "/tmp/xtc-a\0b";
+    let calls = || async {
+        vec![
+            fs::rename(BAD, "/tmp/xtc-x").await.unwrap_err().kind(),
+            fs::rename("/tmp/xtc-x-49", BAD).await.unwrap_err().kind(),
+            fs::remove_file(BAD).await.unwrap_err().kind(),
+            fs::create_dir(BAD).await.unwrap_err().kind(),
+            fs::create_dir_all(BAD).await.unwrap_err().kind(),
+            fs::remove_dir(BAD).await.unwrap_err().kind(),
+        ]
+    };
+    let off_loop = futures::executor::block_on(calls());
+    let on_loop = xtc_shards::LocalExecutor::new().unwrap().block_on(calls());
+    for kinds in [off_loop, on_loop] {
+        assert!(
+            kinds.iter().all(|k| *k == io::ErrorKind::InvalidInput),
+            "{kinds:?}"
+        );
+    }
 }
 
 /// Removes a directory tree when dropped (also when the test fails).

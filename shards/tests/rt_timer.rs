@@ -3,7 +3,11 @@
 mod common;
 use common::panicking_waker;
 
-use std::time::{Duration, Instant};
+use std::{
+    pin::Pin,
+    sync::mpsc,
+    time::{Duration, Instant},
+};
 
 use xtc_shards::{spawn_local, time, Executor, LocalExecutor};
 
@@ -1031,5 +1035,67 @@ fn local_kept_sleep_dropped_between_block_ons_leaves_no_task() {
         after.inbox_received - before.inbox_received,
         0,
         "a cancel for a timer of a finished block_on was queued into the next one"
+    );
+}
+
+/// (b) A sleep of a LocalExecutor's block_on, dropped on a plain thread while that
+/// block_on is in its shutdown (its main future done, a parked task being dropped, the
+/// run's `Core` not yet gone): `timer_generation` still reads the start of this run and
+/// a LocalExecutor never requests a stop, so the cancel task goes into the loop's inbox
+/// and is run, a task nobody spawned, by the next unrelated block_on (the case the
+/// generation check closed only after the shutdown; from the second audit of this stop).
+#[test]
+fn local_sleep_dropped_off_loop_during_shutdown_leaves_no_task_for_the_next_block_on() {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let ex = LocalExecutor::new().unwrap();
+        // The plain thread that drops the sleep when asked.
+        let (stx, srx) = mpsc::channel::<Pin<Box<time::Sleep>>>();
+        let (dtx, drx) = mpsc::channel::<()>();
+        let dropper = std::thread::spawn(move || {
+            let s = srx.recv().unwrap();
+            drop(s);
+            dtx.send(()).unwrap();
+        });
+        struct InShutdown(
+            Option<Pin<Box<time::Sleep>>>,
+            mpsc::Sender<Pin<Box<time::Sleep>>>,
+            mpsc::Receiver<()>,
+        );
+        impl Drop for InShutdown {
+            fn drop(&mut self) {
+                // Runs in the block_on's shutdown (a parked task dropped): the sleep is
+                // dropped on another thread while this run's Core is still alive.
+                self.1.send(self.0.take().unwrap()).unwrap();
+                let _ = self.2.recv_timeout(Duration::from_secs(5));
+            }
+        }
+        let h = ex.block_on(async move {
+            let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
+            assert!(futures::poll!(s.as_mut()).is_pending(), "registered");
+            let g = InShutdown(Some(s), stx, drx);
+            xtc_shards::spawn_local(async move {
+                let _g = g;
+                std::future::pending::<()>().await;
+            });
+            xtc_shards::yield_now().await;
+            xtc_shards::shard::handle().unwrap()
+        });
+        dropper.join().unwrap();
+        let before = h.loop_stats(0).unwrap();
+        ex.block_on(async {});
+        let after = h.loop_stats(0).unwrap();
+        let _ = tx.send((
+            after.inbox_received - before.inbox_received,
+            after.tasks_run - before.tasks_run,
+        ));
+    });
+    let (inbox, tasks) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the test hung or its thread panicked");
+    println!("next block_on: inbox_received +{inbox}, tasks_run +{tasks}");
+    assert_eq!(
+        inbox, 0,
+        "a cancel of a timer of the previous block_on ran in the next one ({tasks} tasks run)"
     );
 }

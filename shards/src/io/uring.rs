@@ -1338,7 +1338,11 @@ impl Drop for Uring {
             ));
         }
         if let Some(payload) = unwinding {
-            std::panic::resume_unwind(payload);
+            // Re-raised, unless this drop runs in another unwind (a panic out of a drop then
+            // aborts the process): that one goes on, and this payload is dropped.
+            if !std::thread::panicking() {
+                std::panic::resume_unwind(payload);
+            }
         }
     }
 }
