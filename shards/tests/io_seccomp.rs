@@ -508,39 +508,6 @@ fn a_park_whose_submit_is_refused_still_waits() {
     }
 }
 
-/// A read buffer that counts its drops.
-struct Counted(Vec<u8>, Arc<std::sync::atomic::AtomicUsize>);
-
-// SAFETY: the views are the Vec's: stable while it is neither resized nor moved out.
-unsafe impl xtc_shards::io::IoBuf for Counted {
-    fn stable_ptr(&self) -> *const u8 {
-        self.0.as_ptr()
-    }
-    fn bytes_init(&self) -> usize {
-        self.0.len()
-    }
-    fn bytes_total(&self) -> usize {
-        self.0.capacity()
-    }
-}
-
-// SAFETY: as above; `set_init` is called with at most `bytes_total()` initialized bytes.
-unsafe impl xtc_shards::io::IoBufMut for Counted {
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_mut_ptr()
-    }
-    unsafe fn set_init(&mut self, n: usize) {
-        // SAFETY: the caller's contract.
-        unsafe { self.0.set_len(n) }
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 /// Reads started while the kernel refuses every submission (`EAGAIN`), more than the
 /// submission ring holds, then dropped, and the loop's driver dropped: none of them ever
 /// reached the kernel (queued in the ring, or in the driver's overflow behind it), nor did
@@ -577,7 +544,7 @@ fn operations_never_submitted_are_freed_at_shutdown() {
             }
             let mut reads: Vec<_> = pairs
                 .iter()
-                .map(|(a, _)| Box::pin(a.read(Counted(Vec::with_capacity(8), d.clone()))))
+                .map(|(a, _)| Box::pin(a.read(common::Counted(Vec::with_capacity(8), d.clone()))))
                 .collect();
             for r in &mut reads {
                 let pending =

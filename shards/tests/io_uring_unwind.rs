@@ -13,39 +13,6 @@ use std::{
     time::Duration,
 };
 
-/// A read buffer that counts its drops.
-struct Counted(Vec<u8>, Arc<AtomicUsize>);
-
-// SAFETY: the views are the Vec's: stable while it is neither resized nor moved out.
-unsafe impl xtc_shards::io::IoBuf for Counted {
-    fn stable_ptr(&self) -> *const u8 {
-        self.0.as_ptr()
-    }
-    fn bytes_init(&self) -> usize {
-        self.0.len()
-    }
-    fn bytes_total(&self) -> usize {
-        self.0.capacity()
-    }
-}
-
-// SAFETY: as above.
-unsafe impl xtc_shards::io::IoBufMut for Counted {
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_mut_ptr()
-    }
-    unsafe fn set_init(&mut self, n: usize) {
-        // SAFETY: the caller's contract.
-        unsafe { self.0.set_len(n) }
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.1.fetch_add(1, SeqCst);
-    }
-}
-
 /// A receive the kernel holds (its cancel refused: a seccomp filter installed after it was
 /// submitted makes every submitting `io_uring_enter` fail with `EAGAIN`), its stream dropped
 /// so the driver keeps its buffer (`Ignored`). The driver's shutdown waits its second, then
@@ -73,7 +40,7 @@ fn a_panic_out_of_the_drivers_shutdown_frees_no_buffer_the_kernel_holds() {
                             return None;
                         }
                         let (a, b) = UnixStream::pair().unwrap();
-                        let mut read = Box::pin(a.read(Counted(Vec::with_capacity(64), d)));
+                        let mut read = Box::pin(a.read(common::Counted(Vec::with_capacity(64), d)));
                         let pending = std::future::poll_fn(|cx| {
                             Poll::Ready(read.as_mut().poll(cx).is_pending())
                         })

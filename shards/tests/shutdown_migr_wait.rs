@@ -21,26 +21,6 @@ use xtc_shards::{Executor, JoinHandle};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// Runs `ex` on a detached thread; `None` if `run()` has not returned within `limit` (the
-/// thread is leaked: a run blocked in a shutdown Drop cannot be stopped, and `run_within`'s
-/// scoped thread would block the test for good).
-fn run_detached(ex: Arc<Executor>, limit: Duration) -> Option<xtc_shards::Result<()>> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let r = ex.run();
-        let _ = tx.send(r);
-    });
-    rx.recv_timeout(limit).ok()
-}
-
-/// Runs its closure when dropped.
-struct OnDrop<F: FnMut()>(F);
-impl<F: FnMut()> Drop for OnDrop<F> {
-    fn drop(&mut self) {
-        (self.0)()
-    }
-}
-
 fn executor(n: usize, stealing: bool) -> Arc<Executor> {
     Arc::new(
         Executor::builder()
@@ -211,14 +191,19 @@ fn shutdown_drop_waiting_on_a_migratable_task_woken_into_a_stopped_loops_injecto
 /// cancellation: shard 1 had not begun its shutdown, so T was left to it.
 #[test]
 fn shutdown_drop_leaves_a_migratable_task_to_a_loop_that_still_runs_it() {
-    let ex = executor(2, false);
+    left_to_a_running_loop(&executor(2, false), "one run");
+}
+
+/// One run of [`shutdown_drop_leaves_a_migratable_task_to_a_loop_that_still_runs_it`] on
+/// `ex`.
+fn left_to_a_running_loop(ex: &Arc<Executor>, what: &str) {
     let h = ex.handle();
     let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
     let (out_tx, out_rx) = mpsc::channel::<String>();
     let parked = Arc::new(AtomicUsize::new(0));
     let in_drop = Arc::new(AtomicBool::new(false));
     let long_poll = Arc::new(AtomicBool::new(false));
-    spawn_waiter(&ex, handle_rx, out_tx, in_drop.clone(), parked.clone());
+    spawn_waiter(ex, handle_rx, out_tx, in_drop.clone(), parked.clone());
     let (p, lp) = (parked.clone(), long_poll.clone());
     ex.spawn_on(1, move || async move {
         let (wake_tx, wake_rx) = futures::channel::oneshot::channel::<()>();
@@ -247,11 +232,11 @@ fn shutdown_drop_leaves_a_migratable_task_to_a_loop_that_still_runs_it() {
     });
     let r = run_detached(ex.clone(), LIMIT);
     driver.join().unwrap();
-    assert!(r.is_some(), "run() hung");
+    assert!(r.is_some(), "{what}: run() hung");
     let got = out_rx.recv_timeout(LIMIT).unwrap();
     assert_eq!(
         got, "Ok(42)",
-        "the awaited task, left to shard 1 which ran it"
+        "{what}: the awaited task, left to shard 1 which ran it"
     );
 }
 
@@ -610,54 +595,7 @@ fn injector_scans_race_plain_thread_spawns() {
 #[test]
 fn left_to_a_running_loop_in_a_second_run_too() {
     let ex = executor(2, false);
-    for run in 0..2 {
-        let h = ex.handle();
-        let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
-        let (out_tx, out_rx) = mpsc::channel::<String>();
-        let parked = Arc::new(AtomicUsize::new(0));
-        let in_drop = Arc::new(AtomicBool::new(false));
-        let long_poll = Arc::new(AtomicBool::new(false));
-        let (p0, idr) = (parked.clone(), in_drop.clone());
-        ex.spawn_on(0, move || async move {
-            let mut out = Some(out_tx);
-            let mut hr = Some(handle_rx);
-            let _g = OnDrop(move || {
-                let j = hr.take().unwrap().recv_timeout(LIMIT).unwrap();
-                idr.store(true, SeqCst);
-                let r = futures::executor::block_on(j);
-                let _ = out.take().unwrap().send(format!("{r:?}"));
-            });
-            p0.fetch_add(1, SeqCst);
-            std::future::pending::<()>().await;
-        })
-        .unwrap();
-        let (p, lp) = (parked.clone(), long_poll.clone());
-        ex.spawn_on(1, move || async move {
-            let (wake_tx, wake_rx) = futures::channel::oneshot::channel::<()>();
-            let p2 = p.clone();
-            let t = xtc_shards::spawn(async move {
-                p2.fetch_add(1, SeqCst);
-                let _ = wake_rx.await;
-                42u32
-            });
-            handle_tx.send(t).unwrap();
-            xtc_shards::time::sleep(Duration::from_millis(50)).await;
-            p.fetch_add(1, SeqCst);
-            lp.store(true, SeqCst);
-            block_until(|| in_drop.load(SeqCst));
-            std::thread::sleep(Duration::from_millis(100));
-            let _ = wake_tx.send(());
-            std::future::pending::<()>().await;
-        })
-        .unwrap();
-        let driver = std::thread::spawn(move || {
-            block_until(|| long_poll.load(SeqCst));
-            h.stop();
-        });
-        let r = run_detached(ex.clone(), LIMIT);
-        driver.join().unwrap();
-        assert!(r.is_some(), "run {run}: hung");
-        let got = out_rx.recv_timeout(LIMIT).unwrap();
-        assert_eq!(got, "Ok(42)", "run {run}");
+    for run in ["run 1", "run 2"] {
+        left_to_a_running_loop(&ex, run);
     }
 }

@@ -17,30 +17,11 @@ use xtc_shards::{shard, time, Error, Executor, JoinHandle};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// Runs `ex` on a detached thread; `None` if `run()` has not returned within `limit` (the
-/// thread is leaked: a run blocked in a shutdown Drop cannot be stopped).
-fn run_detached(ex: Arc<Executor>, limit: Duration) -> Option<xtc_shards::Result<()>> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let r = ex.run();
-        let _ = tx.send(r);
-    });
-    rx.recv_timeout(limit).ok()
-}
-
 /// A value carried without being awaited.
 struct Held<T>(#[allow(dead_code)] T);
 
 /// A thread-local slot whose value runs its closure when the thread exits.
 type Slot = std::cell::RefCell<Option<OnDrop<Box<dyn FnMut()>>>>;
-
-/// Runs its closure when dropped.
-struct OnDrop<F: FnMut()>(F);
-impl<F: FnMut()> Drop for OnDrop<F> {
-    fn drop(&mut self) {
-        (self.0)()
-    }
-}
 
 /// A plain thread spawns U on shard 1 while shard 1's shutdown is under way (after the count
 /// its shutdown drains up to), and hands U's join handle to a Drop that shard 0's shutdown

@@ -639,3 +639,64 @@ pub fn threads_named(name: &str) -> Vec<libc::pid_t> {
         })
         .collect()
 }
+
+/// Runs `ex` on a detached thread; `None` if `run()` has not returned within `limit` (the
+/// thread is leaked: a run blocked in a shutdown `Drop` cannot be stopped, and
+/// [`run_within`]'s scoped thread would block the test for good).
+pub fn run_detached(
+    ex: std::sync::Arc<Executor>,
+    limit: Duration,
+) -> Option<xtc_shards::Result<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = ex.run();
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// Runs its closure when dropped (a guard whose `Drop` a loop's shutdown runs).
+pub struct OnDrop<F: FnMut()>(pub F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// A read buffer that counts its drops (whether the driver freed, or leaked, what the kernel
+/// may still hold).
+pub struct Counted(
+    pub Vec<u8>,
+    pub std::sync::Arc<std::sync::atomic::AtomicUsize>,
+);
+
+// SAFETY: the views are the Vec's: stable while it is neither resized nor moved out.
+unsafe impl xtc_shards::io::IoBuf for Counted {
+    fn stable_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.0.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.0.capacity()
+    }
+}
+
+// SAFETY: as above; `set_init` is called with at most `bytes_total()` initialized bytes.
+unsafe impl xtc_shards::io::IoBufMut for Counted {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.set_len(n) }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
