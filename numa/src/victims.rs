@@ -30,10 +30,13 @@ pub const MAX_VICTIM_SHARDS: usize = 8192;
 /// 2. Ties are rotated per thief: each group of equal distance, in shard order, starts at
 ///    the first shard after `s` (wrapping around), so thieves with the same candidates do
 ///    not all try the same victim first. E.g. four shards under one L3: shard 0 tries
-///    1 2 3, shard 1 tries 2 3 0, shard 2 tries 3 0 1, shard 3 tries 0 1 2. A group on
-///    another node starts at the thief's rank within its own node instead (the `r`-th shard
-///    of node 0 tries the `r`-th of a tie on node 1 first), since the whole group lies on
-///    one side of the thief.
+///    1 2 3, shard 1 tries 2 3 0, shard 2 tries 3 0 1, shard 3 tries 0 1 2. A tie on
+///    another node lies wholly on one side of the shards of a compactly placed node, so
+///    those thieves start it at the same victim (at sensitivity 0, where all of them steal
+///    across nodes; at the default 1 only one shard per node does, and thieves of different
+///    nodes start apart). A rotation by the thief's rank within its node spread those but
+///    sent the first shards of several nodes to one victim, and an interleaved placement's
+///    thieves to one as well: not adopted.
 /// 3. NUMA sensitivity, as HPX's `hpx.numa_sensitive`, limits stealing across NUMA nodes:
 ///    - 0: every shard may steal across nodes, nearest nodes first;
 ///    - 1 (the default): only the first shard (lowest index) of each NUMA node steals
@@ -176,20 +179,13 @@ fn order_for(
         .collect();
     // Rule 1: own node first, nearest first; shard order within a distance.
     cands.sort_unstable();
-    // Rule 2: rotate each equal-key group to start after the thief; a group on another node
-    // by the thief's rank among its own node's shards (every one of them comes before or
-    // after the whole group, so "after the thief" would start them all at one victim).
-    let rank = (0..thief).filter(|&v| numa[v] == numa[thief]).count();
+    // Rule 2: rotate each equal-key group to start after the thief.
     let mut start = 0;
     while start < cands.len() {
         let k = cands[start].0;
         let end = start + cands[start..].iter().take_while(|c| c.0 == k).count();
         let group = &mut cands[start..end];
-        let after = if k.0 {
-            rank % group.len()
-        } else {
-            group.iter().position(|c| c.1 > thief).unwrap_or(0)
-        };
+        let after = group.iter().position(|c| c.1 > thief).unwrap_or(0);
         group.rotate_left(after);
         start = end;
     }

