@@ -509,12 +509,12 @@ impl Drop for Core {
             // SAFETY: the bank owns `banked` units of this loop; `self.shared` keeps it alive.
             unsafe { crate::task::release_units(Arc::as_ptr(&self.shared), banked) };
         }
-        // The next run's timers start after this one's (`LoopShared::timer_generation`).
-        if let Ok(t) = self.timers.try_borrow() {
-            self.shared
-                .timer_generation
-                .store(t.next_generation(), std::sync::atomic::Ordering::Relaxed);
-        }
+        // The next run's timers start after this one's (`LoopShared::timer_generation`);
+        // always stored: the shutdown left `u64::MAX` there.
+        let next = self.timers.get_mut().next_generation();
+        self.shared
+            .timer_generation
+            .store(next, std::sync::atomic::Ordering::Relaxed);
         // Ring protocol rule 1: give the ring ends back for the next run.
         let mesh = self.mesh.replace(LocalMesh::none(self.shared.index));
         self.exec.mesh.give_back(mesh, &self.exec.loops);

@@ -1099,3 +1099,57 @@ fn local_sleep_dropped_off_loop_during_shutdown_leaves_no_task_for_the_next_bloc
         "a cancel of a timer of the previous block_on ran in the next one ({tasks} tasks run)"
     );
 }
+
+/// A sleep that a `Drop` creates and polls during a `LocalExecutor::block_on`'s shutdown
+/// (after that shutdown cleared the run's timers), then dropped on a plain thread: it sends no
+/// cancel into the next block_on either (the shutdown now reads every generation as ended
+/// until the run's `Core` goes). From the third audit of this stop's commits.
+#[test]
+fn a_sleep_made_in_a_shutdown_drop_and_dropped_off_the_loop_leaves_no_task() {
+    use std::{future::Future, task::Context};
+    type S = Pin<Box<time::Sleep>>;
+    /// Dropped in the shutdown: makes a sleep, polls it once here, has a plain thread drop it.
+    struct MakesSleep(mpsc::Sender<S>, mpsc::Receiver<()>);
+    impl Drop for MakesSleep {
+        fn drop(&mut self) {
+            let mut s: S = Box::pin(time::sleep(Duration::from_secs(3600)));
+            let w = futures::task::noop_waker();
+            assert!(s.as_mut().poll(&mut Context::from_waker(&w)).is_pending());
+            self.0.send(s).unwrap();
+            let _ = self.1.recv_timeout(Duration::from_secs(5));
+        }
+    }
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let ex = LocalExecutor::new().unwrap();
+        let (stx, srx) = mpsc::channel::<S>();
+        let (dtx, drx) = mpsc::channel::<()>();
+        let dropper = std::thread::spawn(move || {
+            while let Ok(s) = srx.recv() {
+                drop(s);
+                let _ = dtx.send(());
+            }
+        });
+        let g = MakesSleep(stx, drx);
+        let h = ex.block_on(async move {
+            spawn_local(async move {
+                let _g = g;
+                std::future::pending::<()>().await;
+            });
+            xtc_shards::yield_now().await;
+            xtc_shards::shard::handle().unwrap()
+        });
+        dropper.join().unwrap();
+        let before = h.loop_stats(0).unwrap();
+        ex.block_on(async { time::sleep(Duration::from_millis(5)).await });
+        let after = h.loop_stats(0).unwrap();
+        let _ = tx.send(after.inbox_received - before.inbox_received);
+    });
+    let inbox = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the test hung or its thread panicked");
+    assert_eq!(
+        inbox, 0,
+        "a cancel of a timer made in the last block_on's shutdown ran in the next one"
+    );
+}

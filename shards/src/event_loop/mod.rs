@@ -885,12 +885,12 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     let timer_wakers = core.timers.borrow_mut().clear();
     // The run's timers are gone: from here a sleep of this run dropped off the loop sends no
     // cancel (`timer/sleep.rs`, `cancel_elsewhere`), which would wait in the inbox for the
-    // next run (a `LocalExecutor` never requests a stop). `Core::drop` stores it again.
-    if let Ok(t) = core.timers.try_borrow() {
-        shared
-            .timer_generation
-            .store(t.next_generation(), std::sync::atomic::Ordering::Relaxed);
-    }
+    // next run (a `LocalExecutor` never requests a stop), also one a `Drop` later in this
+    // shutdown registers (its timer goes with the `Core`): every generation reads as ended
+    // until `Core::drop` stores where the next run's start.
+    shared
+        .timer_generation
+        .store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
     crate::task::drop_wakers_guarded(timer_wakers);
     // Runnables of other loops' tasks go home; ours in the rings come in.
     core.run_flushes();
