@@ -1038,85 +1038,44 @@ fn local_kept_sleep_dropped_between_block_ons_leaves_no_task() {
     );
 }
 
-/// (b) A sleep of a LocalExecutor's block_on, dropped on a plain thread while that
-/// block_on is in its shutdown (its main future done, a parked task being dropped, the
-/// run's `Core` not yet gone): `timer_generation` still reads the start of this run and
-/// a LocalExecutor never requests a stop, so the cancel task goes into the loop's inbox
-/// and is run, a task nobody spawned, by the next unrelated block_on (the case the
-/// generation check closed only after the shutdown; from the second audit of this stop).
+/// A sleep of a LocalExecutor's block_on, dropped on a plain thread while that block_on is
+/// in its shutdown (its main future done, a parked task being dropped, the run's `Core` not
+/// yet gone): a LocalExecutor never requests a stop, and `timer_generation` still read the
+/// start of the run, so the cancel task went into the loop's inbox and ran, a task nobody
+/// spawned, in the next block_on (from the second audit of this stop).
 #[test]
 fn local_sleep_dropped_off_loop_during_shutdown_leaves_no_task_for_the_next_block_on() {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let ex = LocalExecutor::new().unwrap();
-        // The plain thread that drops the sleep when asked.
-        let (stx, srx) = mpsc::channel::<Pin<Box<time::Sleep>>>();
-        let (dtx, drx) = mpsc::channel::<()>();
-        let dropper = std::thread::spawn(move || {
-            let s = srx.recv().unwrap();
-            drop(s);
-            dtx.send(()).unwrap();
-        });
-        struct InShutdown(
-            Option<Pin<Box<time::Sleep>>>,
-            mpsc::Sender<Pin<Box<time::Sleep>>>,
-            mpsc::Receiver<()>,
-        );
-        impl Drop for InShutdown {
-            fn drop(&mut self) {
-                // Runs in the block_on's shutdown (a parked task dropped): the sleep is
-                // dropped on another thread while this run's Core is still alive.
-                self.1.send(self.0.take().unwrap()).unwrap();
-                let _ = self.2.recv_timeout(Duration::from_secs(5));
-            }
-        }
-        let h = ex.block_on(async move {
-            let mut s = Box::pin(time::sleep(Duration::from_secs(3600)));
-            assert!(futures::poll!(s.as_mut()).is_pending(), "registered");
-            let g = InShutdown(Some(s), stx, drx);
-            xtc_shards::spawn_local(async move {
-                let _g = g;
-                std::future::pending::<()>().await;
-            });
-            xtc_shards::yield_now().await;
-            xtc_shards::shard::handle().unwrap()
-        });
-        dropper.join().unwrap();
-        let before = h.loop_stats(0).unwrap();
-        ex.block_on(async {});
-        let after = h.loop_stats(0).unwrap();
-        let _ = tx.send((
-            after.inbox_received - before.inbox_received,
-            after.tasks_run - before.tasks_run,
-        ));
-    });
-    let (inbox, tasks) = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the test hung or its thread panicked");
-    println!("next block_on: inbox_received +{inbox}, tasks_run +{tasks}");
-    assert_eq!(
-        inbox, 0,
-        "a cancel of a timer of the previous block_on ran in the next one ({tasks} tasks run)"
-    );
+    sleep_dropped_off_loop_in_a_shutdown(false);
 }
 
-/// A sleep that a `Drop` creates and polls during a `LocalExecutor::block_on`'s shutdown
-/// (after that shutdown cleared the run's timers), then dropped on a plain thread: it sends no
-/// cancel into the next block_on either (the shutdown now reads every generation as ended
-/// until the run's `Core` goes). From the third audit of this stop's commits.
+/// The same for a sleep that a `Drop` creates and polls during the shutdown, after the
+/// shutdown cleared the run's timers (from the third audit of this stop).
 #[test]
 fn a_sleep_made_in_a_shutdown_drop_and_dropped_off_the_loop_leaves_no_task() {
+    sleep_dropped_off_loop_in_a_shutdown(true);
+}
+
+/// A parked task's guard, dropped by a LocalExecutor block_on's shutdown, hands a pending
+/// sleep (registered in the run, or, with `made_in_drop`, made and polled in the `Drop`) to a
+/// plain thread that drops it while the run's `Core` lives; the next block_on must receive
+/// nothing in its inbox.
+fn sleep_dropped_off_loop_in_a_shutdown(made_in_drop: bool) {
     use std::{future::Future, task::Context};
     type S = Pin<Box<time::Sleep>>;
-    /// Dropped in the shutdown: makes a sleep, polls it once here, has a plain thread drop it.
-    struct MakesSleep(mpsc::Sender<S>, mpsc::Receiver<()>);
-    impl Drop for MakesSleep {
+    fn pending_sleep() -> S {
+        let mut s: S = Box::pin(time::sleep(Duration::from_secs(3600)));
+        let w = futures::task::noop_waker();
+        assert!(s.as_mut().poll(&mut Context::from_waker(&w)).is_pending());
+        s
+    }
+    /// Dropped in the shutdown: hands its sleep (or a new one) to the plain thread, and waits
+    /// until that dropped it.
+    struct InShutdown(Option<S>, mpsc::Sender<S>, mpsc::Receiver<()>);
+    impl Drop for InShutdown {
         fn drop(&mut self) {
-            let mut s: S = Box::pin(time::sleep(Duration::from_secs(3600)));
-            let w = futures::task::noop_waker();
-            assert!(s.as_mut().poll(&mut Context::from_waker(&w)).is_pending());
-            self.0.send(s).unwrap();
-            let _ = self.1.recv_timeout(Duration::from_secs(5));
+            let s = self.0.take().unwrap_or_else(pending_sleep);
+            self.1.send(s).unwrap();
+            let _ = self.2.recv_timeout(Duration::from_secs(5));
         }
     }
     let (tx, rx) = mpsc::channel();
@@ -1130,8 +1089,9 @@ fn a_sleep_made_in_a_shutdown_drop_and_dropped_off_the_loop_leaves_no_task() {
                 let _ = dtx.send(());
             }
         });
-        let g = MakesSleep(stx, drx);
         let h = ex.block_on(async move {
+            let kept = (!made_in_drop).then(pending_sleep);
+            let g = InShutdown(kept, stx, drx);
             spawn_local(async move {
                 let _g = g;
                 std::future::pending::<()>().await;
@@ -1150,6 +1110,7 @@ fn a_sleep_made_in_a_shutdown_drop_and_dropped_off_the_loop_leaves_no_task() {
         .expect("the test hung or its thread panicked");
     assert_eq!(
         inbox, 0,
-        "a cancel of a timer made in the last block_on's shutdown ran in the next one"
+        "made in the Drop: {made_in_drop}: a cancel of a timer of the last block_on ran in the \
+         next one"
     );
 }

@@ -34,13 +34,14 @@ fn executor(n: usize, stealing: bool) -> Arc<Executor> {
 }
 
 /// Shard 0's parked task, whose guard (dropped by shard 0's shutdown) blocks on the join
-/// handle it is handed and reports the outcome.
+/// handle it is handed (`abort`: after aborting it) and reports the outcome.
 fn spawn_waiter(
     ex: &Executor,
     handle_rx: mpsc::Receiver<JoinHandle<u32>>,
     out_tx: mpsc::Sender<String>,
     in_drop: Arc<AtomicBool>,
     parked: Arc<AtomicUsize>,
+    abort: bool,
 ) {
     ex.spawn_on(0, move || async move {
         let mut out = Some(out_tx);
@@ -48,6 +49,9 @@ fn spawn_waiter(
         let _g = OnDrop(move || {
             let j = hr.take().unwrap().recv_timeout(LIMIT).unwrap();
             in_drop.store(true, SeqCst);
+            if abort {
+                j.abort();
+            }
             let r = futures::executor::block_on(j);
             let _ = out.take().unwrap().send(format!("{r:?}"));
         });
@@ -65,53 +69,57 @@ fn spawn_waiter(
 fn shutdown_drop_waiting_on_a_parked_migratable_task_ends_cancelled() {
     for from in [1usize, 0] {
         for stealing in [false, true] {
-            let ex = executor(2, stealing);
-            let h = ex.handle();
-            let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
-            let (out_tx, out_rx) = mpsc::channel::<String>();
-            let parked = Arc::new(AtomicUsize::new(0));
-            let t_dropped = Arc::new(AtomicUsize::new(0));
-            spawn_waiter(
-                &ex,
-                handle_rx,
-                out_tx,
-                Arc::new(AtomicBool::new(false)),
-                parked.clone(),
-            );
-            let (p, d) = (parked.clone(), t_dropped.clone());
-            ex.spawn_on(from, move || async move {
-                let p2 = p.clone();
-                let t = xtc_shards::spawn(async move {
-                    let _c = CountDrop(d);
-                    p2.fetch_add(1, SeqCst);
-                    std::future::pending::<()>().await;
-                    7u32
-                });
-                handle_tx.send(t).unwrap();
-            })
-            .unwrap();
-            let driver = std::thread::spawn(move || {
-                block_until(|| parked.load(SeqCst) == 2);
-                // T has parked: registered, no `Runnable` anywhere.
-                std::thread::sleep(Duration::from_millis(20));
-                h.stop();
-            });
-            let r = run_detached(ex.clone(), LIMIT);
-            driver.join().unwrap();
-            assert!(
-                r.is_some(),
-                "from={from} stealing={stealing}: run() hung: shard 0's shutdown Drop waits for \
-                 good on a parked migratable task"
-            );
-            assert!(r.unwrap().is_ok());
-            let got = out_rx.recv_timeout(LIMIT).unwrap();
-            assert!(
-                got.contains("Cancelled") || got.contains("cancelled"),
-                "from={from} stealing={stealing}: the awaited task: {got}"
-            );
-            assert_eq!(t_dropped.load(SeqCst), 1, "T's future dropped once");
+            parked_task_waited_in_a_shutdown_drop(from, stealing, false);
         }
     }
+}
+
+/// Shard `from` spawns T, a migratable task that parks for good (its future counts its
+/// drop); shard 0's shutdown Drop blocks on T's handle (`abort`: after aborting T). The wait
+/// ends, T cancelled and its future dropped once.
+fn parked_task_waited_in_a_shutdown_drop(from: usize, stealing: bool, abort: bool) {
+    let what = format!("from={from} stealing={stealing} abort={abort}");
+    let ex = executor(2, stealing);
+    let h = ex.handle();
+    let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
+    let (out_tx, out_rx) = mpsc::channel::<String>();
+    let parked = Arc::new(AtomicUsize::new(0));
+    let t_dropped = Arc::new(AtomicUsize::new(0));
+    let in_drop = Arc::new(AtomicBool::new(false));
+    spawn_waiter(&ex, handle_rx, out_tx, in_drop, parked.clone(), abort);
+    let (p, d) = (parked.clone(), t_dropped.clone());
+    ex.spawn_on(from, move || async move {
+        let p2 = p.clone();
+        let t = xtc_shards::spawn(async move {
+            let _c = CountDrop(d);
+            p2.fetch_add(1, SeqCst);
+            std::future::pending::<()>().await;
+            7u32
+        });
+        handle_tx.send(t).unwrap();
+    })
+    .unwrap();
+    let driver = std::thread::spawn(move || {
+        block_until(|| parked.load(SeqCst) == 2);
+        // T has parked: registered, no `Runnable` anywhere.
+        std::thread::sleep(Duration::from_millis(20));
+        h.stop();
+    });
+    let r = run_detached(ex.clone(), LIMIT);
+    driver.join().unwrap();
+    assert!(
+        r.is_some(),
+        "{what}: run() hung: shard 0's shutdown Drop waits for good on a parked migratable task \
+         (T dropped {} times)",
+        t_dropped.load(SeqCst)
+    );
+    assert!(r.unwrap().is_ok());
+    let got = out_rx.recv_timeout(LIMIT).unwrap();
+    assert!(
+        got.contains("Cancelled") || got.contains("cancelled"),
+        "{what}: the awaited task: {got}"
+    );
+    assert_eq!(t_dropped.load(SeqCst), 1, "{what}: T's future dropped once");
 }
 
 /// T parked on shard 1, woken from a plain thread after shard 1 has stopped: its `Runnable`
@@ -203,7 +211,14 @@ fn left_to_a_running_loop(ex: &Arc<Executor>, what: &str) {
     let parked = Arc::new(AtomicUsize::new(0));
     let in_drop = Arc::new(AtomicBool::new(false));
     let long_poll = Arc::new(AtomicBool::new(false));
-    spawn_waiter(ex, handle_rx, out_tx, in_drop.clone(), parked.clone());
+    spawn_waiter(
+        ex,
+        handle_rx,
+        out_tx,
+        in_drop.clone(),
+        parked.clone(),
+        false,
+    );
     let (p, lp) = (parked.clone(), long_poll.clone());
     ex.spawn_on(1, move || async move {
         let (wake_tx, wake_rx) = futures::channel::oneshot::channel::<()>();
@@ -351,54 +366,7 @@ fn second_run_is_quiescent(ex: &Arc<Executor>, what: &str) {
 #[test]
 fn abort_then_wait_in_a_shutdown_drop_on_a_parked_migratable_task() {
     for from in [1usize, 0] {
-        let ex = executor(2, false);
-        let h = ex.handle();
-        let (handle_tx, handle_rx) = mpsc::channel::<JoinHandle<u32>>();
-        let (out_tx, out_rx) = mpsc::channel::<String>();
-        let parked = Arc::new(AtomicUsize::new(0));
-        let t_dropped = Arc::new(AtomicUsize::new(0));
-        let p0 = parked.clone();
-        ex.spawn_on(0, move || async move {
-            let mut out = Some(out_tx);
-            let mut hr = Some(handle_rx);
-            let _g = OnDrop(move || {
-                let j = hr.take().unwrap().recv_timeout(LIMIT).unwrap();
-                j.abort();
-                let r = futures::executor::block_on(j);
-                let _ = out.take().unwrap().send(format!("{r:?}"));
-            });
-            p0.fetch_add(1, SeqCst);
-            std::future::pending::<()>().await;
-        })
-        .unwrap();
-        let (p, d) = (parked.clone(), t_dropped.clone());
-        ex.spawn_on(from, move || async move {
-            let p2 = p.clone();
-            let t = xtc_shards::spawn(async move {
-                let _c = CountDrop(d);
-                p2.fetch_add(1, SeqCst);
-                std::future::pending::<()>().await;
-                7u32
-            });
-            handle_tx.send(t).unwrap();
-        })
-        .unwrap();
-        let driver = std::thread::spawn(move || {
-            block_until(|| parked.load(SeqCst) == 2);
-            std::thread::sleep(Duration::from_millis(20));
-            h.stop();
-        });
-        let r = run_detached(ex.clone(), LIMIT);
-        driver.join().unwrap();
-        assert!(
-            r.is_some(),
-            "from={from}: run() hung: shard 0's shutdown Drop aborted a parked migratable task \
-             and waits on its handle (T dropped {} times)",
-            t_dropped.load(SeqCst)
-        );
-        let got = out_rx.recv_timeout(LIMIT).unwrap();
-        assert!(got.contains("ancelled"), "from={from}: {got}");
-        assert_eq!(t_dropped.load(SeqCst), 1);
+        parked_task_waited_in_a_shutdown_drop(from, false, true);
     }
 }
 
