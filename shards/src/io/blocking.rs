@@ -32,7 +32,7 @@ use std::{
     marker::PhantomData,
     pin::Pin,
     sync::{
-        atomic::{AtomicUsize, Ordering::SeqCst},
+        atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst},
         Arc, Condvar, Mutex, OnceLock,
     },
     task::{Context, Poll, Waker},
@@ -67,24 +67,62 @@ struct PoolState {
     notified: usize,
 }
 
-/// The machine's topology, recorded when an executor is built (before any loop pins its
-/// thread): pool threads bind themselves to its allowed CPUs. A pool thread is started from a
-/// loop thread and would otherwise inherit that loop's single-CPU pinning: all of them on one
-/// core, competing with that loop.
-static TOPOLOGY: OnceLock<Arc<xtc_numa::Topology>> = OnceLock::new();
+/// The CPUs pool threads run on: the union of the allowed CPUs of every executor built so far
+/// (recorded before any loop pins its thread), with a generation that grows with it. A pool
+/// thread is started from a loop thread and would otherwise inherit that loop's single-CPU
+/// pinning: all of them on one core, competing with that loop. A union, not the first build's
+/// set: an executor built on a narrowed thread (inside a pinned shard's task) recorded one CPU,
+/// and every later executor's jobs ran there for the process's life.
+static POOL_CPUS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// Grows each time [`POOL_CPUS`] does; a pool thread rebinds when it sees a new one.
+static POOL_CPUS_GEN: AtomicU64 = AtomicU64::new(0);
 
-/// Records the running machine's topology for the pool threads (the first call wins).
+/// Adds the allowed CPUs of a built executor's topology to the pool's (a synthetic topology
+/// names no real CPU: nothing). Cost: a lock and a merge, per build.
 pub(crate) fn set_topology(topo: Arc<xtc_numa::Topology>) {
-    let _ = TOPOLOGY.set(topo);
+    if topo.is_synthetic() {
+        return;
+    }
+    let mut cpus = lock(&POOL_CPUS);
+    let before = cpus.len();
+    for cpu in topo.allowed_pus() {
+        if cpu < libc::CPU_SETSIZE as usize && !cpus.contains(&cpu) {
+            cpus.push(cpu);
+        }
+    }
+    if cpus.len() != before {
+        cpus.sort_unstable();
+        POOL_CPUS_GEN.fetch_add(1, SeqCst);
+    }
 }
 
-/// Widens the calling pool thread's affinity to every allowed CPU (if a topology is recorded).
-fn unpin_from_loop() {
-    let Some(topo) = TOPOLOGY.get() else {
+/// Binds the calling pool thread to the pool's CPUs if they changed since it last looked
+/// (`seen`: the generation it bound to). Cost: an atomic load; on a change, a lock and a
+/// `sched_setaffinity`.
+fn unpin_from_loop(seen: &mut u64) {
+    let generation = POOL_CPUS_GEN.load(SeqCst);
+    if generation == *seen {
         return;
+    }
+    *seen = generation;
+    let cpus = lock(&POOL_CPUS).clone();
+    if cpus.is_empty() {
+        return;
+    }
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; every CPU is below `CPU_SETSIZE`
+    // (checked as it was recorded); the call changes this thread's mask only.
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in &cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
     };
-    if let Err(e) = xtc_numa::bind_current_thread(topo, &topo.allowed_pus()) {
-        tracing::debug!("xtc: blocking-pool thread keeps its inherited affinity: {e}");
+    if r != 0 {
+        tracing::debug!(
+            "xtc: blocking-pool thread keeps its affinity (binding to {cpus:?}: {})",
+            io::Error::last_os_error()
+        );
     }
 }
 
@@ -603,13 +641,16 @@ fn unblock_interrupt() {
 }
 
 fn worker() {
-    unpin_from_loop();
+    let mut bound = 0;
+    unpin_from_loop(&mut bound);
     unblock_interrupt();
     let pool = pool();
     let mut st = lock(&pool.state);
     loop {
         if let Some((_, job)) = st.jobs.pop_front() {
             drop(st);
+            // A build since the last job may have widened the pool's CPUs.
+            unpin_from_loop(&mut bound);
             job();
             st = lock(&pool.state);
             continue;
