@@ -515,3 +515,25 @@ fn deadlock_stop_rerun_cycle() {
     stopper.join().unwrap();
     eprintln!("deadlocks {dl}, stopped {ok}");
 }
+
+/// The `grace` an `Err(Deadlock)` reports is the one the coordinator applied, not one a `Drop`
+/// that the shutdown ran set afterwards (it read "0ns" after such a `Drop` switched the grace
+/// off; found by the Handle audit of stop 49).
+#[test]
+fn deadlock_error_reports_the_grace_that_was_applied() {
+    let ex = exec_with_grace(3, Duration::from_millis(50));
+    let h = ex.handle();
+    ex.spawn_on(1, move || async move {
+        let _g = OnDrop(move || h.set_deadlock_grace(None));
+        std::future::pending::<()>().await;
+    })
+    .unwrap();
+    match run_within(&ex, Duration::from_secs(20)).expect("run() hung") {
+        Err(Error::Deadlock { grace, .. }) => assert_eq!(
+            grace,
+            Duration::from_millis(50),
+            "the report names a grace that was not the one applied"
+        ),
+        other => panic!("{other:?}"),
+    }
+}

@@ -102,6 +102,9 @@ pub(crate) struct ExecShared {
     stop_reason: AtomicU32,
     service_mode: AtomicBool,
     deadlock_grace_ns: AtomicU64,
+    /// The grace the coordinator applied when it decided on a deadlock (`Error::Deadlock`'s
+    /// `grace`): the knob may change after the decision, in the shutdown's drops.
+    pub(crate) deadlock_grace_applied: AtomicU64,
     running: AtomicBool,
     /// Counts the runs claimed (`claim_run`): `block_on`'s main task stops only the run it
     /// was queued for, not a later one that finds it still queued after a failed start.
@@ -193,6 +196,7 @@ impl ExecShared {
             stop_reason: AtomicU32::new(StopReason::None as u32),
             service_mode: AtomicBool::new(config.service_mode),
             deadlock_grace_ns: AtomicU64::new(grace_to_ns(config.deadlock_grace)),
+            deadlock_grace_applied: AtomicU64::new(0),
             running: AtomicBool::new(false),
             runs: AtomicU64::new(0),
             #[cfg(test)]
@@ -392,6 +396,15 @@ impl ExecShared {
     pub(crate) fn victims(&self, me: usize) -> &[usize] {
         let level = (self.numa_sensitivity.load(Relaxed) as usize).min(2);
         self.victims[level].get(me).map_or(&[], Vec::as_slice)
+    }
+
+    /// [`deadlock_grace`](Self::deadlock_grace) as the closing coordinator reads it (SeqCst,
+    /// paired with the setter's store, as [`service_mode_now`](Self::service_mode_now)).
+    pub(crate) fn deadlock_grace_now(&self) -> Option<Duration> {
+        match self.deadlock_grace_ns.load(SeqCst) {
+            GRACE_OFF => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
     }
 
     pub(crate) fn deadlock_grace(&self) -> Option<Duration> {
@@ -863,7 +876,7 @@ impl Executor {
             return Err(e);
         }
         if deadlock {
-            let grace = shared.deadlock_grace().unwrap_or_default();
+            let grace = Duration::from_nanos(shared.deadlock_grace_applied.load(SeqCst));
             return Err(Error::Deadlock { tasks, grace });
         }
         Ok(())
@@ -2345,6 +2358,39 @@ mod tests {
         *crate::sync::lock(&exec.handle.shared.before_deadlock_close) = None;
         assert!(r.is_ok(), "the woken task was reported deadlocked: {r:?}");
         assert!(done.load(SeqCst), "the woken task did not run to its end");
+    }
+
+    /// The deadlock grace switched off (its setter returned) while the
+    /// coordinator closes on a deadlock verdict takes the verdict back, as service mode
+    /// switched on does: `run()` waits for `stop()` and reports nothing (it reported the deadlock and
+    /// dropped the tasks; found by the Handle audit of stop 49).
+    #[test]
+    fn grace_switched_off_while_closing_on_a_deadlock_takes_the_verdict_back() {
+        let exec = super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .deadlock_grace(Some(Duration::from_millis(50)))
+            .build()
+            .unwrap();
+        exec.spawn_on(1, std::future::pending::<()>).unwrap();
+        let handle = exec.handle();
+        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) =
+            Some(super::TestHook(Box::new(move || {
+                handle.set_deadlock_grace(None)
+            })));
+        let h = exec.handle();
+        let stopper = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            h.stop();
+        });
+        let r = exec.run();
+        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) = None;
+        stopper.join().unwrap();
+        assert_eq!(exec.deadlock_grace(), None);
+        assert!(
+            r.is_ok(),
+            "reported although the grace was off before the close: {r:?}"
+        );
     }
 
     /// A pinned spawn from a foreign thread that races the quiescent stop (queued, and run,

@@ -224,7 +224,9 @@ pub(crate) fn coordinate(exec: &ExecShared) {
                 }
             }
             Verdict::MaybeDeadlocked(snap) => {
-                let Some(grace) = grace else {
+                // Read again: the one read before the wait may be stale, and the setter's
+                // poke that ended the wait promised a recheck with the new value.
+                let Some(grace) = exec.deadlock_grace() else {
                     suspect = None;
                     continue;
                 };
@@ -237,10 +239,24 @@ pub(crate) fn coordinate(exec: &ExecShared) {
                             }
                             // Closed as a quiescent stop is (`close`): a task woken from a
                             // foreign thread at this moment is not started and then dropped.
+                            let applied = std::cell::Cell::new(grace);
                             let stopped = close_with(
                                 &exec.closing,
-                                || !exec.service_mode_now() && Snapshot::take(exec) == snap,
+                                // The grace switched off or raised since (its setter
+                                // returned before this look) takes the verdict back too.
                                 || {
+                                    !exec.service_mode_now()
+                                        && exec.deadlock_grace_now().is_some_and(|g| {
+                                            applied.set(g);
+                                            since.elapsed() >= g
+                                        })
+                                        && Snapshot::take(exec) == snap
+                                },
+                                || {
+                                    exec.deadlock_grace_applied.store(
+                                        applied.get().as_nanos().min(u64::MAX as u128) as u64,
+                                        SeqCst,
+                                    );
                                     // The migratable tasks are listed now, while they are
                                     // parked: the loops' shutdown can wake and drop some (a
                                     // dropped pinned future that held what one waited on)
