@@ -85,8 +85,9 @@ pub enum Error {
     Deadlock {
         /// One line per parked task: name (if any), spawn location, shard.
         tasks: Vec<String>,
-        /// The deadlock grace in effect when the run ended (`Handle::deadlock_grace`): how
-        /// long every loop had been idle with these tasks parked.
+        /// The deadlock grace the run applied when it decided on the deadlock
+        /// (`Handle::deadlock_grace` then): how long every loop had been idle with these
+        /// tasks parked, at least.
         grace: std::time::Duration,
     },
     /// A task this call waited for panicked or was cancelled: the main future of `block_on`,

@@ -689,9 +689,9 @@ impl Executor {
             },
         )?;
         crate::io::blocking::fix_interrupt_signal(interrupt_signal)?;
-        // Last, as the signal: a build refused above fixes nothing process-wide (the pool's
-        // threads bind to the first recorded topology's CPUs; recorded by a refused build on a
-        // narrowed thread, they stayed on that thread's mask for the process's life).
+        // Last, as the signal: a build refused above adds nothing process-wide (the pool's
+        // threads bind to the union of the built executors' allowed CPUs; a refused build on a
+        // narrowed thread added its one CPU before, and the first build's set was all there was).
         if !topology.is_synthetic() {
             crate::io::blocking::set_topology(topology.clone());
         }

@@ -23,6 +23,11 @@ type Caught<T> = Result<T, Box<dyn Any + Send + 'static>>;
 /// awaits a plain `std::thread` of its own, through a channel, is reported as deadlocked once
 /// the executor has been idle for the deadlock grace, `XTC_DEADLOCK_GRACE`, 5 s by default.)
 ///
+/// Pool threads are shared by every executor of the process and run on the allowed CPUs of
+/// every executor built so far; a job that changes its own thread's state (its CPU affinity,
+/// its signal mask) leaves it changed for the later jobs that thread runs: restore it before
+/// returning.
+///
 /// Dropping the future cancels a job not started yet (it never runs); one already running
 /// runs to its end, and its result is dropped (the pool sends no signal into user code), and
 /// the loop that was running when the future was dropped, if it stops meanwhile, waits up to
