@@ -1,24 +1,13 @@
 //! The blocking pool's threads run on the allowed CPUs of every executor built so far, not
 //! only the first one's. Its own binary: the pool's CPUs are process-wide. From the placement
 //! audit of stop 49.
+mod common;
+
 use std::time::Duration;
 
-use xtc_shards::{self as xtc, Executor};
+use common::affinity;
 
-/// CPUs the calling thread may run on.
-fn affinity() -> Vec<usize> {
-    // SAFETY: a zeroed `cpu_set_t` is valid; the kernel fills `size_of` bytes of it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
+use xtc_shards::{self as xtc, Executor};
 
 /// An executor built (not even run) on a thread narrowed to CPU 0, e.g. inside a task of a
 /// pinned shard, as `Builder::shards`' docs describe; then a full-machine executor. A

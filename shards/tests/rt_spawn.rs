@@ -1220,22 +1220,6 @@ fn a_chain_of_respawning_drops_across_loops_at_executor_drop_is_swept_whole() {
     );
 }
 
-/// The CPUs the calling thread may run on.
-fn affinity() -> Vec<usize> {
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel fills at most `size_of`
-    // bytes of it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
 /// Each shard thread's affinity, by shard, from inside its loop.
 fn shard_affinities(ex: &Executor) -> Vec<Vec<usize>> {
     let seen = Arc::new(Mutex::new(vec![Vec::new(); ex.shard_count()]));

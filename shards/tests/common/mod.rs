@@ -700,3 +700,19 @@ impl Drop for Counted {
         self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// The CPUs the calling thread may run on.
+pub fn affinity() -> Vec<usize> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel fills at most `size_of`
+    // bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
