@@ -30,7 +30,7 @@ use std::{
         fd::{AsRawFd, OwnedFd, RawFd},
         unix::ffi::OsStrExt,
     },
-    path::Path,
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -235,8 +235,20 @@ impl OpenOptions {
 }
 
 fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| nul_in_path())
+}
+
+/// `p`, owned for a pool job, or `InvalidInput` for a NUL in it, checked before anything else
+/// as every call's arguments are (the module docs).
+fn owned_path(p: &Path) -> io::Result<PathBuf> {
+    if p.as_os_str().as_bytes().contains(&0) {
+        return Err(nul_in_path());
+    }
+    Ok(p.to_owned())
+}
+
+fn nul_in_path() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte")
 }
 
 impl File {
@@ -464,26 +476,21 @@ pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Resu
 /// completes. Cost: two path copies and a job on the blocking pool, on either driver (see
 /// the module docs; no io_uring opcode is used for path operations).
 pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
-    let (from, to) = (from.as_ref().to_owned(), to.as_ref().to_owned());
-    // Arguments first, as every other call (the module docs): a NUL is `InvalidInput`.
-    cstr(&from)?;
-    cstr(&to)?;
+    let (from, to) = (owned_path(from.as_ref())?, owned_path(to.as_ref())?);
     file::path_call(move || std::fs::rename(&from, &to)).await
 }
 
 /// Removes a file (or a symbolic link, not what it points to), as [`std::fs::remove_file`].
 /// Cancellation and cost as [`rename`].
 pub async fn remove_file(path: impl AsRef<Path>) -> io::Result<()> {
-    let path = path.as_ref().to_owned();
-    cstr(&path)?;
+    let path = owned_path(path.as_ref())?;
     file::path_call(move || std::fs::remove_file(&path)).await
 }
 
 /// Creates a directory (its parent must exist), as [`std::fs::create_dir`]. Cancellation and
 /// cost as [`rename`].
 pub async fn create_dir(path: impl AsRef<Path>) -> io::Result<()> {
-    let path = path.as_ref().to_owned();
-    cstr(&path)?;
+    let path = owned_path(path.as_ref())?;
     file::path_call(move || std::fs::create_dir(&path)).await
 }
 
@@ -491,16 +498,14 @@ pub async fn create_dir(path: impl AsRef<Path>) -> io::Result<()> {
 /// [`std::fs::create_dir_all`]. Cancellation and cost as [`rename`] (one job for the whole
 /// path).
 pub async fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
-    let path = path.as_ref().to_owned();
-    cstr(&path)?;
+    let path = owned_path(path.as_ref())?;
     file::path_call(move || std::fs::create_dir_all(&path)).await
 }
 
 /// Removes an empty directory, as [`std::fs::remove_dir`]. Cancellation and cost as
 /// [`rename`].
 pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
-    let path = path.as_ref().to_owned();
-    cstr(&path)?;
+    let path = owned_path(path.as_ref())?;
     file::path_call(move || std::fs::remove_dir(&path)).await
 }
 

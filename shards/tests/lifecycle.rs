@@ -76,82 +76,134 @@ fn settle_and_check(
     (ok, cancelled)
 }
 
-/// Plain threads spawn (pinned and migratable) and stop at random, while this thread runs
-/// the executor over and over. Every accepted spawn ends exactly once: run, or dropped (its
-/// handle cancelled), by the last run or the executor's drop. No run errs or hangs.
-fn churn(shards: usize, migratable: bool, rounds: usize) {
-    let ex = exec_with_grace(shards, Duration::from_secs(30));
-    let spawned = Arc::new(AtomicUsize::new(0));
-    let ran = Arc::new(AtomicUsize::new(0));
-    let gone = Arc::new(AtomicUsize::new(0));
-    let go = Arc::new(AtomicBool::new(true));
-    let give_up = Instant::now() + Duration::from_secs(15);
-    let spawners: Vec<_> = (0..2)
-        .map(|t| {
-            let (h, spawned, ran, gone, go) = (
-                ex.handle(),
-                spawned.clone(),
-                ran.clone(),
-                gone.clone(),
-                go.clone(),
-            );
-            std::thread::spawn(move || {
-                let mut hs = Vec::new();
-                let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
-                while go.load(SeqCst) && Instant::now() < give_up {
-                    let r = xorshift(&mut seed);
-                    let tok = Token { gone: gone.clone() };
-                    let ran = ran.clone();
-                    spawned.fetch_add(1, SeqCst);
-                    if migratable && r & 1 == 0 {
-                        hs.push(h.spawn(async move {
-                            let _t = tok;
-                            ran.fetch_add(1, SeqCst);
-                        }));
-                    } else {
-                        let shard = (r as usize >> 1) % h.shard_count();
-                        match h.spawn_on(shard, move || async move {
-                            let _t = tok;
-                            ran.fetch_add(1, SeqCst);
-                        }) {
-                            Ok(j) => hs.push(j),
-                            Err(e) => panic!("spawn_on refused while the executor lives: {e}"),
-                        }
+/// What the churn tests share: the counts of spawns and their fates, and the plain threads
+/// that spawn and stop while the test's own thread runs the executor.
+struct Churn {
+    spawned: Arc<AtomicUsize>,
+    ran: Arc<AtomicUsize>,
+    gone: Arc<AtomicUsize>,
+    go: Arc<AtomicBool>,
+    give_up: Instant,
+}
+
+impl Churn {
+    fn new() -> Churn {
+        Churn {
+            spawned: Arc::default(),
+            ran: Arc::default(),
+            gone: Arc::default(),
+            go: Arc::new(AtomicBool::new(true)),
+            give_up: Instant::now() + Duration::from_secs(15),
+        }
+    }
+
+    /// Two plain threads (seeds salted with `salt`) that spawn with `spawn(handle, random,
+    /// ran, token)` until told to stop, each giving back its join handles.
+    fn spawners<F>(
+        &self,
+        ex: &Executor,
+        salt: u64,
+        spawn: F,
+    ) -> Vec<std::thread::JoinHandle<Vec<xtc_shards::JoinHandle<()>>>>
+    where
+        F: Fn(&xtc_shards::Handle, u64, Arc<AtomicUsize>, Token) -> xtc_shards::JoinHandle<()>
+            + Clone
+            + Send
+            + 'static,
+    {
+        (0..2u64)
+            .map(|t| {
+                let (h, spawned, ran, gone, go) = (
+                    ex.handle(),
+                    self.spawned.clone(),
+                    self.ran.clone(),
+                    self.gone.clone(),
+                    self.go.clone(),
+                );
+                let (give_up, spawn) = (self.give_up, spawn.clone());
+                std::thread::spawn(move || {
+                    let mut hs = Vec::new();
+                    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (t + salt);
+                    while go.load(SeqCst) && Instant::now() < give_up {
+                        let r = xorshift(&mut seed);
+                        let tok = Token { gone: gone.clone() };
+                        spawned.fetch_add(1, SeqCst);
+                        hs.push(spawn(&h, r, ran.clone(), tok));
                     }
-                    if r % 64 == 0 {
-                        std::thread::sleep(Duration::from_micros(r % 300));
-                    }
-                }
-                hs
+                    hs
+                })
             })
-        })
-        .collect();
-    let stopper = {
-        let (h, go) = (ex.handle(), go.clone());
+            .collect()
+    }
+
+    /// A plain thread that stops the executor at random moments, up to `max_us` apart;
+    /// returns how many stops it asked for.
+    fn stopper(&self, ex: &Executor, seed: u64, max_us: u64) -> std::thread::JoinHandle<usize> {
+        let (h, go, give_up) = (ex.handle(), self.go.clone(), self.give_up);
         std::thread::spawn(move || {
-            let mut seed = 12345u64;
+            let mut seed = seed;
             let mut n = 0;
             while go.load(SeqCst) && Instant::now() < give_up {
-                std::thread::sleep(Duration::from_micros(xorshift(&mut seed) % 2000));
+                std::thread::sleep(Duration::from_micros(xorshift(&mut seed) % max_us));
                 h.stop();
                 n += 1;
             }
             n
         })
-    };
+    }
+
+    /// Ends the spawners and the stopper, and checks every spawn's fate
+    /// ([`settle_and_check`]): (ran, cancelled).
+    fn finish(
+        &self,
+        ex: Executor,
+        spawners: Vec<std::thread::JoinHandle<Vec<xtc_shards::JoinHandle<()>>>>,
+        stopper: std::thread::JoinHandle<usize>,
+    ) -> (usize, usize) {
+        self.go.store(false, SeqCst);
+        let stops = stopper.join().unwrap();
+        let handles: Vec<_> = spawners
+            .into_iter()
+            .flat_map(|s| s.join().unwrap())
+            .collect();
+        eprintln!("stops {stops}");
+        settle_and_check(ex, handles, &self.spawned, &self.ran, &self.gone)
+    }
+}
+
+/// Plain threads spawn (pinned and migratable) and stop at random, while this thread runs
+/// the executor over and over. Every accepted spawn ends exactly once: run, or dropped (its
+/// handle cancelled), by the last run or the executor's drop. No run errs or hangs.
+fn churn(shards: usize, migratable: bool, rounds: usize) {
+    let ex = exec_with_grace(shards, Duration::from_secs(30));
+    let c = Churn::new();
+    let spawners = c.spawners(&ex, 1, move |h, r, ran, tok| {
+        let job = if migratable && r & 1 == 0 {
+            h.spawn(async move {
+                let _t = tok;
+                ran.fetch_add(1, SeqCst);
+            })
+        } else {
+            let shard = (r as usize >> 1) % h.shard_count();
+            match h.spawn_on(shard, move || async move {
+                let _t = tok;
+                ran.fetch_add(1, SeqCst);
+            }) {
+                Ok(j) => j,
+                Err(e) => panic!("spawn_on refused while the executor lives: {e}"),
+            }
+        };
+        if r % 64 == 0 {
+            std::thread::sleep(Duration::from_micros(r % 300));
+        }
+        job
+    });
+    let stopper = c.stopper(&ex, 12345, 2000);
     for i in 0..rounds {
         run_round(&ex, i);
     }
-    go.store(false, SeqCst);
-    let stops = stopper.join().unwrap();
-    let handles: Vec<_> = spawners
-        .into_iter()
-        .flat_map(|s| s.join().unwrap())
-        .collect();
-    eprintln!("stops {stops}");
-    let (ok, cancelled) = settle_and_check(ex, handles, &spawned, &ran, &gone);
-    let s = spawned.load(SeqCst);
-    assert_eq!(ok + cancelled, s);
+    let (ok, cancelled) = c.finish(ex, spawners, stopper);
+    assert_eq!(ok + cancelled, c.spawned.load(SeqCst));
 }
 
 #[test]
@@ -377,53 +429,19 @@ async fn busy_body(r: u64, ran: Arc<AtomicUsize>, tok: Token) {
 
 fn churn_parked(shards: usize, rounds: usize, block_on_too: bool) {
     let ex = exec_with_grace(shards, Duration::from_secs(30));
-    let spawned = Arc::new(AtomicUsize::new(0));
-    let ran = Arc::new(AtomicUsize::new(0));
-    let gone = Arc::new(AtomicUsize::new(0));
-    let go = Arc::new(AtomicBool::new(true));
-    let give_up = Instant::now() + Duration::from_secs(15);
-    let spawners: Vec<_> = (0..2)
-        .map(|t| {
-            let (h, spawned, ran, gone, go) = (
-                ex.handle(),
-                spawned.clone(),
-                ran.clone(),
-                gone.clone(),
-                go.clone(),
-            );
-            std::thread::spawn(move || {
-                let mut hs = Vec::new();
-                let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 11);
-                while go.load(SeqCst) && Instant::now() < give_up {
-                    let r = xorshift(&mut seed);
-                    let tok = Token { gone: gone.clone() };
-                    let ran = ran.clone();
-                    spawned.fetch_add(1, SeqCst);
-                    if r & 1 == 0 {
-                        hs.push(h.spawn(busy_body(r >> 1, ran, tok)));
-                    } else {
-                        let shard = (r as usize >> 1) % h.shard_count();
-                        hs.push(
-                            h.spawn_on(shard, move || busy_body(r >> 3, ran, tok))
-                                .expect("alive"),
-                        );
-                    }
-                    std::thread::sleep(Duration::from_micros(r % 50));
-                }
-                hs
-            })
-        })
-        .collect();
-    let stopper = {
-        let (h, go) = (ex.handle(), go.clone());
-        std::thread::spawn(move || {
-            let mut seed = 4242u64;
-            while go.load(SeqCst) && Instant::now() < give_up {
-                std::thread::sleep(Duration::from_micros(xorshift(&mut seed) % 15000));
-                h.stop();
-            }
-        })
-    };
+    let c = Churn::new();
+    let spawners = c.spawners(&ex, 11, |h, r, ran, tok| {
+        let job = if r & 1 == 0 {
+            h.spawn(busy_body(r >> 1, ran, tok))
+        } else {
+            let shard = (r as usize >> 1) % h.shard_count();
+            h.spawn_on(shard, move || busy_body(r >> 3, ran, tok))
+                .expect("alive")
+        };
+        std::thread::sleep(Duration::from_micros(r % 50));
+        job
+    });
+    let stopper = c.stopper(&ex, 4242, 15000);
     let mut seed = 99u64;
     for i in 0..rounds {
         if block_on_too && xorshift(&mut seed) % 3 == 0 {
@@ -452,13 +470,7 @@ fn churn_parked(shards: usize, rounds: usize, block_on_too: bool) {
         }
         run_round(&ex, i);
     }
-    go.store(false, SeqCst);
-    stopper.join().unwrap();
-    let handles: Vec<_> = spawners
-        .into_iter()
-        .flat_map(|s| s.join().unwrap())
-        .collect();
-    settle_and_check(ex, handles, &spawned, &ran, &gone);
+    c.finish(ex, spawners, stopper);
 }
 
 #[test]

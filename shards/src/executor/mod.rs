@@ -2210,6 +2210,32 @@ mod tests {
         *crate::sync::lock(&exec.handle.shared.before_closing) = None;
     }
 
+    /// Two shards (as [`two_shards`]) with a deadlock grace of `ms` milliseconds.
+    fn two_shards_with_grace(ms: u64) -> super::Executor {
+        super::Executor::builder()
+            .shards(2)
+            .oversubscribe(true)
+            .deadlock_grace(Some(Duration::from_millis(ms)))
+            .build()
+            .unwrap()
+    }
+
+    /// Runs `hook` the first time the coordinator is about to close on a deadlock verdict.
+    fn before_deadlock_close_once(exec: &super::Executor, hook: impl FnOnce() + Send + 'static) {
+        let hook = std::sync::Mutex::new(Some(hook));
+        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) =
+            Some(super::TestHook(Box::new(move || {
+                if let Some(h) = hook.lock().unwrap().take() {
+                    h();
+                }
+            })));
+    }
+
+    /// Removes the deadlock-close hook (as [`clear_before_closing`]).
+    fn clear_before_deadlock_close(exec: &super::Executor) {
+        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) = None;
+    }
+
     /// Service mode switched on (its setter returned) while the coordinator closes on a
     /// quiescent verdict: the close takes the verdict back and `run()` waits for `stop()`.
     /// It used to read service mode only before the check, and `run()` returned as quiescent.
@@ -2273,12 +2299,7 @@ mod tests {
     /// could drive the same loops on second threads.
     #[test]
     fn a_panicking_coordinator_joins_the_loops_before_run_unwinds() {
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .deadlock_grace(Some(Duration::from_millis(20)))
-            .build()
-            .unwrap();
+        let exec = two_shards_with_grace(20);
         let tid = Arc::new(std::sync::atomic::AtomicI64::new(0));
         let t = tid.clone();
         // Parked for good: a deadlock suspect, so the coordinator reaches the hook.
@@ -2288,10 +2309,9 @@ mod tests {
             std::future::pending::<()>().await;
         })
         .unwrap();
-        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) =
-            Some(super::TestHook(Box::new(|| panic!("a coordinator bug"))));
+        before_deadlock_close_once(&exec, || panic!("a coordinator bug"));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec.run()));
-        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) = None;
+        clear_before_deadlock_close(&exec);
         assert!(
             r.is_err(),
             "the coordinator's panic did not reach run()'s caller"
@@ -2320,12 +2340,7 @@ mod tests {
     /// epoch first, `run()` returned `Err(Deadlock)` naming the task it had just woken.
     #[test]
     fn a_migratable_wake_racing_the_deadlock_close_is_not_lost() {
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .deadlock_grace(Some(Duration::from_millis(50)))
-            .build()
-            .unwrap();
+        let exec = two_shards_with_grace(50);
         let (tx, rx) = std::sync::mpsc::channel::<std::task::Waker>();
         let woken = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
@@ -2345,17 +2360,13 @@ mod tests {
             .await;
             d.store(true, SeqCst);
         });
-        let hook = std::sync::Mutex::new(Some((rx, woken)));
-        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) =
-            Some(super::TestHook(Box::new(move || {
-                if let Some((rx, woken)) = hook.lock().unwrap().take() {
-                    let waker = rx.recv().unwrap();
-                    woken.store(true, SeqCst);
-                    waker.wake();
-                }
-            })));
+        before_deadlock_close_once(&exec, move || {
+            let waker = rx.recv().unwrap();
+            woken.store(true, SeqCst);
+            waker.wake();
+        });
         let r = exec.run();
-        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) = None;
+        clear_before_deadlock_close(&exec);
         assert!(r.is_ok(), "the woken task was reported deadlocked: {r:?}");
         assert!(done.load(SeqCst), "the woken task did not run to its end");
     }
@@ -2366,25 +2377,17 @@ mod tests {
     /// dropped the tasks; found by the Handle audit of stop 49).
     #[test]
     fn grace_switched_off_while_closing_on_a_deadlock_takes_the_verdict_back() {
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .deadlock_grace(Some(Duration::from_millis(50)))
-            .build()
-            .unwrap();
+        let exec = two_shards_with_grace(50);
         exec.spawn_on(1, std::future::pending::<()>).unwrap();
         let handle = exec.handle();
-        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) =
-            Some(super::TestHook(Box::new(move || {
-                handle.set_deadlock_grace(None)
-            })));
+        before_deadlock_close_once(&exec, move || handle.set_deadlock_grace(None));
         let h = exec.handle();
         let stopper = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(500));
             h.stop();
         });
         let r = exec.run();
-        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) = None;
+        clear_before_deadlock_close(&exec);
         stopper.join().unwrap();
         assert_eq!(exec.deadlock_grace(), None);
         assert!(
