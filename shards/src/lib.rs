@@ -111,10 +111,9 @@
 //! once its task ends, or, once every loop's shutdown has begun (no loop runs it any more),
 //! cancelled within a millisecond: the wait drops it; until then it is left to the loops that
 //! may still run it. Two such `Drop`s on two shards, each waiting on a channel end that a task
-//! of the other's holds, still wait for good, as two loops blocked on each other do, and so do
-//! two that each wait on a migratable task queued on the other's deque (one the other's `Drop`
-//! spawned, or woke there): only a deque's own loop takes from its end. Only a
-//! wait on one of those does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
+//! of the other's holds, still wait for good, as two loops blocked on each other do (two that
+//! each wait on a migratable task queued on the other's deque do not: the wait takes it
+//! through that deque's stealer). Only a wait on one of those does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
 //! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of
 //! blocking; run blocking code with [`spawn_blocking`] (the runtime's blocking-thread pool;

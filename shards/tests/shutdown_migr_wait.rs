@@ -567,3 +567,77 @@ fn left_to_a_running_loop_in_a_second_run_too() {
         left_to_a_running_loop(&ex, run);
     }
 }
+
+/// Two shutdown `Drop`s, one on each shard, each spawning a migratable task (queued on its own
+/// loop's deque, which no loop pops any more) and then blocking on the task the OTHER one
+/// spawned. Only a deque's own loop pops from its end, so neither wait found its task there
+/// and `run()` hung; the wait takes it through the other deque's stealer. Each handle reads
+/// cancelled (or, with stealing on, the task ran once: the other loop stole it in a last
+/// turn before its own shutdown began), and each task's future is dropped once.
+#[test]
+fn two_shutdown_drops_each_waiting_on_a_task_queued_on_the_others_deque() {
+    for stealing in [false, true] {
+        for round in 0..5 {
+            let what = format!("stealing={stealing} round {round}");
+            let ex = executor(2, stealing);
+            let h = ex.handle();
+            let (out_tx, out_rx) = mpsc::channel::<String>();
+            let parked = Arc::new(AtomicUsize::new(0));
+            let ran = Arc::new(AtomicUsize::new(0));
+            let dropped = Arc::new(AtomicUsize::new(0));
+            // Shard s sends its task's handle on `txs[s]`; shard 1 - s receives it.
+            let (tx0, rx0) = mpsc::channel::<JoinHandle<u32>>();
+            let (tx1, rx1) = mpsc::channel::<JoinHandle<u32>>();
+            let ends = Mutex::new(vec![Some((tx0, rx1)), Some((tx1, rx0))]);
+            for shard in 0..2usize {
+                let (tx, rx) = lock_take(&ends, shard);
+                let (p, r, d, out) = (parked.clone(), ran.clone(), dropped.clone(), out_tx.clone());
+                ex.spawn_on(shard, move || async move {
+                    let mut state = Some((tx, rx, r, d, out));
+                    let _g = OnDrop(move || {
+                        let (tx, rx, r, d, out) = state.take().unwrap();
+                        // Built here, not in the future: dropped with it, polled or not.
+                        let c = CountDrop(d);
+                        let mine = xtc_shards::spawn(async move {
+                            let _c = c;
+                            r.fetch_add(1, SeqCst);
+                            9u32
+                        });
+                        tx.send(mine).unwrap();
+                        let theirs = rx.recv_timeout(LIMIT).unwrap();
+                        let got = futures::executor::block_on(theirs);
+                        let _ = out.send(format!("{got:?}"));
+                    });
+                    p.fetch_add(1, SeqCst);
+                    std::future::pending::<()>().await;
+                })
+                .unwrap();
+            }
+            let driver = std::thread::spawn(move || {
+                block_until(|| parked.load(SeqCst) == 2);
+                h.stop();
+            });
+            let r = run_detached(ex.clone(), LIMIT);
+            driver.join().unwrap();
+            assert!(
+                r.is_some(),
+                "{what}: run() hung: two shutdown Drops wait on tasks queued on each other's deque"
+            );
+            assert!(r.unwrap().is_ok(), "{what}");
+            let got: Vec<String> = (0..2)
+                .map(|_| out_rx.recv_timeout(LIMIT).unwrap())
+                .collect();
+            let ran = ran.load(SeqCst);
+            let cancelled = got.iter().filter(|g| g.contains("ancelled")).count();
+            let ok = got.iter().filter(|g| g.as_str() == "Ok(9)").count();
+            assert_eq!(cancelled + ok, 2, "{what}: {got:?}");
+            assert_eq!(ok, ran, "{what}: {got:?}, ran {ran}");
+            assert!(stealing || ran == 0, "{what}: ran {ran} with stealing off");
+            assert_eq!(dropped.load(SeqCst), 2, "{what}: each future dropped once");
+        }
+    }
+}
+
+fn lock_take<T>(m: &Mutex<Vec<Option<T>>>, i: usize) -> T {
+    m.lock().unwrap()[i].take().unwrap()
+}

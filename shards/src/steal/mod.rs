@@ -1238,9 +1238,10 @@ pub(crate) fn drop_local(core: &Core) {
 }
 
 /// Takes the `Runnable` of the task at `meta` out of `w`, leaving the rest in their order:
-/// the caller owns `w` (a loop's own deque on its thread, or a parked one under its lock) and
-/// no loop steals meanwhile (every loop's shutdown has begun), so the pops and pushes see no
-/// one else's.
+/// the caller owns `w` (a loop's own deque on its thread, or a parked one under its lock).
+/// Every loop's shutdown has begun, so no thief takes from it meanwhile, but another stopping
+/// loop's wait may ([`take_by_stealing`]): then what it took is in its hands, and the wait
+/// that wanted it finds it on that loop's deque at its next look.
 fn take_from_deque(w: &Worker<Runnable>, meta: *const TaskMeta) -> Option<Runnable> {
     let mut popped = Vec::new();
     let mut found = None;
@@ -1256,6 +1257,27 @@ fn take_from_deque(w: &Worker<Runnable>, meta: *const TaskMeta) -> Option<Runnab
         w.push(r);
     }
     found
+}
+
+/// Takes the `Runnable` of the task at `meta` out of another loop's deque through its
+/// `stealer` (only a deque's own loop pops from its end): what it steals before that is
+/// pushed onto `own`, this loop's deque, whose shutdown drops it (every loop's shutdown has
+/// begun: no loop polls these tasks again, and a quiescent stop keeps them for the next run
+/// wherever they are queued). Two stopping loops, each waiting in a `Drop` on a task queued on
+/// the other's deque, waited for good without it. Not a steal: no count moves.
+fn take_by_stealing(
+    stealer: &Stealer<Runnable>,
+    own: &Worker<Runnable>,
+    meta: *const TaskMeta,
+) -> Option<Runnable> {
+    loop {
+        match stealer.steal() {
+            Steal::Success(r) if std::ptr::eq(r.metadata(), meta) => return Some(r),
+            Steal::Success(r) => own.push(r),
+            Steal::Retry => continue,
+            Steal::Empty => return None,
+        }
+    }
 }
 
 /// Takes the `Runnable` of the task at `meta` out of `injector`: one pass over what it held
@@ -1296,8 +1318,10 @@ fn take_from_injector(injector: &Injector<Runnable>, meta: *const TaskMeta) -> O
 /// a wake put it: a stopping loop's deque, which that loop's shutdown drops (its own run:
 /// the handle resolves), this loop's deque, an injector (a wake off any loop, into its last
 /// loop's: drained by no loop once that loop has stopped), or the deque a loop gave back as
-/// it stopped. Those this loop can reach are searched (its deque, every injector, the parked
-/// deques), the task's `Runnable` taken out and dropped, the rest left in their order. A
+/// it stopped. All are searched (its deque, every injector, the parked deques, then the other
+/// loops' deques through their stealers), the task's `Runnable` taken out and dropped, the
+/// rest left in their order (what is stolen before it moves to this loop's deque, which this
+/// shutdown drops). A
 /// `Runnable` in flight (pushed by another thread a moment later) is found by the next poll.
 /// Returns whether the wait must poll again (in 1 ms): the task was not found (left to a
 /// loop, or in flight, or being dropped by another loop's shutdown).
@@ -1333,7 +1357,15 @@ pub(crate) fn cancel_awaited_at_stop(core: &Core, awaited: *const TaskMeta) -> b
                 .iter()
                 .find_map(|l| take_from_injector(&l.steal.injector, awaited))
         })
-        .or_else(|| exec.migratable.take_parked(awaited));
+        .or_else(|| exec.migratable.take_parked(awaited))
+        .or_else(|| {
+            let own = core.deque.as_ref()?;
+            exec.loops
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != me)
+                .find_map(|(_, l)| take_by_stealing(&l.steal.stealer, own, awaited))
+        });
     match found {
         Some(r) => {
             crate::task::cancel(r);
