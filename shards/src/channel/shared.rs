@@ -1,6 +1,56 @@
 //! A bounded single-producer, single-consumer channel between shards (like Glommio's
 //! `shared_channel`), on an rtrb ring. For fan-in, give each producer its own channel.
 //!
+//! # Many tasks of one shard, one channel
+//!
+//! A [`Sender`] is one producer ([`send`](Sender::send) takes `&mut self`). Tasks of one shard
+//! that all produce into the same channel share it behind an async mutex, such as
+//! `futures::lock::Mutex` in an `Rc`: a `RefCell`'s borrow, held across a `send` that waits
+//! for room, panics at the next task's send. Cost: per send, taking and giving back the lock
+//! (an atomic read-modify-write each, uncontended); a task that waits for it parks until the
+//! holder's send is in the ring. A task that sends several values in a row holds the lock over
+//! all of them to keep them together. The channel closes when the last `Rc` goes.
+//!
+//! ```
+//! use std::rc::Rc;
+//! use xtc_shards::{channel::shared, spawn_local, Executor};
+//!
+//! let exec = Executor::builder().shards(2).oversubscribe(true).build()?;
+//! let (tx, mut rx) = shared::bounded::<u64>(8)?;
+//! let producers = exec.spawn_on(0, move || async move {
+//!     let tx = Rc::new(futures::lock::Mutex::new(tx));
+//!     let tasks: Vec<_> = (0..4u64)
+//!         .map(|t| {
+//!             let tx = tx.clone();
+//!             spawn_local(async move {
+//!                 for i in 0..100 {
+//!                     // The guard lives for this one send.
+//!                     tx.lock().await.send(t * 1_000 + i).await.expect("receiver alive");
+//!                 }
+//!             })
+//!         })
+//!         .collect();
+//!     for t in tasks {
+//!         t.await.expect("producer ran");
+//!     }
+//! })?;
+//! let consumer = exec.spawn_on(1, move || async move {
+//!     let (mut n, mut sum) = (0u64, 0u64);
+//!     while let Some(v) = rx.recv().await {
+//!         n += 1;
+//!         sum += v;
+//!     }
+//!     (n, sum)
+//! })?;
+//! exec.run()?;
+//! let (n, sum) = exec.block_on(move || async move {
+//!     producers.await?;
+//!     consumer.await
+//! })??;
+//! assert_eq!((n, sum), (400, (0..4u64).map(|t| t * 100_000 + 4_950).sum()));
+//! # Ok::<(), xtc_shards::Error>(())
+//! ```
+//!
 //! # Wake protocol
 //!
 //! Each side has a waker slot (a mutex, taken when that side is about to wait, and when the
