@@ -4243,3 +4243,27 @@ fn a_tcp_close_again_is_ok() {
         assert!(w.await.is_err(), "[{driver}] a write after close");
     });
 }
+
+/// `bind_reuseport` on a port a plain socket holds: `AddrInUse`, and the message says what
+/// holds it and what to do (the kernel's "Address already in use" alone read as if sharing
+/// had failed). A plain `bind` keeps the OS error as it is.
+#[test]
+fn bind_reuseport_on_a_port_a_plain_socket_holds_says_so() {
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = plain.local_addr().unwrap();
+    let e = TcpListener::bind_reuseport(addr)
+        .err()
+        .expect("the port is held");
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&addr.to_string()) && msg.contains("SO_REUSEPORT"),
+        "message: {msg}"
+    );
+    let e = TcpListener::bind(addr).err().expect("the port is held");
+    assert_eq!(e.raw_os_error(), Some(libc::EADDRINUSE), "{e}");
+    // Two `bind_reuseport`s still share a port.
+    let a = TcpListener::bind_reuseport("127.0.0.1:0").unwrap();
+    let b = TcpListener::bind_reuseport(a.local_addr().unwrap());
+    assert!(b.is_ok(), "{:?}", b.err());
+}

@@ -29,9 +29,25 @@ fn listener(addr: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
     if reuse_port {
         s.set_reuse_port(true)?;
     }
-    s.bind(&addr.into())?;
+    s.bind(&addr.into()).map_err(|e| match e.kind() {
+        io::ErrorKind::AddrInUse if reuse_port => in_use_without_reuseport(addr, &e),
+        _ => e,
+    })?;
     s.listen(1024)?;
     Ok(s)
+}
+
+/// `bind_reuseport`'s `AddrInUse`, saying what holds the port: the kernel's "Address already in
+/// use" alone reads as if sharing the port had failed for every caller.
+fn in_use_without_reuseport(addr: SocketAddr, e: &io::Error) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!(
+            "{addr}: {e}: a socket that did not set SO_REUSEPORT (a plain `bind`, another \
+             program) or one of another user holds it; every listener that shares the port \
+             must be bound with `bind_reuseport`"
+        ),
+    )
 }
 
 impl TcpListener {
@@ -56,7 +72,9 @@ impl TcpListener {
     /// accepts its own (the Seastar / Glommio server layout). Connections never move between
     /// listeners afterwards. Port 0 gives each call a port of its own: to share an ephemeral
     /// port, bind one listener first, read its [`local_addr`](Self::local_addr), and bind the
-    /// others to that address. Errors as `bind`'s; cost one `setsockopt` more.
+    /// others to that address. Errors as `bind`'s, with `AddrInUse` explained (its message
+    /// names the address and what holds it; it carries no OS error code); cost one
+    /// `setsockopt` more.
     ///
     /// The kernel lets any socket of the same user that sets `SO_REUSEPORT` join the port: a
     /// second copy of the server binds without an error and takes a share of the connections.
