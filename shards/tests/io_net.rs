@@ -4251,16 +4251,14 @@ fn a_tcp_close_again_is_ok() {
 fn bind_reuseport_on_a_port_a_plain_socket_holds_says_so() {
     let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = plain.local_addr().unwrap();
-    let e = TcpListener::bind_reuseport(addr)
-        .err()
-        .expect("the port is held");
+    let e = TcpListener::bind_reuseport(addr).expect_err("the port is held");
     assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
     let msg = e.to_string();
     assert!(
         msg.contains(&addr.to_string()) && msg.contains("SO_REUSEPORT"),
         "message: {msg}"
     );
-    let e = TcpListener::bind(addr).err().expect("the port is held");
+    let e = TcpListener::bind(addr).expect_err("the port is held");
     assert_eq!(e.raw_os_error(), Some(libc::EADDRINUSE), "{e}");
     // Two `bind_reuseport`s still share a port.
     let a = TcpListener::bind_reuseport("127.0.0.1:0").unwrap();
