@@ -43,6 +43,7 @@
 //! | the same on every shard | [`shard::submit_to_all`] | [`Handle::submit_to_all`] |
 //! | fire and forget on shard `n` | [`shard::send_to`] (a future: awaits ring room) | [`Handle::send_to`] (queued at once) |
 //! | run blocking code and await its result | [`spawn_blocking`] | (any thread may block) |
+//! | await a group of tasks as they finish, cancel them together | [`task::JoinSet`] | [`task::JoinSet::insert`] of [`Handle`] spawns, awaited in a `block_on` |
 //! | stop the run | [`stop`] | [`Handle::stop`] |
 //! | where am I | [`shard::id`], [`shard::count`], [`shard::cpu`], [`shard::numa_node`] | [`Handle::shard_count`], [`Handle::placement`] |
 //!

@@ -41,6 +41,7 @@ mod blocking;
 mod builder;
 pub(crate) mod home;
 mod join;
+mod join_set;
 mod yield_now;
 
 pub use blocking::{spawn_blocking, SpawnBlocking};
@@ -48,6 +49,7 @@ pub use builder::Builder;
 pub(crate) use home::{release_units, Home};
 pub(crate) use join::polled_with_own_waker;
 pub use join::JoinHandle;
+pub use join_set::{JoinNext, JoinSet};
 pub use yield_now::{yield_now, YieldNow};
 
 use std::{

@@ -1,0 +1,263 @@
+//! `task::JoinSet`: outcomes in the order tasks finish, panics and cancellations as
+//! `JoinError`s, `abort_all` / `shutdown` / drop cancel every task (their futures dropped),
+//! `detach_all` leaves them running, handles of other shards and migratable tasks join too,
+//! and a dropped `join_next` loses no outcome.
+mod common;
+use common::*;
+
+use std::{
+    cell::RefCell,
+    rc::Rc,
+    sync::{
+        atomic::{AtomicUsize, Ordering::SeqCst},
+        Arc,
+    },
+    time::Duration,
+};
+
+use futures::channel::oneshot;
+use xtc_shards::{task::JoinSet, JoinError, LocalExecutor};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn local<T: 'static>(f: impl std::future::Future<Output = T> + 'static) -> T {
+    LocalExecutor::new().expect("local executor").block_on(f)
+}
+
+/// Tasks released one at a time in a shuffled order come out of `join_next` in that order.
+#[test]
+fn join_next_gives_outcomes_in_the_order_tasks_finish() {
+    local(async {
+        let mut set = JoinSet::new();
+        let mut release = Vec::new();
+        for i in 0..8u32 {
+            let (tx, rx) = oneshot::channel::<()>();
+            release.push(Some(tx));
+            set.spawn_local(async move {
+                rx.await.unwrap();
+                i
+            });
+        }
+        assert_eq!(set.len(), 8);
+        for i in [5u32, 0, 7, 2, 3, 6, 1, 4] {
+            release[i as usize].take().unwrap().send(()).unwrap();
+            let got = set
+                .join_next()
+                .await
+                .expect("a task left")
+                .expect("no panic");
+            assert_eq!(got, i);
+        }
+        assert!(set.is_empty());
+        assert!(set.join_next().await.is_none(), "an empty set gives None");
+    });
+}
+
+/// A panicking task's outcome is a panic `JoinError`; the others still give their outputs.
+#[test]
+fn a_panic_comes_back_as_a_join_error_and_the_rest_run_on() {
+    local(async {
+        let mut set = JoinSet::new();
+        for i in 0..4u32 {
+            set.spawn_local(async move {
+                xtc_shards::yield_now().await;
+                if i == 2 {
+                    panic!("task 2 panics");
+                }
+                i
+            });
+        }
+        let mut ok = Vec::new();
+        let mut panics = 0;
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(v) => ok.push(v),
+                Err(e) => {
+                    assert!(e.is_panic(), "{e:?}");
+                    panics += 1;
+                }
+            }
+        }
+        ok.sort();
+        assert_eq!(ok, [0, 1, 3]);
+        assert_eq!(panics, 1);
+    });
+}
+
+/// `abort_all` cancels every unfinished task (each future dropped once); one that had
+/// finished still gives its output.
+#[test]
+fn abort_all_cancels_every_unfinished_task() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    local(async move {
+        let mut set = JoinSet::new();
+        set.spawn_local(async { 99u32 });
+        for _ in 0..5 {
+            let c = CountDrop(d.clone());
+            set.spawn_local(async move {
+                let _c = c;
+                std::future::pending::<u32>().await
+            });
+        }
+        // The first task finishes in its first poll.
+        xtc_shards::yield_now().await;
+        set.abort_all();
+        assert_eq!(
+            set.len(),
+            6,
+            "aborted tasks stay until their outcome is taken"
+        );
+        let (mut cancelled, mut outputs) = (0, Vec::new());
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(v) => outputs.push(v),
+                Err(e) => {
+                    assert!(e.is_cancelled(), "{e:?}");
+                    cancelled += 1;
+                }
+            }
+        }
+        assert_eq!((cancelled, outputs), (5, vec![99]));
+        assert_eq!(
+            d.load(SeqCst),
+            5,
+            "each future dropped by the time its outcome came"
+        );
+    });
+    assert_eq!(dropped.load(SeqCst), 5);
+}
+
+/// `shutdown` returns once every task's future was dropped, and empties the set.
+#[test]
+fn shutdown_waits_until_every_future_is_dropped() {
+    local(async {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let mut set = JoinSet::new();
+        for _ in 0..10 {
+            let c = CountDrop(dropped.clone());
+            set.spawn_local(async move {
+                let _c = c;
+                std::future::pending::<()>().await
+            });
+        }
+        xtc_shards::yield_now().await;
+        set.shutdown().await;
+        assert!(set.is_empty());
+        assert_eq!(dropped.load(SeqCst), 10);
+    });
+}
+
+/// Dropping the set aborts its tasks: run() then ends quiescent instead of leaving them
+/// parked (a deadlock report after the grace, were they left).
+#[test]
+fn dropping_the_set_aborts_its_tasks() {
+    let ex = exec_with_grace(2, Duration::from_secs(20));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    ex.spawn_on(0, move || async move {
+        let mut set = JoinSet::new();
+        for i in 0..6 {
+            let c = CountDrop(d.clone());
+            let fut = async move {
+                let _c = c;
+                std::future::pending::<()>().await
+            };
+            // Pinned and migratable ones, on this shard and the other.
+            match i % 3 {
+                0 => set.spawn_local(fut),
+                1 => set.spawn(fut),
+                _ => set.insert(
+                    xtc_shards::shard::handle()
+                        .unwrap()
+                        .spawn_on(1, move || fut)
+                        .unwrap(),
+                ),
+            }
+        }
+        xtc_shards::time::sleep(Duration::from_millis(5)).await;
+        drop(set);
+    })
+    .unwrap();
+    let r = run_within(&ex, LIMIT).expect("run() hung");
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(dropped.load(SeqCst), 6);
+}
+
+/// `detach_all` empties the set and the tasks run on to the end.
+#[test]
+fn detach_all_leaves_the_tasks_running() {
+    let ran = Rc::new(RefCell::new(0));
+    let r2 = ran.clone();
+    local(async move {
+        let mut set = JoinSet::new();
+        let (tx, rx) = oneshot::channel::<()>();
+        let rx = Rc::new(RefCell::new(Some(rx)));
+        for _ in 0..3 {
+            let (r, rx) = (r2.clone(), rx.clone());
+            set.spawn_local(async move {
+                let mine = rx.borrow_mut().take();
+                if let Some(rx) = mine {
+                    rx.await.unwrap();
+                }
+                *r.borrow_mut() += 1;
+            });
+        }
+        set.detach_all();
+        assert!(set.is_empty());
+        drop(set);
+        tx.send(()).unwrap();
+        while *r2.borrow() < 3 {
+            xtc_shards::yield_now().await;
+        }
+    });
+    assert_eq!(*ran.borrow(), 3);
+}
+
+/// Handles of tasks on every shard, pinned and migratable, join through one set.
+#[test]
+fn handles_from_every_shard_join_through_one_set() {
+    let ex = exec(3);
+    let h = ex.handle();
+    let total = ex
+        .block_on(move || async move {
+            let mut set = JoinSet::new();
+            for shard in 0..3 {
+                set.insert(
+                    h.spawn_on(shard, move || async move {
+                        xtc_shards::yield_now().await;
+                        xtc_shards::shard::id() as u64 * 10
+                    })
+                    .unwrap(),
+                );
+                set.insert(h.spawn(async move { 1u64 }));
+            }
+            let mut total = 0;
+            while let Some(r) = set.join_next().await {
+                total += r.unwrap();
+            }
+            total
+        })
+        .unwrap();
+    assert_eq!(total, 3 + 30);
+}
+
+/// A `join_next` dropped before it resolved (a timeout) loses nothing: the outcome comes at
+/// the next call. `try_join_next` does not wait.
+#[test]
+fn a_dropped_join_next_loses_no_outcome() {
+    local(async {
+        let mut set = JoinSet::new();
+        let (tx, rx) = oneshot::channel::<u8>();
+        set.spawn_local(async move { rx.await.unwrap() });
+        let timed = xtc_shards::time::timeout(Duration::from_millis(2), set.join_next()).await;
+        assert!(timed.is_err(), "nothing finished yet");
+        assert!(set.try_join_next().is_none());
+        tx.send(7).unwrap();
+        xtc_shards::yield_now().await;
+        xtc_shards::yield_now().await;
+        let got: Option<Result<u8, JoinError>> = set.try_join_next();
+        assert_eq!(got.map(|r| r.unwrap()), Some(7));
+        assert!(set.is_empty());
+    });
+}
