@@ -115,7 +115,8 @@ impl<T: 'static> JoinSet<T> {
     /// a cancellation), taken out of the set; `None` once the set is empty. Cancel-safe:
     /// dropping the future before it resolves loses no outcome. Cost per call: a poll of each
     /// task handle woken since the last call (not of the whole set), and the freeing of the
-    /// finished one's node.
+    /// finished one's node; a handle that stays pending wraps the set's waker (one allocation,
+    /// as under any combinator: it is not the polling task's own waker).
     pub fn join_next(&mut self) -> JoinNext<'_, T> {
         JoinNext { set: self }
     }
