@@ -53,7 +53,8 @@
 //!    loop of the run has begun its shutdown, after which no loop polls it: woken through
 //!    its registry entry onto this loop's deque if it is parked, taken from this loop's
 //!    deque, an injector, a parked deque or another loop's deque through its stealer
-//!    (`steal::cancel_awaited_at_stop`); until then the
+//!    (`steal::cancel_awaited_at_stop`; what the stealer takes before it is dropped at once);
+//!    until then the
 //!    wait polls every millisecond, leaving it to a loop that may still run it. Then the waker
 //!    joins the foreign list of each ring that still holds something for an owner holding its
 //!    end, announces (`want_space`) and looks at the owner's slot in the mesh. The owner's

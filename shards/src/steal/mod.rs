@@ -1240,8 +1240,8 @@ pub(crate) fn drop_local(core: &Core) {
 /// Takes the `Runnable` of the task at `meta` out of `w`, leaving the rest in their order:
 /// the caller owns `w` (a loop's own deque on its thread, or a parked one under its lock).
 /// Every loop's shutdown has begun, so no thief takes from it meanwhile, but another stopping
-/// loop's wait may ([`take_by_stealing`]): then what it took is in its hands, and the wait
-/// that wanted it finds it on that loop's deque at its next look.
+/// loop's wait may ([`take_by_stealing`]): what that wait takes it drops, and a wait that
+/// wanted it sees its handle resolve (cancelled).
 fn take_from_deque(w: &Worker<Runnable>, meta: *const TaskMeta) -> Option<Runnable> {
     let mut popped = Vec::new();
     let mut found = None;
@@ -1261,19 +1261,21 @@ fn take_from_deque(w: &Worker<Runnable>, meta: *const TaskMeta) -> Option<Runnab
 
 /// Takes the `Runnable` of the task at `meta` out of another loop's deque through its
 /// `stealer` (only a deque's own loop pops from its end): what it steals before that is
-/// pushed onto `own`, this loop's deque, whose shutdown drops it (every loop's shutdown has
-/// begun: no loop polls these tasks again, and a quiescent stop keeps them for the next run
-/// wherever they are queued). Two stopping loops, each waiting in a `Drop` on a task queued on
-/// the other's deque, waited for good without it. Not a steal: no count moves.
-fn take_by_stealing(
-    stealer: &Stealer<Runnable>,
-    own: &Worker<Runnable>,
-    meta: *const TaskMeta,
-) -> Option<Runnable> {
+/// dropped at once, here, as that loop's shutdown would drop it (every loop's shutdown has
+/// begun after a requested or deadlock stop: no loop polls these tasks again; the futures are
+/// `Send`). Kept on this loop's deque instead, until this wait ended, a stolen task whose drop
+/// the awaited task's drop waits for (a channel end it holds) waited for good; and nothing
+/// passes back and forth between two waits. Two stopping loops, each waiting in a `Drop` on a
+/// task queued on the other's deque, waited for good without this. Not a steal: no count
+/// moves.
+fn take_by_stealing(stealer: &Stealer<Runnable>, meta: *const TaskMeta) -> Option<Runnable> {
     loop {
         match stealer.steal() {
             Steal::Success(r) if std::ptr::eq(r.metadata(), meta) => return Some(r),
-            Steal::Success(r) => own.push(r),
+            // Dropped now, as its own loop's shutdown would have: held on this loop's deque
+            // until this wait ends, a task whose drop the awaited task's drop waits for
+            // (a channel end it holds) waited for good.
+            Steal::Success(r) => crate::task::cancel(r),
             Steal::Retry => continue,
             Steal::Empty => return None,
         }
@@ -1319,9 +1321,9 @@ fn take_from_injector(injector: &Injector<Runnable>, meta: *const TaskMeta) -> O
 /// the handle resolves), this loop's deque, an injector (a wake off any loop, into its last
 /// loop's: drained by no loop once that loop has stopped), or the deque a loop gave back as
 /// it stopped. All are searched (its deque, every injector, the parked deques, then the other
-/// loops' deques through their stealers), the task's `Runnable` taken out and dropped, the
-/// rest left in their order (what is stolen before it moves to this loop's deque, which this
-/// shutdown drops). A
+/// loops' deques through their stealers, except at a quiescent stop, which keeps queued tasks
+/// for the next run), the task's `Runnable` taken out and dropped, the rest left in their
+/// order (what is stolen before it is dropped at once, its fate at this stop). A
 /// `Runnable` in flight (pushed by another thread a moment later) is found by the next poll.
 /// Returns whether the wait must poll again (in 1 ms): the task was not found (left to a
 /// loop, or in flight, or being dropped by another loop's shutdown).
@@ -1359,12 +1361,15 @@ pub(crate) fn cancel_awaited_at_stop(core: &Core, awaited: *const TaskMeta) -> b
         })
         .or_else(|| exec.migratable.take_parked(awaited))
         .or_else(|| {
-            let own = core.deque.as_ref()?;
+            // A quiescent stop keeps what is queued for the next run.
+            if exec.seen_stop_reason() == crate::executor::StopReason::Quiescent as u32 {
+                return None;
+            }
             exec.loops
                 .iter()
                 .enumerate()
                 .filter(|&(i, _)| i != me)
-                .find_map(|(_, l)| take_by_stealing(&l.steal.stealer, own, awaited))
+                .find_map(|(_, l)| take_by_stealing(&l.steal.stealer, awaited))
         });
     match found {
         Some(r) => {
