@@ -30,7 +30,10 @@ fn listener(addr: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
         s.set_reuse_port(true)?;
     }
     s.bind(&addr.into()).map_err(|e| match e.kind() {
-        io::ErrorKind::AddrInUse if reuse_port => in_use_without_reuseport(addr, &e),
+        // Port 0's `AddrInUse` means the ephemeral range ran out: no socket holds "port 0".
+        io::ErrorKind::AddrInUse if reuse_port && addr.port() != 0 => {
+            in_use_without_reuseport(addr, &e)
+        }
         _ => e,
     })?;
     s.listen(1024)?;
@@ -72,9 +75,9 @@ impl TcpListener {
     /// accepts its own (the Seastar / Glommio server layout). Connections never move between
     /// listeners afterwards. Port 0 gives each call a port of its own: to share an ephemeral
     /// port, bind one listener first, read its [`local_addr`](Self::local_addr), and bind the
-    /// others to that address. Errors as `bind`'s, with `AddrInUse` explained (its message
-    /// names the address and what holds it; it carries no OS error code); cost one
-    /// `setsockopt` more.
+    /// others to that address. Errors as `bind`'s, with `AddrInUse` on a given port explained
+    /// (its message names the address and what holds it; it carries no OS error code); cost
+    /// one `setsockopt` more.
     ///
     /// The kernel lets any socket of the same user that sets `SO_REUSEPORT` join the port: a
     /// second copy of the server binds without an error and takes a share of the connections.
