@@ -114,7 +114,9 @@
 //! may still run it. Two such `Drop`s on two shards, each waiting on a channel end that a task
 //! of the other's holds, still wait for good, as two loops blocked on each other do (two that
 //! each wait on a migratable task queued on the other's deque do not: the wait takes it
-//! through that deque's stealer). Only a wait on one of those does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
+//! through that deque's stealer, and drops the tasks it steals before it there, inside the
+//! wait, so one of those whose own `Drop` blocks on something this loop's shutdown has yet to
+//! drop waits for good). Only a wait on one of those does: a shared channel `send` or `recv` that completed at once leaves its wake of the other
 //! end to the end of the turn, so a blocking wait on anything else after it (a `futures`
 //! oneshot, std's `mpsc`) can wait for good on a loop that was never woken. Await instead of
 //! blocking; run blocking code with [`spawn_blocking`] (the runtime's blocking-thread pool;
