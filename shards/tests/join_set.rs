@@ -261,3 +261,11 @@ fn a_dropped_join_next_loses_no_outcome() {
         assert!(set.is_empty());
     });
 }
+
+/// A set of `Send` outputs is `Send` (a migratable task may own one), as its handles are.
+#[test]
+fn a_set_of_send_outputs_is_send() {
+    fn send<T: Send>() {}
+    send::<JoinSet<u32>>();
+    send::<xtc_shards::JoinHandle<u32>>();
+}
