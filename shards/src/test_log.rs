@@ -13,6 +13,11 @@ pub(crate) struct Levels(pub(crate) Arc<[AtomicUsize; 3]>);
 impl Levels {
     /// A subscriber and the counts it fills.
     pub(crate) fn new() -> (Levels, Arc<[AtomicUsize; 3]>) {
+        // A second dispatcher, registered for good: while the scoped one is the only one,
+        // tracing-core caches a callsite first hit on another thread (no subscriber) as
+        // `never`, and this subscriber misses its events.
+        static KEEP: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        KEEP.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let counts = Arc::new([
             AtomicUsize::new(0),
             AtomicUsize::new(0),

@@ -389,6 +389,17 @@ pub fn deny_uring_submit(errno: u32) -> bool {
     ])
 }
 
+/// Keeps a second `tracing` dispatcher registered for the rest of the process. While only one
+/// is (the test's scoped subscriber), tracing-core computes a callsite's interest, when the
+/// callsite is first hit, from the default dispatcher of the thread that hits it: a callsite
+/// first hit by another test's thread (no subscriber) is cached `never`, and the scoped
+/// subscriber never sees its events (until another dispatcher is registered). With two
+/// registered, every live one is asked.
+fn keep_callsite_interest_shared() {
+    static KEEP: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    KEEP.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
+}
+
 /// A tracing subscriber that runs `.1` for each event of level `.0` logged on the thread it is
 /// the default subscriber of (`tracing::subscriber::with_default`); see [`count_events`] and
 /// [`panic_on_events`].
@@ -400,6 +411,7 @@ pub fn count_events(
     level: tracing::Level,
     counter: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) -> OnEvents<impl Fn() + Send + Sync + 'static> {
+    keep_callsite_interest_shared();
     OnEvents(level, move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     })
@@ -409,6 +421,7 @@ pub fn count_events(
 /// stall watchdog's warning, the one report sink it does not guard as it guards a stall
 /// callback).
 pub fn panic_on_events(level: tracing::Level) -> OnEvents<impl Fn() + Send + Sync + 'static> {
+    keep_callsite_interest_shared();
     OnEvents(level, move || {
         panic!("planted: the subscriber panics on a {level} event")
     })
