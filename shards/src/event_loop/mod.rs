@@ -1644,7 +1644,11 @@ pub(crate) mod tests {
         // Shard 1's park count as it decided to park before the spawn, and as the child ran.
         let first = Arc::new(AtomicU64::new(u64::MAX));
         let back = Arc::new(AtomicBool::new(false));
-        let (f, b) = (first.clone(), back.clone());
+        // The child is queued: shard 1's look after its empty one waits for it, so a spawner
+        // descheduled for longer than the idle tick does not spend the kept waiver on a
+        // second empty look (the waiver lasts one look).
+        let queued = Arc::new(AtomicBool::new(false));
+        let (f, b, q) = (first.clone(), back.clone(), queued.clone());
         arm((
             exec_id,
             1,
@@ -1654,7 +1658,19 @@ pub(crate) mod tests {
                 arm((
                     core.shared.exec_id,
                     1,
-                    Box::new(move |_: &super::Core| b.store(true, SeqCst)),
+                    Box::new(move |core: &super::Core| {
+                        arm_at(
+                            At::Steal,
+                            (
+                                core.shared.exec_id,
+                                1,
+                                Box::new(move |_: &super::Core| {
+                                    assert!(hold_until(|| q.load(SeqCst)), "never queued");
+                                }),
+                            ),
+                        );
+                        b.store(true, SeqCst)
+                    }),
                 ));
             }),
         ));
@@ -1684,6 +1700,7 @@ pub(crate) mod tests {
                     r.store(true, SeqCst);
                     (crate::shard::id(), hh.loop_stats(1).unwrap().parks)
                 });
+                queued.store(true, SeqCst);
                 // Shard 0 stays busy (it would run the child itself when it awaits it).
                 hold_until(|| ran.load(SeqCst));
                 let (shard, parks) = child.await.unwrap();
