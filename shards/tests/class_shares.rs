@@ -85,7 +85,10 @@ fn shares_split_the_cpu_in_proportion() {
 /// class drawing more of the rare huge charges): with other tests' builds on the two CPUs, its
 /// runs read 1.5 to 2.6, and pinned to one CPU beside a CPU hog 0.98 to 2.70, where equal
 /// shares read 0.85 to 1.16. A run whose thread was preempted more than [`MAX_PREEMPTIONS`]
-/// times (`ru_nivcsw`) is therefore not counted.
+/// times (`ru_nivcsw`), or was off the CPU for more than [`MAX_LOST`] in all (one long
+/// preemption is enough: a thread with a small CPU share, niced or in a busy cgroup, loses 10
+/// to 30 ms at a time, and a run preempted 9 times read 35 default-lane polls against 2,000),
+/// is therefore not counted.
 ///
 /// A counted run that meets the check passes; five runs, if one of them counted and none met
 /// the check, fail (a regression misses in every run that counts). While no run has counted,
@@ -103,10 +106,15 @@ fn unpreempted_runs(what: &str, mut measure: impl FnMut() -> (bool, String)) {
     let mut counted = 0;
     while seen.len() < 5 || (counted == 0 && start.elapsed() < UNPREEMPTED_WITHIN) {
         let before = involuntary_switches();
+        let (wall, cpu) = (Instant::now(), thread_cpu_time());
         let (met, read) = measure();
+        // The runs keep the thread busy: wall time it did not run is time it was off the CPU.
+        let lost = wall.elapsed().saturating_sub(thread_cpu_time() - cpu);
         let preempted = involuntary_switches() - before;
-        if preempted > MAX_PREEMPTIONS {
-            seen.push(format!("{read} (preempted {preempted} times: not counted)"));
+        if preempted > MAX_PREEMPTIONS || lost > MAX_LOST {
+            seen.push(format!(
+                "{read} (preempted {preempted} times, {lost:.1?} off the CPU: not counted)"
+            ));
             continue;
         }
         if met {
@@ -121,8 +129,8 @@ fn unpreempted_runs(what: &str, mut measure: impl FnMut() -> (bool, String)) {
     let _ = std::io::stderr().write_all(
         format!(
             "class_shares: WARNING: {what} NOT MEASURED: all {} runs in {:.1?} were preempted \
-             more than {MAX_PREEMPTIONS} times (a loaded machine); passing unmeasured; the \
-             first: {:?}\n",
+             more than {MAX_PREEMPTIONS} times or off the CPU more than {MAX_LOST:?} (a loaded \
+             machine); passing unmeasured; the first: {:?}\n",
             seen.len(),
             start.elapsed(),
             &seen[..5]
@@ -135,6 +143,10 @@ fn unpreempted_runs(what: &str, mut measure: impl FnMut() -> (bool, String)) {
 /// [`shares_split_the_cpu_in_proportion`] with up to about 15 read 2.94 to 3.04, and ones with
 /// 20 to 145 read 2.37 to 3.90.
 const MAX_PREEMPTIONS: i64 = 10;
+
+/// Time off the CPU (wall time less the thread's CPU time) up to which a run counts: a
+/// quiet run loses well under a millisecond; one timeslice lost is 4 ms at HZ=250.
+const MAX_LOST: Duration = Duration::from_millis(3);
 
 /// How long [`unpreempted_runs`] keeps measuring while every run was preempted.
 const UNPREEMPTED_WITHIN: Duration = Duration::from_secs(10);
