@@ -10,6 +10,11 @@ use xtc_shards::{
     shard, LocalExecutor,
 };
 
+/// How long a whole pipeline run may take before it counts as hung: under heavy load (niced
+/// beside CPU hogs, oversubscribed) these runs took over a minute, where they take well under
+/// a second on a quiet machine.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
 /// A three-stage pipeline 0 → 1 → 2 with tiny channels: every value arrives, in order.
 #[test]
 fn shared_pipeline_across_three_shards() {
@@ -48,7 +53,7 @@ fn shared_pipeline_across_three_shards() {
             (expect, sum)
         })
         .unwrap();
-    ex.run().unwrap();
+    run_within(&ex, RUN_LIMIT).expect("run() hung").unwrap();
     futures::executor::block_on(source).unwrap();
     assert_eq!(futures::executor::block_on(middle).unwrap(), N);
     let (n, sum) = futures::executor::block_on(sink).unwrap();
@@ -136,7 +141,7 @@ fn shared_wakes_cross_shards_both_ways() {
             got
         })
         .unwrap();
-    ex.run().unwrap();
+    run_within(&ex, RUN_LIMIT).expect("run() hung").unwrap();
     assert_eq!(
         futures::executor::block_on(h).unwrap(),
         (0..50).collect::<Vec<_>>()
@@ -166,7 +171,7 @@ fn shared_from_a_plain_thread() {
     });
     // The feeding thread's wakes are what end this run.
     let dog = Watchdog::new(ex.handle(), HANG, "a receiver fed from a plain thread");
-    ex.run().unwrap();
+    run_within(&ex, RUN_LIMIT).expect("run() hung").unwrap();
     dog.done();
     t.join().unwrap();
     assert_eq!(futures::executor::block_on(h).unwrap(), 10_000);
@@ -251,7 +256,7 @@ fn shared_batches_across_shards_keep_order_and_close() {
             (expect, batches)
         })
         .unwrap();
-    ex.run().unwrap();
+    run_within(&ex, RUN_LIMIT).expect("run() hung").unwrap();
     let (n, batches) = futures::executor::block_on(sink).unwrap();
     assert_eq!(n, N);
     assert!(batches >= N / 5, "{batches} batches of at most 5");

@@ -1607,17 +1607,24 @@ fn spawn_blocking_runs_off_the_loop_and_counts_as_work_in_flight() {
         .deadlock_grace(Some(Duration::from_millis(100)))
         .build()
         .unwrap();
-    let r = exec.block_on(|| async {
+    // The thread sends only once `block_on` has returned (a fixed delay lost the race to a
+    // coordinator descheduled past it on a loaded machine).
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (thread_tx, thread_rx) = std::sync::mpsc::channel();
+    let r = exec.block_on(move || async move {
         let (tx, mut rx) = xtc_shards::channel::shared::bounded::<u32>(1).unwrap();
         let mut tx = tx;
         let t = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(600));
+            let _ = go_rx.recv_timeout(HANG);
             let _ = tx.try_send(1);
         });
-        let got = rx.recv().await;
-        drop(t);
-        got
+        let _ = thread_tx.send(t);
+        rx.recv().await
     });
+    let _ = go_tx.send(());
+    if let Ok(t) = thread_rx.try_recv() {
+        t.join().unwrap();
+    }
     assert!(
         matches!(r, Err(xtc_shards::Error::Deadlock { .. })),
         "a plain thread's long wait: {r:?}"

@@ -216,7 +216,7 @@ fn a_sleep_of_shard_1_dropped_in_shard_0s_shutdown_leaves_nothing_for_the_next_r
         let r2 = run_detached(ex.clone(), LIMIT).expect("run 2 hung");
         assert!(r2.is_ok(), "{stop_by}: run 2: {r2:?}");
         assert!(
-            t2.elapsed() < Duration::from_secs(2),
+            t2.elapsed() < LIMIT / 2,
             "{stop_by}: run 2 took {:?}",
             t2.elapsed()
         );
@@ -256,7 +256,7 @@ fn a_migratable_sleep_dropped_at_a_stop_then_a_quiescent_run() {
         let r2 = run_detached(ex.clone(), LIMIT).expect("run 2 hung");
         assert!(r2.is_ok(), "{round}: run 2: {r2:?}");
         assert!(
-            t2.elapsed() < Duration::from_secs(2),
+            t2.elapsed() < LIMIT / 2,
             "{round}: run 2 took {:?}",
             t2.elapsed()
         );
@@ -383,7 +383,7 @@ fn after_take_where_the_next_run_is_quiescent() {
         // A run whose counts did not balance ends only by the hang limit; an interpreter
         // (Miri) takes seconds over what takes microseconds here, so it checks the rest only.
         assert!(
-            cfg!(miri) || t.elapsed() < Duration::from_secs(2),
+            cfg!(miri) || t.elapsed() < LIMIT / 2,
             "run 2 took {:?}",
             t.elapsed()
         );
