@@ -269,3 +269,40 @@ fn a_set_of_send_outputs_is_send() {
     send::<JoinSet<u32>>();
     send::<xtc_shards::JoinHandle<u32>>();
 }
+
+/// A task of an executor that is not running (spawned after `run()` returned) is dropped by
+/// its next run: `shutdown()` on a plain thread waits until then, then ends, the future
+/// dropped (documented on `JoinSet::shutdown`).
+#[test]
+fn shutdown_of_tasks_of_a_stopped_executor_ends_at_its_next_run() {
+    let ex = exec(1);
+    ex.spawn_on(0, || async {}).unwrap();
+    run_within(&ex, LIMIT).expect("run() hung").unwrap();
+    let h = ex.handle();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (spawned_tx, spawned_rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut set = JoinSet::new();
+        let c = CountDrop(d);
+        set.insert(
+            h.spawn_on(0, move || async move {
+                let _c = c;
+                std::future::pending::<()>().await
+            })
+            .unwrap(),
+        );
+        spawned_tx.send(()).unwrap();
+        futures::executor::block_on(set.shutdown());
+        let _ = tx.send(());
+    });
+    spawned_rx.recv_timeout(LIMIT).unwrap();
+    // Not before a run: nothing drops the task meanwhile.
+    assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+    let r = run_within(&ex, LIMIT).expect("run 2 hung");
+    assert!(r.is_ok(), "{r:?}");
+    rx.recv_timeout(LIMIT).expect("shutdown() ended with run 2");
+    waiter.join().unwrap();
+    assert_eq!(dropped.load(SeqCst), 1);
+}

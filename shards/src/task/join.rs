@@ -174,7 +174,14 @@ impl<T: 'static> JoinHandle<T> {
     /// to completion (its side effects happened; its output is dropped): async-task closes a
     /// running task at once. Nor does an abort of a task that a stop is dropping, or has
     /// dropped: awaiting gives cancelled once that drop is over, and a waker the handle was
-    /// polled with before is still woken then. Cost: one async-task state update, two
+    /// polled with before is still woken then, except where the abort lands in the few
+    /// instructions in which the stop closes the task: that waker is then not woken, and the
+    /// outcome comes at the handle's next poll (a combinator holding many handles, such as
+    /// `FuturesUnordered`, should wake its node for the handle after aborting it, as
+    /// [`JoinSet::abort_all`](crate::task::JoinSet::abort_all) does). A task of an executor
+    /// that is not running (spawned before `run()`, or after it returned) is dropped by its
+    /// next run or by the executor's drop; awaiting its handle waits until then. Cost: one
+    /// async-task state update, two
     /// allocations and, for a parked task, one re-schedule on its loop; two loads for a task
     /// already over.
     pub fn abort(&self) {

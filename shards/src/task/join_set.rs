@@ -10,7 +10,7 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
 };
 
 use futures_util::stream::{FuturesUnordered, Stream};
@@ -46,7 +46,32 @@ use crate::{JoinError, JoinHandle};
 /// # Ok::<(), xtc_shards::Error>(())
 /// ```
 pub struct JoinSet<T: 'static> {
-    tasks: FuturesUnordered<JoinHandle<T>>,
+    tasks: FuturesUnordered<Entry<T>>,
+}
+
+/// A handle in the set, with the waker the set last polled it with (its node's in
+/// `FuturesUnordered`, the same at every poll). [`JoinSet::abort_all`] wakes it after the
+/// abort: an abort that lands while a stop is closing the same task registers the cancel's
+/// own waker in the task in place of that one, and the stop's wake at the end of the drop went
+/// to it, so the set never polled the handle again (a plain `JoinHandle` is polled again by
+/// whoever awaits it). Cost: one waker clone per handle, at its first pending poll.
+struct Entry<T> {
+    handle: JoinHandle<T>,
+    waker: Option<Waker>,
+}
+
+impl<T> Future for Entry<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // `Entry` is `Unpin`: `JoinHandle` and `Waker` are.
+        let this = self.get_mut();
+        let out = Pin::new(&mut this.handle).poll(cx);
+        if out.is_pending() && !this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            this.waker = Some(cx.waker().clone());
+        }
+        out
+    }
 }
 
 impl<T: 'static> Default for JoinSet<T> {
@@ -80,7 +105,10 @@ impl<T: 'static> JoinSet<T> {
     /// allocation (the set's node for it) and a few atomic updates (linking it, queueing its
     /// first poll).
     pub fn insert(&mut self, task: JoinHandle<T>) {
-        self.tasks.push(task);
+        self.tasks.push(Entry {
+            handle: task,
+            waker: None,
+        });
     }
 
     /// Spawns `fut` as a pinned task on the current shard ([`spawn_local`](crate::spawn_local))
@@ -133,16 +161,24 @@ impl<T: 'static> JoinSet<T> {
 
     /// Aborts every task in the set ([`JoinHandle::abort`]); they stay in it, and
     /// [`join_next`](Self::join_next) gives each one's outcome (cancelled, or its output if it
-    /// had finished). Cost: one abort per task.
+    /// had finished). A task of an executor that is not running (spawned before `run()` or
+    /// after it returned) is dropped by its next run or by the executor's drop: its outcome
+    /// waits until then. Cost: one abort and one wake of the set's node per task.
     pub fn abort_all(&self) {
-        for task in self.tasks.iter() {
-            task.abort();
+        for entry in self.tasks.iter() {
+            entry.handle.abort();
+            // The set polls the handle again (see `Entry`).
+            if let Some(w) = &entry.waker {
+                w.wake_by_ref();
+            }
         }
     }
 
     /// Aborts every task and waits until each is over (its future dropped, so what it held is
-    /// released), emptying the set; outcomes are dropped. Cost: [`abort_all`](Self::abort_all)
-    /// and a [`join_next`](Self::join_next) per task.
+    /// released), emptying the set; outcomes are dropped. Each task's loop drops it: for a
+    /// task of an executor that is not running (spawned before `run()` or after it returned)
+    /// that is at its next run or the executor's drop, and this waits until then. Cost:
+    /// [`abort_all`](Self::abort_all) and a [`join_next`](Self::join_next) per task.
     pub async fn shutdown(&mut self) {
         self.abort_all();
         while self.join_next().await.is_some() {}
@@ -160,8 +196,8 @@ impl<T: 'static> Drop for JoinSet<T> {
     /// Aborts every task still in the set; see [`JoinSet`]. Cost: an
     /// [`abort`](JoinHandle::abort) per task not over yet.
     fn drop(&mut self) {
-        for task in self.tasks.iter() {
-            task.abort();
+        for entry in self.tasks.iter() {
+            entry.handle.abort();
         }
     }
 }
