@@ -363,6 +363,7 @@ mod tests {
     /// warning is not warned about.
     #[test]
     fn an_accept_that_stays_at_the_limit_warns_again_when_due() {
+        let _backoff = super::backoff_test_lock();
         let (levels, seen) = crate::test_log::Levels::new();
         tracing::subscriber::with_default(levels, || {
             crate::LocalExecutor::new().unwrap().block_on(async move {
@@ -448,6 +449,16 @@ static WARNED_AT: AtomicU64 = AtomicU64::new(0);
 /// after a minute instead of 10 s, or the other way round, and [`REWARN`] bounds either. A
 /// heuristic for the log only, as `WARNED_AT`.
 static EPISODE_OVER: AtomicBool = AtomicBool::new(false);
+
+/// Held by the unit tests that read [`WARNED_AT`] and [`EPISODE_OVER`] or accept through
+/// `Backoff` (whose `connected` writes them): libtest runs a binary's tests in parallel
+/// threads, and an accept in another test ended the episode a warning had just begun.
+#[cfg(test)]
+pub(crate) fn backoff_test_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// How long an episode of exhaustion goes without another warning.
 const REWARN: Duration = Duration::from_secs(60);

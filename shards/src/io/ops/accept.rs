@@ -465,6 +465,9 @@ mod tests {
     /// that comes. Skipped on a kernel without that flag (before 6.10) or without io_uring.
     #[test]
     fn an_idle_accept_answered_eagain_waits_for_readiness() {
+        // Its accept ends a warned episode (`net::Backoff::connected`), which another test
+        // reads.
+        let _backoff = crate::net::backoff_test_lock();
         let exec = match crate::Executor::builder()
             .shards(1)
             .io_driver(crate::io::DriverChoice::IoUring)
