@@ -2244,11 +2244,18 @@ mod tests {
     fn service_mode_switched_on_while_closing_keeps_run_going() {
         let exec = two_shards();
         let handle = exec.handle();
-        before_closing_once(&exec, move || handle.set_service_mode(true));
+        // The stopper waits for the hook (a stop before the quiescent verdict, on a slow
+        // start, ended the run before the hook ran).
+        let (acted_tx, acted_rx) = std::sync::mpsc::channel();
+        before_closing_once(&exec, move || {
+            handle.set_service_mode(true);
+            let _ = acted_tx.send(());
+        });
         exec.spawn_on(1, || async {}).unwrap();
         let stopped = Arc::new(AtomicBool::new(false));
         let (h, s) = (exec.handle(), stopped.clone());
         let stopper = std::thread::spawn(move || {
+            let _ = acted_rx.recv_timeout(Duration::from_secs(20));
             std::thread::sleep(Duration::from_millis(300));
             s.store(true, SeqCst);
             h.stop();
@@ -2380,9 +2387,16 @@ mod tests {
         let exec = two_shards_with_grace(50);
         exec.spawn_on(1, std::future::pending::<()>).unwrap();
         let handle = exec.handle();
-        before_deadlock_close_once(&exec, move || handle.set_deadlock_grace(None));
+        // The stopper waits for the hook (a stop before the deadlock verdict, on a slow
+        // start, ended the run before the hook ran).
+        let (acted_tx, acted_rx) = std::sync::mpsc::channel();
+        before_deadlock_close_once(&exec, move || {
+            handle.set_deadlock_grace(None);
+            let _ = acted_tx.send(());
+        });
         let h = exec.handle();
         let stopper = std::thread::spawn(move || {
+            let _ = acted_rx.recv_timeout(Duration::from_secs(20));
             std::thread::sleep(Duration::from_millis(500));
             h.stop();
         });
