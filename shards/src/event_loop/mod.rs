@@ -1469,7 +1469,13 @@ pub(crate) mod tests {
         let woken = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
         let held = Arc::new(AtomicBool::new(false));
+        // Shard 0 busy (set as its busy loop begins), and shard 1 in the steal's window.
+        let (busy, stolen) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
         let (w2, d) = (woken.clone(), done.clone());
+        let (b0, s0) = (busy.clone(), stolen.clone());
         exec.spawn_on(0, move || async move {
             // Migratable, parked on shard 0 with its waker on a plain thread.
             let m = crate::task::Builder::new().name("woken").spawn(async move {
@@ -1488,9 +1494,12 @@ pub(crate) mod tests {
                 d.store(true, SeqCst);
             });
             // Shard 0 busy when the wake comes (its injector), so idle shard 1 steals it.
+            // Busy from before the wake until shard 1 took the task (not a fixed 100 ms, which
+            // a plain thread held off its CPU on a loaded machine could miss).
             crate::time::sleep(Duration::from_millis(20)).await;
+            b0.store(true, SeqCst);
             let start = std::time::Instant::now();
-            while start.elapsed() < Duration::from_millis(100) {
+            while !s0.load(SeqCst) && start.elapsed() < Duration::from_secs(20) {
                 std::hint::spin_loop();
             }
             let _ = m.await;
@@ -1503,6 +1512,7 @@ pub(crate) mod tests {
                 exec_id,
                 1,
                 Box::new(move |_core: &super::Core| {
+                    stolen.store(true, SeqCst);
                     // Held in the window for many graces: every other loop goes idle.
                     std::thread::sleep(Duration::from_millis(400));
                     h.store(true, SeqCst);
@@ -1511,7 +1521,10 @@ pub(crate) mod tests {
         );
         let waker = std::thread::spawn(move || {
             let w = wrx.recv().unwrap();
-            std::thread::sleep(Duration::from_millis(40));
+            let t = std::time::Instant::now();
+            while !busy.load(SeqCst) && t.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             woken.store(true, SeqCst);
             w.wake();
         });
@@ -2082,68 +2095,106 @@ pub(crate) mod tests {
     #[test]
     fn a_spin_ends_when_eager_rebalance_nudges_the_spinning_loop() {
         use std::{
-            sync::atomic::Ordering::SeqCst,
+            sync::{
+                atomic::{AtomicBool, Ordering::SeqCst},
+                Arc,
+            },
             time::{Duration, Instant},
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .eager_rebalance(true)
-            .build()
-            .unwrap();
-        let h = exec.handle();
-        let seen = exec
-            .block_on(move || async move {
-                // A migratable task alive: the child's spawn below raises the live count from
-                // one, which pings nobody (a count rising from zero pings every loop).
-                let keeper = keeper_on_shard_0().await;
-                crate::time::sleep(Duration::from_millis(5)).await;
-                let hh = h.clone();
-                let seen = crate::shard::submit_to(1, move || async move {
-                    let spawner = std::thread::spawn(move || {
-                        // Once shard 1 spins: shard 0 queues a migratable task on its own
-                        // deque, and its turn's end nudges an idle peer.
-                        let limit = Instant::now() + Duration::from_secs(60);
-                        while !hh.shared.loops[1].steal.spinning.load(SeqCst) {
-                            assert!(Instant::now() < limit, "shard 1 never spun");
-                            std::thread::yield_now();
-                        }
-                        hh.spawn_on(0, || async {
-                            crate::spawn(async {}).await.unwrap();
-                        })
-                        .unwrap()
-                    });
-                    let seen = with_core(|c| {
-                        assert!(super::steal::would_steal(c));
-                        // Nothing queued at the victim before the spin (a keeper aborted on
-                        // a loaded machine leaves its cancel queued there for a moment): the
-                        // spin would end at once on it, its flag never raised, and the
-                        // spawner above waited for good.
-                        let victim = &c.exec.loops[0].steal;
-                        assert!(
-                            hold_until(|| victim.stealer.len() + victim.injector.len() == 0),
-                            "shard 0's queues never emptied"
-                        );
-                        // Longer than any real spin: the nudge comes from another thread
-                        // (shard 0, woken by the spawner thread's spawn), which a loaded
-                        // machine can hold off a CPU for most of a second. A spin that missed
-                        // the nudge runs to its end either way.
-                        super::spin_for_work(c, Duration::from_secs(10))
-                    })
-                    .unwrap();
-                    spawner.join().unwrap().await.unwrap();
-                    seen
-                })
-                .await
+        // A spin that ends before the spawner saw it begin (it found other work: a wake or a
+        // ping left from the set-up on a loaded machine) checks nothing: tried again.
+        for attempt in 0.. {
+            assert!(attempt < 20, "shard 1's spin never lasted until the spawn");
+            let exec = Executor::builder()
+                .shards(2)
+                .oversubscribe(true)
+                .eager_rebalance(true)
+                .build()
                 .unwrap();
-                keeper.abort();
-                seen
-            })
-            .unwrap();
-        assert!(
-            seen,
-            "the spinning loop was not nudged for the migratable work"
-        );
+            let h = exec.handle();
+            let out = exec
+                .block_on(move || async move {
+                    // A migratable task alive: the child's spawn below raises the live count
+                    // from one, which pings nobody (a count rising from zero pings every loop).
+                    let keeper = keeper_on_shard_0().await;
+                    crate::time::sleep(Duration::from_millis(5)).await;
+                    let hh = h.clone();
+                    let out = crate::shard::submit_to(1, move || async move {
+                        let spin_over = Arc::new(AtomicBool::new(false));
+                        let over = spin_over.clone();
+                        let spawner = std::thread::spawn(move || {
+                            // Once shard 1 spins: shard 0 queues a migratable task on its own
+                            // deque, and its turn's end nudges an idle peer.
+                            let limit = Instant::now() + Duration::from_secs(60);
+                            loop {
+                                if hh.shared.loops[1].steal.spinning.load(SeqCst) {
+                                    break;
+                                }
+                                if over.load(SeqCst) {
+                                    return None;
+                                }
+                                assert!(Instant::now() < limit, "shard 1 never spun");
+                                std::thread::yield_now();
+                            }
+                            Some(
+                                hh.spawn_on(0, || async {
+                                    crate::spawn(async {}).await.unwrap();
+                                })
+                                .unwrap(),
+                            )
+                        });
+                        let (seen, diag) = with_core(|c| {
+                            assert!(super::steal::would_steal(c));
+                            // Nothing queued at the victim before the spin (a keeper aborted
+                            // on a loaded machine leaves its cancel queued there for a
+                            // moment): the spin would end at once on it.
+                            let victim = &c.exec.loops[0].steal;
+                            assert!(
+                                hold_until(|| victim.stealer.len() + victim.injector.len() == 0),
+                                "shard 0's queues never emptied"
+                            );
+                            let diag = format!(
+                                "before the spin: nudged_before_spin {} inbox {} completions {} \
+                                 local {} work_pinged {}",
+                                super::steal::nudged_before_spin(c),
+                                c.shared.inbox.is_pending(),
+                                c.io.has_completions(),
+                                super::steal::has_local(c),
+                                super::steal::work_pinged(c),
+                            );
+                            // Longer than any real spin: the nudge comes from another
+                            // thread (shard 0, woken by the spawner thread's spawn), which a
+                            // loaded machine can hold off a CPU for most of a second. A spin
+                            // that missed the nudge runs to its end either way.
+                            (super::spin_for_work(c, Duration::from_secs(10)), diag)
+                        })
+                        .unwrap();
+                        spin_over.store(true, SeqCst);
+                        match spawner.join().unwrap() {
+                            Some(j) => {
+                                j.await.unwrap();
+                                Some(seen)
+                            }
+                            None => {
+                                eprintln!("spin ended before the spawn ({seen}); {diag}");
+                                None
+                            }
+                        }
+                    })
+                    .await
+                    .unwrap();
+                    keeper.abort();
+                    out
+                })
+                .unwrap();
+            if let Some(seen) = out {
+                assert!(
+                    seen,
+                    "the spinning loop was not nudged for the migratable work"
+                );
+                return;
+            }
+        }
     }
 
     /// The nudge comes at the end of the turn that queued the work; a loop whose spin began in
