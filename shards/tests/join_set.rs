@@ -1,7 +1,8 @@
 //! `task::JoinSet`: outcomes in the order tasks finish, panics and cancellations as
 //! `JoinError`s, `abort_all` / `shutdown` / drop cancel every task (their futures dropped),
 //! `detach_all` leaves them running, handles of other shards and migratable tasks join too,
-//! and a dropped `join_next` loses no outcome.
+//! a dropped `join_next` loses no outcome, and `abort_all` wakes the set's current poller
+//! only (no spin), each outcome coming once.
 mod common;
 use common::*;
 
@@ -12,6 +13,7 @@ use std::{
         atomic::{AtomicUsize, Ordering::SeqCst},
         Arc,
     },
+    task::{Context, Poll, Wake, Waker},
     time::Duration,
 };
 
@@ -306,3 +308,132 @@ fn shutdown_of_tasks_of_a_stopped_executor_ends_at_its_next_run() {
     waiter.join().unwrap();
     assert_eq!(dropped.load(SeqCst), 1);
 }
+
+/// A waker that counts its wakes.
+struct CountWake(AtomicUsize);
+impl Wake for CountWake {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, SeqCst);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}
+
+/// A set whose handles were polled (pending) by one task, then moved to a plain thread and
+/// polled there with another waker: `abort_all` wakes the set's nodes, the new poller is woken
+/// once per batch (no spin: the woken nodes return Pending once, re-registering), and every
+/// outcome comes exactly once when the stopped executor's next run drops the tasks.
+#[test]
+fn abort_all_on_a_set_moved_between_pollers_gives_each_outcome_once_and_does_not_spin() {
+    const N: usize = 16;
+    let ex = exec(2);
+    ex.spawn_on(0, || async {}).unwrap();
+    run_within(&ex, LIMIT).expect("run() hung").unwrap();
+    let h = ex.handle();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let mut set = JoinSet::new();
+    for i in 0..N {
+        let c = CountDrop(dropped.clone());
+        set.insert(
+            h.spawn_on(i % 2, move || async move {
+                let _c = c;
+                std::future::pending::<()>().await
+            })
+            .unwrap(),
+        );
+    }
+    // First poller: every handle pending, each Entry keeps its node's waker.
+    let w1 = Arc::new(CountWake(AtomicUsize::new(0)));
+    let waker1 = Waker::from(w1.clone());
+    assert!(set
+        .join_next()
+        .poll_unpin_with(&mut Context::from_waker(&waker1))
+        .is_pending());
+    // Moved to a second poller (another waker).
+    let w2 = Arc::new(CountWake(AtomicUsize::new(0)));
+    let waker2 = Waker::from(w2.clone());
+    assert!(set
+        .join_next()
+        .poll_unpin_with(&mut Context::from_waker(&waker2))
+        .is_pending());
+    let before = w2.0.load(SeqCst);
+    // (FuturesUnordered wakes its poller itself after a poll that polled every node.)
+    let w1_before = w1.0.load(SeqCst);
+    set.abort_all();
+    set.abort_all();
+    // The executor is not running: nothing can finish; the wakes go to the current poller.
+    let woke = w2.0.load(SeqCst) - before;
+    assert!(woke >= 1, "abort_all woke no poller");
+    assert_eq!(w1.0.load(SeqCst), w1_before, "the stale poller was woken");
+    // Poll until no more wakes arrive: a spin would keep waking.
+    for round in 0..100 {
+        let b = w2.0.load(SeqCst);
+        assert!(set
+            .join_next()
+            .poll_unpin_with(&mut Context::from_waker(&waker2))
+            .is_pending());
+        if w2.0.load(SeqCst) == b {
+            break;
+        }
+        assert!(round < 50, "join_next keeps waking itself (spin)");
+    }
+    let quiet = w2.0.load(SeqCst);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(w2.0.load(SeqCst), quiet, "woken with nothing over");
+    // The next run drops the tasks: every outcome, once, cancelled.
+    let t = std::thread::spawn(move || {
+        let mut n = 0;
+        futures::executor::block_on(async {
+            while let Some(r) = set.join_next().await {
+                assert!(r.unwrap_err().is_cancelled());
+                n += 1;
+            }
+        });
+        n
+    });
+    run_within(&ex, LIMIT).expect("run 2 hung").unwrap();
+    let got = t.join().unwrap();
+    assert_eq!(got, N);
+    assert_eq!(dropped.load(SeqCst), N);
+}
+
+/// `abort_all` on a set whose tasks all finished (their outputs not taken yet) and on one
+/// partly drained: each output exactly once, none lost or doubled.
+#[test]
+fn abort_all_after_finish_loses_and_doubles_nothing() {
+    LocalExecutor::new().unwrap().block_on(async {
+        let mut set = JoinSet::new();
+        for i in 0..32u32 {
+            set.spawn_local(async move {
+                xtc_shards::yield_now().await;
+                i
+            });
+        }
+        // Poll once so every Entry keeps a waker, then let them all finish.
+        let _ = futures::poll!(set.join_next());
+        for _ in 0..8 {
+            xtc_shards::yield_now().await;
+        }
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            if let Some(r) = set.join_next().await {
+                seen.push(r.unwrap());
+            }
+        }
+        set.abort_all();
+        set.abort_all();
+        while let Some(r) = set.join_next().await {
+            seen.push(r.unwrap());
+        }
+        seen.sort();
+        assert_eq!(seen, (0..32).collect::<Vec<_>>());
+    });
+}
+
+trait PollWith: futures::Future + Unpin {
+    fn poll_unpin_with(&mut self, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        std::pin::Pin::new(self).poll(cx)
+    }
+}
+impl<F: futures::Future + Unpin> PollWith for F {}
