@@ -2117,12 +2117,7 @@ pub(crate) mod tests {
         // ping left from the set-up on a loaded machine) checks nothing: tried again.
         for attempt in 0.. {
             assert!(attempt < 5, "shard 1's spin never lasted until the spawn");
-            let exec = Executor::builder()
-                .shards(2)
-                .oversubscribe(true)
-                .eager_rebalance(true)
-                .build()
-                .unwrap();
+            let (exec, _) = two_shards(|b| b.eager_rebalance(true));
             let h = exec.handle();
             let out = exec
                 .block_on(move || async move {
@@ -2224,12 +2219,7 @@ pub(crate) mod tests {
             },
             time::{Duration, Instant},
         };
-        let exec = Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .eager_rebalance(true)
-            .build()
-            .unwrap();
+        let (exec, _) = two_shards(|b| b.eager_rebalance(true));
         let h = exec.handle();
         let (spin_ok, turn_ended_first) = exec
             .block_on(move || async move {
