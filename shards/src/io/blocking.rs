@@ -119,10 +119,21 @@ fn unpin_from_loop(seen: &mut u64) {
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
     };
     if r != 0 {
-        tracing::debug!(
-            "xtc: blocking-pool thread keeps its affinity (binding to {cpus:?}: {})",
-            io::Error::last_os_error()
-        );
+        // Once per process at warning level (the jobs then run on fewer CPUs than the
+        // executors allow, beside their loops); every later failure at debug level.
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let e = io::Error::last_os_error();
+        if !WARNED.swap(true, SeqCst) {
+            tracing::warn!(
+                "xtc: a blocking-pool thread keeps its CPU affinity (binding to {cpus:?}: {e}); \
+                 its jobs run on fewer CPUs than the executors allow (a cgroup's cpuset that \
+                 shrank since the executor was built?)"
+            );
+        } else {
+            tracing::debug!(
+                "xtc: blocking-pool thread keeps its affinity (binding to {cpus:?}: {e})"
+            );
+        }
     }
 }
 
