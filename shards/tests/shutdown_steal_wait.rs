@@ -150,6 +150,14 @@ fn ring(n: usize, waiters: usize, stealing: bool, fillers: usize, end: End, roun
             End::Deadlock => assert!(r.is_err(), "{what}: {r:?}"),
         }
         assert_eq!(got.len(), waiters, "{what}: {got:?}");
+        // Each wait's outcome: its task cancelled, or (stealing on) its output, the task run by
+        // a loop in a last turn before that loop's shutdown began.
+        let ok = got.iter().filter(|g| g.starts_with("Ok(9)")).count();
+        let cancelled = got.iter().filter(|g| g.contains("ancelled")).count();
+        assert_eq!(ok + cancelled, waiters, "{what}: {got:?}");
+        if waiters == n {
+            assert_eq!(ok, c.t_ran.load(SeqCst), "{what}: {got:?}");
+        }
         let spawned = n * fillers;
         assert_eq!(
             c.filler_dropped.load(SeqCst),
@@ -189,6 +197,8 @@ fn ring(n: usize, waiters: usize, stealing: bool, fillers: usize, end: End, roun
 #[test]
 fn two_shards_ring_stop() {
     for stealing in [false, true] {
+        // Without fillers: each wait's task is the only one on the other loop's deque.
+        ring(2, 2, stealing, 0, End::Stop, 5);
         ring(2, 2, stealing, 50, End::Stop, 5);
     }
 }
