@@ -1430,20 +1430,8 @@ enum Binding {
 /// Whether every CPU the calling thread may run on is allowed in `topo` (false if the mask
 /// cannot be read, or names a CPU beyond `cpu_set_t`'s 1,024).
 fn inherited_cpus_allowed(topo: &Topology) -> bool {
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel writes at most `size_of`
-    // bytes of it, and `CPU_ISSET` reads indices below `CPU_SETSIZE` only.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return false;
-        }
-        let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set));
-        let mut any = false;
-        cpus.all(|c| {
-            any = true;
-            topo.is_allowed(c)
-        }) && any
-    }
+    crate::sys::thread_cpus()
+        .is_some_and(|cpus| !cpus.is_empty() && cpus.iter().all(|&c| topo.is_allowed(c)))
 }
 
 fn worker(

@@ -1231,17 +1231,7 @@ mod tests {
 
     /// CPUs the calling thread may run on.
     fn affinity() -> Vec<usize> {
-        // SAFETY: a zeroed `cpu_set_t` is valid; the kernel fills `size_of` bytes of it.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-                0
-            );
-            (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| libc::CPU_ISSET(c, &set))
-                .collect()
-        }
+        crate::sys::thread_cpus().expect("sched_getaffinity")
     }
 
     /// A job's closure (its captures: an operation's file descriptor) is dropped while the job

@@ -8,6 +8,24 @@ mod eventfd;
 #[cfg_attr(loom, allow(unused_imports))]
 pub(crate) use eventfd::EventFd;
 
+/// The CPUs the calling thread may run on (`sched_getaffinity`), below `cpu_set_t`'s 1,024;
+/// `None` if the mask cannot be read. Cost: one system call and a scan of the 1,024 bits.
+pub(crate) fn thread_cpus() -> Option<Vec<usize>> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel writes at most `size_of`
+    // bytes of it, and `CPU_ISSET` reads indices below `CPU_SETSIZE` only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        Some(
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect(),
+        )
+    }
+}
+
 /// The real-time signals a program may give xtc for its own use: glibc's `SIGRTMIN ..=
 /// SIGRTMAX` (glibc keeps the kernel's first two or three for its threads).
 pub(crate) fn rt_signals() -> std::ops::RangeInclusive<libc::c_int> {
