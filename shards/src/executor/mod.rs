@@ -2175,22 +2175,32 @@ mod tests {
 
     /// Two shards, oversubscribed so they run on any machine.
     fn two_shards() -> super::Executor {
-        super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
+        two_shards_with(|b| b)
+    }
+
+    /// [`two_shards`] with more knobs set by `knobs`.
+    fn two_shards_with(knobs: impl FnOnce(crate::Builder) -> crate::Builder) -> super::Executor {
+        knobs(super::Executor::builder().shards(2).oversubscribe(true))
             .build()
             .unwrap()
     }
 
+    /// Puts `hook` in `slot`, to run the first time the coordinator calls it.
+    fn set_once(
+        slot: &std::sync::Mutex<Option<super::TestHook>>,
+        hook: impl FnOnce() + Send + 'static,
+    ) {
+        let hook = std::sync::Mutex::new(Some(hook));
+        *crate::sync::lock(slot) = Some(super::TestHook(Box::new(move || {
+            if let Some(h) = hook.lock().unwrap().take() {
+                h();
+            }
+        })));
+    }
+
     /// Runs `hook` the first time the coordinator is about to close on a quiescent verdict.
     fn before_closing_once(exec: &super::Executor, hook: impl FnOnce() + Send + 'static) {
-        let hook = std::sync::Mutex::new(Some(hook));
-        *crate::sync::lock(&exec.handle.shared.before_closing) =
-            Some(super::TestHook(Box::new(move || {
-                if let Some(h) = hook.lock().unwrap().take() {
-                    h();
-                }
-            })));
+        set_once(&exec.handle.shared.before_closing, hook);
     }
 
     /// Removes the hook: it may hold a `Handle`, a cycle through the executor until it goes.
@@ -2200,23 +2210,12 @@ mod tests {
 
     /// Two shards (as [`two_shards`]) with a deadlock grace of `ms` milliseconds.
     fn two_shards_with_grace(ms: u64) -> super::Executor {
-        super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .deadlock_grace(Some(Duration::from_millis(ms)))
-            .build()
-            .unwrap()
+        two_shards_with(|b| b.deadlock_grace(Some(Duration::from_millis(ms))))
     }
 
     /// Runs `hook` the first time the coordinator is about to close on a deadlock verdict.
     fn before_deadlock_close_once(exec: &super::Executor, hook: impl FnOnce() + Send + 'static) {
-        let hook = std::sync::Mutex::new(Some(hook));
-        *crate::sync::lock(&exec.handle.shared.before_deadlock_close) =
-            Some(super::TestHook(Box::new(move || {
-                if let Some(h) = hook.lock().unwrap().take() {
-                    h();
-                }
-            })));
+        set_once(&exec.handle.shared.before_deadlock_close, hook);
     }
 
     /// Removes the deadlock-close hook (as [`clear_before_closing`]).
