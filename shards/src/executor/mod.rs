@@ -2882,12 +2882,7 @@ mod tests {
     #[test]
     fn a_cut_short_shutdown_hands_a_peers_wake_to_the_peer() {
         use std::sync::Mutex;
-        let exec = super::Executor::builder()
-            .shards(2)
-            .oversubscribe(true)
-            .ring_capacity(1)
-            .build()
-            .unwrap();
+        let exec = two_shards_with(|b| b.ring_capacity(1));
         let slot = Arc::new(Mutex::new(None::<std::task::Waker>));
         let holding = Arc::new(AtomicBool::new(false));
         let one = exec.handle.shared.loops[1].clone();
