@@ -2187,7 +2187,7 @@ mod tests {
 
     /// Puts `hook` in `slot`, to run the first time the coordinator calls it.
     fn set_once(
-        slot: &std::sync::Mutex<Option<super::TestHook>>,
+        slot: &crate::sync::Mutex<Option<super::TestHook>>,
         hook: impl FnOnce() + Send + 'static,
     ) {
         let hook = std::sync::Mutex::new(Some(hook));
