@@ -1258,37 +1258,54 @@ fn local_executor_deadlock_grace_stays_none() {
     });
 }
 
-/// `abort` replaces the awaiter a foreign-waker poll left in the task, dropping it inside the
-/// call: user code. If that drop asks the same handle whether its task is finished, the
-/// answer is no (it is parked, and still being aborted), and a nested `abort` changes nothing:
-/// awaited, the handle reports cancelled as usual. (The state taken out for the call read as a
-/// finished task's.)
+/// `abort` of a parked task wakes the awaiter a foreign-waker poll left in it, inside the call:
+/// user code. If that wake asks the same handle whether its task is finished, the answer is no
+/// (it is parked, and still being aborted), and a nested `abort` changes nothing: awaited, the
+/// handle reports cancelled as usual. (The state taken out for the call read as a finished
+/// task's.)
 #[test]
 fn is_finished_asked_from_inside_abort_sees_a_live_task() {
-    use std::{cell::Cell, future::Future, pin::Pin, task::Context};
+    use std::{
+        cell::Cell,
+        future::Future,
+        pin::Pin,
+        sync::Arc,
+        task::{Context, Wake, Waker},
+    };
+    thread_local! {
+        /// What the next wake of a `Hooked` waker runs.
+        static HOOK: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+    struct Hooked;
+    impl Wake for Hooked {
+        fn wake(self: Arc<Self>) {
+            if let Some(f) = HOOK.with(|h| h.borrow_mut().take()) {
+                f()
+            }
+        }
+    }
     let (inside, joined) = LocalExecutor::new().unwrap().block_on(async {
         let mut target = spawn_local(std::future::pending::<()>());
         xtc_shards::yield_now().await; // the task runs once and parks
-        type Slot = Rc<RefCell<Option<Rc<xtc_shards::JoinHandle<()>>>>>;
-        let slot: Slot = Rc::new(RefCell::new(None));
-        let inside: Rc<Cell<Option<bool>>> = Rc::new(Cell::new(None));
-        let (s2, inside2) = (slot.clone(), inside.clone());
-        let waker = drop_hooked_waker(move || {
-            if let Some(h) = s2.borrow().as_ref() {
-                inside2.set(Some(h.is_finished()));
-                h.abort();
-            }
-        });
+        let waker = Waker::from(Arc::new(Hooked));
         assert!(Pin::new(&mut target)
             .poll(&mut Context::from_waker(&waker))
             .is_pending());
-        // async-task's awaiter now holds the waker's last clone.
-        drop(waker);
         let h = Rc::new(target);
-        *slot.borrow_mut() = Some(h.clone());
+        let inside: Rc<Cell<Option<bool>>> = Rc::new(Cell::new(None));
+        let (h2, inside2) = (h.clone(), inside.clone());
+        HOOK.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(move || {
+                inside2.set(Some(h2.is_finished()));
+                h2.abort();
+            }))
+        });
         h.abort();
-        slot.borrow_mut().take();
-        let h = Rc::into_inner(h).expect("the slot let go of its clone");
+        assert!(
+            HOOK.with(|hook| hook.borrow_mut().take()).is_none(),
+            "the abort woke the handle's last poller"
+        );
+        let h = Rc::into_inner(h).expect("the hook let go of its clone");
         (inside.get(), h.await)
     });
     assert_eq!(

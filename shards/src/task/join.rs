@@ -50,6 +50,15 @@ pub struct JoinHandle<T> {
     /// Whether a poll of the live task returned `Pending`, so that async-task holds a waker of
     /// the poller's as the task's awaiter: `Drop` takes it back (see `drop_held`).
     waiting: Cell<bool>,
+    /// The awaiter async-task holds after this handle's last `Pending` poll of the live task
+    /// when it is a user's waker (the [`GuardedWaker`] made for it), `None` when it is the
+    /// polling task's own. `abort` registers it again, in place of the no-op waker, with its
+    /// first poll of the cancellation: a stop may close the task between `abort`'s check and
+    /// that poll, and wakes whatever is registered once it has dropped the future, so the
+    /// poller's waker must be what is there (rule 5 of the task protocol). The task's own waker
+    /// needs no keeping: that task polls the handle again whenever it is polled. Costs nothing
+    /// more: the guard is moved here, not cloned.
+    awaiter: Cell<Option<Waker>>,
 }
 
 /// Where a handle is: holding the live task, or aborted (rule 5 of the task protocol). Two
@@ -133,6 +142,7 @@ impl<T> JoinHandle<T> {
         JoinHandle {
             state: ManuallyDrop::new(Cell::new(State::Live(task.fallible(), meta))),
             waiting: Cell::new(false),
+            awaiter: Cell::new(None),
         }
     }
 
@@ -173,12 +183,10 @@ impl<T: 'static> JoinHandle<T> {
     /// that lands while the task is in its last poll reports cancelled although the future ran
     /// to completion (its side effects happened; its output is dropped): async-task closes a
     /// running task at once. Nor does an abort of a task that a stop is dropping, or has
-    /// dropped: awaiting gives cancelled once that drop is over, and a waker the handle was
-    /// polled with before is still woken then, except where the abort lands in the few
-    /// instructions in which the stop closes the task: that waker is then not woken, and the
-    /// outcome comes at the handle's next poll (a combinator holding many handles, such as
-    /// `FuturesUnordered`, should wake its node for the handle after aborting it, as
-    /// [`JoinSet::abort_all`](crate::task::JoinSet::abort_all) does). A task of an executor
+    /// dropped: awaiting gives cancelled once that drop is over, and the waker the handle was
+    /// last polled with is woken then (also when the abort lands while the stop closes the
+    /// task), so a combinator that polls a handle again only when woken (`FuturesUnordered`)
+    /// needs no wake of its own after the abort. A task of an executor
     /// that is not running (spawned before `run()`, or after it returned) is dropped by its
     /// next run or by the executor's drop; awaiting its handle waits until then. Cost: one
     /// async-task state update, two
@@ -192,13 +200,9 @@ impl<T: 'static> JoinHandle<T> {
                 return;
             };
             // Over already, or being closed by a stop (`task::cancel` sets its bit before
-            // async-task closes the task): left as it is, which awaits the same outcome. The
-            // cancel future's first poll below registers its own waker as the awaiter, in place
-            // of the one a poll of this handle left there; a task it closes itself wakes that
-            // one first, but a closed one still being dropped did not, so a poller waiting for
-            // the end of that drop (a plain thread in `block_on`) waited for good. A stop that
-            // closes the task between this check and the poll below still displaces it (the
-            // handle does not keep that waker to wake it itself).
+            // async-task closes the task): left as it is, which awaits the same outcome (a
+            // task it closes itself wakes the awaiter first, but one a stop is still dropping
+            // wakes it only at the end of that drop).
             // SAFETY: `meta` points into the header of the task this handle holds (see
             // `State::Live`), and `TaskMeta` is `Sync` (atomics, and fields fixed at spawn).
             if task.is_finished() || unsafe { &**meta }.cancel_dropping() {
@@ -207,6 +211,13 @@ impl<T: 'static> JoinHandle<T> {
             let State::Live(task, meta) = std::mem::replace(state, State::Taken) else {
                 unreachable!("checked just above");
             };
+            // The cancel future's first poll registers the waker it is given as the task's
+            // awaiter, in place of the one this handle's last poll left there. A stop may
+            // close the task between the check above and that poll, and then wakes whatever
+            // is registered once it has dropped the future: given the no-op waker, a user's
+            // waker (a `FuturesUnordered` node, which polls the handle again only when woken)
+            // would never be woken. So the poll registers that same waker again (`awaiter`).
+            let awaiter = self.awaiter.take();
             let mut aborted = Box::new(Aborted {
                 cancel: Some(Box::pin(task.cancel())),
                 waker: None,
@@ -215,7 +226,11 @@ impl<T: 'static> JoinHandle<T> {
             });
             // The first poll marks the task cancelled (scheduling it if it is parked, so its
             // owner drops the future) and picks up an output that was already there.
-            aborted.poll_over(&mut Context::from_waker(Waker::noop()));
+            #[cfg(test)]
+            tests::between_check_and_cancel();
+            let waker = awaiter.as_ref().unwrap_or(Waker::noop());
+            aborted.poll_over(&mut Context::from_waker(waker));
+            aborted.waker = awaiter;
             *state = State::Aborted(aborted);
         })
     }
@@ -313,7 +328,10 @@ impl<T> JoinHandle<T> {
                     Poll::Pending => {
                         self.state.set(State::Live(task, meta));
                         self.waiting.set(true);
-                        if guard.is_some() {
+                        let foreign = guard.is_some();
+                        // What async-task now holds, for `abort` (see `awaiter`).
+                        self.awaiter.set(guard);
+                        if foreign {
                             // Polled for someone other than the task being polled: on a loop
                             // thread maybe a foreign executor that blocks it until woken.
                             crate::context::flush_for_foreign_wait_on(cx.waker(), meta);
@@ -512,9 +530,101 @@ impl Drop for GuardedWaker {
 
 #[cfg(test)]
 mod tests {
-    use std::task::{Poll, Waker};
+    use std::{
+        cell::Cell,
+        future::Future,
+        pin::Pin,
+        sync::{
+            atomic::{AtomicUsize, Ordering::SeqCst},
+            mpsc, Arc,
+        },
+        task::{Context, Poll, Wake, Waker},
+    };
 
     use super::guard_foreign;
+    use crate::task::{cancel, create, Home, TaskInfo};
+
+    std::thread_local! {
+        /// Run by `JoinHandle::abort` between its check of the task and its first poll of the
+        /// cancellation, once.
+        static BETWEEN: Cell<Option<Box<dyn FnOnce()>>> = const { Cell::new(None) };
+    }
+
+    pub(super) fn between_check_and_cancel() {
+        if let Some(f) = BETWEEN.take() {
+            f()
+        }
+    }
+
+    /// A waker that counts its wakes.
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// A stop that closes a task while its handle's `abort` is between its check and its first
+    /// poll of the cancellation wakes, once it has dropped the future, the waker the handle was
+    /// last polled with (a `FuturesUnordered` node's, say): the abort registers that one again,
+    /// not a no-op waker in its place (which left the poller waiting for good).
+    #[test]
+    fn an_abort_racing_a_stops_close_wakes_the_last_poller() {
+        /// A future whose drop says it started and then waits to be let go.
+        struct Held {
+            in_drop: mpsc::Sender<()>,
+            release: mpsc::Receiver<()>,
+        }
+        impl Drop for Held {
+            fn drop(&mut self) {
+                self.in_drop.send(()).unwrap();
+                self.release.recv().unwrap();
+            }
+        }
+        let (in_drop, in_drop_rx) = mpsc::channel();
+        let (release_tx, release) = mpsc::channel();
+        let held = Held { in_drop, release };
+        crate::LocalExecutor::new().unwrap().block_on(async move {
+            let (r, mut handle) = crate::context::with_core(|c| {
+                create(
+                    Home::of_core(c),
+                    move || async move {
+                        let _held = held;
+                        std::future::pending::<()>().await
+                    },
+                    TaskInfo::here(None),
+                    0,
+                )
+            })
+            .unwrap();
+            let count = Arc::new(Count(AtomicUsize::new(0)));
+            let waker = Waker::from(count.clone());
+            let polled = Pin::new(&mut handle).poll(&mut Context::from_waker(&waker));
+            assert!(polled.is_pending());
+            // The stop: another thread drops the task's runnable, as a stopping loop does,
+            // and is inside the future's drop when the abort goes on.
+            let (stopper_tx, stopper_rx) = mpsc::channel();
+            BETWEEN.set(Some(Box::new(move || {
+                let stopper = std::thread::spawn(move || cancel(r));
+                in_drop_rx.recv().unwrap();
+                stopper_tx.send(stopper).unwrap();
+            })));
+            handle.abort();
+            assert!(
+                BETWEEN.take().is_none(),
+                "the abort ran its check and went on"
+            );
+            assert_eq!(count.0.load(SeqCst), 0, "nothing woke the poller yet");
+            release_tx.send(()).unwrap();
+            stopper_rx.recv().unwrap().join().unwrap();
+            assert!(
+                count.0.load(SeqCst) >= 1,
+                "the end of the stop's drop woke the handle's last poller"
+            );
+            assert!(handle.await.unwrap_err().is_cancelled());
+        });
+    }
 
     /// The polling task's own waker is used as it is (no allocation on a task's join), for a
     /// pinned and a migratable task alike; any other waker gets the wrapper.

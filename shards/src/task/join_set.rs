@@ -10,7 +10,7 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
-    task::{Context, Poll, Waker},
+    task::{Context, Poll},
 };
 
 use futures_util::stream::{FuturesUnordered, Stream};
@@ -46,32 +46,7 @@ use crate::{JoinError, JoinHandle};
 /// # Ok::<(), xtc_shards::Error>(())
 /// ```
 pub struct JoinSet<T: 'static> {
-    tasks: FuturesUnordered<Entry<T>>,
-}
-
-/// A handle in the set, with the waker the set last polled it with (its node's in
-/// `FuturesUnordered`, the same at every poll). [`JoinSet::abort_all`] wakes it after the
-/// abort: an abort that lands while a stop is closing the same task registers the cancel's
-/// own waker in the task in place of that one, and the stop's wake at the end of the drop went
-/// to it, so the set never polled the handle again (a plain `JoinHandle` is polled again by
-/// whoever awaits it). Cost: one waker clone per handle, at its first pending poll.
-struct Entry<T> {
-    handle: JoinHandle<T>,
-    waker: Option<Waker>,
-}
-
-impl<T> Future for Entry<T> {
-    type Output = Result<T, JoinError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // `Entry` is `Unpin`: `JoinHandle` and `Waker` are.
-        let this = self.get_mut();
-        let out = Pin::new(&mut this.handle).poll(cx);
-        if out.is_pending() && !this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            this.waker = Some(cx.waker().clone());
-        }
-        out
-    }
+    tasks: FuturesUnordered<JoinHandle<T>>,
 }
 
 impl<T: 'static> Default for JoinSet<T> {
@@ -105,10 +80,7 @@ impl<T: 'static> JoinSet<T> {
     /// allocation (the set's node for it) and a few atomic updates (linking it, queueing its
     /// first poll).
     pub fn insert(&mut self, task: JoinHandle<T>) {
-        self.tasks.push(Entry {
-            handle: task,
-            waker: None,
-        });
+        self.tasks.push(task);
     }
 
     /// Spawns `fut` as a pinned task on the current shard ([`spawn_local`](crate::spawn_local))
@@ -163,15 +135,11 @@ impl<T: 'static> JoinSet<T> {
     /// [`join_next`](Self::join_next) gives each one's outcome (cancelled, or its output if it
     /// had finished). A task of an executor that is not running (spawned before `run()` or
     /// after it returned) is dropped by its next run or by the executor's drop: its outcome
-    /// waits until then. Cost: one abort and one wake of the set's node per task.
+    /// waits until then. Cost: one abort per task.
     pub fn abort_all(&self) {
-        for entry in self.tasks.iter() {
-            entry.handle.abort();
-            // The set polls the handle again (see `Entry`).
-            if let Some(w) = &entry.waker {
-                w.wake_by_ref();
-            }
-        }
+        // A handle's abort leaves the set's node waker registered in its task (also when a
+        // stop closes the task meanwhile), so the node is woken when the outcome is there.
+        self.tasks.iter().for_each(JoinHandle::abort);
     }
 
     /// Aborts every task and waits until each is over (its future dropped, so what it held is
@@ -196,9 +164,7 @@ impl<T: 'static> Drop for JoinSet<T> {
     /// Aborts every task still in the set; see [`JoinSet`]. Cost: an
     /// [`abort`](JoinHandle::abort) per task not over yet.
     fn drop(&mut self) {
-        for entry in self.tasks.iter() {
-            entry.handle.abort();
-        }
+        self.tasks.iter().for_each(JoinHandle::abort);
     }
 }
 

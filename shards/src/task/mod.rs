@@ -31,7 +31,11 @@
 //!    async-task's cancellation, which marks the task closed: its future is dropped the next
 //!    time the owner would poll it (at once if it is parked: async-task schedules it once more
 //!    for that). The handle keeps the cancellation and resolves only after that drop, as in
-//!    tokio, or with the output if the task had already finished.
+//!    tokio, or with the output if the task had already finished. The cancellation's first
+//!    poll registers, as the task's awaiter, the user's waker the handle's last `Pending` poll
+//!    left there (kept by the handle), not a no-op waker: a stop that closes the task between
+//!    the abort's check and that poll wakes the awaiter only after dropping the future, and a
+//!    poller that polls again only when woken (a `FuturesUnordered` node) must be the one woken.
 //!
 //! Cost on the local path: one allocation per task and the async-task state updates; a task that
 //! parks adds one waker clone and one slab insert, once (rule 3; one that finishes in its first
