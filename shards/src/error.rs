@@ -151,6 +151,29 @@ impl From<std::io::Error> for Error {
     }
 }
 
+impl From<Error> for std::io::Error {
+    /// For `?` in code that returns `std::io::Result` (a connection handler calling
+    /// [`submit_to`](crate::shard::submit_to)). [`Error::Io`] gives its OS error's kind, with
+    /// the message of the whole error; bad input (`InvalidShard`, `InvalidArgument`, `Env`,
+    /// `EnvPlacement`) reads `InvalidInput`, `Unsupported` reads `Unsupported`, `Stopped` reads
+    /// `Interrupted`, anything else `Other`. The `xtc::Error` stays inside as the source
+    /// (`get_ref`, `into_inner`). Cost: one allocation.
+    fn from(e: Error) -> Self {
+        use std::io::ErrorKind;
+        let kind = match &e {
+            Error::Io { source, .. } => source.kind(),
+            Error::InvalidShard { .. }
+            | Error::InvalidArgument(_)
+            | Error::Env { .. }
+            | Error::EnvPlacement { .. } => ErrorKind::InvalidInput,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::Stopped => ErrorKind::Interrupted,
+            _ => ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}
+
 /// Why awaiting a [`JoinHandle`](crate::JoinHandle) gave no value. `Send + Sync`, like
 /// [`Error`], so `?` turns either into a `Box<dyn Error + Send + Sync>`.
 pub struct JoinError {

@@ -41,6 +41,7 @@
 //! | run a migratable task (`Send`, may be stolen) | [`spawn`] | [`Handle::spawn`] |
 //! | call shard `n` and get the answer | [`shard::submit_to`] (waits for ring room) | [`Handle::submit_to`] (through the inbox) |
 //! | the same on every shard | [`shard::submit_to_all`] | [`Handle::submit_to_all`] |
+//! | the same, fallible, as one `Result<Vec<_>, E>` | [`shard::try_submit_to_all`] | [`Handle::try_submit_to_all`] |
 //! | fire and forget on shard `n` | [`shard::send_to`] (a future: awaits ring room) | [`Handle::send_to`] (queued at once) |
 //! | run blocking code and await its result | [`spawn_blocking`] | (any thread may block) |
 //! | await a group of tasks as they finish, cancel them together | [`task::JoinSet`] | [`task::JoinSet::insert`] of [`Handle`] spawns, awaited in a `block_on` |

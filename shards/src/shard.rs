@@ -312,6 +312,48 @@ where
     }
 }
 
+/// [`submit_to_all`] of a fallible call, flattened: `Ok` with every shard's value in shard
+/// order, or the first failure in shard order, the call's own error or xtc's converted by
+/// `E: From<xtc::Error>` (which `xtc::Error` itself, `std::io::Error`, `anyhow::Error` and
+/// `Box<dyn Error + Send + Sync>` are). As Seastar's `invoke_on_all`, it resolves only once
+/// every call has finished (or failed), also when an early one failed, so after the `.await`
+/// no call is still running; a later shard's value is then dropped. Off any loop it is
+/// `Err(OffLoop)`, converted. Cost: [`submit_to_all`]'s.
+///
+/// ```
+/// # use xtc_shards as xtc;
+/// let exec = xtc::Executor::builder().shards(2).oversubscribe(true).build()?;
+/// let lens = exec.block_on(|| async {
+///     // Each shard's part, read where it lives; `?` takes an io::Error or an xtc::Error.
+///     xtc::shard::try_submit_to_all(|| async {
+///         std::io::Result::Ok(xtc::shard::id() * 10)
+///     })
+///     .await
+/// })?;
+/// assert_eq!(lens?, vec![0, 10]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[track_caller]
+pub fn try_submit_to_all<F, Fut, T, E>(
+    make: F,
+) -> impl Future<Output = std::result::Result<Vec<T>, E>>
+where
+    F: FnOnce() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = std::result::Result<T, E>> + 'static,
+    T: Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    let all = submit_to_all(make);
+    async move { first_failure(all.await) }
+}
+
+/// The values of `all` in order, or its first failure, xtc's converted into `E`.
+pub(crate) fn first_failure<T, E: From<Error>>(
+    all: Vec<Result<std::result::Result<T, E>>>,
+) -> std::result::Result<Vec<T>, E> {
+    all.into_iter().map(|r| r.map_err(E::from)?).collect()
+}
+
 /// Fire-and-forget: sends `make` to run on `shard` and resolves once the message is enqueued
 /// (after waiting for ring space if the ring is full), not when it has run.
 /// `Err(InvalidShard)` for an out-of-range shard, `Err(OffLoop)` off any loop (use

@@ -2115,6 +2115,25 @@ impl Handle {
         }
     }
 
+    /// [`submit_to_all`](Handle::submit_to_all) of a fallible call, flattened, for any
+    /// thread: [`crate::shard::try_submit_to_all`]. `Ok` with every shard's value in shard
+    /// order, or the first failure in shard order (the call's own error, or xtc's converted by
+    /// `E: From<xtc::Error>`), once every call has finished. Cost: `submit_to_all`'s.
+    #[track_caller]
+    pub fn try_submit_to_all<F, Fut, T, E>(
+        &self,
+        make: F,
+    ) -> impl Future<Output = std::result::Result<Vec<T>, E>> + Send + 'static
+    where
+        F: FnOnce() -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + 'static,
+        T: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let all = self.submit_to_all(make);
+        async move { crate::shard::first_failure(all.await) }
+    }
+
     /// Fire-and-forget: queues `make` to run on `shard` and returns once it is queued (as
     /// [`spawn_on`](Handle::spawn_on): between runs, it runs when the next `run()` starts).
     /// `Err(InvalidShard)` out of range, `Err(Stopped)` once the `Executor` is dropped, and
