@@ -958,8 +958,14 @@ impl Uring {
                         Lifecycle::Detached(data, tail) => {
                             ops.remove(key);
                             drop(ops);
-                            tail.ended(res);
                             settled.push(ud);
+                            // Its log line is user code (a `tracing` subscriber): a panic
+                            // there unwound out of this pass with `expired` and `settled`
+                            // still to do (expiries never cancelled, timers never removed).
+                            crate::task::guarded(
+                                "a log line at a detached operation's end panicked",
+                                || tail.ended(res),
+                            );
                             drop_buffer(data);
                         }
                         Lifecycle::Submitted | Lifecycle::Completed(..) => {}
