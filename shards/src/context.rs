@@ -157,6 +157,9 @@ pub(crate) struct Core {
     pub(crate) preempt_ns: Cell<u64>,
     /// This loop's CPU-time preemption timer, while armed (`sys/cputimer.rs`).
     pub(crate) preempt_timer: RefCell<Option<crate::sys::cputimer::CpuTimer>>,
+    /// This run's [`ShardLocal`](crate::ShardLocal) values (`shard_local.rs`), dropped by the
+    /// loop's shutdown after its tasks ([`Core::drop_shard_locals`]).
+    pub(crate) locals: RefCell<crate::shard_local::Table>,
     /// The loop's I/O driver, which is also its park (io/mod.rs). Declared last: dropped after
     /// the tasks' state above, it cancels and waits out what is still in flight.
     pub(crate) io: crate::io::Reactor,
@@ -367,6 +370,7 @@ impl Core {
             shared,
             exec,
             queue: RefCell::new(VecDeque::with_capacity(1024)),
+            locals: RefCell::default(),
             timers: RefCell::new(Timers::new(first_timer)),
             registry: RefCell::new(Slab::with_capacity(1024)),
             tasks_done: Cell::new(tasks_done),
@@ -497,6 +501,42 @@ impl Core {
             self.poll_started.set(Some(crate::clock::Tick::now()));
         }
         self.end_batch.set(true);
+    }
+}
+
+impl Core {
+    /// What this loop's table holds for [`ShardLocal`](crate::ShardLocal) `id`; an empty
+    /// slot is marked as being built. Cost: a borrow and a lookup.
+    pub(crate) fn shard_local(&self, id: usize) -> crate::shard_local::Lookup {
+        self.locals.borrow_mut().lookup(id, self.shared.index)
+    }
+
+    /// Keeps the value just built for `id`.
+    pub(crate) fn shard_local_store(&self, id: usize, value: std::rc::Rc<dyn std::any::Any>) {
+        self.locals.borrow_mut().store(id, value);
+    }
+
+    /// The initializer of `id` unwound: its slot is empty again.
+    pub(crate) fn shard_local_unmark(&self, id: usize) {
+        self.locals.borrow_mut().unmark(id);
+    }
+
+    /// The shutdown's end of this run's [`ShardLocal`](crate::ShardLocal) values: closes the
+    /// table (a later `get` is `Err(Stopped)`) and drops them here, each under
+    /// [`guarded`](crate::task::guarded) (a value's `Drop` is user code). True if there were
+    /// any: what their drops did (wakes, spawns, messages) needs another pass of the shutdown.
+    pub(crate) fn drop_shard_locals(&self) -> bool {
+        let values = self.locals.borrow_mut().close();
+        let mut any = false;
+        for slot in values {
+            if let crate::shard_local::Slot::Ready(v) = slot {
+                any = true;
+                crate::task::guarded("a ShardLocal value panicked while being dropped", || {
+                    drop(v)
+                });
+            }
+        }
+        any
     }
 }
 

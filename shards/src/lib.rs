@@ -30,7 +30,8 @@
 //! - I/O (`io/`): one driver per loop, io_uring or epoll, which is also the loop's park;
 //!   [`net`] (TCP, UDP, Unix sockets) and [`fs`] (files) on top, one file per operation in
 //!   `io/ops/` with both backends.
-//! - [`shard`]: `id()`, `count()`, `spawn_local`, `submit_to`, `stop`; [`Sharded`]: per-shard state;
+//! - [`shard`]: `id()`, `count()`, `spawn_local`, `submit_to`, `stop`; [`Sharded`] and
+//!   [`ShardLocal`]: per-shard state;
 //!   [`time`]: `sleep`, `timeout`, `interval`; [`LocalExecutor`]: one loop on this thread.
 //!
 //! # Which call to use
@@ -46,6 +47,7 @@
 //! | run blocking code and await its result | [`spawn_blocking`] | (any thread may block) |
 //! | await a group of tasks as they finish, cancel them together | [`task::JoinSet`] | [`task::JoinSet::insert`] of [`Handle`] spawns, awaited in a `block_on` |
 //! | stop the run | [`stop`] | [`Handle::stop`] |
+//! | keep per-shard state | [`Sharded`] (`Send` values, built up front, kept across runs) or [`ShardLocal`] (any value, built on its shard at first use, dropped at the run's end) | read a `Sharded` after `run()`; reach either through [`Handle::submit_to`] while it runs |
 //! | where am I | [`shard::id`], [`shard::count`], [`shard::cpu`], [`shard::numa_node`] | [`Handle::shard_count`], [`Handle::placement`] |
 //!
 //! Off any loop, the calls that cannot return an error panic, as tokio's spawns do:
@@ -212,6 +214,7 @@ pub mod net;
 mod preempt;
 mod ring;
 pub mod shard;
+mod shard_local;
 mod sharded;
 mod stall;
 mod stats;
@@ -239,6 +242,7 @@ pub use preempt::{yield_if_due, YieldIfDue};
 pub(crate) const MAX_SHARDS: usize = xtc_numa::MAX_SHARDS_PER_CPU * 8192;
 pub use ring::{DEFAULT_RING_CAPACITY, MAX_RING_CAPACITY};
 pub use shard::{send_to, spawn, spawn_local, stop, submit_to, submit_to_all};
+pub use shard_local::ShardLocal;
 pub use sharded::Sharded;
 pub use stall::StallReport;
 pub use stats::LoopStats;

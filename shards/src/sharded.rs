@@ -28,7 +28,8 @@ struct Slot<T> {
 /// shard uses; no lock, no read-modify-write after the first access. Slots are cache-line padded
 /// so shards do not false-share. Shared between threads (in an `Arc`, a `static`, a leaked
 /// `&'static`) it needs `T: Send`: it is `Sync` for any `T: Send`, also a `!Sync` one such as a
-/// `Cell` or a `RefCell`.
+/// `Cell` or a `RefCell`. For a `!Send` value (an `Rc`, a `channel::local` end, a socket),
+/// built on its shard and dropped there at the run's end, use [`ShardLocal`](crate::ShardLocal).
 ///
 /// Reaching it through an `Arc` (as below) costs each `submit_to` closure that captures a
 /// clone two atomic read-modify-writes on the one count every shard touches. State that lives

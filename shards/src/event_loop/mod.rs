@@ -946,6 +946,11 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             && !evacuate_again
             && (keep_inbox || shared.inbox.popped_at_least(inbox_before))
         {
+            // Every task is gone: the run's `ShardLocal` values go last (task drops may have
+            // used them), and what their drops sent or woke gets another pass.
+            if core.drop_shard_locals() {
+                continue;
+            }
             break;
         }
         if shared.inbox.drain_into(&mut spare) > 0 {
