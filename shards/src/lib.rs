@@ -46,6 +46,7 @@
 //! | fire and forget on shard `n` | [`shard::send_to`] (a future: awaits ring room) | [`Handle::send_to`] (queued at once) |
 //! | run blocking code and await its result | [`spawn_blocking`] | (any thread may block) |
 //! | await a group of tasks as they finish, cancel them together | [`task::JoinSet`] | [`task::JoinSet::insert`] of [`Handle`] spawns, awaited in a `block_on` |
+//! | hand one value back, limit holders, notify | `futures::channel::oneshot`, `async-lock`, `event-listener` (see [`channel`]: "Other ways to wait") | the same (their ends are `Send`) |
 //! | stop the run | [`stop`] | [`Handle::stop`] |
 //! | keep per-shard state | [`Sharded`] (`Send` values, built up front, kept across runs) or [`ShardLocal`] (any value, built on its shard at first use, dropped at the run's end) | read a `Sharded` after `run()`; reach either through [`Handle::submit_to`] while it runs |
 //! | where am I | [`shard::id`], [`shard::count`], [`shard::cpu`], [`shard::numa_node`] | [`Handle::shard_count`], [`Handle::placement`] |

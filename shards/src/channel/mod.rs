@@ -4,6 +4,54 @@
 //! Both are bounded: a full channel makes `send` wait (backpressure), and both report closing:
 //! `recv` gives `None` once every sender is gone and the channel is empty, `send` gives the value
 //! back in a [`SendError`] once the receiver is gone.
+//!
+//! # Other ways to wait
+//!
+//! xtc has no oneshot, notify, semaphore or async lock of its own: well-kept crates do those,
+//! and their futures work in xtc tasks on any shard, since xtc's wakers may be woken from any
+//! thread (a wake from another shard travels over the ring mesh; from a plain thread, through
+//! the target loop's inbox). Pick by what is shared:
+//!
+//! - one value back, once: `futures::channel::oneshot` (its ends are `Send`);
+//! - a bounded number of holders (connections, in-flight requests), or an async `Mutex` /
+//!   `RwLock` / `Barrier` held across an `.await`: the `async-lock` crate (`Semaphore`, ...);
+//!   within one shard, a `RefCell` borrow that ends before the next `.await` needs no lock;
+//! - a notification (tokio's `Notify`): the `event-listener` crate, or a [`shared`] or
+//!   [`local`] channel of `()`.
+//!
+//! Each costs what its crate says: atomics, and on a cross-shard wake one ring message (plus a
+//! ping if the target sleeps), as any wake does. A blocking wait on one inside a task blocks
+//! its loop (see "Blocking a loop" in the crate docs): await them instead.
+//!
+//! ```
+//! # use xtc_shards as xtc;
+//! use std::sync::Arc;
+//! let exec = xtc::Executor::builder().shards(2).oversubscribe(true).build()?;
+//! let total = exec.block_on(|| async {
+//!     // At most 2 holders at a time, across both shards.
+//!     let permits = Arc::new(async_lock::Semaphore::new(2));
+//!     let mut waits = Vec::new();
+//!     for i in 0..8u64 {
+//!         let (tx, rx) = futures::channel::oneshot::channel();
+//!         let permits = permits.clone();
+//!         xtc::shard::send_to(i as usize % 2, move || async move {
+//!             let _held = permits.acquire_arc().await;
+//!             xtc::yield_now().await;
+//!             let _ = tx.send(i * 10);
+//!         })
+//!         .await
+//!         .expect("both shards run");
+//!         waits.push(rx);
+//!     }
+//!     let mut total = 0;
+//!     for rx in waits {
+//!         total += rx.await.expect("every call answers");
+//!     }
+//!     total
+//! })?;
+//! assert_eq!(total, 280);
+//! # Ok::<(), xtc::Error>(())
+//! ```
 
 pub mod local;
 pub mod shared;
