@@ -4265,3 +4265,76 @@ fn bind_reuseport_on_a_port_a_plain_socket_holds_says_so() {
     let b = TcpListener::bind_reuseport(a.local_addr().unwrap());
     assert!(b.is_ok(), "{:?}", b.err());
 }
+
+/// `bind_reuseport_many`: every shard's listener is bound before `run()`, on one port (port 0
+/// resolved by the first), so clients that connect before any loop runs are all served once
+/// the shards accept; a `count` of 0 and a port a plain socket holds are errors.
+#[test]
+fn listeners_bound_before_run_serve_clients_that_came_early() {
+    const CLIENTS: usize = 12;
+    each_driver(
+        "listeners_bound_before_run",
+        3,
+        |b| b.service_mode(true),
+        |driver, ex| {
+            let listeners = TcpListener::bind_reuseport_many("127.0.0.1:0", 3).unwrap();
+            let addr = listeners[0].local_addr().unwrap();
+            assert!(listeners.iter().all(|l| l.local_addr().unwrap() == addr));
+            // Connected and written before any loop runs: they wait in the backlogs.
+            let mut early: Vec<std::net::TcpStream> = (0..CLIENTS)
+                .map(|i| {
+                    let mut c = std::net::TcpStream::connect(addr).unwrap();
+                    c.write_all(&[i as u8]).unwrap();
+                    c
+                })
+                .collect();
+            for (shard, l) in listeners.into_iter().enumerate() {
+                ex.spawn_on(shard, move || async move {
+                    let l = TcpListener::from_std(l).unwrap();
+                    loop {
+                        let (s, _) = l.accept().await.unwrap();
+                        xtc_shards::spawn_local(async move {
+                            let (r, buf) = s.read(vec![0u8; 1]).await;
+                            assert_eq!(r.unwrap(), 1);
+                            let (w, _) = s.write_all(vec![buf[0], shard as u8]).await;
+                            w.unwrap();
+                        });
+                    }
+                })
+                .unwrap();
+            }
+            let h = ex.handle();
+            let reader = thread::spawn(move || {
+                let replies: Vec<[u8; 2]> = early
+                    .iter_mut()
+                    .map(|c| {
+                        c.set_read_timeout(Some(HANG)).unwrap();
+                        let mut got = [0u8; 2];
+                        c.read_exact(&mut got).unwrap();
+                        got
+                    })
+                    .collect();
+                h.stop();
+                replies
+            });
+            ex.run().unwrap();
+            let replies = reader.join().unwrap();
+            for (i, r) in replies.iter().enumerate() {
+                assert_eq!(
+                    r[0] as usize, i,
+                    "[{driver}] client {i} got another's reply"
+                );
+                assert!(
+                    (r[1] as usize) < 3,
+                    "[{driver}] a reply from shard {}",
+                    r[1]
+                );
+            }
+        },
+    );
+    let e = TcpListener::bind_reuseport_many("127.0.0.1:0", 0).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let e = TcpListener::bind_reuseport_many(plain.local_addr().unwrap(), 2).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+}

@@ -91,6 +91,53 @@ impl TcpListener {
         })
     }
 
+    /// `count` listeners on one address, each with `SO_REUSEPORT`, bound and listening now
+    /// (before any shard runs), as `std` listeners (`Send`): hand one to each shard, which
+    /// wraps it with [`from_std`](Self::from_std). So every shard's listener exists before
+    /// `run()` starts, and a client that connects early waits in a backlog instead of being
+    /// refused by a shard that has not bound yet; a bind error comes back here, in `main`,
+    /// instead of inside a shard's task. With port 0 the first listener gets a port from the
+    /// OS and the others bind that same port. `Err(InvalidInput)` for a `count` of 0, else
+    /// [`bind_reuseport`](Self::bind_reuseport)'s errors (the listeners bound so far are
+    /// closed). What `bind_reuseport` says of a port other sockets join holds here too.
+    /// Cost: `count` times `bind_reuseport`'s system calls, plus one `getsockname`.
+    ///
+    /// ```
+    /// # use xtc_shards as xtc;
+    /// let exec = xtc::Executor::builder().shards(2).oversubscribe(true).build()?;
+    /// let listeners = xtc::net::TcpListener::bind_reuseport_many("127.0.0.1:0", exec.shard_count())?;
+    /// let addr = listeners[0].local_addr()?;
+    /// for (shard, l) in listeners.into_iter().enumerate() {
+    ///     exec.spawn_on(shard, move || async move {
+    ///         let l = xtc::net::TcpListener::from_std(l).expect("a listener");
+    ///         assert_eq!(l.local_addr().unwrap(), addr); // one port for all shards
+    ///     })?;
+    /// }
+    /// exec.run()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bind_reuseport_many(
+        addr: impl std::net::ToSocketAddrs,
+        count: usize,
+    ) -> io::Result<Vec<std::net::TcpListener>> {
+        if count == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "bind_reuseport_many: count is 0; pass the number of shards to serve \
+                 (Executor::shard_count)",
+            ));
+        }
+        let first = each_addr(addr, |a| listener(a, true))?;
+        // Port 0 is resolved now: the others bind the port the OS gave the first.
+        let at = ip_addr(&first.local_addr()?)?;
+        let mut all = Vec::with_capacity(count);
+        all.push(std::net::TcpListener::from(first));
+        for _ in 1..count {
+            all.push(listener(at, true)?.into());
+        }
+        Ok(all)
+    }
+
     /// Waits for a connection. Out of descriptors (`EMFILE`, `ENFILE`), memory (`ENOBUFS`,
     /// `ENOMEM`) or io_uring submission room (`EAGAIN`, `EBUSY`) it backs off (1 ms doubling
     /// to 100 ms) instead of spinning or failing, and logs a warning once per episode for the
