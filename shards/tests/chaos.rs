@@ -214,6 +214,25 @@ enum Fate {
     RemoteAwait(usize),
 }
 
+/// `ShardLocal` values built and dropped, process-wide: equal once every executor is gone
+/// (each loop's shutdown drops its run's values).
+static LOCAL_BUILT: AtomicUsize = AtomicUsize::new(0);
+static LOCAL_DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// A shard's value: which shard built it.
+struct PerShard(usize);
+
+impl Drop for PerShard {
+    fn drop(&mut self) {
+        LOCAL_DROPPED.fetch_add(1, SeqCst);
+    }
+}
+
+static PER_SHARD: xtc_shards::ShardLocal<PerShard> = xtc_shards::ShardLocal::new(|shard| {
+    LOCAL_BUILT.fetch_add(1, SeqCst);
+    PerShard(shard)
+});
+
 /// A task body: a random script of operations, then its completion count and its value.
 fn body(s: Arc<Soak>, id: usize, mut rng: Rng, depth: u32, pinned: bool) -> BoxFut {
     Box::pin(async move {
@@ -236,7 +255,7 @@ fn body(s: Arc<Soak>, id: usize, mut rng: Rng, depth: u32, pinned: bool) -> BoxF
                 let kid = kids.swap_remove(k);
                 resolve(&s, kid).await;
             }
-            let op = rng.below(if depth >= 3 { 5 } else { 21 });
+            let op = rng.below(if depth >= 3 { 5 } else { 22 });
             match op {
                 0 => {
                     for _ in 0..rng.below(40) {
@@ -362,6 +381,23 @@ fn body(s: Arc<Soak>, id: usize, mut rng: Rng, depth: u32, pinned: bool) -> BoxF
                         }
                     }
                     yield_now().await;
+                }
+                19 => {
+                    // This shard's value, then every shard's, by `try_submit_to_all`.
+                    let here = PER_SHARD.get().0;
+                    if here != shard::id() {
+                        s.error(format!("shard {} got shard {here}'s value", shard::id()));
+                    }
+                    let all = shard::try_submit_to_all(|| async {
+                        Ok::<_, xtc_shards::Error>(PER_SHARD.get().0)
+                    })
+                    .await;
+                    match all {
+                        Ok(v) if v == (0..shard::count()).collect::<Vec<_>>() => {}
+                        Ok(v) => s.error(format!("try_submit_to_all gave {v:?}")),
+                        Err(e) if s.strict() => s.error(format!("try_submit_to_all: {e}")),
+                        Err(_) => {}
+                    }
                 }
                 20 => kids.extend(hidden(&s, &mut rng, depth).await),
                 _ => {
@@ -1671,6 +1707,12 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 .iter()
                 .map(|e| format!("round {round} (late): {e}")),
         );
+    }
+    let (built, dropped) = (LOCAL_BUILT.load(SeqCst), LOCAL_DROPPED.load(SeqCst));
+    if built != dropped {
+        problems.push(format!(
+            "{built} ShardLocal values built and {dropped} dropped, with every executor gone"
+        ));
     }
     let left = live.load(SeqCst);
     if left != 0 {
