@@ -2,8 +2,8 @@
 //! `spawn_on` and migratable tasks (nested), join / detach / abort (local and from another task
 //! or thread) at random points, `submit_to` / `send_to` / `submit_to_all` (some panicking),
 //! shared and local channels with random capacities (ends dropped at random), short sleeps and
-//! timeouts, `yield_now`, CPU work under `yield_if_due`, scheduling classes, a little Unix and
-//! TCP I/O over loopback pairs, futures whose `Drop` panics or spawns, `Handle` calls from a
+//! timeouts, `yield_now`, CPU work under `yield_if_due`, scheduling classes, a `ShardLocal`
+//! value read on its shard and on every shard by `try_submit_to_all`, a little Unix and TCP I/O over loopback pairs, futures whose `Drop` panics or spawns, `Handle` calls from a
 //! plain thread, calls into a second executor, hidden loops (a task drops, or runs with a stop,
 //! a second executor whose queued tasks own payloads: their `Drop`s run with the task's loop
 //! hidden, `context::off_loop`, and call `spawn_blocking`, send on a shared channel, block on
@@ -22,8 +22,9 @@
 //! (not aborted, its call queued) completed; every channel received exactly a prefix of what
 //! its sender sent successfully, all of it where the receiver drained to the end; no loop
 //! keeps a live task, the roots' handles are resolved, and without any stop so far every ring
-//! message sent was received. At the end every value the workload made (futures, messages)
-//! is dropped with the executor, and handles of tasks left to it report cancelled.
+//! message sent was received. At the end every value the workload made (futures, messages,
+//! `ShardLocal` values) is dropped with the executor, and handles of tasks left to it report
+//! cancelled.
 //!
 //! The default test runs 64 seeds (about a second). More, e.g. 500 seeds from 1000, on epoll:
 //! `XTC_IO=epoll XTC_CHAOS_SEEDS=1000..1500 cargo test -p xtc-shards --test chaos -- --nocapture`
