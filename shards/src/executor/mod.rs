@@ -1428,7 +1428,7 @@ enum Binding {
 }
 
 /// Whether every CPU the calling thread may run on is allowed in `topo` (false if the mask
-/// cannot be read, or names a CPU beyond `cpu_set_t`'s 1,024).
+/// cannot be read).
 fn inherited_cpus_allowed(topo: &Topology) -> bool {
     crate::sys::thread_cpus()
         .is_some_and(|cpus| !cpus.is_empty() && cpus.iter().all(|&c| topo.is_allowed(c)))

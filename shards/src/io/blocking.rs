@@ -86,7 +86,7 @@ pub(crate) fn set_topology(topo: Arc<xtc_numa::Topology>) {
     let mut cpus = lock(&POOL_CPUS);
     let before = cpus.len();
     for cpu in topo.allowed_pus() {
-        if cpu < libc::CPU_SETSIZE as usize && !cpus.contains(&cpu) {
+        if !cpus.contains(&cpu) {
             cpus.push(cpu);
         }
     }
@@ -109,20 +109,10 @@ fn unpin_from_loop(seen: &mut u64) {
     if cpus.is_empty() {
         return;
     }
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; every CPU is below `CPU_SETSIZE`
-    // (checked as it was recorded); the call changes this thread's mask only.
-    let r = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &cpu in &cpus {
-            libc::CPU_SET(cpu, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if r != 0 {
+    if let Err(e) = crate::sys::set_thread_cpus(&cpus) {
         // Once per process at warning level (the jobs then run on fewer CPUs than the
         // executors allow, beside their loops); every later failure at debug level.
         static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        let e = io::Error::last_os_error();
         if !WARNED.swap(true, SeqCst) {
             tracing::warn!(
                 "xtc: a blocking-pool thread keeps its CPU affinity (binding to {cpus:?}: {e}); \

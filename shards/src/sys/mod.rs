@@ -8,21 +8,98 @@ mod eventfd;
 #[cfg_attr(loom, allow(unused_imports))]
 pub(crate) use eventfd::EventFd;
 
-/// The CPUs the calling thread may run on (`sched_getaffinity`), below `cpu_set_t`'s 1,024;
-/// `None` if the mask cannot be read. Cost: one system call and a scan of the 1,024 bits.
+/// Bits in one word of a CPU mask as the kernel reads and writes it (an array of `unsigned
+/// long`, `cpu_set_t`'s layout at any size).
+const MASK_WORD_BITS: usize = libc::c_ulong::BITS as usize;
+
+/// The CPUs the calling thread may run on (`sched_getaffinity`), of any number: the mask
+/// starts at `cpu_set_t`'s 1,024 CPUs and doubles while the kernel's is larger (`EINVAL`).
+/// `None` if the mask cannot be read. Cost: one system call (more only past 1,024 CPUs) and a
+/// scan of the mask's words.
 pub(crate) fn thread_cpus() -> Option<Vec<usize>> {
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel writes at most `size_of`
-    // bytes of it, and `CPU_ISSET` reads indices below `CPU_SETSIZE` only.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+    let mut words = libc::CPU_SETSIZE as usize / MASK_WORD_BITS;
+    loop {
+        let mut mask: Vec<libc::c_ulong> = vec![0; words];
+        let bytes = words * std::mem::size_of::<libc::c_ulong>();
+        // SAFETY: the kernel writes at most `bytes` bytes, the size of `mask`'s buffer, which
+        // has `cpu_set_t`'s layout (an array of `unsigned long`) at this size.
+        let r = unsafe { libc::sched_getaffinity(0, bytes, mask.as_mut_ptr().cast()) };
+        if r == 0 {
+            return Some(mask_cpus(&mask));
+        }
+        let e = std::io::Error::last_os_error();
+        // EINVAL: the kernel's mask is larger than ours. 2^20 CPUs is far past any machine.
+        if e.raw_os_error() != Some(libc::EINVAL) || words >= (1 << 20) / MASK_WORD_BITS {
             return None;
         }
-        Some(
-            (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| libc::CPU_ISSET(c, &set))
-                .collect(),
-        )
+        words *= 2;
+    }
+}
+
+/// The CPUs a mask of `unsigned long` words names, in order.
+fn mask_cpus(mask: &[libc::c_ulong]) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for (w, &word) in mask.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            cpus.push(w * MASK_WORD_BITS + bits.trailing_zeros() as usize);
+            bits &= bits - 1;
+        }
+    }
+    cpus
+}
+
+/// A mask of `unsigned long` words naming `cpus` (any numbers), as `sched_setaffinity` reads
+/// one.
+fn cpus_mask(cpus: &[usize]) -> Vec<libc::c_ulong> {
+    let top = cpus.iter().copied().max().unwrap_or(0);
+    let mut mask: Vec<libc::c_ulong> = vec![0; top / MASK_WORD_BITS + 1];
+    for &cpu in cpus {
+        mask[cpu / MASK_WORD_BITS] |= 1 << (cpu % MASK_WORD_BITS);
+    }
+    mask
+}
+
+/// Binds the calling thread to `cpus` (`sched_setaffinity`), of any number: the mask is as
+/// long as the highest CPU needs. Cost: one system call and a mask of that size.
+pub(crate) fn set_thread_cpus(cpus: &[usize]) -> std::io::Result<()> {
+    let mask = cpus_mask(cpus);
+    let bytes = mask.len() * std::mem::size_of::<libc::c_ulong>();
+    // SAFETY: the kernel reads `bytes` bytes, the size of `mask`'s buffer, which has
+    // `cpu_set_t`'s layout (an array of `unsigned long`) at this size; the call changes this
+    // thread's mask only.
+    let r = unsafe { libc::sched_setaffinity(0, bytes, mask.as_ptr().cast()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod affinity_tests {
+    use super::{cpus_mask, mask_cpus, set_thread_cpus, thread_cpus, MASK_WORD_BITS};
+
+    /// A mask names exactly its CPUs, past `cpu_set_t`'s 1,024 too.
+    #[test]
+    fn masks_hold_cpus_of_any_number() {
+        let cpus = vec![0, 3, 63, 64, 1023, 1024, 1500, 4095];
+        let mask = cpus_mask(&cpus);
+        assert_eq!(mask.len(), 4095 / MASK_WORD_BITS + 1);
+        assert_eq!(mask_cpus(&mask), cpus);
+        assert_eq!(mask_cpus(&cpus_mask(&[])), Vec::<usize>::new());
+    }
+
+    /// Binding to the thread's own CPUs plus one past 1,024 that this machine lacks takes
+    /// (the kernel ignores CPUs it does not have) and leaves the thread's mask as it was:
+    /// truncated to `cpu_set_t`, the set lost every CPU at 1,024 and above.
+    #[test]
+    fn binding_past_1024_cpus_reaches_the_kernel() {
+        let own = thread_cpus().expect("sched_getaffinity");
+        let mut wider = own.clone();
+        wider.push(1500);
+        set_thread_cpus(&wider).expect("sched_setaffinity with a CPU past 1,024");
+        assert_eq!(thread_cpus().unwrap(), own);
     }
 }
 
