@@ -542,6 +542,10 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
+        // A shutdown that a panic cut short left the run's `ShardLocal` values here: dropped
+        // guarded (their `Drop` is user code, and this may run while that panic unwinds,
+        // where a second one aborted the process). After a full shutdown the table is empty.
+        self.drop_shard_locals();
         // `task/home.rs` rule 4: this thread's current loop is no longer this `Core` (the
         // `Enter` guard that set it borrowed the `Core`), so nothing banks here after this.
         let banked = self.home_bank.replace(0);

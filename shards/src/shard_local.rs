@@ -6,7 +6,9 @@
 
 use std::{
     any::Any,
+    collections::HashMap,
     fmt,
+    hash::{BuildHasherDefault, Hasher},
     rc::Rc,
     sync::atomic::{AtomicUsize, Ordering::Relaxed},
 };
@@ -16,8 +18,17 @@ use crate::{context::with_core, Error, Result};
 /// Per-shard state of any type, `!Send` ones included (an `Rc`, a `RefCell` of I/O objects,
 /// a `channel::local` end): each shard's value is built on that shard by the initializer, the
 /// first time a task there asks for it, and dropped there by the loop's shutdown at the end of
-/// the run, after the loop's tasks (so a task's `Drop` may still use it). A later run builds it
-/// again. Seastar's `sharded<T>` service, without its `start`/`stop` calls.
+/// the run, after the tasks that shutdown drops (so a pinned task's `Drop` may still use it,
+/// as may a migratable task's that is queued on the loop then). A migratable task parked at
+/// the run's end is dropped later, after every loop has stopped and off any loop: there
+/// [`try_get`](Self::try_get) is `Err(OffLoop)`. A later run builds the values again.
+/// Seastar's `sharded<T>` service, without its `start`/`stop` calls.
+///
+/// A value's teardown is its `Drop`, run by the shutdown; there is no async stop step (as
+/// Seastar's `stop()`): flush what must reach a peer, a file or another shard before the run
+/// ends (a `submit_to_all` of a flush before `stop()`, say). Dropping a `ShardLocal` drops none
+/// of its values at once: each shard's stays in its loop until the run ends. Keep them in `static`s or other long-lived places; one made per request
+/// costs an entry in each shard's table that used it, until the run ends.
 ///
 /// It holds no value itself (the loops do), so it is `Send + Sync` for every `T` and fits in a
 /// `static`: any task of any shard reaches its own shard's value through the same
@@ -75,7 +86,8 @@ impl<T: 'static> ShardLocal<T> {
     }
 
     /// [`new`](Self::new) with an initializer that captures (a configuration, an `Arc` of
-    /// shared state). Cost: one allocation for the closure.
+    /// shared state). Not `const`: for a `static`, put it in a `std::sync::LazyLock`, or leak
+    /// a `Box` of it for a `&'static`. Cost: one allocation for the closure.
     pub fn from_fn(init: impl Fn(usize) -> T + Send + Sync + 'static) -> Self {
         ShardLocal {
             init: Init::Boxed(Box::new(init)),
@@ -89,8 +101,9 @@ impl<T: 'static> ShardLocal<T> {
     /// order). A panic in the initializer goes to the caller (the task's `JoinError`); nothing
     /// is stored and the next call tries again.
     ///
-    /// Cost: a thread-local read, a table lookup and a reference-count increment (no atomic);
-    /// at the first use on a shard, the initializer and one allocation. A migratable task
+    /// Cost: a thread-local read, a hash-map lookup (the hash is one multiplication) and a
+    /// reference-count increment (no atomic); at the first use on a shard, the initializer,
+    /// one allocation and a map insert. A migratable task
     /// that moves to another shard keeps the `Rc` it had, which is the old shard's value (the
     /// `Rc` is `!Send`, so a task holding one across an `.await` cannot be migratable: the
     /// compiler keeps it pinned); it asks again for the new shard's.
@@ -99,8 +112,8 @@ impl<T: 'static> ShardLocal<T> {
     /// If the initializer uses this same `ShardLocal` on its shard (it would build itself
     /// for ever).
     pub fn try_get(&self) -> Result<Rc<T>> {
-        let id = self.id();
-        let found = with_core(|core| core.shard_local(id)).ok_or(Error::OffLoop(
+        // The id is taken on a loop only: a call off any loop uses none up.
+        let found = with_core(|core| core.shard_local(self.id())).ok_or(Error::OffLoop(
             "xtc::ShardLocal::get (from other threads, reach each shard's value with \
              Handle::submit_to)",
         ))?;
@@ -113,7 +126,7 @@ impl<T: 'static> ShardLocal<T> {
             ),
             Lookup::Empty(shard) => {
                 let value: Rc<dyn Any> = Rc::new(self.build(shard));
-                with_core(|core| core.shard_local_store(id, value.clone()));
+                with_core(|core| core.shard_local_store(self.id(), value.clone()));
                 value
             }
         };
@@ -196,12 +209,38 @@ pub(crate) enum Slot {
     Ready(Rc<dyn Any>),
 }
 
-/// A loop's values: slot `id - 1` for each id used on it, and whether its shutdown dropped
-/// them. Lives in the loop's `Core`, so it is dropped with it, on the loop's thread.
+/// A loop's values: a slot for each id used on it, and whether its shutdown dropped them.
+/// Lives in the loop's `Core`, so it is dropped with it, on the loop's thread. A map, not a
+/// vector indexed by id: ids are process-wide and never reused, so a vector grew with every
+/// `ShardLocal` ever made (one made per request cost memory per shard and run for all of
+/// them).
 #[derive(Default)]
 pub(crate) struct Table {
-    pub(crate) slots: Vec<Slot>,
-    pub(crate) closed: bool,
+    slots: HashMap<usize, Slot, BuildHasherDefault<IdHasher>>,
+    closed: bool,
+}
+
+/// The hasher of [`Table`]'s ids: one multiplication (ids are small distinct integers, and
+/// the map's own probing takes care of the rest). Cost: a multiply per lookup, where SipHash
+/// took tens of nanoseconds.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by `usize` keys; FNV-1a for completeness.
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_usize(&mut self, id: usize) {
+        self.0 = (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 impl fmt::Debug for Table {
@@ -218,10 +257,7 @@ impl Table {
         if self.closed {
             return Lookup::Closed;
         }
-        if self.slots.len() < id {
-            self.slots.resize_with(id, Slot::default);
-        }
-        match &mut self.slots[id - 1] {
+        match self.slots.entry(id).or_default() {
             Slot::Ready(v) => Lookup::Found(v.clone()),
             Slot::Building => Lookup::Building,
             slot @ Slot::Empty => {
@@ -234,14 +270,15 @@ impl Table {
     /// Keeps `value` in slot `id`, marked `Building` by [`lookup`](Self::lookup); a closed
     /// table keeps nothing (the caller's `Rc` is then the value's last).
     pub(crate) fn store(&mut self, id: usize, value: Rc<dyn Any>) {
-        if let Some(slot) = self.slots.get_mut(id - 1) {
+        if let Some(slot) = self.slots.get_mut(&id) {
             *slot = Slot::Ready(value);
         }
     }
 
+    /// The initializer of `id` unwound: its slot goes.
     pub(crate) fn unmark(&mut self, id: usize) {
-        if let Some(slot @ Slot::Building) = self.slots.get_mut(id - 1) {
-            *slot = Slot::Empty;
+        if matches!(self.slots.get(&id), Some(Slot::Building)) {
+            self.slots.remove(&id);
         }
     }
 
@@ -249,6 +286,27 @@ impl Table {
     /// a value's `Drop` may look here again).
     pub(crate) fn close(&mut self) -> Vec<Slot> {
         self.closed = true;
-        std::mem::take(&mut self.slots)
+        std::mem::take(&mut self.slots).into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Lookup, Table};
+
+    /// A table holds the ids used on its loop only: a high id (many `ShardLocal`s made
+    /// before) costs one entry, not a slot for every id below it.
+    #[test]
+    fn a_table_holds_only_the_ids_used() {
+        let mut t = Table::default();
+        assert!(matches!(t.lookup(4_000_000, 0), Lookup::Empty(0)));
+        t.store(4_000_000, std::rc::Rc::new(1u8));
+        assert!(matches!(t.lookup(4_000_000, 0), Lookup::Found(_)));
+        assert_eq!(t.slots.len(), 1);
+        assert!(matches!(t.lookup(7, 0), Lookup::Empty(0)));
+        t.unmark(7);
+        assert_eq!(t.slots.len(), 1, "an unwound build leaves no entry");
+        assert_eq!(t.close().len(), 1);
+        assert!(matches!(t.lookup(4_000_000, 0), Lookup::Closed));
     }
 }

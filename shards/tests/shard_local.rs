@@ -204,3 +204,80 @@ fn a_values_drop_finds_the_others_gone() {
     let answer = ANSWER.lock().unwrap().clone().unwrap();
     assert!(answer.starts_with("xtc::Error::Stopped"), "{answer}");
 }
+
+/// A migratable task parked at the run's end is dropped after every loop stopped, off any
+/// loop: its `Drop` gets `Err(OffLoop)` (documented), while a pinned task's gets the value.
+#[test]
+fn a_parked_migratable_tasks_drop_runs_off_any_loop() {
+    static ANSWERS: Mutex<Vec<(bool, bool)>> = Mutex::new(Vec::new());
+    static REG: ShardLocal<u8> = ShardLocal::new(|_| 1);
+    struct Conn(bool);
+    impl Drop for Conn {
+        fn drop(&mut self) {
+            let got = REG.try_get();
+            let off = matches!(got, Err(Error::OffLoop(_)));
+            ANSWERS.lock().unwrap().push((self.0, got.is_ok() || !off));
+        }
+    }
+    exec(1)
+        .block_on(|| async {
+            let _ = REG.get();
+            spawn_local(async {
+                let _c = Conn(true);
+                std::future::pending::<()>().await
+            });
+            xtc_shards::spawn(async {
+                let _c = Conn(false);
+                std::future::pending::<()>().await
+            });
+            xtc_shards::yield_now().await;
+        })
+        .unwrap();
+    let mut answers = ANSWERS.lock().unwrap().clone();
+    answers.sort();
+    // (pinned, found the value): the migratable one got OffLoop, the pinned one the value.
+    assert_eq!(answers, vec![(false, false), (true, true)]);
+}
+
+/// At a quiescent stop, what a value's `Drop` spawns on its loop is dropped by that stop (as
+/// at a requested one), not run by the next `run()`.
+#[test]
+fn a_values_drop_spawns_are_dropped_at_a_quiescent_stop() {
+    static RAN: AtomicUsize = AtomicUsize::new(0);
+    static DROPPED: AtomicUsize = AtomicUsize::new(0);
+    struct Flag;
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            DROPPED.fetch_add(1, SeqCst);
+        }
+    }
+    struct Spawner;
+    impl Drop for Spawner {
+        fn drop(&mut self) {
+            let f = Flag;
+            drop(spawn_local(async move {
+                let _f = f;
+                RAN.fetch_add(1, SeqCst);
+            }));
+            let f = Flag;
+            drop(xtc_shards::spawn(async move {
+                let _f = f;
+                RAN.fetch_add(10, SeqCst);
+            }));
+        }
+    }
+    static S: ShardLocal<Spawner> = ShardLocal::new(|_| Spawner);
+    let ex = exec(2);
+    ex.spawn_on(0, || async {
+        let _ = S.get();
+    })
+    .unwrap();
+    ex.run().unwrap();
+    assert_eq!((RAN.load(SeqCst), DROPPED.load(SeqCst)), (0, 2));
+    ex.run().unwrap();
+    assert_eq!(
+        RAN.load(SeqCst),
+        0,
+        "a spawn of the first run's value drop ran in the second run"
+    );
+}

@@ -896,6 +896,10 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
     core.run_flushes();
     let _ = ring::evacuate(core);
     let mut spare = Vec::new();
+    // Set once the run's `ShardLocal` values are dropped: user code then ran at a quiescent
+    // stop too, and what it spawned on this loop's deque is this run's, not a racing foreign
+    // spawn for the next one.
+    let mut locals_dropped = false;
     loop {
         let mut dropped = 0;
         loop {
@@ -915,6 +919,8 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         // ones after the loops stop (`executor::drop_migratable`).
         if !keep_inbox {
             steal::drop_local(core);
+        } else if locals_dropped {
+            steal::drop_deque(core);
         }
         steal::flush_live(core);
         crate::task::cancel_all(crate::class::drain(core));
@@ -930,7 +936,8 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
         let evacuate_again = ring::evacuate(core);
         // The deque only: the injector's fresh spawns from other threads need not wait
         // (`steal::drop_local`), and this loop's drops queue on its deque.
-        let queued = core.pinned_queued() || (!keep_inbox && steal::deque_queued(core));
+        let queued =
+            core.pinned_queued() || ((!keep_inbox || locals_dropped) && steal::deque_queued(core));
         if queued {
             // The evacuation drained our incoming rings: drop what came in.
             continue;
@@ -949,6 +956,7 @@ pub(crate) fn shutdown(core: &Core, keep_inbox: bool) {
             // Every task is gone: the run's `ShardLocal` values go last (task drops may have
             // used them), and what their drops sent or woke gets another pass.
             if core.drop_shard_locals() {
+                locals_dropped = true;
                 continue;
             }
             break;

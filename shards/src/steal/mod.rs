@@ -1226,6 +1226,14 @@ pub(crate) fn nudged_before_spin(core: &Core) -> bool {
 /// wait for the next run, can be left in an injector. A task that parks unregistered would
 /// break that.
 pub(crate) fn drop_local(core: &Core) {
+    drop_deque(core);
+    core.shared.steal.drop_injected();
+}
+
+/// [`drop_local`] less the injector: what this loop's own code queued on its deque (at a
+/// quiescent stop, what the drops of its `ShardLocal` values spawned; the injector's racing
+/// spawns from other threads stay for the next run).
+pub(crate) fn drop_deque(core: &Core) {
     loop {
         // Popped before the drop, which may queue here again.
         let next = core.deque.as_ref().and_then(Worker::pop);
@@ -1234,7 +1242,6 @@ pub(crate) fn drop_local(core: &Core) {
             None => break,
         }
     }
-    core.shared.steal.drop_injected();
 }
 
 /// Takes the `Runnable` of the task at `meta` out of `w`, leaving the rest in their order:
