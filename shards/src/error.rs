@@ -52,7 +52,8 @@ pub enum Error {
     /// that runs no xtc loop (or on a loop thread outside a task's poll).
     #[error(
         "{0} needs to run inside a task of an xtc loop: call it from a task; from other \
-         threads, Handle has spawn_on, spawn, submit_to, send_to and create_class"
+         threads, Handle has spawn_on, spawn, submit_to, submit_to_all, send_to and \
+         create_class"
     )]
     OffLoop(&'static str),
     /// The platform lacks a feature this call needs.
@@ -155,9 +156,11 @@ impl From<Error> for std::io::Error {
     /// For `?` in code that returns `std::io::Result` (a connection handler calling
     /// [`submit_to`](crate::shard::submit_to)). [`Error::Io`] gives its OS error's kind, with
     /// the message of the whole error; bad input (`InvalidShard`, `InvalidArgument`, `Env`,
-    /// `EnvPlacement`) reads `InvalidInput`, `Unsupported` reads `Unsupported`, `Stopped` reads
-    /// `Interrupted`, anything else `Other`. The `xtc::Error` stays inside as the source
-    /// (`get_ref`, `into_inner`). Cost: one allocation.
+    /// `EnvPlacement`) reads `InvalidInput`, `Unsupported` reads `Unsupported`, anything else
+    /// (`Stopped` included) `Other`. Not `Interrupted` for `Stopped`: std's `read_exact`,
+    /// `write_all`, `io::copy` and most retry loops retry that kind at once, and a reader
+    /// that goes through a stopped executor retried for good. The `xtc::Error` stays inside as
+    /// the source (`get_ref`, `into_inner`). Cost: one allocation.
     fn from(e: Error) -> Self {
         use std::io::ErrorKind;
         let kind = match &e {
@@ -167,7 +170,6 @@ impl From<Error> for std::io::Error {
             | Error::Env { .. }
             | Error::EnvPlacement { .. } => ErrorKind::InvalidInput,
             Error::Unsupported(_) => ErrorKind::Unsupported,
-            Error::Stopped => ErrorKind::Interrupted,
             _ => ErrorKind::Other,
         };
         std::io::Error::new(kind, e)

@@ -125,7 +125,7 @@ struct AwaitReply<T> {
 impl<T> AwaitReply<T> {
     fn new(join: JoinHandle<T>, remote: bool) -> Self {
         AwaitReply {
-            join,
+            join: join.unshared(),
             remote,
             counted_on: None,
             spin_until: None,
@@ -344,7 +344,13 @@ where
     E: From<Error> + Send + 'static,
 {
     let all = submit_to_all(make);
-    async move { first_failure(all.await) }
+    async move {
+        // Off any loop, named as this call (`submit_to_all` would name itself).
+        if with_core(|_| ()).is_none() {
+            return Err(Error::OffLoop("xtc::shard::try_submit_to_all").into());
+        }
+        first_failure(all.await)
+    }
 }
 
 /// The values of `all` in order, or its first failure, xtc's converted into `E`.

@@ -1860,3 +1860,64 @@ fn spawn_blocking_in_migratable_tasks() {
         .unwrap();
     assert_eq!(sum, (0..16u64).map(|i| i * 10).sum::<u64>());
 }
+
+/// A hand-rolled executor's task (as in the async book) whose waker owns its future, which
+/// awaits an xtc handle: polled once, then abandoned (its executor gone, only wakers hold
+/// it). The xtc task's end wakes and drops that waker, freeing the node: the handle keeps the
+/// waker it registered only weakly, so it does not hold its own node alive.
+#[test]
+fn an_abandoned_foreign_task_is_freed_when_the_task_it_awaits_ends() {
+    use std::{
+        cell::Cell,
+        future::Future,
+        pin::Pin,
+        sync::Weak,
+        task::{Context, Wake, Waker},
+    };
+    struct Node {
+        fut: Mutex<Option<Pin<Box<dyn Future<Output = ()>>>>>,
+    }
+    // SAFETY: the node is only touched on this thread (the `LocalExecutor`'s).
+    unsafe impl Send for Node {}
+    // SAFETY: as above.
+    unsafe impl Sync for Node {}
+    impl Wake for Node {
+        fn wake(self: Arc<Self>) {}
+    }
+    let freed = LocalExecutor::new().unwrap().block_on(async {
+        let go = Rc::new(Cell::new(false));
+        let g = go.clone();
+        let h = spawn_local(async move {
+            while !g.get() {
+                xtc_shards::yield_now().await;
+            }
+        });
+        let node = Arc::new(Node {
+            fut: Mutex::new(Some(Box::pin(async move {
+                let _ = h.await;
+            }))),
+        });
+        let waker = Waker::from(node.clone());
+        let pending = {
+            let mut fut = node.fut.lock().unwrap();
+            fut.as_mut()
+                .unwrap()
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        };
+        assert!(pending);
+        drop(waker);
+        let weak: Weak<Node> = Arc::downgrade(&node);
+        drop(node); // the executor is gone: only wakers hold the node now
+        go.set(true);
+        for _ in 0..10 {
+            xtc_shards::yield_now().await;
+        }
+        weak.upgrade().is_none()
+    });
+    assert!(
+        freed,
+        "the node (its future and the handle in it) leaked: the handle held its waker"
+    );
+}

@@ -127,13 +127,15 @@ fn off_any_loop_is_off_loop_converted() {
     let inner = err.get_ref().and_then(|e| e.downcast_ref::<Error>());
     assert!(matches!(inner, Some(Error::OffLoop(_))), "{err:?}");
     assert!(
-        err.to_string().contains("needs to run inside a task"),
+        err.to_string()
+            .contains("xtc::shard::try_submit_to_all needs to run inside a task"),
         "{err}"
     );
 }
 
 /// `xtc::Error` into `std::io::Error`: an OS error keeps its kind, bad input reads
-/// `InvalidInput`, a stop `Interrupted`, `Unsupported` its own kind; the message is xtc's.
+/// `InvalidInput`, `Unsupported` its own kind, a stop `Other` (not `Interrupted`, which std's
+/// `read_exact` and retry loops retry for good); the message is xtc's.
 #[test]
 fn xtc_errors_convert_into_io_errors_by_kind() {
     let kind = |e: Error| io::Error::from(e).kind();
@@ -152,7 +154,7 @@ fn xtc_errors_convert_into_io_errors_by_kind() {
         kind(Error::InvalidArgument("x".into())),
         io::ErrorKind::InvalidInput
     );
-    assert_eq!(kind(Error::Stopped), io::ErrorKind::Interrupted);
+    assert_eq!(kind(Error::Stopped), io::ErrorKind::Other);
     assert_eq!(kind(Error::Unsupported("x")), io::ErrorKind::Unsupported);
     assert_eq!(kind(Error::AlreadyRunning), io::ErrorKind::Other);
     let e = io::Error::from(Error::InvalidShard { shard: 5, count: 2 });

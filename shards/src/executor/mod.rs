@@ -2080,7 +2080,7 @@ impl Handle {
         Fut::Output: Send + 'static,
     {
         let h = self.spawn_on(shard, make);
-        async move { crate::shard::join_result(h?.await) }
+        async move { crate::shard::join_result(h?.unshared().await) }
     }
 
     /// Runs `make` on every shard (the closure is cloned once per shard) and collects the

@@ -24,7 +24,9 @@ use crate::{sync::Ordering::Relaxed, JoinError};
 ///
 /// The handle is `Send` when the output is, so a pinned task's result can be awaited from any
 /// thread, but it is not `Sync`: [`abort`](Self::abort) takes `&self` without a lock.
-/// Cost: awaiting is one poll of the async-task handle; completion wakes the awaiter once.
+/// Cost: awaiting is one poll of the async-task handle; completion wakes the awaiter once. A
+/// join that waits also keeps a clone of the waiting task's waker for [`abort`](Self::abort)
+/// (one reference-count increment, and its decrement when the handle goes).
 /// A migratable task ([`spawn`](crate::spawn)) awaiting a migratable task that is the newest
 /// one queued on its loop (not started yet, or woken since and queued there again) runs it
 /// there and then, inside its own poll (a work-first join, as `rayon::join` does; at most 128
@@ -50,15 +52,31 @@ pub struct JoinHandle<T> {
     /// Whether a poll of the live task returned `Pending`, so that async-task holds a waker of
     /// the poller's as the task's awaiter: `Drop` takes it back (see `drop_held`).
     waiting: Cell<bool>,
-    /// The awaiter async-task holds after this handle's last `Pending` poll of the live task
-    /// when it is a user's waker (the [`GuardedWaker`] made for it), `None` when it is the
-    /// polling task's own. `abort` registers it again, in place of the no-op waker, with its
-    /// first poll of the cancellation: a stop may close the task between `abort`'s check and
-    /// that poll, and wakes whatever is registered once it has dropped the future, so the
-    /// poller's waker must be what is there (rule 5 of the task protocol). The task's own waker
-    /// needs no keeping: that task polls the handle again whenever it is polled. Costs nothing
-    /// more: the guard is moved here, not cloned.
-    awaiter: Cell<Option<Waker>>,
+    /// The awaiter async-task holds after this handle's last `Pending` poll of the live task,
+    /// for `abort`: its first poll of the cancellation registers this one again, in place of
+    /// the no-op waker. A stop may close the task between `abort`'s check and that poll, and
+    /// wakes whatever is registered once it has dropped the future, so the poller's waker must
+    /// be what is there (rule 5 of the task protocol): a user's waker (a `FuturesUnordered`
+    /// node, which polls the handle again only when woken), or the waker of a task other than
+    /// the one that aborts (a handle shared in an `Rc` on one shard: one task awaits it,
+    /// another aborts it). See [`Awaiter`] for what each costs.
+    awaiter: Cell<Option<Awaiter>>,
+    /// Whether a `Pending` poll keeps the polling task's own waker in `awaiter`: not for the
+    /// join of a `submit_to` (`shard::AwaitReply`), which nobody else can reach to abort, and
+    /// whose reply path then pays no reference count.
+    keep_own: Cell<bool>,
+}
+
+/// What [`JoinHandle::abort`] registers again (see the `awaiter` field).
+enum Awaiter {
+    /// A clone of the polling task's own waker (one reference-count increment per join that
+    /// waits, and its decrement when the handle goes).
+    Own(Waker),
+    /// The guard async-task holds for a user's waker, weakly: no second strong copy, which
+    /// made a cycle of a foreign task whose waker owns its future holding this handle, and
+    /// nothing to register once async-task has let it go. Costs a weak-count increment on the
+    /// guard just allocated.
+    Guard(std::sync::Weak<GuardedWaker>),
 }
 
 /// Where a handle is: holding the live task, or aborted (rule 5 of the task protocol). Two
@@ -143,7 +161,15 @@ impl<T> JoinHandle<T> {
             state: ManuallyDrop::new(Cell::new(State::Live(task.fallible(), meta))),
             waiting: Cell::new(false),
             awaiter: Cell::new(None),
+            keep_own: Cell::new(true),
         }
+    }
+
+    /// For a join nobody else can abort (`submit_to`'s): a `Pending` poll keeps no clone of
+    /// the polling task's own waker (see `keep_own`).
+    pub(crate) fn unshared(self) -> Self {
+        self.keep_own.set(false);
+        self
     }
 
     /// Runs `f` on the state, taken out of the cell for the call (`Busy` meanwhile).
@@ -217,7 +243,12 @@ impl<T: 'static> JoinHandle<T> {
             // is registered once it has dropped the future: given the no-op waker, a user's
             // waker (a `FuturesUnordered` node, which polls the handle again only when woken)
             // would never be woken. So the poll registers that same waker again (`awaiter`).
-            let awaiter = self.awaiter.take();
+            let awaiter = match self.awaiter.take() {
+                Some(Awaiter::Own(w)) => Some(w),
+                // Gone: async-task no longer holds it (the task ended and woke it).
+                Some(Awaiter::Guard(g)) => g.upgrade().map(Waker::from),
+                None => None,
+            };
             let mut aborted = Box::new(Aborted {
                 cancel: Some(Box::pin(task.cancel())),
                 waker: None,
@@ -322,15 +353,16 @@ impl<T> JoinHandle<T> {
                 };
                 let polled = match &guard {
                     None => Pin::new(&mut task).poll(cx),
-                    Some(w) => Pin::new(&mut task).poll(&mut Context::from_waker(w)),
+                    Some(g) => {
+                        Pin::new(&mut task).poll(&mut Context::from_waker(&Waker::from(g.clone())))
+                    }
                 };
                 match polled {
                     Poll::Pending => {
                         self.state.set(State::Live(task, meta));
                         self.waiting.set(true);
                         let foreign = guard.is_some();
-                        // What async-task now holds, for `abort` (see `awaiter`).
-                        self.awaiter.set(guard);
+                        self.keep_awaiter(guard, cx.waker());
                         if foreign {
                             // Polled for someone other than the task being polled: on a loop
                             // thread maybe a foreign executor that blocks it until woken.
@@ -345,7 +377,7 @@ impl<T> JoinHandle<T> {
                 // The waker async-task may keep (see `guard_foreign`), also kept here for
                 // `is_finished`'s polls: an abort is rare, so it is made on every poll.
                 let (waker, foreign) = match self.guard_or_restore(cx.waker()) {
-                    Ok(Some(guard)) => (guard, true),
+                    Ok(Some(guard)) => (Waker::from(guard), true),
                     Ok(None) => (cx.waker().clone(), false),
                     Err(panic) => {
                         self.state.set(State::Aborted(a));
@@ -376,11 +408,26 @@ impl<T> JoinHandle<T> {
 }
 
 impl<T> JoinHandle<T> {
+    /// Keeps what async-task now holds as the awaiter, for `abort` (see `awaiter`): the
+    /// guard, weakly, or the polling task's own waker (`own`), cloned unless the same is kept
+    /// already or this join is `unshared`.
+    fn keep_awaiter(&self, guard: Option<Arc<GuardedWaker>>, own: &Waker) {
+        let kept = match guard {
+            Some(g) => Some(Awaiter::Guard(Arc::downgrade(&g))),
+            None if !self.keep_own.get() => None,
+            None => match self.awaiter.take() {
+                Some(Awaiter::Own(w)) if w.will_wake(own) => Some(Awaiter::Own(w)),
+                _ => Some(Awaiter::Own(own.clone())),
+            },
+        };
+        self.awaiter.set(kept);
+    }
+
     /// [`guard_foreign`], whose clone of a foreign waker is user code that may panic: the
     /// panic comes back as `Err` (for `poll` to put its state back before it goes on to the
     /// poller; taken out, the task was dropped, so cancelled, by the unwind). No cost without
     /// a panic.
-    fn guard_or_restore(&self, waker: &Waker) -> std::thread::Result<Option<Waker>> {
+    fn guard_or_restore(&self, waker: &Waker) -> std::thread::Result<Option<Arc<GuardedWaker>>> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guard_foreign(waker)))
     }
 }
@@ -450,12 +497,12 @@ impl<T> fmt::Debug for JoinHandle<T> {
 /// and drops its awaiter under an abort-on-panic guard, on the loop that completes the task,
 /// so a panicking user waker there aborted the process. Cost: a thread-local read and two
 /// loads when it is the task's own waker; otherwise one allocation.
-fn guard_foreign(waker: &Waker) -> Option<Waker> {
+fn guard_foreign(waker: &Waker) -> Option<Arc<GuardedWaker>> {
     let own = crate::context::with_core(|core| polled_with_own_waker(core, waker));
     if own == Some(true) {
         return None;
     }
-    Some(Waker::from(Arc::new(GuardedWaker(Some(waker.clone())))))
+    Some(Arc::new(GuardedWaker(Some(waker.clone()))))
 }
 
 /// Whether `waker` is the waker of the task `core` is polling now (not a custom waker, a
@@ -624,6 +671,84 @@ mod tests {
             );
             assert!(handle.await.unwrap_err().is_cancelled());
         });
+    }
+
+    /// A task X awaits a handle shared on its shard (an `Rc`), with its own waker; another
+    /// task aborts it while a stop closes the task in abort's window: X is woken at the end of
+    /// the stop's drop (the abort registers X's waker again, kept by the handle's last poll).
+    #[test]
+    fn an_abort_by_another_task_racing_a_stops_close_wakes_the_awaiting_task() {
+        use std::{cell::RefCell, rc::Rc};
+        struct Held {
+            in_drop: mpsc::Sender<()>,
+            release: mpsc::Receiver<()>,
+        }
+        impl Drop for Held {
+            fn drop(&mut self) {
+                self.in_drop.send(()).unwrap();
+                self.release.recv().unwrap();
+            }
+        }
+        let (in_drop, in_drop_rx) = mpsc::channel();
+        let (release_tx, release) = mpsc::channel();
+        let held = Held { in_drop, release };
+        let (polled, done) = crate::LocalExecutor::new().unwrap().block_on(async move {
+            let (r, handle) = crate::context::with_core(|c| {
+                create(
+                    Home::of_core(c),
+                    move || async move {
+                        let _held = held;
+                        std::future::pending::<()>().await
+                    },
+                    TaskInfo::here(None),
+                    0,
+                )
+            })
+            .unwrap();
+            let shared = Rc::new(RefCell::new(handle));
+            let (s2, polled, done) = (
+                shared.clone(),
+                Rc::new(Cell::new(0)),
+                Rc::new(Cell::new(false)),
+            );
+            let (p2, d2) = (polled.clone(), done.clone());
+            let x = crate::spawn_local(async move {
+                let out = std::future::poll_fn(|cx| {
+                    p2.set(p2.get() + 1);
+                    Pin::new(&mut *s2.borrow_mut()).poll(cx)
+                })
+                .await;
+                d2.set(true);
+                out.unwrap_err().is_cancelled()
+            });
+            for _ in 0..3 {
+                crate::yield_now().await;
+            }
+            assert_eq!(polled.get(), 1, "X polled the handle once and parked");
+            let (stopper_tx, stopper_rx) = mpsc::channel();
+            BETWEEN.set(Some(Box::new(move || {
+                let stopper = std::thread::spawn(move || cancel(r));
+                in_drop_rx.recv().unwrap();
+                stopper_tx.send(stopper).unwrap();
+            })));
+            shared.borrow().abort();
+            assert!(BETWEEN.take().is_none());
+            release_tx.send(()).unwrap();
+            stopper_rx.recv().unwrap().join().unwrap();
+            for _ in 0..2000 {
+                crate::time::sleep(std::time::Duration::from_millis(1)).await;
+                if done.get() {
+                    break;
+                }
+            }
+            let out = (polled.get(), done.get());
+            x.abort();
+            out
+        });
+        assert!(
+            done,
+            "X (polled {polled} times) was never woken: the stop woke a no-op waker"
+        );
     }
 
     /// The polling task's own waker is used as it is (no allocation on a task's join), for a

@@ -32,10 +32,12 @@
 //!    time the owner would poll it (at once if it is parked: async-task schedules it once more
 //!    for that). The handle keeps the cancellation and resolves only after that drop, as in
 //!    tokio, or with the output if the task had already finished. The cancellation's first
-//!    poll registers, as the task's awaiter, the user's waker the handle's last `Pending` poll
-//!    left there (kept by the handle), not a no-op waker: a stop that closes the task between
-//!    the abort's check and that poll wakes the awaiter only after dropping the future, and a
-//!    poller that polls again only when woken (a `FuturesUnordered` node) must be the one woken.
+//!    poll registers, as the task's awaiter, the waker the handle's last `Pending` poll left
+//!    there (kept by the handle: a clone of a polling task's own waker, a user's waker
+//!    weakly), not a no-op waker: a stop that closes the task between the abort's check and
+//!    that poll wakes the awaiter only after dropping the future, and the poller (a
+//!    `FuturesUnordered` node, or a task awaiting a handle that another task aborts) polls
+//!    again only when woken.
 //!
 //! Cost on the local path: one allocation per task and the async-task state updates; a task that
 //! parks adds one waker clone and one slab insert, once (rule 3; one that finishes in its first
