@@ -26,7 +26,8 @@ use crate::{sync::Ordering::Relaxed, JoinError};
 /// thread, but it is not `Sync`: [`abort`](Self::abort) takes `&self` without a lock.
 /// Cost: awaiting is one poll of the async-task handle; completion wakes the awaiter once. A
 /// join that waits also keeps a clone of the waiting task's waker for [`abort`](Self::abort)
-/// (one reference-count increment, and its decrement when the handle goes).
+/// (one small allocation and a reference-count increment at its first `Pending` poll, freed
+/// when the handle goes).
 /// A migratable task ([`spawn`](crate::spawn)) awaiting a migratable task that is the newest
 /// one queued on its loop (not started yet, or woken since and queued there again) runs it
 /// there and then, inside its own poll (a work-first join, as `rayon::join` does; at most 128
@@ -49,9 +50,6 @@ pub struct JoinHandle<T> {
     /// Left to the drop glue, the emptied state was dropped again by an out-of-line call on
     /// every handle (callgrind: about 16 instructions per handle).
     state: ManuallyDrop<Cell<State<T>>>,
-    /// Whether a poll of the live task returned `Pending`, so that async-task holds a waker of
-    /// the poller's as the task's awaiter: `Drop` takes it back (see `drop_held`).
-    waiting: Cell<bool>,
     /// The awaiter async-task holds after this handle's last `Pending` poll of the live task,
     /// for `abort`: its first poll of the cancellation registers this one again, in place of
     /// the no-op waker. A stop may close the task between `abort`'s check and that poll, and
@@ -59,15 +57,27 @@ pub struct JoinHandle<T> {
     /// be what is there (rule 5 of the task protocol): a user's waker (a `FuturesUnordered`
     /// node, which polls the handle again only when woken), or the waker of a task other than
     /// the one that aborts (a handle shared in an `Rc` on one shard: one task awaits it,
-    /// another aborts it). See [`Awaiter`] for what each costs.
-    awaiter: Cell<Option<Awaiter>>,
-    /// Whether a `Pending` poll keeps the polling task's own waker in `awaiter`: not for the
-    /// join of a `submit_to` (`shard::AwaitReply`), which nobody else can reach to abort, and
-    /// whose reply path then pays no reference count.
-    keep_own: Cell<bool>,
+    /// another aborts it). Boxed, so the handle stays four words: a million handles in a `Vec`
+    /// at five or seven words read a third slower in the spawn+join benchmark (page faults on
+    /// the larger vector). See [`Awaiter`] for what each costs.
+    awaiter: Cell<Option<Box<Awaiter>>>,
 }
 
-/// What [`JoinHandle::abort`] registers again (see the `awaiter` field).
+/// A live handle's flags, beside the task in [`State::Live`] (where they take no room: the
+/// variant's tag needs a byte of its own anyway).
+#[derive(Clone, Copy)]
+struct Flags {
+    /// A poll returned `Pending`, so that async-task holds a waker of the poller's as the
+    /// task's awaiter: `Drop` takes it back (see `drop_held`).
+    waiting: bool,
+    /// A `Pending` poll keeps the polling task's own waker in `awaiter`: not for the join of
+    /// a `submit_to` (`shard::AwaitReply`), which nobody else can reach to abort, and whose
+    /// reply path then pays no reference count and no allocation.
+    keep_own: bool,
+}
+
+/// What [`JoinHandle::abort`] registers again (see the `awaiter` field), in a box allocated at
+/// a join's first `Pending` poll.
 enum Awaiter {
     /// A clone of the polling task's own waker (one reference-count increment per join that
     /// waits, and its decrement when the handle goes).
@@ -88,6 +98,7 @@ enum State<T> {
     Live(
         async_task::FallibleTask<Outcome<T>, TaskMeta>,
         *const TaskMeta,
+        Flags,
     ),
     Aborted(Box<Aborted<T>>),
     /// The output went to an `.await`.
@@ -158,17 +169,24 @@ impl<T> JoinHandle<T> {
     pub(crate) fn new(task: async_task::Task<Outcome<T>, TaskMeta>) -> Self {
         let meta: *const TaskMeta = task.metadata();
         JoinHandle {
-            state: ManuallyDrop::new(Cell::new(State::Live(task.fallible(), meta))),
-            waiting: Cell::new(false),
+            state: ManuallyDrop::new(Cell::new(State::Live(
+                task.fallible(),
+                meta,
+                Flags {
+                    waiting: false,
+                    keep_own: true,
+                },
+            ))),
             awaiter: Cell::new(None),
-            keep_own: Cell::new(true),
         }
     }
 
     /// For a join nobody else can abort (`submit_to`'s): a `Pending` poll keeps no clone of
     /// the polling task's own waker (see `keep_own`).
-    pub(crate) fn unshared(self) -> Self {
-        self.keep_own.set(false);
+    pub(crate) fn unshared(mut self) -> Self {
+        if let State::Live(_, _, flags) = self.state.get_mut() {
+            flags.keep_own = false;
+        }
         self
     }
 
@@ -185,9 +203,12 @@ impl<T> JoinHandle<T> {
     /// atomic loads; after [`abort`](Self::abort), one poll of the cancellation.
     pub fn is_finished(&self) -> bool {
         self.with(|state| match state {
-            // SAFETY: `meta` points into the header of the task this handle holds (see
-            // `State::Live`), and `TaskMeta` is `Sync` (atomics, and fields fixed at spawn).
-            State::Live(task, meta) => task.is_finished() && !unsafe { &**meta }.cancel_dropping(),
+            State::Live(task, meta, _) => {
+                // SAFETY: `meta` points into the header of the task this handle holds (see
+                // `State::Live`), and `TaskMeta` is `Sync` (atomics, and fields fixed at
+                // spawn).
+                task.is_finished() && !unsafe { &**meta }.cancel_dropping()
+            }
             State::Aborted(a) => {
                 let waker = a.waker.clone().unwrap_or_else(|| Waker::noop().clone());
                 a.poll_over(&mut Context::from_waker(&waker))
@@ -222,7 +243,7 @@ impl<T: 'static> JoinHandle<T> {
         self.with(|state| {
             // `Busy`: user code inside a call of this handle got here, and only an abort under
             // way, or one done, runs user code (see `State::Busy`): nothing to add.
-            let State::Live(task, meta) = state else {
+            let State::Live(task, meta, _) = state else {
                 return;
             };
             // Over already, or being closed by a stop (`task::cancel` sets its bit before
@@ -234,7 +255,7 @@ impl<T: 'static> JoinHandle<T> {
             if task.is_finished() || unsafe { &**meta }.cancel_dropping() {
                 return;
             }
-            let State::Live(task, meta) = std::mem::replace(state, State::Taken) else {
+            let State::Live(task, meta, _) = std::mem::replace(state, State::Taken) else {
                 unreachable!("checked just above");
             };
             // The cancel future's first poll registers the waker it is given as the task's
@@ -243,7 +264,7 @@ impl<T: 'static> JoinHandle<T> {
             // is registered once it has dropped the future: given the no-op waker, a user's
             // waker (a `FuturesUnordered` node, which polls the handle again only when woken)
             // would never be woken. So the poll registers that same waker again (`awaiter`).
-            let awaiter = match self.awaiter.take() {
+            let awaiter = match self.awaiter.take().map(|kept| *kept) {
                 Some(Awaiter::Own(w)) => Some(w),
                 // Gone: async-task no longer holds it (the task ended and woke it).
                 Some(Awaiter::Guard(g)) => g.upgrade().map(Waker::from),
@@ -286,11 +307,11 @@ impl<T> Future for JoinHandle<T> {
             // The usual join of a task that is over (and whose future no cancel is dropping):
             // no work-first join to try, and async-task registers no waker for it, so the
             // poller's own is passed as it is (see `poll_slow`, which checks the same).
-            State::Live(mut task, meta) if over(&task, meta) => {
+            State::Live(mut task, meta, mut flags) if over(&task, meta) => {
                 match Pin::new(&mut task).poll(cx) {
                     Poll::Pending => {
-                        self.state.set(State::Live(task, meta));
-                        self.waiting.set(true);
+                        flags.waiting = true;
+                        self.state.set(State::Live(task, meta, flags));
                         Poll::Pending
                     }
                     Poll::Ready(out) => Poll::Ready(output(out)),
@@ -328,7 +349,7 @@ impl<T> JoinHandle<T> {
     #[inline(never)]
     fn poll_slow(&self, state: State<T>, cx: &mut Context<'_>) -> Poll<Result<T, JoinError>> {
         match state {
-            State::Live(mut task, meta) => {
+            State::Live(mut task, meta, mut flags) => {
                 // SAFETY: `meta` points into the header of the task this handle holds (see
                 // `State::Live`), and `TaskMeta` is `Sync` (atomics, and fields fixed at spawn).
                 if !task.is_finished() && migratable(unsafe { &*meta }) {
@@ -346,7 +367,7 @@ impl<T> JoinHandle<T> {
                         Ok(guard) => guard,
                         Err(panic) => {
                             // The handle keeps its task (an unwind dropped it: cancelled).
-                            self.state.set(State::Live(task, meta));
+                            self.state.set(State::Live(task, meta, flags));
                             std::panic::resume_unwind(panic)
                         }
                     }
@@ -359,10 +380,10 @@ impl<T> JoinHandle<T> {
                 };
                 match polled {
                     Poll::Pending => {
-                        self.state.set(State::Live(task, meta));
-                        self.waiting.set(true);
+                        flags.waiting = true;
+                        self.state.set(State::Live(task, meta, flags));
                         let foreign = guard.is_some();
-                        self.keep_awaiter(guard, cx.waker());
+                        self.keep_awaiter(guard, cx.waker(), flags.keep_own);
                         if foreign {
                             // Polled for someone other than the task being polled: on a loop
                             // thread maybe a foreign executor that blocks it until woken.
@@ -410,17 +431,30 @@ impl<T> JoinHandle<T> {
 impl<T> JoinHandle<T> {
     /// Keeps what async-task now holds as the awaiter, for `abort` (see `awaiter`): the
     /// guard, weakly, or the polling task's own waker (`own`), cloned unless the same is kept
-    /// already or this join is `unshared`.
-    fn keep_awaiter(&self, guard: Option<Arc<GuardedWaker>>, own: &Waker) {
-        let kept = match guard {
-            Some(g) => Some(Awaiter::Guard(Arc::downgrade(&g))),
-            None if !self.keep_own.get() => None,
+    /// already or this join is not `keep_own` (`unshared`). The box is reused from one poll
+    /// to the next.
+    fn keep_awaiter(&self, guard: Option<Arc<GuardedWaker>>, own: &Waker, keep_own: bool) {
+        let now = match guard {
+            Some(g) => Awaiter::Guard(Arc::downgrade(&g)),
+            None if !keep_own => return self.awaiter.set(None),
             None => match self.awaiter.take() {
-                Some(Awaiter::Own(w)) if w.will_wake(own) => Some(Awaiter::Own(w)),
-                _ => Some(Awaiter::Own(own.clone())),
+                Some(kept) if matches!(&*kept, Awaiter::Own(w) if w.will_wake(own)) => {
+                    return self.awaiter.set(Some(kept));
+                }
+                Some(mut kept) => {
+                    *kept = Awaiter::Own(own.clone());
+                    return self.awaiter.set(Some(kept));
+                }
+                None => Awaiter::Own(own.clone()),
             },
         };
-        self.awaiter.set(kept);
+        match self.awaiter.take() {
+            Some(mut kept) => {
+                *kept = now;
+                self.awaiter.set(Some(kept));
+            }
+            None => self.awaiter.set(Some(Box::new(now))),
+        }
     }
 
     /// [`guard_foreign`], whose clone of a foreign waker is user code that may panic: the
@@ -453,7 +487,7 @@ impl<T> JoinHandle<T> {
         // handle does that); an untaken output is dropped under `Outcome`'s guard. What the
         // state held is dropped here: the field itself is `ManuallyDrop`.
         match self.state.replace(State::Taken) {
-            State::Live(mut task, meta) => {
+            State::Live(mut task, meta, flags) => {
                 // async-task's detach leaves the awaiter a `Pending` poll registered in the
                 // task until the task ends, and wakes it then: a finished poller's allocation
                 // (its waker holds a reference) stayed alive as long as a long-lived child, and
@@ -463,7 +497,7 @@ impl<T> JoinHandle<T> {
                 // handle that waited; none for a spawn-and-forget handle. A task a stop is
                 // dropping counts as not over (`over`): its awaiter is taken back too, and the
                 // end of that drop wakes nobody.
-                if self.waiting.get() && !over(&task, meta) {
+                if flags.waiting && !over(&task, meta) {
                     let _ = Pin::new(&mut task).poll(&mut Context::from_waker(Waker::noop()));
                 }
                 task.detach()
@@ -748,6 +782,17 @@ mod tests {
         assert!(
             done,
             "X (polled {polled} times) was never woken: the stop woke a no-op waker"
+        );
+    }
+
+    /// A handle stays four words: a `Vec` of a million at seven words read a third slower in
+    /// the spawn+join benchmark (the bigger vector's page faults), the awaiter kept for
+    /// `abort` having grown it.
+    #[test]
+    fn a_handle_is_four_words() {
+        assert_eq!(
+            std::mem::size_of::<super::JoinHandle<u64>>(),
+            4 * std::mem::size_of::<usize>()
         );
     }
 
