@@ -622,8 +622,8 @@ mod tests {
         task::{Context, Poll, Wake, Waker},
     };
 
-    use super::guard_foreign;
-    use crate::task::{cancel, create, Home, TaskInfo};
+    use super::{guard_foreign, JoinHandle};
+    use crate::task::{cancel, create, Home, Runnable, TaskInfo};
 
     std::thread_local! {
         /// Run by `JoinHandle::abort` between its check of the task and its first poll of the
@@ -646,59 +646,97 @@ mod tests {
         }
     }
 
+    /// A future whose drop says it started and then waits to be let go.
+    struct Held {
+        in_drop: mpsc::Sender<()>,
+        release: mpsc::Receiver<()>,
+    }
+
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.in_drop.send(()).unwrap();
+            self.release.recv().unwrap();
+        }
+    }
+
+    /// A stop of a task, held inside the drop of the task's future: what the abort-window
+    /// tests need.
+    struct HeldStop {
+        runnable: Runnable,
+        in_drop: mpsc::Receiver<()>,
+        release: mpsc::Sender<()>,
+    }
+
+    /// A parked-for-good task of the current loop whose future's drop waits to be let go, its
+    /// handle, and what a stop of it needs.
+    fn held_task() -> (JoinHandle<()>, HeldStop) {
+        let (in_drop, in_drop_rx) = mpsc::channel();
+        let (release_tx, release) = mpsc::channel();
+        let held = Held { in_drop, release };
+        let (runnable, handle) = crate::context::with_core(|c| {
+            create(
+                Home::of_core(c),
+                move || async move {
+                    let _held = held;
+                    std::future::pending::<()>().await
+                },
+                TaskInfo::here(None),
+                0,
+            )
+        })
+        .unwrap();
+        let stop = HeldStop {
+            runnable,
+            in_drop: in_drop_rx,
+            release: release_tx,
+        };
+        (handle, stop)
+    }
+
+    impl HeldStop {
+        /// Runs `abort` with a stop landing in its window: another thread drops the task's
+        /// runnable, as a stopping loop does, and is inside the future's drop when the abort
+        /// goes on. Returns once the stop has ended, after `between` (run when the abort has
+        /// gone on, the stop still inside the drop).
+        fn abort_racing(self, abort: impl FnOnce(), between: impl FnOnce()) {
+            let HeldStop {
+                runnable,
+                in_drop,
+                release,
+            } = self;
+            let (stopper_tx, stopper_rx) = mpsc::channel();
+            BETWEEN.set(Some(Box::new(move || {
+                let stopper = std::thread::spawn(move || cancel(runnable));
+                in_drop.recv().unwrap();
+                stopper_tx.send(stopper).unwrap();
+            })));
+            abort();
+            assert!(
+                BETWEEN.take().is_none(),
+                "the abort ran its check and went on"
+            );
+            between();
+            release.send(()).unwrap();
+            stopper_rx.recv().unwrap().join().unwrap();
+        }
+    }
+
     /// A stop that closes a task while its handle's `abort` is between its check and its first
     /// poll of the cancellation wakes, once it has dropped the future, the waker the handle was
     /// last polled with (a `FuturesUnordered` node's, say): the abort registers that one again,
     /// not a no-op waker in its place (which left the poller waiting for good).
     #[test]
     fn an_abort_racing_a_stops_close_wakes_the_last_poller() {
-        /// A future whose drop says it started and then waits to be let go.
-        struct Held {
-            in_drop: mpsc::Sender<()>,
-            release: mpsc::Receiver<()>,
-        }
-        impl Drop for Held {
-            fn drop(&mut self) {
-                self.in_drop.send(()).unwrap();
-                self.release.recv().unwrap();
-            }
-        }
-        let (in_drop, in_drop_rx) = mpsc::channel();
-        let (release_tx, release) = mpsc::channel();
-        let held = Held { in_drop, release };
         crate::LocalExecutor::new().unwrap().block_on(async move {
-            let (r, mut handle) = crate::context::with_core(|c| {
-                create(
-                    Home::of_core(c),
-                    move || async move {
-                        let _held = held;
-                        std::future::pending::<()>().await
-                    },
-                    TaskInfo::here(None),
-                    0,
-                )
-            })
-            .unwrap();
+            let (mut handle, stop) = held_task();
             let count = Arc::new(Count(AtomicUsize::new(0)));
             let waker = Waker::from(count.clone());
             let polled = Pin::new(&mut handle).poll(&mut Context::from_waker(&waker));
             assert!(polled.is_pending());
-            // The stop: another thread drops the task's runnable, as a stopping loop does,
-            // and is inside the future's drop when the abort goes on.
-            let (stopper_tx, stopper_rx) = mpsc::channel();
-            BETWEEN.set(Some(Box::new(move || {
-                let stopper = std::thread::spawn(move || cancel(r));
-                in_drop_rx.recv().unwrap();
-                stopper_tx.send(stopper).unwrap();
-            })));
-            handle.abort();
-            assert!(
-                BETWEEN.take().is_none(),
-                "the abort ran its check and went on"
+            stop.abort_racing(
+                || handle.abort(),
+                || assert_eq!(count.0.load(SeqCst), 0, "nothing woke the poller yet"),
             );
-            assert_eq!(count.0.load(SeqCst), 0, "nothing woke the poller yet");
-            release_tx.send(()).unwrap();
-            stopper_rx.recv().unwrap().join().unwrap();
             assert!(
                 count.0.load(SeqCst) >= 1,
                 "the end of the stop's drop woke the handle's last poller"
@@ -713,32 +751,8 @@ mod tests {
     #[test]
     fn an_abort_by_another_task_racing_a_stops_close_wakes_the_awaiting_task() {
         use std::{cell::RefCell, rc::Rc};
-        struct Held {
-            in_drop: mpsc::Sender<()>,
-            release: mpsc::Receiver<()>,
-        }
-        impl Drop for Held {
-            fn drop(&mut self) {
-                self.in_drop.send(()).unwrap();
-                self.release.recv().unwrap();
-            }
-        }
-        let (in_drop, in_drop_rx) = mpsc::channel();
-        let (release_tx, release) = mpsc::channel();
-        let held = Held { in_drop, release };
         let (polled, done) = crate::LocalExecutor::new().unwrap().block_on(async move {
-            let (r, handle) = crate::context::with_core(|c| {
-                create(
-                    Home::of_core(c),
-                    move || async move {
-                        let _held = held;
-                        std::future::pending::<()>().await
-                    },
-                    TaskInfo::here(None),
-                    0,
-                )
-            })
-            .unwrap();
+            let (handle, stop) = held_task();
             let shared = Rc::new(RefCell::new(handle));
             let (s2, polled, done) = (
                 shared.clone(),
@@ -759,16 +773,7 @@ mod tests {
                 crate::yield_now().await;
             }
             assert_eq!(polled.get(), 1, "X polled the handle once and parked");
-            let (stopper_tx, stopper_rx) = mpsc::channel();
-            BETWEEN.set(Some(Box::new(move || {
-                let stopper = std::thread::spawn(move || cancel(r));
-                in_drop_rx.recv().unwrap();
-                stopper_tx.send(stopper).unwrap();
-            })));
-            shared.borrow().abort();
-            assert!(BETWEEN.take().is_none());
-            release_tx.send(()).unwrap();
-            stopper_rx.recv().unwrap().join().unwrap();
+            stop.abort_racing(|| shared.borrow().abort(), || {});
             for _ in 0..2000 {
                 crate::time::sleep(std::time::Duration::from_millis(1)).await;
                 if done.get() {
