@@ -1861,29 +1861,47 @@ fn spawn_blocking_in_migratable_tasks() {
     assert_eq!(sum, (0..16u64).map(|i| i * 10).sum::<u64>());
 }
 
-/// A hand-rolled executor's task (as in the async book) whose waker owns its future, which
-/// awaits an xtc handle: polled once, then abandoned (its executor gone, only wakers hold
-/// it). The xtc task's end wakes and drops that waker, freeing the node: the handle keeps the
-/// waker it registered only weakly, so it does not hold its own node alive.
+/// A hand-rolled executor's task (as in the async book): its waker owns its future.
+struct Node {
+    fut: Mutex<Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>>>,
+}
+
+// SAFETY: a node is only touched on the thread that made it (a `LocalExecutor`'s).
+unsafe impl Send for Node {}
+// SAFETY: as above.
+unsafe impl Sync for Node {}
+
+impl std::task::Wake for Node {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// Polls `fut` once as such a task (it must return `Pending`), then abandons it: its executor
+/// is gone, only wakers hold the node. The weak reference tells whether it was freed.
+fn poll_once_and_abandon(
+    fut: impl std::future::Future<Output = ()> + 'static,
+) -> std::sync::Weak<Node> {
+    let node = Arc::new(Node {
+        fut: Mutex::new(Some(Box::pin(fut))),
+    });
+    let waker = std::task::Waker::from(node.clone());
+    let pending = {
+        let mut fut = node.fut.lock().unwrap();
+        fut.as_mut()
+            .unwrap()
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+            .is_pending()
+    };
+    assert!(pending);
+    Arc::downgrade(&node)
+}
+
+/// An abandoned foreign task awaiting an xtc handle is freed when the task it awaits ends:
+/// the xtc task's end wakes and drops its waker, and the handle keeps that waker only
+/// weakly, so it does not hold its own node alive.
 #[test]
 fn an_abandoned_foreign_task_is_freed_when_the_task_it_awaits_ends() {
-    use std::{
-        cell::Cell,
-        future::Future,
-        pin::Pin,
-        sync::Weak,
-        task::{Context, Wake, Waker},
-    };
-    struct Node {
-        fut: Mutex<Option<Pin<Box<dyn Future<Output = ()>>>>>,
-    }
-    // SAFETY: the node is only touched on this thread (the `LocalExecutor`'s).
-    unsafe impl Send for Node {}
-    // SAFETY: as above.
-    unsafe impl Sync for Node {}
-    impl Wake for Node {
-        fn wake(self: Arc<Self>) {}
-    }
+    use std::cell::Cell;
     let freed = LocalExecutor::new().unwrap().block_on(async {
         let go = Rc::new(Cell::new(false));
         let g = go.clone();
@@ -1892,32 +1910,41 @@ fn an_abandoned_foreign_task_is_freed_when_the_task_it_awaits_ends() {
                 xtc_shards::yield_now().await;
             }
         });
-        let node = Arc::new(Node {
-            fut: Mutex::new(Some(Box::pin(async move {
-                let _ = h.await;
-            }))),
+        let node = poll_once_and_abandon(async move {
+            let _ = h.await;
         });
-        let waker = Waker::from(node.clone());
-        let pending = {
-            let mut fut = node.fut.lock().unwrap();
-            fut.as_mut()
-                .unwrap()
-                .as_mut()
-                .poll(&mut Context::from_waker(&waker))
-                .is_pending()
-        };
-        assert!(pending);
-        drop(waker);
-        let weak: Weak<Node> = Arc::downgrade(&node);
-        drop(node); // the executor is gone: only wakers hold the node now
         go.set(true);
         for _ in 0..10 {
             xtc_shards::yield_now().await;
         }
-        weak.upgrade().is_none()
+        node.upgrade().is_none()
     });
     assert!(
         freed,
         "the node (its future and the handle in it) leaked: the handle held its waker"
     );
+}
+
+/// The same after an abort of the handle by someone else (it is shared in an `Rc`): the
+/// aborted handle keeps that waker weakly too.
+#[test]
+fn an_abandoned_foreign_task_is_freed_after_an_abort_of_its_handle() {
+    use std::cell::RefCell;
+    let freed = LocalExecutor::new().unwrap().block_on(async {
+        let h = Rc::new(RefCell::new(spawn_local(std::future::pending::<u32>())));
+        let h2 = h.clone();
+        let node = poll_once_and_abandon(async move {
+            let _ = std::future::poll_fn(|cx| {
+                std::future::Future::poll(std::pin::Pin::new(&mut *h2.borrow_mut()), cx)
+            })
+            .await;
+        });
+        h.borrow().abort();
+        drop(h);
+        for _ in 0..10 {
+            xtc_shards::yield_now().await;
+        }
+        node.upgrade().is_none()
+    });
+    assert!(freed, "the node leaked: the aborted handle held its waker");
 }

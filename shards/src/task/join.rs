@@ -119,13 +119,24 @@ struct Aborted<T> {
     /// async-task's cancel future while the task is not over yet: it resolves once the owner
     /// has dropped the task's future (`None`) or, if the task finished first, with its output.
     cancel: Option<Cancel<T>>,
-    /// The last waker `poll` saw, for [`JoinHandle::is_finished`]'s poll of `cancel`.
-    waker: Option<Waker>,
+    /// The last waker `poll` saw, for [`JoinHandle::is_finished`]'s poll of `cancel`: a
+    /// user's guard only weakly (as `JoinHandle::awaiter`).
+    waker: Option<Awaiter>,
     /// What came out once `cancel` resolved: the output, or `None` if it was cancelled.
     out: Option<Outcome<T>>,
     /// The task's metadata (kept alive by `cancel` while that is `Some`): a wait in a
     /// stopping loop's `Drop` passes it on (ring rule 3c), as a live handle's does.
     meta: *const TaskMeta,
+}
+
+impl Awaiter {
+    /// The waker to register again: the own one, or the guard if async-task still holds it.
+    fn waker(&self) -> Option<Waker> {
+        match self {
+            Awaiter::Own(w) => Some(w.clone()),
+            Awaiter::Guard(g) => g.upgrade().map(Waker::from),
+        }
+    }
 }
 
 impl<T> Aborted<T> {
@@ -210,7 +221,11 @@ impl<T> JoinHandle<T> {
                 task.is_finished() && !unsafe { &**meta }.cancel_dropping()
             }
             State::Aborted(a) => {
-                let waker = a.waker.clone().unwrap_or_else(|| Waker::noop().clone());
+                let waker = a
+                    .waker
+                    .as_ref()
+                    .and_then(Awaiter::waker)
+                    .unwrap_or_else(|| Waker::noop().clone());
                 a.poll_over(&mut Context::from_waker(&waker))
             }
             State::Taken => true,
@@ -264,12 +279,9 @@ impl<T: 'static> JoinHandle<T> {
             // is registered once it has dropped the future: given the no-op waker, a user's
             // waker (a `FuturesUnordered` node, which polls the handle again only when woken)
             // would never be woken. So the poll registers that same waker again (`awaiter`).
-            let awaiter = match self.awaiter.take().map(|kept| *kept) {
-                Some(Awaiter::Own(w)) => Some(w),
-                // Gone: async-task no longer holds it (the task ended and woke it).
-                Some(Awaiter::Guard(g)) => g.upgrade().map(Waker::from),
-                None => None,
-            };
+            let kept = self.awaiter.take().map(|kept| *kept);
+            // Gone: async-task no longer holds it (the task ended and woke it).
+            let awaiter = kept.as_ref().and_then(Awaiter::waker);
             let mut aborted = Box::new(Aborted {
                 cancel: Some(Box::pin(task.cancel())),
                 waker: None,
@@ -282,7 +294,8 @@ impl<T: 'static> JoinHandle<T> {
             tests::between_check_and_cancel();
             let waker = awaiter.as_ref().unwrap_or(Waker::noop());
             aborted.poll_over(&mut Context::from_waker(waker));
-            aborted.waker = awaiter;
+            drop(awaiter);
+            aborted.waker = kept;
             *state = State::Aborted(aborted);
         })
     }
@@ -314,7 +327,15 @@ impl<T> Future for JoinHandle<T> {
                         self.state.set(State::Live(task, meta, flags));
                         Poll::Pending
                     }
-                    Poll::Ready(out) => Poll::Ready(output(out)),
+                    Poll::Ready(out) => {
+                        if flags.waiting {
+                            // Nothing left to abort: the kept waker goes now, not with the
+                            // handle (a handle kept after `.await`ing `&mut` it held its
+                            // last poller's task alive).
+                            self.awaiter.set(None);
+                        }
+                        Poll::Ready(output(out))
+                    }
                 }
             }
             state => self.poll_slow(state, cx),
@@ -391,15 +412,23 @@ impl<T> JoinHandle<T> {
                         }
                         Poll::Pending
                     }
-                    Poll::Ready(out) => Poll::Ready(output(out)),
+                    Poll::Ready(out) => {
+                        if flags.waiting {
+                            self.awaiter.set(None); // as in `poll`
+                        }
+                        Poll::Ready(output(out))
+                    }
                 }
             }
             State::Aborted(mut a) => {
                 // The waker async-task may keep (see `guard_foreign`), also kept here for
                 // `is_finished`'s polls: an abort is rare, so it is made on every poll.
-                let (waker, foreign) = match self.guard_or_restore(cx.waker()) {
-                    Ok(Some(guard)) => (Waker::from(guard), true),
-                    Ok(None) => (cx.waker().clone(), false),
+                let (waker, keep, foreign) = match self.guard_or_restore(cx.waker()) {
+                    Ok(Some(guard)) => {
+                        let weak = Arc::downgrade(&guard);
+                        (Waker::from(guard), Awaiter::Guard(weak), true)
+                    }
+                    Ok(None) => (cx.waker().clone(), Awaiter::Own(cx.waker().clone()), false),
                     Err(panic) => {
                         self.state.set(State::Aborted(a));
                         std::panic::resume_unwind(panic)
@@ -408,7 +437,8 @@ impl<T> JoinHandle<T> {
                 if a.poll_over(&mut Context::from_waker(&waker)) {
                     return Poll::Ready(output(a.out.take()));
                 }
-                a.waker = Some(waker);
+                drop(waker);
+                a.waker = Some(keep);
                 let meta = a.meta;
                 self.state.set(State::Aborted(a));
                 if foreign {
