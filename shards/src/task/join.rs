@@ -80,7 +80,7 @@ struct Flags {
 /// a join's first `Pending` poll.
 enum Awaiter {
     /// A clone of the polling task's own waker (one reference-count increment per join that
-    /// waits, and its decrement when the handle goes).
+    /// waits, and its decrement at the join's `Ready` poll or when the handle goes).
     Own(Waker),
     /// The guard async-task holds for a user's waker, weakly: no second strong copy, which
     /// made a cycle of a foreign task whose waker owns its future holding this handle, and
