@@ -116,7 +116,14 @@ impl<T: 'static> JoinSet<T> {
     /// dropping the future before it resolves loses no outcome. Cost per call: a poll of each
     /// task handle woken since the last call (not of the whole set), and the freeing of the
     /// finished one's node; a handle that stays pending wraps the set's waker (one allocation,
-    /// as under any combinator: it is not the polling task's own waker).
+    /// as under any combinator: it is not the polling task's own waker, plus the small box in
+    /// which the handle keeps it for [`JoinHandle::abort`]).
+    ///
+    /// On an empty set it is ready at once with `None`, as tokio's is: in a `select` with
+    /// another wait (an accept), leave it out while [`is_empty`](Self::is_empty), or the loop
+    /// spins (tokio users write `Some(r) = set.join_next()` in `select!` for this). Taking
+    /// outcomes with [`try_join_next`](Self::try_join_next) after each accept, as the README's
+    /// drain recipe does, needs no `select` at all.
     pub fn join_next(&mut self) -> JoinNext<'_, T> {
         JoinNext { set: self }
     }
