@@ -505,22 +505,6 @@ impl Core {
 }
 
 impl Core {
-    /// What this loop's table holds for [`ShardLocal`](crate::ShardLocal) `id`; an empty
-    /// slot is marked as being built. Cost: a borrow and a lookup.
-    pub(crate) fn shard_local(&self, id: usize) -> crate::shard_local::Lookup {
-        self.locals.borrow_mut().lookup(id, self.shared.index)
-    }
-
-    /// Keeps the value just built for `id`.
-    pub(crate) fn shard_local_store(&self, id: usize, value: std::rc::Rc<dyn std::any::Any>) {
-        self.locals.borrow_mut().store(id, value);
-    }
-
-    /// The initializer of `id` unwound: its slot is empty again.
-    pub(crate) fn shard_local_unmark(&self, id: usize) {
-        self.locals.borrow_mut().unmark(id);
-    }
-
     /// The shutdown's end of this run's [`ShardLocal`](crate::ShardLocal) values: closes the
     /// table (a later `get` is `Err(Stopped)`) and drops them here, each under
     /// [`guarded`](crate::task::guarded) (a value's `Drop` is user code). True if there were

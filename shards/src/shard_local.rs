@@ -113,10 +113,11 @@ impl<T: 'static> ShardLocal<T> {
     /// for ever).
     pub fn try_get(&self) -> Result<Rc<T>> {
         // The id is taken on a loop only: a call off any loop uses none up.
-        let found = with_core(|core| core.shard_local(self.id())).ok_or(Error::OffLoop(
-            "xtc::ShardLocal::get (from other threads, reach each shard's value with \
+        let found = with_core(|core| core.locals.borrow_mut().lookup(self.id(), core.index()))
+            .ok_or(Error::OffLoop(
+                "xtc::ShardLocal::get (from other threads, reach each shard's value with \
              Handle::submit_to)",
-        ))?;
+            ))?;
         let value = match found {
             Lookup::Found(v) => v,
             Lookup::Closed => return Err(Error::Stopped),
@@ -126,7 +127,7 @@ impl<T: 'static> ShardLocal<T> {
             ),
             Lookup::Empty(shard) => {
                 let value: Rc<dyn Any> = Rc::new(self.build(shard));
-                with_core(|core| core.shard_local_store(self.id(), value.clone()));
+                with_core(|core| core.locals.borrow_mut().store(self.id(), value.clone()));
                 value
             }
         };
@@ -154,7 +155,7 @@ impl<T: 'static> ShardLocal<T> {
         struct Unmark(usize);
         impl Drop for Unmark {
             fn drop(&mut self) {
-                with_core(|core| core.shard_local_unmark(self.0));
+                with_core(|core| core.locals.borrow_mut().unmark(self.0));
             }
         }
         let unmark = Unmark(self.id());
@@ -189,7 +190,7 @@ impl<T: 'static> fmt::Debug for ShardLocal<T> {
     }
 }
 
-/// What a loop's table holds for one [`ShardLocal`] (`context::Core::shard_local`).
+/// What a loop's table holds for one [`ShardLocal`] (`Table::lookup`, on `context::Core::locals`).
 pub(crate) enum Lookup {
     Found(Rc<dyn Any>),
     /// Nothing yet: build it for this shard.

@@ -26,6 +26,18 @@ fn local<T: 'static>(f: impl std::future::Future<Output = T> + 'static) -> T {
     LocalExecutor::new().expect("local executor").block_on(f)
 }
 
+/// Every outcome `set` gives until it is empty: the outputs and the errors, apart.
+async fn outcomes<T: 'static>(set: &mut JoinSet<T>) -> (Vec<T>, Vec<JoinError>) {
+    let (mut outputs, mut errors) = (Vec::new(), Vec::new());
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(v) => outputs.push(v),
+            Err(e) => errors.push(e),
+        }
+    }
+    (outputs, errors)
+}
+
 /// Tasks released one at a time in a shuffled order come out of `join_next` in that order.
 #[test]
 fn join_next_gives_outcomes_in_the_order_tasks_finish() {
@@ -69,20 +81,11 @@ fn a_panic_comes_back_as_a_join_error_and_the_rest_run_on() {
                 i
             });
         }
-        let mut ok = Vec::new();
-        let mut panics = 0;
-        while let Some(r) = set.join_next().await {
-            match r {
-                Ok(v) => ok.push(v),
-                Err(e) => {
-                    assert!(e.is_panic(), "{e:?}");
-                    panics += 1;
-                }
-            }
-        }
+        let (mut ok, errors) = outcomes(&mut set).await;
+        assert!(errors.iter().all(JoinError::is_panic), "{errors:?}");
         ok.sort();
         assert_eq!(ok, [0, 1, 3]);
-        assert_eq!(panics, 1);
+        assert_eq!(errors.len(), 1);
     });
 }
 
@@ -110,17 +113,9 @@ fn abort_all_cancels_every_unfinished_task() {
             6,
             "aborted tasks stay until their outcome is taken"
         );
-        let (mut cancelled, mut outputs) = (0, Vec::new());
-        while let Some(r) = set.join_next().await {
-            match r {
-                Ok(v) => outputs.push(v),
-                Err(e) => {
-                    assert!(e.is_cancelled(), "{e:?}");
-                    cancelled += 1;
-                }
-            }
-        }
-        assert_eq!((cancelled, outputs), (5, vec![99]));
+        let (outputs, errors) = outcomes(&mut set).await;
+        assert!(errors.iter().all(JoinError::is_cancelled), "{errors:?}");
+        assert_eq!((errors.len(), outputs), (5, vec![99]));
         assert_eq!(
             d.load(SeqCst),
             5,

@@ -52,6 +52,27 @@ struct Counts {
 /// shard before it in the ring, and blocks on the `mine` of the shard after it (each wait's
 /// task is queued on another stopping loop's deque). `waiters`: how many shards wait (the
 /// others only spawn, and hand their `mine` on).
+/// Runs `ex` (detached, within [`LIMIT`]) while a thread waits until `parked()` holds and then,
+/// with `stop`, stops it through `h`; gives the run's result (`None`: it hung) and what the
+/// waits sent on `out` meanwhile.
+fn run_stopping_once_parked(
+    ex: &Arc<Executor>,
+    h: xtc_shards::Handle,
+    parked: impl Fn() -> bool + Send + 'static,
+    stop: bool,
+    out: &mpsc::Receiver<String>,
+) -> (Option<xtc_shards::Result<()>>, Vec<String>) {
+    let driver = std::thread::spawn(move || {
+        block_until(parked);
+        if stop {
+            h.stop();
+        }
+    });
+    let r = run_detached(ex.clone(), LIMIT);
+    driver.join().unwrap();
+    (r, out.try_iter().collect())
+}
+
 fn ring(n: usize, waiters: usize, stealing: bool, fillers: usize, end: End, rounds: usize) {
     for round in 0..rounds {
         let what = format!("n={n} waiters={waiters} stealing={stealing} fillers={fillers} end={end:?} round {round}");
@@ -130,15 +151,13 @@ fn ring(n: usize, waiters: usize, stealing: bool, fillers: usize, end: End, roun
             .unwrap();
         }
         let c7 = c.clone();
-        let driver = std::thread::spawn(move || {
-            block_until(|| c7.parked.load(SeqCst) == n);
-            if end == End::Stop {
-                h.stop();
-            }
-        });
-        let r = run_detached(ex.clone(), LIMIT);
-        driver.join().unwrap();
-        let got: Vec<String> = out_rx.try_iter().collect();
+        let (r, got) = run_stopping_once_parked(
+            &ex,
+            h,
+            move || c7.parked.load(SeqCst) == n,
+            end == End::Stop,
+            &out_rx,
+        );
         assert!(
             r.is_some(),
             "{what}: run() hung; waits done: {got:?}, in wait {}",
@@ -329,13 +348,7 @@ fn stolen_release(in_flight: bool, stealing: bool) {
         .unwrap();
     }
     let p = parked.clone();
-    let driver = std::thread::spawn(move || {
-        block_until(|| p.load(SeqCst) == 3);
-        h.stop();
-    });
-    let r = run_detached(ex.clone(), LIMIT);
-    driver.join().unwrap();
-    let got: Vec<String> = out_rx.try_iter().collect();
+    let (r, got) = run_stopping_once_parked(&ex, h, move || p.load(SeqCst) == 3, true, &out_rx);
     assert!(
         r.is_some(),
         "{what}: run() hung: shard 0's wait holds F (which T's drop waits for); T's drop \

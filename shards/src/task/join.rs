@@ -464,27 +464,26 @@ impl<T> JoinHandle<T> {
     /// already or this join is not `keep_own` (`unshared`). The box is reused from one poll
     /// to the next.
     fn keep_awaiter(&self, guard: Option<Arc<GuardedWaker>>, own: &Waker, keep_own: bool) {
+        let kept = self.awaiter.take();
         let now = match guard {
             Some(g) => Awaiter::Guard(Arc::downgrade(&g)),
-            None if !keep_own => return self.awaiter.set(None),
-            None => match self.awaiter.take() {
-                Some(kept) if matches!(&*kept, Awaiter::Own(w) if w.will_wake(own)) => {
-                    return self.awaiter.set(Some(kept));
-                }
-                Some(mut kept) => {
-                    *kept = Awaiter::Own(own.clone());
-                    return self.awaiter.set(Some(kept));
-                }
-                None => Awaiter::Own(own.clone()),
-            },
-        };
-        match self.awaiter.take() {
-            Some(mut kept) => {
-                *kept = now;
-                self.awaiter.set(Some(kept));
+            None if !keep_own => return,
+            None if kept
+                .as_deref()
+                .is_some_and(|k| matches!(k, Awaiter::Own(w) if w.will_wake(own))) =>
+            {
+                return self.awaiter.set(kept);
             }
-            None => self.awaiter.set(Some(Box::new(now))),
-        }
+            None => Awaiter::Own(own.clone()),
+        };
+        let boxed = match kept {
+            Some(mut b) => {
+                *b = now;
+                b
+            }
+            None => Box::new(now),
+        };
+        self.awaiter.set(Some(boxed));
     }
 
     /// [`guard_foreign`], whose clone of a foreign waker is user code that may panic: the
