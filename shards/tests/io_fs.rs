@@ -409,8 +409,11 @@ fn concurrent_opens_of_a_fifo_both_complete() {
         // SAFETY: a plain system call with a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         // A finished file operation first, so the pool has an idle thread when both opens go.
-        fs::write(temp_path("warm"), b"x".to_vec()).await.unwrap();
-        let _w = Cleanup(temp_path("warm"));
+        // One name: each `temp_path` call makes a new one, and a second call here left the
+        // written file behind in every run.
+        let warm = temp_path("warm");
+        let _w = Cleanup(warm.clone());
+        fs::write(&warm, b"x".to_vec()).await.unwrap();
         xtc_shards::time::sleep(std::time::Duration::from_millis(20)).await;
         let (mut ro, mut wo) = (OpenOptions::new(), OpenOptions::new());
         let reader = ro.read(true).open(&path);
