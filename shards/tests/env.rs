@@ -240,6 +240,32 @@ fn env_variables() {
         .unwrap_err();
     assert!(matches!(e, Error::Numa(_)), "{e:?}");
     assert!(!e.to_string().contains("XTC_SHARDS"), "{e}");
+    // Only the variables the refusal depends on: a policy of `compact` or `spread` plays no
+    // part in a count refused (the Err said "XTC_PLACEMENT=spread; change or unset them"
+    // for a count set in code), and with none left the refusal is a plain `Numa`.
+    std::env::remove_var("XTC_SHARDS");
+    std::env::set_var("XTC_PLACEMENT", "spread");
+    let e = Builder::from_env()
+        .unwrap()
+        .shards(4097)
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, Error::Numa(_)), "{e:?}");
+    assert!(!e.to_string().contains("XTC_PLACEMENT"), "{e}");
+    std::env::set_var("XTC_SHARDS", "4096");
+    let e = Builder::from_env().unwrap().build().unwrap_err();
+    assert!(matches!(e, Error::EnvPlacement { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("XTC_SHARDS=4096") && !msg.contains("XTC_PLACEMENT"),
+        "{msg}"
+    );
+    // A CPU list is the count when none is set: named.
+    std::env::remove_var("XTC_SHARDS");
+    std::env::set_var("XTC_PLACEMENT", "cpus:0,0");
+    let e = Builder::from_env().unwrap().build().unwrap_err();
+    assert!(e.to_string().contains("XTC_PLACEMENT=cpus:0,0"), "{e}");
+    std::env::remove_var("XTC_PLACEMENT");
 
     // A shard count and a ring capacity each valid alone whose ring mesh is too large (64
     // shards of 2^20-message rings: 32 GiB): the Err names the variables, as a placement
@@ -254,6 +280,18 @@ fn env_variables() {
         msg.contains("XTC_RING_CAPACITY=1048576") && msg.contains("XTC_SHARDS=64"),
         "{msg}"
     );
+    // A policy that is not a CPU list sizes nothing: not named.
+    std::env::set_var("XTC_PLACEMENT", "compact");
+    let msg = Builder::from_env()
+        .unwrap()
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("XTC_SHARDS=64") && !msg.contains("XTC_PLACEMENT"),
+        "{msg}"
+    );
+    std::env::remove_var("XTC_PLACEMENT");
     // The setter takes the variable's place; the placement error never names it.
     let e = Builder::from_env()
         .unwrap()

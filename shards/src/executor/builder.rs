@@ -491,6 +491,28 @@ pub(crate) fn env_inputs(
     (!vars.is_empty()).then(|| vars.join(" "))
 }
 
+/// Whether placement refusal `source` depends on placement input `var` (`list`: the policy is
+/// a CPU list, whose length is the count when no count is set), so that an
+/// [`Error::EnvPlacement`] names only the variables whose change can help: the policy plays no
+/// part in a count refused for `compact` or `spread`, the ring capacity in none, and an empty
+/// affinity mask in none of them (then the refusal is a plain [`Error::Numa`]).
+pub(crate) fn refusal_depends_on(source: &xtc_numa::Error, list: bool, var: &str) -> bool {
+    use xtc_numa::Error as E;
+    let count = var == "XTC_SHARDS" || (list && var == "XTC_PLACEMENT");
+    match source {
+        E::TooManyShards { .. } | E::OversubscribedTooFar { .. } => {
+            count || var == "XTC_OVERSUBSCRIBE"
+        }
+        E::TooManyForVictims { .. } => count,
+        E::CpuNotAllowed { .. } => var == "XTC_PLACEMENT",
+        E::DuplicateCpu { .. } | E::TooManyOnOneCpu { .. } => {
+            var == "XTC_PLACEMENT" || var == "XTC_OVERSUBSCRIBE"
+        }
+        E::CpuListLength { .. } => var == "XTC_PLACEMENT" || var == "XTC_SHARDS",
+        _ => false,
+    }
+}
+
 /// A spin duration (`XTC_SPIN_BEFORE_PARK`, `XTC_REPLY_SPIN`) from the environment: `None`
 /// when unset, `Err(Env)` naming `name` when it does not parse or exceeds
 /// [`MAX_SPIN_BEFORE_PARK`].

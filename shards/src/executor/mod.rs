@@ -608,8 +608,10 @@ impl Executor {
         }
         let place = |shards| {
             Placement::new(&topology, shards, &b.placement, b.oversubscribe).map_err(|source| {
-                // The ring capacity plays no part in the placement.
-                match builder::env_inputs(&b.placement_env, |k| k != "XTC_RING_CAPACITY") {
+                let list = matches!(b.placement, xtc_numa::Policy::Cpus(_));
+                match builder::env_inputs(&b.placement_env, |k| {
+                    builder::refusal_depends_on(&source, list, k)
+                }) {
                     Some(vars) => Error::EnvPlacement { vars, source },
                     None => Error::Numa(source),
                 }
@@ -639,8 +641,10 @@ impl Executor {
         let n = placement.len();
         let mesh_bytes = crate::ring::mesh_bytes(n, b.ring_capacity);
         if mesh_bytes > crate::ring::MAX_MESH_BYTES as u128 {
-            // Each value may be valid alone: name the variables the sizes came from.
-            let from_env = builder::env_inputs(&b.placement_env, |_| true)
+            // Each value may be valid alone: name the variables the sizes came from (the
+            // policy only where it is a CPU list, whose length is the count).
+            let list = matches!(b.placement, xtc_numa::Policy::Cpus(_));
+            let from_env = builder::env_inputs(&b.placement_env, |k| list || k != "XTC_PLACEMENT")
                 .map(|vars| format!(" (from the environment: {vars}; change or unset them)"))
                 .unwrap_or_default();
             return Err(Error::InvalidArgument(format!(
