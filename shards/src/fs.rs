@@ -18,6 +18,24 @@
 //! with a NUL byte: `InvalidInput`; a positioned call on a FIFO: `ESPIPE`) or it has nothing to
 //! do (an empty `write_all_at` returns `Ok`); none panics.
 //!
+//! # A dropped operation
+//!
+//! Dropping an operation's future (a `timeout` around it, a lost `select!` branch) cancels it
+//! if it has not started. One that has started may still take effect, and then *when* matters
+//! to the program's next operation on the same file or path:
+//! - on epoll, the drop waits for a started system call to return (up to 10 ms: a call that
+//!   takes longer, a large write to a slow disk, may land after the drop returned), so an
+//!   operation issued after the drop comes after it;
+//! - on io_uring, a started read, write or open runs on in the kernel (a cancel cannot stop
+//!   it), and one the kernel handed to a worker thread (an `OPENAT` always is) may complete
+//!   after an operation submitted later;
+//! - the path operations ([`rename`], [`remove_file`], ..) run on the pool on both drivers,
+//!   and their drop waits as on epoll.
+//!
+//! So where order matters (a write retried after a timeout, a file created again over one
+//! whose creation was dropped), do not drop a started write or open: put the timeout around
+//! the whole sequence, or write the retry to a new file and [`rename`] it into place.
+//!
 //! A write to a FIFO (or pipe) whose reader is gone is a `write(2)`, on both drivers, and the
 //! kernel answers it with `SIGPIPE` as well as `EPIPE` (there is no `MSG_NOSIGNAL` for
 //! files; `xtc::net`'s sockets never raise it). A Rust `main` ignores `SIGPIPE`, so the call
@@ -312,7 +330,8 @@ impl File {
     /// offsets (a FIFO) is `Err(ESPIPE)` on both drivers, an offset past `i64::MAX` is
     /// `InvalidInput`. Not cancellation safe: dropping the future after its first poll cancels
     /// the write, but one the kernel (io_uring) or a pool thread (epoll) already started
-    /// may still land, and its count is lost with the future. Cost: one `WRITE` (`WRITE_FIXED`
+    /// may still land, and its count is lost with the future (on io_uring possibly after a
+    /// later write: see the module docs, "A dropped operation"). Cost: one `WRITE` (`WRITE_FIXED`
     /// for a [`FixedBuf`](crate::io::FixedBuf)) submission, or on epoll a copy (one
     /// allocation, at most 2 GiB) into a pool job.
     pub async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
@@ -473,7 +492,8 @@ pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Resu
 /// Renames `from` to `to`, replacing `to` if it exists (`rename(2)`, atomic within one file
 /// system: the last step of a snapshot written to a temporary file and synced), as
 /// [`std::fs::rename`]. Dropped before its job starts, nothing is renamed; once started it
-/// completes. Cost: two path copies and a job on the blocking pool, on either driver (see
+/// completes, and the drop waits for it (up to 10 ms), so an operation issued after the drop
+/// comes after it. Cost: two path copies and a job on the blocking pool, on either driver (see
 /// the module docs; no io_uring opcode is used for path operations).
 pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
     let (from, to) = (owned_path(from.as_ref())?, owned_path(to.as_ref())?);

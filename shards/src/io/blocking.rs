@@ -190,8 +190,8 @@ struct CtlState {
     cancelled: bool,
     /// The job ended (or was skipped).
     done: bool,
-    /// The job is inside the read or write [`when_ready`] found its descriptor ready for:
-    /// a cancel waits for it to end ([`wait_call`]).
+    /// The job is inside the read or write [`when_ready`] found its descriptor ready for, or
+    /// a [`claimed`] call: a cancel waits for it to end ([`wait_call`]).
     calling: bool,
     /// The count (`PENDING`) of the thread that submitted the job, taken (once) by the
     /// job's end (`Ended`).
@@ -415,8 +415,8 @@ pub(crate) fn retrying<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result
 /// [`retrying`] alone had a gap: a signal that landed between its cancel check and a FIFO's
 /// `read(2)` was spent there, and the read then blocked and took the next bytes written.
 ///
-/// Regular files and block devices skip this (their calls do not wait for a peer; a cancel
-/// leaves them to complete, and the loop waits for them as it would for io_uring's).
+/// Regular files and block devices skip this (their calls do not wait for a peer): their call
+/// is [`claimed`], so a cancel either comes first (no call) or waits for the call.
 /// Left open: a cancel whose signal lands between the claim and a call that then blocks (a
 /// write larger than the room, or a read whose data another reader of the pipe took) is
 /// spent; the cancel waits for the call at most [`CALL_WAIT`], and the loop's re-signal
@@ -424,16 +424,18 @@ pub(crate) fn retrying<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result
 /// a millisecond after the drop returned. And `open(2)` of a FIFO, which has no `ppoll` form,
 /// keeps [`retrying`]'s gap.
 ///
-/// Cost: an `fstat`; for a pipe, also three `pthread_sigmask`, one `ppoll` and two locks.
+/// Cost: an `fstat` and two locks; for a pipe, also three `pthread_sigmask` and one `ppoll`.
 pub(crate) fn when_ready<T>(
     fd: std::os::fd::RawFd,
     events: libc::c_short,
     mut call: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
-    let ctl = RUNNING.with(|r| r.borrow().clone());
-    let (Some(ctl), true) = (ctl, interrupt_handler_installed() && waits_for_peer(fd)) else {
+    let Some(ctl) = RUNNING.with(|r| r.borrow().clone()) else {
         return retrying(call);
     };
+    if !(interrupt_handler_installed() && waits_for_peer(fd)) {
+        return claimed(call);
+    }
     // SAFETY: zeroed `sigset_t`s are valid for `sigemptyset`/`pthread_sigmask` to fill; the
     // calls only read and write these locals.
     let old = unsafe {
@@ -495,6 +497,29 @@ pub(crate) fn when_ready<T>(
     r
 }
 
+/// Runs a pool job's call that does not wait for a peer (a regular file's `pwrite`, an
+/// `open`, a path operation) claimed under the lock a cancel takes: a job a thread took
+/// before its future's drop either sees the cancel and makes no call (`ECANCELED`), or the
+/// cancel waits for the call ([`wait_call`], up to [`CALL_WAIT`]). Unclaimed, a job preempted
+/// between its start and its call made it after the drop returned, and a dropped write (or
+/// `O_TRUNC` open, or unlink) landed after a later one the caller had awaited. Cost: two
+/// locks of the job's control block (none off the pool: a job run on its loop's thread).
+pub(crate) fn claimed<T>(call: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let Some(ctl) = RUNNING.with(|r| r.borrow().clone()) else {
+        return retrying(call);
+    };
+    {
+        let mut st = lock(&ctl.state);
+        if st.cancelled {
+            return Err(io::Error::from_raw_os_error(libc::ECANCELED));
+        }
+        st.calling = true;
+    }
+    let r = retrying(call);
+    lock(&ctl.state).calling = false;
+    r
+}
+
 /// Whether `fd`'s reads and writes may wait for a peer: anything but a regular file or a
 /// block device (an `fstat` that fails says yes: the careful path works for any kind).
 fn waits_for_peer(fd: std::os::fd::RawFd) -> bool {
@@ -508,13 +533,16 @@ fn waits_for_peer(fd: std::os::fd::RawFd) -> bool {
     kind != libc::S_IFREG && kind != libc::S_IFBLK
 }
 
-/// How long a cancel waits for a pipe read or write [`when_ready`] found ready and started.
-/// It does not block unless another reader or writer of the same pipe got there first.
+/// How long a cancel waits for a call its job started: a pipe read or write [`when_ready`]
+/// found ready (which does not block unless another reader or writer of the same pipe got
+/// there first), or a [`claimed`] call (a disk write, an open, a path operation).
 const CALL_WAIT: Duration = Duration::from_millis(10);
 
-/// A cancel (the job's future dropped on its loop): waits for the job's started pipe call,
-/// if any, to end, so that it takes nothing written after the drop returns. Bounded by
-/// [`CALL_WAIT`]; yields the CPU while it waits (microseconds: the call does not block).
+/// A cancel (the job's future dropped on its loop): waits for the job's started call, if any,
+/// to end, so that a pipe read takes nothing written after the drop returns and a claimed
+/// call does not land after an operation issued after it. Bounded by [`CALL_WAIT`]; yields
+/// the CPU while it waits (microseconds for a pipe call, which does not block; a disk call
+/// as long as the disk takes).
 fn wait_call(ctl: &Ctl) {
     let deadline = std::time::Instant::now() + CALL_WAIT;
     while lock(&ctl.state).calling && std::time::Instant::now() < deadline {

@@ -62,7 +62,7 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
             }
             Driver::Epoll => {
                 return blocking::run(move || {
-                    let fd = blocking::retrying(|| {
+                    let fd = blocking::claimed(|| {
                         // SAFETY: `path` is a live NUL-terminated string.
                         cvt(unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) })
                     })?;
@@ -76,7 +76,10 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
 }
 
 /// Runs `call`, a path operation (`rename`, `unlink`, `mkdir`, ...), as a blocking-pool job on
-/// either driver, retrying a late interrupt's `EINTR` ([`blocking::retrying`]). io_uring has
+/// either driver, never signalled ([`blocking::run_uninterrupted`]: such a call waits for no
+/// peer, and a signal could only cut a `create_dir_all` halfway on a file system that takes
+/// one), and claimed ([`blocking::claimed`]): a drop before the call means no call, after it
+/// the drop waits for the call, so a dropped operation never lands after a later one. io_uring has
 /// opcodes for some of them (`RENAMEAT`, `UNLINKAT`, `MKDIRAT`), from Linux 5.11 and 5.15,
 /// above the floor the driver probes for; these calls are rare beside reads and writes, and
 /// one path for both drivers keeps them alike (tokio runs them on its pool too). Off any loop
@@ -85,7 +88,7 @@ pub(crate) async fn path_call(
     mut call: impl FnMut() -> io::Result<()> + Send + 'static,
 ) -> io::Result<()> {
     backend()?;
-    blocking::run(move || blocking::retrying(&mut call)).await
+    blocking::run_uninterrupted(move || blocking::claimed(&mut call)).await
 }
 
 /// The kernel's internal "restart the system call" error, which an io_uring worker's
