@@ -2229,7 +2229,8 @@ macro_rules! impl_async_io {
         /// takes what it got. Until then it counts as I/O the loop waits on, so `run()` does not
         /// end at quiescence, nor report a deadlock, while a stream left in that state lives
         /// (say, kept in a pool): read again, or drop the stream, to end it. The owned
-        /// [`read`](Self::read) cancels its operation when dropped and has no such effect.
+        /// [`read`](Self::read) has no such effect: dropped, its receive runs on, kept by
+        /// the stream for the next read, but nothing waits on it.
         impl futures_io::AsyncRead for $t {
             fn poll_read(
                 self: std::pin::Pin<&mut Self>,

@@ -203,8 +203,11 @@ impl UnixStream {
         }
     }
 
-    /// A connected pair (`socketpair`), e.g. for tests or to talk to a child process. Cost:
-    /// one system call.
+    /// A connected pair (`socketpair`), e.g. for tests or to talk to a child process. Both
+    /// ends are non-blocking, and [`into_std`](Self::into_std) leaves them so: for a child's
+    /// standard input or output, call `set_nonblocking(false)` on the `std` end first (a
+    /// child that reads before the parent writes otherwise fails with `EAGAIN`, "Resource
+    /// temporarily unavailable"). Cost: one system call.
     pub fn pair() -> io::Result<(UnixStream, UnixStream)> {
         let (a, b) = Socket::pair(Domain::UNIX, Type::STREAM.nonblocking(), None)?;
         Ok((
