@@ -21,7 +21,13 @@ use std::path::{Path, PathBuf};
 /// Rounded up, the shards over the quota's whole CPUs all ran, and all were throttled. `root` is `/` (tests give a directory that mimics one). Cost: a
 /// few small file reads; called once per `build()` with a default shard count.
 pub(crate) fn cpu_limit(root: &Path) -> Option<usize> {
-    let read = |p: &str| std::fs::read_to_string(root.join(p.trim_start_matches('/'))).ok();
+    // As bytes: mountinfo writes a mount's path raw but for four escapes, and a cgroup's name
+    // may be any bytes; one such line elsewhere made the whole file unreadable as UTF-8, and
+    // the quota was lost.
+    let read = |p: &str| {
+        let bytes = std::fs::read(root.join(p.trim_start_matches('/'))).ok()?;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    };
     let groups = read("proc/self/cgroup")?;
     let mounts = read("proc/self/mountinfo")?;
     let mut best: Option<f64> = None;
@@ -118,7 +124,9 @@ fn cgroup_dir(root: &Path, mount_root: &str, mount_point: &str, path: &str) -> P
     } else {
         path.strip_prefix(mount_root)
             .filter(|rest| rest.is_empty() || rest.starts_with('/'))
-    };
+    }
+    // `/../x`: a cgroup outside the namespace's root, not under this mount at all.
+    .filter(|rel| !rel.split('/').any(|c| c == ".."));
     match rel {
         Some(rel) if base.join(rel.trim_start_matches('/')).is_dir() => {
             base.join(rel.trim_start_matches('/'))
@@ -276,6 +284,45 @@ mod tests {
         );
         assert_eq!(cpu_limit(&root), Some(1));
         assert_eq!(unescape(r"/a\040b\134c\0"), "/a b\\c\\0");
+    }
+
+    /// A line elsewhere that is not UTF-8 (mountinfo writes a mount's path raw but for four
+    /// escapes: a vfat stick named in Latin-1; a cgroup name may be any bytes but `/`) costs
+    /// nothing: read as text, either file failed whole, and the quota was lost.
+    #[test]
+    fn a_line_that_is_not_utf8_elsewhere_keeps_the_quota() {
+        let root = fake_root(
+            "latin1",
+            "0::/a\n",
+            V2_MOUNT,
+            &[("sys/fs/cgroup/a/cpu.max", "200000 100000\n")],
+        );
+        let mut mounts = V2_MOUNT.as_bytes().to_vec();
+        mounts.extend_from_slice(b"50 23 8:17 / /media/caf\xe9 rw,relatime - vfat /dev/sdb1 rw\n");
+        std::fs::write(root.join("proc/self/mountinfo"), &mounts).unwrap();
+        assert_eq!(cpu_limit(&root), Some(2), "a mount's name elsewhere");
+        std::fs::write(root.join("proc/self/cgroup"), b"4:memory:/caf\xe9\n0::/a\n").unwrap();
+        assert_eq!(cpu_limit(&root), Some(2), "another hierarchy's cgroup name");
+    }
+
+    /// A process outside its cgroup namespace's root reads `0::/../sib`: not under the mount,
+    /// so read at the mount point, never beside it (joined as it was, the walk up read the
+    /// sibling's `cpu.max` and the mount's parent's).
+    #[test]
+    fn a_path_above_the_namespace_root_is_read_at_the_mount_point() {
+        let root = fake_root(
+            "dotdot",
+            "0::/../sib\n",
+            "30 23 0:27 / /sys/fs/cgroup/ns rw - cgroup2 cgroup2 rw\n",
+            &[
+                ("sys/fs/cgroup/ns/cpu.max", "max 100000\n"),
+                ("sys/fs/cgroup/sib/cpu.max", "100000 100000\n"),
+                ("sys/fs/cgroup/cpu.max", "100000 100000\n"),
+            ],
+        );
+        assert_eq!(cpu_limit(&root), None);
+        std::fs::write(root.join("sys/fs/cgroup/ns/cpu.max"), "300000 100000\n").unwrap();
+        assert_eq!(cpu_limit(&root), Some(3));
     }
 
     /// Nothing readable (no `/proc`, no mount): no limit, no error.
