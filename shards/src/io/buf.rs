@@ -17,7 +17,9 @@ pub type BufResult<T, B> = (io::Result<T>, B);
 /// While the value is owned by an operation (between the call that takes it and the one that
 /// returns it), `stable_ptr()` must keep pointing at the same live memory of at least
 /// `bytes_total()` bytes, even when the value itself moves: the kernel reads through it
-/// asynchronously, and nothing else may write that memory meanwhile. `bytes_init()` must not
+/// asynchronously, and nothing else may write that memory meanwhile. `bytes_init()` and
+/// `bytes_total()` must not change meanwhile either (the kernel has the length from the
+/// submission, and xtc reads them again at the completion). `bytes_init()` must not
 /// exceed `bytes_total()`, and its bytes must be initialized (they are read, by the kernel
 /// and by xtc's copies). `fixed_index` must be left as it is (`None`): only xtc's
 /// [`FixedBuf`] names a registered buffer. Heap buffers (`Vec`, `Box<[u8]>`) and `'static`
@@ -94,7 +96,10 @@ unsafe impl IoBuf for Box<[u8]> {
 // SAFETY: as for IoBuf; every byte of a boxed slice is initialized and writable.
 unsafe impl IoBufMut for Box<[u8]> {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.as_mut_ptr()
+        // Raw, with no `&mut [u8]` made to bytes the kernel may be writing: `as_mut_ptr`
+        // goes through one, and a second call (which the contract allows) invalidated the
+        // first pointer under Stacked Borrows.
+        (&raw mut **self).cast::<u8>()
     }
     unsafe fn set_init(&mut self, _n: usize) {}
 }
@@ -403,5 +408,81 @@ unsafe impl IoBufMut for FixedBuf {
         // SAFETY: the caller guarantees `n <= size == capacity` and that `n` bytes are
         // initialized.
         unsafe { self.vec_mut().set_len(n) }
+    }
+}
+
+/// The buffers as xtc's operations use them, in plain memory (a "kernel" that is a copy), so
+/// that Miri checks the pointers the contract hands out (`scripts/miri lib`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool of `count` unregistered buffers of `size` bytes (the epoll driver's kind).
+    fn pool(count: usize, size: usize) -> FixedBufPool {
+        let slots = (0..count).map(|_| Some(Vec::with_capacity(size))).collect();
+        FixedBufPool {
+            inner: Rc::new(PoolInner {
+                slots: RefCell::new(slots),
+                size,
+                registered: None,
+            }),
+        }
+    }
+
+    /// What a read does with its buffer: takes the pointer, takes it again (the contract
+    /// allows a second call while the kernel writes through the first), writes through the
+    /// first, and records the count.
+    fn fake_read<B: IoBufMut>(b: &mut B, data: &[u8]) -> usize {
+        let n = data.len().min(b.bytes_total());
+        let p = b.stable_mut_ptr();
+        let _again = b.stable_mut_ptr();
+        // SAFETY: `p` points at `bytes_total() >= n` writable bytes (the trait's contract),
+        // which nothing else touches; the `n` bytes are initialized by the copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), p, n);
+            b.set_init(n);
+        }
+        n
+    }
+
+    #[test]
+    fn std_buffers_take_a_read_through_their_first_pointer() {
+        let mut v: Vec<u8> = Vec::with_capacity(4);
+        assert_eq!(fake_read(&mut v, b"abcdef"), 4);
+        assert_eq!(v, b"abcd");
+        // A boxed slice's second pointer used to be made through a `&mut [u8]`, which
+        // invalidated the first (Miri, Stacked Borrows).
+        let mut bx: Box<[u8]> = vec![0u8; 3].into_boxed_slice();
+        assert_eq!(fake_read(&mut bx, b"xy"), 2);
+        assert_eq!(&bx[..], b"xy\0");
+        let mut empty: Vec<u8> = Vec::new();
+        assert_eq!(fake_read(&mut empty, b"z"), 0);
+        let st: &'static str = "hé";
+        // SAFETY: a `'static str`'s pointer and initialized length (the trait's contract).
+        let bytes = unsafe { std::slice::from_raw_parts(st.stable_ptr(), st.bytes_init()) };
+        assert_eq!(bytes, "hé".as_bytes());
+    }
+
+    #[test]
+    fn a_fixed_buf_fills_to_its_size_and_comes_back_empty() {
+        let p = pool(2, 8);
+        let mut a = p.take().unwrap();
+        let mut b = p.take().unwrap();
+        assert!(p.take().is_none());
+        assert_eq!(a.put_slice(b"0123456789"), 8);
+        assert_eq!(&a[..], b"01234567");
+        assert_eq!(a.put_slice(b"x"), 0);
+        assert_eq!(fake_read(&mut b, b"hello world"), 8);
+        assert_eq!(&b[..], b"hello wo");
+        assert_eq!((b.bytes_init(), b.bytes_total()), (8, 8));
+        b.clear();
+        assert!(b.is_empty());
+        drop(a);
+        let again = p.take().unwrap();
+        assert!(again.is_empty(), "a buffer comes back emptied");
+        // The pool gone, its buffers still work and drop cleanly.
+        drop(p);
+        assert_eq!(fake_read(&mut b, b"abc"), 3);
+        assert_eq!(&b[..], b"abc");
     }
 }
