@@ -192,9 +192,16 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
             let end = searched + i;
             searched = end + 1;
             let line = &pending[start..end];
-            let reply = match request(line) {
-                Ok(req) => answer(&store, &counts, req).await,
-                Err(err) => err.as_bytes().to_vec(),
+            // A line that ended within the read that took it past the limit is refused as
+            // well: the check below sees only the unfinished rest of each read, so a
+            // `SET` of 1 MiB and 3,000 bytes was stored and one of 1 MiB and 5,000 refused.
+            let reply = if line.len() > LINE_MAX {
+                b"ERR line over 1 MiB".to_vec()
+            } else {
+                match request(line) {
+                    Ok(req) => answer(&store, &counts, req).await,
+                    Err(err) => err.as_bytes().to_vec(),
+                }
             };
             replies.extend_from_slice(&reply);
             replies.push(b'\n');
@@ -210,7 +217,7 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
         }
         pending.drain(..start);
         searched = pending.len();
-        if pending.len() > 1 << 20 {
+        if pending.len() > LINE_MAX {
             let _ = stream.write_all(b"ERR line over 1 MiB\n".to_vec()).await;
             // Closed with the client's input unread, the socket sends a reset, and a client
             // that sends everything before it reads (`nc -N`) lost the ERR to it: end our
@@ -237,6 +244,9 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
         }
     }
 }
+
+/// The longest request line served (without its `\n`).
+const LINE_MAX: usize = 1 << 20;
 
 /// Replies buffered for one connection before they are written out.
 const REPLY_CHUNK: usize = 64 << 10;

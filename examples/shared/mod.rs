@@ -173,7 +173,7 @@ pub(crate) fn executor() -> xtc::Result<xtc::Executor> {
 }
 
 /// A server [`listen`] started: the address it serves, and the failure of a shard that could
-/// not bind or accept.
+/// not listen or accept.
 pub(crate) struct Server {
     pub(crate) addr: SocketAddr,
     failure: Arc<OnceLock<String>>,
@@ -192,8 +192,11 @@ impl Server {
 
 /// Has every shard of `exec` serve `addr` with `handler`: one `SO_REUSEPORT` listener per
 /// shard, each connection handled on the shard with the fewest open ones. Port 0 picks a free
-/// port; the address served is in the `Server` returned. A shard that cannot bind or accept
-/// stops the executor, and [`Server::check`] then says why.
+/// port; the address served is in the `Server` returned. Every listener is bound before this
+/// returns (`TcpListener::bind_reuseport_many`), so a bind error comes back here and a client
+/// that connects as soon as the address is printed waits in the backlog until `run()`; bound
+/// by each shard once it ran, such a client was refused. A shard that cannot accept stops the
+/// executor, and [`Server::check`] then says why.
 pub(crate) fn listen<H, Fut>(
     exec: &xtc::Executor,
     addr: SocketAddr,
@@ -252,7 +255,12 @@ where
 {
     let balancer = ConnBalancer::new(exec.shard_count())?;
     let failure = Arc::new(OnceLock::new());
-    for shard in 0..exec.shard_count() {
+    // Every shard's listener bound now, before `run()`: the address is served (a client that
+    // connects early waits in the backlog) once this returns and the caller prints it, and a
+    // bind error comes back here.
+    let listeners = TcpListener::bind_reuseport_many(addr, exec.shard_count())
+        .map_err(|e| format!("bind {addr}: {e}"))?;
+    for (shard, listener) in listeners.into_iter().enumerate() {
         let (balancer, handler) = (balancer.clone(), handler.clone());
         let failure = failure.clone();
         exec.spawn_on(shard, move || async move {
@@ -261,9 +269,9 @@ where
                 let _ = failure.set(what);
                 xtc::stop();
             };
-            let listener = match TcpListener::bind_reuseport(addr) {
+            let listener = match TcpListener::from_std(listener) {
                 Ok(l) => l,
-                Err(e) => return fail(format!("shard {shard}: bind {addr}: {e}")),
+                Err(e) => return fail(format!("shard {shard}: listen on {addr}: {e}")),
             };
             if let Err(e) = balancer.serve(listener, handler).await {
                 fail(format!("shard {shard}: accept: {e}"));
@@ -736,6 +744,23 @@ mod tests {
         }
     }
 
+    /// The address `listen` returns is served once it returns: the servers print "echo server
+    /// on ADDR (Ctrl-C to stop)" right after `listen`, before `exec.run()`, and a client (or
+    /// script) that connected on that line was refused while the shards bound their
+    /// listeners only once they ran.
+    #[test]
+    fn the_address_is_served_when_listen_returns() {
+        let exec = service_exec(2);
+        let server = listen(&exec, "127.0.0.1:0".parse().unwrap(), |_, _| async {}).unwrap();
+        // What a script does on the banner line (printed before `run()`): connect at once.
+        let r = std::net::TcpStream::connect(server.addr);
+        assert!(
+            r.is_ok(),
+            "connect to {} right after listen: {r:?}",
+            server.addr
+        );
+    }
+
     /// An address no interface holds (port 0, so `listen` binds it up front) fails with a
     /// message naming it: "Cannot assign requested address (os error 99)" alone named nothing.
     #[test]
@@ -899,24 +924,11 @@ mod tests {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
         let exec = service_exec(2);
-        // Past `claim`, which refuses a taken port up front (see the test below).
-        let server = serve_on(&exec, addr, |_, _| async {}).unwrap();
-        // Each client connects (the taken socket's backlog completes the handshake) and waits
-        // for a reply nobody sends, until the stop drops it.
-        let Driven { failed, .. } = drive(
-            &exec,
-            2,
-            2,
-            move |_, _| async move {
-                let s = TcpStream::connect(addr).await?;
-                let (n, _) = s.read(Vec::with_capacity(1)).await;
-                n.map(drop)
-            },
-            || async { Ok(()) },
-        )
-        .unwrap();
-        assert_eq!(failed, 2, "the clients the stop cut off count as failed");
-        let err = server.check().expect_err("the bind failure is reported");
+        // Past `claim`, which refuses a taken port up front (see the test below): the
+        // shards' listeners are bound before `serve_on` returns, so it fails at once.
+        let err = serve_on(&exec, addr, |_, _| async {})
+            .err()
+            .expect("the bind failure is reported");
         assert!(err.to_string().contains("bind"), "{err}");
         drop(taken);
     }
