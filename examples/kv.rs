@@ -216,6 +216,11 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
             }
         }
         pending.drain(..start);
+        // A long line's room goes once it is answered: kept, every connection that ever sent
+        // one held up to 1 MiB for its life.
+        if pending.capacity() > PENDING_KEPT && pending.len() <= PENDING_KEPT {
+            pending.shrink_to(PENDING_KEPT);
+        }
         searched = pending.len();
         if pending.len() > LINE_MAX {
             let _ = stream.write_all(b"ERR line over 1 MiB\n".to_vec()).await;
@@ -247,6 +252,9 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
 
 /// The longest request line served (without its `\n`).
 const LINE_MAX: usize = 1 << 20;
+
+/// The most room a connection keeps for a partial line between reads.
+const PENDING_KEPT: usize = 64 << 10;
 
 /// Replies buffered for one connection before they are written out.
 const REPLY_CHUNK: usize = 64 << 10;
