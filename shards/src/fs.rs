@@ -23,12 +23,13 @@
 //! Dropping an operation's future (a `timeout` around it, a lost `select!` branch) cancels it
 //! if it has not started. One that has started may still take effect, and then *when* matters
 //! to the program's next operation on the same file or path:
-//! - on epoll, the drop waits for a started system call to return (up to 10 ms: a call that
-//!   takes longer, a large write to a slow disk, may land after the drop returned), so an
-//!   operation issued after the drop comes after it;
-//! - on io_uring, a started read, write or open runs on in the kernel (a cancel cannot stop
-//!   it), and one the kernel handed to a worker thread (an `OPENAT` always is) may complete
-//!   after an operation submitted later;
+//! - on epoll, the drop waits for a started write or open of a file to return (up to 10 ms:
+//!   a call that takes longer, a large write to a slow disk, may land after the drop
+//!   returned), so an operation issued after the drop comes after it (a FIFO's open or read
+//!   is interrupted instead, where xtc's interrupt handler is installed);
+//! - on io_uring, a started read or write runs on in the kernel (a cancel interrupts only a
+//!   call that waits, such as a FIFO's open), and one the kernel handed to a worker thread
+//!   (an `OPENAT` always is) may complete after an operation submitted later;
 //! - the path operations ([`rename`], [`remove_file`], ..) run on the pool on both drivers,
 //!   and their drop waits as on epoll.
 //!

@@ -1,6 +1,8 @@
 //! Executor::from_env: every variable parsed, bad values are errors naming the variable.
 //! One test function, because the environment is process-wide.
 
+mod common;
+
 use std::time::Duration;
 
 use xtc_shards::{Builder, Error};
@@ -260,6 +262,26 @@ fn env_variables() {
         msg.contains("XTC_SHARDS=4096") && !msg.contains("XTC_PLACEMENT"),
         "{msg}"
     );
+    // Refusals that need oversubscription on already (too many shards on one CPU of a
+    // list, too many per CPU): turning it off only trades them for another, so
+    // `XTC_OVERSUBSCRIBE=1` is not blamed.
+    std::env::remove_var("XTC_PLACEMENT");
+    std::env::remove_var("XTC_SHARDS");
+    std::env::set_var("XTC_OVERSUBSCRIBE", "1");
+    let cpu = common::affinity()[0];
+    let e = Builder::from_env()
+        .unwrap()
+        .placement(xtc_numa::Policy::Cpus(vec![cpu; 65]))
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, Error::Numa(_)), "{e:?}");
+    let e = Builder::from_env()
+        .unwrap()
+        .shards(4097 * 64)
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, Error::Numa(_)), "{e:?}");
+    std::env::remove_var("XTC_OVERSUBSCRIBE");
     // A CPU list is the count when none is set: named.
     std::env::remove_var("XTC_SHARDS");
     std::env::set_var("XTC_PLACEMENT", "cpus:0,0");

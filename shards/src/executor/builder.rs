@@ -500,14 +500,11 @@ pub(crate) fn refusal_depends_on(source: &xtc_numa::Error, list: bool, var: &str
     use xtc_numa::Error as E;
     let count = var == "XTC_SHARDS" || (list && var == "XTC_PLACEMENT");
     match source {
-        E::TooManyShards { .. } | E::OversubscribedTooFar { .. } => {
-            count || var == "XTC_OVERSUBSCRIBE"
-        }
-        E::TooManyForVictims { .. } => count,
-        E::CpuNotAllowed { .. } => var == "XTC_PLACEMENT",
-        E::DuplicateCpu { .. } | E::TooManyOnOneCpu { .. } => {
-            var == "XTC_PLACEMENT" || var == "XTC_OVERSUBSCRIBE"
-        }
+        E::TooManyShards { .. } => count || var == "XTC_OVERSUBSCRIBE",
+        // Both need oversubscription on already: turned off, another refusal follows.
+        E::OversubscribedTooFar { .. } | E::TooManyForVictims { .. } => count,
+        E::CpuNotAllowed { .. } | E::TooManyOnOneCpu { .. } => var == "XTC_PLACEMENT",
+        E::DuplicateCpu { .. } => var == "XTC_PLACEMENT" || var == "XTC_OVERSUBSCRIBE",
         E::CpuListLength { .. } => var == "XTC_PLACEMENT" || var == "XTC_SHARDS",
         _ => false,
     }

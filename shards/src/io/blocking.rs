@@ -415,8 +415,10 @@ pub(crate) fn retrying<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result
 /// [`retrying`] alone had a gap: a signal that landed between its cancel check and a FIFO's
 /// `read(2)` was spent there, and the read then blocked and took the next bytes written.
 ///
-/// Regular files and block devices skip this (their calls do not wait for a peer): their call
-/// is [`claimed`], so a cancel either comes first (no call) or waits for the call.
+/// Regular files and block devices skip this (their calls do not wait for a peer): a write is
+/// [`claimed`], so a cancel either comes first (no call) or waits for the call; a read (which
+/// changes nothing a later operation sees) is not waited for. Without xtc's handler a pipe's
+/// call is neither (nothing can end it: a wait for it only held the loop `CALL_WAIT`).
 /// Left open: a cancel whose signal lands between the claim and a call that then blocks (a
 /// write larger than the room, or a read whose data another reader of the pipe took) is
 /// spent; the cancel waits for the call at most [`CALL_WAIT`], and the loop's re-signal
@@ -433,8 +435,19 @@ pub(crate) fn when_ready<T>(
     let Some(ctl) = RUNNING.with(|r| r.borrow().clone()) else {
         return retrying(call);
     };
-    if !(interrupt_handler_installed() && waits_for_peer(fd)) {
-        return claimed(call);
+    if !waits_for_peer(fd) {
+        // A positioned read of a file changes nothing a later operation sees: its drop need
+        // not wait for it (only a write, which may land late, is claimed).
+        return if events == libc::POLLIN {
+            retrying(call)
+        } else {
+            claimed(call)
+        };
+    }
+    if !interrupt_handler_installed() {
+        // Nothing can end a call that waits for a peer: a claim would only make the drop
+        // wait its full `CALL_WAIT` on the loop's thread, for nothing.
+        return retrying(call);
     }
     // SAFETY: zeroed `sigset_t`s are valid for `sigemptyset`/`pthread_sigmask` to fill; the
     // calls only read and write these locals.
@@ -545,7 +558,12 @@ const CALL_WAIT: Duration = Duration::from_millis(10);
 /// as long as the disk takes).
 fn wait_call(ctl: &Ctl) {
     let deadline = std::time::Instant::now() + CALL_WAIT;
-    while lock(&ctl.state).calling && std::time::Instant::now() < deadline {
+    // `done` too: a call that panicked (unwound past its claim) left `calling` set.
+    while {
+        let st = lock(&ctl.state);
+        st.calling && !st.done
+    } && std::time::Instant::now() < deadline
+    {
         std::thread::yield_now();
     }
 }

@@ -62,10 +62,17 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
             }
             Driver::Epoll => {
                 return blocking::run(move || {
-                    let fd = blocking::claimed(|| {
+                    let open = || {
                         // SAFETY: `path` is a live NUL-terminated string.
                         cvt(unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) })
-                    })?;
+                    };
+                    // An open that may wait for a peer (a FIFO, a terminal) is not claimed: a
+                    // drop cannot end it by waiting, and only stalled its loop `CALL_WAIT`.
+                    let fd = if opens_a_peer(&path) {
+                        blocking::retrying(open)
+                    } else {
+                        blocking::claimed(open)
+                    }?;
                     // SAFETY: open returned a fresh descriptor that we now own.
                     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
                 })
@@ -75,11 +82,25 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
     }
 }
 
+/// Whether `path` names something whose `open(2)` may wait for a peer: not a regular file,
+/// a directory or a block device (a path that cannot be looked at: no, as for `O_CREAT`).
+fn opens_a_peer(path: &CString) -> bool {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: a live NUL-terminated path and a local the kernel fills.
+    if unsafe { libc::stat(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: stat succeeded and filled it.
+    let kind = unsafe { st.assume_init() }.st_mode & libc::S_IFMT;
+    !matches!(kind, libc::S_IFREG | libc::S_IFDIR | libc::S_IFBLK)
+}
+
 /// Runs `call`, a path operation (`rename`, `unlink`, `mkdir`, ...), as a blocking-pool job on
 /// either driver, never signalled ([`blocking::run_uninterrupted`]: such a call waits for no
 /// peer, and a signal could only cut a `create_dir_all` halfway on a file system that takes
 /// one), and claimed ([`blocking::claimed`]): a drop before the call means no call, after it
-/// the drop waits for the call, so a dropped operation never lands after a later one. io_uring has
+/// the drop waits for the call (up to 10 ms), so a dropped operation does not land after a
+/// later one. io_uring has
 /// opcodes for some of them (`RENAMEAT`, `UNLINKAT`, `MKDIRAT`), from Linux 5.11 and 5.15,
 /// above the floor the driver probes for; these calls are rare beside reads and writes, and
 /// one path for both drivers keeps them alike (tokio runs them on its pool too). Off any loop
