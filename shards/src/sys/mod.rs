@@ -65,6 +65,8 @@ fn cpus_mask(cpus: &[usize]) -> Vec<libc::c_ulong> {
 pub(crate) fn set_thread_cpus(cpus: &[usize]) -> std::io::Result<()> {
     let mask = cpus_mask(cpus);
     let bytes = mask.len() * std::mem::size_of::<libc::c_ulong>();
+    #[cfg(test)]
+    affinity_tests::LAST_SET.with(|l| *l.borrow_mut() = Some((bytes, mask.clone())));
     // SAFETY: the kernel reads `bytes` bytes, the size of `mask`'s buffer, which has
     // `cpu_set_t`'s layout (an array of `unsigned long`) at this size; the call changes this
     // thread's mask only.
@@ -90,15 +92,31 @@ mod affinity_tests {
         assert_eq!(mask_cpus(&cpus_mask(&[])), Vec::<usize>::new());
     }
 
-    /// Binding to the thread's own CPUs plus one past 1,024 that this machine lacks takes
-    /// (the kernel ignores CPUs it does not have) and leaves the thread's mask as it was:
-    /// truncated to `cpu_set_t`, the set lost every CPU at 1,024 and above.
+    thread_local! {
+        /// The size in bytes and the mask of this thread's last `set_thread_cpus` call.
+        pub(super) static LAST_SET: std::cell::RefCell<Option<(usize, Vec<libc::c_ulong>)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// Binding to the thread's own CPUs plus one past 1,024 hands the kernel a mask that
+    /// names them all, at its full size (truncated to `cpu_set_t`, the set lost every CPU at
+    /// 1,024 and above; the kernel, which ignores CPUs it does not have, cannot tell on a
+    /// machine with fewer, so the call's arguments are checked), takes, and leaves the
+    /// thread's mask as it was.
     #[test]
     fn binding_past_1024_cpus_reaches_the_kernel() {
         let own = thread_cpus().expect("sched_getaffinity");
         let mut wider = own.clone();
         wider.push(1500);
         set_thread_cpus(&wider).expect("sched_setaffinity with a CPU past 1,024");
+        let (bytes, mask) = LAST_SET
+            .with(|l| l.borrow_mut().take())
+            .expect("no call recorded");
+        assert_eq!(mask_cpus(&mask), wider);
+        assert!(
+            bytes * 8 > 1500,
+            "a mask of {bytes} bytes cannot name CPU 1,500"
+        );
         assert_eq!(thread_cpus().unwrap(), own);
     }
 }

@@ -28,12 +28,17 @@ pub fn exec_with_grace(n: usize, grace: Duration) -> Executor {
         .expect("build executor")
 }
 
-/// Blocks the calling thread, 1 ms at a time, until `done()` or for at most [`HANG`] (a hang
-/// guard: the caller's assertions say what was missed). On a loop thread it holds the loop,
-/// which is what some tests want (a long poll).
+/// Blocks the calling thread, 1 ms at a time, until `done()`; panics after [`HANG`] (the
+/// callers wait for a precondition, "the task has parked": given up on quietly, the test ran
+/// another scenario and could pass). On a loop thread it holds the loop, which is what some
+/// tests want (a long poll); a panic there fails the task, whose join the test checks.
 pub fn block_until(done: impl Fn() -> bool) {
     let t = Instant::now();
-    while !done() && t.elapsed() < HANG {
+    while !done() {
+        assert!(
+            t.elapsed() < HANG,
+            "block_until: the condition did not hold within {HANG:?}"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
