@@ -1334,6 +1334,54 @@ mod tests {
         assert!(skipped > 0, "no job was skipped in 200 rounds ({ran} ran)");
     }
 
+    /// A job a pool thread took, held between its start and its claimed call while its
+    /// future is dropped, makes no call: a dropped write (or `O_TRUNC` open, or unlink) that
+    /// a thread was about to make landed after the operations the program issued next.
+    #[test]
+    fn a_claimed_call_whose_job_was_cancelled_first_is_not_made() {
+        use std::sync::{atomic::AtomicBool, mpsc};
+        std::thread::spawn(|| {
+            let count = pending().expect("the thread-local lives");
+            let (taken_tx, taken) = mpsc::channel();
+            let gate = Arc::new((Mutex::new(false), Condvar::new()));
+            let called = Arc::new(AtomicBool::new(false));
+            let (g, c) = (gate.clone(), called.clone());
+            let job = run(move || {
+                let _ = taken_tx.send(());
+                let (open, cv) = &*g;
+                let mut o = lock(open);
+                while !*o {
+                    o = cv
+                        .wait(o)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                drop(o);
+                claimed(|| {
+                    c.store(true, SeqCst);
+                    Ok(())
+                })
+            });
+            taken.recv().expect("a pool thread takes the job");
+            drop(job);
+            *lock(&gate.0) = true;
+            gate.1.notify_all();
+            let t0 = std::time::Instant::now();
+            while count.load(SeqCst) != 0 {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(60),
+                    "the job never ended"
+                );
+                std::thread::yield_now();
+            }
+            assert!(
+                !called.load(SeqCst),
+                "the call was made after its job's future was dropped"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
     /// Abandoned jobs that ended are forgotten as more jobs are abandoned, not only when the
     /// loop parks (`park_timeout`) or stops (`settle`): a loop kept busy never parks, and its
     /// list of abandoned jobs (a file operation under a timeout that fires, each) grew for as
