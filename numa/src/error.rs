@@ -32,7 +32,7 @@ pub enum Error {
     },
 
     /// More shards were asked than there are allowed CPUs, and oversubscription is off.
-    #[error("{asked} shards asked but only {allowed} CPUs allowed; lower shards() or allow oversubscription (in xtc: `Builder::oversubscribe(true)` or `XTC_OVERSUBSCRIBE=1`)")]
+    #[error("{asked} shards asked but only {} allowed; lower shards() or allow oversubscription (in xtc: `Builder::oversubscribe(true)` or `XTC_OVERSUBSCRIBE=1`)", cpus(*allowed))]
     TooManyShards {
         /// Shards asked for.
         asked: usize,
@@ -162,9 +162,19 @@ fn cpu_list_length(listed: usize, shards: usize) -> String {
             .to_owned()
     } else {
         format!(
-            "{listed} CPUs listed for {shards} shards; list exactly one CPU per shard, or ask for \
-             0 shards to take the list's length"
+            "{} listed for {shards} shards; list exactly one CPU per shard, or ask for \
+             0 shards to take the list's length",
+            cpus(listed)
         )
+    }
+}
+
+/// `n` CPUs, in the singular for one ("only 1 CPUs allowed" read wrong).
+fn cpus(n: usize) -> String {
+    if n == 1 {
+        "1 CPU".to_owned()
+    } else {
+        format!("{n} CPUs")
     }
 }
 
@@ -253,5 +263,28 @@ mod tests {
             format!("{:?}", Error::SyntheticBind),
             Error::SyntheticBind.to_string()
         );
+    }
+
+    /// One CPU reads in the singular, more in the plural.
+    #[test]
+    fn counts_of_cpus_read_as_words() {
+        let one = Error::TooManyShards {
+            asked: 2,
+            allowed: 1,
+        };
+        assert!(one.to_string().contains("only 1 CPU allowed"), "{one}");
+        let two = Error::CpuListLength {
+            listed: 2,
+            shards: 3,
+        };
+        assert!(
+            two.to_string().starts_with("2 CPUs listed for 3 shards"),
+            "{two}"
+        );
+        let single = Error::CpuListLength {
+            listed: 1,
+            shards: 2,
+        };
+        assert!(single.to_string().starts_with("1 CPU listed"), "{single}");
     }
 }
