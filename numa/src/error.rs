@@ -57,7 +57,7 @@ pub enum Error {
     NoAllowedCpus,
 
     /// A CPU was named that the process may not run on, or that the topology does not have.
-    #[error("CPU {cpu} is not allowed to this process (or does not exist); pick one of the allowed CPUs {allowed:?}")]
+    #[error("CPU {cpu} is not allowed to the calling thread (its affinity mask, within the process's cpuset) or does not exist; pick one of the allowed CPUs {allowed:?}")]
     CpuNotAllowed {
         /// OS index of the CPU asked for.
         cpu: usize,
