@@ -233,13 +233,10 @@ fn env_variables() {
     let e = Builder::from_env().unwrap().build().unwrap_err();
     assert!(e.to_string().contains("XTC_PLACEMENT=cpus:9999"), "{e}");
     // A setter after `env()` takes its variable's place: the error no longer blames it.
+    let refused_with_shards = |n| Builder::from_env().unwrap().shards(n).build().unwrap_err();
     std::env::set_var("XTC_SHARDS", "4096");
     std::env::remove_var("XTC_PLACEMENT");
-    let e = Builder::from_env()
-        .unwrap()
-        .shards(4097)
-        .build()
-        .unwrap_err();
+    let e = refused_with_shards(4097);
     assert!(matches!(e, Error::Numa(_)), "{e:?}");
     assert!(!e.to_string().contains("XTC_SHARDS"), "{e}");
     // Only the variables the refusal depends on: a policy of `compact` or `spread` plays no
@@ -247,11 +244,7 @@ fn env_variables() {
     // for a count set in code), and with none left the refusal is a plain `Numa`.
     std::env::remove_var("XTC_SHARDS");
     std::env::set_var("XTC_PLACEMENT", "spread");
-    let e = Builder::from_env()
-        .unwrap()
-        .shards(4097)
-        .build()
-        .unwrap_err();
+    let e = refused_with_shards(4097);
     assert!(matches!(e, Error::Numa(_)), "{e:?}");
     assert!(!e.to_string().contains("XTC_PLACEMENT"), "{e}");
     std::env::set_var("XTC_SHARDS", "4096");
@@ -275,11 +268,7 @@ fn env_variables() {
         .build()
         .unwrap_err();
     assert!(matches!(e, Error::Numa(_)), "{e:?}");
-    let e = Builder::from_env()
-        .unwrap()
-        .shards(4097 * 64)
-        .build()
-        .unwrap_err();
+    let e = refused_with_shards(4097 * 64);
     assert!(matches!(e, Error::Numa(_)), "{e:?}");
     std::env::remove_var("XTC_OVERSUBSCRIBE");
     // A CPU list is the count when none is set: named.
