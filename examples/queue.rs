@@ -18,14 +18,19 @@
 //! | `LEN queue` | `LEN n`, the jobs queued |
 //! | anything else | `ERR what to send instead` |
 //!
-//! Each job is handed out once. Waiting GETs are served in the order they arrived. A GET that
-//! goes away while it waits gives up its place in line, and a job already handed to it goes to
-//! the next waiter, or back to the head of its queue: the GET's future is dropped when its
-//! connection is reset while it waits, or when the server stops. (A GET sent to another shard
+//! The queues live in memory: a server that stops loses its jobs. While it runs, each job is
+//! handed out once, and waiting GETs are served in the order they arrived. A GET that goes
+//! away while it waits gives up its place in line, and a job already handed to it goes to the
+//! next waiter, or back to the head of its queue (before the jobs queued since): the GET's
+//! future is dropped when its connection is reset while it waits. (A GET sent to another shard
 //! cannot be called back: `submit_to` runs its future to the end. Its answer is what is
-//! dropped, and a job in it goes back to its queue.) A client that half-closes (`nc -N`) still
-//! gets its replies; a reply written to a peer that has just closed is lost with the
-//! connection, as TCP cannot tell: a queue that must survive that needs acknowledgements.
+//! dropped, and a job in it goes back to its queue; the PUT that handed it over may have read
+//! `OK 0` meanwhile.) A job is the client's once the write of its `JOB` reply succeeds; a
+//! write that fails gives it back too, so a client whose connection broke part-way through
+//! that write may have got the job that another client then gets as well. TCP cannot say
+//! which bytes a peer read: a queue that must hand each job out exactly once, across broken
+//! connections, needs acknowledgements in its protocol. A client that half-closes (`nc -N`)
+//! still gets its replies.
 //!
 //! With `--producers P --consumers C` it also runs P producer and C consumer clients (pinned
 //! tasks spread over the shards, over TCP to the server): the producers PUT `--jobs` jobs in
@@ -271,7 +276,7 @@ impl Drop for Handout {
 }
 
 /// The shard that owns queue `name`. `DefaultHasher::new()` has fixed keys, so every shard
-/// (and every run) agrees.
+/// agrees.
 fn owner(name: &[u8]) -> usize {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     name.hash(&mut h);
@@ -306,17 +311,29 @@ enum Answer {
 
 impl Answer {
     /// The reply line, without `\n`. A job handed out is the client's from here on.
+    #[cfg(test)]
     fn reply(self) -> Vec<u8> {
-        match self {
+        let (line, held) = self.reply_held();
+        held.map(Handout::open);
+        line
+    }
+
+    /// The reply line, and the job in it still held: it is the client's once the line is
+    /// written ([`Handout::open`]); dropped (the write failed), it goes back to its queue.
+    fn reply_held(self) -> (Vec<u8>, Option<Handout>) {
+        let line = match self {
             Answer::Queued(n) => format!("OK {n}").into_bytes(),
             Answer::Full => b"FULL".to_vec(),
-            Answer::Got(h) => match h.open() {
-                Some(job) => [&b"JOB "[..], &job].concat(),
-                None => b"NONE".to_vec(),
-            },
+            Answer::Got(h) => {
+                return match &h.job {
+                    Some(job) => ([&b"JOB "[..], job].concat(), Some(h)),
+                    None => (b"NONE".to_vec(), None),
+                }
+            }
             Answer::Len(n) => format!("LEN {n}").into_bytes(),
             Answer::Stopping => b"ERR the server is stopping".to_vec(),
-        }
+        };
+        (line, None)
     }
 }
 
@@ -382,18 +399,41 @@ type Counts = Arc<xtc::Sharded<ShardCounts>>;
 
 /// The reply to one request: on this shard if it owns the queue, else on the owner through
 /// `submit_to` (one ring message each way; a GET's wait, if any, in between on the owner).
+#[cfg(test)]
 async fn answer(counts: &Counts, limits: Limits, req: Request) -> Vec<u8> {
+    let (line, held) = answer_held(counts, limits, req).await;
+    held.map(Handout::open);
+    line
+}
+
+/// [`answer`], with the job in the reply held until the reply is written.
+async fn answer_held(counts: &Counts, limits: Limits, req: Request) -> (Vec<u8>, Option<Handout>) {
     let to = owner(req.name());
     let c = counts.get();
     if to == xtc::shard::id() {
         c.own.set(c.own.get() + 1);
-        return apply(req, limits).await.reply();
+        return apply(req, limits).await.reply_held();
     }
     c.sent.set(c.sent.get() + 1);
     match xtc::shard::submit_to(to, move || apply(req, limits)).await {
-        Ok(answer) => answer.reply(),
-        Err(e) => format!("ERR shard {to}: {e}").into_bytes(),
+        Ok(answer) => answer.reply_held(),
+        Err(e) => (format!("ERR shard {to}: {e}").into_bytes(), None),
     }
+}
+
+/// Writes `replies` (emptied for reuse) and hands the jobs in them to the client; `false`
+/// if the write failed, when `held`'s jobs go back to their queues (a failed write may have
+/// got part of the replies out: such a job may reach this client and another one).
+async fn flush(stream: &TcpStream, replies: &mut Vec<u8>, held: &mut Vec<Handout>) -> bool {
+    let (r, mut sent) = stream.write_all(std::mem::take(replies)).await;
+    if r.is_err() {
+        held.clear(); // dropped: back to their queues
+        return false;
+    }
+    held.drain(..).for_each(|h| drop(h.open()));
+    sent.clear();
+    *replies = sent;
+    true
 }
 
 /// Awaits `reply` (a GET, which may wait) while it reads what the peer sends meanwhile into
@@ -402,11 +442,11 @@ async fn answer(counts: &Counts, limits: Limits, req: Request) -> Vec<u8> {
 /// line, and returns `None`. An end of stream is a client that has sent everything and waits
 /// for its replies (`nc -N`): the GET goes on. A read dropped when the GET wins loses no bytes
 /// (`TcpStream::read`): the next read gets them.
-async fn unless_reset(
+async fn unless_reset<R>(
     stream: &TcpStream,
-    reply: impl Future<Output = Vec<u8>>,
+    reply: impl Future<Output = R>,
     pending: &mut Vec<u8>,
-) -> Option<Vec<u8>> {
+) -> Option<R> {
     let mut reply = std::pin::pin!(reply);
     loop {
         if pending.len() > LINE_MAX {
@@ -447,6 +487,8 @@ async fn serve(stream: TcpStream, limits: Limits, counts: Counts) {
         };
         buf = b;
         let mut replies = Vec::new();
+        // The jobs in `replies`, the client's once they are written.
+        let mut held: Vec<Handout> = Vec::new();
         let mut start = 0;
         while let Some(i) = pending[searched..].iter().position(|&c| c == b'\n') {
             let end = searched + i;
@@ -454,46 +496,56 @@ async fn serve(stream: TcpStream, limits: Limits, counts: Counts) {
             let line = &pending[start..end];
             // A line that ended within the read that took it past the limit is refused too
             // (the check after this loop sees only an unfinished rest).
-            let reply = if line.len() > LINE_MAX {
-                b"ERR line over 1 MiB".to_vec()
+            let (reply, job) = if line.len() > LINE_MAX {
+                (b"ERR line over 1 MiB".to_vec(), None)
             } else {
                 match request(line) {
                     Ok(req @ Request::Get { .. }) => {
-                        let mut get = std::pin::pin!(answer(&counts, limits, req));
+                        let mut get = std::pin::pin!(answer_held(&counts, limits, req));
                         match futures::poll!(get.as_mut()) {
                             Poll::Ready(reply) => reply,
                             Poll::Pending => {
                                 // It waits (or went to another shard): the replies before it
                                 // go out first, as the client may wait for them, not for it.
+                                // The GET is polled meanwhile: a write that blocks (a client
+                                // that does not read) must not keep it in line past `--wait`.
+                                let mut done = None;
                                 if !replies.is_empty() {
-                                    let (r, mut sent) = stream.write_all(replies).await;
-                                    if r.is_err() {
+                                    let written =
+                                        std::pin::pin!(flush(&stream, &mut replies, &mut held));
+                                    let ok = match futures::future::select(written, get.as_mut())
+                                        .await
+                                    {
+                                        Either::Left((ok, _)) => ok,
+                                        Either::Right((reply, written)) => {
+                                            done = Some(reply);
+                                            written.await
+                                        }
+                                    };
+                                    if !ok {
                                         return;
                                     }
-                                    sent.clear();
-                                    replies = sent;
                                 }
-                                match unless_reset(&stream, get, &mut pending).await {
+                                match done {
                                     Some(reply) => reply,
-                                    None => return,
+                                    None => match unless_reset(&stream, get, &mut pending).await {
+                                        Some(reply) => reply,
+                                        None => return,
+                                    },
                                 }
                             }
                         }
                     }
-                    Ok(req) => answer(&counts, limits, req).await,
-                    Err(err) => err.as_bytes().to_vec(),
+                    Ok(req) => answer_held(&counts, limits, req).await,
+                    Err(err) => (err.as_bytes().to_vec(), None),
                 }
             };
+            held.extend(job);
             replies.extend_from_slice(&reply);
             replies.push(b'\n');
             start = end + 1;
-            if replies.len() >= REPLY_CHUNK {
-                let (r, mut sent) = stream.write_all(replies).await;
-                if r.is_err() {
-                    return;
-                }
-                sent.clear();
-                replies = sent;
+            if replies.len() >= REPLY_CHUNK && !flush(&stream, &mut replies, &mut held).await {
+                return;
             }
         }
         pending.drain(..start);
@@ -503,7 +555,12 @@ async fn serve(stream: TcpStream, limits: Limits, counts: Counts) {
         }
         searched = pending.len();
         if pending.len() > LINE_MAX {
-            let _ = stream.write_all(b"ERR line over 1 MiB\n".to_vec()).await;
+            // The batch's replies first: a GET's wait may have read more than a read's worth
+            // (`unless_reset`), so lines answered in this batch can precede the long one.
+            replies.extend_from_slice(b"ERR line over 1 MiB\n");
+            if !flush(&stream, &mut replies, &mut held).await {
+                return;
+            }
             // As kv: end our side, then read the rest away (for at most a few seconds), so
             // that the client's unread input does not turn the close into a reset that loses
             // the ERR.
@@ -521,7 +578,7 @@ async fn serve(stream: TcpStream, limits: Limits, counts: Counts) {
             .await;
             return;
         }
-        if !replies.is_empty() && stream.write_all(replies).await.0.is_err() {
+        if !replies.is_empty() && !flush(&stream, &mut replies, &mut held).await {
             return;
         }
         if eof {
@@ -626,8 +683,16 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, Stri
     if producers.is_some() || consumers.is_some() {
         o.producers = producers.unwrap_or(4);
         o.consumers = consumers.unwrap_or(4);
-        if o.producers.checked_add(o.consumers).is_none() {
-            return Err("--producers and --consumers: more clients than a count holds".into());
+        // The check keeps a count per job and a task per client: far past these, the run
+        // would end in a failed allocation, not in an answer.
+        if o.producers.saturating_add(o.consumers) > MAX_CLIENTS
+            || o.jobs > MAX_JOBS
+            || o.queues > MAX_QUEUES
+        {
+            return Err(format!(
+                "a self-check takes at most {MAX_CLIENTS} clients, {MAX_JOBS} jobs and \
+                 {MAX_QUEUES} queues; lower --producers/--consumers, --jobs or --queues"
+            ));
         }
         if o.producers == 0 || o.consumers == 0 || o.queues == 0 {
             return Err(
@@ -648,6 +713,11 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, Stri
     }
     Ok(Some(o))
 }
+
+/// The self-check's limits (see [`parse`]).
+const MAX_CLIENTS: usize = 10_000;
+const MAX_JOBS: usize = 100_000_000;
+const MAX_QUEUES: usize = 1_000_000;
 
 /// A client connection that sends one line and reads one reply line.
 struct Client {
@@ -1333,6 +1403,220 @@ mod tests {
         runner.join().unwrap().unwrap();
     }
 
+    // ---- audit52 (queue) tests ----
+
+    /// A server of `shards` shards on `driver` on a thread of its own, its address, a handle
+    /// and the thread.
+    fn audit_server(
+        shards: usize,
+        driver: xtc::io::DriverChoice,
+        limits: Limits,
+    ) -> (
+        SocketAddr,
+        xtc::Handle,
+        std::thread::JoinHandle<xtc::Result<()>>,
+    ) {
+        let exec = xtc::Executor::builder()
+            .shards(shards)
+            .service_mode(true)
+            .oversubscribe(true)
+            .io_driver(driver)
+            .build()
+            .unwrap();
+        let handle = exec.handle();
+        let counts: Counts = Arc::new(xtc::Sharded::new(shards, |_| ShardCounts::default()));
+        let server = shared::listen(&exec, "127.0.0.1:0".parse().unwrap(), move |s, _| {
+            serve(s, limits, counts.clone())
+        })
+        .unwrap();
+        let runner = std::thread::spawn(move || exec.run());
+        (server.addr, handle, runner)
+    }
+
+    fn audit_until(what: &str, limit: Duration, f: &dyn Fn() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < limit, "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// One request line over a fresh connection, its reply line.
+    fn audit_call(addr: SocketAddr, line: &str) -> String {
+        use std::io::{BufRead as _, Write as _};
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(line.as_bytes()).unwrap();
+        let mut r = String::new();
+        std::io::BufReader::new(c).read_line(&mut r).unwrap();
+        r.trim_end().to_string()
+    }
+
+    fn audit_waiting(handle: &xtc::Handle, owner: usize, name: &'static [u8]) -> usize {
+        futures::executor::block_on(
+            handle.submit_to(owner, move || async move { waiting_here(name) }),
+        )
+        .unwrap()
+    }
+
+    fn audit_reset(s: std::net::TcpStream) {
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt reads one `linger` through the pointer, valid for the call; the
+        // descriptor is the open socket `s` owns.
+        let r = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        drop(s);
+    }
+
+    /// audit52 A: a client that half-closes (`nc -N`) while its GET waits, and then resets
+    /// the connection (killed, SO_LINGER 0), is not watched any more: a PUT hands the job to
+    /// its GET, the JOB reply's write fails (the reset is known: EPIPE/ECONNRESET), and the
+    /// job is gone: nobody got it and the queue is empty.
+    #[test]
+    fn audit_a_reset_after_a_half_close_loses_no_job() {
+        for driver in [xtc::io::DriverChoice::Auto, xtc::io::DriverChoice::Epoll] {
+            let limits = Limits {
+                max: 10,
+                wait: HANG,
+            };
+            let (addr, handle, runner) = audit_server(1, driver, limits);
+            use std::io::Write as _;
+            let mut gone = std::net::TcpStream::connect(addr).unwrap();
+            gone.write_all(b"GET q\n").unwrap();
+            gone.shutdown(std::net::Shutdown::Write).unwrap();
+            audit_until("the GET never waited", HANG, &|| {
+                audit_waiting(&handle, 0, b"q") == 1
+            });
+            std::thread::sleep(Duration::from_millis(100)); // the server reads the EOF
+            audit_reset(gone);
+            std::thread::sleep(Duration::from_millis(100)); // and gets the reset
+            assert_eq!(audit_call(addr, "PUT q x\n"), "OK 0", "{driver:?}");
+            let t0 = std::time::Instant::now();
+            let mut len = String::new();
+            while t0.elapsed() < Duration::from_secs(5) {
+                len = audit_call(addr, "LEN q\n");
+                if len == "LEN 1" {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            handle.stop();
+            runner.join().unwrap().unwrap();
+            assert_eq!(
+                len, "LEN 1",
+                "{driver:?}: the job handed to the reset GET was lost (its write failed)"
+            );
+        }
+    }
+
+    /// audit52 C: a GET that waits reads the client's next bytes meanwhile (`unless_reset`),
+    /// up to the line limit. When those are a GET of a queue with a job and then an
+    /// unfinished line over the limit, the batch's end finds `pending` over `LINE_MAX` and
+    /// writes only `ERR line over 1 MiB`: the replies of the batch (`NONE`, and `JOB a` for a
+    /// job taken from its queue) are never written, and job `a` is lost.
+    #[test]
+    fn audit_c_an_over_long_line_after_a_waiting_get_drops_its_replies() {
+        use std::io::{Read as _, Write as _};
+        for driver in [xtc::io::DriverChoice::Auto, xtc::io::DriverChoice::Epoll] {
+            let limits = Limits {
+                max: 10,
+                wait: Duration::from_secs(2),
+            };
+            let (addr, handle, runner) = audit_server(1, driver, limits);
+            assert_eq!(audit_call(addr, "PUT q a\n"), "OK 1");
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.write_all(b"GET r\n").unwrap();
+            audit_until("the GET never waited", HANG, &|| {
+                audit_waiting(&handle, 0, b"r") == 1
+            });
+            // The GET waits 2 s: its connection's next bytes go to `pending` meanwhile.
+            let mut first = b"GET q\n".to_vec();
+            first.extend(std::iter::repeat(b'x').take(3000));
+            s.write_all(&first).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            s.write_all(&vec![b'x'; LINE_MAX]).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out);
+            let out = String::from_utf8_lossy(&out).into_owned();
+            let len = audit_call(addr, "LEN q\n");
+            handle.stop();
+            runner.join().unwrap().unwrap();
+            assert_eq!(
+                (out.as_str(), len.as_str()),
+                ("NONE\nJOB a\nERR line over 1 MiB\n", "LEN 0"),
+                "{driver:?}: replies dropped (and job a taken but never sent)"
+            );
+        }
+    }
+
+    /// audit52 B: a client that does not read its replies holds a job past `--wait`. Its
+    /// pipelined `GET mid` (ready, 60 kB) and `GET r` (waits): the GET on `r` joins the line at
+    /// its first poll, then the server writes the replies before it, and that write blocks
+    /// once the socket buffers are full. The GET is not polled meanwhile, so its 50 ms
+    /// `--wait` never ends it: it stays first in line for good, the next PUT hands it its
+    /// job, and a client that asks for that job gets `NONE`.
+    #[test]
+    fn audit_b_a_client_that_does_not_read_holds_a_job_past_its_wait() {
+        use std::io::Write as _;
+        let limits = Limits {
+            max: 1000,
+            wait: Duration::from_millis(50),
+        };
+        let (addr, handle, runner) = audit_server(1, xtc::io::DriverChoice::Auto, limits);
+        {
+            use std::io::BufRead as _;
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            let mut lines = std::io::BufReader::new(c.try_clone().unwrap()).lines();
+            let big = format!("PUT mid {}\n", "x".repeat(60_000));
+            for _ in 0..300 {
+                c.write_all(big.as_bytes()).unwrap();
+                assert!(lines.next().unwrap().unwrap().starts_with("OK "));
+            }
+        }
+        let mut hostage = std::net::TcpStream::connect(addr).unwrap();
+        hostage
+            .write_all("GET mid\nGET r\n".repeat(300).as_bytes())
+            .unwrap();
+        // Stuck once `mid` stops going down for 500 ms (each `GET r` waits only 50 ms).
+        let len = || audit_call(addr, "LEN mid\n");
+        let mut last = len();
+        let mut since = std::time::Instant::now();
+        let t0 = std::time::Instant::now();
+        while since.elapsed() < Duration::from_millis(500) {
+            assert!(t0.elapsed() < HANG, "the hostage never got stuck");
+            std::thread::sleep(Duration::from_millis(20));
+            let now = len();
+            if now != last {
+                (last, since) = (now, std::time::Instant::now());
+            }
+        }
+        assert_ne!(last, "LEN 0", "the buffers never filled");
+        let stuck_in_line = audit_waiting(&handle, 0, b"r");
+        let put = audit_call(addr, "PUT r x\n");
+        let got = audit_call(addr, "GET r\n");
+        audit_reset(hostage);
+        handle.stop();
+        runner.join().unwrap().unwrap();
+        assert_eq!(
+            (stuck_in_line, put.as_str(), got.as_str()),
+            (0, "OK 1", "JOB x"),
+            "a GET of a client that does not read stays in line past --wait and takes the job"
+        );
+    }
+
     /// The self-check end to end, with a small bound so that producers meet `FULL`, on two
     /// shards (so requests cross), on each I/O driver, within a bounded time.
     #[test]
@@ -1385,6 +1669,9 @@ mod tests {
             &["--max"],
             &["--frobnicate", "1"],
             &["--producers", "1", "--max", "0", "--wait", "0"],
+            &["--producers", "1", "--jobs", "1000000000000"],
+            &["--producers", "1", "--queues", "1000000000000"],
+            &["--producers", "18446744073709551615", "--consumers", "1"],
         ] {
             assert!(parse(args(bad)).is_err(), "{bad:?}");
         }
