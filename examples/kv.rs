@@ -26,6 +26,8 @@
 //! replies end the run).
 //! (`XTC_SHARDS` sets the shard count, `XTC_IO=epoll` picks the epoll driver.)
 
+#[path = "shared/lines.rs"]
+mod lines;
 mod shared;
 
 use std::{
@@ -37,6 +39,8 @@ use std::{
 };
 
 use xtc::net::TcpStream;
+
+use lines::{LINE_MAX, PENDING_KEPT, REPLY_CHUNK};
 
 /// Every shard's part of the store; `get()` is the calling shard's.
 /// Leaked: it lives as long as the server, and a closure sent to another shard copies a
@@ -224,21 +228,7 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
         searched = pending.len();
         if pending.len() > LINE_MAX {
             let _ = stream.write_all(b"ERR line over 1 MiB\n".to_vec()).await;
-            // Closed with the client's input unread, the socket sends a reset, and a client
-            // that sends everything before it reads (`nc -N`) lost the ERR to it: end our
-            // side, then read the rest away (for at most a few seconds) before closing.
-            let _ = stream.shutdown(std::net::Shutdown::Write);
-            let mut b = buf;
-            let _ = xtc::time::timeout(std::time::Duration::from_secs(5), async move {
-                loop {
-                    let (n, r) = stream.read(b).await;
-                    b = r;
-                    if !matches!(n, Ok(n) if n > 0) {
-                        return;
-                    }
-                }
-            })
-            .await;
+            lines::close_after_refusal(stream, buf).await;
             return;
         }
         if !replies.is_empty() && stream.write_all(replies).await.0.is_err() {
@@ -249,15 +239,6 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
         }
     }
 }
-
-/// The longest request line served (without its `\n`).
-const LINE_MAX: usize = 1 << 20;
-
-/// The most room a connection keeps for a partial line between reads.
-const PENDING_KEPT: usize = 64 << 10;
-
-/// Replies buffered for one connection before they are written out.
-const REPLY_CHUNK: usize = 64 << 10;
 
 /// A client connection that sends one line and reads one reply line.
 struct Client {

@@ -47,6 +47,8 @@
 //! after the input, so the replies end the run; the last GET waits a second, then `NONE`).
 //! (`XTC_SHARDS` sets the shard count, `XTC_IO=epoll` picks the epoll driver.)
 
+#[path = "shared/lines.rs"]
+mod lines;
 // `shared::parse` knows the flags of one client kind; this example parses its own (producers,
 // consumers, the queues' bound and wait), so that parser is unused here.
 #[allow(dead_code)]
@@ -69,6 +71,8 @@ use std::{
 
 use futures::future::Either;
 use xtc::net::TcpStream;
+
+use lines::{LINE_MAX, PENDING_KEPT, REPLY_CHUNK};
 
 /// Every shard's queues: those whose names hash to it ([`owner`]). Built on each shard at its
 /// first use and dropped there when the run ends; a queue with no job and no waiter is removed,
@@ -561,21 +565,7 @@ async fn serve(stream: TcpStream, limits: Limits, counts: Counts) {
             if !flush(&stream, &mut replies, &mut held).await {
                 return;
             }
-            // As kv: end our side, then read the rest away (for at most a few seconds), so
-            // that the client's unread input does not turn the close into a reset that loses
-            // the ERR.
-            let _ = stream.shutdown(std::net::Shutdown::Write);
-            let mut b = buf;
-            let _ = xtc::time::timeout(Duration::from_secs(5), async move {
-                loop {
-                    let (n, r) = stream.read(b).await;
-                    b = r;
-                    if !matches!(n, Ok(n) if n > 0) {
-                        return;
-                    }
-                }
-            })
-            .await;
+            lines::close_after_refusal(stream, buf).await;
             return;
         }
         if !replies.is_empty() && !flush(&stream, &mut replies, &mut held).await {
@@ -586,15 +576,6 @@ async fn serve(stream: TcpStream, limits: Limits, counts: Counts) {
         }
     }
 }
-
-/// The longest request line served (without its `\n`).
-const LINE_MAX: usize = 1 << 20;
-
-/// The most room a connection keeps for a partial line between reads.
-const PENDING_KEPT: usize = 64 << 10;
-
-/// Replies buffered for one connection before they are written out.
-const REPLY_CHUNK: usize = 64 << 10;
 
 /// The flags.
 struct Options {
@@ -1112,15 +1093,6 @@ mod tests {
     /// No test may hang the suite: a wait on a condition gives up (and fails) after this.
     const HANG: Duration = Duration::from_secs(30);
 
-    fn service_exec(shards: usize) -> xtc::Executor {
-        xtc::Executor::builder()
-            .shards(shards)
-            .service_mode(true)
-            .oversubscribe(true)
-            .build()
-            .unwrap()
-    }
-
     /// Runs `f`'s future on shard 0 of a fresh `shards`-shard executor.
     fn on_shard_0<F, Fut>(shards: usize, f: F)
     where
@@ -1345,7 +1317,7 @@ mod tests {
     #[test]
     fn a_reset_connection_gives_up_its_get() {
         use std::io::{BufRead as _, Write as _};
-        let exec = service_exec(1);
+        let exec = shared::service_exec(1);
         let handle = exec.handle();
         let counts: Counts = Arc::new(xtc::Sharded::new(1, |_| ShardCounts::default()));
         let limits = Limits {

@@ -1,4 +1,4 @@
-//! What the example servers (`echo`, `kv`, `proxy`) share: their flags, one `SO_REUSEPORT` listener per
+//! What the example servers (`echo`, `kv`, `proxy`, `queue`) share: their flags, one `SO_REUSEPORT` listener per
 //! shard behind a `ConnBalancer`, and the clients that drive a server and check its replies.
 
 use std::{
@@ -561,20 +561,21 @@ pub(crate) fn exit_code(result: Result<(), Box<dyn Error>>) -> std::process::Exi
     }
 }
 
+/// An executor of `shards` shards in service mode (oversubscribed past the machine's CPUs),
+/// as the examples' servers run; for tests.
+#[cfg(test)]
+pub(crate) fn service_exec(shards: usize) -> xtc::Executor {
+    xtc::Executor::builder()
+        .shards(shards)
+        .service_mode(true)
+        .oversubscribe(true)
+        .build()
+        .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// An executor of `shards` shards in service mode (oversubscribed past the machine's CPUs),
-    /// as the examples' servers run.
-    fn service_exec(shards: usize) -> xtc::Executor {
-        xtc::Executor::builder()
-            .shards(shards)
-            .service_mode(true)
-            .oversubscribe(true)
-            .build()
-            .unwrap()
-    }
 
     /// Work whose request count overflows a counter is refused at parse time: the examples
     /// multiplied the flags at the end of the run and overflowed there (a panic in a debug

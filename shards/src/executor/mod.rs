@@ -606,9 +606,10 @@ impl Executor {
                 b.reply_spin, MAX_SPIN_BEFORE_PARK
             )));
         }
+        // A CPU list is the count when none is set: then the policy's variable sizes things.
+        let list = matches!(b.placement, xtc_numa::Policy::Cpus(_));
         let place = |shards| {
             Placement::new(&topology, shards, &b.placement, b.oversubscribe).map_err(|source| {
-                let list = matches!(b.placement, xtc_numa::Policy::Cpus(_));
                 match builder::env_inputs(&b.placement_env, |k| {
                     builder::refusal_depends_on(&source, list, k)
                 }) {
@@ -621,10 +622,7 @@ impl Executor {
         // The default count (one shard per allowed physical core) is capped by the cgroup's
         // CPU quota on this machine: more pinned shards than the quota's CPUs all run, and
         // all are throttled. A count asked for, or a CPU list, is left as it is.
-        if b.shards == 0
-            && !matches!(b.placement, xtc_numa::Policy::Cpus(_))
-            && !topology.is_synthetic()
-        {
+        if b.shards == 0 && !list && !topology.is_synthetic() {
             if let Some(limit) = crate::sys::cgroup::cpu_limit(std::path::Path::new("/")) {
                 if limit < placement.len() {
                     tracing::info!(
@@ -643,7 +641,6 @@ impl Executor {
         if mesh_bytes > crate::ring::MAX_MESH_BYTES as u128 {
             // Each value may be valid alone: name the variables the sizes came from (the
             // policy only where it is a CPU list, whose length is the count).
-            let list = matches!(b.placement, xtc_numa::Policy::Cpus(_));
             let from_env = builder::env_inputs(&b.placement_env, |k| list || k != "XTC_PLACEMENT")
                 .map(|vars| format!(" (from the environment: {vars}; change or unset them)"))
                 .unwrap_or_default();

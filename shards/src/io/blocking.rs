@@ -533,8 +533,8 @@ pub(crate) fn claimed<T>(call: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     r
 }
 
-/// Whether `fd`'s reads and writes may wait for a peer: anything but a regular file or a
-/// block device (an `fstat` that fails says yes: the careful path works for any kind).
+/// Whether `fd`'s reads and writes may wait for a peer ([`mode_waits_for_peer`]; an `fstat`
+/// that fails says yes: the careful path works for any kind).
 fn waits_for_peer(fd: std::os::fd::RawFd) -> bool {
     let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: `st` is a live local the kernel fills.
@@ -542,8 +542,17 @@ fn waits_for_peer(fd: std::os::fd::RawFd) -> bool {
         return true;
     }
     // SAFETY: fstat succeeded and filled it.
-    let kind = unsafe { st.assume_init() }.st_mode & libc::S_IFMT;
-    kind != libc::S_IFREG && kind != libc::S_IFBLK
+    mode_waits_for_peer(unsafe { st.assume_init() }.st_mode)
+}
+
+/// Whether a file of mode `mode` (`st_mode`) may make its reads, writes and `open(2)` wait for
+/// a peer: anything but a regular file, a directory or a block device (a FIFO, a socket, a
+/// terminal or other character device).
+pub(crate) fn mode_waits_for_peer(mode: libc::mode_t) -> bool {
+    !matches!(
+        mode & libc::S_IFMT,
+        libc::S_IFREG | libc::S_IFDIR | libc::S_IFBLK
+    )
 }
 
 /// How long a cancel waits for a call its job started: a pipe read or write [`when_ready`]

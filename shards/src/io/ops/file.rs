@@ -82,8 +82,8 @@ pub(crate) async fn open(path: CString, flags: i32, mode: u32) -> io::Result<Own
     }
 }
 
-/// Whether `path` names something whose `open(2)` may wait for a peer: not a regular file,
-/// a directory or a block device (a path that cannot be looked at: no, as for `O_CREAT`).
+/// Whether `path` names something whose `open(2)` may wait for a peer
+/// ([`blocking::mode_waits_for_peer`]; a path that cannot be looked at: no, as for `O_CREAT`).
 fn opens_a_peer(path: &CString) -> bool {
     let mut st = MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: a live NUL-terminated path and a local the kernel fills.
@@ -91,8 +91,7 @@ fn opens_a_peer(path: &CString) -> bool {
         return false;
     }
     // SAFETY: stat succeeded and filled it.
-    let kind = unsafe { st.assume_init() }.st_mode & libc::S_IFMT;
-    !matches!(kind, libc::S_IFREG | libc::S_IFDIR | libc::S_IFBLK)
+    blocking::mode_waits_for_peer(unsafe { st.assume_init() }.st_mode)
 }
 
 /// Runs `call`, a path operation (`rename`, `unlink`, `mkdir`, ...), as a blocking-pool job on

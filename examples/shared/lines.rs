@@ -1,0 +1,32 @@
+//! What the line-protocol servers (`kv`, `queue`) share: their limits, and how they close a
+//! connection that sent a line over [`LINE_MAX`].
+
+use xtc::net::TcpStream;
+
+/// The longest request line the line-protocol servers (`kv`, `queue`) serve, without its `\n`.
+pub(crate) const LINE_MAX: usize = 1 << 20;
+
+/// The most room such a server's connection keeps for a partial line between reads.
+pub(crate) const PENDING_KEPT: usize = 64 << 10;
+
+/// Replies such a server buffers for one connection before it writes them out.
+pub(crate) const REPLY_CHUNK: usize = 64 << 10;
+
+/// Closes a connection whose client sent a line over [`LINE_MAX`], once its `ERR` is written:
+/// closed with the client's input unread, the socket sends a reset, and a client that sends
+/// everything before it reads (`nc -N`) lost the `ERR` to it. So this ends our side, then reads
+/// the rest away (into `buf`, for at most a few seconds) before the stream is dropped.
+pub(crate) async fn close_after_refusal(stream: TcpStream, buf: Vec<u8>) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut b = buf;
+    let _ = xtc::time::timeout(std::time::Duration::from_secs(5), async move {
+        loop {
+            let (n, r) = stream.read(b).await;
+            b = r;
+            if !matches!(n, Ok(n) if n > 0) {
+                return;
+            }
+        }
+    })
+    .await;
+}
