@@ -4332,8 +4332,12 @@ fn listeners_bound_before_run_serve_clients_that_came_early() {
             }
         },
     );
-    let e = TcpListener::bind_reuseport_many("127.0.0.1:0", 0).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    // A count no executor has: refused before any allocation (`1 << 40` aborted the process
+    // on a failed allocation, `usize::MAX` panicked on the capacity).
+    for count in [0, (64 * 8192) + 1, 1 << 40, usize::MAX] {
+        let e = TcpListener::bind_reuseport_many("127.0.0.1:0", count).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{count}: {e}");
+    }
     let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let e = TcpListener::bind_reuseport_many(plain.local_addr().unwrap(), 2).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");

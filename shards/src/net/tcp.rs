@@ -97,7 +97,10 @@ impl TcpListener {
     /// `run()` starts, and a client that connects early waits in a backlog instead of being
     /// refused by a shard that has not bound yet; a bind error comes back here, in `main`,
     /// instead of inside a shard's task. With port 0 the first listener gets a port from the
-    /// OS and the others bind that same port. `Err(InvalidInput)` for a `count` of 0, else
+    /// OS and the others bind that same port. The listeners are non-blocking (as `from_std`
+    /// wants them; a plain thread's `accept` on one returns `WouldBlock` at once).
+    /// `Err(InvalidInput)` for a `count` of 0 or more than any executor can have (524,288:
+    /// 64 shards on each of Linux's 8,192 CPUs at most, as [`ConnBalancer::new`](super::ConnBalancer::new) refuses), else
     /// [`bind_reuseport`](Self::bind_reuseport)'s errors (the listeners bound so far are
     /// closed). What `bind_reuseport` says of a port other sockets join holds here too.
     /// Cost: `count` times `bind_reuseport`'s system calls, plus one `getsockname`.
@@ -120,11 +123,14 @@ impl TcpListener {
         addr: impl std::net::ToSocketAddrs,
         count: usize,
     ) -> io::Result<Vec<std::net::TcpListener>> {
-        if count == 0 {
+        if count == 0 || count > crate::MAX_SHARDS {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "bind_reuseport_many: count is 0; pass the number of shards to serve \
-                 (Executor::shard_count)",
+                format!(
+                    "bind_reuseport_many: count {count}; pass the number of shards to serve \
+                     (Executor::shard_count, 1 to {})",
+                    crate::MAX_SHARDS
+                ),
             ));
         }
         let first = each_addr(addr, |a| listener(a, true))?;
