@@ -401,7 +401,10 @@ impl<T> Sender<T> {
     /// Cost: a ring push; an atomic read-modify-write only once per turn and per
     /// `capacity / 4` sends (rule 2; every send off any loop). A wait for room adds a lock
     /// (two, and a waker clone, when the waker changed), a check of whether the waker is the
-    /// task's own, and a swap (rule 3). After 1,024 items sent in a
+    /// task's own, and a swap (rule 3); with a waker that is not the task's own (a foreign
+    /// executor's, or a combinator's that gives each future its own: `FuturesUnordered`,
+    /// `join_all` of more than 30, `buffer_unordered`), also this turn's deferred flushes at
+    /// once, pings to other loops included, as [`recv`](Receiver::recv)'s. After 1,024 items sent in a
     /// row without waiting (here and by [`send_many`](Self::send_many)), the next send yields
     /// first, for one loop turn, so a receiver that keeps up cannot let this task hold its loop.
     pub fn send(&mut self, value: T) -> SendFut<'_, T> {
@@ -766,7 +769,12 @@ impl<T> Receiver<T> {
     /// Receives the next value, waiting while the channel is empty; `None` once the sender is
     /// gone and everything it sent was received. Cost: a ring pop, as
     /// [`try_recv`](Self::try_recv); a wait adds a lock (two, and a waker clone, when
-    /// the waker changed), a check of whether the waker is the task's own, and a swap (rule 1). After 1,024 items in a row received without waiting (here and by
+    /// the waker changed), a check of whether the waker is the task's own, and a swap (rule
+    /// 1); with a waker that is not the task's own (a foreign executor's, or a combinator's
+    /// that gives each future its own: `FuturesUnordered`, `join_all` of more than 30,
+    /// `buffer_unordered`), the wait also runs this turn's deferred flushes at once (the
+    /// rings' pings to other loops, a nudge of an idle peer), so that a side this wait depends
+    /// on is not left unwoken. After 1,024 items in a row received without waiting (here and by
     /// [`recv_many`](Self::recv_many)), the next call yields first, for one loop turn, so a
     /// sender that keeps the ring from emptying cannot let this task hold its loop.
     pub fn recv(&mut self) -> RecvFut<'_, T> {
