@@ -9,8 +9,9 @@ use super::{sleep_until, Sleep};
 
 /// Ticks every `period`, the first tick at once. See [`Interval`]. A zero period (or one
 /// shorter than a loop turn) ticks at most once per loop turn: a tick already due when it is
-/// first polled yields to the loop first, so it cannot spin it. Cost: a clock read here, then
-/// as [`interval_at`].
+/// first polled yields to the loop first, so it cannot spin it; but a task that keeps
+/// awaiting such ticks keeps its loop busy, which then never parks (a CPU at 100 %, and no
+/// quiescence for `run()`). Cost: a clock read here, then as [`interval_at`].
 pub fn interval(period: Duration) -> Interval {
     interval_at(Instant::now(), period)
 }

@@ -36,7 +36,10 @@ struct TimerEntry {
 /// One loop's timers. Loop-local.
 #[derive(Debug)]
 pub(crate) struct Timers {
-    heap: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    /// `(deadline, generation, slab key)`: ties break by generation, which counts up per
+    /// loop, so timers due at the same instant fire in the order they were registered (the
+    /// slab hands back freed keys last-freed-first).
+    heap: BinaryHeap<Reverse<(Instant, u64, usize)>>,
     entries: Slab<TimerEntry>,
     next_generation: u64,
 }
@@ -72,7 +75,7 @@ impl Timers {
         let generation = self.next_generation;
         self.next_generation += 1;
         let key = self.entries.insert(TimerEntry { waker, generation });
-        self.heap.push(Reverse((deadline, key, generation)));
+        self.heap.push(Reverse((deadline, generation, key)));
         TimerKey { key, generation }
     }
 
@@ -116,7 +119,7 @@ impl Timers {
     fn compact(&mut self) {
         if self.heap.len() > 2 * self.entries.len() + 64 {
             let entries = &self.entries;
-            self.heap.retain(|Reverse((_, key, generation))| {
+            self.heap.retain(|Reverse((_, generation, key))| {
                 entries
                     .get(*key)
                     .is_some_and(|e| e.generation == *generation)
@@ -126,7 +129,7 @@ impl Timers {
 
     /// The earliest live deadline, discarding cancelled heap nodes on the way.
     pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
-        while let Some(Reverse((when, key, generation))) = self.heap.peek().copied() {
+        while let Some(Reverse((when, generation, key))) = self.heap.peek().copied() {
             match self.entries.get(key) {
                 Some(e) if e.generation == generation => return Some(when),
                 _ => {
@@ -139,7 +142,7 @@ impl Timers {
 
     /// Removes every timer due at `now` and pushes its waker onto `out`.
     pub(crate) fn expire(&mut self, now: Instant, out: &mut Vec<Waker>) {
-        while let Some(Reverse((when, key, generation))) = self.heap.peek().copied() {
+        while let Some(Reverse((when, generation, key))) = self.heap.peek().copied() {
             if when > now {
                 break;
             }
@@ -199,6 +202,42 @@ mod tests {
         assert_eq!(park_timeout(None, now), None);
         let stand_in = deadline_after(now, Duration::MAX) - now;
         assert!(stand_in >= FAR && stand_in < FAR + Duration::from_secs(1));
+    }
+
+    /// Timers due at the same instant fire in the order they were registered, also when the
+    /// slab hands back freed keys (last freed first): the heap broke ties on the key, and
+    /// after a cancel sleepers of one deadline woke in reverse.
+    #[test]
+    fn timers_due_together_fire_in_registration_order() {
+        struct W;
+        impl std::task::Wake for W {
+            fn wake(self: std::sync::Arc<Self>) {}
+        }
+        let mut t = Timers::new(0);
+        let now = Instant::now();
+        // Free keys 0..8, the last freed handed back first.
+        let early: Vec<_> = (0..8)
+            .map(|_| t.insert(now, Waker::noop().clone()))
+            .collect();
+        for k in early {
+            assert!(t.cancel(k).is_some());
+        }
+        let wakers: Vec<Waker> = (0..12)
+            .map(|_| Waker::from(std::sync::Arc::new(W)))
+            .collect();
+        let due = now + Duration::from_millis(1);
+        for w in &wakers {
+            t.insert(due, w.clone());
+        }
+        let mut out = Vec::new();
+        t.expire(due, &mut out);
+        assert_eq!(out.len(), wakers.len());
+        for (i, (got, want)) in out.iter().zip(&wakers).enumerate() {
+            assert!(
+                got.will_wake(want),
+                "the timer registered {i}th fired out of order"
+            );
+        }
     }
 
     #[test]
