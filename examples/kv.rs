@@ -1,6 +1,7 @@
 //! A sharded in-memory key-value server, the shape of a Seastar or Glommio store: every shard
 //! owns the keys that hash to it, in its own slot of a `Sharded<RefCell<HashMap>>` (no lock,
-//! no atomic), and serves connections on its own `SO_REUSEPORT` listener. A request for a key
+//! no atomic), and accepts on its own `SO_REUSEPORT` listener (each connection is served on
+//! the least-loaded shard, through a `ConnBalancer`). A request for a key
 //! another shard owns travels there with `shard::submit_to` and its answer comes back over the
 //! ring mesh; a key the serving shard owns is answered on the spot.
 //!

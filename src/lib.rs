@@ -50,7 +50,7 @@ pub use xtc_shards::*;
 /// The names most programs use.
 pub mod prelude {
     pub use xtc_shards::{
-        shard, spawn, spawn_blocking, spawn_local, submit_to, time, yield_now, Error, Executor,
-        Handle, JoinHandle, LocalExecutor, Sharded,
+        shard, spawn, spawn_blocking, spawn_local, submit_to, task::JoinSet, time, yield_now,
+        Error, Executor, Handle, JoinHandle, LocalExecutor, ShardLocal, Sharded,
     };
 }

@@ -159,10 +159,20 @@ impl From<Error> for std::io::Error {
     /// `EnvPlacement`) reads `InvalidInput`, `Unsupported` reads `Unsupported`, anything else
     /// (`Stopped` included) `Other`. Not `Interrupted` for `Stopped`: std's `read_exact`,
     /// `write_all`, `io::copy` and most retry loops retry that kind at once, and a reader
-    /// that goes through a stopped executor retried for good. The `xtc::Error` stays inside as
-    /// the source (`get_ref`, `into_inner`). Cost: one allocation.
+    /// that goes through a stopped executor retried for good. An `Error::Io` made from an
+    /// `io::Error` by `?` (`what` "I/O") gives that error back as it was, so a round trip
+    /// keeps its `raw_os_error()`; any other error stays inside as the source (`get_ref`,
+    /// `into_inner`), and its `raw_os_error()` is `None`. Cost: one allocation (none for the
+    /// round trip).
     fn from(e: Error) -> Self {
         use std::io::ErrorKind;
+        let e = match e {
+            Error::Io {
+                what: "I/O",
+                source,
+            } => return source,
+            e => e,
+        };
         let kind = match &e {
             Error::Io { source, .. } => source.kind(),
             Error::InvalidShard { .. }

@@ -52,7 +52,9 @@
 //! | where am I | [`shard::id`], [`shard::count`], [`shard::cpu`], [`shard::numa_node`] | [`Handle::shard_count`], [`Handle::placement`] |
 //!
 //! Off any loop, the calls that cannot return an error panic, as tokio's spawns do:
-//! [`spawn_local`], [`spawn`], [`shard::id`], `Sharded::get`, and a timer when it is polled.
+//! [`spawn_local`], [`spawn`], [`shard::id`], `Sharded::get`, [`ShardLocal::get`] (its
+//! `try_get` is `Err(OffLoop)`), [`task::JoinSet::spawn_local`] and `spawn`, and a timer when
+//! it is polled.
 //! Those that return a `Result` give `Err(OffLoop)` naming the `Handle` call to use. The rest
 //! answer: [`shard::count`] is 0; [`shard::try_id`], [`shard::cpu`], [`shard::numa_node`] and
 //! [`shard::handle`] are `None`; [`stop`] does nothing (use [`Handle::stop`]).

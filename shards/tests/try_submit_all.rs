@@ -164,4 +164,13 @@ fn xtc_errors_convert_into_io_errors_by_kind() {
         Err(Error::InvalidShard { shard, count: 2 })?
     }
     assert_eq!(handler(9).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    // An io::Error that went through `?` into xtc::Error and back keeps its OS error code
+    // (wrapped, `raw_os_error()` read `None`); one xtc made with its own context stays wrapped.
+    let round = io::Error::from(Error::from(io::Error::from_raw_os_error(libc::EPIPE)));
+    assert_eq!(round.raw_os_error(), Some(libc::EPIPE));
+    let bind = io::Error::from(Error::Io {
+        what: "bind",
+        source: io::Error::from_raw_os_error(libc::EADDRINUSE),
+    });
+    assert!(bind.to_string().contains("bind"), "{bind}");
 }
