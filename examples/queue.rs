@@ -476,20 +476,10 @@ async fn serve(stream: TcpStream, limits: Limits, counts: Counts) {
     let mut searched = 0;
     let mut buf = Vec::with_capacity(4096);
     loop {
-        let (n, b) = stream.read(buf).await;
         // The peer's end of stream: a last request without its `\n` is answered too.
-        let eof = match n {
-            Ok(n) if n > 0 => {
-                pending.extend_from_slice(&b[..n]);
-                false
-            }
-            Ok(_) if !pending.is_empty() => {
-                pending.push(b'\n');
-                true
-            }
-            _ => return,
+        let Some(eof) = lines::read_more(&stream, &mut buf, &mut pending).await else {
+            return;
         };
-        buf = b;
         let mut replies = Vec::new();
         // The jobs in `replies`, the client's once they are written.
         let mut held: Vec<Handout> = Vec::new();

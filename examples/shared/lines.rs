@@ -1,5 +1,5 @@
-//! What the line-protocol servers (`kv`, `queue`) share: their limits, and how they close a
-//! connection that sent a line over [`LINE_MAX`].
+//! What the line-protocol servers (`kv`, `queue`) share: their limits, their read of a
+//! connection's next bytes, and how they close one that sent a line over [`LINE_MAX`].
 
 use xtc::net::TcpStream;
 
@@ -29,4 +29,28 @@ pub(crate) async fn close_after_refusal(stream: TcpStream, buf: Vec<u8>) {
         }
     })
     .await;
+}
+
+/// Reads the next bytes of a line-protocol connection onto `pending` (through `buf`, kept
+/// for the next read): `Some(false)` when bytes came, `Some(true)` at the peer's end of
+/// stream with an unfinished last line (given its `\n`, so that it is answered too), `None`
+/// when the connection is over (its end with nothing pending, or an error).
+pub(crate) async fn read_more(
+    stream: &TcpStream,
+    buf: &mut Vec<u8>,
+    pending: &mut Vec<u8>,
+) -> Option<bool> {
+    let (n, b) = stream.read(std::mem::take(buf)).await;
+    *buf = b;
+    match n {
+        Ok(n) if n > 0 => {
+            pending.extend_from_slice(&buf[..n]);
+            Some(false)
+        }
+        Ok(_) if !pending.is_empty() => {
+            pending.push(b'\n');
+            Some(true)
+        }
+        _ => None,
+    }
 }
