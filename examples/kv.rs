@@ -34,14 +34,13 @@ mod shared;
 use std::{
     cell::RefCell,
     collections::HashMap,
-    hash::{Hash, Hasher},
     net::SocketAddr,
     sync::{atomic::AtomicU64, atomic::Ordering, Arc},
 };
 
 use xtc::net::TcpStream;
 
-use lines::{LINE_MAX, PENDING_KEPT, REPLY_CHUNK};
+use lines::{owner, Client, LINE_MAX, PENDING_KEPT, REPLY_CHUNK};
 
 /// Every shard's part of the store; `get()` is the calling shard's.
 /// Leaked: it lives as long as the server, and a closure sent to another shard copies a
@@ -51,14 +50,6 @@ type Store = &'static xtc::Sharded<RefCell<HashMap<Vec<u8>, Vec<u8>>>>;
 
 /// Requests served on the key's own shard, and those that went to another one, per shard.
 type Counts = Arc<xtc::Sharded<(AtomicU64, AtomicU64)>>;
-
-/// The shard that owns `key`. `DefaultHasher::new()` has fixed keys, so every shard (and every
-/// run) agrees.
-fn owner(key: &[u8]) -> usize {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    (h.finish() % xtc::shard::count() as u64) as usize
-}
 
 /// A request for one key, run on the key's owner.
 enum Op {
@@ -231,39 +222,6 @@ async fn serve(stream: TcpStream, store: Store, counts: Counts) {
     }
 }
 
-/// A client connection that sends one line and reads one reply line.
-struct Client {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    got: Vec<u8>,
-    /// Requests answered (`drive`'s count of work done); `None` for no client's work.
-    progress: Option<shared::Progress>,
-}
-
-impl Client {
-    async fn call(&mut self, line: String) -> std::io::Result<String> {
-        let (w, _) = self.stream.write_all(line.into_bytes()).await;
-        w?;
-        loop {
-            if let Some(i) = self.got.iter().position(|&c| c == b'\n') {
-                let reply = String::from_utf8_lossy(&self.got[..i]).into_owned();
-                self.got.drain(..=i);
-                if let Some(p) = &self.progress {
-                    p.add(1);
-                }
-                return Ok(reply);
-            }
-            let (n, b) = self.stream.read(std::mem::take(&mut self.buf)).await;
-            let n = n?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            self.got.extend_from_slice(&b[..n]);
-            self.buf = b;
-        }
-    }
-}
-
 /// One client: sets `ops` keys of its own, reads each back, deletes every other one and checks
 /// what is left; a malformed request must get an `ERR` and leave the connection usable.
 async fn client(
@@ -272,14 +230,7 @@ async fn client(
     ops: usize,
     progress: shared::Progress,
 ) -> std::io::Result<()> {
-    let stream = TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let mut c = Client {
-        stream,
-        buf: Vec::with_capacity(4096),
-        got: Vec::new(),
-        progress: Some(progress),
-    };
+    let mut c = Client::connect(addr, Some(progress)).await?;
     let fail = |what: String| std::io::Error::other(what);
     let expect = |got: String, want: &str| {
         if got == want {
@@ -322,16 +273,10 @@ async fn check_count(addr: SocketAddr, want: impl Iterator<Item = String>) -> Re
     for key in want {
         want_per_shard[owner(key.as_bytes())] += 1;
     }
-    let stream = TcpStream::connect(addr)
+    // The final check's request is no client's work: no progress counted.
+    let mut c = Client::connect(addr, None)
         .await
         .map_err(|e| format!("COUNT: {e}"))?;
-    let mut c = Client {
-        stream,
-        buf: Vec::with_capacity(256),
-        got: Vec::new(),
-        // The final check's request is no client's work.
-        progress: None,
-    };
     let reply = c
         .call("COUNT\n".into())
         .await

@@ -58,7 +58,6 @@ use std::{
     cell::{Cell, RefCell},
     collections::{BTreeMap, HashMap, VecDeque},
     future::Future,
-    hash::{Hash, Hasher},
     net::SocketAddr,
     rc::Rc,
     sync::{
@@ -72,7 +71,7 @@ use std::{
 use futures::future::Either;
 use xtc::net::TcpStream;
 
-use lines::{LINE_MAX, PENDING_KEPT, REPLY_CHUNK};
+use lines::{owner, Client, LINE_MAX, PENDING_KEPT, REPLY_CHUNK};
 
 /// Every shard's queues: those whose names hash to it ([`owner`]). Built on each shard at its
 /// first use and dropped there when the run ends; a queue with no job and no waiter is removed,
@@ -277,14 +276,6 @@ impl Drop for Handout {
             );
         }
     }
-}
-
-/// The shard that owns queue `name`. `DefaultHasher::new()` has fixed keys, so every shard
-/// agrees.
-fn owner(name: &[u8]) -> usize {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut h);
-    (h.finish() % xtc::shard::count() as u64) as usize
 }
 
 /// One request, run on its queue's owner.
@@ -689,53 +680,6 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, Stri
 const MAX_CLIENTS: usize = 10_000;
 const MAX_JOBS: usize = 100_000_000;
 const MAX_QUEUES: usize = 1_000_000;
-
-/// A client connection that sends one line and reads one reply line.
-struct Client {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    got: Vec<u8>,
-    /// Requests answered (`drive`'s count of work done).
-    progress: Option<shared::Progress>,
-}
-
-impl Client {
-    async fn connect(
-        addr: SocketAddr,
-        progress: Option<shared::Progress>,
-    ) -> std::io::Result<Self> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Client {
-            stream,
-            buf: Vec::with_capacity(4096),
-            got: Vec::new(),
-            progress,
-        })
-    }
-
-    async fn call(&mut self, line: String) -> std::io::Result<String> {
-        let (w, _) = self.stream.write_all(line.into_bytes()).await;
-        w?;
-        loop {
-            if let Some(i) = self.got.iter().position(|&c| c == b'\n') {
-                let reply = String::from_utf8_lossy(&self.got[..i]).into_owned();
-                self.got.drain(..=i);
-                if let Some(p) = &self.progress {
-                    p.add(1);
-                }
-                return Ok(reply);
-            }
-            let (n, b) = self.stream.read(std::mem::take(&mut self.buf)).await;
-            let n = n?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            self.got.extend_from_slice(&b[..n]);
-            self.buf = b;
-        }
-    }
-}
 
 /// What the producers and consumers of one self-check share (client side, not the server's).
 struct Run {
@@ -1334,24 +1278,7 @@ mod tests {
         let mut gone = std::net::TcpStream::connect(addr).unwrap();
         gone.write_all(b"GET q\n").unwrap();
         until("the GET never waited", &|| waiting() == 1);
-        // SO_LINGER 0: the close sends a reset.
-        let linger = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: setsockopt reads one `linger` through the pointer, valid for the call; the
-        // descriptor is the open socket `gone` owns.
-        let r = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&gone),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&linger as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0);
-        drop(gone);
+        close_with_reset(gone);
         until("the reset GET stayed in line", &|| waiting() == 0);
         let mut c = std::net::TcpStream::connect(addr).unwrap();
         c.write_all(b"PUT q x\nGET q\nLEN q\n").unwrap();
@@ -1365,11 +1292,9 @@ mod tests {
         runner.join().unwrap().unwrap();
     }
 
-    // ---- audit52 (queue) tests ----
-
     /// A server of `shards` shards on `driver` on a thread of its own, its address, a handle
     /// and the thread.
-    fn audit_server(
+    fn test_server(
         shards: usize,
         driver: xtc::io::DriverChoice,
         limits: Limits,
@@ -1395,7 +1320,7 @@ mod tests {
         (server.addr, handle, runner)
     }
 
-    fn audit_until(what: &str, limit: Duration, f: &dyn Fn() -> bool) {
+    fn wait_until(what: &str, limit: Duration, f: &dyn Fn() -> bool) {
         let t0 = std::time::Instant::now();
         while !f() {
             assert!(t0.elapsed() < limit, "{what}");
@@ -1404,7 +1329,7 @@ mod tests {
     }
 
     /// One request line over a fresh connection, its reply line.
-    fn audit_call(addr: SocketAddr, line: &str) -> String {
+    fn call_once(addr: SocketAddr, line: &str) -> String {
         use std::io::{BufRead as _, Write as _};
         let mut c = std::net::TcpStream::connect(addr).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -1414,14 +1339,15 @@ mod tests {
         r.trim_end().to_string()
     }
 
-    fn audit_waiting(handle: &xtc::Handle, owner: usize, name: &'static [u8]) -> usize {
+    fn waiting_on(handle: &xtc::Handle, owner: usize, name: &'static [u8]) -> usize {
         futures::executor::block_on(
             handle.submit_to(owner, move || async move { waiting_here(name) }),
         )
         .unwrap()
     }
 
-    fn audit_reset(s: std::net::TcpStream) {
+    /// Closes `s` with a reset (`SO_LINGER` 0), as a killed client's socket goes.
+    fn close_with_reset(s: std::net::TcpStream) {
         let linger = libc::linger {
             l_onoff: 1,
             l_linger: 0,
@@ -1441,33 +1367,34 @@ mod tests {
         drop(s);
     }
 
-    /// audit52 A: a client that half-closes (`nc -N`) while its GET waits, and then resets
-    /// the connection (killed, SO_LINGER 0), is not watched any more: a PUT hands the job to
-    /// its GET, the JOB reply's write fails (the reset is known: EPIPE/ECONNRESET), and the
-    /// job is gone: nobody got it and the queue is empty.
+    /// A client that half-closes (`nc -N`) while its GET waits, and then resets the
+    /// connection (killed, SO_LINGER 0), is not watched any more: a PUT hands the job to its
+    /// GET, and the JOB reply's write fails (EPIPE/ECONNRESET). The job goes back to its
+    /// queue; marked the client's before the write, it was gone (nobody got it, the queue
+    /// empty).
     #[test]
-    fn audit_a_reset_after_a_half_close_loses_no_job() {
+    fn a_reset_after_a_half_close_loses_no_job() {
         for driver in [xtc::io::DriverChoice::Auto, xtc::io::DriverChoice::Epoll] {
             let limits = Limits {
                 max: 10,
                 wait: HANG,
             };
-            let (addr, handle, runner) = audit_server(1, driver, limits);
+            let (addr, handle, runner) = test_server(1, driver, limits);
             use std::io::Write as _;
             let mut gone = std::net::TcpStream::connect(addr).unwrap();
             gone.write_all(b"GET q\n").unwrap();
             gone.shutdown(std::net::Shutdown::Write).unwrap();
-            audit_until("the GET never waited", HANG, &|| {
-                audit_waiting(&handle, 0, b"q") == 1
+            wait_until("the GET never waited", HANG, &|| {
+                waiting_on(&handle, 0, b"q") == 1
             });
             std::thread::sleep(Duration::from_millis(100)); // the server reads the EOF
-            audit_reset(gone);
+            close_with_reset(gone);
             std::thread::sleep(Duration::from_millis(100)); // and gets the reset
-            assert_eq!(audit_call(addr, "PUT q x\n"), "OK 0", "{driver:?}");
+            assert_eq!(call_once(addr, "PUT q x\n"), "OK 0", "{driver:?}");
             let t0 = std::time::Instant::now();
             let mut len = String::new();
             while t0.elapsed() < Duration::from_secs(5) {
-                len = audit_call(addr, "LEN q\n");
+                len = call_once(addr, "LEN q\n");
                 if len == "LEN 1" {
                     break;
                 }
@@ -1482,26 +1409,26 @@ mod tests {
         }
     }
 
-    /// audit52 C: a GET that waits reads the client's next bytes meanwhile (`unless_reset`),
+    /// A GET that waits reads the client's next bytes meanwhile (`unless_reset`),
     /// up to the line limit. When those are a GET of a queue with a job and then an
     /// unfinished line over the limit, the batch's end finds `pending` over `LINE_MAX` and
-    /// writes only `ERR line over 1 MiB`: the replies of the batch (`NONE`, and `JOB a` for a
-    /// job taken from its queue) are never written, and job `a` is lost.
+    /// refuses the connection. The batch's replies (`NONE`, and `JOB a` for a job taken from
+    /// its queue) go out before the `ERR`; written alone, the `ERR` lost them, and job `a`.
     #[test]
-    fn audit_c_an_over_long_line_after_a_waiting_get_drops_its_replies() {
+    fn an_over_long_line_after_a_waiting_get_keeps_the_replies_before_it() {
         use std::io::{Read as _, Write as _};
         for driver in [xtc::io::DriverChoice::Auto, xtc::io::DriverChoice::Epoll] {
             let limits = Limits {
                 max: 10,
                 wait: Duration::from_secs(2),
             };
-            let (addr, handle, runner) = audit_server(1, driver, limits);
-            assert_eq!(audit_call(addr, "PUT q a\n"), "OK 1");
+            let (addr, handle, runner) = test_server(1, driver, limits);
+            assert_eq!(call_once(addr, "PUT q a\n"), "OK 1");
             let mut s = std::net::TcpStream::connect(addr).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             s.write_all(b"GET r\n").unwrap();
-            audit_until("the GET never waited", HANG, &|| {
-                audit_waiting(&handle, 0, b"r") == 1
+            wait_until("the GET never waited", HANG, &|| {
+                waiting_on(&handle, 0, b"r") == 1
             });
             // The GET waits 2 s: its connection's next bytes go to `pending` meanwhile.
             let mut first = b"GET q\n".to_vec();
@@ -1513,7 +1440,7 @@ mod tests {
             let mut out = Vec::new();
             let _ = s.read_to_end(&mut out);
             let out = String::from_utf8_lossy(&out).into_owned();
-            let len = audit_call(addr, "LEN q\n");
+            let len = call_once(addr, "LEN q\n");
             handle.stop();
             runner.join().unwrap().unwrap();
             assert_eq!(
@@ -1524,20 +1451,20 @@ mod tests {
         }
     }
 
-    /// audit52 B: a client that does not read its replies holds a job past `--wait`. Its
+    /// A client that does not read its replies holds a job past `--wait`. Its
     /// pipelined `GET mid` (ready, 60 kB) and `GET r` (waits): the GET on `r` joins the line at
     /// its first poll, then the server writes the replies before it, and that write blocks
-    /// once the socket buffers are full. The GET is not polled meanwhile, so its 50 ms
-    /// `--wait` never ends it: it stays first in line for good, the next PUT hands it its
-    /// job, and a client that asks for that job gets `NONE`.
+    /// once the socket buffers are full. The GET is polled meanwhile, so its 50 ms `--wait`
+    /// ends it and the next PUT's job goes to a client that asks for it; unpolled, the GET
+    /// stayed first in line for good, took that job, and the asking client got `NONE`.
     #[test]
-    fn audit_b_a_client_that_does_not_read_holds_a_job_past_its_wait() {
+    fn a_client_that_does_not_read_holds_no_job_past_its_wait() {
         use std::io::Write as _;
         let limits = Limits {
             max: 1000,
             wait: Duration::from_millis(50),
         };
-        let (addr, handle, runner) = audit_server(1, xtc::io::DriverChoice::Auto, limits);
+        let (addr, handle, runner) = test_server(1, xtc::io::DriverChoice::Auto, limits);
         {
             use std::io::BufRead as _;
             let mut c = std::net::TcpStream::connect(addr).unwrap();
@@ -1553,7 +1480,7 @@ mod tests {
             .write_all("GET mid\nGET r\n".repeat(300).as_bytes())
             .unwrap();
         // Stuck once `mid` stops going down for 500 ms (each `GET r` waits only 50 ms).
-        let len = || audit_call(addr, "LEN mid\n");
+        let len = || call_once(addr, "LEN mid\n");
         let mut last = len();
         let mut since = std::time::Instant::now();
         let t0 = std::time::Instant::now();
@@ -1566,10 +1493,10 @@ mod tests {
             }
         }
         assert_ne!(last, "LEN 0", "the buffers never filled");
-        let stuck_in_line = audit_waiting(&handle, 0, b"r");
-        let put = audit_call(addr, "PUT r x\n");
-        let got = audit_call(addr, "GET r\n");
-        audit_reset(hostage);
+        let stuck_in_line = waiting_on(&handle, 0, b"r");
+        let put = call_once(addr, "PUT r x\n");
+        let got = call_once(addr, "GET r\n");
+        close_with_reset(hostage);
         handle.stop();
         runner.join().unwrap().unwrap();
         assert_eq!(

@@ -1,7 +1,21 @@
-//! What the line-protocol servers (`kv`, `queue`) share: their limits, their read of a
-//! connection's next bytes, and how they close one that sent a line over [`LINE_MAX`].
+//! What the line-protocol servers (`kv`, `queue`) share: which shard owns a key, their limits,
+//! their read of a connection's next bytes, how they close one that sent a line over
+//! [`LINE_MAX`], and the client their self-checks drive them with.
+
+use std::{
+    hash::{Hash, Hasher},
+    net::SocketAddr,
+};
 
 use xtc::net::TcpStream;
+
+/// The shard that owns `key` (a key, a queue's name). `DefaultHasher::new()` has fixed keys,
+/// so every shard (and every run) agrees.
+pub(crate) fn owner(key: &[u8]) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % xtc::shard::count() as u64) as usize
+}
 
 /// The longest request line the line-protocol servers (`kv`, `queue`) serve, without its `\n`.
 pub(crate) const LINE_MAX: usize = 1 << 20;
@@ -52,5 +66,55 @@ pub(crate) async fn read_more(
             Some(true)
         }
         _ => None,
+    }
+}
+
+/// A client connection that sends one line and reads one reply line.
+pub(crate) struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    got: Vec<u8>,
+    /// Requests answered (`drive`'s count of work done); `None` for no client's work (a
+    /// final check's requests).
+    progress: Option<crate::shared::Progress>,
+}
+
+impl Client {
+    /// Connects to `addr` (no Nagle delay: one small line at a time).
+    pub(crate) async fn connect(
+        addr: SocketAddr,
+        progress: Option<crate::shared::Progress>,
+    ) -> std::io::Result<Self> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            stream,
+            buf: Vec::with_capacity(4096),
+            got: Vec::new(),
+            progress,
+        })
+    }
+
+    /// Sends `line` (with its `\n`) and returns the reply line, without its `\n`.
+    pub(crate) async fn call(&mut self, line: String) -> std::io::Result<String> {
+        let (w, _) = self.stream.write_all(line.into_bytes()).await;
+        w?;
+        loop {
+            if let Some(i) = self.got.iter().position(|&c| c == b'\n') {
+                let reply = String::from_utf8_lossy(&self.got[..i]).into_owned();
+                self.got.drain(..=i);
+                if let Some(p) = &self.progress {
+                    p.add(1);
+                }
+                return Ok(reply);
+            }
+            let (n, b) = self.stream.read(std::mem::take(&mut self.buf)).await;
+            let n = n?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.got.extend_from_slice(&b[..n]);
+            self.buf = b;
+        }
     }
 }
